@@ -1,0 +1,1 @@
+//! Device models on the ptiscope VMM's PIO bus.

@@ -1,0 +1,372 @@
+//! The contract between the ptiscope VMM and its guest kernel.
+//!
+//! Everything both sides must agree on lives here, once: I/O ports, exit
+//! statuses, phase-marker encoding, the telemetry page layout and syscall
+//! numbers. The crate is `no_std` and dependency-free so that the guest (built
+//! for `x86_64-unknown-none` and `i586-unknown-linux-gnu`) and the host VMM
+//! compile the very same definitions. `docs/telemetry-abi.md` is the prose
+//! version of this file; change both together and bump
+//! [`telemetry::VERSION`] on any layout change.
+#![no_std]
+
+/// I/O ports the guest uses to talk to the VMM.
+pub mod port {
+    /// 16550 UART, COM1: the guest console.
+    pub const SERIAL_COM1: u16 = 0x3f8;
+    /// Number of registers of the 16550.
+    pub const SERIAL_LEN: u16 = 8;
+    /// Exit device. A write of the guest's exit status (see [`crate::exit_status`])
+    /// stops the VM. It sits where QEMU's `isa-debug-exit` device sits by default
+    /// (iobase 0xf4, iosize 4), so the same image also stops QEMU, which then
+    /// exits with `(status << 1) | 1`.
+    pub const EXIT: u16 = 0xf4;
+    /// Width in bytes of the exit device.
+    pub const EXIT_LEN: u16 = 4;
+    /// Phase markers: a 32-bit write of [`crate::phase::Marker::encode`].
+    pub const PHASE: u16 = 0x600;
+    /// Width in bytes of the phase-marker port.
+    pub const PHASE_LEN: u16 = 4;
+}
+
+/// Statuses the guest writes to [`port::EXIT`]. The VMM exits with the same code.
+pub mod exit_status {
+    /// The workload ran and its checks passed.
+    pub const SUCCESS: u32 = 0;
+    /// The workload ran but a check failed (the console says which).
+    pub const FAILURE: u32 = 1;
+    /// An unexpected CPU exception (the console has vector, error code, RIP, CR2, CR3).
+    pub const EXCEPTION: u32 = 2;
+    /// A kernel panic (the console has the message).
+    pub const PANIC: u32 = 3;
+    /// The command line was not understood (the console says which key).
+    pub const BAD_CMDLINE: u32 = 4;
+    /// An expected fault was requested (`fault=...`) but did not happen.
+    pub const FAULT_NOT_RAISED: u32 = 5;
+    /// The guest cannot run what was asked on this CPU (e.g. `pcid=on` without PCID).
+    pub const UNSUPPORTED: u32 = 6;
+
+    /// A short name for a status, for reports.
+    pub fn name(status: u32) -> &'static str {
+        match status {
+            SUCCESS => "success",
+            FAILURE => "failure",
+            EXCEPTION => "exception",
+            PANIC => "panic",
+            BAD_CMDLINE => "bad command line",
+            FAULT_NOT_RAISED => "expected fault not raised",
+            UNSUPPORTED => "unsupported on this CPU",
+            _ => "unknown status",
+        }
+    }
+}
+
+/// Phase markers bracket the measured part of a workload.
+///
+/// The guest writes one 32-bit value to [`port::PHASE`]: bits 0..16 carry the
+/// phase id, bit 31 is set on the end marker. The VMM snapshots its counters
+/// at both exits and reports the deltas.
+pub mod phase {
+    /// Set on an end marker.
+    pub const END_FLAG: u32 = 1 << 31;
+    /// Bits that carry the phase id.
+    pub const ID_MASK: u32 = 0xffff;
+
+    /// The main measured loop of a workload.
+    pub const ID_WORKLOAD: u16 = 1;
+    /// Warm-up before the measured loop (not reported as the result).
+    pub const ID_WARMUP: u16 = 2;
+
+    /// Begin or end of a phase.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Edge {
+        Begin,
+        End,
+    }
+
+    /// One decoded marker.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Marker {
+        pub id: u16,
+        pub edge: Edge,
+    }
+
+    impl Marker {
+        pub const fn begin(id: u16) -> Self {
+            Marker {
+                id,
+                edge: Edge::Begin,
+            }
+        }
+        pub const fn end(id: u16) -> Self {
+            Marker {
+                id,
+                edge: Edge::End,
+            }
+        }
+        /// The value the guest writes to the port.
+        pub const fn encode(self) -> u32 {
+            let flag = match self.edge {
+                Edge::Begin => 0,
+                Edge::End => END_FLAG,
+            };
+            self.id as u32 | flag
+        }
+        /// Decodes a port value; `None` if reserved bits are set or the id is 0.
+        pub const fn decode(value: u32) -> Option<Self> {
+            if value & !(END_FLAG | ID_MASK) != 0 || value & ID_MASK == 0 {
+                return None;
+            }
+            let id = (value & ID_MASK) as u16;
+            if value & END_FLAG != 0 {
+                Some(Marker::end(id))
+            } else {
+                Some(Marker::begin(id))
+            }
+        }
+    }
+}
+
+/// The guest telemetry region: a header and per-CPU counter blocks that only
+/// the guest writes and the host reads, live, at a guest-physical address the
+/// VMM reserves (E820 type 2) and passes as `telemetry=0x...` on the command
+/// line. All fields are little-endian; counters are naturally aligned `u64`s
+/// updated with plain stores by the CPU that owns the block.
+pub mod telemetry {
+    /// `b"PTISCOPE"` read as a little-endian u64. Written last by the guest.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"PTISCOPE");
+    /// Layout version; bump on any change.
+    pub const VERSION: u32 = 1;
+    /// Size the VMM reserves for the region (one page).
+    pub const REGION_SIZE: u64 = 4096;
+    /// CPUs that have a counter block.
+    pub const MAX_CPUS: usize = 8;
+    /// Offset of CPU 0's counter block.
+    pub const CPU_BLOCK_OFFSET: usize = 256;
+    /// Bytes between two CPUs' blocks.
+    pub const CPU_BLOCK_STRIDE: usize = 256;
+    /// `u64` slots in a block (only the first [`Counter::COUNT`] are defined).
+    pub const CPU_BLOCK_SLOTS: usize = CPU_BLOCK_STRIDE / 8;
+
+    /// Header byte offsets.
+    pub mod header {
+        /// u64: [`super::MAGIC`].
+        pub const MAGIC: usize = 0;
+        /// u32: [`super::VERSION`].
+        pub const VERSION: usize = 8;
+        /// u32: number of CPUs whose blocks are live.
+        pub const CPU_COUNT: usize = 12;
+        /// u32: [`super::CPU_BLOCK_OFFSET`] as the guest used it.
+        pub const CPU_BLOCK_OFFSET: usize = 16;
+        /// u32: [`super::CPU_BLOCK_STRIDE`] as the guest used it.
+        pub const CPU_BLOCK_STRIDE: usize = 20;
+        /// u32: number of defined counters, [`super::Counter::COUNT`].
+        pub const COUNTER_COUNT: usize = 24;
+        /// u32: [`super::flags`] describing the running configuration.
+        pub const FLAGS: usize = 28;
+        /// u32: [`super::arch`] of the guest.
+        pub const ARCH: usize = 32;
+        /// u32: [`super::entry`] method in use for syscalls.
+        pub const ENTRY: usize = 36;
+        /// Bytes of header the guest writes.
+        pub const SIZE: usize = 40;
+    }
+
+    /// Configuration bits in the header's `FLAGS` word.
+    pub mod flags {
+        /// Page table isolation is active.
+        pub const PTI: u32 = 1 << 0;
+        /// PCID is in use.
+        pub const PCID: u32 = 1 << 1;
+        /// Kernel text is mapped global in the user copy (`pti_global_text=on`).
+        pub const PTI_GLOBAL_TEXT: u32 = 1 << 2;
+        /// The virtual CPU reported ARCH_CAPABILITIES.RDCL_NO (not Meltdown-vulnerable).
+        pub const RDCL_NO: u32 = 1 << 3;
+    }
+
+    /// Guest flavour in the header's `ARCH` word.
+    pub mod arch {
+        pub const X86_64: u32 = 1;
+        pub const I386_PAE: u32 = 2;
+    }
+
+    /// Syscall entry method in the header's `ENTRY` word.
+    pub mod entry {
+        pub const SYSCALL: u32 = 1;
+        pub const SYSENTER: u32 = 2;
+        pub const INT80: u32 = 3;
+        pub const INT3: u32 = 4;
+        pub const INT4: u32 = 5;
+    }
+
+    /// Per-CPU counters: the index of each in a CPU's block of `u64`s.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(usize)]
+    pub enum Counter {
+        /// CR3 writes switching to the kernel copy on entry from user mode.
+        Cr3Entry = 0,
+        /// CR3 writes switching to the user copy on exit to user mode.
+        Cr3Exit = 1,
+        /// CR3 writes on a context switch to another address space.
+        Cr3ContextSwitch = 2,
+        /// Any other CR3 write (boot, paranoid entries, explicit flushes).
+        Cr3Other = 3,
+        /// CR3 writes with bit 63 (NOFLUSH) set; a subset of the four above.
+        Cr3NoFlush = 4,
+        /// Flushes of all non-global TLB entries (flushing CR3 writes and CR4.PGE toggles).
+        TlbFlushFull = 5,
+        /// INVLPG instructions executed.
+        Invlpg = 6,
+        /// INVPCID instructions executed.
+        Invpcid = 7,
+        /// System calls entered.
+        Syscalls = 8,
+        /// Hardware interrupts taken.
+        Interrupts = 9,
+        /// CPU exceptions taken (page faults included).
+        Exceptions = 10,
+        /// Page faults taken.
+        PageFaults = 11,
+        /// Context switches between tasks.
+        ContextSwitches = 12,
+    }
+
+    impl Counter {
+        /// Number of defined counters.
+        pub const COUNT: usize = 13;
+        /// All counters in index order.
+        pub const ALL: [Counter; Self::COUNT] = [
+            Counter::Cr3Entry,
+            Counter::Cr3Exit,
+            Counter::Cr3ContextSwitch,
+            Counter::Cr3Other,
+            Counter::Cr3NoFlush,
+            Counter::TlbFlushFull,
+            Counter::Invlpg,
+            Counter::Invpcid,
+            Counter::Syscalls,
+            Counter::Interrupts,
+            Counter::Exceptions,
+            Counter::PageFaults,
+            Counter::ContextSwitches,
+        ];
+        /// Stable snake_case name used in reports and JSON.
+        pub const fn name(self) -> &'static str {
+            match self {
+                Counter::Cr3Entry => "cr3_writes_entry",
+                Counter::Cr3Exit => "cr3_writes_exit",
+                Counter::Cr3ContextSwitch => "cr3_writes_context_switch",
+                Counter::Cr3Other => "cr3_writes_other",
+                Counter::Cr3NoFlush => "cr3_writes_noflush",
+                Counter::TlbFlushFull => "tlb_flushes_full",
+                Counter::Invlpg => "invlpg",
+                Counter::Invpcid => "invpcid",
+                Counter::Syscalls => "syscalls",
+                Counter::Interrupts => "interrupts",
+                Counter::Exceptions => "exceptions",
+                Counter::PageFaults => "page_faults",
+                Counter::ContextSwitches => "context_switches",
+            }
+        }
+        /// Byte offset of this counter inside a CPU block.
+        pub const fn offset_in_block(self) -> usize {
+            self as usize * 8
+        }
+        /// Byte offset of this counter for `cpu` from the start of the region.
+        pub const fn offset(self, cpu: usize) -> usize {
+            CPU_BLOCK_OFFSET + cpu * CPU_BLOCK_STRIDE + self.offset_in_block()
+        }
+    }
+
+    const _: () = assert!(CPU_BLOCK_OFFSET + MAX_CPUS * CPU_BLOCK_STRIDE <= REGION_SIZE as usize);
+    const _: () = assert!(Counter::COUNT <= CPU_BLOCK_SLOTS);
+    const _: () = assert!(header::SIZE <= CPU_BLOCK_OFFSET);
+}
+
+/// Syscall numbers, the same for both guest flavours. They follow Linux
+/// x86_64 numbering where Linux has the call, so traces read naturally.
+pub mod syscall {
+    pub const READ: usize = 0;
+    pub const WRITE: usize = 1;
+    pub const CLOSE: usize = 3;
+    pub const PIPE: usize = 22;
+    pub const SCHED_YIELD: usize = 24;
+    pub const GETPID: usize = 39;
+    pub const FORK: usize = 57;
+    pub const EXIT: usize = 60;
+    pub const WAIT: usize = 61;
+    pub const GETPPID: usize = 110;
+    pub const ARCH_PRCTL: usize = 158;
+    /// ptiscope: write a phase marker (argument: [`crate::phase::Marker::encode`]).
+    pub const PHASE_MARK: usize = 1000;
+    /// Largest syscall number plus one.
+    pub const TABLE_SIZE: usize = 1001;
+
+    /// `arch_prctl` code: arg 1 = opt this process out of PTI (no CR3 switch on
+    /// its entries and exits), 0 = opt back in. Mirrors the per-process PTI
+    /// opt-out proposed on LKML in January 2018.
+    pub const ARCH_SET_NOPTI: usize = 0x5002;
+    /// `arch_prctl` code: returns 1 if the calling process runs without PTI.
+    pub const ARCH_GET_NOPTI: usize = 0x5003;
+
+    /// Error returned for a bad file descriptor (as Linux: -EBADF).
+    pub const EBADF: isize = -9;
+    /// Error returned for an unknown syscall (as Linux: -ENOSYS).
+    pub const ENOSYS: isize = -38;
+    /// Error returned for a bad argument (as Linux: -EINVAL).
+    pub const EINVAL: isize = -22;
+}
+
+/// Guest command-line keys. Values are documented in docs/design.md.
+pub mod cmdline {
+    /// `pti=on|off|auto`
+    pub const PTI: &str = "pti";
+    /// `pcid=on|off`
+    pub const PCID: &str = "pcid";
+    /// `entry=syscall|sysenter|int80|int3|int4` (the VMM resolves `auto`).
+    pub const ENTRY: &str = "entry";
+    /// `pti_global_text=on|off` (x86_32 PAE; v6 of the 2018 series).
+    pub const PTI_GLOBAL_TEXT: &str = "pti_global_text";
+    /// `workload=none|getpid|getppid|write-badfd|...`
+    pub const WORKLOAD: &str = "workload";
+    /// `iterations=N` for the loop workloads.
+    pub const ITERATIONS: &str = "iterations";
+    /// `telemetry=0xGPA`: where the VMM reserved the telemetry region.
+    pub const TELEMETRY: &str = "telemetry";
+    /// `fault=pf|gp|ud|de|kread`: raise this fault on purpose (tests).
+    pub const FAULT: &str = "fault";
+    /// `rdcl_no=0|1`: unused by the guest (it reads the MSR); reserved.
+    pub const RDCL_NO: &str = "rdcl_no";
+}
+
+/// Console lines meant for machines start with this prefix, followed by
+/// space-separated `key=value` pairs, e.g.
+/// `@result workload=getpid iterations=1000 cycles_per_call=812 ...`.
+pub const RESULT_PREFIX: &str = "@result ";
+/// The first line the guest prints, followed by its flavour and version.
+pub const BANNER_PREFIX: &str = "ptiscope guest";
+
+#[cfg(test)]
+mod tests {
+    use super::phase::*;
+    use super::telemetry::*;
+
+    #[test]
+    fn phase_markers_round_trip() {
+        for m in [Marker::begin(1), Marker::end(1), Marker::begin(0xffff)] {
+            assert_eq!(Marker::decode(m.encode()), Some(m));
+        }
+        assert_eq!(Marker::decode(0), None, "id 0 is reserved");
+        assert_eq!(Marker::decode(1 << 20 | 1), None, "reserved bits set");
+    }
+
+    #[test]
+    fn counter_names_are_unique_and_indices_dense() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+            for d in &Counter::ALL[i + 1..] {
+                assert_ne!(c.name(), d.name());
+            }
+        }
+        assert_eq!(Counter::ContextSwitches.offset(1), 256 + 256 + 12 * 8);
+    }
+}

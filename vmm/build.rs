@@ -1,0 +1,73 @@
+//! Builds the guest kernel for its bare-metal target(s) and hands the image
+//! paths to the `ptiscope` crate, which embeds them as the default guests.
+//!
+//! The guest is its own cargo workspace (`guest/kernel`) built with the same
+//! pinned toolchain into `target/guest`, a target directory of its own so the
+//! inner cargo never waits on the outer one's lock. Environment that the outer
+//! cargo sets for *this* build (flags, wrappers, target overrides) is removed
+//! so that it cannot leak into the guest build.
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// (target triple, env var naming the built ELF, file name inside the target dir)
+const FLAVOURS: &[(&str, &str)] = &[("x86_64-unknown-none", "PTISCOPE_GUEST_X86_64")];
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let root = manifest_dir.parent().expect("vmm/ has a parent").to_path_buf();
+    let guest_dir = root.join("guest");
+    let target_dir = env::var_os("PTISCOPE_GUEST_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target").join("guest"));
+
+    println!("cargo:rerun-if-changed={}", guest_dir.display());
+    println!("cargo:rerun-if-env-changed=PTISCOPE_GUEST_TARGET_DIR");
+
+    for (triple, var) in FLAVOURS {
+        // `<VAR>_ELF=path` embeds a prebuilt image instead of building one
+        // (used while developing the VMM against a known-good guest).
+        let prebuilt_var = format!("{var}_ELF");
+        println!("cargo:rerun-if-env-changed={prebuilt_var}");
+        let elf = match env::var_os(&prebuilt_var) {
+            Some(path) => {
+                let path = PathBuf::from(path);
+                println!("cargo:rerun-if-changed={}", path.display());
+                path
+            }
+            None => build_guest(&guest_dir.join("kernel"), &target_dir, triple),
+        };
+        println!("cargo:rustc-env={var}={}", elf.display());
+    }
+}
+
+fn build_guest(kernel_dir: &Path, target_dir: &Path, triple: &str) -> PathBuf {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(kernel_dir)
+        .args(["build", "--release", "--locked", "--target", triple])
+        .arg("--target-dir")
+        .arg(target_dir);
+    for (key, _) in env::vars_os() {
+        let key = key.to_string_lossy();
+        let leaks = (key.starts_with("CARGO_") && key != "CARGO_HOME")
+            || key.starts_with("RUSTC")
+            || key == "RUSTFLAGS"
+            || key == "RUSTDOCFLAGS";
+        if leaks {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("could not run cargo to build the guest kernel: {e}"));
+    if !status.success() {
+        panic!(
+            "building the guest kernel for {triple} failed (see the errors above); \
+             is the target installed? `rustup target add {triple}`"
+        );
+    }
+    let elf = target_dir.join(triple).join("release").join("ptiscope-guest");
+    assert!(elf.is_file(), "guest build succeeded but {} is missing", elf.display());
+    elf
+}
