@@ -1,0 +1,649 @@
+//! x86_64 4-level page tables: entry encoding, a mapper over an abstract
+//! physical memory and frame source, and the builder of PTI page-table pairs.
+//!
+//! PTI layout (after Linux `arch/x86/mm/pti.c`): every address space is an
+//! 8 KiB-aligned pair of PML4 pages, the kernel copy at `pair` and the user
+//! copy at `pair + 4096`; CR3 bit 12 selects between them. The user half
+//! (PML4 slot 0) points at the same PDPT from both copies, with NX in the
+//! kernel copy, so a missed switch back to the user copy faults instead of
+//! running user code with kernel mappings. The kernel half (slot 511) of the
+//! kernel copy maps everything; that of the user copy maps only the entry
+//! area with 4 KiB global pages, at the same virtual addresses.
+
+use crate::layout::{KERNEL_BASE, TELEMETRY_VA, USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE};
+
+/// Page-table entry bits.
+pub mod flags {
+    pub const PRESENT: u64 = 1 << 0;
+    pub const WRITABLE: u64 = 1 << 1;
+    pub const USER: u64 = 1 << 2;
+    pub const WRITE_THROUGH: u64 = 1 << 3;
+    pub const NO_CACHE: u64 = 1 << 4;
+    pub const ACCESSED: u64 = 1 << 5;
+    pub const DIRTY: u64 = 1 << 6;
+    /// PS: a 2 MiB (PD) or 1 GiB (PDPT) leaf.
+    pub const HUGE: u64 = 1 << 7;
+    pub const GLOBAL: u64 = 1 << 8;
+    pub const NO_EXECUTE: u64 = 1 << 63;
+}
+use flags::*;
+
+/// Physical-address bits of an entry.
+pub const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+/// Entries per table.
+pub const ENTRIES: usize = 512;
+/// PML4 slot of the user half used by the guest.
+pub const USER_PML4_SLOT: usize = 0;
+/// PML4 slot of the kernel half.
+pub const KERNEL_PML4_SLOT: usize = 511;
+
+/// One page-table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pte(pub u64);
+
+impl Pte {
+    pub const fn new(phys: u64, flags: u64) -> Self {
+        Pte((phys & ADDR_MASK) | flags)
+    }
+    pub const fn addr(self) -> u64 {
+        self.0 & ADDR_MASK
+    }
+    pub const fn flags(self) -> u64 {
+        self.0 & !ADDR_MASK
+    }
+    pub const fn present(self) -> bool {
+        self.0 & PRESENT != 0
+    }
+    pub const fn huge(self) -> bool {
+        self.0 & HUGE != 0
+    }
+}
+
+/// Table indices (PML4, PDPT, PD, PT) of a virtual address.
+pub const fn indices(va: u64) -> [usize; 4] {
+    [
+        ((va >> 39) & 511) as usize,
+        ((va >> 30) & 511) as usize,
+        ((va >> 21) & 511) as usize,
+        ((va >> 12) & 511) as usize,
+    ]
+}
+
+/// Whether `va` is a canonical 48-bit address.
+pub const fn is_canonical(va: u64) -> bool {
+    let top = va >> 47;
+    top == 0 || top == 0x1ffff
+}
+
+/// Access to page-table pages by physical address.
+pub trait PhysMem {
+    fn read(&self, table: u64, index: usize) -> u64;
+    fn write(&mut self, table: u64, index: usize, value: u64);
+}
+
+/// Source of zeroed physical frames.
+pub trait FrameSource {
+    /// One zeroed 4 KiB frame.
+    fn frame(&mut self) -> Option<u64>;
+    /// Two contiguous zeroed frames, 8 KiB aligned (a PML4 pair).
+    fn pair(&mut self) -> Option<u64>;
+}
+
+/// Why a mapping could not be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapError {
+    OutOfFrames,
+    /// Something is already mapped there (a leaf, or a huge page in the way).
+    AlreadyMapped(u64),
+    NotCanonical(u64),
+    Misaligned(u64),
+}
+
+/// Flags of intermediate tables: the leaves decide the permissions.
+pub const TABLE_FLAGS: u64 = PRESENT | WRITABLE | USER;
+/// Flags of intermediate tables of the kernel half (no USER).
+pub const KERNEL_TABLE_FLAGS: u64 = PRESENT | WRITABLE;
+
+/// Returns the table that `table[index]` points to, creating it if absent.
+fn next_table<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    table: u64,
+    index: usize,
+    table_flags: u64,
+    va: u64,
+) -> Result<u64, MapError> {
+    let e = Pte(mem.read(table, index));
+    if e.present() {
+        if e.huge() {
+            return Err(MapError::AlreadyMapped(va));
+        }
+        return Ok(e.addr());
+    }
+    let t = frames.frame().ok_or(MapError::OutOfFrames)?;
+    mem.write(table, index, Pte::new(t, table_flags).0);
+    Ok(t)
+}
+
+/// Maps the 4 KiB page at `va` to `phys` in the tree rooted at `root`.
+pub fn map_4k<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    root: u64,
+    va: u64,
+    phys: u64,
+    leaf_flags: u64,
+    table_flags: u64,
+) -> Result<(), MapError> {
+    if !is_canonical(va) {
+        return Err(MapError::NotCanonical(va));
+    }
+    if !va.is_multiple_of(4096) || !phys.is_multiple_of(4096) {
+        return Err(MapError::Misaligned(va));
+    }
+    let [i4, i3, i2, i1] = indices(va);
+    let pdpt = next_table(mem, frames, root, i4, table_flags, va)?;
+    let pd = next_table(mem, frames, pdpt, i3, table_flags, va)?;
+    let pt = next_table(mem, frames, pd, i2, table_flags, va)?;
+    if Pte(mem.read(pt, i1)).present() {
+        return Err(MapError::AlreadyMapped(va));
+    }
+    mem.write(pt, i1, Pte::new(phys, leaf_flags | PRESENT).0);
+    Ok(())
+}
+
+/// Maps the 2 MiB page at `va` to `phys` in the tree rooted at `root`.
+pub fn map_2m<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    root: u64,
+    va: u64,
+    phys: u64,
+    leaf_flags: u64,
+    table_flags: u64,
+) -> Result<(), MapError> {
+    if !is_canonical(va) {
+        return Err(MapError::NotCanonical(va));
+    }
+    if !va.is_multiple_of(2 << 20) || !phys.is_multiple_of(2 << 20) {
+        return Err(MapError::Misaligned(va));
+    }
+    let [i4, i3, i2, _] = indices(va);
+    let pdpt = next_table(mem, frames, root, i4, table_flags, va)?;
+    let pd = next_table(mem, frames, pdpt, i3, table_flags, va)?;
+    if Pte(mem.read(pd, i2)).present() {
+        return Err(MapError::AlreadyMapped(va));
+    }
+    mem.write(pd, i2, Pte::new(phys, leaf_flags | PRESENT | HUGE).0);
+    Ok(())
+}
+
+/// A translation found by [`translate`]: the physical address and the
+/// effective permissions (USER and WRITABLE only if every level allows them,
+/// NO_EXECUTE if any level sets it; GLOBAL from the leaf).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Translation {
+    pub phys: u64,
+    pub flags: u64,
+    /// Size of the leaf page in bytes.
+    pub page_size: u64,
+}
+
+/// Walks the tree rooted at `root` for `va`, as the MMU would.
+pub fn translate<M: PhysMem>(mem: &M, root: u64, va: u64) -> Option<Translation> {
+    if !is_canonical(va) {
+        return None;
+    }
+    let idx = indices(va);
+    let mut table = root;
+    let mut eff = PRESENT | WRITABLE | USER;
+    for (level, &i) in idx.iter().enumerate() {
+        let e = Pte(mem.read(table, i));
+        if !e.present() {
+            return None;
+        }
+        eff &= e.0 | !(WRITABLE | USER);
+        eff |= e.0 & NO_EXECUTE;
+        let size = match level {
+            1 if e.huge() => 1u64 << 30,
+            2 if e.huge() => 2 << 20,
+            3 => 4096,
+            _ => 0,
+        };
+        if size != 0 {
+            return Some(Translation {
+                phys: e.addr() + (va & (size - 1)),
+                flags: eff | (e.0 & GLOBAL),
+                page_size: size,
+            });
+        }
+        table = e.addr();
+    }
+    None
+}
+
+/// What the kernel half maps: the inputs of [`build_kernel_half`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSpec {
+    /// Page table isolation on: kernel mappings non-global, user copy built.
+    pub pti: bool,
+    /// Physical range `[start, end)` of the entry area (page aligned).
+    pub entry_area: (u64, u64),
+    /// Physical end of the entry area's text (its first part); the rest is data.
+    pub entry_text_end: u64,
+    /// Physical address of the telemetry page (mapped at [`TELEMETRY_VA`]).
+    pub telemetry: u64,
+    /// Bytes of physical memory in the direct map at [`KERNEL_BASE`] (2 MiB multiple).
+    pub direct_map: u64,
+}
+
+/// The kernel half, shared by every address space: the PML4 entries for slot
+/// 511 of the kernel copy and of the user copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelHalf {
+    pub kernel_pml4e: u64,
+    /// Slot 511 of the user copy: only the entry area (equal to
+    /// `kernel_pml4e` when PTI is off, so both copies are the same).
+    pub user_pml4e: u64,
+    pub pti: bool,
+}
+
+/// Builds the kernel half. The direct map uses 2 MiB pages, global unless
+/// PTI is on; the user copy maps the entry area with 4 KiB global pages.
+pub fn build_kernel_half<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    spec: &KernelSpec,
+) -> Result<KernelHalf, MapError> {
+    let global = if spec.pti { 0 } else { GLOBAL };
+    // A scratch PML4 root: only its slot 511 is kept.
+    let root = frames.frame().ok_or(MapError::OutOfFrames)?;
+    let mut pa = 0;
+    while pa < spec.direct_map {
+        map_2m(
+            mem,
+            frames,
+            root,
+            KERNEL_BASE + pa,
+            pa,
+            WRITABLE | global,
+            KERNEL_TABLE_FLAGS,
+        )?;
+        pa += 2 << 20;
+    }
+    map_4k(
+        mem,
+        frames,
+        root,
+        TELEMETRY_VA,
+        spec.telemetry,
+        WRITABLE | NO_EXECUTE | global,
+        KERNEL_TABLE_FLAGS,
+    )?;
+    let kernel_pml4e = mem.read(root, KERNEL_PML4_SLOT);
+    let user_pml4e = if spec.pti {
+        let uroot = frames.frame().ok_or(MapError::OutOfFrames)?;
+        let (start, end) = spec.entry_area;
+        let mut pa = start;
+        while pa < end {
+            let perm = if pa < spec.entry_text_end {
+                0
+            } else {
+                WRITABLE | NO_EXECUTE
+            };
+            map_4k(
+                mem,
+                frames,
+                uroot,
+                KERNEL_BASE + pa,
+                pa,
+                perm | GLOBAL,
+                KERNEL_TABLE_FLAGS,
+            )?;
+            pa += 4096;
+        }
+        mem.read(uroot, KERNEL_PML4_SLOT)
+    } else {
+        kernel_pml4e
+    };
+    Ok(KernelHalf {
+        kernel_pml4e,
+        user_pml4e,
+        pti: spec.pti,
+    })
+}
+
+/// What one process maps in the user half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserSpec {
+    /// Physical start of the user programs' text (shared, read-only).
+    pub text_phys: u64,
+    pub text_pages: u64,
+    /// Physical frames of this process's stack, lowest first.
+    pub stack: [u64; USER_STACK_PAGES as usize],
+}
+
+/// Builds a process's PML4 pair and returns its physical address. With PTI,
+/// the kernel copy's user slot carries NX; without, both copies are equal.
+pub fn build_address_space<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    half: &KernelHalf,
+    user: &UserSpec,
+) -> Result<u64, MapError> {
+    let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
+    for i in 0..user.text_pages {
+        let off = i * 4096;
+        map_4k(
+            mem,
+            frames,
+            pair,
+            USER_TEXT_BASE + off,
+            user.text_phys + off,
+            USER,
+            TABLE_FLAGS,
+        )?;
+    }
+    let stack_base = USER_STACK_TOP - USER_STACK_PAGES * 4096;
+    for (i, &f) in user.stack.iter().enumerate() {
+        let va = stack_base + i as u64 * 4096;
+        map_4k(
+            mem,
+            frames,
+            pair,
+            va,
+            f,
+            USER | WRITABLE | NO_EXECUTE,
+            TABLE_FLAGS,
+        )?;
+    }
+    let user_slot = mem.read(pair, USER_PML4_SLOT);
+    let (kernel_user_slot, user_kernel_slot) = if half.pti {
+        (user_slot | NO_EXECUTE, half.user_pml4e)
+    } else {
+        (user_slot, half.kernel_pml4e)
+    };
+    mem.write(pair, USER_PML4_SLOT, kernel_user_slot);
+    mem.write(pair, KERNEL_PML4_SLOT, half.kernel_pml4e);
+    mem.write(pair + 4096, USER_PML4_SLOT, user_slot);
+    mem.write(pair + 4096, KERNEL_PML4_SLOT, user_kernel_slot);
+    Ok(pair)
+}
+
+/// Opts an address space out of PTI (`arch_prctl(ARCH_SET_NOPTI, 1)`): the
+/// kernel copy's user slot loses NX (the process will run on the kernel copy
+/// in user mode) and the user copy becomes a full copy of the kernel copy, so
+/// that the one exit still taken through the PTI path lands on a full map.
+pub fn opt_out_of_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
+    let user_slot = mem.read(pair + 4096, USER_PML4_SLOT);
+    mem.write(pair, USER_PML4_SLOT, user_slot);
+    mem.write(pair + 4096, KERNEL_PML4_SLOT, half.kernel_pml4e);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::vec::Vec;
+
+    /// Sparse fake physical memory: absent entries read as zero.
+    #[derive(Default)]
+    struct FakeMem(BTreeMap<(u64, usize), u64>);
+    impl PhysMem for FakeMem {
+        fn read(&self, table: u64, index: usize) -> u64 {
+            assert_eq!(table % 4096, 0, "table address must be page aligned");
+            assert!(index < ENTRIES);
+            *self.0.get(&(table, index)).unwrap_or(&0)
+        }
+        fn write(&mut self, table: u64, index: usize, value: u64) {
+            assert_eq!(table % 4096, 0);
+            assert!(index < ENTRIES);
+            self.0.insert((table, index), value);
+        }
+    }
+
+    struct Bump {
+        next: u64,
+        limit: u64,
+        handed: Vec<u64>,
+    }
+    impl FrameSource for Bump {
+        fn frame(&mut self) -> Option<u64> {
+            if self.next >= self.limit {
+                return None;
+            }
+            let f = self.next;
+            self.next += 4096;
+            self.handed.push(f);
+            Some(f)
+        }
+        fn pair(&mut self) -> Option<u64> {
+            self.next = (self.next + 8191) & !8191;
+            let p = self.frame()?;
+            self.frame()?;
+            Some(p)
+        }
+    }
+    fn bump() -> Bump {
+        Bump {
+            next: 0x20_0000,
+            limit: 0x40_0000,
+            handed: Vec::new(),
+        }
+    }
+
+    const ENTRY: (u64, u64) = (0x10_2000, 0x10_5000);
+    const ENTRY_TEXT_END: u64 = 0x10_3000;
+    const TELEMETRY: u64 = 0x7fff000;
+    const KDATA: u64 = 0x10_8000; // kernel data outside the entry area
+
+    fn spec(pti: bool) -> KernelSpec {
+        KernelSpec {
+            pti,
+            entry_area: ENTRY,
+            entry_text_end: ENTRY_TEXT_END,
+            telemetry: TELEMETRY,
+            direct_map: 64 << 20,
+        }
+    }
+    fn user() -> UserSpec {
+        UserSpec {
+            text_phys: 0x11_0000,
+            text_pages: 2,
+            stack: [0x12_0000, 0x12_1000],
+        }
+    }
+    fn setup(pti: bool) -> (FakeMem, Bump, KernelHalf, u64) {
+        let (mut m, mut f) = (FakeMem::default(), bump());
+        let half = build_kernel_half(&mut m, &mut f, &spec(pti)).unwrap();
+        let pair = build_address_space(&mut m, &mut f, &half, &user()).unwrap();
+        (m, f, half, pair)
+    }
+
+    #[test]
+    fn entry_encoding() {
+        let e = Pte::new(0x1234_5000 | 0xfff, PRESENT | WRITABLE | NO_EXECUTE);
+        assert_eq!(e.addr(), 0x1234_5000);
+        assert_eq!(e.0, 0x8000_0000_1234_5003);
+        assert!(e.present() && !e.huge());
+        assert_eq!(e.flags(), PRESENT | WRITABLE | NO_EXECUTE);
+        assert_eq!(indices(0xffff_ffff_8010_2000), [511, 510, 0, 0x102]);
+        assert_eq!(indices(USER_TEXT_BASE), [0, 0, 2, 0]);
+        assert!(is_canonical(KERNEL_BASE) && !is_canonical(0x8000_0000_0000));
+    }
+
+    #[test]
+    fn mapper_rejects_bad_requests() {
+        let (mut m, mut f) = (FakeMem::default(), bump());
+        let root = f.frame().unwrap();
+        assert_eq!(
+            map_4k(&mut m, &mut f, root, 0x8000_0000_0000, 0, 0, TABLE_FLAGS),
+            Err(MapError::NotCanonical(0x8000_0000_0000))
+        );
+        assert_eq!(
+            map_4k(&mut m, &mut f, root, 0x1001, 0, 0, TABLE_FLAGS),
+            Err(MapError::Misaligned(0x1001))
+        );
+        map_2m(
+            &mut m,
+            &mut f,
+            root,
+            0x20_0000,
+            0x20_0000,
+            WRITABLE,
+            TABLE_FLAGS,
+        )
+        .unwrap();
+        assert_eq!(
+            map_4k(&mut m, &mut f, root, 0x20_1000, 0, 0, TABLE_FLAGS),
+            Err(MapError::AlreadyMapped(0x20_1000)),
+            "a huge page is in the way"
+        );
+        map_4k(&mut m, &mut f, root, 0x1000, 0x5000, 0, TABLE_FLAGS).unwrap();
+        assert_eq!(
+            map_4k(&mut m, &mut f, root, 0x1000, 0x6000, 0, TABLE_FLAGS),
+            Err(MapError::AlreadyMapped(0x1000))
+        );
+        let mut tiny = Bump {
+            next: 0,
+            limit: 4096,
+            handed: Vec::new(),
+        };
+        let r = tiny.frame().unwrap();
+        assert_eq!(
+            map_4k(&mut m, &mut tiny, r, 0x1000, 0, 0, TABLE_FLAGS),
+            Err(MapError::OutOfFrames)
+        );
+    }
+
+    #[test]
+    fn pair_is_8k_aligned_and_both_copies_share_the_user_pdpt() {
+        let (m, _, _, pair) = setup(true);
+        assert_eq!(pair % 8192, 0);
+        let k = Pte(m.read(pair, USER_PML4_SLOT));
+        let u = Pte(m.read(pair + 4096, USER_PML4_SLOT));
+        assert_eq!(k.addr(), u.addr(), "lower levels are shared");
+        assert!(k.0 & NO_EXECUTE != 0, "user half is NX in the kernel copy");
+        assert!(u.0 & NO_EXECUTE == 0);
+    }
+
+    #[test]
+    fn pti_user_copy_maps_only_the_entry_area() {
+        let (m, _, _, pair) = setup(true);
+        let (kroot, uroot) = (pair, pair + 4096);
+        // Entry text: present, global, executable, read-only, not user.
+        let t = translate(&m, uroot, KERNEL_BASE + ENTRY.0).unwrap();
+        assert_eq!(t.phys, ENTRY.0);
+        assert_eq!(t.page_size, 4096);
+        assert_eq!(t.flags & (GLOBAL | NO_EXECUTE | WRITABLE | USER), GLOBAL);
+        // Entry data: writable, NX, global.
+        let d = translate(&m, uroot, KERNEL_BASE + ENTRY_TEXT_END).unwrap();
+        assert_eq!(
+            d.flags & (GLOBAL | NO_EXECUTE | WRITABLE | USER),
+            GLOBAL | NO_EXECUTE | WRITABLE
+        );
+        // Nothing else of the kernel: data, the page after the area, telemetry.
+        for va in [
+            KERNEL_BASE + KDATA,
+            KERNEL_BASE + ENTRY.1,
+            KERNEL_BASE + ENTRY.0 - 4096,
+            TELEMETRY_VA,
+            KERNEL_BASE,
+        ] {
+            assert_eq!(
+                translate(&m, uroot, va),
+                None,
+                "{va:#x} must be absent from the user copy"
+            );
+        }
+        // Exhaustive: every present leaf under the user copy's slot 511 is in the entry area.
+        let pdpt = Pte(m.read(uroot, KERNEL_PML4_SLOT)).addr();
+        let mut leaves = 0;
+        for i3 in 0..ENTRIES {
+            let e3 = Pte(m.read(pdpt, i3));
+            if !e3.present() {
+                continue;
+            }
+            assert!(!e3.huge());
+            for i2 in 0..ENTRIES {
+                let e2 = Pte(m.read(e3.addr(), i2));
+                if !e2.present() {
+                    continue;
+                }
+                assert!(!e2.huge(), "no 2 MiB kernel page in the user copy");
+                for i1 in 0..ENTRIES {
+                    let e1 = Pte(m.read(e2.addr(), i1));
+                    if e1.present() {
+                        assert!((ENTRY.0..ENTRY.1).contains(&e1.addr()));
+                        leaves += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(leaves, (ENTRY.1 - ENTRY.0) / 4096);
+        // The kernel copy maps it all, non-global with PTI.
+        let kd = translate(&m, kroot, KERNEL_BASE + KDATA).unwrap();
+        assert_eq!(kd.phys, KDATA);
+        assert_eq!(kd.flags & (GLOBAL | USER), 0);
+        let tel = translate(&m, kroot, TELEMETRY_VA + 8).unwrap();
+        assert_eq!(tel.phys, TELEMETRY + 8);
+    }
+
+    #[test]
+    fn user_mappings_and_nx_per_copy() {
+        let (m, _, _, pair) = setup(true);
+        let ut = translate(&m, pair + 4096, USER_TEXT_BASE + 4096 + 5).unwrap();
+        assert_eq!(ut.phys, 0x11_1005);
+        assert_eq!(ut.flags & (USER | WRITABLE | NO_EXECUTE), USER);
+        let kt = translate(&m, pair, USER_TEXT_BASE).unwrap();
+        assert!(
+            kt.flags & NO_EXECUTE != 0,
+            "user text not executable with the kernel copy"
+        );
+        let st = translate(&m, pair + 4096, USER_STACK_TOP - 8).unwrap();
+        assert_eq!(st.phys, 0x12_1ff8);
+        assert_eq!(
+            st.flags & (USER | WRITABLE | NO_EXECUTE),
+            USER | WRITABLE | NO_EXECUTE
+        );
+        assert_eq!(translate(&m, pair + 4096, USER_STACK_TOP), None);
+        assert_eq!(translate(&m, pair + 4096, USER_TEXT_BASE + 2 * 4096), None);
+    }
+
+    #[test]
+    fn without_pti_both_copies_are_equal_and_global() {
+        let (m, _, half, pair) = setup(false);
+        assert_eq!(half.kernel_pml4e, half.user_pml4e);
+        for slot in [USER_PML4_SLOT, KERNEL_PML4_SLOT] {
+            assert_eq!(m.read(pair, slot), m.read(pair + 4096, slot));
+        }
+        let kd = translate(&m, pair + 4096, KERNEL_BASE + KDATA).unwrap();
+        assert!(kd.flags & GLOBAL != 0 && kd.flags & USER == 0);
+        assert!(translate(&m, pair, USER_TEXT_BASE).unwrap().flags & NO_EXECUTE == 0);
+    }
+
+    #[test]
+    fn opt_out_gives_a_full_executable_map() {
+        let (mut m, _, half, pair) = setup(true);
+        opt_out_of_pti(&mut m, pair, &half);
+        assert!(translate(&m, pair, USER_TEXT_BASE).unwrap().flags & NO_EXECUTE == 0);
+        assert!(translate(&m, pair + 4096, KERNEL_BASE + KDATA).is_some());
+        // Another process keeps its isolation: the kernel half is shared, not modified.
+        let mut f = Bump {
+            next: 0x30_0000,
+            limit: 0x40_0000,
+            handed: Vec::new(),
+        };
+        let other = build_address_space(&mut m, &mut f, &half, &user()).unwrap();
+        assert_eq!(translate(&m, other + 4096, KERNEL_BASE + KDATA), None);
+    }
+
+    #[test]
+    fn page_tables_come_only_from_the_frame_source() {
+        let (_, f, _, pair) = setup(true);
+        assert!(f.handed.contains(&pair) && f.handed.contains(&(pair + 4096)));
+        // 64 MiB direct map: scratch root + PDPT + PD (2M pages) + telemetry PD + PT,
+        // user copy: root + PDPT + PD + PT; process: pair(2) + PDPT + PD + PT.
+        assert_eq!(f.handed.len(), 5 + 4 + 5);
+    }
+}
