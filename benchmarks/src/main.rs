@@ -1,1 +1,78 @@
-fn main() {}
+//! `ptiscope-bench`: benchmarks that run the `ptiscope` binary (and peers such
+//! as QEMU) side by side, interleaved, in one run, and report medians and
+//! ratios. Absolute times on a shared, noisy machine mean little; ratios
+//! measured in the same run do.
+//!
+//! Usage: `cargo build --release && cargo run --release -p ptiscope-benchmarks -- boot`.
+
+mod boot;
+mod measure;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(about = "ptiscope benchmarks: side-by-side medians and ratios")]
+struct Cli {
+    /// The ptiscope binary to measure (default: target/release/ptiscope of this workspace).
+    #[arg(long, global = true)]
+    ptiscope: Option<PathBuf>,
+    /// Write the results as JSON to this file as well.
+    #[arg(long, global = true)]
+    json: Option<PathBuf>,
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Boot-to-exit wall time and peak RSS: ptiscope vs QEMU microvm (qboot) on the same guest ELF.
+    Boot(boot::BootArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let ptiscope = cli.ptiscope.unwrap_or_else(default_ptiscope);
+    if !ptiscope.is_file() {
+        eprintln!(
+            "ptiscope-bench: {} not found; build it first with `cargo build --release`, or pass --ptiscope PATH",
+            ptiscope.display()
+        );
+        return ExitCode::from(2);
+    }
+    let result = match cli.bench {
+        Bench::Boot(args) => boot::run(&ptiscope, &args),
+    };
+    match result {
+        Ok(report) => {
+            println!("{}", report.text);
+            if let Some(path) = cli.json {
+                if let Err(e) = std::fs::write(&path, report.json.to_string()) {
+                    eprintln!("ptiscope-bench: cannot write {}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ptiscope-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `target/release/ptiscope` next to this workspace.
+fn default_ptiscope() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("release")
+        .join("ptiscope")
+}
+
+/// What a benchmark prints and what it stores as JSON.
+pub struct Report {
+    pub text: String,
+    pub json: serde_json::Value,
+}

@@ -1,0 +1,130 @@
+//! Boot-to-exit wall time of the default guest: ptiscope vs QEMU microvm.
+//!
+//! Both boot the same ELF (the one `vmm/build.rs` embeds into ptiscope) with
+//! `workload=none`, so the guest prints its banner and writes its exit status.
+//! Runs are interleaved (ptiscope, QEMU, ptiscope, ...) so that machine noise
+//! hits both alike. QEMU uses qboot, not SeaBIOS: SeaBIOS is very slow under
+//! this workplace's software KVM and would flatter ptiscope.
+use crate::measure::{self, median, Sample};
+use crate::Report;
+use clap::Args;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(Args)]
+pub struct BootArgs {
+    /// Boots per contender.
+    #[arg(long, default_value_t = 10)]
+    runs: usize,
+    /// Guest memory in MiB (both contenders).
+    #[arg(long, default_value_t = 128)]
+    mem: u32,
+    /// Guest ELF (default: the image vmm/build.rs built, target/guest/...).
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// QEMU binary.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    qemu: String,
+    /// QEMU firmware for microvm.
+    #[arg(long, default_value = "/usr/share/qemu/qboot.rom")]
+    qemu_bios: PathBuf,
+}
+
+/// Ratio the issue sets as the target: ptiscope's median at most a quarter of QEMU's.
+const TARGET_RATIO: f64 = 0.25;
+
+pub fn run(ptiscope: &Path, args: &BootArgs) -> Result<Report, String> {
+    if args.runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
+    let kernel = args.kernel.clone().unwrap_or_else(default_kernel);
+    if !kernel.is_file() {
+        return Err(format!(
+            "guest ELF {} not found; build with `cargo build --release` or pass --kernel",
+            kernel.display()
+        ));
+    }
+    let mut ours = Vec::new();
+    let mut qemu = Vec::new();
+    for _ in 0..args.runs {
+        let mut cmd = Command::new(ptiscope);
+        cmd.arg("run")
+            .arg("--kernel")
+            .arg(&kernel)
+            .arg("--mem")
+            .arg(args.mem.to_string());
+        ours.push(checked(measure::run(&mut cmd), "ptiscope", 0)?);
+
+        let mut cmd = Command::new(&args.qemu);
+        cmd.args(["-M", "microvm", "-accel", "kvm", "-cpu", "host"])
+            .arg("-bios")
+            .arg(&args.qemu_bios)
+            .args(["-m", &format!("{}M", args.mem)])
+            .args(["-nodefaults", "-no-user-config", "-display", "none"])
+            .args(["-serial", "stdio"])
+            .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+            .arg("-kernel")
+            .arg(&kernel);
+        // isa-debug-exit turns guest status 0 into QEMU exit code 1.
+        qemu.push(checked(measure::run(&mut cmd), "qemu", 1)?);
+    }
+    let ms = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.wall.as_secs_f64() * 1e3).collect() };
+    let rss = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.max_rss_kib as f64).collect() };
+    let (ours_ms, qemu_ms) = (median(&ms(&ours)), median(&ms(&qemu)));
+    let (ours_rss, qemu_rss) = (median(&rss(&ours)), median(&rss(&qemu)));
+    let ratio = ours_ms / qemu_ms;
+    let verdict = if ratio <= TARGET_RATIO {
+        "met"
+    } else {
+        "NOT met"
+    };
+    let text = format!(
+        "boot-to-exit, {runs} interleaved runs each, {mem} MiB, guest {kernel}\n\
+         {:<28} {:>12} {:>16}\n\
+         {:<28} {:>12.1} {:>16.0}\n\
+         {:<28} {:>12.1} {:>16.0}\n\
+         ratio ptiscope/qemu (median wall): {ratio:.3} (target <= {TARGET_RATIO}: {verdict})\n\
+         ratio ptiscope/qemu (median peak RSS): {:.3}",
+        "contender",
+        "median ms",
+        "median RSS KiB",
+        "ptiscope",
+        ours_ms,
+        ours_rss,
+        "qemu microvm (kvm, qboot)",
+        qemu_ms,
+        qemu_rss,
+        ours_rss / qemu_rss,
+        runs = args.runs,
+        mem = args.mem,
+        kernel = kernel.display(),
+    );
+    let json = json!({
+        "benchmark": "boot",
+        "runs": args.runs,
+        "mem_mib": args.mem,
+        "ptiscope": {"wall_ms": ms(&ours), "median_wall_ms": ours_ms, "median_max_rss_kib": ours_rss},
+        "qemu_microvm": {"wall_ms": ms(&qemu), "median_wall_ms": qemu_ms, "median_max_rss_kib": qemu_rss},
+        "ratio_wall": ratio,
+        "target_ratio_wall": TARGET_RATIO,
+        "target_met": ratio <= TARGET_RATIO,
+    });
+    Ok(Report { text, json })
+}
+
+fn checked(sample: std::io::Result<Sample>, who: &str, expected: i32) -> Result<Sample, String> {
+    let sample = sample.map_err(|e| format!("cannot start {who}: {e}"))?;
+    if sample.code != Some(expected) {
+        return Err(format!(
+            "{who} exited with {:?}, expected {expected}: the boot failed, so its time means nothing",
+            sample.code
+        ));
+    }
+    Ok(sample)
+}
+
+fn default_kernel() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/guest/x86_64-unknown-none/release/ptiscope-guest")
+}

@@ -1,0 +1,82 @@
+//! Running a command and measuring its wall time and peak RSS.
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One measured run of a child process.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub wall: Duration,
+    /// Peak resident set size of the child, in KiB (`ru_maxrss`).
+    pub max_rss_kib: u64,
+    /// Exit code, or `None` if killed by a signal.
+    pub code: Option<i32>,
+}
+
+/// Spawns `cmd` with output discarded, waits with `wait4` to get the child's
+/// own rusage (RUSAGE_CHILDREN would mix all children), and times it.
+pub fn run(cmd: &mut Command) -> std::io::Result<Sample> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let start = Instant::now();
+    let child = cmd.spawn()?;
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: all-zero bytes are a valid `rusage` (plain integers).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own un-reaped child; `status` and `usage` are valid
+    // out-pointers for the duration of the call.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = start.elapsed();
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The child is reaped; forgetting the handle avoids a second wait.
+    std::mem::forget(child);
+    let code = if libc::WIFEXITED(status) {
+        Some(libc::WEXITSTATUS(status))
+    } else {
+        None
+    };
+    Ok(Sample {
+        wall,
+        max_rss_kib: usage.ru_maxrss as u64,
+        code,
+    })
+}
+
+/// Median of a non-empty slice (mean of the two middle values for even lengths).
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_odd_even() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn measures_a_real_child() {
+        let s = run(&mut Command::new("true")).expect("spawn true");
+        assert_eq!(s.code, Some(0));
+        assert!(s.max_rss_kib > 0);
+        let s = run(Command::new("sh").args(["-c", "exit 3"])).expect("spawn sh");
+        assert_eq!(s.code, Some(3));
+    }
+}
