@@ -1,0 +1,430 @@
+//! Baseline-vs-compare tables in the mmtests compare-kernels layout, plus
+//! JSON (schema `ptiscope.compare/1`, docs/report-json.md) and CSV.
+//!
+//! ```text
+//!                                       pti=off                 pti=on
+//! Min       cycles_per_call      800.00 (   0.00%)     1500.00 ( -87.50%)
+//! Amean     cycles_per_call      812.00 (   0.00%)     1523.00 ( -87.56%)
+//! ```
+//! Rows are grouped by statistic, then metric, as compare-kernels does; each
+//! value is `%12.2f` followed by ` (%7.2f%)` (mmtests' printed width), the baseline's own difference
+//! being 0.00 %. Negative differences are worse (see `stats.rs`).
+
+use serde::{Deserialize, Serialize};
+
+use super::metric::{Metric, Source};
+use super::stats::{self, Stat, Summary, SummaryError};
+
+/// Schema id written into the JSON; bump on incompatible changes.
+pub const SCHEMA: &str = "ptiscope.compare/1";
+
+/// Errors of building a compare table.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CompareError {
+    #[error("metric {metric}: {side} samples: {source}")]
+    BadSamples {
+        metric: String,
+        side: &'static str,
+        #[source]
+        source: SummaryError,
+    },
+    #[error("metric {0} added twice")]
+    Duplicate(String),
+    #[error("metric name {0:?} must be non-empty snake_case ([a-z0-9_])")]
+    BadName(String),
+}
+
+/// One configuration of a comparison.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Side {
+    /// Short column label, e.g. `pti=off`.
+    pub label: String,
+    /// The full configuration (`key=value` options) the runs used.
+    pub config: Vec<String>,
+}
+
+/// Per-statistic values; `None` where undefined (JSON `null`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct StatValues {
+    pub min: Option<f64>,
+    pub amean: Option<f64>,
+    pub stddev: Option<f64>,
+    pub coeffvar: Option<f64>,
+    pub max: Option<f64>,
+    pub bamean50: Option<f64>,
+    pub bamean95: Option<f64>,
+    pub bamean99: Option<f64>,
+}
+
+impl StatValues {
+    fn from_fn(mut f: impl FnMut(Stat) -> Option<f64>) -> Self {
+        StatValues {
+            min: f(Stat::Min),
+            amean: f(Stat::Amean),
+            stddev: f(Stat::Stddev),
+            coeffvar: f(Stat::CoeffVar),
+            max: f(Stat::Max),
+            bamean50: f(Stat::BAmean50),
+            bamean95: f(Stat::BAmean95),
+            bamean99: f(Stat::BAmean99),
+        }
+    }
+
+    /// The value for one statistic.
+    pub fn get(&self, stat: Stat) -> Option<f64> {
+        match stat {
+            Stat::Min => self.min,
+            Stat::Amean => self.amean,
+            Stat::Stddev => self.stddev,
+            Stat::CoeffVar => self.coeffvar,
+            Stat::Max => self.max,
+            Stat::BAmean50 => self.bamean50,
+            Stat::BAmean95 => self.bamean95,
+            Stat::BAmean99 => self.bamean99,
+        }
+    }
+}
+
+/// One metric, summarised on both sides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricComparison {
+    #[serde(flatten)]
+    pub metric: Metric,
+    pub baseline: Summary,
+    pub compare: Summary,
+    /// mmtests-style % difference per statistic: positive = compare is better.
+    pub diff_pct: StatValues,
+    /// Plain % change per statistic: positive = compare is larger.
+    pub delta_pct: StatValues,
+}
+
+impl MetricComparison {
+    /// Absolute change `compare - baseline` of one statistic.
+    pub fn delta(&self, stat: Stat) -> Option<f64> {
+        Some(self.compare.get(stat)? - self.baseline.get(stat)?)
+    }
+}
+
+/// A full comparison: metrics x {baseline, compare} x statistics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareTable {
+    pub schema: String,
+    pub baseline: Side,
+    pub compare: Side,
+    pub metrics: Vec<MetricComparison>,
+}
+
+impl CompareTable {
+    /// An empty table for two configurations.
+    pub fn new(baseline: Side, compare: Side) -> Self {
+        CompareTable {
+            schema: SCHEMA.to_owned(),
+            baseline,
+            compare,
+            metrics: Vec::new(),
+        }
+    }
+
+    /// Adds a metric with its per-run samples on each side.
+    pub fn add(
+        &mut self,
+        metric: Metric,
+        baseline: &[f64],
+        compare: &[f64],
+    ) -> Result<&MetricComparison, CompareError> {
+        let valid_name = !metric.name.is_empty()
+            && metric
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !valid_name {
+            return Err(CompareError::BadName(metric.name));
+        }
+        if self.metric(&metric.name).is_some() {
+            return Err(CompareError::Duplicate(metric.name));
+        }
+        let summarise = |side, s: &[f64]| {
+            Summary::new(s, metric.lower_is_better).map_err(|source| CompareError::BadSamples {
+                metric: metric.name.clone(),
+                side,
+                source,
+            })
+        };
+        let b = summarise("baseline", baseline)?;
+        let c = summarise("compare", compare)?;
+        let diff_pct = StatValues::from_fn(|s| {
+            stats::diff_pct(
+                c.get(s)?,
+                b.get(s)?,
+                s.lower_is_better(metric.lower_is_better),
+            )
+        });
+        let delta_pct = StatValues::from_fn(|s| stats::delta_pct(c.get(s)?, b.get(s)?));
+        self.metrics.push(MetricComparison {
+            metric,
+            baseline: b,
+            compare: c,
+            diff_pct,
+            delta_pct,
+        });
+        Ok(self.metrics.last().expect("just pushed"))
+    }
+
+    /// The comparison of metric `name`.
+    pub fn metric(&self, name: &str) -> Option<&MetricComparison> {
+        self.metrics.iter().find(|m| m.metric.name == name)
+    }
+
+    /// The mmtests-like text table with the default statistics.
+    pub fn render_text(&self) -> String {
+        self.render_text_with(&Stat::ALL)
+    }
+
+    /// The mmtests-like text table with a chosen set of statistics, followed
+    /// by a legend of units and sources.
+    pub fn render_text_with(&self, stats: &[Stat]) -> String {
+        const FIELD: usize = 12;
+        const COLUMN: usize = FIELD + 11; // "%12.2f" + " (%7.2f%)"
+        let stat_w = stats.iter().map(|s| s.title().len()).max().unwrap_or(0);
+        let name_w = self
+            .metrics
+            .iter()
+            .map(|m| m.metric.name.len())
+            .max()
+            .unwrap_or(0);
+        let mut out = String::new();
+        out.push_str(&format!(
+            "{:w$}{:>c$}{:>c$}\n",
+            "",
+            self.baseline.label,
+            self.compare.label,
+            w = stat_w + 1 + name_w,
+            c = COLUMN
+        ));
+        for &stat in stats {
+            for m in &self.metrics {
+                out.push_str(&format!(
+                    "{:<stat_w$} {:<name_w$}",
+                    stat.title(),
+                    m.metric.name
+                ));
+                // The baseline's difference to itself is 0 by definition
+                // (mmtests prints it too), unless the value is undefined.
+                let base = m.baseline.get(stat);
+                out.push_str(&cell(base, base.map(|_| 0.0)));
+                out.push_str(&cell(m.compare.get(stat), m.diff_pct.get(stat)));
+                out.push('\n');
+            }
+        }
+        out.push('\n');
+        out.push_str(&format!(
+            "runs: {} {}, {} {}; % difference: positive = compare better, negative = worse\n",
+            self.baseline.label,
+            self.metrics.first().map_or(0, |m| m.baseline.n()),
+            self.compare.label,
+            self.metrics.first().map_or(0, |m| m.compare.n()),
+        ));
+        for m in &self.metrics {
+            out.push_str(&format!(
+                "{:<name_w$}  {} ({}; {})\n",
+                m.metric.name,
+                m.metric.unit,
+                m.metric.source.tag(),
+                if m.metric.lower_is_better {
+                    "lower is better"
+                } else {
+                    "higher is better"
+                }
+            ));
+        }
+        let used: Vec<Source> = Source::ALL
+            .into_iter()
+            .filter(|s| self.metrics.iter().any(|m| m.metric.source == *s))
+            .collect();
+        for s in used {
+            out.push_str(&format!("  {}: {}\n", s.tag(), s.describe()));
+        }
+        out
+    }
+
+    /// JSON (schema [`SCHEMA`]).
+    pub fn to_json(&self) -> serde_json::Value {
+        // Serialising plain data with string keys cannot fail; NaN cannot
+        // occur (Summary rejects non-finite samples).
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Reads a table back from its JSON form.
+    pub fn from_json(v: serde_json::Value) -> Result<Self, serde_json::Error> {
+        serde_json::from_value(v)
+    }
+
+    /// CSV: one line per metric and statistic. Columns:
+    /// `metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct`;
+    /// undefined values are empty cells.
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from(
+            "metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct\n",
+        );
+        let num = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
+        for m in &self.metrics {
+            for stat in Stat::ALL {
+                let fields = [
+                    csv_field(&m.metric.name),
+                    csv_field(&m.metric.unit),
+                    m.metric.source.tag().to_owned(),
+                    m.metric.lower_is_better.to_string(),
+                    stat.key().to_owned(),
+                    num(m.baseline.get(stat)),
+                    num(m.compare.get(stat)),
+                    num(m.diff_pct.get(stat)),
+                    num(m.delta_pct.get(stat)),
+                ];
+                out.push_str(&fields.join(","));
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+/// One value column: `%12.2f (%7.2f%)`, or NaN / n/a where undefined.
+fn cell(value: Option<f64>, diff: Option<f64>) -> String {
+    let v = value.map_or_else(|| format!("{:>12}", "NaN"), |v| format!("{v:>12.2}"));
+    let d = diff.map_or_else(|| format!(" ({:>8})", "n/a"), |d| format!(" ({d:>7.2}%)"));
+    v + &d
+}
+
+/// RFC 4180 quoting when needed.
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(label: &str) -> Side {
+        Side {
+            label: label.into(),
+            config: vec![label.into(), "workload=getpid".into()],
+        }
+    }
+
+    fn sample_table() -> CompareTable {
+        let mut t = CompareTable::new(side("pti=off"), side("pti=on"));
+        t.add(
+            Metric::new("cycles_per_call", "cycles/call", Source::Guest),
+            &[800.0, 812.0, 824.0],
+            &[1500.0, 1523.0, 1546.0],
+        )
+        .unwrap();
+        t.add(
+            Metric::new("cr3_writes_per_call", "count/call", Source::Guest),
+            &[0.0, 0.0, 0.0],
+            &[2.0, 2.0, 2.0],
+        )
+        .unwrap();
+        t
+    }
+
+    #[test]
+    fn text_layout_matches_mmtests() {
+        let t = sample_table();
+        let text = t.render_text_with(&[Stat::Min, Stat::Amean, Stat::Stddev]);
+        let lines: Vec<&str> = text.lines().collect();
+        // Amean 812 -> 1523: 100 - 1523*100/812 = -87.56 (see stats.rs).
+        // Stat column 6 wide ("Stddev"), metric column 19 wide; expected lines
+        // produced independently with printf("%-6s %-19s%12.2f (%7.2f%%)...").
+        assert_eq!(
+            lines[3],
+            "Amean  cycles_per_call          812.00 (   0.00%)     1523.00 ( -87.56%)"
+        );
+        // Min 800 -> 1500: 100 - 187.5 = -87.50.
+        assert_eq!(
+            lines[1],
+            "Min    cycles_per_call          800.00 (   0.00%)     1500.00 ( -87.50%)"
+        );
+        // 0 -> 2 has no finite percentage.
+        assert_eq!(
+            lines[2],
+            "Min    cr3_writes_per_call        0.00 (   0.00%)        2.00 (     n/a)"
+        );
+        // Stddev 12 vs 23 (sample stddev of 800,812,824 = 12; of 1500,1523,1546 = 23):
+        // pndiff 100 - 2300/12 = -91.67.
+        assert_eq!(
+            lines[5],
+            "Stddev cycles_per_call           12.00 (   0.00%)       23.00 ( -91.67%)"
+        );
+        // Header labels right-aligned over their columns: same width as a row.
+        assert_eq!(lines[0].len(), lines[1].len());
+        assert!(lines[0].ends_with("pti=on"));
+        assert!(text.contains("  guest: guest-reported"));
+    }
+
+    #[test]
+    fn json_round_trip_and_field_names() {
+        let t = sample_table();
+        let v = t.to_json();
+        assert_eq!(v["schema"], SCHEMA);
+        let m = &v["metrics"][0];
+        assert_eq!(m["name"], "cycles_per_call");
+        assert_eq!(m["unit"], "cycles/call");
+        assert_eq!(m["source"], "guest");
+        assert_eq!(m["baseline"]["amean"], 812.0);
+        assert_eq!(m["compare"]["samples"][1], 1523.0);
+        assert!(m["diff_pct"]["amean"].as_f64().unwrap() < -87.0);
+        assert!(v["metrics"][1]["delta_pct"]["amean"].is_null());
+        let text = serde_json::to_string(&v).unwrap();
+        let back = CompareTable::from_json(serde_json::from_str(&text).unwrap()).unwrap();
+        // Exact in memory; through text, serde_json's default float parser
+        // may differ in the last bit (the `float_roundtrip` feature fixes that).
+        assert_eq!(CompareTable::from_json(v.clone()).unwrap(), t);
+        assert!(crate::report::json_approx_eq(&back.to_json(), &v));
+    }
+
+    #[test]
+    fn csv_rows() {
+        let mut t = sample_table();
+        t.add(Metric::new("odd_unit", "a,b", Source::Kvm), &[1.0], &[1.0])
+            .unwrap();
+        let csv = t.to_csv();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 1 + 3 * Stat::ALL.len());
+        assert_eq!(lines[2], "cycles_per_call,cycles/call,guest,true,amean,812,1523,-87.5615763546798,87.5615763546798");
+        assert!(lines
+            .iter()
+            .any(|l| l.starts_with("cr3_writes_per_call,count/call,guest,true,amean,0,2,,")));
+        // One sample: stddev undefined -> empty cells; unit with a comma quoted.
+        assert!(lines.contains(&"odd_unit,\"a,b\",kvm,true,stddev,,,,"));
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        let mut t = sample_table();
+        assert_eq!(
+            t.add(
+                Metric::new("cycles_per_call", "x", Source::Guest),
+                &[1.0],
+                &[1.0]
+            )
+            .unwrap_err(),
+            CompareError::Duplicate("cycles_per_call".into())
+        );
+        assert!(matches!(
+            t.add(Metric::new("Bad.Name", "x", Source::Guest), &[1.0], &[1.0]),
+            Err(CompareError::BadName(_))
+        ));
+        assert!(matches!(
+            t.add(Metric::new("empty", "x", Source::Guest), &[], &[1.0]),
+            Err(CompareError::BadSamples {
+                side: "baseline",
+                ..
+            })
+        ));
+    }
+}

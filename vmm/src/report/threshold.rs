@@ -1,0 +1,410 @@
+//! `--fail-if` conditions: small expressions over a [`CompareTable`] that a
+//! CI job uses to fail on a regression.
+//!
+//! Grammar (whitespace around the operator is allowed):
+//! ```text
+//! condition := metric { "." qualifier } op number
+//! qualifier := stat | field                      (each at most once, any order)
+//! stat      := min | amean | stddev | coeffvar | max | bamean50 | bamean95 | bamean99
+//!                                                    (default: amean)
+//! field     := compare | baseline | delta | delta_pct | diff_pct
+//!                                                    (default: compare)
+//! op        := ">" | ">=" | "<" | "<=" | "==" | "!="
+//! number    := a decimal number, e.g. 2, -0.5, 1e3
+//! ```
+//! `compare`/`baseline` are the statistic's value on that side; `delta` is
+//! `compare - baseline`; `delta_pct` is the plain relative change in %
+//! (positive = grew); `diff_pct` is the mmtests-style % (negative = worse).
+//! A condition that holds means *fail*. Examples:
+//! - `cr3_writes_per_call!=2` — Amean CR3 writes per call of the compare runs is not exactly 2;
+//! - `cycles_per_call.delta_pct>50` — Amean cycles per call grew by more than 50 %;
+//! - `cycles_per_call.coeffvar.baseline>2` — the baseline is too noisy.
+
+use std::fmt;
+
+use super::compare::CompareTable;
+use super::stats::Stat;
+
+/// Which number of a metric's comparison a condition looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Compare,
+    Baseline,
+    Delta,
+    DeltaPct,
+    DiffPct,
+}
+
+impl Field {
+    const ALL: [Field; 5] = [
+        Field::Compare,
+        Field::Baseline,
+        Field::Delta,
+        Field::DeltaPct,
+        Field::DiffPct,
+    ];
+
+    fn key(self) -> &'static str {
+        match self {
+            Field::Compare => "compare",
+            Field::Baseline => "baseline",
+            Field::Delta => "delta",
+            Field::DeltaPct => "delta_pct",
+            Field::DiffPct => "diff_pct",
+        }
+    }
+}
+
+/// Comparison operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Gt,
+    Ge,
+    Lt,
+    Le,
+    Eq,
+    Ne,
+}
+
+impl Op {
+    fn symbol(self) -> &'static str {
+        match self {
+            Op::Gt => ">",
+            Op::Ge => ">=",
+            Op::Lt => "<",
+            Op::Le => "<=",
+            Op::Eq => "==",
+            Op::Ne => "!=",
+        }
+    }
+
+    /// Exact comparison: per-call counts such as 2N/N are exact in f64.
+    fn holds(self, a: f64, b: f64) -> bool {
+        match self {
+            Op::Gt => a > b,
+            Op::Ge => a >= b,
+            Op::Lt => a < b,
+            Op::Le => a <= b,
+            Op::Eq => a == b,
+            Op::Ne => a != b,
+        }
+    }
+}
+
+/// A parsed `--fail-if` condition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    pub metric: String,
+    pub stat: Stat,
+    pub field: Field,
+    pub op: Op,
+    pub threshold: f64,
+}
+
+/// Why a condition does not parse.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConditionError {
+    #[error("empty condition")]
+    Empty,
+    #[error("condition {0:?} has no comparison operator (one of > >= < <= == !=)")]
+    NoOperator(String),
+    #[error("condition {cond:?}: metric name {name:?} is not snake_case ([a-z0-9_], non-empty)")]
+    BadMetric { cond: String, name: String },
+    #[error("condition {cond:?}: {text:?} is not a number")]
+    BadNumber { cond: String, text: String },
+    #[error("condition {cond:?}: unknown qualifier {part:?} (statistics: min amean stddev coeffvar max bamean50 bamean95 bamean99; fields: compare baseline delta delta_pct diff_pct)")]
+    UnknownQualifier { cond: String, part: String },
+    #[error("condition {cond:?}: more than one {what} given")]
+    Repeated { cond: String, what: &'static str },
+}
+
+/// Why a condition cannot be evaluated against a table.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    #[error("{cond}: no metric {metric:?} in the table (have: {available})")]
+    UnknownMetric {
+        cond: String,
+        metric: String,
+        available: String,
+    },
+    #[error("{cond}: value is undefined ({why})")]
+    Undefined { cond: String, why: &'static str },
+}
+
+/// Result of evaluating one condition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// The condition in canonical form.
+    pub condition: String,
+    /// The number the condition looked at.
+    pub value: f64,
+    /// True if the condition holds, i.e. the run should fail.
+    pub triggered: bool,
+}
+
+impl fmt::Display for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}.{}.{}{}{}",
+            self.metric,
+            self.stat.key(),
+            self.field.key(),
+            self.op.symbol(),
+            self.threshold
+        )
+    }
+}
+
+impl Condition {
+    /// Parses one condition.
+    pub fn parse(text: &str) -> Result<Self, ConditionError> {
+        let cond = text.trim();
+        if cond.is_empty() {
+            return Err(ConditionError::Empty);
+        }
+        // Two-character operators first so ">=" is not read as ">" then "=2".
+        let (pos, op) = [
+            (">=", Op::Ge),
+            ("<=", Op::Le),
+            ("==", Op::Eq),
+            ("!=", Op::Ne),
+            (">", Op::Gt),
+            ("<", Op::Lt),
+        ]
+        .iter()
+        .filter_map(|(sym, op)| cond.find(sym).map(|p| (p, sym.len(), *op)))
+        // Leftmost operator wins; at equal positions the longer one (listed first).
+        .min_by_key(|&(p, len, _)| (p, std::cmp::Reverse(len)))
+        .map(|(p, len, op)| ((p, len), op))
+        .ok_or_else(|| ConditionError::NoOperator(cond.to_owned()))?;
+        let (lhs, rhs) = (cond[..pos.0].trim(), cond[pos.0 + pos.1..].trim());
+        let threshold = rhs
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| ConditionError::BadNumber {
+                cond: cond.to_owned(),
+                text: rhs.to_owned(),
+            })?;
+        let mut parts = lhs.split('.');
+        let metric = parts.next().unwrap_or("").trim();
+        let snake = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        if !snake(metric) {
+            return Err(ConditionError::BadMetric {
+                cond: cond.to_owned(),
+                name: metric.to_owned(),
+            });
+        }
+        let (mut stat, mut field) = (None, None);
+        for part in parts {
+            let part = part.trim();
+            if let Some(s) = Stat::from_key(part) {
+                if stat.replace(s).is_some() {
+                    return Err(ConditionError::Repeated {
+                        cond: cond.to_owned(),
+                        what: "statistic",
+                    });
+                }
+            } else if let Some(f) = Field::ALL.into_iter().find(|f| f.key() == part) {
+                if field.replace(f).is_some() {
+                    return Err(ConditionError::Repeated {
+                        cond: cond.to_owned(),
+                        what: "field",
+                    });
+                }
+            } else {
+                return Err(ConditionError::UnknownQualifier {
+                    cond: cond.to_owned(),
+                    part: part.to_owned(),
+                });
+            }
+        }
+        Ok(Condition {
+            metric: metric.to_owned(),
+            stat: stat.unwrap_or(Stat::Amean),
+            field: field.unwrap_or(Field::Compare),
+            op,
+            threshold,
+        })
+    }
+
+    /// Parses a comma-separated list of conditions.
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, ConditionError> {
+        text.split(',').map(Condition::parse).collect()
+    }
+
+    /// Evaluates against a table. An undefined value (e.g. `delta_pct` with a
+    /// zero baseline, `stddev` of a single run) is an error, so that a CI
+    /// guard never passes silently because its number did not exist.
+    pub fn evaluate(&self, table: &CompareTable) -> Result<Evaluation, EvalError> {
+        let cond = self.to_string();
+        let m = table
+            .metric(&self.metric)
+            .ok_or_else(|| EvalError::UnknownMetric {
+                cond: cond.clone(),
+                metric: self.metric.clone(),
+                available: table
+                    .metrics
+                    .iter()
+                    .map(|m| m.metric.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let (value, why) = match self.field {
+            Field::Compare => (
+                m.compare.get(self.stat),
+                "statistic undefined for these runs",
+            ),
+            Field::Baseline => (
+                m.baseline.get(self.stat),
+                "statistic undefined for these runs",
+            ),
+            Field::Delta => (m.delta(self.stat), "statistic undefined for these runs"),
+            Field::DeltaPct => (
+                m.delta_pct.get(self.stat),
+                "baseline is 0 or statistic undefined",
+            ),
+            Field::DiffPct => (
+                m.diff_pct.get(self.stat),
+                "baseline is 0 or statistic undefined",
+            ),
+        };
+        let value = value.ok_or(EvalError::Undefined {
+            cond: cond.clone(),
+            why,
+        })?;
+        Ok(Evaluation {
+            triggered: self.op.holds(value, self.threshold),
+            condition: cond,
+            value,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::compare::Side;
+    use crate::report::metric::{Metric, Source};
+
+    fn table() -> CompareTable {
+        let side = |l: &str| Side {
+            label: l.into(),
+            config: vec![l.into()],
+        };
+        let mut t = CompareTable::new(side("pti=off"), side("pti=on"));
+        t.add(
+            Metric::new("cycles_per_call", "cycles/call", Source::Guest),
+            &[800.0, 812.0, 824.0],
+            &[1500.0, 1523.0, 1546.0],
+        )
+        .unwrap();
+        t.add(
+            Metric::new("cr3_writes_per_call", "count/call", Source::Guest),
+            &[0.0, 0.0, 0.0],
+            &[2.0, 2.0, 2.0],
+        )
+        .unwrap();
+        t
+    }
+
+    fn eval(s: &str) -> Result<Evaluation, EvalError> {
+        Condition::parse(s).unwrap().evaluate(&table())
+    }
+
+    #[test]
+    fn parse_defaults_and_qualifiers() {
+        let c = Condition::parse(" cr3_writes_per_call > 2 ").unwrap();
+        assert_eq!(
+            (c.stat, c.field, c.op, c.threshold),
+            (Stat::Amean, Field::Compare, Op::Gt, 2.0)
+        );
+        let c = Condition::parse("cycles_per_call.delta_pct>=50").unwrap();
+        assert_eq!((c.field, c.op), (Field::DeltaPct, Op::Ge));
+        let c = Condition::parse("cycles_per_call.baseline.coeffvar<-1e-3").unwrap();
+        assert_eq!(
+            (c.stat, c.field, c.op, c.threshold),
+            (Stat::CoeffVar, Field::Baseline, Op::Lt, -0.001)
+        );
+        assert_eq!(c.to_string(), "cycles_per_call.coeffvar.baseline<-0.001");
+        assert_eq!(Condition::parse_list("a>1,b.max!=2").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn parse_errors_name_the_problem() {
+        assert_eq!(Condition::parse("  "), Err(ConditionError::Empty));
+        assert!(matches!(
+            Condition::parse("cycles 50"),
+            Err(ConditionError::NoOperator(_))
+        ));
+        assert!(matches!(
+            Condition::parse(">5"),
+            Err(ConditionError::BadMetric { .. })
+        ));
+        assert!(matches!(
+            Condition::parse("Cycles>5"),
+            Err(ConditionError::BadMetric { .. })
+        ));
+        assert_eq!(
+            Condition::parse("x>fifty"),
+            Err(ConditionError::BadNumber {
+                cond: "x>fifty".into(),
+                text: "fifty".into()
+            })
+        );
+        assert!(matches!(
+            Condition::parse("x>inf"),
+            Err(ConditionError::BadNumber { .. })
+        ));
+        assert!(matches!(
+            Condition::parse("x=>1"),
+            Err(ConditionError::BadMetric { .. })
+        ));
+        let e = Condition::parse("x.median>1").unwrap_err();
+        assert!(e.to_string().contains("\"median\""), "{e}");
+        assert!(matches!(
+            Condition::parse("x.min.max>1"),
+            Err(ConditionError::Repeated {
+                what: "statistic",
+                ..
+            })
+        ));
+        assert!(matches!(
+            Condition::parse("x.delta.compare>1"),
+            Err(ConditionError::Repeated { what: "field", .. })
+        ));
+    }
+
+    #[test]
+    fn evaluation() {
+        // Amean compare = 2 exactly.
+        assert!(!eval("cr3_writes_per_call!=2").unwrap().triggered);
+        assert!(eval("cr3_writes_per_call.baseline==0").unwrap().triggered);
+        assert!(!eval("cr3_writes_per_call>2").unwrap().triggered);
+        // 812 -> 1523: +87.56 %.
+        let e = eval("cycles_per_call.delta_pct>50").unwrap();
+        assert!(e.triggered && (e.value - 87.5616).abs() < 1e-3);
+        assert!(!eval("cycles_per_call.delta_pct>90").unwrap().triggered);
+        assert!(eval("cycles_per_call.diff_pct<-50").unwrap().triggered);
+        assert_eq!(
+            eval("cycles_per_call.max.delta>0").unwrap().value,
+            1546.0 - 824.0
+        );
+        // 0 -> 2: no percentage; an error, not a silent pass.
+        assert!(matches!(
+            eval("cr3_writes_per_call.delta_pct>1"),
+            Err(EvalError::Undefined { .. })
+        ));
+        let e = eval("nope>1").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("cycles_per_call, cr3_writes_per_call"),
+            "{e}"
+        );
+    }
+}
