@@ -272,7 +272,7 @@ impl CompareTable {
                 let fields = [
                     csv_field(&m.metric.name),
                     csv_field(&m.metric.unit),
-                    m.metric.source.tag().to_owned(),
+                    m.metric.source.key().to_owned(),
                     m.metric.lower_is_better.to_string(),
                     stat.key().to_owned(),
                     num(m.baseline.get(stat)),

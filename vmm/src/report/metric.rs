@@ -30,6 +30,16 @@ impl Source {
         }
     }
 
+    /// Machine key, the same as the JSON value: `kvm`, `guest`, `vmm`, `host_clock`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Source::Kvm => "kvm",
+            Source::Guest => "guest",
+            Source::Vmm => "vmm",
+            Source::HostClock => "host_clock",
+        }
+    }
+
     /// One-line explanation for report footers.
     pub fn describe(self) -> &'static str {
         match self {
@@ -91,6 +101,9 @@ mod tests {
         let m = Metric::new("tlb_flush_per_call", "count/call", Source::HostClock);
         let v = serde_json::to_value(&m).unwrap();
         assert_eq!(v["source"], "host_clock");
+        for s in Source::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.key());
+        }
         assert_eq!(v["lower_is_better"], true);
         let back: Metric = serde_json::from_value(v).unwrap();
         assert_eq!(back, m);
