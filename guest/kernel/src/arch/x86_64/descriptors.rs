@@ -1,0 +1,160 @@
+//! GDT, TSS and IDT. They live in the entry area (`.entry.data`, defined in
+//! `entry.rs`) because the CPU reads them on every entry from user mode,
+//! while the user copy of the page tables is still loaded when PTI is on.
+//!
+//! Selectors follow Linux (`arch/x86/include/asm/segment.h`) so that
+//! SYSCALL/SYSRET work with STAR[47:32] = 0x10 and STAR[63:48] = 0x23.
+use core::arch::asm;
+use core::ptr::addr_of_mut;
+
+pub const KERNEL_CS: u16 = 0x10;
+pub const KERNEL_DS: u16 = 0x18;
+pub const USER32_CS: u16 = 0x23;
+pub const USER_DS: u16 = 0x2b;
+pub const USER_CS: u16 = 0x33;
+pub const TSS_SEL: u16 = 0x40;
+const GDT_ENTRIES: usize = 10;
+
+/// IST slots (1-based as in the IDT gate).
+pub const IST_DF: u8 = 1;
+pub const IST_NMI: u8 = 2;
+pub const IST_MC: u8 = 3;
+
+/// The 64-bit TSS (Intel SDM vol. 3, 8.7).
+#[repr(C, packed(4))]
+pub struct Tss {
+    _reserved0: u32,
+    pub rsp: [u64; 3],
+    _reserved1: u64,
+    pub ist: [u64; 7],
+    _reserved2: u64,
+    _reserved3: u16,
+    pub iomap_base: u16,
+}
+const _: () = assert!(core::mem::size_of::<Tss>() == 104);
+
+extern "C" {
+    static mut entry_gdt: [u64; GDT_ENTRIES];
+    static mut entry_tss: Tss;
+    static mut entry_idt: [[u64; 2]; 256];
+    static entry_stack_top: u8;
+    static ist_df_top: u8;
+    static ist_nmi_top: u8;
+    static ist_mc_top: u8;
+    /// Addresses of the 32 exception stubs (entry.rs).
+    static exception_stubs: [u64; 32];
+}
+
+/// Top of the per-CPU entry stack (TSS.RSP0 when PTI is on).
+pub fn entry_stack_top_addr() -> u64 {
+    core::ptr::addr_of!(entry_stack_top) as u64
+}
+
+/// Loads the GDT, reloads the segment registers and loads the TSS.
+pub fn init_gdt_tss() {
+    // SAFETY: single CPU, interrupts off, called once at boot before anything
+    // else reads these tables; the descriptors written are the architectural
+    // encodings of flat 64-bit segments and of the TSS.
+    unsafe {
+        let gdt = &mut *addr_of_mut!(entry_gdt);
+        gdt[1] = 0x00cf_9b00_0000_ffff; // 0x08 kernel 32-bit code (unused, as Linux)
+        gdt[2] = 0x00af_9b00_0000_ffff; // 0x10 kernel code, L=1
+        gdt[3] = 0x00cf_9300_0000_ffff; // 0x18 kernel data
+        gdt[4] = 0x00cf_fb00_0000_ffff; // 0x23 user 32-bit code
+        gdt[5] = 0x00cf_f300_0000_ffff; // 0x2b user data
+        gdt[6] = 0x00af_fb00_0000_ffff; // 0x33 user code, L=1
+        let tss = addr_of_mut!(entry_tss) as u64;
+        let limit = (core::mem::size_of::<Tss>() - 1) as u64;
+        gdt[8] = limit & 0xffff
+            | (tss & 0xff_ffff) << 16
+            | 0x89 << 40 // present, 64-bit available TSS
+            | (tss >> 24 & 0xff) << 56;
+        gdt[9] = tss >> 32;
+        let t = &mut *addr_of_mut!(entry_tss);
+        t.ist[(IST_DF - 1) as usize] = core::ptr::addr_of!(ist_df_top) as u64;
+        t.ist[(IST_NMI - 1) as usize] = core::ptr::addr_of!(ist_nmi_top) as u64;
+        t.ist[(IST_MC - 1) as usize] = core::ptr::addr_of!(ist_mc_top) as u64;
+        t.iomap_base = core::mem::size_of::<Tss>() as u16; // no I/O bitmap
+        t.rsp[0] = entry_stack_top_addr();
+
+        let ptr: [u16; 5] = {
+            let base = gdt.as_ptr() as u64;
+            let lim = (GDT_ENTRIES * 8 - 1) as u16;
+            [
+                lim,
+                base as u16,
+                (base >> 16) as u16,
+                (base >> 32) as u16,
+                (base >> 48) as u16,
+            ]
+        };
+        asm!(
+            "lgdt [{ptr}]",
+            "push {cs}",
+            "lea {tmp}, [rip + 2f]",
+            "push {tmp}",
+            "retfq",
+            "2:",
+            "mov ds, {ds:e}",
+            "mov es, {ds:e}",
+            "mov ss, {ds:e}",
+            "xor {tmp:e}, {tmp:e}",
+            "mov fs, {tmp:e}",
+            "mov gs, {tmp:e}",
+            "ltr {tss:x}",
+            ptr = in(reg) ptr.as_ptr(),
+            cs = in(reg) KERNEL_CS as u64,
+            ds = in(reg) KERNEL_DS as u64,
+            tss = in(reg) TSS_SEL,
+            tmp = out(reg) _,
+        );
+    }
+}
+
+/// Sets TSS.RSP0, the stack the CPU switches to on an entry from user mode.
+pub fn set_rsp0(top: u64) {
+    // SAFETY: single CPU; the CPU reads RSP0 only on the next entry from user mode.
+    unsafe { (*addr_of_mut!(entry_tss)).rsp[0] = top }
+}
+
+/// Writes IDT gate `vector`: a 64-bit interrupt gate (IF cleared on entry)
+/// to `handler`, callable from user mode with `int n` if `dpl` is 3.
+pub fn set_gate(vector: u8, handler: u64, dpl: u8, ist: u8) {
+    let lo = handler & 0xffff
+        | (KERNEL_CS as u64) << 16
+        | (ist as u64 & 7) << 32
+        | (0x8e | (dpl as u64 & 3) << 5) << 40
+        | (handler >> 16 & 0xffff) << 48;
+    let hi = handler >> 32;
+    // SAFETY: single CPU with interrupts off; the gate is written whole
+    // before any user code could raise the vector.
+    unsafe { (*addr_of_mut!(entry_idt))[vector as usize] = [lo, hi] }
+}
+
+/// Fills the 32 exception gates and loads the IDT.
+pub fn init_idt() {
+    for v in 0..32u8 {
+        // SAFETY: the stub table is immutable data emitted by entry.rs.
+        let stub = unsafe { exception_stubs[v as usize] };
+        let ist = match v {
+            2 => IST_NMI,
+            8 => IST_DF,
+            18 => IST_MC,
+            _ => 0,
+        };
+        set_gate(v, stub, 0, ist);
+    }
+    // SAFETY: the IDT is a static in the entry area; the pointer is valid
+    // for the whole life of the kernel.
+    unsafe {
+        let base = addr_of_mut!(entry_idt) as u64;
+        let ptr: [u16; 5] = [
+            4095,
+            base as u16,
+            (base >> 16) as u16,
+            (base >> 32) as u16,
+            (base >> 48) as u16,
+        ];
+        asm!("lidt [{}]", in(reg) ptr.as_ptr(), options(nostack));
+    }
+}

@@ -1,0 +1,221 @@
+//! The ptiscope guest kernel.
+//!
+//! Boot (PVH, `arch::boot`) → `kmain`: console banner, descriptor tables,
+//! command line and memory map from `hvm_start_info`, frame allocator,
+//! kernel page tables and telemetry, then the workload chosen on the
+//! command line, and the exit status to the exit port.
+#![no_std]
+#![no_main]
+
+mod arch;
+mod console;
+mod mm;
+mod pvh;
+mod telemetry;
+
+use arch::cpu;
+use arch::paging::{write_cr3, Cr3Reason};
+use guest_core::cmdline::{self, Config, Fault, PtiMode, Workload};
+use guest_core::layout::{cr3_value, DIRECT_MAP_SIZE, KERNEL_BASE};
+use guest_core::paging::{build_kernel_half, KernelHalf, KernelSpec, PhysMem, KERNEL_PML4_SLOT};
+use ptiscope_abi::{exit_status, port, telemetry::flags};
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Writes `status` to the exit device and stops this CPU for good.
+pub fn stop(status: u32) -> ! {
+    arch::x86_shared::io::outl(port::EXIT, status);
+    // Only reached if nothing listens on the exit port.
+    cpu::halt_forever()
+}
+
+extern "C" {
+    static __entry_start: u8;
+    static __entry_text_end: u8;
+    static __entry_end: u8;
+}
+
+fn sym_phys(sym: *const u8) -> u64 {
+    sym as u64 - KERNEL_BASE
+}
+
+/// The configuration the kernel runs with, after resolving `auto`.
+pub struct Setup {
+    pub config: Config,
+    pub pti: bool,
+    pub rdcl_no: bool,
+    pub half: KernelHalf,
+}
+
+#[no_mangle]
+extern "C" fn kmain(start_info: u64) -> ! {
+    println!("{} x86_64 {}", ptiscope_abi::BANNER_PREFIX, VERSION);
+    arch::descriptors::init_gdt_tss();
+    arch::descriptors::init_idt();
+
+    let info = match pvh::StartInfo::read(start_info) {
+        Ok(i) => i,
+        Err(e) => panic!("bad hvm_start_info at {start_info:#x}: {e}"),
+    };
+    let config = match cmdline::parse(info.cmdline) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("bad command line: {e}");
+            println!("@badcmdline {e}");
+            stop(exit_status::BAD_CMDLINE)
+        }
+    };
+    let rdcl_no = cpu::rdcl_no();
+    let pti = match config.pti {
+        PtiMode::On => true,
+        PtiMode::Off => false,
+        PtiMode::Auto => !rdcl_no,
+    };
+    println!(
+        "config: pti={} ({} requested, rdcl_no={}) pcid={} entry={} workload={} iterations={} telemetry={:#x} fault={}",
+        if pti { "on" } else { "off" },
+        match config.pti { PtiMode::On => "on", PtiMode::Off => "off", PtiMode::Auto => "auto" },
+        rdcl_no as u8,
+        if config.pcid { "on" } else { "off" },
+        config.entry.name(),
+        config.workload.name(),
+        config.iterations,
+        config.telemetry.unwrap_or(0),
+        config.fault.map_or("none", |f| f.name()),
+    );
+
+    let map = info.memmap();
+    let ram: u64 = map
+        .iter()
+        .filter(|r| r.kind == guest_core::memmap::E820_RAM)
+        .map(|r| r.size)
+        .sum();
+    let frames = mm::init(map);
+    println!(
+        "memory: {} map entries, {} KiB RAM, {} KiB allocatable above the image end {:#x}",
+        map.len(),
+        ram >> 10,
+        frames.free_bytes() >> 10,
+        mm::image_end_phys()
+    );
+
+    let half = setup_kernel_tables(&config, pti);
+    let mut tflags = 0;
+    if pti {
+        tflags |= flags::PTI;
+    }
+    if rdcl_no {
+        tflags |= flags::RDCL_NO;
+    }
+    telemetry::write_header(tflags, config.entry.abi_code());
+
+    if let Some(f) = config.fault {
+        raise(f);
+    }
+    let _setup = Setup {
+        config,
+        pti,
+        rdcl_no,
+        half,
+    };
+    match config.workload {
+        Workload::None => {
+            println!("workload none: nothing to run");
+            stop(exit_status::SUCCESS)
+        }
+        other => {
+            println!("workload {} is not implemented yet", other.name());
+            stop(exit_status::UNSUPPORTED)
+        }
+    }
+}
+
+/// Builds the kernel half of every address space, maps the telemetry page
+/// and switches from the boot tables to a kernel-only address space.
+fn setup_kernel_tables(config: &Config, pti: bool) -> KernelHalf {
+    let (entry_start, entry_text_end, entry_end) = (
+        sym_phys(core::ptr::addr_of!(__entry_start)),
+        sym_phys(core::ptr::addr_of!(__entry_text_end)),
+        sym_phys(core::ptr::addr_of!(__entry_end)),
+    );
+    let telemetry = match config.telemetry {
+        Some(gpa) if gpa < DIRECT_MAP_SIZE => gpa,
+        Some(gpa) => {
+            println!(
+                "telemetry region {gpa:#x} is beyond the direct map; using a page of the image"
+            );
+            boot_telemetry_phys()
+        }
+        None => boot_telemetry_phys(),
+    };
+    let spec = KernelSpec {
+        pti,
+        entry_area: (entry_start, entry_end),
+        entry_text_end,
+        telemetry,
+        direct_map: DIRECT_MAP_SIZE,
+    };
+    let half = match build_kernel_half(&mut mm::DirectMap, &mut mm::Frames, &spec) {
+        Ok(h) => h,
+        Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
+    };
+    // A kernel-only address space: slot 511 only.
+    let Some(root) = guest_core::paging::FrameSource::pair(&mut mm::Frames) else {
+        panic!("out of memory for the kernel page tables")
+    };
+    mm::DirectMap.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
+    // SAFETY: enabling global pages; the TLB is flushed by the CR3 write below.
+    unsafe { cpu::write_cr4(cpu::read_cr4() | cpu::CR4_PGE) };
+    write_cr3(cr3_value(root, false, 0, false), Cr3Reason::Other);
+    // The 32-bit boot code's CR3 load happened before counters existed.
+    telemetry::inc(ptiscope_abi::telemetry::Counter::Cr3Other);
+    telemetry::inc(ptiscope_abi::telemetry::Counter::TlbFlushFull);
+    half
+}
+
+fn boot_telemetry_phys() -> u64 {
+    extern "C" {
+        static boot_telemetry_page: u8;
+    }
+    // The boot section is identity mapped: its symbols' values are physical.
+    core::ptr::addr_of!(boot_telemetry_page) as u64
+}
+
+/// `fault=...`: raise the requested fault in the kernel.
+fn raise(f: Fault) {
+    println!("raising fault={} on purpose", f.name());
+    match f {
+        // SAFETY (all arms): deliberately faulting is the point; the
+        // exception handler reports and stops the VM.
+        Fault::Pf => unsafe {
+            let unmapped = (guest_core::layout::TELEMETRY_VA + 0x10_0000) as *const u64;
+            core::ptr::read_volatile(unmapped);
+        },
+        Fault::Gp => unsafe {
+            core::arch::asm!("mov {0}, [{0}]", inout(reg) 0x8000_0000_0000u64 => _, options(nostack));
+        },
+        Fault::Ud => unsafe { core::arch::asm!("ud2", options(nostack)) },
+        Fault::De => unsafe {
+            core::arch::asm!("div {0:e}", in(reg) 0u32, inout("eax") 1u32 => _, inout("edx") 0u32 => _, options(nostack));
+        },
+        Fault::Hang => {
+            println!("spinning for ever with interrupts off");
+            // SAFETY: an endless loop at CPL0; only the VMM can stop it.
+            unsafe { core::arch::asm!("cli", "2: jmp 2b", options(noreturn)) }
+        }
+        Fault::Halt => {
+            println!("halting for ever with interrupts off");
+            cpu::halt_forever()
+        }
+        Fault::Kread => return, // raised by the workload's user program
+    }
+    println!("fault={} was not raised", f.name());
+    stop(exit_status::FAULT_NOT_RAISED)
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    println!("kernel panic: {info}");
+    println!("@panic {}", info.message());
+    stop(exit_status::PANIC)
+}

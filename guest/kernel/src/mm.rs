@@ -1,0 +1,75 @@
+//! Physical memory: the frame allocator and access to page tables through
+//! the direct map.
+use core::cell::UnsafeCell;
+use guest_core::layout::{phys_to_virt, DIRECT_MAP_SIZE};
+use guest_core::memmap::{FrameAllocator, MemRegion};
+use guest_core::paging::{FrameSource, PhysMem};
+
+/// A cell for boot-initialised kernel state. There is one CPU and no
+/// interrupt handler touches these, so accesses never overlap.
+pub struct Global<T>(UnsafeCell<T>);
+// SAFETY: one CPU, no preemption; see the type's comment.
+unsafe impl<T> Sync for Global<T> {}
+impl<T> Global<T> {
+    pub const fn new(v: T) -> Self {
+        Global(UnsafeCell::new(v))
+    }
+    /// # Safety
+    /// No other reference to the value may be live.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn get(&self) -> &mut T {
+        // SAFETY: delegated to the caller.
+        unsafe { &mut *self.0.get() }
+    }
+}
+
+static FRAMES: Global<Option<FrameAllocator>> = Global::new(None);
+
+extern "C" {
+    static __image_end_phys: u8;
+}
+
+/// Physical end of the kernel image (user section included).
+pub fn image_end_phys() -> u64 {
+    core::ptr::addr_of!(__image_end_phys) as u64
+}
+
+/// Sets up the frame allocator over RAM above the kernel image and inside
+/// the direct map.
+pub fn init(map: &[MemRegion]) -> &'static FrameAllocator {
+    // SAFETY: boot, one CPU, no other reference to FRAMES exists yet.
+    let f = unsafe { FRAMES.get() };
+    *f = Some(FrameAllocator::new(map, image_end_phys(), DIRECT_MAP_SIZE));
+    f.as_ref().expect("just set")
+}
+
+/// Frames for page tables and stacks: zero, because the allocator never
+/// hands out a frame twice and the VMM/QEMU hand over zeroed RAM.
+pub struct Frames;
+
+impl FrameSource for Frames {
+    fn frame(&mut self) -> Option<u64> {
+        // SAFETY: one CPU; the reference does not outlive this call.
+        unsafe { FRAMES.get() }.as_mut()?.alloc()
+    }
+    fn pair(&mut self) -> Option<u64> {
+        // SAFETY: as above.
+        unsafe { FRAMES.get() }.as_mut()?.alloc_contiguous(2, 8192)
+    }
+}
+
+/// Page tables through the direct map.
+pub struct DirectMap;
+
+impl PhysMem for DirectMap {
+    fn read(&self, table: u64, index: usize) -> u64 {
+        let v = phys_to_virt(table).expect("page tables are allocated inside the direct map");
+        // SAFETY: `table` is a page-table frame inside the direct map, index < 512.
+        unsafe { ((v as *const u64).add(index & 511)).read_volatile() }
+    }
+    fn write(&mut self, table: u64, index: usize, value: u64) {
+        let v = phys_to_virt(table).expect("page tables are allocated inside the direct map");
+        // SAFETY: as for `read`.
+        unsafe { ((v as *mut u64).add(index & 511)).write_volatile(value) }
+    }
+}

@@ -1,0 +1,117 @@
+//! The PVH `hvm_start_info` handed over in `ebx` (Xen's arch-x86/hvm/start_info.h).
+use guest_core::layout::phys_to_virt;
+use guest_core::memmap::MemRegion;
+
+const MAGIC: u32 = 0x336e_c578;
+/// Bytes of command line we read at most (the VMM's limit too).
+const CMDLINE_MAX: usize = 4096;
+/// Memory-map entries we read at most.
+pub const MEMMAP_MAX: usize = 32;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawStartInfo {
+    magic: u32,
+    version: u32,
+    flags: u32,
+    nr_modules: u32,
+    modlist_paddr: u64,
+    cmdline_paddr: u64,
+    rsdp_paddr: u64,
+    memmap_paddr: u64,
+    memmap_entries: u32,
+    reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawMemmapEntry {
+    addr: u64,
+    size: u64,
+    kind: u32,
+    reserved: u32,
+}
+
+pub struct StartInfo {
+    pub version: u32,
+    pub cmdline: &'static str,
+    pub memmap: [MemRegion; MEMMAP_MAX],
+    pub memmap_len: usize,
+}
+
+#[derive(Debug)]
+pub enum StartInfoError {
+    Unreachable(u64),
+    BadMagic(u32),
+    CmdlineNotUtf8,
+}
+
+impl core::fmt::Display for StartInfoError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            StartInfoError::Unreachable(a) => write!(f, "address {a:#x} is outside the direct map"),
+            StartInfoError::BadMagic(m) => {
+                write!(f, "hvm_start_info magic is {m:#x}, expected {MAGIC:#x}")
+            }
+            StartInfoError::CmdlineNotUtf8 => write!(f, "command line is not UTF-8"),
+        }
+    }
+}
+
+/// Reads a `T` at guest-physical `phys` through the direct map.
+fn read_phys<T: Copy>(phys: u64) -> Result<T, StartInfoError> {
+    let end = phys
+        .checked_add(core::mem::size_of::<T>() as u64)
+        .ok_or(StartInfoError::Unreachable(phys))?;
+    let v = phys_to_virt(phys).ok_or(StartInfoError::Unreachable(phys))?;
+    phys_to_virt(end).ok_or(StartInfoError::Unreachable(end))?;
+    // SAFETY: the direct map covers [phys, end) (checked above) with RAM or
+    // zero-filled gaps; the read is unaligned-safe and of plain data.
+    Ok(unsafe { core::ptr::read_unaligned(v as *const T) })
+}
+
+impl StartInfo {
+    /// Parses the structure at `phys`. Bounds are checked: the VMM is trusted
+    /// to hand over sane data, but a broken one must not crash us silently.
+    pub fn read(phys: u64) -> Result<StartInfo, StartInfoError> {
+        let raw: RawStartInfo = read_phys(phys)?;
+        if raw.magic != MAGIC {
+            return Err(StartInfoError::BadMagic(raw.magic));
+        }
+        let cmdline = if raw.cmdline_paddr == 0 {
+            ""
+        } else {
+            let base = raw.cmdline_paddr;
+            let v = phys_to_virt(base).ok_or(StartInfoError::Unreachable(base))?;
+            phys_to_virt(base + CMDLINE_MAX as u64).ok_or(StartInfoError::Unreachable(base))?;
+            // SAFETY: [base, base + CMDLINE_MAX) is in the direct map (checked).
+            let bytes = unsafe { core::slice::from_raw_parts(v as *const u8, CMDLINE_MAX) };
+            let len = bytes.iter().position(|&b| b == 0).unwrap_or(CMDLINE_MAX);
+            core::str::from_utf8(&bytes[..len]).map_err(|_| StartInfoError::CmdlineNotUtf8)?
+        };
+        let mut memmap = [MemRegion::default(); MEMMAP_MAX];
+        let mut memmap_len = 0;
+        if raw.version >= 1 && raw.memmap_paddr != 0 {
+            let n = (raw.memmap_entries as usize).min(MEMMAP_MAX);
+            for (i, slot) in memmap.iter_mut().enumerate().take(n) {
+                let e: RawMemmapEntry = read_phys(raw.memmap_paddr + i as u64 * 24)?;
+                *slot = MemRegion {
+                    base: e.addr,
+                    size: e.size,
+                    kind: e.kind,
+                };
+            }
+            memmap_len = n;
+        }
+        Ok(StartInfo {
+            version: raw.version,
+            cmdline,
+            memmap,
+            memmap_len,
+        })
+    }
+
+    pub fn memmap(&self) -> &[MemRegion] {
+        &self.memmap[..self.memmap_len]
+    }
+}

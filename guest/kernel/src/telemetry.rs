@@ -1,0 +1,68 @@
+//! The guest's side of the telemetry region (`ptiscope_abi::telemetry`).
+//!
+//! Counters of CPU 0 live at the fixed virtual address
+//! [`guest_core::layout::TELEMETRY_VA`], mapped to the page the VMM reserved
+//! (`telemetry=0x...`), or to a page of the kernel image when there is none.
+//! The entry code increments them with single `incq` instructions; Rust code
+//! uses [`inc`]. Only this CPU writes them; the host reads them live.
+use guest_core::layout::TELEMETRY_VA;
+use ptiscope_abi::telemetry::{self as abi, header, Counter};
+
+fn slot(c: Counter) -> *mut u64 {
+    (TELEMETRY_VA + c.offset(0) as u64) as *mut u64
+}
+
+#[inline(always)]
+pub fn inc(c: Counter) {
+    add(c, 1)
+}
+
+#[inline(always)]
+pub fn add(c: Counter, n: u64) {
+    // SAFETY: TELEMETRY_VA is mapped in every kernel page table from the
+    // first instruction on (boot tables and build_kernel_half); the slot is
+    // inside the page and 8-byte aligned. Volatile: the host reads it.
+    unsafe { slot(c).write_volatile(slot(c).read_volatile().wrapping_add(n)) }
+}
+
+pub fn get(c: Counter) -> u64 {
+    // SAFETY: as for `add`.
+    unsafe { slot(c).read_volatile() }
+}
+
+/// A copy of all counters, for per-phase deltas.
+#[derive(Clone, Copy)]
+pub struct Snapshot(pub [u64; Counter::COUNT]);
+
+pub fn snapshot() -> Snapshot {
+    let mut s = [0; Counter::COUNT];
+    for c in Counter::ALL {
+        s[c as usize] = get(c);
+    }
+    Snapshot(s)
+}
+
+impl Snapshot {
+    pub fn delta(&self, since: &Snapshot, c: Counter) -> u64 {
+        self.0[c as usize].wrapping_sub(since.0[c as usize])
+    }
+}
+
+fn write_u32(off: usize, v: u32) {
+    // SAFETY: `off` is a header offset inside the mapped telemetry page.
+    unsafe { ((TELEMETRY_VA + off as u64) as *mut u32).write_volatile(v) }
+}
+
+/// Writes the header, magic last, so a host that sees the magic sees the rest.
+pub fn write_header(flags: u32, entry: u32) {
+    write_u32(header::VERSION, abi::VERSION);
+    write_u32(header::CPU_COUNT, 1);
+    write_u32(header::CPU_BLOCK_OFFSET, abi::CPU_BLOCK_OFFSET as u32);
+    write_u32(header::CPU_BLOCK_STRIDE, abi::CPU_BLOCK_STRIDE as u32);
+    write_u32(header::COUNTER_COUNT, Counter::COUNT as u32);
+    write_u32(header::FLAGS, flags);
+    write_u32(header::ARCH, abi::arch::X86_64);
+    write_u32(header::ENTRY, entry);
+    // SAFETY: as above; the magic is 8-byte aligned at offset 0.
+    unsafe { ((TELEMETRY_VA + header::MAGIC as u64) as *mut u64).write_volatile(abi::MAGIC) }
+}
