@@ -1,10 +1,25 @@
 //! The ptiscope VMM library: boots the ptiscope guest kernel under KVM and
 //! measures what page table isolation costs.
+//!
+//! The entry point for one run is [`vm::run_vm`]; the CLI (`src/main.rs`)
+//! is a thin layer over it.
 
+pub mod cli;
+pub mod cmdline;
+pub mod console;
+pub mod exit;
+pub mod host;
 pub mod kvm_stats;
+pub mod loader;
+pub mod memory;
 pub mod probe;
 pub mod report;
+pub mod signals;
 pub mod telemetry;
+pub mod vcpu;
+pub mod vm;
+
+pub use vm::{run_vm, NoObserver, PhaseObserver, RunConfig, RunError, RunOutcome, StopReason};
 
 /// The embedded default guest image, x86_64 flavour (built by `vmm/build.rs`).
 pub static GUEST_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_X86_64"));

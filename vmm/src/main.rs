@@ -1,1 +1,130 @@
-fn main() {}
+//! The `ptiscope` binary.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use ptiscope::cli::{Cli, Command, ProbeArgs, RunArgs};
+use ptiscope::vm::{exit_code, RunOutcome};
+use ptiscope::{run_vm, NoObserver, StopReason};
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_target(false)
+        .init();
+    // Before any thread exists, so that every thread inherits the mask and
+    // SIGINT/SIGTERM arrive through the VMM's signalfd (a clean stop).
+    ptiscope::signals::block_termination_signals();
+
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            // Help and version are not errors; usage errors get EX_USAGE, not
+            // clap's 2, which is a guest status here.
+            return code(if e.use_stderr() { exit_code::USAGE } else { 0 });
+        }
+    };
+    match cli.command {
+        Command::Run(args) => run(&args),
+        Command::Probe(args) => probe(&args),
+    }
+}
+
+fn code(c: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(c).unwrap_or(u8::MAX))
+}
+
+fn run(args: &RunArgs) -> ExitCode {
+    let config = args.to_config(ptiscope::GUEST_X86_64);
+    match run_vm(&config, &mut NoObserver) {
+        Ok(outcome) => {
+            print_summary(&outcome);
+            code(outcome.exit_code())
+        }
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            code(e.exit_code())
+        }
+    }
+}
+
+fn print_summary(o: &RunOutcome) {
+    let e = &o.exits;
+    eprintln!("ptiscope: {}", o.stop);
+    eprintln!(
+        "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB",
+        o.run_time.as_secs_f64() * 1e3,
+        o.setup_time.as_secs_f64() * 1e3,
+        o.entry.map_or("-", |e| e.as_str()),
+        o.mem_mib,
+    );
+    eprintln!(
+        "  userspace exits: {} (port out: serial {} exit {} phase {} unknown {}; port in: serial {} unknown {}; \
+         mmio r/w {}/{}; hlt {}; intr {}; shutdown {}; internal error {}; fail entry {}; other {})",
+        e.total(),
+        e.io_out.serial,
+        e.io_out.exit,
+        e.io_out.phase,
+        e.io_out.unknown,
+        e.io_in.serial,
+        e.io_in.unknown + e.io_in.exit + e.io_in.phase,
+        e.mmio_read,
+        e.mmio_write,
+        e.hlt,
+        e.intr,
+        e.shutdown,
+        e.internal_error,
+        e.fail_entry,
+        e.other,
+    );
+    if !o.phases.is_empty() || e.invalid_phase_markers > 0 {
+        eprintln!(
+            "  phase markers: {} ({} invalid)",
+            o.phases.len() as u64 + o.dropped_phase_events,
+            e.invalid_phase_markers
+        );
+    }
+    for f in o.faults() {
+        eprintln!("  guest reported: {f}");
+    }
+    if let Some(p) = o.machine_lines.iter().find(|l| l.starts_with("@panic")) {
+        eprintln!("  guest reported: {p}");
+    }
+    if matches!(
+        o.stop,
+        StopReason::Shutdown { .. }
+            | StopReason::InternalError { .. }
+            | StopReason::FailEntry { .. }
+            | StopReason::Unexpected { .. }
+            | StopReason::Timeout { .. }
+    ) && !o.console_tail.is_empty()
+    {
+        eprintln!("  last console lines:");
+        for l in &o.console_tail {
+            eprintln!("    | {l}");
+        }
+    }
+}
+
+fn probe(args: &ProbeArgs) -> ExitCode {
+    match ptiscope::probe::run(&ptiscope::probe::ProbeOptions::default()) {
+        Ok(report) => {
+            if args.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("ptiscope: error: serializing the probe report: {e}");
+                        return code(exit_code::INTERNAL);
+                    }
+                }
+            } else {
+                print!("{report}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            code(exit_code::KVM_UNAVAILABLE)
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The `ptiscope` command line (clap), turned into library calls.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::cmdline::{CpuVuln, Entry, GuestOptions, Pcid, Pti};
+use crate::loader::KernelSource;
+use crate::memory::{MemoryLayout, DEFAULT_MEM_MIB};
+use crate::vm::{RunConfig, SerialOut};
+
+const EXIT_CODES_HELP: &str = "\
+Exit status of `ptiscope run`:
+  0..63  the guest's exit status (0 success, 1 check failed, 2 CPU exception,
+         3 panic, 4 bad command line, 5 expected fault not raised,
+         6 unsupported on this CPU; statuses above 63 are reported as 63)
+  64     bad usage or option value (--mem, --pti, --cmdline too long, ...)
+  65     kernel image is not a bootable PVH ELF64 for this memory size
+  66     kernel image missing or unreadable
+  69     /dev/kvm missing or not accessible
+  70     internal VMM error
+  73     --serial-out file cannot be created
+  80     guest triple fault (KVM_EXIT_SHUTDOWN); registers are printed
+  81     KVM internal error, failed entry or unexpected exit
+  124    --timeout fired
+  130    SIGINT, 143 SIGTERM";
+
+/// A small KVM VMM that boots its own PTI-capable guest and measures what
+/// page table isolation costs.
+#[derive(Debug, Parser)]
+#[command(name = "ptiscope", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot the guest (the embedded one by default) with one configuration.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Run(RunArgs),
+    /// Report what this host's KVM can run, by booting tiny probe guests.
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Boot this PVH ELF64 kernel instead of the embedded guest.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Extra text appended to the guest command line.
+    #[arg(long, value_name = "STR", default_value = "")]
+    pub cmdline: String,
+    /// Guest memory in MiB (16..=1024).
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem)]
+    pub mem: u64,
+    /// Stop the guest after this many seconds (fractions allowed).
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout)]
+    pub timeout: Duration,
+    /// Write the guest console to FILE instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub serial_out: Option<PathBuf>,
+    /// Page table isolation in the guest (guest default if absent).
+    #[arg(long, value_enum)]
+    pub pti: Option<Pti>,
+    /// PCID in the guest (guest default if absent).
+    #[arg(long, value_enum)]
+    pub pcid: Option<Pcid>,
+    /// Syscall entry of the guest's user programs; `auto` picks what this host's KVM delivers.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub entry: Entry,
+    /// Workload to run in the guest.
+    #[arg(long, value_name = "NAME")]
+    pub workload: Option<String>,
+    /// Iterations of the workload's loop.
+    #[arg(long, value_name = "N")]
+    pub iterations: Option<u64>,
+    /// What the vCPU reports about Meltdown: `meltdown` clears ARCH_CAPABILITIES.RDCL_NO,
+    /// `none` sets it, `host` leaves KVM's value.
+    #[arg(long, value_enum, default_value = "host")]
+    pub cpu_vuln: CpuVuln,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--mem`: a number of MiB within the bounds, with messages naming them.
+pub fn parse_mem(s: &str) -> Result<u64, String> {
+    let mib: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of MiB"))?;
+    MemoryLayout::new(mib).map_err(|e| e.to_string())?;
+    Ok(mib)
+}
+
+/// `--timeout`: positive seconds, fractions allowed.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("{s}: the timeout must be in (0, 86400] seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl RunArgs {
+    /// The library configuration for these arguments.
+    pub fn to_config(&self, embedded: &'static [u8]) -> RunConfig {
+        let kernel = match &self.kernel {
+            Some(p) => KernelSource::Path(p.clone()),
+            None => KernelSource::Embedded(embedded),
+        };
+        RunConfig {
+            kernel,
+            mem_mib: self.mem,
+            guest: GuestOptions {
+                pti: self.pti,
+                pcid: self.pcid,
+                entry: Some(self.entry),
+                workload: self.workload.clone(),
+                iterations: self.iterations,
+                extra: self.cmdline.clone(),
+            },
+            timeout: self.timeout,
+            serial_out: match &self.serial_out {
+                Some(p) => SerialOut::File(p.clone()),
+                None => SerialOut::Stdout,
+            },
+            cpu_vuln: self.cpu_vuln,
+            console_input: true,
+            handle_signals: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_options_reach_the_config() {
+        let cli = Cli::try_parse_from([
+            "ptiscope",
+            "run",
+            "--pti",
+            "on",
+            "--entry",
+            "int3",
+            "--mem",
+            "64",
+            "--timeout",
+            "0.5",
+            "--cmdline",
+            "fault=pf",
+            "--cpu-vuln",
+            "meltdown",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        let c = args.to_config(b"");
+        assert_eq!(c.mem_mib, 64);
+        assert_eq!(c.timeout, Duration::from_millis(500));
+        assert_eq!(c.guest.pti, Some(Pti::On));
+        assert_eq!(c.guest.entry, Some(Entry::Int3));
+        assert_eq!(c.guest.extra, "fault=pf");
+        assert_eq!(c.cpu_vuln, CpuVuln::Meltdown);
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_their_bound() {
+        for (args, needle) in [
+            (&["--pti", "maybe"][..], "possible values: on, off, auto"),
+            (&["--mem", "abc"][..], "not a number of MiB"),
+            (&["--mem", "8"][..], "at least 16 MiB"),
+            (&["--mem", "4096"][..], "at most 1024 MiB"),
+            (&["--entry", "int81"][..], "possible values"),
+            (&["--timeout", "0"][..], "timeout must be"),
+        ] {
+            let mut v = vec!["ptiscope", "run"];
+            v.extend_from_slice(args);
+            let e = Cli::try_parse_from(v).unwrap_err().to_string();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+    }
+}

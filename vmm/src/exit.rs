@@ -1,0 +1,272 @@
+//! VM-exit dispatch: every `VcpuExit` maps to one [`ExitAction`] in one
+//! function, and is counted by kind in [`ExitCounts`].
+
+use kvm_ioctls::VcpuExit;
+use ptiscope_abi::phase::Marker;
+use ptiscope_abi::port;
+use ptiscope_devices::{DeviceEvent, PioBus, UnknownAccesses};
+
+/// Devices the exit counts distinguish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Serial,
+    Exit,
+    Phase,
+    /// A port no device claims.
+    Unknown,
+}
+
+impl DeviceKind {
+    fn of_base(base: Option<u16>) -> Self {
+        match base {
+            Some(port::SERIAL_COM1) => DeviceKind::Serial,
+            Some(port::EXIT) => DeviceKind::Exit,
+            Some(port::PHASE) => DeviceKind::Phase,
+            _ => DeviceKind::Unknown,
+        }
+    }
+}
+
+/// Port-I/O exits per device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PortCounts {
+    pub serial: u64,
+    pub exit: u64,
+    pub phase: u64,
+    pub unknown: u64,
+}
+
+impl PortCounts {
+    fn bump(&mut self, kind: DeviceKind) {
+        match kind {
+            DeviceKind::Serial => self.serial += 1,
+            DeviceKind::Exit => self.exit += 1,
+            DeviceKind::Phase => self.phase += 1,
+            DeviceKind::Unknown => self.unknown += 1,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.serial + self.exit + self.phase + self.unknown
+    }
+}
+
+/// Userspace exits (KVM_RUN returns) by kind, as the VMM saw them. Exits KVM
+/// handles in the kernel are not here; the KVM stats fd has those.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExitCounts {
+    pub io_in: PortCounts,
+    pub io_out: PortCounts,
+    pub mmio_read: u64,
+    pub mmio_write: u64,
+    pub hlt: u64,
+    pub shutdown: u64,
+    pub internal_error: u64,
+    pub fail_entry: u64,
+    /// KVM_EXIT_INTR or KVM_RUN failing with EINTR (a kick from the watchdog or a signal).
+    pub intr: u64,
+    pub other: u64,
+    /// Phase-port writes that did not decode as a marker.
+    pub invalid_phase_markers: u64,
+}
+
+impl ExitCounts {
+    pub fn total(&self) -> u64 {
+        self.io_in.total()
+            + self.io_out.total()
+            + self.mmio_read
+            + self.mmio_write
+            + self.hlt
+            + self.shutdown
+            + self.internal_error
+            + self.fail_entry
+            + self.intr
+            + self.other
+    }
+}
+
+/// What the run loop does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitAction {
+    /// Re-enter the guest.
+    Continue,
+    /// Hand this marker to the phase observer, then re-enter.
+    Phase(Marker),
+    /// The guest wrote its exit status.
+    GuestExit(u32),
+    /// KVM_EXIT_HLT reached userspace (only without an in-kernel irqchip):
+    /// nothing can wake the vCPU, so the run ends.
+    Halted,
+    /// Triple fault (KVM_EXIT_SHUTDOWN).
+    Shutdown,
+    /// KVM_EXIT_INTERNAL_ERROR (details are in kvm_run; the run loop reads them).
+    InternalError,
+    /// KVM_EXIT_FAIL_ENTRY.
+    FailEntry { reason: u64, cpu: u32 },
+    /// KVM_EXIT_INTR: a signal interrupted the vCPU; the run loop checks why.
+    Interrupted,
+    /// KVM_EXIT_SYSTEM_EVENT (reset, shutdown, crash requested by the guest).
+    SystemEvent(u32),
+    /// An exit the VMM does not expect from this guest.
+    Unexpected(String),
+}
+
+/// What [`dispatch`] works on.
+pub struct DispatchCtx<'a> {
+    pub bus: &'a PioBus,
+    pub unknown: &'a mut UnknownAccesses,
+    pub counts: &'a mut ExitCounts,
+}
+
+/// Maps one exit to an action. Guest-controlled values never make this
+/// fail: unknown ports and MMIO are logged once per address and ignored
+/// (reads see all ones, as on an empty ISA bus).
+pub fn dispatch(exit: VcpuExit<'_>, ctx: &mut DispatchCtx<'_>) -> ExitAction {
+    match exit {
+        VcpuExit::IoOut(p, data) => {
+            let kind = DeviceKind::of_base(ctx.bus.device_base(p));
+            ctx.counts.io_out.bump(kind);
+            match ctx.bus.write(p, data) {
+                Some(DeviceEvent::None) => ExitAction::Continue,
+                Some(DeviceEvent::Exit(status)) => ExitAction::GuestExit(status),
+                Some(DeviceEvent::Phase(m)) => ExitAction::Phase(m),
+                Some(DeviceEvent::InvalidPhase(v)) => {
+                    ctx.counts.invalid_phase_markers += 1;
+                    log::debug!("invalid phase marker {v:#x}");
+                    ExitAction::Continue
+                }
+                None => {
+                    ctx.unknown.record("port write", u64::from(p), data.len());
+                    ExitAction::Continue
+                }
+            }
+        }
+        VcpuExit::IoIn(p, data) => {
+            let kind = DeviceKind::of_base(ctx.bus.device_base(p));
+            ctx.counts.io_in.bump(kind);
+            if !ctx.bus.read(p, data) {
+                ctx.unknown.record("port read", u64::from(p), data.len());
+                data.fill(0xff);
+            }
+            ExitAction::Continue
+        }
+        VcpuExit::MmioRead(addr, data) => {
+            ctx.counts.mmio_read += 1;
+            ctx.unknown.record("MMIO read", addr, data.len());
+            data.fill(0xff);
+            ExitAction::Continue
+        }
+        VcpuExit::MmioWrite(addr, data) => {
+            ctx.counts.mmio_write += 1;
+            ctx.unknown.record("MMIO write", addr, data.len());
+            ExitAction::Continue
+        }
+        VcpuExit::Hlt => {
+            ctx.counts.hlt += 1;
+            ExitAction::Halted
+        }
+        VcpuExit::Shutdown => {
+            ctx.counts.shutdown += 1;
+            ExitAction::Shutdown
+        }
+        VcpuExit::InternalError => {
+            ctx.counts.internal_error += 1;
+            ExitAction::InternalError
+        }
+        VcpuExit::FailEntry(reason, cpu) => {
+            ctx.counts.fail_entry += 1;
+            ExitAction::FailEntry { reason, cpu }
+        }
+        VcpuExit::Intr => {
+            ctx.counts.intr += 1;
+            ExitAction::Interrupted
+        }
+        VcpuExit::SystemEvent(kind, _) => {
+            ctx.counts.other += 1;
+            ExitAction::SystemEvent(kind)
+        }
+        // With the in-kernel irqchip these should not reach userspace; re-entering is harmless.
+        VcpuExit::IrqWindowOpen | VcpuExit::IoapicEoi(_) => {
+            ctx.counts.other += 1;
+            ExitAction::Continue
+        }
+        other => {
+            ctx.counts.other += 1;
+            ExitAction::Unexpected(format!("{other:?}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    use ptiscope_devices::{ExitDevice, PhaseDevice};
+
+    fn bus() -> PioBus {
+        let mut b = PioBus::new();
+        b.insert(port::EXIT, port::EXIT_LEN, Arc::new(Mutex::new(ExitDevice)))
+            .unwrap();
+        b.insert(
+            port::PHASE,
+            port::PHASE_LEN,
+            Arc::new(Mutex::new(PhaseDevice)),
+        )
+        .unwrap();
+        b
+    }
+
+    #[test]
+    fn every_exit_maps_to_an_action_and_is_counted() {
+        let bus = bus();
+        let mut unknown = UnknownAccesses::new();
+        let mut counts = ExitCounts::default();
+        let mut ctx = DispatchCtx {
+            bus: &bus,
+            unknown: &mut unknown,
+            counts: &mut counts,
+        };
+        assert_eq!(
+            dispatch(VcpuExit::IoOut(port::EXIT, &[3, 0, 0, 0]), &mut ctx),
+            ExitAction::GuestExit(3)
+        );
+        let m = Marker::begin(1);
+        assert_eq!(
+            dispatch(
+                VcpuExit::IoOut(port::PHASE, &m.encode().to_le_bytes()),
+                &mut ctx
+            ),
+            ExitAction::Phase(m)
+        );
+        assert_eq!(
+            dispatch(VcpuExit::IoOut(port::PHASE, &[0, 0, 0, 0]), &mut ctx),
+            ExitAction::Continue
+        );
+        let mut d = [0u8; 2];
+        assert_eq!(
+            dispatch(VcpuExit::IoIn(0x80, &mut d), &mut ctx),
+            ExitAction::Continue
+        );
+        assert_eq!(d, [0xff, 0xff]);
+        let mut d = [0u8; 4];
+        dispatch(VcpuExit::MmioRead(0xfee0_0000, &mut d), &mut ctx);
+        assert_eq!(d, [0xff; 4]);
+        assert_eq!(dispatch(VcpuExit::Shutdown, &mut ctx), ExitAction::Shutdown);
+        assert_eq!(
+            dispatch(VcpuExit::FailEntry(7, 0), &mut ctx),
+            ExitAction::FailEntry { reason: 7, cpu: 0 }
+        );
+        assert_eq!(dispatch(VcpuExit::Intr, &mut ctx), ExitAction::Interrupted);
+        assert!(matches!(
+            dispatch(VcpuExit::Unknown, &mut ctx),
+            ExitAction::Unexpected(_)
+        ));
+        assert_eq!(counts.io_out.exit, 1);
+        assert_eq!(counts.io_out.phase, 2);
+        assert_eq!(counts.invalid_phase_markers, 1);
+        assert_eq!(counts.io_in.unknown, 1);
+        assert_eq!(counts.total(), 9);
+        assert_eq!(unknown.distinct(), 2);
+    }
+}

@@ -1,0 +1,405 @@
+//! Loading the guest kernel (linux-loader's ELF loader, PVH entry note) and
+//! writing the PVH boot structures (`hvm_start_info`, E820 map, command line).
+//!
+//! The image is checked here before linux-loader sees it, because the
+//! loader's own errors ("Unable to read kernel image") do not say what is
+//! wrong with the file, and because it would happily read an ELF32 header as
+//! an ELF64 one.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+use linux_loader::configurator::pvh::PvhBootConfigurator;
+use linux_loader::configurator::{BootConfigurator, BootParams};
+use linux_loader::loader::elf::start_info::{hvm_memmap_table_entry, hvm_start_info};
+use linux_loader::loader::elf::{Elf, PvhBootCapability};
+use linux_loader::loader::KernelLoader;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::memory::{MemoryLayout, CMDLINE_ADDR, MEMMAP_ADDR, START_INFO_ADDR};
+
+/// Largest kernel image accepted (the guest is well under a MiB).
+pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
+
+const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
+const PT_LOAD: u32 = 1;
+const EM_X86_64: u16 = 62;
+const EM_386: u16 = 3;
+
+/// Where the kernel comes from.
+#[derive(Debug, Clone)]
+pub enum KernelSource {
+    /// An image compiled into the binary (the default guest).
+    Embedded(&'static [u8]),
+    /// A file given with `--kernel`.
+    Path(PathBuf),
+}
+
+impl KernelSource {
+    /// A name for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            KernelSource::Embedded(_) => "the embedded guest".into(),
+            KernelSource::Path(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// Errors loading the kernel image.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read kernel image {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("kernel image {0} is larger than {MAX_IMAGE_BYTES} bytes")]
+    TooLarge(String),
+    #[error("kernel image {0} is not an ELF file (no \\x7fELF magic)")]
+    NotElf(String),
+    #[error(
+        "kernel image {0} is a 32-bit ELF; the loader reads ELF64 only \
+         (convert it with `objcopy -O elf64-x86-64`)"
+    )]
+    Elf32(String),
+    #[error("kernel image {0} is not a little-endian x86 ELF (class/data/machine = {1}/{2}/{3})")]
+    WrongArch(String, u8, u8, u16),
+    #[error("kernel image {0}: malformed ELF header or program headers ({1})")]
+    Malformed(String, &'static str),
+    #[error("kernel image {0} has no loadable segments")]
+    NoSegments(String),
+    #[error(
+        "kernel image {image}: segment at {paddr:#x}..{end:#x} lies outside usable guest RAM \
+         [{ram_start:#x}, {ram_end:#x}) with --mem {mem_mib} MiB"
+    )]
+    SegmentOutsideMemory {
+        image: String,
+        paddr: u64,
+        end: u64,
+        ram_start: u64,
+        ram_end: u64,
+        mem_mib: u64,
+    },
+    #[error(
+        "kernel image {0} has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY: type 18, name \"Xen\"); \
+         ptiscope boots PVH kernels only"
+    )]
+    NoPvhNote(String),
+    #[error("kernel image {image}: PVH entry {entry:#x} is not inside a loaded segment")]
+    EntryOutsideImage { image: String, entry: u64 },
+    #[error("kernel image {0}: {1}")]
+    Loader(String, #[source] linux_loader::loader::Error),
+}
+
+/// Errors writing the boot structures.
+#[derive(Debug, thiserror::Error)]
+pub enum BootParamsError {
+    #[error("writing the guest command line: {0}")]
+    Cmdline(#[source] vm_memory::GuestMemoryError),
+    #[error("writing hvm_start_info and the memory map: {0}")]
+    Pvh(#[source] linux_loader::configurator::Error),
+}
+
+/// A loaded kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadedKernel {
+    /// The 32-bit PVH entry point.
+    pub entry: u64,
+    /// One past the highest byte any segment occupies.
+    pub end: u64,
+}
+
+struct Segment {
+    paddr: u64,
+    filesz: u64,
+    memsz: u64,
+}
+
+fn u16_at(b: &[u8], off: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(off..off + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+}
+
+/// Reads the image into memory.
+pub fn read_image(src: &KernelSource) -> Result<std::borrow::Cow<'static, [u8]>, LoadError> {
+    match src {
+        KernelSource::Embedded(b) => Ok(std::borrow::Cow::Borrowed(b)),
+        KernelSource::Path(p) => read_file(p).map(std::borrow::Cow::Owned),
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
+    let err = |source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(err)?;
+    if meta.is_dir() {
+        return Err(err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "is a directory",
+        )));
+    }
+    if meta.len() > MAX_IMAGE_BYTES {
+        return Err(LoadError::TooLarge(path.display().to_string()));
+    }
+    std::fs::read(path).map_err(err)
+}
+
+/// Checks the ELF header and the load segments against the memory layout.
+fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segment>, LoadError> {
+    let malformed = |what| LoadError::Malformed(name.to_string(), what);
+    if image.len() < 4 || &image[..4] != b"\x7fELF" {
+        return Err(LoadError::NotElf(name.to_string()));
+    }
+    let class = *image.get(4).ok_or(malformed("truncated header"))?;
+    let data = *image.get(5).ok_or(malformed("truncated header"))?;
+    let machine = u16_at(image, 18).ok_or(malformed("truncated header"))?;
+    if class == 1 && data == 1 && machine == EM_386 {
+        return Err(LoadError::Elf32(name.to_string()));
+    }
+    if class != 2 || data != 1 || machine != EM_X86_64 {
+        return Err(LoadError::WrongArch(name.to_string(), class, data, machine));
+    }
+    let phoff = u64_at(image, 32).ok_or(malformed("truncated header"))?;
+    let phentsize = u16_at(image, 54).ok_or(malformed("truncated header"))?;
+    let phnum = u16_at(image, 56).ok_or(malformed("truncated header"))?;
+    if phentsize != 56 {
+        return Err(malformed("program header size is not 56"));
+    }
+    let mut segs = Vec::new();
+    for i in 0..u64::from(phnum) {
+        let off = phoff
+            .checked_add(i * 56)
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or(malformed("program header offset overflows"))?;
+        let ph = image
+            .get(off..off + 56)
+            .ok_or(malformed("program headers past the end of the file"))?;
+        let p_type = u32_at(ph, 0).unwrap_or(0);
+        if p_type != PT_LOAD {
+            continue;
+        }
+        let p_offset = u64_at(ph, 8).unwrap_or(0);
+        let seg = Segment {
+            paddr: u64_at(ph, 24).unwrap_or(0),
+            filesz: u64_at(ph, 32).unwrap_or(0),
+            memsz: u64_at(ph, 40).unwrap_or(0),
+        };
+        if p_offset
+            .checked_add(seg.filesz)
+            .is_none_or(|end| end > image.len() as u64)
+        {
+            return Err(malformed("segment data past the end of the file"));
+        }
+        if seg.filesz > seg.memsz {
+            return Err(malformed("segment file size larger than its memory size"));
+        }
+        if seg.memsz == 0 {
+            continue;
+        }
+        if !layout.kernel_range_ok(seg.paddr, seg.memsz) {
+            let ram = layout.e820()[1];
+            return Err(LoadError::SegmentOutsideMemory {
+                image: name.to_string(),
+                paddr: seg.paddr,
+                end: seg.paddr.saturating_add(seg.memsz),
+                ram_start: ram.addr,
+                ram_end: ram.end(),
+                mem_mib: layout.mem_bytes() >> 20,
+            });
+        }
+        segs.push(seg);
+    }
+    if segs.is_empty() {
+        return Err(LoadError::NoSegments(name.to_string()));
+    }
+    Ok(segs)
+}
+
+/// Loads `src` into `mem` at its segments' physical addresses and returns
+/// the PVH entry point.
+pub fn load_kernel(
+    mem: &GuestMemoryMmap,
+    layout: &MemoryLayout,
+    src: &KernelSource,
+) -> Result<LoadedKernel, LoadError> {
+    let image = read_image(src)?;
+    load_bytes(mem, layout, &src.describe(), &image)
+}
+
+/// Checks an image without loading it (so bad input is reported before KVM is opened).
+pub fn check_image(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<(), LoadError> {
+    check_elf(image, name, layout).map(|_| ())
+}
+
+/// Loads an image already in memory; `name` is for messages.
+pub fn load_bytes(
+    mem: &GuestMemoryMmap,
+    layout: &MemoryLayout,
+    name: &str,
+    image: &[u8],
+) -> Result<LoadedKernel, LoadError> {
+    let name = name.to_string();
+    let segs = check_elf(image, &name, layout)?;
+    let result = Elf::load(mem, None, &mut Cursor::new(image), None)
+        .map_err(|e| LoadError::Loader(name.clone(), e))?;
+    let entry = match result.pvh_boot_cap {
+        PvhBootCapability::PvhEntryPresent(addr) => addr.0,
+        _ => return Err(LoadError::NoPvhNote(name)),
+    };
+    // Segments with filesz < memsz: linux-loader copies file bytes only; the
+    // rest (.bss) is already zero because guest memory is fresh anonymous memory.
+    if !segs
+        .iter()
+        .any(|s| entry >= s.paddr && entry < s.paddr + s.memsz)
+    {
+        return Err(LoadError::EntryOutsideImage { image: name, entry });
+    }
+    let end = segs.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
+    debug_assert!(segs.iter().all(|s| s.filesz <= s.memsz));
+    Ok(LoadedKernel { entry, end })
+}
+
+/// Writes the command line, the E820 map and `hvm_start_info`.
+pub fn write_boot_params(
+    mem: &GuestMemoryMmap,
+    layout: &MemoryLayout,
+    cmdline: &str,
+) -> Result<(), BootParamsError> {
+    // The caller validated length and contents (crate::cmdline::validate).
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))
+        .map_err(BootParamsError::Cmdline)?;
+
+    let memmap: Vec<hvm_memmap_table_entry> = layout
+        .e820()
+        .iter()
+        .map(|e| hvm_memmap_table_entry {
+            addr: e.addr,
+            size: e.size,
+            type_: e.kind,
+            reserved: 0,
+        })
+        .collect();
+    let start_info = hvm_start_info {
+        magic: XEN_HVM_START_MAGIC,
+        // Version 1: the memmap fields are valid.
+        version: 1,
+        cmdline_paddr: CMDLINE_ADDR,
+        memmap_paddr: MEMMAP_ADDR,
+        memmap_entries: memmap.len() as u32,
+        ..Default::default()
+    };
+    let mut params = BootParams::new(&start_info, GuestAddress(START_INFO_ADDR));
+    params.set_sections(&memmap, GuestAddress(MEMMAP_ADDR));
+    PvhBootConfigurator::write_bootparams(&params, mem).map_err(BootParamsError::Pvh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 image: one PT_LOAD at `paddr`, optionally a PVH note.
+    pub(crate) fn tiny_elf(paddr: u64, entry: u32, pvh: bool) -> Vec<u8> {
+        let mut f = vec![0u8; 0x200];
+        f[..4].copy_from_slice(b"\x7fELF");
+        f[4] = 2;
+        f[5] = 1;
+        f[6] = 1;
+        f[16..18].copy_from_slice(&2u16.to_le_bytes());
+        f[18..20].copy_from_slice(&EM_X86_64.to_le_bytes());
+        f[24..32].copy_from_slice(&u64::from(entry).to_le_bytes());
+        f[32..40].copy_from_slice(&64u64.to_le_bytes());
+        f[52..54].copy_from_slice(&64u16.to_le_bytes());
+        f[54..56].copy_from_slice(&56u16.to_le_bytes());
+        let phnum: u16 = if pvh { 2 } else { 1 };
+        f[56..58].copy_from_slice(&phnum.to_le_bytes());
+        // PT_LOAD: file offset 0x100, 0x10 bytes.
+        let ph = 64;
+        f[ph..ph + 4].copy_from_slice(&PT_LOAD.to_le_bytes());
+        f[ph + 8..ph + 16].copy_from_slice(&0x100u64.to_le_bytes());
+        f[ph + 16..ph + 24].copy_from_slice(&paddr.to_le_bytes());
+        f[ph + 24..ph + 32].copy_from_slice(&paddr.to_le_bytes());
+        f[ph + 32..ph + 40].copy_from_slice(&0x10u64.to_le_bytes());
+        f[ph + 40..ph + 48].copy_from_slice(&0x1000u64.to_le_bytes());
+        f[0x100] = 0xf4; // hlt
+        if pvh {
+            let ph = 64 + 56;
+            f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes()); // PT_NOTE
+            f[ph + 8..ph + 16].copy_from_slice(&0x180u64.to_le_bytes());
+            f[ph + 32..ph + 40].copy_from_slice(&20u64.to_le_bytes());
+            let n = 0x180;
+            f[n..n + 4].copy_from_slice(&4u32.to_le_bytes()); // namesz
+            f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes()); // descsz
+            f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes()); // type
+            f[n + 12..n + 16].copy_from_slice(b"Xen\0");
+            f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+        }
+        f
+    }
+
+    fn load(img: Vec<u8>, mib: u64) -> Result<LoadedKernel, LoadError> {
+        let layout = MemoryLayout::new(mib).unwrap();
+        let mem = layout.create_guest_memory().unwrap();
+        let img: &'static [u8] = Box::leak(img.into_boxed_slice());
+        load_kernel(&mem, &layout, &KernelSource::Embedded(img))
+    }
+
+    #[test]
+    fn loads_pvh_entry() {
+        let k = load(tiny_elf(0x100000, 0x100000, true), 16).unwrap();
+        assert_eq!(k.entry, 0x100000);
+        assert_eq!(k.end, 0x101000);
+    }
+
+    #[test]
+    fn rejects_bad_images() {
+        assert!(matches!(
+            load(tiny_elf(0x100000, 0x100000, false), 16),
+            Err(LoadError::NoPvhNote(_))
+        ));
+        assert!(matches!(
+            load(b"#!/bin/sh\n".to_vec(), 16),
+            Err(LoadError::NotElf(_))
+        ));
+        let e = load(tiny_elf(0x2000000, 0x2000000, true), 16).unwrap_err();
+        assert!(matches!(e, LoadError::SegmentOutsideMemory { .. }), "{e}");
+        assert!(e.to_string().contains("--mem 16 MiB"), "{e}");
+        assert!(matches!(
+            load(tiny_elf(0x100000, 0x300000, true), 16),
+            Err(LoadError::EntryOutsideImage { .. })
+        ));
+        let mut elf32 = tiny_elf(0x100000, 0x100000, true);
+        elf32[4] = 1;
+        elf32[18..20].copy_from_slice(&EM_386.to_le_bytes());
+        assert!(matches!(load(elf32, 16), Err(LoadError::Elf32(_))));
+        let mut trunc = tiny_elf(0x100000, 0x100000, true);
+        trunc.truncate(0x60);
+        assert!(matches!(load(trunc, 16), Err(LoadError::Malformed(..))));
+    }
+
+    #[test]
+    fn boot_params_land_where_the_guest_looks() {
+        let layout = MemoryLayout::new(32).unwrap();
+        let mem = layout.create_guest_memory().unwrap();
+        write_boot_params(&mem, &layout, "pti=on telemetry=0x1fff000").unwrap();
+        let si: hvm_start_info = mem.read_obj(GuestAddress(START_INFO_ADDR)).unwrap();
+        assert_eq!(si.magic, XEN_HVM_START_MAGIC);
+        assert_eq!(si.cmdline_paddr, CMDLINE_ADDR);
+        assert_eq!(si.memmap_entries, 3);
+        let e: hvm_memmap_table_entry = mem.read_obj(GuestAddress(MEMMAP_ADDR + 2 * 24)).unwrap();
+        assert_eq!((e.addr, e.size, e.type_), (0x1fff000, 0x1000, 2));
+        let mut buf = [0u8; 27];
+        mem.read_slice(&mut buf, GuestAddress(CMDLINE_ADDR))
+            .unwrap();
+        assert_eq!(&buf, b"pti=on telemetry=0x1fff000\0");
+    }
+}

@@ -1,0 +1,156 @@
+//! Stopping a vCPU from another thread, and SIGINT/SIGTERM.
+//!
+//! A vCPU is stopped by sending its thread [`kick_signal`]; the handler sets
+//! `immediate_exit = 1` in that vCPU's `kvm_run`, so KVM_RUN returns EINTR
+//! whether the signal lands while the guest runs, while it is halted inside
+//! KVM, or just before the thread enters KVM_RUN (a handler that only sets a
+//! flag can lose that last race). Callers still re-kick until the vCPU
+//! thread acknowledges, as belt and braces.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::null_mut;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::OnceLock;
+
+use kvm_bindings::kvm_run;
+use kvm_ioctls::VcpuFd;
+use libc::{c_int, c_void, siginfo_t};
+use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
+
+thread_local! {
+    // The kvm_run of the vCPU this thread runs, for the kick handler. Const
+    // initialised and destructor-free, so reading it in a signal handler is sound.
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(null_mut()) };
+}
+
+/// The real-time signal used to kick vCPU threads.
+pub fn kick_signal() -> c_int {
+    SIGRTMIN()
+}
+
+extern "C" fn kick_handler(_: c_int, _: *mut siginfo_t, _: *mut c_void) {
+    let _ = KVM_RUN.try_with(|p| {
+        let run = p.get();
+        if !run.is_null() {
+            // SAFETY: `run` is the mmap'd kvm_run of the vCPU owned by this
+            // thread's `KickableVcpu`, which clears the pointer before the vCPU
+            // (and its mapping) is dropped. A volatile byte store is
+            // async-signal-safe.
+            unsafe { std::ptr::write_volatile(&raw mut (*run).immediate_exit, 1) };
+        }
+    });
+    fence(Ordering::SeqCst);
+}
+
+/// Errors installing the kick handler.
+#[derive(Debug, thiserror::Error, Clone)]
+pub enum SignalError {
+    #[error("installing the vCPU kick signal handler: {0}")]
+    Install(String),
+    #[error("unblocking the vCPU kick signal: {0}")]
+    Unblock(String),
+    #[error("creating a signalfd for SIGINT/SIGTERM: {0}")]
+    SignalFd(String),
+}
+
+/// Installs the kick handler (once per process).
+pub fn install_kick_handler() -> Result<(), SignalError> {
+    static INSTALLED: OnceLock<Result<(), SignalError>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            register_signal_handler(kick_signal(), kick_handler)
+                .map_err(|e| SignalError::Install(e.to_string()))
+        })
+        .clone()
+}
+
+/// A vCPU registered for kicks on the current thread. Not `Send`: the
+/// registration is per thread.
+pub struct KickableVcpu {
+    pub vcpu: VcpuFd,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl KickableVcpu {
+    /// Registers `vcpu` as the current thread's kick target and makes sure the
+    /// kick signal is not blocked here.
+    pub fn new(mut vcpu: VcpuFd) -> Result<Self, SignalError> {
+        install_kick_handler()?;
+        vcpu.set_kvm_immediate_exit(0);
+        let run: *mut kvm_run = vcpu.get_kvm_run();
+        KVM_RUN.with(|p| p.set(run));
+        vmm_sys_util::signal::unblock_signal(kick_signal())
+            .map_err(|e| SignalError::Unblock(e.to_string()))?;
+        Ok(KickableVcpu {
+            vcpu,
+            _not_send: PhantomData,
+        })
+    }
+}
+
+impl Drop for KickableVcpu {
+    fn drop(&mut self) {
+        // Before `vcpu` (and its kvm_run mapping) goes away.
+        KVM_RUN.with(|p| p.set(null_mut()));
+    }
+}
+
+fn termination_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread (and the threads it
+/// creates later), so that they are delivered through [`TerminationSignals`]
+/// instead of killing the process. Call it early in `main`.
+pub fn block_termination_signals() {
+    let set = termination_set();
+    // SAFETY: valid set pointer, null old-set pointer.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, null_mut()) };
+}
+
+/// A signalfd reporting SIGINT/SIGTERM (effective only where they are blocked).
+pub struct TerminationSignals {
+    fd: OwnedFd,
+}
+
+impl TerminationSignals {
+    pub fn new() -> Result<Self, SignalError> {
+        let set = termination_set();
+        // SAFETY: -1 creates a new signalfd; the set is initialised; we check the result.
+        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(SignalError::SignalFd(
+                std::io::Error::last_os_error().to_string(),
+            ));
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        Ok(TerminationSignals {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// The next pending signal number, if any.
+    pub fn read(&self) -> Option<i32> {
+        // SAFETY: signalfd_siginfo is plain data.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: reading at most `size` bytes into `info`.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut info).cast::<c_void>(), size) };
+        (n == size as isize).then_some(info.ssi_signo as i32)
+    }
+}
+
+impl AsRawFd for TerminationSignals {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}

@@ -1,0 +1,272 @@
+//! vCPU set-up for the PVH boot protocol: CPUID, MSRs, 32-bit protected mode
+//! with paging off, `rbx` = `hvm_start_info`. Also the register snapshot used
+//! to report crashes.
+
+use std::fmt;
+
+use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs, Msrs, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VcpuFd};
+
+use crate::cmdline::CpuVuln;
+use crate::memory::START_INFO_ADDR;
+
+/// IA32_ARCH_CAPABILITIES.
+pub const MSR_IA32_ARCH_CAPABILITIES: u32 = 0x10a;
+/// ARCH_CAPABILITIES bit 0: the CPU is not vulnerable to Meltdown (rogue data cache load).
+pub const ARCH_CAP_RDCL_NO: u64 = 1 << 0;
+/// CPUID.(EAX=7,ECX=0):EDX bit 29: IA32_ARCH_CAPABILITIES exists.
+const CPUID_7_EDX_ARCH_CAPABILITIES: u32 = 1 << 29;
+
+const CR0_PE: u64 = 1 << 0;
+const CR0_ET: u64 = 1 << 4;
+const CR0_PG: u64 = 1 << 31;
+const CR4_PAE: u64 = 1 << 5;
+const EFER_LME: u64 = 1 << 8;
+const EFER_LMA: u64 = 1 << 10;
+
+/// Errors setting up the vCPU.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuSetupError {
+    #[error("KVM_GET_SUPPORTED_CPUID: {0}")]
+    GetCpuid(#[source] kvm_ioctls::Error),
+    #[error("KVM_SET_CPUID2: {0}")]
+    SetCpuid(#[source] kvm_ioctls::Error),
+    #[error("building the MSR list: {0}")]
+    MsrList(String),
+    #[error("KVM_GET_MSRS(IA32_ARCH_CAPABILITIES): {0}")]
+    GetMsrs(#[source] kvm_ioctls::Error),
+    #[error(
+        "KVM refused IA32_ARCH_CAPABILITIES = {value:#x} (KVM_SET_MSRS set {set} of 1); \
+         --cpu-vuln cannot be honoured on this host"
+    )]
+    SetMsrs { value: u64, set: usize },
+    #[error("KVM_SET_MSRS: {0}")]
+    SetMsrsIoctl(#[source] kvm_ioctls::Error),
+    #[error("KVM_GET_SREGS: {0}")]
+    GetSregs(#[source] kvm_ioctls::Error),
+    #[error("KVM_SET_SREGS: {0}")]
+    SetSregs(#[source] kvm_ioctls::Error),
+    #[error("KVM_SET_REGS: {0}")]
+    SetRegs(#[source] kvm_ioctls::Error),
+    #[error("KVM_SET_FPU: {0}")]
+    SetFpu(#[source] kvm_ioctls::Error),
+}
+
+/// Sets CPUID, ARCH_CAPABILITIES (per `cpu_vuln`) and the PVH entry state.
+/// Returns the IA32_ARCH_CAPABILITIES value the guest will read, if the MSR exists.
+pub fn configure(
+    kvm: &Kvm,
+    vcpu: &VcpuFd,
+    entry: u64,
+    cpu_vuln: CpuVuln,
+) -> Result<Option<u64>, VcpuSetupError> {
+    // Without CPUID set, the guest's EFER write (long mode) #GPs on some KVMs.
+    let mut cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(VcpuSetupError::GetCpuid)?;
+    if cpu_vuln != CpuVuln::Host {
+        for e in cpuid.as_mut_slice() {
+            if e.function == 7 && e.index == 0 {
+                e.edx |= CPUID_7_EDX_ARCH_CAPABILITIES;
+            }
+        }
+    }
+    vcpu.set_cpuid2(&cpuid).map_err(VcpuSetupError::SetCpuid)?;
+
+    // KVM_SET_MSRS of ARCH_CAPABILITIES must come after KVM_SET_CPUID2: KVM
+    // recomputes the MSR's default when CPUID changes.
+    let arch_caps = set_arch_capabilities(vcpu, cpu_vuln)?;
+
+    let mut sregs = vcpu.get_sregs().map_err(VcpuSetupError::GetSregs)?;
+    pvh_sregs(&mut sregs);
+    vcpu.set_sregs(&sregs).map_err(VcpuSetupError::SetSregs)?;
+
+    let regs = kvm_regs {
+        rip: entry,
+        rbx: START_INFO_ADDR,
+        // Bit 1 is reserved and must be set; interrupts off.
+        rflags: 0x2,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).map_err(VcpuSetupError::SetRegs)?;
+
+    let fpu = kvm_fpu {
+        // x87 and SSE reset values (FNINIT / power-on MXCSR).
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    vcpu.set_fpu(&fpu).map_err(VcpuSetupError::SetFpu)?;
+    Ok(arch_caps)
+}
+
+fn read_arch_capabilities(vcpu: &VcpuFd) -> Result<Option<u64>, VcpuSetupError> {
+    let mut msrs = Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+        index: MSR_IA32_ARCH_CAPABILITIES,
+        ..Default::default()
+    }])
+    .map_err(|e| VcpuSetupError::MsrList(format!("{e:?}")))?;
+    let n = vcpu.get_msrs(&mut msrs).map_err(VcpuSetupError::GetMsrs)?;
+    Ok((n == 1).then(|| msrs.as_slice()[0].data))
+}
+
+fn set_arch_capabilities(vcpu: &VcpuFd, how: CpuVuln) -> Result<Option<u64>, VcpuSetupError> {
+    let current = read_arch_capabilities(vcpu)?;
+    let value = match (how, current) {
+        (CpuVuln::Host, _) => return Ok(current),
+        (CpuVuln::Meltdown, v) => v.unwrap_or(0) & !ARCH_CAP_RDCL_NO,
+        (CpuVuln::None, v) => v.unwrap_or(0) | ARCH_CAP_RDCL_NO,
+    };
+    let msrs = Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+        index: MSR_IA32_ARCH_CAPABILITIES,
+        data: value,
+        ..Default::default()
+    }])
+    .map_err(|e| VcpuSetupError::MsrList(format!("{e:?}")))?;
+    let set = vcpu.set_msrs(&msrs).map_err(VcpuSetupError::SetMsrsIoctl)?;
+    if set != 1 {
+        return Err(VcpuSetupError::SetMsrs { value, set });
+    }
+    // Read back: what matters is what the guest will see.
+    match read_arch_capabilities(vcpu)? {
+        Some(v) if v == value => Ok(Some(v)),
+        _ => Err(VcpuSetupError::SetMsrs { value, set: 0 }),
+    }
+}
+
+/// The PVH entry state: flat 32-bit segments, CR0.PE (+ET), paging off.
+pub fn pvh_sregs(sregs: &mut kvm_sregs) {
+    let code = kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector: 0x08,
+        type_: 0xb, // execute/read, accessed
+        present: 1,
+        dpl: 0,
+        db: 1,
+        s: 1,
+        l: 0,
+        g: 1,
+        ..Default::default()
+    };
+    let data = kvm_segment {
+        selector: 0x10,
+        type_: 0x3, // read/write, accessed
+        ..code
+    };
+    let tss = kvm_segment {
+        selector: 0x18,
+        type_: 0xb, // 32-bit busy TSS
+        s: 0,
+        limit: 0x67,
+        db: 0,
+        g: 0,
+        ..code
+    };
+    sregs.cs = code;
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = tss;
+    sregs.cr0 = CR0_PE | CR0_ET;
+    sregs.cr3 = 0;
+    sregs.cr4 = 0;
+    sregs.efer = 0;
+}
+
+/// Registers at the moment the VM stopped, for crash reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RegsSnapshot {
+    pub rip: u64,
+    pub rsp: u64,
+    pub rflags: u64,
+    pub rax: u64,
+    pub cs: u16,
+    pub cr0: u64,
+    pub cr2: u64,
+    pub cr3: u64,
+    pub cr4: u64,
+    pub efer: u64,
+}
+
+impl RegsSnapshot {
+    /// Reads the vCPU's registers; `None` if KVM refuses (the report then says so).
+    pub fn read(vcpu: &VcpuFd) -> Option<Self> {
+        let r = vcpu.get_regs().ok()?;
+        let s = vcpu.get_sregs().ok()?;
+        Some(RegsSnapshot {
+            rip: r.rip,
+            rsp: r.rsp,
+            rflags: r.rflags,
+            rax: r.rax,
+            cs: s.cs.selector,
+            cr0: s.cr0,
+            cr2: s.cr2,
+            cr3: s.cr3,
+            cr4: s.cr4,
+            efer: s.efer,
+        })
+    }
+
+    /// True if the guest was in, or entering, paging outside long mode
+    /// (32-bit legacy or PAE paging), which some KVMs (kvm_pvm) refuse.
+    pub fn looks_like_32bit_paging(&self) -> bool {
+        let pg = self.cr0 & CR0_PG != 0;
+        let pae = self.cr4 & CR4_PAE != 0;
+        let lme = self.efer & EFER_LME != 0;
+        let lma = self.efer & EFER_LMA != 0;
+        (pg && !lma) || (pae && !lme)
+    }
+}
+
+impl fmt::Display for RegsSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rip={:#x} rsp={:#x} rflags={:#x} rax={:#x} cs={:#x} cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x}",
+            self.rip, self.rsp, self.rflags, self.rax, self.cs, self.cr0, self.cr2, self.cr3, self.cr4, self.efer
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pvh_state_is_flat_protected_mode_without_paging() {
+        let mut s = kvm_sregs::default();
+        pvh_sregs(&mut s);
+        assert_eq!(s.cr0, 0x11);
+        assert_eq!(
+            (s.cs.base, s.cs.limit, s.cs.db, s.cs.l),
+            (0, 0xffff_ffff, 1, 0)
+        );
+        assert_eq!(s.ss.type_, 3);
+        assert_eq!(s.efer, 0);
+    }
+
+    #[test]
+    fn detects_32bit_paging() {
+        let long = RegsSnapshot {
+            cr0: CR0_PE | CR0_PG,
+            cr4: CR4_PAE,
+            efer: EFER_LME | EFER_LMA,
+            ..Default::default()
+        };
+        assert!(!long.looks_like_32bit_paging());
+        let pae = RegsSnapshot {
+            cr0: CR0_PE,
+            cr4: CR4_PAE,
+            ..Default::default()
+        };
+        assert!(pae.looks_like_32bit_paging());
+        let legacy = RegsSnapshot {
+            cr0: CR0_PE | CR0_PG,
+            ..Default::default()
+        };
+        assert!(legacy.looks_like_32bit_paging());
+    }
+}
