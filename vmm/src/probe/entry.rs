@@ -1,0 +1,181 @@
+//! Syscall entry instructions the guest kernel can be told to use
+//! (`entry=` on its command line), and what a probe saw when user code ran one.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+/// A user→kernel entry the guest kernel implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Entry {
+    /// `syscall` (LSTAR).
+    Syscall,
+    /// `sysenter` (SYSENTER_EIP).
+    Sysenter,
+    /// `int $0x80` through a DPL3 gate.
+    Int80,
+    /// `int3` (the one-byte 0xCC) through a DPL3 gate.
+    Int3,
+    /// `int $4` through a DPL3 gate.
+    Int4,
+}
+
+impl Entry {
+    /// Every entry, in the order the probe tests them.
+    pub const ALL: [Entry; 5] = [
+        Entry::Syscall,
+        Entry::Sysenter,
+        Entry::Int80,
+        Entry::Int3,
+        Entry::Int4,
+    ];
+
+    /// The guest command-line value (`entry=...`).
+    pub fn as_cmdline_value(self) -> &'static str {
+        match self {
+            Entry::Syscall => "syscall",
+            Entry::Sysenter => "sysenter",
+            Entry::Int80 => "int80",
+            Entry::Int3 => "int3",
+            Entry::Int4 => "int4",
+        }
+    }
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_cmdline_value())
+    }
+}
+
+/// Parsing an entry name failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown entry `{0}` (expected syscall, sysenter, int80, int3 or int4)")]
+pub struct ParseEntryError(pub String);
+
+impl FromStr for Entry {
+    type Err = ParseEntryError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Entry::ALL
+            .into_iter()
+            .find(|e| e.as_cmdline_value() == s)
+            .ok_or_else(|| ParseEntryError(s.to_string()))
+    }
+}
+
+/// What happened when user code (CPL3, long mode) executed an entry instruction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum EntryOutcome {
+    /// The intended kernel entry point ran at CPL0: usable.
+    DeliveredCpl0,
+    /// The intended entry point ran, but not at CPL0 (e.g. SYSCALL under
+    /// kvm-pvm jumps to LSTAR and stays at CPL3): not usable.
+    WrongCpl { cpl: u8 },
+    /// An exception was raised instead (#UD = 6, #GP = 13, ...), delivered
+    /// to the kernel at CPL0.
+    Exception { vector: u8, error_code: Option<u32> },
+    /// The instruction completed in user mode without entering the kernel.
+    NotDelivered,
+    /// The VM triple-faulted.
+    Shutdown,
+    /// KVM gave up (KVM_EXIT_INTERNAL_ERROR / FAIL_ENTRY / other exit).
+    KvmError { detail: String },
+    /// The probe did not finish in time.
+    Timeout,
+}
+
+impl EntryOutcome {
+    /// Whether the guest kernel can use this entry.
+    pub fn works(&self) -> bool {
+        *self == EntryOutcome::DeliveredCpl0
+    }
+}
+
+/// The conventional mnemonic of an exception vector.
+pub fn vector_name(v: u8) -> String {
+    let n = match v {
+        0 => "#DE",
+        1 => "#DB",
+        2 => "NMI",
+        3 => "#BP",
+        4 => "#OF",
+        5 => "#BR",
+        6 => "#UD",
+        7 => "#NM",
+        8 => "#DF",
+        10 => "#TS",
+        11 => "#NP",
+        12 => "#SS",
+        13 => "#GP",
+        14 => "#PF",
+        16 => "#MF",
+        17 => "#AC",
+        18 => "#MC",
+        19 => "#XM",
+        _ => return format!("vector {v:#x}"),
+    };
+    n.to_string()
+}
+
+impl fmt::Display for EntryOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryOutcome::DeliveredCpl0 => f.write_str("delivered at CPL0"),
+            EntryOutcome::WrongCpl { cpl } => write!(f, "broken: stays at CPL{cpl}"),
+            EntryOutcome::Exception { vector, error_code } => {
+                write!(f, "{}", vector_name(*vector))?;
+                if let Some(e) = error_code {
+                    write!(f, " (error code {e:#x})")?;
+                }
+                Ok(())
+            }
+            EntryOutcome::NotDelivered => {
+                f.write_str("not delivered: execution went on in user mode")
+            }
+            EntryOutcome::Shutdown => f.write_str("shutdown (triple fault)"),
+            EntryOutcome::KvmError { detail } => write!(f, "KVM error: {detail}"),
+            EntryOutcome::Timeout => f.write_str("timed out"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmdline_values_round_trip() {
+        for e in Entry::ALL {
+            assert_eq!(e.as_cmdline_value().parse::<Entry>(), Ok(e));
+        }
+        assert!("int $0x80".parse::<Entry>().is_err());
+        assert!("".parse::<Entry>().is_err());
+    }
+
+    #[test]
+    fn only_cpl0_delivery_works() {
+        assert!(EntryOutcome::DeliveredCpl0.works());
+        assert!(!EntryOutcome::WrongCpl { cpl: 3 }.works());
+        assert!(!EntryOutcome::Exception {
+            vector: 6,
+            error_code: None
+        }
+        .works());
+    }
+
+    #[test]
+    fn outcome_text_names_the_exception() {
+        let gp = EntryOutcome::Exception {
+            vector: 13,
+            error_code: Some(0x402),
+        };
+        assert_eq!(gp.to_string(), "#GP (error code 0x402)");
+        assert_eq!(
+            EntryOutcome::WrongCpl { cpl: 3 }.to_string(),
+            "broken: stays at CPL3"
+        );
+    }
+}

@@ -1,0 +1,696 @@
+//! The tiny-VM harness: one VM with one vCPU and [`MEM_SIZE`] bytes of
+//! anonymous RAM per probe, a run loop that records the probe's report
+//! writes, and a watchdog so that no probe can hang.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, OnceLock};
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{
+    kvm_enable_cap, kvm_msr_entry, kvm_regs, kvm_run, kvm_segment, kvm_sregs,
+    kvm_userspace_memory_region, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES,
+};
+use kvm_ioctls::{
+    Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuExit, VcpuFd, VmFd,
+};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use super::code::{self, sel, Asm, HandlerExit, MEM_SIZE};
+
+/// Setting up a probe VM failed (these are fatal for the whole probe).
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("cannot open /dev/kvm: {0}")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("KVM_GET_SUPPORTED_CPUID failed: {0}")]
+    SupportedCpuid(#[source] kvm_ioctls::Error),
+    #[error("KVM_CREATE_VM failed: {0}")]
+    CreateVm(#[source] kvm_ioctls::Error),
+    #[error("cannot allocate probe guest memory: {0}")]
+    Memory(String),
+    #[error("KVM_SET_USER_MEMORY_REGION failed: {0}")]
+    SetMemory(#[source] kvm_ioctls::Error),
+    #[error("KVM_CREATE_VCPU failed: {0}")]
+    CreateVcpu(#[source] kvm_ioctls::Error),
+    #[error("KVM_SET_CPUID2 failed: {0}")]
+    SetCpuid(#[source] kvm_ioctls::Error),
+    #[error("{what} failed: {source}")]
+    VcpuState {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("cannot write probe code to guest memory: {0}")]
+    WriteMemory(String),
+    #[error("cannot install the vCPU kick signal handler: {0}")]
+    Signal(#[source] vmm_sys_util::errno::Error),
+    #[error("KVM_RUN failed: {0}")]
+    Run(#[source] kvm_ioctls::Error),
+}
+
+/// What the probes share: the KVM handle and the host's supported CPUID.
+pub struct Kit {
+    pub kvm: Kvm,
+    pub cpuid: CpuId,
+    pub timeout: Duration,
+}
+
+impl Kit {
+    pub fn new(timeout: Duration) -> Result<Self, VmError> {
+        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(VmError::SupportedCpuid)?;
+        Ok(Kit {
+            kvm,
+            cpuid,
+            timeout,
+        })
+    }
+}
+
+/// Why a probe run stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The guest stored its end code to [`code::report::END`].
+    End(u32),
+    /// KVM_EXIT_HLT (a handler's `cli; hlt`, or a HLT the probe did not expect).
+    Hlt,
+    /// KVM_EXIT_SHUTDOWN (triple fault).
+    Shutdown,
+    /// KVM_EXIT_INTERNAL_ERROR with its suberror.
+    InternalError(u32),
+    /// KVM_EXIT_FAIL_ENTRY with the hardware reason.
+    FailEntry(u64),
+    /// An access to unbacked guest memory.
+    Mmio(u64),
+    /// The watchdog stopped the vCPU.
+    Timeout,
+    /// Some other exit (named).
+    Other(String),
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::End(c) => write!(f, "ran to its end (code {c})"),
+            Stop::Hlt => f.write_str("HLT exit"),
+            Stop::Shutdown => f.write_str("KVM_EXIT_SHUTDOWN"),
+            Stop::InternalError(s) => write!(f, "KVM_EXIT_INTERNAL_ERROR (suberror {s})"),
+            Stop::FailEntry(r) => write!(f, "KVM_EXIT_FAIL_ENTRY (reason {r:#x})"),
+            Stop::Mmio(a) => write!(f, "access to unbacked memory at {a:#x}"),
+            Stop::Timeout => f.write_str("timed out (watchdog)"),
+            Stop::Other(s) => write!(f, "unexpected exit {s}"),
+        }
+    }
+}
+
+/// An interrupt-gate entry a handler reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    pub vector: u8,
+    /// CS at the handler: its low two bits are the handler's CPL.
+    pub handler_cs: u16,
+    /// The first three stack slots at handler entry (low 32 bits each).
+    pub frame: [u32; 3],
+}
+
+impl Delivery {
+    /// The error code, for exceptions that push one.
+    pub fn error_code(&self) -> Option<u32> {
+        code::has_error_code(self.vector).then_some(self.frame[0])
+    }
+    /// RIP saved in the frame (low 32 bits; probe code lives below 64 KiB).
+    pub fn saved_rip(&self) -> u32 {
+        if code::has_error_code(self.vector) {
+            self.frame[1]
+        } else {
+            self.frame[0]
+        }
+    }
+    /// CS saved in the frame (its low bits are the interrupted CPL).
+    pub fn saved_cs(&self) -> u16 {
+        let v = if code::has_error_code(self.vector) {
+            self.frame[2]
+        } else {
+            self.frame[1]
+        };
+        v as u16
+    }
+    pub fn cpl(&self) -> u8 {
+        (self.handler_cs & 3) as u8
+    }
+}
+
+/// Everything a probe run produced.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// Report stores in order: (report address, value masked to its width).
+    pub writes: Vec<(u64, u64)>,
+    pub stop: Stop,
+    /// Registers after the stop (KVM_GET_REGS/SREGS work even after
+    /// SHUTDOWN and INTERNAL_ERROR here).
+    pub rip: Option<u64>,
+    pub cr3: Option<u64>,
+}
+
+impl Trace {
+    pub fn values(&self, addr: u64) -> Vec<u64> {
+        self.writes
+            .iter()
+            .filter(|(p, _)| *p == addr)
+            .map(|(_, v)| *v)
+            .collect()
+    }
+    pub fn last(&self, addr: u64) -> Option<u64> {
+        self.values(addr).last().copied()
+    }
+    /// The highest progress marker reached.
+    pub fn stage(&self) -> u8 {
+        self.values(code::report::STAGE)
+            .into_iter()
+            .max()
+            .unwrap_or(0) as u8
+    }
+    /// Gate entries reported by handlers, in order.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let mut cur: Option<(u8, u16, Vec<u32>)> = None;
+        for &(p, v) in &self.writes {
+            match p {
+                code::report::VECTOR => {
+                    cur = Some((v as u8, 0, Vec::new()));
+                }
+                code::report::HANDLER_CS => {
+                    if let Some(c) = cur.as_mut() {
+                        c.1 = v as u16;
+                    }
+                }
+                code::report::FRAME => {
+                    if let Some(c) = cur.as_mut() {
+                        c.2.push(v as u32);
+                        if c.2.len() == 3 {
+                            out.push(Delivery {
+                                vector: c.0,
+                                handler_cs: c.1,
+                                frame: [c.2[0], c.2[1], c.2[2]],
+                            });
+                            cur = None;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+    /// Where it stopped, for details: "at rip 0x.., cr3 0x..".
+    pub fn where_(&self) -> String {
+        match (self.rip, self.cr3) {
+            (Some(r), Some(c)) => format!("rip {r:#x}, cr3 {c:#x}"),
+            (Some(r), None) => format!("rip {r:#x}"),
+            _ => "registers unavailable".to_string(),
+        }
+    }
+}
+
+/// How the vCPU starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartMode {
+    /// 32-bit protected mode, paging off, CS = flat 32-bit code (PVH-like);
+    /// 32-bit IDT.
+    Protected32,
+    /// Long mode set up by the VMM through KVM_SET_SREGS, CPL0, 64-bit IDT.
+    Long64,
+}
+
+/// What to place into a probe VM before it runs.
+pub struct Program {
+    pub mode: StartMode,
+    pub handler_exit: HandlerExit,
+    pub kernel: Asm,
+    /// Additional code blocks (user code, landing points).
+    pub extra: Vec<Asm>,
+    /// MSRs to set before the run (after KVM_SET_CPUID2).
+    pub msrs: Vec<(u32, u64)>,
+    /// Extra EFER bits for [`StartMode::Long64`] (e.g. SCE).
+    pub efer_extra: u64,
+    /// Answer the guest's RDMSR of this MSR from the VMM with this value,
+    /// through a user-space MSR exit (KVM_CAP_X86_USER_SPACE_MSR plus an
+    /// MSR filter that denies the read in KVM).
+    pub rdmsr_trap: Option<(u32, u64)>,
+}
+
+impl Program {
+    pub fn new(mode: StartMode, kernel: Asm) -> Self {
+        Program {
+            mode,
+            handler_exit: HandlerExit::Halt,
+            kernel,
+            extra: Vec::new(),
+            msrs: Vec::new(),
+            efer_extra: 0,
+            rdmsr_trap: None,
+        }
+    }
+}
+
+/// One probe VM.
+pub struct ProbeVm {
+    // The VM fd must outlive the vCPU; kept for the stats fd probe too.
+    pub vm: VmFd,
+    pub vcpu: VcpuFd,
+    mem: GuestMemoryMmap,
+    rdmsr_trap: Option<(u32, u64)>,
+    /// RDMSR exits the VMM answered.
+    pub rdmsr_exits: u32,
+}
+
+pub const EFER_SCE: u64 = 1 << 0;
+const EFER_LME: u64 = 1 << 8;
+const EFER_LMA: u64 = 1 << 10;
+
+impl ProbeVm {
+    /// A VM with RAM at [0, MEM_SIZE) and vCPU 0 with the supported CPUID.
+    pub fn new(kit: &Kit) -> Result<Self, VmError> {
+        let vm = kit.kvm.create_vm().map_err(VmError::CreateVm)?;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
+            .map_err(|e| VmError::Memory(e.to_string()))?;
+        let host = mem
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| VmError::Memory(e.to_string()))?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: MEM_SIZE as u64,
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region is one mapping of MEM_SIZE bytes owned by `mem`,
+        // which lives in the returned struct as long as the VM fd does (the
+        // fields drop in declaration order: vm, vcpu, then mem; a VM fd that
+        // is closed no longer references the memory).
+        unsafe { vm.set_user_memory_region(region) }.map_err(VmError::SetMemory)?;
+        let vcpu = vm.create_vcpu(0).map_err(VmError::CreateVcpu)?;
+        // Mandatory here: without it the guest's EFER.LME write #GPs.
+        vcpu.set_cpuid2(&kit.cpuid).map_err(VmError::SetCpuid)?;
+        Ok(ProbeVm {
+            vm,
+            vcpu,
+            mem,
+            rdmsr_trap: None,
+            rdmsr_exits: 0,
+        })
+    }
+
+    fn write(&self, gpa: u64, bytes: &[u8]) -> Result<(), VmError> {
+        self.mem
+            .write_slice(bytes, GuestAddress(gpa))
+            .map_err(|e| VmError::WriteMemory(e.to_string()))
+    }
+
+    /// Writes the shared tables, the handlers and the program, and sets the
+    /// vCPU's registers for its start mode.
+    pub fn load(&mut self, p: &Program) -> Result<(), VmError> {
+        for (gpa, entry) in code::page_tables() {
+            self.write(gpa, &entry.to_le_bytes())?;
+        }
+        self.write(code::GDT, &code::gdt())?;
+        self.write(code::TSS, &code::tss64())?;
+        self.write(code::STUBS, code::stubs().bytes())?;
+        let (idt, handler) = match p.mode {
+            StartMode::Protected32 => (code::idt32(), code::common_handler32()),
+            StartMode::Long64 => (code::idt64(), code::common_handler64(p.handler_exit)),
+        };
+        self.write(code::IDT, &idt)?;
+        self.write(code::COMMON_HANDLER, handler.bytes())?;
+        self.write(p.kernel.origin(), p.kernel.bytes())?;
+        for a in &p.extra {
+            self.write(a.origin(), a.bytes())?;
+        }
+
+        let mut sregs = self.vcpu.get_sregs().map_err(|source| VmError::VcpuState {
+            what: "KVM_GET_SREGS",
+            source,
+        })?;
+        set_segments(&mut sregs, p.mode);
+        sregs.gdt.base = code::GDT;
+        sregs.gdt.limit = code::GDT_LIMIT;
+        sregs.idt.base = code::IDT;
+        match p.mode {
+            StartMode::Protected32 => {
+                sregs.idt.limit = 256 * 8 - 1;
+                // PE | ET: protected mode, paging off, as PVH starts a guest.
+                sregs.cr0 = 0x11;
+                sregs.cr3 = 0;
+                sregs.cr4 = 0;
+                sregs.efer = 0;
+            }
+            StartMode::Long64 => {
+                sregs.idt.limit = 256 * 16 - 1;
+                // PG | WP | NE | ET | MP | PE.
+                sregs.cr0 = 0x8005_0033;
+                sregs.cr3 = code::PML4;
+                sregs.cr4 = 0x20; // PAE
+                sregs.efer = EFER_LME | EFER_LMA | p.efer_extra;
+            }
+        }
+        self.vcpu
+            .set_sregs(&sregs)
+            .map_err(|source| VmError::VcpuState {
+                what: "KVM_SET_SREGS",
+                source,
+            })?;
+        let regs = kvm_regs {
+            rip: p.kernel.origin(),
+            rsp: code::KERNEL_STACK_TOP,
+            // Bit 1 is reserved-set; IF off so nothing asynchronous arrives.
+            rflags: 0x2,
+            ..Default::default()
+        };
+        self.vcpu
+            .set_regs(&regs)
+            .map_err(|source| VmError::VcpuState {
+                what: "KVM_SET_REGS",
+                source,
+            })?;
+        if !p.msrs.is_empty() {
+            self.set_msrs(&p.msrs)?;
+        }
+        if let Some((index, _)) = p.rdmsr_trap {
+            self.trap_rdmsr(index)?;
+        }
+        self.rdmsr_trap = p.rdmsr_trap;
+        Ok(())
+    }
+
+    /// Makes the guest's RDMSR of `index` exit to the VMM.
+    fn trap_rdmsr(&self, index: u32) -> Result<(), VmError> {
+        let cap = kvm_enable_cap {
+            cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
+            args: [u64::from(kvm_bindings::KVM_MSR_EXIT_REASON_FILTER), 0, 0, 0],
+            ..Default::default()
+        };
+        self.vm
+            .enable_cap(&cap)
+            .map_err(|source| VmError::VcpuState {
+                what: "KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)",
+                source,
+            })?;
+        // A 0 bit denies the read in KVM, which then exits to user space.
+        let bitmap = [0u8; 1];
+        let range = MsrFilterRange {
+            flags: MsrFilterRangeFlags::READ,
+            base: index,
+            msr_count: 1,
+            bitmap: &bitmap,
+        };
+        self.vm
+            .set_msr_filter(MsrFilterDefaultAction::ALLOW, &[range])
+            .map_err(|source| VmError::VcpuState {
+                what: "KVM_X86_SET_MSR_FILTER",
+                source,
+            })
+    }
+
+    /// KVM_SET_MSRS; an MSR the host refuses is an error.
+    pub fn set_msrs(&self, msrs: &[(u32, u64)]) -> Result<(), VmError> {
+        let entries: Vec<kvm_msr_entry> = msrs
+            .iter()
+            .map(|&(index, data)| kvm_msr_entry {
+                index,
+                data,
+                ..Default::default()
+            })
+            .collect();
+        let m = Msrs::from_entries(&entries).map_err(|_| VmError::VcpuState {
+            what: "building the MSR list",
+            source: kvm_ioctls::Error::new(libc::EINVAL),
+        })?;
+        let n = self
+            .vcpu
+            .set_msrs(&m)
+            .map_err(|source| VmError::VcpuState {
+                what: "KVM_SET_MSRS",
+                source,
+            })?;
+        if n != entries.len() {
+            let index = msrs.get(n).map(|m| m.0).unwrap_or(0);
+            log::debug!("KVM_SET_MSRS stopped at MSR {index:#x}");
+            return Err(VmError::VcpuState {
+                what: "KVM_SET_MSRS (an MSR was refused)",
+                source: kvm_ioctls::Error::new(libc::EINVAL),
+            });
+        }
+        Ok(())
+    }
+
+    /// KVM_GET_MSRS of one MSR; `None` if KVM does not know it.
+    pub fn get_msr(&self, index: u32) -> Option<u64> {
+        let mut m = Msrs::from_entries(&[kvm_msr_entry {
+            index,
+            ..Default::default()
+        }])
+        .ok()?;
+        match self.vcpu.get_msrs(&mut m) {
+            Ok(1) => m.as_slice().first().map(|e| e.data),
+            _ => None,
+        }
+    }
+
+    /// Runs the vCPU until the probe ends, stops, or the watchdog fires.
+    pub fn run(&mut self, timeout: Duration) -> Result<Trace, VmError> {
+        install_kick_handler()?;
+        let run_ptr: *mut kvm_run = self.vcpu.get_kvm_run();
+        KVM_RUN_PTR.with(|c| c.set(run_ptr));
+        // SAFETY: pthread_self has no preconditions.
+        let me = unsafe { libc::pthread_self() };
+        let fired = AtomicBool::new(false);
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let result = std::thread::scope(|s| {
+            let fired = &fired;
+            s.spawn(move || watchdog(me, timeout, done_rx, fired));
+            let r = self.run_loop(fired);
+            // Clear the pointer before releasing the watchdog: a late kick
+            // then finds null and does nothing.
+            KVM_RUN_PTR.with(|c| c.set(std::ptr::null_mut()));
+            // The watchdog may already have exited; a send error is fine.
+            let _ = done_tx.send(());
+            r
+        });
+        self.vcpu.set_kvm_immediate_exit(0);
+        let (writes, stop) = result?;
+        let rip = self.vcpu.get_regs().ok().map(|r| r.rip);
+        let cr3 = self.vcpu.get_sregs().ok().map(|s| s.cr3);
+        Ok(Trace {
+            writes,
+            stop,
+            rip,
+            cr3,
+        })
+    }
+
+    fn run_loop(&mut self, fired: &AtomicBool) -> Result<(Vec<(u64, u64)>, Stop), VmError> {
+        // Bounds so that a guest flooding reports cannot make the probe slow
+        // or memory-hungry: probe code does a few dozen writes.
+        const MAX_WRITES: usize = 512;
+        let mut writes = Vec::new();
+        loop {
+            let exit = self.vcpu.run();
+            let stop = match exit {
+                Ok(VcpuExit::MmioWrite(addr, data))
+                    if (code::report::BASE..code::report::LIMIT).contains(&addr) =>
+                {
+                    let mut v = [0u8; 8];
+                    let n = data.len().min(8);
+                    v[..n].copy_from_slice(&data[..n]);
+                    let value = u64::from_le_bytes(v) & code::report::mask(addr);
+                    if addr == code::report::END {
+                        Some(Stop::End(value as u32))
+                    } else if writes.len() >= MAX_WRITES {
+                        Some(Stop::Other("report flood".into()))
+                    } else {
+                        writes.push((addr, value));
+                        None
+                    }
+                }
+                Ok(VcpuExit::X86Rdmsr(exit)) => {
+                    self.rdmsr_exits += 1;
+                    match self.rdmsr_trap {
+                        Some((index, value)) if index == exit.index => {
+                            *exit.data = value;
+                            *exit.error = 0;
+                        }
+                        // Anything else: the #GP the guest would have got.
+                        _ => *exit.error = 1,
+                    }
+                    None
+                }
+                Ok(VcpuExit::IoOut(port, _)) => {
+                    Some(Stop::Other(format!("port write to {port:#x}")))
+                }
+                Ok(VcpuExit::IoIn(_, data)) => {
+                    data.fill(0xff);
+                    None
+                }
+                Ok(VcpuExit::Hlt) => Some(Stop::Hlt),
+                Ok(VcpuExit::Shutdown) => Some(Stop::Shutdown),
+                Ok(VcpuExit::InternalError) => {
+                    // SAFETY: the exit reason says the `internal` union member is valid.
+                    let sub = unsafe { self.vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                    Some(Stop::InternalError(sub))
+                }
+                Ok(VcpuExit::FailEntry(reason, _)) => Some(Stop::FailEntry(reason)),
+                Ok(VcpuExit::MmioRead(addr, data)) => {
+                    data.fill(0);
+                    Some(Stop::Mmio(addr))
+                }
+                Ok(VcpuExit::MmioWrite(addr, _)) => Some(Stop::Mmio(addr)),
+                Ok(VcpuExit::Intr) => self.interrupted(fired),
+                Ok(other) => Some(Stop::Other(format!("{other:?}"))),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.interrupted(fired)
+                }
+                Err(e) => return Err(VmError::Run(e)),
+            };
+            if let Some(stop) = stop {
+                return Ok((writes, stop));
+            }
+        }
+    }
+
+    /// KVM_RUN returned because of a signal: a timeout if the watchdog fired,
+    /// else a stray signal, and the run goes on.
+    fn interrupted(&mut self, fired: &AtomicBool) -> Option<Stop> {
+        if fired.load(Ordering::SeqCst) {
+            Some(Stop::Timeout)
+        } else {
+            self.vcpu.set_kvm_immediate_exit(0);
+            None
+        }
+    }
+}
+
+/// Segment registers for the start mode.
+fn set_segments(sregs: &mut kvm_sregs, mode: StartMode) {
+    let code = kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector: match mode {
+            StartMode::Protected32 => sel::KERNEL_CS32,
+            StartMode::Long64 => sel::KERNEL_CS,
+        },
+        type_: 0xb,
+        present: 1,
+        dpl: 0,
+        db: u8::from(mode == StartMode::Protected32),
+        s: 1,
+        l: u8::from(mode == StartMode::Long64),
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    };
+    let data = kvm_segment {
+        selector: sel::KERNEL_DS,
+        type_: 0x3,
+        db: 1,
+        l: 0,
+        ..code
+    };
+    sregs.cs = code;
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = kvm_segment {
+        base: code::TSS,
+        limit: 0x67,
+        selector: sel::TSS,
+        type_: 0xb, // busy 64-bit (or 32-bit) TSS
+        present: 1,
+        dpl: 0,
+        db: 0,
+        s: 0,
+        l: 0,
+        g: 0,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    };
+}
+
+// The vCPU kick. A probe runs its vCPU on the calling thread; the watchdog
+// thread sends KICK_SIGNAL to it; the handler sets `immediate_exit` in that
+// thread's kvm_run, so KVM_RUN returns EINTR even if the signal raced the
+// ioctl's entry (a handler that did nothing could lose that race).
+
+thread_local! {
+    // const-initialized without a destructor: a plain TLS slot, safe to
+    // read from a signal handler.
+    static KVM_RUN_PTR: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// The signal the probe watchdog kicks vCPUs with: SIGRTMIN + 2, chosen so
+/// as not to collide with the VMM's own vCPU kick.
+pub fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN() + 2
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let p = KVM_RUN_PTR.with(|c| c.get());
+    if !p.is_null() {
+        // SAFETY: the pointer is this thread's mapped kvm_run, set only while
+        // ProbeVm::run borrows the vCPU on this thread and cleared before it
+        // returns; a volatile byte store is what the KVM API expects here.
+        unsafe { std::ptr::addr_of_mut!((*p).immediate_exit).write_volatile(1) };
+    }
+}
+
+fn install_kick_handler() -> Result<(), VmError> {
+    // Installed once per process; the outcome (an errno) is remembered so
+    // that every probe reports a failure, not only the first.
+    static RESULT: OnceLock<Result<(), i32>> = OnceLock::new();
+    let r = RESULT.get_or_init(|| {
+        vmm_sys_util::signal::register_signal_handler(kick_signal(), kick_handler)
+            .map_err(|e| e.errno())
+    });
+    match r {
+        Ok(()) => Ok(()),
+        Err(n) => Err(VmError::Signal(vmm_sys_util::errno::Error::new(*n))),
+    }
+}
+
+/// Waits `timeout` for the run to finish; then kicks the vCPU thread every
+/// millisecond until the run loop acknowledges by sending on `done`.
+fn watchdog(
+    target: libc::pthread_t,
+    timeout: Duration,
+    done: mpsc::Receiver<()>,
+    fired: &AtomicBool,
+) {
+    if done.recv_timeout(timeout) != Err(mpsc::RecvTimeoutError::Timeout) {
+        return;
+    }
+    fired.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    let mut warned = false;
+    // Keep kicking until acknowledged: a kick that lands while the vCPU
+    // thread is between ioctls is not lost (immediate_exit stays set), but
+    // re-kicking costs nothing and covers any other race.
+    loop {
+        // SAFETY: `target` is the thread running ProbeVm::run, alive until
+        // the scope joins this thread; the signal has a handler installed.
+        unsafe { libc::pthread_kill(target, kick_signal()) };
+        match done.recv_timeout(Duration::from_millis(1)) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        if !warned && start.elapsed() > Duration::from_secs(1) {
+            log::warn!("probe vCPU has not reacted to kicks for 1 s");
+            warned = true;
+        }
+    }
+}
