@@ -23,6 +23,8 @@ pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 
 const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
 const PT_LOAD: u32 = 1;
+const PT_NOTE: u32 = 4;
+const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
 const EM_X86_64: u16 = 62;
 const EM_386: u16 = 3;
 
@@ -126,6 +128,25 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 
+/// Whether a note segment holds a `XEN_ELFNOTE_PHYS32_ENTRY` note named "Xen".
+fn has_pvh_note(mut notes: &[u8]) -> bool {
+    let align4 = |n: u32| (n as usize).div_ceil(4) * 4;
+    while let (Some(namesz), Some(descsz), Some(kind)) =
+        (u32_at(notes, 0), u32_at(notes, 4), u32_at(notes, 8))
+    {
+        let name = notes.get(12..12 + namesz as usize);
+        if kind == XEN_ELFNOTE_PHYS32_ENTRY && name == Some(b"Xen\0") && descsz >= 4 {
+            return true;
+        }
+        let next = 12 + align4(namesz) + align4(descsz);
+        match notes.get(next..) {
+            Some(rest) if next > 12 => notes = rest,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// Reads the image into memory.
 pub fn read_image(src: &KernelSource) -> Result<std::borrow::Cow<'static, [u8]>, LoadError> {
     match src {
@@ -172,6 +193,31 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
     let phnum = u16_at(image, 56).ok_or(malformed("truncated header"))?;
     if phentsize != 56 {
         return Err(malformed("program header size is not 56"));
+    }
+    // Look for the PVH note first: "not a PVH kernel" is the more useful
+    // message for an arbitrary ELF (e.g. a host program) than where its
+    // segments happen to be.
+    let mut has_pvh = false;
+    for i in 0..u64::from(phnum) {
+        let Some(ph) = phoff
+            .checked_add(i * 56)
+            .and_then(|o| usize::try_from(o).ok())
+            .and_then(|o| image.get(o..o.checked_add(56)?))
+        else {
+            return Err(malformed("program headers past the end of the file"));
+        };
+        if u32_at(ph, 0) == Some(PT_NOTE) {
+            let off = u64_at(ph, 8).unwrap_or(0);
+            let size = u64_at(ph, 32).unwrap_or(0);
+            let notes = usize::try_from(off)
+                .ok()
+                .zip(usize::try_from(size).ok())
+                .and_then(|(o, n)| image.get(o..o.checked_add(n)?));
+            has_pvh |= notes.is_some_and(has_pvh_note);
+        }
+    }
+    if !has_pvh {
+        return Err(LoadError::NoPvhNote(name.to_string()));
     }
     let mut segs = Vec::new();
     for i in 0..u64::from(phnum) {

@@ -440,7 +440,7 @@ pub fn open_kvm() -> Result<Kvm, KvmOpenError> {
     let version = kvm.get_api_version();
     if version != kvm_bindings::KVM_API_VERSION as i32 {
         let detail = if version < 0 {
-            std::io::Error::from_raw_os_error(-version).to_string()
+            "the ioctl failed".to_string()
         } else {
             format!(
                 "version {version}, expected {}",

@@ -1,0 +1,193 @@
+//! Boots real guests under KVM through the `ptiscope` binary.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn embedded_guest_boots_prints_banner_and_exits_0() {
+    if !kvm_or_skip("embedded_guest_boots") {
+        return;
+    }
+    let o = ptiscope()
+        .args(["run", "--timeout", "20"])
+        .output()
+        .unwrap();
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert!(
+        out.lines()
+            .next()
+            .unwrap_or("")
+            .starts_with(ptiscope_abi::BANNER_PREFIX),
+        "first console line is not the banner:\n{out}\n{err}"
+    );
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(
+        err.contains("guest exited with status 0 (success)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("port out: serial"),
+        "summary has exit counts: {err}"
+    );
+}
+
+#[test]
+fn guest_fault_is_reported_with_its_vector() {
+    if !kvm_or_skip("guest_fault_is_reported") {
+        return;
+    }
+    let o = ptiscope()
+        .args(["run", "--cmdline", "fault=pf", "--timeout", "20"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(ptiscope_abi::exit_status::EXCEPTION as i32),
+        "{err}"
+    );
+    assert!(
+        err.contains("guest reported: @fault vector=14 name=#PF"),
+        "{err}"
+    );
+}
+
+fn assert_times_out(fault: &str) {
+    let start = Instant::now();
+    let o = ptiscope()
+        .args(["run", "--cmdline", fault, "--timeout", "0.7"])
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(124), "{fault}: {err}");
+    assert!(err.contains("timeout"), "{err}");
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(5),
+        "{fault}: took {took:?}"
+    );
+}
+
+#[test]
+fn timeout_stops_a_guest_spinning_with_interrupts_off() {
+    if kvm_or_skip("timeout_spinning") {
+        assert_times_out("fault=hang");
+    }
+}
+
+#[test]
+fn timeout_stops_a_guest_halted_for_ever() {
+    if kvm_or_skip("timeout_halted") {
+        assert_times_out("fault=halt");
+    }
+}
+
+#[test]
+fn sigterm_stops_the_vm_cleanly() {
+    if !kvm_or_skip("sigterm") {
+        return;
+    }
+    let child = ptiscope()
+        .args(["run", "--cmdline", "fault=hang", "--timeout", "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let start = Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(143), "{err}");
+    assert!(err.contains("stopped by signal 15"), "{err}");
+}
+
+#[test]
+fn serial_out_writes_the_console_to_a_file() {
+    if !kvm_or_skip("serial_out") {
+        return;
+    }
+    let file = scratch("serial").join("console.txt");
+    let o = ptiscope()
+        .args(["run", "--timeout", "20", "--serial-out"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains(ptiscope_abi::BANNER_PREFIX));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.starts_with(ptiscope_abi::BANNER_PREFIX), "{text}");
+}
+
+#[test]
+fn triple_fault_is_reported_with_registers() {
+    if !kvm_or_skip("triple_fault") {
+        return;
+    }
+    // ud2 with no IDT (IDTR base 0 over zeroed memory): #UD, #GP, #DF, shutdown.
+    let elf = scratch("triple").join("ud2.elf");
+    write_pvh_elf(&elf, 0x100000, &[0x0f, 0x0b]);
+    let o = ptiscope()
+        .args(["run", "--timeout", "5", "--kernel"])
+        .arg(&elf)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(80), "{err}");
+    assert!(err.contains("triple fault (KVM_EXIT_SHUTDOWN)"), "{err}");
+    assert!(
+        err.contains("cr0=0x11") && err.contains("efer=0x0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_port_flood_is_logged_once_and_not_fatal() {
+    if !kvm_or_skip("unknown_port_flood") {
+        return;
+    }
+    // mov ecx, 2000; 1: out 0x80, al; dec ecx; jnz 1b; mov eax, 7; out 0xf4, eax; hlt
+    let code = [
+        0xb9, 0xd0, 0x07, 0x00, 0x00, 0xe6, 0x80, 0x49, 0x75, 0xfb, 0xb8, 0x07, 0x00, 0x00, 0x00,
+        0xe7, 0xf4, 0xf4,
+    ];
+    let elf = scratch("flood").join("flood.elf");
+    write_pvh_elf(&elf, 0x100000, &code);
+    let o = ptiscope()
+        .args(["run", "--timeout", "10", "--kernel"])
+        .arg(&elf)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(7), "{err}");
+    assert_eq!(err.matches("unknown address 0x80").count(), 1, "{err}");
+    assert!(err.contains("unknown 2000"), "counted per exit: {err}");
+}
+
+#[test]
+fn kvm_internal_error_or_triple_fault_is_reported() {
+    if !kvm_or_skip("internal_error") {
+        return;
+    }
+    // int3 at CPL0: kvm_pvm's emulator gives up (KVM_EXIT_INTERNAL_ERROR with
+    // the instruction bytes); hardware KVM delivers #BP and triple-faults.
+    let elf = scratch("interr").join("int3.elf");
+    write_pvh_elf(&elf, 0x100000, &[0xcc]);
+    let o = ptiscope()
+        .args(["run", "--timeout", "5", "--kernel"])
+        .arg(&elf)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    match o.status.code() {
+        Some(81) => assert!(err.contains("KVM_EXIT_INTERNAL_ERROR"), "{err}"),
+        Some(80) => assert!(err.contains("KVM_EXIT_SHUTDOWN"), "{err}"),
+        c => panic!("exit {c:?}: {err}"),
+    }
+    assert!(err.contains("rip=0x100000"), "{err}");
+}

@@ -1,0 +1,80 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `ptiscope` binary under test.
+pub fn ptiscope() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ptiscope"));
+    // Keep the VMM's own diagnostics at warn level whatever the caller's env says.
+    c.env("RUST_LOG", "warn");
+    c
+}
+
+/// True if /dev/kvm can be opened; otherwise prints why the test is skipped.
+pub fn kvm_or_skip(test: &str) -> bool {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("SKIP {test}: /dev/kvm is not usable here ({e})");
+            false
+        }
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A scratch directory for this test binary.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ptiscope-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Writes a minimal PVH ELF64 whose 32-bit entry runs `code`, loaded at `paddr`.
+pub fn write_pvh_elf(path: &Path, paddr: u64, code: &[u8]) {
+    assert!(code.len() <= 0x100);
+    let mut f = vec![0u8; 0x300];
+    f[..4].copy_from_slice(b"\x7fELF");
+    f[4] = 2; // ELFCLASS64
+    f[5] = 1; // little endian
+    f[6] = 1;
+    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    f[24..32].copy_from_slice(&paddr.to_le_bytes());
+    f[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+    f[52..54].copy_from_slice(&64u16.to_le_bytes());
+    f[54..56].copy_from_slice(&56u16.to_le_bytes());
+    f[56..58].copy_from_slice(&2u16.to_le_bytes());
+    let ph = 64; // PT_LOAD
+    f[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes());
+    f[ph + 4..ph + 8].copy_from_slice(&7u32.to_le_bytes());
+    f[ph + 8..ph + 16].copy_from_slice(&0x200u64.to_le_bytes());
+    f[ph + 16..ph + 24].copy_from_slice(&paddr.to_le_bytes());
+    f[ph + 24..ph + 32].copy_from_slice(&paddr.to_le_bytes());
+    f[ph + 32..ph + 40].copy_from_slice(&0x100u64.to_le_bytes());
+    f[ph + 40..ph + 48].copy_from_slice(&0x1000u64.to_le_bytes());
+    let ph = 64 + 56; // PT_NOTE
+    f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
+    f[ph + 8..ph + 16].copy_from_slice(&0x180u64.to_le_bytes());
+    f[ph + 32..ph + 40].copy_from_slice(&20u64.to_le_bytes());
+    let n = 0x180;
+    f[n..n + 4].copy_from_slice(&4u32.to_le_bytes());
+    f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes());
+    f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes());
+    f[n + 12..n + 16].copy_from_slice(b"Xen\0");
+    f[n + 16..n + 20].copy_from_slice(&(paddr as u32).to_le_bytes());
+    f[0x200..0x200 + code.len()].copy_from_slice(code);
+    std::fs::write(path, f).unwrap();
+}

@@ -1,0 +1,103 @@
+//! Bad input gets a clear message, its documented exit code, and no panic.
+
+mod common;
+
+use common::*;
+
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let o = ptiscope().arg("run").args(args).output().unwrap();
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{err}");
+    (o.status.code(), err)
+}
+
+#[test]
+fn missing_kernel() {
+    let (code, err) = run(&["--kernel", "/nonexistent/ptiscope-kernel"]);
+    assert_eq!(code, Some(66), "{err}");
+    assert!(
+        err.contains("cannot read kernel image") && err.contains("No such file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn kernel_that_is_not_an_elf() {
+    let f = scratch("notelf").join("kernel.txt");
+    std::fs::write(&f, "#!/bin/sh\necho hi\n").unwrap();
+    let (code, err) = run(&["--kernel", f.to_str().unwrap()]);
+    assert_eq!(code, Some(65), "{err}");
+    assert!(err.contains("is not an ELF file"), "{err}");
+}
+
+#[test]
+fn elf_without_pvh_note() {
+    // The test binary itself is an ELF64 without a PVH note.
+    let me = std::env::current_exe().unwrap();
+    let (code, err) = run(&["--kernel", me.to_str().unwrap()]);
+    assert_eq!(code, Some(65), "{err}");
+    assert!(err.contains("has no PVH entry note"), "{err}");
+}
+
+#[test]
+fn segment_outside_guest_memory() {
+    let f = scratch("outside").join("high.elf");
+    write_pvh_elf(&f, 0x200_0000, &[0xf4]);
+    let (code, err) = run(&["--mem", "16", "--kernel", f.to_str().unwrap()]);
+    assert_eq!(code, Some(65), "{err}");
+    assert!(err.contains("lies outside usable guest RAM"), "{err}");
+}
+
+#[test]
+fn bad_memory_sizes_name_the_bound() {
+    for (v, needle) in [
+        ("lots", "is not a number of MiB"),
+        ("15", "at least 16 MiB"),
+        ("1025", "at most 1024 MiB"),
+    ] {
+        let (code, err) = run(&["--mem", v]);
+        assert_eq!(code, Some(64), "{v}: {err}");
+        assert!(err.contains(needle), "{v}: {err}");
+    }
+}
+
+#[test]
+fn bad_option_values() {
+    for (k, v) in [("--pti", "maybe"), ("--pcid", "yes"), ("--entry", "int81")] {
+        let (code, err) = run(&[k, v]);
+        assert_eq!(code, Some(64), "{k} {v}: {err}");
+        assert!(err.contains("possible values"), "{err}");
+    }
+}
+
+#[test]
+fn command_line_too_long() {
+    let long = "x".repeat(5000);
+    let (code, err) = run(&["--cmdline", &long]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("at most 4095 fit"), "{err}");
+}
+
+#[test]
+fn no_kvm_device() {
+    let o = ptiscope()
+        .env("PTISCOPE_KVM_DEVICE", "/nonexistent/kvm")
+        .arg("run")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(err.contains("KVM is not available on this host"), "{err}");
+}
+
+#[test]
+fn a_file_that_is_not_kvm() {
+    let o = ptiscope()
+        .env("PTISCOPE_KVM_DEVICE", "/dev/null")
+        .arg("run")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(err.contains("is not a usable KVM device"), "{err}");
+}

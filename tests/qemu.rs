@@ -1,0 +1,88 @@
+//! The same guest ELF boots under QEMU (microvm, TCG): the independent check
+//! that our ELF/PVH image is standard.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn embedded_guest_boots_under_qemu_microvm() {
+    let qemu = "qemu-system-x86_64";
+    if Command::new(qemu).arg("--version").output().is_err() {
+        eprintln!("SKIP embedded_guest_boots_under_qemu_microvm: {qemu} is not installed");
+        return;
+    }
+    let elf = scratch("qemu").join("guest.elf");
+    std::fs::write(&elf, ptiscope::GUEST_X86_64).unwrap();
+    let mut child = Command::new(qemu)
+        .args([
+            "-M",
+            "microvm",
+            "-accel",
+            "tcg",
+            "-m",
+            "128",
+            "-nodefaults",
+            "-no-user-config",
+            "-nographic",
+            "-serial",
+            "stdio",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=4",
+            "-kernel",
+        ])
+        .arg(&elf)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("QEMU did not stop within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let banner = out
+        .lines()
+        .find(|l| l.contains(ptiscope_abi::BANNER_PREFIX))
+        .unwrap_or_else(|| panic!("no banner under QEMU:\n{out}\n{err}"));
+    // isa-debug-exit: QEMU exits with (status << 1) | 1; guest status 0 → 1.
+    assert_eq!(status.code(), Some(1), "{out}\n{err}");
+
+    if !kvm_or_skip("banner matches the KVM run") {
+        return;
+    }
+    let o = ptiscope()
+        .args(["run", "--timeout", "20"])
+        .output()
+        .unwrap();
+    let kvm_banner = stdout(&o).lines().next().unwrap_or("").to_string();
+    assert_eq!(
+        banner.trim_start_matches(|c: char| c != 'p').trim(),
+        kvm_banner.trim()
+    );
+}
