@@ -18,7 +18,8 @@ Exit status of `ptiscope run`:
   64     bad usage or option value (--mem, --pti, --cmdline too long, ...)
   65     kernel image is not a bootable PVH ELF64 for this memory size
   66     kernel image missing or unreadable
-  69     /dev/kvm missing or not accessible
+  69     /dev/kvm missing or not accessible, or this KVM cannot do what was
+         asked (e.g. --cpu-vuln none where KVM refuses RDCL_NO)
   70     internal VMM error
   73     --serial-out file cannot be created
   80     guest triple fault (KVM_EXIT_SHUTDOWN); registers are printed

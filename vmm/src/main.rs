@@ -52,11 +52,13 @@ fn print_summary(o: &RunOutcome) {
     let e = &o.exits;
     eprintln!("ptiscope: {}", o.stop);
     eprintln!(
-        "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB",
+        "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB; vCPU ARCH_CAPABILITIES {}",
         o.run_time.as_secs_f64() * 1e3,
         o.setup_time.as_secs_f64() * 1e3,
         o.entry.map_or("-", |e| e.as_str()),
         o.mem_mib,
+        o.arch_capabilities
+            .map_or("absent".to_string(), |v| format!("{v:#x}")),
     );
     eprintln!(
         "  userspace exits: {} (port out: serial {} exit {} phase {} unknown {}; port in: serial {} unknown {}; \

@@ -406,7 +406,9 @@ impl RunError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            RunError::Kvm(_) => exit_code::KVM_UNAVAILABLE,
+            RunError::Kvm(_) | RunError::Vcpu(VcpuSetupError::SetMsrs { .. }) => {
+                exit_code::KVM_UNAVAILABLE
+            }
             RunError::Memory(MemoryError::Allocate { .. }) => exit_code::INTERNAL,
             RunError::Memory(_) | RunError::Cmdline(_) => exit_code::USAGE,
             RunError::Load(LoadError::Read { .. }) => exit_code::NO_IMAGE,
