@@ -26,6 +26,12 @@ pub const DEFAULT_MEM_MIB: u64 = 128;
 pub const E820_RAM: u32 = 1;
 pub const E820_RESERVED: u32 = 2;
 
+// Boot structures sit in low RAM and do not overlap each other
+// (hvm_start_info is 56 bytes, a memmap entry 24).
+const _: () = assert!(START_INFO_ADDR + 56 <= MEMMAP_ADDR);
+const _: () = assert!(MEMMAP_ADDR + 3 * 24 <= CMDLINE_ADDR);
+const _: () = assert!(CMDLINE_ADDR + CMDLINE_MAX as u64 <= LOW_RAM_END);
+
 /// One E820 range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct E820Entry {
@@ -171,10 +177,6 @@ mod tests {
                 },
             ]
         );
-        // Boot structures sit in low RAM and do not overlap each other.
-        assert!(START_INFO_ADDR + 56 <= MEMMAP_ADDR);
-        assert!(MEMMAP_ADDR + 3 * 24 <= CMDLINE_ADDR);
-        assert!(CMDLINE_ADDR + CMDLINE_MAX as u64 <= LOW_RAM_END);
     }
 
     #[test]
