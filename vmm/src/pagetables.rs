@@ -1,0 +1,459 @@
+//! Host-side page-table inspection: walks the guest's page tables straight
+//! from guest memory and checks what the user copy maps.
+//!
+//! This is the host's own proof of isolation, independent of the guest's
+//! word: the walker reads only guest RAM (through vm-memory, bounds-checked)
+//! and the guest ELF's section headers. The page tables are guest-controlled
+//! and treated as hostile: table addresses outside RAM are reported, loops
+//! cannot make the walk run away (depth is fixed and the number of leaf
+//! entries visited is capped), nothing panics.
+use std::fmt;
+use std::ops::Range;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemory};
+
+/// The paging modes the guest flavours use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Paging {
+    /// x86_64 4-level paging (48-bit virtual addresses).
+    FourLevel,
+    /// x86_32 PAE paging: 4-entry PDPT, 2 MiB / 4 KiB pages.
+    Pae,
+}
+
+impl Paging {
+    /// First virtual address of the kernel half.
+    pub fn kernel_half_start(self) -> u64 {
+        match self {
+            Paging::FourLevel => 0xffff_8000_0000_0000,
+            Paging::Pae => 0xc000_0000,
+        }
+    }
+}
+
+/// Effective permissions of a mapping (combined over all levels, as the CPU does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Access {
+    pub writable: bool,
+    pub user: bool,
+    pub no_execute: bool,
+    pub global: bool,
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}{}{}{}",
+            if self.writable { 'W' } else { 'r' },
+            if self.user { 'U' } else { 'k' },
+            if self.no_execute { '-' } else { 'X' },
+            if self.global { 'G' } else { '.' }
+        )
+    }
+}
+
+/// A virtually and physically contiguous run of pages with the same access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Mapping {
+    pub virt: u64,
+    pub phys: u64,
+    pub size: u64,
+    pub access: Access,
+}
+
+impl Mapping {
+    pub fn virt_range(&self) -> Range<u64> {
+        self.virt..self.virt.saturating_add(self.size)
+    }
+}
+
+/// Result of one walk.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Walk {
+    /// Present mappings, sorted by virtual address, coalesced.
+    pub mappings: Vec<Mapping>,
+    /// Page-table pages the tables point to but that are not in guest RAM.
+    pub unreadable_tables: Vec<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WalkError {
+    #[error("CR3 {cr3:#x} points outside guest memory")]
+    RootOutsideMemory { cr3: u64 },
+    #[error("the page tables at CR3 {cr3:#x} map more than {limit} pages: refusing to walk further (looping or hostile tables?)")]
+    TooManyEntries { cr3: u64, limit: usize },
+}
+
+/// Leaf entries a walk visits at most. The guest's own tables stay far
+/// below (a few thousand); this bounds what a hostile guest can make us do.
+pub const MAX_LEAVES: usize = 1 << 20;
+
+const PRESENT: u64 = 1 << 0;
+const WRITABLE: u64 = 1 << 1;
+const USER: u64 = 1 << 2;
+const HUGE: u64 = 1 << 7;
+const GLOBAL: u64 = 1 << 8;
+const NO_EXECUTE: u64 = 1 << 63;
+const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+
+struct Walker<'a, M: GuestMemory> {
+    mem: &'a M,
+    cr3: u64,
+    leaves: usize,
+    out: Walk,
+}
+
+impl<M: GuestMemory> Walker<'_, M> {
+    fn read_entry(&mut self, table: u64, index: u64) -> Option<u64> {
+        let addr = GuestAddress(table + index * 8);
+        match self.mem.read_obj::<u64>(addr) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                if !self.out.unreadable_tables.contains(&table) {
+                    self.out.unreadable_tables.push(table);
+                }
+                None
+            }
+        }
+    }
+
+    fn leaf(&mut self, virt: u64, phys: u64, size: u64, access: Access) -> Result<(), WalkError> {
+        self.leaves += 1;
+        if self.leaves > MAX_LEAVES {
+            return Err(WalkError::TooManyEntries {
+                cr3: self.cr3,
+                limit: MAX_LEAVES,
+            });
+        }
+        if let Some(last) = self.out.mappings.last_mut() {
+            if last.access == access
+                && last.virt.wrapping_add(last.size) == virt
+                && last.phys.wrapping_add(last.size) == phys
+            {
+                last.size += size;
+                return Ok(());
+            }
+        }
+        self.out.mappings.push(Mapping {
+            virt,
+            phys,
+            size,
+            access,
+        });
+        Ok(())
+    }
+
+    /// Walks a table at `level` (4 = PML4 ... 1 = PT) covering virtual
+    /// addresses from `base`, with the access accumulated from upper levels.
+    fn table(&mut self, table: u64, level: u32, base: u64, up: Access) -> Result<(), WalkError> {
+        let span = 1u64 << (12 + 9 * (level - 1));
+        for index in 0..512u64 {
+            let Some(entry) = self.read_entry(table, index) else {
+                return Ok(());
+            };
+            if entry & PRESENT == 0 {
+                continue;
+            }
+            let virt = canonical(base + index * span);
+            let access = Access {
+                writable: up.writable && entry & WRITABLE != 0,
+                user: up.user && entry & USER != 0,
+                no_execute: up.no_execute || entry & NO_EXECUTE != 0,
+                global: entry & GLOBAL != 0,
+            };
+            let leaf = level == 1 || (entry & HUGE != 0 && (level == 2 || level == 3));
+            if leaf {
+                let phys = entry & ADDR_MASK & !(span - 1);
+                self.leaf(virt, phys, span, access)?;
+            } else if level > 1 {
+                self.table(entry & ADDR_MASK, level - 1, base + index * span, access)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// PAE: a 4-entry PDPT (only P and cache bits), then PDs and PTs of 512 entries.
+    fn pae(&mut self) -> Result<(), WalkError> {
+        let pdpt = self.cr3 & 0xffff_ffe0;
+        let all = Access {
+            writable: true,
+            user: true,
+            no_execute: false,
+            global: false,
+        };
+        for index in 0..4u64 {
+            let Some(entry) = self.read_entry(pdpt, index) else {
+                return Ok(());
+            };
+            if entry & PRESENT == 0 {
+                continue;
+            }
+            self.table(entry & ADDR_MASK, 2, index << 30, all)?;
+        }
+        Ok(())
+    }
+}
+
+/// Sign-extends a 48-bit virtual address.
+fn canonical(virt: u64) -> u64 {
+    if virt & (1 << 47) != 0 {
+        virt | 0xffff_0000_0000_0000
+    } else {
+        virt
+    }
+}
+
+/// Walks the page tables rooted at `cr3`.
+pub fn walk<M: GuestMemory>(mem: &M, paging: Paging, cr3: u64) -> Result<Walk, WalkError> {
+    let root = match paging {
+        Paging::FourLevel => cr3 & ADDR_MASK,
+        Paging::Pae => cr3 & 0xffff_ffe0,
+    };
+    if mem.read_obj::<u64>(GuestAddress(root)).is_err() {
+        return Err(WalkError::RootOutsideMemory { cr3 });
+    }
+    let mut walker = Walker {
+        mem,
+        cr3,
+        leaves: 0,
+        out: Walk::default(),
+    };
+    match paging {
+        Paging::FourLevel => {
+            let all = Access {
+                writable: true,
+                user: true,
+                no_execute: false,
+                global: false,
+            };
+            walker.table(root, 4, 0, all)?;
+        }
+        Paging::Pae => walker.pae()?,
+    }
+    Ok(walker.out)
+}
+
+/// Kernel-half virtual ranges the user copy may map under PTI: the entry
+/// area, as the guest ELF's section headers declare it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EntryArea {
+    pub ranges: Vec<(String, Range<u64>)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EntryAreaError {
+    #[error("the guest image is not an ELF object we can read: {0}")]
+    Parse(String),
+    #[error("the guest image has no `.entry*` sections, so its entry area is unknown")]
+    NoEntrySections,
+}
+
+impl EntryArea {
+    /// The `.entry*` sections of the guest ELF (entry text, GDT/IDT/TSS,
+    /// per-CPU entry stacks and data), page-rounded.
+    pub fn from_elf(image: &[u8]) -> Result<Self, EntryAreaError> {
+        use object::{Object, ObjectSection};
+        let file = object::File::parse(image).map_err(|e| EntryAreaError::Parse(e.to_string()))?;
+        let mut ranges = Vec::new();
+        for section in file.sections() {
+            let Ok(name) = section.name() else { continue };
+            if !name.starts_with(".entry") || section.size() == 0 {
+                continue;
+            }
+            let start = section.address() & !0xfff;
+            let end = (section.address() + section.size() + 0xfff) & !0xfff;
+            ranges.push((name.to_string(), start..end));
+        }
+        if ranges.is_empty() {
+            return Err(EntryAreaError::NoEntrySections);
+        }
+        Ok(EntryArea { ranges })
+    }
+
+    fn contains(&self, range: &Range<u64>) -> bool {
+        self.ranges
+            .iter()
+            .any(|(_, r)| r.start <= range.start && range.end <= r.end)
+    }
+}
+
+/// What the user copy of an address space maps in the kernel half.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IsolationCheck {
+    /// Every kernel-half mapping of the user copy.
+    pub kernel_mappings: Vec<Mapping>,
+    /// Those that are not inside the entry area: must be empty under PTI.
+    pub outside_entry_area: Vec<Mapping>,
+    /// Bytes of kernel-half virtual memory the user copy maps.
+    pub kernel_bytes_mapped: u64,
+}
+
+impl IsolationCheck {
+    pub fn isolated(&self) -> bool {
+        self.outside_entry_area.is_empty()
+    }
+}
+
+/// Checks a walk of a user copy against the entry area.
+pub fn check_isolation(user: &Walk, paging: Paging, entry: &EntryArea) -> IsolationCheck {
+    let kernel_mappings: Vec<Mapping> = user
+        .mappings
+        .iter()
+        .filter(|m| m.virt >= paging.kernel_half_start())
+        .copied()
+        .collect();
+    // A coalesced run may span several entry sections: check page by page
+    // only when the run as a whole is not inside one section.
+    let outside_entry_area = kernel_mappings
+        .iter()
+        .filter(|m| {
+            if entry.contains(&m.virt_range()) {
+                return false;
+            }
+            let mut page = m.virt;
+            while page < m.virt + m.size {
+                if !entry.contains(&(page..page + 4096)) {
+                    return true;
+                }
+                page += 4096;
+            }
+            false
+        })
+        .copied()
+        .collect();
+    let kernel_bytes_mapped = kernel_mappings.iter().map(|m| m.size).sum();
+    IsolationCheck {
+        kernel_mappings,
+        outside_entry_area,
+        kernel_bytes_mapped,
+    }
+}
+
+/// Human listing of a walk, one mapping a line.
+pub fn render(walk: &Walk) -> String {
+    let mut s = String::new();
+    for m in &walk.mappings {
+        s += &format!(
+            "  {:#018x}-{:#018x} -> {:#012x}  {:>10}  {}\n",
+            m.virt,
+            m.virt + m.size,
+            m.phys,
+            human_size(m.size),
+            m.access
+        );
+    }
+    for t in &walk.unreadable_tables {
+        s += &format!("  (page table at {t:#x} is outside guest memory)\n");
+    }
+    s
+}
+
+fn human_size(bytes: u64) -> String {
+    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+        format!("{} GiB", bytes >> 30)
+    } else if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryMmap;
+
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 24)]).unwrap()
+    }
+
+    fn put(mem: &GuestMemoryMmap, table: u64, index: u64, value: u64) {
+        mem.write_obj(value, GuestAddress(table + index * 8))
+            .unwrap();
+    }
+
+    const P: u64 = PRESENT;
+    const W: u64 = WRITABLE;
+    const U: u64 = USER;
+
+    #[test]
+    fn four_level_user_and_kernel_mappings() {
+        let m = mem();
+        // PML4 at 0x1000; user PDPT 0x2000 -> PD 0x3000 -> PT 0x4000 mapping 2 pages at 0x400000.
+        put(&m, 0x1000, 0, 0x2000 | P | W | U);
+        put(&m, 0x2000, 0, 0x3000 | P | W | U);
+        put(&m, 0x3000, 2, 0x4000 | P | W | U);
+        put(&m, 0x4000, 0, 0x10_0000 | P | U);
+        put(&m, 0x4000, 1, 0x10_1000 | P | U);
+        // Kernel: PML4[511] -> PDPT 0x5000, [510] -> PD 0x6000, 2 MiB page, global, NX.
+        put(&m, 0x1000, 511, 0x5000 | P | W);
+        put(&m, 0x5000, 510, 0x6000 | P | W);
+        put(&m, 0x6000, 0, HUGE | GLOBAL | NO_EXECUTE | P | W);
+        let w = walk(&m, Paging::FourLevel, 0x1000).unwrap();
+        assert_eq!(w.mappings.len(), 2, "{w:?}");
+        let user = w.mappings[0];
+        assert_eq!(
+            (user.virt, user.phys, user.size),
+            (0x40_0000, 0x10_0000, 0x2000)
+        );
+        assert!(user.access.user && !user.access.writable);
+        let kernel = w.mappings[1];
+        assert_eq!(kernel.virt, 0xffff_ffff_8000_0000);
+        assert_eq!(kernel.size, 2 << 20);
+        assert!(!kernel.access.user && kernel.access.global && kernel.access.no_execute);
+    }
+
+    #[test]
+    fn isolation_check_flags_kernel_pages_outside_the_entry_area() {
+        let m = mem();
+        put(&m, 0x1000, 511, 0x5000 | P | W);
+        put(&m, 0x5000, 510, 0x6000 | P | W);
+        put(&m, 0x6000, 1, 0x7000 | P | W);
+        put(&m, 0x7000, 0, 0x20_0000 | P | GLOBAL); // entry text page
+        put(&m, 0x7000, 5, 0x20_5000 | P | W); // some other kernel page
+        let w = walk(&m, Paging::FourLevel, 0x1000).unwrap();
+        let base = 0xffff_ffff_8020_0000u64;
+        let entry = EntryArea {
+            ranges: vec![(".entry.text".into(), base..base + 0x1000)],
+        };
+        let check = check_isolation(&w, Paging::FourLevel, &entry);
+        assert_eq!(check.kernel_mappings.len(), 2);
+        assert_eq!(check.outside_entry_area.len(), 1);
+        assert_eq!(check.outside_entry_area[0].virt, base + 0x5000);
+        assert!(!check.isolated());
+    }
+
+    #[test]
+    fn pae_walk_and_hostile_tables() {
+        let m = mem();
+        // PDPT at 0x1020 (32-byte aligned): entry 3 (3G..4G) -> PD 0x2000 with a 2 MiB page.
+        put(&m, 0x1020, 3, 0x2000 | P);
+        put(&m, 0x2000, 0, 0x100_0000 | HUGE | P | W);
+        let w = walk(&m, Paging::Pae, 0x1020).unwrap();
+        assert_eq!(w.mappings[0].virt, 0xc000_0000);
+        assert_eq!(w.mappings[0].size, 2 << 20);
+
+        // A table pointing outside RAM is reported, not fatal.
+        put(&m, 0x3000, 0, 0xdead_0000_0000 | P);
+        let w = walk(&m, Paging::FourLevel, 0x3000).unwrap();
+        assert!(w.mappings.is_empty());
+        assert_eq!(w.unreadable_tables.len(), 1);
+
+        // CR3 outside RAM is an error.
+        assert!(matches!(
+            walk(&m, Paging::FourLevel, 0x7fff_0000_0000),
+            Err(WalkError::RootOutsideMemory { .. })
+        ));
+
+        // A self-referencing PML4 (every entry points to itself) terminates.
+        for i in 0..512 {
+            put(&m, 0x8000, i, 0x8000 | P | W | U);
+        }
+        assert!(matches!(
+            walk(&m, Paging::FourLevel, 0x8000),
+            Err(WalkError::TooManyEntries { .. })
+        ));
+    }
+}
