@@ -380,6 +380,16 @@ pub fn opt_out_of_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
     mem.write(pair + 4096, KERNEL_PML4_SLOT, half.kernel_pml4e);
 }
 
+/// Undoes [`opt_out_of_pti`]: NX back on the kernel copy's user slot and
+/// the user copy's kernel half back to the entry area only.
+pub fn opt_in_to_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
+    let user_slot = mem.read(pair + 4096, USER_PML4_SLOT);
+    if half.pti {
+        mem.write(pair, USER_PML4_SLOT, user_slot | NO_EXECUTE);
+    }
+    mem.write(pair + 4096, KERNEL_PML4_SLOT, half.user_pml4e);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -636,6 +646,11 @@ mod tests {
         };
         let other = build_address_space(&mut m, &mut f, &half, &user()).unwrap();
         assert_eq!(translate(&m, other + 4096, KERNEL_BASE + KDATA), None);
+        // And opting back in restores the isolation of the first one.
+        opt_in_to_pti(&mut m, pair, &half);
+        assert_eq!(translate(&m, pair + 4096, KERNEL_BASE + KDATA), None);
+        assert!(translate(&m, pair, USER_TEXT_BASE).unwrap().flags & NO_EXECUTE != 0);
+        assert!(translate(&m, pair + 4096, KERNEL_BASE + ENTRY.0).is_some());
     }
 
     #[test]

@@ -11,11 +11,14 @@ mod arch;
 mod console;
 mod mm;
 mod pvh;
+mod syscall;
+mod task;
 mod telemetry;
+mod user;
 
 use arch::cpu;
 use arch::paging::{write_cr3, Cr3Reason};
-use guest_core::cmdline::{self, Config, Fault, PtiMode, Workload};
+use guest_core::cmdline::{self, Config, Entry, Fault, PtiMode, Workload};
 use guest_core::layout::{cr3_value, DIRECT_MAP_SIZE, KERNEL_BASE};
 use guest_core::paging::{build_kernel_half, KernelHalf, KernelSpec, PhysMem, KERNEL_PML4_SLOT};
 use ptiscope_abi::{exit_status, port, telemetry::flags};
@@ -37,14 +40,6 @@ extern "C" {
 
 fn sym_phys(sym: *const u8) -> u64 {
     sym as u64 - KERNEL_BASE
-}
-
-/// The configuration the kernel runs with, after resolving `auto`.
-pub struct Setup {
-    pub config: Config,
-    pub pti: bool,
-    pub rdcl_no: bool,
-    pub half: KernelHalf,
 }
 
 #[no_mangle]
@@ -99,10 +94,27 @@ extern "C" fn kmain(start_info: u64) -> ! {
         mm::image_end_phys()
     );
 
+    if config.entry == Entry::Sysenter {
+        println!("entry=sysenter is not available in 64-bit mode on this guest (64-bit SYSENTER is Intel-only); use entry=syscall or an int entry");
+        stop(exit_status::UNSUPPORTED)
+    }
+    let pcid = config.pcid;
+    if pcid && !cpu::has_pcid() {
+        println!("pcid=on but this CPU has no PCID (CPUID.1:ECX[17] clear)");
+        stop(exit_status::UNSUPPORTED)
+    }
+
     let half = setup_kernel_tables(&config, pti);
+    if pcid {
+        // SAFETY: CR3's PCID bits are 0 (kernel-only root), as PCIDE requires.
+        unsafe { cpu::write_cr4(cpu::read_cr4() | cpu::CR4_PCIDE) };
+    }
     let mut tflags = 0;
     if pti {
         tflags |= flags::PTI;
+    }
+    if pcid {
+        tflags |= flags::PCID;
     }
     if rdcl_no {
         tflags |= flags::RDCL_NO;
@@ -112,22 +124,104 @@ extern "C" fn kmain(start_info: u64) -> ! {
     if let Some(f) = config.fault {
         raise(f);
     }
-    let _setup = Setup {
-        config,
-        pti,
-        rdcl_no,
-        half,
-    };
-    match config.workload {
-        Workload::None => {
-            println!("workload none: nothing to run");
-            stop(exit_status::SUCCESS)
-        }
-        other => {
-            println!("workload {} is not implemented yet", other.name());
-            stop(exit_status::UNSUPPORTED)
-        }
+    if config.workload == Workload::None && config.fault != Some(Fault::Kread) {
+        println!("workload none: nothing to run");
+        stop(exit_status::SUCCESS)
     }
+    run_workload(&config, pti, pcid, half)
+}
+
+/// Runs the workload: pid 1 (`user_init`) waits for pid 2 (`user_loop`),
+/// which runs the measured loop; then reports and stops.
+fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
+    use ptiscope_abi::syscall as nr;
+    // SAFETY: boot, one CPU; the reference is not used across the run below
+    // except through the scheduler itself.
+    let s = unsafe { task::sched() };
+    s.init(pti, pcid, config.entry, half);
+    let (loop_rip, init_rip) = user::programs(config.entry.abi_code());
+    let (number, arg0, mut flags) = match config.workload {
+        Workload::Getppid => (nr::GETPPID, 0, 0),
+        Workload::WriteBadfd => (nr::WRITE, u64::MAX, 0),
+        Workload::NoptiGetpid => (nr::GETPID, 0, user::FLAG_NOPTI),
+        Workload::Getpid | Workload::None => (nr::GETPID, 0, 0),
+    };
+    let kread_target = core::ptr::addr_of!(task::SCHED) as u64;
+    if config.fault == Some(Fault::Kread) {
+        flags |= user::FLAG_KREAD;
+        println!("user program will read kernel address {kread_target:#x}");
+    }
+    let regs = arch::context::UserRegs {
+        rbx: flags,
+        rbp: 0,
+        r12: config.iterations,
+        r13: number as u64,
+        r14: arg0,
+        r15: kread_target,
+    };
+    let init = s.spawn(0, init_rip, &arch::context::UserRegs::default());
+    let child = init.and_then(|pid| s.spawn(pid, loop_rip, &regs));
+    if let Err(e) = child {
+        panic!("cannot create the workload processes: {e:?}");
+    }
+    s.run();
+    report(config, pti, pcid)
+}
+
+fn report(config: &Config, pti: bool, pcid: bool) -> ! {
+    use ptiscope_abi::telemetry::Counter as C;
+    // SAFETY: all tasks are done; nothing else touches the result.
+    let r = unsafe { syscall::RESULT.get() };
+    let status = r.exit_status.unwrap_or(-1);
+    if config.fault == Some(Fault::Kread) {
+        println!("fault=kread was not raised: the user program read kernel memory (exit status {status})");
+        stop(exit_status::FAULT_NOT_RAISED)
+    }
+    let (Some(b), Some(e)) = (r.begin, r.end) else {
+        println!("the workload ended without its phase markers (exit status {status})");
+        stop(exit_status::FAILURE)
+    };
+    let d = |c| e.delta(&b, c);
+    let cr3 = d(C::Cr3Entry) + d(C::Cr3Exit) + d(C::Cr3ContextSwitch) + d(C::Cr3Other);
+    let n = config.iterations;
+    let tenths = r.cycles.saturating_mul(10) / n;
+    // SAFETY: no task runs any more.
+    let nopti = unsafe { task::sched() }.tasks.iter().any(|t| t.nopti);
+    println!(
+        "{}workload={} iterations={n} cycles={} cycles_per_call={}.{} syscalls={} cr3_writes={cr3} \
+         cr3_entry={} cr3_exit={} cr3_context_switch={} cr3_other={} cr3_noflush={} tlb_flushes={} \
+         invlpg={} exceptions={} page_faults={} context_switches={} pti={} pcid={} entry={} nopti={} \
+         mismatches={} exit_status={status}",
+        ptiscope_abi::RESULT_PREFIX,
+        config.workload.name(),
+        r.cycles,
+        tenths / 10,
+        tenths % 10,
+        d(C::Syscalls),
+        d(C::Cr3Entry),
+        d(C::Cr3Exit),
+        d(C::Cr3ContextSwitch),
+        d(C::Cr3Other),
+        d(C::Cr3NoFlush),
+        d(C::TlbFlushFull),
+        d(C::Invlpg),
+        d(C::Exceptions),
+        d(C::PageFaults),
+        d(C::ContextSwitches),
+        if pti { "on" } else { "off" },
+        if pcid { "on" } else { "off" },
+        config.entry.name(),
+        nopti as u8,
+        r.mismatches,
+    );
+    if status != 0 || r.mismatches != 0 {
+        println!(
+            "workload failed: exit status {status}, {} wrong results",
+            r.mismatches
+        );
+        stop(exit_status::FAILURE)
+    }
+    stop(exit_status::SUCCESS)
 }
 
 /// Builds the kernel half of every address space, maps the telemetry page

@@ -73,3 +73,11 @@ impl PhysMem for DirectMap {
         unsafe { ((v as *mut u64).add(index & 511)).write_volatile(value) }
     }
 }
+
+/// `count` contiguous zeroed frames, for kernel stacks.
+pub fn alloc_contiguous(count: u64) -> Option<u64> {
+    // SAFETY: one CPU; the reference does not outlive this call.
+    unsafe { FRAMES.get() }
+        .as_mut()?
+        .alloc_contiguous(count, 4096)
+}

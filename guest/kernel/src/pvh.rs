@@ -33,7 +33,6 @@ struct RawMemmapEntry {
 }
 
 pub struct StartInfo {
-    pub version: u32,
     pub cmdline: &'static str,
     pub memmap: [MemRegion; MEMMAP_MAX],
     pub memmap_len: usize,
@@ -104,7 +103,6 @@ impl StartInfo {
             memmap_len = n;
         }
         Ok(StartInfo {
-            version: raw.version,
             cmdline,
             memmap,
             memmap_len,

@@ -17,13 +17,6 @@ pub fn read_cr2() -> u64 {
     v
 }
 
-pub fn read_cr3() -> u64 {
-    let v;
-    // SAFETY: reading CR3 has no side effects.
-    unsafe { asm!("mov {}, cr3", out(reg) v, options(nomem, nostack, preserves_flags)) }
-    v
-}
-
 pub fn read_cr4() -> u64 {
     let v;
     // SAFETY: reading CR4 has no side effects.
@@ -80,14 +73,6 @@ pub fn rdcl_no() -> bool {
     }
     // SAFETY: the MSR exists, CPUID says so.
     unsafe { rdmsr(MSR_ARCH_CAPABILITIES) & 1 != 0 }
-}
-
-#[inline(always)]
-pub fn rdtsc() -> u64 {
-    let (lo, hi): (u32, u32);
-    // SAFETY: RDTSC has no memory effects.
-    unsafe { asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags)) }
-    (hi as u64) << 32 | lo as u64
 }
 
 /// `cli; hlt` for ever.

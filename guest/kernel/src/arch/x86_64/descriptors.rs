@@ -43,6 +43,8 @@ extern "C" {
     static ist_mc_top: u8;
     /// Addresses of the 32 exception stubs (entry.rs).
     static exception_stubs: [u64; 32];
+    /// Code label in entry.rs; only its address is used.
+    static entry_nmi: u8;
 }
 
 /// Top of the per-CPU entry stack (TSS.RSP0 when PTI is on).
@@ -144,6 +146,8 @@ pub fn init_idt() {
         };
         set_gate(v, stub, 0, ist);
     }
+    // NMI is not fatal: its paranoid stub saves and restores CR3 and returns.
+    set_gate(2, core::ptr::addr_of!(entry_nmi) as u64, 0, IST_NMI);
     // SAFETY: the IDT is a static in the entry area; the pointer is valid
     // for the whole life of the kernel.
     unsafe {

@@ -37,6 +37,10 @@ macro_rules! entry_asm {
     .set CTR_SYSCALLS, {c_syscalls}
     .set CTR_EXCEPTIONS, {c_exceptions}
     .set CTR_INTERRUPTS, {c_interrupts}
+    .set TABLE_SIZE, {table_size}
+    .set ENOSYS, {enosys}
+    .set USER_CS, {user_cs}
+    .set USER_DS, {user_ds}
     .set PTI_SWITCH_MASK, 0x1800      /* CR3 user page-table bit (12) and user PCID bit (11) */
 
     /* Entry from user mode: switch to the kernel copy. Kernel PCID entries
@@ -57,9 +61,55 @@ macro_rules! entry_asm {
     incq CTR_TLB_FLUSH
 92:
     .endm
+
+    /* The fast-path CR3 switches (Linux: SWITCH_TO_KERNEL_CR3 and
+     * SWITCH_TO_USER_CR3_NOSTACK in arch/x86/entry/calling.h). One variant
+     * per configuration, chosen when the stubs are installed, so the paths
+     * carry no run-time test of the configuration. `pcid` is 0 or 1. */
+    .macro SWITCH_TO_KERNEL_CR3 scratch, pcid
+    mov %cr3, \scratch
+    .if \pcid
+    andq $~PTI_SWITCH_MASK, \scratch
+    btsq $63, \scratch              /* NOFLUSH: kernel PCID entries stay */
+    mov \scratch, %cr3
+    incq CTR_CR3_ENTRY
+    incq CTR_NOFLUSH
+    .else
+    andq $~0x1000, \scratch
+    mov \scratch, %cr3
+    incq CTR_CR3_ENTRY
+    incq CTR_TLB_FLUSH
+    .endif
+    .endm
+
+    /* Counters first: the user copy does not map them. With PCID a flush
+     * of the user PCID requested since the last exit (cpu_user_flush_pending)
+     * is done now, by leaving NOFLUSH off, as Linux defers it. */
+    .macro SWITCH_TO_USER_CR3 scratch, pcid
+    .if \pcid
+    mov %cr3, \scratch
+    orq $PTI_SWITCH_MASK, \scratch
+    btrq $0, cpu_user_flush_pending
+    jc 93f
+    btsq $63, \scratch
+    incq CTR_NOFLUSH
+    jmp 94f
+93: incq CTR_TLB_FLUSH
+94: incq CTR_CR3_EXIT
+    mov \scratch, %cr3
+    .else
+    incq CTR_CR3_EXIT
+    incq CTR_TLB_FLUSH
+    mov %cr3, \scratch
+    orq $0x1000, \scratch
+    mov \scratch, %cr3
+    .endif
+    .endm
 "#,
             $($body,)*
             ".purgem SWITCH_TO_KERNEL_CR3_SLOW",
+            ".purgem SWITCH_TO_KERNEL_CR3",
+            ".purgem SWITCH_TO_USER_CR3",
             c_entry = const ctr(Counter::Cr3Entry),
             c_exit = const ctr(Counter::Cr3Exit),
             c_other = const ctr(Counter::Cr3Other),
@@ -68,6 +118,10 @@ macro_rules! entry_asm {
             c_syscalls = const ctr(Counter::Syscalls),
             c_exceptions = const ctr(Counter::Exceptions),
             c_interrupts = const ctr(Counter::Interrupts),
+            table_size = const ptiscope_abi::syscall::TABLE_SIZE,
+            enosys = const ptiscope_abi::syscall::ENOSYS,
+            user_cs = const super::descriptors::USER_CS,
+            user_ds = const super::descriptors::USER_DS,
             options(att_syntax)
         );
     };
@@ -198,6 +252,233 @@ exc_common:
     xorl %ebp, %ebp
     call exception_handler
     ud2
+
+
+    /* ---- System calls ------------------------------------------------
+     * Register ABI: rax = number, rdi rsi rdx r10 = arguments, rax = result.
+     * rcx and r11 are clobbered, as by SYSCALL (the int paths use rcx as
+     * their scratch register and return it zeroed); every other register is
+     * preserved. One dispatch (SYSCALL_BODY) and one exit shape for all
+     * entries; variants differ only in where the frame is and in the CR3
+     * switch.
+     *
+     * Where the frame lives with PTI (int entries): the CPU pushes it on
+     * the per-CPU entry stack (TSS.RSP0), the only stack the user copy maps.
+     * Linux copies it to the task stack (sync_regs) and back on exit; here it
+     * stays on the entry stack and the context switch saves and restores
+     * those 40 bytes per task instead (rare, vs. every syscall), so the
+     * fast path only moves RSP: to the task stack after the switch to the
+     * kernel copy, back to the frame before the switch to the user copy. */
+
+    .macro SYSCALL_BODY
+    pushq %rdi
+    pushq %rsi
+    pushq %rdx
+    pushq %r8
+    pushq %r9
+    pushq %r10
+    pushq %r11
+    incq CTR_SYSCALLS
+    cmpq $TABLE_SIZE, %rax
+    jae syscall_bad_nr
+    movq %r10, %rcx                 /* 4th argument, C ABI */
+    call *syscall_table(,%rax,8)
+    popq %r11
+    popq %r10
+    popq %r9
+    popq %r8
+    popq %rdx
+    popq %rsi
+    popq %rdi
+    .endm
+
+    /* int $n through a DPL3 gate, PTI off: TSS.RSP0 is the task stack. */
+    .balign 16
+    .global entry_int_off
+entry_int_off:
+    SYSCALL_BODY
+    xorl %ecx, %ecx
+    iretq
+
+    .macro ENTRY_INT_PTI pcid
+    SWITCH_TO_KERNEL_CR3 %rcx, \pcid
+    movq cpu_current_kstack_top, %rsp
+    SYSCALL_BODY
+    movq $entry_stack_top - 40, %rsp
+    SWITCH_TO_USER_CR3 %rcx, \pcid
+    xorl %ecx, %ecx
+    iretq
+    .endm
+
+    .balign 16
+    .global entry_int_pti
+entry_int_pti:
+    ENTRY_INT_PTI 0
+
+    .balign 16
+    .global entry_int_pti_pcid
+entry_int_pti_pcid:
+    ENTRY_INT_PTI 1
+
+    /* SYSCALL: CPL0 on the user stack, rcx = user RIP, r11 = user RFLAGS.
+     * An iret-shaped frame is built on the task stack so that all entries
+     * share the dispatch; the exit prefers SYSRETQ when it is safe: RIP
+     * canonical (it came from SYSCALL and is never changed, so only bit 47
+     * can be wrong, right after the last user page) and no TF/RF in RFLAGS. */
+    .macro ENTRY_SYSCALL pti, pcid
+    movq %rsp, entry_scratch_rsp
+    .if \pti
+    SWITCH_TO_KERNEL_CR3 %rsp, \pcid
+    .endif
+    movq cpu_current_kstack_top, %rsp
+    pushq $USER_DS
+    pushq entry_scratch_rsp
+    pushq %r11
+    pushq $USER_CS
+    pushq %rcx
+    SYSCALL_BODY
+    movq (%rsp), %rcx
+    movq 16(%rsp), %r11
+    btq $47, %rcx
+    jc 95f
+    testl $0x10100, %r11d
+    jnz 95f
+    movq 24(%rsp), %rsp
+    .if \pti
+    movq %rdi, entry_scratch_rdi
+    SWITCH_TO_USER_CR3 %rdi, \pcid
+    movq entry_scratch_rdi, %rdi
+    .endif
+    sysretq
+95: jmp return_to_user_slow
+    .endm
+
+    .balign 16
+    .global entry_syscall_off
+entry_syscall_off:
+    ENTRY_SYSCALL 0, 0
+    .balign 16
+    .global entry_syscall_pti
+entry_syscall_pti:
+    ENTRY_SYSCALL 1, 0
+    .balign 16
+    .global entry_syscall_pti_pcid
+entry_syscall_pti_pcid:
+    ENTRY_SYSCALL 1, 1
+
+syscall_bad_nr:
+    movq $ENOSYS, %rax
+    popq %r11
+    popq %r10
+    popq %r9
+    popq %r8
+    popq %rdx
+    popq %rsi
+    popq %rdi
+    /* Back to user the slow, general way: the frame is on the task stack
+     * for every entry but int with PTI, where it is on the entry stack. */
+    jmp return_to_user_slow_from_entry_or_task
+
+    /* The general return to user mode, off the fast paths: a new task's
+     * first return, SYSRET refused, bad syscall numbers. RSP points at an
+     * iret frame on the task stack. Copies the frame to the entry stack and
+     * switches CR3 when the current task runs with PTI (cpu_exit_pti: 0
+     * none, 1 PTI, 2 PTI with PCID). Caller-saved registers are not leaked:
+     * rcx and r11 are cleared; the others hold user values or zero. */
+    .global return_to_user_slow
+return_to_user_slow:
+    cmpq $0, cpu_exit_pti
+    je 97f
+    pushq %rax
+    movq 8(%rsp), %rax
+    movq %rax, entry_stack_top - 40
+    movq 16(%rsp), %rax
+    movq %rax, entry_stack_top - 32
+    movq 24(%rsp), %rax
+    movq %rax, entry_stack_top - 24
+    movq 32(%rsp), %rax
+    movq %rax, entry_stack_top - 16
+    movq 40(%rsp), %rax
+    movq %rax, entry_stack_top - 8
+    popq %rax
+    movq $entry_stack_top - 40, %rsp
+return_to_user_slow_switch:
+    cmpq $2, cpu_exit_pti
+    je 96f
+    SWITCH_TO_USER_CR3 %rcx, 0
+    jmp 97f
+96: SWITCH_TO_USER_CR3 %rcx, 1
+97: xorl %ecx, %ecx
+    xorl %r11d, %r11d
+    iretq
+
+    /* Bad syscall number: RSP is back where the entry had it: at the frame
+     * on the task stack, or at the top of the task stack for int entries
+     * with PTI, whose frame is on the entry stack (cpu_frame_on_entry_stack). */
+return_to_user_slow_from_entry_or_task:
+    cmpq $0, cpu_frame_on_entry_stack
+    je return_to_user_slow          /* RSP is at the frame on the task stack */
+98: movq $entry_stack_top - 40, %rsp
+    cmpq $0, cpu_exit_pti
+    jne return_to_user_slow_switch
+    jmp 97b
+
+    /* First return of a new task (switch_to "returns" here): the callee-saved
+     * registers hold the task's initial user registers; clear the others. */
+    .global task_first_return
+task_first_return:
+    xorl %eax, %eax
+    xorl %edx, %edx
+    xorl %esi, %esi
+    xorl %edi, %edi
+    xorl %r8d, %r8d
+    xorl %r9d, %r9d
+    xorl %r10d, %r10d
+    jmp return_to_user_slow
+
+    /* NMI: paranoid entry (IST). It may arrive anywhere, even between a CR3
+     * switch and the stack switch, so it saves CR3, runs on the kernel copy
+     * and restores CR3 before returning (Linux: SAVE_AND_SWITCH_TO_KERNEL_CR3,
+     * RESTORE_CR3); both writes count as "other". */
+    .balign 16
+    .global entry_nmi
+entry_nmi:
+    pushq %rax
+    pushq %rcx
+    mov %cr3, %rax
+    btq $12, %rax
+    jnc 1f
+    movq %rax, %rcx
+    andq $~PTI_SWITCH_MASK, %rcx
+    mov %rcx, %cr3
+    incq CTR_CR3_OTHER
+    incq CTR_TLB_FLUSH
+    incq CTR_INTERRUPTS
+    mov %rax, %cr3
+    incq CTR_CR3_OTHER
+    incq CTR_TLB_FLUSH
+    jmp 2f
+1:  incq CTR_INTERRUPTS
+2:  popq %rcx
+    popq %rax
+    iretq
+
+    /* Per-CPU data the entry code reads after switching to the kernel copy
+     * (so it lives in ordinary kernel data, absent from the user copy). */
+    .section .data.percpu, "aw"
+    .balign 8
+    .global cpu_current_kstack_top
+cpu_current_kstack_top:
+    .quad 0
+    .global cpu_user_flush_pending
+cpu_user_flush_pending:
+    .quad 0
+    .global cpu_exit_pti
+cpu_exit_pti:
+    .quad 0
+    .global cpu_frame_on_entry_stack
+cpu_frame_on_entry_stack:
+    .quad 0
 
     .section .rodata.exception_stubs, "a"
     .balign 8

@@ -73,6 +73,9 @@ pub unsafe extern "C" fn exception_handler(frame: *const TrapFrame, cr3: u64) ->
     // SAFETY: exc_common passes the frame it just pushed; it stays valid
     // (this handler never returns).
     let f = unsafe { &*frame };
+    if f.vector == 14 {
+        crate::telemetry::inc(ptiscope_abi::telemetry::Counter::PageFaults);
+    }
     let (name, long) = NAMES[(f.vector & 31) as usize];
     let cr2 = super::cpu::read_cr2();
     let mode = if f.cs & 3 == 3 { "user" } else { "kernel" };

@@ -29,10 +29,3 @@ pub fn write_cr3(value: u64, reason: Cr3Reason) {
         Counter::TlbFlushFull
     });
 }
-
-/// INVLPG of one page, counted.
-pub fn invlpg(va: u64) {
-    // SAFETY: invalidating a TLB entry is always safe.
-    unsafe { asm!("invlpg [{}]", in(reg) va, options(nostack, preserves_flags)) }
-    telemetry::inc(Counter::Invlpg);
-}

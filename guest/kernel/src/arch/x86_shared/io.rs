@@ -17,13 +17,3 @@ pub fn outl(port: u16, value: u32) {
         asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags))
     }
 }
-
-#[inline(always)]
-pub fn inb(port: u16) -> u8 {
-    let v: u8;
-    // SAFETY: reading a device register has no memory effects.
-    unsafe {
-        asm!("in al, dx", out("al") v, in("dx") port, options(nomem, nostack, preserves_flags))
-    }
-    v
-}
