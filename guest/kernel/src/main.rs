@@ -42,6 +42,17 @@ fn sym_phys(sym: *const u8) -> u64 {
     sym as u64 - KERNEL_BASE
 }
 
+/// `0x...` or `none`.
+struct Hex(Option<u64>);
+impl core::fmt::Display for Hex {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            Some(v) => write!(f, "{v:#x}"),
+            None => f.write_str("none"),
+        }
+    }
+}
+
 #[no_mangle]
 extern "C" fn kmain(start_info: u64) -> ! {
     println!("{} x86_64 {}", ptiscope_abi::BANNER_PREFIX, VERSION);
@@ -60,17 +71,21 @@ extern "C" fn kmain(start_info: u64) -> ! {
             stop(exit_status::BAD_CMDLINE)
         }
     };
-    let rdcl_no = cpu::rdcl_no();
+    // pti=auto: on unless the CPU says it is not Meltdown-vulnerable
+    // (ARCH_CAPABILITIES.RDCL_NO, bit 0), as Linux decides.
+    let arch_caps = cpu::arch_capabilities();
+    let rdcl_no = arch_caps.is_some_and(|v| v & 1 != 0);
     let pti = match config.pti {
         PtiMode::On => true,
         PtiMode::Off => false,
         PtiMode::Auto => !rdcl_no,
     };
     println!(
-        "config: pti={} ({} requested, rdcl_no={}) pcid={} entry={} workload={} iterations={} telemetry={:#x} fault={}",
+        "config: pti={} ({} requested, rdcl_no={}, arch_capabilities={}) pcid={} entry={} workload={} iterations={} telemetry={:#x} fault={}",
         if pti { "on" } else { "off" },
         match config.pti { PtiMode::On => "on", PtiMode::Off => "off", PtiMode::Auto => "auto" },
         rdcl_no as u8,
+        Hex(arch_caps),
         if config.pcid { "on" } else { "off" },
         config.entry.name(),
         config.workload.name(),
@@ -85,7 +100,7 @@ extern "C" fn kmain(start_info: u64) -> ! {
         .filter(|r| r.kind == guest_core::memmap::E820_RAM)
         .map(|r| r.size)
         .sum();
-    let frames = mm::init(map);
+    let frames = mm::init(map, config.telemetry);
     println!(
         "memory: {} map entries, {} KiB RAM, {} KiB allocatable above the image end {:#x}",
         map.len(),

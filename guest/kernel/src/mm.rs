@@ -35,11 +35,28 @@ pub fn image_end_phys() -> u64 {
 }
 
 /// Sets up the frame allocator over RAM above the kernel image and inside
-/// the direct map.
-pub fn init(map: &[MemRegion]) -> &'static FrameAllocator {
+/// the direct map, minus the telemetry page: our VMM reserves it in the
+/// map, but under QEMU `telemetry=` may well point into RAM.
+pub fn init(map: &[MemRegion], telemetry: Option<u64>) -> &'static FrameAllocator {
+    let mut all = [MemRegion::default(); crate::pvh::MEMMAP_MAX + 1];
+    let n = map.len().min(crate::pvh::MEMMAP_MAX);
+    all[..n].copy_from_slice(&map[..n]);
+    let mut len = n;
+    if let Some(t) = telemetry {
+        all[len] = MemRegion {
+            base: t,
+            size: 4096,
+            kind: guest_core::memmap::E820_RESERVED,
+        };
+        len += 1;
+    }
     // SAFETY: boot, one CPU, no other reference to FRAMES exists yet.
     let f = unsafe { FRAMES.get() };
-    *f = Some(FrameAllocator::new(map, image_end_phys(), DIRECT_MAP_SIZE));
+    *f = Some(FrameAllocator::new(
+        &all[..len],
+        image_end_phys(),
+        DIRECT_MAP_SIZE,
+    ));
     f.as_ref().expect("just set")
 }
 

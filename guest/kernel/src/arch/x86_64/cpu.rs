@@ -66,13 +66,13 @@ pub fn has_pcid() -> bool {
     cpuid(1, 0).2 & (1 << 17) != 0
 }
 
-/// IA32_ARCH_CAPABILITIES.RDCL_NO, if the MSR exists (CPUID.7.0:EDX[29]).
-pub fn rdcl_no() -> bool {
+/// IA32_ARCH_CAPABILITIES, if the MSR exists (CPUID.7.0:EDX[29]).
+pub fn arch_capabilities() -> Option<u64> {
     if max_leaf() < 7 || cpuid(7, 0).3 & (1 << 29) == 0 {
-        return false;
+        return None;
     }
     // SAFETY: the MSR exists, CPUID says so.
-    unsafe { rdmsr(MSR_ARCH_CAPABILITIES) & 1 != 0 }
+    Some(unsafe { rdmsr(MSR_ARCH_CAPABILITIES) })
 }
 
 /// `cli; hlt` for ever.
