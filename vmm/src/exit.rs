@@ -6,6 +6,8 @@ use ptiscope_abi::phase::Marker;
 use ptiscope_abi::port;
 use ptiscope_devices::{DeviceEvent, PioBus, UnknownAccesses};
 
+use crate::msr::MsrAnswers;
+
 /// Devices the exit counts distinguish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {
@@ -65,6 +67,10 @@ pub struct ExitCounts {
     pub fail_entry: u64,
     /// KVM_EXIT_INTR or KVM_RUN failing with EINTR (a kick from the watchdog or a signal).
     pub intr: u64,
+    /// KVM_EXIT_X86_RDMSR / KVM_EXIT_X86_WRMSR: guest accesses to MSRs the
+    /// VMM answers itself (`--cpu-vuln`).
+    pub rdmsr: u64,
+    pub wrmsr: u64,
     pub other: u64,
     /// Phase-port writes that did not decode as a marker.
     pub invalid_phase_markers: u64,
@@ -81,6 +87,8 @@ impl ExitCounts {
             + self.internal_error
             + self.fail_entry
             + self.intr
+            + self.rdmsr
+            + self.wrmsr
             + self.other
     }
 }
@@ -116,6 +124,7 @@ pub struct DispatchCtx<'a> {
     pub bus: &'a PioBus,
     pub unknown: &'a mut UnknownAccesses,
     pub counts: &'a mut ExitCounts,
+    pub msrs: &'a MsrAnswers,
 }
 
 /// Maps one exit to an action. Guest-controlled values never make this
@@ -181,6 +190,24 @@ pub fn dispatch(exit: VcpuExit<'_>, ctx: &mut DispatchCtx<'_>) -> ExitAction {
             ctx.counts.intr += 1;
             ExitAction::Interrupted
         }
+        VcpuExit::X86Rdmsr(exit) => {
+            ctx.counts.rdmsr += 1;
+            match ctx.msrs.read(exit.index) {
+                Some(v) => {
+                    *exit.data = v;
+                    *exit.error = 0;
+                }
+                // Not one of ours: the #GP the guest would get for a missing MSR.
+                None => *exit.error = 1,
+            }
+            ExitAction::Continue
+        }
+        VcpuExit::X86Wrmsr(exit) => {
+            // The trapped MSRs are read-only (ARCH_CAPABILITIES): #GP, as on hardware.
+            ctx.counts.wrmsr += 1;
+            *exit.error = 1;
+            ExitAction::Continue
+        }
         VcpuExit::SystemEvent(kind, _) => {
             ctx.counts.other += 1;
             ExitAction::SystemEvent(kind)
@@ -222,10 +249,12 @@ mod tests {
         let bus = bus();
         let mut unknown = UnknownAccesses::new();
         let mut counts = ExitCounts::default();
+        let msrs = MsrAnswers::default();
         let mut ctx = DispatchCtx {
             bus: &bus,
             unknown: &mut unknown,
             counts: &mut counts,
+            msrs: &msrs,
         };
         assert_eq!(
             dispatch(VcpuExit::IoOut(port::EXIT, &[3, 0, 0, 0]), &mut ctx),

@@ -1,8 +1,13 @@
-//! What this host's KVM can deliver, as far as the VMM's defaults care.
+//! What this host's KVM can deliver, as far as the VMM's defaults care:
+//! `entry=auto`, and refusing an `--entry` or `--pcid on` the host cannot
+//! run before the guest boots. The answers come from the probe
+//! ([`crate::probe`]), run once per process and cached (a few milliseconds).
 
 use std::path::Path;
+use std::sync::OnceLock;
 
 use crate::cmdline::Entry;
+use crate::probe::{self, ProbeOptions};
 
 /// Which KVM implementation backs /dev/kvm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -14,6 +19,30 @@ pub enum KvmFlavour {
     Hardware,
 }
 
+impl KvmFlavour {
+    pub fn describe(self) -> &'static str {
+        match self {
+            KvmFlavour::Pvm => {
+                "kvm_pvm (software virtualizer, shadow paging: KVM sees guest CR3 writes)"
+            }
+            KvmFlavour::Hardware => match two_dimensional_paging() {
+                Some(true) => "hardware KVM with EPT/NPT (KVM does not see guest CR3 writes)",
+                Some(false) => "hardware KVM with shadow paging (KVM sees guest CR3 writes)",
+                None => "hardware KVM (kvm_intel / kvm_amd)",
+            },
+        }
+    }
+
+    /// Whether KVM intercepts guest CR3 writes (shadow paging), so that its
+    /// `tlb_flush` stat follows them. With EPT/NPT the host cannot see them.
+    pub fn sees_cr3_writes(self) -> bool {
+        match self {
+            KvmFlavour::Pvm => true,
+            KvmFlavour::Hardware => two_dimensional_paging() == Some(false),
+        }
+    }
+}
+
 /// Detects the KVM flavour from the loaded modules.
 pub fn kvm_flavour() -> KvmFlavour {
     if Path::new("/sys/module/kvm_pvm").exists() {
@@ -23,15 +52,172 @@ pub fn kvm_flavour() -> KvmFlavour {
     }
 }
 
-/// Resolves `--entry auto` to the entry the host can deliver.
-///
-/// The one place the default is decided: `ptiscope probe` measures what
-/// actually works and can replace this heuristic. Under kvm_pvm, user SYSCALL
-/// never reaches CPL0 and `int $0x80` raises #UD, but `int3` through a DPL3
-/// gate works (see docs/kvm-hosts.md); elsewhere SYSCALL is what Linux uses.
-pub fn resolve_entry() -> Entry {
+/// EPT (kvm_intel) or NPT (kvm_amd) in use, from the module parameters;
+/// `None` if neither module is loaded.
+pub fn two_dimensional_paging() -> Option<bool> {
+    for p in [
+        "/sys/module/kvm_intel/parameters/ept",
+        "/sys/module/kvm_amd/parameters/npt",
+    ] {
+        if let Ok(v) = std::fs::read_to_string(p) {
+            let v = v.trim();
+            return Some(v == "Y" || v == "1");
+        }
+    }
+    None
+}
+
+/// The flavour heuristic, used only when the probe cannot run.
+fn heuristic_entry() -> Entry {
     match kvm_flavour() {
         KvmFlavour::Pvm => Entry::Int3,
         KvmFlavour::Hardware => Entry::Syscall,
     }
+}
+
+fn from_probe(e: probe::Entry) -> Entry {
+    match e {
+        probe::Entry::Syscall => Entry::Syscall,
+        probe::Entry::Sysenter => Entry::Sysenter,
+        probe::Entry::Int80 => Entry::Int80,
+        probe::Entry::Int3 => Entry::Int3,
+        probe::Entry::Int4 => Entry::Int4,
+    }
+}
+
+fn to_probe(e: Entry) -> Option<probe::Entry> {
+    Some(match e {
+        Entry::Auto => return None,
+        Entry::Syscall => probe::Entry::Syscall,
+        Entry::Sysenter => probe::Entry::Sysenter,
+        Entry::Int80 => probe::Entry::Int80,
+        Entry::Int3 => probe::Entry::Int3,
+        Entry::Int4 => probe::Entry::Int4,
+    })
+}
+
+/// The entry probe's findings: which entries reach CPL0 from user mode,
+/// with a description of each outcome; or why the probe could not run.
+#[derive(Debug, Clone)]
+pub struct EntryFindings {
+    pub outcomes: Result<Vec<(probe::Entry, String, bool)>, String>,
+}
+
+impl EntryFindings {
+    pub fn working(&self) -> Option<Vec<probe::Entry>> {
+        self.outcomes.as_ref().ok().map(|v| {
+            v.iter()
+                .filter(|(_, _, w)| *w)
+                .map(|(e, _, _)| *e)
+                .collect()
+        })
+    }
+}
+
+/// The entry probe, run once per process.
+pub fn entry_findings() -> &'static EntryFindings {
+    static FINDINGS: OnceLock<EntryFindings> = OnceLock::new();
+    FINDINGS.get_or_init(|| EntryFindings {
+        outcomes: probe::probe_entries(&ProbeOptions::default())
+            .map(|v| {
+                v.into_iter()
+                    .map(|(e, o)| {
+                        let works = o.works();
+                        (e, o.to_string(), works)
+                    })
+                    .collect()
+            })
+            .map_err(|e| e.to_string()),
+    })
+}
+
+/// Resolves `--entry auto` to the entry the host can deliver: the probe's
+/// preferred working entry (SYSCALL where it really reaches CPL0, else
+/// `int $0x80`, `int3`, `int $4`). If the probe cannot run, falls back to
+/// the flavour heuristic (`int3` on kvm_pvm, `syscall` elsewhere) and says so.
+pub fn resolve_entry() -> Entry {
+    let f = entry_findings();
+    match f.working() {
+        Some(w) => match probe::preferred_entry(&w) {
+            Some(e) => from_probe(e),
+            None => {
+                let e = heuristic_entry();
+                log::warn!(
+                    "entry=auto: the probe found no entry that reaches CPL0 from user mode; trying {e}"
+                );
+                e
+            }
+        },
+        None => {
+            let e = heuristic_entry();
+            log::warn!(
+                "entry=auto: probing the host's entries failed ({}); assuming {e} from the KVM module",
+                f.outcomes.as_ref().err().map_or("", String::as_str)
+            );
+            e
+        }
+    }
+}
+
+/// Refuses an explicit entry the probe found does not work here. `Ok` when
+/// it works, or when the probe could not run (the guest then says what happens).
+pub fn check_entry(entry: Entry) -> Result<(), String> {
+    let Some(pe) = to_probe(entry) else {
+        return Ok(());
+    };
+    let f = entry_findings();
+    let Ok(outcomes) = &f.outcomes else {
+        return Ok(());
+    };
+    let mine: Vec<&(probe::Entry, String, bool)> =
+        outcomes.iter().filter(|(e, _, _)| *e == pe).collect();
+    if mine.is_empty() || mine.iter().any(|(_, _, w)| *w) {
+        return Ok(());
+    }
+    let working: Vec<&str> = f
+        .working()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.as_cmdline_value())
+        .collect();
+    Err(format!(
+        "--entry {entry}: this host's KVM does not deliver it from user mode to the kernel \
+         (probe: {}); entries that work here: {} (or use --entry auto)",
+        mine[0].1,
+        if working.is_empty() {
+            "none".to_string()
+        } else {
+            working.join(", ")
+        }
+    ))
+}
+
+/// Whether the vCPU can use PCID (probe, run once per process); `None` if
+/// the probe could not run.
+pub fn pcid_usable() -> Option<(bool, String)> {
+    static PCID: OnceLock<Option<(bool, String)>> = OnceLock::new();
+    PCID.get_or_init(|| {
+        probe::probe_pcid(&ProbeOptions::default())
+            .ok()
+            .map(|p| (p.usable(), p.detail))
+    })
+    .clone()
+}
+
+/// `uname -sr` and the host CPU model, for report headers.
+pub fn describe_host() -> String {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("Linux {release}, {cpu}, {cpus} CPUs")
 }

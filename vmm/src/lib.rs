@@ -12,6 +12,7 @@ pub mod host;
 pub mod kvm_stats;
 pub mod loader;
 pub mod memory;
+pub mod msr;
 pub mod pagetables;
 pub mod probe;
 pub mod report;

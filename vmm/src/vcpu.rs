@@ -5,15 +5,12 @@
 use std::fmt;
 
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs, Msrs, KVM_MAX_CPUID_ENTRIES};
-use kvm_ioctls::{Kvm, VcpuFd};
+use kvm_ioctls::{Kvm, MsrFilterRangeFlags, VcpuFd, VmFd};
 
 use crate::cmdline::CpuVuln;
 use crate::memory::START_INFO_ADDR;
-
-/// IA32_ARCH_CAPABILITIES.
-pub const MSR_IA32_ARCH_CAPABILITIES: u32 = 0x10a;
-/// ARCH_CAPABILITIES bit 0: the CPU is not vulnerable to Meltdown (rogue data cache load).
-pub const ARCH_CAP_RDCL_NO: u64 = 1 << 0;
+use crate::msr::{MsrAnswers, MsrTrapError};
+pub use crate::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
 /// CPUID.(EAX=7,ECX=0):EDX bit 29: IA32_ARCH_CAPABILITIES exists.
 const CPUID_7_EDX_ARCH_CAPABILITIES: u32 = 1 << 29;
 
@@ -42,6 +39,8 @@ pub enum VcpuSetupError {
     SetMsrs { value: u64, set: usize },
     #[error("KVM_SET_MSRS: {0}")]
     SetMsrsIoctl(#[source] kvm_ioctls::Error),
+    #[error("routing IA32_ARCH_CAPABILITIES to the VMM: {0}")]
+    TrapMsr(#[source] MsrTrapError),
     #[error("KVM_GET_SREGS: {0}")]
     GetSregs(#[source] kvm_ioctls::Error),
     #[error("KVM_SET_SREGS: {0}")]
@@ -52,19 +51,31 @@ pub enum VcpuSetupError {
     SetFpu(#[source] kvm_ioctls::Error),
 }
 
+/// What [`configure`] decided about the vCPU's MSRs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VcpuMsrs {
+    /// IA32_ARCH_CAPABILITIES as the guest will read it (`None`: absent / #GP).
+    pub arch_capabilities: Option<u64>,
+    /// MSRs the exit dispatch answers (user-space MSR exits).
+    pub answers: MsrAnswers,
+}
+
 /// Sets CPUID, ARCH_CAPABILITIES (per `cpu_vuln`) and the PVH entry state.
-/// Returns the IA32_ARCH_CAPABILITIES value the guest will read, if the MSR exists.
 pub fn configure(
     kvm: &Kvm,
+    vm: &VmFd,
     vcpu: &VcpuFd,
     entry: u64,
     cpu_vuln: CpuVuln,
-) -> Result<Option<u64>, VcpuSetupError> {
+) -> Result<VcpuMsrs, VcpuSetupError> {
     // Without CPUID set, the guest's EFER write (long mode) #GPs on some KVMs.
     let mut cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(VcpuSetupError::GetCpuid)?;
     if cpu_vuln != CpuVuln::Host {
+        // Enumerate the MSR so a guest that checks CPUID first (as Linux
+        // does) reads it. Some KVMs (kvm_pvm) replace leaf 7 with the host's
+        // whatever is set here; the guest then reads the MSR fault-safely.
         for e in cpuid.as_mut_slice() {
             if e.function == 7 && e.index == 0 {
                 e.edx |= CPUID_7_EDX_ARCH_CAPABILITIES;
@@ -73,9 +84,8 @@ pub fn configure(
     }
     vcpu.set_cpuid2(&cpuid).map_err(VcpuSetupError::SetCpuid)?;
 
-    // KVM_SET_MSRS of ARCH_CAPABILITIES must come after KVM_SET_CPUID2: KVM
-    // recomputes the MSR's default when CPUID changes.
-    let arch_caps = set_arch_capabilities(vcpu, cpu_vuln)?;
+    // After KVM_SET_CPUID2: KVM recomputes the MSR's default when CPUID changes.
+    let msrs = set_arch_capabilities(vm, vcpu, cpu_vuln)?;
 
     let mut sregs = vcpu.get_sregs().map_err(VcpuSetupError::GetSregs)?;
     pvh_sregs(&mut sregs);
@@ -97,7 +107,7 @@ pub fn configure(
         ..Default::default()
     };
     vcpu.set_fpu(&fpu).map_err(VcpuSetupError::SetFpu)?;
-    Ok(arch_caps)
+    Ok(msrs)
 }
 
 fn read_arch_capabilities(vcpu: &VcpuFd) -> Result<Option<u64>, VcpuSetupError> {
@@ -110,13 +120,45 @@ fn read_arch_capabilities(vcpu: &VcpuFd) -> Result<Option<u64>, VcpuSetupError> 
     Ok((n == 1).then(|| msrs.as_slice()[0].data))
 }
 
-fn set_arch_capabilities(vcpu: &VcpuFd, how: CpuVuln) -> Result<Option<u64>, VcpuSetupError> {
+/// Makes the guest read the ARCH_CAPABILITIES `how` asks for.
+///
+/// The portable route first: a user-space MSR exit (MSR filter), answered
+/// by the exit dispatch, works on every KVM with KVM_CAP_X86_USER_SPACE_MSR
+/// (Linux 5.10+), including kvm_pvm, which refuses KVM_SET_MSRS of 0x10a.
+/// Guest writes to the MSR exit too and get #GP, as on hardware (read-only).
+/// Without the capability, KVM_SET_MSRS, checked by reading it back.
+fn set_arch_capabilities(
+    vm: &VmFd,
+    vcpu: &VcpuFd,
+    how: CpuVuln,
+) -> Result<VcpuMsrs, VcpuSetupError> {
     let current = read_arch_capabilities(vcpu)?;
     let value = match (how, current) {
-        (CpuVuln::Host, _) => return Ok(current),
+        (CpuVuln::Host, _) => {
+            return Ok(VcpuMsrs {
+                arch_capabilities: current,
+                answers: MsrAnswers::default(),
+            })
+        }
         (CpuVuln::Meltdown, v) => v.unwrap_or(0) & !ARCH_CAP_RDCL_NO,
         (CpuVuln::None, v) => v.unwrap_or(0) | ARCH_CAP_RDCL_NO,
     };
+    match crate::msr::trap_msr(
+        vm,
+        MSR_IA32_ARCH_CAPABILITIES,
+        MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+    ) {
+        Ok(()) => {
+            return Ok(VcpuMsrs {
+                arch_capabilities: Some(value),
+                answers: MsrAnswers {
+                    arch_capabilities: Some(value),
+                },
+            })
+        }
+        Err(MsrTrapError::Unsupported) => {}
+        Err(e) => return Err(VcpuSetupError::TrapMsr(e)),
+    }
     let msrs = Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
         index: MSR_IA32_ARCH_CAPABILITIES,
         data: value,
@@ -129,7 +171,10 @@ fn set_arch_capabilities(vcpu: &VcpuFd, how: CpuVuln) -> Result<Option<u64>, Vcp
     }
     // Read back: what matters is what the guest will see.
     match read_arch_capabilities(vcpu)? {
-        Some(v) if v == value => Ok(Some(v)),
+        Some(v) if v == value => Ok(VcpuMsrs {
+            arch_capabilities: Some(v),
+            answers: MsrAnswers::default(),
+        }),
         _ => Err(VcpuSetupError::SetMsrs { value, set: 0 }),
     }
 }

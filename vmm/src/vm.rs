@@ -21,11 +21,12 @@ use ptiscope_devices::{
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::cmdline::{self, CmdlineError, CpuVuln, Entry, GuestOptions};
+use crate::cmdline::{self, CmdlineError, CpuVuln, Entry, GuestOptions, Pcid};
 use crate::console::{stdin_is_interactive, Control};
 use crate::exit::{dispatch, DispatchCtx, ExitAction, ExitCounts};
 use crate::loader::{self, BootParamsError, KernelSource, LoadError};
 use crate::memory::{MemoryError, MemoryLayout, DEFAULT_MEM_MIB};
+use crate::msr::MsrAnswers;
 use crate::signals::{KickableVcpu, SignalError, TerminationSignals};
 use crate::vcpu::{self, RegsSnapshot, VcpuSetupError};
 
@@ -400,15 +401,18 @@ pub enum RunError {
     EventLoop(event_manager::Error),
     #[error("the vCPU thread panicked")]
     VcpuThreadPanicked,
+    /// The host cannot run what was asked (an entry or PCID the probe found missing).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl RunError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            RunError::Kvm(_) | RunError::Vcpu(VcpuSetupError::SetMsrs { .. }) => {
-                exit_code::KVM_UNAVAILABLE
-            }
+            RunError::Kvm(_)
+            | RunError::Unsupported(_)
+            | RunError::Vcpu(VcpuSetupError::SetMsrs { .. }) => exit_code::KVM_UNAVAILABLE,
             RunError::Memory(MemoryError::Allocate { .. }) => exit_code::INTERNAL,
             RunError::Memory(_) | RunError::Cmdline(_) => exit_code::USAGE,
             RunError::Load(LoadError::Read { .. }) => exit_code::NO_IMAGE,
@@ -516,6 +520,7 @@ fn vcpu_thread(
     mem: &GuestMemoryMmap,
     layout: &MemoryLayout,
     bus: &PioBus,
+    msrs: &MsrAnswers,
     observer: &mut (dyn PhaseObserver + Send),
     shared: Shared<'_>,
     stop_kind: &Mutex<Option<StopReason>>,
@@ -546,6 +551,7 @@ fn vcpu_thread(
                         bus,
                         unknown: &mut unknown,
                         counts: &mut exits,
+                        msrs,
                     },
                 ),
                 Err(e) if e.errno() == libc::EINTR => {
@@ -664,18 +670,38 @@ pub fn run_vm(
     let layout = MemoryLayout::new(config.mem_mib)?;
 
     let mut guest = config.guest.clone();
-    if guest.entry == Some(Entry::Auto) {
-        guest.entry = Some(crate::host::resolve_entry());
+    // Validate the command line before touching KVM (an unresolved entry
+    // stands in as int3 for the check): bad input is reported the same way
+    // on hosts without KVM.
+    {
+        let mut probe_guest = guest.clone();
+        if probe_guest.entry == Some(Entry::Auto) {
+            probe_guest.entry = Some(Entry::Int3);
+        }
+        cmdline::build(&probe_guest, layout.telemetry_addr())?;
     }
-    let cmdline = cmdline::build(&guest, layout.telemetry_addr())?;
 
-    // Read and check the image before touching KVM: bad input is reported
-    // the same way on hosts without KVM.
+    // Read and check the image before touching KVM, for the same reason.
     let image = loader::read_image(&config.kernel)?;
     let image_name = config.kernel.describe();
     loader::check_image(&image, &image_name, &layout)?;
 
     let kvm = open_kvm()?;
+    // What the host can deliver, from the (cached) probe: resolve
+    // entry=auto, refuse what cannot run before the guest boots.
+    match guest.entry {
+        Some(Entry::Auto) => guest.entry = Some(crate::host::resolve_entry()),
+        Some(e) => crate::host::check_entry(e).map_err(RunError::Unsupported)?,
+        None => {}
+    }
+    if guest.pcid == Some(Pcid::On) {
+        if let Some((false, detail)) = crate::host::pcid_usable() {
+            return Err(RunError::Unsupported(format!(
+                "--pcid on: this host's vCPU has no usable PCID (probe: {detail}); use --pcid off"
+            )));
+        }
+    }
+    let cmdline = cmdline::build(&guest, layout.telemetry_addr())?;
     let mem = layout.create_guest_memory()?;
     let loaded = loader::load_bytes(&mem, &layout, &image_name, &image)?;
     loader::write_boot_params(&mem, &layout, &cmdline)?;
@@ -718,7 +744,9 @@ pub fn run_vm(
 
     // vCPU.
     let vcpu = vm.create_vcpu(0).map_err(vm_err("KVM_CREATE_VCPU"))?;
-    let arch_capabilities = vcpu::configure(&kvm, &vcpu, loaded.entry, config.cpu_vuln)?;
+    let vcpu_msrs = vcpu::configure(&kvm, &vm, &vcpu, loaded.entry, config.cpu_vuln)?;
+    let arch_capabilities = vcpu_msrs.arch_capabilities;
+    let msr_answers = vcpu_msrs.answers;
 
     // Host events.
     let done_evt = EventFd::new(EFD_NONBLOCK).map_err(|source| RunError::Host {
@@ -761,6 +789,7 @@ pub fn run_vm(
                     &mem,
                     &layout,
                     &bus,
+                    &msr_answers,
                     observer,
                     Shared {
                         stop_requested: &stop_requested,

@@ -11,8 +11,7 @@ use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError};
 const CR4_PCIDE: u32 = 1 << 17;
 const CPUID1_ECX_PCID: u64 = 1 << 17;
 const CPUID7_EDX_ARCH_CAPS: u64 = 1 << 29;
-pub const MSR_ARCH_CAPABILITIES: u32 = 0x10a;
-pub const ARCH_CAP_RDCL_NO: u64 = 1 << 0;
+pub use crate::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES as MSR_ARCH_CAPABILITIES};
 
 /// What the PCID probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -179,6 +179,13 @@ pub fn probe_entries(opts: &ProbeOptions) -> Result<Vec<(Entry, EntryOutcome)>, 
     Ok(entries::probe_entries(&kit)?)
 }
 
+/// Runs only the PCID probe: what the VMM needs to refuse `pcid=on` on a
+/// host without PCID. A few milliseconds.
+pub fn probe_pcid(opts: &ProbeOptions) -> Result<PcidProbe, ProbeError> {
+    let kit = vm::Kit::new(opts.timeout)?;
+    Ok(cpu::probe_pcid(&kit)?)
+}
+
 /// The preferred entry among `working`: SYSCALL if it really reaches CPL0,
 /// else `int $0x80`, else `int3`, else `int $4`. SYSENTER is not chosen for
 /// the 64-bit guest (it is the 32-bit flavour's entry).

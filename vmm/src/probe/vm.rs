@@ -8,12 +8,10 @@ use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{
-    kvm_enable_cap, kvm_msr_entry, kvm_regs, kvm_run, kvm_segment, kvm_sregs,
-    kvm_userspace_memory_region, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES,
+    kvm_msr_entry, kvm_regs, kvm_run, kvm_segment, kvm_sregs, kvm_userspace_memory_region, CpuId,
+    Msrs, KVM_MAX_CPUID_ENTRIES,
 };
-use kvm_ioctls::{
-    Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuExit, VcpuFd, VmFd,
-};
+use kvm_ioctls::{Kvm, MsrFilterRangeFlags, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::code::{self, sel, Asm, HandlerExit, MEM_SIZE};
@@ -58,7 +56,10 @@ pub struct Kit {
 
 impl Kit {
     pub fn new(timeout: Duration) -> Result<Self, VmError> {
-        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        // The same device node as the VMM's runs (PTISCOPE_KVM_DEVICE).
+        let path = std::ffi::CString::new(crate::vm::kvm_device_path())
+            .map_err(|_| VmError::OpenKvm(kvm_ioctls::Error::new(libc::EINVAL)))?;
+        let kvm = Kvm::new_with_path(&path).map_err(VmError::OpenKvm)?;
         let cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(VmError::SupportedCpuid)?;
@@ -385,33 +386,16 @@ impl ProbeVm {
         Ok(())
     }
 
-    /// Makes the guest's RDMSR of `index` exit to the VMM.
+    /// Makes the guest's RDMSR of `index` exit to the VMM (the same
+    /// route the VMM uses for `--cpu-vuln`: [`crate::msr::trap_msr`]).
     fn trap_rdmsr(&self, index: u32) -> Result<(), VmError> {
-        let cap = kvm_enable_cap {
-            cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
-            args: [u64::from(kvm_bindings::KVM_MSR_EXIT_REASON_FILTER), 0, 0, 0],
-            ..Default::default()
-        };
-        self.vm
-            .enable_cap(&cap)
-            .map_err(|source| VmError::VcpuState {
-                what: "KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)",
-                source,
-            })?;
-        // A 0 bit denies the read in KVM, which then exits to user space.
-        let bitmap = [0u8; 1];
-        let range = MsrFilterRange {
-            flags: MsrFilterRangeFlags::READ,
-            base: index,
-            msr_count: 1,
-            bitmap: &bitmap,
-        };
-        self.vm
-            .set_msr_filter(MsrFilterDefaultAction::ALLOW, &[range])
-            .map_err(|source| VmError::VcpuState {
-                what: "KVM_X86_SET_MSR_FILTER",
-                source,
-            })
+        crate::msr::trap_msr(&self.vm, index, MsrFilterRangeFlags::READ).map_err(|e| {
+            let (what, source) = e.ioctl().unwrap_or((
+                "KVM_CAP_X86_USER_SPACE_MSR / KVM_CAP_X86_MSR_FILTER",
+                kvm_ioctls::Error::new(libc::ENOTSUP),
+            ));
+            VmError::VcpuState { what, source }
+        })
     }
 
     /// KVM_SET_MSRS; an MSR the host refuses is an error.
@@ -448,15 +432,7 @@ impl ProbeVm {
 
     /// KVM_GET_MSRS of one MSR; `None` if KVM does not know it.
     pub fn get_msr(&self, index: u32) -> Option<u64> {
-        let mut m = Msrs::from_entries(&[kvm_msr_entry {
-            index,
-            ..Default::default()
-        }])
-        .ok()?;
-        match self.vcpu.get_msrs(&mut m) {
-            Ok(1) => m.as_slice().first().map(|e| e.data),
-            _ => None,
-        }
+        crate::msr::get_msr(&self.vcpu, index)
     }
 
     /// Runs the vCPU until the probe ends, stops, or the watchdog fires.
