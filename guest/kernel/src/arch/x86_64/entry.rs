@@ -93,10 +93,13 @@ macro_rules! entry_asm {
     jc 93f
     btsq $63, \scratch
     incq CTR_NOFLUSH
-    jmp 94f
-93: incq CTR_TLB_FLUSH
 94: incq CTR_CR3_EXIT
     mov \scratch, %cr3
+    /* The rare flushing exit, out of line so the common one falls through. */
+    .pushsection .entry.text.cold, "ax"
+93: incq CTR_TLB_FLUSH
+    jmp 94b
+    .popsection
     .else
     incq CTR_CR3_EXIT
     incq CTR_TLB_FLUSH
