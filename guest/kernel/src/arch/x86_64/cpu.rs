@@ -66,13 +66,55 @@ pub fn has_pcid() -> bool {
     cpuid(1, 0).2 & (1 << 17) != 0
 }
 
-/// IA32_ARCH_CAPABILITIES, if the MSR exists (CPUID.7.0:EDX[29]).
+core::arch::global_asm!(
+    r#"
+    .section .text.rdmsr_safe, "ax"
+    /* rdmsr_safe_raw(msr: edi, out: rsi) -> eax: 1 if read, 0 if it faulted.
+     * On #GP at rdmsr_safe_insn the exception handler skips the RDMSR and
+     * clears esi (see exceptions.rs). */
+    .global rdmsr_safe_raw
+rdmsr_safe_raw:
+    movq %rsi, %r8
+    movl %edi, %ecx
+    movl $1, %esi
+    .global rdmsr_safe_insn
+rdmsr_safe_insn:
+    rdmsr
+    shlq $32, %rdx
+    movl %eax, %eax
+    orq %rdx, %rax
+    movq %rax, (%r8)
+    movl %esi, %eax
+    ret
+    .previous
+"#,
+    options(att_syntax)
+);
+
+extern "C" {
+    fn rdmsr_safe_raw(msr: u32, out: *mut u64) -> u32;
+}
+
+/// RDMSR that returns `None` instead of faulting when the MSR does not
+/// exist (Linux: `rdmsrl_safe` and its exception-table entry).
+pub fn rdmsr_safe(msr: u32) -> Option<u64> {
+    let mut v = 0;
+    // SAFETY: RDMSR has no memory effects; a #GP is fixed up (see above);
+    // `v` is a valid place for the result.
+    let ok = unsafe { rdmsr_safe_raw(msr, &mut v) };
+    (ok != 0).then_some(v)
+}
+
+/// IA32_ARCH_CAPABILITIES as the (virtual) CPU reports it. CPUID.7.0:EDX[29]
+/// says whether it exists, but a VMM may serve the MSR without being able to
+/// set that bit (this workplace's KVM passes the host's leaf 7 through, and
+/// its AMD hosts lack the bit), so the MSR is read either way, safely.
 pub fn arch_capabilities() -> Option<u64> {
-    if max_leaf() < 7 || cpuid(7, 0).3 & (1 << 29) == 0 {
-        return None;
+    if max_leaf() >= 7 && cpuid(7, 0).3 & (1 << 29) != 0 {
+        // SAFETY: the MSR exists, CPUID says so.
+        return Some(unsafe { rdmsr(MSR_ARCH_CAPABILITIES) });
     }
-    // SAFETY: the MSR exists, CPUID says so.
-    Some(unsafe { rdmsr(MSR_ARCH_CAPABILITIES) })
+    rdmsr_safe(MSR_ARCH_CAPABILITIES)
 }
 
 /// `cli; hlt` for ever.

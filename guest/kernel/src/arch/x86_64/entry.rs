@@ -251,10 +251,29 @@ exc_common:
     SWITCH_TO_KERNEL_CR3_SLOW %rax
 1:  incq CTR_EXCEPTIONS
     mov %rsp, %rdi                  /* the frame: first argument */
+    mov %rsp, %rbx                  /* kept across the call (callee-saved) */
     movq $fault_stack_top, %rsp     /* a roomy kernel stack for the report */
     xorl %ebp, %ebp
     call exception_handler
-    ud2
+    /* Returns only for a kernel-mode fault it fixed up (rdmsr_safe). */
+    mov %rbx, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %r11
+    popq %r10
+    popq %r9
+    popq %r8
+    popq %rbp
+    popq %rdi
+    popq %rsi
+    popq %rdx
+    popq %rcx
+    popq %rbx
+    popq %rax
+    addq $16, %rsp                  /* vector, error code */
+    iretq
 
 
     /* ---- System calls ------------------------------------------------

@@ -64,15 +64,29 @@ const NAMES: [(&str, &str); 32] = [
     ("#31", "reserved"),
 ];
 
-/// Reports the exception on the console and stops the VM with `EXCEPTION`.
+extern "C" {
+    /// The RDMSR of `cpu::rdmsr_safe` (a code label).
+    static rdmsr_safe_insn: u8;
+}
+
+/// Reports the exception on the console and stops the VM with `EXCEPTION`,
+/// except a #GP of `rdmsr_safe` in kernel mode, which it fixes up (skip the
+/// 2-byte RDMSR, report failure in rsi) and returns from, to resume.
 ///
 /// # Safety
 /// Called only from `exc_common` with a pointer to the frame it built.
 #[no_mangle]
-pub unsafe extern "C" fn exception_handler(frame: *const TrapFrame, cr3: u64) -> ! {
-    // SAFETY: exc_common passes the frame it just pushed; it stays valid
-    // (this handler never returns).
-    let f = unsafe { &*frame };
+pub unsafe extern "C" fn exception_handler(frame: *mut TrapFrame, cr3: u64) {
+    // SAFETY: exc_common passes the frame it just pushed; nothing else
+    // refers to it while this handler runs.
+    let f = unsafe { &mut *frame };
+    if f.vector == 13 && f.cs & 3 == 0 && f.rip == core::ptr::addr_of!(rdmsr_safe_insn) as u64 {
+        f.rip += 2;
+        f.rsi = 0;
+        f.rax = 0;
+        f.rdx = 0;
+        return;
+    }
     if f.vector == 14 {
         crate::telemetry::inc(ptiscope_abi::telemetry::Counter::PageFaults);
     }
