@@ -30,10 +30,17 @@ Exit status of `ptiscope run`:
 /// A small KVM VMM that boots its own PTI-capable guest and measures what
 /// page table isolation costs.
 #[derive(Debug, Parser)]
-#[command(name = "ptiscope", version, about, long_about = None)]
+#[command(
+    name = "ptiscope",
+    version,
+    about,
+    long_about = None,
+    after_help = "Without a command, runs the default comparison: `ptiscope compare` \
+                  (pti=off vs pti=on, getpid, on the embedded guest)."
+)]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -41,8 +48,75 @@ pub enum Command {
     /// Boot the guest (the embedded one by default) with one configuration.
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
+    /// Run a baseline and a compare configuration, repeated and interleaved,
+    /// and print the mmtests compare-kernels table.
+    #[command(after_help = COMPARE_HELP)]
+    Compare(CompareArgs),
     /// Report what this host's KVM can run, by booting tiny probe guests.
     Probe(ProbeArgs),
+}
+
+const COMPARE_HELP: &str = "\
+Options for --baseline/--compare (comma-separated key=value):
+  pti=on|off|auto  pcid=on|off  entry=auto|syscall|sysenter|int80|int3|int4
+  workload=NAME  iterations=N  cpu_vuln=meltdown|none|host  mem=MiB  cmdline=TEXT
+
+--fail-if COND (repeatable, or comma-separated): fails the command when COND holds.
+  COND := metric[.stat][.field] OP number
+  stat  := min|amean|stddev|coeffvar|max|bamean50|bamean95|bamean99 (default amean)
+  field := compare|baseline|delta|delta_pct|diff_pct (default compare)
+  OP    := > >= < <= == !=
+  e.g. 'cr3_writes_per_call!=2'  'ns_per_call.delta_pct>50'  'cycles_per_call.coeffvar.baseline>2'
+
+Exit status: 0 done and no --fail-if held; 1 a --fail-if condition held or could
+not be evaluated; 64 bad usage; otherwise the exit status of the run that failed
+(see `ptiscope run --help`).";
+
+/// Default iterations of one compare run: sized so that the default compare
+/// (5 runs per side, interleaved) takes about 10 s under kvm_pvm, where one
+/// getpid round trip costs 30-45 µs (kernel code is emulated).
+pub const DEFAULT_COMPARE_ITERATIONS: u64 = 20_000;
+/// Default runs per side.
+pub const DEFAULT_COMPARE_RUNS: u32 = 5;
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Baseline configuration: comma-separated key=value options.
+    #[arg(long, value_name = "OPTS", default_value = "pti=off")]
+    pub baseline: String,
+    /// Compare configuration: comma-separated key=value options.
+    #[arg(long, value_name = "OPTS", default_value = "pti=on")]
+    pub compare: String,
+    /// Runs per configuration (baseline and compare runs are interleaved).
+    #[arg(long, value_name = "R", default_value_t = DEFAULT_COMPARE_RUNS, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// Workload for both sides (an OPTS `workload=` overrides it).
+    #[arg(long, value_name = "NAME", default_value = "getpid")]
+    pub workload: String,
+    /// Iterations per run for both sides (an OPTS `iterations=` overrides it).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS)]
+    pub iterations: u64,
+    /// Boot this PVH ELF64 kernel instead of the embedded guest.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Guest memory in MiB (16..=1024).
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem)]
+    pub mem: u64,
+    /// Stop a run after this many seconds.
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout)]
+    pub timeout: Duration,
+    /// Write the comparison as JSON (schema ptiscope.compare/1).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the comparison as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Fail (exit 1) when this condition holds; repeatable.
+    #[arg(long = "fail-if", value_name = "COND")]
+    pub fail_if: Vec<String>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +155,16 @@ pub struct RunArgs {
     /// `none` sets it, `host` leaves KVM's value.
     #[arg(long, value_enum, default_value = "host")]
     pub cpu_vuln: CpuVuln,
+    /// Write the run summary as JSON (schema ptiscope.run/1) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Every MS milliseconds, write one JSON line of KVM-stat and guest-counter
+    /// changes (schema ptiscope.metrics/1) while the guest runs.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub metrics_interval: Option<u64>,
+    /// Where the --metrics-interval lines go (a file or FIFO; default stderr).
+    #[arg(long, value_name = "FILE_OR_FIFO", requires = "metrics_interval")]
+    pub metrics_out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -171,7 +255,7 @@ mod tests {
             "meltdown",
         ])
         .unwrap();
-        let Command::Run(args) = cli.command else {
+        let Some(Command::Run(args)) = cli.command else {
             panic!("not run")
         };
         let c = args.to_config(b"");

@@ -6,11 +6,14 @@
 
 pub mod cli;
 pub mod cmdline;
+pub mod compare_cmd;
 pub mod console;
 pub mod exit;
 pub mod host;
 pub mod kvm_stats;
+pub mod live_metrics;
 pub mod loader;
+pub mod measure;
 pub mod memory;
 pub mod msr;
 pub mod pagetables;

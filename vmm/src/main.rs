@@ -4,8 +4,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ptiscope::cli::{Cli, Command, ProbeArgs, RunArgs};
+use ptiscope::live_metrics::LiveMetricsConfig;
+use ptiscope::measure::Measurer;
 use ptiscope::vm::{exit_code, RunOutcome};
-use ptiscope::{run_vm, NoObserver, StopReason};
+use ptiscope::{run_vm, StopReason};
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
@@ -25,8 +27,18 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run(args) => run(&args),
-        Command::Probe(args) => probe(&args),
+        Some(Command::Run(args)) => run(&args),
+        Some(Command::Compare(args)) => {
+            code(ptiscope::compare_cmd::run(&args, ptiscope::GUEST_X86_64))
+        }
+        Some(Command::Probe(args)) => probe(&args),
+        // No command: the README's main job, the default comparison.
+        None => match Cli::try_parse_from(["ptiscope", "compare"]) {
+            Ok(Cli {
+                command: Some(Command::Compare(args)),
+            }) => code(ptiscope::compare_cmd::run(&args, ptiscope::GUEST_X86_64)),
+            _ => code(exit_code::INTERNAL),
+        },
     }
 }
 
@@ -36,9 +48,45 @@ fn code(c: i32) -> ExitCode {
 
 fn run(args: &RunArgs) -> ExitCode {
     let config = args.to_config(ptiscope::GUEST_X86_64);
-    match run_vm(&config, &mut NoObserver) {
+    let mut measurer = Measurer::new();
+    if let Some(ms) = args.metrics_interval {
+        let out: Box<dyn std::io::Write + Send> = match &args.metrics_out {
+            // Opening a FIFO blocks until its reader opens it, as it should.
+            Some(p) => match std::fs::File::create(p) {
+                Ok(f) => Box::new(f),
+                Err(e) => {
+                    eprintln!(
+                        "ptiscope: error: cannot open --metrics-out {}: {e}",
+                        p.display()
+                    );
+                    return code(exit_code::CANT_CREATE);
+                }
+            },
+            None => Box::new(std::io::stderr()),
+        };
+        measurer = measurer.with_live_metrics(LiveMetricsConfig {
+            interval: std::time::Duration::from_millis(ms),
+            out,
+        });
+    }
+    match run_vm(&config, &mut measurer) {
         Ok(outcome) => {
             print_summary(&outcome);
+            let summary = measurer.summary(
+                &outcome,
+                ptiscope::compare_cmd::config_words(&outcome),
+                config.guest.iterations,
+            );
+            eprintln!();
+            eprint!("{}", summary.render_text());
+            if let Some(p) = &args.json {
+                let text = serde_json::to_string_pretty(&summary.to_json())
+                    .unwrap_or_else(|_| "null".into());
+                if let Err(e) = std::fs::write(p, text) {
+                    eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
+                    return code(exit_code::CANT_CREATE);
+                }
+            }
             code(outcome.exit_code())
         }
         Err(e) => {

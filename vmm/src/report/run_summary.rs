@@ -122,6 +122,10 @@ pub struct RunSummary {
     /// Free-text caveats the reader must see (unavailable sources, invalid
     /// telemetry, what the host cannot observe).
     pub notes: Vec<String>,
+    /// Why the guest's telemetry is invalid (bad magic, counters going
+    /// backwards, unknown phase ids, a marker flood, ...); empty = valid.
+    #[serde(default)]
+    pub telemetry_problems: Vec<String>,
 }
 
 impl RunSummary {
@@ -135,6 +139,7 @@ impl RunSummary {
             rows: Vec::new(),
             cross_checks: Vec::new(),
             notes: Vec::new(),
+            telemetry_problems: Vec::new(),
         }
     }
 
@@ -195,6 +200,14 @@ impl RunSummary {
                 out.push_str(&format!("   {}\n", c.line()));
             }
         }
+        if self.telemetry_problems.is_empty() {
+            out.push_str("\n guest telemetry: valid\n");
+        } else {
+            out.push_str("\n guest telemetry: INVALID\n");
+            for p in &self.telemetry_problems {
+                out.push_str(&format!("   - {p}\n"));
+            }
+        }
         if !self.notes.is_empty() {
             out.push_str("\n notes:\n");
             for n in &self.notes {
@@ -217,11 +230,24 @@ impl RunSummary {
         out
     }
 
+    /// Whether the guest's telemetry passed every check.
+    pub fn telemetry_valid(&self) -> bool {
+        self.telemetry_problems.is_empty()
+    }
+
     /// JSON (schema [`SCHEMA`]).
     pub fn to_json(&self) -> serde_json::Value {
         // Plain data with string keys: serialisation cannot fail; a
         // non-finite total (which callers should not produce) becomes null.
-        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+        let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        if let Some(o) = v.as_object_mut() {
+            // Derived, for readers that only want the verdict.
+            o.insert(
+                "telemetry_valid".into(),
+                serde_json::Value::Bool(self.telemetry_valid()),
+            );
+        }
+        v
     }
 
     /// Reads a summary back from its JSON form.

@@ -1,0 +1,486 @@
+//! Per-phase measurement: a [`PhaseObserver`] that snapshots every source at
+//! the phase-marker exits, and the run summary built from the deltas.
+//!
+//! At the begin and end markers of the workload phase (id
+//! [`ptiscope_abi::phase::ID_WORKLOAD`]) the observer reads, on the vCPU
+//! thread and synchronously with the exit that carried the marker: the VM's
+//! and the vCPU's KVM stats fds, the guest telemetry page, the VMM's exit
+//! counts, the host monotonic clock and the vCPU's TSC (KVM_GET_MSRS). The
+//! phase delta is `end - begin`, so boot and teardown are excluded.
+//!
+//! Everything the guest controls (marker ids, marker count, the telemetry
+//! page) is validated; anything wrong makes the telemetry "invalid" in the
+//! summary, never a panic. The observer stops taking snapshots after
+//! [`MAX_MEASURED_MARKERS`] markers so a marker flood costs the VMM nothing
+//! but a counter.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ptiscope_abi::phase::{Edge, Marker, ID_WARMUP, ID_WORKLOAD};
+use ptiscope_abi::telemetry::Counter;
+use vm_memory::GuestAddress;
+
+use crate::exit::ExitCounts;
+use crate::host::{kvm_flavour, KvmFlavour};
+use crate::kvm_stats::{self, KvmStats, StatsSnapshot};
+use crate::live_metrics::{LiveMetrics, LiveMetricsConfig};
+use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
+use crate::telemetry::{self, TelemetryError, TelemetryReader, TelemetrySnapshot};
+use crate::vm::{PhaseObserver, RunOutcome, VmContext};
+
+/// Markers after which the observer only counts (a guest that floods the
+/// marker port gets its telemetry reported invalid, not the VMM slowed down).
+pub const MAX_MEASURED_MARKERS: u64 = 64;
+
+/// Everything observed at one moment.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Since the first KVM_RUN.
+    pub at: Duration,
+    pub exits: ExitCounts,
+    pub kvm_vm: Option<StatsSnapshot>,
+    pub kvm_vcpu: Option<StatsSnapshot>,
+    pub telemetry: Result<TelemetrySnapshot, TelemetryError>,
+    /// The vCPU's TSC (IA32_TSC through KVM_GET_MSRS).
+    pub tsc: Option<u64>,
+}
+
+/// The observer. Create one per run.
+pub struct Measurer {
+    phase_id: u16,
+    vm_stats: Option<KvmStats>,
+    vcpu_stats: Option<KvmStats>,
+    stats_error: Option<String>,
+    start: Option<Snapshot>,
+    begin: Option<Snapshot>,
+    end: Option<Snapshot>,
+    stop: Option<Snapshot>,
+    markers: u64,
+    unknown_ids: BTreeMap<u16, u64>,
+    /// Why the guest's telemetry cannot be trusted (empty: valid).
+    problems: Vec<String>,
+    live_config: Option<LiveMetricsConfig>,
+    live: Option<LiveMetrics>,
+    live_error: Option<String>,
+}
+
+impl Default for Measurer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Measurer {
+    /// Measures the workload phase.
+    pub fn new() -> Self {
+        Measurer {
+            phase_id: ID_WORKLOAD,
+            vm_stats: None,
+            vcpu_stats: None,
+            stats_error: None,
+            start: None,
+            begin: None,
+            end: None,
+            stop: None,
+            markers: 0,
+            unknown_ids: BTreeMap::new(),
+            problems: Vec::new(),
+            live_config: None,
+            live: None,
+            live_error: None,
+        }
+    }
+
+    /// Also stream live metrics (`--metrics-interval`) while the guest runs.
+    pub fn with_live_metrics(mut self, config: LiveMetricsConfig) -> Self {
+        self.live_config = Some(config);
+        self
+    }
+
+    fn snapshot(&self, ctx: &VmContext<'_>) -> Snapshot {
+        let read = |s: &Option<KvmStats>| s.as_ref().and_then(|s| s.read().ok());
+        Snapshot {
+            at: ctx.elapsed,
+            exits: *ctx.exits,
+            kvm_vm: read(&self.vm_stats),
+            kvm_vcpu: read(&self.vcpu_stats),
+            telemetry: TelemetryReader::new(ctx.mem, GuestAddress(ctx.layout.telemetry_addr()))
+                .and_then(|r| r.snapshot()),
+            tsc: crate::msr::get_msr(ctx.vcpu, crate::msr::MSR_IA32_TSC),
+        }
+    }
+
+    fn problem(&mut self, p: String) {
+        // Bounded: a hostile guest must not grow this without limit.
+        if self.problems.len() < 16 && !self.problems.contains(&p) {
+            self.problems.push(p);
+        }
+    }
+
+    /// Reasons the telemetry is invalid (empty: valid).
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+
+    /// Snapshots at the phase's begin and end markers, if both were seen.
+    pub fn phase(&self) -> Option<(&Snapshot, &Snapshot)> {
+        Some((self.begin.as_ref()?, self.end.as_ref()?))
+    }
+
+    /// Phase markers seen (valid encodings only; the VMM counts invalid ones).
+    pub fn markers(&self) -> u64 {
+        self.markers
+    }
+}
+
+impl PhaseObserver for Measurer {
+    fn on_start(&mut self, ctx: &VmContext<'_>) {
+        match (KvmStats::from_vm(ctx.vm), KvmStats::from_vcpu(ctx.vcpu)) {
+            (Ok(vm), Ok(vcpu)) => {
+                self.vm_stats = Some(vm);
+                self.vcpu_stats = Some(vcpu);
+            }
+            (Err(e), _) | (_, Err(e)) => self.stats_error = Some(e.to_string()),
+        }
+        self.start = Some(self.snapshot(ctx));
+        if let Some(cfg) = self.live_config.take() {
+            match LiveMetrics::start(cfg, ctx) {
+                Ok(l) => self.live = Some(l),
+                Err(e) => {
+                    log::warn!("--metrics-interval: {e}");
+                    self.live_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+
+    fn on_phase(&mut self, marker: Marker, ctx: &VmContext<'_>) {
+        self.markers += 1;
+        if self.markers > MAX_MEASURED_MARKERS {
+            if self.markers == MAX_MEASURED_MARKERS + 1 {
+                self.problem(format!(
+                    "phase-marker flood: more than {MAX_MEASURED_MARKERS} markers; later ones were only counted"
+                ));
+            }
+            return;
+        }
+        if marker.id == ID_WARMUP {
+            return;
+        }
+        if marker.id != self.phase_id {
+            *self.unknown_ids.entry(marker.id).or_default() += 1;
+            self.problem(format!("unknown phase id {}", marker.id));
+            return;
+        }
+        match marker.edge {
+            Edge::Begin if self.begin.is_some() => {
+                self.problem("the workload phase began more than once".into())
+            }
+            Edge::Begin => {
+                let s = self.snapshot(ctx);
+                if let Err(e) = &s.telemetry {
+                    self.problem(format!("at the phase begin: {e}"));
+                }
+                self.begin = Some(s);
+            }
+            Edge::End if self.begin.is_none() => {
+                self.problem("the workload phase ended before it began".into())
+            }
+            Edge::End if self.end.is_some() => {
+                self.problem("the workload phase ended more than once".into())
+            }
+            Edge::End => {
+                let s = self.snapshot(ctx);
+                if let Err(e) = &s.telemetry {
+                    self.problem(format!("at the phase end: {e}"));
+                }
+                self.end = Some(s);
+            }
+        }
+    }
+
+    fn on_stop(&mut self, ctx: &VmContext<'_>) {
+        if let Some(l) = self.live.take() {
+            if let Err(e) = l.finish(ctx) {
+                log::warn!("--metrics-interval: {e}");
+                self.live_error = Some(e.to_string());
+            }
+        }
+        self.stop = Some(self.snapshot(ctx));
+    }
+}
+
+/// `key=value` pairs of the guest's first `@result` line.
+pub fn result_fields(outcome: &RunOutcome) -> BTreeMap<String, String> {
+    outcome
+        .machine_lines
+        .iter()
+        .find_map(|l| l.strip_prefix(ptiscope_abi::RESULT_PREFIX))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A cumulative KVM stat's change between two snapshots.
+fn kvm_delta(a: Option<&StatsSnapshot>, b: Option<&StatsSnapshot>, name: &str) -> Option<u64> {
+    let d = kvm_stats::delta(a?, b?).ok()?;
+    d.get(name)
+}
+
+/// The guest counter names for report rows, with the guest's own word for
+/// the full flushes (the KVM one is `tlb_flush`).
+const GUEST_ROWS: [Counter; 12] = [
+    Counter::Cr3Entry,
+    Counter::Cr3Exit,
+    Counter::Cr3ContextSwitch,
+    Counter::Cr3Other,
+    Counter::Cr3NoFlush,
+    Counter::TlbFlushFull,
+    Counter::Invlpg,
+    Counter::Syscalls,
+    Counter::PageFaults,
+    Counter::Exceptions,
+    Counter::Interrupts,
+    Counter::ContextSwitches,
+];
+
+/// Tolerance of the CR3-vs-tlb_flush cross-check: KVM also flushes for its
+/// own reasons (a few per phase), so a small excess is agreement.
+const CR3_TOLERANCE_PCT: f64 = 1.0;
+
+impl Measurer {
+    /// The perf-stat-like summary of the measured phase of `outcome`.
+    /// `config` labels the run (`pti=on`, `workload=getpid`, ...);
+    /// `iterations` is the requested loop count (the guest's `@result`
+    /// value wins when it has one).
+    pub fn summary(
+        &self,
+        outcome: &RunOutcome,
+        config: Vec<String>,
+        iterations: Option<u64>,
+    ) -> RunSummary {
+        let result = result_fields(outcome);
+        let iterations = result
+            .get("iterations")
+            .and_then(|v| v.parse::<u64>().ok())
+            .or(iterations)
+            .unwrap_or(0);
+        let phased = self.phase();
+        let (a, b) = match phased {
+            Some((a, b)) => (Some(a), Some(b)),
+            None => (self.start.as_ref(), self.stop.as_ref()),
+        };
+        // The guest marks the phase with a syscall (PHASE_MARK): the begin
+        // marker's return to user and the end marker's entry lie inside the
+        // phase, i.e. exactly one more syscall round trip than the loop's
+        // N. Rates divide by N + 1 so that counts per call are exact
+        // (2 CR3 writes per call with PTI, not 2 + 2/N).
+        let calls = if phased.is_some() {
+            iterations + 1
+        } else {
+            iterations
+        };
+        let mut s = RunSummary::new(config, phased.map(|_| "workload".to_string()), calls);
+        if phased.is_some() {
+            s.notes.push(format!(
+                "per-call rates divide by {calls} calls: the {iterations} workload iterations plus the \
+                 phase-marker syscall whose return and entry bracket the phase"
+            ));
+        }
+        s.telemetry_problems = self.problems.clone();
+        if outcome.exits.invalid_phase_markers > 0 {
+            s.telemetry_problems.push(format!(
+                "{} phase-port writes were not valid markers",
+                outcome.exits.invalid_phase_markers
+            ));
+        }
+        if phased.is_none() {
+            s.notes.push(
+                "the guest marked no complete workload phase: figures cover the whole run, boot included"
+                    .into(),
+            );
+        }
+        let (Some(a), Some(b)) = (a, b) else {
+            s.notes
+                .push("no snapshots were taken (the VM did not start)".into());
+            return s;
+        };
+
+        // Host-observed: KVM.
+        let flavour = kvm_flavour();
+        let kvm = |name| kvm_delta(a.kvm_vcpu.as_ref(), b.kvm_vcpu.as_ref(), name);
+        let kvm_exits = kvm("exits");
+        if let Some(v) = kvm_exits {
+            s.push(Metric::new("kvm_exits", "count", Source::Kvm), v as f64);
+        }
+        let insn = kvm("insn_emulation");
+        if let Some(v) = insn {
+            s.push(
+                Metric::new("kernel_instructions", "count", Source::Kvm),
+                v as f64,
+            );
+        }
+        let tlb_flush = kvm("tlb_flush");
+        if let Some(v) = tlb_flush {
+            s.push(Metric::new("tlb_flush", "count", Source::Kvm), v as f64);
+        }
+        if let Some(v) = kvm("pf_taken") {
+            s.push(Metric::new("kvm_pf_taken", "count", Source::Kvm), v as f64);
+        }
+        if let (Some(x), Some(y)) = (a.tsc, b.tsc) {
+            if let Some(d) = y.checked_sub(x) {
+                s.push(Metric::new("tsc", "cycles", Source::Kvm), d as f64);
+            }
+        }
+        // Host-observed: the VMM and the host clock.
+        s.push(
+            Metric::new("vmm_exits", "count", Source::Vmm),
+            b.exits.total().saturating_sub(a.exits.total()) as f64,
+        );
+        let ns = b.at.saturating_sub(a.at).as_nanos() as f64;
+        s.push(Metric::new("elapsed", "ns", Source::HostClock), ns);
+
+        // Guest-reported: @result cycles (RDTSC around the loop) and the telemetry page.
+        if let Some(c) = result.get("cycles").and_then(|v| v.parse::<f64>().ok()) {
+            if phased.is_some() && c.is_finite() && c >= 0.0 {
+                // The guest's RDTSC brackets its loop only (N calls, no marker).
+                s.rows.push(RunRow {
+                    metric: Metric::new("cycles", "cycles", Source::Guest),
+                    total: c,
+                    per_iteration: (iterations > 0).then(|| c / iterations as f64),
+                });
+            }
+        }
+        let guest = match (&a.telemetry, &b.telemetry) {
+            (Ok(x), Ok(y)) => match telemetry::delta(x, y) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    s.telemetry_problems.push(e.to_string());
+                    None
+                }
+            },
+            // Whole run: the first snapshot is taken before the guest has
+            // booted, so its counters count from zero.
+            (Err(TelemetryError::NotInitialized), Ok(y)) if phased.is_none() => Some(y.clone()),
+            (_, Err(TelemetryError::NotInitialized)) if phased.is_none() => {
+                s.notes.push(
+                    "the guest never initialised its telemetry page: no guest counters".into(),
+                );
+                None
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                let p = e.to_string();
+                if !s.telemetry_problems.iter().any(|q| q.contains(&p)) {
+                    s.telemetry_problems.push(p);
+                }
+                None
+            }
+        };
+        let valid = s.telemetry_problems.is_empty();
+        if let Some(d) = guest.as_ref().filter(|_| valid) {
+            s.push(
+                Metric::new("cr3_writes", "count", Source::Guest),
+                d.cr3_writes() as f64,
+            );
+            for c in GUEST_ROWS {
+                s.push(
+                    Metric::new(c.name(), "count", Source::Guest),
+                    d.total(c) as f64,
+                );
+            }
+        }
+
+        // Cross-checks.
+        if let (Some(d), true) = (guest.as_ref(), valid) {
+            let cr3 = d.cr3_writes() as f64;
+            match (tlb_flush, flavour.sees_cr3_writes()) {
+                // kvm_pvm's shadow MMU flushes once per kernel/user CR3 round
+                // trip (measured: N getpid calls with PTI give 2N CR3 writes
+                // and N tlb_flush), so the guest's exit-to-user switches are
+                // what KVM's count must match.
+                (Some(t), true) if flavour == KvmFlavour::Pvm => {
+                    s.cross_checks.push(CrossCheck::new(
+                        "CR3 round trips (kvm_pvm shadow paging: one KVM tlb_flush per kernel->user CR3 switch)",
+                        ("tlb_flush", Source::Kvm, t as f64),
+                        ("cr3_writes_exit", d.total(Counter::Cr3Exit) as f64),
+                        CR3_TOLERANCE_PCT,
+                    ));
+                }
+                (Some(t), true) => {
+                    s.cross_checks.push(CrossCheck::new(
+                        "flushing CR3 writes (shadow paging: each is a KVM tlb_flush)",
+                        ("tlb_flush", Source::Kvm, t as f64),
+                        ("cr3_writes", cr3 - d.total(Counter::Cr3NoFlush) as f64),
+                        CR3_TOLERANCE_PCT,
+                    ));
+                }
+                (_, false) => s.notes.push(
+                    "with EPT/NPT KVM does not intercept guest CR3 writes: cr3_writes are the guest's word only, \
+                     and KVM tlb_flush counts KVM's own flushes"
+                        .into(),
+                ),
+                (None, true) => s.notes.push(
+                    "this KVM has no tlb_flush stat: guest CR3 writes cannot be cross-checked".into(),
+                ),
+            }
+            if phased.is_some() {
+                // One syscall per iteration plus the end marker's own syscall.
+                s.cross_checks.push(CrossCheck::new(
+                    "syscalls (iterations + the end-marker call)",
+                    ("calls", Source::Vmm, calls as f64),
+                    ("syscalls", d.total(Counter::Syscalls) as f64),
+                    0.0,
+                ));
+            }
+        }
+        if let Some(e) = &self.stats_error {
+            s.notes.push(format!("KVM stats fd not available: {e}"));
+        } else if insn.is_none() {
+            s.notes.push(
+                "this KVM has no insn_emulation stat (hardware-assisted: kernel code is not emulated), \
+                 so kernel instructions are not counted"
+                    .into(),
+            );
+        }
+        if flavour == KvmFlavour::Pvm {
+            s.notes.push(
+                "kvm_pvm: guest kernel code is emulated, so kernel_instructions is the exact \
+                 kernel path length and time is dominated by emulation"
+                    .into(),
+            );
+        }
+        if let Some(e) = &self.live_error {
+            s.notes.push(format!("live metrics stopped: {e}"));
+        }
+        if !valid {
+            s.notes.push(
+                "guest telemetry INVALID: guest-reported rows are omitted; host-observed rows stand".into(),
+            );
+        }
+        s
+    }
+}
+
+/// The compare-table name of a run row's per-iteration rate.
+pub fn rate_name(row: &str, unit: &str) -> String {
+    match (row, unit) {
+        ("elapsed", "ns") => "ns_per_call".into(),
+        _ => format!("{row}_per_call"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_names() {
+        assert_eq!(rate_name("elapsed", "ns"), "ns_per_call");
+        assert_eq!(rate_name("cr3_writes", "count"), "cr3_writes_per_call");
+    }
+}
