@@ -141,23 +141,21 @@ impl State {
                     .unwrap_or(Value::Null),
                 _ => Value::Null,
             };
+            let named = |d: &TelemetrySnapshot| {
+                Value::Object(
+                    d.named_totals()
+                        .map(|(k, v)| (k.to_string(), json!(v)))
+                        .chain([("cr3_writes".to_string(), json!(d.cr3_writes()))])
+                        .collect(),
+                )
+            };
             let (guest_v, guest_err) = match (&self.last_guest, &guest) {
                 (Some(a), Ok(b)) => match telemetry::delta(a, b) {
-                    Ok(d) => (
-                        Value::Object(
-                            d.named_totals()
-                                .map(|(k, v)| (k.to_string(), json!(v)))
-                                .chain([("cr3_writes".to_string(), json!(d.cr3_writes()))])
-                                .collect(),
-                        ),
-                        Value::Null,
-                    ),
+                    Ok(d) => (named(&d), Value::Null),
                     Err(e) => (Value::Null, json!(e.to_string())),
                 },
-                (None, Ok(_)) => (
-                    Value::Null,
-                    json!("telemetry became valid during this interval"),
-                ),
+                // First valid read: the guest's counters start at zero at boot.
+                (None, Ok(b)) => (named(b), Value::Null),
                 (_, Err(e)) => (Value::Null, json!(e.to_string())),
             };
             let line = json!({
