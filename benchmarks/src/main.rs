@@ -7,6 +7,7 @@
 
 mod boot;
 mod measure;
+mod telemetry;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -29,6 +30,10 @@ struct Cli {
 enum Bench {
     /// Boot-to-exit wall time and peak RSS: ptiscope vs QEMU microvm (qboot) on the same guest ELF.
     Boot(boot::BootArgs),
+    /// Telemetry overhead: getpid cycles/call with `--metrics-interval` vs without, interleaved.
+    Telemetry(telemetry::TelemetryArgs),
+    /// Repeatability: CoeffVar of getpid cycles/call over identical runs.
+    Repeat(telemetry::RepeatArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +48,8 @@ fn main() -> ExitCode {
     }
     let result = match cli.bench {
         Bench::Boot(args) => boot::run(&ptiscope, &args),
+        Bench::Telemetry(args) => telemetry::run_overhead(&ptiscope, &args),
+        Bench::Repeat(args) => telemetry::run_repeat(&ptiscope, &args),
     };
     match result {
         Ok(report) => {
