@@ -7,6 +7,7 @@
 
 mod boot;
 mod measure;
+mod syscall;
 mod telemetry;
 
 use clap::{Parser, Subcommand};
@@ -34,6 +35,9 @@ enum Bench {
     Telemetry(telemetry::TelemetryArgs),
     /// Repeatability: CoeffVar of getpid cycles/call over identical runs.
     Repeat(telemetry::RepeatArgs),
+    /// Syscall round trip: getpid with PTI off and on beside the bare int3/iretq trip
+    /// (cycles and guest kernel instructions per call).
+    Syscall(syscall::SyscallArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Bench::Boot(args) => boot::run(&ptiscope, &args),
         Bench::Telemetry(args) => telemetry::run_overhead(&ptiscope, &args),
         Bench::Repeat(args) => telemetry::run_repeat(&ptiscope, &args),
+        Bench::Syscall(args) => syscall::run(&ptiscope, &args),
     };
     match result {
         Ok(report) => {

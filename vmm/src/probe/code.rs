@@ -362,6 +362,20 @@ impl Asm {
     }
 }
 
+/// One 64-bit IDT gate: present, DPL3, interrupt gate to `off` in the
+/// 64-bit kernel code segment.
+pub fn gate64(off: u64) -> [u8; 16] {
+    let lo: u64 = (off & 0xffff)
+        | (u64::from(sel::KERNEL_CS) << 16)
+        | (0xeeu64 << 40) // P, DPL3, 64-bit interrupt gate
+        | (((off >> 16) & 0xffff) << 48);
+    let hi: u64 = off >> 32;
+    let mut g = [0u8; 16];
+    g[..8].copy_from_slice(&lo.to_le_bytes());
+    g[8..].copy_from_slice(&hi.to_le_bytes());
+    g
+}
+
 /// How a handler ends after reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandlerExit {
@@ -463,14 +477,7 @@ pub fn gdt() -> Vec<u8> {
 pub fn idt64() -> Vec<u8> {
     let mut out = Vec::with_capacity(4096);
     for v in 0..=255u8 {
-        let off = stub_addr(v);
-        let lo: u64 = (off & 0xffff)
-            | (u64::from(sel::KERNEL_CS) << 16)
-            | (0xeeu64 << 40) // P, DPL3, 64-bit interrupt gate
-            | (((off >> 16) & 0xffff) << 48);
-        let hi: u64 = off >> 32;
-        out.extend_from_slice(&lo.to_le_bytes());
-        out.extend_from_slice(&hi.to_le_bytes());
+        out.extend_from_slice(&gate64(stub_addr(v)));
     }
     out
 }

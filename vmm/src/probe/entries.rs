@@ -123,7 +123,7 @@ pub struct EntryProbe {
 }
 
 /// The CPL0 prologue: IRETQ to the user code at CPL3 with [`USER_RFLAGS`].
-fn kernel_prologue() -> Asm {
+pub(super) fn kernel_prologue() -> Asm {
     let mut k = Asm::new(code::KERNEL_CODE);
     k.push_imm8(sel::USER_DS as u8) // SS
         .push_imm32(code::USER_STACK_TOP as u32) // RSP

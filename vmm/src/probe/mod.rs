@@ -17,6 +17,7 @@ mod cpu;
 mod entries;
 pub mod entry;
 mod paging;
+pub mod trip;
 mod vm;
 
 use std::fmt;
@@ -53,6 +54,8 @@ impl Default for ProbeOptions {
 pub enum ProbeError {
     #[error("probe VM setup failed: {0}")]
     Vm(#[from] VmError),
+    #[error("trip measurement: {0}")]
+    Trip(String),
 }
 
 /// A probe's verdict.

@@ -241,6 +241,9 @@ pub struct Program {
     /// through a user-space MSR exit (KVM_CAP_X86_USER_SPACE_MSR plus an
     /// MSR filter that denies the read in KVM).
     pub rdmsr_trap: Option<(u32, u64)>,
+    /// 64-bit IDT gates (DPL3 interrupt gates) pointing elsewhere than the
+    /// reporting stubs: (vector, handler address).
+    pub gate_overrides: Vec<(u8, u64)>,
 }
 
 impl Program {
@@ -253,6 +256,7 @@ impl Program {
             msrs: Vec::new(),
             efer_extra: 0,
             rdmsr_trap: None,
+            gate_overrides: Vec::new(),
         }
     }
 }
@@ -325,6 +329,10 @@ impl ProbeVm {
             StartMode::Long64 => (code::idt64(), code::common_handler64(p.handler_exit)),
         };
         self.write(code::IDT, &idt)?;
+        for &(vector, handler) in &p.gate_overrides {
+            let gate = code::gate64(handler);
+            self.write(code::IDT + u64::from(vector) * 16, &gate)?;
+        }
         self.write(code::COMMON_HANDLER, handler.bytes())?;
         self.write(p.kernel.origin(), p.kernel.bytes())?;
         for a in &p.extra {
