@@ -661,6 +661,18 @@ fn vcpu_thread(
     result
 }
 
+/// Whether a guest command line makes the guest run user code: any
+/// workload but `none`, or a fault raised from user mode.
+fn runs_user_code(cmdline: &str) -> bool {
+    cmdline
+        .split_whitespace()
+        .any(|kv| match kv.split_once('=') {
+            Some(("workload", w)) => w != "none",
+            Some(("fault", f)) => f == "kread",
+            _ => false,
+        })
+}
+
 /// Boots `config.kernel` and runs it until it stops. See the module docs.
 pub fn run_vm(
     config: &RunConfig,
@@ -673,12 +685,18 @@ pub fn run_vm(
     // Validate the command line before touching KVM (an unresolved entry
     // stands in as int3 for the check): bad input is reported the same way
     // on hosts without KVM.
-    {
+    let runs_user_code = {
         let mut probe_guest = guest.clone();
         if probe_guest.entry == Some(Entry::Auto) {
             probe_guest.entry = Some(Entry::Int3);
         }
-        cmdline::build(&probe_guest, layout.telemetry_addr())?;
+        let line = cmdline::build(&probe_guest, layout.telemetry_addr())?;
+        runs_user_code(&line)
+    };
+    // A guest that runs no user code enters the kernel by no syscall: don't
+    // spend the entry probe's few milliseconds on a boot-only run.
+    if guest.entry == Some(Entry::Auto) && !runs_user_code {
+        guest.entry = None;
     }
 
     // Read and check the image before touching KVM, for the same reason.
