@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  ptiscope run: pti=on workload=getpid iterations=1000
-//!  phase workload, 1,000 iterations
+//!  phase workload, 1,000 calls
 //!
 //!            2,000      cr3_writes           #        2.000 /call        [guest]
 //!            2,004      tlb_flush            #        2.004 /call        [kvm]
@@ -166,12 +166,14 @@ impl RunSummary {
         let mut out = format!(" ptiscope run: {}\n", self.config.join(" "));
         match &self.phase {
             Some(p) => out.push_str(&format!(
-                " phase {p}, {} iterations\n\n",
-                group(self.iterations as f64)
+                " phase {p}, {} {}s\n\n",
+                group(self.iterations as f64),
+                self.iteration_name
             )),
             None => out.push_str(&format!(
-                " whole run, {} iterations\n\n",
-                group(self.iterations as f64)
+                " whole run, {} {}s\n\n",
+                group(self.iterations as f64),
+                self.iteration_name
             )),
         }
         for r in &self.rows {
@@ -325,7 +327,7 @@ mod tests {
         assert_eq!(s.row("cr3_writes").unwrap().per_iteration, Some(2.0));
         let text = s.render_text();
         assert!(text.contains(" ptiscope run: pti=on workload=getpid iterations=1000\n"));
-        assert!(text.contains(" phase workload, 1,000 iterations\n"));
+        assert!(text.contains(" phase workload, 1,000 calls\n"));
         let line = text.lines().find(|l| l.contains(" elapsed ")).unwrap();
         assert!(line.contains("29,123,456 ns"), "{line}");
         assert!(line.contains("29,123.456 ns/call"), "{line}");
