@@ -122,6 +122,10 @@ pub struct ConsoleSink {
     /// The first error writing to `out`; after it, output is dropped rather
     /// than failing every guest byte (e.g. stdout closed by `| head`).
     out_error: Option<io::ErrorKind>,
+    /// Whether the last byte written ended a line. The UART model flushes
+    /// after every byte; passing that on would cost a write(2) per guest
+    /// byte, so flushes reach the destination only at line ends.
+    at_line_end: bool,
 }
 
 impl ConsoleSink {
@@ -131,6 +135,7 @@ impl ConsoleSink {
             out,
             recorder,
             out_error: None,
+            at_line_end: true,
         }
     }
 
@@ -146,6 +151,9 @@ impl Write for ConsoleSink {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .feed(buf);
+        if let Some(&last) = buf.last() {
+            self.at_line_end = last == b'\n';
+        }
         if let (Some(out), None) = (self.out.as_mut(), self.out_error) {
             if let Err(e) = out.write_all(buf) {
                 log::warn!("console output failed, dropping further output: {e}");
@@ -157,13 +165,30 @@ impl Write for ConsoleSink {
     }
 
     fn flush(&mut self) -> io::Result<()> {
+        if !self.at_line_end {
+            return Ok(());
+        }
+        self.flush_out();
+        Ok(())
+    }
+}
+
+impl ConsoleSink {
+    /// Flushes the destination whatever was written last (end of a run).
+    pub fn flush_out(&mut self) {
         if let (Some(out), None) = (self.out.as_mut(), self.out_error) {
             if let Err(e) = out.flush() {
                 log::warn!("console output failed, dropping further output: {e}");
                 self.out_error = Some(e.kind());
             }
         }
-        Ok(())
+    }
+}
+
+impl Drop for ConsoleSink {
+    fn drop(&mut self) {
+        // A guest that stopped mid-line still has its last bytes shown.
+        self.flush_out();
     }
 }
 

@@ -78,7 +78,18 @@ impl PioDevice for SerialDevice {
     }
 
     fn write(&mut self, offset: u16, data: &[u8]) -> DeviceEvent {
-        if let (Some(&value), Ok(off)) = (data.first(), u8::try_from(offset)) {
+        let Ok(off) = u8::try_from(offset) else {
+            return DeviceEvent::None;
+        };
+        // The 16550's registers are bytes. Several bytes at THR come from
+        // string I/O (`rep outsb`, one exit for a whole string): each is
+        // one transmitted byte. Elsewhere only the first byte counts.
+        let bytes = if off == 0 {
+            data
+        } else {
+            data.get(..1).unwrap_or(&[])
+        };
+        for &value in bytes {
             if let Err(e) = self.serial.write(off, value) {
                 // An interrupt that could not be raised or output that could
                 // not be written must not stop the guest.
@@ -101,6 +112,9 @@ mod tests {
             dev.write(0, &[*b]);
         }
         assert_eq!(rec.lock().unwrap().machine_lines(), ["@result ok=1"]);
+        // String I/O: one exit carries a whole line.
+        dev.write(0, b"@fault vector=14\n");
+        assert_eq!(rec.lock().unwrap().machine_lines()[1], "@fault vector=14");
         assert_eq!(dev.enqueue_input(b"ab").unwrap(), 2);
         let mut lsr = [0u8];
         dev.read(5, &mut lsr);
