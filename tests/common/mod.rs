@@ -78,3 +78,48 @@ pub fn write_pvh_elf(path: &Path, paddr: u64, code: &[u8]) {
     f[0x200..0x200 + code.len()].copy_from_slice(code);
     std::fs::write(path, f).unwrap();
 }
+
+/// Writes a minimal PVH ELF32 (i386) whose 32-bit entry runs `code`, loaded at `paddr`.
+pub fn write_pvh_elf32(path: &Path, paddr: u32, code: &[u8]) {
+    assert!(code.len() <= 0x100);
+    let mut f = vec![0u8; 0x300];
+    f[..4].copy_from_slice(b"\x7fELF");
+    f[4] = 1; // ELFCLASS32
+    f[5] = 1; // little endian
+    f[6] = 1;
+    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f[18..20].copy_from_slice(&3u16.to_le_bytes()); // EM_386
+    f[20..24].copy_from_slice(&1u32.to_le_bytes());
+    f[24..28].copy_from_slice(&paddr.to_le_bytes());
+    f[28..32].copy_from_slice(&52u32.to_le_bytes()); // e_phoff
+    f[40..42].copy_from_slice(&52u16.to_le_bytes());
+    f[42..44].copy_from_slice(&32u16.to_le_bytes());
+    f[44..46].copy_from_slice(&2u16.to_le_bytes());
+    let ph = 52; // PT_LOAD
+    f[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes());
+    f[ph + 4..ph + 8].copy_from_slice(&0x200u32.to_le_bytes());
+    f[ph + 8..ph + 12].copy_from_slice(&paddr.to_le_bytes());
+    f[ph + 12..ph + 16].copy_from_slice(&paddr.to_le_bytes());
+    f[ph + 16..ph + 20].copy_from_slice(&0x100u32.to_le_bytes());
+    f[ph + 20..ph + 24].copy_from_slice(&0x1000u32.to_le_bytes());
+    let ph = 52 + 32; // PT_NOTE
+    f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
+    f[ph + 4..ph + 8].copy_from_slice(&0x180u32.to_le_bytes());
+    f[ph + 16..ph + 20].copy_from_slice(&20u32.to_le_bytes());
+    let n = 0x180;
+    f[n..n + 4].copy_from_slice(&4u32.to_le_bytes());
+    f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes());
+    f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes());
+    f[n + 12..n + 16].copy_from_slice(b"Xen\0");
+    f[n + 16..n + 20].copy_from_slice(&paddr.to_le_bytes());
+    f[0x200..0x200 + code.len()].copy_from_slice(code);
+    std::fs::write(path, f).unwrap();
+}
+
+/// What `ptiscope probe --json` found for 32-bit PAE paging on this host.
+pub fn host_pae_paging_works() -> bool {
+    let o = ptiscope().args(["probe", "--json"]).output().unwrap();
+    assert!(o.status.success(), "probe failed: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["paging"]["pae"]["outcome"]["result"] == "works"
+}

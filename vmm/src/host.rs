@@ -204,6 +204,14 @@ pub fn pcid_usable() -> Option<(bool, String)> {
     .clone()
 }
 
+/// Whether the vCPU can enable 32-bit PAE paging (probe, run once per
+/// process); `None` if the probe could not run.
+pub fn pae_paging_usable() -> Option<(bool, String)> {
+    static PAE: OnceLock<Option<(bool, String)>> = OnceLock::new();
+    PAE.get_or_init(|| probe::probe_pae_paging(&ProbeOptions::default()).ok())
+        .clone()
+}
+
 /// `uname -sr` and the host CPU model, for report headers.
 pub fn describe_host() -> String {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")

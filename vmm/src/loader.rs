@@ -5,6 +5,13 @@
 //! loader's own errors ("Unable to read kernel image") do not say what is
 //! wrong with the file, and because it would happily read an ELF32 header as
 //! an ELF64 one.
+//!
+//! linux-loader reads ELF64 only. The 32-bit PAE flavour of the guest is an
+//! ELF32 (i386) image, loaded by [`load_elf32`]: a few lines on top of the
+//! `object` crate's ELF32 parser that copy the PT_LOAD segments to their
+//! physical addresses and take the entry from the PVH note. That keeps the
+//! image the linker produced (no objcopy step to ELF64) and lets `--kernel`
+//! take any PVH ELF32 that QEMU would boot.
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -60,11 +67,8 @@ pub enum LoadError {
     TooLarge(String),
     #[error("kernel image {0} is not an ELF file (no \\x7fELF magic)")]
     NotElf(String),
-    #[error(
-        "kernel image {0} is a 32-bit ELF; the loader reads ELF64 only \
-         (convert it with `objcopy -O elf64-x86-64`)"
-    )]
-    Elf32(String),
+    #[error("kernel image {0}: malformed ELF32 image ({1})")]
+    Elf32(String, String),
     #[error("kernel image {0} is not a little-endian x86 ELF (class/data/machine = {1}/{2}/{3})")]
     WrongArch(String, u8, u8, u16),
     #[error("kernel image {0}: malformed ELF header or program headers ({1})")]
@@ -183,7 +187,8 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
     let data = *image.get(5).ok_or(malformed("truncated header"))?;
     let machine = u16_at(image, 18).ok_or(malformed("truncated header"))?;
     if class == 1 && data == 1 && machine == EM_386 {
-        return Err(LoadError::Elf32(name.to_string()));
+        return elf32_segments(image, name, layout)
+            .map(|img| img.segs.into_iter().map(|(seg, _)| seg).collect());
     }
     if class != 2 || data != 1 || machine != EM_X86_64 {
         return Err(LoadError::WrongArch(name.to_string(), class, data, machine));
@@ -293,6 +298,9 @@ pub fn load_bytes(
     image: &[u8],
 ) -> Result<LoadedKernel, LoadError> {
     let name = name.to_string();
+    if is_elf32(image) {
+        return load_elf32(mem, layout, &name, image);
+    }
     let segs = check_elf(image, &name, layout)?;
     let result = Elf::load(mem, None, &mut Cursor::new(image), None)
         .map_err(|e| LoadError::Loader(name.clone(), e))?;
@@ -307,6 +315,128 @@ pub fn load_bytes(
         .any(|s| entry >= s.paddr && entry < s.paddr + s.memsz)
     {
         return Err(LoadError::EntryOutsideImage { image: name, entry });
+    }
+    let end = segs.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
+    Ok(LoadedKernel { entry, end })
+}
+
+/// Whether `image` is a little-endian i386 ELF32 (the PAE guest flavour).
+pub fn is_elf32(image: &[u8]) -> bool {
+    image.len() > 20
+        && &image[..4] == b"\x7fELF"
+        && image[4] == 1
+        && image[5] == 1
+        && u16_at(image, 18) == Some(EM_386)
+}
+
+/// An ELF32 image's PT_LOAD segments with their file bytes, and its PVH entry.
+struct Elf32Image<'a> {
+    segs: Vec<(Segment, &'a [u8])>,
+    entry: u64,
+}
+
+/// Reads and checks an ELF32 image against the memory layout.
+fn elf32_segments<'a>(
+    image: &'a [u8],
+    name: &str,
+    layout: &MemoryLayout,
+) -> Result<Elf32Image<'a>, LoadError> {
+    use object::elf::{PT_LOAD, PT_NOTE};
+    use object::read::elf::{ElfFile32, FileHeader, ProgramHeader};
+    use object::LittleEndian;
+
+    let bad = |what: String| LoadError::Elf32(name.to_string(), what);
+    let file = ElfFile32::<LittleEndian>::parse(image).map_err(|e| bad(e.to_string()))?;
+    let endian = file.endian();
+    let headers = file
+        .elf_header()
+        .program_headers(endian, image)
+        .map_err(|e| bad(e.to_string()))?;
+    let mut entry = None;
+    for ph in headers {
+        if ph.p_type(endian) != PT_NOTE {
+            continue;
+        }
+        let Ok(Some(mut notes)) = ph.notes(endian, image) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == b"Xen" && note.n_type(endian).0 == XEN_ELFNOTE_PHYS32_ENTRY {
+                if let Some(d) = note.desc().get(..4) {
+                    entry = Some(u64::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]])));
+                }
+            }
+        }
+    }
+    let Some(entry) = entry else {
+        return Err(LoadError::NoPvhNote(name.to_string()));
+    };
+    let mut segs = Vec::new();
+    for ph in headers {
+        if ph.p_type(endian) != PT_LOAD || ph.p_memsz(endian) == 0 {
+            continue;
+        }
+        let seg = Segment {
+            paddr: u64::from(ph.p_paddr(endian)),
+            filesz: u64::from(ph.p_filesz(endian)),
+            memsz: u64::from(ph.p_memsz(endian)),
+        };
+        if seg.filesz > seg.memsz {
+            return Err(LoadError::Malformed(
+                name.to_string(),
+                "segment file size larger than its memory size",
+            ));
+        }
+        let bytes = ph
+            .data(endian, image)
+            .map_err(|()| bad("segment data past the end of the file".into()))?;
+        if !layout.kernel_range_ok(seg.paddr, seg.memsz) {
+            let ram = layout.e820()[1];
+            return Err(LoadError::SegmentOutsideMemory {
+                image: name.to_string(),
+                paddr: seg.paddr,
+                end: seg.paddr.saturating_add(seg.memsz),
+                ram_start: ram.addr,
+                ram_end: ram.end(),
+                mem_mib: layout.mem_bytes() >> 20,
+            });
+        }
+        segs.push((seg, bytes));
+    }
+    if segs.is_empty() {
+        return Err(LoadError::NoSegments(name.to_string()));
+    }
+    Ok(Elf32Image { segs, entry })
+}
+
+/// Loads an ELF32 PVH image: copies each PT_LOAD segment's file bytes to its
+/// physical address (the rest of `memsz`, .bss, is already zero: guest
+/// memory is fresh anonymous memory) and returns the PVH entry.
+pub fn load_elf32(
+    mem: &GuestMemoryMmap,
+    layout: &MemoryLayout,
+    name: &str,
+    image: &[u8],
+) -> Result<LoadedKernel, LoadError> {
+    let Elf32Image { segs, entry } = elf32_segments(image, name, layout)?;
+    for (seg, bytes) in &segs {
+        mem.write_slice(bytes, GuestAddress(seg.paddr))
+            .map_err(|e| {
+                LoadError::Elf32(
+                    name.to_string(),
+                    format!("writing a segment at {:#x}: {e}", seg.paddr),
+                )
+            })?;
+    }
+    let segs: Vec<Segment> = segs.into_iter().map(|(seg, _)| seg).collect();
+    if !segs
+        .iter()
+        .any(|s| entry >= s.paddr && entry < s.paddr + s.memsz)
+    {
+        return Err(LoadError::EntryOutsideImage {
+            image: name.to_string(),
+            entry,
+        });
     }
     let end = segs.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
     Ok(LoadedKernel { entry, end })
@@ -391,6 +521,71 @@ mod tests {
         f
     }
 
+    /// A minimal ELF32 (i386) image: one PT_LOAD of 4 bytes at `paddr`
+    /// (memsz 0x2000), a PVH note with `entry`.
+    fn tiny_elf32(paddr: u32, entry: u32) -> Vec<u8> {
+        let mut f = vec![0u8; 0x200];
+        f[..4].copy_from_slice(b"\x7fELF");
+        f[4] = 1; // ELFCLASS32
+        f[5] = 1;
+        f[6] = 1;
+        f[16..18].copy_from_slice(&2u16.to_le_bytes());
+        f[18..20].copy_from_slice(&EM_386.to_le_bytes());
+        f[20..24].copy_from_slice(&1u32.to_le_bytes());
+        f[24..28].copy_from_slice(&entry.to_le_bytes());
+        f[28..32].copy_from_slice(&52u32.to_le_bytes()); // e_phoff
+        f[40..42].copy_from_slice(&52u16.to_le_bytes());
+        f[42..44].copy_from_slice(&32u16.to_le_bytes());
+        f[44..46].copy_from_slice(&2u16.to_le_bytes());
+        let ph = 52;
+        f[ph..ph + 4].copy_from_slice(&PT_LOAD.to_le_bytes());
+        f[ph + 4..ph + 8].copy_from_slice(&0x100u32.to_le_bytes());
+        f[ph + 8..ph + 12].copy_from_slice(&(0xc000_0000 + paddr).to_le_bytes());
+        f[ph + 12..ph + 16].copy_from_slice(&paddr.to_le_bytes());
+        f[ph + 16..ph + 20].copy_from_slice(&4u32.to_le_bytes());
+        f[ph + 20..ph + 24].copy_from_slice(&0x2000u32.to_le_bytes());
+        f[0x100..0x104].copy_from_slice(&[0xfa, 0xf4, 0xeb, 0xfd]); // cli; hlt; jmp
+        let ph = 52 + 32;
+        f[ph..ph + 4].copy_from_slice(&PT_NOTE.to_le_bytes());
+        f[ph + 4..ph + 8].copy_from_slice(&0x180u32.to_le_bytes());
+        f[ph + 16..ph + 20].copy_from_slice(&20u32.to_le_bytes());
+        let n = 0x180;
+        f[n..n + 4].copy_from_slice(&4u32.to_le_bytes());
+        f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes());
+        f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes());
+        f[n + 12..n + 16].copy_from_slice(b"Xen\0");
+        f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+        f
+    }
+
+    #[test]
+    fn loads_elf32_pvh_images_at_their_physical_addresses() {
+        let layout = MemoryLayout::new(16).unwrap();
+        let mem = layout.create_guest_memory().unwrap();
+        let img = tiny_elf32(0x10_0000, 0x10_0000);
+        assert!(is_elf32(&img));
+        let k = load_bytes(&mem, &layout, "elf32", &img).unwrap();
+        assert_eq!((k.entry, k.end), (0x10_0000, 0x10_2000));
+        let mut code = [0u8; 4];
+        mem.read_slice(&mut code, GuestAddress(0x10_0000)).unwrap();
+        assert_eq!(code, [0xfa, 0xf4, 0xeb, 0xfd]);
+
+        let outside = tiny_elf32(0x200_0000, 0x200_0000);
+        assert!(matches!(
+            load_bytes(&mem, &layout, "elf32", &outside),
+            Err(LoadError::SegmentOutsideMemory { .. })
+        ));
+        let mut no_note = tiny_elf32(0x10_0000, 0x10_0000);
+        no_note[0x188] = 17; // another note type
+        assert!(matches!(
+            load_bytes(&mem, &layout, "elf32", &no_note),
+            Err(LoadError::NoPvhNote(_))
+        ));
+        let mut cut = tiny_elf32(0x10_0000, 0x10_0000);
+        cut.truncate(0x60);
+        assert!(load_bytes(&mem, &layout, "elf32", &cut).is_err());
+    }
+
     fn load(img: Vec<u8>, mib: u64) -> Result<LoadedKernel, LoadError> {
         let layout = MemoryLayout::new(mib).unwrap();
         let mem = layout.create_guest_memory().unwrap();
@@ -425,7 +620,7 @@ mod tests {
         let mut elf32 = tiny_elf(0x100000, 0x100000, true);
         elf32[4] = 1;
         elf32[18..20].copy_from_slice(&EM_386.to_le_bytes());
-        assert!(matches!(load(elf32, 16), Err(LoadError::Elf32(_))));
+        assert!(matches!(load(elf32, 16), Err(LoadError::Elf32(..))));
         let mut trunc = tiny_elf(0x100000, 0x100000, true);
         trunc.truncate(0x60);
         assert!(matches!(load(trunc, 16), Err(LoadError::Malformed(..))));

@@ -705,6 +705,18 @@ pub fn run_vm(
     loader::check_image(&image, &image_name, &layout)?;
 
     let kvm = open_kvm()?;
+    // The i386 flavour turns on PAE paging outside long mode, which some
+    // KVMs (kvm_pvm) refuse with a #GP the guest cannot survive: say so
+    // before booting rather than report a triple fault.
+    if loader::is_elf32(&image) {
+        if let Some((false, detail)) = crate::host::pae_paging_usable() {
+            return Err(RunError::Unsupported(format!(
+                "{image_name} is a 32-bit (i386 PAE) guest, but this host's KVM refuses 32-bit \
+                 paging outside long mode (probe: {detail}). Run it under QEMU instead \
+                 (`--backend qemu`) or on a KVM host with hardware virtualization"
+            )));
+        }
+    }
     // What the host can deliver, from the (cached) probe: resolve
     // entry=auto, refuse what cannot run before the guest boots.
     match guest.entry {

@@ -189,6 +189,15 @@ pub fn probe_pcid(opts: &ProbeOptions) -> Result<PcidProbe, ProbeError> {
     Ok(cpu::probe_pcid(&kit)?)
 }
 
+/// Runs only the 32-bit PAE paging probe: whether this host's KVM lets a
+/// guest turn on PAE paging outside long mode (the i386 flavour needs it).
+/// Returns whether it works and what happened. A few milliseconds.
+pub fn probe_pae_paging(opts: &ProbeOptions) -> Result<(bool, String), ProbeError> {
+    let kit = vm::Kit::new(opts.timeout)?;
+    let (outcome, detail) = paging::probe(&kit, paging::Mode::Pae)?;
+    Ok((outcome.works(), format!("{outcome}; {detail}")))
+}
+
 /// The preferred entry among `working`: SYSCALL if it really reaches CPL0,
 /// else `int $0x80`, else `int3`, else `int $4`. SYSENTER is not chosen for
 /// the 64-bit guest (it is the 32-bit flavour's entry).
