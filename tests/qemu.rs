@@ -86,3 +86,45 @@ fn embedded_guest_boots_under_qemu_microvm() {
         kvm_banner.trim()
     );
 }
+
+#[test]
+fn backend_qemu_runs_the_workload_and_reports_guest_figures() {
+    if Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP backend qemu: qemu-system-x86_64 is not installed");
+        return;
+    }
+    let json = scratch("backend-qemu").join("run.json");
+    let o = ptiscope()
+        .args(["run", "--backend", "qemu", "--timeout", "60", "--pti", "on"])
+        .args(["--workload", "getpid", "--iterations", "100", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("backend qemu"), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let row = |name: &str| {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} row in {v}"))
+            .clone()
+    };
+    assert_eq!(v["iterations"], 101, "N + the end-marker call");
+    assert_eq!(row("cr3_writes")["total"], 202.0);
+    assert_eq!(row("cr3_writes")["source"], "guest");
+    assert_eq!(row("syscalls")["total"], 101.0);
+    // Nothing host-observed: the host sees nothing of a QEMU guest.
+    assert!(v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["source"] == "guest"));
+}

@@ -165,6 +165,20 @@ pub struct RunArgs {
     /// Where the --metrics-interval lines go (a file or FIFO; default stderr).
     #[arg(long, value_name = "FILE_OR_FIFO", requires = "metrics_interval")]
     pub metrics_out: Option<PathBuf>,
+    /// Where to run the guest: our VMM on KVM, or QEMU's TCG (software
+    /// emulation: slower, and every figure is guest-reported) for what this
+    /// host's KVM cannot run.
+    #[arg(long, value_enum, default_value = "kvm", conflicts_with_all = ["metrics_interval", "cpu_vuln"])]
+    pub backend: Backend,
+}
+
+/// Where a guest runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// ptiscope's own VMM on /dev/kvm (host-observed and guest-reported figures).
+    Kvm,
+    /// QEMU TCG (`qemu-system-x86_64` / `qemu-system-i386`): guest-reported figures only.
+    Qemu,
 }
 
 #[derive(Debug, Args)]

@@ -18,6 +18,7 @@ pub mod memory;
 pub mod msr;
 pub mod pagetables;
 pub mod probe;
+pub mod qemu;
 pub mod report;
 pub mod signals;
 pub mod telemetry;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ptiscope::cli::{Cli, Command, ProbeArgs, RunArgs};
+use ptiscope::cli::{Backend, Cli, Command, ProbeArgs, RunArgs};
 use ptiscope::live_metrics::LiveMetricsConfig;
 use ptiscope::measure::Measurer;
 use ptiscope::vm::{exit_code, RunOutcome};
@@ -48,6 +48,9 @@ fn code(c: i32) -> ExitCode {
 
 fn run(args: &RunArgs) -> ExitCode {
     let config = args.to_config(ptiscope::GUEST_X86_64);
+    if args.backend == Backend::Qemu {
+        return run_qemu(args, &config);
+    }
     let mut measurer = Measurer::new();
     if let Some(ms) = args.metrics_interval {
         let out: Box<dyn std::io::Write + Send> = match &args.metrics_out {
@@ -76,6 +79,42 @@ fn run(args: &RunArgs) -> ExitCode {
                 &outcome,
                 ptiscope::compare_cmd::config_words(&outcome),
                 config.guest.iterations,
+            );
+            eprintln!();
+            eprint!("{}", summary.render_text());
+            if let Some(p) = &args.json {
+                let text = serde_json::to_string_pretty(&summary.to_json())
+                    .unwrap_or_else(|_| "null".into());
+                if let Err(e) = std::fs::write(p, text) {
+                    eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
+                    return code(exit_code::CANT_CREATE);
+                }
+            }
+            code(outcome.exit_code())
+        }
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            code(e.exit_code())
+        }
+    }
+}
+
+/// `run --backend qemu`: the guest under QEMU TCG, reported from its console.
+fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
+    match ptiscope::qemu::run_qemu(config) {
+        Ok(outcome) => {
+            eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
+            eprintln!(
+                "  time: run {:.1} ms; entry={}; every figure below is guest-reported",
+                outcome.run_time.as_secs_f64() * 1e3,
+                outcome.entry.map_or("-", |e| e.as_str()),
+            );
+            for f in outcome.faults() {
+                eprintln!("  guest reported: {f}");
+            }
+            let summary = ptiscope::measure::summary_from_result(
+                &outcome,
+                ptiscope::compare_cmd::config_words(&outcome),
             );
             eprintln!();
             eprint!("{}", summary.render_text());

@@ -466,6 +466,65 @@ impl Measurer {
     }
 }
 
+/// `@result` keys of the guest's phase counters and the report rows (the
+/// telemetry counters' names) they fill.
+const RESULT_ROWS: [(&str, Counter); 11] = [
+    ("cr3_entry", Counter::Cr3Entry),
+    ("cr3_exit", Counter::Cr3Exit),
+    ("cr3_context_switch", Counter::Cr3ContextSwitch),
+    ("cr3_other", Counter::Cr3Other),
+    ("cr3_noflush", Counter::Cr3NoFlush),
+    ("tlb_flushes", Counter::TlbFlushFull),
+    ("invlpg", Counter::Invlpg),
+    ("syscalls", Counter::Syscalls),
+    ("page_faults", Counter::PageFaults),
+    ("exceptions", Counter::Exceptions),
+    ("context_switches", Counter::ContextSwitches),
+];
+
+/// The summary of a run the host could not observe (`--backend qemu`):
+/// every row comes from the guest's `@result` line, whose counters cover
+/// the measured phase (N iterations plus the end-marker call, as on KVM)
+/// and whose `cycles` cover the loop alone (N calls).
+pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSummary {
+    let result = result_fields(outcome);
+    let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
+    let iterations = num("iterations").map_or(0, |n| n as u64);
+    let phased = !result.is_empty();
+    let calls = if phased { iterations + 1 } else { 0 };
+    let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
+    s.notes.push(
+        "backend qemu (TCG): the host observes nothing of the guest; every figure is guest-reported \
+         (its @result line), and times are those of software emulation"
+            .into(),
+    );
+    if !phased {
+        s.notes
+            .push("the guest printed no @result line: nothing was measured".into());
+        return s;
+    }
+    s.notes.push(format!(
+        "per-call rates divide by {calls} calls: the {iterations} workload iterations plus the \
+         phase-marker syscall whose return and entry bracket the phase"
+    ));
+    if let Some(c) = num("cycles") {
+        s.rows.push(RunRow {
+            metric: Metric::new("cycles", "cycles", Source::Guest),
+            total: c,
+            per_iteration: (iterations > 0).then(|| c / iterations as f64),
+        });
+    }
+    if let Some(v) = num("cr3_writes") {
+        s.push(Metric::new("cr3_writes", "count", Source::Guest), v);
+    }
+    for (key, counter) in RESULT_ROWS {
+        if let Some(v) = num(key) {
+            s.push(Metric::new(counter.name(), "count", Source::Guest), v);
+        }
+    }
+    s
+}
+
 /// The compare-table name of a run row's per-iteration rate.
 pub fn rate_name(row: &str, unit: &str) -> String {
     match (row, unit) {
