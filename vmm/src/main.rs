@@ -80,23 +80,33 @@ fn run(args: &RunArgs) -> ExitCode {
                 ptiscope::compare_cmd::config_words(&outcome),
                 config.guest.iterations,
             );
-            eprintln!();
-            eprint!("{}", summary.render_text());
-            if let Some(p) = &args.json {
-                let text = serde_json::to_string_pretty(&summary.to_json())
-                    .unwrap_or_else(|_| "null".into());
-                if let Err(e) = std::fs::write(p, text) {
-                    eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
-                    return code(exit_code::CANT_CREATE);
-                }
-            }
-            code(outcome.exit_code())
+            report(&summary, args.json.as_deref(), outcome.exit_code())
         }
         Err(e) => {
             eprintln!("ptiscope: error: {e}");
             code(e.exit_code())
         }
     }
+}
+
+/// Prints a run's summary (stderr, after the console), writes its `--json`,
+/// and returns the process exit code.
+fn report(
+    summary: &ptiscope::report::RunSummary,
+    json: Option<&std::path::Path>,
+    exit: i32,
+) -> ExitCode {
+    // One write: stderr is unbuffered, and the summary is many lines.
+    eprint!("\n{}", summary.render_text());
+    if let Some(p) = json {
+        let text =
+            serde_json::to_string_pretty(&summary.to_json()).unwrap_or_else(|_| "null".into());
+        if let Err(e) = std::fs::write(p, text) {
+            eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
+            return code(exit_code::CANT_CREATE);
+        }
+    }
+    code(exit)
 }
 
 /// `run --backend qemu`: the guest under QEMU TCG, reported from its console.
@@ -116,17 +126,7 @@ fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
                 &outcome,
                 ptiscope::compare_cmd::config_words(&outcome),
             );
-            eprintln!();
-            eprint!("{}", summary.render_text());
-            if let Some(p) = &args.json {
-                let text = serde_json::to_string_pretty(&summary.to_json())
-                    .unwrap_or_else(|_| "null".into());
-                if let Err(e) = std::fs::write(p, text) {
-                    eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
-                    return code(exit_code::CANT_CREATE);
-                }
-            }
-            code(outcome.exit_code())
+            report(&summary, args.json.as_deref(), outcome.exit_code())
         }
         Err(e) => {
             eprintln!("ptiscope: error: {e}");
