@@ -11,7 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// (target triple, env var naming the built ELF, file name inside the target dir)
-const FLAVOURS: &[(&str, &str)] = &[("x86_64-unknown-none", "PTISCOPE_GUEST_X86_64")];
+const FLAVOURS: &[(&str, &str)] = &[
+    ("x86_64-unknown-none", "PTISCOPE_GUEST_X86_64"),
+    // The 32-bit PAE flavour: an ELF32 image (`ptiscope::GUEST_I386`).
+    ("i586-unknown-linux-gnu", "PTISCOPE_GUEST_I386"),
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));

@@ -14,4 +14,5 @@ extern crate std;
 pub mod cmdline;
 pub mod layout;
 pub mod memmap;
+pub mod pae;
 pub mod paging;

@@ -248,6 +248,14 @@ pub struct KernelHalf {
     pub pti: bool,
 }
 
+impl KernelHalf {
+    pub const EMPTY: KernelHalf = KernelHalf {
+        kernel_pml4e: 0,
+        user_pml4e: 0,
+        pti: false,
+    };
+}
+
 /// Builds the kernel half. The direct map uses 2 MiB pages, global unless
 /// PTI is on; the user copy maps the entry area with 4 KiB global pages.
 pub fn build_kernel_half<M: PhysMem, F: FrameSource>(

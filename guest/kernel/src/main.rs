@@ -14,13 +14,10 @@ mod pvh;
 mod syscall;
 mod task;
 mod telemetry;
-mod user;
 
-use arch::cpu;
-use arch::paging::{write_cr3, Cr3Reason};
-use guest_core::cmdline::{self, Config, Entry, Fault, PtiMode, Workload};
-use guest_core::layout::{cr3_value, DIRECT_MAP_SIZE, KERNEL_BASE};
-use guest_core::paging::{build_kernel_half, KernelHalf, KernelSpec, PhysMem, KERNEL_PML4_SLOT};
+use arch::paging::KernelHalf;
+use arch::{cpu, user};
+use guest_core::cmdline::{self, Config, Fault, PtiMode, Workload};
 use ptiscope_abi::{exit_status, port, telemetry::flags};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -30,16 +27,6 @@ pub fn stop(status: u32) -> ! {
     arch::x86_shared::io::outl(port::EXIT, status);
     // Only reached if nothing listens on the exit port.
     cpu::halt_forever()
-}
-
-extern "C" {
-    static __entry_start: u8;
-    static __entry_text_end: u8;
-    static __entry_end: u8;
-}
-
-fn sym_phys(sym: *const u8) -> u64 {
-    sym as u64 - KERNEL_BASE
 }
 
 /// `0x...` or `none`.
@@ -54,12 +41,12 @@ impl core::fmt::Display for Hex {
 }
 
 #[no_mangle]
-extern "C" fn kmain(start_info: u64) -> ! {
-    println!("{} x86_64 {}", ptiscope_abi::BANNER_PREFIX, VERSION);
+extern "C" fn kmain(start_info: usize) -> ! {
+    println!("{} {} {}", ptiscope_abi::BANNER_PREFIX, arch::NAME, VERSION);
     arch::descriptors::init_gdt_tss();
     arch::descriptors::init_idt();
 
-    let info = match pvh::StartInfo::read(start_info) {
+    let info = match pvh::StartInfo::read(start_info as u64) {
         Ok(i) => i,
         Err(e) => panic!("bad hvm_start_info at {start_info:#x}: {e}"),
     };
@@ -109,15 +96,11 @@ extern "C" fn kmain(start_info: u64) -> ! {
         mm::image_end_phys()
     );
 
-    if config.entry == Entry::Sysenter {
-        println!("entry=sysenter is not available in 64-bit mode on this guest (64-bit SYSENTER is Intel-only); use entry=syscall or an int entry");
+    if let Some(why) = arch::unsupported(&config) {
+        println!("{why}");
         stop(exit_status::UNSUPPORTED)
     }
     let pcid = config.pcid;
-    if pcid && !cpu::has_pcid() {
-        println!("pcid=on but this CPU has no PCID (CPUID.1:ECX[17] clear)");
-        stop(exit_status::UNSUPPORTED)
-    }
 
     // Map only as much of the first GiB as there is memory: each 2 MiB entry
     // costs a few dozen emulated instructions on software-KVM hosts, and the
@@ -126,9 +109,11 @@ extern "C" fn kmain(start_info: u64) -> ! {
         .iter()
         .map(|r| r.base.saturating_add(r.size))
         .max()
-        .unwrap_or(DIRECT_MAP_SIZE);
-    let direct_map = mem_end.next_multiple_of(2 << 20).min(DIRECT_MAP_SIZE);
-    let half = setup_kernel_tables(&config, pti, direct_map);
+        .unwrap_or(arch::layout::DIRECT_MAP_SIZE);
+    let direct_map = mem_end
+        .next_multiple_of(2 << 20)
+        .min(arch::layout::DIRECT_MAP_SIZE);
+    let half = arch::paging::setup_kernel_tables(&config, pti, direct_map);
     if pcid {
         // SAFETY: CR3's PCID bits are 0 (kernel-only root), as PCIDE requires.
         unsafe { cpu::write_cr4(cpu::read_cr4() | cpu::CR4_PCIDE) };
@@ -142,6 +127,9 @@ extern "C" fn kmain(start_info: u64) -> ! {
     }
     if rdcl_no {
         tflags |= flags::RDCL_NO;
+    }
+    if arch::GLOBAL_TEXT && pti && config.pti_global_text {
+        tflags |= flags::PTI_GLOBAL_TEXT;
     }
     telemetry::write_header(tflags, config.entry.abi_code());
 
@@ -166,7 +154,7 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     let (loop_rip, init_rip) = user::programs(config.entry.abi_code());
     let (number, arg0, mut flags) = match config.workload {
         Workload::Getppid => (nr::GETPPID, 0, 0),
-        Workload::WriteBadfd => (nr::WRITE, u64::MAX, 0),
+        Workload::WriteBadfd => (nr::WRITE, usize::MAX as u64, 0),
         Workload::NoptiGetpid => (nr::GETPID, 0, user::FLAG_NOPTI),
         Workload::Getpid | Workload::None => (nr::GETPID, 0, 0),
     };
@@ -175,14 +163,13 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         flags |= user::FLAG_KREAD;
         println!("user program will read kernel address {kread_target:#x}");
     }
-    let regs = arch::context::UserRegs {
-        rbx: flags,
-        rbp: 0,
-        r12: config.iterations,
-        r13: number as u64,
-        r14: arg0,
-        r15: kread_target,
-    };
+    let regs = arch::context::UserRegs::workload(
+        flags,
+        config.iterations,
+        number as u64,
+        arg0,
+        kread_target,
+    );
     let init = s.spawn(0, init_rip, &arch::context::UserRegs::default());
     let child = init.and_then(|pid| s.spawn(pid, loop_rip, &regs));
     if let Err(e) = child {
@@ -248,57 +235,6 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     stop(exit_status::SUCCESS)
 }
 
-/// Builds the kernel half of every address space, maps the telemetry page
-/// and switches from the boot tables to a kernel-only address space.
-fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> KernelHalf {
-    let (entry_start, entry_text_end, entry_end) = (
-        sym_phys(core::ptr::addr_of!(__entry_start)),
-        sym_phys(core::ptr::addr_of!(__entry_text_end)),
-        sym_phys(core::ptr::addr_of!(__entry_end)),
-    );
-    let telemetry = match config.telemetry {
-        Some(gpa) if gpa < direct_map => gpa,
-        Some(gpa) => {
-            println!(
-                "telemetry region {gpa:#x} is beyond the direct map; using a page of the image"
-            );
-            boot_telemetry_phys()
-        }
-        None => boot_telemetry_phys(),
-    };
-    let spec = KernelSpec {
-        pti,
-        entry_area: (entry_start, entry_end),
-        entry_text_end,
-        telemetry,
-        direct_map,
-    };
-    let half = match build_kernel_half(&mut mm::DirectMap, &mut mm::Frames, &spec) {
-        Ok(h) => h,
-        Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
-    };
-    // A kernel-only address space: slot 511 only.
-    let Some(root) = guest_core::paging::FrameSource::pair(&mut mm::Frames) else {
-        panic!("out of memory for the kernel page tables")
-    };
-    mm::DirectMap.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
-    // SAFETY: enabling global pages; the TLB is flushed by the CR3 write below.
-    unsafe { cpu::write_cr4(cpu::read_cr4() | cpu::CR4_PGE) };
-    write_cr3(cr3_value(root, false, 0, false), Cr3Reason::Other);
-    // The 32-bit boot code's CR3 load happened before counters existed.
-    telemetry::inc(ptiscope_abi::telemetry::Counter::Cr3Other);
-    telemetry::inc(ptiscope_abi::telemetry::Counter::TlbFlushFull);
-    half
-}
-
-fn boot_telemetry_phys() -> u64 {
-    extern "C" {
-        static boot_telemetry_page: u8;
-    }
-    // The boot section is identity mapped: its symbols' values are physical.
-    core::ptr::addr_of!(boot_telemetry_page) as u64
-}
-
 /// `fault=...`: raise the requested fault in the kernel.
 fn raise(f: Fault) {
     println!("raising fault={} on purpose", f.name());
@@ -306,12 +242,10 @@ fn raise(f: Fault) {
         // SAFETY (all arms): deliberately faulting is the point; the
         // exception handler reports and stops the VM.
         Fault::Pf => unsafe {
-            let unmapped = (guest_core::layout::TELEMETRY_VA + 0x10_0000) as *const u64;
+            let unmapped = (arch::layout::TELEMETRY_VA + 0x10_0000) as usize as *const u64;
             core::ptr::read_volatile(unmapped);
         },
-        Fault::Gp => unsafe {
-            core::arch::asm!("mov {0}, [{0}]", inout(reg) 0x8000_0000_0000u64 => _, options(nostack));
-        },
+        Fault::Gp => cpu::raise_gp(),
         Fault::Ud => unsafe { core::arch::asm!("ud2", options(nostack)) },
         Fault::De => unsafe {
             core::arch::asm!("div {0:e}", in(reg) 0u32, inout("eax") 1u32 => _, inout("edx") 0u32 => _, options(nostack));

@@ -1,7 +1,7 @@
 //! Physical memory: the frame allocator and access to page tables through
 //! the direct map.
+use crate::arch::layout::{phys_to_virt, DIRECT_MAP_SIZE};
 use core::cell::UnsafeCell;
-use guest_core::layout::{phys_to_virt, DIRECT_MAP_SIZE};
 use guest_core::memmap::{FrameAllocator, MemRegion};
 use guest_core::paging::{FrameSource, PhysMem};
 
@@ -82,12 +82,12 @@ impl PhysMem for DirectMap {
     fn read(&self, table: u64, index: usize) -> u64 {
         let v = phys_to_virt(table).expect("page tables are allocated inside the direct map");
         // SAFETY: `table` is a page-table frame inside the direct map, index < 512.
-        unsafe { ((v as *const u64).add(index & 511)).read_volatile() }
+        unsafe { ((v as usize as *const u64).add(index & 511)).read_volatile() }
     }
     fn write(&mut self, table: u64, index: usize, value: u64) {
         let v = phys_to_virt(table).expect("page tables are allocated inside the direct map");
         // SAFETY: as for `read`.
-        unsafe { ((v as *mut u64).add(index & 511)).write_volatile(value) }
+        unsafe { ((v as usize as *mut u64).add(index & 511)).write_volatile(value) }
     }
 }
 

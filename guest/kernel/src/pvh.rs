@@ -1,5 +1,5 @@
 //! The PVH `hvm_start_info` handed over in `ebx` (Xen's arch-x86/hvm/start_info.h).
-use guest_core::layout::phys_to_virt;
+use crate::arch::layout::phys_to_virt;
 use guest_core::memmap::MemRegion;
 
 const MAGIC: u32 = 0x336e_c578;
@@ -66,7 +66,7 @@ fn read_phys<T: Copy>(phys: u64) -> Result<T, StartInfoError> {
     phys_to_virt(end).ok_or(StartInfoError::Unreachable(end))?;
     // SAFETY: the direct map covers [phys, end) (checked above) with RAM or
     // zero-filled gaps; the read is unaligned-safe and of plain data.
-    Ok(unsafe { core::ptr::read_unaligned(v as *const T) })
+    Ok(unsafe { core::ptr::read_unaligned(v as usize as *const T) })
 }
 
 impl StartInfo {
@@ -84,7 +84,8 @@ impl StartInfo {
             let v = phys_to_virt(base).ok_or(StartInfoError::Unreachable(base))?;
             phys_to_virt(base + CMDLINE_MAX as u64).ok_or(StartInfoError::Unreachable(base))?;
             // SAFETY: [base, base + CMDLINE_MAX) is in the direct map (checked).
-            let bytes = unsafe { core::slice::from_raw_parts(v as *const u8, CMDLINE_MAX) };
+            let bytes =
+                unsafe { core::slice::from_raw_parts(v as usize as *const u8, CMDLINE_MAX) };
             let len = bytes.iter().position(|&b| b == 0).unwrap_or(CMDLINE_MAX);
             core::str::from_utf8(&bytes[..len]).map_err(|_| StartInfoError::CmdlineNotUtf8)?
         };

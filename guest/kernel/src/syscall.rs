@@ -1,20 +1,23 @@
 //! The system call table. Entry stubs (entry.rs) index `syscall_table` by
 //! rax and call the handler with the C ABI: (rdi, rsi, rdx, r10).
+use crate::arch::layout::{USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE};
 use crate::arch::x86_shared::io::outl;
 use crate::mm::Global;
 use crate::task::{sched, State};
 use crate::telemetry::{self, Snapshot};
 use core::sync::atomic::Ordering::Relaxed;
-use guest_core::layout::{USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE};
 use ptiscope_abi::phase::{Edge, Marker, ID_WORKLOAD};
 use ptiscope_abi::syscall::{self as nr, EBADF, EINVAL, ENOSYS, TABLE_SIZE};
 
-type Handler = extern "C" fn(u64, u64, u64, u64) -> i64;
+/// Arguments and result are machine words: registers on x86_64, the stack
+/// slots of a cdecl call on x86 (the entry stubs push the argument
+/// registers).
+type Handler = extern "C" fn(usize, usize, usize, usize) -> isize;
 
 /// No child to wait for (Linux -ECHILD).
-const ECHILD: i64 = -10;
+const ECHILD: isize = -10;
 /// Bad user address (Linux -EFAULT).
-const EFAULT: i64 = -14;
+const EFAULT: isize = -14;
 
 #[no_mangle]
 #[allow(non_upper_case_globals)]
@@ -31,21 +34,21 @@ pub static syscall_table: [Handler; TABLE_SIZE] = {
     t
 };
 
-extern "C" fn sys_enosys(_: u64, _: u64, _: u64, _: u64) -> i64 {
-    ENOSYS as i64
+extern "C" fn sys_enosys(_: usize, _: usize, _: usize, _: usize) -> isize {
+    ENOSYS
 }
 
-extern "C" fn sys_getpid(_: u64, _: u64, _: u64, _: u64) -> i64 {
-    crate::task::CURRENT_PID.load(Relaxed) as i64
+extern "C" fn sys_getpid(_: usize, _: usize, _: usize, _: usize) -> isize {
+    crate::task::CURRENT_PID.load(Relaxed) as isize
 }
 
-extern "C" fn sys_getppid(_: u64, _: u64, _: u64, _: u64) -> i64 {
-    crate::task::CURRENT_PPID.load(Relaxed) as i64
+extern "C" fn sys_getppid(_: usize, _: usize, _: usize, _: usize) -> isize {
+    crate::task::CURRENT_PPID.load(Relaxed) as isize
 }
 
 /// Whether `[addr, addr + len)` lies in user memory every process maps.
 fn user_range_ok(addr: u64, len: u64) -> bool {
-    let (_, text_pages) = crate::user::section();
+    let (_, text_pages) = crate::arch::user::section();
     let text = (USER_TEXT_BASE, USER_TEXT_BASE + text_pages * 4096);
     let stack = (USER_STACK_TOP - USER_STACK_PAGES * 4096, USER_STACK_TOP);
     let Some(end) = addr.checked_add(len) else {
@@ -54,31 +57,31 @@ fn user_range_ok(addr: u64, len: u64) -> bool {
     [text, stack].iter().any(|&(s, e)| addr >= s && end <= e)
 }
 
-extern "C" fn sys_write(fd: u64, buf: u64, len: u64, _: u64) -> i64 {
+extern "C" fn sys_write(fd: usize, buf: usize, len: usize, _: usize) -> isize {
     if fd != 1 {
-        return EBADF as i64;
+        return EBADF;
     }
-    if len > 4096 || !user_range_ok(buf, len) {
+    if len > 4096 || !user_range_ok(buf as u64, len as u64) {
         return EFAULT;
     }
     // SAFETY: the range is mapped user memory of the current process (checked
     // above); the kernel copy maps the user half (NX, readable).
-    let bytes = unsafe { core::slice::from_raw_parts(buf as *const u8, len as usize) };
+    let bytes = unsafe { core::slice::from_raw_parts(buf as *const u8, len) };
     crate::arch::x86_shared::serial::write_bytes(bytes);
-    len as i64
+    len as isize
 }
 
-extern "C" fn sys_sched_yield(_: u64, _: u64, _: u64, _: u64) -> i64 {
+extern "C" fn sys_sched_yield(_: usize, _: usize, _: usize, _: usize) -> isize {
     // SAFETY: no other reference to the scheduler is live in this call.
     unsafe { sched() }.schedule();
     0
 }
 
-extern "C" fn sys_exit(status: u64, _: u64, _: u64, _: u64) -> i64 {
+extern "C" fn sys_exit(status: usize, _: usize, _: usize, _: usize) -> isize {
     // SAFETY: as above.
     let s = unsafe { sched() };
     let t = s.current_task();
-    t.state = State::Zombie(status as i64);
+    t.state = State::Zombie(status as isize as i64);
     let ppid = t.ppid;
     for p in s.tasks.iter_mut() {
         if p.pid == ppid && p.state == State::Waiting {
@@ -88,13 +91,13 @@ extern "C" fn sys_exit(status: u64, _: u64, _: u64, _: u64) -> i64 {
     if ppid == 0 {
         // No parent to reap it: record the status for kmain.
         // SAFETY: one CPU.
-        unsafe { RESULT.get() }.exit_status = Some(status as i64);
+        unsafe { RESULT.get() }.exit_status = Some(status as isize as i64);
     }
     s.schedule();
     unreachable!("an exited task was scheduled again")
 }
 
-extern "C" fn sys_wait(_: u64, _: u64, _: u64, _: u64) -> i64 {
+extern "C" fn sys_wait(_: usize, _: usize, _: usize, _: usize) -> isize {
     loop {
         // SAFETY: the reference is dropped before schedule() switches tasks.
         let s = unsafe { sched() };
@@ -107,7 +110,7 @@ extern "C" fn sys_wait(_: u64, _: u64, _: u64, _: u64) -> i64 {
             has_child = true;
             if let State::Zombie(status) = t.state {
                 t.state = State::Free;
-                return status;
+                return status as isize;
             }
         }
         if !has_child {
@@ -118,16 +121,16 @@ extern "C" fn sys_wait(_: u64, _: u64, _: u64, _: u64) -> i64 {
     }
 }
 
-extern "C" fn sys_arch_prctl(code: u64, arg: u64, _: u64, _: u64) -> i64 {
+extern "C" fn sys_arch_prctl(code: usize, arg: usize, _: usize, _: usize) -> isize {
     // SAFETY: no task switch happens in this call.
     let s = unsafe { sched() };
-    match code as usize {
+    match code {
         nr::ARCH_SET_NOPTI => match arg {
             0 | 1 if s.set_nopti(arg == 1) => 0,
-            _ => EINVAL as i64,
+            _ => EINVAL,
         },
-        nr::ARCH_GET_NOPTI => s.nopti() as i64,
-        _ => EINVAL as i64,
+        nr::ARCH_GET_NOPTI => s.nopti() as isize,
+        _ => EINVAL,
     }
 }
 
@@ -152,10 +155,16 @@ pub static RESULT: Global<PhaseResult> = Global::new(PhaseResult {
 /// phase_mark(marker, cycles, mismatches): writes the marker to the phase
 /// port; for the workload phase, snapshots the counters right after the
 /// begin write and right before the end write (so the window matches the
-/// VMM's), and keeps the user-measured cycles and mismatch count.
-extern "C" fn sys_phase_mark(marker: u64, cycles: u64, mismatches: u64, _: u64) -> i64 {
+/// VMM's), and keeps the user-measured cycles and mismatch count. On x86
+/// the 64-bit cycle count comes in two words: low in `cycles`, high in the
+/// fourth argument.
+extern "C" fn sys_phase_mark(marker: usize, cycles: usize, mismatches: usize, _hi: usize) -> isize {
+    #[cfg(target_pointer_width = "32")]
+    let cycles = cycles as u64 | (_hi as u64) << 32;
+    #[cfg(target_pointer_width = "64")]
+    let cycles = cycles as u64;
     let Some(m) = u32::try_from(marker).ok().and_then(Marker::decode) else {
-        return EINVAL as i64;
+        return EINVAL;
     };
     // SAFETY: one CPU, no task switch in this call.
     let r = unsafe { RESULT.get() };
@@ -170,7 +179,7 @@ extern "C" fn sys_phase_mark(marker: u64, cycles: u64, mismatches: u64, _: u64) 
             if m.id == ID_WORKLOAD {
                 r.end = Some(telemetry::snapshot());
                 r.cycles = cycles;
-                r.mismatches = mismatches;
+                r.mismatches = mismatches as u64;
             }
             outl(ptiscope_abi::port::PHASE, m.encode());
         }

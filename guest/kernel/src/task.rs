@@ -8,16 +8,17 @@
 //! mode at run time) and, for int entries with PTI, the 40-byte user frame
 //! kept on the per-CPU entry stack (see entry.rs).
 use crate::arch::context::{initial_stack, switch_to, UserRegs};
-use crate::arch::descriptors::{entry_stack_top_addr, set_gate, set_rsp0};
-use crate::arch::paging::{write_cr3, Cr3Reason};
-use crate::arch::{cpu, descriptors};
-use crate::mm::{DirectMap, Frames, Global};
+use crate::arch::descriptors::entry_stack_top_addr;
+use crate::arch::entry::ENTRY_FRAME_WORDS;
+use crate::arch::layout::{cr3_value, phys_to_virt, USER_STACK_PAGES, USER_STACK_TOP};
+use crate::arch::paging::{write_cr3, Cr3Reason, KernelHalf, UserSpec};
+use crate::arch::sysentry;
+use crate::mm::{Frames, Global};
 use crate::telemetry;
 use core::ptr::addr_of_mut;
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use guest_core::cmdline::Entry;
-use guest_core::layout::{cr3_value, phys_to_virt, USER_STACK_PAGES, USER_STACK_TOP};
-use guest_core::paging::{build_address_space, FrameSource, KernelHalf, UserSpec};
+use guest_core::paging::FrameSource;
 use ptiscope_abi::telemetry::Counter;
 
 pub const MAX_TASKS: usize = 4;
@@ -43,7 +44,7 @@ pub struct Task {
     pub kstack_top: u64,
     saved_rsp: u64,
     /// The user frame of an int entry with PTI, while another task runs.
-    entry_frame: [u64; 5],
+    entry_frame: [usize; ENTRY_FRAME_WORDS],
     /// Opted out of PTI with arch_prctl(ARCH_SET_NOPTI, 1).
     pub nopti: bool,
     pcid_used: bool,
@@ -57,7 +58,7 @@ const FREE: Task = Task {
     pair: 0,
     kstack_top: 0,
     saved_rsp: 0,
-    entry_frame: [0; 5],
+    entry_frame: [0; ENTRY_FRAME_WORDS],
     nopti: false,
     pcid_used: false,
     user_flush_pending: 0,
@@ -82,17 +83,13 @@ pub static SCHED: Global<Sched> = Global::new(Sched {
     pti: false,
     pcid: false,
     entry: Entry::Int3,
-    half: KernelHalf {
-        kernel_pml4e: 0,
-        user_pml4e: 0,
-        pti: false,
-    },
+    half: KernelHalf::EMPTY,
     next_pid: 1,
 });
 
 /// pid and ppid of the running task, read by getpid/getppid in two instructions.
-pub static CURRENT_PID: AtomicU64 = AtomicU64::new(0);
-pub static CURRENT_PPID: AtomicU64 = AtomicU64::new(0);
+pub static CURRENT_PID: AtomicUsize = AtomicUsize::new(0);
+pub static CURRENT_PPID: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" {
     static mut cpu_current_kstack_top: u64;
@@ -100,13 +97,6 @@ extern "C" {
     static mut cpu_exit_pti: u64;
     static mut cpu_frame_on_entry_stack: u64;
     static mut entry_pcid_on: u64;
-    // Entry stubs (code labels in entry.rs; only their addresses are used).
-    static entry_int_off: u8;
-    static entry_int_pti: u8;
-    static entry_int_pti_pcid: u8;
-    static entry_syscall_off: u8;
-    static entry_syscall_pti: u8;
-    static entry_syscall_pti_pcid: u8;
 }
 
 /// # Safety
@@ -135,20 +125,7 @@ impl Sched {
         // SAFETY: single CPU at boot; the entry code reads this flag only on
         // exceptions from user mode, none of which can happen yet.
         unsafe { *addr_of_mut!(entry_pcid_on) = pcid as u64 };
-        if entry == Entry::Syscall {
-            // SAFETY: EFER, STAR, LSTAR and FMASK exist on every x86_64 CPU.
-            // STAR as Linux: kernel CS 0x10 (SS 0x18), SYSRET base 0x23
-            // (CS 0x33, SS 0x2b). FMASK clears TF, IF, DF, AC, NT, RF, IOPL.
-            unsafe {
-                cpu::wrmsr(
-                    cpu::MSR_STAR,
-                    ((descriptors::USER32_CS as u64) << 48)
-                        | ((descriptors::KERNEL_CS as u64) << 32),
-                );
-                cpu::wrmsr(cpu::MSR_FMASK, 0x0004_7700);
-                cpu::wrmsr(cpu::MSR_EFER, cpu::rdmsr(cpu::MSR_EFER) | cpu::EFER_SCE);
-            }
-        }
+        sysentry::init(entry);
     }
 
     /// Creates a process running `rip` with the given initial registers.
@@ -158,7 +135,7 @@ impl Sched {
             .iter()
             .position(|t| t.state == State::Free)
             .ok_or(SpawnError::TableFull)?;
-        let (text_phys, text_pages) = crate::user::section();
+        let (text_phys, text_pages) = crate::arch::user::section();
         let mut stack = [0u64; USER_STACK_PAGES as usize];
         for f in stack.iter_mut() {
             *f = Frames.frame().ok_or(SpawnError::OutOfMemory)?;
@@ -168,8 +145,8 @@ impl Sched {
             text_pages,
             stack,
         };
-        let pair = build_address_space(&mut DirectMap, &mut Frames, &self.half, &spec)
-            .map_err(SpawnError::Map)?;
+        let pair =
+            crate::arch::paging::new_address_space(&self.half, &spec).map_err(SpawnError::Map)?;
         let kstack = crate::mm::alloc_contiguous(KSTACK_PAGES).ok_or(SpawnError::OutOfMemory)?;
         let kstack_top = phys_to_virt(kstack).ok_or(SpawnError::OutOfMemory)? + KSTACK_PAGES * 4096;
         // SAFETY: the stack was just allocated for this task alone.
@@ -231,42 +208,16 @@ impl Sched {
             *addr_of_mut!(cpu_exit_pti) = mode;
             *addr_of_mut!(cpu_user_flush_pending) = t.user_flush_pending;
         }
-        CURRENT_PID.store(t.pid, Relaxed);
-        CURRENT_PPID.store(t.ppid, Relaxed);
-        set_rsp0(if pti {
-            entry_stack_top_addr()
-        } else {
-            t.kstack_top
-        });
-        let stub = match self.entry {
-            Entry::Syscall => [
-                core::ptr::addr_of!(entry_syscall_off) as usize,
-                core::ptr::addr_of!(entry_syscall_pti) as usize,
-                core::ptr::addr_of!(entry_syscall_pti_pcid) as usize,
-            ],
-            _ => [
-                core::ptr::addr_of!(entry_int_off) as usize,
-                core::ptr::addr_of!(entry_int_pti) as usize,
-                core::ptr::addr_of!(entry_int_pti_pcid) as usize,
-            ],
-        }[mode as usize] as u64;
-        let on_entry_stack = match self.entry.vector() {
-            Some(v) => {
-                set_gate(v, stub, 3, 0);
-                pti
-            }
-            None => {
-                // SAFETY: LSTAR takes any canonical kernel address; this is a stub.
-                unsafe { cpu::wrmsr(cpu::MSR_LSTAR, stub) };
-                false
-            }
-        };
+        CURRENT_PID.store(t.pid as usize, Relaxed);
+        CURRENT_PPID.store(t.ppid as usize, Relaxed);
+        let on_entry_stack = sysentry::install(self.entry, mode, t.kstack_top);
         // SAFETY: as above.
         unsafe { *addr_of_mut!(cpu_frame_on_entry_stack) = on_entry_stack as u64 };
     }
 
-    fn entry_frame_slot() -> *mut [u64; 5] {
-        (entry_stack_top_addr() - 40) as *mut [u64; 5]
+    fn entry_frame_slot() -> *mut [usize; ENTRY_FRAME_WORDS] {
+        let bytes = (ENTRY_FRAME_WORDS * core::mem::size_of::<usize>()) as u64;
+        (entry_stack_top_addr() - bytes) as usize as *mut [usize; ENTRY_FRAME_WORDS]
     }
 
     /// Switches from the current context (a task or kmain) to task `next`.
@@ -276,7 +227,7 @@ impl Sched {
             return;
         }
         if let Some(p) = prev {
-            // SAFETY: the entry stack's top 40 bytes are the frame slot.
+            // SAFETY: the entry stack's top words are the frame slot.
             self.tasks[p].entry_frame = unsafe { *Self::entry_frame_slot() };
             // SAFETY: as in install_entry.
             self.tasks[p].user_flush_pending = unsafe { *addr_of_mut!(cpu_user_flush_pending) };
@@ -351,7 +302,7 @@ impl Sched {
             return true;
         }
         let pair = self.tasks[c].pair;
-        guest_core::paging::opt_out_of_pti(&mut DirectMap, pair, &self.half);
+        crate::arch::paging::opt_out_of_pti(pair, &self.half);
         // The kernel copy's user entries lost NX: flush this PCID now and
         // the user PCID at the next exit (deferred, as Linux does).
         let pcid = self.pcid_of(c);

@@ -5,11 +5,11 @@
 //! (`telemetry=0x...`), or to a page of the kernel image when there is none.
 //! The entry code increments them with single `incq` instructions; Rust code
 //! uses [`inc`]. Only this CPU writes them; the host reads them live.
-use guest_core::layout::TELEMETRY_VA;
+use crate::arch::layout::TELEMETRY_VA;
 use ptiscope_abi::telemetry::{self as abi, header, Counter};
 
 fn slot(c: Counter) -> *mut u64 {
-    (TELEMETRY_VA + c.offset(0) as u64) as *mut u64
+    (TELEMETRY_VA + c.offset(0) as u64) as usize as *mut u64
 }
 
 #[inline(always)]
@@ -50,7 +50,7 @@ impl Snapshot {
 
 fn write_u32(off: usize, v: u32) {
     // SAFETY: `off` is a header offset inside the mapped telemetry page.
-    unsafe { ((TELEMETRY_VA + off as u64) as *mut u32).write_volatile(v) }
+    unsafe { ((TELEMETRY_VA + off as u64) as usize as *mut u32).write_volatile(v) }
 }
 
 /// Writes the header, magic last, so a host that sees the magic sees the rest.
@@ -61,8 +61,10 @@ pub fn write_header(flags: u32, entry: u32) {
     write_u32(header::CPU_BLOCK_STRIDE, abi::CPU_BLOCK_STRIDE as u32);
     write_u32(header::COUNTER_COUNT, Counter::COUNT as u32);
     write_u32(header::FLAGS, flags);
-    write_u32(header::ARCH, abi::arch::X86_64);
+    write_u32(header::ARCH, crate::arch::TELEMETRY_ARCH);
     write_u32(header::ENTRY, entry);
     // SAFETY: as above; the magic is 8-byte aligned at offset 0.
-    unsafe { ((TELEMETRY_VA + header::MAGIC as u64) as *mut u64).write_volatile(abi::MAGIC) }
+    unsafe {
+        ((TELEMETRY_VA + header::MAGIC as u64) as usize as *mut u64).write_volatile(abi::MAGIC)
+    }
 }

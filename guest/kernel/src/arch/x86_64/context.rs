@@ -47,6 +47,22 @@ pub struct UserRegs {
     pub r15: u64,
 }
 
+impl UserRegs {
+    /// Initial registers of `user_loop` (see user.rs): rbx = flags,
+    /// r12 = iterations, r13 = syscall number, r14 = first argument,
+    /// r15 = the kernel address a `fault=kread` run reads.
+    pub fn workload(flags: u64, iterations: u64, number: u64, arg0: u64, kread: u64) -> Self {
+        UserRegs {
+            rbx: flags,
+            rbp: 0,
+            r12: iterations,
+            r13: number,
+            r14: arg0,
+            r15: kread,
+        }
+    }
+}
+
 /// Lays out a new task's kernel stack so that `switch_to` to the returned
 /// RSP enters user mode at `rip` with stack `rsp` (via task_first_return).
 ///

@@ -124,3 +124,9 @@ pub fn halt_forever() -> ! {
         unsafe { asm!("cli", "hlt", options(nomem, nostack)) }
     }
 }
+
+/// A #GP in the kernel (`fault=gp`): a non-canonical access.
+pub fn raise_gp() {
+    // SAFETY: faults on purpose; the exception handler reports and stops.
+    unsafe { asm!("mov {0}, [{0}]", inout(reg) 0x8000_0000_0000u64 => _, options(nostack)) }
+}

@@ -14,9 +14,13 @@
 //! switch to the kernel copy and exit code before the switch to the user copy.
 //! There is one CPU, so "per-CPU" data is plain static data of CPU 0.
 
+use super::layout::TELEMETRY_VA;
 use core::arch::global_asm;
-use guest_core::layout::TELEMETRY_VA;
 use ptiscope_abi::telemetry::Counter;
+
+/// Words at the top of the entry stack that hold a task's user frame (the
+/// iret frame of an int entry with PTI); saved and restored per task.
+pub const ENTRY_FRAME_WORDS: usize = 5;
 
 /// Absolute address of CPU 0's `c` counter, as the signed disp32 the
 /// assembler needs (the telemetry page sits in the top 2 GiB).

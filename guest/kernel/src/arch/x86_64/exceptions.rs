@@ -1,6 +1,5 @@
 //! The Rust side of the fatal exception path (`exc_common` in entry.rs).
-use crate::{println, stop};
-use ptiscope_abi::exit_status;
+use crate::arch::x86_shared::exceptions::{report, Fault};
 
 /// What `exc_common` pushed, lowest address first.
 #[repr(C)]
@@ -29,41 +28,6 @@ pub struct TrapFrame {
     pub ss: u64,
 }
 
-const NAMES: [(&str, &str); 32] = [
-    ("#DE", "divide error"),
-    ("#DB", "debug"),
-    ("NMI", "non-maskable interrupt"),
-    ("#BP", "breakpoint"),
-    ("#OF", "overflow"),
-    ("#BR", "bound range exceeded"),
-    ("#UD", "invalid opcode"),
-    ("#NM", "device not available"),
-    ("#DF", "double fault"),
-    ("#CSO", "coprocessor segment overrun"),
-    ("#TS", "invalid TSS"),
-    ("#NP", "segment not present"),
-    ("#SS", "stack-segment fault"),
-    ("#GP", "general protection"),
-    ("#PF", "page fault"),
-    ("#15", "reserved"),
-    ("#MF", "x87 floating-point error"),
-    ("#AC", "alignment check"),
-    ("#MC", "machine check"),
-    ("#XM", "SIMD floating-point"),
-    ("#VE", "virtualization exception"),
-    ("#CP", "control protection"),
-    ("#22", "reserved"),
-    ("#23", "reserved"),
-    ("#24", "reserved"),
-    ("#25", "reserved"),
-    ("#26", "reserved"),
-    ("#27", "reserved"),
-    ("#HV", "hypervisor injection"),
-    ("#VC", "VMM communication"),
-    ("#SX", "security exception"),
-    ("#31", "reserved"),
-];
-
 extern "C" {
     /// The RDMSR of `cpu::rdmsr_safe` (a code label).
     static rdmsr_safe_insn: u8;
@@ -87,39 +51,13 @@ pub unsafe extern "C" fn exception_handler(frame: *mut TrapFrame, cr3: u64) {
         f.rdx = 0;
         return;
     }
-    if f.vector == 14 {
-        crate::telemetry::inc(ptiscope_abi::telemetry::Counter::PageFaults);
-    }
-    let (name, long) = NAMES[(f.vector & 31) as usize];
-    let cr2 = super::cpu::read_cr2();
-    let mode = if f.cs & 3 == 3 { "user" } else { "kernel" };
-    println!(
-        "exception: {long} ({name}, vector {}) in {mode} mode at rip={:#x}, error code {:#x}, cr2={:#x}, cr3={:#x}, rsp={:#x}",
-        f.vector, f.rip, f.error, cr2, cr3, f.rsp
-    );
-    if f.vector == 14 {
-        let e = f.error;
-        println!(
-            "  page fault: {} {} access, {} mode{}",
-            if e & 1 != 0 {
-                "protection violation on a"
-            } else {
-                "not-present page on a"
-            },
-            if e & 16 != 0 {
-                "instruction fetch"
-            } else if e & 2 != 0 {
-                "write"
-            } else {
-                "read"
-            },
-            if e & 4 != 0 { "user" } else { "supervisor" },
-            if e & 8 != 0 { ", reserved bit set" } else { "" }
-        );
-    }
-    println!(
-        "@fault vector={} name={name} error={:#x} rip={:#x} cr2={:#x} cr3={:#x} cs={:#x} rsp={:#x} mode={mode}",
-        f.vector, f.error, f.rip, cr2, cr3, f.cs, f.rsp
-    );
-    stop(exit_status::EXCEPTION)
+    report(&Fault {
+        vector: f.vector,
+        error: f.error,
+        ip: f.rip,
+        cs: f.cs,
+        sp: f.rsp,
+        cr2: super::cpu::read_cr2(),
+        cr3,
+    })
 }

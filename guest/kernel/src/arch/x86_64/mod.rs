@@ -6,3 +6,29 @@ pub mod descriptors;
 pub mod entry;
 pub mod exceptions;
 pub mod paging;
+pub mod sysentry;
+pub mod user;
+
+/// The virtual layout (`guest_core::layout`).
+pub mod layout {
+    pub use guest_core::layout::*;
+}
+
+/// Flavour name in the banner.
+pub const NAME: &str = "x86_64";
+/// `ptiscope_abi::telemetry::arch` code of this flavour.
+pub const TELEMETRY_ARCH: u32 = ptiscope_abi::telemetry::arch::X86_64;
+/// Whether `pti_global_text=on` changes anything here (it does not: the
+/// direct map uses 2 MiB pages; see docs/guest.md).
+pub const GLOBAL_TEXT: bool = false;
+
+/// Why this flavour cannot run `config`, if it cannot.
+pub fn unsupported(config: &guest_core::cmdline::Config) -> Option<&'static str> {
+    if config.entry == guest_core::cmdline::Entry::Sysenter {
+        return Some("entry=sysenter is not available in 64-bit mode on this guest (64-bit SYSENTER is Intel-only); use entry=syscall or an int entry");
+    }
+    if config.pcid && !cpu::has_pcid() {
+        return Some("pcid=on but this CPU has no PCID (CPUID.1:ECX[17] clear)");
+    }
+    None
+}

@@ -1,3 +1,4 @@
-//! Code shared by the x86_64 and the (future) 32-bit PAE flavour.
+//! Code shared by the x86_64 and the 32-bit PAE flavour.
+pub mod exceptions;
 pub mod io;
 pub mod serial;

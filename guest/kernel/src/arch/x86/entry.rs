@@ -1,0 +1,337 @@
+//! The entry area of the 32-bit flavour (Linux x86_32: `.entry.text` plus
+//! `cpu_entry_area`): IDT, GDT, TSS and the per-CPU entry stack in
+//! `.entry.data`; exception stubs, the `int`/SYSENTER syscall stubs and the
+//! counted CR3-switch macros in `.entry.text`. With PTI this is all of the
+//! kernel that the user copy maps (plus the text with `pti_global_text=on`).
+//!
+//! Counters are 64-bit: each increment is `addl $1; adcl $0` at the fixed
+//! telemetry address, which the user copy does not map, so entry code
+//! counts after the switch to the kernel copy and exit code before the
+//! switch to the user copy. There is no PCID: every CR3 write flushes.
+//!
+//! Register ABI (i386): eax = number, ebx ecx edx esi = arguments, eax =
+//! result; every other register is preserved. SYSENTER callers go through
+//! the user stub `user_sysenter` (user.rs), as Linux's vDSO
+//! `__kernel_vsyscall`: it saves ecx, edx, ebp, puts the user ESP in ebp,
+//! and SYSEXIT returns to the fixed `user_sysenter_return`.
+
+use core::arch::global_asm;
+use guest_core::pae::layout::TELEMETRY_VA;
+use ptiscope_abi::telemetry::Counter;
+
+/// Words at the top of the entry stack that hold a task's state during an
+/// int syscall with PTI: the CPU's 5-word frame and the saved ecx, edx.
+pub const ENTRY_FRAME_WORDS: usize = 7;
+
+const fn ctr(c: Counter) -> u32 {
+    (TELEMETRY_VA + c.offset(0) as u64) as u32
+}
+
+global_asm!(
+    r#"
+    .set CTR_CR3_ENTRY, {c_entry}
+    .set CTR_CR3_EXIT, {c_exit}
+    .set CTR_CR3_OTHER, {c_other}
+    .set CTR_TLB_FLUSH, {c_flush}
+    .set CTR_SYSCALLS, {c_syscalls}
+    .set CTR_EXCEPTIONS, {c_exceptions}
+    .set CTR_INTERRUPTS, {c_interrupts}
+    .set TABLE_SIZE, {table_size}
+    .set ENOSYS, {enosys}
+
+    .macro COUNT ctr
+    addl $1, \ctr
+    adcl $0, \ctr + 4
+    .endm
+
+    /* Linux: SWITCH_TO_KERNEL_CR3 / SWITCH_TO_USER_CR3 (entry_32.S). */
+    .macro SWITCH_TO_KERNEL_CR3 scratch
+    movl %cr3, \scratch
+    andl $~0x1000, \scratch
+    movl \scratch, %cr3
+    COUNT CTR_CR3_ENTRY
+    COUNT CTR_TLB_FLUSH
+    .endm
+
+    .macro SWITCH_TO_USER_CR3 scratch
+    COUNT CTR_CR3_EXIT
+    COUNT CTR_TLB_FLUSH
+    movl %cr3, \scratch
+    orl $0x1000, \scratch
+    movl \scratch, %cr3
+    .endm
+
+    .section .entry.data, "aw"
+    .balign 4096
+    .global entry_idt
+entry_idt:
+    .fill 256, 8, 0
+    .global entry_gdt
+entry_gdt:
+    .fill 32, 8, 0
+    .balign 16
+    .global entry_tss
+entry_tss:
+    .fill 104, 1, 0
+    .balign 8
+    /* Never set on this flavour (no PCID); the shared task code writes it. */
+    .global entry_pcid_on
+entry_pcid_on:
+    .quad 0
+    .balign 4096
+    .global entry_stack
+entry_stack:
+    .skip 2048
+    .global entry_stack_top
+entry_stack_top:
+
+    .section .entry.text, "ax"
+    .code32
+
+    .macro EXC_NOERR n
+    .balign 16
+exc_\n:
+    pushl $0
+    pushl $\n
+    jmp exc_common
+    .endm
+    .macro EXC_ERR n
+    .balign 16
+exc_\n:
+    pushl $\n
+    jmp exc_common
+    .endm
+
+    EXC_NOERR 0
+    EXC_NOERR 1
+    EXC_NOERR 2
+    EXC_NOERR 3
+    EXC_NOERR 4
+    EXC_NOERR 5
+    EXC_NOERR 6
+    EXC_NOERR 7
+    EXC_ERR 8
+    EXC_NOERR 9
+    EXC_ERR 10
+    EXC_ERR 11
+    EXC_ERR 12
+    EXC_ERR 13
+    EXC_ERR 14
+    EXC_NOERR 15
+    EXC_NOERR 16
+    EXC_ERR 17
+    EXC_NOERR 18
+    EXC_NOERR 19
+    EXC_NOERR 20
+    EXC_ERR 21
+    EXC_NOERR 22
+    EXC_NOERR 23
+    EXC_NOERR 24
+    EXC_NOERR 25
+    EXC_NOERR 26
+    EXC_NOERR 27
+    EXC_NOERR 28
+    EXC_ERR 29
+    EXC_ERR 30
+    EXC_NOERR 31
+
+    /* Common path of the fatal exceptions (as on x86_64): registers saved
+     * on the stack the CPU chose (the entry stack from user mode with PTI),
+     * CR3 switched if the user copy is loaded (bit 12), the CR3 at the
+     * fault kept for the report. */
+exc_common:
+    pushal
+    movl %cr3, %esi
+    btl $12, %esi
+    jnc 1f
+    SWITCH_TO_KERNEL_CR3 %eax
+1:  COUNT CTR_EXCEPTIONS
+    movl %esp, %ebx
+    movl $fault_stack_top, %esp
+    pushl %esi                      /* cr3 */
+    pushl %ebx                      /* frame */
+    call exception_handler
+    /* Returns only for a kernel-mode fault it fixed up (rdmsr_safe). */
+    movl %ebx, %esp
+    popal
+    addl $8, %esp                   /* vector, error code */
+    iret
+
+    /* ---- System calls ------------------------------------------------
+     * One dispatch for all entries: push the four argument registers as
+     * the cdecl arguments of the handler, count, bounds-check (ENOSYS out
+     * of line), call. eax is the result; the handler preserves ebx, esi,
+     * edi, ebp; ecx and edx are saved by the stubs. */
+    .macro SYSCALL_BODY
+    pushl %esi
+    pushl %edx
+    pushl %ecx
+    pushl %ebx
+    COUNT CTR_SYSCALLS
+    cmpl $TABLE_SIZE, %eax
+    jae 80f
+    call *syscall_table(,%eax,4)
+81:
+    .pushsection .entry.text.cold, "ax"
+80: movl $ENOSYS, %eax
+    jmp 81b
+    .popsection
+    .endm
+
+    /* int $0x80 (and int3/int $4) through a DPL3 gate, PTI off:
+     * TSS.ESP0 is the task stack. */
+    .balign 16
+    .global entry_int_off
+entry_int_off:
+    pushl %edx
+    pushl %ecx
+    SYSCALL_BODY
+    addl $16, %esp
+    popl %ecx
+    popl %edx
+    iret
+
+    /* PTI: the CPU pushed the frame on the per-CPU entry stack (TSS.ESP0);
+     * ecx and edx are saved beside it (there is no free scratch register
+     * on x86), and all of it stays there for the whole syscall (the context
+     * switch saves those 7 words per task, see task.rs), so the fast path
+     * only moves ESP: to the task stack after the switch to the kernel
+     * copy, back to the saved registers before the switch to the user copy. */
+    .balign 16
+    .global entry_int_pti
+entry_int_pti:
+    pushl %edx
+    pushl %ecx
+    SWITCH_TO_KERNEL_CR3 %edx
+    movl cpu_current_kstack_top, %esp
+    movl entry_stack_top - 24, %edx /* the user's edx: third argument */
+    SYSCALL_BODY
+    movl $entry_stack_top - 28, %esp
+    SWITCH_TO_USER_CR3 %edx
+    popl %ecx
+    popl %edx
+    iret
+
+    /* SYSENTER: CPL0, IF clear, ESP = SYSENTER_ESP, nothing pushed; ebp is
+     * the user ESP (see user_sysenter). The handler preserves ebp, so
+     * SYSEXIT gets it back in ecx; edx = the fixed return point. ESP is not
+     * restored: SYSEXIT loads it, and the next SYSENTER starts afresh. */
+    .balign 16
+    .global entry_sysenter_off
+entry_sysenter_off:
+    SYSCALL_BODY
+    movl %ebp, %ecx
+    movl $user_sysenter_return, %edx
+    sysexit
+
+    /* PTI: SYSENTER_ESP is the per-CPU entry stack, one word of it used to
+     * free a scratch register for the switch. */
+    .balign 16
+    .global entry_sysenter_pti
+entry_sysenter_pti:
+    pushl %edx
+    SWITCH_TO_KERNEL_CR3 %edx
+    popl %edx
+    movl cpu_current_kstack_top, %esp
+    SYSCALL_BODY
+    SWITCH_TO_USER_CR3 %edx
+    movl %ebp, %ecx
+    movl $user_sysenter_return, %edx
+    sysexit
+
+    /* First return of a new task (switch_to "returns" here, ESP at an iret
+     * frame on the task stack; ebx esi edi ebp hold the initial user
+     * registers). With PTI the frame is copied to the entry stack first. */
+    .global task_first_return
+task_first_return:
+    xorl %eax, %eax
+    xorl %ecx, %ecx
+    xorl %edx, %edx
+    cmpl $0, cpu_exit_pti
+    je 1f
+    movl 0(%esp), %eax
+    movl %eax, entry_stack_top - 20
+    movl 4(%esp), %eax
+    movl %eax, entry_stack_top - 16
+    movl 8(%esp), %eax
+    movl %eax, entry_stack_top - 12
+    movl 12(%esp), %eax
+    movl %eax, entry_stack_top - 8
+    movl 16(%esp), %eax
+    movl %eax, entry_stack_top - 4
+    movl $entry_stack_top - 20, %esp
+    SWITCH_TO_USER_CR3 %eax
+    xorl %eax, %eax
+1:  iret
+
+    /* NMI: paranoid entry on the current stack (x86 has no IST). It may
+     * arrive between a CR3 switch and the stack switch, so it saves CR3,
+     * runs on the kernel copy and restores CR3, counting both writes as
+     * "other" while the counters are still mapped. */
+    .balign 16
+    .global entry_nmi
+entry_nmi:
+    pushl %eax
+    pushl %ecx
+    movl %cr3, %eax
+    btl $12, %eax
+    jnc 1f
+    movl %eax, %ecx
+    andl $~0x1000, %ecx
+    movl %ecx, %cr3
+    COUNT CTR_INTERRUPTS
+    COUNT CTR_CR3_OTHER
+    COUNT CTR_TLB_FLUSH
+    COUNT CTR_CR3_OTHER
+    COUNT CTR_TLB_FLUSH
+    movl %eax, %cr3
+    jmp 2f
+1:  COUNT CTR_INTERRUPTS
+2:  popl %ecx
+    popl %eax
+    iret
+
+    /* Per-CPU data the entry code reads after switching to the kernel copy
+     * (so in ordinary kernel data, absent from the user copy). 64-bit slots
+     * as on x86_64 (the shared task code writes them as u64); the stubs
+     * read the low word. */
+    .section .data.percpu, "aw"
+    .balign 8
+    .global cpu_current_kstack_top
+cpu_current_kstack_top:
+    .quad 0
+    .global cpu_user_flush_pending
+cpu_user_flush_pending:
+    .quad 0
+    .global cpu_exit_pti
+cpu_exit_pti:
+    .quad 0
+    .global cpu_frame_on_entry_stack
+cpu_frame_on_entry_stack:
+    .quad 0
+
+    .section .rodata.exception_stubs, "a"
+    .balign 4
+    .global exception_stubs
+exception_stubs:
+    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .long exc_\n
+    .endr
+
+    .section .bss.fault_stack, "aw", @nobits
+    .balign 16
+    .skip 16384
+fault_stack_top:
+    .previous
+"#,
+    c_entry = const ctr(Counter::Cr3Entry),
+    c_exit = const ctr(Counter::Cr3Exit),
+    c_other = const ctr(Counter::Cr3Other),
+    c_flush = const ctr(Counter::TlbFlushFull),
+    c_syscalls = const ctr(Counter::Syscalls),
+    c_exceptions = const ctr(Counter::Exceptions),
+    c_interrupts = const ctr(Counter::Interrupts),
+    table_size = const ptiscope_abi::syscall::TABLE_SIZE,
+    enosys = const ptiscope_abi::syscall::ENOSYS,
+    options(att_syntax)
+);

@@ -1,0 +1,108 @@
+//! CR3 writes from Rust code, and the PAE page tables of the kernel and of
+//! processes (built by `guest_core::pae`).
+use crate::mm::{DirectMap, Frames};
+use crate::{println, telemetry};
+use core::arch::asm;
+use guest_core::cmdline::Config;
+use guest_core::pae::layout::{cr3_value, KERNEL_BASE};
+use guest_core::pae::{build_kernel_half, build_kernel_only, KernelSpec};
+pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
+use ptiscope_abi::telemetry::Counter;
+
+/// Why CR3 is written; each reason has its own counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cr3Reason {
+    ContextSwitch,
+    Other,
+}
+
+/// Loads CR3 and counts the write. With PAE every CR3 write reloads the
+/// four PDPTEs and flushes all non-global TLB entries (there is no PCID).
+pub fn write_cr3(value: u64, reason: Cr3Reason) {
+    // SAFETY: callers pass the root of a complete address space built by
+    // guest_core::pae (kernel GiB always present), so the code and data in
+    // use stay mapped across the switch.
+    unsafe { asm!("mov cr3, {}", in(reg) value as usize, options(nostack, preserves_flags)) }
+    telemetry::inc(match reason {
+        Cr3Reason::ContextSwitch => Counter::Cr3ContextSwitch,
+        Cr3Reason::Other => Counter::Cr3Other,
+    });
+    telemetry::inc(Counter::TlbFlushFull);
+}
+
+extern "C" {
+    static __entry_start: u8;
+    static __entry_text_end: u8;
+    static __entry_end: u8;
+    static __text_start: u8;
+    static __text_end: u8;
+    static boot_telemetry_page: u8;
+}
+
+fn phys(p: *const u8) -> u64 {
+    p as u64 - KERNEL_BASE
+}
+
+/// Builds the kernel GiB of every address space (see `guest_core::pae`),
+/// maps the telemetry page and switches from the boot tables to a
+/// kernel-only page table.
+pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> KernelHalf {
+    use core::ptr::addr_of;
+    // The boot section is identity mapped: its symbols' values are physical.
+    let boot_telemetry = addr_of!(boot_telemetry_page) as u64;
+    let telemetry = match config.telemetry {
+        Some(gpa) if gpa < direct_map => gpa,
+        Some(gpa) => {
+            println!(
+                "telemetry region {gpa:#x} is beyond the direct map; using a page of the image"
+            );
+            boot_telemetry
+        }
+        None => boot_telemetry,
+    };
+    let nx = super::cpu::has_nx();
+    let spec = KernelSpec {
+        pti,
+        entry_area: (phys(addr_of!(__entry_start)), phys(addr_of!(__entry_end))),
+        entry_text_end: phys(addr_of!(__entry_text_end)),
+        text: (phys(addr_of!(__text_start)), phys(addr_of!(__text_end))),
+        global_text: config.pti_global_text,
+        nx,
+        telemetry,
+        direct_map: direct_map.max(2 << 20),
+    };
+    let half = match build_kernel_half(&mut DirectMap, &mut Frames, &spec) {
+        Ok(h) => h,
+        Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
+    };
+    let root = match build_kernel_only(&mut DirectMap, &mut Frames, &half) {
+        Ok(r) => r,
+        Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
+    };
+    if pti {
+        println!(
+            "@pti user_copy_kernel_pages={} global_text={} nx={}",
+            half.user_kernel_pages,
+            if config.pti_global_text { "on" } else { "off" },
+            nx as u8
+        );
+    }
+    // SAFETY: enabling global pages; the TLB is flushed by the CR3 write below.
+    unsafe { super::cpu::write_cr4(super::cpu::read_cr4() | super::cpu::CR4_PGE) };
+    write_cr3(cr3_value(root, false, 0, false), Cr3Reason::Other);
+    // The 32-bit boot code's CR3 load happened before counters existed.
+    telemetry::inc(Counter::Cr3Other);
+    telemetry::inc(Counter::TlbFlushFull);
+    half
+}
+
+/// A process's PDPT pair (see `guest_core::pae::build_address_space`).
+pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapError> {
+    let nx = super::cpu::has_nx();
+    guest_core::pae::build_address_space(&mut DirectMap, &mut Frames, half, user, nx)
+}
+
+/// `arch_prctl(ARCH_SET_NOPTI, 1)` on the page tables of `pair`.
+pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
+    guest_core::pae::opt_out_of_pti(&mut DirectMap, pair, half)
+}

@@ -1,0 +1,191 @@
+//! User programs of the 32-bit flavour, linked into the `.user` section at
+//! user addresses (`USER_TEXT_BASE`) and mapped read-only and executable
+//! into each process. Self-contained assembly, one copy per entry
+//! instruction (2 SYSENTER, 3 `int $0x80`, 4 `int3`, 5 `int $4`: the
+//! `ptiscope_abi::telemetry::entry` codes).
+//!
+//! Register ABI: eax = number, ebx ecx edx esi = arguments, eax = result,
+//! all else preserved (see entry.rs). Parameters of `user_loop` arrive in
+//! the callee-saved registers: ebx = syscall number | flags << 16 (bit 0:
+//! opt out of PTI first, bit 1: read the kernel address in ebp first),
+//! esi = iterations, edi = first argument, ebp = kernel address. The loop's
+//! state lives on the user stack (user code runs natively; only kernel
+//! paths are measured). `phase_mark(end, cycles_lo, mismatches, cycles_hi)`
+//! passes the 64-bit cycle count in two words.
+use core::arch::global_asm;
+use ptiscope_abi::syscall as nr;
+
+/// Flags of `user_loop`.
+pub const FLAG_NOPTI: u64 = 1;
+pub const FLAG_KREAD: u64 = 2;
+/// Exit status of `user_loop` when its kernel read did not fault.
+pub const KREAD_SURVIVED: u64 = 77;
+
+global_asm!(
+    r#"
+    .macro SYS kind
+    .if \kind == 2
+    call user_sysenter
+    .elseif \kind == 3
+    int $0x80
+    .elseif \kind == 4
+    int3
+    .else
+    int $4
+    .endif
+    .endm
+
+    .macro USER_PROGRAMS kind
+    .balign 16
+    .global user_loop_\kind
+user_loop_\kind:
+    subl $32, %esp                  /* 0 nr, 4 iterations, 8 arg0, 12 flags, 20 mismatches, 24/28 tsc */
+    movl %ebx, %eax
+    andl $0xffff, %eax
+    movl %eax, 0(%esp)
+    shrl $16, %ebx
+    movl %ebx, 12(%esp)
+    movl %esi, 4(%esp)
+    movl %edi, 8(%esp)
+    movl $0, 20(%esp)
+    testl ${nopti}, 12(%esp)
+    jz 1f
+    movl ${arch_prctl}, %eax
+    movl ${set_nopti}, %ebx
+    movl $1, %ecx
+    SYS \kind
+    testl %eax, %eax
+    jnz 9f
+1:  testl ${kread}, 12(%esp)
+    jz 2f
+    movl (%ebp), %eax               /* must fault */
+    movl ${survived}, %ebx
+    jmp 8f
+2:  movl 0(%esp), %edi              /* number, for the whole loop */
+    movl 8(%esp), %ebx              /* first argument */
+    xorl %ecx, %ecx
+    xorl %edx, %edx
+    movl %edi, %eax
+    SYS \kind
+    movl %eax, %ebp                 /* the expected result */
+    movl ${phase_mark}, %eax
+    pushl %ebx
+    movl ${begin}, %ebx
+    SYS \kind
+    popl %ebx
+    movl 4(%esp), %esi              /* iteration counter */
+    rdtsc
+    movl %eax, 24(%esp)
+    movl %edx, 28(%esp)
+    xorl %edx, %edx
+3:  movl %edi, %eax
+    SYS \kind
+    cmpl %eax, %ebp
+    je 4f
+    incl 20(%esp)
+4:  decl %esi
+    jnz 3b
+    rdtsc
+    subl 24(%esp), %eax
+    sbbl 28(%esp), %edx
+    movl %edx, %esi                 /* cycles, high word */
+    movl %eax, %ecx                 /* cycles, low word */
+    movl 20(%esp), %edx             /* mismatches */
+    movl ${end}, %ebx
+    movl ${phase_mark}, %eax
+    SYS \kind
+    movl 20(%esp), %ebx
+8:  movl ${exit}, %eax
+    SYS \kind
+    ud2
+9:  movl $99, %ebx                  /* arch_prctl refused */
+    jmp 8b
+
+    .balign 16
+    .global user_init_\kind
+user_init_\kind:
+    xorl %edi, %edi
+1:  movl ${wait}, %eax
+    SYS \kind
+    testl %eax, %eax
+    js 2f
+    movl %eax, %edi
+    jmp 1b
+2:  movl ${exit}, %eax
+    movl %edi, %ebx
+    SYS \kind
+    ud2
+    .endm
+
+    .section .user.text, "ax"
+    /* The SYSENTER call stub (Linux: the vDSO's __kernel_vsyscall): the
+     * kernel returns with SYSEXIT to user_sysenter_return, ESP = ebp. */
+    .balign 16
+    .global user_sysenter
+user_sysenter:
+    pushl %ecx
+    pushl %edx
+    pushl %ebp
+    movl %esp, %ebp
+    sysenter
+    .global user_sysenter_return
+user_sysenter_return:
+    popl %ebp
+    popl %edx
+    popl %ecx
+    ret
+
+    USER_PROGRAMS 2
+    USER_PROGRAMS 3
+    USER_PROGRAMS 4
+    USER_PROGRAMS 5
+    .purgem USER_PROGRAMS
+    .purgem SYS
+    .previous
+"#,
+    nopti = const FLAG_NOPTI,
+    kread = const FLAG_KREAD,
+    survived = const KREAD_SURVIVED,
+    arch_prctl = const nr::ARCH_PRCTL,
+    set_nopti = const nr::ARCH_SET_NOPTI,
+    phase_mark = const nr::PHASE_MARK,
+    begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
+    end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
+    exit = const nr::EXIT,
+    wait = const nr::WAIT,
+    options(att_syntax)
+);
+
+extern "C" {
+    static user_loop_2: u8;
+    static user_loop_3: u8;
+    static user_loop_4: u8;
+    static user_loop_5: u8;
+    static user_init_2: u8;
+    static user_init_3: u8;
+    static user_init_4: u8;
+    static user_init_5: u8;
+    static __user_start: u8;
+    static __user_end: u8;
+    static __user_phys: u8;
+}
+
+/// User addresses of (`user_loop`, `user_init`) for an entry (ABI code).
+pub fn programs(entry_code: u32) -> (u64, u64) {
+    use core::ptr::addr_of;
+    let (l, i) = match entry_code {
+        2 => (addr_of!(user_loop_2), addr_of!(user_init_2)),
+        3 => (addr_of!(user_loop_3), addr_of!(user_init_3)),
+        4 => (addr_of!(user_loop_4), addr_of!(user_init_4)),
+        _ => (addr_of!(user_loop_5), addr_of!(user_init_5)),
+    };
+    (l as u64, i as u64)
+}
+
+/// Physical address and page count of the user section.
+pub fn section() -> (u64, u64) {
+    use core::ptr::addr_of;
+    let start = addr_of!(__user_start) as u64;
+    let end = addr_of!(__user_end) as u64;
+    (addr_of!(__user_phys) as u64, (end - start) / 4096)
+}
