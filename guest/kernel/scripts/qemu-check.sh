@@ -6,10 +6,20 @@
 # after the per-process opt-out; kread faults not-present (0x4) with PTI and
 # protection (0x5) without. Exits nonzero on the first mismatch.
 #
-# usage: scripts/qemu-check.sh [ELF]   (default: the release build)
+# ARCH=i386 checks the 32-bit PAE flavour under qemu-system-i386 instead
+# (SYSENTER and int entries; entry=syscall refused; pti_global_text changes
+# what the user copy maps, per the guest's `@pti user_copy_kernel_pages=`).
+#
+# usage: [ARCH=x86_64|i386] scripts/qemu-check.sh [ELF]   (default: the release build)
 set -u
 cd "$(dirname "$0")/.."
-ELF=${1:-target/x86_64-unknown-none/release/ptiscope-guest}
+ARCH=${ARCH:-x86_64}
+case $ARCH in
+x86_64) QEMU=qemu-system-x86_64 TRIPLE=x86_64-unknown-none DEFAULT_ENTRIES="int3 int4 int80 syscall" ;;
+i386) QEMU=qemu-system-i386 TRIPLE=i586-unknown-linux-gnu DEFAULT_ENTRIES="int80 sysenter int3 int4" ;;
+*) echo "ARCH must be x86_64 or i386" >&2; exit 2 ;;
+esac
+ELF=${1:-target/$TRIPLE/release/ptiscope-guest}
 ACCEL=${ACCEL:-tcg}
 N=${N:-200}
 extra=()
@@ -17,7 +27,7 @@ extra=()
 fail=0
 
 boot() { # cmdline -> stdout of the guest; sets rc
-    out=$(timeout 120 qemu-system-x86_64 -M microvm -accel "$ACCEL" "${extra[@]}" ${CPU:+-cpu "$CPU"} -m 128M \
+    out=$(timeout 120 $QEMU -M microvm -accel "$ACCEL" "${extra[@]}" ${CPU:+-cpu "$CPU"} -m 128M \
         -nodefaults -no-user-config -display none -serial stdio \
         -device isa-debug-exit,iobase=0xf4,iosize=4 -kernel "$ELF" -append "$1" 2>/dev/null)
     rc=$?
@@ -28,7 +38,7 @@ check() { # what expected actual
 }
 
 boot ""
-check "banner" "ptiscope guest x86_64" "$(head -1 <<<"$out" | cut -d' ' -f1-3)"
+check "banner" "ptiscope guest $ARCH" "$(head -1 <<<"$out" | cut -d' ' -f1-3)"
 check "workload=none exit" 1 "$rc"
 boot "bogus=1"
 check "unknown key exit (BAD_CMDLINE)" 9 "$rc"
@@ -38,7 +48,23 @@ for f in pf gp ud de; do
 done
 check "fault=de vector" 0 "$(field vector)"
 
-entries=${ENTRIES:-"int3 int4 int80 syscall"}
+if [ "$ARCH" = i386 ]; then
+    boot "workload=getpid entry=syscall"
+    check "entry=syscall exit (UNSUPPORTED)" 13 "$rc"
+    boot "workload=getpid pcid=on entry=int80"
+    check "pcid=on exit (UNSUPPORTED)" 13 "$rc"
+    # What the user copy maps: the entry area only, or with the kernel text.
+    boot "pti=on pti_global_text=off"
+    entry_pages=$(field user_copy_kernel_pages)
+    boot "pti=on pti_global_text=on"
+    text_pages=$(field user_copy_kernel_pages)
+    check "pti_global_text=on maps more kernel pages in the user copy" yes \
+        "$([ -n "$entry_pages" ] && [ "${text_pages:-0}" -gt "$entry_pages" ] && echo yes || echo "no ($entry_pages vs $text_pages)")"
+    boot "workload=getpid iterations=$N pti=on pti_global_text=on entry=sysenter"
+    check "sysenter getpid pti_global_text=on cr3_writes" $((2 * N + 2)) "$(field cr3_writes)"
+fi
+
+entries=${ENTRIES:-$DEFAULT_ENTRIES}
 for entry in $entries; do
     for w in getpid getppid write-badfd; do
         for pti in on off; do

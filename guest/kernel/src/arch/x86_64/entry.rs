@@ -477,12 +477,12 @@ entry_nmi:
     movq %rax, %rcx
     andq $~PTI_SWITCH_MASK, %rcx
     mov %rcx, %cr3
-    incq CTR_CR3_OTHER
-    incq CTR_TLB_FLUSH
     incq CTR_INTERRUPTS
-    mov %rax, %cr3
+    incq CTR_CR3_OTHER              /* both writes counted here: after the */
+    incq CTR_TLB_FLUSH              /* restore the counters are unmapped */
     incq CTR_CR3_OTHER
     incq CTR_TLB_FLUSH
+    mov %rax, %cr3
     jmp 2f
 1:  incq CTR_INTERRUPTS
 2:  popq %rcx
