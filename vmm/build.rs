@@ -19,7 +19,10 @@ const FLAVOURS: &[(&str, &str)] = &[
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let root = manifest_dir.parent().expect("vmm/ has a parent").to_path_buf();
+    let root = manifest_dir
+        .parent()
+        .expect("vmm/ has a parent")
+        .to_path_buf();
     let guest_dir = root.join("guest");
     let target_dir = env::var_os("PTISCOPE_GUEST_TARGET_DIR")
         .map(PathBuf::from)
@@ -71,7 +74,14 @@ fn build_guest(kernel_dir: &Path, target_dir: &Path, triple: &str) -> PathBuf {
              is the target installed? `rustup target add {triple}`"
         );
     }
-    let elf = target_dir.join(triple).join("release").join("ptiscope-guest");
-    assert!(elf.is_file(), "guest build succeeded but {} is missing", elf.display());
+    let elf = target_dir
+        .join(triple)
+        .join("release")
+        .join("ptiscope-guest");
+    assert!(
+        elf.is_file(),
+        "guest build succeeded but {} is missing",
+        elf.display()
+    );
     elf
 }
