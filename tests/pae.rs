@@ -29,3 +29,148 @@ fn an_elf32_pvh_image_boots_or_is_refused_with_the_host_limitation_named() {
         assert!(err.contains("--backend qemu"), "{err}");
     }
 }
+
+/// `key=value` pairs of the first console line starting with `prefix`.
+fn machine_line(console: &str, prefix: &str) -> std::collections::HashMap<String, String> {
+    let line = console
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in:\n{console}"));
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Runs the embedded i386 guest under QEMU TCG (`--backend qemu`); `None`
+/// (with the reason printed) where qemu-system-i386 is missing.
+fn run_i386_qemu(args: &[&str]) -> Option<(Option<i32>, String)> {
+    if std::process::Command::new("qemu-system-i386")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP i386 under QEMU: qemu-system-i386 is not installed");
+        return None;
+    }
+    let o = ptiscope()
+        .args([
+            "run",
+            "--arch",
+            "i386",
+            "--backend",
+            "qemu",
+            "--timeout",
+            "60",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    Some((o.status.code(), stdout(&o) + &stderr(&o)))
+}
+
+#[test]
+fn the_embedded_i386_guest_is_refused_here_or_boots_under_kvm() {
+    if !kvm_or_skip("embedded i386 guest under KVM") {
+        return;
+    }
+    let o = ptiscope()
+        .args(["run", "--arch", "i386", "--timeout", "20"])
+        .output()
+        .unwrap();
+    if host_pae_paging_works() {
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(stdout(&o).contains("ptiscope guest i386"));
+    } else {
+        assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
+        assert!(stderr(&o).contains("refuses 32-bit paging"));
+    }
+}
+
+#[test]
+fn i386_getpid_costs_two_cr3_writes_per_call_with_pti_and_none_without_on_both_entries() {
+    const N: u64 = 200;
+    for entry in ["sysenter", "int80"] {
+        for pti in ["on", "off"] {
+            let n = N.to_string();
+            let Some((code, out)) = run_i386_qemu(&[
+                "--pti",
+                pti,
+                "--entry",
+                entry,
+                "--workload",
+                "getpid",
+                "--iterations",
+                &n,
+            ]) else {
+                return;
+            };
+            assert_eq!(code, Some(0), "{entry} pti={pti}:\n{out}");
+            assert!(out.contains("ptiscope guest i386"), "{out}");
+            let r = machine_line(&out, "@result");
+            assert_eq!(r["entry"], entry);
+            assert_eq!(r["pti"], pti);
+            assert_eq!(r["mismatches"], "0", "getpid returned wrong pids: {r:?}");
+            assert_eq!(r["syscalls"], (N + 1).to_string());
+            let expected = if pti == "on" { 2 * (N + 1) } else { 0 };
+            assert_eq!(
+                r["cr3_writes"],
+                expected.to_string(),
+                "{entry} pti={pti}: {r:?}"
+            );
+            // PAE has no PCID: every CR3 write flushes.
+            assert_eq!(r["tlb_flushes"], expected.to_string());
+            assert_eq!(r["cr3_noflush"], "0");
+        }
+    }
+}
+
+#[test]
+fn i386_user_read_of_kernel_memory_faults_not_present_with_pti_and_protection_without() {
+    let mut codes = Vec::new();
+    for pti in ["on", "off"] {
+        let Some((code, out)) = run_i386_qemu(&["--pti", pti, "--cmdline", "fault=kread"]) else {
+            return;
+        };
+        assert_eq!(
+            code,
+            Some(ptiscope_abi::exit_status::EXCEPTION as i32),
+            "{out}"
+        );
+        let f = machine_line(&out, "@fault");
+        assert_eq!(f["vector"], "14", "{f:?}");
+        let e = u64::from_str_radix(f["error"].trim_start_matches("0x"), 16).unwrap();
+        codes.push(e);
+    }
+    // Bit 2: from user mode. Bit 0: the page was present.
+    assert_eq!(codes[0] & 0b101, 0b100, "PTI: absent from the user copy");
+    assert_eq!(codes[1] & 0b101, 0b101, "no PTI: a protection violation");
+}
+
+#[test]
+fn i386_pti_global_text_maps_kernel_text_into_the_user_copy() {
+    let mut pages = Vec::new();
+    for global in ["off", "on"] {
+        let Some((code, out)) = run_i386_qemu(&[
+            "--pti",
+            "on",
+            "--workload",
+            "getpid",
+            "--iterations",
+            "50",
+            "--cmdline",
+            &format!("pti_global_text={global}"),
+        ]) else {
+            return;
+        };
+        assert_eq!(code, Some(0), "{out}");
+        let p = machine_line(&out, "@pti");
+        pages.push(p["user_copy_kernel_pages"].parse::<u64>().unwrap());
+        let r = machine_line(&out, "@result");
+        assert_eq!(r["cr3_writes"], "102", "still 2 per call: {r:?}");
+    }
+    assert!(
+        pages[1] > pages[0],
+        "global text adds kernel text to the user copy: {pages:?}"
+    );
+}

@@ -117,6 +117,12 @@ pub struct CompareArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Which embedded guest to compare (with `--kernel`, the image decides).
+    #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
+    pub arch: Arch,
+    /// Where to run the guests: our VMM on KVM, or QEMU TCG (guest-reported figures only).
+    #[arg(long, value_enum, default_value = "kvm")]
+    pub backend: Backend,
 }
 
 #[derive(Debug, Args)]
@@ -165,11 +171,36 @@ pub struct RunArgs {
     /// Where the --metrics-interval lines go (a file or FIFO; default stderr).
     #[arg(long, value_name = "FILE_OR_FIFO", requires = "metrics_interval")]
     pub metrics_out: Option<PathBuf>,
+    /// Which embedded guest to boot: the x86_64 flavour or the 32-bit PAE one
+    /// (with `--kernel`, the image decides).
+    #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
+    pub arch: Arch,
     /// Where to run the guest: our VMM on KVM, or QEMU's TCG (software
     /// emulation: slower, and every figure is guest-reported) for what this
     /// host's KVM cannot run.
     #[arg(long, value_enum, default_value = "kvm", conflicts_with_all = ["metrics_interval", "cpu_vuln"])]
     pub backend: Backend,
+}
+
+/// Guest flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    /// 64-bit, 4-level paging.
+    #[value(name = "x86_64")]
+    X86_64,
+    /// 32-bit, PAE paging (3G/1G).
+    #[value(name = "i386")]
+    I386,
+}
+
+impl Arch {
+    /// The embedded guest image of this flavour.
+    pub fn embedded_image(self) -> &'static [u8] {
+        match self {
+            Arch::X86_64 => crate::GUEST_X86_64,
+            Arch::I386 => crate::GUEST_I386,
+        }
+    }
 }
 
 /// Where a guest runs.

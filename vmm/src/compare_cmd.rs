@@ -7,11 +7,11 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::cli::CompareArgs;
+use crate::cli::{Backend, CompareArgs};
 use crate::cmdline::{CpuVuln, Entry, Pcid, Pti};
 use crate::host;
 use crate::loader::KernelSource;
-use crate::measure::{rate_name, Measurer};
+use crate::measure::{rate_name, summary_from_result, Measurer};
 use crate::report::{CompareTable, Condition, Metric, RunSummary};
 use crate::vm::{exit_code, RunConfig, RunOutcome, SerialOut};
 
@@ -116,12 +116,31 @@ pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
         .collect()
 }
 
+/// The image bytes of an embedded kernel (for naming the QEMU binary);
+/// a `--kernel` file is named after its own class by the run itself.
+fn embedded_or_kernel(config: &RunConfig) -> &'static [u8] {
+    match &config.kernel {
+        KernelSource::Embedded(b) => b,
+        KernelSource::Path(_) => &[],
+    }
+}
+
 /// One measured run; `Err` carries the exit code and what to print.
-pub fn run_measured(config: &RunConfig) -> Result<(RunOutcome, RunSummary), (i32, String)> {
+pub fn run_measured(
+    config: &RunConfig,
+    backend: Backend,
+) -> Result<(RunOutcome, RunSummary), (i32, String)> {
     let mut m = Measurer::new();
-    match crate::run_vm(config, &mut m) {
+    let run = match backend {
+        Backend::Kvm => crate::run_vm(config, &mut m).map_err(|e| (e.exit_code(), e.to_string())),
+        Backend::Qemu => crate::qemu::run_qemu(config).map_err(|e| (e.exit_code(), e.to_string())),
+    };
+    match run {
         Ok(o) => {
-            let s = m.summary(&o, config_words(&o), config.guest.iterations);
+            let s = match backend {
+                Backend::Kvm => m.summary(&o, config_words(&o), config.guest.iterations),
+                Backend::Qemu => summary_from_result(&o, config_words(&o)),
+            };
             if o.exit_code() != 0 {
                 let mut msg = format!("{}", o.stop);
                 for f in o.faults() {
@@ -137,7 +156,7 @@ pub fn run_measured(config: &RunConfig) -> Result<(RunOutcome, RunSummary), (i32
             }
             Ok((o, s))
         }
-        Err(e) => Err((e.exit_code(), e.to_string())),
+        Err(e) => Err(e),
     }
 }
 
@@ -210,7 +229,8 @@ fn progress(total: u64, quiet: bool) -> indicatif::ProgressBar {
 }
 
 /// Runs the comparison and prints it; returns the process exit code.
-pub fn run(args: &CompareArgs, embedded: &'static [u8]) -> i32 {
+pub fn run(args: &CompareArgs) -> i32 {
+    let embedded = args.arch.embedded_image();
     let conditions: Vec<Condition> = match args
         .fail_if
         .iter()
@@ -233,17 +253,26 @@ pub fn run(args: &CompareArgs, embedded: &'static [u8]) -> i32 {
         }
     };
 
-    let entry = match base.config.guest.entry {
-        Some(Entry::Auto) | None => {
-            format!("{} (entry=auto, from the probe)", host::resolve_entry())
-        }
-        Some(e) => e.to_string(),
-    };
-    let flavour = host::kvm_flavour();
     println!("ptiscope compare: what PTI costs in the ptiscope guest on this host");
     println!("  host:      {}", host::describe_host());
-    println!("  KVM:       {}", flavour.describe());
-    println!("  entry:     {entry}");
+    match args.backend {
+        Backend::Kvm => {
+            let entry = match base.config.guest.entry {
+                Some(Entry::Auto) | None => {
+                    format!("{} (entry=auto, from the probe)", host::resolve_entry())
+                }
+                Some(e) => e.to_string(),
+            };
+            println!("  KVM:       {}", host::kvm_flavour().describe());
+            println!("  entry:     {entry}");
+        }
+        Backend::Qemu => {
+            println!(
+                "  backend:   QEMU TCG ({}): software emulation, every figure guest-reported",
+                crate::qemu::binary_for(embedded_or_kernel(&base.config))
+            );
+        }
+    }
     println!(
         "  workload:  {} x {} iterations per run, {} runs per side, interleaved",
         base.config.guest.workload.as_deref().unwrap_or("-"),
@@ -273,7 +302,7 @@ pub fn run(args: &CompareArgs, embedded: &'static [u8]) -> i32 {
                 bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
             }
             bar.set_message(specs[side].label.clone());
-            match run_measured(&specs[side].config) {
+            match run_measured(&specs[side].config, args.backend) {
                 Ok((_, s)) => {
                     if !s.telemetry_valid() {
                         bar.suspend(|| {
@@ -347,7 +376,9 @@ pub fn run(args: &CompareArgs, embedded: &'static [u8]) -> i32 {
     for d in &dropped {
         println!("  note: metric {d}, left out of the table");
     }
-    if disagreements.is_empty() {
+    if args.backend == Backend::Qemu {
+        println!("  backend qemu: no host-observed figures, so nothing to cross-check");
+    } else if disagreements.is_empty() {
         println!("  cross-checks (host-observed vs guest-reported): all agree in every run");
     } else {
         println!("  cross-checks that DISAGREE:");
@@ -355,7 +386,7 @@ pub fn run(args: &CompareArgs, embedded: &'static [u8]) -> i32 {
             println!("    {d}");
         }
     }
-    if !flavour.sees_cr3_writes() {
+    if args.backend == Backend::Kvm && !host::kvm_flavour().sees_cr3_writes() {
         println!(
             "  note: with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only"
         );

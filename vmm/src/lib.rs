@@ -29,3 +29,6 @@ pub use vm::{run_vm, NoObserver, PhaseObserver, RunConfig, RunError, RunOutcome,
 
 /// The embedded default guest image, x86_64 flavour (built by `vmm/build.rs`).
 pub static GUEST_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_X86_64"));
+
+/// The embedded guest image, 32-bit PAE flavour (an ELF32, built by `vmm/build.rs`).
+pub static GUEST_I386: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_I386"));

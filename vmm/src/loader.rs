@@ -25,6 +25,10 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::memory::{MemoryLayout, CMDLINE_ADDR, MEMMAP_ADDR, START_INFO_ADDR};
 
+/// Guest memory a 32-bit (3G/1G) guest can map: the VMM's telemetry page
+/// at the top of RAM must be inside it.
+pub const ELF32_MAX_MEM_MIB: u64 = 768;
+
 /// Largest kernel image accepted (the guest is well under a MiB).
 pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 
@@ -69,6 +73,11 @@ pub enum LoadError {
     NotElf(String),
     #[error("kernel image {0}: malformed ELF32 image ({1})")]
     Elf32(String, String),
+    #[error(
+        "kernel image {0} is a 32-bit guest, which maps only the first {ELF32_MAX_MEM_MIB} MiB \
+         (the 3G/1G split); use --mem {ELF32_MAX_MEM_MIB} or less"
+    )]
+    Elf32TooMuchMemory(String),
     #[error("kernel image {0} is not a little-endian x86 ELF (class/data/machine = {1}/{2}/{3})")]
     WrongArch(String, u8, u8, u16),
     #[error("kernel image {0}: malformed ELF header or program headers ({1})")]
@@ -346,6 +355,9 @@ fn elf32_segments<'a>(
     use object::LittleEndian;
 
     let bad = |what: String| LoadError::Elf32(name.to_string(), what);
+    if layout.mem_bytes() > ELF32_MAX_MEM_MIB << 20 {
+        return Err(LoadError::Elf32TooMuchMemory(name.to_string()));
+    }
     let file = ElfFile32::<LittleEndian>::parse(image).map_err(|e| bad(e.to_string()))?;
     let endian = file.endian();
     let headers = file
@@ -580,6 +592,12 @@ mod tests {
         assert!(matches!(
             load_bytes(&mem, &layout, "elf32", &no_note),
             Err(LoadError::NoPvhNote(_))
+        ));
+        let big = MemoryLayout::new(1024).unwrap();
+        let big_mem = big.create_guest_memory().unwrap();
+        assert!(matches!(
+            load_bytes(&big_mem, &big, "elf32", &img),
+            Err(LoadError::Elf32TooMuchMemory(_))
         ));
         let mut cut = tiny_elf32(0x10_0000, 0x10_0000);
         cut.truncate(0x60);

@@ -28,15 +28,13 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Run(args)) => run(&args),
-        Some(Command::Compare(args)) => {
-            code(ptiscope::compare_cmd::run(&args, ptiscope::GUEST_X86_64))
-        }
+        Some(Command::Compare(args)) => code(ptiscope::compare_cmd::run(&args)),
         Some(Command::Probe(args)) => probe(&args),
         // No command: the README's main job, the default comparison.
         None => match Cli::try_parse_from(["ptiscope", "compare"]) {
             Ok(Cli {
                 command: Some(Command::Compare(args)),
-            }) => code(ptiscope::compare_cmd::run(&args, ptiscope::GUEST_X86_64)),
+            }) => code(ptiscope::compare_cmd::run(&args)),
             _ => code(exit_code::INTERNAL),
         },
     }
@@ -47,7 +45,7 @@ fn code(c: i32) -> ExitCode {
 }
 
 fn run(args: &RunArgs) -> ExitCode {
-    let config = args.to_config(ptiscope::GUEST_X86_64);
+    let config = args.to_config(args.arch.embedded_image());
     if args.backend == Backend::Qemu {
         return run_qemu(args, &config);
     }
