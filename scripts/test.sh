@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The README's test command: formatting, lints, then every test of the
 # workspace (unit tests, and integration tests that boot real guests under KVM
-# and QEMU).
+# and QEMU). Ends with one "N passed, N failed" line totalling all test binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 (cd guest/kernel && cargo fmt --all -- --check)
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"

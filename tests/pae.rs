@@ -50,7 +50,7 @@ fn run_i386_qemu(args: &[&str]) -> Option<(Option<i32>, String)> {
         .output()
         .is_err()
     {
-        eprintln!("SKIP i386 under QEMU: qemu-system-i386 is not installed");
+        ptiscope::test_support::skip("i386 under QEMU", "qemu-system-i386 is not installed");
         return None;
     }
     let o = ptiscope()

@@ -272,7 +272,7 @@ fn host_walk_finds_no_kernel_mapping_outside_the_entry_area_in_the_user_copy() {
 fn qemu_tcg(append: &str) -> Option<(Option<i32>, String)> {
     let qemu = "qemu-system-x86_64";
     if Command::new(qemu).arg("--version").output().is_err() {
-        eprintln!("SKIP PCID under QEMU: {qemu} is not installed");
+        ptiscope::test_support::skip("PCID under QEMU", &format!("{qemu} is not installed"));
         return None;
     }
     let elf = scratch("pti-qemu").join("guest.elf");
@@ -321,9 +321,10 @@ fn pcid_path_uses_noflush_cr3_writes_where_the_cpu_has_pcid() {
         let unsupported = (ptiscope_abi::exit_status::UNSUPPORTED << 1 | 1) as i32;
         if pcid == "on" && code == Some(unsupported) {
             assert!(out.contains("no PCID"), "{out}");
-            eprintln!(
-                "SKIP PCID path: this QEMU's TCG has no PCID (CPUID.1:ECX[17] clear); \
-                 the guest refused pcid=on cleanly. Run on a KVM host with PCID."
+            ptiscope::test_support::skip(
+                "PCID path",
+                "this QEMU's TCG has no PCID (CPUID.1:ECX[17] clear) and the guest refused \
+                 pcid=on cleanly (checked); run on a KVM host with PCID to exercise it",
             );
             return;
         }

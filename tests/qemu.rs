@@ -13,7 +13,10 @@ use common::*;
 fn embedded_guest_boots_under_qemu_microvm() {
     let qemu = "qemu-system-x86_64";
     if Command::new(qemu).arg("--version").output().is_err() {
-        eprintln!("SKIP embedded_guest_boots_under_qemu_microvm: {qemu} is not installed");
+        ptiscope::test_support::skip(
+            "embedded_guest_boots_under_qemu_microvm",
+            &format!("{qemu} is not installed"),
+        );
         return;
     }
     let elf = scratch("qemu").join("guest.elf");
@@ -94,7 +97,7 @@ fn backend_qemu_runs_the_workload_and_reports_guest_figures() {
         .output()
         .is_err()
     {
-        eprintln!("SKIP backend qemu: qemu-system-x86_64 is not installed");
+        ptiscope::test_support::skip("backend qemu", "qemu-system-x86_64 is not installed");
         return;
     }
     let json = scratch("backend-qemu").join("run.json");

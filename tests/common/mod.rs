@@ -21,7 +21,7 @@ pub fn kvm_or_skip(test: &str) -> bool {
     {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("SKIP {test}: /dev/kvm is not usable here ({e})");
+            ptiscope::test_support::skip(test, &format!("/dev/kvm is not usable here ({e})"));
             false
         }
     }

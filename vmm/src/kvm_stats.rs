@@ -630,13 +630,13 @@ mod tests {
 
         fn kvm() -> Option<Kvm> {
             if !std::path::Path::new("/dev/kvm").exists() {
-                eprintln!("skipped: /dev/kvm is absent on this host");
+                crate::test_support::skip("kvm_stats", "/dev/kvm is absent on this host");
                 return None;
             }
             match Kvm::new() {
                 Ok(k) => Some(k),
                 Err(e) => {
-                    eprintln!("skipped: cannot open /dev/kvm: {e}");
+                    crate::test_support::skip("kvm_stats", &format!("cannot open /dev/kvm: {e}"));
                     None
                 }
             }
@@ -647,7 +647,10 @@ mod tests {
             match r {
                 Ok(s) => Some(s),
                 Err(KvmStatsError::Unsupported) => {
-                    eprintln!("skipped: KVM stats fd not available on this host");
+                    crate::test_support::skip(
+                        "kvm_stats",
+                        "KVM stats fd not available on this host",
+                    );
                     None
                 }
                 Err(e) => panic!("opening stats fd: {e}"),

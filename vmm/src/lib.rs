@@ -32,3 +32,16 @@ pub static GUEST_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_X86_64"));
 
 /// The embedded guest image, 32-bit PAE flavour (an ELF32, built by `vmm/build.rs`).
 pub static GUEST_I386: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_I386"));
+
+/// Helpers for this crate's tests and the integration tests in `tests/`.
+#[doc(hidden)]
+pub mod test_support {
+    use std::io::Write;
+
+    /// Says why a test does not run here. Written straight to the stderr
+    /// file descriptor, not through `eprintln!`, which `cargo test` captures
+    /// and hides for tests that pass: a skip must never be silently green.
+    pub fn skip(test: &str, reason: &str) {
+        let _ = writeln!(std::io::stderr(), "SKIP {test}: {reason}");
+    }
+}

@@ -183,7 +183,7 @@ fn expected(key: &str) -> &'static str {
         keys::PCID | keys::PTI_GLOBAL_TEXT => "on|off",
         keys::ENTRY => "syscall|sysenter|int80|int3|int4|auto",
         keys::WORKLOAD => "none|getpid|getppid|write-badfd|nopti-getpid",
-        keys::ITERATIONS => "a number from 1 to 2^32",
+        keys::ITERATIONS => "a number from 0 to 2^32",
         keys::TELEMETRY => "a page-aligned physical address, e.g. 0x7fff000",
         keys::FAULT => "pf|gp|ud|de|kread|hang|halt",
         keys::RDCL_NO => "0|1",
@@ -262,7 +262,7 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
             }
             keys::ITERATIONS => {
                 c.iterations = match parse_number(value) {
-                    Some(n) if (1..=1 << 32).contains(&n) => n,
+                    Some(n) if n <= 1 << 32 => n,
                     _ => return Err(bad),
                 };
                 4
@@ -372,8 +372,9 @@ mod tests {
             })
         );
         assert_eq!(parse("pti=on pti=off"), Err(CmdlineError::Repeated("pti")));
+        assert_eq!(parse("iterations=0").map(|c| c.iterations), Ok(0));
         assert!(matches!(
-            parse("iterations=0"),
+            parse("iterations=0x100000001"),
             Err(CmdlineError::BadValue { .. })
         ));
         assert!(matches!(

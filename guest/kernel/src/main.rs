@@ -195,7 +195,8 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     let d = |c| e.delta(&b, c);
     let cr3 = d(C::Cr3Entry) + d(C::Cr3Exit) + d(C::Cr3ContextSwitch) + d(C::Cr3Other);
     let n = config.iterations;
-    let tenths = r.cycles.saturating_mul(10) / n;
+    // An empty phase (iterations=0) has no per-call figure: report 0.
+    let tenths = r.cycles.saturating_mul(10).checked_div(n).unwrap_or(0);
     // SAFETY: no task runs any more.
     let nopti = unsafe { task::sched() }.tasks.iter().any(|t| t.nopti);
     println!(

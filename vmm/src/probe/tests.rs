@@ -14,7 +14,7 @@ fn kvm_available(test: &str) -> bool {
     {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("skipping {test}: /dev/kvm not usable: {e}");
+            crate::test_support::skip(test, &format!("/dev/kvm not usable: {e}"));
             false
         }
     }

@@ -154,7 +154,7 @@ mod tests {
             .write(true)
             .open("/dev/kvm")
         {
-            eprintln!("SKIP bare trip: /dev/kvm is not usable here ({e})");
+            crate::test_support::skip("bare trip", &format!("/dev/kvm is not usable here ({e})"));
             return;
         }
         let opts = ProbeOptions {

@@ -78,6 +78,8 @@ user_loop_\kind:
     movl %eax, 24(%esp)
     movl %edx, 28(%esp)
     xorl %edx, %edx
+    testl %esi, %esi                /* iterations=0: an empty phase */
+    jz 5f
 3:  movl %edi, %eax
     SYS \kind
     cmpl %eax, %ebp
@@ -85,7 +87,7 @@ user_loop_\kind:
     incl 20(%esp)
 4:  decl %esi
     jnz 3b
-    rdtsc
+5:  rdtsc
     subl 24(%esp), %eax
     sbbl 28(%esp), %edx
     movl %edx, %esi                 /* cycles, high word */

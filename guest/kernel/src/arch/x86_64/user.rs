@@ -64,6 +64,8 @@ user_loop_\kind:
     shlq $32, %rdx
     orq %rax, %rdx
     movq %rdx, %r15
+    testq %r12, %r12                /* iterations=0: an empty phase */
+    jz 5f
 3:  movl %r13d, %eax
     movq %r14, %rdi
     SYS \kind
@@ -72,7 +74,7 @@ user_loop_\kind:
     incq %rbx
 4:  decq %r12
     jnz 3b
-    rdtsc
+5:  rdtsc
     shlq $32, %rdx
     orq %rax, %rdx
     subq %r15, %rdx
