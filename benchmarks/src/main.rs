@@ -6,6 +6,8 @@
 //! Usage: `cargo build --release && cargo run --release -p ptiscope-benchmarks -- boot`.
 
 mod boot;
+mod compare;
+mod flavours;
 mod measure;
 mod syscall;
 mod telemetry;
@@ -38,6 +40,9 @@ enum Bench {
     /// Syscall round trip: getpid with PTI off and on beside the bare int3/iretq trip
     /// (cycles and guest kernel instructions per call).
     Syscall(syscall::SyscallArgs),
+    /// x86_32 PAE beside x86_64: getpid instructions per call with PTI off and on
+    /// (QEMU -icount for both flavours, KVM insn_emulation for x86_64).
+    Flavours(flavours::FlavoursArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +60,7 @@ fn main() -> ExitCode {
         Bench::Telemetry(args) => telemetry::run_overhead(&ptiscope, &args),
         Bench::Repeat(args) => telemetry::run_repeat(&ptiscope, &args),
         Bench::Syscall(args) => syscall::run(&ptiscope, &args),
+        Bench::Flavours(args) => flavours::run(&ptiscope, &args),
     };
     match result {
         Ok(report) => {

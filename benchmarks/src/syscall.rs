@@ -9,14 +9,12 @@
 //!
 //! Targets (issue 3): the `pti=off` round trip executes at most 60 kernel
 //! instructions, and PTI adds at most 16.
-use crate::measure::median;
 use crate::Report;
 use clap::Args;
 use ptiscope::probe::trip::{self, TripKind, TripMeasurement};
 use ptiscope::probe::ProbeOptions;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 #[derive(Args)]
@@ -36,40 +34,20 @@ pub fn run(ptiscope: &Path, args: &SyscallArgs) -> Result<Report, String> {
     if args.runs == 0 || args.iterations == 0 {
         return Err("--runs and --iterations must be at least 1".into());
     }
-    let json_path = std::env::temp_dir().join(format!(
-        "ptiscope-bench-syscall-{}.json",
-        std::process::id()
-    ));
-    let out = Command::new(ptiscope)
-        .args(["compare", "--quiet", "--workload", "getpid"])
-        .args(["--runs", &args.runs.to_string()])
-        .args(["--iterations", &args.iterations.to_string()])
-        .arg("--json")
-        .arg(&json_path)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", ptiscope.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ptiscope compare failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let text = std::fs::read_to_string(&json_path)
-        .map_err(|e| format!("reading the compare JSON: {e}"))?;
-    let _ = std::fs::remove_file(&json_path);
-    let doc: Value = serde_json::from_str(&text).map_err(|e| format!("compare JSON: {e}"))?;
-    let samples = |metric: &str, side: &str| -> Option<Vec<f64>> {
-        doc["metrics"]
-            .as_array()?
-            .iter()
-            .find(|m| m["name"] == metric)?[side]["samples"]
-            .as_array()?
-            .iter()
-            .map(|v| v.as_f64())
-            .collect()
-    };
-    let med = |metric: &str, side: &str| samples(metric, side).map(|s| median(&s));
+    let (runs, iterations) = (args.runs.to_string(), args.iterations.to_string());
+    let cmp = crate::compare::run(
+        ptiscope,
+        &[
+            "--workload",
+            "getpid",
+            "--runs",
+            &runs,
+            "--iterations",
+            &iterations,
+        ],
+    )?;
+    let samples = |metric: &str, side: &str| cmp.samples(metric, side);
+    let med = |metric: &str, side: &str| cmp.median(metric, side);
 
     let opts = ProbeOptions {
         timeout: Duration::from_secs(30),

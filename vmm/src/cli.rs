@@ -123,6 +123,11 @@ pub struct CompareArgs {
     /// Where to run the guests: our VMM on KVM, or QEMU TCG (guest-reported figures only).
     #[arg(long, value_enum, default_value = "kvm")]
     pub backend: Backend,
+    /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
+    /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
+    /// TSC count instructions, so cycles per call become instructions per call.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    pub qemu_arg: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -180,6 +185,11 @@ pub struct RunArgs {
     /// host's KVM cannot run.
     #[arg(long, value_enum, default_value = "kvm", conflicts_with_all = ["metrics_interval", "cpu_vuln"])]
     pub backend: Backend,
+    /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
+    /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
+    /// TSC count instructions, so cycles per call become instructions per call.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    pub qemu_arg: Vec<String>,
 }
 
 /// Guest flavour.
@@ -267,6 +277,7 @@ impl RunArgs {
             cpu_vuln: self.cpu_vuln,
             console_input: true,
             handle_signals: true,
+            qemu_args: self.qemu_arg.clone(),
         }
     }
 }

@@ -65,6 +65,7 @@ pub fn parse_side(
     c.handle_signals = true;
     c.guest.workload = Some(args.workload.clone());
     c.guest.iterations = Some(args.iterations);
+    c.qemu_args = args.qemu_arg.clone();
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let Some((k, v)) = word.split_once('=') else {
             return Err(SideError::NotKeyValue {

@@ -143,6 +143,7 @@ pub fn run_qemu(config: &RunConfig) -> Result<RunOutcome, QemuError> {
         .arg("-kernel")
         .arg(&elf)
         .args(["-append", &cmdline])
+        .args(&config.qemu_args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

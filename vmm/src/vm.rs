@@ -64,6 +64,8 @@ pub struct RunConfig {
     /// Stop cleanly on SIGINT/SIGTERM. The process must have blocked them
     /// ([`crate::signals::block_termination_signals`]) for this to take effect.
     pub handle_signals: bool,
+    /// Extra arguments for QEMU (`--backend qemu` only), e.g. `-icount shift=0`.
+    pub qemu_args: Vec<String>,
 }
 
 impl RunConfig {
@@ -81,6 +83,7 @@ impl RunConfig {
             cpu_vuln: CpuVuln::Host,
             console_input: false,
             handle_signals: false,
+            qemu_args: Vec::new(),
         }
     }
 }
