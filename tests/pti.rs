@@ -345,3 +345,26 @@ fn pcid_path_uses_noflush_cr3_writes_where_the_cpu_has_pcid() {
     assert_eq!(noflush["on"].0, 2 * (N + 1), "{noflush:?}");
     assert_eq!(noflush["on"].1, 0, "{noflush:?}");
 }
+
+#[test]
+fn ptiscope_pagetables_reports_isolation_from_the_host_walk() {
+    if !kvm_or_skip("ptiscope pagetables") {
+        return;
+    }
+    for (pti, isolated) in [("on", true), ("off", false)] {
+        let json = scratch("pagetables").join(format!("{pti}.json"));
+        let o = ptiscope()
+            .args(["pagetables", "--pti", pti, "--json"])
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let verdict = if isolated { "ISOLATED" } else { "NOT isolated" };
+        assert!(stdout(&o).contains(verdict), "{}", stdout(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let outside = v["isolation"]["outside_entry_area"].as_array().unwrap();
+        assert_eq!(outside.is_empty(), isolated, "pti={pti}: {outside:?}");
+        assert_eq!(v["user_cr3"].is_null(), !isolated);
+    }
+}

@@ -54,6 +54,9 @@ pub enum Command {
     Compare(CompareArgs),
     /// Report what this host's KVM can run, by booting tiny probe guests.
     Probe(ProbeArgs),
+    /// Walk the guest's page tables from the host and check what the user
+    /// copy maps: the host's own proof of isolation.
+    Pagetables(PagetablesArgs),
 }
 
 const COMPARE_HELP: &str = "\
@@ -220,6 +223,29 @@ pub enum Backend {
     Kvm,
     /// QEMU TCG (`qemu-system-x86_64` / `qemu-system-i386`): guest-reported figures only.
     Qemu,
+}
+
+#[derive(Debug, Args)]
+pub struct PagetablesArgs {
+    /// Page table isolation in the guest (guest default if absent).
+    #[arg(long, value_enum)]
+    pub pti: Option<Pti>,
+    /// Which embedded guest (with `--kernel`, the image decides).
+    #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
+    pub arch: Arch,
+    /// Inspect this PVH kernel instead of the embedded guest (it must mark
+    /// a phase and keep the telemetry page, as the ptiscope guest does).
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Extra text appended to the guest command line (e.g. `pti_global_text=on`).
+    #[arg(long, value_name = "STR", default_value = "")]
+    pub cmdline: String,
+    /// Guest memory in MiB.
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem)]
+    pub mem: u64,
+    /// Write the walk and the verdict as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ptiscope::cli::{Backend, Cli, Command, ProbeArgs, RunArgs};
+use ptiscope::cli::{Backend, Cli, Command, PagetablesArgs, ProbeArgs, RunArgs};
 use ptiscope::live_metrics::LiveMetricsConfig;
 use ptiscope::measure::Measurer;
 use ptiscope::vm::{exit_code, RunOutcome};
@@ -30,6 +30,7 @@ fn main() -> ExitCode {
         Some(Command::Run(args)) => run(&args),
         Some(Command::Compare(args)) => code(ptiscope::compare_cmd::run(&args)),
         Some(Command::Probe(args)) => probe(&args),
+        Some(Command::Pagetables(args)) => pagetables(&args),
         // No command: the README's main job, the default comparison.
         None => match Cli::try_parse_from(["ptiscope", "compare"]) {
             Ok(Cli {
@@ -85,6 +86,74 @@ fn run(args: &RunArgs) -> ExitCode {
             code(e.exit_code())
         }
     }
+}
+
+/// `ptiscope pagetables`: boot the guest with a one-call getpid workload,
+/// walk both copies of its address space at the phase-begin exit, report.
+fn pagetables(args: &PagetablesArgs) -> ExitCode {
+    use ptiscope::loader::{self, KernelSource};
+    use ptiscope::pagetables::{EntryArea, Inspector, Paging};
+    let kernel = match &args.kernel {
+        Some(p) => KernelSource::Path(p.clone()),
+        None => KernelSource::Embedded(args.arch.embedded_image()),
+    };
+    let image = match loader::read_image(&kernel) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            return code(exit_code::NO_IMAGE);
+        }
+    };
+    let entry_area = match EntryArea::from_elf(&image) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("ptiscope: error: {}: {e}", kernel.describe());
+            return code(exit_code::BAD_IMAGE);
+        }
+    };
+    let paging = if loader::is_elf32(&image) {
+        Paging::Pae
+    } else {
+        Paging::FourLevel
+    };
+    let mut config = ptiscope::RunConfig::new(kernel);
+    config.mem_mib = args.mem;
+    config.serial_out = ptiscope::vm::SerialOut::Discard;
+    config.guest.pti = args.pti;
+    config.guest.workload = Some("getpid".into());
+    config.guest.iterations = Some(1);
+    config.guest.extra = args.cmdline.clone();
+    let mut inspector = Inspector::new(paging, entry_area);
+    let outcome = match run_vm(&config, &mut inspector) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            return code(e.exit_code());
+        }
+    };
+    let inspection = match inspector.result {
+        Some(Ok(i)) => i,
+        Some(Err(e)) => {
+            eprintln!("ptiscope: error: the page-table walk failed: {e}");
+            return code(exit_code::VM_ERROR);
+        }
+        None => {
+            eprintln!(
+                "ptiscope: error: the guest marked no phase, so there was no moment to walk its tables ({})",
+                outcome.stop
+            );
+            return code(exit_code::VM_ERROR.max(outcome.exit_code()));
+        }
+    };
+    print!("{}", inspection.render());
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(&inspection).unwrap_or_else(|_| "null".into());
+        if let Err(e) = std::fs::write(p, text) {
+            eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
+            return code(exit_code::CANT_CREATE);
+        }
+    }
+    code(outcome.exit_code())
 }
 
 /// Prints a run's summary (stderr, after the console), writes its `--json`,

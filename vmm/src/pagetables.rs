@@ -457,3 +457,134 @@ mod tests {
         ));
     }
 }
+
+/// What `ptiscope pagetables` found: both copies of the workload process's
+/// address space, walked at its phase-begin exit, and the isolation verdict.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Inspection {
+    pub paging: Paging,
+    /// CR3 of the vCPU at the exit (the kernel copy: the guest is in the
+    /// syscall that wrote the marker).
+    pub kernel_cr3: u64,
+    /// The user copy's CR3 (kernel copy + 4 KiB, CR3 bit 12) when the guest
+    /// runs with PTI; `None` when user code runs on the kernel copy.
+    pub user_cr3: Option<u64>,
+    pub kernel: Walk,
+    /// The table user code runs on: the user copy with PTI, else the kernel copy.
+    pub user: Walk,
+    pub entry_area: EntryArea,
+    pub isolation: IsolationCheck,
+}
+
+/// A [`crate::PhaseObserver`] that walks the page tables at the first
+/// phase-begin marker.
+pub struct Inspector {
+    paging: Paging,
+    entry_area: EntryArea,
+    pub result: Option<Result<Inspection, String>>,
+}
+
+impl Inspector {
+    pub fn new(paging: Paging, entry_area: EntryArea) -> Self {
+        Inspector {
+            paging,
+            entry_area,
+            result: None,
+        }
+    }
+
+    fn inspect(&self, ctx: &crate::vm::VmContext<'_>) -> Result<Inspection, String> {
+        let cr3 = ctx
+            .vcpu
+            .get_sregs()
+            .map_err(|e| format!("KVM_GET_SREGS: {e}"))?
+            .cr3;
+        // Whether the guest runs with PTI is its own word (telemetry flags);
+        // what the user copy maps is then the host's own finding.
+        let telemetry = crate::telemetry::TelemetryReader::new(
+            ctx.mem,
+            GuestAddress(ctx.layout.telemetry_addr()),
+        )
+        .and_then(|r| r.snapshot())
+        .map_err(|e| format!("guest telemetry: {e}"))?;
+        let pti = telemetry.has_flag(ptiscope_abi::telemetry::flags::PTI);
+        let kernel_cr3 = cr3 & !0x1000;
+        let user_cr3 = pti.then_some(cr3 | 0x1000);
+        let kernel = walk(ctx.mem, self.paging, kernel_cr3).map_err(|e| e.to_string())?;
+        let user = match user_cr3 {
+            Some(u) => walk(ctx.mem, self.paging, u).map_err(|e| e.to_string())?,
+            None => kernel.clone(),
+        };
+        let isolation = check_isolation(&user, self.paging, &self.entry_area);
+        Ok(Inspection {
+            paging: self.paging,
+            kernel_cr3,
+            user_cr3,
+            kernel,
+            user,
+            entry_area: self.entry_area.clone(),
+            isolation,
+        })
+    }
+}
+
+impl crate::PhaseObserver for Inspector {
+    fn on_phase(&mut self, marker: ptiscope_abi::phase::Marker, ctx: &crate::vm::VmContext<'_>) {
+        if marker.edge == ptiscope_abi::phase::Edge::Begin && self.result.is_none() {
+            self.result = Some(self.inspect(ctx));
+        }
+    }
+}
+
+impl Inspection {
+    /// The human report: the user copy's mappings in full, the kernel copy's
+    /// summarised, and the verdict.
+    pub fn render(&self) -> String {
+        let half = self.paging.kernel_half_start();
+        let mut s = String::new();
+        match self.user_cr3 {
+            Some(u) => {
+                s += &format!(
+                    "PTI: user copy at CR3 {u:#x}, kernel copy at CR3 {:#x}\n",
+                    self.kernel_cr3
+                )
+            }
+            None => {
+                s += &format!(
+                    "no PTI: user code runs on the kernel's table, CR3 {:#x}\n",
+                    self.kernel_cr3
+                )
+            }
+        }
+        s += "\nuser copy (what user mode can reach through the page tables):\n";
+        s += &render(&self.user);
+        let kernel_bytes: u64 = self
+            .kernel
+            .mappings
+            .iter()
+            .filter(|m| m.virt >= half)
+            .map(|m| m.size)
+            .sum();
+        s += &format!(
+            "\nkernel copy: {} mappings, {} MiB of kernel half mapped\n",
+            self.kernel.mappings.len(),
+            kernel_bytes >> 20
+        );
+        s += "\nentry area (from the ELF's .entry* sections):\n";
+        for (name, r) in &self.entry_area.ranges {
+            s += &format!("  {:#018x}-{:#018x}  {name}\n", r.start, r.end);
+        }
+        let i = &self.isolation;
+        s += &format!(
+            "\nverdict: the user copy maps {} KiB of the kernel half, {} mapping(s) outside the entry area: {}\n",
+            i.kernel_bytes_mapped >> 10,
+            i.outside_entry_area.len(),
+            if i.isolated() {
+                "ISOLATED (only the entry area is mapped)"
+            } else {
+                "NOT isolated"
+            }
+        );
+        s
+    }
+}
