@@ -395,8 +395,9 @@ impl Measurer {
             }
         }
 
-        // Cross-checks.
-        if let (Some(d), true) = (guest.as_ref(), valid) {
+        // Cross-checks, over a marked phase only: a whole run includes boot,
+        // whose page-table set-up makes KVM flush for reasons of its own.
+        if let (Some(d), true, true) = (guest.as_ref(), valid, phased.is_some()) {
             let cr3 = d.cr3_writes() as f64;
             match (tlb_flush, flavour.sees_cr3_writes()) {
                 // kvm_pvm's shadow MMU flushes once per kernel/user CR3 round
