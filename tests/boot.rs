@@ -86,6 +86,31 @@ fn timeout_stops_a_guest_halted_for_ever() {
 }
 
 #[test]
+fn without_the_irqchip_a_halt_reaches_the_vmm_and_stops_the_run() {
+    if !kvm_or_skip("no_irqchip_halt") {
+        return;
+    }
+    let start = Instant::now();
+    let o = ptiscope()
+        .args([
+            "run",
+            "--no-irqchip",
+            "--timeout",
+            "20",
+            "--cmdline",
+            "fault=halt",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    // KVM_EXIT_HLT: nothing can wake the guest, so no timeout is needed.
+    assert_eq!(o.status.code(), Some(81), "{err}");
+    assert!(err.contains("halted with nothing to wake it"), "{err}");
+    assert!(err.contains("hlt 1"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
 fn sigterm_stops_the_vm_cleanly() {
     if !kvm_or_skip("sigterm") {
         return;
