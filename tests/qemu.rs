@@ -124,6 +124,9 @@ fn backend_qemu_runs_the_workload_and_reports_guest_figures() {
     assert_eq!(row("cr3_writes")["total"], 202.0);
     assert_eq!(row("cr3_writes")["source"], "guest");
     assert_eq!(row("syscalls")["total"], 101.0);
+    // No telemetry page under QEMU: nothing was checked, and the JSON says so.
+    assert_eq!(v["telemetry_checked"], false);
+    assert!(v["telemetry_valid"].is_null());
     // Nothing host-observed: the host sees nothing of a QEMU guest.
     assert!(v["rows"]
         .as_array()

@@ -494,6 +494,7 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
     let phased = !result.is_empty();
     let calls = if phased { iterations + 1 } else { 0 };
     let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
+    s.telemetry_checked = false;
     s.notes.push(
         "backend qemu (TCG): the host observes nothing of the guest; every figure is guest-reported \
          (its @result line), and times are those of software emulation"

@@ -126,6 +126,14 @@ pub struct RunSummary {
     /// backwards, unknown phase ids, a marker flood, ...); empty = valid.
     #[serde(default)]
     pub telemetry_problems: Vec<String>,
+    /// Whether the guest's telemetry page was read and checked at all (not
+    /// under `--backend qemu`, where the figures come from `@result` only).
+    #[serde(default = "checked_by_default")]
+    pub telemetry_checked: bool,
+}
+
+fn checked_by_default() -> bool {
+    true
 }
 
 impl RunSummary {
@@ -140,6 +148,7 @@ impl RunSummary {
             cross_checks: Vec::new(),
             notes: Vec::new(),
             telemetry_problems: Vec::new(),
+            telemetry_checked: true,
         }
     }
 
@@ -202,7 +211,11 @@ impl RunSummary {
                 out.push_str(&format!("   {}\n", c.line()));
             }
         }
-        if self.telemetry_problems.is_empty() {
+        if !self.telemetry_checked {
+            out.push_str(
+                "\n guest telemetry page: not read (figures from the guest's @result line)\n",
+            );
+        } else if self.telemetry_problems.is_empty() {
             out.push_str("\n guest telemetry: valid\n");
         } else {
             out.push_str("\n guest telemetry: INVALID\n");
@@ -244,10 +257,12 @@ impl RunSummary {
         let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         if let Some(o) = v.as_object_mut() {
             // Derived, for readers that only want the verdict.
-            o.insert(
-                "telemetry_valid".into(),
-                serde_json::Value::Bool(self.telemetry_valid()),
-            );
+            let valid = if self.telemetry_checked {
+                serde_json::Value::Bool(self.telemetry_valid())
+            } else {
+                serde_json::Value::Null
+            };
+            o.insert("telemetry_valid".into(), valid);
         }
         v
     }
