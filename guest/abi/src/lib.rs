@@ -336,6 +336,13 @@ pub mod cmdline {
     pub const FAULT: &str = "fault";
     /// `rdcl_no=0|1`: unused by the guest (it reads the MSR); reserved.
     pub const RDCL_NO: &str = "rdcl_no";
+    /// `groups=G` of `workload=sched-messaging` (1..=4; default 1).
+    pub const GROUPS: &str = "groups";
+    /// `loops=L` of `workload=sched-messaging`: messages each sender writes
+    /// to each receiver of its group (default 10).
+    pub const LOOPS: &str = "loops";
+    /// `mode=process|thread` of `workload=sched-messaging` (default process).
+    pub const MODE: &str = "mode";
 }
 
 /// Console lines meant for machines start with this prefix, followed by

@@ -67,6 +67,10 @@ pub enum Workload {
     WriteBadfd,
     /// getpid after opting the process out of PTI (`arch_prctl(ARCH_SET_NOPTI, 1)`).
     NoptiGetpid,
+    /// `perf bench sched messaging` with pipes: `groups=` groups of
+    /// [`GROUP_SIZE`] senders and as many receivers, `loops=` messages per
+    /// sender and receiver, `mode=process|thread`.
+    SchedMessaging,
 }
 
 impl Workload {
@@ -77,6 +81,7 @@ impl Workload {
             Workload::Getppid => "getppid",
             Workload::WriteBadfd => "write-badfd",
             Workload::NoptiGetpid => "nopti-getpid",
+            Workload::SchedMessaging => "sched-messaging",
         }
     }
 }
@@ -117,6 +122,39 @@ impl Fault {
 /// Default `iterations=` of the loop workloads: a few seconds on the slowest host.
 pub const DEFAULT_ITERATIONS: u64 = 10_000;
 
+/// `mode=` of `workload=sched-messaging`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskMode {
+    /// Each sender and receiver is a process with its own address space
+    /// (perf bench's default): switching between them writes CR3.
+    Process,
+    /// All share one address space (perf bench `-t`): no CR3 write.
+    Thread,
+}
+
+impl TaskMode {
+    pub const fn name(self) -> &'static str {
+        match self {
+            TaskMode::Process => "process",
+            TaskMode::Thread => "thread",
+        }
+    }
+}
+
+/// Senders per group of `workload=sched-messaging`, and receivers per group
+/// (perf bench sched messaging: 20 of each).
+pub const GROUP_SIZE: u64 = 20;
+/// Largest `groups=`: the task table holds `MAX_GROUPS * 2 * GROUP_SIZE`
+/// workers plus their parent (161 tasks).
+pub const MAX_GROUPS: u64 = 4;
+/// Default `groups=` (perf's default is 10; one group keeps a run short
+/// where kernel code is emulated).
+pub const DEFAULT_GROUPS: u64 = 1;
+/// Largest `loops=`.
+pub const MAX_LOOPS: u64 = 1_000_000;
+/// Default `loops=` (perf's default is 100): 4000 messages with one group.
+pub const DEFAULT_LOOPS: u64 = 10;
+
 /// The parsed command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
@@ -128,6 +166,20 @@ pub struct Config {
     pub telemetry: Option<u64>,
     pub fault: Option<Fault>,
     pub pti_global_text: bool,
+    /// `groups=` of sched-messaging (1..=[`MAX_GROUPS`]).
+    pub groups: u64,
+    /// `loops=` of sched-messaging.
+    pub loops: u64,
+    /// `mode=` of sched-messaging.
+    pub mode: TaskMode,
+}
+
+impl Config {
+    /// Messages a sched-messaging run delivers: every sender writes `loops`
+    /// messages to every receiver of its group.
+    pub const fn messages(&self) -> u64 {
+        self.groups * GROUP_SIZE * GROUP_SIZE * self.loops
+    }
 }
 
 impl Default for Config {
@@ -143,6 +195,9 @@ impl Default for Config {
             telemetry: None,
             fault: None,
             pti_global_text: false,
+            groups: DEFAULT_GROUPS,
+            loops: DEFAULT_LOOPS,
+            mode: TaskMode::Process,
         }
     }
 }
@@ -182,11 +237,16 @@ fn expected(key: &str) -> &'static str {
         keys::PTI => "on|off|auto",
         keys::PCID | keys::PTI_GLOBAL_TEXT => "on|off",
         keys::ENTRY => "syscall|sysenter|int80|int3|int4|auto",
-        keys::WORKLOAD => "none|getpid|getppid|write-badfd|nopti-getpid",
+        keys::WORKLOAD => "none|getpid|getppid|write-badfd|nopti-getpid|sched-messaging",
         keys::ITERATIONS => "a number from 0 to 2^32",
         keys::TELEMETRY => "a page-aligned physical address, e.g. 0x7fff000",
         keys::FAULT => "pf|gp|ud|de|kread|hang|halt",
         keys::RDCL_NO => "0|1",
+        keys::GROUPS => {
+            "a number from 1 to 4 (each group is 20 senders and 20 receivers; the task table holds 160 of them plus their parent)"
+        }
+        keys::LOOPS => "a number from 0 to 1000000",
+        keys::MODE => "process|thread",
         _ => "?",
     }
 }
@@ -256,6 +316,7 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                     "getppid" => Workload::Getppid,
                     "write-badfd" => Workload::WriteBadfd,
                     "nopti-getpid" => Workload::NoptiGetpid,
+                    "sched-messaging" => Workload::SchedMessaging,
                     _ => return Err(bad),
                 };
                 3
@@ -295,6 +356,28 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 // Reserved: the guest reads the MSR itself; accepted and ignored.
                 on_off(value).ok_or(bad)?;
                 8
+            }
+            keys::GROUPS => {
+                c.groups = match parse_number(value) {
+                    Some(n) if (1..=MAX_GROUPS).contains(&n) => n,
+                    _ => return Err(bad),
+                };
+                9
+            }
+            keys::LOOPS => {
+                c.loops = match parse_number(value) {
+                    Some(n) if n <= MAX_LOOPS => n,
+                    _ => return Err(bad),
+                };
+                10
+            }
+            keys::MODE => {
+                c.mode = match value {
+                    "process" => TaskMode::Process,
+                    "thread" => TaskMode::Thread,
+                    _ => return Err(bad),
+                };
+                11
             }
             _ => return Err(CmdlineError::UnknownKey(key)),
         };
@@ -351,7 +434,14 @@ mod tests {
             let c = parse(&std::format!("fault={f}")).unwrap();
             assert_eq!(c.fault.unwrap().name(), f);
         }
-        for w in ["none", "getpid", "getppid", "write-badfd", "nopti-getpid"] {
+        for w in [
+            "none",
+            "getpid",
+            "getppid",
+            "write-badfd",
+            "nopti-getpid",
+            "sched-messaging",
+        ] {
             let c = parse(&std::format!("workload={w}")).unwrap();
             assert_eq!(c.workload.name(), w);
         }
@@ -398,6 +488,46 @@ mod tests {
             msg.contains("maybe") && msg.contains("on|off|auto"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn sched_messaging_keys() {
+        let c = parse("workload=sched-messaging").unwrap();
+        assert_eq!(c.workload, Workload::SchedMessaging);
+        assert_eq!((c.groups, c.loops, c.mode), (1, 10, TaskMode::Process));
+        assert_eq!(c.messages(), 4000);
+        let c = parse("workload=sched-messaging groups=4 loops=0x10 mode=thread").unwrap();
+        assert_eq!((c.groups, c.loops, c.mode), (4, 16, TaskMode::Thread));
+        assert_eq!(c.messages(), 4 * 20 * 20 * 16);
+        assert_eq!(parse("mode=process").unwrap().mode, TaskMode::Process);
+        assert_eq!(parse("loops=0").unwrap().loops, 0);
+        assert_eq!(parse("loops=1000000").unwrap().loops, MAX_LOOPS);
+        for bad in [
+            "groups=0",
+            "groups=5",
+            "groups=x",
+            "loops=1000001",
+            "loops=-1",
+            "mode=fork",
+        ] {
+            let e = parse(bad).unwrap_err();
+            let (key, _) = bad.split_once('=').unwrap();
+            assert!(
+                matches!(e, CmdlineError::BadValue { key: k, .. } if k == key),
+                "{bad}: {e:?}"
+            );
+            assert!(e.to_string().contains(key), "{e}");
+        }
+        let msg = parse("groups=9").unwrap_err().to_string();
+        assert!(
+            msg.contains("`groups`") && msg.contains("1 to 4") && msg.contains("160"),
+            "{msg}"
+        );
+        assert_eq!(
+            parse("groups=1 groups=2"),
+            Err(CmdlineError::Repeated("groups"))
+        );
+        assert_eq!(TaskMode::Thread.name(), "thread");
     }
 
     #[test]

@@ -399,6 +399,38 @@ pub fn build_address_space<M: PhysMem, F: FrameSource>(
     Ok(pair)
 }
 
+/// Maps one more user stack page (user, writable, NX when the CPU has it)
+/// at `va` into the address space `pair`: a thread's own stack in a shared
+/// address space. Both copies share the user PMD, so both see it.
+pub fn map_user_stack_page<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    pair: u64,
+    va: u64,
+    phys: u64,
+    nx: bool,
+) -> Result<(), MapError> {
+    use layout::{USER_STACK_TOP, USER_TEXT_BASE};
+    let slot = indices(USER_TEXT_BASE)[0];
+    if !(USER_TEXT_BASE..USER_STACK_TOP).contains(&va) {
+        return Err(MapError::NotCanonical(va));
+    }
+    let e = Pte(mem.read(pair, slot));
+    if !e.present() {
+        return Err(MapError::NotCanonical(va));
+    }
+    let nx = if nx { NO_EXECUTE } else { 0 };
+    map_4k_in_pmd(
+        mem,
+        frames,
+        e.addr(),
+        va,
+        phys,
+        USER | WRITABLE | nx,
+        USER_TABLE_FLAGS,
+    )
+}
+
 /// Opts an address space out of PTI: the user copy's kernel slot becomes
 /// the kernel copy's, so both copies map everything.
 pub fn opt_out_of_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
@@ -506,6 +538,30 @@ mod tests {
             }
         }
         v
+    }
+
+    #[test]
+    fn extra_stack_pages_show_in_both_copies() {
+        for pti in [false, true] {
+            let (mut m, mut f, _, pair) = setup(pti, false);
+            let va = USER_STACK_TOP - 5 * 4096;
+            map_user_stack_page(&mut m, &mut f, pair, va, 0x14_0000, true).unwrap();
+            for root in [pair, pair + 4096] {
+                let t = translate(&m, root, va + 8).unwrap();
+                assert_eq!(t.phys, 0x14_0008);
+                assert_eq!(
+                    t.flags & (USER | WRITABLE | NO_EXECUTE),
+                    USER | WRITABLE | NO_EXECUTE
+                );
+            }
+            assert_eq!(
+                map_user_stack_page(&mut m, &mut f, pair, va, 0x15_0000, true),
+                Err(MapError::AlreadyMapped(va))
+            );
+            assert!(
+                map_user_stack_page(&mut m, &mut f, pair, USER_STACK_TOP, 0x15_0000, true).is_err()
+            );
+        }
     }
 
     #[test]

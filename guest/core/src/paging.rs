@@ -378,6 +378,31 @@ pub fn build_address_space<M: PhysMem, F: FrameSource>(
     Ok(pair)
 }
 
+/// Maps one more user stack page (user, writable, NX) at `va` into the
+/// address space `pair`: a thread's own stack in a shared address space
+/// (sched-messaging `mode=thread`). Both copies see it: they share the
+/// user half below the PML4.
+pub fn map_user_stack_page<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    pair: u64,
+    va: u64,
+    phys: u64,
+) -> Result<(), MapError> {
+    if !(USER_TEXT_BASE..USER_STACK_TOP).contains(&va) {
+        return Err(MapError::NotCanonical(va));
+    }
+    map_4k(
+        mem,
+        frames,
+        pair + 4096,
+        va,
+        phys,
+        USER | WRITABLE | NO_EXECUTE,
+        TABLE_FLAGS,
+    )
+}
+
 /// Opts an address space out of PTI (`arch_prctl(ARCH_SET_NOPTI, 1)`): the
 /// kernel copy's user slot loses NX (the process will run on the kernel copy
 /// in user mode) and the user copy becomes a full copy of the kernel copy, so
@@ -605,6 +630,29 @@ mod tests {
         assert_eq!(kd.flags & (GLOBAL | USER), 0);
         let tel = translate(&m, kroot, TELEMETRY_VA + 8).unwrap();
         assert_eq!(tel.phys, TELEMETRY + 8);
+    }
+
+    #[test]
+    fn extra_stack_pages_show_in_both_copies() {
+        for pti in [false, true] {
+            let (mut m, mut f, _, pair) = setup(pti);
+            let va = USER_STACK_TOP - 5 * 4096;
+            map_user_stack_page(&mut m, &mut f, pair, va, 0x13_0000).unwrap();
+            for root in [pair, pair + 4096] {
+                let t = translate(&m, root, va + 8).unwrap();
+                assert_eq!(t.phys, 0x13_0008);
+                assert_eq!(
+                    t.flags & (USER | WRITABLE | NO_EXECUTE),
+                    USER | WRITABLE | NO_EXECUTE
+                );
+            }
+            assert_eq!(
+                map_user_stack_page(&mut m, &mut f, pair, va, 0x14_0000),
+                Err(MapError::AlreadyMapped(va))
+            );
+            assert!(map_user_stack_page(&mut m, &mut f, pair, USER_STACK_TOP, 0x14_0000).is_err());
+            assert!(map_user_stack_page(&mut m, &mut f, pair, KERNEL_BASE, 0x14_0000).is_err());
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 mod arch;
 mod console;
 mod mm;
+mod pipe;
 mod pvh;
 mod syscall;
 mod task;
@@ -17,7 +18,7 @@ mod telemetry;
 
 use arch::paging::KernelHalf;
 use arch::{cpu, user};
-use guest_core::cmdline::{self, Config, Fault, PtiMode, Workload};
+use guest_core::cmdline::{self, Config, Fault, PtiMode, TaskMode, Workload, GROUP_SIZE};
 use ptiscope_abi::{exit_status, port, telemetry::flags};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -140,7 +141,71 @@ extern "C" fn kmain(start_info: usize) -> ! {
         println!("workload none: nothing to run");
         stop(exit_status::SUCCESS)
     }
+    if config.workload == Workload::SchedMessaging && config.fault.is_none() {
+        run_messaging(&config, pti, pcid, half)
+    }
     run_workload(&config, pti, pcid, half)
+}
+
+/// `workload=sched-messaging`: a parent (pid 1: phase markers, reaps the
+/// workers) and, per group, 20 receivers (each reading its own pipe, fd 3)
+/// and 20 senders (fds 3..23: the group's pipes), as processes or threads
+/// of the parent's address space; then reports and stops.
+fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
+    use arch::context::UserRegs;
+    // SAFETY: boot, one CPU; as in run_workload.
+    let s = unsafe { task::sched() };
+    s.init(pti, pcid, config.entry, half);
+    let (parent_rip, sender_rip, receiver_rip) = user::messaging_programs(config.entry.abi_code());
+    let thread = config.mode == TaskMode::Thread;
+    println!(
+        "sched-messaging: {} groups of {GROUP_SIZE} senders and {GROUP_SIZE} receivers, {} loops, {} mode: {} messages of {} bytes",
+        config.groups,
+        config.loops,
+        config.mode.name(),
+        config.messages(),
+        guest_core::pipe::message::SIZE,
+    );
+    let spawn = |s: &mut task::Sched, parent, rip, p, pipes| {
+        let r = s
+            .spawn_task(
+                parent,
+                rip,
+                &UserRegs::params(p),
+                if thread { parent } else { None },
+            )
+            .unwrap_or_else(|e| panic!("cannot create the sched-messaging tasks: {e:?}"));
+        s.tasks[r].pipes = pipes;
+    };
+    let parent = s
+        .spawn_task(None, parent_rip, &UserRegs::default(), None)
+        .unwrap_or_else(|e| panic!("cannot create the sched-messaging parent: {e:?}"));
+    for g in 0..config.groups {
+        let mut first = None;
+        for _ in 0..GROUP_SIZE {
+            let p = pipe::create().unwrap_or_else(|| panic!("cannot create a pipe"));
+            first.get_or_insert(p);
+        }
+        let first = first.expect("a group has pipes");
+        for r in 0..GROUP_SIZE {
+            let fds = task::PipeFds {
+                first: first + r as u16,
+                count: 1,
+                write: false,
+            };
+            spawn(s, Some(parent), receiver_rip, [g, r, config.loops, 0], fds);
+        }
+        for snd in 0..GROUP_SIZE {
+            let fds = task::PipeFds {
+                first,
+                count: GROUP_SIZE as u16,
+                write: true,
+            };
+            spawn(s, Some(parent), sender_rip, [g, snd, config.loops, 0], fds);
+        }
+    }
+    s.run();
+    report(config, pti, pcid)
 }
 
 /// Runs the workload: pid 1 (`user_init`) waits for pid 2 (`user_loop`),
@@ -156,7 +221,7 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         Workload::Getppid => (nr::GETPPID, 0, 0),
         Workload::WriteBadfd => (nr::WRITE, usize::MAX as u64, 0),
         Workload::NoptiGetpid => (nr::GETPID, 0, user::FLAG_NOPTI),
-        Workload::Getpid | Workload::None => (nr::GETPID, 0, 0),
+        Workload::Getpid | Workload::None | Workload::SchedMessaging => (nr::GETPID, 0, 0),
     };
     let kread_target = core::ptr::addr_of!(task::SCHED) as u64;
     if config.fault == Some(Fault::Kread) {
@@ -194,7 +259,12 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     };
     let d = |c| e.delta(&b, c);
     let cr3 = d(C::Cr3Entry) + d(C::Cr3Exit) + d(C::Cr3ContextSwitch) + d(C::Cr3Other);
-    let n = config.iterations;
+    let messaging = config.workload == Workload::SchedMessaging;
+    let n = if messaging {
+        config.messages()
+    } else {
+        config.iterations
+    };
     // An empty phase (iterations=0) has no per-call figure: report 0.
     let tenths = r.cycles.saturating_mul(10).checked_div(n).unwrap_or(0);
     // SAFETY: no task runs any more.
@@ -203,7 +273,7 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         "{}workload={} iterations={n} cycles={} cycles_per_call={}.{} syscalls={} cr3_writes={cr3} \
          cr3_entry={} cr3_exit={} cr3_context_switch={} cr3_other={} cr3_noflush={} tlb_flushes={} \
          invlpg={} exceptions={} page_faults={} context_switches={} pti={} pcid={} entry={} nopti={} \
-         mismatches={} exit_status={status}",
+         mismatches={} exit_status={status}{}",
         ptiscope_abi::RESULT_PREFIX,
         config.workload.name(),
         r.cycles,
@@ -225,6 +295,7 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         config.entry.name(),
         nopti as u8,
         r.mismatches,
+        Messaging(messaging.then_some(config)),
     );
     if status != 0 || r.mismatches != 0 {
         println!(
@@ -234,6 +305,24 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         stop(exit_status::FAILURE)
     }
     stop(exit_status::SUCCESS)
+}
+
+/// The `@result` keys only sched-messaging has.
+struct Messaging<'a>(Option<&'a Config>);
+impl core::fmt::Display for Messaging<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            Some(c) => write!(
+                f,
+                " groups={} loops={} mode={} tasks={}",
+                c.groups,
+                c.loops,
+                c.mode.name(),
+                c.groups * 2 * GROUP_SIZE + 1
+            ),
+            None => Ok(()),
+        }
+    }
 }
 
 /// `fault=...`: raise the requested fault in the kernel.

@@ -1,9 +1,9 @@
 //! The system call table. Entry stubs (entry.rs) index `syscall_table` by
 //! rax and call the handler with the C ABI: (rdi, rsi, rdx, r10).
-use crate::arch::layout::{USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE};
+use crate::arch::layout::{USER_STACK_TOP, USER_TEXT_BASE};
 use crate::arch::x86_shared::io::outl;
 use crate::mm::Global;
-use crate::task::{sched, State};
+use crate::task::{sched, USER_STACK_LOW};
 use crate::telemetry::{self, Snapshot};
 use core::sync::atomic::Ordering::Relaxed;
 use ptiscope_abi::phase::{Edge, Marker, ID_WORKLOAD};
@@ -17,13 +17,20 @@ type Handler = extern "C" fn(usize, usize, usize, usize) -> isize;
 /// No child to wait for (Linux -ECHILD).
 const ECHILD: isize = -10;
 /// Bad user address (Linux -EFAULT).
-const EFAULT: isize = -14;
+pub const EFAULT: isize = -14;
 
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static syscall_table: [Handler; TABLE_SIZE] = {
     let mut t = [sys_enosys as Handler; TABLE_SIZE];
-    t[nr::WRITE] = sys_write;
+    t[nr::READ] = sys_read;
+    // SAFETY: the same signature; the assembly dispatcher is as safe to
+    // call as the Rust handlers it jumps to.
+    t[nr::WRITE] = unsafe {
+        core::mem::transmute::<unsafe extern "C" fn(usize, usize, usize, usize) -> isize, Handler>(
+            sys_write,
+        )
+    };
     t[nr::SCHED_YIELD] = sys_sched_yield;
     t[nr::GETPID] = sys_getpid;
     t[nr::EXIT] = sys_exit;
@@ -46,22 +53,79 @@ extern "C" fn sys_getppid(_: usize, _: usize, _: usize, _: usize) -> isize {
     crate::task::CURRENT_PPID.load(Relaxed) as isize
 }
 
-/// Whether `[addr, addr + len)` lies in user memory every process maps.
-fn user_range_ok(addr: u64, len: u64) -> bool {
+/// Whether `[addr, addr + len)` lies in user memory every address space
+/// maps: the stacks (writable), or the text (read-only; only if `!write`).
+pub fn user_range_ok(addr: u64, len: u64, write: bool) -> bool {
     let (_, text_pages) = crate::arch::user::section();
     let text = (USER_TEXT_BASE, USER_TEXT_BASE + text_pages * 4096);
-    let stack = (USER_STACK_TOP - USER_STACK_PAGES * 4096, USER_STACK_TOP);
+    let stack = (USER_STACK_LOW.load(Relaxed) as u64, USER_STACK_TOP);
     let Some(end) = addr.checked_add(len) else {
         return false;
     };
-    [text, stack].iter().any(|&(s, e)| addr >= s && end <= e)
+    let within = |(s, e): (u64, u64)| addr >= s && end <= e;
+    within(stack) || (!write && within(text))
 }
 
-extern "C" fn sys_write(fd: usize, buf: usize, len: usize, _: usize) -> isize {
-    if fd != 1 {
-        return EBADF;
-    }
-    if len > 4096 || !user_range_ok(buf as u64, len as u64) {
+/// read(fd, buf, len): pipe read ends only (see pipe.rs).
+extern "C" fn sys_read(fd: usize, buf: usize, len: usize, _: usize) -> isize {
+    crate::pipe::read(fd, buf, len)
+}
+
+// write(fd, buf, len) dispatches in assembly, so that write(-1, ...)
+// (workload write-badfd) keeps its four-instruction path (mov, test, js,
+// ret) instead of paying for a Rust frame set up for the tail calls:
+// fd 1 → the console, other fds >= 0 → pipes, negative fds → -EBADF.
+#[cfg(target_pointer_width = "64")]
+core::arch::global_asm!(
+    r#"
+    .section .text.sys_write, "ax"
+    .global sys_write
+sys_write:
+    movq ${ebadf}, %rax
+    testq %rdi, %rdi
+    js 1f
+    cmpq $1, %rdi
+    jne {pipe}
+    jmp {console}
+1:  ret
+    .previous
+"#,
+    ebadf = const EBADF,
+    pipe = sym sys_write_pipe,
+    console = sym sys_write_console,
+    options(att_syntax)
+);
+#[cfg(target_pointer_width = "32")]
+core::arch::global_asm!(
+    r#"
+    .section .text.sys_write, "ax"
+    .global sys_write
+sys_write:
+    movl ${ebadf}, %eax
+    cmpl $0, 4(%esp)
+    jl 1f
+    cmpl $1, 4(%esp)
+    jne {pipe}
+    jmp {console}
+1:  ret
+    .previous
+"#,
+    ebadf = const EBADF,
+    pipe = sym sys_write_pipe,
+    console = sym sys_write_console,
+    options(att_syntax)
+);
+
+extern "C" {
+    fn sys_write(fd: usize, buf: usize, len: usize, _: usize) -> isize;
+}
+
+extern "C" fn sys_write_pipe(fd: usize, buf: usize, len: usize, _: usize) -> isize {
+    crate::pipe::write(fd, buf, len)
+}
+
+extern "C" fn sys_write_console(_fd: usize, buf: usize, len: usize, _: usize) -> isize {
+    if len > 4096 || !user_range_ok(buf as u64, len as u64, false) {
         return EFAULT;
     }
     // SAFETY: the range is mapped user memory of the current process (checked
@@ -80,15 +144,7 @@ extern "C" fn sys_sched_yield(_: usize, _: usize, _: usize, _: usize) -> isize {
 extern "C" fn sys_exit(status: usize, _: usize, _: usize, _: usize) -> isize {
     // SAFETY: as above.
     let s = unsafe { sched() };
-    let t = s.current_task();
-    t.state = State::Zombie(status as isize as i64);
-    let ppid = t.ppid;
-    for p in s.tasks.iter_mut() {
-        if p.pid == ppid && p.state == State::Waiting {
-            p.state = State::Runnable;
-        }
-    }
-    if ppid == 0 {
+    if !s.exit_current(status as isize as i64) {
         // No parent to reap it: record the status for kmain.
         // SAFETY: one CPU.
         unsafe { RESULT.get() }.exit_status = Some(status as isize as i64);
@@ -101,23 +157,14 @@ extern "C" fn sys_wait(_: usize, _: usize, _: usize, _: usize) -> isize {
     loop {
         // SAFETY: the reference is dropped before schedule() switches tasks.
         let s = unsafe { sched() };
-        let me = s.current_task().pid;
-        let mut has_child = false;
-        for t in s.tasks.iter_mut() {
-            if t.ppid != me || t.state == State::Free {
-                continue;
-            }
-            has_child = true;
-            if let State::Zombie(status) = t.state {
-                t.state = State::Free;
-                return status as isize;
+        match s.reap() {
+            Ok(status) => return status as isize,
+            Err(false) => return ECHILD,
+            Err(true) => {
+                s.current_task().state = crate::task::State::Waiting;
+                s.schedule();
             }
         }
-        if !has_child {
-            return ECHILD;
-        }
-        s.current_task().state = State::Waiting;
-        s.schedule();
     }
 }
 

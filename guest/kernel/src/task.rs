@@ -1,5 +1,7 @@
-//! Processes: a small fixed task table, one address space (PML4 pair) and
-//! one kernel stack per task, round-robin scheduling at system calls.
+//! Tasks: a fixed task table, one kernel stack per task, an address space
+//! (PML4 pair / PDPT pair) per process or shared by threads, and a FIFO run
+//! queue served when the running task blocks (wait, a pipe) or yields: no
+//! timer, no preemption.
 //!
 //! Switching to a task installs what its entries need: CR3 (its kernel
 //! copy, counted as a context switch), TSS.RSP0, the task-stack pointer the
@@ -10,20 +12,34 @@
 use crate::arch::context::{initial_stack, switch_to, UserRegs};
 use crate::arch::descriptors::entry_stack_top_addr;
 use crate::arch::entry::ENTRY_FRAME_WORDS;
-use crate::arch::layout::{cr3_value, phys_to_virt, USER_STACK_PAGES, USER_STACK_TOP};
+use crate::arch::layout::{
+    cr3_value, phys_to_virt, USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE,
+};
 use crate::arch::paging::{write_cr3, Cr3Reason, KernelHalf, UserSpec};
 use crate::arch::sysentry;
 use crate::mm::{Frames, Global};
 use crate::telemetry;
 use core::ptr::addr_of_mut;
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use guest_core::cmdline::Entry;
+use guest_core::cmdline::{Entry, GROUP_SIZE, MAX_GROUPS};
 use guest_core::paging::FrameSource;
+use guest_core::pipe::FIRST_PIPE_FD;
 use ptiscope_abi::telemetry::Counter;
 
-pub const MAX_TASKS: usize = 4;
+/// The largest sched-messaging run (4 groups of 20 senders and 20
+/// receivers) plus its parent.
+pub const MAX_TASKS: usize = (MAX_GROUPS * 2 * GROUP_SIZE) as usize + 1;
 /// Kernel stack per task.
 const KSTACK_PAGES: u64 = 2;
+/// "No task" in the u16 slot links.
+pub const NONE: u16 = u16::MAX;
+const _: () = assert!(MAX_TASKS < NONE as usize);
+
+/// Lowest user stack address mapped in every address space (thread stacks
+/// lower it; see [`Sched::spawn_task`]): the bound of the syscalls' user
+/// buffer checks.
+pub static USER_STACK_LOW: AtomicUsize =
+    AtomicUsize::new((USER_STACK_TOP - USER_STACK_PAGES * 4096) as usize);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum State {
@@ -31,7 +47,46 @@ pub enum State {
     Runnable,
     /// Blocked in wait() for a child to exit.
     Waiting,
+    /// Blocked on a pipe (in its wait queue).
+    Blocked,
     Zombie(i64),
+}
+
+/// A task's pipe descriptors: fds `FIRST_PIPE_FD..FIRST_PIPE_FD + count`
+/// are the read (or write) ends of pipes `first..first + count`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PipeFds {
+    pub first: u16,
+    pub count: u16,
+    pub write: bool,
+}
+
+impl PipeFds {
+    pub const NONE: PipeFds = PipeFds {
+        first: 0,
+        count: 0,
+        write: false,
+    };
+    /// The pipe behind `fd`, if it is one of these ends in direction `write`.
+    #[inline]
+    pub fn get(&self, fd: usize, write: bool) -> Option<usize> {
+        let i = fd.wrapping_sub(FIRST_PIPE_FD);
+        (i < self.count as usize && self.write == write).then_some(self.first as usize + i)
+    }
+}
+
+/// A FIFO of blocked tasks, linked through [`Task::link`].
+#[derive(Clone, Copy, Debug)]
+pub struct WaitQueue {
+    head: u16,
+    tail: u16,
+}
+
+impl WaitQueue {
+    pub const EMPTY: WaitQueue = WaitQueue {
+        head: NONE,
+        tail: NONE,
+    };
 }
 
 #[derive(Clone, Copy)]
@@ -49,6 +104,17 @@ pub struct Task {
     pub nopti: bool,
     pcid_used: bool,
     user_flush_pending: u64,
+    /// Slot whose address space this task runs in: its own for a process,
+    /// the creator's for a thread. PCID and flush state live there.
+    mm: u16,
+    /// Slot of the parent (NONE: kmain's), for exit's wake-up.
+    parent: u16,
+    /// Children not yet reaped, and the list of those that exited.
+    children: u16,
+    zombies: u16,
+    /// Next task in a wait queue or a parent's zombie list.
+    link: u16,
+    pub pipes: PipeFds,
 }
 
 const FREE: Task = Task {
@@ -62,6 +128,12 @@ const FREE: Task = Task {
     nopti: false,
     pcid_used: false,
     user_flush_pending: 0,
+    mm: NONE,
+    parent: NONE,
+    children: 0,
+    zombies: NONE,
+    link: NONE,
+    pipes: PipeFds::NONE,
 };
 
 pub struct Sched {
@@ -74,6 +146,12 @@ pub struct Sched {
     pub entry: Entry,
     pub half: KernelHalf,
     next_pid: u64,
+    /// Runnable tasks not running, FIFO (a ring of slots).
+    run_queue: [u16; MAX_TASKS],
+    rq_head: usize,
+    rq_len: usize,
+    /// Bottom of the last thread stack handed out.
+    thread_stack_low: u64,
 }
 
 pub static SCHED: Global<Sched> = Global::new(Sched {
@@ -85,6 +163,10 @@ pub static SCHED: Global<Sched> = Global::new(Sched {
     entry: Entry::Int3,
     half: KernelHalf::EMPTY,
     next_pid: 1,
+    run_queue: [NONE; MAX_TASKS],
+    rq_head: 0,
+    rq_len: 0,
+    thread_stack_low: USER_STACK_TOP - USER_STACK_PAGES * 4096,
 });
 
 /// pid and ppid of the running task, read by getpid/getppid in two instructions.
@@ -128,31 +210,75 @@ impl Sched {
         sysentry::init(entry);
     }
 
-    /// Creates a process running `rip` with the given initial registers.
+    /// Creates a process running `rip` with the given initial registers,
+    /// a child of the task with pid `ppid` (0: of kmain).
     pub fn spawn(&mut self, ppid: u64, rip: u64, regs: &UserRegs) -> Result<u64, SpawnError> {
+        let parent = self
+            .tasks
+            .iter()
+            .position(|t| ppid != 0 && t.pid == ppid && t.state != State::Free);
+        let slot = self.spawn_task(parent, rip, regs, None)?;
+        Ok(self.tasks[slot].pid)
+    }
+
+    /// Creates a task running `rip` and queues it; returns its slot. With
+    /// `thread_of`, it shares that task's address space and gets a stack
+    /// page of its own in it (below the others); otherwise it is a process
+    /// with a new address space.
+    pub fn spawn_task(
+        &mut self,
+        parent: Option<usize>,
+        rip: u64,
+        regs: &UserRegs,
+        thread_of: Option<usize>,
+    ) -> Result<usize, SpawnError> {
         let slot = self
             .tasks
             .iter()
             .position(|t| t.state == State::Free)
             .ok_or(SpawnError::TableFull)?;
         let (text_phys, text_pages) = crate::arch::user::section();
-        let mut stack = [0u64; USER_STACK_PAGES as usize];
-        for f in stack.iter_mut() {
-            *f = Frames.frame().ok_or(SpawnError::OutOfMemory)?;
-        }
-        let spec = UserSpec {
-            text_phys,
-            text_pages,
-            stack,
+        let (pair, mm, stack_top) = match thread_of {
+            None => {
+                let mut stack = [0u64; USER_STACK_PAGES as usize];
+                for f in stack.iter_mut() {
+                    *f = Frames.frame().ok_or(SpawnError::OutOfMemory)?;
+                }
+                let spec = UserSpec {
+                    text_phys,
+                    text_pages,
+                    stack,
+                };
+                let pair = crate::arch::paging::new_address_space(&self.half, &spec)
+                    .map_err(SpawnError::Map)?;
+                (pair, slot, USER_STACK_TOP)
+            }
+            Some(owner) => {
+                let mm = self.tasks[owner].mm as usize;
+                let pair = self.tasks[mm].pair;
+                let top = self.thread_stack_low;
+                let va = top - 4096;
+                if va < USER_TEXT_BASE + text_pages * 4096 {
+                    return Err(SpawnError::OutOfMemory);
+                }
+                let frame = Frames.frame().ok_or(SpawnError::OutOfMemory)?;
+                crate::arch::paging::map_user_stack_page(pair, va, frame)
+                    .map_err(SpawnError::Map)?;
+                self.thread_stack_low = va;
+                USER_STACK_LOW.store(va as usize, Relaxed);
+                (pair, mm, top)
+            }
         };
-        let pair =
-            crate::arch::paging::new_address_space(&self.half, &spec).map_err(SpawnError::Map)?;
         let kstack = crate::mm::alloc_contiguous(KSTACK_PAGES).ok_or(SpawnError::OutOfMemory)?;
         let kstack_top = phys_to_virt(kstack).ok_or(SpawnError::OutOfMemory)? + KSTACK_PAGES * 4096;
         // SAFETY: the stack was just allocated for this task alone.
-        let saved_rsp = unsafe { initial_stack(kstack_top, rip, USER_STACK_TOP, regs) };
+        let saved_rsp = unsafe { initial_stack(kstack_top, rip, stack_top, regs) };
         let pid = self.next_pid;
         self.next_pid += 1;
+        let ppid = parent.map_or(0, |p| self.tasks[p].pid);
+        if let Some(p) = parent {
+            self.tasks[p].children += 1;
+        }
         self.tasks[slot] = Task {
             pid,
             ppid,
@@ -160,16 +286,109 @@ impl Sched {
             pair,
             kstack_top,
             saved_rsp,
+            mm: mm as u16,
+            parent: parent.map_or(NONE, |p| p as u16),
             ..FREE
         };
-        Ok(pid)
+        self.enqueue(slot);
+        Ok(slot)
+    }
+
+    fn enqueue(&mut self, slot: usize) {
+        debug_assert!(self.rq_len < MAX_TASKS);
+        let tail = (self.rq_head + self.rq_len) % MAX_TASKS;
+        self.run_queue[tail] = slot as u16;
+        self.rq_len += 1;
+    }
+
+    fn dequeue(&mut self) -> Option<usize> {
+        if self.rq_len == 0 {
+            return None;
+        }
+        let slot = self.run_queue[self.rq_head] as usize;
+        self.rq_head = (self.rq_head + 1) % MAX_TASKS;
+        self.rq_len -= 1;
+        Some(slot)
+    }
+
+    /// Makes a blocked or waiting task runnable (queued at the tail).
+    pub fn wake(&mut self, slot: usize) {
+        if self.tasks[slot].state != State::Runnable {
+            self.tasks[slot].state = State::Runnable;
+            self.enqueue(slot);
+        }
+    }
+
+    /// Blocks the current task in `q`; the caller then calls
+    /// [`Sched::schedule`], which returns once the task is woken.
+    pub fn add_waiter(&mut self, q: &mut WaitQueue) {
+        let cur = self.current.expect("add_waiter() from a task");
+        self.tasks[cur].state = State::Blocked;
+        self.tasks[cur].link = NONE;
+        if q.tail == NONE {
+            q.head = cur as u16;
+        } else {
+            self.tasks[q.tail as usize].link = cur as u16;
+        }
+        q.tail = cur as u16;
+    }
+
+    /// Wakes the first task of `q`; false if it was empty.
+    pub fn wake_one(&mut self, q: &mut WaitQueue) -> bool {
+        if q.head == NONE {
+            return false;
+        }
+        let t = q.head as usize;
+        q.head = self.tasks[t].link;
+        if q.head == NONE {
+            q.tail = NONE;
+        }
+        self.wake(t);
+        true
+    }
+
+    /// exit(): the current task becomes a zombie on its parent's list and
+    /// wakes the parent if it waits. Returns whether it had a parent.
+    pub fn exit_current(&mut self, status: i64) -> bool {
+        let cur = self.current.expect("exit() from a task");
+        self.tasks[cur].state = State::Zombie(status);
+        let parent = self.tasks[cur].parent;
+        if parent == NONE {
+            return false;
+        }
+        let p = parent as usize;
+        self.tasks[cur].link = self.tasks[p].zombies;
+        self.tasks[p].zombies = cur as u16;
+        if self.tasks[p].state == State::Waiting {
+            self.wake(p);
+        }
+        true
+    }
+
+    /// wait(): reaps an exited child of the current task: `Ok(status)`,
+    /// `Err(true)` if children are still running, `Err(false)` if it has none.
+    pub fn reap(&mut self) -> Result<i64, bool> {
+        let cur = self.current.expect("wait() from a task");
+        let z = self.tasks[cur].zombies;
+        if z == NONE {
+            return Err(self.tasks[cur].children != 0);
+        }
+        let z = z as usize;
+        self.tasks[cur].zombies = self.tasks[z].link;
+        self.tasks[cur].children -= 1;
+        let State::Zombie(status) = self.tasks[z].state else {
+            unreachable!("only zombies are on the list")
+        };
+        self.tasks[z].state = State::Free;
+        Ok(status)
     }
 
     fn task_pti(&self, t: &Task) -> bool {
         self.pti && !t.nopti
     }
 
-    /// PCID of a task's kernel copy (0 without PCID): asid + 1, as Linux.
+    /// PCID of an address space's kernel copy (0 without PCID): asid + 1,
+    /// as Linux; `slot` is the address space's owner (`Task::mm`).
     fn pcid_of(&self, slot: usize) -> u64 {
         if self.pcid {
             slot as u64 + 1
@@ -178,7 +397,8 @@ impl Sched {
         }
     }
 
-    /// The CR3 value of a task's kernel copy, NOFLUSH when its PCID is warm.
+    /// The CR3 value of an address space's kernel copy (`slot` = its
+    /// owner), NOFLUSH when its PCID is warm.
     fn kernel_cr3(&mut self, slot: usize) -> u64 {
         let pcid = self.pcid_of(slot);
         let t = &mut self.tasks[slot];
@@ -206,7 +426,7 @@ impl Sched {
         unsafe {
             *addr_of_mut!(cpu_current_kstack_top) = t.kstack_top;
             *addr_of_mut!(cpu_exit_pti) = mode;
-            *addr_of_mut!(cpu_user_flush_pending) = t.user_flush_pending;
+            *addr_of_mut!(cpu_user_flush_pending) = self.tasks[t.mm as usize].user_flush_pending;
         }
         CURRENT_PID.store(t.pid as usize, Relaxed);
         CURRENT_PPID.store(t.ppid as usize, Relaxed);
@@ -221,21 +441,30 @@ impl Sched {
     }
 
     /// Switches from the current context (a task or kmain) to task `next`.
+    /// CR3 is written (a counted context-switch write) unless both run in
+    /// the same address space (threads).
     fn switch(&mut self, next: usize) {
         let prev = self.current;
         if prev == Some(next) {
             return;
         }
+        let next_mm = self.tasks[next].mm as usize;
+        let mut same_mm = false;
         if let Some(p) = prev {
             // SAFETY: the entry stack's top words are the frame slot.
             self.tasks[p].entry_frame = unsafe { *Self::entry_frame_slot() };
+            let prev_mm = self.tasks[p].mm as usize;
             // SAFETY: as in install_entry.
-            self.tasks[p].user_flush_pending = unsafe { *addr_of_mut!(cpu_user_flush_pending) };
+            self.tasks[prev_mm].user_flush_pending =
+                unsafe { *addr_of_mut!(cpu_user_flush_pending) };
+            same_mm = prev_mm == next_mm;
         }
         // SAFETY: as above.
         unsafe { *Self::entry_frame_slot() = self.tasks[next].entry_frame };
-        let cr3 = self.kernel_cr3(next);
-        write_cr3(cr3, Cr3Reason::ContextSwitch);
+        if !same_mm {
+            let cr3 = self.kernel_cr3(next_mm);
+            write_cr3(cr3, Cr3Reason::ContextSwitch);
+        }
         self.install_entry(next);
         telemetry::inc(Counter::ContextSwitches);
         self.current = Some(next);
@@ -251,23 +480,20 @@ impl Sched {
 
     /// Runs tasks until none is left; returns in kmain's context.
     pub fn run(&mut self) {
-        if let Some(first) = self.pick(0) {
+        if let Some(first) = self.dequeue() {
             self.switch(first);
         }
     }
 
-    /// The next runnable task at or after `from`, round robin.
-    fn pick(&self, from: usize) -> Option<usize> {
-        (0..MAX_TASKS)
-            .map(|i| (from + i) % MAX_TASKS)
-            .find(|&i| self.tasks[i].state == State::Runnable)
-    }
-
-    /// Gives the CPU to the next runnable task, or back to kmain when none
+    /// Gives the CPU to the next queued task (the current one goes to the
+    /// tail if it is still runnable: a yield), or back to kmain when none
     /// is left. Returns when the current task runs again.
     pub fn schedule(&mut self) {
         let cur = self.current.expect("schedule() from a task");
-        match self.pick(cur + 1) {
+        if self.tasks[cur].state == State::Runnable {
+            self.enqueue(cur);
+        }
+        match self.dequeue() {
             Some(next) if next != cur => self.switch(next),
             Some(_) => {}
             None => {
@@ -305,10 +531,11 @@ impl Sched {
         crate::arch::paging::opt_out_of_pti(pair, &self.half);
         // The kernel copy's user entries lost NX: flush this PCID now and
         // the user PCID at the next exit (deferred, as Linux does).
-        let pcid = self.pcid_of(c);
+        let mm = self.tasks[c].mm as usize;
+        let pcid = self.pcid_of(mm);
         write_cr3(cr3_value(pair, false, pcid, false), Cr3Reason::Other);
-        // SAFETY: as in install_entry.
-        unsafe { *addr_of_mut!(cpu_user_flush_pending) = 1 };
+        // install_entry below loads the CPU's flag from here.
+        self.tasks[mm].user_flush_pending = 1;
         // This call still returns through the PTI stub it came in by, which
         // switches to the user copy: now a full copy of the kernel copy. The
         // next entry takes the PTI-off stub and switches nothing.

@@ -60,6 +60,19 @@ impl UserRegs {
     }
 }
 
+impl UserRegs {
+    /// Initial registers of the sched-messaging programs (user.rs):
+    /// ebx, esi, edi, ebp = `p`.
+    pub fn params(p: [u64; 4]) -> Self {
+        UserRegs {
+            ebx: p[0] as u32,
+            esi: p[1] as u32,
+            edi: p[2] as u32,
+            ebp: p[3] as u32,
+        }
+    }
+}
+
 /// Lays out a new task's kernel stack so that `switch_to` to the returned
 /// ESP enters user mode at `rip` with stack `rsp` (via task_first_return).
 ///

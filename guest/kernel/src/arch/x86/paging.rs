@@ -106,3 +106,9 @@ pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapE
 pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
     guest_core::pae::opt_out_of_pti(&mut DirectMap, pair, half)
 }
+
+/// Maps a thread's stack page into the shared address space `pair`.
+pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
+    let nx = super::cpu::has_nx();
+    guest_core::pae::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame, nx)
+}

@@ -63,6 +63,20 @@ impl UserRegs {
     }
 }
 
+impl UserRegs {
+    /// Initial registers of the sched-messaging programs (user.rs):
+    /// r12..r15 = `p`.
+    pub fn params(p: [u64; 4]) -> Self {
+        UserRegs {
+            r12: p[0],
+            r13: p[1],
+            r14: p[2],
+            r15: p[3],
+            ..Self::default()
+        }
+    }
+}
+
 /// Lays out a new task's kernel stack so that `switch_to` to the returned
 /// RSP enters user mode at `rip` with stack `rsp` (via task_first_return).
 ///

@@ -105,3 +105,8 @@ pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapE
 pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
     guest_core::paging::opt_out_of_pti(&mut DirectMap, pair, half)
 }
+
+/// Maps a thread's stack page into the shared address space `pair`.
+pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
+    guest_core::paging::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame)
+}

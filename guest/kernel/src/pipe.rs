@@ -1,0 +1,137 @@
+//! Pipes for `workload=sched-messaging`: a table of pipes, each a 4 KiB
+//! ring in a frame of its own (`guest_core::pipe::Ring`), with FIFO wait
+//! queues of blocked readers and writers. A read blocks while the pipe is
+//! empty and returns what is there (up to `len`); a write of at most
+//! `PIPE_BUF` bytes blocks until all of it fits (atomic, as Linux). Tasks
+//! reach pipes through their descriptor range (`task::PipeFds`).
+use crate::arch::layout::phys_to_virt;
+use crate::mm::{Frames, Global};
+use crate::syscall::{user_range_ok, EFAULT};
+use crate::task::{sched, WaitQueue, MAX_TASKS};
+use guest_core::paging::FrameSource;
+use guest_core::pipe::{Ring, PIPE_BUF, PIPE_SIZE};
+use ptiscope_abi::syscall::{EBADF, EINVAL};
+
+/// One pipe per receiver of the largest run.
+pub const MAX_PIPES: usize = MAX_TASKS / 2;
+
+#[derive(Clone, Copy)]
+struct Pipe {
+    ring: Ring,
+    /// Kernel virtual address of the buffer frame.
+    buf: usize,
+    readers: WaitQueue,
+    writers: WaitQueue,
+}
+
+struct Pipes {
+    pipes: [Pipe; MAX_PIPES],
+    count: usize,
+}
+
+static PIPES: Global<Pipes> = Global::new(Pipes {
+    pipes: [Pipe {
+        ring: Ring::EMPTY,
+        buf: 0,
+        readers: WaitQueue::EMPTY,
+        writers: WaitQueue::EMPTY,
+    }; MAX_PIPES],
+    count: 0,
+});
+
+/// Creates a pipe; returns its index (consecutive from 0).
+pub fn create() -> Option<u16> {
+    // SAFETY: one CPU; no other reference to PIPES is live here.
+    let p = unsafe { PIPES.get() };
+    if p.count == MAX_PIPES {
+        return None;
+    }
+    let frame = Frames.frame()?;
+    p.pipes[p.count].buf = phys_to_virt(frame)? as usize;
+    p.count += 1;
+    Some((p.count - 1) as u16)
+}
+
+impl Pipe {
+    fn buffer(&self) -> &'static mut [u8; PIPE_SIZE] {
+        // SAFETY: `buf` is this pipe's own frame in the direct map; the ring
+        // is only touched by the running task, with no reference kept
+        // across a task switch.
+        unsafe { &mut *(self.buf as *mut [u8; PIPE_SIZE]) }
+    }
+}
+
+/// The pipe behind `fd` for the current task, in direction `write`.
+fn lookup(fd: usize, write: bool) -> Option<usize> {
+    // SAFETY: one CPU; the reference does not outlive this call.
+    let s = unsafe { sched() };
+    s.current_task().pipes.get(fd, write)
+}
+
+/// read(fd, buf, len) on a pipe's read end.
+pub fn read(fd: usize, buf: usize, len: usize) -> isize {
+    let Some(i) = lookup(fd, false) else {
+        return EBADF;
+    };
+    if len == 0 {
+        return 0;
+    }
+    if !user_range_ok(buf as u64, len as u64, true) {
+        return EFAULT;
+    }
+    loop {
+        // SAFETY: one CPU; both references are re-taken after every block.
+        let (s, pipes) = unsafe { (sched(), PIPES.get()) };
+        let pipe = &mut pipes.pipes[i];
+        if !pipe.ring.is_empty() {
+            // SAFETY: a writable user range of the current address space
+            // (checked above), mapped in the kernel copy.
+            let out = unsafe { core::slice::from_raw_parts_mut(buf as *mut u8, len) };
+            let n = pipe.ring.pop(pipe.buffer(), out);
+            // Room for one more message: wake one writer; an empty pipe
+            // wakes them all (they re-check and block again if need be).
+            if pipe.ring.is_empty() {
+                while s.wake_one(&mut pipe.writers) {}
+            } else {
+                s.wake_one(&mut pipe.writers);
+            }
+            return n as isize;
+        }
+        // Queue first, then switch: no reference into PIPES lives across
+        // the switch (other tasks use the pipe meanwhile).
+        s.add_waiter(&mut pipe.readers);
+        s.schedule();
+    }
+}
+
+/// write(fd, buf, len) on a pipe's write end (fd >= 0, fd != 1).
+pub fn write(fd: usize, buf: usize, len: usize) -> isize {
+    let Some(i) = lookup(fd, true) else {
+        return EBADF;
+    };
+    if len > PIPE_BUF {
+        return EINVAL;
+    }
+    if len == 0 {
+        return 0;
+    }
+    if !user_range_ok(buf as u64, len as u64, false) {
+        return EFAULT;
+    }
+    loop {
+        // SAFETY: as in read.
+        let (s, pipes) = unsafe { (sched(), PIPES.get()) };
+        let pipe = &mut pipes.pipes[i];
+        if pipe.ring.free() >= len {
+            // SAFETY: a readable user range of the current address space.
+            let data = unsafe { core::slice::from_raw_parts(buf as *const u8, len) };
+            let n = pipe.ring.push(pipe.buffer(), data);
+            s.wake_one(&mut pipe.readers);
+            return n as isize;
+        }
+        // Queue first, then switch: no reference into PIPES lives across
+        // the switch (other tasks use the pipe meanwhile).
+        s.add_waiter(&mut pipe.writers);
+        s.schedule();
+    }
+}
