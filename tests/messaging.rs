@@ -1,0 +1,152 @@
+//! `workload=sched-messaging` (perf bench sched messaging with pipes) end
+//! to end: every message delivered intact, the exact syscall count, context
+//! switches, and the CR3 writes they cost — per syscall 2 with PTI and 0
+//! without, plus one per context switch between processes and none between
+//! threads. x86_64 under KVM, i386 under QEMU TCG.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+
+/// `key=value` pairs of the guest's `@result` line.
+fn result_line(console: &str) -> HashMap<String, String> {
+    let line = console
+        .lines()
+        .find(|l| l.starts_with(ptiscope_abi::RESULT_PREFIX))
+        .unwrap_or_else(|| panic!("no @result line in:\n{console}"));
+    line[ptiscope_abi::RESULT_PREFIX.len()..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn num(r: &HashMap<String, String>, key: &str) -> u64 {
+    r.get(key)
+        .unwrap_or_else(|| panic!("@result has no {key}: {r:?}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("@result {key}: {e}"))
+}
+
+const GROUPS: u64 = 1;
+const LOOPS: u64 = 2;
+
+/// Checks one run's `@result` against the workload's exact counts.
+fn check(r: &HashMap<String, String>, pti: &str, mode: &str, what: &str) {
+    let messages = GROUPS * 20 * 20 * LOOPS;
+    let workers = GROUPS * 40;
+    assert_eq!(r["workload"], "sched-messaging", "{what}: {r:?}");
+    assert_eq!(r["mode"], mode, "{what}");
+    assert_eq!(r["pti"], pti, "{what}");
+    assert_eq!(num(r, "groups"), GROUPS, "{what}");
+    assert_eq!(num(r, "loops"), LOOPS, "{what}");
+    assert_eq!(num(r, "iterations"), messages, "{what}");
+    assert_eq!(
+        num(r, "mismatches"),
+        0,
+        "{what}: messages lost or corrupted: {r:?}"
+    );
+    assert_eq!(num(r, "exit_status"), 0, "{what}");
+    // One write and one read per message (100-byte writes are atomic and
+    // every read asks for exactly one message), an exit per worker, the
+    // parent's waits (one per worker plus the final -ECHILD) and its end
+    // marker.
+    let syscalls = 2 * messages + workers + (workers + 1) + 1;
+    assert_eq!(num(r, "syscalls"), syscalls, "{what}: {r:?}");
+    let switches = num(r, "context_switches");
+    assert!(switches > 0, "{what}: no context switch: {r:?}");
+    let cs_cr3 = num(r, "cr3_context_switch");
+    if mode == "process" {
+        assert_eq!(
+            cs_cr3, switches,
+            "{what}: every switch between processes writes CR3: {r:?}"
+        );
+    } else {
+        assert_eq!(cs_cr3, 0, "{what}: threads share the address space: {r:?}");
+    }
+    let (entry, exit) = (num(r, "cr3_entry"), num(r, "cr3_exit"));
+    if pti == "on" {
+        assert_eq!((entry, exit), (syscalls, syscalls), "{what}: {r:?}");
+    } else {
+        assert_eq!((entry, exit), (0, 0), "{what}: {r:?}");
+    }
+    assert_eq!(num(r, "cr3_writes"), entry + exit + cs_cr3, "{what}: {r:?}");
+    assert_eq!(num(r, "cr3_other"), 0, "{what}");
+}
+
+#[test]
+fn x86_64_delivers_every_message_with_the_expected_cr3_writes_as_processes_and_threads() {
+    if !kvm_or_skip("sched-messaging under KVM") {
+        return;
+    }
+    for mode in ["process", "thread"] {
+        for pti in ["on", "off"] {
+            let cmdline = format!("groups={GROUPS} loops={LOOPS} mode={mode}");
+            let o = ptiscope()
+                .args(["run", "--timeout", "30", "--workload", "sched-messaging"])
+                .args(["--pti", pti, "--cmdline", &cmdline])
+                .output()
+                .expect("run ptiscope");
+            let out = stdout(&o) + &stderr(&o);
+            let what = format!("x86_64 {mode} pti={pti}");
+            assert_eq!(o.status.code(), Some(0), "{what}:\n{out}");
+            check(&result_line(&out), pti, mode, &what);
+        }
+    }
+}
+
+#[test]
+fn i386_delivers_every_message_with_the_expected_cr3_writes_as_processes_and_threads() {
+    if std::process::Command::new("qemu-system-i386")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        ptiscope::test_support::skip(
+            "sched-messaging i386 under QEMU",
+            "qemu-system-i386 is not installed",
+        );
+        return;
+    }
+    for mode in ["process", "thread"] {
+        for pti in ["on", "off"] {
+            let cmdline = format!("groups={GROUPS} loops={LOOPS} mode={mode}");
+            let o = ptiscope()
+                .args([
+                    "run",
+                    "--arch",
+                    "i386",
+                    "--backend",
+                    "qemu",
+                    "--timeout",
+                    "60",
+                ])
+                .args(["--workload", "sched-messaging", "--pti", pti])
+                .args(["--cmdline", &cmdline])
+                .output()
+                .expect("run ptiscope");
+            let out = stdout(&o) + &stderr(&o);
+            let what = format!("i386 {mode} pti={pti}");
+            assert_eq!(o.status.code(), Some(0), "{what}:\n{out}");
+            assert!(out.contains("ptiscope guest i386"), "{out}");
+            check(&result_line(&out), pti, mode, &what);
+        }
+    }
+}
+
+#[test]
+fn too_many_groups_is_a_bad_command_line_naming_the_key_and_the_bound() {
+    if !kvm_or_skip("sched-messaging groups bound") {
+        return;
+    }
+    let o = ptiscope()
+        .args(["run", "--timeout", "30", "--workload", "sched-messaging"])
+        .args(["--cmdline", "groups=5"])
+        .output()
+        .expect("run ptiscope");
+    let out = stdout(&o) + &stderr(&o);
+    assert_eq!(o.status.code(), Some(4), "{out}");
+    assert!(out.contains("`groups`") && out.contains("1 to 4"), "{out}");
+}
