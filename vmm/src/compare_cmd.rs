@@ -274,12 +274,21 @@ pub fn run(args: &CompareArgs) -> i32 {
             );
         }
     }
-    println!(
-        "  workload:  {} x {} iterations per run, {} runs per side, interleaved",
-        base.config.guest.workload.as_deref().unwrap_or("-"),
-        base.config.guest.iterations.unwrap_or(0),
-        args.runs
-    );
+    let workload = base.config.guest.workload.as_deref().unwrap_or("-");
+    if workload == "sched-messaging" {
+        // Its size comes from groups=/loops= (cmdline=...), not --iterations.
+        println!(
+            "  workload:  sched-messaging (perf bench sched messaging, pipes), {} runs per side, \
+             interleaved; rates are per message",
+            args.runs
+        );
+    } else {
+        println!(
+            "  workload:  {workload} x {} iterations per run, {} runs per side, interleaved",
+            base.config.guest.iterations.unwrap_or(0),
+            args.runs
+        );
+    }
     println!("  baseline:  {}", base.label);
     println!("  compare:   {}", comp.label);
     println!();

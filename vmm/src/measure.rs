@@ -280,17 +280,17 @@ impl Measurer {
         // phase, i.e. exactly one more syscall round trip than the loop's
         // N. Rates divide by N + 1 so that counts per call are exact
         // (2 CR3 writes per call with PTI, not 2 + 2/N).
+        let workload = result.get("workload").map(String::as_str);
+        let (divisor, iteration_name, divisor_note) = phase_divisor(workload, iterations);
         let calls = if phased.is_some() {
-            iterations + 1
+            divisor
         } else {
             iterations
         };
         let mut s = RunSummary::new(config, phased.map(|_| "workload".to_string()), calls);
         if phased.is_some() {
-            s.notes.push(format!(
-                "per-call rates divide by {calls} calls: the {iterations} workload iterations plus the \
-                 phase-marker syscall whose return and entry bracket the phase"
-            ));
+            s.iteration_name = iteration_name.into();
+            s.notes.push(divisor_note);
         }
         s.telemetry_problems = self.problems.clone();
         if outcome.exits.invalid_phase_markers > 0 {
@@ -405,10 +405,16 @@ impl Measurer {
                 // and N tlb_flush), so the guest's exit-to-user switches are
                 // what KVM's count must match.
                 (Some(t), true) if flavour == KvmFlavour::Pvm => {
+                    // A context switch to another address space is a new
+                    // shadow root for KVM as well: it flushes there too.
                     s.cross_checks.push(CrossCheck::new(
-                        "CR3 round trips (kvm_pvm shadow paging: one KVM tlb_flush per kernel->user CR3 switch)",
+                        "CR3 switches to another table (kvm_pvm shadow paging: one KVM tlb_flush per \
+                         kernel->user switch and per context switch)",
                         ("tlb_flush", Source::Kvm, t as f64),
-                        ("cr3_writes_exit", d.total(Counter::Cr3Exit) as f64),
+                        (
+                            "cr3_writes_exit+context_switch",
+                            (d.total(Counter::Cr3Exit) + d.total(Counter::Cr3ContextSwitch)) as f64,
+                        ),
                         CR3_TOLERANCE_PCT,
                     ));
                 }
@@ -429,7 +435,7 @@ impl Measurer {
                     "this KVM has no tlb_flush stat: guest CR3 writes cannot be cross-checked".into(),
                 ),
             }
-            if phased.is_some() {
+            if phased.is_some() && iteration_name == "call" {
                 // One syscall per iteration plus the end marker's own syscall.
                 s.cross_checks.push(CrossCheck::new(
                     "syscalls (iterations + the end-marker call)",
@@ -492,8 +498,11 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
     let iterations = num("iterations").map_or(0, |n| n as u64);
     let phased = !result.is_empty();
-    let calls = if phased { iterations + 1 } else { 0 };
+    let (divisor, iteration_name, divisor_note) =
+        phase_divisor(result.get("workload").map(String::as_str), iterations);
+    let calls = if phased { divisor } else { 0 };
     let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
+    s.iteration_name = iteration_name.into();
     s.telemetry_checked = false;
     s.notes.push(
         "backend qemu (TCG): the host observes nothing of the guest; every figure is guest-reported \
@@ -505,10 +514,7 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
             .push("the guest printed no @result line: nothing was measured".into());
         return s;
     }
-    s.notes.push(format!(
-        "per-call rates divide by {calls} calls: the {iterations} workload iterations plus the \
-         phase-marker syscall whose return and entry bracket the phase"
-    ));
+    s.notes.push(divisor_note);
     if let Some(c) = num("cycles") {
         s.rows.push(RunRow {
             metric: Metric::new("cycles", "cycles", Source::Guest),
@@ -525,6 +531,35 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
         }
     }
     s
+}
+
+/// How a workload's measured phase relates to its `iterations`: the
+/// divisor of per-iteration rates, what one iteration is called, and the
+/// note that says so. The syscall loops (getpid, ...) mark their phase with
+/// a syscall whose return and entry lie inside it: N + 1 round trips. For
+/// sched-messaging an iteration is a message, and the phase (from before
+/// the first sender runs until every worker is reaped) holds many other
+/// syscalls and context switches besides: rates are per message.
+fn phase_divisor(workload: Option<&str>, iterations: u64) -> (u64, &'static str, String) {
+    match workload {
+        Some("sched-messaging") => (
+            iterations,
+            "message",
+            format!(
+                "per-message rates divide by the {iterations} messages sent (sched-messaging: \
+                 each message is a write and a read, plus the workers' own start and exit)"
+            ),
+        ),
+        _ => (
+            iterations + 1,
+            "call",
+            format!(
+                "per-call rates divide by {} calls: the {iterations} workload iterations plus the \
+                 phase-marker syscall whose return and entry bracket the phase",
+                iterations + 1
+            ),
+        ),
+    }
 }
 
 /// The compare-table name of a run row's per-iteration rate.
