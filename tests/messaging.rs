@@ -84,15 +84,33 @@ fn x86_64_delivers_every_message_with_the_expected_cr3_writes_as_processes_and_t
     for mode in ["process", "thread"] {
         for pti in ["on", "off"] {
             let cmdline = format!("groups={GROUPS} loops={LOOPS} mode={mode}");
+            let json = scratch("messaging").join(format!("{mode}-{pti}.json"));
             let o = ptiscope()
                 .args(["run", "--timeout", "30", "--workload", "sched-messaging"])
-                .args(["--pti", pti, "--cmdline", &cmdline])
+                .args(["--pti", pti, "--cmdline", &cmdline, "--json"])
+                .arg(&json)
                 .output()
                 .expect("run ptiscope");
             let out = stdout(&o) + &stderr(&o);
             let what = format!("x86_64 {mode} pti={pti}");
             assert_eq!(o.status.code(), Some(0), "{what}:\n{out}");
-            check(&result_line(&out), pti, mode, &what);
+            let r = result_line(&out);
+            check(&r, pti, mode, &what);
+            // The host's report: per-message rates, and KVM's flushes agree
+            // with the guest's CR3 switches (exits and context switches).
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            assert_eq!(v["iteration_name"], "message", "{what}");
+            assert_eq!(
+                v["iterations"].as_u64(),
+                Some(num(&r, "iterations")),
+                "{what}"
+            );
+            let checks = v["cross_checks"].as_array().unwrap();
+            assert!(!checks.is_empty(), "{what}: no cross-check");
+            for c in checks {
+                assert_eq!(c["agrees"], true, "{what}: {c}");
+            }
         }
     }
 }

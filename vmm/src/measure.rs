@@ -252,6 +252,10 @@ const GUEST_ROWS: [Counter; 12] = [
 /// Tolerance of the CR3-vs-tlb_flush cross-check: KVM also flushes for its
 /// own reasons (a few per phase), so a small excess is agreement.
 const CR3_TOLERANCE_PCT: f64 = 1.0;
+/// ... or an absolute excess of KVM flushes over the guest's switches: KVM's
+/// own flushes (seen here: 6 to 32 per sched-messaging phase of ~1,700
+/// switches, whatever its size) would otherwise fail short runs.
+const CR3_HOST_EXCESS: f64 = 64.0;
 
 impl Measurer {
     /// The perf-stat-like summary of the measured phase of `outcome`.
@@ -416,7 +420,8 @@ impl Measurer {
                             (d.total(Counter::Cr3Exit) + d.total(Counter::Cr3ContextSwitch)) as f64,
                         ),
                         CR3_TOLERANCE_PCT,
-                    ));
+                    )
+                    .allowing_host_excess(CR3_HOST_EXCESS));
                 }
                 (Some(t), true) => {
                     s.cross_checks.push(CrossCheck::new(
