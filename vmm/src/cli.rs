@@ -114,6 +114,9 @@ pub struct CompareArgs {
     /// Write the comparison as CSV.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// Write the comparison as an SVG picture (compare relative to baseline, every run a dot).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
     /// Fail (exit 1) when this condition holds; repeatable.
     #[arg(long = "fail-if", value_name = "COND")]
     pub fail_if: Vec<String>,

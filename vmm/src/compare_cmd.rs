@@ -406,6 +406,9 @@ pub fn run(args: &CompareArgs) -> i32 {
     if let Some(p) = &args.json {
         code = code.max(write_file(p, &json_text(&table)));
     }
+    if let Some(p) = &args.svg {
+        code = code.max(write_file(p, &crate::report::plot::compare_svg(&table)));
+    }
     if let Some(p) = &args.csv {
         code = code.max(write_file(p, &table.to_csv()));
     }

@@ -7,6 +7,7 @@
 
 pub mod compare;
 pub mod metric;
+pub mod plot;
 pub mod run_summary;
 pub mod stats;
 pub mod threshold;
