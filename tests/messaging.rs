@@ -10,26 +10,6 @@ use std::collections::HashMap;
 
 use common::*;
 
-/// `key=value` pairs of the guest's `@result` line.
-fn result_line(console: &str) -> HashMap<String, String> {
-    let line = console
-        .lines()
-        .find(|l| l.starts_with(ptiscope_abi::RESULT_PREFIX))
-        .unwrap_or_else(|| panic!("no @result line in:\n{console}"));
-    line[ptiscope_abi::RESULT_PREFIX.len()..]
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn num(r: &HashMap<String, String>, key: &str) -> u64 {
-    r.get(key)
-        .unwrap_or_else(|| panic!("@result has no {key}: {r:?}"))
-        .parse()
-        .unwrap_or_else(|e| panic!("@result {key}: {e}"))
-}
-
 const GROUPS: u64 = 1;
 const LOOPS: u64 = 2;
 

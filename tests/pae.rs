@@ -30,18 +30,6 @@ fn an_elf32_pvh_image_boots_or_is_refused_with_the_host_limitation_named() {
     }
 }
 
-/// `key=value` pairs of the first console line starting with `prefix`.
-fn machine_line(console: &str, prefix: &str) -> std::collections::HashMap<String, String> {
-    let line = console
-        .lines()
-        .find(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix} line in:\n{console}"));
-    line.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 /// Runs the embedded i386 guest under QEMU TCG (`--backend qemu`); `None`
 /// (with the reason printed) where qemu-system-i386 is missing.
 fn run_i386_qemu(args: &[&str]) -> Option<(Option<i32>, String)> {

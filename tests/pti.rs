@@ -21,26 +21,6 @@ use ptiscope::vm::{SerialOut, VmContext};
 use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::{Edge, Marker};
 
-/// `key=value` pairs of the guest's `@result` line.
-fn result_line(console: &str) -> HashMap<String, String> {
-    let line = console
-        .lines()
-        .find(|l| l.starts_with(ptiscope_abi::RESULT_PREFIX))
-        .unwrap_or_else(|| panic!("no @result line in:\n{console}"));
-    line[ptiscope_abi::RESULT_PREFIX.len()..]
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn num(r: &HashMap<String, String>, key: &str) -> u64 {
-    r.get(key)
-        .unwrap_or_else(|| panic!("@result has no {key}: {r:?}"))
-        .parse()
-        .unwrap_or_else(|e| panic!("@result {key}: {e}"))
-}
-
 /// Runs the embedded guest under KVM and returns (exit code, stdout).
 fn run(args: &[&str]) -> (Option<i32>, String) {
     let o = ptiscope()

@@ -123,3 +123,29 @@ pub fn host_pae_paging_works() -> bool {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     v["paging"]["pae"]["outcome"]["result"] == "works"
 }
+
+/// `key=value` pairs of the first console line starting with `prefix`
+/// (`@result`, `@fault`, `@pti`, ...).
+pub fn machine_line(console: &str, prefix: &str) -> std::collections::HashMap<String, String> {
+    let line = console
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in:\n{console}"));
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// `key=value` pairs of the guest's `@result` line.
+pub fn result_line(console: &str) -> std::collections::HashMap<String, String> {
+    machine_line(console, ptiscope_abi::RESULT_PREFIX.trim_end())
+}
+
+/// A numeric field of a machine line.
+pub fn num(r: &std::collections::HashMap<String, String>, key: &str) -> u64 {
+    r.get(key)
+        .unwrap_or_else(|| panic!("no {key} in {r:?}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{key}: {e}"))
+}
