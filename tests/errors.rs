@@ -101,3 +101,65 @@ fn a_file_that_is_not_kvm() {
     assert_eq!(o.status.code(), Some(69), "{err}");
     assert!(err.contains("is not a usable KVM device"), "{err}");
 }
+
+#[test]
+fn unknown_workloads_and_repeated_keys_are_refused_before_boot() {
+    for (args, needle) in [
+        (
+            &["--workload", "bogus"][..],
+            "is not a workload of the guest",
+        ),
+        (
+            &["--pti", "on", "--cmdline", "pti=off"][..],
+            "`pti=` is given twice",
+        ),
+        (
+            &["--cmdline", "telemetry=0x1000"][..],
+            "telemetry= is always the VMM's",
+        ),
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn options_of_the_other_backend_are_refused() {
+    for (args, needle) in [
+        (
+            &["--backend", "qemu", "--metrics-interval", "10"][..],
+            "--metrics-interval",
+        ),
+        (
+            &["--backend", "qemu", "--cpu-vuln", "none"][..],
+            "--cpu-vuln",
+        ),
+        (&["--backend", "qemu", "--no-irqchip"][..], "--no-irqchip"),
+        (&["--qemu-arg=-S"][..], "--qemu-arg needs --backend qemu"),
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_qemu_that_fails_to_start_is_not_a_guest_success() {
+    if std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        ptiscope::test_support::skip("qemu start failure", "qemu-system-x86_64 is not installed");
+        return;
+    }
+    // QEMU exits 1 on a bad option: the same code as a guest's status 0
+    // through isa-debug-exit, which must not be mistaken for it.
+    let (code, err) = run(&["--backend", "qemu", "--qemu-arg=-no-such-option"]);
+    assert_eq!(code, Some(81), "{err}");
+    assert!(
+        err.contains("QEMU failed") && err.contains("invalid option"),
+        "{err}"
+    );
+}

@@ -194,7 +194,7 @@ pub struct RunArgs {
     /// Where to run the guest: our VMM on KVM, or QEMU's TCG (software
     /// emulation: slower, and every figure is guest-reported) for what this
     /// host's KVM cannot run.
-    #[arg(long, value_enum, default_value = "kvm", conflicts_with_all = ["metrics_interval", "cpu_vuln"])]
+    #[arg(long, value_enum, default_value = "kvm")]
     pub backend: Backend,
     /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
     /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
@@ -286,6 +286,24 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
 }
 
 impl RunArgs {
+    /// Options that only one backend understands, given to the other: a
+    /// usage error rather than silently ignored.
+    pub fn backend_mismatch(&self) -> Option<&'static str> {
+        match self.backend {
+            Backend::Qemu if self.metrics_interval.is_some() => {
+                Some("--metrics-interval reads KVM's statistics: not with --backend qemu")
+            }
+            Backend::Qemu if self.cpu_vuln != CpuVuln::Host => {
+                Some("--cpu-vuln sets what the KVM vCPU reports: not with --backend qemu")
+            }
+            Backend::Qemu if self.no_irqchip => {
+                Some("--no-irqchip is a KVM setting: not with --backend qemu")
+            }
+            Backend::Kvm if !self.qemu_arg.is_empty() => Some("--qemu-arg needs --backend qemu"),
+            _ => None,
+        }
+    }
+
     /// The library configuration for these arguments.
     pub fn to_config(&self, embedded: &'static [u8]) -> RunConfig {
         let kernel = match &self.kernel {

@@ -114,6 +114,10 @@ pub enum CmdlineError {
     BadWorkload(String),
     #[error("--entry auto must be resolved before building the command line")]
     UnresolvedEntry,
+    #[error("--workload {0:?} is not a workload of the guest (known: {known})", known = ptiscope_abi::cmdline::WORKLOADS.join(", "))]
+    UnknownWorkload(String),
+    #[error("`{key}=` is given twice (by an option and in --cmdline, or twice in --cmdline{why}): the guest refuses repeated keys", why = if key == "telemetry" { "; telemetry= is always the VMM's" } else { "" })]
+    Repeated { key: String },
 }
 
 /// Builds the command line: options in a fixed order, then the raw extra
@@ -135,6 +139,9 @@ pub fn build(opts: &GuestOptions, telemetry_addr: u64) -> Result<String, Cmdline
         if w.is_empty() || w.contains(|c: char| c.is_whitespace() || c == '=') {
             return Err(CmdlineError::BadWorkload(w.clone()));
         }
+        if !ptiscope_abi::cmdline::WORKLOADS.contains(&w.as_str()) {
+            return Err(CmdlineError::UnknownWorkload(w.clone()));
+        }
         words.push(format!("{}={w}", key::WORKLOAD));
     }
     if let Some(n) = opts.iterations {
@@ -146,6 +153,19 @@ pub fn build(opts: &GuestOptions, telemetry_addr: u64) -> Result<String, Cmdline
     }
     words.push(format!("{}={telemetry_addr:#x}", key::TELEMETRY));
     let line = words.join(" ");
+    let mut seen: Vec<&str> = Vec::new();
+    for key in line
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, _)| k)
+    {
+        if seen.contains(&key) {
+            return Err(CmdlineError::Repeated {
+                key: key.to_string(),
+            });
+        }
+        seen.push(key);
+    }
     validate(&line)?;
     Ok(line)
 }

@@ -142,6 +142,16 @@ pub fn run_measured(
                 Backend::Kvm => m.summary(&o, config_words(&o), config.guest.iterations),
                 Backend::Qemu => summary_from_result(&o, config_words(&o)),
             };
+            if o.exit_code() == 0 && s.phase.is_none() {
+                return Err((
+                    exit_code::VM_ERROR,
+                    format!(
+                        "the guest marked no workload phase, so there is nothing to compare \
+                         (workload {:?}: use one that measures, e.g. getpid)",
+                        config.guest.workload.as_deref().unwrap_or("-")
+                    ),
+                ));
+            }
             if o.exit_code() != 0 {
                 let mut msg = format!("{}", o.stop);
                 for f in o.faults() {
@@ -232,6 +242,10 @@ fn progress(total: u64, quiet: bool) -> indicatif::ProgressBar {
 /// Runs the comparison and prints it; returns the process exit code.
 pub fn run(args: &CompareArgs) -> i32 {
     let embedded = args.arch.embedded_image();
+    if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
+        eprintln!("ptiscope compare: --qemu-arg needs --backend qemu");
+        return exit_code::USAGE;
+    }
     let conditions: Vec<Condition> = match args
         .fail_if
         .iter()

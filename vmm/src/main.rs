@@ -46,6 +46,10 @@ fn code(c: i32) -> ExitCode {
 }
 
 fn run(args: &RunArgs) -> ExitCode {
+    if let Some(why) = args.backend_mismatch() {
+        eprintln!("ptiscope: error: {why}");
+        return code(exit_code::USAGE);
+    }
     let config = args.to_config(args.arch.embedded_image());
     if args.backend == Backend::Qemu {
         return run_qemu(args, &config);

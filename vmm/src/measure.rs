@@ -286,11 +286,9 @@ impl Measurer {
         // (2 CR3 writes per call with PTI, not 2 + 2/N).
         let workload = result.get("workload").map(String::as_str);
         let (divisor, iteration_name, divisor_note) = phase_divisor(workload, iterations);
-        let calls = if phased.is_some() {
-            divisor
-        } else {
-            iterations
-        };
+        // Without a complete phase (no workload, a timeout, a crash) there
+        // is nothing to divide by: totals only, no per-call rates.
+        let calls = if phased.is_some() { divisor } else { 0 };
         let mut s = RunSummary::new(config, phased.map(|_| "workload".to_string()), calls);
         if phased.is_some() {
             s.iteration_name = iteration_name.into();

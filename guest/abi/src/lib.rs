@@ -326,8 +326,17 @@ pub mod cmdline {
     pub const ENTRY: &str = "entry";
     /// `pti_global_text=on|off` (x86_32 PAE; v6 of the 2018 series).
     pub const PTI_GLOBAL_TEXT: &str = "pti_global_text";
-    /// `workload=none|getpid|getppid|write-badfd|...`
+    /// `workload=`, one of [`WORKLOADS`].
     pub const WORKLOAD: &str = "workload";
+    /// The workloads the guest knows (the VMM checks `--workload` against it).
+    pub const WORKLOADS: &[&str] = &[
+        "none",
+        "getpid",
+        "getppid",
+        "write-badfd",
+        "nopti-getpid",
+        "sched-messaging",
+    ];
     /// `iterations=N` for the loop workloads.
     pub const ITERATIONS: &str = "iterations";
     /// `telemetry=0xGPA`: where the VMM reserved the telemetry region.

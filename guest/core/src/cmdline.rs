@@ -539,4 +539,25 @@ mod tests {
         assert_eq!(parse_number("-1"), None);
         assert_eq!(parse_number(""), None);
     }
+
+    #[test]
+    fn every_workload_the_abi_lists_parses() {
+        for w in ptiscope_abi::cmdline::WORKLOADS {
+            let c = parse(alloc_free_line(w)).unwrap_or_else(|e| panic!("{w}: {e:?}"));
+            assert_eq!(c.workload.name(), *w);
+        }
+    }
+
+    /// `workload=NAME` without an allocator (the crate is no_std).
+    fn alloc_free_line(w: &str) -> &'static str {
+        match w {
+            "none" => "workload=none",
+            "getpid" => "workload=getpid",
+            "getppid" => "workload=getppid",
+            "write-badfd" => "workload=write-badfd",
+            "nopti-getpid" => "workload=nopti-getpid",
+            "sched-messaging" => "workload=sched-messaging",
+            other => panic!("add {other} to this test"),
+        }
+    }
 }

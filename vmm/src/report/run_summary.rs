@@ -198,6 +198,9 @@ impl RunSummary {
                 group(self.iterations as f64),
                 self.iteration_name
             )),
+            None if self.iterations == 0 => {
+                out.push_str(" whole run (no complete phase: totals only, no per-call rates)\n\n")
+            }
             None => out.push_str(&format!(
                 " whole run, {} {}s\n\n",
                 group(self.iterations as f64),
