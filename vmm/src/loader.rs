@@ -74,7 +74,7 @@ pub enum LoadError {
     #[error("kernel image {0}: malformed ELF32 image ({1})")]
     Elf32(String, String),
     #[error(
-        "kernel image {0} is a 32-bit guest, which maps only the first {ELF32_MAX_MEM_MIB} MiB \
+        "{0} is a 32-bit guest, which maps only the first {ELF32_MAX_MEM_MIB} MiB \
          (the 3G/1G split); use --mem {ELF32_MAX_MEM_MIB} or less"
     )]
     Elf32TooMuchMemory(String),

@@ -146,7 +146,12 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
                 "ptiscope: error: the guest marked no phase, so there was no moment to walk its tables ({})",
                 outcome.stop
             );
-            return code(exit_code::VM_ERROR.max(outcome.exit_code()));
+            // The guest's own failure (a fault, a bad command line) is its
+            // status; a guest that exited 0 without a phase is the walk's.
+            return code(match outcome.exit_code() {
+                0 => exit_code::VM_ERROR,
+                status => status,
+            });
         }
     };
     print!("{}", inspection.render());
@@ -210,7 +215,7 @@ fn print_summary(o: &RunOutcome) {
     let e = &o.exits;
     eprintln!("ptiscope: {}", o.stop);
     eprintln!(
-        "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB; vCPU ARCH_CAPABILITIES {}",
+        "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB; MSR 0x10a as KVM or the VMM answers it {} (the guest prints what it read)",
         o.run_time.as_secs_f64() * 1e3,
         o.setup_time.as_secs_f64() * 1e3,
         o.entry.map_or("-", |e| e.as_str()),

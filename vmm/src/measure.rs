@@ -268,6 +268,7 @@ impl Measurer {
         config: Vec<String>,
         iterations: Option<u64>,
     ) -> RunSummary {
+        let requested = iterations;
         let result = result_fields(outcome);
         let iterations = result
             .get("iterations")
@@ -438,11 +439,12 @@ impl Measurer {
                     "this KVM has no tlb_flush stat: guest CR3 writes cannot be cross-checked".into(),
                 ),
             }
-            if phased.is_some() && iteration_name == "call" {
-                // One syscall per iteration plus the end marker's own syscall.
+            // One syscall per requested iteration plus the end marker's own:
+            // the VMM's side is what it asked for, not what the guest says.
+            if let (Some(n), true) = (requested, phased.is_some() && iteration_name == "call") {
                 s.cross_checks.push(CrossCheck::new(
-                    "syscalls (iterations + the end-marker call)",
-                    ("calls", Source::Vmm, calls as f64),
+                    "syscalls (the requested iterations + the end-marker call)",
+                    ("requested_calls", Source::Vmm, n.saturating_add(1) as f64),
                     ("syscalls", d.total(Counter::Syscalls) as f64),
                     0.0,
                 ));
@@ -554,12 +556,12 @@ fn phase_divisor(workload: Option<&str>, iterations: u64) -> (u64, &'static str,
             ),
         ),
         _ => (
-            iterations + 1,
+            iterations.saturating_add(1),
             "call",
             format!(
                 "per-call rates divide by {} calls: the {iterations} workload iterations plus the \
                  phase-marker syscall whose return and entry bracket the phase",
-                iterations + 1
+                iterations.saturating_add(1)
             ),
         ),
     }

@@ -422,7 +422,11 @@ impl RunError {
         match self {
             RunError::Kvm(_)
             | RunError::Unsupported(_)
-            | RunError::Vcpu(VcpuSetupError::SetMsrs { .. }) => exit_code::KVM_UNAVAILABLE,
+            | RunError::Vcpu(
+                VcpuSetupError::SetMsrs { .. }
+                | VcpuSetupError::SetMsrsIoctl(_)
+                | VcpuSetupError::TrapMsr(_),
+            ) => exit_code::KVM_UNAVAILABLE,
             RunError::Memory(MemoryError::Allocate { .. }) => exit_code::INTERNAL,
             RunError::Memory(_) | RunError::Cmdline(_) => exit_code::USAGE,
             RunError::Load(LoadError::Read { .. }) => exit_code::NO_IMAGE,
@@ -725,7 +729,7 @@ pub fn run_vm(
             return Err(RunError::Unsupported(format!(
                 "{image_name} is a 32-bit (i386 PAE) guest, but this host's KVM refuses 32-bit \
                  paging outside long mode (probe: {detail}). Run it under QEMU instead \
-                 (`--backend qemu`) or on a KVM host with hardware virtualization"
+                 (`ptiscope run --backend qemu`) or on a KVM host with hardware virtualization"
             )));
         }
     }
