@@ -21,7 +21,7 @@ Exit status of `ptiscope run`:
   69     /dev/kvm missing or not accessible, or this KVM cannot do what was
          asked (e.g. --cpu-vuln none where KVM refuses RDCL_NO)
   70     internal VMM error
-  73     --serial-out file cannot be created
+  73     an output file (--serial-out, --json, --metrics-out) cannot be written
   80     guest triple fault (KVM_EXIT_SHUTDOWN); registers are printed
   81     KVM internal error, failed entry or unexpected exit
   124    --timeout fired
@@ -72,7 +72,8 @@ Options for --baseline/--compare (comma-separated key=value):
   e.g. 'cr3_writes_per_call!=2'  'ns_per_call.delta_pct>50'  'cycles_per_call.coeffvar.baseline>2'
 
 Exit status: 0 done and no --fail-if held; 1 a --fail-if condition held or could
-not be evaluated; 64 bad usage; otherwise the exit status of the run that failed
+not be evaluated; 64 bad usage; 73 an output file (--json, --csv, --svg) cannot be
+written; otherwise the exit status of the run that failed
 (see `ptiscope run --help`).";
 
 /// Default iterations of one compare run: sized so that the default compare
