@@ -89,9 +89,9 @@ fn fail_if_fails_when_a_condition_holds() {
         err.contains("--fail-if cr3_writes_per_call.amean.compare==2 holds"),
         "{err}"
     );
-    // A metric that does not exist is an evaluation error: also a failure.
+    // A metric the runs do not have is a usage error, found after the first run.
     let (code, _, err, _) = compare(&["--fail-if", "no_such_metric>1"], "compare-unknown");
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(64));
     assert!(err.contains("no metric \"no_such_metric\""), "{err}");
 }
 
@@ -111,4 +111,23 @@ fn bad_compare_usage_is_refused_before_any_run() {
         assert_eq!(o.status.code(), Some(64), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
     }
+}
+
+#[test]
+fn a_fail_if_on_a_metric_the_runs_do_not_have_stops_after_the_first_run() {
+    if !common::kvm_or_skip("fail-if typo") {
+        return;
+    }
+    let o = common::ptiscope()
+        .args(["compare", "--runs", "5", "--iterations", "50", "--quiet"])
+        .args(["--fail-if", "cr3_writs_per_call!=2"])
+        .output()
+        .unwrap();
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(err.contains("no metric \"cr3_writs_per_call\""), "{err}");
+    assert!(
+        err.contains("cr3_writes_per_call"),
+        "lists what exists: {err}"
+    );
 }

@@ -72,7 +72,8 @@ Options for --baseline/--compare (comma-separated key=value):
   e.g. 'cr3_writes_per_call!=2'  'ns_per_call.delta_pct>50'  'cycles_per_call.coeffvar.baseline>2'
 
 Exit status: 0 done and no --fail-if held; 1 a --fail-if condition held or could
-not be evaluated; 64 bad usage; 73 an output file (--json, --csv, --svg) cannot be
+not be evaluated; 64 bad usage (also a --fail-if metric the runs do not have,
+found after the first run); 73 an output file (--json, --csv, --svg) cannot be
 written; otherwise the exit status of the run that failed
 (see `ptiscope run --help`).";
 

@@ -274,7 +274,12 @@ pub fn run(args: &CompareArgs) -> i32 {
         Backend::Kvm => {
             let entry = match base.config.guest.entry {
                 Some(Entry::Auto) | None => {
-                    format!("{} (entry=auto, from the probe)", host::resolve_entry())
+                    let how = if host::entry_findings().working().is_some() {
+                        "from the probe"
+                    } else {
+                        "guessed from the KVM module: the probe could not run"
+                    };
+                    format!("{} (entry=auto, {how})", host::resolve_entry())
                 }
                 Some(e) => e.to_string(),
             };
@@ -349,6 +354,21 @@ pub fn run(args: &CompareArgs) -> i32 {
                             c.guest_metric,
                             c.guest_value
                         ));
+                    }
+                    // A --fail-if naming a metric the runs do not produce
+                    // is a typo: say so after the first run, not the last.
+                    if runs[0].is_empty() && runs[1].is_empty() {
+                        let names: Vec<String> =
+                            rates(&s).into_iter().map(|(m, _)| m.name).collect();
+                        if let Some(c) = conditions.iter().find(|c| !names.contains(&c.metric)) {
+                            bar.finish_and_clear();
+                            eprintln!(
+                                "ptiscope compare: --fail-if: no metric {:?} in these runs (metrics: {})",
+                                c.metric,
+                                names.join(" ")
+                            );
+                            return exit_code::USAGE;
+                        }
                     }
                     runs[side].push(s);
                 }

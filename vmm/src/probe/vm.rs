@@ -19,8 +19,12 @@ use super::code::{self, sel, Asm, HandlerExit, MEM_SIZE};
 /// Setting up a probe VM failed (these are fatal for the whole probe).
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
-    #[error("cannot open /dev/kvm: {0}")]
-    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("cannot open {path}: {source}")]
+    OpenKvm {
+        path: String,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
     #[error("KVM_GET_SUPPORTED_CPUID failed: {0}")]
     SupportedCpuid(#[source] kvm_ioctls::Error),
     #[error("KVM_CREATE_VM failed: {0}")]
@@ -57,9 +61,14 @@ pub struct Kit {
 impl Kit {
     pub fn new(timeout: Duration) -> Result<Self, VmError> {
         // The same device node as the VMM's runs (PTISCOPE_KVM_DEVICE).
-        let path = std::ffi::CString::new(crate::vm::kvm_device_path())
-            .map_err(|_| VmError::OpenKvm(kvm_ioctls::Error::new(libc::EINVAL)))?;
-        let kvm = Kvm::new_with_path(&path).map_err(VmError::OpenKvm)?;
+        let name = crate::vm::kvm_device_path();
+        let open_err = |source| VmError::OpenKvm {
+            path: name.clone(),
+            source,
+        };
+        let path = std::ffi::CString::new(name.clone())
+            .map_err(|_| open_err(kvm_ioctls::Error::new(libc::EINVAL)))?;
+        let kvm = Kvm::new_with_path(&path).map_err(open_err)?;
         let cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(VmError::SupportedCpuid)?;
