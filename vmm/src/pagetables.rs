@@ -456,6 +456,152 @@ mod tests {
             Err(WalkError::TooManyEntries { .. })
         ));
     }
+
+    /// Guest memory as guest-core's builders see it.
+    struct BuilderMem<'a>(&'a GuestMemoryMmap);
+
+    impl guest_core::paging::PhysMem for BuilderMem<'_> {
+        fn read(&self, table: u64, index: usize) -> u64 {
+            self.0
+                .read_obj(GuestAddress(table + index as u64 * 8))
+                .unwrap()
+        }
+        fn write(&mut self, table: u64, index: usize, value: u64) {
+            self.0
+                .write_obj(value, GuestAddress(table + index as u64 * 8))
+                .unwrap()
+        }
+    }
+
+    /// Zeroed frames from 8 MiB up (fresh guest memory is zero).
+    struct BuilderFrames(u64);
+
+    impl guest_core::paging::FrameSource for BuilderFrames {
+        fn frame(&mut self) -> Option<u64> {
+            self.0 += 4096;
+            Some(self.0 - 4096)
+        }
+        fn pair(&mut self) -> Option<u64> {
+            self.0 = self.0.next_multiple_of(8192) + 8192;
+            Some(self.0 - 8192)
+        }
+    }
+
+    const ENTRY: (u64, u64) = (0x10a000, 0x10e000);
+    const ENTRY_TEXT_END: u64 = 0x10b000;
+
+    fn user_spec() -> guest_core::paging::UserSpec {
+        guest_core::paging::UserSpec {
+            text_phys: 0x200000,
+            text_pages: 1,
+            stack: [0x300000, 0x301000],
+        }
+    }
+
+    /// The x86_64 guest's own builder, walked by the host: with PTI the user
+    /// copy holds the entry area only; without, the whole direct map.
+    #[test]
+    fn host_walk_of_the_guests_own_4_level_tables() {
+        use guest_core::layout::KERNEL_BASE;
+        for pti in [true, false] {
+            let m = mem();
+            let mut frames = BuilderFrames(8 << 20);
+            let spec = guest_core::paging::KernelSpec {
+                pti,
+                entry_area: ENTRY,
+                entry_text_end: ENTRY_TEXT_END,
+                telemetry: 0x7f000,
+                direct_map: 8 << 20,
+            };
+            let half =
+                guest_core::paging::build_kernel_half(&mut BuilderMem(&m), &mut frames, &spec)
+                    .unwrap();
+            let pair = guest_core::paging::build_address_space(
+                &mut BuilderMem(&m),
+                &mut frames,
+                &half,
+                &user_spec(),
+            )
+            .unwrap();
+            let entry = EntryArea {
+                ranges: vec![(
+                    ".entry".into(),
+                    KERNEL_BASE + ENTRY.0..KERNEL_BASE + ENTRY.1,
+                )],
+            };
+            let user_cr3 = if pti { pair + 4096 } else { pair };
+            let user = walk(&m, Paging::FourLevel, user_cr3).unwrap();
+            let check = check_isolation(&user, Paging::FourLevel, &entry);
+            assert_eq!(check.isolated(), pti, "pti={pti}: {}", render(&user));
+            if pti {
+                assert_eq!(check.kernel_bytes_mapped, ENTRY.1 - ENTRY.0);
+                let kernel = walk(&m, Paging::FourLevel, pair).unwrap();
+                assert!(kernel
+                    .mappings
+                    .iter()
+                    .filter(|m| m.virt < Paging::FourLevel.kernel_half_start())
+                    .all(|m| m.access.no_execute));
+            }
+        }
+    }
+
+    /// The same for the PAE flavour's builder, which the host walker cannot
+    /// see live here (this KVM refuses 32-bit paging): PTI isolates, global
+    /// text adds the kernel text to the user copy (v6 of the 2018 series),
+    /// and without PTI the user copy is the kernel's.
+    #[test]
+    fn host_walk_of_the_guests_own_pae_tables() {
+        use guest_core::pae::{build_address_space, build_kernel_half, layout, KernelSpec};
+        for (pti, global_text) in [(true, false), (true, true), (false, false)] {
+            let m = mem();
+            let mut frames = BuilderFrames(8 << 20);
+            let text = (0x10e000, 0x118000);
+            let spec = KernelSpec {
+                pti,
+                entry_area: ENTRY,
+                entry_text_end: ENTRY_TEXT_END,
+                text,
+                global_text,
+                nx: true,
+                telemetry: 0x7f000,
+                direct_map: 8 << 20,
+            };
+            let half = build_kernel_half(&mut BuilderMem(&m), &mut frames, &spec).unwrap();
+            let pair =
+                build_address_space(&mut BuilderMem(&m), &mut frames, &half, &user_spec(), true)
+                    .unwrap();
+            let base = layout::KERNEL_BASE;
+            let entry = EntryArea {
+                ranges: vec![(".entry".into(), base + ENTRY.0..base + ENTRY.1)],
+            };
+            let user_cr3 = if pti { pair + 4096 } else { pair };
+            let user = walk(&m, Paging::Pae, user_cr3).unwrap();
+            let check = check_isolation(&user, Paging::Pae, &entry);
+            let what = format!("pti={pti} global_text={global_text}");
+            assert_eq!(
+                check.isolated(),
+                pti && !global_text,
+                "{what}: {}",
+                render(&user)
+            );
+            if pti && global_text {
+                // Exactly the text is added, and it is global.
+                assert_eq!(
+                    check.kernel_bytes_mapped,
+                    (ENTRY.1 - ENTRY.0) + (text.1 - text.0),
+                    "{what}"
+                );
+                assert!(check.outside_entry_area.iter().all(|m| m.access.global
+                    && m.virt >= base + text.0
+                    && m.virt + m.size <= base + text.1));
+            }
+            // The user program is mapped, user-accessible, in both copies.
+            assert!(user
+                .mappings
+                .iter()
+                .any(|m| m.virt == layout::USER_TEXT_BASE && m.access.user));
+        }
+    }
 }
 
 /// What `ptiscope pagetables` found: both copies of the workload process's
