@@ -52,6 +52,13 @@ fn compare_prints_the_table_and_writes_json_and_csv() {
     let text = std::fs::read_to_string(&json).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["schema"], "ptiscope.compare/1");
+    // The mmtests duration table: CPU and wall seconds per side, positive.
+    for side in ["baseline", "compare"] {
+        let d = &v["durations"][side];
+        assert!(d["elapsed_s"].as_f64().unwrap() > 0.0, "{d}");
+        assert!(d["system_s"].as_f64().unwrap() + d["user_s"].as_f64().unwrap() > 0.0);
+    }
+    assert!(out.contains("Duration Elapsed"), "{out}");
     let t = CompareTable::from_json(v.clone()).expect("schema round trip");
     assert_eq!(t.baseline.label, "pti=off");
     let cr3 = t.metric("cr3_writes_per_call").expect("cr3 metric");

@@ -316,6 +316,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     let bar = progress(total, args.quiet);
     let started = Instant::now();
     let mut runs: [Vec<RunSummary>; 2] = [Vec::new(), Vec::new()];
+    let mut durations = [Durations::default(), Durations::default()];
     let mut disagreements: Vec<String> = Vec::new();
     let specs = [&base, &comp];
     for i in 0..args.runs {
@@ -331,7 +332,10 @@ pub fn run(args: &CompareArgs) -> i32 {
                 bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
             }
             bar.set_message(specs[side].label.clone());
-            match run_measured(&specs[side].config, args.backend) {
+            let before = CpuTimes::now();
+            let result = run_measured(&specs[side].config, args.backend);
+            durations[side].add(&before, &CpuTimes::now());
+            match result {
                 Ok((_, s)) => {
                     if !s.telemetry_valid() {
                         bar.suspend(|| {
@@ -412,6 +416,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     }
     println!();
     headline(&table);
+    print!("{}", render_durations(&base.label, &comp.label, &durations));
     println!(
         "  {} runs in {:.1} s",
         total,
@@ -438,7 +443,7 @@ pub fn run(args: &CompareArgs) -> i32 {
 
     let mut code = 0;
     if let Some(p) = &args.json {
-        code = code.max(write_file(p, &json_text(&table)));
+        code = code.max(write_file(p, &json_text(&table, &durations)));
     }
     if let Some(p) = &args.svg {
         code = code.max(write_file(p, &crate::report::plot::compare_svg(&table)));
@@ -468,8 +473,80 @@ pub fn run(args: &CompareArgs) -> i32 {
     code
 }
 
-fn json_text(t: &CompareTable) -> String {
-    serde_json::to_string_pretty(&t.to_json()).unwrap_or_else(|_| "null".into())
+fn json_text(t: &CompareTable, durations: &[Durations; 2]) -> String {
+    let mut v = t.to_json();
+    if let Some(o) = v.as_object_mut() {
+        o.insert(
+            "durations".into(),
+            serde_json::json!({ "baseline": durations[0], "compare": durations[1] }),
+        );
+    }
+    serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into())
+}
+
+/// CPU time of this process and its reaped children (QEMU under
+/// `--backend qemu`), and the host clock.
+struct CpuTimes {
+    user: f64,
+    system: f64,
+    at: Instant,
+}
+
+impl CpuTimes {
+    fn now() -> Self {
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        let (mut user, mut system) = (0.0, 0.0);
+        for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
+            // SAFETY: all-zero bytes are a valid rusage; getrusage fills it.
+            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: `u` is a valid out-pointer for the call.
+            if unsafe { libc::getrusage(who, &mut u) } == 0 {
+                user += secs(u.ru_utime);
+                system += secs(u.ru_stime);
+            }
+        }
+        CpuTimes {
+            user,
+            system,
+            at: Instant::now(),
+        }
+    }
+}
+
+/// The mmtests duration table's figures for one side: seconds summed over
+/// its runs (boot and teardown included). KVM's guest time counts as
+/// system time of the VMM.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+struct Durations {
+    user_s: f64,
+    system_s: f64,
+    elapsed_s: f64,
+}
+
+impl Durations {
+    fn add(&mut self, before: &CpuTimes, after: &CpuTimes) {
+        self.user_s += (after.user - before.user).max(0.0);
+        self.system_s += (after.system - before.system).max(0.0);
+        self.elapsed_s += after.at.duration_since(before.at).as_secs_f64();
+    }
+}
+
+/// `Duration User/System/Elapsed`, as mmtests compare-kernels prints it.
+fn render_durations(base: &str, comp: &str, d: &[Durations; 2]) -> String {
+    let w = base.len().max(comp.len()).max(10);
+    let mut s = format!("\n{:<18} {base:>w$} {comp:>w$}\n", "");
+    for (name, f) in [
+        (
+            "Duration User",
+            (|x: &Durations| x.user_s) as fn(&Durations) -> f64,
+        ),
+        ("Duration System", |x| x.system_s),
+        ("Duration Elapsed", |x| x.elapsed_s),
+    ] {
+        s += &format!("{name:<18} {:>w$.2} {:>w$.2}\n", f(&d[0]), f(&d[1]));
+    }
+    s += "\n";
+    s
 }
 
 fn write_file(p: &Path, text: &str) -> i32 {
