@@ -252,10 +252,12 @@ const GUEST_ROWS: [Counter; 12] = [
 /// Tolerance of the CR3-vs-tlb_flush cross-check: KVM also flushes for its
 /// own reasons (a few per phase), so a small excess is agreement.
 const CR3_TOLERANCE_PCT: f64 = 1.0;
-/// ... or an absolute excess of KVM flushes over the guest's switches: KVM's
-/// own flushes (seen here: 6 to 32 per sched-messaging phase of ~1,700
-/// switches, whatever its size) would otherwise fail short runs.
-const CR3_HOST_EXCESS: f64 = 64.0;
+/// ... or an absolute excess of KVM flushes over the guest's switches: KVM
+/// also flushes when the host preempts the vCPU and reloads it (measured
+/// here: the excess follows KVM's `preemption_other` stat, 4 flushes for 7
+/// preemptions on an idle host, 137 for 168 with both host CPUs busy), plus
+/// a few of its own. The allowance is that many, as KVM itself counts them.
+const CR3_HOST_EXCESS_BASE: f64 = 16.0;
 
 impl Measurer {
     /// The perf-stat-like summary of the measured phase of `outcome`.
@@ -420,7 +422,12 @@ impl Measurer {
                         ),
                         CR3_TOLERANCE_PCT,
                     )
-                    .allowing_host_excess(CR3_HOST_EXCESS));
+                    .allowing_host_excess(
+                        CR3_HOST_EXCESS_BASE
+                            + (kvm("preemption_other").unwrap_or(0)
+                                + kvm("preemption_reported").unwrap_or(0))
+                                as f64,
+                    ));
                 }
                 (Some(t), true) => {
                     s.cross_checks.push(CrossCheck::new(

@@ -57,8 +57,8 @@ pub struct CrossCheck {
     /// Largest relative difference, in % of the larger value, still called agreement.
     pub tolerance_pct: f64,
     /// An absolute excess of the host count over the guest's that is still
-    /// agreement (KVM also flushes for reasons of its own: a few dozen per
-    /// phase); 0 = none.
+    /// agreement (KVM also flushes when the host preempts the vCPU: the
+    /// allowance is KVM's own count of those, plus a few); 0 = none.
     #[serde(default)]
     pub host_excess_allowed: f64,
     /// `host_value - guest_value`.
