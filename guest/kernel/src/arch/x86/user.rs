@@ -22,8 +22,12 @@ pub const FLAG_KREAD: u64 = 2;
 /// Exit status of `user_loop` when its kernel read did not fault.
 pub const KREAD_SURVIVED: u64 = 77;
 
-global_asm!(
-    r#"
+/// `SYS kind`: the syscall instruction of entry method `kind` (the ABI
+/// entry code), for the user programs below; each asm block defines it
+/// and purges it at its end.
+macro_rules! sys_macro {
+    () => {
+        r#"
     .macro SYS kind
     .if \kind == 2
     call user_sysenter
@@ -35,6 +39,13 @@ global_asm!(
     int $4
     .endif
     .endm
+"#
+    };
+}
+
+global_asm!(
+    sys_macro!(),
+    r#"
 
     .macro USER_PROGRAMS kind
     .balign 16
@@ -164,18 +175,8 @@ user_sysenter_return:
  * guest_core::pipe::message: 100 bytes, built and checked on the stack;
  * the loop state lives there too. */
 global_asm!(
+    sys_macro!(),
     r#"
-    .macro SYS kind
-    .if \kind == 2
-    call user_sysenter
-    .elseif \kind == 3
-    int $0x80
-    .elseif \kind == 4
-    int3
-    .else
-    int $4
-    .endif
-    .endm
 
     .macro MSG_PROGRAMS kind
     /* The parent: marks the phase, reaps every worker, sums their exit

@@ -30,7 +30,7 @@ const fn ctr(c: Counter) -> i64 {
 
 /// The shared entry macros, prepended to every asm block that uses them.
 macro_rules! entry_asm {
-    ($($body:literal),* $(,)?) => {
+    ($($body:expr),* $(,)?) => {
         global_asm!(
             r#"
     .set CTR_CR3_ENTRY, {c_entry}
@@ -193,38 +193,9 @@ exc_\n:
     jmp exc_common
     .endm
 
-    EXC_NOERR 0
-    EXC_NOERR 1
-    EXC_NOERR 2
-    EXC_NOERR 3
-    EXC_NOERR 4
-    EXC_NOERR 5
-    EXC_NOERR 6
-    EXC_NOERR 7
-    EXC_ERR 8
-    EXC_NOERR 9
-    EXC_ERR 10
-    EXC_ERR 11
-    EXC_ERR 12
-    EXC_ERR 13
-    EXC_ERR 14
-    EXC_NOERR 15
-    EXC_NOERR 16
-    EXC_ERR 17
-    EXC_NOERR 18
-    EXC_NOERR 19
-    EXC_NOERR 20
-    EXC_ERR 21
-    EXC_NOERR 22
-    EXC_NOERR 23
-    EXC_NOERR 24
-    EXC_NOERR 25
-    EXC_NOERR 26
-    EXC_NOERR 27
-    EXC_NOERR 28
-    EXC_ERR 29
-    EXC_ERR 30
-    EXC_NOERR 31
+    "#,
+    crate::arch::x86_shared::exception_stub_list!(),
+    r#"
 
     /* Common path of the fatal exceptions. Frame: vector, error code, then
      * what the CPU pushed. Registers are saved first (on the entry stack
