@@ -48,7 +48,46 @@ fn main() {
     }
 }
 
+/// Makes sure the standard library for `triple` is installed in the active
+/// toolchain. rustup installs `rust-toolchain.toml`'s `targets` only when it
+/// installs the toolchain itself; a machine that already had 1.95.0 lacks
+/// them, and the README promises that `cargo run --release` sets up
+/// everything. So when the target's library directory is missing and rustup
+/// is there, add the target and say so.
+fn ensure_target(triple: &str) {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let Some(sysroot) = sysroot else { return };
+    if sysroot
+        .join("lib/rustlib")
+        .join(triple)
+        .join("lib")
+        .is_dir()
+    {
+        return;
+    }
+    println!(
+        "cargo:warning=the guest target {triple} is not installed; running `rustup target add {triple}`"
+    );
+    let mut cmd = Command::new("rustup");
+    cmd.args(["target", "add", triple]);
+    if let Ok(toolchain) = env::var("RUSTUP_TOOLCHAIN") {
+        cmd.args(["--toolchain", &toolchain]);
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => println!("cargo:warning=`rustup target add {triple}` failed ({s})"),
+        Err(e) => println!("cargo:warning=could not run rustup ({e}); install the target by hand"),
+    }
+}
+
 fn build_guest(kernel_dir: &Path, target_dir: &Path, triple: &str) -> PathBuf {
+    ensure_target(triple);
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(kernel_dir)
