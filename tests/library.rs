@@ -4,8 +4,8 @@
 
 mod common;
 
-use ptiscope::loader::KernelSource;
-use ptiscope::vm::{SerialOut, VmContext};
+use ptiscope::machine::loader::KernelSource;
+use ptiscope::machine::{SerialOut, VmContext};
 use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::Marker;
 

@@ -15,9 +15,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use ptiscope::loader::KernelSource;
-use ptiscope::pagetables::{self, EntryArea, Paging, Walk};
-use ptiscope::vm::{SerialOut, VmContext};
+use ptiscope::machine::loader::KernelSource;
+use ptiscope::machine::{SerialOut, VmContext};
+use ptiscope::observe::pagetables::{self, EntryArea, Paging, Walk};
 use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::{Edge, Marker};
 

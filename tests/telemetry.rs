@@ -7,9 +7,9 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use ptiscope::kvm_stats::{self, KvmStats, StatsSnapshot};
-use ptiscope::loader::KernelSource;
-use ptiscope::vm::{SerialOut, VmContext};
+use ptiscope::machine::loader::KernelSource;
+use ptiscope::machine::{SerialOut, VmContext};
+use ptiscope::observe::kvm_stats::{self, KvmStats, StatsSnapshot};
 use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::Marker;
 use ptiscope_abi::telemetry as abi;

@@ -1,31 +1,18 @@
 //! The ptiscope VMM library: boots the ptiscope guest kernel under KVM and
 //! measures what page table isolation costs.
 //!
-//! The entry point for one run is [`vm::run_vm`]; the CLI (`src/main.rs`)
+//! The entry point for one run is [`machine::run_vm`]; the CLI (`src/main.rs`)
 //! is a thin layer over it.
 
+pub mod backend;
 pub mod cli;
-pub mod cmdline;
-pub mod compare_cmd;
-pub mod console;
-pub mod exit;
-pub mod host;
-pub mod kvm_stats;
-pub mod live_metrics;
-pub mod loader;
-pub mod measure;
-pub mod memory;
-pub mod msr;
-pub mod pagetables;
+pub mod machine;
+pub mod observe;
+pub mod preflight;
 pub mod probe;
-pub mod qemu;
 pub mod report;
-pub mod signals;
-pub mod telemetry;
-pub mod vcpu;
-pub mod vm;
 
-pub use vm::{run_vm, NoObserver, PhaseObserver, RunConfig, RunError, RunOutcome, StopReason};
+pub use machine::{run_vm, NoObserver, PhaseObserver, RunConfig, RunError, RunOutcome, StopReason};
 
 /// The embedded default guest image, x86_64 flavour (built by `vmm/build.rs`).
 pub static GUEST_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_X86_64"));

@@ -4,9 +4,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ptiscope::cli::{Backend, Cli, Command, PagetablesArgs, ProbeArgs, RunArgs};
-use ptiscope::live_metrics::LiveMetricsConfig;
-use ptiscope::measure::Measurer;
-use ptiscope::vm::{exit_code, RunOutcome};
+use ptiscope::machine::{exit_code, RunOutcome};
+use ptiscope::observe::live_metrics::LiveMetricsConfig;
+use ptiscope::observe::measure::Measurer;
 use ptiscope::{run_vm, StopReason};
 
 fn main() -> ExitCode {
@@ -15,7 +15,7 @@ fn main() -> ExitCode {
         .init();
     // Before any thread exists, so that every thread inherits the mask and
     // SIGINT/SIGTERM arrive through the VMM's signalfd (a clean stop).
-    ptiscope::signals::block_termination_signals();
+    ptiscope::machine::signals::block_termination_signals();
 
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -28,14 +28,14 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Run(args)) => run(&args),
-        Some(Command::Compare(args)) => code(ptiscope::compare_cmd::run(&args)),
+        Some(Command::Compare(args)) => code(ptiscope::cli::compare::run(&args)),
         Some(Command::Probe(args)) => probe(&args),
         Some(Command::Pagetables(args)) => pagetables(&args),
         // No command: the README's main job, the default comparison.
         None => match Cli::try_parse_from(["ptiscope", "compare"]) {
             Ok(Cli {
                 command: Some(Command::Compare(args)),
-            }) => code(ptiscope::compare_cmd::run(&args)),
+            }) => code(ptiscope::cli::compare::run(&args)),
             _ => code(exit_code::INTERNAL),
         },
     }
@@ -80,7 +80,7 @@ fn run(args: &RunArgs) -> ExitCode {
             print_summary(&outcome);
             let summary = measurer.summary(
                 &outcome,
-                ptiscope::compare_cmd::config_words(&outcome),
+                ptiscope::cli::compare::config_words(&outcome),
                 config.guest.iterations,
             );
             report(&summary, args.json.as_deref(), outcome.exit_code())
@@ -95,8 +95,8 @@ fn run(args: &RunArgs) -> ExitCode {
 /// `ptiscope pagetables`: boot the guest with a one-call getpid workload,
 /// walk both copies of its address space at the phase-begin exit, report.
 fn pagetables(args: &PagetablesArgs) -> ExitCode {
-    use ptiscope::loader::{self, KernelSource};
-    use ptiscope::pagetables::{EntryArea, Inspector, Paging};
+    use ptiscope::machine::loader::{self, KernelSource};
+    use ptiscope::observe::pagetables::{EntryArea, Inspector, Paging};
     let kernel = match &args.kernel {
         Some(p) => KernelSource::Path(p.clone()),
         None => KernelSource::Embedded(args.arch.embedded_image()),
@@ -122,7 +122,7 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
     };
     let mut config = ptiscope::RunConfig::new(kernel);
     config.mem_mib = args.mem;
-    config.serial_out = ptiscope::vm::SerialOut::Discard;
+    config.serial_out = ptiscope::machine::SerialOut::Discard;
     config.guest.pti = args.pti;
     config.guest.workload = Some("getpid".into());
     config.guest.iterations = Some(1);
@@ -187,7 +187,7 @@ fn report(
 
 /// `run --backend qemu`: the guest under QEMU TCG, reported from its console.
 fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
-    match ptiscope::qemu::run_qemu(config) {
+    match ptiscope::backend::qemu::run_qemu(config) {
         Ok(outcome) => {
             eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
             eprintln!(
@@ -198,9 +198,9 @@ fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
             for f in outcome.faults() {
                 eprintln!("  guest reported: {f}");
             }
-            let summary = ptiscope::measure::summary_from_result(
+            let summary = ptiscope::observe::measure::summary_from_result(
                 &outcome,
-                ptiscope::compare_cmd::config_words(&outcome),
+                ptiscope::cli::compare::config_words(&outcome),
             );
             report(&summary, args.json.as_deref(), outcome.exit_code())
         }

@@ -11,7 +11,9 @@ use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError};
 const CR4_PCIDE: u32 = 1 << 17;
 const CPUID1_ECX_PCID: u64 = 1 << 17;
 const CPUID7_EDX_ARCH_CAPS: u64 = 1 << 29;
-pub use crate::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES as MSR_ARCH_CAPABILITIES};
+pub use crate::machine::msr::{
+    ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES as MSR_ARCH_CAPABILITIES,
+};
 
 /// What the PCID probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

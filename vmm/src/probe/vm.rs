@@ -61,7 +61,7 @@ pub struct Kit {
 impl Kit {
     pub fn new(timeout: Duration) -> Result<Self, VmError> {
         // The same device node as the VMM's runs (PTISCOPE_KVM_DEVICE).
-        let name = crate::vm::kvm_device_path();
+        let name = crate::machine::kvm_device_path();
         let open_err = |source| VmError::OpenKvm {
             path: name.clone(),
             source,
@@ -404,9 +404,9 @@ impl ProbeVm {
     }
 
     /// Makes the guest's RDMSR of `index` exit to the VMM (the same
-    /// route the VMM uses for `--cpu-vuln`: [`crate::msr::trap_msr`]).
+    /// route the VMM uses for `--cpu-vuln`: [`crate::machine::msr::trap_msr`]).
     fn trap_rdmsr(&self, index: u32) -> Result<(), VmError> {
-        crate::msr::trap_msr(&self.vm, index, MsrFilterRangeFlags::READ).map_err(|e| {
+        crate::machine::msr::trap_msr(&self.vm, index, MsrFilterRangeFlags::READ).map_err(|e| {
             let (what, source) = e.ioctl().unwrap_or((
                 "KVM_CAP_X86_USER_SPACE_MSR / KVM_CAP_X86_MSR_FILTER",
                 kvm_ioctls::Error::new(libc::ENOTSUP),
@@ -449,7 +449,7 @@ impl ProbeVm {
 
     /// KVM_GET_MSRS of one MSR; `None` if KVM does not know it.
     pub fn get_msr(&self, index: u32) -> Option<u64> {
-        crate::msr::get_msr(&self.vcpu, index)
+        crate::machine::msr::get_msr(&self.vcpu, index)
     }
 
     /// Runs the vCPU until the probe ends, stops, or the watchdog fires.

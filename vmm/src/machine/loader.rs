@@ -23,7 +23,7 @@ use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::KernelLoader;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::memory::{MemoryLayout, CMDLINE_ADDR, MEMMAP_ADDR, START_INFO_ADDR};
+use crate::machine::memory::{MemoryLayout, CMDLINE_ADDR, MEMMAP_ADDR, START_INFO_ADDR};
 
 /// Guest memory a 32-bit (3G/1G) guest can map: the VMM's telemetry page
 /// at the top of RAM must be inside it.
@@ -460,7 +460,7 @@ pub fn write_boot_params(
     layout: &MemoryLayout,
     cmdline: &str,
 ) -> Result<(), BootParamsError> {
-    // The caller validated length and contents (crate::cmdline::validate).
+    // The caller validated length and contents (crate::preflight::cmdline::validate).
     let mut bytes = cmdline.as_bytes().to_vec();
     bytes.push(0);
     mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))

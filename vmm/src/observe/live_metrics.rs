@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use crate::kvm_stats::{self, KvmStats, StatType, StatsSnapshot};
-use crate::telemetry::{self, TelemetryReader, TelemetrySnapshot};
-use crate::vm::VmContext;
+use crate::machine::VmContext;
+use crate::observe::kvm_stats::{self, KvmStats, StatType, StatsSnapshot};
+use crate::observe::telemetry::{self, TelemetryReader, TelemetrySnapshot};
 
 /// Schema id of every line.
 pub const SCHEMA: &str = "ptiscope.metrics/1";

@@ -4,6 +4,14 @@
 //! [`run_vm`] can be called repeatedly in one process (compare runs many
 //! VMs); everything it creates is dropped when it returns.
 
+pub mod control;
+pub mod cpu_config;
+pub mod exit;
+pub mod loader;
+pub mod memory;
+pub mod msr;
+pub mod signals;
+
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,14 +29,14 @@ use ptiscope_devices::{
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::cmdline::{self, CmdlineError, CpuVuln, Entry, GuestOptions, Pcid};
-use crate::console::{stdin_is_interactive, Control};
-use crate::exit::{dispatch, DispatchCtx, ExitAction, ExitCounts};
-use crate::loader::{self, BootParamsError, KernelSource, LoadError};
-use crate::memory::{MemoryError, MemoryLayout, DEFAULT_MEM_MIB};
-use crate::msr::MsrAnswers;
-use crate::signals::{KickableVcpu, SignalError, TerminationSignals};
-use crate::vcpu::{self, RegsSnapshot, VcpuSetupError};
+use crate::machine::control::{stdin_is_interactive, Control};
+use crate::machine::cpu_config::{RegsSnapshot, VcpuSetupError};
+use crate::machine::exit::{dispatch, DispatchCtx, ExitAction, ExitCounts};
+use crate::machine::loader::{BootParamsError, KernelSource, LoadError};
+use crate::machine::memory::{MemoryError, MemoryLayout, DEFAULT_MEM_MIB};
+use crate::machine::msr::MsrAnswers;
+use crate::machine::signals::{KickableVcpu, SignalError, TerminationSignals};
+use crate::preflight::cmdline::{self, CmdlineError, CpuVuln, Entry, GuestOptions, Pcid};
 
 /// Default `--timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -54,7 +62,7 @@ pub enum SerialOut {
 pub struct RunConfig {
     pub kernel: KernelSource,
     pub mem_mib: u64,
-    /// The experiment; `entry: Some(Entry::Auto)` is resolved by [`crate::host::resolve_entry`].
+    /// The experiment; `entry: Some(Entry::Auto)` is resolved by [`crate::preflight::host::resolve_entry`].
     pub guest: GuestOptions,
     pub timeout: Duration,
     pub serial_out: SerialOut,
@@ -62,7 +70,7 @@ pub struct RunConfig {
     /// Forward host stdin to the guest serial (only if stdin is a terminal, pipe or socket).
     pub console_input: bool,
     /// Stop cleanly on SIGINT/SIGTERM. The process must have blocked them
-    /// ([`crate::signals::block_termination_signals`]) for this to take effect.
+    /// ([`crate::machine::signals::block_termination_signals`]) for this to take effect.
     pub handle_signals: bool,
     /// Extra arguments for QEMU (`--backend qemu` only), e.g. `-icount shift=0`.
     pub qemu_args: Vec<String>,
@@ -725,7 +733,7 @@ pub fn run_vm(
     // KVMs (kvm_pvm) refuse with a #GP the guest cannot survive: say so
     // before booting rather than report a triple fault.
     if loader::is_elf32(&image) {
-        if let Some((false, detail)) = crate::host::pae_paging_usable() {
+        if let Some((false, detail)) = crate::preflight::host::pae_paging_usable() {
             return Err(RunError::Unsupported(format!(
                 "{image_name} is a 32-bit (i386 PAE) guest, but this host's KVM refuses 32-bit \
                  paging outside long mode (probe: {detail}). Run it under QEMU instead \
@@ -736,12 +744,12 @@ pub fn run_vm(
     // What the host can deliver, from the (cached) probe: resolve
     // entry=auto, refuse what cannot run before the guest boots.
     match guest.entry {
-        Some(Entry::Auto) => guest.entry = Some(crate::host::resolve_entry()),
-        Some(e) => crate::host::check_entry(e).map_err(RunError::Unsupported)?,
+        Some(Entry::Auto) => guest.entry = Some(crate::preflight::host::resolve_entry()),
+        Some(e) => crate::preflight::host::check_entry(e).map_err(RunError::Unsupported)?,
         None => {}
     }
     if guest.pcid == Some(Pcid::On) {
-        if let Some((false, detail)) = crate::host::pcid_usable() {
+        if let Some((false, detail)) = crate::preflight::host::pcid_usable() {
             return Err(RunError::Unsupported(format!(
                 "--pcid on: this host's vCPU has no usable PCID (probe: {detail}); use --pcid off"
             )));
@@ -792,7 +800,7 @@ pub fn run_vm(
 
     // vCPU.
     let vcpu = vm.create_vcpu(0).map_err(vm_err("KVM_CREATE_VCPU"))?;
-    let vcpu_msrs = vcpu::configure(&kvm, &vm, &vcpu, loaded.entry, config.cpu_vuln)?;
+    let vcpu_msrs = cpu_config::configure(&kvm, &vm, &vcpu, loaded.entry, config.cpu_vuln)?;
     let arch_capabilities = vcpu_msrs.arch_capabilities;
     let msr_answers = vcpu_msrs.answers;
 
@@ -817,7 +825,7 @@ pub fn run_vm(
     );
     let mut em: EventManager<Control> = EventManager::new().map_err(RunError::EventLoop)?;
     let control_id = em.add_subscriber(control);
-    crate::signals::install_kick_handler()?;
+    crate::machine::signals::install_kick_handler()?;
     let setup_time = setup_start.elapsed();
 
     let stop_requested = AtomicBool::new(false);
@@ -893,7 +901,7 @@ pub fn run_vm(
                 // SAFETY: `tid` is the vCPU thread, which is still alive: it
                 // cannot be joined before `finished` is set, and it is joined
                 // only below.
-                let rc = unsafe { libc::pthread_kill(tid, crate::signals::kick_signal()) };
+                let rc = unsafe { libc::pthread_kill(tid, crate::machine::signals::kick_signal()) };
                 if rc != 0 {
                     log::warn!(
                         "kicking the vCPU thread: {}",

@@ -5,7 +5,7 @@ use std::fmt;
 
 use ptiscope_abi::cmdline as key;
 
-use crate::memory::CMDLINE_MAX;
+use crate::machine::memory::CMDLINE_MAX;
 
 /// `pti=`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -25,7 +25,7 @@ pub enum Pcid {
 }
 
 /// The syscall entry the guest's user programs use. `Auto` is resolved by the
-/// VMM ([`crate::host::resolve_entry`]) and never reaches the guest.
+/// VMM ([`crate::preflight::host::resolve_entry`]) and never reaches the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Entry {

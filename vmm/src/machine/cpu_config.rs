@@ -7,10 +7,10 @@ use std::fmt;
 use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs, Msrs, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, MsrFilterRangeFlags, VcpuFd, VmFd};
 
-use crate::cmdline::CpuVuln;
-use crate::memory::START_INFO_ADDR;
-use crate::msr::{MsrAnswers, MsrTrapError};
-pub use crate::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
+use crate::machine::memory::START_INFO_ADDR;
+use crate::machine::msr::{MsrAnswers, MsrTrapError};
+pub use crate::machine::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
+use crate::preflight::cmdline::CpuVuln;
 /// CPUID.(EAX=7,ECX=0):EDX bit 29: IA32_ARCH_CAPABILITIES exists.
 const CPUID_7_EDX_ARCH_CAPABILITIES: u32 = 1 << 29;
 
@@ -143,7 +143,7 @@ fn set_arch_capabilities(
         (CpuVuln::Meltdown, v) => v.unwrap_or(0) & !ARCH_CAP_RDCL_NO,
         (CpuVuln::None, v) => v.unwrap_or(0) | ARCH_CAP_RDCL_NO,
     };
-    match crate::msr::trap_msr(
+    match crate::machine::msr::trap_msr(
         vm,
         MSR_IA32_ARCH_CAPABILITIES,
         MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,

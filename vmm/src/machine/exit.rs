@@ -6,7 +6,7 @@ use ptiscope_abi::phase::Marker;
 use ptiscope_abi::port;
 use ptiscope_devices::{DeviceEvent, PioBus, UnknownAccesses};
 
-use crate::msr::MsrAnswers;
+use crate::machine::msr::MsrAnswers;
 
 /// Devices the exit counts distinguish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use crate::cmdline::Entry;
+use crate::preflight::cmdline::Entry;
 use crate::probe::{self, ProbeOptions};
 
 /// Which KVM implementation backs /dev/kvm.

@@ -8,12 +8,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::cli::{Backend, CompareArgs};
-use crate::cmdline::{CpuVuln, Entry, Pcid, Pti};
-use crate::host;
-use crate::loader::KernelSource;
-use crate::measure::{rate_name, summary_from_result, Measurer};
+use crate::machine::loader::KernelSource;
+use crate::machine::{exit_code, RunConfig, RunOutcome, SerialOut};
+use crate::observe::measure::{rate_name, summary_from_result, Measurer};
+use crate::preflight::cmdline::{CpuVuln, Entry, Pcid, Pti};
+use crate::preflight::host;
 use crate::report::{CompareTable, Condition, Metric, RunSummary};
-use crate::vm::{exit_code, RunConfig, RunOutcome, SerialOut};
 
 /// One side of the comparison.
 #[derive(Debug, Clone)]
@@ -134,7 +134,9 @@ pub fn run_measured(
     let mut m = Measurer::new();
     let run = match backend {
         Backend::Kvm => crate::run_vm(config, &mut m).map_err(|e| (e.exit_code(), e.to_string())),
-        Backend::Qemu => crate::qemu::run_qemu(config).map_err(|e| (e.exit_code(), e.to_string())),
+        Backend::Qemu => {
+            crate::backend::qemu::run_qemu(config).map_err(|e| (e.exit_code(), e.to_string()))
+        }
     };
     match run {
         Ok(o) => {
@@ -289,7 +291,7 @@ pub fn run(args: &CompareArgs) -> i32 {
         Backend::Qemu => {
             println!(
                 "  backend:   QEMU TCG ({}): software emulation, every figure guest-reported",
-                crate::qemu::binary_for(embedded_or_kernel(&base.config))
+                crate::backend::qemu::binary_for(embedded_or_kernel(&base.config))
             );
         }
     }

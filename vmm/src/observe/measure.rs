@@ -21,13 +21,13 @@ use ptiscope_abi::phase::{Edge, Marker, ID_WARMUP, ID_WORKLOAD};
 use ptiscope_abi::telemetry::Counter;
 use vm_memory::GuestAddress;
 
-use crate::exit::ExitCounts;
-use crate::host::{kvm_flavour, KvmFlavour};
-use crate::kvm_stats::{self, KvmStats, StatsSnapshot};
-use crate::live_metrics::{LiveMetrics, LiveMetricsConfig};
+use crate::machine::exit::ExitCounts;
+use crate::machine::{PhaseObserver, RunOutcome, VmContext};
+use crate::observe::kvm_stats::{self, KvmStats, StatsSnapshot};
+use crate::observe::live_metrics::{LiveMetrics, LiveMetricsConfig};
+use crate::observe::telemetry::{self, TelemetryError, TelemetryReader, TelemetrySnapshot};
+use crate::preflight::host::{kvm_flavour, KvmFlavour};
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
-use crate::telemetry::{self, TelemetryError, TelemetryReader, TelemetrySnapshot};
-use crate::vm::{PhaseObserver, RunOutcome, VmContext};
 
 /// Markers after which the observer only counts (a guest that floods the
 /// marker port gets its telemetry reported invalid, not the VMM slowed down).
@@ -107,7 +107,7 @@ impl Measurer {
             kvm_vcpu: read(&self.vcpu_stats),
             telemetry: TelemetryReader::new(ctx.mem, GuestAddress(ctx.layout.telemetry_addr()))
                 .and_then(|r| r.snapshot()),
-            tsc: crate::msr::get_msr(ctx.vcpu, crate::msr::MSR_IA32_TSC),
+            tsc: crate::machine::msr::get_msr(ctx.vcpu, crate::machine::msr::MSR_IA32_TSC),
         }
     }
 

@@ -1,14 +1,16 @@
 //! The `ptiscope` command line (clap), turned into library calls.
 
+pub mod compare;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::cmdline::{CpuVuln, Entry, GuestOptions, Pcid, Pti};
-use crate::loader::KernelSource;
-use crate::memory::{MemoryLayout, DEFAULT_MEM_MIB};
-use crate::vm::{RunConfig, SerialOut};
+use crate::machine::loader::KernelSource;
+use crate::machine::memory::{MemoryLayout, DEFAULT_MEM_MIB};
+use crate::machine::{RunConfig, SerialOut};
+use crate::preflight::cmdline::{CpuVuln, Entry, GuestOptions, Pcid, Pti};
 
 const EXIT_CODES_HELP: &str = "\
 Exit status of `ptiscope run`:

@@ -639,7 +639,7 @@ impl Inspector {
         }
     }
 
-    fn inspect(&self, ctx: &crate::vm::VmContext<'_>) -> Result<Inspection, String> {
+    fn inspect(&self, ctx: &crate::machine::VmContext<'_>) -> Result<Inspection, String> {
         let cr3 = ctx
             .vcpu
             .get_sregs()
@@ -647,7 +647,7 @@ impl Inspector {
             .cr3;
         // Whether the guest runs with PTI is its own word (telemetry flags);
         // what the user copy maps is then the host's own finding.
-        let telemetry = crate::telemetry::TelemetryReader::new(
+        let telemetry = crate::observe::telemetry::TelemetryReader::new(
             ctx.mem,
             GuestAddress(ctx.layout.telemetry_addr()),
         )
@@ -675,7 +675,11 @@ impl Inspector {
 }
 
 impl crate::PhaseObserver for Inspector {
-    fn on_phase(&mut self, marker: ptiscope_abi::phase::Marker, ctx: &crate::vm::VmContext<'_>) {
+    fn on_phase(
+        &mut self,
+        marker: ptiscope_abi::phase::Marker,
+        ctx: &crate::machine::VmContext<'_>,
+    ) {
         if marker.edge == ptiscope_abi::phase::Edge::Begin && self.result.is_none() {
             self.result = Some(self.inspect(ctx));
         }

@@ -17,17 +17,17 @@ use std::time::{Duration, Instant};
 
 use ptiscope_devices::{ConsoleRecorder, ConsoleSink};
 
-use crate::cmdline::{self, CmdlineError, Entry};
-use crate::exit::ExitCounts;
-use crate::loader::{self, LoadError};
-use crate::memory::MemoryLayout;
-use crate::vm::{RunConfig, RunOutcome, SerialOut, StopReason};
+use crate::machine::exit::ExitCounts;
+use crate::machine::loader::{self, LoadError};
+use crate::machine::memory::MemoryLayout;
+use crate::machine::{RunConfig, RunOutcome, SerialOut, StopReason};
+use crate::preflight::cmdline::{self, CmdlineError, Entry};
 
 /// Errors of a QEMU-backed run.
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
     #[error(transparent)]
-    Memory(#[from] crate::memory::MemoryError),
+    Memory(#[from] crate::machine::memory::MemoryError),
     #[error(transparent)]
     Load(#[from] LoadError),
     #[error(transparent)]
@@ -57,7 +57,7 @@ pub enum QemuError {
 impl QemuError {
     /// The process exit code for this error (see `ptiscope run --help`).
     pub fn exit_code(&self) -> i32 {
-        use crate::vm::exit_code::*;
+        use crate::machine::exit_code::*;
         match self {
             QemuError::Memory(_) | QemuError::Cmdline(_) => USAGE,
             QemuError::Load(LoadError::Read { .. }) => NO_IMAGE,

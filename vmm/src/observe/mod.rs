@@ -1,0 +1,9 @@
+//! Watching a running guest from the host: KVM's binary statistics, the
+//! guest's telemetry page, phase-marker snapshots and their deltas, the live
+//! metrics stream, and the host-side page-table walker.
+
+pub mod kvm_stats;
+pub mod live_metrics;
+pub mod measure;
+pub mod pagetables;
+pub mod telemetry;
