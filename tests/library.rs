@@ -5,7 +5,8 @@
 mod common;
 
 use ptiscope::machine::loader::KernelSource;
-use ptiscope::machine::{SerialOut, VmContext};
+use ptiscope::machine::VmContext;
+use ptiscope::SerialOut;
 use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::Marker;
 

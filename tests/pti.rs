@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ptiscope::machine::loader::KernelSource;
-use ptiscope::machine::{SerialOut, VmContext};
+use ptiscope::machine::VmContext;
 use ptiscope::observe::pagetables::{self, EntryArea, Paging, Walk};
+use ptiscope::SerialOut;
 use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::{Edge, Marker};
 

@@ -8,8 +8,9 @@ use std::path::Path;
 
 use common::*;
 use ptiscope::machine::loader::KernelSource;
-use ptiscope::machine::{SerialOut, VmContext};
+use ptiscope::machine::VmContext;
 use ptiscope::observe::kvm_stats::{self, KvmStats, StatsSnapshot};
+use ptiscope::SerialOut;
 use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::Marker;
 use ptiscope_abi::telemetry as abi;
@@ -345,7 +346,7 @@ fn what_the_host_cannot_run_is_refused_before_boot() {
     }
     let probe = ptiscope::probe::run(&ptiscope::probe::ProbeOptions::default()).unwrap();
     let working = probe.working_entries();
-    for e in ptiscope::probe::Entry::ALL {
+    for &e in ptiscope::probe::Entry::ALL {
         if e == ptiscope::probe::Entry::Sysenter {
             continue; // the 32-bit flavour's entry; the 64-bit guest may not have it
         }
@@ -353,7 +354,7 @@ fn what_the_host_cannot_run_is_refused_before_boot() {
             continue;
         }
         let o = ptiscope()
-            .args(["run", "--entry", e.as_cmdline_value()])
+            .args(["run", "--entry", e.name()])
             .output()
             .unwrap();
         let err = stderr(&o);

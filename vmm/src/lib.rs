@@ -12,7 +12,8 @@ pub mod preflight;
 pub mod probe;
 pub mod report;
 
-pub use machine::{run_vm, NoObserver, PhaseObserver, RunConfig, RunError, RunOutcome, StopReason};
+pub use machine::{run, run_vm, NoObserver, PhaseObserver, RunError, RunOutcome, StopReason};
+pub use preflight::{preflight, ResolvedRun, RunConfig, SerialOut, Target};
 
 /// The embedded default guest image, x86_64 flavour (built by `vmm/build.rs`).
 pub static GUEST_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_X86_64"));

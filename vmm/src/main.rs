@@ -3,8 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use ptiscope::cli::exit_code::{self, ExitCode as _};
 use ptiscope::cli::{Backend, Cli, Command, PagetablesArgs, ProbeArgs, RunArgs};
-use ptiscope::machine::{exit_code, RunOutcome};
+use ptiscope::machine::RunOutcome;
 use ptiscope::observe::live_metrics::LiveMetricsConfig;
 use ptiscope::observe::measure::Measurer;
 use ptiscope::{run_vm, StopReason};
@@ -122,9 +123,9 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
     };
     let mut config = ptiscope::RunConfig::new(kernel);
     config.mem_mib = args.mem;
-    config.serial_out = ptiscope::machine::SerialOut::Discard;
+    config.serial_out = ptiscope::SerialOut::Discard;
     config.guest.pti = args.pti;
-    config.guest.workload = Some("getpid".into());
+    config.guest.workload = Some(ptiscope::preflight::cmdline::Workload::Getpid);
     config.guest.iterations = Some(1);
     config.guest.extra = args.cmdline.clone();
     let mut inspector = Inspector::new(paging, entry_area);
@@ -193,7 +194,7 @@ fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
             eprintln!(
                 "  time: run {:.1} ms; entry={}; every figure below is guest-reported",
                 outcome.run_time.as_secs_f64() * 1e3,
-                outcome.entry.map_or("-", |e| e.as_str()),
+                outcome.entry.map_or("-", |e| e.name()),
             );
             for f in outcome.faults() {
                 eprintln!("  guest reported: {f}");
@@ -218,7 +219,7 @@ fn print_summary(o: &RunOutcome) {
         "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB; MSR 0x10a as KVM or the VMM answers it {} (the guest prints what it read)",
         o.run_time.as_secs_f64() * 1e3,
         o.setup_time.as_secs_f64() * 1e3,
-        o.entry.map_or("-", |e| e.as_str()),
+        o.entry.map_or("-", |e| e.name()),
         o.mem_mib,
         o.arch_capabilities
             .map_or("absent".to_string(), |v| format!("{v:#x}")),

@@ -9,6 +9,8 @@
 //! [`telemetry::VERSION`] on any layout change.
 #![no_std]
 
+pub mod options;
+
 /// I/O ports the guest uses to talk to the VMM.
 pub mod port {
     /// 16550 UART, COM1: the guest console.
@@ -326,17 +328,8 @@ pub mod cmdline {
     pub const ENTRY: &str = "entry";
     /// `pti_global_text=on|off` (x86_32 PAE; v6 of the 2018 series).
     pub const PTI_GLOBAL_TEXT: &str = "pti_global_text";
-    /// `workload=`, one of [`WORKLOADS`].
+    /// `workload=`, one of [`crate::options::Workload`].
     pub const WORKLOAD: &str = "workload";
-    /// The workloads the guest knows (the VMM checks `--workload` against it).
-    pub const WORKLOADS: &[&str] = &[
-        "none",
-        "getpid",
-        "getppid",
-        "write-badfd",
-        "nopti-getpid",
-        "sched-messaging",
-    ];
     /// `iterations=N` for the loop workloads.
     pub const ITERATIONS: &str = "iterations";
     /// `telemetry=0xGPA`: where the VMM reserved the telemetry region.

@@ -7,153 +7,10 @@
 use core::fmt;
 use ptiscope_abi::cmdline as keys;
 
-/// `pti=`
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PtiMode {
-    On,
-    Off,
-    /// On unless the CPU reports ARCH_CAPABILITIES.RDCL_NO.
-    Auto,
-}
-
-/// `entry=`: how user mode enters the kernel for a system call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    Syscall,
-    Sysenter,
-    Int80,
-    Int3,
-    Int4,
-}
-
-impl Entry {
-    /// The `ptiscope_abi::telemetry::entry` code.
-    pub const fn abi_code(self) -> u32 {
-        use ptiscope_abi::telemetry::entry;
-        match self {
-            Entry::Syscall => entry::SYSCALL,
-            Entry::Sysenter => entry::SYSENTER,
-            Entry::Int80 => entry::INT80,
-            Entry::Int3 => entry::INT3,
-            Entry::Int4 => entry::INT4,
-        }
-    }
-    pub const fn name(self) -> &'static str {
-        match self {
-            Entry::Syscall => "syscall",
-            Entry::Sysenter => "sysenter",
-            Entry::Int80 => "int80",
-            Entry::Int3 => "int3",
-            Entry::Int4 => "int4",
-        }
-    }
-    /// IDT vector of the `int n` entries.
-    pub const fn vector(self) -> Option<u8> {
-        match self {
-            Entry::Int80 => Some(0x80),
-            Entry::Int3 => Some(3),
-            Entry::Int4 => Some(4),
-            Entry::Syscall | Entry::Sysenter => None,
-        }
-    }
-}
-
-/// `workload=`
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Workload {
-    None,
-    Getpid,
-    Getppid,
-    WriteBadfd,
-    /// getpid after opting the process out of PTI (`arch_prctl(ARCH_SET_NOPTI, 1)`).
-    NoptiGetpid,
-    /// `perf bench sched messaging` with pipes: `groups=` groups of
-    /// [`GROUP_SIZE`] senders and as many receivers, `loops=` messages per
-    /// sender and receiver, `mode=process|thread`.
-    SchedMessaging,
-}
-
-impl Workload {
-    pub const fn name(self) -> &'static str {
-        match self {
-            Workload::None => "none",
-            Workload::Getpid => "getpid",
-            Workload::Getppid => "getppid",
-            Workload::WriteBadfd => "write-badfd",
-            Workload::NoptiGetpid => "nopti-getpid",
-            Workload::SchedMessaging => "sched-messaging",
-        }
-    }
-}
-
-/// `fault=`: raise this fault on purpose (tests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// Page fault in the kernel (read of an unmapped address).
-    Pf,
-    /// General protection fault in the kernel (non-canonical access).
-    Gp,
-    /// Invalid opcode (`ud2`) in the kernel.
-    Ud,
-    /// Divide error in the kernel.
-    De,
-    /// A user program reads a kernel address.
-    Kread,
-    /// Spin forever at CPL0 with interrupts off (tests the VMM's timeout).
-    Hang,
-    /// `cli; hlt` forever (tests the VMM's timeout while halted).
-    Halt,
-}
-
-impl Fault {
-    pub const fn name(self) -> &'static str {
-        match self {
-            Fault::Pf => "pf",
-            Fault::Gp => "gp",
-            Fault::Ud => "ud",
-            Fault::De => "de",
-            Fault::Kread => "kread",
-            Fault::Hang => "hang",
-            Fault::Halt => "halt",
-        }
-    }
-}
-
-/// Default `iterations=` of the loop workloads: a few seconds on the slowest host.
-pub const DEFAULT_ITERATIONS: u64 = 10_000;
-
-/// `mode=` of `workload=sched-messaging`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskMode {
-    /// Each sender and receiver is a process with its own address space
-    /// (perf bench's default): switching between them writes CR3.
-    Process,
-    /// All share one address space (perf bench `-t`): no CR3 write.
-    Thread,
-}
-
-impl TaskMode {
-    pub const fn name(self) -> &'static str {
-        match self {
-            TaskMode::Process => "process",
-            TaskMode::Thread => "thread",
-        }
-    }
-}
-
-/// Senders per group of `workload=sched-messaging`, and receivers per group
-/// (perf bench sched messaging: 20 of each).
-pub const GROUP_SIZE: u64 = 20;
-/// Largest `groups=`: the task table holds `MAX_GROUPS * 2 * GROUP_SIZE`
-/// workers plus their parent (161 tasks).
-pub const MAX_GROUPS: u64 = 4;
-/// Default `groups=` (perf's default is 10; one group keeps a run short
-/// where kernel code is emulated).
-pub const DEFAULT_GROUPS: u64 = 1;
-/// Largest `loops=`.
-pub const MAX_LOOPS: u64 = 1_000_000;
-/// Default `loops=` (perf's default is 100): 4000 messages with one group.
-pub const DEFAULT_LOOPS: u64 = 10;
+pub use ptiscope_abi::options::{
+    Entry, Fault, PtiMode, TaskMode, Workload, DEFAULT_GROUPS, DEFAULT_ITERATIONS, DEFAULT_LOOPS,
+    GROUP_SIZE, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS,
+};
 
 /// The parsed command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,19 +91,19 @@ impl fmt::Display for CmdlineError<'_> {
 
 fn expected(key: &str) -> &'static str {
     match key {
-        keys::PTI => "on|off|auto",
+        keys::PTI => PtiMode::EXPECTED,
         keys::PCID | keys::PTI_GLOBAL_TEXT => "on|off",
         keys::ENTRY => "syscall|sysenter|int80|int3|int4|auto",
-        keys::WORKLOAD => "none|getpid|getppid|write-badfd|nopti-getpid|sched-messaging",
+        keys::WORKLOAD => Workload::EXPECTED,
         keys::ITERATIONS => "a number from 0 to 2^32",
         keys::TELEMETRY => "a page-aligned physical address, e.g. 0x7fff000",
-        keys::FAULT => "pf|gp|ud|de|kread|hang|halt",
+        keys::FAULT => Fault::EXPECTED,
         keys::RDCL_NO => "0|1",
         keys::GROUPS => {
             "a number from 1 to 4 (each group is 20 senders and 20 receivers; the task table holds 160 of them plus their parent)"
         }
         keys::LOOPS => "a number from 0 to 1000000",
-        keys::MODE => "process|thread",
+        keys::MODE => TaskMode::EXPECTED,
         _ => "?",
     }
 }
@@ -284,12 +141,7 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
         let bad = CmdlineError::BadValue { key, value };
         let bit = match key {
             keys::PTI => {
-                c.pti = match value {
-                    "on" => PtiMode::On,
-                    "off" => PtiMode::Off,
-                    "auto" => PtiMode::Auto,
-                    _ => return Err(bad),
-                };
+                c.pti = value.parse().map_err(|_| bad)?;
                 0
             }
             keys::PCID => {
@@ -297,33 +149,21 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 1
             }
             keys::ENTRY => {
+                // `auto` is resolved by the VMM; a guest booted without
+                // it (QEMU) takes the entry that works on every host.
                 c.entry = match value {
-                    "syscall" => Entry::Syscall,
-                    "sysenter" => Entry::Sysenter,
-                    "int80" => Entry::Int80,
-                    // `auto` is resolved by the VMM; a guest booted without
-                    // it (QEMU) takes the entry that works on every host.
-                    "int3" | "auto" => Entry::Int3,
-                    "int4" => Entry::Int4,
-                    _ => return Err(bad),
+                    "auto" => Entry::Int3,
+                    _ => value.parse().map_err(|_| bad)?,
                 };
                 2
             }
             keys::WORKLOAD => {
-                c.workload = match value {
-                    "none" => Workload::None,
-                    "getpid" => Workload::Getpid,
-                    "getppid" => Workload::Getppid,
-                    "write-badfd" => Workload::WriteBadfd,
-                    "nopti-getpid" => Workload::NoptiGetpid,
-                    "sched-messaging" => Workload::SchedMessaging,
-                    _ => return Err(bad),
-                };
+                c.workload = value.parse().map_err(|_| bad)?;
                 3
             }
             keys::ITERATIONS => {
                 c.iterations = match parse_number(value) {
-                    Some(n) if n <= 1 << 32 => n,
+                    Some(n) if n <= MAX_ITERATIONS => n,
                     _ => return Err(bad),
                 };
                 4
@@ -336,16 +176,7 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 5
             }
             keys::FAULT => {
-                c.fault = Some(match value {
-                    "pf" => Fault::Pf,
-                    "gp" => Fault::Gp,
-                    "ud" => Fault::Ud,
-                    "de" => Fault::De,
-                    "kread" => Fault::Kread,
-                    "hang" => Fault::Hang,
-                    "halt" => Fault::Halt,
-                    _ => return Err(bad),
-                });
+                c.fault = Some(value.parse().map_err(|_| bad)?);
                 6
             }
             keys::PTI_GLOBAL_TEXT => {
@@ -372,11 +203,7 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 10
             }
             keys::MODE => {
-                c.mode = match value {
-                    "process" => TaskMode::Process,
-                    "thread" => TaskMode::Thread,
-                    _ => return Err(bad),
-                };
+                c.mode = value.parse().map_err(|_| bad)?;
                 11
             }
             _ => return Err(CmdlineError::UnknownKey(key)),
@@ -542,9 +369,9 @@ mod tests {
 
     #[test]
     fn every_workload_the_abi_lists_parses() {
-        for w in ptiscope_abi::cmdline::WORKLOADS {
+        for w in Workload::ALL.iter().map(|w| w.name()) {
             let c = parse(alloc_free_line(w)).unwrap_or_else(|e| panic!("{w}: {e:?}"));
-            assert_eq!(c.workload.name(), *w);
+            assert_eq!(c.workload.name(), w);
         }
     }
 

@@ -18,20 +18,15 @@ use std::time::{Duration, Instant};
 use ptiscope_devices::{ConsoleRecorder, ConsoleSink};
 
 use crate::machine::exit::ExitCounts;
-use crate::machine::loader::{self, LoadError};
-use crate::machine::memory::MemoryLayout;
-use crate::machine::{RunConfig, RunOutcome, SerialOut, StopReason};
-use crate::preflight::cmdline::{self, CmdlineError, Entry};
+use crate::machine::loader;
+use crate::machine::{RunOutcome, StopReason};
+use crate::preflight::{PreflightError, ResolvedRun, RunConfig, SerialOut, Target};
 
 /// Errors of a QEMU-backed run.
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
     #[error(transparent)]
-    Memory(#[from] crate::machine::memory::MemoryError),
-    #[error(transparent)]
-    Load(#[from] LoadError),
-    #[error(transparent)]
-    Cmdline(#[from] CmdlineError),
+    Preflight(#[from] PreflightError),
     #[error("cannot start {binary}: {source} (install QEMU: `apt-get install qemu-system-x86`)")]
     Spawn {
         binary: String,
@@ -54,21 +49,6 @@ pub enum QemuError {
     Qemu { how: String, stderr: String },
 }
 
-impl QemuError {
-    /// The process exit code for this error (see `ptiscope run --help`).
-    pub fn exit_code(&self) -> i32 {
-        use crate::machine::exit_code::*;
-        match self {
-            QemuError::Memory(_) | QemuError::Cmdline(_) => USAGE,
-            QemuError::Load(LoadError::Read { .. }) => NO_IMAGE,
-            QemuError::Load(_) => BAD_IMAGE,
-            QemuError::Spawn { .. } => KVM_UNAVAILABLE,
-            QemuError::SerialOut { .. } => CANT_CREATE,
-            QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
-        }
-    }
-}
-
 /// The QEMU system emulator for an image: i386 for ELF32, x86_64 otherwise.
 pub fn binary_for(image: &[u8]) -> &'static str {
     if loader::is_elf32(image) {
@@ -76,31 +56,6 @@ pub fn binary_for(image: &[u8]) -> &'static str {
     } else {
         "qemu-system-x86_64"
     }
-}
-
-/// `entry=auto` under QEMU: TCG delivers every entry, so the native one of
-/// each flavour (SYSCALL on x86_64, SYSENTER on i386).
-fn native_entry(image: &[u8]) -> Entry {
-    if loader::is_elf32(image) {
-        Entry::Sysenter
-    } else {
-        Entry::Syscall
-    }
-}
-
-/// The guest command line for QEMU: as for KVM, without `telemetry=`.
-fn guest_cmdline(config: &RunConfig, image: &[u8]) -> Result<String, QemuError> {
-    let layout = MemoryLayout::new(config.mem_mib)?;
-    let mut guest = config.guest.clone();
-    if guest.entry == Some(Entry::Auto) {
-        guest.entry = Some(native_entry(image));
-    }
-    let line = cmdline::build(&guest, layout.telemetry_addr())?;
-    Ok(line
-        .split_whitespace()
-        .filter(|w| !w.starts_with("telemetry="))
-        .collect::<Vec<_>>()
-        .join(" "))
 }
 
 /// A private temporary directory, removed on drop.
@@ -176,19 +131,20 @@ fn pending_termination() -> Option<i32> {
     (sig > 0).then_some(sig)
 }
 
-/// Boots `config.kernel` under QEMU TCG and waits for it (or the timeout,
-/// or SIGINT/SIGTERM).
+/// Settles `config` for QEMU ([`crate::preflight::preflight`]) and runs it.
 pub fn run_qemu(config: &RunConfig) -> Result<RunOutcome, QemuError> {
+    let resolved = crate::preflight::preflight(config, Target::QemuTcg)?;
+    run_resolved(&resolved)
+}
+
+/// Boots a run resolved for [`Target::QemuTcg`] under QEMU and waits for it
+/// (or the timeout, or SIGINT/SIGTERM).
+pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let setup_start = Instant::now();
-    let image = loader::read_image(&config.kernel)?;
-    let name = config.kernel.describe();
-    let layout = MemoryLayout::new(config.mem_mib)?;
-    loader::check_image(&image, &name, &layout)?;
-    let cmdline = guest_cmdline(config, &image)?;
-    let entry = cmdline
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("entry="))
-        .and_then(|e| <Entry as clap::ValueEnum>::from_str(e, false).ok());
+    let config = &run.config;
+    let image = &run.image;
+    let cmdline = run.cmdline.clone();
+    let entry = run.guest.entry;
 
     // Everything that can fail is done before QEMU starts, so that no
     // error leaves it running.
@@ -205,13 +161,13 @@ pub fn run_qemu(config: &RunConfig) -> Result<RunOutcome, QemuError> {
     // QEMU reads the kernel from a file: a private temporary copy.
     let dir = TempDir::new()?;
     let elf = dir.0.join("guest.elf");
-    std::fs::write(&elf, &image).map_err(|source| QemuError::Io {
+    std::fs::write(&elf, &image[..]).map_err(|source| QemuError::Io {
         what: "writing the image for QEMU",
         source,
     })?;
 
-    let binary = binary_for(&image);
-    let machine = if loader::is_elf32(&image) {
+    let binary = binary_for(image);
+    let machine = if loader::is_elf32(image) {
         "pc"
     } else {
         "microvm"

@@ -7,12 +7,13 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{Backend, CompareArgs};
 use crate::machine::loader::KernelSource;
-use crate::machine::{exit_code, RunConfig, RunOutcome, SerialOut};
+use crate::machine::RunOutcome;
 use crate::observe::measure::{rate_name, summary_from_result, Measurer};
-use crate::preflight::cmdline::{CpuVuln, Entry, Pcid, Pti};
-use crate::preflight::host;
+use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
+use crate::preflight::{host, preflight, ResolvedRun, RunConfig, SerialOut, Target};
 use crate::report::{CompareTable, Condition, Metric, RunSummary};
 
 /// One side of the comparison.
@@ -21,6 +22,23 @@ pub struct SideSpec {
     /// Column label: the options as given (`pti=on,pcid=on`).
     pub label: String,
     pub config: RunConfig,
+}
+
+/// One side, settled for its backend.
+#[derive(Debug, Clone)]
+pub struct Side {
+    pub label: String,
+    pub run: ResolvedRun,
+}
+
+impl Backend {
+    /// Where preflight settles a run for this backend.
+    pub fn target(self) -> Target {
+        match self {
+            Backend::Kvm => Target::Kvm,
+            Backend::Qemu => Target::QemuTcg,
+        }
+    }
 }
 
 /// Errors in `--baseline`/`--compare` options.
@@ -48,6 +66,17 @@ fn enum_value<T: clap::ValueEnum>(v: &str) -> Result<T, String> {
     })
 }
 
+/// A guest-ABI option value, with the accepted names in the message.
+fn abi_value<T: std::str::FromStr>(
+    v: &str,
+    names: impl IntoIterator<Item = &'static str>,
+) -> Result<T, String> {
+    v.parse::<T>().map_err(|_| {
+        let names: Vec<&str> = names.into_iter().collect();
+        format!("{v:?} (possible values: {})", names.join(", "))
+    })
+}
+
 /// Builds one side's run configuration from the common arguments and its options.
 pub fn parse_side(
     opts: &str,
@@ -63,7 +92,7 @@ pub fn parse_side(
     c.timeout = args.timeout;
     c.serial_out = SerialOut::Discard;
     c.handle_signals = true;
-    c.guest.workload = Some(args.workload.clone());
+    c.guest.workload = Some(args.workload);
     c.guest.iterations = Some(args.iterations);
     c.qemu_args = args.qemu_arg.clone();
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -79,11 +108,22 @@ pub fn parse_side(
             why,
         };
         match k.trim() {
-            "pti" => c.guest.pti = Some(enum_value::<Pti>(v).map_err(bad)?),
-            "pcid" => c.guest.pcid = Some(enum_value::<Pcid>(v).map_err(bad)?),
-            "entry" => c.guest.entry = Some(enum_value::<Entry>(v).map_err(bad)?),
+            "pti" => {
+                c.guest.pti =
+                    Some(abi_value::<PtiMode>(v, PtiMode::NAMES.iter().copied()).map_err(bad)?)
+            }
+            "pcid" => {
+                c.guest.pcid =
+                    Some(abi_value::<Switch>(v, Switch::NAMES.iter().copied()).map_err(bad)?)
+            }
+            "entry" => {
+                c.guest.entry = abi_value::<EntryChoice>(v, EntryChoice::names()).map_err(bad)?
+            }
             "cpu_vuln" | "cpu-vuln" => c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?,
-            "workload" => c.guest.workload = Some(v.to_string()),
+            "workload" => {
+                c.guest.workload =
+                    Some(abi_value::<Workload>(v, Workload::NAMES.iter().copied()).map_err(bad)?)
+            }
             "iterations" => {
                 c.guest.iterations = Some(
                     v.parse()
@@ -117,25 +157,19 @@ pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
         .collect()
 }
 
-/// The image bytes of an embedded kernel (for naming the QEMU binary);
-/// a `--kernel` file is named after its own class by the run itself.
-fn embedded_or_kernel(config: &RunConfig) -> &'static [u8] {
-    match &config.kernel {
-        KernelSource::Embedded(b) => b,
-        KernelSource::Path(_) => &[],
-    }
-}
-
 /// One measured run; `Err` carries the exit code and what to print.
 pub fn run_measured(
-    config: &RunConfig,
+    resolved: &ResolvedRun,
     backend: Backend,
 ) -> Result<(RunOutcome, RunSummary), (i32, String)> {
+    let config = &resolved.config;
     let mut m = Measurer::new();
     let run = match backend {
-        Backend::Kvm => crate::run_vm(config, &mut m).map_err(|e| (e.exit_code(), e.to_string())),
+        Backend::Kvm => {
+            crate::machine::run(resolved, &mut m).map_err(|e| (e.exit_code(), e.to_string()))
+        }
         Backend::Qemu => {
-            crate::backend::qemu::run_qemu(config).map_err(|e| (e.exit_code(), e.to_string()))
+            crate::backend::qemu::run_resolved(resolved).map_err(|e| (e.exit_code(), e.to_string()))
         }
     };
     match run {
@@ -149,8 +183,8 @@ pub fn run_measured(
                     exit_code::VM_ERROR,
                     format!(
                         "the guest marked no workload phase, so there is nothing to compare \
-                         (workload {:?}: use one that measures, e.g. getpid)",
-                        config.guest.workload.as_deref().unwrap_or("-")
+                         (workload {}: use one that measures, e.g. getpid)",
+                        resolved.guest.workload.map_or("-", Workload::name)
                     ),
                 ));
             }
@@ -189,11 +223,11 @@ pub fn rates(s: &RunSummary) -> Vec<(Metric, f64)> {
 
 /// The table from the runs of both sides: every rate present in every run.
 pub fn build_table(
-    baseline: (&SideSpec, &[RunSummary]),
-    compare: (&SideSpec, &[RunSummary]),
+    baseline: (&str, &[RunSummary]),
+    compare: (&str, &[RunSummary]),
 ) -> (CompareTable, Vec<String>) {
-    let side = |spec: &SideSpec, runs: &[RunSummary]| crate::report::compare::Side {
-        label: spec.label.clone(),
+    let side = |label: &str, runs: &[RunSummary]| crate::report::compare::Side {
+        label: label.to_string(),
         config: runs.first().map(|r| r.config.clone()).unwrap_or_default(),
     };
     let mut t = CompareTable::new(side(baseline.0, baseline.1), side(compare.0, compare.1));
@@ -269,21 +303,37 @@ pub fn run(args: &CompareArgs) -> i32 {
             return exit_code::USAGE;
         }
     };
+    // Settle both sides once (image read, entry resolved, host limits
+    // checked): every run of a side then boots the same resolved run.
+    let settle = |spec: SideSpec| {
+        preflight(&spec.config, args.backend.target()).map(|run| Side {
+            label: spec.label,
+            run,
+        })
+    };
+    let (base, comp) = match settle(base).and_then(|b| Ok((b, settle(comp)?))) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ptiscope compare: {e}");
+            return e.exit_code();
+        }
+    };
 
     println!("ptiscope compare: what PTI costs in the ptiscope guest on this host");
     println!("  host:      {}", host::describe_host());
     match args.backend {
         Backend::Kvm => {
-            let entry = match base.config.guest.entry {
-                Some(Entry::Auto) | None => {
-                    let how = if host::entry_findings().working().is_some() {
-                        "from the probe"
-                    } else {
+            let entry = match (base.run.config.guest.entry, base.run.guest.entry) {
+                (_, None) => "none (the workload runs no user code)".to_string(),
+                (EntryChoice::Auto, Some(e)) => {
+                    let how = if base.run.entry_guessed {
                         "guessed from the KVM module: the probe could not run"
+                    } else {
+                        "from the probe"
                     };
-                    format!("{} (entry=auto, {how})", host::resolve_entry())
+                    format!("{e} (entry=auto, {how})")
                 }
-                Some(e) => e.to_string(),
+                (EntryChoice::Fixed(_), Some(e)) => e.to_string(),
             };
             println!("  KVM:       {}", host::kvm_flavour().describe());
             println!("  entry:     {entry}");
@@ -291,12 +341,12 @@ pub fn run(args: &CompareArgs) -> i32 {
         Backend::Qemu => {
             println!(
                 "  backend:   QEMU TCG ({}): software emulation, every figure guest-reported",
-                crate::backend::qemu::binary_for(embedded_or_kernel(&base.config))
+                crate::backend::qemu::binary_for(&base.run.image)
             );
         }
     }
-    let workload = base.config.guest.workload.as_deref().unwrap_or("-");
-    if workload == "sched-messaging" {
+    let workload = base.run.guest.workload.map_or("-", Workload::name);
+    if base.run.guest.workload == Some(Workload::SchedMessaging) {
         // Its size comes from groups=/loops= (cmdline=...), not --iterations.
         println!(
             "  workload:  sched-messaging (perf bench sched messaging, pipes), {} runs per side, \
@@ -306,7 +356,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     } else {
         println!(
             "  workload:  {workload} x {} iterations per run, {} runs per side, interleaved",
-            base.config.guest.iterations.unwrap_or(0),
+            base.run.guest.iterations.unwrap_or(0),
             args.runs
         );
     }
@@ -335,7 +385,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             }
             bar.set_message(specs[side].label.clone());
             let before = CpuTimes::now();
-            let result = run_measured(&specs[side].config, args.backend);
+            let result = run_measured(&specs[side].run, args.backend);
             durations[side].add(&before, &CpuTimes::now());
             match result {
                 Ok((_, s)) => {
@@ -393,7 +443,7 @@ pub fn run(args: &CompareArgs) -> i32 {
         }
     }
     bar.finish_and_clear();
-    let (table, dropped) = build_table((&base, &runs[0]), (&comp, &runs[1]));
+    let (table, dropped) = build_table((&base.label, &runs[0]), (&comp.label, &runs[1]));
     // The text shows the metrics that are non-zero somewhere; JSON and CSV have all.
     let mut shown = table.clone();
     shown.metrics.retain(|m| {

@@ -1,6 +1,7 @@
 //! The `ptiscope` command line (clap), turned into library calls.
 
 pub mod compare;
+pub mod exit_code;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,8 +10,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::machine::loader::KernelSource;
 use crate::machine::memory::{MemoryLayout, DEFAULT_MEM_MIB};
-use crate::machine::{RunConfig, SerialOut};
-use crate::preflight::cmdline::{CpuVuln, Entry, GuestOptions, Pcid, Pti};
+use crate::preflight::cmdline::{CpuVuln, EntryChoice, GuestOptions, PtiMode, Switch, Workload};
+use crate::preflight::{RunConfig, SerialOut};
 
 const EXIT_CODES_HELP: &str = "\
 Exit status of `ptiscope run`:
@@ -86,6 +87,19 @@ pub const DEFAULT_COMPARE_ITERATIONS: u64 = 20_000;
 /// Default runs per side.
 pub const DEFAULT_COMPARE_RUNS: u32 = 5;
 
+/// A clap value parser for an option typed in the guest ABI: the accepted
+/// values (and `--help`'s list) are its names, parsed by its `FromStr`.
+pub fn abi_option<T>(
+    names: impl IntoIterator<Item = &'static str>,
+) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(names).try_map(|s| s.parse::<T>())
+}
+
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// Baseline configuration: comma-separated key=value options.
@@ -98,8 +112,8 @@ pub struct CompareArgs {
     #[arg(long, value_name = "R", default_value_t = DEFAULT_COMPARE_RUNS, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
     /// Workload for both sides (an OPTS `workload=` overrides it).
-    #[arg(long, value_name = "NAME", default_value = "getpid")]
-    pub workload: String,
+    #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
+    pub workload: Workload,
     /// Iterations per run for both sides (an OPTS `iterations=` overrides it).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS)]
     pub iterations: u64,
@@ -158,17 +172,17 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub serial_out: Option<PathBuf>,
     /// Page table isolation in the guest (guest default if absent).
-    #[arg(long, value_enum)]
-    pub pti: Option<Pti>,
+    #[arg(long, value_parser = abi_option::<PtiMode>(PtiMode::NAMES.iter().copied()))]
+    pub pti: Option<PtiMode>,
     /// PCID in the guest (guest default if absent).
-    #[arg(long, value_enum)]
-    pub pcid: Option<Pcid>,
+    #[arg(long, value_parser = abi_option::<Switch>(Switch::NAMES.iter().copied()))]
+    pub pcid: Option<Switch>,
     /// Syscall entry of the guest's user programs; `auto` picks what this host's KVM delivers.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub entry: Entry,
+    #[arg(long, default_value = "auto", value_parser = abi_option::<EntryChoice>(EntryChoice::names()))]
+    pub entry: EntryChoice,
     /// Workload to run in the guest.
-    #[arg(long, value_name = "NAME")]
-    pub workload: Option<String>,
+    #[arg(long, value_name = "NAME", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
+    pub workload: Option<Workload>,
     /// Iterations of the workload's loop.
     #[arg(long, value_name = "N")]
     pub iterations: Option<u64>,
@@ -240,8 +254,8 @@ pub enum Backend {
 #[derive(Debug, Args)]
 pub struct PagetablesArgs {
     /// Page table isolation in the guest (guest default if absent).
-    #[arg(long, value_enum)]
-    pub pti: Option<Pti>,
+    #[arg(long, value_parser = abi_option::<PtiMode>(PtiMode::NAMES.iter().copied()))]
+    pub pti: Option<PtiMode>,
     /// Which embedded guest (with `--kernel`, the image decides).
     #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
     pub arch: Arch,
@@ -320,8 +334,8 @@ impl RunArgs {
             guest: GuestOptions {
                 pti: self.pti,
                 pcid: self.pcid,
-                entry: Some(self.entry),
-                workload: self.workload.clone(),
+                entry: self.entry,
+                workload: self.workload,
                 iterations: self.iterations,
                 extra: self.cmdline.clone(),
             },
@@ -374,8 +388,11 @@ mod tests {
         let c = args.to_config(b"");
         assert_eq!(c.mem_mib, 64);
         assert_eq!(c.timeout, Duration::from_millis(500));
-        assert_eq!(c.guest.pti, Some(Pti::On));
-        assert_eq!(c.guest.entry, Some(Entry::Int3));
+        assert_eq!(c.guest.pti, Some(PtiMode::On));
+        assert_eq!(
+            c.guest.entry,
+            crate::preflight::cmdline::EntryChoice::Fixed(crate::preflight::cmdline::Entry::Int3)
+        );
         assert_eq!(c.guest.extra, "fault=pf");
         assert_eq!(c.cpu_vuln, CpuVuln::Meltdown);
     }

@@ -7,35 +7,8 @@ use ptiscope_abi::cmdline as key;
 
 use crate::machine::memory::CMDLINE_MAX;
 
-/// `pti=`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Pti {
-    On,
-    Off,
-    Auto,
-}
-
-/// `pcid=`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Pcid {
-    On,
-    Off,
-}
-
-/// The syscall entry the guest's user programs use. `Auto` is resolved by the
-/// VMM ([`crate::preflight::host::resolve_entry`]) and never reaches the guest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Entry {
-    Auto,
-    Syscall,
-    Sysenter,
-    Int80,
-    Int3,
-    Int4,
-}
+pub use ptiscope_abi::options::{Entry, PtiMode, Switch, Workload};
+use ptiscope_abi::options::{Fault, MAX_ITERATIONS};
 
 /// What the vCPU tells the guest about Meltdown (IA32_ARCH_CAPABILITIES.RDCL_NO).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
@@ -50,54 +23,64 @@ pub enum CpuVuln {
     Host,
 }
 
-impl Pti {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pti::On => "on",
-            Pti::Off => "off",
-            Pti::Auto => "auto",
-        }
+/// `--entry`: a guest entry, or `auto` for the one the host delivers
+/// (settled by [`crate::preflight::preflight`], never sent to the guest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EntryChoice {
+    #[default]
+    Auto,
+    Fixed(Entry),
+}
+
+impl EntryChoice {
+    /// Every `--entry` value, `auto` first.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        std::iter::once("auto").chain(Entry::NAMES.iter().copied())
     }
 }
 
-impl Pcid {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pcid::On => "on",
-            Pcid::Off => "off",
-        }
-    }
-}
-
-impl Entry {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Entry::Auto => "auto",
-            Entry::Syscall => "syscall",
-            Entry::Sysenter => "sysenter",
-            Entry::Int80 => "int80",
-            Entry::Int3 => "int3",
-            Entry::Int4 => "int4",
-        }
-    }
-}
-
-impl fmt::Display for Entry {
+impl fmt::Display for EntryChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        match self {
+            EntryChoice::Auto => f.write_str("auto"),
+            EntryChoice::Fixed(e) => e.fmt(f),
+        }
     }
 }
 
-/// The experiment's options; `None` leaves the guest's default.
+impl std::str::FromStr for EntryChoice {
+    type Err = ptiscope_abi::options::UnknownValue;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(EntryChoice::Auto),
+            _ => s.parse().map(EntryChoice::Fixed),
+        }
+    }
+}
+
+/// The experiment's options as the user asked for them; `None` leaves the
+/// guest's default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GuestOptions {
-    pub pti: Option<Pti>,
-    pub pcid: Option<Pcid>,
-    /// Already resolved (not `Auto`).
-    pub entry: Option<Entry>,
-    pub workload: Option<String>,
+    pub pti: Option<PtiMode>,
+    pub pcid: Option<Switch>,
+    pub entry: EntryChoice,
+    pub workload: Option<Workload>,
     pub iterations: Option<u64>,
-    /// Raw extra text (`--cmdline`), appended after the options.
+    /// Raw extra text (`--cmdline`). Words with a key modelled above are
+    /// taken into the typed fields by [`GuestOptions::absorb_extra`].
+    pub extra: String,
+}
+
+/// The options the guest gets: entry settled (`None`: the guest runs no user
+/// code, so no entry is needed), extra words that have no typed field.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResolvedOptions {
+    pub pti: Option<PtiMode>,
+    pub pcid: Option<Switch>,
+    pub entry: Option<Entry>,
+    pub workload: Option<Workload>,
+    pub iterations: Option<u64>,
     pub extra: String,
 }
 
@@ -108,40 +91,106 @@ pub enum CmdlineError {
     TooLong { len: usize },
     #[error("the guest command line must not contain NUL bytes")]
     Nul,
-    #[error("the guest command line must be ASCII (the guest parses bytes)")]
-    NotAscii,
-    #[error("--workload {0:?}: a workload name is non-empty and has no spaces or '='")]
-    BadWorkload(String),
-    #[error("--entry auto must be resolved before building the command line")]
-    UnresolvedEntry,
-    #[error("--workload {0:?} is not a workload of the guest (known: {known})", known = ptiscope_abi::cmdline::WORKLOADS.join(", "))]
-    UnknownWorkload(String),
+    #[error("the guest command line must be printable ASCII (the guest parses bytes); found byte {0:#04x}")]
+    NotPrintable(u8),
+    #[error("`{key}={value}`: {why}")]
+    BadValue {
+        key: String,
+        value: String,
+        why: String,
+    },
     #[error("`{key}=` is given twice (by an option and in --cmdline, or twice in --cmdline{why}): the guest refuses repeated keys", why = if key == "telemetry" { "; telemetry= is always the VMM's" } else { "" })]
     Repeated { key: String },
 }
 
+impl GuestOptions {
+    /// Takes `pti=`, `pcid=`, `entry=`, `workload=` and `iterations=` words
+    /// out of `extra` into the typed fields, so that `--cmdline entry=int4`
+    /// means the same as `--entry int4`. A key set both ways is refused.
+    pub fn absorb_extra(&self) -> Result<GuestOptions, CmdlineError> {
+        let mut out = GuestOptions {
+            extra: String::new(),
+            ..self.clone()
+        };
+        let mut rest: Vec<&str> = Vec::new();
+        for word in self.extra.split_ascii_whitespace() {
+            let Some((k, v)) = word.split_once('=') else {
+                rest.push(word);
+                continue;
+            };
+            let repeated = || CmdlineError::Repeated { key: k.to_string() };
+            let bad = |why: String| CmdlineError::BadValue {
+                key: k.to_string(),
+                value: v.to_string(),
+                why,
+            };
+            match k {
+                key::PTI if out.pti.is_some() => return Err(repeated()),
+                key::PTI => out.pti = Some(v.parse().map_err(|e| bad(format!("{e}")))?),
+                key::PCID if out.pcid.is_some() => return Err(repeated()),
+                key::PCID => out.pcid = Some(v.parse().map_err(|e| bad(format!("{e}")))?),
+                key::ENTRY if out.entry != EntryChoice::Auto => return Err(repeated()),
+                key::ENTRY => out.entry = v.parse().map_err(|e| bad(format!("{e}")))?,
+                key::WORKLOAD if out.workload.is_some() => return Err(repeated()),
+                key::WORKLOAD => out.workload = Some(v.parse().map_err(|e| bad(format!("{e}")))?),
+                key::ITERATIONS if out.iterations.is_some() => return Err(repeated()),
+                key::ITERATIONS => {
+                    let n = guest_number(v).ok_or_else(|| bad("not a number".into()))?;
+                    out.iterations = Some(n);
+                }
+                _ => rest.push(word),
+            }
+        }
+        out.extra = rest.join(" ");
+        if let Some(n) = out.iterations {
+            if n > MAX_ITERATIONS {
+                return Err(CmdlineError::BadValue {
+                    key: key::ITERATIONS.into(),
+                    value: n.to_string(),
+                    why: format!(
+                        "at most {MAX_ITERATIONS} (2^32) iterations fit the guest's counter"
+                    ),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the guest will run user code (a workload, or a fault raised
+    /// from user mode), and so needs a syscall entry. Call on absorbed options.
+    pub fn runs_user_code(&self) -> bool {
+        self.workload.is_some_and(Workload::runs_user_code)
+            || self.extra.split_ascii_whitespace().any(|w| {
+                w.strip_prefix("fault=")
+                    .and_then(|f| f.parse::<Fault>().ok())
+                    .is_some_and(Fault::runs_user_code)
+            })
+    }
+}
+
+/// A number as the guest reads it (decimal or `0x` hex).
+fn guest_number(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
 /// Builds the command line: options in a fixed order, then the raw extra
 /// text, then `telemetry=0x<addr>` (last, so it is always the VMM's value).
-pub fn build(opts: &GuestOptions, telemetry_addr: u64) -> Result<String, CmdlineError> {
+/// This is the one place the host writes guest options as text.
+pub fn build(opts: &ResolvedOptions, telemetry_addr: u64) -> Result<String, CmdlineError> {
     let mut words: Vec<String> = Vec::new();
     if let Some(p) = opts.pti {
-        words.push(format!("{}={}", key::PTI, p.as_str()));
+        words.push(format!("{}={p}", key::PTI));
     }
     if let Some(p) = opts.pcid {
-        words.push(format!("{}={}", key::PCID, p.as_str()));
+        words.push(format!("{}={p}", key::PCID));
     }
-    match opts.entry {
-        Some(Entry::Auto) => return Err(CmdlineError::UnresolvedEntry),
-        Some(e) => words.push(format!("{}={}", key::ENTRY, e.as_str())),
-        None => {}
+    if let Some(e) = opts.entry {
+        words.push(format!("{}={e}", key::ENTRY));
     }
-    if let Some(w) = &opts.workload {
-        if w.is_empty() || w.contains(|c: char| c.is_whitespace() || c == '=') {
-            return Err(CmdlineError::BadWorkload(w.clone()));
-        }
-        if !ptiscope_abi::cmdline::WORKLOADS.contains(&w.as_str()) {
-            return Err(CmdlineError::UnknownWorkload(w.clone()));
-        }
+    if let Some(w) = opts.workload {
         words.push(format!("{}={w}", key::WORKLOAD));
     }
     if let Some(n) = opts.iterations {
@@ -175,8 +224,10 @@ pub fn validate(line: &str) -> Result<(), CmdlineError> {
     if line.contains('\0') {
         return Err(CmdlineError::Nul);
     }
-    if !line.is_ascii() {
-        return Err(CmdlineError::NotAscii);
+    // Printable ASCII and the space: the guest splits words on ASCII
+    // whitespace, and a control byte is never part of a valid value.
+    if let Some(b) = line.bytes().find(|&b| !(b == b' ' || b.is_ascii_graphic())) {
+        return Err(CmdlineError::NotPrintable(b));
     }
     if line.len() + 1 > CMDLINE_MAX {
         return Err(CmdlineError::TooLong { len: line.len() });
@@ -190,11 +241,11 @@ mod tests {
 
     #[test]
     fn options_then_extra_then_telemetry() {
-        let o = GuestOptions {
-            pti: Some(Pti::On),
-            pcid: Some(Pcid::Off),
+        let o = ResolvedOptions {
+            pti: Some(PtiMode::On),
+            pcid: Some(Switch::Off),
             entry: Some(Entry::Int3),
-            workload: Some("getpid".into()),
+            workload: Some(Workload::Getpid),
             iterations: Some(1000),
             extra: "  fault=pf ".into(),
         };
@@ -203,14 +254,14 @@ mod tests {
             "pti=on pcid=off entry=int3 workload=getpid iterations=1000 fault=pf telemetry=0x7fff000"
         );
         assert_eq!(
-            build(&GuestOptions::default(), 0x1000).unwrap(),
+            build(&ResolvedOptions::default(), 0x1000).unwrap(),
             "telemetry=0x1000"
         );
     }
 
     #[test]
     fn rejects_what_the_guest_cannot_take() {
-        let mut o = GuestOptions {
+        let mut o = ResolvedOptions {
             extra: "x".repeat(CMDLINE_MAX),
             ..Default::default()
         };
@@ -224,16 +275,52 @@ mod tests {
         o.extra = "a\0b".into();
         assert_eq!(build(&o, 0), Err(CmdlineError::Nul));
         o.extra = "é".into();
-        assert_eq!(build(&o, 0), Err(CmdlineError::NotAscii));
+        assert_eq!(build(&o, 0), Err(CmdlineError::NotPrintable(0xc3)));
+        o.extra = "a=\x1b[2J".into();
+        assert_eq!(build(&o, 0), Err(CmdlineError::NotPrintable(0x1b)));
+        o.extra = "a=b\tc=d".into();
+        assert_eq!(build(&o, 0), Err(CmdlineError::NotPrintable(b'\t')));
+    }
+
+    #[test]
+    fn extra_words_with_typed_keys_are_absorbed() {
         let o = GuestOptions {
-            workload: Some("a b".into()),
+            extra: "entry=int4 fault=kread workload=getppid iterations=0x10".into(),
             ..Default::default()
         };
-        assert!(matches!(build(&o, 0), Err(CmdlineError::BadWorkload(_))));
-        let o = GuestOptions {
-            entry: Some(Entry::Auto),
+        let a = o.absorb_extra().unwrap();
+        assert_eq!(a.entry, EntryChoice::Fixed(Entry::Int4));
+        assert_eq!(a.workload, Some(Workload::Getppid));
+        assert_eq!(a.iterations, Some(16));
+        assert_eq!(a.extra, "fault=kread");
+        assert!(a.runs_user_code());
+        let twice = GuestOptions {
+            entry: EntryChoice::Fixed(Entry::Int3),
+            extra: "entry=int4".into(),
             ..Default::default()
         };
-        assert_eq!(build(&o, 0), Err(CmdlineError::UnresolvedEntry));
+        assert_eq!(
+            twice.absorb_extra(),
+            Err(CmdlineError::Repeated {
+                key: "entry".into()
+            })
+        );
+        let too_many = GuestOptions {
+            iterations: Some(MAX_ITERATIONS + 1),
+            ..Default::default()
+        };
+        assert!(matches!(
+            too_many.absorb_extra(),
+            Err(CmdlineError::BadValue { .. })
+        ));
+        let bad = GuestOptions {
+            extra: "workload=nope".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            bad.absorb_extra(),
+            Err(CmdlineError::BadValue { .. })
+        ));
+        assert!(!GuestOptions::default().runs_user_code());
     }
 }

@@ -75,27 +75,6 @@ fn heuristic_entry() -> Entry {
     }
 }
 
-fn from_probe(e: probe::Entry) -> Entry {
-    match e {
-        probe::Entry::Syscall => Entry::Syscall,
-        probe::Entry::Sysenter => Entry::Sysenter,
-        probe::Entry::Int80 => Entry::Int80,
-        probe::Entry::Int3 => Entry::Int3,
-        probe::Entry::Int4 => Entry::Int4,
-    }
-}
-
-fn to_probe(e: Entry) -> Option<probe::Entry> {
-    Some(match e {
-        Entry::Auto => return None,
-        Entry::Syscall => probe::Entry::Syscall,
-        Entry::Sysenter => probe::Entry::Sysenter,
-        Entry::Int80 => probe::Entry::Int80,
-        Entry::Int3 => probe::Entry::Int3,
-        Entry::Int4 => probe::Entry::Int4,
-    })
-}
-
 /// The entry probe's findings: which entries reach CPL0 from user mode,
 /// with a description of each outcome; or why the probe could not run.
 #[derive(Debug, Clone)]
@@ -134,12 +113,13 @@ pub fn entry_findings() -> &'static EntryFindings {
 /// Resolves `--entry auto` to the entry the host can deliver: the probe's
 /// preferred working entry (SYSCALL where it really reaches CPL0, else
 /// `int $0x80`, `int3`, `int $4`). If the probe cannot run, falls back to
-/// the flavour heuristic (`int3` on kvm_pvm, `syscall` elsewhere) and says so.
-pub fn resolve_entry() -> Entry {
+/// the flavour heuristic (`int3` on kvm_pvm, `syscall` elsewhere) and says
+/// so; the flag is true then (the entry was guessed, not found).
+pub fn resolve_entry() -> (Entry, bool) {
     let f = entry_findings();
-    match f.working() {
+    let e = match f.working() {
         Some(w) => match probe::preferred_entry(&w) {
-            Some(e) => from_probe(e),
+            Some(e) => return (e, false),
             None => {
                 let e = heuristic_entry();
                 log::warn!(
@@ -156,15 +136,14 @@ pub fn resolve_entry() -> Entry {
             );
             e
         }
-    }
+    };
+    (e, true)
 }
 
 /// Refuses an explicit entry the probe found does not work here. `Ok` when
 /// it works, or when the probe could not run (the guest then says what happens).
 pub fn check_entry(entry: Entry) -> Result<(), String> {
-    let Some(pe) = to_probe(entry) else {
-        return Ok(());
-    };
+    let pe = entry;
     let f = entry_findings();
     let Ok(outcomes) = &f.outcomes else {
         return Ok(());
@@ -178,7 +157,7 @@ pub fn check_entry(entry: Entry) -> Result<(), String> {
         .working()
         .unwrap_or_default()
         .into_iter()
-        .map(|e| e.as_cmdline_value())
+        .map(|e| e.name())
         .collect();
     Err(format!(
         "--entry {entry}: this host's KVM does not deliver it from user mode to the kernel \

@@ -2,68 +2,11 @@
 //! (`entry=` on its command line), and what a probe saw when user code ran one.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::Serialize;
 
-/// A user→kernel entry the guest kernel implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Entry {
-    /// `syscall` (LSTAR).
-    Syscall,
-    /// `sysenter` (SYSENTER_EIP).
-    Sysenter,
-    /// `int $0x80` through a DPL3 gate.
-    Int80,
-    /// `int3` (the one-byte 0xCC) through a DPL3 gate.
-    Int3,
-    /// `int $4` through a DPL3 gate.
-    Int4,
-}
-
-impl Entry {
-    /// Every entry, in the order the probe tests them.
-    pub const ALL: [Entry; 5] = [
-        Entry::Syscall,
-        Entry::Sysenter,
-        Entry::Int80,
-        Entry::Int3,
-        Entry::Int4,
-    ];
-
-    /// The guest command-line value (`entry=...`).
-    pub fn as_cmdline_value(self) -> &'static str {
-        match self {
-            Entry::Syscall => "syscall",
-            Entry::Sysenter => "sysenter",
-            Entry::Int80 => "int80",
-            Entry::Int3 => "int3",
-            Entry::Int4 => "int4",
-        }
-    }
-}
-
-impl fmt::Display for Entry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_cmdline_value())
-    }
-}
-
-/// Parsing an entry name failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown entry `{0}` (expected syscall, sysenter, int80, int3 or int4)")]
-pub struct ParseEntryError(pub String);
-
-impl FromStr for Entry {
-    type Err = ParseEntryError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Entry::ALL
-            .into_iter()
-            .find(|e| e.as_cmdline_value() == s)
-            .ok_or_else(|| ParseEntryError(s.to_string()))
-    }
-}
+/// A user→kernel entry the guest kernel implements (the guest ABI's own type).
+pub use ptiscope_abi::options::Entry;
 
 /// What happened when user code (CPL3, long mode) executed an entry instruction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -149,7 +92,7 @@ mod tests {
     #[test]
     fn cmdline_values_round_trip() {
         for e in Entry::ALL {
-            assert_eq!(e.as_cmdline_value().parse::<Entry>(), Ok(e));
+            assert_eq!(e.name().parse::<Entry>(), Ok(*e));
         }
         assert!("int $0x80".parse::<Entry>().is_err());
         assert!("".parse::<Entry>().is_err());

@@ -28,7 +28,7 @@ use serde::Serialize;
 pub use caps::{Cap, HostInfo, StatsFdProbe};
 pub use cpu::{ArchCapsProbe, PcidProbe, RdtscProbe, ARCH_CAP_RDCL_NO, MSR_ARCH_CAPABILITIES};
 pub use entries::{EntryProbe, IretqProbe};
-pub use entry::{Entry, EntryOutcome, ParseEntryError};
+pub use entry::{Entry, EntryOutcome};
 pub use paging::PagingOutcome;
 pub use vm::{kick_signal, VmError};
 
@@ -382,7 +382,7 @@ impl ProbeReport {
                     e,
                     self.working_entries()
                         .iter()
-                        .map(|e| e.as_cmdline_value())
+                        .map(|e| e.name())
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),

@@ -61,7 +61,7 @@ pub struct Kit {
 impl Kit {
     pub fn new(timeout: Duration) -> Result<Self, VmError> {
         // The same device node as the VMM's runs (PTISCOPE_KVM_DEVICE).
-        let name = crate::machine::kvm_device_path();
+        let name = crate::machine::kvm::kvm_device_path();
         let open_err = |source| VmError::OpenKvm {
             path: name.clone(),
             source,

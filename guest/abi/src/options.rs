@@ -1,0 +1,256 @@
+//! The experiment's option values, typed once for both sides.
+//!
+//! The VMM holds these values (never their text) from its command line to
+//! the guest's; each is written to the guest command line through
+//! [`core::fmt::Display`] and read back by the guest through
+//! [`core::str::FromStr`], so the spelling of every value lives here only.
+
+use core::fmt;
+use core::str::FromStr;
+
+/// A value that is not one of the names of an option enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownValue {
+    /// What the option accepts, e.g. `on|off|auto`.
+    pub expected: &'static str,
+}
+
+impl core::error::Error for UnknownValue {}
+
+impl fmt::Display for UnknownValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "expected one of {}", self.expected)
+    }
+}
+
+/// `"a|b|c"` from `"a", "b", "c"`, at compile time.
+macro_rules! join_bar {
+    ($first:literal $(, $rest:literal)*) => { concat!($first $(, "|", $rest)*) };
+}
+
+/// Defines an option enum with its command-line names, `ALL`, `name()`,
+/// `Display` and `FromStr` from one table.
+macro_rules! option_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident { $( $(#[$vmeta:meta])* $variant:ident => $text:literal ),+ $(,)? }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+        pub enum $name {
+            $( $(#[$vmeta])* #[cfg_attr(feature = "serde", serde(rename = $text))] $variant ),+
+        }
+
+        impl $name {
+            /// Every value, in documentation order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            /// The names on the command line, in the order of [`Self::ALL`].
+            pub const NAMES: &'static [&'static str] = &[$($text),+];
+            /// The names, `|`-separated, for messages.
+            pub const EXPECTED: &'static str = join_bar!($($text),+);
+            /// The name on the command line.
+            pub const fn name(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownValue;
+            fn from_str(s: &str) -> Result<Self, UnknownValue> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownValue {
+                        expected: Self::EXPECTED,
+                    }),
+                }
+            }
+        }
+    };
+}
+
+option_enum! {
+    /// `pti=`: page table isolation.
+    pub enum PtiMode {
+        On => "on",
+        Off => "off",
+        /// On unless the CPU reports ARCH_CAPABILITIES.RDCL_NO.
+        Auto => "auto",
+    }
+}
+
+option_enum! {
+    /// An on/off option (`pcid=`, `pti_global_text=`).
+    pub enum Switch {
+        On => "on",
+        Off => "off",
+    }
+}
+
+impl Switch {
+    /// `On` for true.
+    pub const fn from_bool(on: bool) -> Switch {
+        if on {
+            Switch::On
+        } else {
+            Switch::Off
+        }
+    }
+}
+
+option_enum! {
+    /// `entry=`: how user mode enters the kernel for a system call.
+    pub enum Entry {
+        Syscall => "syscall",
+        Sysenter => "sysenter",
+        Int80 => "int80",
+        Int3 => "int3",
+        Int4 => "int4",
+    }
+}
+
+impl Entry {
+    /// The [`crate::telemetry::entry`] code.
+    pub const fn abi_code(self) -> u32 {
+        use crate::telemetry::entry;
+        match self {
+            Entry::Syscall => entry::SYSCALL,
+            Entry::Sysenter => entry::SYSENTER,
+            Entry::Int80 => entry::INT80,
+            Entry::Int3 => entry::INT3,
+            Entry::Int4 => entry::INT4,
+        }
+    }
+
+    /// The entry with this telemetry code.
+    pub fn from_abi_code(code: u32) -> Option<Entry> {
+        Entry::ALL.iter().copied().find(|e| e.abi_code() == code)
+    }
+
+    /// IDT vector of the `int n` entries.
+    pub const fn vector(self) -> Option<u8> {
+        match self {
+            Entry::Int80 => Some(0x80),
+            Entry::Int3 => Some(3),
+            Entry::Int4 => Some(4),
+            Entry::Syscall | Entry::Sysenter => None,
+        }
+    }
+}
+
+option_enum! {
+    /// `workload=`: what the guest runs.
+    pub enum Workload {
+        /// Boot, report, exit.
+        None => "none",
+        Getpid => "getpid",
+        Getppid => "getppid",
+        /// `write(-1, ...)`: fails early in the kernel.
+        WriteBadfd => "write-badfd",
+        /// getpid after opting the process out of PTI (`arch_prctl(ARCH_SET_NOPTI, 1)`).
+        NoptiGetpid => "nopti-getpid",
+        /// `perf bench sched messaging` with pipes: `groups=` groups of
+        /// [`GROUP_SIZE`] senders and as many receivers, `loops=` messages per
+        /// sender and receiver, `mode=process|thread`.
+        SchedMessaging => "sched-messaging",
+    }
+}
+
+impl Workload {
+    /// One system call per iteration, `iterations=` of them.
+    pub const fn is_syscall_loop(self) -> bool {
+        matches!(
+            self,
+            Workload::Getpid | Workload::Getppid | Workload::WriteBadfd | Workload::NoptiGetpid
+        )
+    }
+
+    /// Whether the guest runs user code for it.
+    pub const fn runs_user_code(self) -> bool {
+        !matches!(self, Workload::None)
+    }
+}
+
+option_enum! {
+    /// `fault=`: raise this fault on purpose (tests).
+    pub enum Fault {
+        /// Page fault in the kernel (read of an unmapped address).
+        Pf => "pf",
+        /// General protection fault in the kernel (non-canonical access).
+        Gp => "gp",
+        /// Invalid opcode (`ud2`) in the kernel.
+        Ud => "ud",
+        /// Divide error in the kernel.
+        De => "de",
+        /// A user program reads a kernel address.
+        Kread => "kread",
+        /// Spin forever at CPL0 with interrupts off (tests the VMM's timeout).
+        Hang => "hang",
+        /// `cli; hlt` forever (tests the VMM's timeout while halted).
+        Halt => "halt",
+    }
+}
+
+impl Fault {
+    /// Whether the fault is raised from user code.
+    pub const fn runs_user_code(self) -> bool {
+        matches!(self, Fault::Kread)
+    }
+}
+
+option_enum! {
+    /// `mode=` of `workload=sched-messaging`.
+    pub enum TaskMode {
+        /// Each sender and receiver is a process with its own address space
+        /// (perf bench's default): switching between them writes CR3.
+        Process => "process",
+        /// All share one address space (perf bench `-t`): no CR3 write.
+        Thread => "thread",
+    }
+}
+
+/// Senders per group of `workload=sched-messaging`, and receivers per group
+/// (perf bench sched messaging: 20 of each).
+pub const GROUP_SIZE: u64 = 20;
+/// Largest `groups=`: the guest's task table holds `MAX_GROUPS * 2 * GROUP_SIZE`
+/// workers plus their parent (161 tasks).
+pub const MAX_GROUPS: u64 = 4;
+/// Default `groups=` (perf's default is 10; one group keeps a run short
+/// where kernel code is emulated).
+pub const DEFAULT_GROUPS: u64 = 1;
+/// Largest `loops=`.
+pub const MAX_LOOPS: u64 = 1_000_000;
+/// Default `loops=` (perf's default is 100): 4000 messages with one group.
+pub const DEFAULT_LOOPS: u64 = 10;
+/// Default `iterations=` of the loop workloads.
+pub const DEFAULT_ITERATIONS: u64 = 10_000;
+/// Largest `iterations=`: the guest counts them in 32 bits plus one.
+pub const MAX_ITERATIONS: u64 = 1 << 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for w in Workload::ALL {
+            assert_eq!(w.name().parse::<Workload>(), Ok(*w));
+        }
+        for e in Entry::ALL {
+            assert_eq!(e.name().parse::<Entry>(), Ok(*e));
+            assert_eq!(Entry::from_abi_code(e.abi_code()), Some(*e));
+        }
+        assert_eq!(
+            "maybe".parse::<PtiMode>(),
+            Err(UnknownValue {
+                expected: "on|off|auto"
+            })
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! Process exit codes: the one place where a run's result becomes the
+//! number `ptiscope` exits with (docs/running.md lists them).
+
+use crate::backend::qemu::QemuError;
+use crate::machine::cpu_config::VcpuSetupError;
+use crate::machine::loader::LoadError;
+use crate::machine::memory::MemoryError;
+use crate::machine::{RunError, RunOutcome, StopReason};
+use crate::preflight::PreflightError;
+
+/// Guest statuses above this are reported as this.
+pub const GUEST_STATUS_MAX: i32 = 63;
+/// Bad command-line usage or option value.
+pub const USAGE: i32 = 64;
+/// The kernel image is not a bootable PVH ELF for this memory size.
+pub const BAD_IMAGE: i32 = 65;
+/// The kernel image file is missing or unreadable.
+pub const NO_IMAGE: i32 = 66;
+/// /dev/kvm is missing, not accessible, or lacks something required.
+pub const KVM_UNAVAILABLE: i32 = 69;
+/// An unexpected failure inside the VMM (an ioctl that should work did not).
+pub const INTERNAL: i32 = 70;
+/// The `--serial-out` file cannot be created.
+pub const CANT_CREATE: i32 = 73;
+/// The guest triple-faulted (KVM_EXIT_SHUTDOWN).
+pub const TRIPLE_FAULT: i32 = 80;
+/// KVM could not run the guest further: internal error, failed entry,
+/// unexpected exit, HLT with nothing to wake it.
+pub const VM_ERROR: i32 = 81;
+/// `--timeout` fired.
+pub const TIMEOUT: i32 = 124;
+/// SIGINT (128 + 2) and SIGTERM (128 + 15).
+pub const SIGINT: i32 = 130;
+pub const SIGTERM: i32 = 143;
+
+/// The exit code a result maps to.
+pub trait ExitCode {
+    /// The process exit code (the guest's status is passed through when it fits).
+    fn exit_code(&self) -> i32;
+}
+
+impl ExitCode for StopReason {
+    fn exit_code(&self) -> i32 {
+        match self {
+            StopReason::GuestExit { status } => {
+                i32::try_from(*status).map_or(GUEST_STATUS_MAX, |s| s.min(GUEST_STATUS_MAX))
+            }
+            StopReason::Timeout { .. } => TIMEOUT,
+            StopReason::Signal { signal } => 128 + signal,
+            StopReason::Shutdown { .. } => TRIPLE_FAULT,
+            _ => VM_ERROR,
+        }
+    }
+}
+
+impl ExitCode for RunOutcome {
+    fn exit_code(&self) -> i32 {
+        self.stop.exit_code()
+    }
+}
+
+impl ExitCode for PreflightError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            PreflightError::Kvm(_) | PreflightError::Unsupported(_) => KVM_UNAVAILABLE,
+            PreflightError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
+            PreflightError::Memory(_) | PreflightError::Cmdline(_) => USAGE,
+            PreflightError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            PreflightError::Load(_) => BAD_IMAGE,
+        }
+    }
+}
+
+impl ExitCode for RunError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Preflight(e) => e.exit_code(),
+            RunError::Kvm(_)
+            | RunError::Vcpu(
+                VcpuSetupError::SetMsrs { .. }
+                | VcpuSetupError::SetMsrsIoctl(_)
+                | VcpuSetupError::TrapMsr(_),
+            ) => KVM_UNAVAILABLE,
+            RunError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
+            RunError::Memory(_) => USAGE,
+            RunError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            RunError::Load(_) => BAD_IMAGE,
+            RunError::SerialOut { .. } => CANT_CREATE,
+            _ => INTERNAL,
+        }
+    }
+}
+
+impl ExitCode for QemuError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            QemuError::Preflight(e) => e.exit_code(),
+            QemuError::Spawn { .. } => KVM_UNAVAILABLE,
+            QemuError::SerialOut { .. } => CANT_CREATE,
+            QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Building a VM from a resolved run: guest memory with the kernel and boot
+//! parameters in it, the KVM VM (memory slots, TSS, in-kernel irqchip), the
+//! device bus and the boot vCPU's registers. Nothing here runs the guest.
+
+use std::fs::File;
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use ptiscope_abi::port;
+use ptiscope_devices::{
+    ConsoleRecorder, EventFdTrigger, ExitDevice, PhaseDevice, PioBus, SerialDevice,
+};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::machine::cpu_config;
+use crate::machine::kvm::open_kvm;
+use crate::machine::loader;
+use crate::machine::msr::MsrAnswers;
+use crate::machine::RunError;
+use crate::preflight::request::SerialOut;
+use crate::preflight::ResolvedRun;
+
+/// Where the TSS for real-mode emulation goes (Intel needs three pages KVM
+/// may use, outside guest RAM: just below 4 GiB, as Firecracker does).
+const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
+/// The UART's ISA interrupt line.
+const COM1_IRQ: u32 = 4;
+
+/// A VM ready to run: everything [`crate::machine::run`] needs.
+pub struct BuiltVm {
+    pub kvm: Kvm,
+    pub vm: VmFd,
+    pub mem: GuestMemoryMmap,
+    pub bus: PioBus,
+    pub serial: Arc<Mutex<SerialDevice>>,
+    pub recorder: Arc<Mutex<ConsoleRecorder>>,
+    /// The boot vCPU, registers set for the PVH entry.
+    pub vcpu: VcpuFd,
+    pub msr_answers: MsrAnswers,
+    /// IA32_ARCH_CAPABILITIES as the guest reads it (None: the MSR is absent).
+    pub arch_capabilities: Option<u64>,
+}
+
+fn vm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> RunError {
+    move |source| RunError::VmSetup { what, source }
+}
+
+/// Builds the VM for `run`.
+pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
+    let config = &run.config;
+    let kvm = open_kvm()?;
+    let mem = run.layout.create_guest_memory()?;
+    let loaded = loader::load_bytes(&mem, &run.layout, &run.image_name, &run.image)?;
+    loader::write_boot_params(&mem, &run.layout, &run.cmdline)?;
+    let vm = create_vm(&kvm, &mem, config.irqchip)?;
+
+    let out: Option<Box<dyn std::io::Write + Send>> = match &config.serial_out {
+        SerialOut::Stdout => Some(Box::new(std::io::stdout())),
+        SerialOut::Discard => None,
+        SerialOut::File(path) => Some(Box::new(File::create(path).map_err(|source| {
+            RunError::SerialOut {
+                path: path.clone(),
+                source,
+            }
+        })?)),
+    };
+    let irq = EventFd::new(EFD_NONBLOCK).map_err(|source| RunError::Host {
+        what: "creating the serial interrupt eventfd",
+        source,
+    })?;
+    if config.irqchip {
+        vm.register_irqfd(&irq, COM1_IRQ)
+            .map_err(vm_err("KVM_IRQFD (serial)"))?;
+    }
+    let (serial, recorder) = SerialDevice::with_output(EventFdTrigger(irq), out);
+    let serial = Arc::new(Mutex::new(serial));
+    let bus = device_bus(&serial)?;
+
+    let vcpu = vm.create_vcpu(0).map_err(vm_err("KVM_CREATE_VCPU"))?;
+    let vcpu_msrs = cpu_config::configure(&kvm, &vm, &vcpu, loaded.entry, config.cpu_vuln)?;
+    Ok(BuiltVm {
+        kvm,
+        vm,
+        mem,
+        bus,
+        serial,
+        recorder,
+        vcpu,
+        msr_answers: vcpu_msrs.answers,
+        arch_capabilities: vcpu_msrs.arch_capabilities,
+    })
+}
+
+/// The port I/O bus: console, exit device, phase markers.
+fn device_bus(serial: &Arc<Mutex<SerialDevice>>) -> Result<PioBus, RunError> {
+    let mut bus = PioBus::new();
+    let bus_err = |e: ptiscope_devices::BusError| RunError::Host {
+        what: "building the device bus",
+        source: std::io::Error::other(e.to_string()),
+    };
+    bus.insert(port::SERIAL_COM1, port::SERIAL_LEN, serial.clone())
+        .map_err(bus_err)?;
+    bus.insert(port::EXIT, port::EXIT_LEN, Arc::new(Mutex::new(ExitDevice)))
+        .map_err(bus_err)?;
+    bus.insert(
+        port::PHASE,
+        port::PHASE_LEN,
+        Arc::new(Mutex::new(PhaseDevice)),
+    )
+    .map_err(bus_err)?;
+    Ok(bus)
+}
+
+/// Creates the VM: memory slots, TSS, in-kernel irqchip.
+fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, irqchip: bool) -> Result<VmFd, RunError> {
+    let vm = kvm.create_vm().map_err(vm_err("KVM_CREATE_VM"))?;
+    for (slot, region) in mem.iter().enumerate() {
+        let host = mem
+            .get_host_address(region.start_addr())
+            .map_err(|e| RunError::Host {
+                what: "guest memory host address",
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region is a live mapping owned by `mem`, which outlives
+        // the VM: `BuiltVm` declares `vm` before `mem`, so the VM fd is
+        // dropped first.
+        unsafe { vm.set_user_memory_region(r) }.map_err(vm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    vm.set_tss_address(KVM_TSS_ADDRESS)
+        .map_err(vm_err("KVM_SET_TSS_ADDR"))?;
+    if irqchip {
+        vm.create_irq_chip().map_err(vm_err("KVM_CREATE_IRQCHIP"))?;
+    }
+    Ok(vm)
+}

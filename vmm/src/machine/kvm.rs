@@ -1,0 +1,63 @@
+//! Opening /dev/kvm, with messages that say what to do. A leaf module:
+//! the probe and the VM builder both open KVM through it.
+
+use kvm_ioctls::Kvm;
+
+/// Errors opening KVM.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmOpenError {
+    #[error(
+        "{path} does not exist: KVM is not available on this host \
+         (enable virtualization in the firmware and load kvm_intel or kvm_amd, \
+         or run on a KVM-enabled machine)"
+    )]
+    Missing { path: String },
+    #[error(
+        "permission denied opening {path}: add your user to the kvm group \
+         (`sudo usermod -aG kvm $USER`, then log in again) and check `ls -l {path}`"
+    )]
+    Permission { path: String },
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("{path} is not a usable KVM device (KVM_GET_API_VERSION: {detail})")]
+    NotKvm { path: String, detail: String },
+}
+
+/// The KVM device path (`PTISCOPE_KVM_DEVICE` overrides it, for tests of the
+/// error paths and for hosts with an unusual device node).
+pub fn kvm_device_path() -> String {
+    std::env::var("PTISCOPE_KVM_DEVICE").unwrap_or_else(|_| "/dev/kvm".into())
+}
+
+/// Opens KVM with messages that say what to do.
+pub fn open_kvm() -> Result<Kvm, KvmOpenError> {
+    let path = kvm_device_path();
+    let cpath = std::ffi::CString::new(path.clone())
+        .map_err(|_| KvmOpenError::Missing { path: path.clone() })?;
+    let kvm = Kvm::new_with_path(&cpath).map_err(|source| match source.errno() {
+        libc::ENOENT | libc::ENODEV | libc::ENXIO => KvmOpenError::Missing { path: path.clone() },
+        libc::EACCES | libc::EPERM => KvmOpenError::Permission { path: path.clone() },
+        _ => KvmOpenError::Open {
+            path: path.clone(),
+            source,
+        },
+    })?;
+    // SAFETY-free check that this really is KVM: the ioctl fails on other files.
+    let version = kvm.get_api_version();
+    if version != kvm_bindings::KVM_API_VERSION as i32 {
+        let detail = if version < 0 {
+            "the ioctl failed".to_string()
+        } else {
+            format!(
+                "version {version}, expected {}",
+                kvm_bindings::KVM_API_VERSION
+            )
+        };
+        return Err(KvmOpenError::NotKvm { path, detail });
+    }
+    Ok(kvm)
+}

@@ -1,0 +1,188 @@
+//! How a run ended and what it left: the stop reason (with registers for
+//! crashes), exit counts, the guest's machine lines and the phase markers.
+
+use std::time::Duration;
+
+use crate::machine::cpu_config::RegsSnapshot;
+use crate::machine::exit::ExitCounts;
+use ptiscope_abi::options::Entry;
+
+/// A phase marker as the VMM saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PhaseEvent {
+    pub id: u16,
+    pub end: bool,
+    /// Since the first KVM_RUN.
+    pub at_ns: u64,
+    /// Userspace exits so far.
+    pub exits: u64,
+}
+
+/// Why the VM stopped.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StopReason {
+    /// The guest wrote this status to the exit device.
+    GuestExit {
+        status: u32,
+    },
+    /// `--timeout` fired.
+    Timeout {
+        after_ms: u64,
+    },
+    /// SIGINT/SIGTERM.
+    Signal {
+        signal: i32,
+    },
+    /// Triple fault.
+    Shutdown {
+        regs: Option<RegsSnapshot>,
+    },
+    InternalError {
+        suberror: u32,
+        data: Vec<u64>,
+        regs: Option<RegsSnapshot>,
+    },
+    FailEntry {
+        reason: u64,
+        cpu: u32,
+        regs: Option<RegsSnapshot>,
+    },
+    /// HLT reached userspace (no in-kernel irqchip): nothing can wake the guest.
+    Halted {
+        regs: Option<RegsSnapshot>,
+    },
+    SystemEvent {
+        event: u32,
+    },
+    Unexpected {
+        exit: String,
+        regs: Option<RegsSnapshot>,
+    },
+    /// KVM_RUN itself failed.
+    KvmRunFailed {
+        errno: i32,
+    },
+}
+
+impl StopReason {
+    /// Registers captured at the stop, if this kind of stop has them.
+    pub fn regs(&self) -> Option<&RegsSnapshot> {
+        match self {
+            StopReason::Shutdown { regs }
+            | StopReason::InternalError { regs, .. }
+            | StopReason::FailEntry { regs, .. }
+            | StopReason::Halted { regs }
+            | StopReason::Unexpected { regs, .. } => regs.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let regs = |f: &mut std::fmt::Formatter<'_>, r: &Option<RegsSnapshot>| match r {
+            Some(r) => write!(f, "; registers: {r}"),
+            None => write!(f, "; registers unavailable"),
+        };
+        match self {
+            StopReason::GuestExit { status } => write!(
+                f,
+                "guest exited with status {status} ({})",
+                ptiscope_abi::exit_status::name(*status)
+            ),
+            StopReason::Timeout { after_ms } => {
+                write!(f, "timeout: the guest was stopped after {after_ms} ms")
+            }
+            StopReason::Signal { signal } => write!(f, "stopped by signal {signal}"),
+            StopReason::Shutdown { regs: r } => {
+                write!(f, "guest triple fault (KVM_EXIT_SHUTDOWN)")?;
+                regs(f, r)?;
+                if r.is_some_and(|r| r.looks_like_32bit_paging()) {
+                    write!(
+                        f,
+                        "; the guest was using or enabling paging outside long mode \
+                         (32-bit or PAE paging): some KVMs (kvm_pvm) refuse that"
+                    )?;
+                }
+                Ok(())
+            }
+            StopReason::InternalError {
+                suberror,
+                data,
+                regs: r,
+            } => {
+                write!(
+                    f,
+                    "KVM internal error (KVM_EXIT_INTERNAL_ERROR) suberror {suberror}, data {data:x?}"
+                )?;
+                regs(f, r)
+            }
+            StopReason::FailEntry {
+                reason,
+                cpu,
+                regs: r,
+            } => {
+                write!(
+                    f,
+                    "KVM could not enter the guest (KVM_EXIT_FAIL_ENTRY) reason {reason:#x} on cpu {cpu}"
+                )?;
+                regs(f, r)
+            }
+            StopReason::Halted { regs: r } => {
+                write!(f, "guest halted with nothing to wake it")?;
+                regs(f, r)
+            }
+            StopReason::SystemEvent { event } => write!(f, "guest system event {event}"),
+            StopReason::Unexpected { exit, regs: r } => {
+                write!(f, "unexpected VM exit {exit}")?;
+                regs(f, r)
+            }
+            StopReason::KvmRunFailed { errno } => write!(
+                f,
+                "KVM_RUN failed: {}",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+        }
+    }
+}
+
+/// The result of one run, for summaries and reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunOutcome {
+    pub stop: StopReason,
+    /// From the first KVM_RUN to the stop.
+    pub run_time: Duration,
+    /// Creating the VM, loading the kernel, setting up the vCPU.
+    pub setup_time: Duration,
+    pub exits: ExitCounts,
+    /// Console lines starting with `@`, in order.
+    pub machine_lines: Vec<String>,
+    pub banner: Option<String>,
+    /// The last console lines (for error reports).
+    pub console_tail: Vec<String>,
+    pub console_bytes: u64,
+    pub dropped_machine_lines: u64,
+    pub phases: Vec<PhaseEvent>,
+    pub dropped_phase_events: u64,
+    /// Guest accesses to ports/MMIO no device claims.
+    pub unknown_accesses: u64,
+    /// The command line the guest got.
+    pub cmdline: String,
+    /// The entry method on it (resolved from `auto`).
+    pub entry: Option<Entry>,
+    /// IA32_ARCH_CAPABILITIES as the guest reads it (None: the MSR is absent).
+    pub arch_capabilities: Option<u64>,
+    pub mem_mib: u64,
+    pub telemetry_addr: u64,
+}
+
+impl RunOutcome {
+    /// Fault lines (`@fault ...`) the guest printed.
+    pub fn faults(&self) -> impl Iterator<Item = &str> {
+        self.machine_lines
+            .iter()
+            .map(String::as_str)
+            .filter(|l| l.starts_with("@fault"))
+    }
+}

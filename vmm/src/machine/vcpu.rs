@@ -1,0 +1,226 @@
+//! A vCPU that owns its run loop: KVM_RUN, exit dispatch, phase markers for
+//! the observer, and the stop reason. It runs on a thread of its own and
+//! stops when the guest stops or when the watchdog asks (flag + kick).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::{VcpuFd, VmFd};
+use ptiscope_abi::phase::Edge;
+use ptiscope_devices::{PioBus, UnknownAccesses};
+use vm_memory::GuestMemoryMmap;
+
+use crate::machine::cpu_config::RegsSnapshot;
+use crate::machine::exit::{dispatch, DispatchCtx, ExitAction, ExitCounts};
+use crate::machine::memory::MemoryLayout;
+use crate::machine::msr::MsrAnswers;
+use crate::machine::outcome::{PhaseEvent, StopReason};
+use crate::machine::signals::{KickableVcpu, SignalError};
+use crate::machine::{PhaseObserver, VmContext};
+
+/// Phase events kept per run; more are counted, not stored.
+pub const MAX_PHASE_EVENTS: usize = 1 << 16;
+
+/// What the vCPU's run loop looks at besides the vCPU itself.
+pub struct VcpuEnv<'a> {
+    pub vm: &'a VmFd,
+    pub mem: &'a GuestMemoryMmap,
+    pub layout: &'a MemoryLayout,
+    pub bus: &'a PioBus,
+    pub msrs: &'a MsrAnswers,
+}
+
+/// How the vCPU thread and the watchdog talk: the watchdog sets
+/// `stop_requested` (and says why in `stop_reason`) and kicks; the vCPU
+/// sets `finished` and signals `done` on its way out.
+pub struct StopLine<'a> {
+    pub stop_requested: &'a AtomicBool,
+    pub stop_reason: &'a Mutex<Option<StopReason>>,
+    pub finished: &'a AtomicBool,
+    pub done: &'a vmm_sys_util::eventfd::EventFd,
+}
+
+/// What one vCPU's run produced.
+pub struct VcpuRun {
+    pub stop: StopReason,
+    pub exits: ExitCounts,
+    pub phases: Vec<PhaseEvent>,
+    pub dropped_phases: u64,
+    pub unknown: u64,
+    pub run_time: Duration,
+}
+
+/// One vCPU and its run loop.
+pub struct Vcpu {
+    fd: VcpuFd,
+}
+
+impl Vcpu {
+    pub fn new(fd: VcpuFd) -> Self {
+        Vcpu { fd }
+    }
+
+    /// Runs the guest until it stops or the watchdog stops it. Always
+    /// signals `line.done`, also on error.
+    pub fn run(
+        self,
+        env: &VcpuEnv<'_>,
+        observer: &mut (dyn PhaseObserver + Send),
+        line: &StopLine<'_>,
+    ) -> Result<VcpuRun, SignalError> {
+        let result = self.run_loop(env, observer, line);
+        line.finished.store(true, Ordering::SeqCst);
+        let _ = line.done.write(1);
+        result
+    }
+
+    fn run_loop(
+        self,
+        env: &VcpuEnv<'_>,
+        observer: &mut (dyn PhaseObserver + Send),
+        line: &StopLine<'_>,
+    ) -> Result<VcpuRun, SignalError> {
+        let mut kv = KickableVcpu::new(self.fd)?;
+        let mut exits = ExitCounts::default();
+        let mut unknown = UnknownAccesses::new();
+        let mut phases = Vec::new();
+        let mut dropped_phases = 0u64;
+        let start = Instant::now();
+        observer.on_start(&VmContext {
+            vm: env.vm,
+            vcpu: &kv.vcpu,
+            mem: env.mem,
+            layout: env.layout,
+            elapsed: Duration::ZERO,
+            exits: &exits,
+        });
+        let stop = loop {
+            if line.stop_requested.load(Ordering::SeqCst) {
+                break None;
+            }
+            let action = match kv.vcpu.run() {
+                Ok(exit) => dispatch(
+                    exit,
+                    &mut DispatchCtx {
+                        bus: env.bus,
+                        unknown: &mut unknown,
+                        counts: &mut exits,
+                        msrs: env.msrs,
+                    },
+                ),
+                Err(e) if e.errno() == libc::EINTR => {
+                    exits.intr += 1;
+                    ExitAction::Interrupted
+                }
+                Err(e) if e.errno() == libc::EAGAIN => ExitAction::Continue,
+                Err(e) => break Some(StopReason::KvmRunFailed { errno: e.errno() }),
+            };
+            match action {
+                ExitAction::Continue => {}
+                ExitAction::Phase(m) => {
+                    let elapsed = start.elapsed();
+                    if phases.len() < MAX_PHASE_EVENTS {
+                        phases.push(PhaseEvent {
+                            id: m.id,
+                            end: m.edge == Edge::End,
+                            at_ns: elapsed.as_nanos() as u64,
+                            exits: exits.total(),
+                        });
+                    } else {
+                        dropped_phases += 1;
+                    }
+                    observer.on_phase(
+                        m,
+                        &VmContext {
+                            vm: env.vm,
+                            vcpu: &kv.vcpu,
+                            mem: env.mem,
+                            layout: env.layout,
+                            elapsed,
+                            exits: &exits,
+                        },
+                    );
+                }
+                ExitAction::Interrupted => {
+                    if line.stop_requested.load(Ordering::SeqCst) {
+                        break None;
+                    }
+                    // A signal that was not ours (or a stale kick): run on.
+                    kv.vcpu.set_kvm_immediate_exit(0);
+                }
+                other => break Some(stop_for(other, &mut kv.vcpu)),
+            }
+        };
+        let run_time = start.elapsed();
+        observer.on_stop(&VmContext {
+            vm: env.vm,
+            vcpu: &kv.vcpu,
+            mem: env.mem,
+            layout: env.layout,
+            elapsed: run_time,
+            exits: &exits,
+        });
+        // None: stopped on request; the watchdog said why.
+        let stop = stop.unwrap_or_else(|| {
+            line.stop_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or(StopReason::Signal { signal: 0 })
+        });
+        Ok(VcpuRun {
+            stop,
+            exits,
+            phases,
+            dropped_phases,
+            unknown: unknown.total(),
+            run_time,
+        })
+    }
+}
+
+/// The stop reason for an exit that ends the run, with the registers where
+/// they help explain it.
+fn stop_for(action: ExitAction, vcpu: &mut VcpuFd) -> StopReason {
+    let regs = |v: &VcpuFd| RegsSnapshot::read(v);
+    match action {
+        ExitAction::GuestExit(status) => StopReason::GuestExit { status },
+        ExitAction::Halted => StopReason::Halted { regs: regs(vcpu) },
+        ExitAction::Shutdown => StopReason::Shutdown { regs: regs(vcpu) },
+        ExitAction::InternalError => {
+            let (suberror, data) = internal_error_details(vcpu);
+            StopReason::InternalError {
+                suberror,
+                data,
+                regs: regs(vcpu),
+            }
+        }
+        ExitAction::FailEntry { reason, cpu } => StopReason::FailEntry {
+            reason,
+            cpu,
+            regs: regs(vcpu),
+        },
+        ExitAction::SystemEvent(event) => StopReason::SystemEvent { event },
+        ExitAction::Unexpected(exit) => StopReason::Unexpected {
+            exit,
+            regs: regs(vcpu),
+        },
+        // Not stops: the run loop handles them.
+        ExitAction::Continue | ExitAction::Phase(_) | ExitAction::Interrupted => {
+            StopReason::Unexpected {
+                exit: "a non-final exit action".into(),
+                regs: regs(vcpu),
+            }
+        }
+    }
+}
+
+fn internal_error_details(vcpu: &mut VcpuFd) -> (u32, Vec<u64>) {
+    let run = vcpu.get_kvm_run();
+    // SAFETY: exit_reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the
+    // union member KVM filled in.
+    let internal = unsafe { run.__bindgen_anon_1.internal };
+    let n = (internal.ndata as usize).min(internal.data.len());
+    (internal.suberror, internal.data[..n].to_vec())
+}

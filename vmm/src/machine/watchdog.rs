@@ -1,0 +1,89 @@
+//! The watchdog: the main thread's side of a run. It waits on the event
+//! loop (vCPU done, SIGINT/SIGTERM, console input) until the vCPU finishes
+//! or the timeout passes, then stops the vCPU thread: flag first, then kick
+//! until it acknowledges.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use event_manager::{EventManager, SubscriberId, SubscriberOps};
+
+use crate::machine::control::Control;
+use crate::machine::outcome::StopReason;
+use crate::machine::signals::kick_signal;
+
+/// Waits for the vCPU thread to finish, the timeout, or a termination
+/// signal; records why it stopped the run in `stop_reason`. Returns the
+/// event loop's error, if it failed.
+pub fn watch(
+    em: &mut EventManager<Control>,
+    control_id: SubscriberId,
+    timeout: Duration,
+    finished: &AtomicBool,
+    stop_reason: &Mutex<Option<StopReason>>,
+) -> Option<event_manager::Error> {
+    let deadline = Instant::now() + timeout;
+    let set = |r: StopReason| *stop_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+    loop {
+        if finished.load(Ordering::SeqCst) {
+            return None;
+        }
+        let ctl = em.subscriber_mut(control_id).ok();
+        if let Some(sig) = ctl.as_ref().and_then(|c| c.signal) {
+            set(StopReason::Signal { signal: sig });
+            return None;
+        }
+        if ctl.is_some_and(|c| c.vcpu_done) {
+            return None;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            set(StopReason::Timeout {
+                after_ms: timeout.as_millis() as u64,
+            });
+            return None;
+        }
+        let wait_ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+        if let Err(e) = em.run_with_timeout(wait_ms) {
+            set(StopReason::Signal { signal: 0 });
+            return Some(e);
+        }
+    }
+}
+
+/// Stops the vCPU thread `tid` if it is still running: sets
+/// `stop_requested`, then kicks until `finished` (the kick handler's
+/// `immediate_exit` makes one kick enough; repeating covers a signal lost
+/// to a race).
+pub fn stop_vcpu(
+    tid: &OnceLock<libc::pthread_t>,
+    stop_requested: &AtomicBool,
+    finished: &AtomicBool,
+) {
+    stop_requested.store(true, Ordering::SeqCst);
+    let mut kicks = 0u32;
+    while !finished.load(Ordering::SeqCst) {
+        if let Some(&tid) = tid.get() {
+            // SAFETY: `tid` is the vCPU thread, which is still alive: it
+            // cannot be joined before `finished` is set, and the caller
+            // joins it only after this returns.
+            let rc = unsafe { libc::pthread_kill(tid, kick_signal()) };
+            if rc != 0 {
+                log::warn!(
+                    "kicking the vCPU thread: {}",
+                    std::io::Error::from_raw_os_error(rc)
+                );
+            }
+        }
+        kicks += 1;
+        if kicks == 1000 {
+            log::warn!("the vCPU thread has not stopped after 1000 kicks; still trying");
+        }
+        std::thread::sleep(Duration::from_micros(if kicks < 100 {
+            200
+        } else {
+            10_000
+        }));
+    }
+}

@@ -1,0 +1,63 @@
+//! What the user asks of one run, before anything is settled.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::machine::loader::KernelSource;
+use crate::machine::memory::DEFAULT_MEM_MIB;
+use crate::preflight::cmdline::{CpuVuln, GuestOptions};
+
+/// Default `--timeout`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the guest console goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SerialOut {
+    Stdout,
+    File(PathBuf),
+    /// Recorded (machine lines, banner) but not printed.
+    Discard,
+}
+
+/// Everything one run needs.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub kernel: KernelSource,
+    pub mem_mib: u64,
+    /// The experiment; `entry=auto` is settled by [`crate::preflight::preflight`].
+    pub guest: GuestOptions,
+    pub timeout: Duration,
+    pub serial_out: SerialOut,
+    pub cpu_vuln: CpuVuln,
+    /// Forward host stdin to the guest serial (only if stdin is a terminal, pipe or socket).
+    pub console_input: bool,
+    /// Stop cleanly on SIGINT/SIGTERM. The process must have blocked them
+    /// ([`crate::machine::signals::block_termination_signals`]) for this to take effect.
+    pub handle_signals: bool,
+    /// Extra arguments for QEMU (`--backend qemu` only), e.g. `-icount shift=0`.
+    pub qemu_args: Vec<String>,
+    /// Create KVM's in-kernel irqchip (PIC, IOAPIC, LAPIC). The ptiscope
+    /// guest runs with interrupts off and needs none of it; without it a HLT
+    /// exits to the VMM (reported as "halted") instead of waiting in KVM,
+    /// the serial port raises no interrupt, and VM teardown is cheaper (on
+    /// this workplace's KVM about 4 ms of a 16 ms boot-to-exit).
+    pub irqchip: bool,
+}
+
+impl RunConfig {
+    /// Defaults: 128 MiB, 10 s timeout, console to stdout, `entry=auto`.
+    pub fn new(kernel: KernelSource) -> Self {
+        RunConfig {
+            kernel,
+            mem_mib: DEFAULT_MEM_MIB,
+            guest: GuestOptions::default(),
+            timeout: DEFAULT_TIMEOUT,
+            serial_out: SerialOut::Stdout,
+            cpu_vuln: CpuVuln::Host,
+            console_input: false,
+            handle_signals: false,
+            qemu_args: Vec::new(),
+            irqchip: true,
+        }
+    }
+}
