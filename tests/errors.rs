@@ -107,7 +107,7 @@ fn unknown_workloads_and_repeated_keys_are_refused_before_boot() {
     for (args, needle) in [
         (
             &["--workload", "bogus"][..],
-            "is not a workload of the guest",
+            "possible values: none, getpid",
         ),
         (
             &["--pti", "on", "--cmdline", "pti=off"][..],
@@ -117,6 +117,15 @@ fn unknown_workloads_and_repeated_keys_are_refused_before_boot() {
             &["--cmdline", "telemetry=0x1000"][..],
             "telemetry= is always the VMM's",
         ),
+        (
+            &["--cmdline", "workload=bogus"][..],
+            "expected one of none|getpid",
+        ),
+        (
+            &["--iterations", "4294967297", "--workload", "getpid"][..],
+            "at most 4294967296",
+        ),
+        (&["--cmdline", "fault=pf\u{1b}[2J"][..], "printable ASCII"),
     ] {
         let (code, err) = run(args);
         assert_eq!(code, Some(64), "{args:?}: {err}");
