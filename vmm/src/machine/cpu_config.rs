@@ -4,12 +4,13 @@
 
 use std::fmt;
 
-use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs, Msrs, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::{kvm_fpu, kvm_regs, kvm_sregs, Msrs, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, MsrFilterRangeFlags, VcpuFd, VmFd};
 
 use crate::machine::memory::START_INFO_ADDR;
 use crate::machine::msr::{MsrAnswers, MsrTrapError};
 pub use crate::machine::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
+use crate::machine::segments::{set_flat, FlatSelectors};
 use crate::preflight::cmdline::CpuVuln;
 /// CPUID.(EAX=7,ECX=0):EDX bit 29: IA32_ARCH_CAPABILITIES exists.
 const CPUID_7_EDX_ARCH_CAPABILITIES: u32 = 1 << 29;
@@ -181,40 +182,18 @@ fn set_arch_capabilities(
 
 /// The PVH entry state: flat 32-bit segments, CR0.PE (+ET), paging off.
 pub fn pvh_sregs(sregs: &mut kvm_sregs) {
-    let code = kvm_segment {
-        base: 0,
-        limit: 0xffff_ffff,
-        selector: 0x08,
-        type_: 0xb, // execute/read, accessed
-        present: 1,
-        dpl: 0,
-        db: 1,
-        s: 1,
-        l: 0,
-        g: 1,
-        ..Default::default()
-    };
-    let data = kvm_segment {
-        selector: 0x10,
-        type_: 0x3, // read/write, accessed
-        ..code
-    };
-    let tss = kvm_segment {
-        selector: 0x18,
-        type_: 0xb, // 32-bit busy TSS
-        s: 0,
-        limit: 0x67,
-        db: 0,
-        g: 0,
-        ..code
-    };
-    sregs.cs = code;
-    sregs.ds = data;
-    sregs.es = data;
-    sregs.fs = data;
-    sregs.gs = data;
-    sregs.ss = data;
-    sregs.tr = tss;
+    // The PVH protocol's selectors (Xen's docs: CS 0x08 code, DS 0x10 data,
+    // TR 0x18), the ones the ptiscope guest's boot GDT has too.
+    set_flat(
+        sregs,
+        FlatSelectors {
+            code: 0x08,
+            data: 0x10,
+            tss: 0x18,
+            tss_base: 0,
+        },
+        false,
+    );
     sregs.cr0 = CR0_PE | CR0_ET;
     sregs.cr3 = 0;
     sregs.cr4 = 0;

@@ -16,6 +16,7 @@ pub mod loader;
 pub mod memory;
 pub mod msr;
 pub mod outcome;
+pub mod segments;
 pub mod signals;
 pub mod vcpu;
 pub mod watchdog;

@@ -66,34 +66,68 @@ pub fn install_kick_handler() -> Result<(), SignalError> {
         .clone()
 }
 
-/// A vCPU registered for kicks on the current thread. Not `Send`: the
-/// registration is per thread.
-pub struct KickableVcpu {
-    pub vcpu: VcpuFd,
+/// The current thread's registration as the kick target of one vCPU: while
+/// it lives, a kick sent to this thread sets that vCPU's `immediate_exit`.
+/// Not `Send`: the registration is per thread. Used by the VMM's vCPU
+/// threads ([`KickableVcpu`]) and by the probe, which runs its vCPU on the
+/// calling thread.
+pub struct KickRegistration {
     _not_send: PhantomData<*const ()>,
 }
 
-impl KickableVcpu {
-    /// Registers `vcpu` as the current thread's kick target and makes sure the
-    /// kick signal is not blocked here.
-    pub fn new(mut vcpu: VcpuFd) -> Result<Self, SignalError> {
+impl KickRegistration {
+    /// Registers `vcpu` for kicks on this thread and makes sure the kick
+    /// signal is not blocked here. The registration must be dropped before
+    /// the vCPU is (it holds a pointer to the vCPU's `kvm_run` mapping).
+    pub fn register(vcpu: &mut VcpuFd) -> Result<Self, SignalError> {
         install_kick_handler()?;
         vcpu.set_kvm_immediate_exit(0);
         let run: *mut kvm_run = vcpu.get_kvm_run();
         KVM_RUN.with(|p| p.set(run));
         vmm_sys_util::signal::unblock_signal(kick_signal())
             .map_err(|e| SignalError::Unblock(e.to_string()))?;
-        Ok(KickableVcpu {
-            vcpu,
+        Ok(KickRegistration {
             _not_send: PhantomData,
         })
     }
 }
 
-impl Drop for KickableVcpu {
+impl Drop for KickRegistration {
     fn drop(&mut self) {
-        // Before `vcpu` (and its kvm_run mapping) goes away.
+        // A late kick then finds null and does nothing.
         KVM_RUN.with(|p| p.set(null_mut()));
+    }
+}
+
+/// Sends the kick signal to thread `tid`.
+///
+/// # Safety
+/// `tid` must be a live thread of this process (not yet joined).
+pub unsafe fn kick(tid: libc::pthread_t) -> std::io::Result<()> {
+    // SAFETY: the caller guarantees `tid` is alive; the handler is installed
+    // by whoever registered a vCPU on that thread.
+    match unsafe { libc::pthread_kill(tid, kick_signal()) } {
+        0 => Ok(()),
+        rc => Err(std::io::Error::from_raw_os_error(rc)),
+    }
+}
+
+/// A vCPU registered for kicks on the current thread (it owns the vCPU, so
+/// the registration cannot outlive it).
+pub struct KickableVcpu {
+    // Declared first: dropped (pointer cleared) before the vCPU.
+    _registration: KickRegistration,
+    pub vcpu: VcpuFd,
+}
+
+impl KickableVcpu {
+    /// Registers `vcpu` as the current thread's kick target.
+    pub fn new(mut vcpu: VcpuFd) -> Result<Self, SignalError> {
+        let registration = KickRegistration::register(&mut vcpu)?;
+        Ok(KickableVcpu {
+            _registration: registration,
+            vcpu,
+        })
     }
 }
 

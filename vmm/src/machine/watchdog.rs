@@ -11,7 +11,7 @@ use event_manager::{EventManager, SubscriberId, SubscriberOps};
 
 use crate::machine::control::Control;
 use crate::machine::outcome::StopReason;
-use crate::machine::signals::kick_signal;
+use crate::machine::signals;
 
 /// Waits for the vCPU thread to finish, the timeout, or a termination
 /// signal; records why it stopped the run in `stop_reason`. Returns the
@@ -68,12 +68,8 @@ pub fn stop_vcpu(
             // SAFETY: `tid` is the vCPU thread, which is still alive: it
             // cannot be joined before `finished` is set, and the caller
             // joins it only after this returns.
-            let rc = unsafe { libc::pthread_kill(tid, kick_signal()) };
-            if rc != 0 {
-                log::warn!(
-                    "kicking the vCPU thread: {}",
-                    std::io::Error::from_raw_os_error(rc)
-                );
+            if let Err(e) = unsafe { signals::kick(tid) } {
+                log::warn!("kicking the vCPU thread: {e}");
             }
         }
         kicks += 1;

@@ -30,7 +30,7 @@ pub use cpu::{ArchCapsProbe, PcidProbe, RdtscProbe, ARCH_CAP_RDCL_NO, MSR_ARCH_C
 pub use entries::{EntryProbe, IretqProbe};
 pub use entry::{Entry, EntryOutcome};
 pub use paging::PagingOutcome;
-pub use vm::{kick_signal, VmError};
+pub use vm::VmError;
 
 /// How to probe.
 #[derive(Debug, Clone)]

@@ -2,19 +2,20 @@
 //! anonymous RAM per probe, a run loop that records the probe's report
 //! writes, and a watchdog so that no probe can hang.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, OnceLock};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{
-    kvm_msr_entry, kvm_regs, kvm_run, kvm_segment, kvm_sregs, kvm_userspace_memory_region, CpuId,
-    Msrs, KVM_MAX_CPUID_ENTRIES,
+    kvm_msr_entry, kvm_regs, kvm_sregs, kvm_userspace_memory_region, CpuId, Msrs,
+    KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::{Kvm, MsrFilterRangeFlags, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::code::{self, sel, Asm, HandlerExit, MEM_SIZE};
+use crate::machine::segments::{set_flat, FlatSelectors};
+use crate::machine::signals::{kick, KickRegistration};
 
 /// Setting up a probe VM failed (these are fatal for the whole probe).
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +47,7 @@ pub enum VmError {
     #[error("cannot write probe code to guest memory: {0}")]
     WriteMemory(String),
     #[error("cannot install the vCPU kick signal handler: {0}")]
-    Signal(#[source] vmm_sys_util::errno::Error),
+    Kick(#[source] crate::machine::signals::SignalError),
     #[error("KVM_RUN failed: {0}")]
     Run(#[source] kvm_ioctls::Error),
 }
@@ -454,9 +455,9 @@ impl ProbeVm {
 
     /// Runs the vCPU until the probe ends, stops, or the watchdog fires.
     pub fn run(&mut self, timeout: Duration) -> Result<Trace, VmError> {
-        install_kick_handler()?;
-        let run_ptr: *mut kvm_run = self.vcpu.get_kvm_run();
-        KVM_RUN_PTR.with(|c| c.set(run_ptr));
+        // The VMM's one kick mechanism: the watchdog thread kicks this
+        // thread, whose registered vCPU then leaves KVM_RUN with EINTR.
+        let registration = KickRegistration::register(&mut self.vcpu).map_err(VmError::Kick)?;
         // SAFETY: pthread_self has no preconditions.
         let me = unsafe { libc::pthread_self() };
         let fired = AtomicBool::new(false);
@@ -465,9 +466,9 @@ impl ProbeVm {
             let fired = &fired;
             s.spawn(move || watchdog(me, timeout, done_rx, fired));
             let r = self.run_loop(fired);
-            // Clear the pointer before releasing the watchdog: a late kick
-            // then finds null and does nothing.
-            KVM_RUN_PTR.with(|c| c.set(std::ptr::null_mut()));
+            // Unregister before releasing the watchdog: a late kick then
+            // finds no vCPU and does nothing.
+            drop(registration);
             // The watchdog may already have exited; a send error is fine.
             let _ = done_tx.send(());
             r
@@ -565,95 +566,23 @@ impl ProbeVm {
     }
 }
 
-/// Segment registers for the start mode.
+/// Segment registers for the start mode (the probe GDT's selectors).
 fn set_segments(sregs: &mut kvm_sregs, mode: StartMode) {
-    let code = kvm_segment {
-        base: 0,
-        limit: 0xffff_ffff,
-        selector: match mode {
-            StartMode::Protected32 => sel::KERNEL_CS32,
-            StartMode::Long64 => sel::KERNEL_CS,
+    let long_mode = mode == StartMode::Long64;
+    set_flat(
+        sregs,
+        FlatSelectors {
+            code: if long_mode {
+                sel::KERNEL_CS
+            } else {
+                sel::KERNEL_CS32
+            },
+            data: sel::KERNEL_DS,
+            tss: sel::TSS,
+            tss_base: code::TSS,
         },
-        type_: 0xb,
-        present: 1,
-        dpl: 0,
-        db: u8::from(mode == StartMode::Protected32),
-        s: 1,
-        l: u8::from(mode == StartMode::Long64),
-        g: 1,
-        avl: 0,
-        unusable: 0,
-        padding: 0,
-    };
-    let data = kvm_segment {
-        selector: sel::KERNEL_DS,
-        type_: 0x3,
-        db: 1,
-        l: 0,
-        ..code
-    };
-    sregs.cs = code;
-    sregs.ds = data;
-    sregs.es = data;
-    sregs.fs = data;
-    sregs.gs = data;
-    sregs.ss = data;
-    sregs.tr = kvm_segment {
-        base: code::TSS,
-        limit: 0x67,
-        selector: sel::TSS,
-        type_: 0xb, // busy 64-bit (or 32-bit) TSS
-        present: 1,
-        dpl: 0,
-        db: 0,
-        s: 0,
-        l: 0,
-        g: 0,
-        avl: 0,
-        unusable: 0,
-        padding: 0,
-    };
-}
-
-// The vCPU kick. A probe runs its vCPU on the calling thread; the watchdog
-// thread sends KICK_SIGNAL to it; the handler sets `immediate_exit` in that
-// thread's kvm_run, so KVM_RUN returns EINTR even if the signal raced the
-// ioctl's entry (a handler that did nothing could lose that race).
-
-thread_local! {
-    // const-initialized without a destructor: a plain TLS slot, safe to
-    // read from a signal handler.
-    static KVM_RUN_PTR: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
-}
-
-/// The signal the probe watchdog kicks vCPUs with: SIGRTMIN + 2, chosen so
-/// as not to collide with the VMM's own vCPU kick.
-pub fn kick_signal() -> libc::c_int {
-    vmm_sys_util::signal::SIGRTMIN() + 2
-}
-
-extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    let p = KVM_RUN_PTR.with(|c| c.get());
-    if !p.is_null() {
-        // SAFETY: the pointer is this thread's mapped kvm_run, set only while
-        // ProbeVm::run borrows the vCPU on this thread and cleared before it
-        // returns; a volatile byte store is what the KVM API expects here.
-        unsafe { std::ptr::addr_of_mut!((*p).immediate_exit).write_volatile(1) };
-    }
-}
-
-fn install_kick_handler() -> Result<(), VmError> {
-    // Installed once per process; the outcome (an errno) is remembered so
-    // that every probe reports a failure, not only the first.
-    static RESULT: OnceLock<Result<(), i32>> = OnceLock::new();
-    let r = RESULT.get_or_init(|| {
-        vmm_sys_util::signal::register_signal_handler(kick_signal(), kick_handler)
-            .map_err(|e| e.errno())
-    });
-    match r {
-        Ok(()) => Ok(()),
-        Err(n) => Err(VmError::Signal(vmm_sys_util::errno::Error::new(*n))),
-    }
+        long_mode,
+    );
 }
 
 /// Waits `timeout` for the run to finish; then kicks the vCPU thread every
@@ -675,8 +604,10 @@ fn watchdog(
     // re-kicking costs nothing and covers any other race.
     loop {
         // SAFETY: `target` is the thread running ProbeVm::run, alive until
-        // the scope joins this thread; the signal has a handler installed.
-        unsafe { libc::pthread_kill(target, kick_signal()) };
+        // the scope joins this thread.
+        if let Err(e) = unsafe { kick(target) } {
+            log::warn!("kicking the probe vCPU: {e}");
+        }
         match done.recv_timeout(Duration::from_millis(1)) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             _ => return,
