@@ -316,6 +316,10 @@ pub mod syscall {
     pub const ENOSYS: isize = -38;
     /// Error returned for a bad argument (as Linux: -EINVAL).
     pub const EINVAL: isize = -22;
+    /// No child to wait for (Linux -ECHILD).
+    pub const ECHILD: isize = -10;
+    /// Bad user address (Linux -EFAULT).
+    pub const EFAULT: isize = -14;
 }
 
 /// Guest command-line keys. Values are documented in docs/design.md.

@@ -33,22 +33,49 @@ pub const CR3_NOFLUSH: u64 = 1 << 63;
 /// Mask of the PCID in CR3.
 pub const CR3_PCID_MASK: u64 = 0xfff;
 
+/// A flavour's direct map: physical `0..size` at virtual `base`. Both
+/// flavours translate through it (x86_64: [`DIRECT_MAP`]; PAE:
+/// `crate::pae::layout::DIRECT_MAP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectMap {
+    pub base: u64,
+    pub size: u64,
+}
+
+impl DirectMap {
+    /// Kernel virtual address of a physical address in the direct map, if reachable.
+    pub const fn phys_to_virt(self, phys: u64) -> Option<u64> {
+        if phys < self.size {
+            Some(self.base + phys)
+        } else {
+            None
+        }
+    }
+
+    /// Physical address of a direct-map virtual address, if it is one.
+    pub const fn virt_to_phys(self, virt: u64) -> Option<u64> {
+        if virt >= self.base && virt - self.base < self.size {
+            Some(virt - self.base)
+        } else {
+            None
+        }
+    }
+}
+
+/// The x86_64 direct map.
+pub const DIRECT_MAP: DirectMap = DirectMap {
+    base: KERNEL_BASE,
+    size: DIRECT_MAP_SIZE,
+};
+
 /// Kernel virtual address of a physical address in the direct map, if reachable.
 pub const fn phys_to_virt(phys: u64) -> Option<u64> {
-    if phys < DIRECT_MAP_SIZE {
-        Some(KERNEL_BASE + phys)
-    } else {
-        None
-    }
+    DIRECT_MAP.phys_to_virt(phys)
 }
 
 /// Physical address of a direct-map virtual address, if it is one.
 pub const fn virt_to_phys(virt: u64) -> Option<u64> {
-    if virt >= KERNEL_BASE && virt < KERNEL_BASE + DIRECT_MAP_SIZE {
-        Some(virt - KERNEL_BASE)
-    } else {
-        None
-    }
+    DIRECT_MAP.virt_to_phys(virt)
 }
 
 /// CR3 value for an address space: `pair` is the 8 KiB-aligned physical address

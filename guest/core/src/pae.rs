@@ -49,22 +49,20 @@ pub mod layout {
     /// Unused with PAE (no PCID); kept so shared code compiles unchanged.
     pub const CR3_NOFLUSH: u64 = 0;
 
+    /// The PAE direct map (lowmem).
+    pub const DIRECT_MAP: crate::layout::DirectMap = crate::layout::DirectMap {
+        base: KERNEL_BASE,
+        size: DIRECT_MAP_SIZE,
+    };
+
     /// Kernel virtual address of a physical address in the direct map.
     pub const fn phys_to_virt(phys: u64) -> Option<u64> {
-        if phys < DIRECT_MAP_SIZE {
-            Some(KERNEL_BASE + phys)
-        } else {
-            None
-        }
+        DIRECT_MAP.phys_to_virt(phys)
     }
 
     /// Physical address of a direct-map virtual address, if it is one.
     pub const fn virt_to_phys(virt: u64) -> Option<u64> {
-        if virt >= KERNEL_BASE && virt < KERNEL_BASE + DIRECT_MAP_SIZE {
-            Some(virt - KERNEL_BASE)
-        } else {
-            None
-        }
+        DIRECT_MAP.virt_to_phys(virt)
     }
 
     /// CR3 value of an address space: the 8 KiB-aligned pair, bit 12 for

@@ -15,6 +15,7 @@ mod pvh;
 mod syscall;
 mod task;
 mod telemetry;
+mod uaccess;
 
 use arch::paging::KernelHalf;
 use arch::{cpu, user};

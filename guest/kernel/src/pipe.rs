@@ -6,11 +6,11 @@
 //! reach pipes through their descriptor range (`task::PipeFds`).
 use crate::arch::layout::phys_to_virt;
 use crate::mm::{Frames, Global};
-use crate::syscall::{user_range_ok, EFAULT};
 use crate::task::{sched, WaitQueue, MAX_TASKS};
+use crate::uaccess::user_range_ok;
 use guest_core::paging::FrameSource;
 use guest_core::pipe::{Ring, PIPE_BUF, PIPE_SIZE};
-use ptiscope_abi::syscall::{EBADF, EINVAL};
+use ptiscope_abi::syscall::{EBADF, EFAULT, EINVAL};
 
 /// One pipe per receiver of the largest run.
 pub const MAX_PIPES: usize = MAX_TASKS / 2;

@@ -1,23 +1,18 @@
 //! The system call table. Entry stubs (entry.rs) index `syscall_table` by
 //! rax and call the handler with the C ABI: (rdi, rsi, rdx, r10).
-use crate::arch::layout::{USER_STACK_TOP, USER_TEXT_BASE};
 use crate::arch::x86_shared::io::outl;
 use crate::mm::Global;
-use crate::task::{sched, USER_STACK_LOW};
+use crate::task::sched;
 use crate::telemetry::{self, Snapshot};
+use crate::uaccess::user_range_ok;
 use core::sync::atomic::Ordering::Relaxed;
 use ptiscope_abi::phase::{Edge, Marker, ID_WORKLOAD};
-use ptiscope_abi::syscall::{self as nr, EBADF, EINVAL, ENOSYS, TABLE_SIZE};
+use ptiscope_abi::syscall::{self as nr, EBADF, ECHILD, EFAULT, EINVAL, ENOSYS, TABLE_SIZE};
 
 /// Arguments and result are machine words: registers on x86_64, the stack
 /// slots of a cdecl call on x86 (the entry stubs push the argument
 /// registers).
 type Handler = extern "C" fn(usize, usize, usize, usize) -> isize;
-
-/// No child to wait for (Linux -ECHILD).
-const ECHILD: isize = -10;
-/// Bad user address (Linux -EFAULT).
-pub const EFAULT: isize = -14;
 
 #[no_mangle]
 #[allow(non_upper_case_globals)]
@@ -51,19 +46,6 @@ extern "C" fn sys_getpid(_: usize, _: usize, _: usize, _: usize) -> isize {
 
 extern "C" fn sys_getppid(_: usize, _: usize, _: usize, _: usize) -> isize {
     crate::task::CURRENT_PPID.load(Relaxed) as isize
-}
-
-/// Whether `[addr, addr + len)` lies in user memory every address space
-/// maps: the stacks (writable), or the text (read-only; only if `!write`).
-pub fn user_range_ok(addr: u64, len: u64, write: bool) -> bool {
-    let (_, text_pages) = crate::arch::user::section();
-    let text = (USER_TEXT_BASE, USER_TEXT_BASE + text_pages * 4096);
-    let stack = (USER_STACK_LOW.load(Relaxed) as u64, USER_STACK_TOP);
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    let within = |(s, e): (u64, u64)| addr >= s && end <= e;
-    within(stack) || (!write && within(text))
 }
 
 /// read(fd, buf, len): pipe read ends only (see pipe.rs).
