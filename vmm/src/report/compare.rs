@@ -17,6 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::environment::Environment;
 use super::metric::{Metric, Source};
 use super::stats::{self, Significance, Stat, Summary, SummaryError};
 
@@ -122,6 +123,10 @@ pub struct CompareTable {
     pub baseline: Side,
     pub compare: Side,
     pub metrics: Vec<MetricComparison>,
+    /// Where the runs came from (host, KVM, probe, build, image, options);
+    /// set by `ptiscope compare`, absent in documents from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Environment>,
 }
 
 impl CompareTable {
@@ -132,6 +137,7 @@ impl CompareTable {
             baseline,
             compare,
             metrics: Vec::new(),
+            environment: None,
         }
     }
 
@@ -276,8 +282,10 @@ impl CompareTable {
             .max()
             .unwrap_or(0)
             .max(6);
+        // Labels over the means (the 12 columns at each cell's left).
+        let label = |l: &str| format!("{:<CI_W$}", format!("{l:>12}"));
         let mut out = format!(
-            "{:<name_w$} {:>CI_W$} {:>CI_W$}  {:<10} {}\n",
+            "{:<name_w$} {} {}  {:<10} {}\n",
             "mean, 95% CI", self.baseline.label, self.compare.label, "Welch p", "verdict",
         );
         for m in &self.metrics {
@@ -367,7 +375,8 @@ fn cell(value: Option<f64>, diff: Option<f64>, marked: bool) -> String {
 /// Width of a confidence cell: `%12.2f ± %9.2f (%6.2f%)`.
 const CI_W: usize = 12 + 3 + 9 + 2 + 7 + 1;
 
-/// `mean ± half-width (relative %)`, `mean exact`, or the mean alone.
+/// `mean ± half-width (relative %)`, `mean   exact`, or the mean alone;
+/// the means of all rows in one column.
 fn ci_cell(s: &Summary) -> String {
     let text = match s.ci95 {
         Some(ci) if ci.half_width == 0.0 => format!("{:>12.2}   exact", s.amean),
@@ -381,7 +390,7 @@ fn ci_cell(s: &Summary) -> String {
     };
     // `±` is one column but two bytes: pad by characters.
     let pad = CI_W.saturating_sub(text.chars().count());
-    format!("{}{text}", " ".repeat(pad))
+    format!("{text}{}", " ".repeat(pad))
 }
 
 /// A p-value for people: four decimals, or `<0.0001`.
