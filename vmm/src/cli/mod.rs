@@ -98,7 +98,7 @@ pub const DEFAULT_COMPARE_RUNS: u32 = 5;
 /// interval (Student's t with 1 degree of freedom is 12.7 wide: two runs say little).
 pub const MIN_AUTO_RUNS: u32 = 3;
 /// `--runs auto`: default `--max-runs`.
-pub const DEFAULT_MAX_RUNS: u32 = 30;
+pub const DEFAULT_MAX_RUNS: u32 = 20;
 /// `--runs auto`: default `--target-ci`, in % of the mean.
 pub const DEFAULT_TARGET_CI_PCT: f64 = 1.0;
 
@@ -147,7 +147,7 @@ pub struct CompareArgs {
     /// --max-runs is reached.
     #[arg(long, value_name = "R|auto", default_value = "5", value_parser = parse_runs)]
     pub runs: Runs,
-    /// With `--runs auto`: the most runs per side (default 30).
+    /// With `--runs auto`: the most runs per side (default 20).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(MIN_AUTO_RUNS as i64..=1000))]
     pub max_runs: Option<u32>,
     /// With `--runs auto`: the target half-width of the 95 % confidence

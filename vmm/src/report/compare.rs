@@ -286,7 +286,11 @@ impl CompareTable {
         let label = |l: &str| format!("{:<CI_W$}", format!("{l:>12}"));
         let mut out = format!(
             "{:<name_w$} {} {}  {:<10} {}\n",
-            "mean, 95% CI", self.baseline.label, self.compare.label, "Welch p", "verdict",
+            "mean, 95% CI",
+            label(&self.baseline.label),
+            label(&self.compare.label),
+            "Welch p",
+            "verdict (mmtests' rule)",
         );
         for m in &self.metrics {
             let (p, verdict) = match m.significance {
