@@ -73,6 +73,7 @@ fn run(args: &RunArgs) -> ExitCode {
         measurer = measurer.with_live_metrics(LiveMetricsConfig {
             interval: std::time::Duration::from_millis(ms),
             out,
+            format: args.metrics_format,
         });
     }
     match run_vm(&config, &mut measurer) {

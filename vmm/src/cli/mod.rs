@@ -250,6 +250,15 @@ pub struct RunArgs {
     /// Where the --metrics-interval lines go (a file or FIFO; default stderr).
     #[arg(long, value_name = "FILE_OR_FIFO", requires = "metrics_interval")]
     pub metrics_out: Option<PathBuf>,
+    /// Format of the --metrics-interval stream: JSON lines of changes, or one
+    /// OpenMetrics (Prometheus) text exposition of cumulative counters per interval.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "json",
+        requires = "metrics_interval"
+    )]
+    pub metrics_format: crate::observe::live_metrics::MetricsFormat,
     /// Which embedded guest to boot: the x86_64 flavour or the 32-bit PAE one
     /// (with `--kernel`, the image decides).
     #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
