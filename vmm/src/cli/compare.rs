@@ -477,7 +477,11 @@ pub fn run(args: &CompareArgs) -> i32 {
         } else {
             pair - args.warmup + 1
         };
-        let order = if pair.is_multiple_of(2) { [0, 1] } else { [1, 0] };
+        let order = if pair.is_multiple_of(2) {
+            [0, 1]
+        } else {
+            [1, 0]
+        };
         for side in order {
             // Only on a terminal, and only once the compare has taken a
             // while: a short compare stays silent.
