@@ -18,6 +18,7 @@ use crate::observe::measure::{rate_name, summary_from_result, Measurer};
 use crate::preflight::cmdline::{CpuVuln, Entry, Pcid, Pti};
 use crate::preflight::host;
 use crate::report::environment::{Environment, GuestImage};
+use crate::report::stats::Verdict;
 use crate::report::{CompareTable, Condition, Metric, RunSummary};
 
 /// One side of the comparison.
@@ -905,6 +906,7 @@ fn headline(t: &CompareTable) {
                 m.baseline.get(crate::report::Stat::Amean)?,
                 m.compare.get(crate::report::Stat::Amean)?,
                 m.delta_pct.amean,
+                m.significance,
             ))
         })
     };
@@ -921,9 +923,21 @@ fn headline(t: &CompareTable) {
             "kernel instructions per call (KVM insn_emulation)",
         ),
     ] {
-        if let Some((x, y, pct)) = mean(name) {
+        if let Some((x, y, pct, sig)) = mean(name) {
             let pct = pct.map_or(String::new(), |p| format!(" ({p:+.1} %)"));
-            println!("  {what:<52} {x:>12.2} -> {y:>12.2}{pct}");
+            // The verdict of the CI block, with Welch's p where it exists.
+            let sig = sig.map_or(String::new(), |s| match (s.verdict, s.welch) {
+                (Verdict::Significant | Verdict::NotSignificant, Some(w)) => format!(
+                    "  mmtests: {}; Welch p {}",
+                    s.verdict.word(),
+                    crate::report::compare::p_text(w.p_value)
+                ),
+                (Verdict::Significant | Verdict::NotSignificant, None) => {
+                    format!("  mmtests: {}", s.verdict.word())
+                }
+                _ => format!("  {}", s.verdict.word()),
+            });
+            println!("  {what:<52} {x:>12.2} -> {y:>12.2}{pct}{sig}");
         }
     }
 }
