@@ -795,8 +795,17 @@ impl Against {
             self.file.display()
         );
         for t in &self.sides {
+            // As in the main table: metrics zero in every run stay in the JSON only.
+            let mut shown = t.clone();
+            shown.metrics.retain(|m| {
+                m.baseline
+                    .samples
+                    .iter()
+                    .chain(&m.compare.samples)
+                    .any(|&v| v != 0.0)
+            });
             out.push('\n');
-            out.push_str(&t.render_confidence());
+            out.push_str(&shown.render_confidence());
         }
         out.push('\n');
         if self.environment_missing {
