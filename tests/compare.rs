@@ -294,7 +294,7 @@ fn runs_auto_stops_and_says_how_many_runs() {
     let (out, v) = run("0.0001", "3", "auto-max");
     assert!(
         out.contains(
-            "--runs auto: stopped at --max-runs 3 runs per side after 1 discarded warm-up pair(s)"
+            "--runs auto: stopped at --max-runs 3 runs per side (plus 1 discarded warm-up pair(s))"
         ),
         "{out}"
     );

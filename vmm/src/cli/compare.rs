@@ -287,7 +287,7 @@ impl RunsReport {
             .map(|[b, c]| format!("baseline {}, compare {}", pct(b), pct(c)))
             .unwrap_or_default();
         let warm = if self.warmup > 0 {
-            format!(" after {} discarded warm-up pair(s)", self.warmup)
+            format!(" (plus {} discarded warm-up pair(s))", self.warmup)
         } else {
             String::new()
         };
@@ -948,5 +948,64 @@ fn headline(t: &CompareTable) {
             });
             println!("  {what:<52} {x:>12.2} -> {y:>12.2}{pct}{sig}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(stopped: RunsStop, per_side: u32) -> RunsReport {
+        RunsReport {
+            mode: "auto",
+            per_side,
+            warmup: 1,
+            metric: Some("ns_per_call".into()),
+            target_ci_pct: Some(1.0),
+            max_runs: Some(20),
+            final_ci_pct: Some([Some(0.8), None]),
+            stopped,
+        }
+    }
+
+    #[test]
+    fn runs_sentences_say_which_stop_and_how_many() {
+        assert_eq!(
+            report(RunsStop::TargetReached, 7).sentence(),
+            "--runs auto: stopped after 7 runs per side (plus 1 discarded warm-up pair(s)): \
+             the 95 % CI of ns_per_call's mean is within 1 % of it on both sides \
+             (baseline 0.80 %, compare n/a)"
+        );
+        assert!(report(RunsStop::MaxRuns, 20)
+            .sentence()
+            .starts_with("--runs auto: stopped at --max-runs 20 runs per side"));
+        let fixed = RunsReport {
+            mode: "fixed",
+            warmup: 0,
+            metric: None,
+            target_ci_pct: None,
+            max_runs: None,
+            final_ci_pct: None,
+            ..report(RunsStop::Fixed, 5)
+        };
+        assert_eq!(fixed.sentence(), "5 runs per side");
+        let v = serde_json::to_value(report(RunsStop::MaxRuns, 20)).unwrap();
+        assert_eq!(v["stopped"], "max_runs");
+        assert_eq!(v["final_ci_pct"][1], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn guest_images_are_named_and_hashed() {
+        let g = guest_image(&KernelSource::Embedded(crate::GUEST_X86_64));
+        assert_eq!(g.name, "embedded x86_64");
+        assert_eq!(g.bytes, crate::GUEST_X86_64.len() as u64);
+        assert_eq!(
+            g.sha256.as_deref(),
+            Some(crate::report::environment::sha256_hex(crate::GUEST_X86_64).as_str())
+        );
+        let g = guest_image(&KernelSource::Embedded(crate::GUEST_I386));
+        assert_eq!(g.name, "embedded i386");
+        let g = guest_image(&KernelSource::Path("/nonexistent/kernel".into()));
+        assert_eq!((g.sha256, g.bytes), (None, 0));
     }
 }

@@ -454,6 +454,32 @@ mod tests {
     }
 
     #[test]
+    fn runs_and_target_ci() {
+        assert_eq!(parse_runs("auto"), Ok(Runs::Auto));
+        assert_eq!(parse_runs(" 7 "), Ok(Runs::Fixed(7)));
+        for bad in ["0", "1001", "-1", "many", ""] {
+            assert!(parse_runs(bad).unwrap_err().contains("or `auto`"), "{bad}");
+        }
+        assert_eq!(parse_target_ci("1"), Ok(1.0));
+        assert_eq!(parse_target_ci("2.5%"), Ok(2.5));
+        for bad in ["0", "-1", "101", "NaN", "x"] {
+            assert!(parse_target_ci(bad).is_err(), "{bad}");
+        }
+        let cli = Cli::try_parse_from(["ptiscope", "compare", "--runs", "auto", "--warmup", "2"])
+            .unwrap();
+        let Some(Command::Compare(args)) = cli.command else {
+            panic!("not compare")
+        };
+        assert_eq!((args.runs, args.warmup), (Runs::Auto, 2));
+        assert_eq!((args.max_runs, args.target_ci), (None, None));
+        let cli = Cli::try_parse_from(["ptiscope", "compare"]).unwrap();
+        let Some(Command::Compare(args)) = cli.command else {
+            panic!("not compare")
+        };
+        assert_eq!(args.runs, Runs::Fixed(DEFAULT_COMPARE_RUNS));
+    }
+
+    #[test]
     fn bad_values_are_rejected_with_their_bound() {
         for (args, needle) in [
             (&["--pti", "maybe"][..], "possible values: on, off, auto"),
