@@ -79,8 +79,10 @@ an earlier `--json` result and warns when the environments differ.
   COND := metric[.stat][.field] OP number
   stat  := min|amean|stddev|coeffvar|max|bamean50|bamean95|bamean99 (default amean)
   field := compare|baseline|delta|delta_pct|diff_pct (default compare)
+           | welch_p | significant (about the means: no stat; significant is 1 or 0)
   OP    := > >= < <= == !=
   e.g. 'cr3_writes_per_call!=2'  'ns_per_call.delta_pct>50'  'cycles_per_call.coeffvar.baseline>2'
+       'kernel_instructions_per_call.significant==1'  'ns_per_call.welch_p<0.01'
 
 Exit status: 0 done and no --fail-if held; 1 a --fail-if condition held or could
 not be evaluated; 64 bad usage (also a --fail-if metric the runs do not have,
