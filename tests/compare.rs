@@ -39,6 +39,9 @@ fn compare_prints_the_table_and_writes_json_and_csv() {
             "cr3_writes_per_call.compare!=2,cr3_writes_per_call.baseline!=0",
             "--fail-if",
             "syscalls_per_call.max!=1",
+            // 0 vs 2 CR3 writes per call, exact: always a significant difference.
+            "--fail-if",
+            "cr3_writes_per_call.significant==0",
         ],
         "compare-ok",
     );
@@ -55,6 +58,10 @@ fn compare_prints_the_table_and_writes_json_and_csv() {
     );
     assert!(out.contains("CoeffVar"), "{out}");
     assert!(err.contains("does not hold"), "{err}");
+    assert!(
+        err.contains("--fail-if cr3_writes_per_call.significant==0 does not hold (value 1)"),
+        "{err}"
+    );
 
     let text = std::fs::read_to_string(&json).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
