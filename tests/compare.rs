@@ -1,5 +1,7 @@
 //! `ptiscope compare` end to end under KVM: the table, the JSON schema round
-//! trip, CSV, and `--fail-if` failing and passing as it should.
+//! trip, CSV, `--fail-if` failing and passing as it should, the statistics
+//! (significance markers, confidence intervals, Welch's p-value),
+//! `--runs auto`, the environment block and `--against`.
 
 mod common;
 
@@ -7,10 +9,15 @@ use common::*;
 use ptiscope::report::CompareTable;
 
 fn compare(extra: &[&str], name: &str) -> (Option<i32>, String, String, std::path::PathBuf) {
+    compare_with(&[&["--runs", "2"][..], extra].concat(), name)
+}
+
+/// `compare --iterations 200 --quiet --json FILE` and `extra` (no `--runs`).
+fn compare_with(extra: &[&str], name: &str) -> (Option<i32>, String, String, std::path::PathBuf) {
     let dir = scratch(name);
     let json = dir.join("compare.json");
     let o = ptiscope()
-        .args(["compare", "--runs", "2", "--iterations", "200", "--quiet"])
+        .args(["compare", "--iterations", "200", "--quiet"])
         .args(["--json", json.to_str().unwrap()])
         .args(extra)
         .output()
@@ -32,6 +39,9 @@ fn compare_prints_the_table_and_writes_json_and_csv() {
             "cr3_writes_per_call.compare!=2,cr3_writes_per_call.baseline!=0",
             "--fail-if",
             "syscalls_per_call.max!=1",
+            // 0 vs 2 CR3 writes per call, exact: always a significant difference.
+            "--fail-if",
+            "cr3_writes_per_call.significant==0",
         ],
         "compare-ok",
     );
@@ -48,6 +58,10 @@ fn compare_prints_the_table_and_writes_json_and_csv() {
     );
     assert!(out.contains("CoeffVar"), "{out}");
     assert!(err.contains("does not hold"), "{err}");
+    assert!(
+        err.contains("--fail-if cr3_writes_per_call.significant==0 does not hold (value 1)"),
+        "{err}"
+    );
 
     let text = std::fs::read_to_string(&json).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -113,6 +127,19 @@ fn bad_compare_usage_is_refused_before_any_run() {
         (&["--baseline", "pti=maybe"][..], "possible values"),
         (&["--compare", "colour=blue"][..], "unknown key"),
         (&["--compare", "pti"][..], "not key=value"),
+        (&["--runs", "0"][..], "1..=1000, or `auto`"),
+        (&["--runs", "sometimes"][..], "1..=1000, or `auto`"),
+        (&["--target-ci", "1"][..], "go with --runs auto"),
+        (
+            &["--runs", "4", "--max-runs", "9"][..],
+            "go with --runs auto",
+        ),
+        (&["--runs", "auto", "--target-ci", "0"][..], "in (0, 100]"),
+        (&["--runs", "auto", "--max-runs", "2"][..], "--max-runs"),
+        (
+            &["--against", "/nonexistent/earlier.json"][..],
+            "--against /nonexistent/earlier.json: cannot read it",
+        ),
     ] {
         let o = ptiscope().arg("compare").args(args).output().unwrap();
         assert_eq!(o.status.code(), Some(64), "{args:?}: {}", stderr(&o));
@@ -136,5 +163,232 @@ fn a_fail_if_on_a_metric_the_runs_do_not_have_stops_after_the_first_run() {
     assert!(
         err.contains("cr3_writes_per_call"),
         "lists what exists: {err}"
+    );
+}
+
+/// The default compare's size (5 runs per side) with short runs: the Amean
+/// rows carry mmtests' marker exactly where the JSON's verdict says so, the
+/// CI block has every metric, the JSON's statistics are the ones the
+/// library computes from the JSON's own samples, and the environment is there.
+#[test]
+fn default_compare_marks_significance_and_prints_confidence_intervals() {
+    if !kvm_or_skip("compare_significance") {
+        return;
+    }
+    let dir = scratch("compare-significance");
+    let json = dir.join("c.json");
+    let o = ptiscope()
+        .args(["compare", "--iterations", "1000", "--quiet", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(out.contains("5 runs per side"), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let t = CompareTable::from_json(v.clone()).unwrap();
+    for m in &t.metrics {
+        let sig = m.significance.expect("significance in every metric");
+        assert_eq!(m.baseline.n(), 5);
+        // The JSON's numbers are the library's on the JSON's samples.
+        let again = ptiscope::report::stats::significance(&m.baseline.samples, &m.compare.samples);
+        assert_eq!(sig.verdict, again.verdict, "{}", m.metric.name);
+        // (through JSON text a float may come back one ulp off)
+        let ci = ptiscope::report::stats::mean_ci95(&m.baseline.samples).unwrap();
+        let got = m.baseline.ci95.unwrap();
+        assert!((got.half_width - ci.half_width).abs() <= 1e-9 * ci.half_width.abs().max(1.0));
+        if let (Some(w), Some(x)) = (sig.welch, again.welch) {
+            assert!((w.p_value - x.p_value).abs() <= 1e-9 && (0.0..=1.0).contains(&w.p_value));
+        }
+        // Text: the Amean row is marked exactly when the verdict says so.
+        let zero = m
+            .baseline
+            .samples
+            .iter()
+            .chain(&m.compare.samples)
+            .all(|&x| x == 0.0);
+        if zero {
+            continue; // omitted from the text
+        }
+        let row = out
+            .lines()
+            .find(|l| {
+                l.starts_with("Amean ") && l.split_whitespace().nth(1) == Some(&m.metric.name)
+            })
+            .unwrap_or_else(|| panic!("no Amean row for {}:\n{out}", m.metric.name));
+        // mmtests' layout: ` *  x.xx%*` when marked, ` (  x.xx%)` when not.
+        assert_eq!(
+            row.ends_with('*'),
+            sig.verdict.marked(),
+            "{row}: {:?}",
+            sig.verdict
+        );
+        assert_eq!(row.ends_with(')'), !sig.verdict.marked(), "{row}");
+        let ci_row = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&m.metric.name))
+            .unwrap_or_else(|| panic!("no CI row for {}", m.metric.name));
+        assert!(ci_row.ends_with(sig.verdict.word()), "{ci_row}");
+    }
+    // CR3 writes per call are exact (0 and 2) and differ: always marked.
+    let cr3 = out
+        .lines()
+        .find(|l| l.starts_with("Amean     cr3_writes_per_call"))
+        .unwrap();
+    assert!(cr3.ends_with("*     n/a*"), "{cr3}");
+    let ns = out.lines().find(|l| l.starts_with("ns_per_call ")).unwrap();
+    assert!(ns.contains(" ± "), "{ns}");
+    assert!(out.contains("mean, 95% CI"), "{out}");
+
+    let env = &v["environment"];
+    assert!(env["host"]["cpus"].as_u64().unwrap() >= 1, "{env}");
+    assert!(env["host"]["kernel"]
+        .as_str()
+        .unwrap()
+        .starts_with("Linux "));
+    assert_eq!(env["backend"], "kvm");
+    assert!(
+        env["kvm"]["module"].as_str().unwrap().starts_with("kvm_"),
+        "{env}"
+    );
+    assert_eq!(
+        env["guest_image"]["sha256"],
+        ptiscope::report::environment::sha256_hex(ptiscope::GUEST_X86_64)
+    );
+    assert_eq!(env["ptiscope"]["version"], env!("CARGO_PKG_VERSION"));
+    assert!(env["options"]["baseline"]
+        .as_array()
+        .unwrap()
+        .contains(&"pti=off".into()));
+    assert!(env["options"]["compare"]
+        .as_array()
+        .unwrap()
+        .contains(&"pti=on".into()));
+    assert!(out.contains("  cpu:       "), "{out}");
+    assert_eq!(v["runs"]["mode"], "fixed");
+    assert_eq!(v["runs"]["per_side"], 5);
+}
+
+/// `--runs auto` stops by itself and says how many runs it took: a target
+/// no host reaches stops at --max-runs; a loose one stops at or before it,
+/// and whichever stop it names is consistent with the figures it gives.
+#[test]
+fn runs_auto_stops_and_says_how_many_runs() {
+    if !kvm_or_skip("compare_runs_auto") {
+        return;
+    }
+    let run = |target: &str, max: &str, name: &str| {
+        let (code, out, err, json) = compare_with(
+            &[
+                "--runs",
+                "auto",
+                "--target-ci",
+                target,
+                "--max-runs",
+                max,
+                "--warmup",
+                "1",
+            ],
+            name,
+        );
+        assert_eq!(code, Some(0), "{out}\n{err}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        (out, v)
+    };
+    // 0.0001 % of the mean: host-clock times never agree that well.
+    let (out, v) = run("0.0001", "3", "auto-max");
+    assert!(
+        out.contains(
+            "--runs auto: stopped at --max-runs 3 runs per side (plus 1 discarded warm-up pair(s))"
+        ),
+        "{out}"
+    );
+    assert_eq!(v["runs"]["stopped"], "max_runs");
+    assert_eq!(v["runs"]["per_side"], 3);
+    assert_eq!(
+        v["metrics"][0]["baseline"]["samples"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+
+    let (out, v) = run("50", "6", "auto-target");
+    let r = &v["runs"];
+    let n = r["per_side"].as_u64().unwrap();
+    assert!((3..=6).contains(&n), "{r}");
+    let cis: Vec<Option<f64>> = r["final_ci_pct"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_f64())
+        .collect();
+    match r["stopped"].as_str().unwrap() {
+        "target_reached" => {
+            assert!(cis.iter().all(|c| c.is_some_and(|c| c <= 50.0)), "{r}");
+            assert!(
+                out.contains(&format!("--runs auto: stopped after {n} runs per side")),
+                "{out}"
+            );
+        }
+        "max_runs" => {
+            assert_eq!(n, 6, "{r}");
+            assert!(cis.iter().any(|c| c.is_none_or(|c| c > 50.0)), "{r}");
+        }
+        other => panic!("stopped: {other}"),
+    }
+    assert_eq!(r["metric"], "ns_per_call");
+    assert_eq!(r["warmup"], 1);
+}
+
+/// `--against`: each side against the same side of an earlier result; a
+/// changed environment field is named on stderr and in the JSON.
+#[test]
+fn against_an_earlier_result_names_environment_differences() {
+    if !kvm_or_skip("compare_against") {
+        return;
+    }
+    let (code, out, err, earlier) = compare(&[], "against-earlier");
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&earlier).unwrap()).unwrap();
+    v["environment"]["host"]["microcode"] = "0xdeadbeef".into();
+    std::fs::write(&earlier, serde_json::to_string(&v).unwrap()).unwrap();
+    let (code, out, err, now) = compare(&["--against", earlier.to_str().unwrap()], "against-now");
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("against "), "{out}");
+    assert!(out.contains("earlier pti=off"), "{out}");
+    assert!(
+        err.contains(
+            "warning: --against: the environment differs: host.microcode: \"0xdeadbeef\" -> "
+        ),
+        "{err}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&now).unwrap()).unwrap();
+    let diffs = v["against"]["environment_differences"].as_array().unwrap();
+    // Same host, build and options: the edited field is the only difference.
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    let side = CompareTable::from_json(v["against"]["compare"].clone()).unwrap();
+    let cr3 = side.metric("cr3_writes_per_call").unwrap();
+    assert_eq!(
+        cr3.significance.unwrap().verdict,
+        ptiscope::report::stats::Verdict::ExactEqual
+    );
+    // A document that is not a compare result is refused before any run.
+    let run_json = scratch("against-wrong").join("run.json");
+    std::fs::write(&run_json, r#"{"schema":"ptiscope.run/1"}"#).unwrap();
+    let o = ptiscope()
+        .args(["compare", "--against"])
+        .arg(&run_json)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(64));
+    assert!(
+        stderr(&o).contains("not a `ptiscope compare --json` document"),
+        "{}",
+        stderr(&o)
     );
 }

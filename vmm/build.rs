@@ -30,6 +30,7 @@ fn main() {
 
     println!("cargo:rerun-if-changed={}", guest_dir.display());
     println!("cargo:rerun-if-env-changed=PTISCOPE_GUEST_TARGET_DIR");
+    emit_git_revision(&root);
 
     for (triple, var) in FLAVOURS {
         // `<VAR>_ELF=path` embeds a prebuilt image instead of building one
@@ -45,6 +46,47 @@ fn main() {
             None => build_guest(&guest_dir.join("kernel"), &target_dir, triple),
         };
         println!("cargo:rustc-env={var}={}", elf.display());
+    }
+}
+
+/// `PTISCOPE_GIT_REVISION`: the checkout's commit (`git rev-parse HEAD`),
+/// for the `environment` block of reports. Absent when this is not a git
+/// checkout or git is missing (a crate tarball, a container without git): a
+/// build must never fail for it. Cargo reruns this script when HEAD or the
+/// branch it points to moves; uncommitted edits are not tracked (the
+/// revision names the commit the build started from).
+fn emit_git_revision(root: &Path) {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        let text = text.trim();
+        (!text.is_empty()).then(|| text.to_owned())
+    };
+    let Some(revision) = git(&["rev-parse", "HEAD"]) else {
+        return;
+    };
+    println!("cargo:rustc-env=PTISCOPE_GIT_REVISION={revision}");
+    // HEAD itself, the branch ref it names and packed-refs (a worktree's
+    // HEAD lives in its own git dir, refs in the common one: --git-path
+    // resolves both).
+    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watched.push(branch);
+    }
+    for name in watched {
+        // Only files that exist: cargo reruns a script on every build
+        // while a file it watches is missing (packed-refs often is).
+        if let Some(path) = git(&["rev-parse", "--git-path", &name]) {
+            let path = root.join(path);
+            if path.exists() {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+        }
     }
 }
 

@@ -74,16 +74,18 @@ fn run(args: &RunArgs) -> ExitCode {
         measurer = measurer.with_live_metrics(LiveMetricsConfig {
             interval: std::time::Duration::from_millis(ms),
             out,
+            format: args.metrics_format,
         });
     }
     match run_vm(&config, &mut measurer) {
         Ok(outcome) => {
             print_summary(&outcome);
-            let summary = measurer.summary(
+            let mut summary = measurer.summary(
                 &outcome,
                 ptiscope::cli::compare::config_words(&outcome),
                 config.guest.iterations,
             );
+            summary.environment = Some(environment("kvm", &config, &summary.config));
             report(&summary, args.json.as_deref(), outcome.exit_code())
         }
         Err(e) => {
@@ -199,10 +201,11 @@ fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
             for f in outcome.faults() {
                 eprintln!("  guest reported: {f}");
             }
-            let summary = ptiscope::observe::measure::summary_from_result(
+            let mut summary = ptiscope::observe::measure::summary_from_result(
                 &outcome,
                 ptiscope::cli::compare::config_words(&outcome),
             );
+            summary.environment = Some(environment("qemu", config, &summary.config));
             report(&summary, args.json.as_deref(), outcome.exit_code())
         }
         Err(e) => {
@@ -210,6 +213,19 @@ fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
             code(e.exit_code())
         }
     }
+}
+
+/// The report's `environment` block for a run (docs/report-json.md).
+fn environment(
+    backend: &str,
+    config: &ptiscope::RunConfig,
+    options: &[String],
+) -> ptiscope::report::Environment {
+    ptiscope::report::Environment::collect(
+        backend,
+        ptiscope::cli::compare::guest_image(&config.kernel),
+        [("run".to_owned(), options.to_vec())].into(),
+    )
 }
 
 fn print_summary(o: &RunOutcome) {

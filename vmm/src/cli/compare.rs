@@ -7,13 +7,19 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use crate::cli::exit_code::{self, ExitCode};
-use crate::cli::{Backend, CompareArgs};
+use crate::cli::{
+    Backend, CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT, MIN_AUTO_RUNS,
+};
 use crate::machine::loader::KernelSource;
 use crate::machine::RunOutcome;
 use crate::observe::measure::{rate_name, summary_from_result, Measurer};
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
 use crate::preflight::{host, preflight, ResolvedRun, RunConfig, SerialOut, Target};
+use crate::report::environment::{Environment, GuestImage};
+use crate::report::stats::Verdict;
 use crate::report::{CompareTable, Condition, Metric, RunSummary};
 
 /// One side of the comparison.
@@ -275,6 +281,103 @@ fn progress(total: u64, quiet: bool) -> indicatif::ProgressBar {
     bar
 }
 
+/// How `--runs` ends.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunsStop {
+    /// `--runs N`: N runs per side.
+    Fixed,
+    /// `--runs auto`: the CI half-width reached the target on both sides.
+    TargetReached,
+    /// `--runs auto`: `--max-runs` reached first.
+    MaxRuns,
+}
+
+/// What `--runs` did, for the text and the JSON (`runs`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunsReport {
+    /// `fixed` or `auto`.
+    pub mode: &'static str,
+    /// Measured runs per side.
+    pub per_side: u32,
+    /// Discarded warm-up pairs.
+    pub warmup: u32,
+    /// `--runs auto`: the metric watched, the target and the limit.
+    pub metric: Option<String>,
+    pub target_ci_pct: Option<f64>,
+    pub max_runs: Option<u32>,
+    /// The watched metric's CI half-width in % of its mean at the end,
+    /// per side (`null` where undefined).
+    pub final_ci_pct: Option<[Option<f64>; 2]>,
+    pub stopped: RunsStop,
+}
+
+impl RunsReport {
+    /// One sentence for the text report.
+    pub fn sentence(&self) -> String {
+        let pct = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.2} %"));
+        let ci = self
+            .final_ci_pct
+            .map(|[b, c]| format!("baseline {}, compare {}", pct(b), pct(c)))
+            .unwrap_or_default();
+        let warm = if self.warmup > 0 {
+            format!(" (plus {} discarded warm-up pair(s))", self.warmup)
+        } else {
+            String::new()
+        };
+        let metric = self.metric.as_deref().unwrap_or("-");
+        let target = self.target_ci_pct.unwrap_or(0.0);
+        match self.stopped {
+            RunsStop::Fixed => format!("{} runs per side{warm}", self.per_side),
+            RunsStop::TargetReached => format!(
+                "--runs auto: stopped after {} runs per side{warm}: the 95 % CI of {metric}'s \
+                 mean is within {target} % of it on both sides ({ci})",
+                self.per_side
+            ),
+            RunsStop::MaxRuns => format!(
+                "--runs auto: stopped at --max-runs {} runs per side{warm}: the 95 % CI of \
+                 {metric}'s mean did NOT reach {target} % ({ci})",
+                self.per_side
+            ),
+        }
+    }
+}
+
+/// The time metric `--runs auto` watches: the host clock under KVM, the
+/// guest's RDTSC under QEMU (the only time figure there).
+fn main_time_metric(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Kvm => "ns_per_call",
+        Backend::Qemu => "cycles_per_call",
+    }
+}
+
+/// The CI half-width of `metric`'s mean in % of the mean over `runs`.
+fn ci_pct(runs: &[RunSummary], metric: &str) -> Option<f64> {
+    let samples: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| rates(r).into_iter().find(|(m, _)| m.name == metric))
+        .map(|(_, v)| v)
+        .collect();
+    if samples.len() != runs.len() {
+        return None;
+    }
+    crate::report::stats::mean_ci95(&samples)?.relative_pct
+}
+
+/// The image a configuration boots, named and hashed for the environment.
+pub fn guest_image(kernel: &KernelSource) -> GuestImage {
+    let name = match kernel {
+        KernelSource::Embedded(b) if std::ptr::eq(*b, crate::GUEST_I386) => {
+            "embedded i386".to_owned()
+        }
+        KernelSource::Embedded(_) => "embedded x86_64".to_owned(),
+        KernelSource::Path(p) => p.display().to_string(),
+    };
+    let bytes = crate::machine::loader::read_image(kernel).ok();
+    GuestImage::new(name, bytes.as_deref())
+}
+
 /// Runs the comparison and prints it; returns the process exit code.
 pub fn run(args: &CompareArgs) -> i32 {
     let embedded = args.arch.embedded_image();
@@ -282,6 +385,23 @@ pub fn run(args: &CompareArgs) -> i32 {
         eprintln!("ptiscope compare: --qemu-arg needs --backend qemu");
         return exit_code::USAGE;
     }
+    if args.runs != Runs::Auto && (args.max_runs.is_some() || args.target_ci.is_some()) {
+        eprintln!(
+            "ptiscope compare: --max-runs and --target-ci go with --runs auto \
+             (give --runs auto, or drop them)"
+        );
+        return exit_code::USAGE;
+    }
+    let earlier = match &args.against {
+        Some(p) => match read_earlier(p) {
+            Ok(t) => Some(t),
+            Err(msg) => {
+                eprintln!("ptiscope compare: --against {}: {msg}", p.display());
+                return exit_code::USAGE;
+            }
+        },
+        None => None,
+    };
     let conditions: Vec<Condition> = match args
         .fail_if
         .iter()
@@ -318,9 +438,26 @@ pub fn run(args: &CompareArgs) -> i32 {
             return e.exit_code();
         }
     };
+    let (max_runs, target_ci) = match args.runs {
+        Runs::Fixed(n) => (n, None),
+        Runs::Auto => (
+            args.max_runs.unwrap_or(DEFAULT_MAX_RUNS),
+            Some(args.target_ci.unwrap_or(DEFAULT_TARGET_CI_PCT)),
+        ),
+    };
+    let watched = main_time_metric(args.backend);
 
     println!("ptiscope compare: what PTI costs in the ptiscope guest on this host");
-    println!("  host:      {}", host::describe_host());
+    // Probed once per process (the entry probe also resolves entry=auto).
+    let mut environment = Environment::collect(
+        match args.backend {
+            Backend::Kvm => "kvm",
+            Backend::Qemu => "qemu",
+        },
+        guest_image(&base.run.config.kernel),
+        BTreeMap::new(),
+    );
+    print!("{}", environment.render_text());
     match args.backend {
         Backend::Kvm => {
             let entry = match (base.run.config.guest.entry, base.run.guest.entry) {
@@ -345,34 +482,57 @@ pub fn run(args: &CompareArgs) -> i32 {
             );
         }
     }
+    let runs_text = match (args.runs, target_ci) {
+        (Runs::Fixed(n), _) => format!("{n} runs per side"),
+        (Runs::Auto, Some(t)) => format!(
+            "runs per side: auto, until the 95 % CI of {watched} is within {t} % of its mean \
+             (at least {MIN_AUTO_RUNS}, at most {max_runs})"
+        ),
+        (Runs::Auto, None) => "runs per side: auto".to_owned(),
+    };
+    let warmup_text = if args.warmup > 0 {
+        format!(", after {} discarded warm-up pair(s)", args.warmup)
+    } else {
+        String::new()
+    };
     let workload = base.run.guest.workload.map_or("-", Workload::name);
     if base.run.guest.workload == Some(Workload::SchedMessaging) {
         // Its size comes from groups=/loops= (cmdline=...), not --iterations.
         println!(
-            "  workload:  sched-messaging (perf bench sched messaging, pipes), {} runs per side, \
-             interleaved; rates are per message",
-            args.runs
+            "  workload:  sched-messaging (perf bench sched messaging, pipes), {runs_text}, \
+             interleaved{warmup_text}; rates are per message"
         );
     } else {
         println!(
-            "  workload:  {workload} x {} iterations per run, {} runs per side, interleaved",
+            "  workload:  {workload} x {} iterations per run, {runs_text}, interleaved{warmup_text}",
             base.run.guest.iterations.unwrap_or(0),
-            args.runs
         );
     }
     println!("  baseline:  {}", base.label);
     println!("  compare:   {}", comp.label);
     println!();
 
-    let total = 2 * u64::from(args.runs);
+    let total = 2 * u64::from(max_runs + args.warmup);
     let bar = progress(total, args.quiet);
     let started = Instant::now();
     let mut runs: [Vec<RunSummary>; 2] = [Vec::new(), Vec::new()];
     let mut durations = [Durations::default(), Durations::default()];
     let mut disagreements: Vec<String> = Vec::new();
     let specs = [&base, &comp];
-    for i in 0..args.runs {
-        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+    let mut pair: u32 = 0;
+    let stopped = loop {
+        let warming = pair < args.warmup;
+        // Run number within its kind (warm-up or measured), from 1.
+        let number = if warming {
+            pair + 1
+        } else {
+            pair - args.warmup + 1
+        };
+        let order = if pair.is_multiple_of(2) {
+            [0, 1]
+        } else {
+            [1, 0]
+        };
         for side in order {
             // Only on a terminal, and only once the compare has taken a
             // while: a short compare stays silent.
@@ -386,29 +546,32 @@ pub fn run(args: &CompareArgs) -> i32 {
             bar.set_message(specs[side].label.clone());
             let before = CpuTimes::now();
             let result = run_measured(&specs[side].run, args.backend);
-            durations[side].add(&before, &CpuTimes::now());
+            if !warming {
+                durations[side].add(&before, &CpuTimes::now());
+            }
+            let what = if warming {
+                format!("{} warm-up run {number}", specs[side].label)
+            } else {
+                format!("{} run {number}", specs[side].label)
+            };
             match result {
                 Ok((_, s)) => {
                     if !s.telemetry_valid() {
                         bar.suspend(|| {
                             eprintln!(
-                                "ptiscope compare: warning: {} run {}: guest telemetry invalid: {}",
-                                specs[side].label,
-                                i + 1,
+                                "ptiscope compare: warning: {what}: guest telemetry invalid: {}",
                                 s.telemetry_problems.join("; ")
                             )
                         });
                     }
+                    if warming {
+                        bar.inc(1);
+                        continue;
+                    }
                     for c in s.cross_checks.iter().filter(|c| !c.agrees) {
                         disagreements.push(format!(
-                            "{} run {}: {}: {} {} vs {} {}",
-                            specs[side].label,
-                            i + 1,
-                            c.what,
-                            c.host_metric,
-                            c.host_value,
-                            c.guest_metric,
-                            c.guest_value
+                            "{what}: {}: {} {} vs {} {}",
+                            c.what, c.host_metric, c.host_value, c.guest_metric, c.guest_value
                         ));
                     }
                     // A --fail-if naming a metric the runs do not produce
@@ -430,20 +593,55 @@ pub fn run(args: &CompareArgs) -> i32 {
                 }
                 Err((code, msg)) => {
                     bar.finish_and_clear();
-                    eprintln!(
-                        "ptiscope compare: {} run {} of {} failed: {msg}",
-                        specs[side].label,
-                        i + 1,
-                        args.runs
-                    );
+                    let of = match args.runs {
+                        Runs::Fixed(n) if !warming => format!(" of {n}"),
+                        _ => String::new(),
+                    };
+                    eprintln!("ptiscope compare: {what}{of} failed: {msg}");
                     return if code == 0 { 1 } else { code };
                 }
             }
             bar.inc(1);
         }
-    }
+        pair += 1;
+        if warming {
+            continue;
+        }
+        let done = pair - args.warmup;
+        match target_ci {
+            None if done >= max_runs => break RunsStop::Fixed,
+            None => {}
+            Some(target) => {
+                let ci = [ci_pct(&runs[0], watched), ci_pct(&runs[1], watched)];
+                if done >= MIN_AUTO_RUNS && ci.iter().all(|c| c.is_some_and(|c| c <= target)) {
+                    break RunsStop::TargetReached;
+                }
+                if done >= max_runs {
+                    break RunsStop::MaxRuns;
+                }
+            }
+        }
+    };
     bar.finish_and_clear();
-    let (table, dropped) = build_table((&base.label, &runs[0]), (&comp.label, &runs[1]));
+    let (mut table, dropped) = build_table((&base.label, &runs[0]), (&comp.label, &runs[1]));
+    let per_side = runs[0].len() as u32;
+    let runs_report = RunsReport {
+        mode: if target_ci.is_some() { "auto" } else { "fixed" },
+        per_side,
+        warmup: args.warmup,
+        metric: target_ci.map(|_| watched.to_owned()),
+        target_ci_pct: target_ci,
+        max_runs: target_ci.map(|_| max_runs),
+        final_ci_pct: target_ci.map(|_| [ci_pct(&runs[0], watched), ci_pct(&runs[1], watched)]),
+        stopped,
+    };
+    environment
+        .options
+        .insert("baseline".into(), table.baseline.config.clone());
+    environment
+        .options
+        .insert("compare".into(), table.compare.config.clone());
+    table.environment = Some(environment);
     // The text shows the metrics that are non-zero somewhere; JSON and CSV have all.
     let mut shown = table.clone();
     shown.metrics.retain(|m| {
@@ -469,9 +667,10 @@ pub fn run(args: &CompareArgs) -> i32 {
     println!();
     headline(&table);
     print!("{}", render_durations(&base.label, &comp.label, &durations));
+    println!("  {}", runs_report.sentence());
     println!(
         "  {} runs in {:.1} s",
-        total,
+        2 * (per_side + args.warmup),
         started.elapsed().as_secs_f64()
     );
     for d in &dropped {
@@ -492,10 +691,28 @@ pub fn run(args: &CompareArgs) -> i32 {
             "  note: with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only"
         );
     }
+    let against = earlier.map(|(path, earlier)| {
+        let a = Against::new(&path, &earlier, &table);
+        print!("{}", a.render_text());
+        for d in &a.environment_differences {
+            eprintln!("ptiscope compare: warning: --against: the environment differs: {d}");
+        }
+        if a.environment_missing {
+            eprintln!(
+                "ptiscope compare: warning: --against: {} records no environment; \
+                 cannot tell whether it came from the same host and build",
+                path.display()
+            );
+        }
+        a
+    });
 
     let mut code = 0;
     if let Some(p) = &args.json {
-        code = code.max(write_file(p, &json_text(&table, &durations)));
+        code = code.max(write_file(
+            p,
+            &json_text(&table, &durations, &runs_report, against.as_ref()),
+        ));
     }
     if let Some(p) = &args.svg {
         code = code.max(write_file(p, &crate::report::plot::compare_svg(&table)));
@@ -525,15 +742,144 @@ pub fn run(args: &CompareArgs) -> i32 {
     code
 }
 
-fn json_text(t: &CompareTable, durations: &[Durations; 2]) -> String {
+fn json_text(
+    t: &CompareTable,
+    durations: &[Durations; 2],
+    runs: &RunsReport,
+    against: Option<&Against>,
+) -> String {
     let mut v = t.to_json();
     if let Some(o) = v.as_object_mut() {
         o.insert(
             "durations".into(),
             serde_json::json!({ "baseline": durations[0], "compare": durations[1] }),
         );
+        o.insert(
+            "runs".into(),
+            serde_json::to_value(runs).unwrap_or_default(),
+        );
+        if let Some(a) = against {
+            o.insert("against".into(), a.to_json());
+        }
     }
     serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into())
+}
+
+/// Reads an earlier `compare --json` document.
+fn read_earlier(p: &Path) -> Result<(std::path::PathBuf, CompareTable), String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read it: {e}"))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
+    let schema = v["schema"].as_str().unwrap_or("").to_owned();
+    if !schema.starts_with("ptiscope.compare/") {
+        return Err(format!(
+            "not a `ptiscope compare --json` document (schema {:?}, expected {:?})",
+            schema,
+            crate::report::compare::SCHEMA
+        ));
+    }
+    CompareTable::from_json(v)
+        .map(|t| (p.to_path_buf(), t))
+        .map_err(|e| format!("not a readable {schema} document: {e}"))
+}
+
+/// `--against FILE`: each side of this compare against the same side of an
+/// earlier one, and what differs in their environments.
+pub struct Against {
+    pub file: std::path::PathBuf,
+    /// Earlier baseline runs vs this compare's baseline runs, and the same
+    /// for the compare side.
+    pub sides: [CompareTable; 2],
+    pub environment_differences: Vec<String>,
+    /// The earlier document had no `environment` block.
+    pub environment_missing: bool,
+}
+
+impl Against {
+    pub fn new(file: &Path, earlier: &CompareTable, now: &CompareTable) -> Self {
+        let side = |label: &str,
+                    earlier_side: &crate::report::compare::Side,
+                    now_side: &crate::report::compare::Side| {
+            let mut t = CompareTable::new(
+                crate::report::compare::Side {
+                    label: format!("earlier {}", earlier_side.label),
+                    config: earlier_side.config.clone(),
+                },
+                crate::report::compare::Side {
+                    label: format!("now {}", now_side.label),
+                    config: now_side.config.clone(),
+                },
+            );
+            for m in &now.metrics {
+                if let Some(e) = earlier.metric(&m.metric.name) {
+                    let (e, n) = if label == "baseline" {
+                        (&e.baseline.samples, &m.baseline.samples)
+                    } else {
+                        (&e.compare.samples, &m.compare.samples)
+                    };
+                    // Both come from valid tables: this cannot fail but
+                    // for a hand-edited file, where the metric is skipped.
+                    let _ = t.add(m.metric.clone(), e, n);
+                }
+            }
+            t
+        };
+        let (environment_differences, environment_missing) =
+            match (&earlier.environment, &now.environment) {
+                (Some(e), Some(n)) => (n.differences(e), false),
+                _ => (Vec::new(), true),
+            };
+        Against {
+            file: file.to_path_buf(),
+            sides: [
+                side("baseline", &earlier.baseline, &now.baseline),
+                side("compare", &earlier.compare, &now.compare),
+            ],
+            environment_differences,
+            environment_missing,
+        }
+    }
+
+    pub fn render_text(&self) -> String {
+        let mut out = format!(
+            "\nagainst {}: each side now vs the same side then (means, 95 % CI, Welch p)\n",
+            self.file.display()
+        );
+        for t in &self.sides {
+            // As in the main table: metrics zero in every run stay in the JSON only.
+            let mut shown = t.clone();
+            shown.metrics.retain(|m| {
+                m.baseline
+                    .samples
+                    .iter()
+                    .chain(&m.compare.samples)
+                    .any(|&v| v != 0.0)
+            });
+            out.push('\n');
+            out.push_str(&shown.render_confidence());
+        }
+        out.push('\n');
+        if self.environment_missing {
+            out.push_str("  environment: the earlier result records none\n");
+        } else if self.environment_differences.is_empty() {
+            out.push_str("  environment: the same as the earlier result's\n");
+        } else {
+            out.push_str(&format!(
+                "  environment: DIFFERS from the earlier result's in {} field(s) (see stderr)\n",
+                self.environment_differences.len()
+            ));
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "file": self.file.display().to_string(),
+            "environment_differences": self.environment_differences,
+            "environment_missing": self.environment_missing,
+            "baseline": self.sides[0].to_json(),
+            "compare": self.sides[1].to_json(),
+        })
+    }
 }
 
 /// CPU time of this process and its reaped children (QEMU under
@@ -619,6 +965,7 @@ fn headline(t: &CompareTable) {
                 m.baseline.get(crate::report::Stat::Amean)?,
                 m.compare.get(crate::report::Stat::Amean)?,
                 m.delta_pct.amean,
+                m.significance,
             ))
         })
     };
@@ -635,9 +982,80 @@ fn headline(t: &CompareTable) {
             "kernel instructions per call (KVM insn_emulation)",
         ),
     ] {
-        if let Some((x, y, pct)) = mean(name) {
+        if let Some((x, y, pct, sig)) = mean(name) {
             let pct = pct.map_or(String::new(), |p| format!(" ({p:+.1} %)"));
-            println!("  {what:<52} {x:>12.2} -> {y:>12.2}{pct}");
+            // The verdict of the CI block, with Welch's p where it exists.
+            let sig = sig.map_or(String::new(), |s| match (s.verdict, s.welch) {
+                (Verdict::Significant | Verdict::NotSignificant, Some(w)) => format!(
+                    "  mmtests: {}; Welch p {}",
+                    s.verdict.word(),
+                    crate::report::compare::p_text(w.p_value)
+                ),
+                (Verdict::Significant | Verdict::NotSignificant, None) => {
+                    format!("  mmtests: {}", s.verdict.word())
+                }
+                _ => format!("  {}", s.verdict.word()),
+            });
+            println!("  {what:<52} {x:>12.2} -> {y:>12.2}{pct}{sig}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(stopped: RunsStop, per_side: u32) -> RunsReport {
+        RunsReport {
+            mode: "auto",
+            per_side,
+            warmup: 1,
+            metric: Some("ns_per_call".into()),
+            target_ci_pct: Some(1.0),
+            max_runs: Some(20),
+            final_ci_pct: Some([Some(0.8), None]),
+            stopped,
+        }
+    }
+
+    #[test]
+    fn runs_sentences_say_which_stop_and_how_many() {
+        assert_eq!(
+            report(RunsStop::TargetReached, 7).sentence(),
+            "--runs auto: stopped after 7 runs per side (plus 1 discarded warm-up pair(s)): \
+             the 95 % CI of ns_per_call's mean is within 1 % of it on both sides \
+             (baseline 0.80 %, compare n/a)"
+        );
+        assert!(report(RunsStop::MaxRuns, 20)
+            .sentence()
+            .starts_with("--runs auto: stopped at --max-runs 20 runs per side"));
+        let fixed = RunsReport {
+            mode: "fixed",
+            warmup: 0,
+            metric: None,
+            target_ci_pct: None,
+            max_runs: None,
+            final_ci_pct: None,
+            ..report(RunsStop::Fixed, 5)
+        };
+        assert_eq!(fixed.sentence(), "5 runs per side");
+        let v = serde_json::to_value(report(RunsStop::MaxRuns, 20)).unwrap();
+        assert_eq!(v["stopped"], "max_runs");
+        assert_eq!(v["final_ci_pct"][1], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn guest_images_are_named_and_hashed() {
+        let g = guest_image(&KernelSource::Embedded(crate::GUEST_X86_64));
+        assert_eq!(g.name, "embedded x86_64");
+        assert_eq!(g.bytes, crate::GUEST_X86_64.len() as u64);
+        assert_eq!(
+            g.sha256.as_deref(),
+            Some(crate::report::environment::sha256_hex(crate::GUEST_X86_64).as_str())
+        );
+        let g = guest_image(&KernelSource::Embedded(crate::GUEST_I386));
+        assert_eq!(g.name, "embedded i386");
+        let g = guest_image(&KernelSource::Path("/nonexistent/kernel".into()));
+        assert_eq!((g.sha256, g.bytes), (None, 0));
     }
 }

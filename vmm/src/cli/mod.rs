@@ -67,12 +67,23 @@ Options for --baseline/--compare (comma-separated key=value):
   pti=on|off|auto  pcid=on|off  entry=auto|syscall|sysenter|int80|int3|int4
   workload=NAME  iterations=N  cpu_vuln=meltdown|none|host  mem=MiB  cmdline=TEXT
 
+Statistics: per metric the mean and its 95 % confidence interval (Student's t),
+Welch's t-test p-value, and mmtests' significance marker: an Amean difference
+printed as `*  x.xx%*` instead of `(  x.xx%)` exceeds both sides' qnorm(0.975) x
+stddev summed. `--runs auto [--target-ci PCT] [--max-runs N]` adds interleaved run
+pairs (at least 3 per side) until the main time metric's (ns_per_call; under QEMU
+cycles_per_call) CI half-width is within PCT % of the mean on both sides, and says
+which stop it took. `--against FILE.json` compares each side with the same side of
+an earlier `--json` result and warns when the environments differ.
+
 --fail-if COND (repeatable, or comma-separated): fails the command when COND holds.
   COND := metric[.stat][.field] OP number
   stat  := min|amean|stddev|coeffvar|max|bamean50|bamean95|bamean99 (default amean)
   field := compare|baseline|delta|delta_pct|diff_pct (default compare)
+           | welch_p | significant (about the means: no stat; significant is 1 or 0)
   OP    := > >= < <= == !=
   e.g. 'cr3_writes_per_call!=2'  'ns_per_call.delta_pct>50'  'cycles_per_call.coeffvar.baseline>2'
+       'kernel_instructions_per_call.significant==1'  'ns_per_call.welch_p<0.01'
 
 Exit status: 0 done and no --fail-if held; 1 a --fail-if condition held or could
 not be evaluated; 64 bad usage (also a --fail-if metric the runs do not have,
@@ -86,6 +97,44 @@ written; otherwise the exit status of the run that failed
 pub const DEFAULT_COMPARE_ITERATIONS: u64 = 20_000;
 /// Default runs per side.
 pub const DEFAULT_COMPARE_RUNS: u32 = 5;
+/// `--runs auto`: runs per side before the first look at the confidence
+/// interval (Student's t with 1 degree of freedom is 12.7 wide: two runs say little).
+pub const MIN_AUTO_RUNS: u32 = 3;
+/// `--runs auto`: default `--max-runs`.
+pub const DEFAULT_MAX_RUNS: u32 = 20;
+/// `--runs auto`: default `--target-ci`, in % of the mean.
+pub const DEFAULT_TARGET_CI_PCT: f64 = 1.0;
+
+/// `--runs`: a fixed count per side, or until the confidence interval is narrow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    Fixed(u32),
+    Auto,
+}
+
+/// `--runs`: `auto` or a count in 1..=1000.
+pub fn parse_runs(s: &str) -> Result<Runs, String> {
+    let s = s.trim();
+    if s == "auto" {
+        return Ok(Runs::Auto);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if (1..=1000).contains(&n) => Ok(Runs::Fixed(n)),
+        _ => Err(format!(
+            "{s:?}: give a number of runs per side in 1..=1000, or `auto`"
+        )),
+    }
+}
+
+/// `--target-ci`: a percentage in (0, 100].
+pub fn parse_target_ci(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?}: give the confidence interval's half-width in % of the mean, in (0, 100]"
+        )),
+    }
+}
 
 /// A clap value parser for an option typed in the guest ABI: the accepted
 /// values (and `--help`'s list) are its names, parsed by its `FromStr`.
@@ -108,9 +157,26 @@ pub struct CompareArgs {
     /// Compare configuration: comma-separated key=value options.
     #[arg(long, value_name = "OPTS", default_value = "pti=on")]
     pub compare: String,
-    /// Runs per configuration (baseline and compare runs are interleaved).
-    #[arg(long, value_name = "R", default_value_t = DEFAULT_COMPARE_RUNS, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub runs: u32,
+    /// Runs per configuration (baseline and compare runs are interleaved), or
+    /// `auto`: add run pairs until the main time metric's 95 % confidence
+    /// interval is within --target-ci of its mean on both sides, or
+    /// --max-runs is reached.
+    #[arg(long, value_name = "R|auto", default_value = "5", value_parser = parse_runs)]
+    pub runs: Runs,
+    /// With `--runs auto`: the most runs per side (default 20).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(MIN_AUTO_RUNS as i64..=1000))]
+    pub max_runs: Option<u32>,
+    /// With `--runs auto`: the target half-width of the 95 % confidence
+    /// interval of the main time metric's mean, in % of the mean (default 1).
+    #[arg(long, value_name = "PCT", value_parser = parse_target_ci)]
+    pub target_ci: Option<f64>,
+    /// Run K interleaved pairs first and discard them (warm-up).
+    #[arg(long, value_name = "K", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub warmup: u32,
+    /// Also compare this run with an earlier `compare --json` result (each
+    /// side with the earlier run's same side) and warn when the environments differ.
+    #[arg(long, value_name = "FILE.json")]
+    pub against: Option<PathBuf>,
     /// Workload for both sides (an OPTS `workload=` overrides it).
     #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
     pub workload: Workload,
@@ -126,7 +192,7 @@ pub struct CompareArgs {
     /// Stop a run after this many seconds.
     #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout)]
     pub timeout: Duration,
-    /// Write the comparison as JSON (schema ptiscope.compare/1).
+    /// Write the comparison as JSON (schema ptiscope.compare/1, with the environment).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Write the comparison as CSV.
@@ -200,6 +266,15 @@ pub struct RunArgs {
     /// Where the --metrics-interval lines go (a file or FIFO; default stderr).
     #[arg(long, value_name = "FILE_OR_FIFO", requires = "metrics_interval")]
     pub metrics_out: Option<PathBuf>,
+    /// Format of the --metrics-interval stream: JSON lines of changes, or one
+    /// OpenMetrics (Prometheus) text exposition of cumulative counters per interval.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "json",
+        requires = "metrics_interval"
+    )]
+    pub metrics_format: crate::observe::live_metrics::MetricsFormat,
     /// Which embedded guest to boot: the x86_64 flavour or the 32-bit PAE one
     /// (with `--kernel`, the image decides).
     #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
@@ -395,6 +470,32 @@ mod tests {
         );
         assert_eq!(c.guest.extra, "fault=pf");
         assert_eq!(c.cpu_vuln, CpuVuln::Meltdown);
+    }
+
+    #[test]
+    fn runs_and_target_ci() {
+        assert_eq!(parse_runs("auto"), Ok(Runs::Auto));
+        assert_eq!(parse_runs(" 7 "), Ok(Runs::Fixed(7)));
+        for bad in ["0", "1001", "-1", "many", ""] {
+            assert!(parse_runs(bad).unwrap_err().contains("or `auto`"), "{bad}");
+        }
+        assert_eq!(parse_target_ci("1"), Ok(1.0));
+        assert_eq!(parse_target_ci("2.5%"), Ok(2.5));
+        for bad in ["0", "-1", "101", "NaN", "x"] {
+            assert!(parse_target_ci(bad).is_err(), "{bad}");
+        }
+        let cli = Cli::try_parse_from(["ptiscope", "compare", "--runs", "auto", "--warmup", "2"])
+            .unwrap();
+        let Some(Command::Compare(args)) = cli.command else {
+            panic!("not compare")
+        };
+        assert_eq!((args.runs, args.warmup), (Runs::Auto, 2));
+        assert_eq!((args.max_runs, args.target_ci), (None, None));
+        let cli = Cli::try_parse_from(["ptiscope", "compare"]).unwrap();
+        let Some(Command::Compare(args)) = cli.command else {
+            panic!("not compare")
+        };
+        assert_eq!(args.runs, Runs::Fixed(DEFAULT_COMPARE_RUNS));
     }
 
     #[test]

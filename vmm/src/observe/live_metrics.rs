@@ -4,6 +4,15 @@
 //! per interval with the changes since the previous line (as Firecracker's
 //! metrics flush does), flushing each line so a FIFO reader sees it at once.
 //! Format: docs/report-json.md, "`ptiscope.metrics/1`".
+//!
+//! With `--metrics-format openmetrics` each interval instead writes one
+//! complete OpenMetrics text exposition (the format Prometheus scrapes) of
+//! the **cumulative** values, ending in `# EOF`: counters are counts since
+//! the VM (KVM stats) or the guest (telemetry) started, as the format wants,
+//! so a reader takes the latest block; the last block is the run's final
+//! figures. Written by hand: it is a few lines of text, and the Prometheus
+//! client crates are built around a registry served over HTTP, which a
+//! stream to a file or FIFO does not need.
 
 use std::io::Write;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -22,10 +31,22 @@ pub const SCHEMA: &str = "ptiscope.metrics/1";
 /// Smallest interval accepted (a line per millisecond is already a lot).
 pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
-/// Where and how often.
+/// How each interval is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MetricsFormat {
+    /// One JSON line of changes per interval (`ptiscope.metrics/1`).
+    #[default]
+    Json,
+    /// One OpenMetrics text exposition of cumulative values per interval.
+    #[value(name = "openmetrics")]
+    OpenMetrics,
+}
+
+/// Where, how often, and in which format.
 pub struct LiveMetricsConfig {
     pub interval: Duration,
     pub out: Box<dyn Write + Send>,
+    pub format: MetricsFormat,
 }
 
 /// Errors of the live-metrics thread.
@@ -53,6 +74,7 @@ struct State {
     mem: GuestMemoryMmap,
     telemetry_gpa: GuestAddress,
     out: Box<dyn Write + Send>,
+    format: MetricsFormat,
     start: Instant,
     seq: u64,
     last_at: Duration,
@@ -73,6 +95,7 @@ impl LiveMetrics {
             mem: ctx.mem.clone(),
             telemetry_gpa: GuestAddress(ctx.layout.telemetry_addr()),
             out: cfg.out,
+            format: cfg.format,
             start: Instant::now(),
             seq: 0,
             last_at: Duration::ZERO,
@@ -134,7 +157,14 @@ impl State {
         let vm = self.vm.read().ok();
         let vcpu = self.vcpu.read().ok();
         let guest = TelemetryReader::new(&self.mem, self.telemetry_gpa).and_then(|r| r.snapshot());
-        if emit {
+        if emit && self.format == MetricsFormat::OpenMetrics {
+            let text = openmetrics(at, vm.as_ref(), &[vcpu.as_ref()], guest.as_ref().ok());
+            self.out
+                .write_all(text.as_bytes())
+                .map_err(LiveMetricsError::Write)?;
+            self.out.flush().map_err(LiveMetricsError::Write)?;
+            self.seq += 1;
+        } else if emit {
             let kdelta = |a: &Option<StatsSnapshot>, b: &Option<StatsSnapshot>| match (a, b) {
                 (Some(a), Some(b)) => kvm_stats::delta(a, b)
                     .map(|d| Value::Object(cumulative(&d)))
@@ -183,5 +213,121 @@ impl State {
         // reported in its line.
         self.last_guest = guest.ok().or(self.last_guest.take());
         Ok(())
+    }
+}
+
+/// `[a-zA-Z0-9_]` only (OpenMetrics metric names; KVM's are already so).
+fn metric_name(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// One counter family: `# TYPE`, `# HELP` and its `_total` samples.
+fn counter_family(out: &mut String, name: &str, help: &str, samples: &[(String, u64)]) {
+    out.push_str(&format!("# TYPE {name} counter\n# HELP {name} {help}\n"));
+    for (labels, v) in samples {
+        out.push_str(&format!("{name}_total{labels} {v}\n"));
+    }
+}
+
+/// One OpenMetrics exposition of the cumulative values: KVM's VM and vCPU
+/// stats (cumulative scalars only, as in the JSON lines), the guest's
+/// telemetry counters summed over its CPUs, and the time since the metrics
+/// thread started. Ends in `# EOF`.
+pub fn openmetrics(
+    at: Duration,
+    vm: Option<&StatsSnapshot>,
+    vcpus: &[Option<&StatsSnapshot>],
+    guest: Option<&TelemetrySnapshot>,
+) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "# TYPE ptiscope_metrics_elapsed_seconds gauge\n\
+         # HELP ptiscope_metrics_elapsed_seconds Time since the metrics thread started.\n",
+    );
+    out.push_str(&format!(
+        "ptiscope_metrics_elapsed_seconds {}\n",
+        at.as_secs_f64()
+    ));
+    let scalars = |d: &StatsSnapshot| -> Vec<(String, u64)> {
+        d.iter()
+            .filter(|(desc, v)| desc.stat_type == StatType::Cumulative && v.len() == 1)
+            .map(|(desc, v)| (desc.name.clone(), v[0]))
+            .collect()
+    };
+    if let Some(vm) = vm {
+        for (name, v) in scalars(vm) {
+            counter_family(
+                &mut out,
+                &format!("ptiscope_kvm_vm_{}", metric_name(&name)),
+                &format!("KVM VM stat {name}, cumulative since the VM was created."),
+                &[(String::new(), v)],
+            );
+        }
+    }
+    // Families keyed by stat name, one sample per vCPU.
+    let mut families: std::collections::BTreeMap<String, Vec<(String, u64)>> =
+        std::collections::BTreeMap::new();
+    for (i, vcpu) in vcpus.iter().enumerate() {
+        let Some(vcpu) = vcpu else { continue };
+        for (name, v) in scalars(vcpu) {
+            families
+                .entry(name)
+                .or_default()
+                .push((format!("{{vcpu=\"{i}\"}}"), v));
+        }
+    }
+    for (name, samples) in families {
+        counter_family(
+            &mut out,
+            &format!("ptiscope_kvm_{}", metric_name(&name)),
+            &format!("KVM vCPU stat {name}, cumulative since the vCPU was created."),
+            &samples,
+        );
+    }
+    if let Some(g) = guest {
+        let named = g.named_totals().chain([("cr3_writes", g.cr3_writes())]);
+        for (name, v) in named {
+            counter_family(
+                &mut out,
+                &format!("ptiscope_guest_{}", metric_name(name)),
+                &format!(
+                    "Guest-reported telemetry counter {name} (docs/telemetry-abi.md), summed over the guest's CPUs, since boot."
+                ),
+                &[(String::new(), v)],
+            );
+        }
+    }
+    out.push_str("# EOF\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_exposition_without_sources() {
+        let text = openmetrics(Duration::from_millis(1500), None, &[None], None);
+        assert_eq!(
+            text,
+            "# TYPE ptiscope_metrics_elapsed_seconds gauge\n\
+             # HELP ptiscope_metrics_elapsed_seconds Time since the metrics thread started.\n\
+             ptiscope_metrics_elapsed_seconds 1.5\n\
+             # EOF\n"
+        );
+        let mut fam = String::new();
+        counter_family(
+            &mut fam,
+            "ptiscope_kvm_exits",
+            "help",
+            &[("{vcpu=\"0\"}".into(), 7)],
+        );
+        assert_eq!(
+            fam,
+            "# TYPE ptiscope_kvm_exits counter\n# HELP ptiscope_kvm_exits help\nptiscope_kvm_exits_total{vcpu=\"0\"} 7\n"
+        );
+        assert_eq!(metric_name("a-b.c"), "a_b_c");
     }
 }

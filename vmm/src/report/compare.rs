@@ -9,11 +9,17 @@
 //! Rows are grouped by statistic, then metric, as compare-kernels does; each
 //! value is `%12.2f` followed by ` (%7.2f%)` (mmtests' printed width), the baseline's own difference
 //! being 0.00 %. Negative differences are worse (see `stats.rs`).
+//!
+//! On the Amean row a significant difference is printed as `*  x.xx%*`
+//! instead of `(  x.xx%)`, mmtests' marker and rule (`stats.rs` cites where
+//! in mmtests). A block with each side's mean and 95 % confidence interval,
+//! Welch's p-value and the verdict follows the table.
 
 use serde::{Deserialize, Serialize};
 
+use super::environment::Environment;
 use super::metric::{Metric, Source};
-use super::stats::{self, Stat, Summary, SummaryError};
+use super::stats::{self, Significance, Stat, Summary, SummaryError};
 
 /// Schema id written into the JSON; bump on incompatible changes.
 pub const SCHEMA: &str = "ptiscope.compare/1";
@@ -96,6 +102,11 @@ pub struct MetricComparison {
     pub diff_pct: StatValues,
     /// Plain % change per statistic: positive = compare is larger.
     pub delta_pct: StatValues,
+    /// Whether the means differ beyond the noise: mmtests' rule, Welch's
+    /// t-test, exactness. Always present in tables this version builds;
+    /// `None` only in documents written before it existed.
+    #[serde(default)]
+    pub significance: Option<Significance>,
 }
 
 impl MetricComparison {
@@ -112,6 +123,10 @@ pub struct CompareTable {
     pub baseline: Side,
     pub compare: Side,
     pub metrics: Vec<MetricComparison>,
+    /// Where the runs came from (host, KVM, probe, build, image, options);
+    /// set by `ptiscope compare`, absent in documents from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<Environment>,
 }
 
 impl CompareTable {
@@ -122,6 +137,7 @@ impl CompareTable {
             baseline,
             compare,
             metrics: Vec::new(),
+            environment: None,
         }
     }
 
@@ -160,12 +176,14 @@ impl CompareTable {
             )
         });
         let delta_pct = StatValues::from_fn(|s| stats::delta_pct(c.get(s)?, b.get(s)?));
+        let significance = Some(stats::significance(&b.samples, &c.samples));
         self.metrics.push(MetricComparison {
             metric,
             baseline: b,
             compare: c,
             diff_pct,
             delta_pct,
+            significance,
         });
         Ok(self.metrics.last().expect("just pushed"))
     }
@@ -211,14 +229,21 @@ impl CompareTable {
                 // The baseline's difference to itself is 0 by definition
                 // (mmtests prints it too), unless the value is undefined.
                 let base = m.baseline.get(stat);
-                out.push_str(&cell(base, base.map(|_| 0.0)));
-                out.push_str(&cell(m.compare.get(stat), m.diff_pct.get(stat)));
+                out.push_str(&cell(base, base.map(|_| 0.0), false));
+                // mmtests marks only the row of its comparison statistic, the mean.
+                let marked =
+                    stat == Stat::Amean && m.significance.is_some_and(|s| s.verdict.marked());
+                out.push_str(&cell(m.compare.get(stat), m.diff_pct.get(stat), marked));
                 out.push('\n');
             }
         }
         out.push('\n');
+        out.push_str(&self.render_confidence());
+        out.push('\n');
         out.push_str(&format!(
-            "runs: {} {}, {} {}; % difference: positive = compare better, negative = worse\n",
+            "runs: {} {}, {} {}; % difference: positive = compare better, negative = worse; \
+             *  x.xx%* on an Amean row: significant (mmtests: |difference| > both sides' \
+             qnorm(0.975) x stddev summed; exact counters: they differ)\n",
             self.baseline.label,
             self.metrics.first().map_or(0, |m| m.baseline.n()),
             self.compare.label,
@@ -247,6 +272,44 @@ impl CompareTable {
         out
     }
 
+    /// Per metric: each side's mean with its 95 % confidence interval
+    /// (Student's t), Welch's two-sided p-value and the verdict.
+    pub fn render_confidence(&self) -> String {
+        let name_w = self
+            .metrics
+            .iter()
+            .map(|m| m.metric.name.len())
+            .max()
+            .unwrap_or(0)
+            .max(6);
+        // Labels over the means (the 12 columns at each cell's left).
+        let label = |l: &str| format!("{:<CI_W$}", format!("{l:>12}"));
+        let mut out = format!(
+            "{:<name_w$} {} {}  {:<10} {}\n",
+            "mean, 95% CI",
+            label(&self.baseline.label),
+            label(&self.compare.label),
+            "Welch p",
+            "verdict (mmtests' rule)",
+        );
+        for m in &self.metrics {
+            let (p, verdict) = match m.significance {
+                Some(s) => (
+                    s.welch.map_or("-".to_owned(), |w| p_text(w.p_value)),
+                    s.verdict.word(),
+                ),
+                None => ("-".to_owned(), "-"),
+            };
+            out.push_str(&format!(
+                "{:<name_w$} {} {}  {p:<10} {verdict}\n",
+                m.metric.name,
+                ci_cell(&m.baseline),
+                ci_cell(&m.compare),
+            ));
+        }
+        out
+    }
+
     /// JSON (schema [`SCHEMA`]).
     pub fn to_json(&self) -> serde_json::Value {
         // Serialising plain data with string keys cannot fail; NaN cannot
@@ -260,15 +323,26 @@ impl CompareTable {
     }
 
     /// CSV: one line per metric and statistic. Columns:
-    /// `metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct`;
-    /// undefined values are empty cells.
+    /// `metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct,`
+    /// `baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict`; the last
+    /// five (the mean's 95 % CI half-widths and the significance) only on
+    /// the `amean` line; undefined values are empty cells.
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
-            "metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct\n",
+            "metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct,\
+             baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict\n",
         );
         let num = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
         for m in &self.metrics {
             for stat in Stat::ALL {
+                let sig = m.significance.filter(|_| stat == Stat::Amean);
+                let verdict = sig.map_or(String::new(), |s| {
+                    serde_json::to_value(s.verdict)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                });
+                let amean_only = |v: Option<f64>| num(v.filter(|_| stat == Stat::Amean));
                 let fields = [
                     csv_field(&m.metric.name),
                     csv_field(&m.metric.unit),
@@ -279,6 +353,11 @@ impl CompareTable {
                     num(m.compare.get(stat)),
                     num(m.diff_pct.get(stat)),
                     num(m.delta_pct.get(stat)),
+                    amean_only(m.baseline.ci95.map(|c| c.half_width)),
+                    amean_only(m.compare.ci95.map(|c| c.half_width)),
+                    num(sig.and_then(|s| s.welch).map(|w| w.p_value)),
+                    num(sig.and_then(|s| s.mmtests).map(|m| m.ratio)),
+                    verdict,
                 ];
                 out.push_str(&fields.join(","));
                 out.push('\n');
@@ -288,11 +367,43 @@ impl CompareTable {
     }
 }
 
-/// One value column: `%12.2f (%7.2f%)`, or NaN / n/a where undefined.
-fn cell(value: Option<f64>, diff: Option<f64>) -> String {
+/// One value column: `%12.2f (%7.2f%)`, or NaN / n/a where undefined;
+/// `marked` prints mmtests' significance form `%12.2f *%7.2f%*`.
+fn cell(value: Option<f64>, diff: Option<f64>, marked: bool) -> String {
     let v = value.map_or_else(|| format!("{:>12}", "NaN"), |v| format!("{v:>12.2}"));
-    let d = diff.map_or_else(|| format!(" ({:>8})", "n/a"), |d| format!(" ({d:>7.2}%)"));
-    v + &d
+    let d = diff.map_or_else(|| format!("{:>8}", "n/a"), |d| format!("{d:>7.2}%"));
+    let (open, close) = if marked { ('*', '*') } else { ('(', ')') };
+    format!("{v} {open}{d}{close}")
+}
+
+/// Width of a confidence cell: `%12.2f ± %9.2f (%6.2f%)`.
+const CI_W: usize = 12 + 3 + 9 + 2 + 7 + 1;
+
+/// `mean ± half-width (relative %)`, `mean   exact`, or the mean alone;
+/// the means of all rows in one column.
+fn ci_cell(s: &Summary) -> String {
+    let text = match s.ci95 {
+        Some(ci) if ci.half_width == 0.0 => format!("{:>12.2}   exact", s.amean),
+        Some(ci) => {
+            let rel = ci
+                .relative_pct
+                .map_or_else(|| format!("{:>7}", "n/a"), |r| format!("{r:>6.2}%"));
+            format!("{:>12.2} ± {:>9.2} ({rel})", s.amean, ci.half_width)
+        }
+        None => format!("{:>12.2}   (1 run)", s.amean),
+    };
+    // `±` is one column but two bytes: pad by characters.
+    let pad = CI_W.saturating_sub(text.chars().count());
+    format!("{text}{}", " ".repeat(pad))
+}
+
+/// A p-value for people: four decimals, or `<0.0001`.
+pub fn p_text(p: f64) -> String {
+    if p < 1e-4 {
+        "<0.0001".to_owned()
+    } else {
+        format!("{p:.4}")
+    }
 }
 
 /// RFC 4180 quoting when needed.
@@ -340,9 +451,16 @@ mod tests {
         // Amean 812 -> 1523: 100 - 1523*100/812 = -87.56 (see stats.rs).
         // Stat column 6 wide ("Stddev"), metric column 19 wide; expected lines
         // produced independently with printf("%-6s %-19s%12.2f (%7.2f%%)...").
+        // Significant by mmtests' rule (711 / (1.96 * (12 + 23)) = 10.36 > 1),
+        // so the Amean difference prints with mmtests' `*` instead of `()`.
         assert_eq!(
             lines[3],
-            "Amean  cycles_per_call          812.00 (   0.00%)     1523.00 ( -87.56%)"
+            "Amean  cycles_per_call          812.00 (   0.00%)     1523.00 * -87.56%*"
+        );
+        // Exact counters that differ are marked too; n/a stays n/a.
+        assert_eq!(
+            lines[4],
+            "Amean  cr3_writes_per_call        0.00 (   0.00%)        2.00 *     n/a*"
         );
         // Min 800 -> 1500: 100 - 187.5 = -87.50.
         assert_eq!(
@@ -364,6 +482,65 @@ mod tests {
         assert_eq!(lines[0].len(), lines[1].len());
         assert!(lines[0].ends_with("pti=on"));
         assert!(text.contains("  guest: guest-reported"));
+    }
+
+    #[test]
+    fn confidence_block_and_unmarked_noise() {
+        let mut t = CompareTable::new(side("pti=off"), side("pti=on"));
+        // The n = 5 pair of stats.rs: Welch p = 0.2617, mmtests ratio 0.19.
+        t.add(
+            Metric::new("ns_per_call", "ns/call", Source::HostClock),
+            &[30.1, 29.5, 31.2, 30.8, 29.9],
+            &[30.6, 31.0, 30.2, 31.9, 30.4],
+        )
+        .unwrap();
+        t.add(
+            Metric::new("cr3_writes_per_call", "count/call", Source::Guest),
+            &[2.0; 5],
+            &[2.0; 5],
+        )
+        .unwrap();
+        let text = t.render_text_with(&[Stat::Amean]);
+        let amean = text.lines().find(|l| l.starts_with("Amean ns")).unwrap();
+        // 100 - 30.82 * 100 / 30.3 = -1.716...: not significant, parentheses.
+        assert!(amean.ends_with("       30.82 (  -1.72%)"), "{amean}");
+        // Half-widths 0.8557578542477975 and 0.8347824428944232 (SciPy),
+        // 2.82 % and 2.71 % of the means.
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("ns_per_call "))
+            .unwrap();
+        assert!(row.contains("30.30 ±      0.86 (  2.82%)"), "{row}");
+        assert!(row.contains("30.82 ±      0.83 (  2.71%)"), "{row}");
+        assert!(row.ends_with("0.2617     not significant"), "{row}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("cr3_writes_per_call "))
+            .unwrap();
+        assert!(row.contains("2.00   exact"), "{row}");
+        assert!(row.ends_with("-          exact, equal"), "{row}");
+        let v = t.to_json();
+        assert_eq!(
+            v["metrics"][0]["significance"]["verdict"],
+            "not_significant"
+        );
+        assert!(
+            v["metrics"][0]["compare"]["ci95"]["half_width"]
+                .as_f64()
+                .unwrap()
+                > 0.83
+        );
+        assert!(v["metrics"][1]["significance"]["welch"].is_null());
+        // Documents from before the significance fields still read.
+        let mut old = v.clone();
+        for m in old["metrics"].as_array_mut().unwrap() {
+            let m = m.as_object_mut().unwrap();
+            m.remove("significance");
+            m["baseline"].as_object_mut().unwrap().remove("ci95");
+        }
+        let back = CompareTable::from_json(old).unwrap();
+        assert_eq!(back.metrics[0].significance, None);
+        assert!(back.render_text().contains("ns_per_call"));
     }
 
     #[test]
@@ -395,12 +572,32 @@ mod tests {
         let csv = t.to_csv();
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 1 + 3 * Stat::ALL.len());
-        assert_eq!(lines[2], "cycles_per_call,cycles/call,guest,true,amean,812,1523,-87.5615763546798,87.5615763546798");
+        // Half-widths t(0.975, 2) * s / sqrt(3): 4.302652729749462 * 12 / 1.7320508
+        // = 29.8096525..., * 23 -> 57.1351673...; Welch p and the mmtests
+        // ratio as in stats.rs (SciPy: 1.976578999274445e-05, 10.364621939240829).
+        let amean: Vec<&str> = lines[2].split(',').collect();
+        assert_eq!(
+            amean[..9].join(","),
+            "cycles_per_call,cycles/call,guest,true,amean,812,1523,-87.5615763546798,87.5615763546798"
+        );
+        let field = |i: usize| amean[i].parse::<f64>().unwrap();
+        assert!((field(9) - 29.809_652_541_004).abs() < 1e-9);
+        assert!((field(10) - 57.135_167_370_257_67).abs() < 1e-9);
+        assert!((field(11) - 1.976_578_999_274_445e-5).abs() < 1e-11);
+        assert!((field(12) - 10.364_621_939_240_829).abs() < 1e-9);
+        assert_eq!(amean[13], "significant");
+        assert!(
+            lines[1].ends_with(",,,,,"),
+            "only the amean line: {}",
+            lines[1]
+        );
         assert!(lines
             .iter()
             .any(|l| l.starts_with("cr3_writes_per_call,count/call,guest,true,amean,0,2,,")));
         // One sample: stddev undefined -> empty cells; unit with a comma quoted.
-        assert!(lines.contains(&"odd_unit,\"a,b\",kvm,true,stddev,,,,"));
+        assert!(lines.contains(&"odd_unit,\"a,b\",kvm,true,stddev,,,,,,,,,"));
+        // One run: no CI, no test; the verdict says so.
+        assert!(lines.contains(&"odd_unit,\"a,b\",kvm,true,amean,1,1,0,0,,,,,undefined"));
     }
 
     #[test]

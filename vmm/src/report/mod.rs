@@ -6,6 +6,7 @@
 //! clock). The JSON schemas are documented in `docs/report-json.md`.
 
 pub mod compare;
+pub mod environment;
 pub mod metric;
 pub mod plot;
 pub mod run_summary;
@@ -13,6 +14,7 @@ pub mod stats;
 pub mod threshold;
 
 pub use compare::{CompareError, CompareTable, MetricComparison};
+pub use environment::Environment;
 pub use metric::{Metric, Source};
 pub use run_summary::{CrossCheck, RunRow, RunSummary};
 pub use stats::{Stat, Summary};

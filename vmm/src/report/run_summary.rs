@@ -149,6 +149,10 @@ pub struct RunSummary {
     /// under `--backend qemu`, where the figures come from `@result` only).
     #[serde(default = "checked_by_default")]
     pub telemetry_checked: bool,
+    /// Where the run came from (host, KVM, probe, build, image, options);
+    /// set by `ptiscope run`, absent in documents from before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<super::environment::Environment>,
 }
 
 fn checked_by_default() -> bool {
@@ -168,6 +172,7 @@ impl RunSummary {
             notes: Vec::new(),
             telemetry_problems: Vec::new(),
             telemetry_checked: true,
+            environment: None,
         }
     }
 
@@ -192,6 +197,9 @@ impl RunSummary {
             .unwrap_or(0)
             .max(10);
         let mut out = format!(" ptiscope run: {}\n", self.config.join(" "));
+        if let Some(env) = &self.environment {
+            out.push_str(&env.render_text());
+        }
         match &self.phase {
             Some(p) => out.push_str(&format!(
                 " phase {p}, {} {}s\n\n",

@@ -17,8 +17,29 @@
 //!   `pdiff` for higher-is-better ones, `compare * 100 / base - 100`: positive
 //!   means better, negative worse (0.24 s -> 0.30 s shows -25.00%). Stddev
 //!   and CoeffVar always use `pndiff` (less variation is better).
+//!
+//! Inference, for `compare` and `sweep` alike (a small API on plain sample
+//! slices, so any command can call it):
+//! - [`mean_ci95`]: the mean with its 95 % confidence interval, Student's t
+//!   quantile with n − 1 degrees of freedom times the standard error
+//!   (`t(0.975, n-1) * s / sqrt(n)`), right for small n where the normal
+//!   quantile would be too narrow.
+//! - [`welch_t_test`]: Welch's unequal-variances t-test, two-sided p-value.
+//! - [`mmtests_significance`]: mmtests' own rule, which compare-kernels uses
+//!   to print a difference as `*  x.xx%*` instead of `(  x.xx%)`. From
+//!   gormanm/mmtests `bin/lib/MMTests/Stat.pm` (`calc_meanci`: the interval
+//!   is mean ± `qnorm(0.975) * stddev`, the sample stddev itself, not the
+//!   standard error; `cidiff`: the difference of the means divided by the
+//!   sum of the two half-widths on the sides facing each other, or the plain
+//!   difference when that sum is 0), `Compare.pm` (`_generateComparisonTable`:
+//!   significant when |cidiff| > 1; `_generateRenderTable`: only the Amean
+//!   row is marked) and `PrintGeneric.pm` (`printRow` replaces the format's
+//!   parentheses by `*`).
+//!
+//! The quantiles and the t distribution come from the `statrs` crate.
 
 use serde::{Deserialize, Serialize};
+use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 
 /// One row kind of the compare table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -108,6 +129,10 @@ pub struct Summary {
     pub bamean50: f64,
     pub bamean95: f64,
     pub bamean99: f64,
+    /// The mean's 95 % confidence interval (Student's t); `None` with fewer
+    /// than two samples. Absent in documents written before it existed.
+    #[serde(default)]
+    pub ci95: Option<MeanCi>,
 }
 
 /// Why samples cannot be summarised.
@@ -163,12 +188,19 @@ impl Summary {
             bamean50: best_mean(50),
             bamean95: best_mean(95),
             bamean99: best_mean(99),
+            ci95: mean_ci95(samples),
         })
     }
 
     /// Number of samples.
     pub fn n(&self) -> usize {
         self.samples.len()
+    }
+
+    /// Whether every sample is the same value (an exact counter, such as
+    /// CR3 writes per call): there is no noise to infer about.
+    pub fn exact(&self) -> bool {
+        self.stddev == Some(0.0)
     }
 
     /// The value of one statistic (`None` where undefined).
@@ -220,6 +252,225 @@ pub fn delta_pct(compare: f64, base: f64) -> Option<f64> {
         return None;
     }
     Some((compare - base) * 100.0 / base)
+}
+
+/// The arithmetic mean; `None` for no samples.
+pub fn amean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| mean(v))
+}
+
+/// The sample standard deviation (n − 1); `None` for fewer than two samples.
+pub fn sample_stddev(v: &[f64]) -> Option<f64> {
+    if v.len() < 2 {
+        return None;
+    }
+    let m = mean(v);
+    let ss: f64 = v.iter().map(|x| (x - m).powi(2)).sum();
+    Some((ss / (v.len() - 1) as f64).sqrt())
+}
+
+/// The `p` quantile of Student's t distribution with `df` degrees of
+/// freedom (`df` may be fractional, as Welch's is); `None` for `df <= 0`
+/// or `p` outside (0, 1).
+pub fn t_quantile(p: f64, df: f64) -> Option<f64> {
+    if !(p > 0.0 && p < 1.0) {
+        return None;
+    }
+    let t = StudentsT::new(0.0, 1.0, df).ok()?;
+    Some(t.inverse_cdf(p))
+}
+
+/// The `p` quantile of the standard normal distribution (R's `qnorm(p)`);
+/// `None` for `p` outside (0, 1).
+pub fn normal_quantile(p: f64) -> Option<f64> {
+    if !(p > 0.0 && p < 1.0) {
+        return None;
+    }
+    Some(Normal::new(0.0, 1.0).ok()?.inverse_cdf(p))
+}
+
+/// A mean with its two-sided 95 % confidence interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MeanCi {
+    pub mean: f64,
+    /// `t(0.975, n-1) * stddev / sqrt(n)`; 0 when every sample is equal.
+    pub half_width: f64,
+    pub low: f64,
+    pub high: f64,
+    /// `half_width * 100 / |mean|`; `None` when the mean is 0 (0 when the
+    /// half-width is 0 too).
+    pub relative_pct: Option<f64>,
+}
+
+/// The mean and its 95 % confidence interval from Student's t with n − 1
+/// degrees of freedom; `None` for fewer than two samples or non-finite ones.
+pub fn mean_ci95(samples: &[f64]) -> Option<MeanCi> {
+    if samples.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
+    let n = samples.len();
+    let sd = sample_stddev(samples)?;
+    let m = mean(samples);
+    let half_width = if sd == 0.0 {
+        0.0
+    } else {
+        t_quantile(0.975, (n - 1) as f64)? * sd / (n as f64).sqrt()
+    };
+    let relative_pct = if half_width == 0.0 {
+        Some(0.0)
+    } else if m == 0.0 {
+        None
+    } else {
+        Some(half_width * 100.0 / m.abs())
+    };
+    Some(MeanCi {
+        mean: m,
+        half_width,
+        low: m - half_width,
+        high: m + half_width,
+        relative_pct,
+    })
+}
+
+/// Welch's unequal-variances t-test of two samples.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WelchTest {
+    /// `(mean_b - mean_a) / sqrt(var_a/n_a + var_b/n_b)`.
+    pub t: f64,
+    /// Welch–Satterthwaite degrees of freedom.
+    pub df: f64,
+    /// Two-sided p-value: the probability of a |t| at least this large if
+    /// both samples came from populations with the same mean.
+    pub p_value: f64,
+}
+
+/// Welch's t-test of `b` against `a`; `None` when a side has fewer than two
+/// samples, a sample is not finite, or both sides have no variance at all
+/// (exact values: they are equal or not, nothing to test).
+pub fn welch_t_test(a: &[f64], b: &[f64]) -> Option<WelchTest> {
+    if a.iter().chain(b).any(|v| !v.is_finite()) {
+        return None;
+    }
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    let va = sample_stddev(a)?.powi(2) / na;
+    let vb = sample_stddev(b)?.powi(2) / nb;
+    let se2 = va + vb;
+    if se2 == 0.0 {
+        return None;
+    }
+    let t = (mean(b) - mean(a)) / se2.sqrt();
+    let df = se2.powi(2) / (va.powi(2) / (na - 1.0) + vb.powi(2) / (nb - 1.0));
+    let dist = StudentsT::new(0.0, 1.0, df).ok()?;
+    // sf, not 1 - cdf: keeps precision for large |t|.
+    let p_value = (2.0 * dist.sf(t.abs())).min(1.0);
+    Some(WelchTest { t, df, p_value })
+}
+
+/// mmtests' significance of a difference of means (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MmtestsSignificance {
+    /// `qnorm(0.975) * stddev` of the baseline and of the compare side.
+    pub baseline_half_width: f64,
+    pub compare_half_width: f64,
+    /// mmtests' `cidiff`: `(mean_c - mean_b) / (half_b + half_c)`, or the
+    /// plain difference when both half-widths are 0.
+    pub ratio: f64,
+    /// `|ratio| > 1`, mmtests' rule.
+    pub significant: bool,
+}
+
+/// mmtests' rule on two samples; `None` when a side has fewer than two
+/// samples (mmtests' stddev is NaN there and it marks nothing).
+pub fn mmtests_significance(baseline: &[f64], compare: &[f64]) -> Option<MmtestsSignificance> {
+    let z = normal_quantile(0.975)?;
+    let (mb, mc) = (amean(baseline)?, amean(compare)?);
+    let hb = z * sample_stddev(baseline)?;
+    let hc = z * sample_stddev(compare)?;
+    // cidiff adds the sides of the two intervals that face each other
+    // (upper of the lower mean, lower of the higher one); the intervals are
+    // symmetric, so that is the sum of the half-widths either way.
+    let cisum = hb + hc;
+    let diff = mc - mb;
+    let ratio = if cisum == 0.0 { diff } else { diff / cisum };
+    Some(MmtestsSignificance {
+        baseline_half_width: hb,
+        compare_half_width: hc,
+        ratio,
+        significant: ratio.abs() > 1.0,
+    })
+}
+
+/// What can be said about the difference of two sides' means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Both sides exact (no variance) and equal.
+    ExactEqual,
+    /// Both sides exact and different: a certain difference.
+    ExactDifferent,
+    /// mmtests' rule holds: the difference exceeds both intervals.
+    Significant,
+    /// mmtests' rule does not hold.
+    NotSignificant,
+    /// A side has fewer than two samples: no variance, no inference.
+    Undefined,
+}
+
+impl Verdict {
+    /// Whether the text table marks the difference (`*  x.xx%*`).
+    pub fn marked(self) -> bool {
+        matches!(self, Verdict::ExactDifferent | Verdict::Significant)
+    }
+
+    /// Short word for tables.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::ExactEqual => "exact, equal",
+            Verdict::ExactDifferent => "exact, differ",
+            Verdict::Significant => "significant",
+            Verdict::NotSignificant => "not significant",
+            Verdict::Undefined => "n/a (1 run)",
+        }
+    }
+}
+
+/// The inference about one metric's baseline-vs-compare difference.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Significance {
+    pub verdict: Verdict,
+    /// Welch's t-test; `None` when undefined (a side with one sample, or
+    /// both sides exact).
+    pub welch: Option<WelchTest>,
+    /// mmtests' rule; `None` when a side has one sample.
+    pub mmtests: Option<MmtestsSignificance>,
+}
+
+/// Significance of `compare` against `baseline`. Exact counters (zero
+/// variance on both sides) are reported as exact rather than pushed through
+/// mmtests' zero-width fallback, which calls a difference significant only
+/// when it exceeds 1 in the metric's unit (right for small integer counts,
+/// wrong for per-call rates such as 0 vs 0.5 flushes per call).
+pub fn significance(baseline: &[f64], compare: &[f64]) -> Significance {
+    let mmtests = mmtests_significance(baseline, compare);
+    let welch = welch_t_test(baseline, compare);
+    let exact = |v: &[f64]| sample_stddev(v) == Some(0.0);
+    let verdict = match mmtests {
+        None => Verdict::Undefined,
+        Some(_) if exact(baseline) && exact(compare) => {
+            if mean(baseline) == mean(compare) {
+                Verdict::ExactEqual
+            } else {
+                Verdict::ExactDifferent
+            }
+        }
+        Some(m) if m.significant => Verdict::Significant,
+        Some(_) => Verdict::NotSignificant,
+    };
+    Significance {
+        verdict,
+        welch,
+        mmtests,
+    }
 }
 
 #[cfg(test)]
@@ -298,5 +549,168 @@ mod tests {
         for s in Stat::ALL {
             assert_eq!(Stat::from_key(s.key()), Some(s));
         }
+    }
+
+    fn near(a: f64, b: f64, rel: f64) -> bool {
+        (a - b).abs() <= rel * b.abs().max(1e-300)
+    }
+
+    /// Quantiles against R / SciPy: qt(0.975, 1) = 12.706204736174694,
+    /// qt(0.975, 2) = 4.302652729749462, qt(0.975, 4) = 2.7764451051977934,
+    /// qt(0.975, 29) = 2.045229642132703, qnorm(0.975) = 1.959963984540054.
+    #[test]
+    fn quantiles_match_reference_values() {
+        for (df, q) in [
+            (1.0, 12.706_204_736_174_694),
+            (2.0, 4.302_652_729_749_462),
+            (4.0, 2.776_445_105_197_793_4),
+            (29.0, 2.045_229_642_132_703),
+        ] {
+            let got = t_quantile(0.975, df).unwrap();
+            assert!(near(got, q, 1e-9), "df {df}: {got} vs {q}");
+        }
+        assert!(near(
+            normal_quantile(0.975).unwrap(),
+            1.959_963_984_540_054,
+            1e-12
+        ));
+        assert_eq!(t_quantile(1.0, 3.0), None);
+        assert_eq!(t_quantile(0.975, 0.0), None);
+        assert_eq!(normal_quantile(0.0), None);
+    }
+
+    /// The fixture above: mean 5, s = 2.138089935299395, n = 8:
+    /// t(0.975, 7) = 2.3646242510102993, half-width = 2.3646 * 2.1381 / sqrt(8)
+    /// = 1.7874879182362098 (SciPy), 35.75 % of the mean.
+    #[test]
+    fn mean_confidence_interval() {
+        let s = [5.0, 4.0, 9.0, 2.0, 4.0, 7.0, 4.0, 5.0];
+        let ci = mean_ci95(&s).unwrap();
+        assert!(near(ci.half_width, 1.787_487_918_236_209_8, 1e-9));
+        assert!(near(ci.low, 5.0 - 1.787_487_918_236_209_8, 1e-9));
+        assert!(near(ci.relative_pct.unwrap(), 35.749_758_364_724_2, 1e-9));
+        assert_eq!(Summary::new(&s, true).unwrap().ci95, Some(ci));
+        // n = 5: 30.1 29.5 31.2 30.8 29.9 -> mean 30.3, s 0.689202437604511,
+        // half-width 2.7764 * 0.6892 / sqrt(5) = 0.8557578542477975 (SciPy).
+        let ci = mean_ci95(&[30.1, 29.5, 31.2, 30.8, 29.9]).unwrap();
+        assert!(near(ci.mean, 30.3, 1e-12));
+        assert!(near(ci.half_width, 0.855_757_854_247_797_5, 1e-9));
+        // Exact: zero width; one sample: undefined.
+        let exact = mean_ci95(&[2.0, 2.0, 2.0]).unwrap();
+        assert_eq!((exact.half_width, exact.relative_pct), (0.0, Some(0.0)));
+        assert!(Summary::new(&[2.0, 2.0], true).unwrap().exact());
+        assert_eq!(mean_ci95(&[1.0]), None);
+        assert_eq!(mean_ci95(&[]), None);
+        assert_eq!(mean_ci95(&[-1.0, 1.0]).unwrap().relative_pct, None);
+    }
+
+    /// Welch's t-test against SciPy's `ttest_ind(b, a, equal_var=False)`.
+    /// The first pair is Wikipedia's worked example ("Welch's t-test",
+    /// A1/A2, n = 15 each): t = 2.455356398286006, df = 24.988529290231416,
+    /// p = 0.021378001462866992.
+    #[test]
+    fn welch_against_reference_values() {
+        let a1 = [
+            27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7,
+            21.4,
+        ];
+        let a2 = [
+            27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5,
+            24.4,
+        ];
+        // (a, b, t, df, p)
+        type Case<'a> = (&'a [f64], &'a [f64], f64, f64, f64);
+        let cases: [Case; 3] = [
+            (
+                &a1,
+                &a2,
+                2.455_356_398_286_006,
+                24.988_529_290_231_416,
+                0.021_378_001_462_866_992,
+            ),
+            // The compare.rs fixture: 800 812 824 vs 1500 1523 1546.
+            (
+                &[800.0, 812.0, 824.0],
+                &[1500.0, 1523.0, 1546.0],
+                47.470_378_657_913_67,
+                3.013_730_258_802_236_3,
+                1.976_578_999_274_445e-5,
+            ),
+            // Overlapping samples of n = 5: not significant.
+            (
+                &[30.1, 29.5, 31.2, 30.8, 29.9],
+                &[30.6, 31.0, 30.2, 31.9, 30.4],
+                1.207_670_558_105_469_9,
+                7.995_078_257_107_569,
+                0.261_683_091_321_901_7,
+            ),
+        ];
+        for (a, b, t, df, p) in cases {
+            let w = welch_t_test(a, b).unwrap();
+            assert!(near(w.t, t, 1e-9), "t {} vs {t}", w.t);
+            assert!(near(w.df, df, 1e-9), "df {} vs {df}", w.df);
+            assert!(near(w.p_value, p, 1e-6), "p {} vs {p}", w.p_value);
+            // Swapping the sides flips t and keeps p.
+            let back = welch_t_test(b, a).unwrap();
+            assert!(near(back.t, -t, 1e-9) && near(back.p_value, p, 1e-6));
+        }
+        assert_eq!(welch_t_test(&[1.0], &[1.0, 2.0]), None);
+        assert_eq!(welch_t_test(&[2.0, 2.0], &[3.0, 3.0]), None, "both exact");
+        // One exact side: df = n_other - 1, still a test.
+        let w = welch_t_test(&[2.0, 2.0, 2.0], &[2.0, 3.0, 4.0]).unwrap();
+        assert!(near(w.df, 2.0, 1e-12) && near(w.t, 1.732_050_807_568_877_2, 1e-12));
+    }
+
+    /// mmtests' rule by hand: 100 101 99 100 100 has s = sqrt(2/4) =
+    /// 0.7071067811865476, so its half-width is qnorm(0.975) * s =
+    /// 1.959963984540054 * 0.7071067811865476 = 1.3859038243496777.
+    /// Against the same spread shifted by +3: ratio 3 / (2 * 1.3859038...) =
+    /// 1.0823262 > 1, significant; shifted by +2: 0.7215508 < 1, not.
+    /// SciPy for the n = 5 pair of the Welch test: half-widths
+    /// 1.3508119557620555 and 1.317702313481214, ratio 0.19486498760505405.
+    #[test]
+    fn mmtests_rule_on_fixed_samples() {
+        let base = [100.0, 101.0, 99.0, 100.0, 100.0];
+        let plus = |d: f64| base.map(|v| v + d);
+        let m = mmtests_significance(&base, &plus(3.0)).unwrap();
+        assert!(near(m.baseline_half_width, 1.385_903_824_349_677_7, 1e-12));
+        assert!(near(m.ratio, 3.0 / (2.0 * 1.385_903_824_349_677_7), 1e-12));
+        assert!(m.significant);
+        let m = mmtests_significance(&base, &plus(2.0)).unwrap();
+        assert!(near(m.ratio, 0.721_550_790_488_106_6, 1e-9) && !m.significant);
+        // Lower compare mean: negative ratio, same magnitude.
+        let m = mmtests_significance(&plus(3.0), &base).unwrap();
+        assert!(m.ratio < -1.0 && m.significant);
+        let m = mmtests_significance(
+            &[30.1, 29.5, 31.2, 30.8, 29.9],
+            &[30.6, 31.0, 30.2, 31.9, 30.4],
+        )
+        .unwrap();
+        assert!(near(m.baseline_half_width, 1.350_811_955_762_055_5, 1e-9));
+        assert!(near(m.compare_half_width, 1.317_702_313_481_214, 1e-9));
+        assert!(near(m.ratio, 0.194_864_987_605_054_05, 1e-9) && !m.significant);
+        // Zero widths: mmtests falls back to the plain difference.
+        let m = mmtests_significance(&[0.0, 0.0], &[2.0, 2.0]).unwrap();
+        assert_eq!((m.ratio, m.significant), (2.0, true));
+        let m = mmtests_significance(&[0.0, 0.0], &[0.5, 0.5]).unwrap();
+        assert_eq!((m.ratio, m.significant), (0.5, false));
+        assert_eq!(mmtests_significance(&[1.0], &[1.0, 2.0]), None);
+    }
+
+    #[test]
+    fn verdicts() {
+        let base = [100.0, 101.0, 99.0, 100.0, 100.0];
+        let v = |a: &[f64], b: &[f64]| significance(a, b).verdict;
+        assert_eq!(v(&base, &base.map(|x| x + 3.0)), Verdict::Significant);
+        assert_eq!(v(&base, &base.map(|x| x + 2.0)), Verdict::NotSignificant);
+        // Exact counters: reported as exact, not through mmtests' fallback
+        // (which would call 0 vs 0.5 per call not significant).
+        assert_eq!(v(&[0.0, 0.0], &[0.5, 0.5]), Verdict::ExactDifferent);
+        assert_eq!(v(&[2.0, 2.0, 2.0], &[2.0, 2.0]), Verdict::ExactEqual);
+        assert_eq!(v(&[2.0], &[3.0]), Verdict::Undefined);
+        assert!(Verdict::ExactDifferent.marked() && !Verdict::ExactEqual.marked());
+        let s = significance(&[0.0, 0.0], &[0.5, 0.5]);
+        assert_eq!(s.welch, None);
+        assert_eq!(s.mmtests.unwrap().ratio, 0.5);
     }
 }

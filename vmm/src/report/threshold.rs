@@ -8,17 +8,21 @@
 //! stat      := min | amean | stddev | coeffvar | max | bamean50 | bamean95 | bamean99
 //!                                                    (default: amean)
 //! field     := compare | baseline | delta | delta_pct | diff_pct
-//!                                                    (default: compare)
+//!            | welch_p | significant                 (default: compare)
 //! op        := ">" | ">=" | "<" | "<=" | "==" | "!="
 //! number    := a decimal number, e.g. 2, -0.5, 1e3
 //! ```
 //! `compare`/`baseline` are the statistic's value on that side; `delta` is
 //! `compare - baseline`; `delta_pct` is the plain relative change in %
 //! (positive = grew); `diff_pct` is the mmtests-style % (negative = worse).
+//! `welch_p` is Welch's two-sided p-value of the means and `significant` is
+//! 1 where the table marks the difference (mmtests' rule, or exact values
+//! that differ), else 0; both are about the means, so they take no statistic.
 //! A condition that holds means *fail*. Examples:
 //! - `cr3_writes_per_call!=2` — Amean CR3 writes per call of the compare runs is not exactly 2;
 //! - `cycles_per_call.delta_pct>50` — Amean cycles per call grew by more than 50 %;
-//! - `cycles_per_call.coeffvar.baseline>2` — the baseline is too noisy.
+//! - `cycles_per_call.coeffvar.baseline>2` — the baseline is too noisy;
+//! - `kernel_instructions_per_call.significant==1` — the path length changed.
 
 use std::fmt;
 
@@ -33,16 +37,28 @@ pub enum Field {
     Delta,
     DeltaPct,
     DiffPct,
+    /// Welch's two-sided p-value of the two sides' means.
+    WelchP,
+    /// 1 where the difference of the means is significant (mmtests' rule,
+    /// or exact values that differ), else 0.
+    Significant,
 }
 
 impl Field {
-    const ALL: [Field; 5] = [
+    const ALL: [Field; 7] = [
         Field::Compare,
         Field::Baseline,
         Field::Delta,
         Field::DeltaPct,
         Field::DiffPct,
+        Field::WelchP,
+        Field::Significant,
     ];
+
+    /// Whether the field is about the means, not about one statistic.
+    fn of_the_means(self) -> bool {
+        matches!(self, Field::WelchP | Field::Significant)
+    }
 
     fn key(self) -> &'static str {
         match self {
@@ -51,6 +67,8 @@ impl Field {
             Field::Delta => "delta",
             Field::DeltaPct => "delta_pct",
             Field::DiffPct => "diff_pct",
+            Field::WelchP => "welch_p",
+            Field::Significant => "significant",
         }
     }
 }
@@ -112,10 +130,18 @@ pub enum ConditionError {
     BadMetric { cond: String, name: String },
     #[error("condition {cond:?}: {text:?} is not a number")]
     BadNumber { cond: String, text: String },
-    #[error("condition {cond:?}: unknown qualifier {part:?} (statistics: min amean stddev coeffvar max bamean50 bamean95 bamean99; fields: compare baseline delta delta_pct diff_pct)")]
+    #[error("condition {cond:?}: unknown qualifier {part:?} (statistics: min amean stddev coeffvar max bamean50 bamean95 bamean99; fields: compare baseline delta delta_pct diff_pct welch_p significant)")]
     UnknownQualifier { cond: String, part: String },
     #[error("condition {cond:?}: more than one {what} given")]
     Repeated { cond: String, what: &'static str },
+    #[error(
+        "condition {cond:?}: {field} is about the means and takes no statistic (drop {stat:?})"
+    )]
+    StatWithMeansField {
+        cond: String,
+        field: &'static str,
+        stat: &'static str,
+    },
 }
 
 /// Why a condition cannot be evaluated against a table.
@@ -144,6 +170,16 @@ pub struct Evaluation {
 
 impl fmt::Display for Condition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.of_the_means() {
+            return write!(
+                f,
+                "{}.{}{}{}",
+                self.metric,
+                self.field.key(),
+                self.op.symbol(),
+                self.threshold
+            );
+        }
         write!(
             f,
             "{}.{}.{}{}{}",
@@ -224,6 +260,15 @@ impl Condition {
                 });
             }
         }
+        if let (Some(f), Some(s)) = (field, stat) {
+            if f.of_the_means() {
+                return Err(ConditionError::StatWithMeansField {
+                    cond: cond.to_owned(),
+                    field: f.key(),
+                    stat: s.key(),
+                });
+            }
+        }
         Ok(Condition {
             metric: metric.to_owned(),
             stat: stat.unwrap_or(Stat::Amean),
@@ -272,6 +317,16 @@ impl Condition {
             Field::DiffPct => (
                 m.diff_pct.get(self.stat),
                 "baseline is 0 or statistic undefined",
+            ),
+            Field::WelchP => (
+                m.significance.and_then(|s| s.welch).map(|w| w.p_value),
+                "Welch's test needs two runs a side and variance on one side at least",
+            ),
+            Field::Significant => (
+                m.significance
+                    .filter(|s| s.verdict != super::stats::Verdict::Undefined)
+                    .map(|s| if s.verdict.marked() { 1.0 } else { 0.0 }),
+                "significance needs two runs a side",
             ),
         };
         let value = value.ok_or(EvalError::Undefined {
@@ -399,6 +454,25 @@ mod tests {
         assert!(matches!(
             eval("cr3_writes_per_call.delta_pct>1"),
             Err(EvalError::Undefined { .. })
+        ));
+        // Significance: 812 -> 1523 is marked; 0 -> 2 exact and different.
+        assert!(eval("cycles_per_call.significant==1").unwrap().triggered);
+        assert!(
+            eval("cr3_writes_per_call.significant==1")
+                .unwrap()
+                .triggered
+        );
+        let p = eval("cycles_per_call.welch_p<0.001").unwrap();
+        assert!(p.triggered && (p.value - 1.976_578_999_274_445e-5).abs() < 1e-9);
+        assert_eq!(p.condition, "cycles_per_call.welch_p<0.001");
+        // Both sides exact: no Welch test, an error rather than a pass.
+        assert!(matches!(
+            eval("cr3_writes_per_call.welch_p<0.05"),
+            Err(EvalError::Undefined { .. })
+        ));
+        assert!(matches!(
+            Condition::parse("x.max.welch_p<0.05"),
+            Err(ConditionError::StatWithMeansField { .. })
         ));
         let e = eval("nope>1").unwrap_err();
         assert!(

@@ -1,0 +1,133 @@
+//! `ptiscope run` reports under KVM: the `environment` block of `--json`,
+//! and the `--metrics-format openmetrics` stream.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn run_json_has_the_environment_block() {
+    if !kvm_or_skip("run_json_environment") {
+        return;
+    }
+    let json = scratch("run-environment").join("run.json");
+    let o = ptiscope()
+        .args([
+            "run",
+            "--workload",
+            "getpid",
+            "--iterations",
+            "50",
+            "--pti",
+            "on",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["schema"], "ptiscope.run/1");
+    let env = &v["environment"];
+    assert_eq!(env["backend"], "kvm");
+    assert!(env["host"]["cpus"].as_u64().unwrap() >= 1, "{env}");
+    assert!(env["host"]["vulnerabilities"].is_object(), "{env}");
+    assert!(env["kvm"]["module"].as_str().is_some(), "{env}");
+    // The probe ran (this host has KVM): it found at least one entry.
+    assert!(
+        !env["probe"]["entries_working"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{env}"
+    );
+    assert!(env["probe"]["pcid_usable"].is_boolean(), "{env}");
+    assert_eq!(
+        env["guest_image"]["sha256"],
+        ptiscope::report::environment::sha256_hex(ptiscope::GUEST_X86_64)
+    );
+    assert_eq!(
+        env["guest_image"]["bytes"],
+        ptiscope::GUEST_X86_64.len() as u64
+    );
+    let options = env["options"]["run"].as_array().unwrap();
+    assert!(options.contains(&"pti=on".into()), "{env}");
+    // Built from this checkout: the revision is a 40-hex-digit commit.
+    if let Some(rev) = env["ptiscope"]["git_revision"].as_str() {
+        assert!(
+            rev.len() == 40 && rev.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{rev}"
+        );
+    }
+    // The text report's header shows it too.
+    assert!(stderr(&o).contains("  kvm:       "), "{}", stderr(&o));
+    // And it reads back.
+    let s = ptiscope::report::RunSummary::from_json(v).unwrap();
+    assert!(s.environment.is_some());
+}
+
+/// Every block is one exposition ending in `# EOF`; counters carry `_total`
+/// and the vCPU label, have `# TYPE`/`# HELP`, never go down from block to
+/// block, and the last block holds the run's final figures.
+#[test]
+fn openmetrics_stream() {
+    if !kvm_or_skip("openmetrics_stream") {
+        return;
+    }
+    let out = scratch("openmetrics").join("metrics.txt");
+    let o = ptiscope()
+        .args(["run", "--workload", "getpid", "--iterations", "3000"])
+        .args([
+            "--metrics-interval",
+            "20",
+            "--metrics-format",
+            "openmetrics",
+        ])
+        .arg("--metrics-out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let blocks: Vec<&str> = text.split("# EOF\n").filter(|b| !b.is_empty()).collect();
+    assert!(!blocks.is_empty());
+    let value = |block: &str, sample: &str| -> Option<f64> {
+        block.lines().find_map(|l| {
+            let (name, v) = l.rsplit_once(' ')?;
+            (name == sample).then(|| v.parse().unwrap())
+        })
+    };
+    let exits = "ptiscope_kvm_exits_total{vcpu=\"0\"}";
+    let mut last = 0.0;
+    for b in &blocks {
+        assert!(b.contains("# TYPE ptiscope_kvm_exits counter\n"), "{b}");
+        assert!(b.contains("# HELP ptiscope_kvm_exits "), "{b}");
+        for l in b.lines().filter(|l| !l.starts_with('#')) {
+            let name = l.split([' ', '{']).next().unwrap();
+            assert!(
+                name.ends_with("_total") || name == "ptiscope_metrics_elapsed_seconds",
+                "{l}"
+            );
+        }
+        let v = value(b, exits).unwrap_or_else(|| panic!("no {exits} in {b}"));
+        assert!(v >= last, "counters never go down: {v} < {last}");
+        last = v;
+    }
+    // getpid: at least 3000 syscalls (plus the phase markers' own).
+    let final_block = blocks.last().unwrap();
+    let syscalls = value(final_block, "ptiscope_guest_syscalls_total").unwrap();
+    assert!(syscalls >= 3000.0, "{final_block}");
+    assert!(value(final_block, exits).unwrap() >= 2.0 * 3000.0);
+}
+
+#[test]
+fn metrics_format_needs_metrics_interval() {
+    let o = ptiscope()
+        .args(["run", "--metrics-format", "openmetrics"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(64));
+    assert!(stderr(&o).contains("--metrics-interval"), "{}", stderr(&o));
+}

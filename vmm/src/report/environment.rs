@@ -1,0 +1,482 @@
+//! The `environment` block of every report: what a result came from, so
+//! that results can be compared across machines and versions later, and a
+//! comparison against an earlier result can say what changed.
+//!
+//! Host facts come from the kernel's own files (`uname`, `/proc/cpuinfo`,
+//! `/sys/devices/system/cpu/vulnerabilities/*`, `/sys/module/kvm_*`); what
+//! this KVM can run comes from the probe (`crate::preflight::host`, cached
+//! per process); the ptiscope revision from `vmm/build.rs`
+//! (`PTISCOPE_GIT_REVISION`, absent outside a git checkout); the guest
+//! image is named by the SHA-256 of its bytes (`sha2` crate).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The host: kernel, CPU, and the kernel's own view of its CPU bugs.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Host {
+    /// `uname -s -r -v -m`.
+    pub kernel: Option<String>,
+    pub cpu_vendor: Option<String>,
+    pub cpu_model: Option<String>,
+    /// `cpu family`, `model`, `stepping` of /proc/cpuinfo, in decimal.
+    pub cpu_family: Option<u32>,
+    pub cpu_model_number: Option<u32>,
+    pub cpu_stepping: Option<u32>,
+    /// The loaded microcode revision (`0x...`).
+    pub microcode: Option<String>,
+    /// Online CPUs (`processor` entries of /proc/cpuinfo).
+    pub cpus: usize,
+    /// The host CPU flags that matter to PTI: `pcid`, `invpcid`, and `pti`
+    /// (the host kernel itself runs with page table isolation).
+    pub cpu_flags: BTreeMap<String, bool>,
+    /// `/sys/devices/system/cpu/vulnerabilities/<name>`: the host kernel's
+    /// verdict and mitigation for each CPU bug it knows.
+    pub vulnerabilities: BTreeMap<String, String>,
+}
+
+/// Which KVM, and how it pages.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Kvm {
+    /// `kvm_pvm`, `kvm_intel`, `kvm_amd`; `None` if no KVM module is loaded
+    /// (or it is built in and not visible under /sys/module).
+    pub module: Option<String>,
+    /// `shadow` (KVM sees guest CR3 writes), `ept` or `npt` (two-dimensional
+    /// paging: it does not); `None` when unknown.
+    pub paging: Option<String>,
+    /// Whether KVM's `tlb_flush` stat follows guest CR3 writes here.
+    pub sees_cr3_writes: bool,
+}
+
+/// What the probe found this KVM can run (`ptiscope probe` has the detail).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ProbeFindings {
+    /// Syscall entries that reach the guest kernel from user mode here.
+    pub entries_working: Option<Vec<String>>,
+    /// The entry `entry=auto` resolves to.
+    pub entry_auto: Option<String>,
+    /// Whether the vCPU can enable PCID.
+    pub pcid_usable: Option<bool>,
+    /// Whether the vCPU can enable 32-bit PAE paging (the i386 guest).
+    pub pae_paging_usable: Option<bool>,
+    /// Why the probe could not run, if it could not.
+    pub error: Option<String>,
+}
+
+/// This build of ptiscope.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Build {
+    pub version: String,
+    /// The git commit the binary was built from; `None` outside a checkout.
+    pub git_revision: Option<String>,
+}
+
+/// The guest kernel image.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GuestImage {
+    /// `embedded x86_64`, `embedded i386`, or the `--kernel` path.
+    pub name: String,
+    /// SHA-256 of the image bytes, lowercase hex; `None` if unreadable.
+    pub sha256: Option<String>,
+    pub bytes: u64,
+}
+
+/// Everything a report records about where it came from.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Environment {
+    pub host: Host,
+    pub kvm: Kvm,
+    /// `kvm` (ptiscope's VMM) or `qemu` (QEMU TCG).
+    pub backend: String,
+    pub probe: ProbeFindings,
+    pub ptiscope: Build,
+    pub guest_image: GuestImage,
+    /// The options of each side (`baseline`, `compare`) or of the run
+    /// (`run`), as `key=value` words.
+    pub options: BTreeMap<String, Vec<String>>,
+}
+
+/// This build's version and revision.
+pub fn build() -> Build {
+    Build {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        git_revision: option_env!("PTISCOPE_GIT_REVISION").map(str::to_owned),
+    }
+}
+
+/// SHA-256 of `bytes`, lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl GuestImage {
+    pub fn new(name: impl Into<String>, bytes: Option<&[u8]>) -> Self {
+        GuestImage {
+            name: name.into(),
+            sha256: bytes.map(sha256_hex),
+            bytes: bytes.map_or(0, |b| b.len() as u64),
+        }
+    }
+}
+
+/// The fields of the first CPU of /proc/cpuinfo that the block records,
+/// and the number of CPUs listed.
+pub fn parse_cpuinfo(text: &str, host: &mut Host) {
+    let mut first = true;
+    host.cpus = 0;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if key == "processor" {
+            host.cpus += 1;
+            first = host.cpus == 1;
+            continue;
+        }
+        if !first {
+            continue;
+        }
+        let num = || value.parse::<u32>().ok();
+        match key {
+            "vendor_id" => host.cpu_vendor = Some(value.to_owned()),
+            "model name" => host.cpu_model = Some(value.to_owned()),
+            "cpu family" => host.cpu_family = num(),
+            "model" => host.cpu_model_number = num(),
+            "stepping" => host.cpu_stepping = num(),
+            "microcode" => host.microcode = Some(value.to_owned()),
+            "flags" => {
+                let flags: Vec<&str> = value.split_whitespace().collect();
+                for f in ["pcid", "invpcid", "pti"] {
+                    host.cpu_flags.insert(f.to_owned(), flags.contains(&f));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `uname -s -r -v -m`.
+fn uname() -> Option<String> {
+    // SAFETY: all-zero bytes are a valid utsname; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out-pointer for the call.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return None;
+    }
+    let field = |f: &[libc::c_char]| {
+        let bytes: Vec<u8> = f
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    Some(format!(
+        "{} {} {} {}",
+        field(&u.sysname),
+        field(&u.release),
+        field(&u.version),
+        field(&u.machine)
+    ))
+}
+
+/// The host facts (no probe; cheap).
+pub fn host() -> Host {
+    let mut h = Host {
+        kernel: uname(),
+        ..Host::default()
+    };
+    if let Ok(text) = std::fs::read_to_string("/proc/cpuinfo") {
+        parse_cpuinfo(&text, &mut h);
+    }
+    if h.cpus == 0 {
+        h.cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    }
+    if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu/vulnerabilities") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Ok(v) = std::fs::read_to_string(e.path()) {
+                h.vulnerabilities.insert(name, v.trim().to_owned());
+            }
+        }
+    }
+    h
+}
+
+/// The KVM module and its paging mode.
+pub fn kvm() -> Kvm {
+    use crate::preflight::host::{kvm_flavour, two_dimensional_paging, KvmFlavour};
+    let flavour = kvm_flavour();
+    let module = match flavour {
+        KvmFlavour::Pvm => Some("kvm_pvm"),
+        KvmFlavour::Hardware => ["kvm_intel", "kvm_amd"]
+            .into_iter()
+            .find(|m| std::path::Path::new("/sys/module").join(m).exists()),
+    };
+    let paging = match (flavour, two_dimensional_paging(), module) {
+        (KvmFlavour::Pvm, _, _) | (_, Some(false), _) => Some("shadow"),
+        (_, Some(true), Some("kvm_amd")) => Some("npt"),
+        (_, Some(true), _) => Some("ept"),
+        (_, None, _) => None,
+    };
+    Kvm {
+        module: module.map(str::to_owned),
+        paging: paging.map(str::to_owned),
+        sees_cr3_writes: flavour.sees_cr3_writes(),
+    }
+}
+
+/// The probe's findings (runs the probe guests once per process).
+pub fn probe_findings() -> ProbeFindings {
+    use crate::preflight::host;
+    let entries = host::entry_findings();
+    ProbeFindings {
+        entries_working: entries
+            .working()
+            .map(|w| w.into_iter().map(|e| e.name().to_owned()).collect()),
+        entry_auto: entries
+            .working()
+            .map(|_| host::resolve_entry().0.to_string()),
+        pcid_usable: host::pcid_usable().map(|(usable, _)| usable),
+        pae_paging_usable: host::pae_paging_usable().map(|(usable, _)| usable),
+        error: entries.outcomes.as_ref().err().cloned(),
+    }
+}
+
+impl Environment {
+    /// Collects everything: host, KVM, probe (cached), build, the image hash
+    /// and the given options.
+    pub fn collect(
+        backend: &str,
+        guest_image: GuestImage,
+        options: BTreeMap<String, Vec<String>>,
+    ) -> Self {
+        Environment {
+            host: host(),
+            kvm: kvm(),
+            backend: backend.to_owned(),
+            probe: probe_findings(),
+            ptiscope: build(),
+            guest_image,
+            options,
+        }
+    }
+
+    /// A few header lines for text reports.
+    pub fn render_text(&self) -> String {
+        let h = &self.host;
+        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
+        let flags: Vec<String> = h
+            .cpu_flags
+            .iter()
+            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
+            .collect();
+        let mut out = format!(
+            "  host:      {}\n  cpu:       {} (family {} model {} stepping {}, microcode {}), {} CPUs; {}\n",
+            opt(&h.kernel),
+            opt(&h.cpu_model),
+            num(h.cpu_family),
+            num(h.cpu_model_number),
+            num(h.cpu_stepping),
+            opt(&h.microcode),
+            h.cpus,
+            flags.join(" "),
+        );
+        let affected: Vec<&str> = h
+            .vulnerabilities
+            .iter()
+            .filter(|(_, v)| !v.starts_with("Not affected"))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let meltdown = h
+            .vulnerabilities
+            .get("meltdown")
+            .map_or("?", String::as_str);
+        out += &format!(
+            "  host CPU bugs: meltdown: {meltdown}; not \"Not affected\": {}\n",
+            if affected.is_empty() {
+                "none".to_owned()
+            } else {
+                affected.join(" ")
+            }
+        );
+        let p = &self.probe;
+        let yes_no = |v: Option<bool>| match v {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "?",
+        };
+        out += &format!(
+            "  kvm:       {} ({} paging); probe: entries {}, PCID {}, 32-bit PAE paging {}\n",
+            opt(&self.kvm.module),
+            opt(&self.kvm.paging),
+            p.entries_working
+                .as_ref()
+                .map_or("?".to_owned(), |w| w.join(",")),
+            yes_no(p.pcid_usable),
+            yes_no(p.pae_paging_usable),
+        );
+        out += &format!(
+            "  ptiscope:  {} ({}); guest image {} sha256 {}\n",
+            self.ptiscope.version,
+            self.ptiscope.git_revision.as_deref().map_or(
+                "revision unknown".to_owned(),
+                |r| format!("git {}", &r[..r.len().min(12)])
+            ),
+            self.guest_image.name,
+            self.guest_image
+                .sha256
+                .as_deref()
+                .map_or("?", |s| &s[..s.len().min(16)]),
+        );
+        out
+    }
+
+    /// Where `self` and `earlier` differ, as `path: earlier -> now` lines,
+    /// over every field (host, KVM, probe, build, image, options).
+    pub fn differences(&self, earlier: &Environment) -> Vec<String> {
+        let mut now = BTreeMap::new();
+        let mut then = BTreeMap::new();
+        flatten(
+            "",
+            &serde_json::to_value(self).unwrap_or_default(),
+            &mut now,
+        );
+        flatten(
+            "",
+            &serde_json::to_value(earlier).unwrap_or_default(),
+            &mut then,
+        );
+        let keys: std::collections::BTreeSet<&String> = now.keys().chain(then.keys()).collect();
+        keys.into_iter()
+            .filter_map(|k| {
+                let (a, b) = (then.get(k), now.get(k));
+                (a != b).then(|| {
+                    let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(absent)".into());
+                    format!("{k}: {} -> {}", show(a), show(b))
+                })
+            })
+            .collect()
+    }
+}
+
+/// Leaf values of a JSON value by dotted path (arrays as one value).
+fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        serde_json::Value::Object(o) => {
+            for (k, v) in o {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&path, v, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_owned(), other.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CPUINFO: &str = "processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 85
+model name\t: Intel(R) Xeon(R) Platinum 8269CY CPU @ 2.50GHz
+stepping\t: 7
+microcode\t: 0x5003604
+flags\t\t: fpu vme pcid sse invpcid_single md_clear
+bugs\t\t: spectre_v1
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Another CPU
+microcode\t: 0x1
+";
+
+    #[test]
+    fn cpuinfo_fields_come_from_the_first_cpu() {
+        let mut h = Host::default();
+        parse_cpuinfo(CPUINFO, &mut h);
+        assert_eq!(h.cpus, 2);
+        assert_eq!(h.cpu_vendor.as_deref(), Some("GenuineIntel"));
+        assert_eq!(
+            h.cpu_model.as_deref(),
+            Some("Intel(R) Xeon(R) Platinum 8269CY CPU @ 2.50GHz")
+        );
+        assert_eq!(
+            (h.cpu_family, h.cpu_model_number, h.cpu_stepping),
+            (Some(6), Some(85), Some(7))
+        );
+        assert_eq!(h.microcode.as_deref(), Some("0x5003604"));
+        // Whole words only: `invpcid_single` is not `invpcid`.
+        assert!(h.cpu_flags["pcid"]);
+        assert!(!h.cpu_flags["invpcid"]);
+        assert!(!h.cpu_flags["pti"]);
+    }
+
+    /// SHA-256 test vector (FIPS 180-2, "abc").
+    #[test]
+    fn image_hash() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let g = GuestImage::new("embedded x86_64", Some(b"abc"));
+        assert_eq!(g.bytes, 3);
+    }
+
+    #[test]
+    fn differences_name_the_changed_fields() {
+        let mut a = Environment::default();
+        a.host.microcode = Some("0x1".into());
+        a.host
+            .vulnerabilities
+            .insert("meltdown".into(), "Not affected".into());
+        a.options.insert("baseline".into(), vec!["pti=off".into()]);
+        let mut b = a.clone();
+        assert!(b.differences(&a).is_empty());
+        b.host.microcode = Some("0x2".into());
+        b.host
+            .vulnerabilities
+            .insert("meltdown".into(), "Mitigation: PTI".into());
+        b.options.insert("baseline".into(), vec!["pti=on".into()]);
+        let d = b.differences(&a);
+        assert_eq!(
+            d,
+            vec![
+                "host.microcode: \"0x1\" -> \"0x2\"".to_owned(),
+                "host.vulnerabilities.meltdown: \"Not affected\" -> \"Mitigation: PTI\"".to_owned(),
+                "options.baseline: [\"pti=off\"] -> [\"pti=on\"]".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn this_host_and_build() {
+        let h = host();
+        assert!(h.cpus >= 1);
+        assert!(h.kernel.as_deref().is_some_and(|k| k.starts_with("Linux ")));
+        assert_eq!(build().version, env!("CARGO_PKG_VERSION"));
+        let env = Environment {
+            host: h,
+            ..Environment::default()
+        };
+        let back: Environment =
+            serde_json::from_value(serde_json::to_value(&env).unwrap()).unwrap();
+        assert_eq!(back, env);
+        assert!(env.render_text().contains("  host:      Linux "));
+    }
+}
