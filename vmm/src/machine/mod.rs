@@ -20,7 +20,6 @@ pub mod signals;
 pub mod vcpu;
 pub mod watchdog;
 
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -91,12 +90,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Vcpu(#[from] VcpuSetupError),
-    #[error("cannot create --serial-out file {path}: {source}")]
-    SerialOut {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Output(#[from] crate::output::OpenError),
     #[error("{what}: {source}")]
     Host {
         what: &'static str,
@@ -118,7 +113,7 @@ pub fn run(
 ) -> Result<RunOutcome, RunError> {
     let setup_start = Instant::now();
     let config = &run.config;
-    let built = builder::build(run)?;
+    let mut built = builder::build(run)?;
 
     // Host events.
     let done_evt = EventFd::new(EFD_NONBLOCK).map_err(|source| RunError::Host {
@@ -189,6 +184,14 @@ pub fn run(
         let mut s = built.serial.lock().unwrap_or_else(|p| p.into_inner());
         s.flush();
     }
+    // The console's reader gets a short grace to take what is queued; a
+    // reader that stalls costs dropped (and counted) bytes, not a hang.
+    let outputs: Vec<_> = built
+        .console_queue
+        .take()
+        .map(|q| q.finish(crate::output::DRAIN_GRACE))
+        .into_iter()
+        .collect();
     let mut rec = built.recorder.lock().unwrap_or_else(|p| p.into_inner());
     rec.flush_partial();
     let rec: &ConsoleRecorder = &rec;
@@ -211,6 +214,7 @@ pub fn run(
         arch_capabilities: built.arch_capabilities,
         mem_mib: config.mem_mib,
         telemetry_addr: run.layout.telemetry_addr(),
+        outputs,
     })
 }
 

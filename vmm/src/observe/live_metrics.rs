@@ -16,16 +16,20 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use crate::machine::VmContext;
 use crate::observe::kvm_stats::{self, KvmStats, StatType, StatsSnapshot};
 use crate::observe::telemetry::{self, TelemetryReader, TelemetrySnapshot};
+use crate::output::{OutputQueue, OutputReport, DRAIN_GRACE};
 
 /// Schema id of every line.
 pub const SCHEMA: &str = "ptiscope.metrics/1";
 /// Smallest interval accepted (a line per millisecond is already a lot).
 pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
-/// Where and how often.
+/// Where and how often. The lines go through `out`'s bounded queue: the
+/// sampling thread never waits for the reader, and a reader that stalls
+/// gets lines dropped (counted in the run's summary) rather than stalling
+/// the run or its teardown.
 pub struct LiveMetricsConfig {
     pub interval: Duration,
-    pub out: Box<dyn Write + Send>,
+    pub out: OutputQueue,
 }
 
 /// Errors of the live-metrics thread.
@@ -45,6 +49,7 @@ pub enum LiveMetricsError {
 pub struct LiveMetrics {
     stop: mpsc::Sender<()>,
     handle: JoinHandle<Result<u64, LiveMetricsError>>,
+    out: OutputQueue,
 }
 
 struct State {
@@ -52,7 +57,7 @@ struct State {
     vcpu: KvmStats,
     mem: GuestMemoryMmap,
     telemetry_gpa: GuestAddress,
-    out: Box<dyn Write + Send>,
+    out: crate::output::QueueWriter,
     start: Instant,
     seq: u64,
     last_at: Duration,
@@ -72,7 +77,7 @@ impl LiveMetrics {
             // clone keeps them alive for the thread.
             mem: ctx.mem.clone(),
             telemetry_gpa: GuestAddress(ctx.layout.telemetry_addr()),
-            out: cfg.out,
+            out: cfg.out.writer(),
             start: Instant::now(),
             seq: 0,
             last_at: Duration::ZERO,
@@ -107,13 +112,24 @@ impl LiveMetrics {
                 }
             })
             .map_err(LiveMetricsError::Spawn)?;
-        Ok(LiveMetrics { stop, handle })
+        Ok(LiveMetrics {
+            stop,
+            handle,
+            out: cfg.out,
+        })
     }
 
-    /// Stops the thread after a final line; returns the lines written.
-    pub fn finish(self, _ctx: &VmContext<'_>) -> Result<u64, LiveMetricsError> {
+    /// Stops the thread after a final line (it never waits on the reader,
+    /// so this is quick), then gives the output [`DRAIN_GRACE`] to drain.
+    /// Returns the lines produced and what became of them.
+    pub fn finish(self, _ctx: &VmContext<'_>) -> (Result<u64, LiveMetricsError>, OutputReport) {
         let _ = self.stop.send(());
-        self.handle.join().map_err(|_| LiveMetricsError::Panicked)?
+        let lines = self
+            .handle
+            .join()
+            .map_err(|_| LiveMetricsError::Panicked)
+            .and_then(|r| r);
+        (lines, self.out.finish(DRAIN_GRACE))
     }
 }
 

@@ -149,6 +149,11 @@ pub struct RunSummary {
     /// under `--backend qemu`, where the figures come from `@result` only).
     #[serde(default = "checked_by_default")]
     pub telemetry_checked: bool,
+    /// Whether the guest initialised its telemetry page at all. A guest
+    /// that never did (a foreign kernel, a crash in early boot) has no
+    /// telemetry to call valid or invalid.
+    #[serde(default = "checked_by_default")]
+    pub telemetry_initialized: bool,
 }
 
 fn checked_by_default() -> bool {
@@ -168,6 +173,7 @@ impl RunSummary {
             notes: Vec::new(),
             telemetry_problems: Vec::new(),
             telemetry_checked: true,
+            telemetry_initialized: true,
         }
     }
 
@@ -237,6 +243,8 @@ impl RunSummary {
             out.push_str(
                 "\n guest telemetry page: not read (figures from the guest's @result line)\n",
             );
+        } else if !self.telemetry_initialized && self.telemetry_problems.is_empty() {
+            out.push_str("\n guest telemetry: none (the guest never initialised its page)\n");
         } else if self.telemetry_problems.is_empty() {
             out.push_str("\n guest telemetry: valid\n");
         } else {
@@ -279,7 +287,7 @@ impl RunSummary {
         let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         if let Some(o) = v.as_object_mut() {
             // Derived, for readers that only want the verdict.
-            let valid = if self.telemetry_checked {
+            let valid = if self.telemetry_checked && self.telemetry_initialized {
                 serde_json::Value::Bool(self.telemetry_valid())
             } else {
                 serde_json::Value::Null
