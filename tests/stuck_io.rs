@@ -391,3 +391,22 @@ fn sighup_stops_a_qemu_run_and_its_qemu() {
     assert!(err.contains("stopped by SIGHUP"), "{err}");
     assert_gone_soon(qemu, &comm, "after SIGHUP");
 }
+
+#[test]
+fn a_closed_stdout_is_not_an_output_failure() {
+    if !kvm_or_skip("closed stdout") {
+        return;
+    }
+    // `ptiscope run | head -c 10`: the console on stdout is best effort.
+    let mut child = ptiscope()
+        .args(["run", "--workload", "getpid", "--iterations", "10"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let (code, err) = wait_within(&mut child, Duration::from_secs(20), "closed stdout");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("guest exited with status 0"), "{err}");
+}

@@ -261,15 +261,20 @@ pub fn console_output(
     let queue = match serial_out {
         SerialOut::Discard => return Ok((None, None)),
         SerialOut::Stdout => {
-            let q = OutputQueue::for_std("console", io::stdout().as_fd(), "stdout").map_err(
-                |source| OpenError::Open {
-                    what: "console",
-                    path: "stdout".into(),
-                    source,
+            // stdout is best effort (as `| head` is): without a usable
+            // descriptor the console is recorded, not printed.
+            return Ok(
+                match OutputQueue::for_std("console", io::stdout().as_fd(), "stdout") {
+                    Ok(q) => {
+                        let w = ptiscope_devices::TerminalEscaper::new(q.writer());
+                        (Some(Box::new(w)), Some(q))
+                    }
+                    Err(e) => {
+                        log::warn!("not printing the guest console: stdout: {e}");
+                        (None, None)
+                    }
                 },
-            )?;
-            let w = ptiscope_devices::TerminalEscaper::new(q.writer());
-            return Ok((Some(Box::new(w)), Some(q)));
+            );
         }
         SerialOut::File(path) => queue_for(&open_output(WHAT, path, wait)?)?,
         SerialOut::Opened(file) => queue_for(file)?,
@@ -292,12 +297,16 @@ pub struct OutputReport {
     pub dropped_chunks: u64,
     /// The first write error, if any (the output is then abandoned).
     pub error: Option<String>,
+    /// stdout/stderr: an error there (`| head` closing the pipe) is
+    /// reported but does not fail the command.
+    pub best_effort: bool,
 }
 
 impl OutputReport {
-    /// Whether the output failed (not merely dropped lines of a slow reader).
+    /// Whether the output failed (not merely dropped lines of a slow
+    /// reader, nor a closed stdout): the command then exits 73.
     pub fn failed(&self) -> bool {
-        self.error.is_some()
+        self.error.is_some() && !self.best_effort
     }
 
     /// One line for the run's summary, if there is anything to say.
@@ -436,7 +445,9 @@ impl OutputQueue {
     /// the shell's open file description has).
     pub fn for_std(what: &str, fd: BorrowedFd<'_>, target: &str) -> io::Result<Self> {
         let file = File::from(fd.try_clone_to_owned()?);
-        Self::start(what, target, file)
+        let q = Self::start(what, target, file)?;
+        q.shared.lock().report.best_effort = true;
+        Ok(q)
     }
 
     /// A writer that feeds this queue (any number may exist).
