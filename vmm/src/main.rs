@@ -171,6 +171,9 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
     let mut config = ptiscope::RunConfig::new(kernel);
     config.mem_mib = args.mem;
     config.serial_out = ptiscope::SerialOut::Discard;
+    // SIGINT/SIGTERM/SIGHUP are blocked in main: without this they would
+    // wait for the run's timeout.
+    config.handle_signals = true;
     config.guest.pti = args.pti;
     config.guest.workload = Some(ptiscope::preflight::cmdline::Workload::Getpid);
     config.guest.iterations = Some(1);

@@ -33,8 +33,15 @@ use std::time::{Duration, Instant};
 
 use crate::machine::signals;
 
-/// How long a queued output may keep draining after the run has stopped.
+/// How long the queued outputs may keep draining after the guest has
+/// stopped. One deadline for all of a run's queues (they drain
+/// concurrently), so a run with every output stalled ends this long after
+/// its stop, plus [`DOCUMENT_GRACE`] for its `--json`.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(1);
+/// How long a finished document (`--json`, `--csv`, `--svg`) may take to
+/// write. A document that fits in a pipe's buffer (64 KiB; a run summary
+/// does) never waits at all, even for a reader that does not read.
+pub const DOCUMENT_GRACE: Duration = Duration::from_millis(500);
 /// Bytes an [`OutputQueue`] holds before it drops what it is given.
 pub const QUEUE_BYTES: usize = 1 << 20;
 /// A [`QueueWriter`] hands its buffer to the queue at every flush, or when
@@ -164,15 +171,15 @@ impl OutputFile {
         write_all_until(self.file.as_fd(), buf, || Instant::now() >= deadline)
     }
 
-    /// Writes a finished document, giving the reader [`DRAIN_GRACE`]; the
-    /// message names the option and the path.
+    /// Writes a finished document, giving the reader [`DOCUMENT_GRACE`];
+    /// the message names the option and the path.
     pub fn write_document(&self, text: &str) -> Result<(), String> {
-        self.write_all_by(text.as_bytes(), Instant::now() + DRAIN_GRACE)
+        self.write_all_by(text.as_bytes(), Instant::now() + DOCUMENT_GRACE)
             .map_err(|e| {
                 let why = if e.kind() == io::ErrorKind::TimedOut {
                     format!(
-                        "its reader took nothing for {:.1} s",
-                        DRAIN_GRACE.as_secs_f64()
+                        "its reader did not take it within {:.1} s",
+                        DOCUMENT_GRACE.as_secs_f64()
                     )
                 } else {
                     e.to_string()
@@ -458,15 +465,14 @@ impl OutputQueue {
         }
     }
 
-    /// Lets the queue drain for at most `grace`, then abandons what is
-    /// left (counted as dropped) and stops the thread. Writers still alive
+    /// Lets the queue drain until `deadline`, then abandons what is left
+    /// (counted as dropped) and stops the thread. Writers still alive
     /// after this drop what they are given.
-    pub fn finish(mut self, grace: Duration) -> OutputReport {
-        self.finish_inner(grace)
+    pub fn finish_by(mut self, deadline: Instant) -> OutputReport {
+        self.finish_inner(deadline)
     }
 
-    fn finish_inner(&mut self, grace: Duration) -> OutputReport {
-        let deadline = Instant::now() + grace;
+    fn finish_inner(&mut self, deadline: Instant) -> OutputReport {
         {
             let mut s = self.shared.lock();
             s.closing = true;
@@ -497,7 +503,7 @@ impl OutputQueue {
 impl Drop for OutputQueue {
     fn drop(&mut self) {
         if self.thread.is_some() {
-            self.finish_inner(DRAIN_GRACE);
+            self.finish_inner(Instant::now() + DRAIN_GRACE);
         }
     }
 }
@@ -586,7 +592,7 @@ mod tests {
             wr.flush().unwrap();
         }
         drop(wr);
-        let rep = q.finish(Duration::from_secs(5));
+        let rep = q.finish_by(Instant::now() + Duration::from_secs(5));
         assert_eq!(rep.dropped_bytes, 0, "{rep:?}");
         assert!(rep.error.is_none());
         let text = reader.join().unwrap();
@@ -609,7 +615,7 @@ mod tests {
         }
         assert!(t.elapsed() < Duration::from_secs(2), "writers blocked");
         let t = Instant::now();
-        let rep = q.finish(Duration::from_millis(200));
+        let rep = q.finish_by(Instant::now() + Duration::from_millis(200));
         assert!(
             t.elapsed() < Duration::from_secs(1),
             "finish waited {:?}",
@@ -632,7 +638,7 @@ mod tests {
         wr.write_all(b"hello\n").unwrap();
         wr.flush().unwrap();
         drop(wr);
-        let rep = q.finish(Duration::from_secs(5));
+        let rep = q.finish_by(Instant::now() + Duration::from_secs(5));
         assert!(rep.failed(), "{rep:?}");
         assert!(rep.error.as_deref().unwrap().contains("space"), "{rep:?}");
     }

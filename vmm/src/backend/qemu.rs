@@ -229,7 +229,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let _ = reader.join();
     let qemu_stderr = err_reader.join().unwrap_or_default();
     let outputs: Vec<_> = console_queue
-        .map(|q| q.finish(DRAIN_GRACE))
+        .map(|q| q.finish_by(Instant::now() + DRAIN_GRACE))
         .into_iter()
         .collect();
 

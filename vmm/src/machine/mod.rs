@@ -184,12 +184,14 @@ pub fn run(
         let mut s = built.serial.lock().unwrap_or_else(|p| p.into_inner());
         s.flush();
     }
-    // The console's reader gets a short grace to take what is queued; a
+    // The console's reader gets until a short grace after the guest stopped
+    // (the deadline the live metrics had too) to take what is queued; a
     // reader that stalls costs dropped (and counted) bytes, not a hang.
+    let drain_deadline = vcpu_result.stopped_at + crate::output::DRAIN_GRACE;
     let outputs: Vec<_> = built
         .console_queue
         .take()
-        .map(|q| q.finish(crate::output::DRAIN_GRACE))
+        .map(|q| q.finish_by(drain_deadline))
         .into_iter()
         .collect();
     let mut rec = built.recorder.lock().unwrap_or_else(|p| p.into_inner());

@@ -120,16 +120,18 @@ impl LiveMetrics {
     }
 
     /// Stops the thread after a final line (it never waits on the reader,
-    /// so this is quick), then gives the output [`DRAIN_GRACE`] to drain.
+    /// so this is quick), then lets the output drain for [`DRAIN_GRACE`]
+    /// (the run's other queues drain meanwhile, to about the same deadline).
     /// Returns the lines produced and what became of them.
     pub fn finish(self, _ctx: &VmContext<'_>) -> (Result<u64, LiveMetricsError>, OutputReport) {
+        let deadline = Instant::now() + DRAIN_GRACE;
         let _ = self.stop.send(());
         let lines = self
             .handle
             .join()
             .map_err(|_| LiveMetricsError::Panicked)
             .and_then(|r| r);
-        (lines, self.out.finish(DRAIN_GRACE))
+        (lines, self.out.finish_by(deadline))
     }
 }
 
