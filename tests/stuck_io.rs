@@ -89,6 +89,11 @@ fn a_metrics_reader_that_stops_reading_costs_dropped_lines_not_a_hang() {
     // guest that spins until --timeout.
     let fifo = Fifo::new("stalled-metrics");
     let _reader = fifo.stalled_reader();
+    // The console and --json stall too: one drain deadline covers them all.
+    let console = Fifo::new("stalled-metrics-console");
+    let _console_reader = console.stalled_reader();
+    let json = Fifo::new("stalled-metrics-json");
+    let _json_reader = json.stalled_reader();
     let timeout = 1.0;
     let start = Instant::now();
     let mut child = spawn(&[
@@ -101,6 +106,10 @@ fn a_metrics_reader_that_stops_reading_costs_dropped_lines_not_a_hang() {
         "1",
         "--metrics-out",
         fifo.0.to_str().unwrap(),
+        "--serial-out",
+        console.0.to_str().unwrap(),
+        "--json",
+        json.0.to_str().unwrap(),
     ]);
     let (code, err) = wait_within(&mut child, Duration::from_secs(10), "stalled metrics");
     let took = start.elapsed().as_secs_f64();
