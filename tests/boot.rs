@@ -129,7 +129,7 @@ fn sigterm_stops_the_vm_cleanly() {
     assert!(start.elapsed() < Duration::from_secs(3));
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(143), "{err}");
-    assert!(err.contains("stopped by signal 15"), "{err}");
+    assert!(err.contains("stopped by SIGTERM"), "{err}");
 }
 
 #[test]

@@ -54,6 +54,8 @@ fn bad_memory_sizes_name_the_bound() {
         ("lots", "is not a number of MiB"),
         ("15", "at least 16 MiB"),
         ("1025", "at most 1024 MiB"),
+        // Not "unexpected argument": a negative size is a bad --mem value.
+        ("-1", "--mem -1 MiB is negative: at least 16 MiB"),
     ] {
         let (code, err) = run(&["--mem", v]);
         assert_eq!(code, Some(64), "{v}: {err}");
@@ -171,4 +173,72 @@ fn a_qemu_that_fails_to_start_is_not_a_guest_success() {
         err.contains("QEMU failed") && err.contains("invalid option"),
         "{err}"
     );
+}
+
+#[test]
+fn timeouts_below_a_millisecond_are_refused_not_zero() {
+    for v in ["1e-9", "0.0001", "-3", "NaN", "inf"] {
+        let (code, err) = run(&["--timeout", v]);
+        assert_eq!(code, Some(64), "{v}: {err}");
+        assert!(
+            err.contains("--timeout") && err.contains("from 0.001 (1 ms) to 86400 seconds"),
+            "{v}: {err}"
+        );
+    }
+}
+
+#[test]
+fn compare_without_a_measuring_workload_is_a_usage_error() {
+    for args in [
+        &["--workload", "none"][..],
+        &["--compare", "pti=on,workload=none"][..],
+    ] {
+        let o = ptiscope()
+            .arg("compare")
+            .args(["--runs", "1"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains("workload none only boots the guest and measures nothing")
+                && err.contains("getpid"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("run 1"), "refused before any run: {err}");
+    }
+}
+
+#[test]
+fn an_entry_in_cmdline_is_the_entry_not_a_repeated_key() {
+    if !kvm_or_skip("cmdline entry") {
+        return;
+    }
+    // int3 reaches the kernel on every x86 KVM.
+    let (code, err) = run(&[
+        "--cmdline",
+        "entry=int3",
+        "--workload",
+        "getpid",
+        "--iterations",
+        "10",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    // SYSCALL runs where the host delivers it, and is refused by name (69)
+    // where it does not (kvm_pvm): never "given twice".
+    let (code, err) = run(&[
+        "--cmdline",
+        "entry=syscall",
+        "--workload",
+        "getpid",
+        "--iterations",
+        "10",
+    ]);
+    assert!(!err.contains("given twice"), "{err}");
+    match code {
+        Some(0) => {}
+        Some(69) => assert!(err.contains("--entry syscall"), "{err}"),
+        c => panic!("exit {c:?}: {err}"),
+    }
 }

@@ -69,7 +69,12 @@ impl ConsoleRecorder {
     }
 
     fn end_line(&mut self) {
-        let line = String::from_utf8_lossy(&self.partial).into_owned();
+        // Kept lines are what reports print: made terminal-safe here, once
+        // (ASCII only; the guest prints ASCII, anything else is shown as
+        // `\xNN` exactly as on the escaped console).
+        let mut safe = Vec::with_capacity(self.partial.len());
+        escape_for_terminal(&self.partial, &mut safe);
+        let line = String::from_utf8_lossy(&safe).into_owned();
         self.partial.clear();
         self.stats.lines += 1;
         if std::mem::take(&mut self.partial_truncated) {
@@ -192,9 +197,93 @@ impl Drop for ConsoleSink {
     }
 }
 
+/// Appends `bytes` to `out` made safe for a terminal: printable ASCII,
+/// newline and tab pass; every other byte (ESC and the other C0 controls,
+/// DEL, and all bytes above 0x7f, which include the 8-bit C1 controls such
+/// as CSI 0x9b) is shown as `\xNN`. A CR is dropped (consoles send CRLF; a
+/// bare CR would let the guest overwrite what the terminal shows). The
+/// guest is not trusted to print only text: without this, an OSC sequence
+/// could set the window title or write the clipboard.
+pub fn escape_for_terminal(bytes: &[u8], out: &mut Vec<u8>) {
+    for &b in bytes {
+        match b {
+            b'\n' | b'\t' | 0x20..=0x7e => out.push(b),
+            b'\r' => {}
+            _ => out.extend_from_slice(format!("\\x{b:02x}").as_bytes()),
+        }
+    }
+}
+
+/// [`escape_for_terminal`] for text the VMM prints about the guest (console
+/// tails, `@fault` lines): the same rule per character, so `\x1b` reads
+/// the same in both places; other non-ASCII characters become `\u{..}`.
+pub fn escape_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\t' | ' '..='~' => out.push(c),
+            '\r' => {}
+            c if (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        }
+    }
+    out
+}
+
+/// A writer that passes guest console bytes on through
+/// [`escape_for_terminal`]: for the console when it goes to the user's
+/// terminal (stdout), never for `--serial-out` files, which stay raw.
+pub struct TerminalEscaper<W: Write> {
+    inner: W,
+    scratch: Vec<u8>,
+}
+
+impl<W: Write> TerminalEscaper<W> {
+    pub fn new(inner: W) -> Self {
+        TerminalEscaper {
+            inner,
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl<W: Write> Write for TerminalEscaper<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.scratch.clear();
+        escape_for_terminal(buf, &mut self.scratch);
+        self.inner.write_all(&self.scratch)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recorded_lines_are_terminal_safe() {
+        let mut r = ConsoleRecorder::new();
+        r.feed(b"@fault x=\x1b[2J\xff\n");
+        assert_eq!(r.machine_lines(), ["@fault x=\\x1b[2J\\xff"]);
+    }
+
+    #[test]
+    fn terminal_escapes_are_shown_not_obeyed() {
+        let mut out = Vec::new();
+        escape_for_terminal(b"\x1b]0;pwned\x07ok\r\n\t\x9b2J\x7f", &mut out);
+        assert_eq!(out, b"\\x1b]0;pwned\\x07ok\n\t\\x9b2J\\x7f");
+        assert_eq!(
+            escape_str("a\u{1b}[2Jb\u{9b}c\u{fffd}"),
+            "a\\x1b[2Jb\\x9bc\\u{fffd}"
+        );
+        let mut w = TerminalEscaper::new(Vec::new());
+        w.write_all(b"\x1b]52;c;aGk=\x07\n").unwrap();
+        assert_eq!(w.inner, b"\\x1b]52;c;aGk=\\x07\n");
+    }
 
     #[test]
     fn splits_lines_and_keeps_machine_lines() {

@@ -15,7 +15,7 @@ pub mod serial;
 pub mod unknown;
 
 pub use bus::{BusError, DeviceEvent, PioBus, PioDevice};
-pub use console::{ConsoleRecorder, ConsoleSink, ConsoleStats};
+pub use console::{escape_str, ConsoleRecorder, ConsoleSink, ConsoleStats, TerminalEscaper};
 pub use exit::ExitDevice;
 pub use phase::PhaseDevice;
 pub use serial::{EventFdTrigger, SerialDevice, SerialError};

@@ -61,9 +61,10 @@ impl SerialDevice {
             .map_err(|e| SerialError::Input(e.to_string()))
     }
 
-    /// Flushes the output destination.
+    /// Flushes the output destination, a partial last line included (end
+    /// of a run).
     pub fn flush(&mut self) {
-        let _ = io::Write::flush(self.serial.writer_mut());
+        self.serial.writer_mut().flush_out();
     }
 }
 

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod cli;
 pub mod machine;
 pub mod observe;
+pub mod output;
 pub mod preflight;
 pub mod probe;
 pub mod report;

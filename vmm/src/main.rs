@@ -8,7 +8,10 @@ use ptiscope::cli::{Backend, Cli, Command, PagetablesArgs, ProbeArgs, RunArgs};
 use ptiscope::machine::RunOutcome;
 use ptiscope::observe::live_metrics::LiveMetricsConfig;
 use ptiscope::observe::measure::Measurer;
+use ptiscope::output::{open_output, OutputFile, OutputQueue, OutputReport};
 use ptiscope::{run_vm, StopReason};
+use ptiscope_devices::escape_str;
+use std::os::fd::AsFd;
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
@@ -52,24 +55,65 @@ fn run(args: &RunArgs) -> ExitCode {
         return code(exit_code::USAGE);
     }
     let config = args.to_config(args.arch.embedded_image());
+    let target = match args.backend {
+        Backend::Kvm => ptiscope::Target::Kvm,
+        Backend::Qemu => ptiscope::Target::QemuTcg,
+    };
+    let mut resolved = match ptiscope::preflight(&config, target) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            return code(e.exit_code());
+        }
+    };
+    // Every output is opened (created, checked writable, a FIFO's reader
+    // waited for up to --timeout) before the guest boots, so a bad path
+    // costs no run and nothing blocks once it runs.
+    let opened = (|| -> Result<_, ptiscope::output::OpenError> {
+        let serial = args
+            .serial_out
+            .as_deref()
+            .map(|p| open_output("--serial-out", p, args.timeout))
+            .transpose()?;
+        let metrics = match (args.metrics_interval, &args.metrics_out) {
+            (Some(_), Some(p)) => Some(Some(open_output("--metrics-out", p, args.timeout)?)),
+            (Some(_), None) => Some(None),
+            (None, _) => None,
+        };
+        let json = args
+            .json
+            .as_deref()
+            .map(|p| open_output("--json", p, args.timeout))
+            .transpose()?;
+        Ok((serial, metrics, json))
+    })();
+    let (serial, metrics, json) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            return code(e.exit_code());
+        }
+    };
+    if let Some(f) = serial {
+        resolved.config.serial_out = ptiscope::SerialOut::Opened(std::sync::Arc::new(f));
+    }
     if args.backend == Backend::Qemu {
-        return run_qemu(args, &config);
+        return run_qemu(&resolved, json.as_ref());
     }
     let mut measurer = Measurer::new();
-    if let Some(ms) = args.metrics_interval {
-        let out: Box<dyn std::io::Write + Send> = match &args.metrics_out {
-            // Opening a FIFO blocks until its reader opens it, as it should.
-            Some(p) => match std::fs::File::create(p) {
-                Ok(f) => Box::new(f),
-                Err(e) => {
-                    eprintln!(
-                        "ptiscope: error: cannot open --metrics-out {}: {e}",
-                        p.display()
-                    );
-                    return code(exit_code::CANT_CREATE);
-                }
-            },
-            None => Box::new(std::io::stderr()),
+    if let (Some(ms), Some(file)) = (args.metrics_interval, metrics) {
+        let queue = match &file {
+            Some(f) => f.try_clone_file().and_then(|c| {
+                OutputQueue::start("--metrics-out", &f.path().display().to_string(), c)
+            }),
+            None => OutputQueue::for_std("--metrics-out", std::io::stderr().as_fd(), "stderr"),
+        };
+        let out = match queue {
+            Ok(q) => q,
+            Err(e) => {
+                eprintln!("ptiscope: error: cannot start the --metrics-out writer: {e}");
+                return code(exit_code::INTERNAL);
+            }
         };
         measurer = measurer.with_live_metrics(LiveMetricsConfig {
             interval: std::time::Duration::from_millis(ms),
@@ -77,16 +121,19 @@ fn run(args: &RunArgs) -> ExitCode {
             format: args.metrics_format,
         });
     }
-    match run_vm(&config, &mut measurer) {
+    match ptiscope::run(&resolved, &mut measurer) {
         Ok(outcome) => {
             print_summary(&outcome);
-            let mut summary = measurer.summary(
-                &outcome,
-                ptiscope::cli::compare::config_words(&outcome),
-                config.guest.iterations,
-            );
+            let mut summary =
+                measurer.summary(&outcome, ptiscope::cli::compare::config_words(&outcome));
             summary.environment = Some(environment("kvm", &config, &summary.config));
-            report(&summary, args.json.as_deref(), outcome.exit_code())
+            let outputs: Vec<_> = outcome
+                .outputs
+                .iter()
+                .chain(measurer.live_output())
+                .cloned()
+                .collect();
+            report(&mut summary, &outputs, json.as_ref(), outcome.exit_code())
         }
         Err(e) => {
             eprintln!("ptiscope: error: {e}");
@@ -126,10 +173,25 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
     let mut config = ptiscope::RunConfig::new(kernel);
     config.mem_mib = args.mem;
     config.serial_out = ptiscope::SerialOut::Discard;
+    // SIGINT/SIGTERM/SIGHUP are blocked in main: without this they would
+    // wait for the run's timeout.
+    config.handle_signals = true;
     config.guest.pti = args.pti;
     config.guest.workload = Some(ptiscope::preflight::cmdline::Workload::Getpid);
     config.guest.iterations = Some(1);
     config.guest.extra = args.cmdline.clone();
+    let json = match args
+        .json
+        .as_deref()
+        .map(|p| open_output("--json", p, ptiscope::preflight::request::DEFAULT_TIMEOUT))
+        .transpose()
+    {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            return code(e.exit_code());
+        }
+    };
     let mut inspector = Inspector::new(paging, entry_area);
     let outcome = match run_vm(&config, &mut inspector) {
         Ok(o) => o,
@@ -158,39 +220,57 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
         }
     };
     print!("{}", inspection.render());
-    if let Some(p) = &args.json {
+    if let Some(f) = &json {
         let text = serde_json::to_string_pretty(&inspection).unwrap_or_else(|_| "null".into());
-        if let Err(e) = std::fs::write(p, text) {
-            eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
+        if let Err(e) = f.write_document(&text) {
+            eprintln!("ptiscope: error: {e}");
             return code(exit_code::CANT_CREATE);
         }
     }
     code(outcome.exit_code())
 }
 
-/// Prints a run's summary (stderr, after the console), writes its `--json`,
-/// and returns the process exit code.
+/// Prints a run's summary (stderr, after the console) with what became of
+/// its outputs, writes its `--json`, and returns the process exit code: the
+/// run's, or 73 when the run succeeded but an output could not be written.
 fn report(
-    summary: &ptiscope::report::RunSummary,
-    json: Option<&std::path::Path>,
+    summary: &mut ptiscope::report::RunSummary,
+    outputs: &[OutputReport],
+    json: Option<&OutputFile>,
     exit: i32,
 ) -> ExitCode {
+    let mut failed = Vec::new();
+    for o in outputs {
+        if let Some(line) = o.describe() {
+            summary.notes.push(line.clone());
+            if o.failed() {
+                failed.push(line);
+            }
+        }
+    }
     // One write: stderr is unbuffered, and the summary is many lines.
     eprint!("\n{}", summary.render_text());
-    if let Some(p) = json {
+    if let Some(f) = json {
         let text =
             serde_json::to_string_pretty(&summary.to_json()).unwrap_or_else(|_| "null".into());
-        if let Err(e) = std::fs::write(p, text) {
-            eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
-            return code(exit_code::CANT_CREATE);
+        if let Err(e) = f.write_document(&text) {
+            failed.push(e);
         }
+    }
+    for f in &failed {
+        eprintln!("ptiscope: error: {f}");
+    }
+    // A failed run keeps its own status (the guest's, 124, 128 + signal);
+    // the output error is printed either way.
+    if exit == 0 && !failed.is_empty() {
+        return code(exit_code::CANT_CREATE);
     }
     code(exit)
 }
 
 /// `run --backend qemu`: the guest under QEMU TCG, reported from its console.
-fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
-    match ptiscope::backend::qemu::run_qemu(config) {
+fn run_qemu(resolved: &ptiscope::ResolvedRun, json: Option<&OutputFile>) -> ExitCode {
+    match ptiscope::backend::qemu::run_resolved(resolved) {
         Ok(outcome) => {
             eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
             eprintln!(
@@ -199,14 +279,14 @@ fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
                 outcome.entry.map_or("-", |e| e.name()),
             );
             for f in outcome.faults() {
-                eprintln!("  guest reported: {f}");
+                eprintln!("  guest reported: {}", escape_str(f));
             }
             let mut summary = ptiscope::observe::measure::summary_from_result(
                 &outcome,
                 ptiscope::cli::compare::config_words(&outcome),
             );
-            summary.environment = Some(environment("qemu", config, &summary.config));
-            report(&summary, args.json.as_deref(), outcome.exit_code())
+            summary.environment = Some(environment("qemu", &resolved.config, &summary.config));
+            report(&mut summary, &outcome.outputs, json, outcome.exit_code())
         }
         Err(e) => {
             eprintln!("ptiscope: error: {e}");
@@ -266,11 +346,12 @@ fn print_summary(o: &RunOutcome) {
             e.invalid_phase_markers
         );
     }
+    // Guest text: escaped before it reaches the terminal.
     for f in o.faults() {
-        eprintln!("  guest reported: {f}");
+        eprintln!("  guest reported: {}", escape_str(f));
     }
     if let Some(p) = o.machine_lines.iter().find(|l| l.starts_with("@panic")) {
-        eprintln!("  guest reported: {p}");
+        eprintln!("  guest reported: {}", escape_str(p));
     }
     if matches!(
         o.stop,
@@ -283,7 +364,7 @@ fn print_summary(o: &RunOutcome) {
     {
         eprintln!("  last console lines:");
         for l in &o.console_tail {
-            eprintln!("    | {l}");
+            eprintln!("    | {}", escape_str(l));
         }
     }
 }

@@ -10,7 +10,8 @@
 //! say so.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,7 +21,8 @@ use ptiscope_devices::{ConsoleRecorder, ConsoleSink};
 use crate::machine::exit::ExitCounts;
 use crate::machine::loader;
 use crate::machine::{RunOutcome, StopReason};
-use crate::preflight::{PreflightError, ResolvedRun, RunConfig, SerialOut, Target};
+use crate::output::{OpenError, DRAIN_GRACE};
+use crate::preflight::{PreflightError, ResolvedRun, RunConfig, Target};
 
 /// Errors of a QEMU-backed run.
 #[derive(Debug, thiserror::Error)]
@@ -39,12 +41,8 @@ pub enum QemuError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot write the guest console to {path}: {source}")]
-    SerialOut {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Output(#[from] OpenError),
     #[error("QEMU failed ({how}) before the guest reported a status{}", if stderr.is_empty() { String::new() } else { format!(": {stderr}") })]
     Qemu { how: String, stderr: String },
 }
@@ -58,43 +56,30 @@ pub fn binary_for(image: &[u8]) -> &'static str {
     }
 }
 
-/// A private temporary directory, removed on drop.
-struct TempDir(PathBuf);
+/// The image for QEMU, in an anonymous memory file (memfd): QEMU reads
+/// `-kernel` from a path, and `/proc/self/fd/N` of a descriptor it inherits
+/// is one. Nothing is written to the file system, so nothing is left behind
+/// however ptiscope ends (SIGKILL included), and no other user can swap the
+/// file between our write and QEMU's read.
+struct ImageFd(std::os::fd::OwnedFd);
 
-impl TempDir {
-    fn new() -> Result<Self, QemuError> {
-        let base = std::env::temp_dir();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        for attempt in 0..16u32 {
-            let dir = base.join(format!(
-                "ptiscope-qemu-{}-{nanos:08x}-{attempt}",
-                std::process::id()
-            ));
-            // `create_dir`, not `create_dir_all`: an existing path (or a
-            // symlink planted there) is not ours to use.
-            match std::fs::create_dir(&dir) {
-                Ok(()) => return Ok(TempDir(dir)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(source) => {
-                    return Err(QemuError::Io {
-                        what: "creating a temporary directory for the image",
-                        source,
-                    })
-                }
-            }
+impl ImageFd {
+    fn new(image: &[u8]) -> Result<Self, QemuError> {
+        use std::os::fd::FromRawFd;
+        let io_err = |source| QemuError::Io {
+            what: "creating an in-memory file for the image",
+            source,
+        };
+        // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"ptiscope-guest".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io_err(std::io::Error::last_os_error()));
         }
-        Err(QemuError::Io {
-            what: "creating a temporary directory for the image",
-            source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
-        })
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let mut file = std::fs::File::from(owned);
+        std::io::Write::write_all(&mut file, image).map_err(io_err)?;
+        Ok(ImageFd(file.into()))
     }
 }
 
@@ -110,25 +95,11 @@ impl Drop for Child {
     }
 }
 
-/// SIGINT or SIGTERM, if one is pending. `ptiscope` blocks both for the
-/// KVM backend's signalfd; here they are taken with a zero-timeout
+/// SIGINT, SIGTERM or SIGHUP, if one is pending. `ptiscope` blocks them
+/// for the KVM backend's signalfd; here they are taken with a zero-timeout
 /// `sigtimedwait` so that a QEMU run stops as cleanly as a KVM one.
 fn pending_termination() -> Option<i32> {
-    // SAFETY: an all-zero sigset_t is a valid value to initialise.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t; the calls only modify it.
-    unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-    }
-    let zero = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid set and timeout; a null siginfo pointer is allowed.
-    let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) };
-    (sig > 0).then_some(sig)
+    crate::machine::signals::wait_termination(Duration::ZERO)
 }
 
 /// Settles `config` for QEMU ([`crate::preflight::preflight`]) and runs it.
@@ -148,23 +119,9 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
 
     // Everything that can fail is done before QEMU starts, so that no
     // error leaves it running.
-    let out: Option<Box<dyn std::io::Write + Send>> = match &config.serial_out {
-        SerialOut::Stdout => Some(Box::new(std::io::stdout())),
-        SerialOut::Discard => None,
-        SerialOut::File(path) => Some(Box::new(std::fs::File::create(path).map_err(|source| {
-            QemuError::SerialOut {
-                path: path.clone(),
-                source,
-            }
-        })?)),
-    };
-    // QEMU reads the kernel from a file: a private temporary copy.
-    let dir = TempDir::new()?;
-    let elf = dir.0.join("guest.elf");
-    std::fs::write(&elf, &image[..]).map_err(|source| QemuError::Io {
-        what: "writing the image for QEMU",
-        source,
-    })?;
+    let (out, console_queue) = crate::output::console_output(&config.serial_out, config.timeout)?;
+    let image_fd = ImageFd::new(image)?;
+    let image_raw = image_fd.0.as_raw_fd();
 
     let binary = binary_for(image);
     let machine = if loader::is_elf32(image) {
@@ -182,12 +139,35 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         .args(["-serial", "stdio"])
         .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
         .arg("-kernel")
-        .arg(&elf)
+        .arg(format!("/proc/self/fd/{image_raw}"))
         .args(["-append", &cmdline])
         .args(&config.qemu_args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (prctl, getppid, fcntl), touching
+    // no memory of the parent's other threads.
+    unsafe {
+        cmd.pre_exec(move || {
+            // QEMU dies with the thread that spawned it (this one, the main
+            // thread of `run`/`compare`): SIGKILL of ptiscope, a panic, any
+            // exit that runs no code of ours still stops QEMU.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // ptiscope died before the prctl: the signal will never come.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("ptiscope exited while starting QEMU"));
+            }
+            // The image's descriptor is the one thing QEMU inherits.
+            if libc::fcntl(image_raw, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = Child(cmd.spawn().map_err(|source| QemuError::Spawn {
         binary: binary.to_string(),
         source,
@@ -242,9 +222,16 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     };
     // Stops QEMU if it is still running (timeout, signal).
     drop(child);
+    drop(image_fd);
     let run_time = run_start.elapsed();
+    // QEMU is gone, so its stdout ends: the reader only forwards what is
+    // left into the console queue, which never blocks.
     let _ = reader.join();
     let qemu_stderr = err_reader.join().unwrap_or_default();
+    let outputs: Vec<_> = console_queue
+        .map(|q| q.finish_by(Instant::now() + DRAIN_GRACE))
+        .into_iter()
+        .collect();
 
     let mut rec = recorder.lock().unwrap_or_else(|p| p.into_inner());
     rec.flush_partial();
@@ -298,5 +285,6 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         arch_capabilities: None,
         mem_mib: config.mem_mib,
         telemetry_addr: 0,
+        outputs,
     })
 }

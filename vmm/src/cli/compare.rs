@@ -16,11 +16,13 @@ use crate::cli::{
 use crate::machine::loader::KernelSource;
 use crate::machine::RunOutcome;
 use crate::observe::measure::{rate_name, summary_from_result, Measurer};
+use crate::output::{open_output, OutputFile};
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
 use crate::preflight::{host, preflight, ResolvedRun, RunConfig, SerialOut, Target};
 use crate::report::environment::{Environment, GuestImage};
 use crate::report::stats::Verdict;
 use crate::report::{CompareTable, Condition, Metric, RunSummary};
+use ptiscope_devices::escape_str;
 
 /// One side of the comparison.
 #[derive(Debug, Clone)]
@@ -168,7 +170,6 @@ pub fn run_measured(
     resolved: &ResolvedRun,
     backend: Backend,
 ) -> Result<(RunOutcome, RunSummary), (i32, String)> {
-    let config = &resolved.config;
     let mut m = Measurer::new();
     let run = match backend {
         Backend::Kvm => {
@@ -181,7 +182,7 @@ pub fn run_measured(
     match run {
         Ok(o) => {
             let s = match backend {
-                Backend::Kvm => m.summary(&o, config_words(&o), config.guest.iterations),
+                Backend::Kvm => m.summary(&o, config_words(&o)),
                 Backend::Qemu => summary_from_result(&o, config_words(&o)),
             };
             if o.exit_code() == 0 && s.phase.is_none() {
@@ -196,13 +197,14 @@ pub fn run_measured(
             }
             if o.exit_code() != 0 {
                 let mut msg = format!("{}", o.stop);
+                // Guest text: escaped before it reaches the terminal.
                 for f in o.faults() {
-                    msg.push_str(&format!("\n  guest reported: {f}"));
+                    msg.push_str(&format!("\n  guest reported: {}", escape_str(f)));
                 }
                 if !o.console_tail.is_empty() {
                     msg.push_str("\n  last console lines:");
                     for l in &o.console_tail {
-                        msg.push_str(&format!("\n    | {l}"));
+                        msg.push_str(&format!("\n    | {}", escape_str(l)));
                     }
                 }
                 return Err((o.exit_code(), msg));
@@ -423,6 +425,55 @@ pub fn run(args: &CompareArgs) -> i32 {
             return exit_code::USAGE;
         }
     };
+    // A workload that marks no phase has nothing to compare: a usage error
+    // before any guest boots, not a failed run after the first one.
+    for side in [&base, &comp] {
+        if !side
+            .config
+            .guest
+            .workload
+            .is_some_and(Workload::runs_user_code)
+        {
+            eprintln!(
+                "ptiscope compare: {}: workload {} only boots the guest and measures nothing; \
+                 compare needs a measuring workload ({})",
+                side.label,
+                side.config
+                    .guest
+                    .workload
+                    .map_or("(none given)", Workload::name),
+                Workload::NAMES
+                    .iter()
+                    .filter(|n| **n != Workload::None.name())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return exit_code::USAGE;
+        }
+    }
+
+    // The output files are opened (created, checked writable, a FIFO's
+    // reader waited for up to --timeout) before the first boot: a typo in
+    // a path must not cost a whole compare.
+    let mut files: [Option<OutputFile>; 3] = [None, None, None];
+    for (slot, (what, path)) in files.iter_mut().zip([
+        ("--json", &args.json),
+        ("--csv", &args.csv),
+        ("--svg", &args.svg),
+    ]) {
+        if let Some(p) = path {
+            match open_output(what, p, args.timeout) {
+                Ok(f) => *slot = Some(f),
+                Err(e) => {
+                    eprintln!("ptiscope compare: {e}");
+                    return e.exit_code();
+                }
+            }
+        }
+    }
+    let [json_file, csv_file, svg_file] = files;
+
     // Settle both sides once (image read, entry resolved, host limits
     // checked): every run of a side then boots the same resolved run.
     let settle = |spec: SideSpec| {
@@ -708,17 +759,17 @@ pub fn run(args: &CompareArgs) -> i32 {
     });
 
     let mut code = 0;
-    if let Some(p) = &args.json {
+    if let Some(f) = &json_file {
         code = code.max(write_file(
-            p,
+            f,
             &json_text(&table, &durations, &runs_report, against.as_ref()),
         ));
     }
-    if let Some(p) = &args.svg {
-        code = code.max(write_file(p, &crate::report::plot::compare_svg(&table)));
+    if let Some(f) = &svg_file {
+        code = code.max(write_file(f, &crate::report::plot::compare_svg(&table)));
     }
-    if let Some(p) = &args.csv {
-        code = code.max(write_file(p, &table.to_csv()));
+    if let Some(f) = &csv_file {
+        code = code.max(write_file(f, &table.to_csv()));
     }
     for c in &conditions {
         match c.evaluate(&table) {
@@ -947,11 +998,11 @@ fn render_durations(base: &str, comp: &str, d: &[Durations; 2]) -> String {
     s
 }
 
-fn write_file(p: &Path, text: &str) -> i32 {
-    match std::fs::write(p, text) {
+fn write_file(f: &OutputFile, text: &str) -> i32 {
+    match f.write_document(text) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("ptiscope compare: cannot write {}: {e}", p.display());
+            eprintln!("ptiscope compare: {e}");
             exit_code::CANT_CREATE
         }
     }

@@ -20,7 +20,7 @@ pub const NO_IMAGE: i32 = 66;
 pub const KVM_UNAVAILABLE: i32 = 69;
 /// An unexpected failure inside the VMM (an ioctl that should work did not).
 pub const INTERNAL: i32 = 70;
-/// The `--serial-out` file cannot be created.
+/// An output file (`--serial-out`, `--json`, ...) cannot be created or written.
 pub const CANT_CREATE: i32 = 73;
 /// The guest triple-faulted (KVM_EXIT_SHUTDOWN).
 pub const TRIPLE_FAULT: i32 = 80;
@@ -29,7 +29,8 @@ pub const TRIPLE_FAULT: i32 = 80;
 pub const VM_ERROR: i32 = 81;
 /// `--timeout` fired.
 pub const TIMEOUT: i32 = 124;
-/// SIGINT (128 + 2) and SIGTERM (128 + 15).
+/// SIGHUP (128 + 1), SIGINT (128 + 2) and SIGTERM (128 + 15).
+pub const SIGHUP: i32 = 129;
 pub const SIGINT: i32 = 130;
 pub const SIGTERM: i32 = 143;
 
@@ -85,7 +86,7 @@ impl ExitCode for RunError {
             RunError::Memory(_) => USAGE,
             RunError::Load(LoadError::Read { .. }) => NO_IMAGE,
             RunError::Load(_) => BAD_IMAGE,
-            RunError::SerialOut { .. } => CANT_CREATE,
+            RunError::Output(e) => e.exit_code(),
             _ => INTERNAL,
         }
     }
@@ -96,7 +97,7 @@ impl ExitCode for QemuError {
         match self {
             QemuError::Preflight(e) => e.exit_code(),
             QemuError::Spawn { .. } => KVM_UNAVAILABLE,
-            QemuError::SerialOut { .. } => CANT_CREATE,
+            QemuError::Output(e) => e.exit_code(),
             QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
         }
     }

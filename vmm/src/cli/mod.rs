@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::machine::loader::KernelSource;
-use crate::machine::memory::{MemoryLayout, DEFAULT_MEM_MIB};
+use crate::machine::memory::{MemoryError, MemoryLayout, DEFAULT_MEM_MIB, MIN_MEM_MIB};
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, GuestOptions, PtiMode, Switch, Workload};
 use crate::preflight::{RunConfig, SerialOut};
 
@@ -18,17 +18,20 @@ Exit status of `ptiscope run`:
   0..63  the guest's exit status (0 success, 1 check failed, 2 CPU exception,
          3 panic, 4 bad command line, 5 expected fault not raised,
          6 unsupported on this CPU; statuses above 63 are reported as 63)
-  64     bad usage or option value (--mem, --pti, --cmdline too long, ...)
+  64     bad usage or option value (--mem, --pti, --timeout below 1 ms,
+         --cmdline too long, ...)
   65     kernel image is not a bootable PVH ELF64 for this memory size
   66     kernel image missing or unreadable
   69     /dev/kvm missing or not accessible, or this KVM cannot do what was
          asked (e.g. --cpu-vuln none where KVM refuses RDCL_NO)
   70     internal VMM error
-  73     an output file (--serial-out, --json, --metrics-out) cannot be written
+  73     an output file (--serial-out, --json, --metrics-out) cannot be
+         created or written (a FIFO no reader opened within --timeout, ENOSPC);
+         a reader that stops reading costs dropped lines, reported, not 73
   80     guest triple fault (KVM_EXIT_SHUTDOWN); registers are printed
   81     KVM internal error, failed entry or unexpected exit
   124    --timeout fired
-  130    SIGINT, 143 SIGTERM";
+  129    SIGHUP, 130 SIGINT, 143 SIGTERM";
 
 /// A small KVM VMM that boots its own PTI-capable guest and measures what
 /// page table isolation costs.
@@ -86,8 +89,9 @@ an earlier `--json` result and warns when the environments differ.
        'kernel_instructions_per_call.significant==1'  'ns_per_call.welch_p<0.01'
 
 Exit status: 0 done and no --fail-if held; 1 a --fail-if condition held or could
-not be evaluated; 64 bad usage (also a --fail-if metric the runs do not have,
-found after the first run); 73 an output file (--json, --csv, --svg) cannot be
+not be evaluated; 64 bad usage (also a workload that measures nothing, and a
+--fail-if metric the runs do not have, found after the first run); 73 an output
+file (--json, --csv, --svg) cannot be created (checked before the first run) or
 written; otherwise the exit status of the run that failed
 (see `ptiscope run --help`).";
 
@@ -161,7 +165,7 @@ pub struct CompareArgs {
     /// `auto`: add run pairs until the main time metric's 95 % confidence
     /// interval is within --target-ci of its mean on both sides, or
     /// --max-runs is reached.
-    #[arg(long, value_name = "R|auto", default_value = "5", value_parser = parse_runs)]
+    #[arg(long, value_name = "R|auto", default_value = "5", value_parser = parse_runs, allow_negative_numbers = true)]
     pub runs: Runs,
     /// With `--runs auto`: the most runs per side (default 20).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(MIN_AUTO_RUNS as i64..=1000))]
@@ -181,16 +185,16 @@ pub struct CompareArgs {
     #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
     pub workload: Workload,
     /// Iterations per run for both sides (an OPTS `iterations=` overrides it).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS, allow_negative_numbers = true)]
     pub iterations: u64,
     /// Boot this PVH ELF64 kernel instead of the embedded guest.
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
     /// Guest memory in MiB (16..=1024).
-    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem)]
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
     pub mem: u64,
     /// Stop a run after this many seconds.
-    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout)]
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Duration,
     /// Write the comparison as JSON (schema ptiscope.compare/1, with the environment).
     #[arg(long, value_name = "FILE")]
@@ -229,10 +233,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "STR", default_value = "")]
     pub cmdline: String,
     /// Guest memory in MiB (16..=1024).
-    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem)]
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
     pub mem: u64,
     /// Stop the guest after this many seconds (fractions allowed).
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout)]
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Duration,
     /// Write the guest console to FILE instead of stdout.
     #[arg(long, value_name = "FILE")]
@@ -250,7 +254,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
     pub workload: Option<Workload>,
     /// Iterations of the workload's loop.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub iterations: Option<u64>,
     /// What the vCPU reports about Meltdown: `meltdown` clears ARCH_CAPABILITIES.RDCL_NO,
     /// `none` sets it, `host` leaves KVM's value.
@@ -261,7 +265,7 @@ pub struct RunArgs {
     pub json: Option<PathBuf>,
     /// Every MS milliseconds, write one JSON line of KVM-stat and guest-counter
     /// changes (schema ptiscope.metrics/1) while the guest runs.
-    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), allow_negative_numbers = true)]
     pub metrics_interval: Option<u64>,
     /// Where the --metrics-interval lines go (a file or FIFO; default stderr).
     #[arg(long, value_name = "FILE_OR_FIFO", requires = "metrics_interval")]
@@ -342,7 +346,7 @@ pub struct PagetablesArgs {
     #[arg(long, value_name = "STR", default_value = "")]
     pub cmdline: String,
     /// Guest memory in MiB.
-    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem)]
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
     pub mem: u64,
     /// Write the walk and the verdict as JSON.
     #[arg(long, value_name = "FILE")]
@@ -358,22 +362,37 @@ pub struct ProbeArgs {
 
 /// `--mem`: a number of MiB within the bounds, with messages naming them.
 pub fn parse_mem(s: &str) -> Result<u64, String> {
-    let mib: u64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of MiB"))?;
+    let mib: u64 = match s.trim().parse::<i128>() {
+        // A negative size gets the bound, like any other out-of-range one.
+        Ok(n) if n < 0 => {
+            return Err(format!(
+                "--mem {n} MiB is negative: at least {MIN_MEM_MIB} MiB are needed"
+            ))
+        }
+        Ok(n) => u64::try_from(n).map_err(|_| MemoryError::TooLarge(u64::MAX).to_string())?,
+        Err(_) => return Err(format!("{s:?} is not a number of MiB")),
+    };
     MemoryLayout::new(mib).map_err(|e| e.to_string())?;
     Ok(mib)
 }
 
-/// `--timeout`: positive seconds, fractions allowed.
+/// Shortest `--timeout`: below a millisecond the watchdog's own latency
+/// (tens to hundreds of µs to stop a vCPU) is the whole run, and such a
+/// value is almost certainly a typo. Refused rather than rounded.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+/// Longest `--timeout`: a day.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// `--timeout`: seconds in [1 ms, 1 day], fractions allowed.
 pub fn parse_timeout(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .trim()
         .parse()
         .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if !(secs > 0.0 && secs <= 86_400.0) {
-        return Err(format!("{s}: the timeout must be in (0, 86400] seconds"));
+    if !(secs >= MIN_TIMEOUT.as_secs_f64() && secs <= MAX_TIMEOUT.as_secs_f64()) {
+        return Err(format!(
+            "{s}: the timeout must be from 0.001 (1 ms) to 86400 seconds"
+        ));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -507,6 +526,9 @@ mod tests {
             (&["--mem", "4096"][..], "at most 1024 MiB"),
             (&["--entry", "int81"][..], "possible values"),
             (&["--timeout", "0"][..], "timeout must be"),
+            (&["--timeout", "1e-9"][..], "from 0.001 (1 ms)"),
+            (&["--timeout", "NaN"][..], "timeout must be"),
+            (&["--mem", "-1"][..], "at least 16 MiB"),
         ] {
             let mut v = vec!["ptiscope", "run"];
             v.extend_from_slice(args);

@@ -2,7 +2,6 @@
 //! parameters in it, the KVM VM (memory slots, TSS, in-kernel irqchip), the
 //! device bus and the boot vCPU's registers. Nothing here runs the guest.
 
-use std::fs::File;
 use std::sync::{Arc, Mutex};
 
 use kvm_bindings::kvm_userspace_memory_region;
@@ -19,7 +18,6 @@ use crate::machine::kvm::open_kvm;
 use crate::machine::loader;
 use crate::machine::msr::MsrAnswers;
 use crate::machine::RunError;
-use crate::preflight::request::SerialOut;
 use crate::preflight::ResolvedRun;
 
 /// Where the TSS for real-mode emulation goes (Intel needs three pages KVM
@@ -35,6 +33,8 @@ pub struct BuiltVm {
     pub mem: GuestMemoryMmap,
     pub bus: PioBus,
     pub serial: Arc<Mutex<SerialDevice>>,
+    /// The queue behind the console's destination (None: discarded).
+    pub console_queue: Option<crate::output::OutputQueue>,
     pub recorder: Arc<Mutex<ConsoleRecorder>>,
     /// The boot vCPU, registers set for the PVH entry.
     pub vcpu: VcpuFd,
@@ -56,16 +56,7 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
     loader::write_boot_params(&mem, &run.layout, &run.cmdline)?;
     let vm = create_vm(&kvm, &mem, config.irqchip)?;
 
-    let out: Option<Box<dyn std::io::Write + Send>> = match &config.serial_out {
-        SerialOut::Stdout => Some(Box::new(std::io::stdout())),
-        SerialOut::Discard => None,
-        SerialOut::File(path) => Some(Box::new(File::create(path).map_err(|source| {
-            RunError::SerialOut {
-                path: path.clone(),
-                source,
-            }
-        })?)),
-    };
+    let (out, console_queue) = crate::output::console_output(&config.serial_out, config.timeout)?;
     let irq = EventFd::new(EFD_NONBLOCK).map_err(|source| RunError::Host {
         what: "creating the serial interrupt eventfd",
         source,
@@ -86,6 +77,7 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
         mem,
         bus,
         serial,
+        console_queue,
         recorder,
         vcpu,
         msr_answers: vcpu_msrs.answers,

@@ -21,7 +21,6 @@ pub mod signals;
 pub mod vcpu;
 pub mod watchdog;
 
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -92,12 +91,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Vcpu(#[from] VcpuSetupError),
-    #[error("cannot create --serial-out file {path}: {source}")]
-    SerialOut {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Output(#[from] crate::output::OpenError),
     #[error("{what}: {source}")]
     Host {
         what: &'static str,
@@ -119,7 +114,7 @@ pub fn run(
 ) -> Result<RunOutcome, RunError> {
     let setup_start = Instant::now();
     let config = &run.config;
-    let built = builder::build(run)?;
+    let mut built = builder::build(run)?;
 
     // Host events.
     let done_evt = EventFd::new(EFD_NONBLOCK).map_err(|source| RunError::Host {
@@ -190,6 +185,16 @@ pub fn run(
         let mut s = built.serial.lock().unwrap_or_else(|p| p.into_inner());
         s.flush();
     }
+    // The console's reader gets until a short grace after the guest stopped
+    // (the deadline the live metrics had too) to take what is queued; a
+    // reader that stalls costs dropped (and counted) bytes, not a hang.
+    let drain_deadline = vcpu_result.stopped_at + crate::output::DRAIN_GRACE;
+    let outputs: Vec<_> = built
+        .console_queue
+        .take()
+        .map(|q| q.finish_by(drain_deadline))
+        .into_iter()
+        .collect();
     let mut rec = built.recorder.lock().unwrap_or_else(|p| p.into_inner());
     rec.flush_partial();
     let rec: &ConsoleRecorder = &rec;
@@ -212,6 +217,7 @@ pub fn run(
         arch_capabilities: built.arch_capabilities,
         mem_mib: config.mem_mib,
         telemetry_addr: run.layout.telemetry_addr(),
+        outputs,
     })
 }
 

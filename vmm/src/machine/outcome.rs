@@ -94,7 +94,9 @@ impl std::fmt::Display for StopReason {
             StopReason::Timeout { after_ms } => {
                 write!(f, "timeout: the guest was stopped after {after_ms} ms")
             }
-            StopReason::Signal { signal } => write!(f, "stopped by signal {signal}"),
+            StopReason::Signal { signal } => {
+                write!(f, "{}", crate::machine::signals::describe(*signal))
+            }
             StopReason::Shutdown { regs: r } => {
                 write!(f, "guest triple fault (KVM_EXIT_SHUTDOWN)")?;
                 regs(f, r)?;
@@ -175,6 +177,8 @@ pub struct RunOutcome {
     pub arch_capabilities: Option<u64>,
     pub mem_mib: u64,
     pub telemetry_addr: u64,
+    /// What became of the console output (dropped bytes, write errors).
+    pub outputs: Vec<crate::output::OutputReport>,
 }
 
 impl RunOutcome {

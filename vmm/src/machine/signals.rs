@@ -1,4 +1,4 @@
-//! Stopping a vCPU from another thread, and SIGINT/SIGTERM.
+//! Stopping a vCPU from another thread, and SIGINT/SIGTERM/SIGHUP.
 //!
 //! A vCPU is stopped by sending its thread [`kick_signal`]; the handler sets
 //! `immediate_exit = 1` in that vCPU's `kvm_run`, so KVM_RUN returns EINTR
@@ -51,7 +51,7 @@ pub enum SignalError {
     Install(String),
     #[error("unblocking the vCPU kick signal: {0}")]
     Unblock(String),
-    #[error("creating a signalfd for SIGINT/SIGTERM: {0}")]
+    #[error("creating a signalfd for SIGINT/SIGTERM/SIGHUP: {0}")]
     SignalFd(String),
 }
 
@@ -131,27 +131,60 @@ impl KickableVcpu {
     }
 }
 
-fn termination_set() -> libc::sigset_t {
+/// The signals that stop a run cleanly: SIGINT (Ctrl-C), SIGTERM and
+/// SIGHUP (the terminal went away). Each ends the process with 128 + its
+/// number once the summary is printed.
+pub const TERMINATION_SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// [`TERMINATION_SIGNALS`] as a signal set.
+pub fn termination_set() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
+        for sig in TERMINATION_SIGNALS {
+            libc::sigaddset(&mut set, sig);
+        }
         set
     }
 }
 
-/// Blocks SIGINT and SIGTERM in the calling thread (and the threads it
-/// creates later), so that they are delivered through [`TerminationSignals`]
-/// instead of killing the process. Call it early in `main`.
+/// The name of a termination signal, for messages.
+pub fn describe(signal: c_int) -> String {
+    match signal {
+        libc::SIGINT => "interrupted by SIGINT".into(),
+        libc::SIGTERM => "stopped by SIGTERM".into(),
+        libc::SIGHUP => "stopped by SIGHUP".into(),
+        n => format!("stopped by signal {n}"),
+    }
+}
+
+/// Waits up to `timeout` for a termination signal and takes it (they are
+/// blocked, see [`block_termination_signals`]); `None` if none came. Used
+/// where the process waits outside the VMM's event loop (opening a FIFO,
+/// the QEMU backend).
+pub fn wait_termination(timeout: std::time::Duration) -> Option<c_int> {
+    let set = termination_set();
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: valid set and timeout pointers; a null siginfo is allowed.
+    let sig = unsafe { libc::sigtimedwait(&set, null_mut(), &ts) };
+    (sig > 0).then_some(sig)
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and the threads
+/// it creates later), so that they are delivered through
+/// [`TerminationSignals`] instead of killing the process. Call it early in
+/// `main`.
 pub fn block_termination_signals() {
     let set = termination_set();
     // SAFETY: valid set pointer, null old-set pointer.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, null_mut()) };
 }
 
-/// A signalfd reporting SIGINT/SIGTERM (effective only where they are blocked).
+/// A signalfd reporting SIGINT/SIGTERM/SIGHUP (effective only where they are blocked).
 pub struct TerminationSignals {
     fd: OwnedFd,
 }

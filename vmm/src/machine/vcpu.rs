@@ -49,6 +49,9 @@ pub struct VcpuRun {
     pub dropped_phases: u64,
     pub unknown: u64,
     pub run_time: Duration,
+    /// When the guest stopped (before the observer's `on_stop`): the
+    /// outputs' drain deadline counts from here.
+    pub stopped_at: Instant,
 }
 
 /// One vCPU and its run loop.
@@ -153,6 +156,7 @@ impl Vcpu {
             }
         };
         let run_time = start.elapsed();
+        let stopped_at = Instant::now();
         observer.on_stop(&VmContext {
             vm: env.vm,
             vcpu: &kv.vcpu,
@@ -176,6 +180,7 @@ impl Vcpu {
             dropped_phases,
             unknown: unknown.total(),
             run_time,
+            stopped_at,
         })
     }
 }

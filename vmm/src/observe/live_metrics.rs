@@ -25,6 +25,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use crate::machine::VmContext;
 use crate::observe::kvm_stats::{self, KvmStats, StatType, StatsSnapshot};
 use crate::observe::telemetry::{self, TelemetryReader, TelemetrySnapshot};
+use crate::output::{OutputQueue, OutputReport, DRAIN_GRACE};
 
 /// Schema id of every line.
 pub const SCHEMA: &str = "ptiscope.metrics/1";
@@ -42,10 +43,13 @@ pub enum MetricsFormat {
     OpenMetrics,
 }
 
-/// Where, how often, and in which format.
+/// Where, how often, and in which format. The lines go through `out`'s
+/// bounded queue: the sampling thread never waits for the reader, and a
+/// reader that stalls gets lines dropped (counted in the run's summary)
+/// rather than stalling the run or its teardown.
 pub struct LiveMetricsConfig {
     pub interval: Duration,
-    pub out: Box<dyn Write + Send>,
+    pub out: OutputQueue,
     pub format: MetricsFormat,
 }
 
@@ -66,6 +70,7 @@ pub enum LiveMetricsError {
 pub struct LiveMetrics {
     stop: mpsc::Sender<()>,
     handle: JoinHandle<Result<u64, LiveMetricsError>>,
+    out: OutputQueue,
 }
 
 struct State {
@@ -73,7 +78,7 @@ struct State {
     vcpu: KvmStats,
     mem: GuestMemoryMmap,
     telemetry_gpa: GuestAddress,
-    out: Box<dyn Write + Send>,
+    out: crate::output::QueueWriter,
     format: MetricsFormat,
     start: Instant,
     seq: u64,
@@ -94,7 +99,7 @@ impl LiveMetrics {
             // clone keeps them alive for the thread.
             mem: ctx.mem.clone(),
             telemetry_gpa: GuestAddress(ctx.layout.telemetry_addr()),
-            out: cfg.out,
+            out: cfg.out.writer(),
             format: cfg.format,
             start: Instant::now(),
             seq: 0,
@@ -130,13 +135,26 @@ impl LiveMetrics {
                 }
             })
             .map_err(LiveMetricsError::Spawn)?;
-        Ok(LiveMetrics { stop, handle })
+        Ok(LiveMetrics {
+            stop,
+            handle,
+            out: cfg.out,
+        })
     }
 
-    /// Stops the thread after a final line; returns the lines written.
-    pub fn finish(self, _ctx: &VmContext<'_>) -> Result<u64, LiveMetricsError> {
+    /// Stops the thread after a final line (it never waits on the reader,
+    /// so this is quick), then lets the output drain for [`DRAIN_GRACE`]
+    /// (the run's other queues drain meanwhile, to about the same deadline).
+    /// Returns the lines produced and what became of them.
+    pub fn finish(self, _ctx: &VmContext<'_>) -> (Result<u64, LiveMetricsError>, OutputReport) {
+        let deadline = Instant::now() + DRAIN_GRACE;
         let _ = self.stop.send(());
-        self.handle.join().map_err(|_| LiveMetricsError::Panicked)?
+        let lines = self
+            .handle
+            .join()
+            .map_err(|_| LiveMetricsError::Panicked)
+            .and_then(|r| r);
+        (lines, self.out.finish_by(deadline))
     }
 }
 

@@ -26,6 +26,8 @@ use crate::machine::{PhaseObserver, RunOutcome, VmContext};
 use crate::observe::kvm_stats::{self, KvmStats, StatsSnapshot};
 use crate::observe::live_metrics::{LiveMetrics, LiveMetricsConfig};
 use crate::observe::telemetry::{self, TelemetryError, TelemetryReader, TelemetrySnapshot};
+use crate::output::OutputReport;
+use crate::preflight::cmdline::Workload;
 use crate::preflight::host::{kvm_flavour, KvmFlavour};
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
 
@@ -63,6 +65,8 @@ pub struct Measurer {
     live_config: Option<LiveMetricsConfig>,
     live: Option<LiveMetrics>,
     live_error: Option<String>,
+    /// What became of the live-metrics output.
+    live_output: Option<OutputReport>,
 }
 
 impl Default for Measurer {
@@ -89,6 +93,7 @@ impl Measurer {
             live_config: None,
             live: None,
             live_error: None,
+            live_output: None,
         }
     }
 
@@ -126,6 +131,11 @@ impl Measurer {
     /// Snapshots at the phase's begin and end markers, if both were seen.
     pub fn phase(&self) -> Option<(&Snapshot, &Snapshot)> {
         Some((self.begin.as_ref()?, self.end.as_ref()?))
+    }
+
+    /// What became of the `--metrics-interval` output, once the run is over.
+    pub fn live_output(&self) -> Option<&OutputReport> {
+        self.live_output.as_ref()
     }
 
     /// Phase markers seen (valid encodings only; the VMM counts invalid ones).
@@ -202,10 +212,12 @@ impl PhaseObserver for Measurer {
 
     fn on_stop(&mut self, ctx: &VmContext<'_>) {
         if let Some(l) = self.live.take() {
-            if let Err(e) = l.finish(ctx) {
+            let (lines, output) = l.finish(ctx);
+            if let Err(e) = lines {
                 log::warn!("--metrics-interval: {e}");
                 self.live_error = Some(e.to_string());
             }
+            self.live_output = Some(output);
         }
         self.stop = Some(self.snapshot(ctx));
     }
@@ -261,22 +273,13 @@ const CR3_HOST_EXCESS_BASE: f64 = 16.0;
 
 impl Measurer {
     /// The perf-stat-like summary of the measured phase of `outcome`.
-    /// `config` labels the run (`pti=on`, `workload=getpid`, ...);
-    /// `iterations` is the requested loop count (the guest's `@result`
-    /// value wins when it has one).
-    pub fn summary(
-        &self,
-        outcome: &RunOutcome,
-        config: Vec<String>,
-        iterations: Option<u64>,
-    ) -> RunSummary {
-        let requested = iterations;
+    /// `config` labels the run (`pti=on`, `workload=getpid`, ...). Rates
+    /// divide by what the VMM asked for ([`requested`], from the command
+    /// line it wrote), never by a count the guest reports.
+    pub fn summary(&self, outcome: &RunOutcome, config: Vec<String>) -> RunSummary {
         let result = result_fields(outcome);
-        let iterations = result
-            .get("iterations")
-            .and_then(|v| v.parse::<u64>().ok())
-            .or(iterations)
-            .unwrap_or(0);
+        let asked = requested(&outcome.cmdline);
+        let (workload, iterations) = asked.unwrap_or((Workload::None, 0));
         let phased = self.phase();
         let (a, b) = match phased {
             Some((a, b)) => (Some(a), Some(b)),
@@ -287,15 +290,25 @@ impl Measurer {
         // phase, i.e. exactly one more syscall round trip than the loop's
         // N. Rates divide by N + 1 so that counts per call are exact
         // (2 CR3 writes per call with PTI, not 2 + 2/N).
-        let workload = result.get("workload").map(String::as_str);
         let (divisor, iteration_name, divisor_note) = phase_divisor(workload, iterations);
-        // Without a complete phase (no workload, a timeout, a crash) there
-        // is nothing to divide by: totals only, no per-call rates.
-        let calls = if phased.is_some() { divisor } else { 0 };
+        // Without a complete phase (no workload, a timeout, a crash) or
+        // without a count the VMM knows it asked for, there is nothing to
+        // divide by: totals only, no per-call rates.
+        let calls = if phased.is_some() && asked.is_some() {
+            divisor
+        } else {
+            0
+        };
         let mut s = RunSummary::new(config, phased.map(|_| "workload".to_string()), calls);
         if phased.is_some() {
             s.iteration_name = iteration_name.into();
-            s.notes.push(divisor_note);
+            match asked {
+                Some(_) => s.notes.push(divisor_note),
+                None => s.notes.push(NO_REQUESTED_COUNT.into()),
+            }
+        }
+        if let Some(c) = iterations_check(&result, asked) {
+            s.cross_checks.push(c);
         }
         s.telemetry_problems = self.problems.clone();
         if outcome.exits.invalid_phase_markers > 0 {
@@ -353,11 +366,12 @@ impl Measurer {
         // Guest-reported: @result cycles (RDTSC around the loop) and the telemetry page.
         if let Some(c) = result.get("cycles").and_then(|v| v.parse::<f64>().ok()) {
             if phased.is_some() && c.is_finite() && c >= 0.0 {
-                // The guest's RDTSC brackets its loop only (N calls, no marker).
+                // The guest's RDTSC brackets its loop only (N calls, no
+                // marker): divided by the N the VMM asked for.
                 s.rows.push(RunRow {
                     metric: Metric::new("cycles", "cycles", Source::Guest),
                     total: c,
-                    per_iteration: (iterations > 0).then(|| c / iterations as f64),
+                    per_iteration: (calls > 0 && iterations > 0).then(|| c / iterations as f64),
                 });
             }
         }
@@ -373,6 +387,7 @@ impl Measurer {
             // booted, so its counters count from zero.
             (Err(TelemetryError::NotInitialized), Ok(y)) if phased.is_none() => Some(y.clone()),
             (_, Err(TelemetryError::NotInitialized)) if phased.is_none() => {
+                s.telemetry_initialized = false;
                 s.notes.push(
                     "the guest never initialised its telemetry page: no guest counters".into(),
                 );
@@ -448,7 +463,7 @@ impl Measurer {
             }
             // One syscall per requested iteration plus the end marker's own:
             // the VMM's side is what it asked for, not what the guest says.
-            if let (Some(n), true) = (requested, phased.is_some() && iteration_name == "call") {
+            if let (Some((_, n)), true) = (asked, phased.is_some() && iteration_name == "call") {
                 s.cross_checks.push(CrossCheck::new(
                     "syscalls (the requested iterations + the end-marker call)",
                     ("requested_calls", Source::Vmm, n.saturating_add(1) as f64),
@@ -508,11 +523,15 @@ const RESULT_ROWS: [(&str, Counter); 11] = [
 pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSummary {
     let result = result_fields(outcome);
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
-    let iterations = num("iterations").map_or(0, |n| n as u64);
+    let asked = requested(&outcome.cmdline);
+    let (workload, iterations) = asked.unwrap_or((Workload::None, 0));
     let phased = !result.is_empty();
-    let (divisor, iteration_name, divisor_note) =
-        phase_divisor(result.get("workload").map(String::as_str), iterations);
-    let calls = if phased { divisor } else { 0 };
+    let (divisor, iteration_name, divisor_note) = phase_divisor(workload, iterations);
+    let calls = if phased && asked.is_some() {
+        divisor
+    } else {
+        0
+    };
     let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
     s.iteration_name = iteration_name.into();
     s.telemetry_checked = false;
@@ -526,12 +545,18 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
             .push("the guest printed no @result line: nothing was measured".into());
         return s;
     }
-    s.notes.push(divisor_note);
+    s.notes.push(match asked {
+        Some(_) => divisor_note,
+        None => NO_REQUESTED_COUNT.into(),
+    });
+    if let Some(c) = iterations_check(&result, asked) {
+        s.cross_checks.push(c);
+    }
     if let Some(c) = num("cycles") {
         s.rows.push(RunRow {
             metric: Metric::new("cycles", "cycles", Source::Guest),
             total: c,
-            per_iteration: (iterations > 0).then(|| c / iterations as f64),
+            per_iteration: (calls > 0 && iterations > 0).then(|| c / iterations as f64),
         });
     }
     if let Some(v) = num("cr3_writes") {
@@ -552,9 +577,9 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
 /// sched-messaging an iteration is a message, and the phase (from before
 /// the first sender runs until every worker is reaped) holds many other
 /// syscalls and context switches besides: rates are per message.
-fn phase_divisor(workload: Option<&str>, iterations: u64) -> (u64, &'static str, String) {
+fn phase_divisor(workload: Workload, iterations: u64) -> (u64, &'static str, String) {
     match workload {
-        Some("sched-messaging") => (
+        Workload::SchedMessaging => (
             iterations,
             "message",
             format!(
@@ -574,6 +599,43 @@ fn phase_divisor(workload: Option<&str>, iterations: u64) -> (u64, &'static str,
     }
 }
 
+/// Why a run has no per-call rates although it marked a phase.
+const NO_REQUESTED_COUNT: &str = "the command line has words the ptiscope guest's parser does not \
+     know, so the VMM cannot tell how many calls it asked for: totals only, no per-call rates";
+
+/// What the VMM asked the guest to run, read back from the command line it
+/// wrote, with the guest's own parser and defaults (guest-core): the
+/// workload and its count (iterations, or messages for sched-messaging).
+/// This, never the guest's `@result` word, divides host-observed counters.
+/// `None` when the line is not one the ptiscope guest would accept (a
+/// foreign kernel's own keys).
+pub fn requested(cmdline: &str) -> Option<(Workload, u64)> {
+    let c = guest_core::cmdline::parse(cmdline).ok()?;
+    let n = match c.workload {
+        Workload::SchedMessaging => c.messages(),
+        _ => c.iterations,
+    };
+    Some((c.workload, n))
+}
+
+/// The guest's `@result iterations=` against what the VMM asked for: they
+/// must be equal; a guest that says otherwise is reported, not believed.
+fn iterations_check(
+    result: &BTreeMap<String, String>,
+    asked: Option<(Workload, u64)>,
+) -> Option<CrossCheck> {
+    let (_, n) = asked?;
+    let said = result.get("iterations")?;
+    // A value that is not a number is a disagreement too (shown as -1).
+    let guest = said.parse::<u64>().map_or(-1.0, |v| v as f64);
+    Some(CrossCheck::new(
+        "workload iterations (what the VMM asked for vs the guest's @result line)",
+        ("requested_iterations", Source::Vmm, n as f64),
+        ("iterations", guest),
+        0.0,
+    ))
+}
+
 /// The compare-table name of a run row's per-iteration rate.
 pub fn rate_name(row: &str, unit: &str) -> String {
     match (row, unit) {
@@ -585,6 +647,30 @@ pub fn rate_name(row: &str, unit: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_requested_count_comes_from_the_vmm_command_line() {
+        assert_eq!(
+            requested("workload=getpid iterations=1000 telemetry=0x7fff000"),
+            Some((Workload::Getpid, 1000))
+        );
+        // The guest's defaults when the VMM gave no count.
+        assert_eq!(
+            requested("workload=getppid"),
+            Some((Workload::Getppid, ptiscope_abi::options::DEFAULT_ITERATIONS))
+        );
+        assert_eq!(
+            requested("workload=sched-messaging groups=2 loops=3"),
+            Some((Workload::SchedMessaging, 2 * 20 * 20 * 3))
+        );
+        assert_eq!(requested("foreign=1"), None);
+        let said = |n: &str| BTreeMap::from([("iterations".to_string(), n.to_string())]);
+        let asked = Some((Workload::Getpid, 1000));
+        assert!(iterations_check(&said("1000"), asked).unwrap().agrees);
+        assert!(!iterations_check(&said("1"), asked).unwrap().agrees);
+        assert!(!iterations_check(&said("lots"), asked).unwrap().agrees);
+        assert!(iterations_check(&BTreeMap::new(), asked).is_none());
+    }
 
     #[test]
     fn rate_names() {

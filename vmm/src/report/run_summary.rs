@@ -153,6 +153,11 @@ pub struct RunSummary {
     /// set by `ptiscope run`, absent in documents from before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<super::environment::Environment>,
+    /// Whether the guest initialised its telemetry page at all. A guest
+    /// that never did (a foreign kernel, a crash in early boot) has no
+    /// telemetry to call valid or invalid.
+    #[serde(default = "checked_by_default")]
+    pub telemetry_initialized: bool,
 }
 
 fn checked_by_default() -> bool {
@@ -173,6 +178,7 @@ impl RunSummary {
             telemetry_problems: Vec::new(),
             telemetry_checked: true,
             environment: None,
+            telemetry_initialized: true,
         }
     }
 
@@ -245,6 +251,8 @@ impl RunSummary {
             out.push_str(
                 "\n guest telemetry page: not read (figures from the guest's @result line)\n",
             );
+        } else if !self.telemetry_initialized && self.telemetry_problems.is_empty() {
+            out.push_str("\n guest telemetry: none (the guest never initialised its page)\n");
         } else if self.telemetry_problems.is_empty() {
             out.push_str("\n guest telemetry: valid\n");
         } else {
@@ -287,7 +295,7 @@ impl RunSummary {
         let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         if let Some(o) = v.as_object_mut() {
             // Derived, for readers that only want the verdict.
-            let valid = if self.telemetry_checked {
+            let valid = if self.telemetry_checked && self.telemetry_initialized {
                 serde_json::Value::Bool(self.telemetry_valid())
             } else {
                 serde_json::Value::Null

@@ -1,0 +1,662 @@
+//! Output files and streams that never hold a run hostage.
+//!
+//! Every output the VMM writes (the guest console, `--metrics-out`,
+//! `--json`, `--csv`, `--svg`) may be a FIFO or a device whose reader stops
+//! reading. So:
+//!
+//! - [`open_output`] opens with `O_NONBLOCK`: a FIFO without a reader is
+//!   waited for (its reader may start just after ptiscope) but only until a
+//!   deadline, and SIGINT/SIGTERM/SIGHUP end the wait; a device that would
+//!   block its opener cannot.
+//! - [`OutputFile::write_all_by`] writes a finished document (JSON, CSV,
+//!   SVG) with a deadline, polling for room instead of blocking in write(2).
+//! - [`OutputQueue`] is for streams written while the guest runs (console,
+//!   live metrics): writers append to a bounded in-memory queue and never
+//!   wait; a thread of its own writes the queue out. When the reader stalls
+//!   the queue fills and further chunks are dropped and counted. At the end
+//!   of a run the queue gets [`DRAIN_GRACE`] to empty; whatever is left then
+//!   is dropped and counted too, so teardown never waits on a reader.
+//!
+//! Write *errors* (ENOSPC on /dev/full, EIO, a reader that closed its end)
+//! are kept and reported: the command then exits 73 (docs/running.md).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::machine::signals;
+
+/// How long the queued outputs may keep draining after the guest has
+/// stopped. One deadline for all of a run's queues (they drain
+/// concurrently), so a run with every output stalled ends this long after
+/// its stop, plus [`DOCUMENT_GRACE`] for its `--json`.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(1);
+/// How long a finished document (`--json`, `--csv`, `--svg`) may take to
+/// write. A document that fits in a pipe's buffer (64 KiB; a run summary
+/// does) never waits at all, even for a reader that does not read.
+pub const DOCUMENT_GRACE: Duration = Duration::from_millis(500);
+/// Bytes an [`OutputQueue`] holds before it drops what it is given.
+pub const QUEUE_BYTES: usize = 1 << 20;
+/// A [`QueueWriter`] hands its buffer to the queue at every flush, or when
+/// it reaches this size (a guest printing without newlines).
+const CHUNK_BYTES: usize = 4096;
+/// How often a waiting writer or opener looks at its deadline and signals.
+const POLL_STEP: Duration = Duration::from_millis(20);
+/// At most this much per write(2): after POLLOUT a pipe has room for at
+/// least one page, so a write of this size does not block even on a
+/// descriptor we did not open non-blocking (stdout, stderr).
+const WRITE_STEP: usize = 4096;
+
+/// Errors opening an output.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot open {what} {path}: {source}")]
+    Open {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "{what} {path} is a FIFO and no reader opened it within {waited_s:.1} s; \
+         start its reader first (e.g. `cat {path} &`) or give a regular file"
+    )]
+    NoReader {
+        what: &'static str,
+        path: PathBuf,
+        waited_s: f64,
+    },
+    #[error("{} while waiting for a reader of {what} {path}", signals::describe(*signal))]
+    Interrupted {
+        what: &'static str,
+        path: PathBuf,
+        signal: i32,
+    },
+}
+
+impl OpenError {
+    /// The process exit code: 73 (cannot create an output), or 128 + the
+    /// signal that interrupted the wait.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            OpenError::Interrupted { signal, .. } => 128 + signal,
+            _ => crate::cli::exit_code::CANT_CREATE,
+        }
+    }
+}
+
+/// An opened output file (regular file, FIFO or device), non-blocking.
+#[derive(Debug)]
+pub struct OutputFile {
+    file: File,
+    path: PathBuf,
+    what: &'static str,
+}
+
+/// Opens `path` for writing (created or truncated) as the output `what`
+/// (`--json`, `--serial-out`, ...). A FIFO with no reader yet is retried
+/// until `wait` has passed; a termination signal ends the wait at once.
+pub fn open_output(
+    what: &'static str,
+    path: &Path,
+    wait: Duration,
+) -> Result<OutputFile, OpenError> {
+    let deadline = Instant::now() + wait;
+    let started = Instant::now();
+    loop {
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            // Never block in open(2): a FIFO without a reader gives ENXIO
+            // instead, which is retried below with a deadline.
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path);
+        match opened {
+            Ok(file) => {
+                return Ok(OutputFile {
+                    file,
+                    path: path.to_path_buf(),
+                    what,
+                })
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(OpenError::NoReader {
+                        what,
+                        path: path.to_path_buf(),
+                        waited_s: started.elapsed().as_secs_f64(),
+                    });
+                }
+                if let Some(signal) = signals::wait_termination((deadline - now).min(POLL_STEP)) {
+                    return Err(OpenError::Interrupted {
+                        what,
+                        path: path.to_path_buf(),
+                        signal,
+                    });
+                }
+            }
+            Err(source) => {
+                return Err(OpenError::Open {
+                    what,
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+impl OutputFile {
+    /// Which option this output belongs to (`--json`, ...).
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes all of `buf` unless `deadline` passes first (a reader that
+    /// does not read), in which case the error kind is `TimedOut`.
+    pub fn write_all_by(&self, buf: &[u8], deadline: Instant) -> io::Result<()> {
+        write_all_until(self.file.as_fd(), buf, || Instant::now() >= deadline)
+    }
+
+    /// Writes a finished document, giving the reader [`DOCUMENT_GRACE`];
+    /// the message names the option and the path.
+    pub fn write_document(&self, text: &str) -> Result<(), String> {
+        self.write_all_by(text.as_bytes(), Instant::now() + DOCUMENT_GRACE)
+            .map_err(|e| {
+                let why = if e.kind() == io::ErrorKind::TimedOut {
+                    format!(
+                        "its reader did not take it within {:.1} s",
+                        DOCUMENT_GRACE.as_secs_f64()
+                    )
+                } else {
+                    e.to_string()
+                };
+                format!("cannot write {} {}: {why}", self.what, self.path.display())
+            })
+    }
+
+    /// A second descriptor for the same open file (for a writer thread).
+    pub fn try_clone_file(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+}
+
+/// Writes `buf` to `fd`, waiting for room with poll(2) in short steps so
+/// that `give_up` is consulted at least every [`POLL_STEP`]. Works on
+/// blocking and non-blocking descriptors alike.
+fn write_all_until(
+    fd: BorrowedFd<'_>,
+    mut buf: &[u8],
+    mut give_up: impl FnMut() -> bool,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        if give_up() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, count 1; the timeout is a small int.
+        let ready = unsafe { libc::poll(&mut pfd, 1, POLL_STEP.as_millis() as libc::c_int) };
+        if ready < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if ready == 0 {
+            continue;
+        }
+        // POLLERR/POLLHUP too: the write below then reports the error.
+        let n = buf.len().min(WRITE_STEP);
+        // SAFETY: writes at most `n` bytes from `buf`, which holds at least `n`.
+        let written = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), n) };
+        if written < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => continue,
+                _ => return Err(e),
+            }
+        }
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[written as usize..];
+    }
+    Ok(())
+}
+
+/// What the console sink prints into.
+pub type ConsoleWriter = Box<dyn Write + Send>;
+
+/// The guest console's destination for `serial_out`: the writer its
+/// [`ptiscope_devices::ConsoleSink`] prints into (None: recorded only) and
+/// the queue behind it, to [`OutputQueue::finish`] when the run is over.
+/// On stdout, control bytes are escaped (it is usually a terminal); files
+/// get the guest's bytes raw.
+pub fn console_output(
+    serial_out: &crate::preflight::SerialOut,
+    wait: Duration,
+) -> Result<(Option<ConsoleWriter>, Option<OutputQueue>), OpenError> {
+    use crate::preflight::SerialOut;
+    const WHAT: &str = "--serial-out";
+    let queue_for = |file: &OutputFile| {
+        file.try_clone_file()
+            .and_then(|f| OutputQueue::start(WHAT, &file.path.display().to_string(), f))
+            .map_err(|source| OpenError::Open {
+                what: WHAT,
+                path: file.path.clone(),
+                source,
+            })
+    };
+    let queue = match serial_out {
+        SerialOut::Discard => return Ok((None, None)),
+        SerialOut::Stdout => {
+            // stdout is best effort (as `| head` is): without a usable
+            // descriptor the console is recorded, not printed.
+            return Ok(
+                match OutputQueue::for_std("console", io::stdout().as_fd(), "stdout") {
+                    Ok(q) => {
+                        let w = ptiscope_devices::TerminalEscaper::new(q.writer());
+                        (Some(Box::new(w)), Some(q))
+                    }
+                    Err(e) => {
+                        log::warn!("not printing the guest console: stdout: {e}");
+                        (None, None)
+                    }
+                },
+            );
+        }
+        SerialOut::File(path) => queue_for(&open_output(WHAT, path, wait)?)?,
+        SerialOut::Opened(file) => queue_for(file)?,
+    };
+    Ok((Some(Box::new(queue.writer())), Some(queue)))
+}
+
+/// What became of a queued output.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OutputReport {
+    /// The option (`console`, `--serial-out`, `--metrics-out`, ...).
+    pub what: String,
+    /// Where it went (a path, `stdout`, `stderr`).
+    pub target: String,
+    pub written_bytes: u64,
+    /// Bytes not written: the queue was full (the reader did not keep up),
+    /// the run ended with them still queued, or an error had stopped output.
+    pub dropped_bytes: u64,
+    /// Chunks (console lines, metrics lines) those bytes were in.
+    pub dropped_chunks: u64,
+    /// The first write error, if any (the output is then abandoned).
+    pub error: Option<String>,
+    /// stdout/stderr: an error there (`| head` closing the pipe) is
+    /// reported but does not fail the command.
+    pub best_effort: bool,
+}
+
+impl OutputReport {
+    /// Whether the output failed (not merely dropped lines of a slow
+    /// reader, nor a closed stdout): the command then exits 73.
+    pub fn failed(&self) -> bool {
+        self.error.is_some() && !self.best_effort
+    }
+
+    /// One line for the run's summary, if there is anything to say.
+    pub fn describe(&self) -> Option<String> {
+        if let Some(e) = &self.error {
+            return Some(format!(
+                "{} {}: write failed: {e} ({} bytes written, {} dropped)",
+                self.what, self.target, self.written_bytes, self.dropped_bytes
+            ));
+        }
+        (self.dropped_bytes > 0).then(|| {
+            format!(
+                "{} {}: its reader did not keep up: {} bytes in {} writes dropped \
+                 ({} written; queue {} KiB, {:.1} s to drain after the run)",
+                self.what,
+                self.target,
+                self.dropped_bytes,
+                self.dropped_chunks,
+                self.written_bytes,
+                QUEUE_BYTES >> 10,
+                DRAIN_GRACE.as_secs_f64()
+            )
+        })
+    }
+}
+
+#[derive(Default)]
+struct QueueState {
+    chunks: VecDeque<Vec<u8>>,
+    queued_bytes: usize,
+    /// No more chunks will come: write what is queued, then stop.
+    closing: bool,
+    /// The writer thread has finished.
+    done: bool,
+    report: OutputReport,
+}
+
+struct QueueShared {
+    state: Mutex<QueueState>,
+    changed: Condvar,
+    /// Set when the drain grace has passed: the writer stops mid-chunk.
+    abandon: AtomicBool,
+}
+
+impl QueueShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `chunk`, or drops and counts it if the queue is full, closed
+    /// or failed. Never waits for the reader.
+    fn push(&self, chunk: Vec<u8>) {
+        if chunk.is_empty() {
+            return;
+        }
+        let mut s = self.lock();
+        let refused = s.done
+            || s.closing
+            || s.report.error.is_some()
+            || s.queued_bytes + chunk.len() > QUEUE_BYTES;
+        if refused {
+            s.report.dropped_bytes += chunk.len() as u64;
+            s.report.dropped_chunks += 1;
+            return;
+        }
+        s.queued_bytes += chunk.len();
+        s.chunks.push_back(chunk);
+        drop(s);
+        self.changed.notify_all();
+    }
+}
+
+/// The producer side of an [`OutputQueue`]: a `Write` that never blocks.
+/// Bytes are gathered until `flush` (or [`CHUNK_BYTES`]) and then queued
+/// as one chunk.
+pub struct QueueWriter {
+    shared: Arc<QueueShared>,
+    buf: Vec<u8>,
+}
+
+impl Write for QueueWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK_BYTES {
+            self.shared.push(std::mem::take(&mut self.buf));
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.shared.push(std::mem::take(&mut self.buf));
+        Ok(())
+    }
+}
+
+impl Drop for QueueWriter {
+    fn drop(&mut self) {
+        self.shared.push(std::mem::take(&mut self.buf));
+    }
+}
+
+/// A bounded queue in front of an output, written out by its own thread.
+pub struct OutputQueue {
+    shared: Arc<QueueShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl OutputQueue {
+    /// Starts the writer thread for `file`. `what` and `target` name the
+    /// output in reports.
+    pub fn start(what: &str, target: &str, file: File) -> io::Result<Self> {
+        let shared = Arc::new(QueueShared {
+            state: Mutex::new(QueueState {
+                report: OutputReport {
+                    what: what.to_string(),
+                    target: target.to_string(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+            changed: Condvar::new(),
+            abandon: AtomicBool::new(false),
+        });
+        let worker = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("output".into())
+            .spawn(move || drain(&worker, &file))?;
+        Ok(OutputQueue {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// A queue for this process's stdout or stderr (a duplicate descriptor,
+    /// so that nothing here holds Rust's stdout lock or changes the flags
+    /// the shell's open file description has).
+    pub fn for_std(what: &str, fd: BorrowedFd<'_>, target: &str) -> io::Result<Self> {
+        let file = File::from(fd.try_clone_to_owned()?);
+        let q = Self::start(what, target, file)?;
+        q.shared.lock().report.best_effort = true;
+        Ok(q)
+    }
+
+    /// A writer that feeds this queue (any number may exist).
+    pub fn writer(&self) -> QueueWriter {
+        QueueWriter {
+            shared: self.shared.clone(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Lets the queue drain until `deadline`, then abandons what is left
+    /// (counted as dropped) and stops the thread. Writers still alive
+    /// after this drop what they are given.
+    pub fn finish_by(mut self, deadline: Instant) -> OutputReport {
+        self.finish_inner(deadline)
+    }
+
+    fn finish_inner(&mut self, deadline: Instant) -> OutputReport {
+        {
+            let mut s = self.shared.lock();
+            s.closing = true;
+            self.shared.changed.notify_all();
+            while !s.done {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                s = self
+                    .shared
+                    .changed
+                    .wait_timeout(s, deadline - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+        self.shared.abandon.store(true, Ordering::SeqCst);
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            // The thread looks at `abandon` at least every POLL_STEP.
+            let _ = t.join();
+        }
+        self.shared.lock().report.clone()
+    }
+}
+
+impl Drop for OutputQueue {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.finish_inner(Instant::now() + DRAIN_GRACE);
+        }
+    }
+}
+
+/// The writer thread: takes chunks until closed (or abandoned) and writes
+/// each with poll(2) steps, so that `abandon` stops it mid-write.
+fn drain(shared: &QueueShared, file: &File) {
+    loop {
+        let chunk = {
+            let mut s = shared.lock();
+            loop {
+                if shared.abandon.load(Ordering::SeqCst) {
+                    break None;
+                }
+                if let Some(c) = s.chunks.pop_front() {
+                    s.queued_bytes -= c.len();
+                    break Some(c);
+                }
+                if s.closing {
+                    break None;
+                }
+                s = shared
+                    .changed
+                    .wait_timeout(s, POLL_STEP)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        };
+        let Some(chunk) = chunk else { break };
+        let result = write_all_until(file.as_fd(), &chunk, || {
+            shared.abandon.load(Ordering::SeqCst)
+        });
+        let mut s = shared.lock();
+        match result {
+            Ok(()) => s.report.written_bytes += chunk.len() as u64,
+            Err(e) => {
+                // A partial chunk is counted whole: what reached the reader
+                // of an abandoned chunk is not known byte-exactly here.
+                s.report.dropped_bytes += chunk.len() as u64;
+                s.report.dropped_chunks += 1;
+                if e.kind() != io::ErrorKind::TimedOut {
+                    s.report.error = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+    }
+    let mut s = shared.lock();
+    let left: Vec<Vec<u8>> = s.chunks.drain(..).collect();
+    for c in left {
+        s.report.dropped_bytes += c.len() as u64;
+        s.report.dropped_chunks += 1;
+    }
+    s.queued_bytes = 0;
+    s.done = true;
+    drop(s);
+    shared.changed.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+
+    fn pipe() -> (File, File) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors are fresh and owned by us from here on.
+        unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn a_reader_that_reads_gets_everything() {
+        let (mut r, w) = pipe();
+        let q = OutputQueue::start("test", "pipe", w).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            r.read_to_string(&mut s).unwrap();
+            s
+        });
+        let mut wr = q.writer();
+        for i in 0..1000 {
+            writeln!(wr, "line {i}").unwrap();
+            wr.flush().unwrap();
+        }
+        drop(wr);
+        let rep = q.finish_by(Instant::now() + Duration::from_secs(5));
+        assert_eq!(rep.dropped_bytes, 0, "{rep:?}");
+        assert!(rep.error.is_none());
+        let text = reader.join().unwrap();
+        assert_eq!(text.lines().count(), 1000);
+        assert_eq!(rep.written_bytes, text.len() as u64);
+    }
+
+    #[test]
+    fn a_stalled_reader_costs_drops_not_time() {
+        // The read end stays open and unread: the pipe fills (64 KiB), then
+        // the queue (1 MiB), then chunks are dropped, all without blocking.
+        let (_r, w) = pipe();
+        let q = OutputQueue::start("test", "pipe", w).unwrap();
+        let mut wr = q.writer();
+        let line = vec![b'x'; 1000];
+        let t = Instant::now();
+        for _ in 0..3000 {
+            wr.write_all(&line).unwrap();
+            wr.flush().unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "writers blocked");
+        let t = Instant::now();
+        let rep = q.finish_by(Instant::now() + Duration::from_millis(200));
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "finish waited {:?}",
+            t.elapsed()
+        );
+        assert!(rep.dropped_chunks > 0 && rep.error.is_none(), "{rep:?}");
+        assert_eq!(rep.written_bytes + rep.dropped_bytes, 3_000_000, "{rep:?}");
+        assert!(rep.describe().unwrap().contains("did not keep up"));
+    }
+
+    #[test]
+    fn a_write_error_is_kept() {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full");
+        let Ok(full) = full else {
+            crate::test_support::skip("a_write_error_is_kept", "no /dev/full");
+            return;
+        };
+        let q = OutputQueue::start("test", "/dev/full", full).unwrap();
+        let mut wr = q.writer();
+        wr.write_all(b"hello\n").unwrap();
+        wr.flush().unwrap();
+        drop(wr);
+        let rep = q.finish_by(Instant::now() + Duration::from_secs(5));
+        assert!(rep.failed(), "{rep:?}");
+        assert!(rep.error.as_deref().unwrap().contains("space"), "{rep:?}");
+    }
+
+    #[test]
+    fn a_fifo_without_reader_is_refused_after_the_wait() {
+        let dir = std::env::temp_dir().join(format!("ptiscope-output-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("f");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let t = Instant::now();
+        let e = open_output("--json", &fifo, Duration::from_millis(100)).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert!(matches!(e, OpenError::NoReader { .. }), "{e}");
+        assert_eq!(e.exit_code(), 73);
+        assert!(e.to_string().contains("no reader opened it"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
