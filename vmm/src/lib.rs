@@ -11,6 +11,7 @@ pub mod observe;
 pub mod preflight;
 pub mod probe;
 pub mod report;
+pub mod sandbox;
 
 pub use machine::{run_vm, NoObserver, PhaseObserver, RunConfig, RunError, RunOutcome, StopReason};
 

@@ -43,6 +43,11 @@ Exit status of `ptiscope run`:
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Run the vCPU and metrics threads without their seccomp filters (for
+    /// debugging: e.g. under a tracer, or to tell whether a failure is the
+    /// filter's). See docs/running.md.
+    #[arg(long, global = true)]
+    pub no_seccomp: bool,
 }
 
 #[derive(Debug, Subcommand)]

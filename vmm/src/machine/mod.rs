@@ -415,6 +415,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Signal(#[from] SignalError),
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
     #[error("the event loop failed: {0:?}")]
     EventLoop(event_manager::Error),
     #[error("the vCPU thread panicked")]
@@ -548,7 +550,7 @@ fn vcpu_thread(
     observer: &mut (dyn PhaseObserver + Send),
     shared: Shared<'_>,
     stop_kind: &Mutex<Option<StopReason>>,
-) -> Result<VcpuRun, SignalError> {
+) -> Result<VcpuRun, RunError> {
     let result = (|| {
         let mut kv = KickableVcpu::new(vcpu)?;
         let mut exits = ExitCounts::default();
@@ -564,6 +566,9 @@ fn vcpu_thread(
             elapsed: Duration::ZERO,
             exits: &exits,
         });
+        // Set-up is done (on_start opened its stats fds): from here the
+        // thread handles what the guest does, under its seccomp filter.
+        crate::sandbox::confine(crate::sandbox::ThreadKind::Vcpu)?;
         let stop = loop {
             if shared.stop_requested.load(Ordering::SeqCst) {
                 break None;
@@ -923,7 +928,7 @@ pub fn run_vm(
         if let Some(e) = loop_error {
             return Err(RunError::EventLoop(e));
         }
-        Ok(r?)
+        r
     })?;
 
     {
