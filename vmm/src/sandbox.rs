@@ -185,6 +185,15 @@ fn filter(kind: ThreadKind) -> Result<BpfProgram, seccompiler::BackendError> {
     };
     rules.insert(libc::SYS_mmap, no_exec()?);
     rules.insert(libc::SYS_mprotect, no_exec()?);
+    // Descriptor flags only (std's debug builds check an fd with F_GETFD
+    // before closing it; a writer may switch O_NONBLOCK): no F_DUPFD.
+    rules.insert(
+        libc::SYS_fcntl,
+        [libc::F_GETFD, libc::F_SETFD, libc::F_GETFL, libc::F_SETFL]
+            .into_iter()
+            .map(|cmd| SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, cmd as u64)?]))
+            .collect::<Result<Vec<_>, _>>()?,
+    );
     // std's `abort` and a re-raised signal.
     rules.insert(
         libc::SYS_tgkill,

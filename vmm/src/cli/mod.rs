@@ -27,7 +27,9 @@ Exit status of `ptiscope run`:
   80     guest triple fault (KVM_EXIT_SHUTDOWN); registers are printed
   81     KVM internal error, failed entry or unexpected exit
   124    --timeout fired
-  130    SIGINT, 143 SIGTERM";
+  130    SIGINT, 143 SIGTERM
+  159    a VMM thread made a system call its seccomp filter refuses (a bug:
+         rerun with --no-seccomp and report it)";
 
 /// A small KVM VMM that boots its own PTI-capable guest and measures what
 /// page table isolation costs.
