@@ -92,3 +92,55 @@ fn no_seccomp_leaves_every_thread_unconfined() {
     assert!(modes.contains_key("vcpu0"), "{modes:?}");
     assert!(modes.values().all(|&m| m == 0), "{modes:?}");
 }
+
+/// The vCPU thread logs a warning about an unknown port; with stderr a
+/// terminal the logger then asks whether it is one (ioctl TCGETS), which
+/// the first filter refused (exit 159). Found by hand, under `script`.
+#[test]
+fn a_warning_from_the_vcpu_thread_to_a_terminal_is_allowed() {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    if !kvm_or_skip("vCPU warning to a terminal") {
+        return;
+    }
+    // out 0x80 (an unknown port), then exit status 7 through port 0xf4.
+    let code = [0xe6, 0x80, 0xb8, 0x07, 0x00, 0x00, 0x00, 0xe7, 0xf4, 0xf4];
+    let elf = scratch("tty-warning").join("warn.elf");
+    write_pvh_elf(&elf, 0x100000, &code);
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors to the pointers given; the
+    // name, termios and winsize pointers may be null.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        ptiscope::test_support::skip(
+            "vCPU warning to a terminal",
+            &format!("no pseudo-terminal: {}", std::io::Error::last_os_error()),
+        );
+        return;
+    }
+    // SAFETY: openpty returned two open descriptors that nothing else owns.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let status = ptiscope()
+        .args(["run", "--timeout", "10", "--kernel"])
+        .arg(&elf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(slave))
+        .status()
+        .unwrap();
+    let mut out = Vec::new();
+    // The child has exited and the parent's copy of the slave is closed
+    // (moved into the Command): reading ends with EIO once drained.
+    let _ = std::fs::File::from(master).read_to_end(&mut out);
+    let err = String::from_utf8_lossy(&out);
+    assert_eq!(status.code(), Some(7), "{err}");
+    assert!(err.contains("unknown address 0x80"), "{err}");
+    assert!(!err.contains("seccomp"), "{err}");
+}

@@ -113,7 +113,7 @@ ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
 ioctl_io_nr!(KVM_CHECK_EXTENSION, KVMIO, 0x03);
 ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
 
-/// `ioctl` requests the vCPU thread may make.
+/// KVM `ioctl` requests the vCPU thread may make.
 fn vcpu_ioctls() -> Vec<u64> {
     vec![
         KVM_RUN(),
@@ -141,6 +141,9 @@ const COMMON: &[libc::c_long] = &[
     libc::SYS_close,
     libc::SYS_poll,
     libc::SYS_ppoll,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_fstat,
     libc::SYS_munmap,
     libc::SYS_madvise,
     libc::SYS_mremap,
@@ -204,8 +207,15 @@ fn filter(kind: ThreadKind) -> Result<BpfProgram, seccompiler::BackendError> {
             unsafe { libc::getpid() } as u64,
         )?])?],
     );
+    // Terminal queries (read-only) for every thread: the logger asks
+    // whether stderr is a terminal (TCGETS) when a thread logs a warning,
+    // e.g. the vCPU thread about an unknown port.
+    let mut requests = vec![libc::TCGETS, libc::TIOCGWINSZ];
     if kind == ThreadKind::Vcpu {
-        let ioctls = vcpu_ioctls()
+        requests.extend(vcpu_ioctls());
+    }
+    {
+        let ioctls = requests
             .into_iter()
             .map(|request| {
                 // The request is a 32-bit value in an unsigned long.
@@ -405,11 +415,9 @@ mod tests {
             let lock = std::sync::Mutex::new(big.len());
             eprintln!("allowed calls ok ({})", *lock.lock().unwrap());
             drop(big);
-            let mut size: libc::winsize =
-                // SAFETY: winsize is plain old data.
-                unsafe { std::mem::zeroed() };
-            // SAFETY: TIOCGWINSZ writes a winsize to the pointer given.
-            unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) };
+            let mut pending: libc::c_int = 0;
+            // SAFETY: FIONREAD writes an int to the pointer given.
+            unsafe { libc::ioctl(libc::STDERR_FILENO, libc::FIONREAD, &mut pending) };
             eprintln!("CHILD REACHED THE END");
         })
         .join()
