@@ -161,6 +161,8 @@ const COMMON: &[libc::c_long] = &[
     libc::SYS_rt_sigprocmask,
     libc::SYS_sigaltstack,
     libc::SYS_restart_syscall,
+    // A panic's report asks for the working directory (to shorten paths).
+    libc::SYS_getcwd,
     libc::SYS_exit,
     libc::SYS_exit_group,
 ];
@@ -335,6 +337,8 @@ mod tests {
                 test,
             ])
             .env(CHILD_ENV, "1")
+            // A backtrace opens the binary: refused under the filter (documented).
+            .env_remove("RUST_BACKTRACE")
             .output()
             .unwrap();
         (
@@ -422,6 +426,33 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// A panic in a confined thread is reported as a panic (its report asks
+    /// for the working directory, which the first filter refused), and the
+    /// thread's joiner sees it.
+    #[test]
+    fn a_panic_in_a_confined_thread_is_a_panic_not_a_filter_violation() {
+        let (code, err) = run_child("sandbox::tests::child_panics_under_the_vcpu_filter");
+        assert_eq!(code, Some(0), "{err}");
+        assert!(err.contains("boom in a confined thread"), "{err}");
+        assert!(err.contains("joined a panicked thread"), "{err}");
+        assert!(!err.contains("seccomp"), "{err}");
+    }
+
+    #[test]
+    #[ignore = "run in a child process by a_panic_in_a_confined_thread_is_a_panic_not_a_filter_violation"]
+    fn child_panics_under_the_vcpu_filter() {
+        if std::env::var_os(CHILD_ENV).is_none() {
+            return;
+        }
+        let joined = std::thread::spawn(|| {
+            confine(ThreadKind::Vcpu).unwrap();
+            panic!("boom in a confined thread");
+        })
+        .join();
+        assert!(joined.is_err());
+        eprintln!("joined a panicked thread");
     }
 
     #[test]
