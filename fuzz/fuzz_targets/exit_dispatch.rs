@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::VcpuExit;
+use kvm_ioctls::{MsrExitReason, ReadMsrExit, VcpuExit, WriteMsrExit};
 use libfuzzer_sys::fuzz_target;
 use ptiscope::machine::exit::{dispatch, DispatchCtx, ExitCounts};
 use ptiscope::machine::msr::MsrAnswers;
@@ -44,11 +44,11 @@ fuzz_target!(|data: &[u8]| {
         msrs: &msrs,
     };
     // Each record: kind, a 16-bit port (or the low bits of an MMIO
-    // address), a length 1..=8, then that many bytes.
+    // address or MSR index), a length 1..=8, then that many bytes.
     let mut rest = data;
     let mut exits = 0u64;
     while rest.len() >= 4 {
-        let kind = rest[0] % 4;
+        let kind = rest[0] % 6;
         let addr = u16::from_le_bytes([rest[1], rest[2]]);
         let len = usize::from(rest[3] % 8) + 1;
         let Some(bytes) = rest.get(4..4 + len) else {
@@ -62,7 +62,38 @@ fuzz_target!(|data: &[u8]| {
             0 => dispatch(VcpuExit::IoOut(addr, &buf[..len]), &mut ctx),
             1 => dispatch(VcpuExit::IoIn(addr, &mut buf[..len]), &mut ctx),
             2 => dispatch(VcpuExit::MmioWrite(mmio, &buf[..len]), &mut ctx),
-            _ => dispatch(VcpuExit::MmioRead(mmio, &mut buf[..len]), &mut ctx),
+            3 => dispatch(VcpuExit::MmioRead(mmio, &mut buf[..len]), &mut ctx),
+            // A trapped RDMSR/WRMSR: the index's high half from the data,
+            // so the one trapped MSR (0x10a) and any other are both seen.
+            4 | 5 => {
+                let index = (u32::from(buf[0]) << 16) | u32::from(addr);
+                let (mut error, mut data) = (0u8, u64::from_le_bytes(buf));
+                let action = if kind == 4 {
+                    dispatch(
+                        VcpuExit::X86Rdmsr(ReadMsrExit {
+                            error: &mut error,
+                            reason: MsrExitReason::Filter,
+                            index,
+                            data: &mut data,
+                        }),
+                        &mut ctx,
+                    )
+                } else {
+                    dispatch(
+                        VcpuExit::X86Wrmsr(WriteMsrExit {
+                            error: &mut error,
+                            reason: MsrExitReason::Filter,
+                            index,
+                            data,
+                        }),
+                        &mut ctx,
+                    )
+                };
+                // Only the trapped MSR reads without #GP; writes always #GP.
+                assert_eq!(error == 0, kind == 4 && index == 0x10a, "MSR {index:#x}");
+                action
+            }
+            _ => unreachable!("kind is below 6"),
         };
         exits += 1;
     }

@@ -35,8 +35,8 @@ fuzz_target!(|data: &[u8]| {
     mem.write_slice(&area, GuestAddress(0)).unwrap();
     // Small limits keep each input fast; the bounds are what is tested.
     let limits = WalkLimits {
-        max_entries_read: 1 << 14,
-        max_mappings: 1 << 12,
+        max_entries_read: 1 << 12,
+        max_mappings: 1 << 10,
         max_time: Duration::from_millis(200),
     };
     let started = Instant::now();
