@@ -242,3 +242,105 @@ fn an_entry_in_cmdline_is_the_entry_not_a_repeated_key() {
         c => panic!("exit {c:?}: {err}"),
     }
 }
+
+/// Runs ptiscope with a deadline: a hang is a failure, not a stuck test.
+fn run_within(args: &[&str], deadline: std::time::Duration) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = ptiscope()
+        .arg("run")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            assert!(!err.contains("panicked"), "{err}");
+            return (status.code(), err);
+        }
+        if started.elapsed() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("ptiscope run {args:?} still running after {deadline:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// `--kernel /dev/zero` used to read until memory ran out (the size cap
+/// looked at the file's metadata, 0 for a device): devices are refused.
+#[test]
+fn a_device_as_kernel_is_refused_at_once() {
+    let (code, err) = run_within(
+        &["--kernel", "/dev/zero"],
+        std::time::Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(66), "{err}");
+    assert!(
+        err.contains("/dev/zero") && err.contains("is a character device, not a regular file"),
+        "{err}"
+    );
+}
+
+/// A FIFO with no writer used to block the open for ever (termination
+/// signals are blocked during a run): it is opened without blocking and
+/// refused.
+#[test]
+fn a_fifo_as_kernel_is_refused_without_waiting_for_a_writer() {
+    let fifo = scratch("fifo-kernel").join("kernel.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (code, err) = run_within(
+        &["--kernel", fifo.to_str().unwrap()],
+        std::time::Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(66), "{err}");
+    assert!(err.contains("is a FIFO"), "{err}");
+    let _ = std::fs::remove_file(&fifo);
+}
+
+/// A PVH entry outside every loaded segment is refused before anything
+/// boots, for ELF64 and ELF32 images and for both backends (QEMU used to be
+/// started with it, and aborted).
+#[test]
+fn an_entry_point_outside_every_segment_is_refused_for_every_image_and_backend() {
+    let dir = scratch("entry-outside");
+    let elf64 = dir.join("entry64.elf");
+    let elf32 = dir.join("entry32.elf");
+    write_pvh_elf(&elf64, 0x10_0000, &[0xf4]);
+    write_pvh_elf32(&elf32, 0x10_0000, &[0xf4]);
+    for path in [&elf64, &elf32] {
+        // The PVH note's descriptor (the entry) is at 0x190 in both helpers'
+        // images; the segment is 0x100000..0x101000.
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes[0x190..0x194].copy_from_slice(&0x50_0000u32.to_le_bytes());
+        std::fs::write(path, bytes).unwrap();
+        for backend in ["kvm", "qemu"] {
+            let (code, err) = run(&[
+                "--backend",
+                backend,
+                "--mem",
+                "16",
+                "--kernel",
+                path.to_str().unwrap(),
+            ]);
+            assert_eq!(code, Some(65), "{backend} {}: {err}", path.display());
+            assert!(
+                err.contains("PVH entry 0x500000 is not inside a loaded segment"),
+                "{backend} {}: {err}",
+                path.display()
+            );
+            assert!(!err.contains("QEMU"), "QEMU was not started: {err}");
+        }
+    }
+}

@@ -200,7 +200,7 @@ fn host_walk_finds_no_kernel_mapping_outside_the_entry_area_in_the_user_copy() {
         "user copy maps kernel memory outside the entry area:\n{}",
         pagetables::render(&Walk {
             mappings: check.outside_entry_area.clone(),
-            unreadable_tables: vec![]
+            ..Walk::default()
         })
     );
     assert!(

@@ -12,6 +12,7 @@ pub mod output;
 pub mod preflight;
 pub mod probe;
 pub mod report;
+pub mod sandbox;
 
 pub use machine::{run, run_vm, NoObserver, PhaseObserver, RunError, RunOutcome, StopReason};
 pub use preflight::{preflight, ResolvedRun, RunConfig, SerialOut, Target};

@@ -30,6 +30,7 @@ fn main() -> ExitCode {
             return code(if e.use_stderr() { exit_code::USAGE } else { 0 });
         }
     };
+    ptiscope::sandbox::set_enabled(!cli.no_seccomp);
     match cli.command {
         Some(Command::Run(args)) => run(&args),
         Some(Command::Compare(args)) => code(ptiscope::cli::compare::run(&args)),
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
         None => match Cli::try_parse_from(["ptiscope", "compare"]) {
             Ok(Cli {
                 command: Some(Command::Compare(args)),
+                ..
             }) => code(ptiscope::cli::compare::run(&args)),
             _ => code(exit_code::INTERNAL),
         },

@@ -31,7 +31,9 @@ Exit status of `ptiscope run`:
   80     guest triple fault (KVM_EXIT_SHUTDOWN); registers are printed
   81     KVM internal error, failed entry or unexpected exit
   124    --timeout fired
-  129    SIGHUP, 130 SIGINT, 143 SIGTERM";
+  129    SIGHUP, 130 SIGINT, 143 SIGTERM
+  159    a VMM thread made a system call its seccomp filter refuses (a bug:
+         rerun with --no-seccomp and report it)";
 
 /// A small KVM VMM that boots its own PTI-capable guest and measures what
 /// page table isolation costs.
@@ -47,6 +49,11 @@ Exit status of `ptiscope run`:
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Run the vCPU and metrics threads without their seccomp filters (for
+    /// debugging: e.g. under a tracer, or to tell whether a failure is the
+    /// filter's). See docs/running.md.
+    #[arg(long, global = true)]
+    pub no_seccomp: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -125,6 +125,7 @@ pub struct LoadedKernel {
     pub end: u64,
 }
 
+#[derive(Clone, Copy)]
 struct Segment {
     paddr: u64,
     filesz: u64,
@@ -141,23 +142,40 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 
-/// Whether a note segment holds a `XEN_ELFNOTE_PHYS32_ENTRY` note named "Xen".
-fn has_pvh_note(mut notes: &[u8]) -> bool {
-    let align4 = |n: u32| (n as usize).div_ceil(4) * 4;
+/// The entry of a note segment's `XEN_ELFNOTE_PHYS32_ENTRY` note named
+/// "Xen" (the first one, as linux-loader takes it), if it has one.
+fn pvh_note_entry(mut notes: &[u8]) -> Option<u64> {
+    // Sizes are guest-image data: computed in u64 so no sum can wrap.
+    let align4 = |n: u32| u64::from(n).div_ceil(4) * 4;
     while let (Some(namesz), Some(descsz), Some(kind)) =
         (u32_at(notes, 0), u32_at(notes, 4), u32_at(notes, 8))
     {
         let name = notes.get(12..12 + namesz as usize);
         if kind == XEN_ELFNOTE_PHYS32_ENTRY && name == Some(b"Xen\0") && descsz >= 4 {
-            return true;
+            let desc = usize::try_from(12 + align4(namesz)).ok()?;
+            return u32_at(notes, desc).map(u64::from);
         }
-        let next = 12 + align4(namesz) + align4(descsz);
-        match notes.get(next..) {
-            Some(rest) if next > 12 => notes = rest,
-            _ => return false,
-        }
+        let next = usize::try_from(12 + align4(namesz) + align4(descsz)).ok()?;
+        notes = notes.get(next..)?;
     }
-    false
+    None
+}
+
+/// Whether the PVH entry lies inside a loaded segment (its memory size,
+/// .bss included): checked for every image kind before anything boots, so
+/// neither a vCPU nor QEMU is started at an address where no code was loaded.
+fn check_entry(segs: &[Segment], entry: u64, name: &str) -> Result<(), LoadError> {
+    if segs
+        .iter()
+        .any(|s| entry >= s.paddr && entry - s.paddr < s.memsz)
+    {
+        Ok(())
+    } else {
+        Err(LoadError::EntryOutsideImage {
+            image: name.to_string(),
+            entry,
+        })
+    }
 }
 
 /// Reads the image into memory.
@@ -168,22 +186,54 @@ pub fn read_image(src: &KernelSource) -> Result<std::borrow::Cow<'static, [u8]>,
     }
 }
 
+/// Reads a kernel image file. Only regular files are read: a FIFO would
+/// block the open until a writer comes (uninterruptibly, as termination
+/// signals are blocked for the run) and a device such as `/dev/zero` never
+/// ends. The size cap counts bytes actually read, not the file's metadata
+/// (which procfs files, or a file growing while read, get wrong).
 fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let err = |source| LoadError::Read {
         path: path.to_path_buf(),
         source,
     };
-    let meta = std::fs::metadata(path).map_err(err)?;
-    if meta.is_dir() {
+    // O_NONBLOCK makes opening a FIFO return at once instead of waiting for
+    // a writer; it is then refused below. On a regular file the flag has no
+    // effect on reads, so it need not be cleared.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(err)?;
+    let kind = file.metadata().map_err(err)?.file_type();
+    let not_regular = if kind.is_dir() {
+        Some("is a directory")
+    } else if kind.is_fifo() {
+        Some("is a FIFO (named pipe)")
+    } else if kind.is_char_device() {
+        Some("is a character device")
+    } else if kind.is_block_device() {
+        Some("is a block device")
+    } else if kind.is_socket() {
+        Some("is a socket")
+    } else {
+        None
+    };
+    if let Some(what) = not_regular {
         return Err(err(std::io::Error::new(
-            std::io::ErrorKind::IsADirectory,
-            "is a directory",
+            std::io::ErrorKind::InvalidInput,
+            format!("{what}, not a regular file; give the kernel as a file"),
         )));
     }
-    if meta.len() > MAX_IMAGE_BYTES {
+    let mut image = Vec::new();
+    file.take(MAX_IMAGE_BYTES + 1)
+        .read_to_end(&mut image)
+        .map_err(err)?;
+    if image.len() as u64 > MAX_IMAGE_BYTES {
         return Err(LoadError::TooLarge(path.display().to_string()));
     }
-    std::fs::read(path).map_err(err)
+    Ok(image)
 }
 
 /// Checks the ELF header and the load segments against the memory layout.
@@ -196,8 +246,10 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
     let data = *image.get(5).ok_or(malformed("truncated header"))?;
     let machine = u16_at(image, 18).ok_or(malformed("truncated header"))?;
     if class == 1 && data == 1 && machine == EM_386 {
-        return elf32_segments(image, name, layout)
-            .map(|img| img.segs.into_iter().map(|(seg, _)| seg).collect());
+        let img = elf32_segments(image, name, layout)?;
+        let segs: Vec<Segment> = img.segs.into_iter().map(|(seg, _)| seg).collect();
+        check_entry(&segs, img.entry, name)?;
+        return Ok(segs);
     }
     if class != 2 || data != 1 || machine != EM_X86_64 {
         return Err(LoadError::WrongArch(name.to_string(), class, data, machine));
@@ -211,7 +263,7 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
     // Look for the PVH note first: "not a PVH kernel" is the more useful
     // message for an arbitrary ELF (e.g. a host program) than where its
     // segments happen to be.
-    let mut has_pvh = false;
+    let mut pvh_entry = None;
     for i in 0..u64::from(phnum) {
         let Some(ph) = phoff
             .checked_add(i * 56)
@@ -227,20 +279,21 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
                 .ok()
                 .zip(usize::try_from(size).ok())
                 .and_then(|(o, n)| image.get(o..o.checked_add(n)?));
-            has_pvh |= notes.is_some_and(has_pvh_note);
+            pvh_entry = pvh_entry.or(notes.and_then(pvh_note_entry));
         }
     }
-    if !has_pvh {
+    let Some(entry) = pvh_entry else {
         return Err(LoadError::NoPvhNote(name.to_string()));
-    }
+    };
     let mut segs = Vec::new();
     for i in 0..u64::from(phnum) {
         let off = phoff
             .checked_add(i * 56)
             .and_then(|o| usize::try_from(o).ok())
             .ok_or(malformed("program header offset overflows"))?;
-        let ph = image
-            .get(off..off + 56)
+        let ph = off
+            .checked_add(56)
+            .and_then(|end| image.get(off..end))
             .ok_or(malformed("program headers past the end of the file"))?;
         let p_type = u32_at(ph, 0).unwrap_or(0);
         if p_type != PT_LOAD {
@@ -280,6 +333,7 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
     if segs.is_empty() {
         return Err(LoadError::NoSegments(name.to_string()));
     }
+    check_entry(&segs, entry, name)?;
     Ok(segs)
 }
 
@@ -318,13 +372,9 @@ pub fn load_bytes(
         _ => return Err(LoadError::NoPvhNote(name)),
     };
     // Segments with filesz < memsz: linux-loader copies file bytes only; the
-    // rest (.bss) is already zero because guest memory is fresh anonymous memory.
-    if !segs
-        .iter()
-        .any(|s| entry >= s.paddr && entry < s.paddr + s.memsz)
-    {
-        return Err(LoadError::EntryOutsideImage { image: name, entry });
-    }
+    // rest (.bss) is already zero because guest memory is fresh anonymous
+    // memory. check_elf checked the note's entry; this is linux-loader's.
+    check_entry(&segs, entry, &name)?;
     let end = segs.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
     Ok(LoadedKernel { entry, end })
 }
@@ -431,6 +481,8 @@ pub fn load_elf32(
     image: &[u8],
 ) -> Result<LoadedKernel, LoadError> {
     let Elf32Image { segs, entry } = elf32_segments(image, name, layout)?;
+    let bare: Vec<Segment> = segs.iter().map(|(seg, _)| *seg).collect();
+    check_entry(&bare, entry, name)?;
     for (seg, bytes) in &segs {
         mem.write_slice(bytes, GuestAddress(seg.paddr))
             .map_err(|e| {
@@ -440,17 +492,7 @@ pub fn load_elf32(
                 )
             })?;
     }
-    let segs: Vec<Segment> = segs.into_iter().map(|(seg, _)| seg).collect();
-    if !segs
-        .iter()
-        .any(|s| entry >= s.paddr && entry < s.paddr + s.memsz)
-    {
-        return Err(LoadError::EntryOutsideImage {
-            image: name.to_string(),
-            entry,
-        });
-    }
-    let end = segs.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
+    let end = bare.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
     Ok(LoadedKernel { entry, end })
 }
 
@@ -602,6 +644,29 @@ mod tests {
         let mut cut = tiny_elf32(0x10_0000, 0x10_0000);
         cut.truncate(0x60);
         assert!(load_bytes(&mem, &layout, "elf32", &cut).is_err());
+    }
+
+    /// The entry is checked against the segments by `check_image` (what
+    /// both backends call before anything starts), for ELF64 and ELF32.
+    #[test]
+    fn check_image_refuses_an_entry_outside_the_segments_of_either_class() {
+        let layout = MemoryLayout::new(16).unwrap();
+        for img in [
+            tiny_elf(0x10_0000, 0x30_0000, true),
+            tiny_elf32(0x10_0000, 0x30_0000),
+        ] {
+            assert!(matches!(
+                check_image(&img, "img", &layout),
+                Err(LoadError::EntryOutsideImage {
+                    entry: 0x30_0000,
+                    ..
+                })
+            ));
+        }
+        // One byte past the segment's memory size is outside; its last byte is inside.
+        assert!(check_image(&tiny_elf(0x10_0000, 0x10_1000, true), "img", &layout).is_err());
+        assert!(check_image(&tiny_elf(0x10_0000, 0x10_0fff, true), "img", &layout).is_ok());
+        assert!(check_image(&tiny_elf32(0x10_0000, 0x10_1fff), "img", &layout).is_ok());
     }
 
     fn load(img: Vec<u8>, mib: u64) -> Result<LoadedKernel, LoadError> {

@@ -101,6 +101,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Signal(#[from] SignalError),
+    #[error(transparent)]
+    VcpuRun(#[from] vcpu::VcpuRunError),
     #[error("the event loop failed: {0:?}")]
     EventLoop(event_manager::Error),
     #[error("the vCPU thread panicked")]

@@ -18,6 +18,7 @@ use crate::machine::msr::MsrAnswers;
 use crate::machine::outcome::{PhaseEvent, StopReason};
 use crate::machine::signals::{KickableVcpu, SignalError};
 use crate::machine::{PhaseObserver, VmContext};
+use crate::sandbox::{self, SandboxError, ThreadKind};
 
 /// Phase events kept per run; more are counted, not stored.
 pub const MAX_PHASE_EVENTS: usize = 1 << 16;
@@ -39,6 +40,15 @@ pub struct StopLine<'a> {
     pub stop_reason: &'a Mutex<Option<StopReason>>,
     pub finished: &'a AtomicBool,
     pub done: &'a vmm_sys_util::eventfd::EventFd,
+}
+
+/// Errors that end a vCPU thread before or outside the guest's own stop.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuRunError {
+    #[error(transparent)]
+    Signal(#[from] SignalError),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
 }
 
 /// What one vCPU's run produced.
@@ -71,7 +81,7 @@ impl Vcpu {
         env: &VcpuEnv<'_>,
         observer: &mut (dyn PhaseObserver + Send),
         line: &StopLine<'_>,
-    ) -> Result<VcpuRun, SignalError> {
+    ) -> Result<VcpuRun, VcpuRunError> {
         let result = self.run_loop(env, observer, line);
         line.finished.store(true, Ordering::SeqCst);
         let _ = line.done.write(1);
@@ -83,7 +93,7 @@ impl Vcpu {
         env: &VcpuEnv<'_>,
         observer: &mut (dyn PhaseObserver + Send),
         line: &StopLine<'_>,
-    ) -> Result<VcpuRun, SignalError> {
+    ) -> Result<VcpuRun, VcpuRunError> {
         let mut kv = KickableVcpu::new(self.fd)?;
         let mut exits = ExitCounts::default();
         let mut unknown = UnknownAccesses::new();
@@ -98,6 +108,9 @@ impl Vcpu {
             elapsed: Duration::ZERO,
             exits: &exits,
         });
+        // Set-up is done (on_start opened its stats fds): from here the
+        // thread handles what the guest does, under its seccomp filter.
+        sandbox::confine(ThreadKind::Vcpu)?;
         let stop = loop {
             if line.stop_requested.load(Ordering::SeqCst) {
                 break None;

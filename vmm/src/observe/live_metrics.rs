@@ -64,6 +64,8 @@ pub enum LiveMetricsError {
     Write(#[source] std::io::Error),
     #[error("the metrics thread panicked")]
     Panicked,
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
 }
 
 /// A running metrics thread.
@@ -114,6 +116,9 @@ impl LiveMetrics {
         let handle = std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
+                // Its fds are open: the rest reads guest memory and writes
+                // lines, under the thread's seccomp filter.
+                crate::sandbox::confine(crate::sandbox::ThreadKind::Metrics)?;
                 let mut next = Instant::now() + interval;
                 loop {
                     let wait = next.saturating_duration_since(Instant::now());

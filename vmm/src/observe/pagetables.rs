@@ -4,11 +4,16 @@
 //! This is the host's own proof of isolation, independent of the guest's
 //! word: the walker reads only guest RAM (through vm-memory, bounds-checked)
 //! and the guest ELF's section headers. The page tables are guest-controlled
-//! and treated as hostile: table addresses outside RAM are reported, loops
-//! cannot make the walk run away (depth is fixed and the number of leaf
-//! entries visited is capped), nothing panics.
+//! and treated as hostile: table addresses outside RAM are reported, and a
+//! walk is bounded by the entries it reads ([`WalkLimits`]: count and time),
+//! not by what it finds, because tables that share one table at every level
+//! can make a walk read 512^4 entries while producing few mappings. A walk
+//! that stopped early says so ([`Walk::incomplete`]) and its verdict is
+//! "not verified", never ISOLATED. Address arithmetic is checked or done in
+//! `u128`, so a mapping that ends at 2^64 is seen like any other.
 use std::fmt;
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
@@ -64,8 +69,9 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    pub fn virt_range(&self) -> Range<u64> {
-        self.virt..self.virt.saturating_add(self.size)
+    /// One past the last virtual byte, in `u128`: a mapping may end at 2^64.
+    pub fn virt_end(&self) -> u128 {
+        u128::from(self.virt) + u128::from(self.size)
     }
 }
 
@@ -76,19 +82,46 @@ pub struct Walk {
     pub mappings: Vec<Mapping>,
     /// Page-table pages the tables point to but that are not in guest RAM.
     pub unreadable_tables: Vec<u64>,
+    /// Why the walk stopped before reading every table (its entry or time
+    /// budget ran out); `None` when it read them all.
+    pub incomplete: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WalkError {
     #[error("CR3 {cr3:#x} points outside guest memory")]
     RootOutsideMemory { cr3: u64 },
-    #[error("the page tables at CR3 {cr3:#x} map more than {limit} pages: refusing to walk further (looping or hostile tables?)")]
-    TooManyEntries { cr3: u64, limit: usize },
 }
 
-/// Leaf entries a walk visits at most. The guest's own tables stay far
-/// below (a few thousand); this bounds what a hostile guest can make us do.
-pub const MAX_LEAVES: usize = 1 << 20;
+/// What one walk may cost at most. The guest's own tables need a few
+/// thousand reads (a few dozen tables of 512 entries); the defaults bound
+/// what a hostile guest can make the host do to well under a second of
+/// reads, and the time limit bounds it on a slow or busy host too.
+#[derive(Debug, Clone, Copy)]
+pub struct WalkLimits {
+    /// Page-table entries read (every level counts, present or not).
+    pub max_entries_read: u64,
+    /// Mappings recorded (after coalescing); bounds the walk's memory.
+    pub max_mappings: usize,
+    /// Wall-clock time.
+    pub max_time: Duration,
+}
+
+impl Default for WalkLimits {
+    fn default() -> Self {
+        WalkLimits {
+            max_entries_read: 1 << 21,
+            max_mappings: 1 << 16,
+            max_time: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Entries read between two looks at the clock (a read is tens of ns).
+const CLOCK_EVERY: u64 = 4096;
+
+/// Why a walk stopped early (internal: becomes [`Walk::incomplete`]).
+struct GaveUp(String);
 
 const PRESENT: u64 = 1 << 0;
 const WRITABLE: u64 = 1 << 1;
@@ -101,40 +134,59 @@ const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 struct Walker<'a, M: GuestMemory> {
     mem: &'a M,
     cr3: u64,
-    leaves: usize,
+    limits: WalkLimits,
+    started: Instant,
+    entries_read: u64,
     out: Walk,
 }
 
 impl<M: GuestMemory> Walker<'_, M> {
-    fn read_entry(&mut self, table: u64, index: u64) -> Option<u64> {
-        let addr = GuestAddress(table + index * 8);
-        match self.mem.read_obj::<u64>(addr) {
-            Ok(v) => Some(v),
-            Err(_) => {
-                if !self.out.unreadable_tables.contains(&table) {
-                    self.out.unreadable_tables.push(table);
-                }
-                None
-            }
+    /// Reads entry `index` of `table`, charging it to the walk's budget.
+    /// `Ok(None)`: the table is not in guest RAM (recorded).
+    fn read_entry(&mut self, table: u64, index: u64) -> Result<Option<u64>, GaveUp> {
+        self.entries_read += 1;
+        if self.entries_read > self.limits.max_entries_read {
+            return Err(GaveUp(format!(
+                "read {} page-table entries without finishing (tables shared between levels or looping?)",
+                self.limits.max_entries_read
+            )));
         }
+        if self.entries_read.is_multiple_of(CLOCK_EVERY)
+            && self.started.elapsed() > self.limits.max_time
+        {
+            return Err(GaveUp(format!(
+                "still walking after {:?} ({} entries read)",
+                self.limits.max_time, self.entries_read
+            )));
+        }
+        // A table address comes from a guest entry: the index arithmetic is
+        // checked, and an address that overflows is as unreadable as one
+        // outside RAM.
+        let value = table
+            .checked_add(index * 8)
+            .and_then(|addr| self.mem.read_obj::<u64>(GuestAddress(addr)).ok());
+        if value.is_none() && !self.out.unreadable_tables.contains(&table) {
+            self.out.unreadable_tables.push(table);
+        }
+        Ok(value)
     }
 
-    fn leaf(&mut self, virt: u64, phys: u64, size: u64, access: Access) -> Result<(), WalkError> {
-        self.leaves += 1;
-        if self.leaves > MAX_LEAVES {
-            return Err(WalkError::TooManyEntries {
-                cr3: self.cr3,
-                limit: MAX_LEAVES,
-            });
-        }
+    fn leaf(&mut self, virt: u64, phys: u64, size: u64, access: Access) -> Result<(), GaveUp> {
         if let Some(last) = self.out.mappings.last_mut() {
-            if last.access == access
-                && last.virt.wrapping_add(last.size) == virt
-                && last.phys.wrapping_add(last.size) == phys
-            {
-                last.size += size;
-                return Ok(());
+            let contiguous = last.virt.checked_add(last.size) == Some(virt)
+                && last.phys.checked_add(last.size) == Some(phys);
+            if last.access == access && contiguous {
+                if let Some(size) = last.size.checked_add(size) {
+                    last.size = size;
+                    return Ok(());
+                }
             }
+        }
+        if self.out.mappings.len() >= self.limits.max_mappings {
+            return Err(GaveUp(format!(
+                "the tables map more than {} separate runs of pages",
+                self.limits.max_mappings
+            )));
         }
         self.out.mappings.push(Mapping {
             virt,
@@ -147,10 +199,12 @@ impl<M: GuestMemory> Walker<'_, M> {
 
     /// Walks a table at `level` (4 = PML4 ... 1 = PT) covering virtual
     /// addresses from `base`, with the access accumulated from upper levels.
-    fn table(&mut self, table: u64, level: u32, base: u64, up: Access) -> Result<(), WalkError> {
+    /// `base + index * span` stays below 2^48 (4-level) or 2^32 (PAE), so
+    /// it cannot overflow; the sign extension happens once, per mapping.
+    fn table(&mut self, table: u64, level: u32, base: u64, up: Access) -> Result<(), GaveUp> {
         let span = 1u64 << (12 + 9 * (level - 1));
         for index in 0..512u64 {
-            let Some(entry) = self.read_entry(table, index) else {
+            let Some(entry) = self.read_entry(table, index)? else {
                 return Ok(());
             };
             if entry & PRESENT == 0 {
@@ -175,7 +229,7 @@ impl<M: GuestMemory> Walker<'_, M> {
     }
 
     /// PAE: a 4-entry PDPT (only P and cache bits), then PDs and PTs of 512 entries.
-    fn pae(&mut self) -> Result<(), WalkError> {
+    fn pae(&mut self) -> Result<(), GaveUp> {
         let pdpt = self.cr3 & 0xffff_ffe0;
         let all = Access {
             writable: true,
@@ -184,7 +238,7 @@ impl<M: GuestMemory> Walker<'_, M> {
             global: false,
         };
         for index in 0..4u64 {
-            let Some(entry) = self.read_entry(pdpt, index) else {
+            let Some(entry) = self.read_entry(pdpt, index)? else {
                 return Ok(());
             };
             if entry & PRESENT == 0 {
@@ -205,8 +259,19 @@ fn canonical(virt: u64) -> u64 {
     }
 }
 
-/// Walks the page tables rooted at `cr3`.
+/// Walks the page tables rooted at `cr3` within the default [`WalkLimits`].
 pub fn walk<M: GuestMemory>(mem: &M, paging: Paging, cr3: u64) -> Result<Walk, WalkError> {
+    walk_with_limits(mem, paging, cr3, WalkLimits::default())
+}
+
+/// Walks the page tables rooted at `cr3`. A walk that runs out of budget is
+/// not an error: it returns what it found with [`Walk::incomplete`] set.
+pub fn walk_with_limits<M: GuestMemory>(
+    mem: &M,
+    paging: Paging,
+    cr3: u64,
+    limits: WalkLimits,
+) -> Result<Walk, WalkError> {
     let root = match paging {
         Paging::FourLevel => cr3 & ADDR_MASK,
         Paging::Pae => cr3 & 0xffff_ffe0,
@@ -217,10 +282,12 @@ pub fn walk<M: GuestMemory>(mem: &M, paging: Paging, cr3: u64) -> Result<Walk, W
     let mut walker = Walker {
         mem,
         cr3,
-        leaves: 0,
+        limits,
+        started: Instant::now(),
+        entries_read: 0,
         out: Walk::default(),
     };
-    match paging {
+    let finished = match paging {
         Paging::FourLevel => {
             let all = Access {
                 writable: true,
@@ -228,9 +295,12 @@ pub fn walk<M: GuestMemory>(mem: &M, paging: Paging, cr3: u64) -> Result<Walk, W
                 no_execute: false,
                 global: false,
             };
-            walker.table(root, 4, 0, all)?;
+            walker.table(root, 4, 0, all)
         }
-        Paging::Pae => walker.pae()?,
+        Paging::Pae => walker.pae(),
+    };
+    if let Err(GaveUp(why)) = finished {
+        walker.out.incomplete = Some(why);
     }
     Ok(walker.out)
 }
@@ -248,6 +318,8 @@ pub enum EntryAreaError {
     Parse(String),
     #[error("the guest image has no `.entry*` sections, so its entry area is unknown")]
     NoEntrySections,
+    #[error("the guest image's section {0} ends past the top of the address space")]
+    SectionPastTheTop(String),
 }
 
 impl EntryArea {
@@ -263,7 +335,11 @@ impl EntryArea {
                 continue;
             }
             let start = section.address() & !0xfff;
-            let end = (section.address() + section.size() + 0xfff) & !0xfff;
+            let end = section
+                .address()
+                .checked_add(section.size())
+                .and_then(|end| end.checked_next_multiple_of(0x1000))
+                .ok_or_else(|| EntryAreaError::SectionPastTheTop(name.to_string()))?;
             ranges.push((name.to_string(), start..end));
         }
         if ranges.is_empty() {
@@ -272,10 +348,23 @@ impl EntryArea {
         Ok(EntryArea { ranges })
     }
 
-    fn contains(&self, range: &Range<u64>) -> bool {
-        self.ranges
-            .iter()
-            .any(|(_, r)| r.start <= range.start && range.end <= r.end)
+    /// Whether every byte of `[start, end)` is inside some entry range (the
+    /// ranges may be adjacent: a run may span several sections). `u128`, so
+    /// a mapping ending at 2^64 is checked like any other; the loop takes at
+    /// most one step per range.
+    fn covers(&self, start: u64, end: u128) -> bool {
+        let mut cursor = u128::from(start);
+        while cursor < end {
+            let next = self.ranges.iter().find_map(|(_, r)| {
+                let (rs, re) = (u128::from(r.start), u128::from(r.end));
+                (rs <= cursor && cursor < re).then_some(re)
+            });
+            match next {
+                Some(re) => cursor = re,
+                None => return false,
+            }
+        }
+        true
     }
 }
 
@@ -288,11 +377,28 @@ pub struct IsolationCheck {
     pub outside_entry_area: Vec<Mapping>,
     /// Bytes of kernel-half virtual memory the user copy maps.
     pub kernel_bytes_mapped: u64,
+    /// Why the walk cannot prove isolation even though it found nothing
+    /// outside the entry area: it stopped early, or some table is outside
+    /// guest RAM. `None` when the walk read every table.
+    pub not_verified: Option<String>,
 }
 
 impl IsolationCheck {
+    /// ISOLATED: the whole user copy was read and maps nothing of the
+    /// kernel half outside the entry area.
     pub fn isolated(&self) -> bool {
-        self.outside_entry_area.is_empty()
+        self.outside_entry_area.is_empty() && self.not_verified.is_none()
+    }
+
+    /// The one-line verdict of the report.
+    pub fn verdict(&self) -> String {
+        if !self.outside_entry_area.is_empty() {
+            "NOT isolated".into()
+        } else if let Some(why) = &self.not_verified {
+            format!("NOT VERIFIED (the walk could not read the whole user copy: {why})")
+        } else {
+            "ISOLATED (only the entry area is mapped)".into()
+        }
     }
 }
 
@@ -304,30 +410,26 @@ pub fn check_isolation(user: &Walk, paging: Paging, entry: &EntryArea) -> Isolat
         .filter(|m| m.virt >= paging.kernel_half_start())
         .copied()
         .collect();
-    // A coalesced run may span several entry sections: check page by page
-    // only when the run as a whole is not inside one section.
     let outside_entry_area = kernel_mappings
         .iter()
-        .filter(|m| {
-            if entry.contains(&m.virt_range()) {
-                return false;
-            }
-            let mut page = m.virt;
-            while page < m.virt + m.size {
-                if !entry.contains(&(page..page + 4096)) {
-                    return true;
-                }
-                page += 4096;
-            }
-            false
-        })
+        .filter(|m| !entry.covers(m.virt, m.virt_end()))
         .copied()
         .collect();
-    let kernel_bytes_mapped = kernel_mappings.iter().map(|m| m.size).sum();
+    let kernel_bytes_mapped = kernel_mappings
+        .iter()
+        .fold(0u64, |sum, m| sum.saturating_add(m.size));
+    let not_verified = match (&user.incomplete, user.unreadable_tables.first()) {
+        (Some(why), _) => Some(why.clone()),
+        (None, Some(table)) => Some(format!(
+            "a page table at {table:#x} is outside guest RAM, so what it maps is unknown"
+        )),
+        (None, None) => None,
+    };
     IsolationCheck {
         kernel_mappings,
         outside_entry_area,
         kernel_bytes_mapped,
+        not_verified,
     }
 }
 
@@ -338,7 +440,7 @@ pub fn render(walk: &Walk) -> String {
         s += &format!(
             "  {:#018x}-{:#018x} -> {:#012x}  {:>10}  {}\n",
             m.virt,
-            m.virt + m.size,
+            m.virt_end(),
             m.phys,
             human_size(m.size),
             m.access
@@ -346,6 +448,9 @@ pub fn render(walk: &Walk) -> String {
     }
     for t in &walk.unreadable_tables {
         s += &format!("  (page table at {t:#x} is outside guest memory)\n");
+    }
+    if let Some(why) = &walk.incomplete {
+        s += &format!("  (walk stopped early: {why})\n");
     }
     s
 }
@@ -451,10 +556,124 @@ mod tests {
         for i in 0..512 {
             put(&m, 0x8000, i, 0x8000 | P | W | U);
         }
-        assert!(matches!(
-            walk(&m, Paging::FourLevel, 0x8000),
-            Err(WalkError::TooManyEntries { .. })
-        ));
+        let w = walk(&m, Paging::FourLevel, 0x8000).unwrap();
+        assert!(w.incomplete.is_some(), "{w:?}");
+    }
+
+    fn entry_area_at(base: u64, size: u64) -> EntryArea {
+        EntryArea {
+            ranges: vec![(".entry.text".into(), base..base + size)],
+        }
+    }
+
+    /// Every entry of a level points to the same next table (one table
+    /// shared per level), and the last level maps one page: 2^36 entries to
+    /// read for 2^27 leaves of the same page. Counting leaves let this run
+    /// for minutes; the walk must stop on its read budget, fast, and the
+    /// verdict must be "not verified".
+    #[test]
+    fn tables_shared_at_every_level_end_fast_and_are_not_verified() {
+        let m = mem();
+        let (pml4, pdpt, pd, pt) = (0xa000, 0xb000, 0xc000, 0xd000);
+        // Only the kernel half, so every mapping found is a kernel one.
+        for i in 256..512 {
+            put(&m, pml4, i, pdpt | P | W | U);
+        }
+        for i in 0..512 {
+            put(&m, pdpt, i, pd | P | W | U);
+            put(&m, pd, i, pt | P | W | U);
+        }
+        put(&m, pt, 0, 0x20_0000 | P | U);
+        let started = Instant::now();
+        let w = walk(&m, Paging::FourLevel, 0xa000).unwrap();
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        let why = w.incomplete.as_deref().expect("the walk gave up");
+        assert!(why.contains("entries"), "{why}");
+        // Even with an entry area covering every mapping found, the verdict
+        // is not ISOLATED: the walk did not read everything.
+        let entry = entry_area_at(0xffff_8000_0000_0000, 0x7fff_ffff_f000);
+        let check = check_isolation(&w, Paging::FourLevel, &entry);
+        assert!(check.outside_entry_area.is_empty());
+        assert!(!check.isolated());
+        assert!(
+            check.verdict().starts_with("NOT VERIFIED"),
+            "{}",
+            check.verdict()
+        );
+
+        // The time bound alone stops it too.
+        let limits = WalkLimits {
+            max_entries_read: u64::MAX,
+            max_time: Duration::from_millis(50),
+            ..WalkLimits::default()
+        };
+        let started = Instant::now();
+        let w = walk_with_limits(&m, Paging::FourLevel, 0xa000, limits).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(w.incomplete.as_deref().unwrap().contains("still walking"));
+    }
+
+    /// A 4 KiB kernel page at the very top of the address space, ending at
+    /// 2^64, outside the entry area: it is seen, and the verdict is NOT
+    /// isolated (the sum `virt + size` used to wrap to 0 and skip it).
+    #[test]
+    fn a_mapping_at_the_top_of_the_address_space_is_seen() {
+        let m = mem();
+        put(&m, 0x1000, 511, 0x2000 | P | W);
+        put(&m, 0x2000, 511, 0x3000 | P | W);
+        put(&m, 0x3000, 511, 0x4000 | P | W);
+        put(&m, 0x4000, 511, 0x50_0000 | P | W);
+        let w = walk(&m, Paging::FourLevel, 0x1000).unwrap();
+        assert_eq!(w.mappings.len(), 1);
+        let top = w.mappings[0];
+        assert_eq!((top.virt, top.size), (0xffff_ffff_ffff_f000, 0x1000));
+        assert_eq!(top.virt_end(), 1u128 << 64);
+        let entry = entry_area_at(0xffff_ffff_8000_0000, 0x1000);
+        let check = check_isolation(&w, Paging::FourLevel, &entry);
+        assert_eq!(check.outside_entry_area, vec![top]);
+        assert_eq!(check.verdict(), "NOT isolated");
+        assert!(render(&w).contains("0x10000000000000000"), "{}", render(&w));
+
+        // A 1 GiB page at the top, with the entry area covering its first
+        // 4 KiB only: the rest is outside. Covering it in two adjacent
+        // sections up to 2^64 minus one page still leaves the last page out.
+        put(&m, 0x2000, 511, HUGE | 0x4000_0000 | P | W);
+        let w = walk(&m, Paging::FourLevel, 0x1000).unwrap();
+        let top = w.mappings[0];
+        assert_eq!((top.virt, top.size), (0xffff_ffff_c000_0000, 1 << 30));
+        let check = check_isolation(&w, Paging::FourLevel, &entry_area_at(top.virt, 0x1000));
+        assert!(!check.isolated());
+        let last_page = !0xfffu64;
+        let nearly = EntryArea {
+            ranges: vec![
+                (".entry.a".into(), top.virt..top.virt + 0x1000),
+                (".entry.b".into(), top.virt + 0x1000..last_page),
+            ],
+        };
+        assert!(!check_isolation(&w, Paging::FourLevel, &nearly).isolated());
+    }
+
+    /// A table outside guest RAM in the user copy: reported, and the
+    /// verdict is not ISOLATED because what it maps is unknown.
+    #[test]
+    fn a_table_outside_ram_makes_the_verdict_not_verified() {
+        let m = mem();
+        put(&m, 0x1000, 511, 0x7fff_0000_0000 | P | W);
+        let w = walk(&m, Paging::FourLevel, 0x1000).unwrap();
+        assert_eq!(w.unreadable_tables, vec![0x7fff_0000_0000]);
+        let check = check_isolation(
+            &w,
+            Paging::FourLevel,
+            &entry_area_at(0xffff_ffff_8000_0000, 0x1000),
+        );
+        assert!(check.outside_entry_area.is_empty());
+        assert!(!check.isolated());
+        assert!(
+            check.verdict().contains("outside guest RAM"),
+            "{}",
+            check.verdict()
+        );
     }
 
     /// Guest memory as guest-core's builders see it.
@@ -708,18 +927,20 @@ impl Inspection {
         }
         s += "\nuser copy (what user mode can reach through the page tables):\n";
         s += &render(&self.user);
-        let kernel_bytes: u64 = self
+        let kernel_bytes = self
             .kernel
             .mappings
             .iter()
             .filter(|m| m.virt >= half)
-            .map(|m| m.size)
-            .sum();
+            .fold(0u64, |sum, m| sum.saturating_add(m.size));
         s += &format!(
             "\nkernel copy: {} mappings, {} MiB of kernel half mapped\n",
             self.kernel.mappings.len(),
             kernel_bytes >> 20
         );
+        if let Some(why) = &self.kernel.incomplete {
+            s += &format!("  (kernel copy walk stopped early: {why})\n");
+        }
         s += "\nentry area (from the ELF's .entry* sections):\n";
         for (name, r) in &self.entry_area.ranges {
             s += &format!("  {:#018x}-{:#018x}  {name}\n", r.start, r.end);
@@ -729,11 +950,7 @@ impl Inspection {
             "\nverdict: the user copy maps {} KiB of the kernel half, {} mapping(s) outside the entry area: {}\n",
             i.kernel_bytes_mapped >> 10,
             i.outside_entry_area.len(),
-            if i.isolated() {
-                "ISOLATED (only the entry area is mapped)"
-            } else {
-                "NOT isolated"
-            }
+            i.verdict()
         );
         s
     }
