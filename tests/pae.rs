@@ -1,5 +1,5 @@
 //! The 32-bit (i386 PAE) flavour under our VMM: ELF32 images load, and on
-//! a host whose KVM refuses 32-bit paging (this workplace's kvm_pvm) the
+//! a host whose KVM refuses 32-bit paging (kvm_pvm) the
 //! VMM says so plainly before the guest runs, with a nonzero exit and no hang.
 
 mod common;

@@ -1,5 +1,5 @@
 //! Page table isolation, end to end, on the x86_64 guest under KVM (and the
-//! PCID path under QEMU TCG, which has PCID where this workplace's KVM has
+//! PCID path under QEMU TCG, which has PCID where kvm_pvm (software KVM) has
 //! none):
 //! - CR3 writes per syscall round trip: exactly 2 with `pti=on`, 0 with
 //!   `pti=off`, for every syscall workload, and 0 for a process that opted out;
@@ -289,7 +289,7 @@ fn qemu_tcg(append: &str) -> Option<(Option<i32>, String)> {
 
 #[test]
 fn pcid_path_uses_noflush_cr3_writes_where_the_cpu_has_pcid() {
-    // This workplace's KVM has no PCID, and QEMU's TCG (7.2 to 10.0) does
+    // kvm_pvm (software KVM) has no PCID, and QEMU's TCG (7.2 to 10.0) does
     // not emulate it even with `-cpu max`: the guest then refuses `pcid=on`
     // with UNSUPPORTED, and this test says so and checks only that refusal.
     const N: u64 = 200;

@@ -4,7 +4,7 @@
 //! `workload=none`, so the guest prints its banner and writes its exit status.
 //! Runs are interleaved (ptiscope, QEMU, ptiscope, ...) so that machine noise
 //! hits both alike. QEMU uses qboot, not SeaBIOS: SeaBIOS is very slow under
-//! this workplace's software KVM and would flatter ptiscope.
+//! software KVM (kvm_pvm) and would flatter ptiscope.
 use crate::measure::{self, median, Sample};
 use crate::Report;
 use clap::Args;
@@ -67,7 +67,7 @@ pub fn run(ptiscope: &Path, args: &BootArgs) -> Result<Report, String> {
         )?);
 
         let mut cmd = Command::new(&args.qemu);
-        // No `-cpu host`: QEMU then sets MSR 0x10a, which this workplace's KVM refuses.
+        // No `-cpu host`: QEMU then sets MSR 0x10a, which kvm_pvm (software KVM) refuses.
         cmd.args(["-M", "microvm", "-accel", "kvm"])
             .arg("-bios")
             .arg(&args.qemu_bios)

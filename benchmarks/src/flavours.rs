@@ -1,7 +1,7 @@
 //! The 32-bit PAE flavour beside the 64-bit one: getpid round trip with PTI
 //! off and on, in instructions per call.
 //!
-//! This workplace's KVM cannot run 32-bit paging, so both flavours also run
+//! kvm_pvm (software KVM) cannot run 32-bit paging, so both flavours also run
 //! under QEMU TCG with `-icount shift=0`: the guest's TSC then advances by
 //! one per instruction, so its RDTSC-measured "cycles per call" are exactly
 //! the instructions per call (user loop and kernel). The x86_64 flavour also

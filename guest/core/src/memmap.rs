@@ -5,7 +5,7 @@
 //! experiment and stops, so reuse buys nothing, and handing out only frames
 //! never touched before means they are still zero as the VMM (fresh anonymous
 //! memory) and QEMU hand them over. Zeroing 4 KiB costs ~1000 emulated
-//! instructions on this workplace's KVM, so page tables are not zeroed again.
+//! instructions on kvm_pvm (software KVM), so page tables are not zeroed again.
 
 /// E820 type of usable RAM.
 pub const E820_RAM: u32 = 1;

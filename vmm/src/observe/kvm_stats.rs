@@ -724,7 +724,7 @@ mod tests {
                 "every KVM has a vcpu `exits` stat"
             );
             assert!(!vm_stats.descriptors().is_empty());
-            // The software virtualizer of this workplace (kvm_pvm) also offers
+            // The software virtualizer kvm_pvm also offers
             // these; on hardware VMX/SVM hosts most do too, but not all.
             let pvm = std::fs::read_to_string("/proc/modules")
                 .map(|m| m.lines().any(|l| l.starts_with("kvm_pvm ")))

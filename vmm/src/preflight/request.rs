@@ -48,7 +48,7 @@ pub struct RunConfig {
     /// guest runs with interrupts off and needs none of it; without it a HLT
     /// exits to the VMM (reported as "halted") instead of waiting in KVM,
     /// the serial port raises no interrupt, and VM teardown is cheaper (on
-    /// this workplace's KVM about 4 ms of a 16 ms boot-to-exit).
+    /// kvm_pvm (software KVM) about 4 ms of a 16 ms boot-to-exit).
     pub irqchip: bool,
 }
 

@@ -269,7 +269,7 @@ fn full_probe_on_this_host() {
     assert!(r.iretq.works, "{}", r.iretq.detail);
     assert!(!r.pcid());
     assert!(!r.pcid.pcide);
-    // ARCH_CAPABILITIES differs between this workplace's machines (it
+    // ARCH_CAPABILITIES differs between kvm_pvm hosts (it
     // follows the host CPU's CPUID leaf 7), so only the consistency checks
     // above apply to it.
 }

@@ -82,7 +82,7 @@ pub fn rdmsr_safe(msr: u32) -> Option<u64> {
 
 /// IA32_ARCH_CAPABILITIES as the (virtual) CPU reports it. CPUID.7.0:EDX[29]
 /// says whether it exists, but a VMM may serve the MSR without being able to
-/// set that bit (this workplace's KVM passes the host's leaf 7 through, and
+/// set that bit (kvm_pvm, a software KVM, passes the host's leaf 7 through, and
 /// its AMD hosts lack the bit), so the MSR is read either way, safely.
 pub fn arch_capabilities() -> Option<u64> {
     if max_leaf() >= 7 && cpuid(7, 0).3 & (1 << 29) != 0 {

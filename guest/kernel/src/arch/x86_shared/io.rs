@@ -1,4 +1,4 @@
-//! Port I/O. Every access is a VM exit (~9 µs on this workplace's KVM).
+//! Port I/O. Every access is a VM exit (~9 µs on kvm_pvm, a software KVM).
 use core::arch::asm;
 
 #[inline(always)]
