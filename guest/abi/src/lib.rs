@@ -10,6 +10,7 @@
 #![no_std]
 
 pub mod options;
+pub mod workingset;
 
 /// I/O ports the guest uses to talk to the VMM.
 pub mod port {
@@ -345,6 +346,17 @@ pub mod cmdline {
     pub const LOOPS: &str = "loops";
     /// `mode=process|thread` of `workload=sched-messaging` (default process).
     pub const MODE: &str = "mode";
+    /// `wss=SIZE` of the syscall-loop workloads: bytes of user memory the
+    /// loop reads between system calls (K/M/G suffixes; default 0). See
+    /// [`crate::workingset`].
+    pub const WSS: &str = "wss";
+    /// `stride=BYTES` between two reads of the working set (default 4096).
+    pub const STRIDE: &str = "stride";
+    /// `touches=N` reads of the working set per iteration (default: one
+    /// pass over it, `wss / stride` rounded up).
+    pub const TOUCHES: &str = "touches";
+    /// `wss_pages=4k|2m`: page size of the working set's mappings.
+    pub const WSS_PAGES: &str = "wss_pages";
 }
 
 /// Console lines meant for machines start with this prefix, followed by

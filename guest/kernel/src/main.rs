@@ -15,6 +15,7 @@ mod pvh;
 mod syscall;
 mod task;
 mod telemetry;
+mod workingset;
 
 use arch::paging::KernelHalf;
 use arch::{cpu, user};
@@ -223,6 +224,9 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         Workload::NoptiGetpid => (nr::GETPID, 0, user::FLAG_NOPTI),
         Workload::Getpid | Workload::None | Workload::SchedMessaging => (nr::GETPID, 0, 0),
     };
+    if config.wss > 0 {
+        flags |= user::FLAG_WSS;
+    }
     let kread_target = core::ptr::addr_of!(task::SCHED) as u64;
     if config.fault == Some(Fault::Kread) {
         flags |= user::FLAG_KREAD;
@@ -237,8 +241,27 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     );
     let init = s.spawn(0, init_rip, &arch::context::UserRegs::default());
     let child = init.and_then(|pid| s.spawn(pid, loop_rip, &regs));
-    if let Err(e) = child {
-        panic!("cannot create the workload processes: {e:?}");
+    let child = match child {
+        Ok(pid) => pid,
+        Err(e) => panic!("cannot create the workload processes: {e:?}"),
+    };
+    let pair = s.tasks.iter().find(|t| t.pid == child).map(|t| t.pair);
+    match pair.map(|p| workingset::setup(config, p)) {
+        Some(Ok(true)) => println!(
+            "working set: {} bytes at {:#x} ({} pages), stride {}, {} reads per iteration",
+            config.wss,
+            ptiscope_abi::workingset::BASE,
+            config.wss_pages.name(),
+            config.stride,
+            config.touches_per_iteration()
+        ),
+        Some(Ok(false)) => {}
+        Some(Err(e)) => {
+            println!("bad command line: {e}");
+            println!("@badcmdline {e}");
+            stop(exit_status::BAD_CMDLINE)
+        }
+        None => panic!("the workload process vanished"),
     }
     s.run();
     report(config, pti, pcid)
@@ -269,11 +292,12 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     let tenths = r.cycles.saturating_mul(10).checked_div(n).unwrap_or(0);
     // SAFETY: no task runs any more.
     let nopti = unsafe { task::sched() }.tasks.iter().any(|t| t.nopti);
+    let wss = workingset::result(config);
     println!(
         "{}workload={} iterations={n} cycles={} cycles_per_call={}.{} syscalls={} cr3_writes={cr3} \
          cr3_entry={} cr3_exit={} cr3_context_switch={} cr3_other={} cr3_noflush={} tlb_flushes={} \
          invlpg={} exceptions={} page_faults={} context_switches={} pti={} pcid={} entry={} nopti={} \
-         mismatches={} exit_status={status}{}",
+         mismatches={} exit_status={status}{}{}",
         ptiscope_abi::RESULT_PREFIX,
         config.workload.name(),
         r.cycles,
@@ -296,7 +320,15 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         nopti as u8,
         r.mismatches,
         Messaging(messaging.then_some(config)),
+        WorkingSet(config, wss.as_ref()),
     );
+    if wss
+        .as_ref()
+        .is_some_and(|w| w.touched != w.expected || !w.sum_ok)
+    {
+        println!("working set check failed: the loop did not read what it should have");
+        stop(exit_status::FAILURE)
+    }
     if status != 0 || r.mismatches != 0 {
         println!(
             "workload failed: exit status {status}, {} wrong results",
@@ -322,6 +354,30 @@ impl core::fmt::Display for Messaging<'_> {
             ),
             None => Ok(()),
         }
+    }
+}
+
+/// The `@result` keys of a run with a working set (`wss=`).
+struct WorkingSet<'a>(&'a Config, Option<&'a workingset::Outcome>);
+impl core::fmt::Display for WorkingSet<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let (c, Some(w)) = (self.0, self.1) else {
+            return Ok(());
+        };
+        write!(
+            f,
+            " wss={} stride={} touches={} wss_pages={} touched={} touch_check={}",
+            c.wss,
+            c.stride,
+            c.touches_per_iteration(),
+            c.wss_pages.name(),
+            w.touched,
+            if w.touched == w.expected && w.sum_ok {
+                "ok"
+            } else {
+                "bad"
+            }
+        )
     }
 }
 

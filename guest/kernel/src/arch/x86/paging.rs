@@ -7,6 +7,7 @@ use guest_core::cmdline::Config;
 use guest_core::pae::layout::{cr3_value, KERNEL_BASE};
 use guest_core::pae::{build_kernel_half, build_kernel_only, KernelSpec};
 pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
+use guest_core::paging::PhysMem;
 use ptiscope_abi::telemetry::Counter;
 
 /// Why CR3 is written; each reason has its own counter.
@@ -111,4 +112,27 @@ pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
 pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
     let nx = super::cpu::has_nx();
     guest_core::pae::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame, nx)
+}
+
+/// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
+/// user, writable, NX when the CPU has it, with `page`-sized leaves: the
+/// working set of `wss=` (see workingset.rs). The user PMD is shared by
+/// both copies.
+pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
+    let nx = super::cpu::has_nx();
+    let slot = guest_core::pae::indices(va)[0];
+    let pmd = guest_core::pae::Pte(DirectMap.read(pair, slot));
+    if !pmd.present() {
+        return Err(MapError::NotCanonical(va));
+    }
+    guest_core::workingset::map_range_pae(
+        &mut DirectMap,
+        &mut Frames,
+        pmd.addr(),
+        va,
+        phys,
+        len,
+        page,
+        nx,
+    )
 }

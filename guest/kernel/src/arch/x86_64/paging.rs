@@ -110,3 +110,18 @@ pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
 pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
     guest_core::paging::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame)
 }
+
+/// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
+/// user, writable, NX, with `page`-sized leaves: the working set of `wss=`
+/// (see workingset.rs). Both copies share the user half below the PML4.
+pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
+    guest_core::workingset::map_range(
+        &mut DirectMap,
+        &mut Frames,
+        pair + 4096,
+        va,
+        phys,
+        len,
+        page,
+    )
+}

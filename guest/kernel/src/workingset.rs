@@ -1,0 +1,104 @@
+//! The user working set of the syscall loops (`wss=`, `stride=`,
+//! `touches=`, `wss_pages=`; `ptiscope_abi::workingset`).
+//!
+//! Before the workload runs, the kernel maps a physically contiguous buffer
+//! at `workingset::BASE` into the loop process and writes the loop's
+//! parameters into a control page just below it. The user loop
+//! (`arch::user`, `user_loop` with `FLAG_WSS`) writes each slot's offset
+//! into it before its phase begins, reads `touches` slots between two
+//! system calls, and leaves its read count and the sum of what it read in
+//! the control page; [`result`] checks both after the run. Nothing here
+//! runs inside the measured phase.
+use crate::arch::layout::phys_to_virt;
+use crate::mm::{Frames, Global};
+use guest_core::cmdline::Config;
+use guest_core::paging::FrameSource;
+use ptiscope_abi::workingset::{self as ws, control};
+
+/// Physical address of the control page, once mapped.
+static CONTROL: Global<Option<u64>> = Global::new(None);
+
+/// Why the working set could not be set up.
+pub enum SetupError {
+    /// Not enough free memory (bytes needed, bytes free).
+    OutOfMemory(u64, u64),
+    Map(crate::arch::paging::MapError),
+}
+
+impl core::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            SetupError::OutOfMemory(need, free) => write!(
+                f,
+                "wss= needs {} KiB of contiguous guest memory but {} KiB are free; give the guest more memory (--mem) or a smaller wss=",
+                need >> 10,
+                free >> 10
+            ),
+            SetupError::Map(e) => write!(f, "cannot map the working set: {e:?}"),
+        }
+    }
+}
+
+/// Maps the working set and its control page into the address space
+/// `pair`; `Ok(false)` without `wss=`.
+pub fn setup(config: &Config, pair: u64) -> Result<bool, SetupError> {
+    if config.wss == 0 {
+        return Ok(false);
+    }
+    let page = config.wss_pages.bytes();
+    let len = config.wss.next_multiple_of(page);
+    let free = crate::mm::free_bytes();
+    let buffer = crate::mm::alloc_aligned(len / 4096, page)
+        .ok_or(SetupError::OutOfMemory(len + 4096, free))?;
+    let ctrl = Frames.frame().ok_or(SetupError::OutOfMemory(4096, 0))?;
+    crate::arch::paging::map_user_range(pair, ws::BASE, buffer, len, page)
+        .map_err(SetupError::Map)?;
+    crate::arch::paging::map_user_range(pair, control::VA, ctrl, 4096, 4096)
+        .map_err(SetupError::Map)?;
+    let words = [config.wss, config.stride, config.touches_per_iteration()];
+    let va = phys_to_virt(ctrl).ok_or(SetupError::OutOfMemory(4096, 0))?;
+    for (i, w) in words.iter().enumerate() {
+        // SAFETY: the control frame was just allocated (inside the direct
+        // map, as every frame) and nothing else uses it yet.
+        unsafe { (va as usize as *mut u64).add(i).write_volatile(*w) };
+    }
+    // SAFETY: one CPU, boot: no other reference to CONTROL.
+    unsafe { *CONTROL.get() = Some(ctrl) };
+    Ok(true)
+}
+
+/// What the loop did with its working set.
+pub struct Outcome {
+    /// Reads the loop counted in its measured phase.
+    pub touched: u64,
+    /// Reads it should have done: iterations × touches per iteration.
+    pub expected: u64,
+    /// Whether the sum of the words read matches those reads' offsets
+    /// (modulo the machine word: 2^32 on x86_32).
+    pub sum_ok: bool,
+}
+
+/// Reads the loop's counts from the control page; `None` without `wss=`.
+pub fn result(config: &Config) -> Option<Outcome> {
+    // SAFETY: all tasks are done; nothing else touches CONTROL.
+    let ctrl = unsafe { *CONTROL.get() }?;
+    let va = phys_to_virt(ctrl)? as usize as *const u64;
+    // SAFETY: the control page is a frame of the direct map owned by the
+    // working set; the loop that wrote it has exited.
+    let (touched, sum) = unsafe {
+        (
+            va.byte_add(control::TOUCHED).read_volatile(),
+            va.byte_add(control::SUM).read_volatile(),
+        )
+    };
+    let expected = config
+        .iterations
+        .wrapping_mul(config.touches_per_iteration());
+    let want = ws::expected_sum(expected, config.wss, config.stride);
+    let mask = usize::MAX as u64;
+    Some(Outcome {
+        touched,
+        expected,
+        sum_ok: sum & mask == want & mask,
+    })
+}
