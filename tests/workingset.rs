@@ -205,7 +205,15 @@ fn the_i386_flavour_reads_its_working_set_under_qemu() {
         ("wss=4M wss_pages=2m entry=sysenter", 1024),
     ] {
         let o = ptiscope()
-            .args(["run", "--arch", "i386", "--backend", "qemu", "--timeout", "120"])
+            .args([
+                "run",
+                "--arch",
+                "i386",
+                "--backend",
+                "qemu",
+                "--timeout",
+                "120",
+            ])
             .args(["--pti", "on", "--workload", "getpid", "--iterations"])
             .arg(N.to_string())
             .args(["--cmdline", extra])

@@ -87,7 +87,7 @@ pub const fn expected_sum(reads: u64, wss: u64, stride: u64) -> u64 {
 
 /// `stride * (0 + 1 + ... + (n - 1))`, mod 2^64.
 const fn triangle(n: u64, stride: u64) -> u64 {
-    let (a, b) = if n % 2 == 0 {
+    let (a, b) = if n.is_multiple_of(2) {
         (n / 2, n.wrapping_sub(1))
     } else {
         (n, n.wrapping_sub(1) / 2)

@@ -139,7 +139,7 @@ impl GuestOptions {
                     out.iterations = Some(n);
                 }
                 key::WSS | key::STRIDE | key::TOUCHES | key::WSS_PAGES => {
-                    check_working_set_word(k, v).map_err(|why| bad(why.into()))?;
+                    check_working_set_word(k, v).map_err(bad)?;
                     rest.push(word);
                 }
                 _ => rest.push(word),

@@ -157,8 +157,7 @@ impl SweepReport {
                 .map(|s| s / base.0);
             for c in cell.configs.iter_mut().skip(1) {
                 c.delta = Some(c.median - base.0);
-                c.overhead_pct =
-                    (base.0 > 0.0).then(|| (c.median - base.0) / base.0 * 100.0);
+                c.overhead_pct = (base.0 > 0.0).then(|| (c.median - base.0) / base.0 * 100.0);
                 c.significant = significance(&base.1, &c.samples);
             }
         }
@@ -325,7 +324,11 @@ pub fn text(r: &SweepReport) -> String {
         "{} per call [{}], median of {} runs per cell; overhead and refill are derived",
         unit, r.time_source, r.runs
     );
-    let _ = write!(s, "{:>6} {:>8} {:>6} {:>9} |", "wss", "touches", "pages", "rate/s");
+    let _ = write!(
+        s,
+        "{:>6} {:>8} {:>6} {:>9} |",
+        "wss", "touches", "pages", "rate/s"
+    );
     for (i, c) in r.configs.iter().enumerate() {
         if i == 0 {
             let _ = write!(s, " {:>12} |", trunc(c, 12));
@@ -334,7 +337,11 @@ pub fn text(r: &SweepReport) -> String {
         }
     }
     s.push('\n');
-    let _ = write!(s, "{:>6} {:>8} {:>6} {:>9} |", "", "/iter", "/iter", "(base)");
+    let _ = write!(
+        s,
+        "{:>6} {:>8} {:>6} {:>9} |",
+        "", "/iter", "/iter", "(base)"
+    );
     for i in 0..r.configs.len() {
         if i == 0 {
             let _ = write!(s, " {:>12} |", format!("{unit}/call"));
@@ -377,7 +384,10 @@ pub fn text(r: &SweepReport) -> String {
         }
         s.push('\n');
     }
-    if r.cells.iter().any(|c| c.configs.iter().any(|x| x.tlb_flush_per_call.is_some())) {
+    if r.cells
+        .iter()
+        .any(|c| c.configs.iter().any(|x| x.tlb_flush_per_call.is_some()))
+    {
         let _ = writeln!(
             s,
             "\nhost evidence per call [kvm] (medians): tlb_flush / pf_taken / exits"
@@ -560,9 +570,16 @@ mod tests {
             .find(|x| x.wss == 1 << 20 && x.threshold_pct == 1.0)
             .unwrap();
         assert_eq!(x1.measured_rate, None);
-        assert!(x1.note.starts_with("above at every measured rate"), "{}", x1.note);
+        assert!(
+            x1.note.starts_with("above at every measured rate"),
+            "{}",
+            x1.note
+        );
         let t = text(&r);
-        assert!(t.contains("pti=on") && t.contains("17.8") && t.contains("1.00"), "{t}");
+        assert!(
+            t.contains("pti=on") && t.contains("17.8") && t.contains("1.00"),
+            "{t}"
+        );
         let c = csv(&r);
         assert_eq!(c.lines().count(), 1 + 3 * 2);
         let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
