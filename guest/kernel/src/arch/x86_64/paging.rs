@@ -5,7 +5,9 @@ use crate::{println, telemetry};
 use core::arch::asm;
 use guest_core::cmdline::Config;
 use guest_core::layout::{cr3_value, CR3_NOFLUSH};
-use guest_core::paging::{build_kernel_half, FrameSource, KernelSpec, PhysMem, KERNEL_PML4_SLOT};
+use guest_core::paging::{
+    build_kernel_half_global_text, FrameSource, KernelSpec, PhysMem, KERNEL_PML4_SLOT,
+};
 pub use guest_core::paging::{KernelHalf, MapError, UserSpec};
 use ptiscope_abi::telemetry::Counter;
 
@@ -32,6 +34,19 @@ pub fn write_cr3(value: u64, reason: Cr3Reason) {
     } else {
         Counter::TlbFlushFull
     });
+}
+
+/// Physical range of the kernel text (`.text`, page aligned).
+fn kernel_text() -> (u64, u64) {
+    extern "C" {
+        static __text_start: u8;
+        static __text_end: u8;
+    }
+    let phys = |p: *const u8| p as u64 - guest_core::layout::KERNEL_BASE;
+    (
+        phys(core::ptr::addr_of!(__text_start)),
+        phys(core::ptr::addr_of!(__text_end)),
+    )
 }
 
 /// Physical addresses of the entry area: (start, text end, end).
@@ -78,10 +93,26 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         telemetry,
         direct_map,
     };
-    let half = match build_kernel_half(&mut DirectMap, &mut Frames, &spec) {
+    let text = kernel_text();
+    let global_text = (pti && config.pti_global_text).then_some(text);
+    let half = match build_kernel_half_global_text(&mut DirectMap, &mut Frames, &spec, global_text)
+    {
         Ok(h) => h,
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
     };
+    if pti {
+        let entry_pages = (entry_end - entry_start) / 4096;
+        let text_pages = if global_text.is_some() {
+            (text.1 - text.0) / 4096
+        } else {
+            0
+        };
+        println!(
+            "@pti user_copy_kernel_pages={} global_text={} nx=1",
+            entry_pages + text_pages,
+            if global_text.is_some() { "on" } else { "off" },
+        );
+    }
     // A kernel-only address space: slot 511 only.
     let Some(root) = Frames.pair() else {
         panic!("out of memory for the kernel page tables")
