@@ -1,14 +1,21 @@
 //! `ptiscope sweep`, end to end: the grid it runs, its JSON/CSV/SVG, bad
-//! usage, the i386 flavour under QEMU, and the TLB half of PTI's cost on a
-//! host where a flushing CR3 write really empties the TLB: the pti=on minus
-//! pti=off delta per call is larger with a 4 MiB working set than without
-//! one (medians of interleaved runs; a one-sided check whose expected gap,
-//! ~1024 pages walked in again per call, is several times the noise).
+//! usage, the i386 flavour under QEMU, and the TLB half of PTI's cost:
+//! with PTI the user loop's reads of a 4 MiB working set take longer per
+//! call than without (the guest's own user-mode timing of its reads,
+//! medians of interleaved runs; a one-sided check with a wide margin).
 
 mod common;
 
 use common::*;
 use serde_json::Value;
+
+/// The tests that boot guests take turns: on a 2-core machine a QEMU run
+/// beside a timed sweep would measure the QEMU run.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn sweep(args: &[&str], dir: &std::path::Path) -> (Option<i32>, Value, String) {
     let json = dir.join("sweep.json");
@@ -39,6 +46,7 @@ fn a_small_sweep_has_every_cell_and_output() {
     if !kvm_or_skip("sweep outputs") {
         return;
     }
+    let _turn = turn();
     let dir = scratch("sweep-out");
     let (csv, svg) = (dir.join("s.csv"), dir.join("s.svg"));
     let (code, v, out) = sweep(
@@ -109,20 +117,11 @@ fn a_small_sweep_has_every_cell_and_output() {
 }
 
 #[test]
-fn pti_costs_more_per_call_with_a_4m_working_set() {
-    if !kvm_or_skip("PTI delta grows with the working set") {
+fn pti_costs_the_4m_working_set_a_refill_per_call() {
+    if !kvm_or_skip("PTI refill grows with the working set") {
         return;
     }
-    if !std::path::Path::new("/sys/module/kvm_pvm").exists() {
-        // On hardware KVM with EPT/NPT a guest CR3 write flushes the guest's
-        // own TLB as on bare metal, so the check would hold too, but the
-        // margin below was sized on kvm_pvm.
-        ptiscope::test_support::skip(
-            "PTI delta grows with the working set",
-            "sized for kvm_pvm (this workplace's KVM); not kvm_pvm here",
-        );
-        return;
-    }
+    let _turn = turn();
     let dir = scratch("sweep-delta");
     let (code, v, out) = sweep(
         &[
@@ -142,13 +141,25 @@ fn pti_costs_more_per_call_with_a_4m_working_set() {
         &dir,
     );
     assert_eq!(code, Some(0), "{out}");
-    let delta = |wss: u64, spec: &str| cell(&v, wss, spec)["configs"][1]["delta"].as_f64().unwrap();
-    let (d0, d4) = (delta(0, "-"), delta(4 << 20, "1x"));
-    // Measured here: ~9-11 µs more per call at 1024 pages (HOST-KVM.md).
+    // The user loop's own reads of the working set, timed by the guest in
+    // user mode (RDTSC around each iteration's reads; the fewest cycles of
+    // one iteration, median over the runs): after every flushing CR3 write
+    // they walk their 1024 pages in again. Measured here ~5-6 cycles per
+    // page (~15k vs ~10k cycles per call); the check asks for 1 cycle per
+    // page. Without a working set there are no reads: the delta is 0 there.
+    let c4 = cell(&v, 4 << 20, "1x");
+    let reads = |i: usize| c4["configs"][i]["read_cycles_min"].as_f64().unwrap();
+    let (off, on) = (reads(0), reads(1));
     assert!(
-        d4 > d0,
-        "the PTI delta at wss=4M ({d4:.0} ns) should exceed the one at wss=0 ({d0:.0} ns):\n{out}"
+        on - off > 1024.0,
+        "with PTI the 4 MiB working set's reads should take over 1 cycle per page more \
+         ({on:.0} vs {off:.0} cycles per call):\n{out}"
     );
+    assert!(cell(&v, 0, "-")["configs"][1]["read_cycles_min"].is_null());
+    // The same refill in the whole call (host clock), against the delta
+    // without a working set, is what Gregg's plot shows; on this shared
+    // 2-core machine other load moves a call by tens of µs, more than the
+    // ~10 µs refill, so that form is printed by the sweep but not asserted.
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -183,6 +194,7 @@ fn the_i386_flavour_sweeps_under_qemu() {
         ptiscope::test_support::skip("i386 sweep", "qemu-system-i386 is not installed");
         return;
     }
+    let _turn = turn();
     let dir = scratch("sweep-i386");
     let (code, v, out) = sweep(
         &[

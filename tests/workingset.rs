@@ -90,6 +90,10 @@ fn the_loop_reads_touches_words_per_iteration() {
             assert_eq!(num(&r, "touches"), touches, "{extra}: {r:?}");
             assert_eq!(num(&r, "touched"), N * touches, "{extra}: {r:?}");
             assert_eq!(r["touch_check"], "ok", "{extra}: {r:?}");
+            // The loop times its reads: the fewest cycles of one iteration
+            // cannot exceed their mean.
+            let (total, min) = (num(&r, "read_cycles"), num(&r, "read_cycles_min"));
+            assert!(total > 0 && min * N <= total, "{extra}: {r:?}");
             assert_eq!(num(&r, "syscalls"), N + 1, "{extra}: {r:?}");
             assert_eq!(num(&r, "cr3_writes"), 2 * N + 2, "{extra}: {r:?}");
         }

@@ -38,6 +38,13 @@ pub mod control {
     /// Out: sum of the words read (each slot holds its own offset), a
     /// check that the reads went where they should.
     pub const SUM: usize = 32;
+    /// Out: TSC cycles the loop spent in its reads (RDTSC around each
+    /// iteration's reads, summed): the user-mode half of the TLB refill
+    /// cost, without the system call's.
+    pub const READ_CYCLES: usize = 40;
+    /// Out: the fewest TSC cycles of one iteration's reads (all ones if
+    /// no iteration ran): the least disturbed iteration.
+    pub const READ_CYCLES_MIN: usize = 48;
 }
 
 /// Parses a size: decimal or `0x` hex, optionally followed by `K`, `M` or

@@ -366,7 +366,7 @@ impl core::fmt::Display for WorkingSet<'_> {
         };
         write!(
             f,
-            " wss={} stride={} touches={} wss_pages={} touched={} touch_check={}",
+            " wss={} stride={} touches={} wss_pages={} touched={} touch_check={} read_cycles={}",
             c.wss,
             c.stride,
             c.touches_per_iteration(),
@@ -376,8 +376,13 @@ impl core::fmt::Display for WorkingSet<'_> {
                 "ok"
             } else {
                 "bad"
-            }
-        )
+            },
+            w.read_cycles,
+        )?;
+        match w.read_cycles_min {
+            Some(m) => write!(f, " read_cycles_min={m}"),
+            None => Ok(()),
+        }
     }
 }
 

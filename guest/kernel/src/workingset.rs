@@ -7,8 +7,9 @@
 //! (`arch::user`, `user_loop` with `FLAG_WSS`) writes each slot's offset
 //! into it before its phase begins, reads `touches` slots between two
 //! system calls, and leaves its read count and the sum of what it read in
-//! the control page; [`result`] checks both after the run. Nothing here
-//! runs inside the measured phase.
+//! the control page, with the TSC cycles its reads took (in total, and
+//! the fewest of one iteration); [`result`] checks the count and the sum
+//! after the run. Nothing here runs inside the measured phase.
 use crate::arch::layout::phys_to_virt;
 use crate::mm::{Frames, Global};
 use guest_core::cmdline::Config;
@@ -76,6 +77,10 @@ pub struct Outcome {
     /// Whether the sum of the words read matches those reads' offsets
     /// (modulo the machine word: 2^32 on x86_32).
     pub sum_ok: bool,
+    /// TSC cycles the loop spent in its reads, over the whole phase.
+    pub read_cycles: u64,
+    /// The fewest TSC cycles of one iteration's reads (`None`: no iteration).
+    pub read_cycles_min: Option<u64>,
 }
 
 /// Reads the loop's counts from the control page; `None` without `wss=`.
@@ -85,10 +90,12 @@ pub fn result(config: &Config) -> Option<Outcome> {
     let va = phys_to_virt(ctrl)? as usize as *const u64;
     // SAFETY: the control page is a frame of the direct map owned by the
     // working set; the loop that wrote it has exited.
-    let (touched, sum) = unsafe {
+    let (touched, sum, read_cycles, read_cycles_min) = unsafe {
         (
             va.byte_add(control::TOUCHED).read_volatile(),
             va.byte_add(control::SUM).read_volatile(),
+            va.byte_add(control::READ_CYCLES).read_volatile(),
+            va.byte_add(control::READ_CYCLES_MIN).read_volatile(),
         )
     };
     let expected = config
@@ -100,5 +107,7 @@ pub fn result(config: &Config) -> Option<Outcome> {
         touched,
         expected,
         sum_ok: sum & mask == want & mask,
+        read_cycles,
+        read_cycles_min: (read_cycles_min != u64::MAX).then_some(read_cycles_min),
     })
 }

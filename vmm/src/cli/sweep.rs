@@ -493,6 +493,7 @@ pub fn run(args: &SweepArgs) -> i32 {
             configs.push(CellConfig {
                 config: label.clone(),
                 median: rs::median(&samples),
+                min: samples.iter().copied().fold(f64::INFINITY, f64::min),
                 samples,
                 delta: None,
                 overhead_pct: None,
@@ -501,6 +502,9 @@ pub fn run(args: &SweepArgs) -> i32 {
                 kvm_pf_taken_per_call: median_rate(rr, "kvm_pf_taken_per_call"),
                 kvm_exits_per_call: median_rate(rr, "kvm_exits_per_call"),
                 cr3_writes_per_call: median_rate(rr, "cr3_writes_per_call"),
+                read_cycles_per_call: median_rate(rr, "read_cycles_per_call"),
+                read_cycles_min: median_rate(rr, "read_cycles_min_per_call"),
+                user_refill_cycles_per_page: None,
                 significant: None,
             });
         }

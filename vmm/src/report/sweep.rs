@@ -25,6 +25,9 @@ pub struct CellConfig {
     pub samples: Vec<f64>,
     /// Median of `samples`.
     pub median: f64,
+    /// Smallest of `samples`: on a host where other load only ever adds
+    /// time, the least disturbed run.
+    pub min: f64,
     /// Median - the baseline's median (`None` for the baseline itself).
     pub delta: Option<f64>,
     /// `delta` as % of the baseline's median (derived).
@@ -40,6 +43,17 @@ pub struct CellConfig {
     pub kvm_exits_per_call: Option<f64>,
     /// Guest-reported CR3 writes per call (median).
     pub cr3_writes_per_call: Option<f64>,
+    /// Guest TSC cycles per call spent in the user loop's reads of the
+    /// working set (median over runs of each run's mean); `None` at wss=0.
+    pub read_cycles_per_call: Option<f64>,
+    /// The fewest TSC cycles of one iteration's reads (median over runs):
+    /// the least disturbed iteration, so the steadiest figure here.
+    pub read_cycles_min: Option<f64>,
+    /// Derived, user mode only: (`read_cycles_min` - the baseline's) /
+    /// pages touched per call, TSC cycles per page: the TLB refill the
+    /// loop's reads pay after the configuration's CR3 switches, without
+    /// the system call's time; `None` for the baseline and at wss=0.
+    pub user_refill_cycles_per_page: Option<f64>,
     /// Whether the difference to the baseline is statistically
     /// significant. `None`: not assessed (see [`significance`]).
     pub significant: Option<bool>,
@@ -152,10 +166,15 @@ impl SweepReport {
             let Some(base) = cell.configs.first().map(|c| (c.median, c.samples.clone())) else {
                 continue;
             };
+            let base_reads = cell.configs.first().and_then(|c| c.read_cycles_min);
+            let pages = cell.pages;
             cell.syscall_rate = per_second
                 .filter(|_| base.0 > 0.0 && base.0.is_finite())
                 .map(|s| s / base.0);
             for c in cell.configs.iter_mut().skip(1) {
+                if let (Some(r), Some(b), true) = (c.read_cycles_min, base_reads, pages > 0) {
+                    c.user_refill_cycles_per_page = Some((r - b) / pages as f64);
+                }
                 c.delta = Some(c.median - base.0);
                 c.overhead_pct = (base.0 > 0.0).then(|| (c.median - base.0) / base.0 * 100.0);
                 c.significant = significance(&base.1, &c.samples);
@@ -406,6 +425,31 @@ pub fn text(r: &SweepReport) -> String {
             s.push('\n');
         }
     }
+    if r.cells
+        .iter()
+        .any(|c| c.configs.iter().any(|x| x.read_cycles_min.is_some()))
+    {
+        let _ = writeln!(
+            s,
+            "\nuser-mode reads of the working set [guest RDTSC]: fewest cycles of one iteration (median of runs), and per configuration the refill per page against the baseline (derived, cycles/page)"
+        );
+        for cell in r.cells.iter().filter(|c| c.wss > 0) {
+            let _ = write!(s, "{:>6} {:>8} |", fmt_size(cell.wss), cell.touches_spec);
+            for (i, c) in cell.configs.iter().enumerate() {
+                if i == 0 {
+                    let _ = write!(s, " {:>10} |", opt(c.read_cycles_min, 0));
+                } else {
+                    let _ = write!(
+                        s,
+                        " {:>10} {:>8} |",
+                        opt(c.read_cycles_min, 0),
+                        opt(c.user_refill_cycles_per_page, 2)
+                    );
+                }
+            }
+            s.push('\n');
+        }
+    }
     if !r.crossings.is_empty() {
         let _ = writeln!(
             s,
@@ -456,13 +500,13 @@ fn csv_field(s: &str) -> String {
 /// One line per (cell, configuration).
 pub fn csv(r: &SweepReport) -> String {
     let mut s = String::from(
-        "wss,touches_spec,touches,pages,syscall_rate,config,median,unit,delta,overhead_pct,refill_per_page,tlb_flush_per_call,kvm_pf_taken_per_call,kvm_exits_per_call,cr3_writes_per_call,runs\n",
+        "wss,touches_spec,touches,pages,syscall_rate,config,median,unit,delta,overhead_pct,refill_per_page,tlb_flush_per_call,kvm_pf_taken_per_call,kvm_exits_per_call,cr3_writes_per_call,read_cycles_per_call,read_cycles_min,user_refill_cycles_per_page,runs\n",
     );
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     for cell in &r.cells {
         for c in &cell.configs {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 cell.wss,
                 csv_field(&cell.touches_spec),
                 cell.touches,
@@ -478,6 +522,9 @@ pub fn csv(r: &SweepReport) -> String {
                 f(c.kvm_pf_taken_per_call),
                 f(c.kvm_exits_per_call),
                 f(c.cr3_writes_per_call),
+                f(c.read_cycles_per_call),
+                f(c.read_cycles_min),
+                f(c.user_refill_cycles_per_page),
                 c.samples.len()
             ));
         }
@@ -494,6 +541,7 @@ mod tests {
             config: config.into(),
             samples: vec![median],
             median,
+            min: median,
             delta: None,
             overhead_pct: None,
             refill_per_page: None,
@@ -501,6 +549,9 @@ mod tests {
             kvm_pf_taken_per_call: None,
             kvm_exits_per_call: None,
             cr3_writes_per_call: None,
+            read_cycles_per_call: None,
+            read_cycles_min: Some(median),
+            user_refill_cycles_per_page: None,
             significant: None,
         }
     }
@@ -553,6 +604,10 @@ mod tests {
         // (356 - 100) / 256 pages.
         assert_eq!(c.configs[1].refill_per_page, Some(1.0));
         assert_eq!(r.cells[0].configs[1].refill_per_page, None);
+        // read_cycles_min stands in as the medians in this test: (2356 - 2000) / 256.
+        let u = c.configs[1].user_refill_cycles_per_page.unwrap();
+        assert!((u - 356.0 / 256.0).abs() < 1e-9, "{u}");
+        assert_eq!(r.cells[0].configs[1].user_refill_cycles_per_page, None);
         assert_eq!(r.cells[0].configs[0].delta, None);
         // 1M: 4.45 % at 125k/s, 17.8 % at 500k/s: 5 % crossed in between.
         let x5 = r

@@ -119,12 +119,14 @@ user_loop_\kind:
 9:  movl $99, %ebx                  /* arch_prctl refused */
     jmp 8b
 
-    /* With a working set: 32 more bytes of frame (0/4 reads, 8 sum of the
-     * words read, 12 reads per iteration, 16 stride, 20 size; the frame
-     * above moves up by 32), esi = offset of the next read, edi = number,
-     * ebx = first argument, ebp = the expected result. ecx/edx also reach
-     * the syscall as its 2nd/3rd arguments, which the loop's calls ignore. */
-20: subl $32, %esp
+    /* With a working set: 48 more bytes of frame (0/4 reads, 8 sum of the
+     * words read, 12 reads per iteration, 16 stride, 20 size, 24/28 cycles
+     * spent in the reads, 32 TSC at this iteration's first read, 36/40 the
+     * fewest cycles of one iteration; the frame above moves up by 48),
+     * esi = offset of the next read, edi = number, ebx = first argument,
+     * ebp = the expected result. ecx/edx also reach the syscall as its
+     * 2nd/3rd arguments, which the loop's calls ignore. */
+20: subl $48, %esp
     movl {ctrl_size}, %eax
     movl %eax, 20(%esp)
     movl {ctrl_stride}, %ecx
@@ -134,13 +136,17 @@ user_loop_\kind:
     movl $0, 0(%esp)
     movl $0, 4(%esp)
     movl $0, 8(%esp)
+    movl $0, 24(%esp)
+    movl $0, 28(%esp)
+    movl $-1, 36(%esp)
+    movl $-1, 40(%esp)
     xorl %edx, %edx                 /* each slot holds its own offset */
 21: movl %edx, {base}(%edx)
     addl %ecx, %edx
     cmpl %eax, %edx
     jb 21b
-    movl 32(%esp), %edi
-    movl 40(%esp), %ebx
+    movl 48(%esp), %edi
+    movl 56(%esp), %ebx
     movl %edi, %eax
     SYS \kind
     movl %eax, %ebp
@@ -150,12 +156,17 @@ user_loop_\kind:
     SYS \kind
     popl %ebx
     rdtsc
-    movl %eax, 56(%esp)
-    movl %edx, 60(%esp)
+    movl %eax, 72(%esp)
+    movl %edx, 76(%esp)
     xorl %esi, %esi
-    cmpl $0, 36(%esp)               /* iterations=0: an empty phase */
+    cmpl $0, 52(%esp)               /* iterations=0: an empty phase */
     je 25f
-22: movl 12(%esp), %ecx
+    /* Each iteration: the reads, timed (RDTSC after LFENCE: the reads are
+     * done), then the system call. */
+22: lfence
+    rdtsc
+    movl %eax, 32(%esp)
+    movl 12(%esp), %ecx
     testl %ecx, %ecx
     jz 24f
     movl 8(%esp), %eax
@@ -171,16 +182,27 @@ user_loop_\kind:
     movl %eax, 8(%esp)
     addl %edx, 0(%esp)
     adcl $0, 4(%esp)
-24: movl %edi, %eax
+24: lfence
+    rdtsc
+    subl 32(%esp), %eax
+    addl %eax, 24(%esp)
+    adcl $0, 28(%esp)
+    cmpl $0, 40(%esp)               /* no iteration yet */
+    jne 29f
+    cmpl 36(%esp), %eax
+    jae 28f
+29: movl %eax, 36(%esp)
+    movl $0, 40(%esp)
+28: movl %edi, %eax
     SYS \kind
     cmpl %eax, %ebp
     je 27f
-    incl 52(%esp)
-27: decl 36(%esp)
+    incl 68(%esp)
+27: decl 52(%esp)
     jnz 22b
 25: rdtsc
-    subl 56(%esp), %eax
-    sbbl 60(%esp), %edx
+    subl 72(%esp), %eax
+    sbbl 76(%esp), %edx
     movl %edx, %esi                 /* cycles, high word */
     movl %eax, %ecx                 /* cycles, low word */
     movl 0(%esp), %eax
@@ -189,11 +211,19 @@ user_loop_\kind:
     movl %eax, {ctrl_touched_hi}
     movl 8(%esp), %eax
     movl %eax, {ctrl_sum}
-    movl 52(%esp), %edx             /* mismatches */
+    movl 24(%esp), %eax
+    movl %eax, {ctrl_tcycles}
+    movl 28(%esp), %eax
+    movl %eax, {ctrl_tcycles_hi}
+    movl 36(%esp), %eax
+    movl %eax, {ctrl_tmin}
+    movl 40(%esp), %eax
+    movl %eax, {ctrl_tmin_hi}
+    movl 68(%esp), %edx             /* mismatches */
     movl ${end}, %ebx
     movl ${phase_mark}, %eax
     SYS \kind
-    movl 52(%esp), %ebx
+    movl 68(%esp), %ebx
     jmp 8b
 
     .balign 16
@@ -248,6 +278,10 @@ user_sysenter_return:
     ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
     ctrl_touched_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64 + 4,
     ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
+    ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
+    ctrl_tcycles_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64 + 4,
+    ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
+    ctrl_tmin_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64 + 4,
     survived = const KREAD_SURVIVED,
     arch_prctl = const nr::ARCH_PRCTL,
     set_nopti = const nr::ARCH_SET_NOPTI,

@@ -113,7 +113,8 @@ user_loop_\kind:
 
     /* With a working set: rdx = size, rsi = stride, r9 = reads per
      * iteration, r8 = offset of the next read, r10 = reads, rbp = sum of
-     * the words read, the expected result at (%rsp). rsi/rdx also reach
+     * the words read; on the stack the expected result, the cycles spent
+     * in the reads, the fewest in one iteration, the size. rsi/rdx also reach
      * the syscall as its 2nd/3rd arguments, which the loop's calls ignore
      * (write(-1) fails on the descriptor first). */
 20: movq {ctrl_size}, %rdx
@@ -127,7 +128,11 @@ user_loop_\kind:
     movl %r13d, %eax
     movq %r14, %rdi
     SYS \kind
-    pushq %rax                      /* the expected result */
+    subq $32, %rsp
+    movq %rax, 0(%rsp)              /* the expected result */
+    movq $0, 8(%rsp)                /* cycles spent in the reads */
+    movq $-1, 16(%rsp)              /* the fewest in one iteration */
+    movq %rdx, 24(%rsp)             /* size */
     xorl %ebx, %ebx                 /* mismatches */
     xorl %ebp, %ebp
     xorl %r8d, %r8d
@@ -139,10 +144,17 @@ user_loop_\kind:
     shlq $32, %rdx
     orq %rax, %rdx
     movq %rdx, %r15
-    movq {ctrl_size}, %rdx
     testq %r12, %r12
     jz 25f
-22: movq %r9, %rcx
+    /* Each iteration: the reads, timed (RDTSC after LFENCE: the reads are
+     * done), then the system call. */
+22: lfence
+    rdtsc
+    shlq $32, %rdx
+    orq %rax, %rdx
+    movq %rdx, %r11
+    movq 24(%rsp), %rdx
+    movq %r9, %rcx
     testq %rcx, %rcx
     jz 24f
 23: addq {base}(%r8), %rbp          /* one read of the working set */
@@ -153,7 +165,16 @@ user_loop_\kind:
     xorl %r8d, %r8d
 26: decq %rcx
     jnz 23b
-24: movl %r13d, %eax
+24: lfence
+    rdtsc
+    shlq $32, %rdx
+    orq %rax, %rdx
+    subq %r11, %rdx
+    addq %rdx, 8(%rsp)
+    cmpq 16(%rsp), %rdx
+    jae 28f
+    movq %rdx, 16(%rsp)
+28: movl %r13d, %eax
     movq %r14, %rdi
     SYS \kind
     cmpq %rax, (%rsp)
@@ -167,6 +188,10 @@ user_loop_\kind:
     subq %r15, %rdx
     movq %r10, {ctrl_touched}
     movq %rbp, {ctrl_sum}
+    movq 8(%rsp), %rax
+    movq %rax, {ctrl_tcycles}
+    movq 16(%rsp), %rax
+    movq %rax, {ctrl_tmin}
     movq %rdx, %rsi                 /* cycles */
     movq %rbx, %rdx                 /* mismatches */
     movl ${phase_mark}, %eax
@@ -209,6 +234,8 @@ user_init_\kind:
     ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
     ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
     ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
+    ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
+    ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
     survived = const KREAD_SURVIVED,
     arch_prctl = const nr::ARCH_PRCTL,
     set_nopti = const nr::ARCH_SET_NOPTI,
