@@ -31,7 +31,7 @@ pub const DEFAULT_TOUCHES: &str = "1x,4x";
 /// about a minute under kvm_pvm (a round trip costs 30-90 µs there).
 pub const DEFAULT_SWEEP_ITERATIONS: u64 = 1000;
 /// Default runs per (cell, configuration).
-pub const DEFAULT_SWEEP_RUNS: u32 = 3;
+pub const DEFAULT_SWEEP_RUNS: u32 = 5;
 
 #[derive(Debug, Args)]
 pub struct SweepArgs {
