@@ -4,6 +4,8 @@
 //!   loop and checked by the kernel against the sum of what it read;
 //! - the exact counts (syscalls, CR3 writes) and KVM's `tlb_flush` per call
 //!   do not change with the working set;
+//! - a kernel working set (`kwss=`) is read by every call, and PTI adds
+//!   the same kernel instructions per call with it as without;
 //! - bad values are refused before boot (exit 64);
 //! - the 32-bit PAE flavour does the same under QEMU;
 //! - on a host where a flushing CR3 write really empties the TLB (this
@@ -157,6 +159,85 @@ fn exact_counts_and_kvm_flushes_do_not_change_with_the_working_set() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A per-call rate of the run summary JSON (a row's `per_iteration`).
+fn per_call(v: &Value, name: &str) -> f64 {
+    v["rows"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["name"] == name))
+        .and_then(|r| r["per_iteration"].as_f64())
+        .unwrap_or_else(|| panic!("no rate {name} in {v}"))
+}
+
+#[test]
+fn each_call_reads_the_kernel_working_set() {
+    if !kvm_or_skip("kernel working set") {
+        return;
+    }
+    let dir = scratch("kwss");
+    const N: u64 = 300;
+    // Kernel instructions per call (KVM's insn_emulation where kernel code
+    // is emulated, else not reported) with and without PTI, per kwss.
+    let mut insns: Vec<(u64, bool, Option<f64>)> = Vec::new();
+    for (kwss, pages) in [(0u64, 0u64), (64 << 10, 16), (256 << 10, 64)] {
+        for pti in ["off", "on"] {
+            let extra = if kwss == 0 {
+                String::new()
+            } else {
+                format!("kwss={kwss}")
+            };
+            let (code, r, v, out) = run_json(
+                &[
+                    "--pti",
+                    pti,
+                    "--workload",
+                    "getppid",
+                    "--iterations",
+                    &N.to_string(),
+                    "--cmdline",
+                    &extra,
+                ],
+                &dir,
+                "kwss",
+            );
+            assert_eq!(code, Some(0), "kwss={kwss} pti={pti}:\n{out}");
+            assert_eq!(num(&r, "syscalls"), N + 1, "{r:?}");
+            let cr3 = if pti == "on" { 2 * N + 2 } else { 0 };
+            assert_eq!(num(&r, "cr3_writes"), cr3, "{r:?}");
+            assert_eq!(num(&r, "mismatches"), 0, "getppid still answers: {r:?}");
+            if kwss > 0 {
+                // Every call of the loop and the one before the phase.
+                assert_eq!(num(&r, "kernel_touched"), (N + 1) * pages, "{r:?}");
+            }
+            let k = v["rows"]
+                .as_array()
+                .and_then(|rows| rows.iter().find(|r| r["name"] == "kernel_instructions"))
+                .map(|_| per_call(&v, "kernel_instructions"));
+            insns.push((kwss, pti == "on", k));
+        }
+    }
+    if insns.iter().all(|(_, _, k)| k.is_some()) {
+        let get = |kwss: u64, pti: bool| {
+            insns
+                .iter()
+                .find(|(w, p, _)| *w == kwss && *p == pti)
+                .and_then(|(_, _, k)| *k)
+                .unwrap()
+        };
+        // The reads add kernel instructions: at least the load of each page
+        // (the 48 pages between kwss=64K and 256K; the wrapper call itself
+        // costs some more once per call)...
+        let (k0, k16, k64) = (get(0, false), get(64 << 10, false), get(256 << 10, false));
+        assert!(k16 > k0 + 16.0 && k64 - k16 >= 48.0, "{insns:?}");
+        // ...and PTI adds the same to each call, with or without them.
+        for kwss in [64 << 10, 256 << 10] {
+            let d = get(kwss, true) - get(kwss, false);
+            let d0 = get(0, true) - get(0, false);
+            assert!((d - d0).abs() < 0.5, "PTI delta {d} at kwss={kwss} vs {d0}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn bad_working_set_values_are_refused_before_boot() {
     for (extra, workload, what) in [
@@ -169,6 +250,8 @@ fn bad_working_set_values_are_refused_before_boot() {
         ("touches=10", "getpid", "wss=SIZE"),
         ("wss=1M", "sched-messaging", "syscall-loop workload"),
         ("wss=200M", "getpid", "--mem"),
+        ("kwss=65M", "getpid", "kernel working set"),
+        ("kwss=64K", "none", "syscall-loop workload"),
     ] {
         let o = ptiscope()
             .args(["run", "--workload", workload, "--cmdline", extra])
@@ -206,7 +289,7 @@ fn the_i386_flavour_reads_its_working_set_under_qemu() {
     const N: u64 = 100;
     for (extra, touches) in [
         ("wss=256K stride=64 touches=300 entry=int80", 300),
-        ("wss=4M wss_pages=2m entry=sysenter", 1024),
+        ("wss=4M wss_pages=2m entry=sysenter kwss=64K", 1024),
     ] {
         let o = ptiscope()
             .args([
@@ -229,5 +312,8 @@ fn the_i386_flavour_reads_its_working_set_under_qemu() {
         assert_eq!(num(&r, "touched"), N * touches, "{extra}: {r:?}");
         assert_eq!(r["touch_check"], "ok", "{extra}: {r:?}");
         assert_eq!(num(&r, "cr3_writes"), 2 * N + 2, "{extra}: {r:?}");
+        if extra.contains("kwss=64K") {
+            assert_eq!(num(&r, "kernel_touched"), (N + 1) * 16, "{r:?}");
+        }
     }
 }

@@ -21,6 +21,12 @@ pub const MIN_STRIDE: u64 = 8;
 /// Largest `touches=` (reads per iteration).
 pub const MAX_TOUCHES: u64 = u32::MAX as u64;
 
+/// Largest `kwss=`: the kernel working set's mapping (4 KiB pages just
+/// above the telemetry page) stays small, and each call reads all of it.
+pub const MAX_KWSS: u64 = 64 << 20;
+/// Bytes between two reads of the kernel working set: one word per page.
+pub const KWSS_STRIDE: u64 = 4096;
+
 /// The control page, just below the buffer: the kernel writes the loop's
 /// parameters, the loop writes what it did (64-bit little-endian words at
 /// the offsets below; the 32-bit flavour uses the low word of the inputs).

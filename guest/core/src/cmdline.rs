@@ -38,6 +38,8 @@ pub struct Config {
     pub touches: Option<u64>,
     /// `wss_pages=`: page size of the working set's mappings.
     pub wss_pages: WssPages,
+    /// `kwss=`: bytes of kernel memory each call of the loop reads.
+    pub kwss: u64,
 }
 
 impl Config {
@@ -76,6 +78,7 @@ impl Default for Config {
             stride: ws::DEFAULT_STRIDE,
             touches: None,
             wss_pages: WssPages::Small,
+            kwss: 0,
         }
     }
 }
@@ -131,6 +134,9 @@ fn expected(key: &str) -> &'static str {
         keys::STRIDE => "a multiple of 8 bytes, from 8 to 1008M (K/M/G suffixes)",
         keys::TOUCHES => "a number from 0 to 2^32-1, with wss= above 0",
         keys::WSS_PAGES => WssPages::EXPECTED,
+        keys::KWSS => {
+            "a size up to 64M (K/M/G suffixes), for workload getpid, getppid, write-badfd or nopti-getpid"
+        }
         _ => "?",
     }
 }
@@ -162,6 +168,7 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
     // The words of the working-set keys, for the checks across keys.
     let mut wss_word = None;
     let mut touches_word = None;
+    let mut kwss_word = None;
     // One bit per key, to reject repeats (a typo'd repeat would silently win).
     let mut seen = 0u32;
     for word in line.split_ascii_whitespace() {
@@ -268,6 +275,14 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 c.wss_pages = value.parse().map_err(|_| bad)?;
                 15
             }
+            keys::KWSS => {
+                c.kwss = match ws::parse_size(value) {
+                    Some(n) if n <= ws::MAX_KWSS => n,
+                    _ => return Err(bad),
+                };
+                kwss_word = Some(value);
+                16
+            }
             _ => return Err(CmdlineError::UnknownKey(key)),
         };
         if seen & (1 << bit) != 0 {
@@ -284,6 +299,12 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
     if let Some(value) = wss_word.filter(|_| c.wss > 0 && !c.workload.is_syscall_loop()) {
         return Err(CmdlineError::BadValue {
             key: keys::WSS,
+            value,
+        });
+    }
+    if let Some(value) = kwss_word.filter(|_| c.kwss > 0 && !c.workload.is_syscall_loop()) {
+        return Err(CmdlineError::BadValue {
+            key: keys::KWSS,
             value,
         });
     }
@@ -461,10 +482,15 @@ mod tests {
             "workload=getpid touches=5",
             "workload=sched-messaging wss=1M",
             "wss=4K",
+            "workload=getpid kwss=65M",
+            "workload=getpid kwss=x",
+            "kwss=64K",
         ] {
             let e = parse(bad).unwrap_err();
             assert!(matches!(e, CmdlineError::BadValue { .. }), "{bad}: {e:?}");
         }
+        assert_eq!(parse("workload=getpid kwss=64M").unwrap().kwss, 64 << 20);
+        assert_eq!(parse("workload=getpid").unwrap().kwss, 0);
         let msg = parse("workload=getpid touches=5").unwrap_err().to_string();
         assert!(msg.contains("`touches`") && msg.contains("wss="), "{msg}");
         assert_eq!(parse("wss=1M wss=2M"), Err(CmdlineError::Repeated("wss")));

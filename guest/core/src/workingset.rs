@@ -1,5 +1,5 @@
-//! Mapping the user working set (`wss=`): a physically contiguous buffer
-//! mapped with 4 KiB or 2 MiB pages into a process's user half, one table
+//! Mapping the user working set (`wss=`) and the kernel one (`kwss=`): a
+//! physically contiguous buffer mapped with 4 KiB or 2 MiB pages, one table
 //! walk per page table rather than per page (the kernel code that runs this
 //! is emulated on some hosts, and a 16 MiB buffer is 4096 pages).
 
@@ -34,19 +34,46 @@ pub fn map_range<M: PhysMem, F: FrameSource>(
     len: u64,
     page: u64,
 ) -> Result<(), MapError> {
-    check(va, phys, len, page)?;
     let leaf = USER | WRITABLE | NO_EXECUTE;
+    map_range_flags(
+        mem,
+        frames,
+        root,
+        va,
+        phys,
+        len,
+        page,
+        leaf,
+        paging::TABLE_FLAGS,
+    )
+}
+
+/// [`map_range`] with the leaves' and the intermediate tables' flags given:
+/// the kernel working set (`kwss=`) is mapped kernel-only.
+#[allow(clippy::too_many_arguments)]
+pub fn map_range_flags<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    root: u64,
+    va: u64,
+    phys: u64,
+    len: u64,
+    page: u64,
+    leaf: u64,
+    table_flags: u64,
+) -> Result<(), MapError> {
+    check(va, phys, len, page)?;
     let mut off = 0;
     while off < len {
         let v = va + off;
         if page == HUGE {
-            paging::map_2m(mem, frames, root, v, phys + off, leaf, paging::TABLE_FLAGS)?;
+            paging::map_2m(mem, frames, root, v, phys + off, leaf, table_flags)?;
             off += HUGE;
             continue;
         }
         // The first page of each page table through map_4k (it creates the
         // tables), the rest of that table by direct writes.
-        paging::map_4k(mem, frames, root, v, phys + off, leaf, paging::TABLE_FLAGS)?;
+        paging::map_4k(mem, frames, root, v, phys + off, leaf, table_flags)?;
         let [i4, i3, i2, i1] = paging::indices(v);
         let pdpt = Pte(mem.read(root, i4)).addr();
         let pd = Pte(mem.read(pdpt, i3)).addr();
@@ -79,13 +106,38 @@ pub fn map_range_pae<M: PhysMem, F: FrameSource>(
     page: u64,
     nx: bool,
 ) -> Result<(), MapError> {
+    let leaf = USER | WRITABLE | if nx { NO_EXECUTE } else { 0 };
+    map_range_pae_flags(
+        mem,
+        frames,
+        pmd,
+        va,
+        phys,
+        len,
+        page,
+        leaf,
+        PRESENT | WRITABLE | USER,
+    )
+}
+
+/// [`map_range_pae`] with the leaves' and the page tables' flags given.
+#[allow(clippy::too_many_arguments)]
+pub fn map_range_pae_flags<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    pmd: u64,
+    va: u64,
+    phys: u64,
+    len: u64,
+    page: u64,
+    leaf: u64,
+    table_flags: u64,
+) -> Result<(), MapError> {
     check(va, phys, len, page)?;
     let end = va.checked_add(len).ok_or(MapError::NotCanonical(va))?;
     if len > 0 && (va >> 30) != ((end - 1) >> 30) {
         return Err(MapError::NotCanonical(end - 1));
     }
-    let leaf = USER | WRITABLE | if nx { NO_EXECUTE } else { 0 };
-    let table_flags = PRESENT | WRITABLE | USER;
     let mut off = 0;
     while off < len {
         let v = va + off;

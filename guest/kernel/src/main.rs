@@ -218,7 +218,7 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     let s = unsafe { task::sched() };
     s.init(pti, pcid, config.entry, half);
     let (loop_rip, init_rip) = user::programs(config.entry.abi_code());
-    let (number, arg0, mut flags) = match config.workload {
+    let (mut number, arg0, mut flags) = match config.workload {
         Workload::Getppid => (nr::GETPPID, 0, 0),
         Workload::WriteBadfd => (nr::WRITE, usize::MAX as u64, 0),
         Workload::NoptiGetpid => (nr::GETPID, 0, user::FLAG_NOPTI),
@@ -226,6 +226,23 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     };
     if config.wss > 0 {
         flags |= user::FLAG_WSS;
+    }
+    match workingset::setup_kernel(config, &half, pti, number) {
+        Ok(true) => {
+            println!(
+                "kernel working set: {} bytes at {:#x}, read (one word per page) by each call before {}",
+                config.kwss,
+                workingset::KWSS_VA,
+                config.workload.name()
+            );
+            number = nr::KWSS_CALL;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            println!("bad command line: {e}");
+            println!("@badcmdline {e}");
+            stop(exit_status::BAD_CMDLINE)
+        }
     }
     let kread_target = core::ptr::addr_of!(task::SCHED) as u64;
     if config.fault == Some(Fault::Kread) {
@@ -297,7 +314,7 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         "{}workload={} iterations={n} cycles={} cycles_per_call={}.{} syscalls={} cr3_writes={cr3} \
          cr3_entry={} cr3_exit={} cr3_context_switch={} cr3_other={} cr3_noflush={} tlb_flushes={} \
          invlpg={} exceptions={} page_faults={} context_switches={} pti={} pcid={} entry={} nopti={} \
-         mismatches={} exit_status={status}{}{}",
+         mismatches={} exit_status={status}{}{}{}",
         ptiscope_abi::RESULT_PREFIX,
         config.workload.name(),
         r.cycles,
@@ -321,6 +338,7 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         r.mismatches,
         Messaging(messaging.then_some(config)),
         WorkingSet(config, wss.as_ref()),
+        KernelWorkingSet(config),
     );
     if wss
         .as_ref()
@@ -383,6 +401,24 @@ impl core::fmt::Display for WorkingSet<'_> {
             Some(m) => write!(f, " read_cycles_min={m}"),
             None => Ok(()),
         }
+    }
+}
+
+/// The `@result` keys of a run with a kernel working set (`kwss=`): its
+/// size and the pages the calls read (each call of the loop, and the one
+/// before the phase that gets the expected result).
+struct KernelWorkingSet<'a>(&'a Config);
+impl core::fmt::Display for KernelWorkingSet<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.0.kwss == 0 {
+            return Ok(());
+        }
+        write!(
+            f,
+            " kwss={} kernel_touched={}",
+            self.0.kwss,
+            workingset::kernel_reads()
+        )
     }
 }
 

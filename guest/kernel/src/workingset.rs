@@ -9,9 +9,15 @@
 //! system calls, and leaves its read count and the sum of what it read in
 //! the control page, with the TSC cycles its reads took (in total, and
 //! the fewest of one iteration); [`result`] checks the count and the sum
-//! after the run. Nothing here runs inside the measured phase.
+//! after the run. Nothing of that runs inside the measured phase.
+//!
+//! The kernel working set (`kwss=`) is a buffer mapped kernel-only at
+//! [`KWSS_VA`]; with it the loop calls [`sys_kwss_call`], which reads one
+//! word per page of it and then performs the loop's own system call: the
+//! kernel half's TLB refill after each entry's CR3 switch.
 use crate::arch::layout::phys_to_virt;
 use crate::mm::{Frames, Global};
+use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use guest_core::cmdline::Config;
 use guest_core::paging::FrameSource;
 use ptiscope_abi::workingset::{self as ws, control};
@@ -110,4 +116,67 @@ pub fn result(config: &Config) -> Option<Outcome> {
         read_cycles,
         read_cycles_min: (read_cycles_min != u64::MAX).then_some(read_cycles_min),
     })
+}
+
+/// Where the kernel working set (`kwss=`) is mapped: 2 MiB above the
+/// telemetry page, in 4 KiB pages of the kernel half.
+pub const KWSS_VA: u64 = crate::arch::layout::TELEMETRY_VA + (2 << 20);
+
+/// Pages of the kernel working set (0: none).
+static KWSS_PAGES: AtomicUsize = AtomicUsize::new(0);
+/// The loop's own system call, which [`sys_kwss_call`] performs after its
+/// reads (out of range: none, `-ENOSYS`).
+static KWSS_INNER: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Pages read by [`sys_kwss_call`] since boot.
+static KWSS_READS: Global<u64> = Global::new(0);
+
+/// Allocates and maps the kernel working set (`kwss=`) and makes
+/// [`sys_kwss_call`] perform system call `inner` after reading it;
+/// `Ok(false)` without `kwss=`.
+pub fn setup_kernel(
+    config: &Config,
+    half: &crate::arch::paging::KernelHalf,
+    pti: bool,
+    inner: usize,
+) -> Result<bool, SetupError> {
+    if config.kwss == 0 {
+        return Ok(false);
+    }
+    let len = config.kwss.next_multiple_of(ws::KWSS_STRIDE);
+    let free = crate::mm::free_bytes();
+    let buffer =
+        crate::mm::alloc_aligned(len / 4096, 4096).ok_or(SetupError::OutOfMemory(len, free))?;
+    crate::arch::paging::map_kernel_range(half, KWSS_VA, buffer, len, pti)
+        .map_err(SetupError::Map)?;
+    KWSS_PAGES.store((len / ws::KWSS_STRIDE) as usize, Relaxed);
+    KWSS_INNER.store(inner, Relaxed);
+    Ok(true)
+}
+
+/// Pages of the kernel working set read since boot.
+pub fn kernel_reads() -> u64 {
+    // SAFETY: one CPU; a plain read of a counter only syscalls update.
+    unsafe { *KWSS_READS.get() }
+}
+
+/// `KWSS_CALL(a, b, c, d)`: reads one word of each page of the kernel
+/// working set, then performs the loop's own system call with the same
+/// arguments (see `ptiscope_abi::syscall::KWSS_CALL`).
+pub extern "C" fn sys_kwss_call(a0: usize, a1: usize, a2: usize, a3: usize) -> isize {
+    let Some(handler) = crate::syscall::syscall_table.get(KWSS_INNER.load(Relaxed)) else {
+        return ptiscope_abi::syscall::ENOSYS;
+    };
+    let pages = KWSS_PAGES.load(Relaxed);
+    let mut p = KWSS_VA as usize as *const usize;
+    for _ in 0..pages {
+        // SAFETY: [KWSS_VA, KWSS_VA + pages * 4096) is mapped kernel memory
+        // (setup_kernel), in every address space's kernel copy.
+        unsafe {
+            p.read_volatile();
+            p = p.byte_add(ws::KWSS_STRIDE as usize);
+        }
+    }
+    // SAFETY: one CPU, no task switch before the handler below.
+    unsafe { *KWSS_READS.get() += pages as u64 };
+    handler(a0, a1, a2, a3)
 }

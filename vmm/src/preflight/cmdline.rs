@@ -138,7 +138,7 @@ impl GuestOptions {
                     let n = guest_number(v).ok_or_else(|| bad("not a number".into()))?;
                     out.iterations = Some(n);
                 }
-                key::WSS | key::STRIDE | key::TOUCHES | key::WSS_PAGES => {
+                key::WSS | key::STRIDE | key::TOUCHES | key::WSS_PAGES | key::KWSS => {
                     check_working_set_word(k, v).map_err(bad)?;
                     rest.push(word);
                 }
@@ -169,6 +169,13 @@ impl GuestOptions {
             .unwrap_or(0)
     }
 
+    /// `kwss=` in bytes, 0 without it (checked words, as above).
+    pub fn kernel_working_set_bytes(&self) -> u64 {
+        self.extra_value(key::KWSS)
+            .and_then(ptiscope_abi::workingset::parse_size)
+            .unwrap_or(0)
+    }
+
     /// The value of `key=` among the extra words.
     fn extra_value(&self, k: &str) -> Option<&str> {
         self.extra
@@ -190,10 +197,16 @@ impl GuestOptions {
                 why: "touches= needs a working set: add wss=SIZE".into(),
             });
         }
-        if wss > 0 && !self.workload.is_some_and(Workload::is_syscall_loop) {
+        let kwss = self.kernel_working_set_bytes();
+        let (k, any) = if wss > 0 {
+            (key::WSS, true)
+        } else {
+            (key::KWSS, kwss > 0)
+        };
+        if any && !self.workload.is_some_and(Workload::is_syscall_loop) {
             return Err(CmdlineError::BadValue {
-                key: key::WSS.into(),
-                value: self.extra_value(key::WSS).unwrap_or_default().into(),
+                key: k.into(),
+                value: self.extra_value(k).unwrap_or_default().into(),
                 why: format!(
                     "a working set needs a syscall-loop workload (--workload getpid, getppid, \
                      write-badfd or nopti-getpid), not {}",
@@ -220,7 +233,7 @@ impl GuestOptions {
 /// (`ptiscope_abi::workingset`), so that a bad value is refused before boot.
 fn check_working_set_word(k: &str, v: &str) -> Result<(), String> {
     use ptiscope_abi::options::WssPages;
-    use ptiscope_abi::workingset::{parse_size, MAX_TOUCHES, MAX_WSS, MIN_STRIDE};
+    use ptiscope_abi::workingset::{parse_size, MAX_KWSS, MAX_TOUCHES, MAX_WSS, MIN_STRIDE};
     let size = || {
         parse_size(v).ok_or_else(|| "not a size (a number, optionally with K, M or G)".to_string())
     };
@@ -237,6 +250,11 @@ fn check_working_set_word(k: &str, v: &str) -> Result<(), String> {
             let s = size()?;
             if s < MIN_STRIDE || !s.is_multiple_of(MIN_STRIDE) || s > MAX_WSS {
                 return Err(format!("a multiple of {MIN_STRIDE} bytes from {MIN_STRIDE} to {}M (each read is of a word the loop wrote)", MAX_WSS >> 20));
+            }
+        }
+        key::KWSS => {
+            if size()? > MAX_KWSS {
+                return Err(format!("at most {}M of kernel working set", MAX_KWSS >> 20));
             }
         }
         key::TOUCHES => match guest_number(v) {
@@ -431,6 +449,8 @@ mod tests {
             "wss=1M touches=-1",
             "wss=1M wss_pages=1g",
             "touches=10",
+            "kwss=65M",
+            "kwss=big",
         ] {
             let e = with(bad).absorb_extra().unwrap_err();
             assert!(matches!(e, CmdlineError::BadValue { .. }), "{bad}: {e:?}");
@@ -442,5 +462,19 @@ mod tests {
         };
         let e = messaging.absorb_extra().unwrap_err().to_string();
         assert!(e.contains("syscall-loop workload"), "{e}");
+        let kernel_only = GuestOptions {
+            workload: None,
+            extra: "kwss=64K".into(),
+            ..Default::default()
+        };
+        let e = kernel_only.absorb_extra().unwrap_err().to_string();
+        assert!(e.contains("kwss=64K") && e.contains("syscall-loop"), "{e}");
+        assert_eq!(
+            with("kwss=64K")
+                .absorb_extra()
+                .unwrap()
+                .kernel_working_set_bytes(),
+            64 << 10
+        );
     }
 }

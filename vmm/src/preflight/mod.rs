@@ -94,14 +94,16 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
     let asked = config.guest.absorb_extra()?;
     // The guest's own image, page tables and stacks take a few MiB; the
     // guest checks the exact figure and refuses with its own message.
-    let wss = asked.working_set_bytes();
+    let wss = asked
+        .working_set_bytes()
+        .saturating_add(asked.kernel_working_set_bytes());
     if wss > 0 && wss.saturating_add(WORKING_SET_HEADROOM) > config.mem_mib << 20 {
         return Err(CmdlineError::BadValue {
             key: ptiscope_abi::cmdline::WSS.into(),
             value: format!("{wss}"),
             why: format!(
-                "{} MiB of working set do not fit a guest of {} MiB with the kernel's own \
-                 {} MiB: raise --mem (up to 1024) or lower wss=",
+                "{} MiB of working set (wss= and kwss=) do not fit a guest of {} MiB with the \
+                 kernel's own {} MiB: raise --mem (up to 1024) or lower wss=/kwss=",
                 wss.div_ceil(1 << 20),
                 config.mem_mib,
                 WORKING_SET_HEADROOM >> 20

@@ -136,3 +136,30 @@ pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Res
         nx,
     )
 }
+
+/// Maps `[va, va + len)` of the kernel half (the kernel PMD, shared by
+/// every address space) to `[phys, phys + len)` with 4 KiB pages,
+/// kernel-only, writable, NX when the CPU has it, non-global with PTI and
+/// global without: the kernel working set of `kwss=`.
+pub fn map_kernel_range(
+    half: &KernelHalf,
+    va: u64,
+    phys: u64,
+    len: u64,
+    pti: bool,
+) -> Result<(), MapError> {
+    use guest_core::paging::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
+    let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
+    let global = if pti { 0 } else { GLOBAL };
+    guest_core::workingset::map_range_pae_flags(
+        &mut DirectMap,
+        &mut Frames,
+        half.kernel_pmd,
+        va,
+        phys,
+        len,
+        4096,
+        WRITABLE | nx | global,
+        PRESENT | WRITABLE,
+    )
+}

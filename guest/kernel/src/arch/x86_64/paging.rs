@@ -156,3 +156,33 @@ pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Res
         page,
     )
 }
+
+/// Maps `[va, va + len)` of the kernel half (shared by every address space)
+/// to `[phys, phys + len)` with 4 KiB pages, kernel-only, writable, NX,
+/// non-global with PTI (so that the CR3 switches flush them, like the rest
+/// of the kernel) and global without: the kernel working set of `kwss=`.
+pub fn map_kernel_range(
+    half: &KernelHalf,
+    va: u64,
+    phys: u64,
+    len: u64,
+    pti: bool,
+) -> Result<(), MapError> {
+    use guest_core::paging::flags::{GLOBAL, NO_EXECUTE, WRITABLE};
+    // A scratch root whose slot 511 is the kernel half: the tables below it
+    // are the ones every address space shares.
+    let root = Frames.frame().ok_or(MapError::OutOfFrames)?;
+    DirectMap.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
+    let global = if pti { 0 } else { GLOBAL };
+    guest_core::workingset::map_range_flags(
+        &mut DirectMap,
+        &mut Frames,
+        root,
+        va,
+        phys,
+        len,
+        4096,
+        WRITABLE | NO_EXECUTE | global,
+        guest_core::paging::KERNEL_TABLE_FLAGS,
+    )
+}
