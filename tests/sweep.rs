@@ -113,6 +113,7 @@ fn a_small_sweep_has_every_cell_and_output() {
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert!(svg.contains("<polyline"), "a curve per working set");
     assert!(svg.contains("heat map"), "and a heat map");
+    assert!(svg.contains("user-mode refill"), "and the refill per page");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -89,6 +89,13 @@ pub struct Outcome {
     pub read_cycles_min: Option<u64>,
 }
 
+impl Outcome {
+    /// Whether the loop read exactly what it should have.
+    pub fn ok(&self) -> bool {
+        self.touched == self.expected && self.sum_ok
+    }
+}
+
 /// Reads the loop's counts from the control page; `None` without `wss=`.
 pub fn result(config: &Config) -> Option<Outcome> {
     // SAFETY: all tasks are done; nothing else touches CONTROL.

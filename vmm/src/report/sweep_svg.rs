@@ -252,11 +252,105 @@ pub fn svg(r: &SweepReport) -> String {
         }
         y0 += ch * sets.len() as f64 + 30.0;
     }
+    y0 = refill_bars(r, &mut body, y0);
     let h = y0 + 10.0;
     format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h:.0}" viewBox="0 0 {W} {h:.0}" font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>{body}</svg>
 "#
     )
+}
+
+/// Bars of the user-mode refill per page (derived from the guest's timing
+/// of its reads: fewest cycles of one iteration, configuration − baseline,
+/// over the pages), one group per (working set, reads per call) cell and
+/// one bar per compare configuration; returns the next free y.
+fn refill_bars(r: &SweepReport, body: &mut String, mut y0: f64) -> f64 {
+    let cells: Vec<_> = r
+        .cells
+        .iter()
+        .filter(|c| {
+            c.configs
+                .iter()
+                .any(|x| x.user_refill_cycles_per_page.is_some())
+        })
+        .collect();
+    if cells.is_empty() {
+        return y0;
+    }
+    let n = r.configs.len().saturating_sub(1).max(1);
+    let vals: Vec<f64> = cells
+        .iter()
+        .flat_map(|c| {
+            c.configs
+                .iter()
+                .filter_map(|x| x.user_refill_cycles_per_page)
+        })
+        .filter(|v| v.is_finite())
+        .collect();
+    let max = vals.iter().copied().fold(1.0f64, f64::max);
+    let min = vals.iter().copied().fold(0.0f64, f64::min);
+    body.push_str(&format!(
+        r#"<text x="{PLOT_L}" y="{y0}" font-size="13" font-weight="bold">user-mode refill: TSC cycles per page walked in again after the CR3 switches (derived, guest-timed reads)</text>"#
+    ));
+    y0 += 16.0;
+    let plot_h = 160.0;
+    let group_w = ((PLOT_R - PLOT_L) / cells.len() as f64).min(90.0);
+    let bar_w = (group_w - 10.0) / n as f64;
+    let py = |v: f64| y0 + plot_h - (v - min) / (max - min) * plot_h;
+    body.push_str(&format!(
+        r##"<line x1="{PLOT_L}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#888"/><text x="{}" y="{:.1}" font-size="10" text-anchor="end">{max:.1}</text><text x="{}" y="{:.1}" font-size="10" text-anchor="end">0</text>"##,
+        py(0.0),
+        PLOT_L + group_w * cells.len() as f64,
+        py(0.0),
+        PLOT_L - 4.0,
+        py(max) + 4.0,
+        PLOT_L - 4.0,
+        py(0.0) + 4.0
+    ));
+    for (ci, c) in cells.iter().enumerate() {
+        let gx = PLOT_L + group_w * ci as f64 + 5.0;
+        for (k, x) in c.configs.iter().enumerate().skip(1) {
+            let Some(v) = x.user_refill_cycles_per_page.filter(|v| v.is_finite()) else {
+                continue;
+            };
+            let (top, bottom) = if v >= 0.0 {
+                (py(v), py(0.0))
+            } else {
+                (py(0.0), py(v))
+            };
+            body.push_str(&format!(
+                r#"<rect x="{:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{}" stroke-dasharray="{}" stroke="black" stroke-width="0.5"><title>wss {} reads/call {} {}: {v:.2} cycles/page</title></rect>"#,
+                gx + bar_w * (k - 1) as f64,
+                bar_w - 1.0,
+                (bottom - top).max(0.5),
+                colour(k - 1, n),
+                dash(k - 1),
+                fmt_size(c.wss),
+                esc(&c.touches_spec),
+                esc(&x.config)
+            ));
+        }
+        body.push_str(&format!(
+            r#"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle">{} {}</text>"#,
+            gx + (group_w - 10.0) / 2.0,
+            y0 + plot_h + 14.0,
+            fmt_size(c.wss),
+            esc(&c.touches_spec)
+        ));
+    }
+    let mut ly = y0 + plot_h + 30.0;
+    for (k, label) in r.configs.iter().enumerate().skip(1) {
+        body.push_str(&format!(
+            r#"<rect x="{PLOT_L}" y="{:.1}" width="12" height="10" fill="{}"/><text x="{}" y="{:.1}" font-size="11">{}</text>"#,
+            ly - 9.0,
+            colour(k - 1, n),
+            PLOT_L + 18.0,
+            ly,
+            esc(label)
+        ));
+        ly += 15.0;
+    }
+    ly + 10.0
 }
 
 /// 1, 2 or 5 times a power of ten, at least `raw`.
