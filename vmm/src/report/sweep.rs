@@ -197,7 +197,13 @@ impl SweepReport {
                 }
             }
         }
-        self.crossings = self.find_crossings();
+        // Crossings are over syscall rates, which need a time per call
+        // in seconds (not the guest's cycles under QEMU).
+        self.crossings = if per_second.is_some() {
+            self.find_crossings()
+        } else {
+            Vec::new()
+        };
     }
 
     /// The working sets of the sweep, in order.
@@ -467,6 +473,13 @@ pub fn text(r: &SweepReport) -> String {
                 x.note
             );
         }
+    }
+    if r.crossings.is_empty() && r.time_unit != "ns" {
+        let _ = writeln!(
+            s,
+            "\nno syscall rates and no 1 %/5 % crossings: the time per call is in {} [{}], not host-clock ns",
+            r.time_unit, r.time_source
+        );
     }
     for o in &r.omitted {
         let _ = writeln!(s, "\nleft out: {}: {}", o.config, o.reason);
