@@ -34,6 +34,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Run(args)) => run(&args),
         Some(Command::Compare(args)) => code(ptiscope::cli::compare::run(&args)),
+        Some(Command::Sweep(args)) => code(ptiscope::cli::sweep::run(&args)),
         Some(Command::Probe(args)) => probe(&args),
         Some(Command::Pagetables(args)) => pagetables(&args),
         // No command: the README's main job, the default comparison.

@@ -10,6 +10,7 @@
 #![no_std]
 
 pub mod options;
+pub mod workingset;
 
 /// I/O ports the guest uses to talk to the VMM.
 pub mod port {
@@ -300,8 +301,13 @@ pub mod syscall {
     pub const ARCH_PRCTL: usize = 158;
     /// ptiscope: write a phase marker (argument: [`crate::phase::Marker::encode`]).
     pub const PHASE_MARK: usize = 1000;
+    /// ptiscope: read the kernel working set (`kwss=`, one word per 4 KiB
+    /// page), then perform the workload's own system call with the same
+    /// arguments; `-ENOSYS` without `kwss=`. The syscall loops call it
+    /// instead of their syscall when `kwss=` is given.
+    pub const KWSS_CALL: usize = 1001;
     /// Largest syscall number plus one.
-    pub const TABLE_SIZE: usize = 1001;
+    pub const TABLE_SIZE: usize = 1002;
 
     /// `arch_prctl` code: arg 1 = opt this process out of PTI (no CR3 switch on
     /// its entries and exits), 0 = opt back in. Mirrors the per-process PTI
@@ -330,7 +336,8 @@ pub mod cmdline {
     pub const PCID: &str = "pcid";
     /// `entry=syscall|sysenter|int80|int3|int4` (the VMM resolves `auto`).
     pub const ENTRY: &str = "entry";
-    /// `pti_global_text=on|off` (x86_32 PAE; v6 of the 2018 series).
+    /// `pti_global_text=on|off`: kernel text global in the user copy (both
+    /// flavours; Linux without PCID, and v6 of the 2018 x86_32 series).
     pub const PTI_GLOBAL_TEXT: &str = "pti_global_text";
     /// `workload=`, one of [`crate::options::Workload`].
     pub const WORKLOAD: &str = "workload";
@@ -349,6 +356,20 @@ pub mod cmdline {
     pub const LOOPS: &str = "loops";
     /// `mode=process|thread` of `workload=sched-messaging` (default process).
     pub const MODE: &str = "mode";
+    /// `wss=SIZE` of the syscall-loop workloads: bytes of user memory the
+    /// loop reads between system calls (K/M/G suffixes; default 0). See
+    /// [`crate::workingset`].
+    pub const WSS: &str = "wss";
+    /// `stride=BYTES` between two reads of the working set (default 4096).
+    pub const STRIDE: &str = "stride";
+    /// `touches=N` reads of the working set per iteration (default: one
+    /// pass over it, `wss / stride` rounded up).
+    pub const TOUCHES: &str = "touches";
+    /// `wss_pages=4k|2m`: page size of the working set's mappings.
+    pub const WSS_PAGES: &str = "wss_pages";
+    /// `kwss=SIZE`: bytes of kernel memory each system call of the loop
+    /// reads (one word per 4 KiB page) before doing its work (default 0).
+    pub const KWSS: &str = "kwss";
 }
 
 /// Console lines meant for machines start with this prefix, followed by

@@ -215,6 +215,26 @@ option_enum! {
     }
 }
 
+option_enum! {
+    /// `wss_pages=`: page size of the user working set's mappings.
+    pub enum WssPages {
+        /// 4 KiB pages: one TLB entry per page to refill after a flush.
+        Small => "4k",
+        /// 2 MiB pages: one TLB entry per 2 MiB.
+        Huge => "2m",
+    }
+}
+
+impl WssPages {
+    /// Bytes per page.
+    pub const fn bytes(self) -> u64 {
+        match self {
+            WssPages::Small => crate::workingset::pages::SMALL,
+            WssPages::Huge => crate::workingset::pages::HUGE,
+        }
+    }
+}
+
 /// Senders per group of `workload=sched-messaging`, and receivers per group
 /// (perf bench sched messaging: 20 of each).
 pub const GROUP_SIZE: u64 = 20;

@@ -8,9 +8,10 @@ use core::fmt;
 use ptiscope_abi::cmdline as keys;
 
 pub use ptiscope_abi::options::{
-    Entry, Fault, PtiMode, TaskMode, Workload, DEFAULT_GROUPS, DEFAULT_ITERATIONS, DEFAULT_LOOPS,
-    GROUP_SIZE, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS,
+    Entry, Fault, PtiMode, TaskMode, Workload, WssPages, DEFAULT_GROUPS, DEFAULT_ITERATIONS,
+    DEFAULT_LOOPS, GROUP_SIZE, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS,
 };
+use ptiscope_abi::workingset as ws;
 
 /// The parsed command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +30,16 @@ pub struct Config {
     pub loops: u64,
     /// `mode=` of sched-messaging.
     pub mode: TaskMode,
+    /// `wss=`: bytes of user working set the loop reads between syscalls.
+    pub wss: u64,
+    /// `stride=`: bytes between two reads of the working set.
+    pub stride: u64,
+    /// `touches=`: reads per iteration (`None`: one pass over the buffer).
+    pub touches: Option<u64>,
+    /// `wss_pages=`: page size of the working set's mappings.
+    pub wss_pages: WssPages,
+    /// `kwss=`: bytes of kernel memory each call of the loop reads.
+    pub kwss: u64,
 }
 
 impl Config {
@@ -36,6 +47,14 @@ impl Config {
     /// messages to every receiver of its group.
     pub const fn messages(&self) -> u64 {
         self.groups * GROUP_SIZE * GROUP_SIZE * self.loops
+    }
+
+    /// Reads of the working set per iteration: `touches=`, or one pass.
+    pub const fn touches_per_iteration(&self) -> u64 {
+        match self.touches {
+            Some(t) => t,
+            None => ws::slots(self.wss, self.stride),
+        }
     }
 }
 
@@ -55,6 +74,11 @@ impl Default for Config {
             groups: DEFAULT_GROUPS,
             loops: DEFAULT_LOOPS,
             mode: TaskMode::Process,
+            wss: 0,
+            stride: ws::DEFAULT_STRIDE,
+            touches: None,
+            wss_pages: WssPages::Small,
+            kwss: 0,
         }
     }
 }
@@ -104,6 +128,15 @@ fn expected(key: &str) -> &'static str {
         }
         keys::LOOPS => "a number from 0 to 1000000",
         keys::MODE => TaskMode::EXPECTED,
+        keys::WSS => {
+            "a size up to 1008M (K/M/G suffixes), for workload getpid, getppid, write-badfd or nopti-getpid"
+        }
+        keys::STRIDE => "a multiple of 8 bytes, from 8 to 1008M (K/M/G suffixes)",
+        keys::TOUCHES => "a number from 0 to 2^32-1, with wss= above 0",
+        keys::WSS_PAGES => WssPages::EXPECTED,
+        keys::KWSS => {
+            "a size up to 64M (K/M/G suffixes), for workload getpid, getppid, write-badfd or nopti-getpid"
+        }
         _ => "?",
     }
 }
@@ -132,6 +165,10 @@ fn on_off(v: &str) -> Option<bool> {
 pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
     let line = line.split('\0').next().unwrap_or("");
     let mut c = Config::default();
+    // The words of the working-set keys, for the checks across keys.
+    let mut wss_word = None;
+    let mut touches_word = None;
+    let mut kwss_word = None;
     // One bit per key, to reject repeats (a typo'd repeat would silently win).
     let mut seen = 0u32;
     for word in line.split_ascii_whitespace() {
@@ -206,12 +243,70 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 c.mode = value.parse().map_err(|_| bad)?;
                 11
             }
+            keys::WSS => {
+                c.wss = match ws::parse_size(value) {
+                    Some(n) if n <= ws::MAX_WSS => n,
+                    _ => return Err(bad),
+                };
+                wss_word = Some(value);
+                12
+            }
+            keys::STRIDE => {
+                c.stride = match ws::parse_size(value) {
+                    Some(n)
+                        if (ws::MIN_STRIDE..=ws::MAX_WSS).contains(&n)
+                            && n.is_multiple_of(ws::MIN_STRIDE) =>
+                    {
+                        n
+                    }
+                    _ => return Err(bad),
+                };
+                13
+            }
+            keys::TOUCHES => {
+                c.touches = match parse_number(value) {
+                    Some(n) if n <= ws::MAX_TOUCHES => Some(n),
+                    _ => return Err(bad),
+                };
+                touches_word = Some(value);
+                14
+            }
+            keys::WSS_PAGES => {
+                c.wss_pages = value.parse().map_err(|_| bad)?;
+                15
+            }
+            keys::KWSS => {
+                c.kwss = match ws::parse_size(value) {
+                    Some(n) if n <= ws::MAX_KWSS => n,
+                    _ => return Err(bad),
+                };
+                kwss_word = Some(value);
+                16
+            }
             _ => return Err(CmdlineError::UnknownKey(key)),
         };
         if seen & (1 << bit) != 0 {
             return Err(CmdlineError::Repeated(key));
         }
         seen |= 1 << bit;
+    }
+    if let (Some(value), 0) = (touches_word, c.wss) {
+        return Err(CmdlineError::BadValue {
+            key: keys::TOUCHES,
+            value,
+        });
+    }
+    if let Some(value) = wss_word.filter(|_| c.wss > 0 && !c.workload.is_syscall_loop()) {
+        return Err(CmdlineError::BadValue {
+            key: keys::WSS,
+            value,
+        });
+    }
+    if let Some(value) = kwss_word.filter(|_| c.kwss > 0 && !c.workload.is_syscall_loop()) {
+        return Err(CmdlineError::BadValue {
+            key: keys::KWSS,
+            value,
+        });
     }
     Ok(c)
 }
@@ -355,6 +450,50 @@ mod tests {
             Err(CmdlineError::Repeated("groups"))
         );
         assert_eq!(TaskMode::Thread.name(), "thread");
+    }
+
+    #[test]
+    fn working_set_keys() {
+        let c = parse("workload=getpid wss=1M").unwrap();
+        assert_eq!((c.wss, c.stride, c.touches), (1 << 20, 4096, None));
+        assert_eq!(c.touches_per_iteration(), 256);
+        assert_eq!(c.wss_pages, WssPages::Small);
+        let c = parse("workload=write-badfd wss=10000 stride=64 touches=7 wss_pages=2m").unwrap();
+        assert_eq!((c.wss, c.stride, c.touches), (10_000, 64, Some(7)));
+        assert_eq!(c.touches_per_iteration(), 7);
+        assert_eq!(c.wss_pages, WssPages::Huge);
+        assert_eq!(
+            parse("workload=getppid wss=64k")
+                .unwrap()
+                .touches_per_iteration(),
+            16
+        );
+        assert_eq!(parse("wss=0 stride=64").unwrap().touches_per_iteration(), 0);
+        for bad in [
+            "workload=getpid wss=1T",
+            "workload=getpid wss=2G",
+            "workload=getpid wss=abc",
+            "workload=getpid wss=1M stride=0",
+            "workload=getpid wss=1M stride=12",
+            "workload=getpid wss=1M stride=2G",
+            "workload=getpid wss=1M touches=x",
+            "workload=getpid wss=1M touches=0x100000000",
+            "workload=getpid wss=1M wss_pages=1g",
+            "workload=getpid touches=5",
+            "workload=sched-messaging wss=1M",
+            "wss=4K",
+            "workload=getpid kwss=65M",
+            "workload=getpid kwss=x",
+            "kwss=64K",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(matches!(e, CmdlineError::BadValue { .. }), "{bad}: {e:?}");
+        }
+        assert_eq!(parse("workload=getpid kwss=64M").unwrap().kwss, 64 << 20);
+        assert_eq!(parse("workload=getpid").unwrap().kwss, 0);
+        let msg = parse("workload=getpid touches=5").unwrap_err().to_string();
+        assert!(msg.contains("`touches`") && msg.contains("wss="), "{msg}");
+        assert_eq!(parse("wss=1M wss=2M"), Err(CmdlineError::Repeated("wss")));
     }
 
     #[test]

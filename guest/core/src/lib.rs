@@ -18,3 +18,4 @@ pub mod memmap;
 pub mod pae;
 pub mod paging;
 pub mod pipe;
+pub mod workingset;

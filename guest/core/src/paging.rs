@@ -263,10 +263,56 @@ pub fn build_kernel_half<M: PhysMem, F: FrameSource>(
     frames: &mut F,
     spec: &KernelSpec,
 ) -> Result<KernelHalf, MapError> {
+    build_kernel_half_global_text(mem, frames, spec, None)
+}
+
+/// [`build_kernel_half`], and with PTI and `global_text` = the kernel
+/// text's physical range `[start, end)` (page aligned), the text mapped
+/// global as Linux does on CPUs without PCID (`pti_global_text=on`), so its
+/// TLB entries survive the CR3 switches: the first 2 MiB of the direct map
+/// use 4 KiB pages, global for the text and the entry area, non-global for
+/// the rest, and the user copy maps the text too, global and read-only.
+/// Without PTI everything is global anyway and `global_text` changes nothing.
+pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    spec: &KernelSpec,
+    global_text: Option<(u64, u64)>,
+) -> Result<KernelHalf, MapError> {
     let global = if spec.pti { 0 } else { GLOBAL };
+    let text = global_text.filter(|_| spec.pti).unwrap_or((0, 0));
+    let text_global = text.0 < text.1;
+    let in_range = |pa: u64, (s, e): (u64, u64)| pa >= s && pa < e;
     // A scratch PML4 root: only its slot 511 is kept.
     let root = frames.frame().ok_or(MapError::OutOfFrames)?;
     let mut pa = 0;
+    if text_global && spec.direct_map > 0 {
+        // The first page through map_4k (it creates the tables), the other
+        // 511 written straight into its page table.
+        map_4k(
+            mem,
+            frames,
+            root,
+            KERNEL_BASE,
+            0,
+            WRITABLE,
+            KERNEL_TABLE_FLAGS,
+        )?;
+        let [i4, i3, i2, _] = indices(KERNEL_BASE);
+        let pdpt = Pte(mem.read(root, i4)).addr();
+        let pd = Pte(mem.read(pdpt, i3)).addr();
+        let pt = Pte(mem.read(pd, i2)).addr();
+        for i in 0..ENTRIES as u64 {
+            let pa = i * 4096;
+            let g = if in_range(pa, spec.entry_area) || in_range(pa, text) {
+                GLOBAL
+            } else {
+                0
+            };
+            mem.write(pt, i as usize, Pte::new(pa, PRESENT | WRITABLE | g).0);
+        }
+        pa = 2 << 20;
+    }
     while pa < spec.direct_map {
         map_2m(
             mem,
@@ -309,6 +355,23 @@ pub fn build_kernel_half<M: PhysMem, F: FrameSource>(
                 KERNEL_TABLE_FLAGS,
             )?;
             pa += 4096;
+        }
+        if text_global {
+            let mut pa = text.0;
+            while pa < text.1 {
+                if !in_range(pa, spec.entry_area) {
+                    map_4k(
+                        mem,
+                        frames,
+                        uroot,
+                        KERNEL_BASE + pa,
+                        pa,
+                        GLOBAL,
+                        KERNEL_TABLE_FLAGS,
+                    )?;
+                }
+                pa += 4096;
+            }
         }
         mem.read(uroot, KERNEL_PML4_SLOT)
     } else {
@@ -430,7 +493,7 @@ mod tests {
     use std::vec::Vec;
 
     /// Sparse fake physical memory: absent entries read as zero.
-    #[derive(Default)]
+    #[derive(Default, PartialEq, Debug)]
     struct FakeMem(BTreeMap<(u64, usize), u64>);
     impl PhysMem for FakeMem {
         fn read(&self, table: u64, index: usize) -> u64 {
@@ -630,6 +693,40 @@ mod tests {
         assert_eq!(kd.flags & (GLOBAL | USER), 0);
         let tel = translate(&m, kroot, TELEMETRY_VA + 8).unwrap();
         assert_eq!(tel.phys, TELEMETRY + 8);
+    }
+
+    #[test]
+    fn global_text_is_global_in_both_copies_and_nothing_else_widens() {
+        const TEXT: (u64, u64) = (ENTRY.1, ENTRY.1 + 3 * 4096);
+        let (mut m, mut f) = (FakeMem::default(), bump());
+        let half = build_kernel_half_global_text(&mut m, &mut f, &spec(true), Some(TEXT)).unwrap();
+        let pair = build_address_space(&mut m, &mut f, &half, &user()).unwrap();
+        let (kroot, uroot) = (pair, pair + 4096);
+        for pa in (TEXT.0..TEXT.1).step_by(4096) {
+            let u = translate(&m, uroot, KERNEL_BASE + pa).unwrap();
+            assert_eq!(u.phys, pa);
+            assert_eq!(u.flags & (GLOBAL | WRITABLE | USER | NO_EXECUTE), GLOBAL);
+            let k = translate(&m, kroot, KERNEL_BASE + pa).unwrap();
+            assert_eq!((k.page_size, k.flags & GLOBAL), (4096, GLOBAL));
+        }
+        // The rest of the first 2 MiB: 4 KiB, non-global in the kernel copy,
+        // absent from the user copy; beyond it, 2 MiB pages as before.
+        let kd = translate(&m, kroot, KERNEL_BASE + TEXT.1).unwrap();
+        assert_eq!((kd.page_size, kd.flags & GLOBAL), (4096, 0));
+        assert_eq!(translate(&m, uroot, KERNEL_BASE + TEXT.1), None);
+        assert_eq!(translate(&m, uroot, KERNEL_BASE + KDATA + 0x10_0000), None);
+        let far = translate(&m, kroot, KERNEL_BASE + (4 << 20)).unwrap();
+        assert_eq!((far.page_size, far.flags & GLOBAL), (2 << 20, 0));
+        // The entry area is global in the kernel copy now too.
+        let e = translate(&m, kroot, KERNEL_BASE + ENTRY.0).unwrap();
+        assert_eq!(e.flags & GLOBAL, GLOBAL);
+        // Without PTI the text range changes nothing.
+        let (mut m2, mut f2) = (FakeMem::default(), bump());
+        let a = build_kernel_half_global_text(&mut m2, &mut f2, &spec(false), Some(TEXT)).unwrap();
+        let (mut m3, mut f3) = (FakeMem::default(), bump());
+        let b = build_kernel_half(&mut m3, &mut f3, &spec(false)).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(m2, m3);
     }
 
     #[test]

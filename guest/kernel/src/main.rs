@@ -16,6 +16,7 @@ mod syscall;
 mod task;
 mod telemetry;
 mod uaccess;
+mod workingset;
 
 use arch::paging::KernelHalf;
 use arch::{cpu, user};
@@ -218,12 +219,32 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     let s = unsafe { task::sched() };
     s.init(pti, pcid, config.entry, half);
     let (loop_rip, init_rip) = user::programs(config.entry.abi_code());
-    let (number, arg0, mut flags) = match config.workload {
+    let (mut number, arg0, mut flags) = match config.workload {
         Workload::Getppid => (nr::GETPPID, 0, 0),
         Workload::WriteBadfd => (nr::WRITE, usize::MAX as u64, 0),
         Workload::NoptiGetpid => (nr::GETPID, 0, user::FLAG_NOPTI),
         Workload::Getpid | Workload::None | Workload::SchedMessaging => (nr::GETPID, 0, 0),
     };
+    if config.wss > 0 {
+        flags |= user::FLAG_WSS;
+    }
+    match workingset::setup_kernel(config, &half, pti, number) {
+        Ok(true) => {
+            println!(
+                "kernel working set: {} bytes at {:#x}, read (one word per page) by each call before {}",
+                config.kwss,
+                workingset::KWSS_VA,
+                config.workload.name()
+            );
+            number = nr::KWSS_CALL;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            println!("bad command line: {e}");
+            println!("@badcmdline {e}");
+            stop(exit_status::BAD_CMDLINE)
+        }
+    }
     let kread_target = core::ptr::addr_of!(task::SCHED) as u64;
     if config.fault == Some(Fault::Kread) {
         flags |= user::FLAG_KREAD;
@@ -238,8 +259,27 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     );
     let init = s.spawn(0, init_rip, &arch::context::UserRegs::default());
     let child = init.and_then(|pid| s.spawn(pid, loop_rip, &regs));
-    if let Err(e) = child {
-        panic!("cannot create the workload processes: {e:?}");
+    let child = match child {
+        Ok(pid) => pid,
+        Err(e) => panic!("cannot create the workload processes: {e:?}"),
+    };
+    let pair = s.tasks.iter().find(|t| t.pid == child).map(|t| t.pair);
+    match pair.map(|p| workingset::setup(config, p)) {
+        Some(Ok(true)) => println!(
+            "working set: {} bytes at {:#x} ({} pages), stride {}, {} reads per iteration",
+            config.wss,
+            ptiscope_abi::workingset::BASE,
+            config.wss_pages.name(),
+            config.stride,
+            config.touches_per_iteration()
+        ),
+        Some(Ok(false)) => {}
+        Some(Err(e)) => {
+            println!("bad command line: {e}");
+            println!("@badcmdline {e}");
+            stop(exit_status::BAD_CMDLINE)
+        }
+        None => panic!("the workload process vanished"),
     }
     s.run();
     report(config, pti, pcid)
@@ -270,11 +310,12 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     let tenths = r.cycles.saturating_mul(10).checked_div(n).unwrap_or(0);
     // SAFETY: no task runs any more.
     let nopti = unsafe { task::sched() }.tasks.iter().any(|t| t.nopti);
+    let wss = workingset::result(config);
     println!(
         "{}workload={} iterations={n} cycles={} cycles_per_call={}.{} syscalls={} cr3_writes={cr3} \
          cr3_entry={} cr3_exit={} cr3_context_switch={} cr3_other={} cr3_noflush={} tlb_flushes={} \
          invlpg={} exceptions={} page_faults={} context_switches={} pti={} pcid={} entry={} nopti={} \
-         mismatches={} exit_status={status}{}",
+         mismatches={} exit_status={status}{}{}{}",
         ptiscope_abi::RESULT_PREFIX,
         config.workload.name(),
         r.cycles,
@@ -297,7 +338,13 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         nopti as u8,
         r.mismatches,
         Messaging(messaging.then_some(config)),
+        WorkingSet(config, wss.as_ref()),
+        KernelWorkingSet(config),
     );
+    if wss.as_ref().is_some_and(|w| !w.ok()) {
+        println!("working set check failed: the loop did not read what it should have");
+        stop(exit_status::FAILURE)
+    }
     if status != 0 || r.mismatches != 0 {
         println!(
             "workload failed: exit status {status}, {} wrong results",
@@ -323,6 +370,49 @@ impl core::fmt::Display for Messaging<'_> {
             ),
             None => Ok(()),
         }
+    }
+}
+
+/// The `@result` keys of a run with a working set (`wss=`).
+struct WorkingSet<'a>(&'a Config, Option<&'a workingset::Outcome>);
+impl core::fmt::Display for WorkingSet<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let (c, Some(w)) = (self.0, self.1) else {
+            return Ok(());
+        };
+        write!(
+            f,
+            " wss={} stride={} touches={} wss_pages={} touched={} touch_check={} read_cycles={}",
+            c.wss,
+            c.stride,
+            c.touches_per_iteration(),
+            c.wss_pages.name(),
+            w.touched,
+            if w.ok() { "ok" } else { "bad" },
+            w.read_cycles,
+        )?;
+        match w.read_cycles_min {
+            Some(m) => write!(f, " read_cycles_min={m}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The `@result` keys of a run with a kernel working set (`kwss=`): its
+/// size and the pages the calls read (each call of the loop, and the one
+/// before the phase that gets the expected result).
+struct KernelWorkingSet<'a>(&'a Config);
+impl core::fmt::Display for KernelWorkingSet<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.0.kwss == 0 {
+            return Ok(());
+        }
+        write!(
+            f,
+            " kwss={} kernel_touched={}",
+            self.0.kwss,
+            workingset::kernel_reads()
+        )
     }
 }
 

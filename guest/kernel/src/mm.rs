@@ -98,3 +98,20 @@ pub fn alloc_contiguous(count: u64) -> Option<u64> {
         .as_mut()?
         .alloc_contiguous(count, 4096)
 }
+
+/// `count` contiguous zeroed frames starting at a multiple of `align` (a
+/// power of two): the working set of `wss=` (2 MiB aligned for 2 MiB pages).
+pub fn alloc_aligned(count: u64, align: u64) -> Option<u64> {
+    // SAFETY: one CPU; the reference does not outlive this call.
+    unsafe { FRAMES.get() }
+        .as_mut()?
+        .alloc_contiguous(count, align)
+}
+
+/// Bytes the frame allocator can still hand out (ignoring alignment losses).
+pub fn free_bytes() -> u64 {
+    // SAFETY: as above.
+    unsafe { FRAMES.get() }
+        .as_ref()
+        .map_or(0, |f| f.free_bytes())
+}

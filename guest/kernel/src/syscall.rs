@@ -33,6 +33,7 @@ pub static syscall_table: [Handler; TABLE_SIZE] = {
     t[nr::GETPPID] = sys_getppid;
     t[nr::ARCH_PRCTL] = sys_arch_prctl;
     t[nr::PHASE_MARK] = sys_phase_mark;
+    t[nr::KWSS_CALL] = crate::workingset::sys_kwss_call;
     t
 };
 

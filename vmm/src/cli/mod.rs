@@ -2,6 +2,7 @@
 
 pub mod compare;
 pub mod exit_code;
+pub mod sweep;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -65,6 +66,10 @@ pub enum Command {
     /// and print the mmtests compare-kernels table.
     #[command(after_help = COMPARE_HELP)]
     Compare(CompareArgs),
+    /// PTI's overhead over a grid of working sets and syscall rates (the
+    /// TLB half of its cost), for several configurations against a baseline.
+    #[command(after_help = SWEEP_HELP)]
+    Sweep(sweep::SweepArgs),
     /// Report what this host's KVM can run, by booting tiny probe guests.
     Probe(ProbeArgs),
     /// Walk the guest's page tables from the host and check what the user
@@ -101,6 +106,19 @@ not be evaluated; 64 bad usage (also a workload that measures nothing, and a
 file (--json, --csv, --svg) cannot be created (checked before the first run) or
 written; otherwise the exit status of the run that failed
 (see `ptiscope run --help`).";
+
+const SWEEP_HELP: &str = "\
+Each cell is a working set (--wss) and a number of reads of it per system
+call (--touches: Nx = N passes over it, or a count); wss=0 is one cell
+without a working set. Every configuration runs --runs times per cell,
+interleaved; the table has the median time per call of each, the baseline's
+syscall rate, the overhead against the baseline, and the refill cost per page
+(derived: the PTI delta at that working set minus the delta at wss=0, over the
+pages touched per call); then KVM's tlb_flush / pf_taken / exits per call,
+and where the overhead crosses 1 % and 5 %.
+
+Exit status: 0 done; 64 bad usage; 73 an output file cannot be written;
+otherwise the exit status of the run that failed (see `ptiscope run --help`).";
 
 /// Default iterations of one compare run: sized so that the default compare
 /// (5 runs per side, interleaved) takes about 10 s under kvm_pvm, where one

@@ -375,6 +375,9 @@ impl Measurer {
                 });
             }
         }
+        if phased.is_some() {
+            s.rows.extend(working_set_rows(&result, iterations));
+        }
         let guest = match (&a.telemetry, &b.telemetry) {
             (Ok(x), Ok(y)) => match telemetry::delta(x, y) {
                 Ok(d) => Some(d),
@@ -516,6 +519,36 @@ const RESULT_ROWS: [(&str, Counter); 11] = [
     ("context_switches", Counter::ContextSwitches),
 ];
 
+/// The rows of a loop with a working set (`wss=`): the guest's TSC cycles
+/// in its reads of the working set (RDTSC around each iteration's reads,
+/// summed; per call over the N calls of the loop) and the fewest of one
+/// iteration (already per call). Their PTI delta is the user-mode half of
+/// the TLB refill, without the system call's time.
+fn working_set_rows(result: &BTreeMap<String, String>, iterations: u64) -> Vec<RunRow> {
+    let num = |k: &str| {
+        result
+            .get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let mut rows = Vec::new();
+    if let Some(c) = num("read_cycles") {
+        rows.push(RunRow {
+            metric: Metric::new("read_cycles", "cycles", Source::Guest),
+            total: c,
+            per_iteration: (iterations > 0).then(|| c / iterations as f64),
+        });
+    }
+    if let Some(m) = num("read_cycles_min") {
+        rows.push(RunRow {
+            metric: Metric::new("read_cycles_min", "cycles", Source::Guest),
+            total: m,
+            per_iteration: Some(m),
+        });
+    }
+    rows
+}
+
 /// The summary of a run the host could not observe (`--backend qemu`):
 /// every row comes from the guest's `@result` line, whose counters cover
 /// the measured phase (N iterations plus the end-marker call, as on KVM)
@@ -559,6 +592,7 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
             per_iteration: (calls > 0 && iterations > 0).then(|| c / iterations as f64),
         });
     }
+    s.rows.extend(working_set_rows(&result, iterations));
     if let Some(v) = num("cr3_writes") {
         s.push(Metric::new("cr3_writes", "count", Source::Guest), v);
     }

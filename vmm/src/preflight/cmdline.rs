@@ -138,10 +138,15 @@ impl GuestOptions {
                     let n = guest_number(v).ok_or_else(|| bad("not a number".into()))?;
                     out.iterations = Some(n);
                 }
+                key::WSS | key::STRIDE | key::TOUCHES | key::WSS_PAGES | key::KWSS => {
+                    check_working_set_word(k, v).map_err(bad)?;
+                    rest.push(word);
+                }
                 _ => rest.push(word),
             }
         }
         out.extra = rest.join(" ");
+        out.check_working_set()?;
         if let Some(n) = out.iterations {
             if n > MAX_ITERATIONS {
                 return Err(CmdlineError::BadValue {
@@ -156,6 +161,62 @@ impl GuestOptions {
         Ok(out)
     }
 
+    /// `wss=` in bytes, 0 without it. Call on absorbed options (whose
+    /// working-set words have been checked).
+    pub fn working_set_bytes(&self) -> u64 {
+        self.extra_value(key::WSS)
+            .and_then(ptiscope_abi::workingset::parse_size)
+            .unwrap_or(0)
+    }
+
+    /// `kwss=` in bytes, 0 without it (checked words, as above).
+    pub fn kernel_working_set_bytes(&self) -> u64 {
+        self.extra_value(key::KWSS)
+            .and_then(ptiscope_abi::workingset::parse_size)
+            .unwrap_or(0)
+    }
+
+    /// The value of `key=` among the extra words.
+    fn extra_value(&self, k: &str) -> Option<&str> {
+        self.extra
+            .split_ascii_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .find(|(wk, _)| *wk == k)
+            .map(|(_, v)| v)
+    }
+
+    /// The checks across the working-set keys the guest makes too:
+    /// `touches=` needs a working set, and a working set needs a loop
+    /// workload.
+    fn check_working_set(&self) -> Result<(), CmdlineError> {
+        let wss = self.working_set_bytes();
+        if let (Some(t), 0) = (self.extra_value(key::TOUCHES), wss) {
+            return Err(CmdlineError::BadValue {
+                key: key::TOUCHES.into(),
+                value: t.into(),
+                why: "touches= needs a working set: add wss=SIZE".into(),
+            });
+        }
+        let kwss = self.kernel_working_set_bytes();
+        let (k, any) = if wss > 0 {
+            (key::WSS, true)
+        } else {
+            (key::KWSS, kwss > 0)
+        };
+        if any && !self.workload.is_some_and(Workload::is_syscall_loop) {
+            return Err(CmdlineError::BadValue {
+                key: k.into(),
+                value: self.extra_value(k).unwrap_or_default().into(),
+                why: format!(
+                    "a working set needs a syscall-loop workload (--workload getpid, getppid, \
+                     write-badfd or nopti-getpid), not {}",
+                    self.workload.map_or("none".into(), |w| w.to_string())
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether the guest will run user code (a workload, or a fault raised
     /// from user mode), and so needs a syscall entry. Call on absorbed options.
     pub fn runs_user_code(&self) -> bool {
@@ -166,6 +227,49 @@ impl GuestOptions {
                     .is_some_and(Fault::runs_user_code)
             })
     }
+}
+
+/// Checks one working-set word as the guest will parse it
+/// (`ptiscope_abi::workingset`), so that a bad value is refused before boot.
+fn check_working_set_word(k: &str, v: &str) -> Result<(), String> {
+    use ptiscope_abi::options::WssPages;
+    use ptiscope_abi::workingset::{parse_size, MAX_KWSS, MAX_TOUCHES, MAX_WSS, MIN_STRIDE};
+    let size = || {
+        parse_size(v).ok_or_else(|| "not a size (a number, optionally with K, M or G)".to_string())
+    };
+    match k {
+        key::WSS => {
+            if size()? > MAX_WSS {
+                return Err(format!(
+                    "at most {}M: the working set must end below 1 GiB of user space",
+                    MAX_WSS >> 20
+                ));
+            }
+        }
+        key::STRIDE => {
+            let s = size()?;
+            if s < MIN_STRIDE || !s.is_multiple_of(MIN_STRIDE) || s > MAX_WSS {
+                return Err(format!("a multiple of {MIN_STRIDE} bytes from {MIN_STRIDE} to {}M (each read is of a word the loop wrote)", MAX_WSS >> 20));
+            }
+        }
+        key::KWSS => {
+            if size()? > MAX_KWSS {
+                return Err(format!("at most {}M of kernel working set", MAX_KWSS >> 20));
+            }
+        }
+        key::TOUCHES => match guest_number(v) {
+            Some(n) if n <= MAX_TOUCHES => {}
+            _ => {
+                return Err(format!(
+                    "a number of reads per iteration from 0 to {MAX_TOUCHES}"
+                ))
+            }
+        },
+        _ => {
+            v.parse::<WssPages>().map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
 }
 
 /// A number as the guest reads it (decimal or `0x` hex).
@@ -322,5 +426,55 @@ mod tests {
             Err(CmdlineError::BadValue { .. })
         ));
         assert!(!GuestOptions::default().runs_user_code());
+    }
+
+    #[test]
+    fn working_set_words_are_checked_before_boot() {
+        let with = |extra: &str| GuestOptions {
+            workload: Some(Workload::Getpid),
+            extra: extra.into(),
+            ..Default::default()
+        };
+        let ok = with("wss=1M stride=64 touches=10 wss_pages=2m")
+            .absorb_extra()
+            .unwrap();
+        assert_eq!(ok.working_set_bytes(), 1 << 20);
+        assert_eq!(ok.extra, "wss=1M stride=64 touches=10 wss_pages=2m");
+        for bad in [
+            "wss=1T",
+            "wss=2G",
+            "wss=lots",
+            "wss=1M stride=0",
+            "wss=1M stride=12",
+            "wss=1M touches=-1",
+            "wss=1M wss_pages=1g",
+            "touches=10",
+            "kwss=65M",
+            "kwss=big",
+        ] {
+            let e = with(bad).absorb_extra().unwrap_err();
+            assert!(matches!(e, CmdlineError::BadValue { .. }), "{bad}: {e:?}");
+        }
+        let messaging = GuestOptions {
+            workload: Some(Workload::SchedMessaging),
+            extra: "wss=1M".into(),
+            ..Default::default()
+        };
+        let e = messaging.absorb_extra().unwrap_err().to_string();
+        assert!(e.contains("syscall-loop workload"), "{e}");
+        let kernel_only = GuestOptions {
+            workload: None,
+            extra: "kwss=64K".into(),
+            ..Default::default()
+        };
+        let e = kernel_only.absorb_extra().unwrap_err().to_string();
+        assert!(e.contains("kwss=64K") && e.contains("syscall-loop"), "{e}");
+        assert_eq!(
+            with("kwss=64K")
+                .absorb_extra()
+                .unwrap()
+                .kernel_working_set_bytes(),
+            64 << 10
+        );
     }
 }

@@ -83,11 +83,34 @@ fn native_entry(elf32: bool) -> Entry {
     }
 }
 
+/// Guest memory a working set cannot use (kernel image, page tables,
+/// stacks, the reserved low memory).
+const WORKING_SET_HEADROOM: u64 = 8 << 20;
+
 /// Settles `config` for `target`. Bad input is reported before KVM is
 /// touched, so that it reads the same on hosts without KVM.
 pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, PreflightError> {
     let layout = MemoryLayout::new(config.mem_mib)?;
     let asked = config.guest.absorb_extra()?;
+    // The guest's own image, page tables and stacks take a few MiB; the
+    // guest checks the exact figure and refuses with its own message.
+    let wss = asked
+        .working_set_bytes()
+        .saturating_add(asked.kernel_working_set_bytes());
+    if wss > 0 && wss.saturating_add(WORKING_SET_HEADROOM) > config.mem_mib << 20 {
+        return Err(CmdlineError::BadValue {
+            key: ptiscope_abi::cmdline::WSS.into(),
+            value: format!("{wss}"),
+            why: format!(
+                "{} MiB of working set (wss= and kwss=) do not fit a guest of {} MiB with the \
+                 kernel's own {} MiB: raise --mem (up to 1024) or lower wss=/kwss=",
+                wss.div_ceil(1 << 20),
+                config.mem_mib,
+                WORKING_SET_HEADROOM >> 20
+            ),
+        }
+        .into());
+    }
     // A guest that runs no user code enters the kernel by no syscall: no
     // entry, and no entry probe spent on a boot-only run.
     let user_code = asked.runs_user_code();

@@ -11,6 +11,8 @@ pub mod metric;
 pub mod plot;
 pub mod run_summary;
 pub mod stats;
+pub mod sweep;
+pub mod sweep_svg;
 pub mod threshold;
 
 pub use compare::{CompareError, CompareTable, MetricComparison};

@@ -7,6 +7,7 @@ use guest_core::cmdline::Config;
 use guest_core::pae::layout::{cr3_value, KERNEL_BASE};
 use guest_core::pae::{build_kernel_half, build_kernel_only, KernelSpec};
 pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
+use guest_core::paging::PhysMem;
 use ptiscope_abi::telemetry::Counter;
 
 /// Why CR3 is written; each reason has its own counter.
@@ -111,4 +112,54 @@ pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
 pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
     let nx = super::cpu::has_nx();
     guest_core::pae::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame, nx)
+}
+
+/// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
+/// user, writable, NX when the CPU has it, with `page`-sized leaves: the
+/// working set of `wss=` (see workingset.rs). The user PMD is shared by
+/// both copies.
+pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
+    let nx = super::cpu::has_nx();
+    let slot = guest_core::pae::indices(va)[0];
+    let pmd = guest_core::pae::Pte(DirectMap.read(pair, slot));
+    if !pmd.present() {
+        return Err(MapError::NotCanonical(va));
+    }
+    guest_core::workingset::map_range_pae(
+        &mut DirectMap,
+        &mut Frames,
+        pmd.addr(),
+        va,
+        phys,
+        len,
+        page,
+        nx,
+    )
+}
+
+/// Maps `[va, va + len)` of the kernel half (the kernel PMD, shared by
+/// every address space) to `[phys, phys + len)` with 4 KiB pages,
+/// kernel-only, writable, NX when the CPU has it, non-global with PTI and
+/// global without: the kernel working set of `kwss=`.
+pub fn map_kernel_range(
+    half: &KernelHalf,
+    va: u64,
+    phys: u64,
+    len: u64,
+    pti: bool,
+) -> Result<(), MapError> {
+    use guest_core::paging::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
+    let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
+    let global = if pti { 0 } else { GLOBAL };
+    guest_core::workingset::map_range_pae_flags(
+        &mut DirectMap,
+        &mut Frames,
+        half.kernel_pmd,
+        va,
+        phys,
+        len,
+        4096,
+        WRITABLE | nx | global,
+        PRESENT | WRITABLE,
+    )
 }

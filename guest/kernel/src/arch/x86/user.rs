@@ -7,7 +7,8 @@
 //! Register ABI: eax = number, ebx ecx edx esi = arguments, eax = result,
 //! all else preserved (see entry.rs). Parameters of `user_loop` arrive in
 //! the callee-saved registers: ebx = syscall number | flags << 16 (bit 0:
-//! opt out of PTI first, bit 1: read the kernel address in ebp first),
+//! opt out of PTI first, bit 1: read the kernel address in ebp first,
+//! bit 2: the loop with a working set, as on x86_64: see workingset.rs),
 //! esi = iterations, edi = first argument, ebp = kernel address. The loop's
 //! state lives on the user stack (user code runs natively; only kernel
 //! paths are measured). `phase_mark(end, cycles_lo, mismatches, cycles_hi)`
@@ -19,6 +20,7 @@ use ptiscope_abi::syscall as nr;
 /// Flags of `user_loop`.
 pub const FLAG_NOPTI: u64 = 1;
 pub const FLAG_KREAD: u64 = 2;
+pub const FLAG_WSS: u64 = 4;
 /// Exit status of `user_loop` when its kernel read did not fault.
 pub const KREAD_SURVIVED: u64 = 77;
 
@@ -73,7 +75,9 @@ user_loop_\kind:
     movl (%ebp), %eax               /* must fault */
     movl ${survived}, %ebx
     jmp 8f
-2:  movl 0(%esp), %edi              /* number, for the whole loop */
+2:  testl ${wss}, 12(%esp)
+    jnz 20f
+    movl 0(%esp), %edi              /* number, for the whole loop */
     movl 8(%esp), %ebx              /* first argument */
     xorl %ecx, %ecx
     xorl %edx, %edx
@@ -113,6 +117,113 @@ user_loop_\kind:
     SYS \kind
     ud2
 9:  movl $99, %ebx                  /* arch_prctl refused */
+    jmp 8b
+
+    /* With a working set: 48 more bytes of frame (0/4 reads, 8 sum of the
+     * words read, 12 reads per iteration, 16 stride, 20 size, 24/28 cycles
+     * spent in the reads, 32 TSC at this iteration's first read, 36/40 the
+     * fewest cycles of one iteration; the frame above moves up by 48),
+     * esi = offset of the next read, edi = number, ebx = first argument,
+     * ebp = the expected result. ecx/edx also reach the syscall as its
+     * 2nd/3rd arguments, which the loop's calls ignore. */
+20: subl $48, %esp
+    movl {ctrl_size}, %eax
+    movl %eax, 20(%esp)
+    movl {ctrl_stride}, %ecx
+    movl %ecx, 16(%esp)
+    movl {ctrl_touches}, %edx
+    movl %edx, 12(%esp)
+    movl $0, 0(%esp)
+    movl $0, 4(%esp)
+    movl $0, 8(%esp)
+    movl $0, 24(%esp)
+    movl $0, 28(%esp)
+    movl $-1, 36(%esp)
+    movl $-1, 40(%esp)
+    xorl %edx, %edx                 /* each slot holds its own offset */
+21: movl %edx, {base}(%edx)
+    addl %ecx, %edx
+    cmpl %eax, %edx
+    jb 21b
+    movl 48(%esp), %edi
+    movl 56(%esp), %ebx
+    movl %edi, %eax
+    SYS \kind
+    movl %eax, %ebp
+    movl ${phase_mark}, %eax
+    pushl %ebx
+    movl ${begin}, %ebx
+    SYS \kind
+    popl %ebx
+    rdtsc
+    movl %eax, 72(%esp)
+    movl %edx, 76(%esp)
+    xorl %esi, %esi
+    cmpl $0, 52(%esp)               /* iterations=0: an empty phase */
+    je 25f
+    /* Each iteration: the reads, timed (RDTSC after LFENCE: the reads are
+     * done), then the system call. */
+22: lfence
+    rdtsc
+    movl %eax, 32(%esp)
+    movl 12(%esp), %ecx
+    testl %ecx, %ecx
+    jz 24f
+    movl 8(%esp), %eax
+    xorl %edx, %edx
+23: addl {base}(%esi), %eax         /* one read of the working set */
+    incl %edx
+    addl 16(%esp), %esi
+    cmpl 20(%esp), %esi
+    jb 26f
+    xorl %esi, %esi
+26: decl %ecx
+    jnz 23b
+    movl %eax, 8(%esp)
+    addl %edx, 0(%esp)
+    adcl $0, 4(%esp)
+24: lfence
+    rdtsc
+    subl 32(%esp), %eax
+    addl %eax, 24(%esp)
+    adcl $0, 28(%esp)
+    cmpl $0, 40(%esp)               /* no iteration yet */
+    jne 29f
+    cmpl 36(%esp), %eax
+    jae 28f
+29: movl %eax, 36(%esp)
+    movl $0, 40(%esp)
+28: movl %edi, %eax
+    SYS \kind
+    cmpl %eax, %ebp
+    je 27f
+    incl 68(%esp)
+27: decl 52(%esp)
+    jnz 22b
+25: rdtsc
+    subl 72(%esp), %eax
+    sbbl 76(%esp), %edx
+    movl %edx, %esi                 /* cycles, high word */
+    movl %eax, %ecx                 /* cycles, low word */
+    movl 0(%esp), %eax
+    movl %eax, {ctrl_touched}
+    movl 4(%esp), %eax
+    movl %eax, {ctrl_touched_hi}
+    movl 8(%esp), %eax
+    movl %eax, {ctrl_sum}
+    movl 24(%esp), %eax
+    movl %eax, {ctrl_tcycles}
+    movl 28(%esp), %eax
+    movl %eax, {ctrl_tcycles_hi}
+    movl 36(%esp), %eax
+    movl %eax, {ctrl_tmin}
+    movl 40(%esp), %eax
+    movl %eax, {ctrl_tmin_hi}
+    movl 68(%esp), %edx             /* mismatches */
+    movl ${end}, %ebx
+    movl ${phase_mark}, %eax
+    SYS \kind
+    movl 68(%esp), %ebx
     jmp 8b
 
     .balign 16
@@ -159,6 +270,18 @@ user_sysenter_return:
 "#,
     nopti = const FLAG_NOPTI,
     kread = const FLAG_KREAD,
+    wss = const FLAG_WSS,
+    base = const ptiscope_abi::workingset::BASE,
+    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
+    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
+    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
+    ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
+    ctrl_touched_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64 + 4,
+    ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
+    ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
+    ctrl_tcycles_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64 + 4,
+    ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
+    ctrl_tmin_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64 + 4,
     survived = const KREAD_SURVIVED,
     arch_prctl = const nr::ARCH_PRCTL,
     set_nopti = const nr::ARCH_SET_NOPTI,

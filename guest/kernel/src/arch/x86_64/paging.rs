@@ -5,7 +5,9 @@ use crate::{println, telemetry};
 use core::arch::asm;
 use guest_core::cmdline::Config;
 use guest_core::layout::{cr3_value, CR3_NOFLUSH};
-use guest_core::paging::{build_kernel_half, FrameSource, KernelSpec, PhysMem, KERNEL_PML4_SLOT};
+use guest_core::paging::{
+    build_kernel_half_global_text, FrameSource, KernelSpec, PhysMem, KERNEL_PML4_SLOT,
+};
 pub use guest_core::paging::{KernelHalf, MapError, UserSpec};
 use ptiscope_abi::telemetry::Counter;
 
@@ -32,6 +34,19 @@ pub fn write_cr3(value: u64, reason: Cr3Reason) {
     } else {
         Counter::TlbFlushFull
     });
+}
+
+/// Physical range of the kernel text (`.text`, page aligned).
+fn kernel_text() -> (u64, u64) {
+    extern "C" {
+        static __text_start: u8;
+        static __text_end: u8;
+    }
+    let phys = |p: *const u8| p as u64 - guest_core::layout::KERNEL_BASE;
+    (
+        phys(core::ptr::addr_of!(__text_start)),
+        phys(core::ptr::addr_of!(__text_end)),
+    )
 }
 
 /// Physical addresses of the entry area: (start, text end, end).
@@ -78,10 +93,26 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         telemetry,
         direct_map,
     };
-    let half = match build_kernel_half(&mut DirectMap, &mut Frames, &spec) {
+    let text = kernel_text();
+    let global_text = (pti && config.pti_global_text).then_some(text);
+    let half = match build_kernel_half_global_text(&mut DirectMap, &mut Frames, &spec, global_text)
+    {
         Ok(h) => h,
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
     };
+    if pti {
+        let entry_pages = (entry_end - entry_start) / 4096;
+        let text_pages = if global_text.is_some() {
+            (text.1 - text.0) / 4096
+        } else {
+            0
+        };
+        println!(
+            "@pti user_copy_kernel_pages={} global_text={} nx=1",
+            entry_pages + text_pages,
+            if global_text.is_some() { "on" } else { "off" },
+        );
+    }
     // A kernel-only address space: slot 511 only.
     let Some(root) = Frames.pair() else {
         panic!("out of memory for the kernel page tables")
@@ -109,4 +140,49 @@ pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
 /// Maps a thread's stack page into the shared address space `pair`.
 pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
     guest_core::paging::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame)
+}
+
+/// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
+/// user, writable, NX, with `page`-sized leaves: the working set of `wss=`
+/// (see workingset.rs). Both copies share the user half below the PML4.
+pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
+    guest_core::workingset::map_range(
+        &mut DirectMap,
+        &mut Frames,
+        pair + 4096,
+        va,
+        phys,
+        len,
+        page,
+    )
+}
+
+/// Maps `[va, va + len)` of the kernel half (shared by every address space)
+/// to `[phys, phys + len)` with 4 KiB pages, kernel-only, writable, NX,
+/// non-global with PTI (so that the CR3 switches flush them, like the rest
+/// of the kernel) and global without: the kernel working set of `kwss=`.
+pub fn map_kernel_range(
+    half: &KernelHalf,
+    va: u64,
+    phys: u64,
+    len: u64,
+    pti: bool,
+) -> Result<(), MapError> {
+    use guest_core::paging::flags::{GLOBAL, NO_EXECUTE, WRITABLE};
+    // A scratch root whose slot 511 is the kernel half: the tables below it
+    // are the ones every address space shares.
+    let root = Frames.frame().ok_or(MapError::OutOfFrames)?;
+    DirectMap.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
+    let global = if pti { 0 } else { GLOBAL };
+    guest_core::workingset::map_range_flags(
+        &mut DirectMap,
+        &mut Frames,
+        root,
+        va,
+        phys,
+        len,
+        4096,
+        WRITABLE | NO_EXECUTE | global,
+        guest_core::paging::KERNEL_TABLE_FLAGS,
+    )
 }

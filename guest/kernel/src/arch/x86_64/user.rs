@@ -6,9 +6,13 @@
 //! Parameters arrive in callee-saved registers, which the kernel preserves:
 //! * `user_loop`: r12 = iterations, r13 = syscall number, r14 = first
 //!   argument, rbx = flags (bit 0: opt out of PTI first, bit 1: read the
-//!   kernel address in r15 first). Calls the syscall once for the expected
-//!   value, marks the phase begin, loops with RDTSC around, marks the end
-//!   with (cycles, mismatches), exits with the number of mismatches.
+//!   kernel address in r15 first, bit 2: the loop with a working set).
+//!   Calls the syscall once for the expected value, marks the phase begin,
+//!   loops with RDTSC around, marks the end with (cycles, mismatches),
+//!   exits with the number of mismatches. With a working set (`wss=`, see
+//!   workingset.rs) it first writes each slot's offset into the buffer,
+//!   reads `touches` slots before each call, and leaves its read count and
+//!   the sum of what it read in the control page before the end marker.
 //! * `user_init`: waits for its children; exits with the last child status.
 //! * `user_msg_parent`, `user_msg_sender`, `user_msg_receiver`: the
 //!   sched-messaging workload (see docs/guest.md).
@@ -19,6 +23,7 @@ use ptiscope_abi::syscall as nr;
 /// Flags in rbx of `user_loop`.
 pub const FLAG_NOPTI: u64 = 1;
 pub const FLAG_KREAD: u64 = 2;
+pub const FLAG_WSS: u64 = 4;
 /// Exit status of `user_loop` when its kernel read did not fault.
 pub const KREAD_SURVIVED: u64 = 77;
 
@@ -64,7 +69,9 @@ user_loop_\kind:
     movq (%r15), %rax               /* must fault */
     movl ${survived}, %edi
     jmp 8f
-2:  movl %r13d, %eax
+2:  testq ${wss}, %rbx
+    jnz 20f
+    movl %r13d, %eax
     movq %r14, %rdi
     xorl %esi, %esi
     xorl %edx, %edx
@@ -104,6 +111,95 @@ user_loop_\kind:
 9:  movl $99, %edi                  /* arch_prctl refused */
     jmp 8b
 
+    /* With a working set: rdx = size, rsi = stride, r9 = reads per
+     * iteration, r8 = offset of the next read, r10 = reads, rbp = sum of
+     * the words read; on the stack the expected result, the cycles spent
+     * in the reads, the fewest in one iteration, the size. rsi/rdx also reach
+     * the syscall as its 2nd/3rd arguments, which the loop's calls ignore
+     * (write(-1) fails on the descriptor first). */
+20: movq {ctrl_size}, %rdx
+    movq {ctrl_stride}, %rsi
+    movq {ctrl_touches}, %r9
+    xorl %eax, %eax                 /* each slot holds its own offset */
+21: movq %rax, {base}(%rax)
+    addq %rsi, %rax
+    cmpq %rdx, %rax
+    jb 21b
+    movl %r13d, %eax
+    movq %r14, %rdi
+    SYS \kind
+    subq $32, %rsp
+    movq %rax, 0(%rsp)              /* the expected result */
+    movq $0, 8(%rsp)                /* cycles spent in the reads */
+    movq $-1, 16(%rsp)              /* the fewest in one iteration */
+    movq %rdx, 24(%rsp)             /* size */
+    xorl %ebx, %ebx                 /* mismatches */
+    xorl %ebp, %ebp
+    xorl %r8d, %r8d
+    xorl %r10d, %r10d
+    movl ${phase_mark}, %eax
+    movl ${begin}, %edi
+    SYS \kind
+    rdtsc
+    shlq $32, %rdx
+    orq %rax, %rdx
+    movq %rdx, %r15
+    testq %r12, %r12
+    jz 25f
+    /* Each iteration: the reads, timed (RDTSC after LFENCE: the reads are
+     * done), then the system call. */
+22: lfence
+    rdtsc
+    shlq $32, %rdx
+    orq %rax, %rdx
+    movq %rdx, %r11
+    movq 24(%rsp), %rdx
+    movq %r9, %rcx
+    testq %rcx, %rcx
+    jz 24f
+23: addq {base}(%r8), %rbp          /* one read of the working set */
+    incq %r10
+    addq %rsi, %r8
+    cmpq %rdx, %r8
+    jb 26f
+    xorl %r8d, %r8d
+26: decq %rcx
+    jnz 23b
+24: lfence
+    rdtsc
+    shlq $32, %rdx
+    orq %rax, %rdx
+    subq %r11, %rdx
+    addq %rdx, 8(%rsp)
+    cmpq 16(%rsp), %rdx
+    jae 28f
+    movq %rdx, 16(%rsp)
+28: movl %r13d, %eax
+    movq %r14, %rdi
+    SYS \kind
+    cmpq %rax, (%rsp)
+    je 27f
+    incq %rbx
+27: decq %r12
+    jnz 22b
+25: rdtsc
+    shlq $32, %rdx
+    orq %rax, %rdx
+    subq %r15, %rdx
+    movq %r10, {ctrl_touched}
+    movq %rbp, {ctrl_sum}
+    movq 8(%rsp), %rax
+    movq %rax, {ctrl_tcycles}
+    movq 16(%rsp), %rax
+    movq %rax, {ctrl_tmin}
+    movq %rdx, %rsi                 /* cycles */
+    movq %rbx, %rdx                 /* mismatches */
+    movl ${phase_mark}, %eax
+    movl ${end}, %edi
+    SYS \kind
+    movq %rbx, %rdi
+    jmp 8b
+
     .balign 16
     .global user_init_\kind
 user_init_\kind:
@@ -131,6 +227,15 @@ user_init_\kind:
 "#,
     nopti = const FLAG_NOPTI,
     kread = const FLAG_KREAD,
+    wss = const FLAG_WSS,
+    base = const ptiscope_abi::workingset::BASE,
+    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
+    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
+    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
+    ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
+    ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
+    ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
+    ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
     survived = const KREAD_SURVIVED,
     arch_prctl = const nr::ARCH_PRCTL,
     set_nopti = const nr::ARCH_SET_NOPTI,

@@ -1,0 +1,255 @@
+//! Mapping the user working set (`wss=`) and the kernel one (`kwss=`): a
+//! physically contiguous buffer mapped with 4 KiB or 2 MiB pages, one table
+//! walk per page table rather than per page (the kernel code that runs this
+//! is emulated on some hosts, and a 16 MiB buffer is 4096 pages).
+
+use crate::paging::{self, flags::*, FrameSource, MapError, PhysMem, Pte};
+
+/// Page sizes the working set can be mapped with.
+const SMALL: u64 = 4096;
+const HUGE: u64 = 2 << 20;
+
+/// Checks the common arguments: page size known, everything aligned to it.
+fn check(va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
+    if (page != SMALL && page != HUGE)
+        || !va.is_multiple_of(page)
+        || !phys.is_multiple_of(page)
+        || !len.is_multiple_of(page)
+    {
+        return Err(MapError::Misaligned(va));
+    }
+    Ok(())
+}
+
+/// Maps `[va, va + len)` to `[phys, phys + len)` in the 4-level tree at
+/// `root` (x86_64) with `page`-sized leaves (4 KiB or 2 MiB), user and
+/// writable, NX; intermediate tables as user tables. Both copies of a PTI
+/// pair share the user half below the PML4, so `root` may be either.
+pub fn map_range<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    root: u64,
+    va: u64,
+    phys: u64,
+    len: u64,
+    page: u64,
+) -> Result<(), MapError> {
+    let leaf = USER | WRITABLE | NO_EXECUTE;
+    map_range_flags(
+        mem,
+        frames,
+        root,
+        va,
+        phys,
+        len,
+        page,
+        leaf,
+        paging::TABLE_FLAGS,
+    )
+}
+
+/// [`map_range`] with the leaves' and the intermediate tables' flags given:
+/// the kernel working set (`kwss=`) is mapped kernel-only.
+#[allow(clippy::too_many_arguments)]
+pub fn map_range_flags<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    root: u64,
+    va: u64,
+    phys: u64,
+    len: u64,
+    page: u64,
+    leaf: u64,
+    table_flags: u64,
+) -> Result<(), MapError> {
+    check(va, phys, len, page)?;
+    let mut off = 0;
+    while off < len {
+        let v = va + off;
+        if page == HUGE {
+            paging::map_2m(mem, frames, root, v, phys + off, leaf, table_flags)?;
+            off += HUGE;
+            continue;
+        }
+        // The first page of each page table through map_4k (it creates the
+        // tables), the rest of that table by direct writes.
+        paging::map_4k(mem, frames, root, v, phys + off, leaf, table_flags)?;
+        let [i4, i3, i2, i1] = paging::indices(v);
+        let pdpt = Pte(mem.read(root, i4)).addr();
+        let pd = Pte(mem.read(pdpt, i3)).addr();
+        let pt = Pte(mem.read(pd, i2)).addr();
+        off += SMALL;
+        for i in i1 + 1..paging::ENTRIES {
+            if off >= len {
+                break;
+            }
+            if Pte(mem.read(pt, i)).present() {
+                return Err(MapError::AlreadyMapped(va + off));
+            }
+            mem.write(pt, i, Pte::new(phys + off, leaf | PRESENT).0);
+            off += SMALL;
+        }
+    }
+    Ok(())
+}
+
+/// [`map_range`] for x86_32 PAE: into the PMD `pmd` (which must cover the
+/// whole range: one GiB), NX only if the CPU has it.
+#[allow(clippy::too_many_arguments)]
+pub fn map_range_pae<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    pmd: u64,
+    va: u64,
+    phys: u64,
+    len: u64,
+    page: u64,
+    nx: bool,
+) -> Result<(), MapError> {
+    let leaf = USER | WRITABLE | if nx { NO_EXECUTE } else { 0 };
+    map_range_pae_flags(
+        mem,
+        frames,
+        pmd,
+        va,
+        phys,
+        len,
+        page,
+        leaf,
+        PRESENT | WRITABLE | USER,
+    )
+}
+
+/// [`map_range_pae`] with the leaves' and the page tables' flags given.
+#[allow(clippy::too_many_arguments)]
+pub fn map_range_pae_flags<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    pmd: u64,
+    va: u64,
+    phys: u64,
+    len: u64,
+    page: u64,
+    leaf: u64,
+    table_flags: u64,
+) -> Result<(), MapError> {
+    check(va, phys, len, page)?;
+    let end = va.checked_add(len).ok_or(MapError::NotCanonical(va))?;
+    if len > 0 && (va >> 30) != ((end - 1) >> 30) {
+        return Err(MapError::NotCanonical(end - 1));
+    }
+    let mut off = 0;
+    while off < len {
+        let v = va + off;
+        let [_, i2, i1] = crate::pae::indices(v);
+        if page == HUGE {
+            if Pte(mem.read(pmd, i2)).present() {
+                return Err(MapError::AlreadyMapped(v));
+            }
+            mem.write(pmd, i2, Pte::new(phys + off, leaf | PRESENT | HUGE_FLAG).0);
+            off += HUGE;
+            continue;
+        }
+        crate::pae::map_4k_in_pmd(mem, frames, pmd, v, phys + off, leaf, table_flags)?;
+        let pt = Pte(mem.read(pmd, i2)).addr();
+        off += SMALL;
+        for i in i1 + 1..paging::ENTRIES {
+            if off >= len {
+                break;
+            }
+            if Pte(mem.read(pt, i)).present() {
+                return Err(MapError::AlreadyMapped(va + off));
+            }
+            mem.write(pt, i, Pte::new(phys + off, leaf | PRESENT).0);
+            off += SMALL;
+        }
+    }
+    Ok(())
+}
+
+/// The PS bit of a PMD entry (named apart from the page size above).
+const HUGE_FLAG: u64 = paging::flags::HUGE;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::paging::translate;
+    use std::collections::BTreeMap;
+
+    /// Page tables in a map; frames from a counter.
+    #[derive(Default)]
+    struct Mem(BTreeMap<(u64, usize), u64>);
+    impl PhysMem for Mem {
+        fn read(&self, table: u64, index: usize) -> u64 {
+            *self.0.get(&(table, index)).unwrap_or(&0)
+        }
+        fn write(&mut self, table: u64, index: usize, value: u64) {
+            self.0.insert((table, index), value);
+        }
+    }
+    struct Frames(u64);
+    impl FrameSource for Frames {
+        fn frame(&mut self) -> Option<u64> {
+            self.0 += 4096;
+            Some(self.0)
+        }
+        fn pair(&mut self) -> Option<u64> {
+            self.0 = (self.0 + 8192).next_multiple_of(8192);
+            Some(self.0)
+        }
+    }
+
+    #[test]
+    fn every_page_of_a_range_translates() {
+        for (page, len) in [(SMALL, 3 << 20), (SMALL, 4096), (HUGE, 4 << 20)] {
+            let mut mem = Mem::default();
+            let mut frames = Frames(0x100_0000);
+            let root = frames.pair().unwrap();
+            let va = 0x100_0000 - if page == SMALL { 4096 } else { 0 };
+            let phys = 0x4000_0000;
+            map_range(&mut mem, &mut frames, root, va, phys, len, page).unwrap();
+            for off in (0..len).step_by(4096) {
+                let t = translate(&mem, root, va + off).unwrap();
+                assert_eq!(t.phys, phys + off, "{page} {off:#x}");
+                assert!(t.flags & USER != 0 && t.flags & WRITABLE != 0);
+            }
+            assert!(translate(&mem, root, va + len).is_none());
+            assert!(va == 0 || translate(&mem, root, va - 4096).is_none());
+            assert_eq!(
+                map_range(&mut mem, &mut frames, root, va, phys, page, page),
+                Err(MapError::AlreadyMapped(va))
+            );
+        }
+    }
+
+    #[test]
+    fn pae_ranges_translate_and_stay_in_one_gib() {
+        for (page, len) in [(SMALL, (2 << 20) + 8192), (HUGE, 2 << 20)] {
+            let mut mem = Mem::default();
+            let mut frames = Frames(0x100_0000);
+            let pdpt = frames.pair().unwrap();
+            let pmd = frames.frame().unwrap();
+            mem.write(pdpt, 0, crate::pae::pdpte(pmd));
+            let va = 0x100_0000;
+            map_range_pae(&mut mem, &mut frames, pmd, va, 0x80_0000, len, page, true).unwrap();
+            for off in (0..len).step_by(4096) {
+                let t = crate::pae::translate(&mem, pdpt, va + off).unwrap();
+                assert_eq!(t.phys, 0x80_0000 + off);
+            }
+        }
+        let mut mem = Mem::default();
+        let mut frames = Frames(0);
+        assert!(map_range_pae(
+            &mut mem,
+            &mut frames,
+            0x1000,
+            0x3fe0_0000,
+            0,
+            4 << 20,
+            HUGE,
+            false
+        )
+        .is_err());
+        assert!(map_range(&mut mem, &mut frames, 0x1000, 0x1000, 0, 2 << 20, HUGE).is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! `ptiscope sweep`, end to end: the grid it runs, its JSON/CSV/SVG, bad
+//! usage, the i386 flavour under QEMU, and the TLB half of PTI's cost:
+//! with PTI the user loop's reads of a 4 MiB working set take longer per
+//! call than without (the guest's own user-mode timing of its reads,
+//! medians of interleaved runs; a one-sided check with a wide margin).
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// The tests that boot guests take turns: on a 2-core machine a QEMU run
+/// beside a timed sweep would measure the QEMU run.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn sweep(args: &[&str], dir: &std::path::Path) -> (Option<i32>, Value, String) {
+    let json = dir.join("sweep.json");
+    let _ = std::fs::remove_file(&json);
+    let o = ptiscope()
+        .args(["sweep", "--quiet", "--json", json.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    let v = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (o.status.code(), v, stdout(&o) + &stderr(&o))
+}
+
+fn cell<'a>(v: &'a Value, wss: u64, spec: &str) -> &'a Value {
+    v["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["wss"] == wss && c["touches_spec"] == spec)
+        .unwrap_or_else(|| panic!("no cell wss={wss} {spec} in {v}"))
+}
+
+#[test]
+fn a_small_sweep_has_every_cell_and_output() {
+    if !kvm_or_skip("sweep outputs") {
+        return;
+    }
+    let _turn = turn();
+    let dir = scratch("sweep-out");
+    let (csv, svg) = (dir.join("s.csv"), dir.join("s.svg"));
+    let (code, v, out) = sweep(
+        &[
+            "--wss",
+            "0,64K",
+            "--touches",
+            "1x,100",
+            "--runs",
+            "2",
+            "--iterations",
+            "200",
+            "--config",
+            "pti=off",
+            "--config",
+            "pti=on",
+            "--config",
+            "pti=on,cmdline=pti_global_text=on",
+            "--csv",
+            csv.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(v["schema"], "ptiscope.sweep/1");
+    assert_eq!(v["time_metric"], "ns_per_call");
+    // wss=0 is one cell; 64K has two (one pass = 16 reads, and 100 reads).
+    assert_eq!(v["cells"].as_array().unwrap().len(), 3, "{v}");
+    let c = cell(&v, 65536, "100");
+    assert_eq!(c["touches"], 100);
+    assert_eq!(c["pages"], 16);
+    assert_eq!(cell(&v, 65536, "1x")["touches"], 16);
+    for c in v["cells"].as_array().unwrap() {
+        let configs = c["configs"].as_array().unwrap();
+        assert_eq!(configs.len(), 3);
+        assert!(c["syscall_rate"].as_f64().unwrap() > 0.0);
+        for (i, k) in configs.iter().enumerate() {
+            assert_eq!(k["samples"].as_array().unwrap().len(), 2);
+            // The exact counts hold in every cell: 2 CR3 writes per call
+            // with PTI (N + 1 calls in the phase), none without.
+            let cr3 = k["cr3_writes_per_call"].as_f64().unwrap();
+            assert_eq!(cr3, if i == 0 { 0.0 } else { 2.0 }, "{k}");
+            // KVM: one flush per kernel->user switch, whatever the working set.
+            let flush = k["tlb_flush_per_call"].as_f64().unwrap();
+            if i == 0 {
+                assert!(flush < 0.05, "{k}");
+            } else {
+                assert!((0.99..1.1).contains(&flush), "{k}");
+            }
+            assert_eq!(k["delta"].is_null(), i == 0);
+        }
+        let refill = &configs[1]["refill_per_page"];
+        assert_eq!(refill.is_null(), c["wss"] == 0, "{c}");
+    }
+    // 1 % and 5 % for each working set and compare configuration.
+    assert_eq!(v["crossings"].as_array().unwrap().len(), 2 * 2 * 2);
+    assert!(out.contains("overhead crosses 1 % and 5 %"), "{out}");
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 3 * 3, "{csv}");
+    assert!(csv.starts_with("wss,touches_spec,"));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("<polyline"), "a curve per working set");
+    assert!(svg.contains("heat map"), "and a heat map");
+    assert!(svg.contains("user-mode refill"), "and the refill per page");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn pti_costs_the_4m_working_set_a_refill_per_call() {
+    if !kvm_or_skip("PTI refill grows with the working set") {
+        return;
+    }
+    let _turn = turn();
+    let dir = scratch("sweep-delta");
+    let (code, v, out) = sweep(
+        &[
+            "--wss",
+            "0,4M",
+            "--touches",
+            "1x",
+            "--runs",
+            "5",
+            "--iterations",
+            "1000",
+            "--config",
+            "pti=off",
+            "--config",
+            "pti=on",
+        ],
+        &dir,
+    );
+    assert_eq!(code, Some(0), "{out}");
+    // The user loop's own reads of the working set, timed by the guest in
+    // user mode (RDTSC around each iteration's reads; the fewest cycles of
+    // one iteration, median over the runs): after every flushing CR3 write
+    // they walk their 1024 pages in again. Measured here ~5-6 cycles per
+    // page (~15k vs ~10k cycles per call); the check asks for 1 cycle per
+    // page. Without a working set there are no reads: the delta is 0 there.
+    let c4 = cell(&v, 4 << 20, "1x");
+    let reads = |i: usize| c4["configs"][i]["read_cycles_min"].as_f64().unwrap();
+    let (off, on) = (reads(0), reads(1));
+    assert!(
+        on - off > 1024.0,
+        "with PTI the 4 MiB working set's reads should take over 1 cycle per page more \
+         ({on:.0} vs {off:.0} cycles per call):\n{out}"
+    );
+    assert!(cell(&v, 0, "-")["configs"][1]["read_cycles_min"].is_null());
+    // The same refill in the whole call (host clock), against the delta
+    // without a working set, is what Gregg's plot shows; on this shared
+    // 2-core machine other load moves a call by tens of µs, more than the
+    // ~10 µs refill, so that form is printed by the sweep but not asserted.
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_sweep_usage_is_refused() {
+    for (args, what) in [
+        (vec!["--wss", "0,lots"], "--wss"),
+        (vec!["--wss", "2G"], "--wss"),
+        (vec!["--touches", "0x"], "at least one pass"),
+        (vec!["--touches", "y"], "--touches"),
+        (vec!["--stride", "12"], "--stride"),
+        (vec!["--config", "pti=on"], "at least two"),
+        (vec!["--config", "pti=off", "--config", "pti=maybe"], "pti"),
+        (vec!["--workload", "sched-messaging"], "syscall-loop"),
+        (vec!["--wss", "64M", "--mem", "64"], "--mem"),
+    ] {
+        let o = ptiscope().arg("sweep").args(&args).output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains(what), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn the_i386_flavour_sweeps_under_qemu() {
+    if std::process::Command::new("qemu-system-i386")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        ptiscope::test_support::skip("i386 sweep", "qemu-system-i386 is not installed");
+        return;
+    }
+    let _turn = turn();
+    let dir = scratch("sweep-i386");
+    let (code, v, out) = sweep(
+        &[
+            "--arch",
+            "i386",
+            "--backend",
+            "qemu",
+            "--wss",
+            "0,64K",
+            "--touches",
+            "1x",
+            "--runs",
+            "1",
+            "--iterations",
+            "50",
+            "--timeout",
+            "120",
+        ],
+        &dir,
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(v["time_metric"], "cycles_per_call");
+    assert_eq!(v["time_source"], "guest");
+    // Default configurations: pti=off, pti=on, pti=on + global text; no
+    // PCID in PAE, said so.
+    assert_eq!(v["configs"].as_array().unwrap().len(), 3, "{v}");
+    assert!(v["omitted"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("PAE paging has no PCID"));
+    let c = cell(&v, 65536, "1x");
+    assert!(c["configs"][1]["median"].as_f64().unwrap() > 0.0);
+    assert_eq!(c["configs"][1]["cr3_writes_per_call"], 2.0);
+    // No host clock: no syscall rates, so no crossings, and the text says why.
+    assert!(v["crossings"].as_array().unwrap().is_empty());
+    assert!(out.contains("no syscall rates"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
