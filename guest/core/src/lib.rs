@@ -17,5 +17,6 @@ pub mod layout;
 pub mod memmap;
 pub mod pae;
 pub mod paging;
+pub mod paging_mode;
 pub mod pipe;
 pub mod workingset;

@@ -13,11 +13,6 @@ pub fn has_sep() -> bool {
     cpuid(1, 0).3 & (1 << 11) != 0
 }
 
-/// CPUID.80000001h:EDX[20]: NX (the boot code set EFER.NXE if so).
-pub fn has_nx() -> bool {
-    cpuid(0x8000_0000, 0).0 >= 0x8000_0001 && cpuid(0x8000_0001, 0).3 & (1 << 20) != 0
-}
-
 core::arch::global_asm!(
     r#"
     .section .text.rdmsr_safe, "ax"

@@ -10,6 +10,9 @@ pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
 use guest_core::paging::PhysMem;
 use ptiscope_abi::telemetry::Counter;
 
+/// This flavour's paging mode (the shared address-space code goes through it).
+pub type Mode = guest_core::paging_mode::Pae;
+
 /// Why CR3 is written; each reason has its own counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cr3Reason {
@@ -97,22 +100,9 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
     half
 }
 
-/// A process's PDPT pair (see `guest_core::pae::build_address_space`).
-pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapError> {
-    let nx = super::cpu::has_nx();
-    guest_core::pae::build_address_space(&mut DirectMap, &mut Frames, half, user, nx)
-}
-
-/// `arch_prctl(ARCH_SET_NOPTI, 1)` on the page tables of `pair`.
-pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
-    guest_core::pae::opt_out_of_pti(&mut DirectMap, pair, half)
-}
-
-/// Maps a thread's stack page into the shared address space `pair`.
-pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
-    let nx = super::cpu::has_nx();
-    guest_core::pae::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame, nx)
-}
+pub use crate::arch::x86_shared::address_space::{
+    map_user_stack_page, new_address_space, opt_out_of_pti,
+};
 
 /// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
 /// user, writable, NX when the CPU has it, with `page`-sized leaves: the

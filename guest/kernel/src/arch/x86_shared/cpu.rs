@@ -99,3 +99,8 @@ pub fn halt_forever() -> ! {
         unsafe { asm!("cli", "hlt", options(nomem, nostack)) }
     }
 }
+
+/// CPUID.80000001h:EDX[20]: NX (both flavours' boot code set EFER.NXE if so).
+pub fn has_nx() -> bool {
+    cpuid(0x8000_0000, 0).0 >= 0x8000_0001 && cpuid(0x8000_0001, 0).3 & (1 << 20) != 0
+}

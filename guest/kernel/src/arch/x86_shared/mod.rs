@@ -1,4 +1,5 @@
 //! Code shared by the x86_64 and the 32-bit PAE flavour.
+pub mod address_space;
 pub mod cpu;
 pub mod exceptions;
 pub mod io;
