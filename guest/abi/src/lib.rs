@@ -345,6 +345,12 @@ pub mod cmdline {
     pub const LOOPS: &str = "loops";
     /// `mode=process|thread` of `workload=sched-messaging` (default process).
     pub const MODE: &str = "mode";
+    /// `cpus=N`: CPUs the VMM (or QEMU `-smp`) created, 1..=8 (default 1);
+    /// the guest starts CPUs 1..N by INIT/SIPI.
+    pub const CPUS: &str = "cpus";
+    /// `threads=T` of `workload=poundsyscall`: threads, each calling getppid
+    /// `iterations` times (default 1).
+    pub const THREADS: &str = "threads";
 }
 
 /// Console lines meant for machines start with this prefix, followed by

@@ -159,8 +159,16 @@ option_enum! {
         /// [`GROUP_SIZE`] senders and as many receivers, `loops=` messages per
         /// sender and receiver, `mode=process|thread`.
         SchedMessaging => "sched-messaging",
+        /// mmtests `poundsyscall`: `threads=` threads of one process, each
+        /// calling getppid `iterations` times, spread over the CPUs (`cpus=`).
+        Poundsyscall => "poundsyscall",
     }
 }
+
+/// Most `threads=` of poundsyscall (the task table also holds the parent).
+pub const MAX_THREADS: u64 = 64;
+/// Most CPUs (`cpus=`): the telemetry page's CPU blocks.
+pub const MAX_CPUS: u64 = crate::telemetry::MAX_CPUS as u64;
 
 impl Workload {
     /// One system call per iteration, `iterations=` of them.

@@ -9,7 +9,7 @@ use ptiscope_abi::cmdline as keys;
 
 pub use ptiscope_abi::options::{
     Entry, Fault, PtiMode, TaskMode, Workload, DEFAULT_GROUPS, DEFAULT_ITERATIONS, DEFAULT_LOOPS,
-    GROUP_SIZE, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS,
+    GROUP_SIZE, MAX_CPUS, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS, MAX_THREADS,
 };
 
 /// The parsed command line.
@@ -29,6 +29,10 @@ pub struct Config {
     pub loops: u64,
     /// `mode=` of sched-messaging.
     pub mode: TaskMode,
+    /// `cpus=`: CPUs to run on (1..=[`MAX_CPUS`]).
+    pub cpus: u64,
+    /// `threads=` of poundsyscall (1..=[`MAX_THREADS`]).
+    pub threads: u64,
 }
 
 impl Config {
@@ -55,6 +59,8 @@ impl Default for Config {
             groups: DEFAULT_GROUPS,
             loops: DEFAULT_LOOPS,
             mode: TaskMode::Process,
+            cpus: 1,
+            threads: 1,
         }
     }
 }
@@ -104,6 +110,8 @@ fn expected(key: &str) -> &'static str {
         }
         keys::LOOPS => "a number from 0 to 1000000",
         keys::MODE => TaskMode::EXPECTED,
+        keys::CPUS => "a number from 1 to 8 (the telemetry page's CPU blocks)",
+        keys::THREADS => "a number from 1 to 64",
         _ => "?",
     }
 }
@@ -206,6 +214,20 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 c.mode = value.parse().map_err(|_| bad)?;
                 11
             }
+            keys::CPUS => {
+                c.cpus = match parse_number(value) {
+                    Some(n) if (1..=MAX_CPUS).contains(&n) => n,
+                    _ => return Err(bad),
+                };
+                20
+            }
+            keys::THREADS => {
+                c.threads = match parse_number(value) {
+                    Some(n) if (1..=MAX_THREADS).contains(&n) => n,
+                    _ => return Err(bad),
+                };
+                21
+            }
             _ => return Err(CmdlineError::UnknownKey(key)),
         };
         if seen & (1 << bit) != 0 {
@@ -220,6 +242,23 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
 mod tests {
     use super::*;
     use std::string::ToString;
+
+    #[test]
+    fn cpus_and_threads() {
+        let c = parse("cpus=2 threads=4 workload=poundsyscall").unwrap();
+        assert_eq!(
+            (c.cpus, c.threads, c.workload),
+            (2, 4, Workload::Poundsyscall)
+        );
+        assert_eq!(Config::default().cpus, 1);
+        for bad in ["cpus=0", "cpus=9", "threads=0", "threads=65", "cpus=x"] {
+            assert!(
+                matches!(parse(bad), Err(CmdlineError::BadValue { .. })),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse("cpus=2 cpus=2"), Err(CmdlineError::Repeated("cpus")));
+    }
 
     #[test]
     fn empty_line_gives_defaults() {

@@ -45,6 +45,8 @@ impl core::fmt::Display for Hex {
 extern "C" fn kmain(start_info: usize) -> ! {
     println!("{} {} {}", ptiscope_abi::BANNER_PREFIX, arch::NAME, VERSION);
     arch::descriptors::init_gdt_tss();
+    // Per-CPU data (GS) before anything counts.
+    arch::smp::init_boot_cpu();
     arch::descriptors::init_idt();
 
     let info = match pvh::StartInfo::read(start_info as u64) {
@@ -101,6 +103,19 @@ extern "C" fn kmain(start_info: usize) -> ! {
         println!("{why}");
         stop(exit_status::UNSUPPORTED)
     }
+    if config.cpus > 1 && arch::smp::pound_program(config.entry.abi_code()).is_none() {
+        println!(
+            "cpus={}: this flavour runs on one CPU (its SMP is not built)",
+            config.cpus
+        );
+        stop(exit_status::UNSUPPORTED)
+    }
+    if config.workload == Workload::Poundsyscall
+        && arch::smp::pound_program(config.entry.abi_code()).is_none()
+    {
+        println!("workload=poundsyscall is not built for this flavour");
+        stop(exit_status::UNSUPPORTED)
+    }
     let pcid = config.pcid;
 
     // Map only as much of the first GiB as there is memory: each 2 MiB entry
@@ -132,7 +147,8 @@ extern "C" fn kmain(start_info: usize) -> ! {
     if arch::GLOBAL_TEXT && pti && config.pti_global_text {
         tflags |= flags::PTI_GLOBAL_TEXT;
     }
-    telemetry::write_header(tflags, config.entry.abi_code());
+    telemetry::write_header(tflags, config.entry.abi_code(), config.cpus as u32);
+    start_cpus(&config);
 
     if let Some(f) = config.fault {
         raise(f);
@@ -144,7 +160,64 @@ extern "C" fn kmain(start_info: usize) -> ! {
     if config.workload == Workload::SchedMessaging && config.fault.is_none() {
         run_messaging(&config, pti, pcid, half)
     }
+    if config.workload == Workload::Poundsyscall && config.fault.is_none() {
+        run_pound(&config, pti, pcid, half)
+    }
     run_workload(&config, pti, pcid, half)
+}
+
+/// `cpus=N`: starts CPUs 1..N (INIT/SIPI); they idle until given work.
+fn start_cpus(config: &Config) {
+    let cpus = config.cpus as usize;
+    if cpus <= 1 {
+        return;
+    }
+    let root = arch::smp::current_cr3();
+    task::AP_KERNEL_CR3.store(root, core::sync::atomic::Ordering::Relaxed);
+    task::AP_CR4.store(cpu::read_cr4(), core::sync::atomic::Ordering::Relaxed);
+    task::AP_ENTRY.store(
+        config.entry.abi_code() as usize,
+        core::sync::atomic::Ordering::Relaxed,
+    );
+    arch::smp::init_bsp(cpus, root & !0xfff);
+    let online = arch::smp::start_aps();
+    println!("smp: {online} of {cpus} CPUs online (INIT/SIPI)");
+    if online < cpus {
+        println!("@smp_failed online={online} cpus={cpus}");
+        stop(exit_status::UNSUPPORTED)
+    }
+}
+
+/// `workload=poundsyscall` (mmtests): a parent (pid 1, CPU 0: phase
+/// markers, reaps) and `threads` threads of its address space, thread i on
+/// CPU i mod `cpus`, each calling getppid `iterations` times; they start
+/// together at the begin marker. Then reports and stops.
+fn run_pound(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
+    use arch::context::UserRegs;
+    let mut s = task::lock();
+    s.init(pti, pcid, config.entry, half);
+    let (parent_rip, _, _) = user::messaging_programs(config.entry.abi_code());
+    let Some(worker_rip) = arch::smp::pound_program(config.entry.abi_code()) else {
+        stop(exit_status::UNSUPPORTED)
+    };
+    let cpus = arch::smp::online();
+    println!(
+        "poundsyscall: {} threads x {} getppid calls on {cpus} CPUs",
+        config.threads, config.iterations
+    );
+    let parent = s
+        .spawn_task(None, parent_rip, &UserRegs::default(), None)
+        .unwrap_or_else(|e| panic!("cannot create the poundsyscall parent: {e:?}"));
+    let ppid = s.tasks[parent].pid;
+    for i in 0..config.threads as usize {
+        let regs = UserRegs::params([config.iterations, ppid, 0, 0]);
+        let t = s
+            .spawn_task(Some(parent), worker_rip, &regs, Some(parent))
+            .unwrap_or_else(|e| panic!("cannot create poundsyscall thread {i}: {e:?}"));
+        s.pin(t, i % cpus);
+    }
+    task::Sched::run(s);
+    report(config, pti, pcid)
 }
 
 /// `workload=sched-messaging`: a parent (pid 1: phase markers, reaps the
@@ -153,11 +226,13 @@ extern "C" fn kmain(start_info: usize) -> ! {
 /// of the parent's address space; then reports and stops.
 fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     use arch::context::UserRegs;
-    // SAFETY: boot, one CPU; as in run_workload.
-    let s = unsafe { task::sched() };
+    let mut s = task::lock();
     s.init(pti, pcid, config.entry, half);
     let (parent_rip, sender_rip, receiver_rip) = user::messaging_programs(config.entry.abi_code());
     let thread = config.mode == TaskMode::Thread;
+    // Workers round-robin over the CPUs online; the parent stays on CPU 0.
+    let cpus = arch::smp::online();
+    let mut worker = 0usize;
     println!(
         "sched-messaging: {} groups of {GROUP_SIZE} senders and {GROUP_SIZE} receivers, {} loops, {} mode: {} messages of {} bytes",
         config.groups,
@@ -176,6 +251,7 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
             )
             .unwrap_or_else(|e| panic!("cannot create the sched-messaging tasks: {e:?}"));
         s.tasks[r].pipes = pipes;
+        r
     };
     let parent = s
         .spawn_task(None, parent_rip, &UserRegs::default(), None)
@@ -193,7 +269,15 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
                 count: 1,
                 write: false,
             };
-            spawn(s, Some(parent), receiver_rip, [g, r, config.loops, 0], fds);
+            let t = spawn(
+                &mut s,
+                Some(parent),
+                receiver_rip,
+                [g, r, config.loops, 0],
+                fds,
+            );
+            worker += 1;
+            s.pin(t, worker % cpus);
         }
         for snd in 0..GROUP_SIZE {
             let fds = task::PipeFds {
@@ -201,10 +285,18 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
                 count: GROUP_SIZE as u16,
                 write: true,
             };
-            spawn(s, Some(parent), sender_rip, [g, snd, config.loops, 0], fds);
+            let t = spawn(
+                &mut s,
+                Some(parent),
+                sender_rip,
+                [g, snd, config.loops, 0],
+                fds,
+            );
+            worker += 1;
+            s.pin(t, worker % cpus);
         }
     }
-    s.run();
+    task::Sched::run(s);
     report(config, pti, pcid)
 }
 
@@ -212,16 +304,16 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
 /// which runs the measured loop; then reports and stops.
 fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     use ptiscope_abi::syscall as nr;
-    // SAFETY: boot, one CPU; the reference is not used across the run below
-    // except through the scheduler itself.
-    let s = unsafe { task::sched() };
+    let mut s = task::lock();
     s.init(pti, pcid, config.entry, half);
     let (loop_rip, init_rip) = user::programs(config.entry.abi_code());
     let (number, arg0, mut flags) = match config.workload {
         Workload::Getppid => (nr::GETPPID, 0, 0),
         Workload::WriteBadfd => (nr::WRITE, usize::MAX as u64, 0),
         Workload::NoptiGetpid => (nr::GETPID, 0, user::FLAG_NOPTI),
-        Workload::Getpid | Workload::None | Workload::SchedMessaging => (nr::GETPID, 0, 0),
+        Workload::Getpid | Workload::None | Workload::SchedMessaging | Workload::Poundsyscall => {
+            (nr::GETPID, 0, 0)
+        }
     };
     let kread_target = core::ptr::addr_of!(task::SCHED) as u64;
     if config.fault == Some(Fault::Kread) {
@@ -240,7 +332,7 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     if let Err(e) = child {
         panic!("cannot create the workload processes: {e:?}");
     }
-    s.run();
+    task::Sched::run(s);
     report(config, pti, pcid)
 }
 
@@ -260,8 +352,11 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     let d = |c| e.delta(&b, c);
     let cr3 = d(C::Cr3Entry) + d(C::Cr3Exit) + d(C::Cr3ContextSwitch) + d(C::Cr3Other);
     let messaging = config.workload == Workload::SchedMessaging;
+    let pound = config.workload == Workload::Poundsyscall;
     let n = if messaging {
         config.messages()
+    } else if pound {
+        config.threads * config.iterations
     } else {
         config.iterations
     };
@@ -297,6 +392,15 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         r.mismatches,
         Messaging(messaging.then_some(config)),
     );
+    if pound || arch::smp::online() > 1 {
+        println!(
+            "@smp cpus={} threads={} calls_per_thread={} ipis_sent={}",
+            arch::smp::online(),
+            if pound { config.threads } else { 1 },
+            config.iterations,
+            arch::smp::IPIS_SENT.load(core::sync::atomic::Ordering::Relaxed),
+        );
+    }
     if status != 0 || r.mismatches != 0 {
         println!(
             "workload failed: exit status {status}, {} wrong results",

@@ -89,6 +89,7 @@ pub fn parse_side(
     };
     let mut c = RunConfig::new(kernel);
     c.mem_mib = args.mem;
+    c.cpus = args.cpus;
     c.timeout = args.timeout;
     c.serial_out = SerialOut::Discard;
     c.handle_signals = true;
@@ -189,7 +190,7 @@ pub fn run_measured(
                 ));
             }
             if o.exit_code() != 0 {
-                let mut msg = format!("{}", o.stop);
+                let mut msg = o.stop_description();
                 for f in o.faults() {
                     msg.push_str(&format!("\n  guest reported: {f}"));
                 }

@@ -42,6 +42,9 @@ pub struct RunConfig {
     /// the serial port raises no interrupt, and VM teardown is cheaper (on
     /// this workplace's KVM about 4 ms of a 16 ms boot-to-exit).
     pub irqchip: bool,
+    /// vCPUs (`--cpus`), 1..=[`crate::preflight::max_cpus`]; the guest
+    /// learns the count from `cpus=` on its command line.
+    pub cpus: u32,
 }
 
 impl RunConfig {
@@ -58,6 +61,7 @@ impl RunConfig {
             handle_signals: false,
             qemu_args: Vec::new(),
             irqchip: true,
+            cpus: 1,
         }
     }
 }

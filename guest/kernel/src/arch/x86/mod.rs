@@ -10,6 +10,8 @@ pub mod entry;
 pub mod exceptions;
 pub mod mem;
 pub mod paging;
+pub mod percpu;
+pub mod smp;
 pub mod sysentry;
 pub mod user;
 

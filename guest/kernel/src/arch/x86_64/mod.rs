@@ -6,6 +6,8 @@ pub mod descriptors;
 pub mod entry;
 pub mod exceptions;
 pub mod paging;
+pub mod percpu;
+pub mod smp;
 pub mod sysentry;
 pub mod user;
 

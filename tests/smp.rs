@@ -1,0 +1,170 @@
+//! SMP under KVM: `--cpus 2` boots the guest's second CPU by INIT/SIPI, the
+//! poundsyscall threads run on both vCPUs (both vCPUs' KVM exits rise, each
+//! guest CPU makes its threads' syscalls) with exactly one CR3 switch in and
+//! one out per syscall with PTI, and sched-messaging loses no message when
+//! its tasks are spread over two CPUs and wake each other by IPI.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+const CALLS: u64 = 300;
+
+fn row(v: &Value, name: &str) -> Option<f64> {
+    v["rows"].as_array()?.iter().find(|r| r["name"] == name)?["total"].as_f64()
+}
+
+/// Boots with `--cpus 2`, returns (console, summary JSON).
+fn run_two_cpus(test: &str, args: &[&str]) -> (String, Value) {
+    let json = scratch(test).join("run.json");
+    let out = ptiscope()
+        .args(["run", "--cpus", "2", "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .expect("run ptiscope");
+    let console = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{test}: {:?}\n{console}\n{}",
+        out.status,
+        stderr(&out)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
+        .expect("valid json");
+    (console, v)
+}
+
+#[test]
+fn poundsyscall_two_threads_run_on_both_vcpus_with_two_cr3_writes_per_call() {
+    if !kvm_or_skip("poundsyscall_two_threads_run_on_both_vcpus_with_two_cr3_writes_per_call") {
+        return;
+    }
+    for pti in ["on", "off"] {
+        let (console, v) = run_two_cpus(
+            &format!("pound-{pti}"),
+            &[
+                "--pti",
+                pti,
+                "--workload",
+                "poundsyscall",
+                "--iterations",
+                &CALLS.to_string(),
+                "--cmdline",
+                "threads=2",
+            ],
+        );
+        assert!(console.contains("smp: 2 of 2 CPUs online"), "{console}");
+        let r = result_line(&console);
+        assert_eq!(num(&r, "iterations"), 2 * CALLS, "{r:?}");
+        assert_eq!(num(&r, "mismatches"), 0, "getppid answered wrongly: {r:?}");
+        // 2 x CALLS getppid, an exit per thread, the parent's waits (one
+        // per thread and the final -ECHILD) and its end marker.
+        let syscalls = 2 * CALLS + 2 + 3 + 1;
+        assert_eq!(num(&r, "syscalls"), syscalls, "{r:?}");
+        let (entry, exit) = (num(&r, "cr3_entry"), num(&r, "cr3_exit"));
+        if pti == "on" {
+            assert_eq!((entry, exit), (syscalls, syscalls), "{r:?}");
+        } else {
+            assert_eq!((entry, exit), (0, 0), "{r:?}");
+        }
+        // Both vCPUs ran guest code: each one's KVM exits (2 per int3 round
+        // trip here) rose by at least its thread's calls, and each guest CPU
+        // counted at least its thread's syscalls.
+        for cpu in 0..2 {
+            let exits = row(&v, &format!("kvm_exits_vcpu{cpu}")).expect("per-vCPU KVM exits");
+            assert!(exits >= CALLS as f64, "vCPU {cpu}: {exits} exits");
+            let sys = row(&v, &format!("syscalls_cpu{cpu}")).expect("per-CPU syscalls");
+            assert!(sys >= CALLS as f64, "CPU {cpu}: {sys} syscalls");
+        }
+        assert_eq!(v["telemetry_valid"], Value::Bool(true), "{v}");
+    }
+}
+
+#[test]
+fn sched_messaging_across_two_cpus_loses_no_message() {
+    if !kvm_or_skip("sched_messaging_across_two_cpus_loses_no_message") {
+        return;
+    }
+    let (console, v) = run_two_cpus(
+        "messaging",
+        &[
+            "--pti",
+            "on",
+            "--workload",
+            "sched-messaging",
+            "--cmdline",
+            "groups=1 loops=2",
+        ],
+    );
+    let r = result_line(&console);
+    let messages = 20 * 20 * 2;
+    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
+    assert_eq!(num(&r, "iterations"), messages, "{r:?}");
+    assert_eq!(num(&r, "syscalls"), 2 * messages + 40 + 41 + 1, "{r:?}");
+    for cpu in 0..2 {
+        let sys = row(&v, &format!("syscalls_cpu{cpu}")).expect("per-CPU syscalls");
+        assert!(sys > 0.0, "CPU {cpu} ran no task");
+    }
+    let ipis = machine_line(&console, "@smp");
+    assert!(
+        num(&ipis, "ipis_sent") > 0,
+        "no cross-CPU wake-up: {ipis:?}"
+    );
+}
+
+#[test]
+fn bad_cpu_counts_are_usage_errors() {
+    for (args, want) in [
+        (&["run", "--cpus", "0"][..], "1..=8"),
+        (&["run", "--cpus", "9"][..], "1..=8"),
+        (&["run", "--cpus", "2", "--no-irqchip"][..], "irqchip"),
+    ] {
+        let out = ptiscope().args(args).output().expect("run ptiscope");
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn two_cpus_boot_under_qemu_smp_with_syscall_entry() {
+    if std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        ptiscope::test_support::skip("qemu smp", "qemu-system-x86_64 is not installed");
+        return;
+    }
+    let out = ptiscope()
+        .args([
+            "run",
+            "--backend",
+            "qemu",
+            "--cpus",
+            "2",
+            "--pti",
+            "on",
+            "--entry",
+            "syscall",
+            "--workload",
+            "poundsyscall",
+            "--iterations",
+            "100",
+            "--cmdline",
+            "threads=2",
+            "--timeout",
+            "120",
+        ])
+        .output()
+        .expect("run ptiscope");
+    let console = stdout(&out);
+    assert!(out.status.success(), "{console}\n{}", stderr(&out));
+    assert!(console.contains("smp: 2 of 2 CPUs online"), "{console}");
+    let r = result_line(&console);
+    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
+    assert_eq!(num(&r, "syscalls"), 200 + 2 + 3 + 1, "{r:?}");
+    assert_eq!(num(&r, "cr3_entry"), num(&r, "syscalls"), "{r:?}");
+    assert_eq!(num(&r, "cr3_exit"), num(&r, "syscalls"), "{r:?}");
+}
