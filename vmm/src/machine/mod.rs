@@ -228,7 +228,7 @@ pub fn run(
                 Err(source) => {
                     // Stop the vCPUs already running before reporting.
                     for (i, _) in handles.iter().enumerate() {
-                        watchdog::stop_vcpu(&tids[i], &stop_requested, &finished[i]);
+                        watchdog::stop_vcpu(&tids[i], stop_requested, &finished[i]);
                     }
                     return Err(RunError::Host {
                         what: "spawning a vCPU thread",
