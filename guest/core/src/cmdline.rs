@@ -423,6 +423,7 @@ mod tests {
             "write-badfd" => "workload=write-badfd",
             "nopti-getpid" => "workload=nopti-getpid",
             "sched-messaging" => "workload=sched-messaging",
+            "poundsyscall" => "workload=poundsyscall",
             other => panic!("add {other} to this test"),
         }
     }
