@@ -168,3 +168,38 @@ fn two_cpus_boot_under_qemu_smp_with_syscall_entry() {
     assert_eq!(num(&r, "cr3_entry"), num(&r, "syscalls"), "{r:?}");
     assert_eq!(num(&r, "cr3_exit"), num(&r, "syscalls"), "{r:?}");
 }
+
+#[test]
+fn poundsyscall_on_one_cpu_runs_its_threads_in_turn() {
+    if !kvm_or_skip("poundsyscall_on_one_cpu_runs_its_threads_in_turn") {
+        return;
+    }
+    let out = ptiscope()
+        .args([
+            "run",
+            "--pti",
+            "on",
+            "--workload",
+            "poundsyscall",
+            "--iterations",
+            "100",
+            "--cmdline",
+            "threads=3",
+        ])
+        .output()
+        .expect("run ptiscope");
+    let console = stdout(&out);
+    assert!(out.status.success(), "{console}\n{}", stderr(&out));
+    let r = result_line(&console);
+    assert_eq!(num(&r, "iterations"), 300, "{r:?}");
+    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
+    let syscalls = 300 + 2 * 3 + 2;
+    assert_eq!(num(&r, "syscalls"), syscalls, "{r:?}");
+    assert_eq!(
+        (num(&r, "cr3_entry"), num(&r, "cr3_exit")),
+        (syscalls, syscalls),
+        "{r:?}"
+    );
+    // Threads of one address space: no CR3 write between them.
+    assert_eq!(num(&r, "cr3_context_switch"), 0, "{r:?}");
+}

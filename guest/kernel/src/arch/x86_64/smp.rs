@@ -52,8 +52,8 @@ const AP_STACK_PAGES: u64 = 4;
 /// Stack for an AP's fatal-exception report.
 const AP_FAULT_STACK_PAGES: u64 = 4;
 
-/// CPUs online (the BSP included once [`init_bsp`] ran).
-static ONLINE: AtomicUsize = AtomicUsize::new(0);
+/// CPUs online: the boot CPU from the start.
+static ONLINE: AtomicUsize = AtomicUsize::new(1);
 /// CPUs the command line asked for.
 static CPUS: AtomicUsize = AtomicUsize::new(1);
 /// Wake-up IPIs sent (all CPUs); received ones count as `interrupts`.
