@@ -203,3 +203,100 @@ fn poundsyscall_on_one_cpu_runs_its_threads_in_turn() {
     // Threads of one address space: no CR3 write between them.
     assert_eq!(num(&r, "cr3_context_switch"), 0, "{r:?}");
 }
+
+#[test]
+fn a_fault_on_the_second_vcpu_stops_the_vm_and_is_named() {
+    if !kvm_or_skip("a_fault_on_the_second_vcpu_stops_the_vm_and_is_named") {
+        return;
+    }
+    let out = ptiscope()
+        .args(["run", "--cpus", "2", "--cmdline", "fault=ud fault_cpu=1"])
+        .output()
+        .expect("run ptiscope");
+    let err = stderr(&out);
+    // Guest status 2: a CPU exception, reported by the faulting CPU.
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("ptiscope: vCPU 1: guest exited with status 2"),
+        "{err}"
+    );
+    assert!(
+        err.contains("vCPU 1: ") && err.contains("stopped the VM"),
+        "{err}"
+    );
+    assert!(stdout(&out).contains("@fault vector=6"), "{}", stdout(&out));
+
+    // A hang on the second vCPU: the watchdog stops both.
+    let out = ptiscope()
+        .args([
+            "run",
+            "--cpus",
+            "2",
+            "--timeout",
+            "1",
+            "--cmdline",
+            "fault=hang fault_cpu=1",
+        ])
+        .output()
+        .expect("run ptiscope");
+    assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+
+    // fault_cpu must name a CPU that exists.
+    let out = ptiscope()
+        .args(["run", "--cpus", "2", "--cmdline", "fault=ud fault_cpu=2"])
+        .output()
+        .expect("run ptiscope");
+    assert_eq!(out.status.code(), Some(4), "{}", stdout(&out));
+}
+
+#[test]
+fn compare_poundsyscall_prints_the_per_thread_count_table() {
+    if !kvm_or_skip("compare_poundsyscall_prints_the_per_thread_count_table") {
+        return;
+    }
+    let json = scratch("pound-compare").join("sweep.json");
+    let out = ptiscope()
+        .args([
+            "compare",
+            "--workload",
+            "poundsyscall",
+            "--cpus",
+            "2",
+            "--iterations",
+            "50",
+            "--runs",
+            "1",
+            "--quiet",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run ptiscope");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    for t in 1..=4 {
+        assert!(text.contains(&format!("Amean  elapsed-{t}")), "{text}");
+    }
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let counts = v["thread_counts"].as_array().expect("thread counts");
+    assert_eq!(counts.len(), 4, "T = 1..=2 x 2 vCPUs");
+    for c in counts {
+        let cr3 = |side: &str| c[side]["cr3_writes_per_call"][0].as_f64().unwrap();
+        // Per getppid call: 2 with PTI, plus the few per-phase syscalls
+        // (2T + 2 over 50T calls) and context switches; none without.
+        assert!(cr3("compare") >= 2.0 && cr3("compare") < 2.2, "{c}");
+        assert!(cr3("baseline") < 0.1, "{c}");
+    }
+    // --fail-if needs one thread count.
+    let out = ptiscope()
+        .args([
+            "compare",
+            "--workload",
+            "poundsyscall",
+            "--fail-if",
+            "ns_per_call>0",
+        ])
+        .output()
+        .expect("run ptiscope");
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+}

@@ -351,6 +351,9 @@ pub mod cmdline {
     /// `threads=T` of `workload=poundsyscall`: threads, each calling getppid
     /// `iterations` times (default 1).
     pub const THREADS: &str = "threads";
+    /// `fault_cpu=N`: raise `fault=` on CPU N (0..cpus) instead of the boot
+    /// CPU (tests: a fault on another vCPU stops the VM and is named).
+    pub const FAULT_CPU: &str = "fault_cpu";
 }
 
 /// Console lines meant for machines start with this prefix, followed by

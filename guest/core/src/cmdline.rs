@@ -33,6 +33,8 @@ pub struct Config {
     pub cpus: u64,
     /// `threads=` of poundsyscall (1..=[`MAX_THREADS`]).
     pub threads: u64,
+    /// `fault_cpu=`: the CPU that raises `fault=` (0..[`MAX_CPUS`]).
+    pub fault_cpu: u64,
 }
 
 impl Config {
@@ -61,6 +63,7 @@ impl Default for Config {
             mode: TaskMode::Process,
             cpus: 1,
             threads: 1,
+            fault_cpu: 0,
         }
     }
 }
@@ -112,6 +115,7 @@ fn expected(key: &str) -> &'static str {
         keys::MODE => TaskMode::EXPECTED,
         keys::CPUS => "a number from 1 to 8 (the telemetry page's CPU blocks)",
         keys::THREADS => "a number from 1 to 64",
+        keys::FAULT_CPU => "a CPU index from 0 to 7, below cpus=",
         _ => "?",
     }
 }
@@ -228,6 +232,13 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 };
                 21
             }
+            keys::FAULT_CPU => {
+                c.fault_cpu = match parse_number(value) {
+                    Some(n) if n < MAX_CPUS => n,
+                    _ => return Err(bad),
+                };
+                22
+            }
             _ => return Err(CmdlineError::UnknownKey(key)),
         };
         if seen & (1 << bit) != 0 {
@@ -258,6 +269,8 @@ mod tests {
             );
         }
         assert_eq!(parse("cpus=2 cpus=2"), Err(CmdlineError::Repeated("cpus")));
+        assert_eq!(parse("fault_cpu=1").unwrap().fault_cpu, 1);
+        assert!(parse("fault_cpu=8").is_err());
     }
 
     #[test]

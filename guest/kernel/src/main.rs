@@ -43,10 +43,11 @@ impl core::fmt::Display for Hex {
 
 #[no_mangle]
 extern "C" fn kmain(start_info: usize) -> ! {
-    println!("{} {} {}", ptiscope_abi::BANNER_PREFIX, arch::NAME, VERSION);
     arch::descriptors::init_gdt_tss();
-    // Per-CPU data (GS) before anything counts.
+    // Per-CPU data (GS) before anything counts or prints (the console lock
+    // asks which CPU this is).
     arch::smp::init_boot_cpu();
+    println!("{} {} {}", ptiscope_abi::BANNER_PREFIX, arch::NAME, VERSION);
     arch::descriptors::init_idt();
 
     let info = match pvh::StartInfo::read(start_info as u64) {
@@ -150,8 +151,16 @@ extern "C" fn kmain(start_info: usize) -> ! {
     telemetry::write_header(tflags, config.entry.abi_code(), config.cpus as u32);
     start_cpus(&config);
 
-    if let Some(f) = config.fault {
+    if let (Some(f), 0) = (config.fault, config.fault_cpu) {
         raise(f);
+    }
+    if config.fault.is_some() && config.fault_cpu > 0 {
+        println!(
+            "CPU 0 waits while CPU {} raises fault={}",
+            config.fault_cpu,
+            config.fault.map_or("none", |f| f.name())
+        );
+        cpu::halt_forever()
     }
     if config.workload == Workload::None && config.fault != Some(Fault::Kread) {
         println!("workload none: nothing to run");
@@ -169,8 +178,26 @@ extern "C" fn kmain(start_info: usize) -> ! {
 /// `cpus=N`: starts CPUs 1..N (INIT/SIPI); they idle until given work.
 fn start_cpus(config: &Config) {
     let cpus = config.cpus as usize;
+    if config.fault_cpu >= config.cpus {
+        println!(
+            "bad command line: fault_cpu={} but cpus={}",
+            config.fault_cpu, config.cpus
+        );
+        println!(
+            "@badcmdline fault_cpu={} is not below cpus={}",
+            config.fault_cpu, config.cpus
+        );
+        stop(exit_status::BAD_CMDLINE)
+    }
     if cpus <= 1 {
         return;
+    }
+    if let (Some(f), n @ 1..) = (config.fault, config.fault_cpu) {
+        // Raised by that CPU as soon as it is up (task::ap_enter).
+        task::AP_FAULT.store(
+            (n as usize) << 8 | (f as usize + 1),
+            core::sync::atomic::Ordering::Relaxed,
+        );
     }
     let root = arch::smp::current_cr3();
     task::AP_KERNEL_CR3.store(root, core::sync::atomic::Ordering::Relaxed);
@@ -429,8 +456,8 @@ impl core::fmt::Display for Messaging<'_> {
     }
 }
 
-/// `fault=...`: raise the requested fault in the kernel.
-fn raise(f: Fault) {
+/// `fault=...`: raise the requested fault in the kernel (of this CPU).
+pub fn raise(f: Fault) {
     println!("raising fault={} on purpose", f.name());
     match f {
         // SAFETY (all arms): deliberately faulting is the point; the

@@ -242,12 +242,23 @@ pub unsafe fn sched() -> &'static mut Sched {
 pub static AP_KERNEL_CR3: AtomicU64 = AtomicU64::new(0);
 pub static AP_CR4: AtomicU64 = AtomicU64::new(0);
 pub static AP_ENTRY: AtomicUsize = AtomicUsize::new(0);
+/// `fault_cpu=`: CPU index << 8 | (the `Fault` + 1); 0 for none.
+pub static AP_FAULT: AtomicUsize = AtomicUsize::new(0);
 
 /// An AP's entry into the kernel proper: it joins and idles.
 pub fn ap_enter(cpu: usize) -> ! {
     smp::ap_setup(AP_KERNEL_CR3.load(Relaxed), AP_CR4.load(Relaxed));
     if let Some(e) = Entry::from_abi_code(AP_ENTRY.load(Relaxed) as u32) {
         sysentry::init(e);
+    }
+    let fault = AP_FAULT.load(Relaxed);
+    if fault != 0 && fault >> 8 == cpu {
+        let f = guest_core::cmdline::Fault::ALL
+            .get((fault & 0xff) - 1)
+            .copied();
+        if let Some(f) = f {
+            crate::raise(f);
+        }
     }
     let mut s = lock();
     loop {

@@ -278,6 +278,9 @@ fn progress(total: u64, quiet: bool) -> indicatif::ProgressBar {
 
 /// Runs the comparison and prints it; returns the process exit code.
 pub fn run(args: &CompareArgs) -> i32 {
+    if crate::cli::pound::wants_sweep(args) {
+        return crate::cli::pound::run(args);
+    }
     let embedded = args.arch.embedded_image();
     if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
         eprintln!("ptiscope compare: --qemu-arg needs --backend qemu");

@@ -2,6 +2,7 @@
 
 pub mod compare;
 pub mod exit_code;
+pub mod pound;
 
 use std::path::PathBuf;
 use std::time::Duration;
