@@ -128,7 +128,8 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
     config.guest.workload = Some(ptiscope::preflight::cmdline::Workload::Getpid);
     config.guest.iterations = Some(1);
     config.guest.extra = args.cmdline.clone();
-    let mut inspector = Inspector::new(paging, entry_area);
+    let mut inspector = Inspector::new(paging, entry_area)
+        .with_deferred_text(EntryArea::deferred_switch_text(&image));
     let outcome = match run_vm(&config, &mut inspector) {
         Ok(o) => o,
         Err(e) => {

@@ -354,6 +354,8 @@ pub mod cmdline {
     /// `fault_cpu=N`: raise `fault=` on CPU N (0..cpus) instead of the boot
     /// CPU (tests: a fault on another vCPU stops the VM and is named).
     pub const FAULT_CPU: &str = "fault_cpu";
+    /// `pti_switch=asm|deferred`, one of [`crate::options::PtiSwitch`].
+    pub const PTI_SWITCH: &str = "pti_switch";
 }
 
 /// Console lines meant for machines start with this prefix, followed by

@@ -186,6 +186,18 @@ impl Workload {
 }
 
 option_enum! {
+    /// `pti_switch=`: where the kernel->user CR3 switch of a syscall's exit
+    /// is done (the 2020 "defer CR3 switch to C code" RFC).
+    pub enum PtiSwitch {
+        /// In the assembly exit stub (as Linux does).
+        Asm => "asm",
+        /// Late, from Rust code, with that code's text page mapped in the
+        /// user copy besides the entry area (int entries, no PCID).
+        Deferred => "deferred",
+    }
+}
+
+option_enum! {
     /// `fault=`: raise this fault on purpose (tests).
     pub enum Fault {
         /// Page fault in the kernel (read of an unmapped address).

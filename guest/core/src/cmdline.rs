@@ -8,8 +8,8 @@ use core::fmt;
 use ptiscope_abi::cmdline as keys;
 
 pub use ptiscope_abi::options::{
-    Entry, Fault, PtiMode, TaskMode, Workload, DEFAULT_GROUPS, DEFAULT_ITERATIONS, DEFAULT_LOOPS,
-    GROUP_SIZE, MAX_CPUS, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS, MAX_THREADS,
+    Entry, Fault, PtiMode, PtiSwitch, TaskMode, Workload, DEFAULT_GROUPS, DEFAULT_ITERATIONS,
+    DEFAULT_LOOPS, GROUP_SIZE, MAX_CPUS, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS, MAX_THREADS,
 };
 
 /// The parsed command line.
@@ -35,6 +35,8 @@ pub struct Config {
     pub threads: u64,
     /// `fault_cpu=`: the CPU that raises `fault=` (0..[`MAX_CPUS`]).
     pub fault_cpu: u64,
+    /// `pti_switch=`: where the exit's kernel->user CR3 switch is done.
+    pub pti_switch: PtiSwitch,
 }
 
 impl Config {
@@ -64,6 +66,7 @@ impl Default for Config {
             cpus: 1,
             threads: 1,
             fault_cpu: 0,
+            pti_switch: PtiSwitch::Asm,
         }
     }
 }
@@ -116,6 +119,7 @@ fn expected(key: &str) -> &'static str {
         keys::CPUS => "a number from 1 to 8 (the telemetry page's CPU blocks)",
         keys::THREADS => "a number from 1 to 64",
         keys::FAULT_CPU => "a CPU index from 0 to 7, below cpus=",
+        keys::PTI_SWITCH => PtiSwitch::EXPECTED,
         _ => "?",
     }
 }
@@ -239,6 +243,10 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 };
                 22
             }
+            keys::PTI_SWITCH => {
+                c.pti_switch = value.parse().map_err(|_| bad)?;
+                23
+            }
             _ => return Err(CmdlineError::UnknownKey(key)),
         };
         if seen & (1 << bit) != 0 {
@@ -271,6 +279,11 @@ mod tests {
         assert_eq!(parse("cpus=2 cpus=2"), Err(CmdlineError::Repeated("cpus")));
         assert_eq!(parse("fault_cpu=1").unwrap().fault_cpu, 1);
         assert!(parse("fault_cpu=8").is_err());
+        assert_eq!(
+            parse("pti_switch=deferred").unwrap().pti_switch,
+            PtiSwitch::Deferred
+        );
+        assert!(parse("pti_switch=c").is_err());
     }
 
     #[test]

@@ -46,7 +46,7 @@ impl Backend {
 pub enum SideError {
     #[error("{opts:?}: {word:?} is not key=value")]
     NotKeyValue { opts: String, word: String },
-    #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline)")]
+    #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline pti_switch)")]
     UnknownKey { opts: String, key: String },
     #[error("{opts:?}: bad value for {key}: {why}")]
     BadValue {
@@ -132,7 +132,16 @@ pub fn parse_side(
                 )
             }
             "mem" => c.mem_mib = crate::cli::parse_mem(v).map_err(bad)?,
-            "cmdline" => c.guest.extra = v.to_string(),
+            "cmdline" => c.guest.extra = format!("{} {v}", c.guest.extra).trim().to_string(),
+            // The 2020 RFC's strategy; a guest option, passed on its command line.
+            "pti_switch" => {
+                let s: ptiscope_abi::options::PtiSwitch =
+                    abi_value(v, ptiscope_abi::options::PtiSwitch::NAMES.iter().copied())
+                        .map_err(bad)?;
+                c.guest.extra = format!("{} pti_switch={s}", c.guest.extra)
+                    .trim()
+                    .to_string();
+            }
             other => {
                 return Err(SideError::UnknownKey {
                     opts: opts.into(),
@@ -216,7 +225,9 @@ pub fn rates(s: &RunSummary) -> Vec<(Metric, f64)> {
             let v = r.per_iteration?;
             let mut m = r.metric.clone();
             m.name = rate_name(&r.metric.name, &r.metric.unit);
-            m.unit = format!("{}/{}", r.metric.unit, s.iteration_name);
+            if r.metric.unit != "KiB" {
+                m.unit = format!("{}/{}", r.metric.unit, s.iteration_name);
+            }
             Some((m, v))
         })
         .collect()

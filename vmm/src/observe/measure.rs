@@ -245,6 +245,20 @@ pub fn result_fields(outcome: &RunOutcome) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// KiB of kernel the user copy maps, from the guest's `@pti` line.
+fn user_copy_kernel_kib(outcome: &RunOutcome) -> Option<f64> {
+    let line = outcome
+        .machine_lines
+        .iter()
+        .find_map(|l| l.strip_prefix("@pti "))?;
+    let pages: u64 = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("user_copy_kernel_pages="))?
+        .parse()
+        .ok()?;
+    Some((pages.min(1 << 20) * 4) as f64)
+}
+
 /// A cumulative KVM stat's change between two snapshots.
 fn kvm_delta(a: Option<&StatsSnapshot>, b: Option<&StatsSnapshot>, name: &str) -> Option<u64> {
     let d = kvm_stats::delta(a?, b?).ok()?;
@@ -429,6 +443,16 @@ impl Measurer {
             }
         };
         let valid = s.telemetry_problems.is_empty();
+        // What the user copy maps of the kernel (the guest's @pti line; the
+        // host's own walk is `ptiscope pagetables`): the exposure side of a
+        // PTI strategy, the same for every call, so its "rate" is itself.
+        if let Some(kib) = user_copy_kernel_kib(outcome) {
+            s.rows.push(RunRow {
+                metric: Metric::new("user_copy_kernel_kib", "KiB", Source::Guest),
+                total: kib,
+                per_iteration: Some(kib),
+            });
+        }
         if let Some(d) = guest.as_ref().filter(|_| valid) {
             s.push(
                 Metric::new("cr3_writes", "count", Source::Guest),
@@ -722,6 +746,8 @@ fn phase_divisor(workload: Option<&str>, iterations: u64) -> (u64, &'static str,
 pub fn rate_name(row: &str, unit: &str) -> String {
     match (row, unit) {
         ("elapsed", "ns") => "ns_per_call".into(),
+        // A per-run size, not a rate (user_copy_kernel_kib).
+        (_, "KiB") => row.into(),
         _ => format!("{row}_per_call"),
     }
 }

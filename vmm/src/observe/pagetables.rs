@@ -272,6 +272,22 @@ impl EntryArea {
         Ok(EntryArea { ranges })
     }
 
+    /// The page-aligned text of the guest's Rust-side kernel->user CR3
+    /// switch (`pti_switch=deferred`): the ELF symbols
+    /// `__pti_deferred_start`/`__pti_deferred_end`, if the image has them.
+    /// The user copy maps it only in that mode; walks classify it apart.
+    pub fn deferred_switch_text(image: &[u8]) -> Option<Range<u64>> {
+        use object::{Object, ObjectSymbol};
+        let file = object::File::parse(image).ok()?;
+        let find = |name: &str| {
+            file.symbols()
+                .find(|s| s.name() == Ok(name))
+                .map(|s| s.address())
+        };
+        let (start, end) = (find("__pti_deferred_start")?, find("__pti_deferred_end")?);
+        (start < end).then_some(start..end)
+    }
+
     fn contains(&self, range: &Range<u64>) -> bool {
         self.ranges
             .iter()
@@ -288,6 +304,10 @@ pub struct IsolationCheck {
     pub outside_entry_area: Vec<Mapping>,
     /// Bytes of kernel-half virtual memory the user copy maps.
     pub kernel_bytes_mapped: u64,
+    /// Mappings of the deferred CR3 switch's text (`pti_switch=deferred`):
+    /// kernel text the user copy maps besides the entry area, by design of
+    /// that strategy; listed apart, not in `outside_entry_area`.
+    pub deferred_switch: Vec<Mapping>,
 }
 
 impl IsolationCheck {
@@ -298,6 +318,17 @@ impl IsolationCheck {
 
 /// Checks a walk of a user copy against the entry area.
 pub fn check_isolation(user: &Walk, paging: Paging, entry: &EntryArea) -> IsolationCheck {
+    check_isolation_with(user, paging, entry, None)
+}
+
+/// [`check_isolation`], with the deferred switch's text (if any) listed
+/// apart: mappings wholly inside `deferred` go to `deferred_switch`.
+pub fn check_isolation_with(
+    user: &Walk,
+    paging: Paging,
+    entry: &EntryArea,
+    deferred: Option<&Range<u64>>,
+) -> IsolationCheck {
     let kernel_mappings: Vec<Mapping> = user
         .mappings
         .iter()
@@ -306,7 +337,7 @@ pub fn check_isolation(user: &Walk, paging: Paging, entry: &EntryArea) -> Isolat
         .collect();
     // A coalesced run may span several entry sections: check page by page
     // only when the run as a whole is not inside one section.
-    let outside_entry_area = kernel_mappings
+    let outside_entry_area: Vec<Mapping> = kernel_mappings
         .iter()
         .filter(|m| {
             if entry.contains(&m.virt_range()) {
@@ -324,10 +355,16 @@ pub fn check_isolation(user: &Walk, paging: Paging, entry: &EntryArea) -> Isolat
         .copied()
         .collect();
     let kernel_bytes_mapped = kernel_mappings.iter().map(|m| m.size).sum();
+    let inside = |m: &Mapping| {
+        deferred.is_some_and(|d| d.start <= m.virt && m.virt.saturating_add(m.size) <= d.end)
+    };
+    let (deferred_switch, outside_entry_area): (Vec<Mapping>, Vec<Mapping>) =
+        outside_entry_area.into_iter().partition(|m| inside(m));
     IsolationCheck {
         kernel_mappings,
         outside_entry_area,
         kernel_bytes_mapped,
+        deferred_switch,
     }
 }
 
@@ -512,6 +549,7 @@ mod tests {
                 entry_text_end: ENTRY_TEXT_END,
                 telemetry: 0x7f000,
                 direct_map: 8 << 20,
+                deferred_text: (0, 0),
             };
             let half =
                 guest_core::paging::build_kernel_half(&mut BuilderMem(&m), &mut frames, &spec)
@@ -627,6 +665,7 @@ pub struct Inspection {
 pub struct Inspector {
     paging: Paging,
     entry_area: EntryArea,
+    deferred_text: Option<Range<u64>>,
     pub result: Option<Result<Inspection, String>>,
 }
 
@@ -635,8 +674,16 @@ impl Inspector {
         Inspector {
             paging,
             entry_area,
+            deferred_text: None,
             result: None,
         }
+    }
+
+    /// Lists mappings of the deferred CR3 switch's text apart (see
+    /// [`EntryArea::deferred_switch_text`]).
+    pub fn with_deferred_text(mut self, range: Option<Range<u64>>) -> Self {
+        self.deferred_text = range;
+        self
     }
 
     fn inspect(&self, ctx: &crate::machine::VmContext<'_>) -> Result<Inspection, String> {
@@ -661,7 +708,12 @@ impl Inspector {
             Some(u) => walk(ctx.mem, self.paging, u).map_err(|e| e.to_string())?,
             None => kernel.clone(),
         };
-        let isolation = check_isolation(&user, self.paging, &self.entry_area);
+        let isolation = check_isolation_with(
+            &user,
+            self.paging,
+            &self.entry_area,
+            self.deferred_text.as_ref(),
+        );
         Ok(Inspection {
             paging: self.paging,
             kernel_cr3,
@@ -725,14 +777,24 @@ impl Inspection {
             s += &format!("  {:#018x}-{:#018x}  {name}\n", r.start, r.end);
         }
         let i = &self.isolation;
+        let deferred_bytes: u64 = i.deferred_switch.iter().map(|m| m.size).sum();
         s += &format!(
             "\nverdict: the user copy maps {} KiB of the kernel half, {} mapping(s) outside the entry area: {}\n",
             i.kernel_bytes_mapped >> 10,
             i.outside_entry_area.len(),
-            if i.isolated() {
-                "ISOLATED (only the entry area is mapped)"
-            } else {
-                "NOT isolated"
+            match (i.isolated(), deferred_bytes) {
+                (true, 0) => "ISOLATED (only the entry area is mapped)".to_string(),
+                (true, d) => format!(
+                    "ISOLATED apart from the deferred CR3 switch (pti_switch=deferred): \
+                     {} KiB of kernel text at {} mapped besides the entry area",
+                    d >> 10,
+                    i.deferred_switch
+                        .iter()
+                        .map(|m| format!("{:#x}", m.virt))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                (false, _) => "NOT isolated".to_string(),
             }
         );
         s

@@ -331,6 +331,39 @@ entry_int_pti:
 entry_int_pti_pcid:
     ENTRY_INT_PTI 1
 
+    /* pti_switch=deferred (the 2020 RFC's "defer CR3 switch to C code"):
+     * the entry switch stays here; the exit's kernel->user switch is done
+     * by Rust code (pti_deferred.rs), called on the entry stack (mapped in
+     * the user copy) after the registers are restored, so it must save the
+     * caller-saved ones it may clobber: that is part of its cost. Its text
+     * page is mapped in the user copy too: that is its exposure. */
+    .balign 16
+    .global entry_int_pti_deferred
+entry_int_pti_deferred:
+    SWITCH_TO_KERNEL_CR3 %rcx, 0
+    movq %gs:PCPU_KSTACK_TOP, %rsp
+    SYSCALL_BODY
+    movq %gs:PCPU_ENTRY_FRAME, %rsp
+    pushq %rax
+    pushq %rdi
+    pushq %rsi
+    pushq %rdx
+    pushq %r8
+    pushq %r9
+    pushq %r10
+    pushq %r11
+    call pti_exit_to_user
+    popq %r11
+    popq %r10
+    popq %r9
+    popq %r8
+    popq %rdx
+    popq %rsi
+    popq %rdi
+    popq %rax
+    xorl %ecx, %ecx
+    iretq
+
     /* SYSCALL: CPL0 on the user stack, rcx = user RIP, r11 = user RFLAGS.
      * An iret-shaped frame is built on the task stack so that all entries
      * share the dispatch; the exit prefers SYSRETQ when it is safe: RIP

@@ -77,11 +77,28 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         entry_text_end,
         telemetry,
         direct_map,
+        deferred_text: if pti && config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred {
+            super::pti_deferred::text_range()
+        } else {
+            (0, 0)
+        },
     };
     let half = match build_kernel_half(&mut DirectMap, &mut Frames, &spec) {
         Ok(h) => h,
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
     };
+    let deferred = spec.deferred_text.1 > spec.deferred_text.0;
+    super::sysentry::set_deferred(deferred);
+    if pti {
+        let pages = |(s, e): (u64, u64)| e.saturating_sub(s) / 4096;
+        println!(
+            "@pti user_copy_kernel_pages={} entry_area_pages={} deferred_switch_pages={} pti_switch={}",
+            pages(spec.entry_area) + pages(spec.deferred_text),
+            pages(spec.entry_area),
+            pages(spec.deferred_text),
+            if deferred { "deferred" } else { "asm" },
+        );
+    }
     // A kernel-only address space: slot 511 only.
     let Some(root) = Frames.pair() else {
         panic!("out of memory for the kernel page tables")
