@@ -420,13 +420,17 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         Messaging(messaging.then_some(config)),
     );
     if pound || arch::smp::online() > 1 {
-        println!(
-            "@smp cpus={} threads={} calls_per_thread={} ipis_sent={}",
-            arch::smp::online(),
-            if pound { config.threads } else { 1 },
-            config.iterations,
-            arch::smp::IPIS_SENT.load(core::sync::atomic::Ordering::Relaxed),
-        );
+        let ipis = arch::smp::IPIS_SENT.load(core::sync::atomic::Ordering::Relaxed);
+        if pound {
+            println!(
+                "@smp cpus={} threads={} calls_per_thread={} ipis_sent={ipis}",
+                arch::smp::online(),
+                config.threads,
+                config.iterations,
+            );
+        } else {
+            println!("@smp cpus={} ipis_sent={ipis}", arch::smp::online());
+        }
     }
     if status != 0 || r.mismatches != 0 {
         println!(
