@@ -14,8 +14,10 @@ pub struct PhaseEvent {
     pub end: bool,
     /// Since the first KVM_RUN.
     pub at_ns: u64,
-    /// Userspace exits so far.
+    /// Userspace exits so far (of the vCPU that wrote the marker).
     pub exits: u64,
+    /// The vCPU that wrote the marker.
+    pub vcpu: u32,
 }
 
 /// Why the VM stopped.

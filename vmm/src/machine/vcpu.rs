@@ -169,6 +169,7 @@ impl Vcpu {
                             end: m.edge == Edge::End,
                             at_ns: elapsed.as_nanos() as u64,
                             exits: exits.total(),
+                            vcpu: env.index as u32,
                         });
                     } else {
                         dropped_phases += 1;
