@@ -195,7 +195,8 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
             return code(e.exit_code());
         }
     };
-    let mut inspector = Inspector::new(paging, entry_area);
+    let mut inspector = Inspector::new(paging, entry_area)
+        .with_deferred_text(EntryArea::deferred_switch_text(&image));
     let outcome = match run_vm(&config, &mut inspector) {
         Ok(o) => o,
         Err(e) => {
@@ -212,7 +213,7 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
         None => {
             eprintln!(
                 "ptiscope: error: the guest marked no phase, so there was no moment to walk its tables ({})",
-                outcome.stop
+                outcome.stop_description()
             );
             // The guest's own failure (a fault, a bad command line) is its
             // status; a guest that exited 0 without a phase is the walk's.
@@ -313,7 +314,7 @@ fn environment(
 
 fn print_summary(o: &RunOutcome) {
     let e = &o.exits;
-    eprintln!("ptiscope: {}", o.stop);
+    eprintln!("ptiscope: {}", o.stop_description());
     eprintln!(
         "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB; MSR 0x10a as KVM or the VMM answers it {} (the guest prints what it read)",
         o.run_time.as_secs_f64() * 1e3,
@@ -342,6 +343,20 @@ fn print_summary(o: &RunOutcome) {
         e.fail_entry,
         e.other,
     );
+    if o.vcpus.len() > 1 {
+        for v in &o.vcpus {
+            eprintln!(
+                "  vCPU {}: {} userspace exits; {}",
+                v.index,
+                v.exits.total(),
+                if v.stopped_itself {
+                    format!("stopped the VM: {}", v.stop)
+                } else {
+                    "stopped with the VM".to_string()
+                }
+            );
+        }
+    }
     if !o.phases.is_empty() || e.invalid_phase_markers > 0 {
         eprintln!(
             "  phase markers: {} ({} invalid)",

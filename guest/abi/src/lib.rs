@@ -370,6 +370,17 @@ pub mod cmdline {
     /// `kwss=SIZE`: bytes of kernel memory each system call of the loop
     /// reads (one word per 4 KiB page) before doing its work (default 0).
     pub const KWSS: &str = "kwss";
+    /// `cpus=N`: CPUs the VMM (or QEMU `-smp`) created, 1..=8 (default 1);
+    /// the guest starts CPUs 1..N by INIT/SIPI.
+    pub const CPUS: &str = "cpus";
+    /// `threads=T` of `workload=poundsyscall`: threads, each calling getppid
+    /// `iterations` times (default 1).
+    pub const THREADS: &str = "threads";
+    /// `fault_cpu=N`: raise `fault=` on CPU N (0..cpus) instead of the boot
+    /// CPU (tests: a fault on another vCPU stops the VM and is named).
+    pub const FAULT_CPU: &str = "fault_cpu";
+    /// `pti_switch=asm|deferred`, one of [`crate::options::PtiSwitch`].
+    pub const PTI_SWITCH: &str = "pti_switch";
 }
 
 /// Console lines meant for machines start with this prefix, followed by

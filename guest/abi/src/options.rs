@@ -159,8 +159,16 @@ option_enum! {
         /// [`GROUP_SIZE`] senders and as many receivers, `loops=` messages per
         /// sender and receiver, `mode=process|thread`.
         SchedMessaging => "sched-messaging",
+        /// mmtests `poundsyscall`: `threads=` threads of one process, each
+        /// calling getppid `iterations` times, spread over the CPUs (`cpus=`).
+        Poundsyscall => "poundsyscall",
     }
 }
+
+/// Most `threads=` of poundsyscall (the task table also holds the parent).
+pub const MAX_THREADS: u64 = 64;
+/// Most CPUs (`cpus=`): the telemetry page's CPU blocks.
+pub const MAX_CPUS: u64 = crate::telemetry::MAX_CPUS as u64;
 
 impl Workload {
     /// One system call per iteration, `iterations=` of them.
@@ -174,6 +182,18 @@ impl Workload {
     /// Whether the guest runs user code for it.
     pub const fn runs_user_code(self) -> bool {
         !matches!(self, Workload::None)
+    }
+}
+
+option_enum! {
+    /// `pti_switch=`: where the kernel->user CR3 switch of a syscall's exit
+    /// is done (the 2020 "defer CR3 switch to C code" RFC).
+    pub enum PtiSwitch {
+        /// In the assembly exit stub (as Linux does).
+        Asm => "asm",
+        /// Late, from Rust code, with that code's text page mapped in the
+        /// user copy besides the entry area (int entries, no PCID).
+        Deferred => "deferred",
     }
 }
 

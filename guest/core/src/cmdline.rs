@@ -8,8 +8,9 @@ use core::fmt;
 use ptiscope_abi::cmdline as keys;
 
 pub use ptiscope_abi::options::{
-    Entry, Fault, PtiMode, TaskMode, Workload, WssPages, DEFAULT_GROUPS, DEFAULT_ITERATIONS,
-    DEFAULT_LOOPS, GROUP_SIZE, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS,
+    Entry, Fault, PtiMode, PtiSwitch, TaskMode, Workload, WssPages, DEFAULT_GROUPS,
+    DEFAULT_ITERATIONS, DEFAULT_LOOPS, GROUP_SIZE, MAX_CPUS, MAX_GROUPS, MAX_ITERATIONS, MAX_LOOPS,
+    MAX_THREADS,
 };
 use ptiscope_abi::workingset as ws;
 
@@ -40,6 +41,14 @@ pub struct Config {
     pub wss_pages: WssPages,
     /// `kwss=`: bytes of kernel memory each call of the loop reads.
     pub kwss: u64,
+    /// `cpus=`: CPUs to run on (1..=[`MAX_CPUS`]).
+    pub cpus: u64,
+    /// `threads=` of poundsyscall (1..=[`MAX_THREADS`]).
+    pub threads: u64,
+    /// `fault_cpu=`: the CPU that raises `fault=` (0..[`MAX_CPUS`]).
+    pub fault_cpu: u64,
+    /// `pti_switch=`: where the exit's kernel->user CR3 switch is done.
+    pub pti_switch: PtiSwitch,
 }
 
 impl Config {
@@ -79,6 +88,10 @@ impl Default for Config {
             touches: None,
             wss_pages: WssPages::Small,
             kwss: 0,
+            cpus: 1,
+            threads: 1,
+            fault_cpu: 0,
+            pti_switch: PtiSwitch::Asm,
         }
     }
 }
@@ -137,6 +150,10 @@ fn expected(key: &str) -> &'static str {
         keys::KWSS => {
             "a size up to 64M (K/M/G suffixes), for workload getpid, getppid, write-badfd or nopti-getpid"
         }
+        keys::CPUS => "a number from 1 to 8 (the telemetry page's CPU blocks)",
+        keys::THREADS => "a number from 1 to 64",
+        keys::FAULT_CPU => "a CPU index from 0 to 7, below cpus=",
+        keys::PTI_SWITCH => PtiSwitch::EXPECTED,
         _ => "?",
     }
 }
@@ -283,6 +300,31 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
                 kwss_word = Some(value);
                 16
             }
+            keys::CPUS => {
+                c.cpus = match parse_number(value) {
+                    Some(n) if (1..=MAX_CPUS).contains(&n) => n,
+                    _ => return Err(bad),
+                };
+                20
+            }
+            keys::THREADS => {
+                c.threads = match parse_number(value) {
+                    Some(n) if (1..=MAX_THREADS).contains(&n) => n,
+                    _ => return Err(bad),
+                };
+                21
+            }
+            keys::FAULT_CPU => {
+                c.fault_cpu = match parse_number(value) {
+                    Some(n) if n < MAX_CPUS => n,
+                    _ => return Err(bad),
+                };
+                22
+            }
+            keys::PTI_SWITCH => {
+                c.pti_switch = value.parse().map_err(|_| bad)?;
+                23
+            }
             _ => return Err(CmdlineError::UnknownKey(key)),
         };
         if seen & (1 << bit) != 0 {
@@ -315,6 +357,30 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
 mod tests {
     use super::*;
     use std::string::ToString;
+
+    #[test]
+    fn cpus_and_threads() {
+        let c = parse("cpus=2 threads=4 workload=poundsyscall").unwrap();
+        assert_eq!(
+            (c.cpus, c.threads, c.workload),
+            (2, 4, Workload::Poundsyscall)
+        );
+        assert_eq!(Config::default().cpus, 1);
+        for bad in ["cpus=0", "cpus=9", "threads=0", "threads=65", "cpus=x"] {
+            assert!(
+                matches!(parse(bad), Err(CmdlineError::BadValue { .. })),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse("cpus=2 cpus=2"), Err(CmdlineError::Repeated("cpus")));
+        assert_eq!(parse("fault_cpu=1").unwrap().fault_cpu, 1);
+        assert!(parse("fault_cpu=8").is_err());
+        assert_eq!(
+            parse("pti_switch=deferred").unwrap().pti_switch,
+            PtiSwitch::Deferred
+        );
+        assert!(parse("pti_switch=c").is_err());
+    }
 
     #[test]
     fn empty_line_gives_defaults() {
@@ -523,6 +589,7 @@ mod tests {
             "write-badfd" => "workload=write-badfd",
             "nopti-getpid" => "workload=nopti-getpid",
             "sched-messaging" => "workload=sched-messaging",
+            "poundsyscall" => "workload=poundsyscall",
             other => panic!("add {other} to this test"),
         }
     }

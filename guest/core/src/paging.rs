@@ -235,6 +235,11 @@ pub struct KernelSpec {
     pub telemetry: u64,
     /// Bytes of physical memory in the direct map at [`KERNEL_BASE`] (2 MiB multiple).
     pub direct_map: u64,
+    /// `pti_switch=deferred`: physical range `[start, end)` (page aligned)
+    /// of the kernel text that switches to the user copy from Rust, mapped
+    /// read-only, executable and global in the user copy besides the entry
+    /// area; `(0, 0)` with the asm switch (nothing more is mapped).
+    pub deferred_text: (u64, u64),
 }
 
 /// The kernel half, shared by every address space: the PML4 entries for slot
@@ -372,6 +377,24 @@ pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
                 }
                 pa += 4096;
             }
+        }
+        // pti_switch=deferred: the Rust function that switches CR3 on the
+        // way out (already there if the whole text is mapped global).
+        let (start, end) = spec.deferred_text;
+        let mut pa = start;
+        while pa < end {
+            if !in_range(pa, text) && !in_range(pa, spec.entry_area) {
+                map_4k(
+                    mem,
+                    frames,
+                    uroot,
+                    KERNEL_BASE + pa,
+                    pa,
+                    GLOBAL,
+                    KERNEL_TABLE_FLAGS,
+                )?;
+            }
+            pa += 4096;
         }
         mem.read(uroot, KERNEL_PML4_SLOT)
     } else {
@@ -550,6 +573,7 @@ mod tests {
             entry_text_end: ENTRY_TEXT_END,
             telemetry: TELEMETRY,
             direct_map: 64 << 20,
+            deferred_text: (0, 0),
         }
     }
     fn user() -> UserSpec {
@@ -631,6 +655,26 @@ mod tests {
         assert_eq!(k.addr(), u.addr(), "lower levels are shared");
         assert!(k.0 & NO_EXECUTE != 0, "user half is NX in the kernel copy");
         assert!(u.0 & NO_EXECUTE == 0);
+    }
+
+    #[test]
+    fn deferred_switch_text_is_mapped_in_the_user_copy_and_nothing_more() {
+        let (mut m, mut f) = (FakeMem::default(), bump());
+        let spec = KernelSpec {
+            deferred_text: (KDATA, KDATA + 4096),
+            ..spec(true)
+        };
+        let half = build_kernel_half(&mut m, &mut f, &spec).unwrap();
+        let pair = build_address_space(&mut m, &mut f, &half, &user()).unwrap();
+        let uroot = pair + 4096;
+        // Read-only, executable, global kernel text.
+        let t = translate(&m, uroot, KERNEL_BASE + KDATA).unwrap();
+        assert_eq!(t.phys, KDATA);
+        assert_eq!(t.flags & (GLOBAL | NO_EXECUTE | WRITABLE | USER), GLOBAL);
+        // Only that page: the next one is still absent.
+        assert_eq!(translate(&m, uroot, KERNEL_BASE + KDATA + 4096), None);
+        // The entry area is mapped as without it.
+        assert!(translate(&m, uroot, KERNEL_BASE + ENTRY.0).is_some());
     }
 
     #[test]

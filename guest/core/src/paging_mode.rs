@@ -227,6 +227,7 @@ mod tests {
                 entry_text_end: ENTRY_TEXT_END,
                 telemetry: TELEMETRY,
                 direct_map: 64 << 20,
+                deferred_text: (0, 0),
             },
         )
         .unwrap();

@@ -45,8 +45,11 @@ impl core::fmt::Display for Hex {
 
 #[no_mangle]
 extern "C" fn kmain(start_info: usize) -> ! {
-    println!("{} {} {}", ptiscope_abi::BANNER_PREFIX, arch::NAME, VERSION);
     arch::descriptors::init_gdt_tss();
+    // Per-CPU data (GS) before anything counts or prints (the console lock
+    // asks which CPU this is).
+    arch::smp::init_boot_cpu();
+    println!("{} {} {}", ptiscope_abi::BANNER_PREFIX, arch::NAME, VERSION);
     arch::descriptors::init_idt();
 
     let info = match pvh::StartInfo::read(start_info as u64) {
@@ -103,6 +106,19 @@ extern "C" fn kmain(start_info: usize) -> ! {
         println!("{why}");
         stop(exit_status::UNSUPPORTED)
     }
+    if config.cpus > 1 && arch::smp::pound_program(config.entry.abi_code()).is_none() {
+        println!(
+            "cpus={}: this flavour runs on one CPU (its SMP is not built)",
+            config.cpus
+        );
+        stop(exit_status::UNSUPPORTED)
+    }
+    if config.workload == Workload::Poundsyscall
+        && arch::smp::pound_program(config.entry.abi_code()).is_none()
+    {
+        println!("workload=poundsyscall is not built for this flavour");
+        stop(exit_status::UNSUPPORTED)
+    }
     let pcid = config.pcid;
 
     // Map only as much of the first GiB as there is memory: each 2 MiB entry
@@ -134,10 +150,19 @@ extern "C" fn kmain(start_info: usize) -> ! {
     if arch::GLOBAL_TEXT && pti && config.pti_global_text {
         tflags |= flags::PTI_GLOBAL_TEXT;
     }
-    telemetry::write_header(tflags, config.entry.abi_code());
+    telemetry::write_header(tflags, config.entry.abi_code(), config.cpus as u32);
+    start_cpus(&config);
 
-    if let Some(f) = config.fault {
+    if let (Some(f), 0) = (config.fault, config.fault_cpu) {
         raise(f);
+    }
+    if config.fault.is_some() && config.fault_cpu > 0 {
+        println!(
+            "CPU 0 waits while CPU {} raises fault={}",
+            config.fault_cpu,
+            config.fault.map_or("none", |f| f.name())
+        );
+        cpu::halt_forever()
     }
     if config.workload == Workload::None && config.fault != Some(Fault::Kread) {
         println!("workload none: nothing to run");
@@ -146,7 +171,82 @@ extern "C" fn kmain(start_info: usize) -> ! {
     if config.workload == Workload::SchedMessaging && config.fault.is_none() {
         run_messaging(&config, pti, pcid, half)
     }
+    if config.workload == Workload::Poundsyscall && config.fault.is_none() {
+        run_pound(&config, pti, pcid, half)
+    }
     run_workload(&config, pti, pcid, half)
+}
+
+/// `cpus=N`: starts CPUs 1..N (INIT/SIPI); they idle until given work.
+fn start_cpus(config: &Config) {
+    let cpus = config.cpus as usize;
+    if config.fault_cpu >= config.cpus {
+        println!(
+            "bad command line: fault_cpu={} but cpus={}",
+            config.fault_cpu, config.cpus
+        );
+        println!(
+            "@badcmdline fault_cpu={} is not below cpus={}",
+            config.fault_cpu, config.cpus
+        );
+        stop(exit_status::BAD_CMDLINE)
+    }
+    if cpus <= 1 {
+        return;
+    }
+    if let (Some(f), n @ 1..) = (config.fault, config.fault_cpu) {
+        // Raised by that CPU as soon as it is up (task::ap_enter).
+        task::AP_FAULT.store(
+            (n as usize) << 8 | (f as usize + 1),
+            core::sync::atomic::Ordering::Relaxed,
+        );
+    }
+    let root = arch::smp::current_cr3();
+    task::AP_KERNEL_CR3.store(root, core::sync::atomic::Ordering::Relaxed);
+    task::AP_CR4.store(cpu::read_cr4(), core::sync::atomic::Ordering::Relaxed);
+    task::AP_ENTRY.store(
+        config.entry.abi_code() as usize,
+        core::sync::atomic::Ordering::Relaxed,
+    );
+    arch::smp::init_bsp(cpus, root & !0xfff);
+    let online = arch::smp::start_aps();
+    println!("smp: {online} of {cpus} CPUs online (INIT/SIPI)");
+    if online < cpus {
+        println!("@smp_failed online={online} cpus={cpus}");
+        stop(exit_status::UNSUPPORTED)
+    }
+}
+
+/// `workload=poundsyscall` (mmtests): a parent (pid 1, CPU 0: phase
+/// markers, reaps) and `threads` threads of its address space, thread i on
+/// CPU i mod `cpus`, each calling getppid `iterations` times; they start
+/// together at the begin marker. Then reports and stops.
+fn run_pound(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
+    use arch::context::UserRegs;
+    let mut s = task::lock();
+    s.init(pti, pcid, config.entry, half);
+    let (parent_rip, _, _) = user::messaging_programs(config.entry.abi_code());
+    let Some(worker_rip) = arch::smp::pound_program(config.entry.abi_code()) else {
+        stop(exit_status::UNSUPPORTED)
+    };
+    let cpus = arch::smp::online();
+    println!(
+        "poundsyscall: {} threads x {} getppid calls on {cpus} CPUs",
+        config.threads, config.iterations
+    );
+    let parent = s
+        .spawn_task(None, parent_rip, &UserRegs::default(), None)
+        .unwrap_or_else(|e| panic!("cannot create the poundsyscall parent: {e:?}"));
+    let ppid = s.tasks[parent].pid;
+    for i in 0..config.threads as usize {
+        let regs = UserRegs::params([config.iterations, ppid, 0, 0]);
+        let t = s
+            .spawn_task(Some(parent), worker_rip, &regs, Some(parent))
+            .unwrap_or_else(|e| panic!("cannot create poundsyscall thread {i}: {e:?}"));
+        s.pin(t, i % cpus);
+    }
+    task::Sched::run(s);
+    report(config, pti, pcid)
 }
 
 /// `workload=sched-messaging`: a parent (pid 1: phase markers, reaps the
@@ -155,11 +255,13 @@ extern "C" fn kmain(start_info: usize) -> ! {
 /// of the parent's address space; then reports and stops.
 fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     use arch::context::UserRegs;
-    // SAFETY: boot, one CPU; as in run_workload.
-    let s = unsafe { task::sched() };
+    let mut s = task::lock();
     s.init(pti, pcid, config.entry, half);
     let (parent_rip, sender_rip, receiver_rip) = user::messaging_programs(config.entry.abi_code());
     let thread = config.mode == TaskMode::Thread;
+    // Workers round-robin over the CPUs online; the parent stays on CPU 0.
+    let cpus = arch::smp::online();
+    let mut worker = 0usize;
     println!(
         "sched-messaging: {} groups of {GROUP_SIZE} senders and {GROUP_SIZE} receivers, {} loops, {} mode: {} messages of {} bytes",
         config.groups,
@@ -178,6 +280,7 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
             )
             .unwrap_or_else(|e| panic!("cannot create the sched-messaging tasks: {e:?}"));
         s.tasks[r].pipes = pipes;
+        r
     };
     let parent = s
         .spawn_task(None, parent_rip, &UserRegs::default(), None)
@@ -195,7 +298,15 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
                 count: 1,
                 write: false,
             };
-            spawn(s, Some(parent), receiver_rip, [g, r, config.loops, 0], fds);
+            let t = spawn(
+                &mut s,
+                Some(parent),
+                receiver_rip,
+                [g, r, config.loops, 0],
+                fds,
+            );
+            worker += 1;
+            s.pin(t, worker % cpus);
         }
         for snd in 0..GROUP_SIZE {
             let fds = task::PipeFds {
@@ -203,10 +314,18 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
                 count: GROUP_SIZE as u16,
                 write: true,
             };
-            spawn(s, Some(parent), sender_rip, [g, snd, config.loops, 0], fds);
+            let t = spawn(
+                &mut s,
+                Some(parent),
+                sender_rip,
+                [g, snd, config.loops, 0],
+                fds,
+            );
+            worker += 1;
+            s.pin(t, worker % cpus);
         }
     }
-    s.run();
+    task::Sched::run(s);
     report(config, pti, pcid)
 }
 
@@ -214,16 +333,16 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
 /// which runs the measured loop; then reports and stops.
 fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     use ptiscope_abi::syscall as nr;
-    // SAFETY: boot, one CPU; the reference is not used across the run below
-    // except through the scheduler itself.
-    let s = unsafe { task::sched() };
+    let mut s = task::lock();
     s.init(pti, pcid, config.entry, half);
     let (loop_rip, init_rip) = user::programs(config.entry.abi_code());
     let (mut number, arg0, mut flags) = match config.workload {
         Workload::Getppid => (nr::GETPPID, 0, 0),
         Workload::WriteBadfd => (nr::WRITE, usize::MAX as u64, 0),
         Workload::NoptiGetpid => (nr::GETPID, 0, user::FLAG_NOPTI),
-        Workload::Getpid | Workload::None | Workload::SchedMessaging => (nr::GETPID, 0, 0),
+        Workload::Getpid | Workload::None | Workload::SchedMessaging | Workload::Poundsyscall => {
+            (nr::GETPID, 0, 0)
+        }
     };
     if config.wss > 0 {
         flags |= user::FLAG_WSS;
@@ -281,7 +400,7 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         }
         None => panic!("the workload process vanished"),
     }
-    s.run();
+    task::Sched::run(s);
     report(config, pti, pcid)
 }
 
@@ -301,8 +420,11 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     let d = |c| e.delta(&b, c);
     let cr3 = d(C::Cr3Entry) + d(C::Cr3Exit) + d(C::Cr3ContextSwitch) + d(C::Cr3Other);
     let messaging = config.workload == Workload::SchedMessaging;
+    let pound = config.workload == Workload::Poundsyscall;
     let n = if messaging {
         config.messages()
+    } else if pound {
+        config.threads * config.iterations
     } else {
         config.iterations
     };
@@ -341,6 +463,19 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
         WorkingSet(config, wss.as_ref()),
         KernelWorkingSet(config),
     );
+    if pound || arch::smp::online() > 1 {
+        let ipis = arch::smp::IPIS_SENT.load(core::sync::atomic::Ordering::Relaxed);
+        if pound {
+            println!(
+                "@smp cpus={} threads={} calls_per_thread={} ipis_sent={ipis}",
+                arch::smp::online(),
+                config.threads,
+                config.iterations,
+            );
+        } else {
+            println!("@smp cpus={} ipis_sent={ipis}", arch::smp::online());
+        }
+    }
     if wss.as_ref().is_some_and(|w| !w.ok()) {
         println!("working set check failed: the loop did not read what it should have");
         stop(exit_status::FAILURE)
@@ -416,8 +551,8 @@ impl core::fmt::Display for KernelWorkingSet<'_> {
     }
 }
 
-/// `fault=...`: raise the requested fault in the kernel.
-fn raise(f: Fault) {
+/// `fault=...`: raise the requested fault in the kernel (of this CPU).
+pub fn raise(f: Fault) {
     println!("raising fault={} on purpose", f.name());
     match f {
         // SAFETY (all arms): deliberately faulting is the point; the

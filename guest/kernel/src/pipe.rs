@@ -6,7 +6,7 @@
 //! reach pipes through their descriptor range (`task::PipeFds`).
 use crate::arch::layout::phys_to_virt;
 use crate::mm::{Frames, Global};
-use crate::task::{sched, WaitQueue, MAX_TASKS};
+use crate::task::{lock, WaitQueue, MAX_TASKS};
 use crate::uaccess::user_range_ok;
 use guest_core::paging::FrameSource;
 use guest_core::pipe::{Ring, PIPE_BUF, PIPE_SIZE};
@@ -63,9 +63,7 @@ impl Pipe {
 
 /// The pipe behind `fd` for the current task, in direction `write`.
 fn lookup(fd: usize, write: bool) -> Option<usize> {
-    // SAFETY: one CPU; the reference does not outlive this call.
-    let s = unsafe { sched() };
-    s.current_task().pipes.get(fd, write)
+    lock().current_task().pipes.get(fd, write)
 }
 
 /// read(fd, buf, len) on a pipe's read end.
@@ -79,9 +77,11 @@ pub fn read(fd: usize, buf: usize, len: usize) -> isize {
     if !user_range_ok(buf as u64, len as u64, true) {
         return EFAULT;
     }
+    let mut s = lock();
     loop {
-        // SAFETY: one CPU; both references are re-taken after every block.
-        let (s, pipes) = unsafe { (sched(), PIPES.get()) };
+        // SAFETY: the pipes are guarded by the scheduler lock (held here
+        // and re-taken after every block); the reference is re-taken too.
+        let pipes = unsafe { PIPES.get() };
         let pipe = &mut pipes.pipes[i];
         if !pipe.ring.is_empty() {
             // SAFETY: a writable user range of the current address space
@@ -118,9 +118,10 @@ pub fn write(fd: usize, buf: usize, len: usize) -> isize {
     if !user_range_ok(buf as u64, len as u64, false) {
         return EFAULT;
     }
+    let mut s = lock();
     loop {
         // SAFETY: as in read.
-        let (s, pipes) = unsafe { (sched(), PIPES.get()) };
+        let pipes = unsafe { PIPES.get() };
         let pipe = &mut pipes.pipes[i];
         if pipe.ring.free() >= len {
             // SAFETY: a readable user range of the current address space.

@@ -2,10 +2,9 @@
 //! rax and call the handler with the C ABI: (rdi, rsi, rdx, r10).
 use crate::arch::x86_shared::io::outl;
 use crate::mm::Global;
-use crate::task::sched;
+use crate::task::lock;
 use crate::telemetry::{self, Snapshot};
 use crate::uaccess::user_range_ok;
-use core::sync::atomic::Ordering::Relaxed;
 use ptiscope_abi::phase::{Edge, Marker, ID_WORKLOAD};
 use ptiscope_abi::syscall::{self as nr, EBADF, ECHILD, EFAULT, EINVAL, ENOSYS, TABLE_SIZE};
 
@@ -42,11 +41,11 @@ extern "C" fn sys_enosys(_: usize, _: usize, _: usize, _: usize) -> isize {
 }
 
 extern "C" fn sys_getpid(_: usize, _: usize, _: usize, _: usize) -> isize {
-    crate::task::CURRENT_PID.load(Relaxed) as isize
+    crate::arch::percpu::current_pid() as isize
 }
 
 extern "C" fn sys_getppid(_: usize, _: usize, _: usize, _: usize) -> isize {
-    crate::task::CURRENT_PPID.load(Relaxed) as isize
+    crate::arch::percpu::current_ppid() as isize
 }
 
 /// read(fd, buf, len): pipe read ends only (see pipe.rs).
@@ -119,17 +118,15 @@ extern "C" fn sys_write_console(_fd: usize, buf: usize, len: usize, _: usize) ->
 }
 
 extern "C" fn sys_sched_yield(_: usize, _: usize, _: usize, _: usize) -> isize {
-    // SAFETY: no other reference to the scheduler is live in this call.
-    unsafe { sched() }.schedule();
+    lock().schedule();
     0
 }
 
 extern "C" fn sys_exit(status: usize, _: usize, _: usize, _: usize) -> isize {
-    // SAFETY: as above.
-    let s = unsafe { sched() };
+    let mut s = lock();
     if !s.exit_current(status as isize as i64) {
         // No parent to reap it: record the status for kmain.
-        // SAFETY: one CPU.
+        // SAFETY: only the root task (one) gets here, under the lock.
         unsafe { RESULT.get() }.exit_status = Some(status as isize as i64);
     }
     s.schedule();
@@ -137,9 +134,8 @@ extern "C" fn sys_exit(status: usize, _: usize, _: usize, _: usize) -> isize {
 }
 
 extern "C" fn sys_wait(_: usize, _: usize, _: usize, _: usize) -> isize {
+    let mut s = lock();
     loop {
-        // SAFETY: the reference is dropped before schedule() switches tasks.
-        let s = unsafe { sched() };
         match s.reap() {
             Ok(status) => return status as isize,
             Err(false) => return ECHILD,
@@ -152,8 +148,7 @@ extern "C" fn sys_wait(_: usize, _: usize, _: usize, _: usize) -> isize {
 }
 
 extern "C" fn sys_arch_prctl(code: usize, arg: usize, _: usize, _: usize) -> isize {
-    // SAFETY: no task switch happens in this call.
-    let s = unsafe { sched() };
+    let mut s = lock();
     match code {
         nr::ARCH_SET_NOPTI => match arg {
             0 | 1 if s.set_nopti(arg == 1) => 0,
@@ -203,6 +198,11 @@ extern "C" fn sys_phase_mark(marker: usize, cycles: usize, mismatches: usize, _h
             outl(ptiscope_abi::port::PHASE, m.encode());
             if m.id == ID_WORKLOAD {
                 r.begin = Some(telemetry::snapshot());
+                // Tasks queued on other CPUs start now, all together (the
+                // perf-bench "go"): their CPUs idle until woken.
+                if crate::arch::smp::online() > 1 {
+                    lock().kick_other_cpus();
+                }
             }
         }
         Edge::End => {

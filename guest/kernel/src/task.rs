@@ -10,21 +10,23 @@
 //! mode at run time) and, for int entries with PTI, the 40-byte user frame
 //! kept on the per-CPU entry stack (see entry.rs).
 use crate::arch::context::{initial_stack, switch_to, UserRegs};
-use crate::arch::descriptors::entry_stack_top_addr;
 use crate::arch::entry::ENTRY_FRAME_WORDS;
 use crate::arch::layout::{
     cr3_value, phys_to_virt, USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE,
 };
 use crate::arch::paging::{write_cr3, Cr3Reason, KernelHalf, UserSpec};
+use crate::arch::percpu::{self, EntryState};
+use crate::arch::smp;
 use crate::arch::sysentry;
 use crate::mm::{Frames, Global};
 use crate::telemetry;
 use core::ptr::addr_of_mut;
-use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
 use guest_core::cmdline::{Entry, GROUP_SIZE, MAX_GROUPS};
 use guest_core::paging::FrameSource;
 use guest_core::pipe::FIRST_PIPE_FD;
 use ptiscope_abi::telemetry::Counter;
+use ptiscope_abi::telemetry::MAX_CPUS;
 
 /// The largest sched-messaging run (4 groups of 20 senders and 20
 /// receivers) plus its parent.
@@ -115,6 +117,8 @@ pub struct Task {
     /// Next task in a wait queue or a parent's zombie list.
     link: u16,
     pub pipes: PipeFds,
+    /// The CPU it runs on, always (tasks are pinned: no migration).
+    pub cpu: u8,
 }
 
 const FREE: Task = Task {
@@ -134,59 +138,132 @@ const FREE: Task = Task {
     zombies: NONE,
     link: NONE,
     pipes: PipeFds::NONE,
+    cpu: 0,
 };
 
 pub struct Sched {
     pub tasks: [Task; MAX_TASKS],
-    pub current: Option<usize>,
-    /// kmain's context while tasks run.
-    idle_rsp: u64,
+    /// The task each CPU runs (None: its idle context).
+    current: [Option<usize>; MAX_CPUS],
+    /// Each CPU's idle context while tasks run (kmain's on CPU 0).
+    idle_rsp: [u64; MAX_CPUS],
     pub pti: bool,
     pub pcid: bool,
     pub entry: Entry,
     pub half: KernelHalf,
     next_pid: u64,
-    /// Runnable tasks not running, FIFO (a ring of slots).
-    run_queue: [u16; MAX_TASKS],
-    rq_head: usize,
-    rq_len: usize,
+    /// Per CPU: runnable tasks not running, FIFO (a ring of slots).
+    run_queue: [[u16; MAX_TASKS]; MAX_CPUS],
+    rq_head: [usize; MAX_CPUS],
+    rq_len: [usize; MAX_CPUS],
+    /// Tasks not yet exited (runnable, running, waiting or blocked).
+    live: usize,
     /// Bottom of the last thread stack handed out.
     thread_stack_low: u64,
 }
 
 pub static SCHED: Global<Sched> = Global::new(Sched {
     tasks: [FREE; MAX_TASKS],
-    current: None,
-    idle_rsp: 0,
+    current: [None; MAX_CPUS],
+    idle_rsp: [0; MAX_CPUS],
     pti: false,
     pcid: false,
     entry: Entry::Int3,
     half: KernelHalf::EMPTY,
     next_pid: 1,
-    run_queue: [NONE; MAX_TASKS],
-    rq_head: 0,
-    rq_len: 0,
+    run_queue: [[NONE; MAX_TASKS]; MAX_CPUS],
+    rq_head: [0; MAX_CPUS],
+    rq_len: [0; MAX_CPUS],
+    live: 0,
     thread_stack_low: USER_STACK_TOP - USER_STACK_PAGES * 4096,
 });
 
-/// pid and ppid of the running task, read by getpid/getppid in two instructions.
-pub static CURRENT_PID: AtomicUsize = AtomicUsize::new(0);
-pub static CURRENT_PPID: AtomicUsize = AtomicUsize::new(0);
-
 extern "C" {
-    static mut cpu_current_kstack_top: u64;
-    static mut cpu_user_flush_pending: u64;
-    static mut cpu_exit_pti: u64;
-    static mut cpu_frame_on_entry_stack: u64;
     static mut entry_pcid_on: u64;
 }
 
+/// The scheduler lock: one for the whole task table, run queues, wait
+/// queues and pipes. The syscall fast paths (getpid, getppid, write(-1))
+/// never take it; blocking calls, exit, wait and the idle loops do. It is
+/// released across a context switch (see [`Sched::switch`]).
+static LOCK: AtomicBool = AtomicBool::new(false);
+
+fn acquire() {
+    while LOCK.swap(true, Ordering::Acquire) {
+        while LOCK.load(Relaxed) {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+fn release() {
+    LOCK.store(false, Ordering::Release);
+}
+
+/// The scheduler, locked; unlocked when dropped.
+pub struct SchedGuard(&'static mut Sched);
+
+impl core::ops::Deref for SchedGuard {
+    type Target = Sched;
+    fn deref(&self) -> &Sched {
+        self.0
+    }
+}
+impl core::ops::DerefMut for SchedGuard {
+    fn deref_mut(&mut self) -> &mut Sched {
+        self.0
+    }
+}
+impl Drop for SchedGuard {
+    fn drop(&mut self) {
+        release()
+    }
+}
+
+/// Locks the scheduler. Interrupts are off in the kernel, so a CPU holding
+/// it is never interrupted by code that wants it too.
+pub fn lock() -> SchedGuard {
+    acquire();
+    // SAFETY: the lock gives this CPU the only live reference (a switch
+    // releases it only after the last use of `self` before switch_to).
+    SchedGuard(unsafe { SCHED.get() })
+}
+
 /// # Safety
-/// One CPU, no interrupts: callers must not hold another reference across
-/// a call that switches tasks.
+/// No other CPU may be running tasks (boot, or after the run), and the
+/// caller must not hold another reference across a call that switches tasks.
 pub unsafe fn sched() -> &'static mut Sched {
     // SAFETY: delegated to the caller.
     unsafe { SCHED.get() }
+}
+
+/// What an AP needs from the BSP to join: the kernel page tables, CR4 and
+/// the syscall entry kind (set before the APs are started).
+pub static AP_KERNEL_CR3: AtomicU64 = AtomicU64::new(0);
+pub static AP_CR4: AtomicU64 = AtomicU64::new(0);
+pub static AP_ENTRY: AtomicUsize = AtomicUsize::new(0);
+/// `fault_cpu=`: CPU index << 8 | (the `Fault` + 1); 0 for none.
+pub static AP_FAULT: AtomicUsize = AtomicUsize::new(0);
+
+/// An AP's entry into the kernel proper: it joins and idles.
+pub fn ap_enter(cpu: usize) -> ! {
+    smp::ap_setup(AP_KERNEL_CR3.load(Relaxed), AP_CR4.load(Relaxed));
+    if let Some(e) = Entry::from_abi_code(AP_ENTRY.load(Relaxed) as u32) {
+        sysentry::init(e);
+    }
+    let fault = AP_FAULT.load(Relaxed);
+    if fault != 0 && fault >> 8 == cpu {
+        let f = guest_core::cmdline::Fault::ALL
+            .get((fault & 0xff) - 1)
+            .copied();
+        if let Some(f) = f {
+            crate::raise(f);
+        }
+    }
+    let mut s = lock();
+    loop {
+        s.idle_once(cpu);
+    }
 }
 
 #[derive(Debug)]
@@ -290,39 +367,73 @@ impl Sched {
             parent: parent.map_or(NONE, |p| p as u16),
             ..FREE
         };
+        self.live += 1;
         self.enqueue(slot);
         Ok(slot)
     }
 
-    fn enqueue(&mut self, slot: usize) {
-        debug_assert!(self.rq_len < MAX_TASKS);
-        let tail = (self.rq_head + self.rq_len) % MAX_TASKS;
-        self.run_queue[tail] = slot as u16;
-        self.rq_len += 1;
+    /// Pins task `slot` (just spawned, not yet run) to CPU `cpu`.
+    pub fn pin(&mut self, slot: usize, cpu: usize) {
+        let from = self.tasks[slot].cpu as usize;
+        if from == cpu || cpu >= MAX_CPUS {
+            return;
+        }
+        // Take it out of its queue (it is the most recent there).
+        let q = from;
+        let len = self.rq_len[q];
+        if len > 0 {
+            let last = (self.rq_head[q] + len - 1) % MAX_TASKS;
+            if self.run_queue[q][last] as usize == slot {
+                self.rq_len[q] -= 1;
+                self.tasks[slot].cpu = cpu as u8;
+                self.enqueue(slot);
+            }
+        }
     }
 
-    fn dequeue(&mut self) -> Option<usize> {
-        if self.rq_len == 0 {
+    /// Queues `slot` on its CPU (no wake-up: see [`Sched::wake`]).
+    fn enqueue(&mut self, slot: usize) {
+        let q = self.tasks[slot].cpu as usize;
+        debug_assert!(self.rq_len[q] < MAX_TASKS);
+        let tail = (self.rq_head[q] + self.rq_len[q]) % MAX_TASKS;
+        self.run_queue[q][tail] = slot as u16;
+        self.rq_len[q] += 1;
+    }
+
+    fn dequeue(&mut self, cpu: usize) -> Option<usize> {
+        if self.rq_len[cpu] == 0 {
             return None;
         }
-        let slot = self.run_queue[self.rq_head] as usize;
-        self.rq_head = (self.rq_head + 1) % MAX_TASKS;
-        self.rq_len -= 1;
+        let slot = self.run_queue[cpu][self.rq_head[cpu]] as usize;
+        self.rq_head[cpu] = (self.rq_head[cpu] + 1) % MAX_TASKS;
+        self.rq_len[cpu] -= 1;
         Some(slot)
     }
 
-    /// Makes a blocked or waiting task runnable (queued at the tail).
+    /// Makes a blocked or waiting task runnable (queued at the tail of its
+    /// CPU's queue); a task of another CPU gets that CPU woken by IPI.
     pub fn wake(&mut self, slot: usize) {
         if self.tasks[slot].state != State::Runnable {
             self.tasks[slot].state = State::Runnable;
             self.enqueue(slot);
+            smp::wake_cpu(self.tasks[slot].cpu as usize);
+        }
+    }
+
+    /// Wakes every other CPU that has queued work (the workload's start:
+    /// tasks spawned on other CPUs wait in their queues until then).
+    pub fn kick_other_cpus(&self) {
+        for cpu in 0..MAX_CPUS {
+            if self.rq_len[cpu] > 0 {
+                smp::wake_cpu(cpu);
+            }
         }
     }
 
     /// Blocks the current task in `q`; the caller then calls
     /// [`Sched::schedule`], which returns once the task is woken.
     pub fn add_waiter(&mut self, q: &mut WaitQueue) {
-        let cur = self.current.expect("add_waiter() from a task");
+        let cur = self.cur().expect("add_waiter() from a task");
         self.tasks[cur].state = State::Blocked;
         self.tasks[cur].link = NONE;
         if q.tail == NONE {
@@ -350,8 +461,13 @@ impl Sched {
     /// exit(): the current task becomes a zombie on its parent's list and
     /// wakes the parent if it waits. Returns whether it had a parent.
     pub fn exit_current(&mut self, status: i64) -> bool {
-        let cur = self.current.expect("exit() from a task");
+        let cur = self.cur().expect("exit() from a task");
         self.tasks[cur].state = State::Zombie(status);
+        self.live -= 1;
+        if self.live == 0 {
+            // CPU 0 reports once every task is done: wake it if it idles.
+            smp::wake_cpu(0);
+        }
         let parent = self.tasks[cur].parent;
         if parent == NONE {
             return false;
@@ -368,7 +484,7 @@ impl Sched {
     /// wait(): reaps an exited child of the current task: `Ok(status)`,
     /// `Err(true)` if children are still running, `Err(false)` if it has none.
     pub fn reap(&mut self) -> Result<i64, bool> {
-        let cur = self.current.expect("wait() from a task");
+        let cur = self.cur().expect("wait() from a task");
         let z = self.tasks[cur].zombies;
         if z == NONE {
             return Err(self.tasks[cur].children != 0);
@@ -421,30 +537,39 @@ impl Sched {
             (true, false) => 1,
             (true, true) => 2,
         };
-        // SAFETY: one CPU with interrupts off; the entry code reads these
-        // only on the next entry from user mode, after we return there.
-        unsafe {
-            *addr_of_mut!(cpu_current_kstack_top) = t.kstack_top;
-            *addr_of_mut!(cpu_exit_pti) = mode;
-            *addr_of_mut!(cpu_user_flush_pending) = self.tasks[t.mm as usize].user_flush_pending;
-        }
-        CURRENT_PID.store(t.pid as usize, Relaxed);
-        CURRENT_PPID.store(t.ppid as usize, Relaxed);
         let on_entry_stack = sysentry::install(self.entry, mode, t.kstack_top);
-        // SAFETY: as above.
-        unsafe { *addr_of_mut!(cpu_frame_on_entry_stack) = on_entry_stack as u64 };
+        // This CPU's words: the entry code reads them only on the next
+        // entry from user mode, after we return there.
+        percpu::set_entry_state(&EntryState {
+            kstack_top: t.kstack_top,
+            exit_pti: mode,
+            user_flush_pending: self.tasks[t.mm as usize].user_flush_pending,
+            frame_on_entry_stack: on_entry_stack,
+            pid: t.pid,
+            ppid: t.ppid,
+        });
     }
 
     fn entry_frame_slot() -> *mut [usize; ENTRY_FRAME_WORDS] {
-        let bytes = (ENTRY_FRAME_WORDS * core::mem::size_of::<usize>()) as u64;
-        (entry_stack_top_addr() - bytes) as usize as *mut [usize; ENTRY_FRAME_WORDS]
+        percpu::entry_frame_slot()
+    }
+
+    /// The task this CPU runs.
+    fn cur(&self) -> Option<usize> {
+        self.current[percpu::cpu()]
     }
 
     /// Switches from the current context (a task or kmain) to task `next`.
     /// CR3 is written (a counted context-switch write) unless both run in
     /// the same address space (threads).
+    ///
+    /// Called with the lock held; the lock is released just before the
+    /// stack switch and taken again when this context resumes. That is
+    /// sound because tasks are pinned: no other CPU ever resumes `prev`
+    /// (or touches its saved RSP), so it may finish saving unlocked.
     fn switch(&mut self, next: usize) {
-        let prev = self.current;
+        let cpu = percpu::cpu();
+        let prev = self.current[cpu];
         if prev == Some(next) {
             return;
         }
@@ -455,8 +580,7 @@ impl Sched {
             self.tasks[p].entry_frame = unsafe { *Self::entry_frame_slot() };
             let prev_mm = self.tasks[p].mm as usize;
             // SAFETY: as in install_entry.
-            self.tasks[prev_mm].user_flush_pending =
-                unsafe { *addr_of_mut!(cpu_user_flush_pending) };
+            self.tasks[prev_mm].user_flush_pending = percpu::user_flush_pending();
             same_mm = prev_mm == next_mm;
         }
         // SAFETY: as above.
@@ -467,21 +591,37 @@ impl Sched {
         }
         self.install_entry(next);
         telemetry::inc(Counter::ContextSwitches);
-        self.current = Some(next);
+        self.current[cpu] = Some(next);
         let save: *mut u64 = match prev {
             Some(p) => &mut self.tasks[p].saved_rsp,
-            None => &mut self.idle_rsp,
+            None => &mut self.idle_rsp[cpu],
         };
         let next_rsp = self.tasks[next].saved_rsp;
+        release();
         // SAFETY: `next_rsp` is a context saved by switch_to or built by
         // initial_stack; `save` outlives the switch (static task table).
         unsafe { switch_to(save, next_rsp) };
+        acquire();
     }
 
-    /// Runs tasks until none is left; returns in kmain's context.
-    pub fn run(&mut self) {
-        if let Some(first) = self.dequeue() {
-            self.switch(first);
+    /// One round of a CPU's idle context: run the next queued task (until
+    /// this CPU has nothing left to run), or wait for a wake-up IPI.
+    /// Called and returns with the lock held.
+    fn idle_once(&mut self, cpu: usize) {
+        if let Some(next) = self.dequeue(cpu) {
+            self.switch(next);
+            return;
+        }
+        release();
+        smp::idle_wait();
+        acquire();
+    }
+
+    /// CPU 0: runs tasks until every task has exited (on any CPU); returns
+    /// in kmain's context, with the lock released.
+    pub fn run(mut guard: SchedGuard) {
+        while guard.live > 0 {
+            guard.idle_once(0);
         }
     }
 
@@ -489,26 +629,31 @@ impl Sched {
     /// tail if it is still runnable: a yield), or back to kmain when none
     /// is left. Returns when the current task runs again.
     pub fn schedule(&mut self) {
-        let cur = self.current.expect("schedule() from a task");
+        let cpu = percpu::cpu();
+        let cur = self.current[cpu].expect("schedule() from a task");
         if self.tasks[cur].state == State::Runnable {
             self.enqueue(cur);
         }
-        match self.dequeue() {
+        match self.dequeue(cpu) {
             Some(next) if next != cur => self.switch(next),
             Some(_) => {}
             None => {
-                // Nothing runnable: back to kmain (on the kernel copy already,
-                // which maps everything kmain needs).
-                self.current = None;
+                // Nothing runnable here: back to this CPU's idle context
+                // (on the kernel copy already, which maps all it needs).
+                self.current[cpu] = None;
                 let save: *mut u64 = &mut self.tasks[cur].saved_rsp;
-                // SAFETY: idle_rsp was saved by the switch that left kmain.
-                unsafe { switch_to(save, self.idle_rsp) };
+                let idle = self.idle_rsp[cpu];
+                release();
+                // SAFETY: idle_rsp was saved by the switch that left the
+                // idle context; `cur` is resumed only by this CPU (pinned).
+                unsafe { switch_to(save, idle) };
+                acquire();
             }
         }
     }
 
     pub fn current_task(&mut self) -> &mut Task {
-        let c = self.current.expect("called from a task");
+        let c = self.cur().expect("called from a task");
         &mut self.tasks[c]
     }
 
@@ -516,7 +661,7 @@ impl Sched {
     /// tables. Opting back in is refused (`false`): the call would return
     /// through the PTI-off stub, with no switch back to the user copy.
     pub fn set_nopti(&mut self, on: bool) -> bool {
-        let c = self.current.expect("called from a task");
+        let c = self.cur().expect("called from a task");
         if self.tasks[c].nopti == on {
             return true;
         }
@@ -545,7 +690,7 @@ impl Sched {
 
     /// Whether the current task runs without PTI.
     pub fn nopti(&self) -> bool {
-        let c = self.current.expect("called from a task");
+        let c = self.cur().expect("called from a task");
         !self.task_pti(&self.tasks[c])
     }
 }

@@ -8,29 +8,26 @@
 use crate::arch::layout::TELEMETRY_VA;
 use ptiscope_abi::telemetry::{self as abi, header, Counter};
 
-fn slot(c: Counter) -> *mut u64 {
-    (TELEMETRY_VA + c.offset(0) as u64) as usize as *mut u64
-}
-
+/// Adds one to this CPU's counter `c`.
 #[inline(always)]
 pub fn inc(c: Counter) {
     add(c, 1)
 }
 
+/// Adds `n` to this CPU's counter `c` (its own block: one writer per block).
 #[inline(always)]
 pub fn add(c: Counter, n: u64) {
-    // SAFETY: TELEMETRY_VA is mapped in every kernel page table from the
-    // first instruction on (boot tables and build_kernel_half); the slot is
-    // inside the page and 8-byte aligned. Volatile: the host reads it.
-    unsafe { slot(c).write_volatile(slot(c).read_volatile().wrapping_add(n)) }
+    crate::arch::percpu::counter_add(c, n)
 }
 
+/// Counter `c` summed over the CPUs that are online.
 pub fn get(c: Counter) -> u64 {
-    // SAFETY: as for `add`.
-    unsafe { slot(c).read_volatile() }
+    (0..crate::arch::smp::online().max(1))
+        .map(|n| crate::arch::percpu::counter_of(n, c))
+        .fold(0, u64::wrapping_add)
 }
 
-/// A copy of all counters, for per-phase deltas.
+/// A copy of all counters (summed over the CPUs), for per-phase deltas.
 #[derive(Clone, Copy)]
 pub struct Snapshot(pub [u64; Counter::COUNT]);
 
@@ -54,9 +51,10 @@ fn write_u32(off: usize, v: u32) {
 }
 
 /// Writes the header, magic last, so a host that sees the magic sees the rest.
-pub fn write_header(flags: u32, entry: u32) {
+/// `cpus`: the CPUs whose blocks count (the others' blocks are still zero).
+pub fn write_header(flags: u32, entry: u32, cpus: u32) {
     write_u32(header::VERSION, abi::VERSION);
-    write_u32(header::CPU_COUNT, 1);
+    write_u32(header::CPU_COUNT, cpus);
     write_u32(header::CPU_BLOCK_OFFSET, abi::CPU_BLOCK_OFFSET as u32);
     write_u32(header::CPU_BLOCK_STRIDE, abi::CPU_BLOCK_STRIDE as u32);
     write_u32(header::COUNTER_COUNT, Counter::COUNT as u32);

@@ -132,6 +132,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let mut cmd = Command::new(binary);
     cmd.args(["-M", machine, "-accel", "tcg", "-cpu", "max"])
         .args(["-m", &format!("{}M", config.mem_mib)])
+        .args(["-smp", &config.cpus.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none"])
         // A triple fault resets the machine; without this QEMU would boot
         // the guest again instead of stopping.
@@ -269,6 +270,8 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     };
     Ok(RunOutcome {
         stop,
+        stopped_by: None,
+        vcpus: Vec::new(),
         run_time,
         setup_time,
         exits: ExitCounts::default(),

@@ -54,7 +54,7 @@ impl Backend {
 pub enum SideError {
     #[error("{opts:?}: {word:?} is not key=value")]
     NotKeyValue { opts: String, word: String },
-    #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline)")]
+    #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline pti_switch)")]
     UnknownKey { opts: String, key: String },
     #[error("{opts:?}: bad value for {key}: {why}")]
     BadValue {
@@ -97,6 +97,7 @@ pub fn parse_side(
     };
     let mut c = RunConfig::new(kernel);
     c.mem_mib = args.mem;
+    c.cpus = args.cpus;
     c.timeout = args.timeout;
     c.serial_out = SerialOut::Discard;
     c.handle_signals = true;
@@ -139,7 +140,16 @@ pub fn parse_side(
                 )
             }
             "mem" => c.mem_mib = crate::cli::parse_mem(v).map_err(bad)?,
-            "cmdline" => c.guest.extra = v.to_string(),
+            "cmdline" => c.guest.extra = format!("{} {v}", c.guest.extra).trim().to_string(),
+            // The 2020 RFC's strategy; a guest option, passed on its command line.
+            "pti_switch" => {
+                let s: ptiscope_abi::options::PtiSwitch =
+                    abi_value(v, ptiscope_abi::options::PtiSwitch::NAMES.iter().copied())
+                        .map_err(bad)?;
+                c.guest.extra = format!("{} pti_switch={s}", c.guest.extra)
+                    .trim()
+                    .to_string();
+            }
             other => {
                 return Err(SideError::UnknownKey {
                     opts: opts.into(),
@@ -196,8 +206,8 @@ pub fn run_measured(
                 ));
             }
             if o.exit_code() != 0 {
-                let mut msg = format!("{}", o.stop);
                 // Guest text: escaped before it reaches the terminal.
+                let mut msg = o.stop_description();
                 for f in o.faults() {
                     msg.push_str(&format!("\n  guest reported: {}", escape_str(f)));
                 }
@@ -223,7 +233,9 @@ pub fn rates(s: &RunSummary) -> Vec<(Metric, f64)> {
             let v = r.per_iteration?;
             let mut m = r.metric.clone();
             m.name = rate_name(&r.metric.name, &r.metric.unit);
-            m.unit = format!("{}/{}", r.metric.unit, s.iteration_name);
+            if r.metric.unit != "KiB" {
+                m.unit = format!("{}/{}", r.metric.unit, s.iteration_name);
+            }
             Some((m, v))
         })
         .collect()
@@ -382,6 +394,9 @@ pub fn guest_image(kernel: &KernelSource) -> GuestImage {
 
 /// Runs the comparison and prints it; returns the process exit code.
 pub fn run(args: &CompareArgs) -> i32 {
+    if crate::cli::pound::wants_sweep(args) {
+        return crate::cli::pound::run(args);
+    }
     let embedded = args.arch.embedded_image();
     if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
         eprintln!("ptiscope compare: --qemu-arg needs --backend qemu");

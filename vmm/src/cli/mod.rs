@@ -2,6 +2,7 @@
 
 pub mod compare;
 pub mod exit_code;
+pub mod pound;
 pub mod sweep;
 
 use std::path::PathBuf;
@@ -212,6 +213,10 @@ pub struct CompareArgs {
     /// Iterations per run for both sides (an OPTS `iterations=` overrides it).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS, allow_negative_numbers = true)]
     pub iterations: u64,
+    /// vCPUs of every run (1..=8); e.g. `--workload poundsyscall --cpus 2
+    /// --cmdline threads=2` (compare's `cmdline=` option passes threads=).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
+    pub cpus: u32,
     /// Boot this PVH ELF64 kernel instead of the embedded guest.
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
@@ -313,6 +318,10 @@ pub struct RunArgs {
     /// waiting in KVM, and VM teardown is cheaper.
     #[arg(long)]
     pub no_irqchip: bool,
+    /// vCPUs (1..=8, and at most what KVM recommends): one VMM thread per
+    /// vCPU; the guest starts the others by INIT/SIPI.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
+    pub cpus: u32,
     /// Where to run the guest: our VMM on KVM, or QEMU's TCG (software
     /// emulation: slower, and every figure is guest-reported) for what this
     /// host's KVM cannot run.
@@ -422,6 +431,18 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// `--cpus`: 1..=the telemetry ABI's CPU blocks (KVM's own limit is checked
+/// by preflight).
+pub fn parse_cpus(s: &str) -> Result<u32, String> {
+    let max = ptiscope_abi::telemetry::MAX_CPUS as u32;
+    match s.parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s}: the number of vCPUs must be 1..={max} (the guest's telemetry page has {max} CPU blocks)"
+        )),
+    }
+}
+
 impl RunArgs {
     /// Options that only one backend understands, given to the other: a
     /// usage error rather than silently ignored.
@@ -433,6 +454,10 @@ impl RunArgs {
             Backend::Qemu if self.cpu_vuln != CpuVuln::Host => {
                 Some("--cpu-vuln sets what the KVM vCPU reports: not with --backend qemu")
             }
+            Backend::Kvm if self.no_irqchip && self.cpus > 1 => Some(
+                "--cpus above 1 needs the in-kernel irqchip (the guest starts its other CPUs \
+                 by INIT/SIPI through the LAPIC): drop --no-irqchip",
+            ),
             Backend::Qemu if self.no_irqchip => {
                 Some("--no-irqchip is a KVM setting: not with --backend qemu")
             }
@@ -468,6 +493,7 @@ impl RunArgs {
             handle_signals: true,
             qemu_args: self.qemu_arg.clone(),
             irqchip: !self.no_irqchip,
+            cpus: self.cpus,
         }
     }
 }

@@ -299,6 +299,7 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         target_ci: None,
         warmup: 0,
         against: None,
+        cpus: 1,
         workload: args.workload,
         iterations: args.iterations,
         kernel: args.kernel.clone(),

@@ -36,8 +36,10 @@ pub struct BuiltVm {
     /// The queue behind the console's destination (None: discarded).
     pub console_queue: Option<crate::output::OutputQueue>,
     pub recorder: Arc<Mutex<ConsoleRecorder>>,
-    /// The boot vCPU, registers set for the PVH entry.
-    pub vcpu: VcpuFd,
+    /// The vCPUs by index: 0 (the boot CPU) with its registers set for the
+    /// PVH entry; the others in KVM's reset state, waiting for the guest's
+    /// INIT/SIPI through the in-kernel LAPIC (docs/guest.md, "SMP").
+    pub vcpus: Vec<VcpuFd>,
     pub msr_answers: MsrAnswers,
     /// IA32_ARCH_CAPABILITIES as the guest reads it (None: the MSR is absent).
     pub arch_capabilities: Option<u64>,
@@ -71,6 +73,12 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
 
     let vcpu = vm.create_vcpu(0).map_err(vm_err("KVM_CREATE_VCPU"))?;
     let vcpu_msrs = cpu_config::configure(&kvm, &vm, &vcpu, loaded.entry, config.cpu_vuln)?;
+    let mut vcpus = vec![vcpu];
+    for id in 1..u64::from(config.cpus) {
+        let ap = vm.create_vcpu(id).map_err(vm_err("KVM_CREATE_VCPU"))?;
+        cpu_config::configure_ap(&kvm, &vm, &ap, config.cpu_vuln)?;
+        vcpus.push(ap);
+    }
     Ok(BuiltVm {
         kvm,
         vm,
@@ -79,7 +87,7 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
         serial,
         console_queue,
         recorder,
-        vcpu,
+        vcpus,
         msr_answers: vcpu_msrs.answers,
         arch_capabilities: vcpu_msrs.arch_capabilities,
     })

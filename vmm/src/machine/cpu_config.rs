@@ -69,6 +69,43 @@ pub fn configure(
     entry: u64,
     cpu_vuln: CpuVuln,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
+    let msrs = configure_cpu(kvm, vm, vcpu, cpu_vuln)?;
+
+    let mut sregs = vcpu.get_sregs().map_err(VcpuSetupError::GetSregs)?;
+    pvh_sregs(&mut sregs);
+    vcpu.set_sregs(&sregs).map_err(VcpuSetupError::SetSregs)?;
+
+    let regs = kvm_regs {
+        rip: entry,
+        rbx: START_INFO_ADDR,
+        // Bit 1 is reserved and must be set; interrupts off.
+        rflags: 0x2,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).map_err(VcpuSetupError::SetRegs)?;
+    Ok(msrs)
+}
+
+/// An application processor: CPUID, ARCH_CAPABILITIES and FPU as the boot
+/// vCPU's, registers left in KVM's reset state. With the in-kernel irqchip
+/// KVM keeps it waiting for INIT/SIPI (mp_state UNINITIALIZED), as a real
+/// AP waits; the guest starts it through its LAPIC.
+pub fn configure_ap(
+    kvm: &Kvm,
+    vm: &VmFd,
+    vcpu: &VcpuFd,
+    cpu_vuln: CpuVuln,
+) -> Result<VcpuMsrs, VcpuSetupError> {
+    configure_cpu(kvm, vm, vcpu, cpu_vuln)
+}
+
+/// What every vCPU gets: CPUID, ARCH_CAPABILITIES, the FPU's reset state.
+fn configure_cpu(
+    kvm: &Kvm,
+    vm: &VmFd,
+    vcpu: &VcpuFd,
+    cpu_vuln: CpuVuln,
+) -> Result<VcpuMsrs, VcpuSetupError> {
     // Without CPUID set, the guest's EFER write (long mode) #GPs on some KVMs.
     let mut cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -87,19 +124,6 @@ pub fn configure(
 
     // After KVM_SET_CPUID2: KVM recomputes the MSR's default when CPUID changes.
     let msrs = set_arch_capabilities(vm, vcpu, cpu_vuln)?;
-
-    let mut sregs = vcpu.get_sregs().map_err(VcpuSetupError::GetSregs)?;
-    pvh_sregs(&mut sregs);
-    vcpu.set_sregs(&sregs).map_err(VcpuSetupError::SetSregs)?;
-
-    let regs = kvm_regs {
-        rip: entry,
-        rbx: START_INFO_ADDR,
-        // Bit 1 is reserved and must be set; interrupts off.
-        rflags: 0x2,
-        ..Default::default()
-    };
-    vcpu.set_regs(&regs).map_err(VcpuSetupError::SetRegs)?;
 
     let fpu = kvm_fpu {
         // x87 and SSE reset values (FNINIT / power-on MXCSR).

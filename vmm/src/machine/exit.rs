@@ -51,6 +51,14 @@ impl PortCounts {
     pub fn total(&self) -> u64 {
         self.serial + self.exit + self.phase + self.unknown
     }
+
+    /// Adds `other`'s counts (another vCPU's) to these.
+    pub fn add(&mut self, other: &PortCounts) {
+        self.serial += other.serial;
+        self.exit += other.exit;
+        self.phase += other.phase;
+        self.unknown += other.unknown;
+    }
 }
 
 /// Userspace exits (KVM_RUN returns) by kind, as the VMM saw them. Exits KVM
@@ -90,6 +98,23 @@ impl ExitCounts {
             + self.rdmsr
             + self.wrmsr
             + self.other
+    }
+
+    /// Adds `other`'s counts (another vCPU's) to these: the VM's totals.
+    pub fn add(&mut self, other: &ExitCounts) {
+        self.io_in.add(&other.io_in);
+        self.io_out.add(&other.io_out);
+        self.mmio_read += other.mmio_read;
+        self.mmio_write += other.mmio_write;
+        self.hlt += other.hlt;
+        self.shutdown += other.shutdown;
+        self.internal_error += other.internal_error;
+        self.fail_entry += other.fail_entry;
+        self.intr += other.intr;
+        self.rdmsr += other.rdmsr;
+        self.wrmsr += other.wrmsr;
+        self.other += other.other;
+        self.invalid_phase_markers += other.invalid_phase_markers;
     }
 }
 

@@ -21,7 +21,7 @@ pub mod signals;
 pub mod vcpu;
 pub mod watchdog;
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -38,30 +38,51 @@ use crate::machine::exit::ExitCounts;
 use crate::machine::kvm::KvmOpenError;
 use crate::machine::loader::{BootParamsError, LoadError};
 use crate::machine::memory::{MemoryError, MemoryLayout};
-pub use crate::machine::outcome::{PhaseEvent, RunOutcome, StopReason};
+pub use crate::machine::outcome::{PhaseEvent, RunOutcome, StopReason, VcpuOutcome};
 use crate::machine::signals::{SignalError, TerminationSignals};
-use crate::machine::vcpu::{StopLine, Vcpu, VcpuEnv};
+use crate::machine::vcpu::{SharedObserver, StopLine, Vcpu, VcpuEnv};
 use crate::preflight::{PreflightError, ResolvedRun};
 
 /// What the phase observer may look at, on the vCPU thread, at an exit.
 pub struct VmContext<'a> {
     pub vm: &'a VmFd,
+    /// The vCPU whose exit this is.
     pub vcpu: &'a VcpuFd,
+    /// Its index (0: the boot CPU).
+    pub vcpu_index: usize,
+    /// Userspace exits so far of every vCPU, by index.
+    pub exit_totals: &'a [std::sync::atomic::AtomicU64],
     pub mem: &'a GuestMemoryMmap,
     pub layout: &'a MemoryLayout,
     /// Since the first KVM_RUN.
     pub elapsed: Duration,
+    /// This vCPU's userspace exits.
     pub exits: &'a ExitCounts,
 }
 
-/// Called synchronously on the vCPU thread, so that counters read in
-/// `on_phase` belong exactly to the exit that carried the marker.
+impl VmContext<'_> {
+    /// Userspace exits of all vCPUs so far.
+    pub fn all_exits(&self) -> u64 {
+        self.exit_totals
+            .iter()
+            .map(|t| t.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// Called synchronously on a vCPU thread, so that counters read in
+/// `on_phase` belong exactly to the exit that carried the marker. With
+/// several vCPUs the calls are serialised (the observer is behind a lock).
 pub trait PhaseObserver {
-    /// Before the first KVM_RUN (e.g. open the stats fds).
+    /// On the VMM's thread, once every vCPU exists and before any runs
+    /// (e.g. open a stats fd per vCPU). `vcpus` is indexed like
+    /// [`VmContext::vcpu_index`].
+    fn on_vcpus(&mut self, _vm: &VmFd, _vcpus: &[VcpuFd]) {}
+    /// On the boot vCPU's thread, before its first KVM_RUN.
     fn on_start(&mut self, _ctx: &VmContext<'_>) {}
-    /// A valid phase marker.
+    /// A valid phase marker, on whichever vCPU wrote it.
     fn on_phase(&mut self, _marker: Marker, _ctx: &VmContext<'_>) {}
-    /// After the last exit.
+    /// On the boot vCPU's thread after its last exit.
     fn on_stop(&mut self, _ctx: &VmContext<'_>) {}
 }
 
@@ -105,8 +126,8 @@ pub enum RunError {
     VcpuRun(#[from] vcpu::VcpuRunError),
     #[error("the event loop failed: {0:?}")]
     EventLoop(event_manager::Error),
-    #[error("the vCPU thread panicked")]
-    VcpuThreadPanicked,
+    #[error("the vCPU {0} thread panicked")]
+    VcpuThreadPanicked(usize),
 }
 
 /// Boots the resolved run and runs it until it stops. See the module docs.
@@ -143,45 +164,126 @@ pub fn run(
     let setup_time = setup_start.elapsed();
 
     let stop_requested = AtomicBool::new(false);
-    let finished = AtomicBool::new(false);
+    let any_finished = AtomicBool::new(false);
     let stop_reason: Mutex<Option<StopReason>> = Mutex::new(None);
-    let vcpu_tid: OnceLock<libc::pthread_t> = OnceLock::new();
-    let env = VcpuEnv {
-        vm: &built.vm,
-        mem: &built.mem,
-        layout: &run.layout,
-        bus: &built.bus,
-        msrs: &built.msr_answers,
-    };
-    let line = StopLine {
-        stop_requested: &stop_requested,
-        stop_reason: &stop_reason,
-        finished: &finished,
-        done: &done_evt,
-    };
-    let vcpu = Vcpu::new(built.vcpu);
+    let first_stop: Mutex<Option<usize>> = Mutex::new(None);
+    let count = built.vcpus.len();
+    let finished: Vec<AtomicBool> = (0..count).map(|_| AtomicBool::new(false)).collect();
+    let tids: Vec<OnceLock<libc::pthread_t>> = (0..count).map(|_| OnceLock::new()).collect();
+    let exit_totals: Vec<AtomicU64> = (0..count).map(|_| AtomicU64::new(0)).collect();
+    observer.on_vcpus(&built.vm, &built.vcpus);
+    let observer: SharedObserver<'_> = Mutex::new(observer);
+    let start = Instant::now();
+    let vcpus: Vec<Vcpu> = built.vcpus.into_iter().map(Vcpu::new).collect();
 
-    let vcpu_result = std::thread::scope(|s| -> Result<_, RunError> {
-        let handle = std::thread::Builder::new()
-            .name("vcpu0".into())
-            .spawn_scoped(s, || {
-                // SAFETY: pthread_self has no preconditions.
-                let _ = vcpu_tid.set(unsafe { libc::pthread_self() });
-                vcpu.run(&env, observer, &line)
-            })
-            .map_err(|source| RunError::Host {
-                what: "spawning the vCPU thread",
-                source,
-            })?;
-        let loop_error =
-            watchdog::watch(&mut em, control_id, config.timeout, &finished, &stop_reason);
-        watchdog::stop_vcpu(&vcpu_tid, &stop_requested, &finished);
-        let r = handle.join().map_err(|_| RunError::VcpuThreadPanicked)?;
+    let results = std::thread::scope(|s| -> Result<Vec<_>, RunError> {
+        let mut handles = Vec::with_capacity(count);
+        for (index, vcpu) in vcpus.into_iter().enumerate() {
+            let (observer, tid, this_finished) = (&observer, &tids[index], &finished[index]);
+            let (vm, mem, bus, msrs, layout) = (
+                &built.vm,
+                &built.mem,
+                &built.bus,
+                &built.msr_answers,
+                &run.layout,
+            );
+            let (exit_totals, stop_requested, stop_reason, first_stop, any_finished, done) = (
+                &exit_totals[..],
+                &stop_requested,
+                &stop_reason,
+                &first_stop,
+                &any_finished,
+                &done_evt,
+            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("vcpu{index}"))
+                .spawn_scoped(s, move || {
+                    // SAFETY: pthread_self has no preconditions.
+                    let _ = tid.set(unsafe { libc::pthread_self() });
+                    let env = VcpuEnv {
+                        index,
+                        exit_totals,
+                        start,
+                        vm,
+                        mem,
+                        layout,
+                        bus,
+                        msrs,
+                    };
+                    let line = StopLine {
+                        stop_requested,
+                        stop_reason,
+                        first_stop,
+                        finished: this_finished,
+                        any_finished,
+                        done,
+                    };
+                    vcpu.run(&env, observer, &line)
+                });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(source) => {
+                    // Stop the vCPUs already running before reporting.
+                    for (i, _) in handles.iter().enumerate() {
+                        watchdog::stop_vcpu(&tids[i], stop_requested, &finished[i]);
+                    }
+                    return Err(RunError::Host {
+                        what: "spawning a vCPU thread",
+                        source,
+                    });
+                }
+            }
+        }
+        let loop_error = watchdog::watch(
+            &mut em,
+            control_id,
+            config.timeout,
+            &any_finished,
+            &stop_reason,
+        );
+        // One vCPU stopping stops them all.
+        for i in 0..count {
+            watchdog::stop_vcpu(&tids[i], &stop_requested, &finished[i]);
+        }
+        let mut results = Vec::with_capacity(count);
+        for (i, h) in handles.into_iter().enumerate() {
+            results.push(h.join().map_err(|_| RunError::VcpuThreadPanicked(i))?);
+        }
         if let Some(e) = loop_error {
             return Err(RunError::EventLoop(e));
         }
-        Ok(r?)
+        results
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(RunError::from)
     })?;
+    let first = first_stop.into_inner().unwrap_or_else(|p| p.into_inner());
+    let watchdog_reason = stop_reason.into_inner().unwrap_or_else(|p| p.into_inner());
+    let lead = first
+        .and_then(|i| results.iter().find(|r| r.index == i && r.stopped_itself))
+        .unwrap_or(&results[0]);
+    let stop = match (first, watchdog_reason) {
+        (Some(_), _) => lead.stop.clone(),
+        (None, Some(r)) => r,
+        (None, None) => lead.stop.clone(),
+    };
+    let stopped_by = first.filter(|_| count > 1).map(|i| i as u32);
+    let mut exits = ExitCounts::default();
+    for r in &results {
+        exits.add(&r.exits);
+    }
+    let mut phases: Vec<PhaseEvent> = results.iter().flat_map(|r| r.phases.clone()).collect();
+    phases.sort_by_key(|p| p.at_ns);
+    let vcpu_outcomes: Vec<VcpuOutcome> = results
+        .iter()
+        .map(|r| VcpuOutcome {
+            index: r.index as u32,
+            exits: r.exits,
+            stop: r.stop.clone(),
+            stopped_itself: r.stopped_itself,
+        })
+        .collect();
+    let run_time = results.iter().map(|r| r.run_time).max().unwrap_or_default();
 
     {
         let mut s = built.serial.lock().unwrap_or_else(|p| p.into_inner());
@@ -190,7 +292,12 @@ pub fn run(
     // The console's reader gets until a short grace after the guest stopped
     // (the deadline the live metrics had too) to take what is queued; a
     // reader that stalls costs dropped (and counted) bytes, not a hang.
-    let drain_deadline = vcpu_result.stopped_at + crate::output::DRAIN_GRACE;
+    let stopped_at = results
+        .iter()
+        .map(|r| r.stopped_at)
+        .max()
+        .unwrap_or_else(Instant::now);
+    let drain_deadline = stopped_at + crate::output::DRAIN_GRACE;
     let outputs: Vec<_> = built
         .console_queue
         .take()
@@ -202,18 +309,20 @@ pub fn run(
     let rec: &ConsoleRecorder = &rec;
     let stats = rec.stats();
     Ok(RunOutcome {
-        stop: vcpu_result.stop,
-        run_time: vcpu_result.run_time,
+        stop,
+        stopped_by,
+        vcpus: vcpu_outcomes,
+        run_time,
         setup_time,
-        exits: vcpu_result.exits,
+        exits,
         machine_lines: rec.machine_lines().to_vec(),
         banner: rec.banner().map(str::to_string),
         console_tail: rec.tail().map(str::to_string).collect(),
         console_bytes: stats.bytes,
         dropped_machine_lines: stats.dropped_machine_lines,
-        phases: vcpu_result.phases,
-        dropped_phase_events: vcpu_result.dropped_phases,
-        unknown_accesses: vcpu_result.unknown,
+        phases,
+        dropped_phase_events: results.iter().map(|r| r.dropped_phases).sum(),
+        unknown_accesses: results.iter().map(|r| r.unknown).sum(),
         cmdline: run.cmdline.clone(),
         entry: run.guest.entry,
         arch_capabilities: built.arch_capabilities,

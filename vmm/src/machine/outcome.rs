@@ -14,8 +14,10 @@ pub struct PhaseEvent {
     pub end: bool,
     /// Since the first KVM_RUN.
     pub at_ns: u64,
-    /// Userspace exits so far.
+    /// Userspace exits so far (of the vCPU that wrote the marker).
     pub exits: u64,
+    /// The vCPU that wrote the marker.
+    pub vcpu: u32,
 }
 
 /// Why the VM stopped.
@@ -149,14 +151,34 @@ impl std::fmt::Display for StopReason {
     }
 }
 
+/// How one vCPU of the run ended.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VcpuOutcome {
+    pub index: u32,
+    /// This vCPU's userspace exits.
+    pub exits: ExitCounts,
+    /// Its own stop reason (a vCPU stopped because another one did shows
+    /// the run's watchdog reason or `signal 0`).
+    pub stop: StopReason,
+    /// Whether its own guest exit stopped it.
+    pub stopped_itself: bool,
+}
+
 /// The result of one run, for summaries and reports.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RunOutcome {
     pub stop: StopReason,
+    /// With several vCPUs: the one whose exit (guest exit, fault, hang
+    /// detected by KVM) stopped the VM; None when the watchdog stopped it or
+    /// with one vCPU.
+    pub stopped_by: Option<u32>,
+    /// Per vCPU, by index.
+    pub vcpus: Vec<VcpuOutcome>,
     /// From the first KVM_RUN to the stop.
     pub run_time: Duration,
     /// Creating the VM, loading the kernel, setting up the vCPU.
     pub setup_time: Duration,
+    /// Userspace exits of all vCPUs (per vCPU: [`RunOutcome::vcpus`]).
     pub exits: ExitCounts,
     /// Console lines starting with `@`, in order.
     pub machine_lines: Vec<String>,
@@ -182,6 +204,15 @@ pub struct RunOutcome {
 }
 
 impl RunOutcome {
+    /// The stop reason, naming the vCPU that stopped the VM when there
+    /// were several.
+    pub fn stop_description(&self) -> String {
+        match self.stopped_by {
+            Some(i) => format!("vCPU {i}: {}", self.stop),
+            None => self.stop.to_string(),
+        }
+    }
+
     /// Fault lines (`@fault ...`) the guest printed.
     pub fn faults(&self) -> impl Iterator<Item = &str> {
         self.machine_lines

@@ -1,8 +1,9 @@
 //! A vCPU that owns its run loop: KVM_RUN, exit dispatch, phase markers for
-//! the observer, and the stop reason. It runs on a thread of its own and
-//! stops when the guest stops or when the watchdog asks (flag + kick).
+//! the observer, and the stop reason. Each vCPU runs on a thread of its own
+//! and stops when the guest stops, when another vCPU stopped the VM, or when
+//! the watchdog asks (flag + kick).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,13 @@ pub const MAX_PHASE_EVENTS: usize = 1 << 16;
 
 /// What the vCPU's run loop looks at besides the vCPU itself.
 pub struct VcpuEnv<'a> {
+    /// This vCPU's index (its KVM vCPU id and APIC id); 0 is the boot CPU.
+    pub index: usize,
+    /// Userspace exits so far of every vCPU, by index (each vCPU adds to
+    /// its own slot; observers sum them).
+    pub exit_totals: &'a [AtomicU64],
+    /// The run's common time origin (just before the first KVM_RUN).
+    pub start: Instant,
     pub vm: &'a VmFd,
     pub mem: &'a GuestMemoryMmap,
     pub layout: &'a MemoryLayout,
@@ -32,13 +40,18 @@ pub struct VcpuEnv<'a> {
     pub msrs: &'a MsrAnswers,
 }
 
-/// How the vCPU thread and the watchdog talk: the watchdog sets
-/// `stop_requested` (and says why in `stop_reason`) and kicks; the vCPU
-/// sets `finished` and signals `done` on its way out.
+/// How the vCPU threads and the watchdog talk: the watchdog sets
+/// `stop_requested` (and says why in `stop_reason`) and kicks; a vCPU whose
+/// guest stopped (an exit, a fault) claims `first_stop` with its index and
+/// sets `stop_requested` itself, so that the whole VM stops; each vCPU sets
+/// its `finished` (and `any_finished`) and signals `done` on its way out.
 pub struct StopLine<'a> {
     pub stop_requested: &'a AtomicBool,
     pub stop_reason: &'a Mutex<Option<StopReason>>,
+    /// The vCPU whose own stop ended the run (None: the watchdog ended it).
+    pub first_stop: &'a Mutex<Option<usize>>,
     pub finished: &'a AtomicBool,
+    pub any_finished: &'a AtomicBool,
     pub done: &'a vmm_sys_util::eventfd::EventFd,
 }
 
@@ -51,9 +64,15 @@ pub enum VcpuRunError {
     Sandbox(#[from] SandboxError),
 }
 
+/// The observer as the vCPU threads share it: each locks it for a call.
+pub type SharedObserver<'a> = Mutex<&'a mut (dyn PhaseObserver + Send)>;
+
 /// What one vCPU's run produced.
 pub struct VcpuRun {
+    pub index: usize,
     pub stop: StopReason,
+    /// Whether this vCPU's own exit stopped it (false: it was asked to stop).
+    pub stopped_itself: bool,
     pub exits: ExitCounts,
     pub phases: Vec<PhaseEvent>,
     pub dropped_phases: u64,
@@ -79,11 +98,16 @@ impl Vcpu {
     pub fn run(
         self,
         env: &VcpuEnv<'_>,
-        observer: &mut (dyn PhaseObserver + Send),
+        observer: &SharedObserver<'_>,
         line: &StopLine<'_>,
     ) -> Result<VcpuRun, VcpuRunError> {
         let result = self.run_loop(env, observer, line);
+        if result.is_err() {
+            // The others must not run on without this vCPU.
+            line.stop_requested.store(true, Ordering::SeqCst);
+        }
         line.finished.store(true, Ordering::SeqCst);
+        line.any_finished.store(true, Ordering::SeqCst);
         let _ = line.done.write(1);
         result
     }
@@ -91,23 +115,39 @@ impl Vcpu {
     fn run_loop(
         self,
         env: &VcpuEnv<'_>,
-        observer: &mut (dyn PhaseObserver + Send),
+        observer: &SharedObserver<'_>,
         line: &StopLine<'_>,
     ) -> Result<VcpuRun, VcpuRunError> {
+        let observe = |f: &mut dyn FnMut(&mut (dyn PhaseObserver + Send))| {
+            let mut o = observer.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut **o)
+        };
         let mut kv = KickableVcpu::new(self.fd)?;
         let mut exits = ExitCounts::default();
         let mut unknown = UnknownAccesses::new();
         let mut phases = Vec::new();
         let mut dropped_phases = 0u64;
-        let start = Instant::now();
-        observer.on_start(&VmContext {
-            vm: env.vm,
-            vcpu: &kv.vcpu,
-            mem: env.mem,
-            layout: env.layout,
-            elapsed: Duration::ZERO,
-            exits: &exits,
-        });
+        let start = env.start;
+        fn ctx<'c>(
+            env: &'c VcpuEnv<'_>,
+            vcpu: &'c VcpuFd,
+            elapsed: Duration,
+            exits: &'c ExitCounts,
+        ) -> VmContext<'c> {
+            VmContext {
+                vm: env.vm,
+                vcpu,
+                vcpu_index: env.index,
+                exit_totals: env.exit_totals,
+                mem: env.mem,
+                layout: env.layout,
+                elapsed,
+                exits,
+            }
+        }
+        if env.index == 0 {
+            observe(&mut |o| o.on_start(&ctx(env, &kv.vcpu, Duration::ZERO, &exits)));
+        }
         // Set-up is done (on_start opened its stats fds): from here the
         // thread handles what the guest does, under its seccomp filter.
         sandbox::confine(ThreadKind::Vcpu)?;
@@ -132,6 +172,9 @@ impl Vcpu {
                 Err(e) if e.errno() == libc::EAGAIN => ExitAction::Continue,
                 Err(e) => break Some(StopReason::KvmRunFailed { errno: e.errno() }),
             };
+            if let Some(total) = env.exit_totals.get(env.index) {
+                total.store(exits.total(), Ordering::Relaxed);
+            }
             match action {
                 ExitAction::Continue => {}
                 ExitAction::Phase(m) => {
@@ -142,21 +185,12 @@ impl Vcpu {
                             end: m.edge == Edge::End,
                             at_ns: elapsed.as_nanos() as u64,
                             exits: exits.total(),
+                            vcpu: env.index as u32,
                         });
                     } else {
                         dropped_phases += 1;
                     }
-                    observer.on_phase(
-                        m,
-                        &VmContext {
-                            vm: env.vm,
-                            vcpu: &kv.vcpu,
-                            mem: env.mem,
-                            layout: env.layout,
-                            elapsed,
-                            exits: &exits,
-                        },
-                    );
+                    observe(&mut |o| o.on_phase(m, &ctx(env, &kv.vcpu, elapsed, &exits)));
                 }
                 ExitAction::Interrupted => {
                     if line.stop_requested.load(Ordering::SeqCst) {
@@ -170,15 +204,18 @@ impl Vcpu {
         };
         let run_time = start.elapsed();
         let stopped_at = Instant::now();
-        observer.on_stop(&VmContext {
-            vm: env.vm,
-            vcpu: &kv.vcpu,
-            mem: env.mem,
-            layout: env.layout,
-            elapsed: run_time,
-            exits: &exits,
-        });
-        // None: stopped on request; the watchdog said why.
+        let stopped_itself = stop.is_some();
+        if stopped_itself {
+            // This vCPU's guest stopped: the VM stops with it. The first
+            // vCPU to get here is the one the run's stop reason names.
+            let mut first = line.first_stop.lock().unwrap_or_else(|p| p.into_inner());
+            first.get_or_insert(env.index);
+            line.stop_requested.store(true, Ordering::SeqCst);
+        }
+        if env.index == 0 {
+            observe(&mut |o| o.on_stop(&ctx(env, &kv.vcpu, run_time, &exits)));
+        }
+        // None: stopped on request; the watchdog (or another vCPU) said why.
         let stop = stop.unwrap_or_else(|| {
             line.stop_reason
                 .lock()
@@ -187,7 +224,9 @@ impl Vcpu {
                 .unwrap_or(StopReason::Signal { signal: 0 })
         });
         Ok(VcpuRun {
+            index: env.index,
             stop,
+            stopped_itself,
             exits,
             phases,
             dropped_phases,

@@ -42,7 +42,10 @@ pub struct Snapshot {
     pub at: Duration,
     pub exits: ExitCounts,
     pub kvm_vm: Option<StatsSnapshot>,
-    pub kvm_vcpu: Option<StatsSnapshot>,
+    /// Every vCPU's stats, by index (None where a read failed).
+    pub kvm_vcpus: Vec<Option<StatsSnapshot>>,
+    /// Userspace exits of each vCPU, by index.
+    pub vcpu_exits: Vec<u64>,
     pub telemetry: Result<TelemetrySnapshot, TelemetryError>,
     /// The vCPU's TSC (IA32_TSC through KVM_GET_MSRS).
     pub tsc: Option<u64>,
@@ -52,7 +55,8 @@ pub struct Snapshot {
 pub struct Measurer {
     phase_id: u16,
     vm_stats: Option<KvmStats>,
-    vcpu_stats: Option<KvmStats>,
+    /// One per vCPU, by index.
+    vcpu_stats: Vec<KvmStats>,
     stats_error: Option<String>,
     start: Option<Snapshot>,
     begin: Option<Snapshot>,
@@ -81,7 +85,7 @@ impl Measurer {
         Measurer {
             phase_id: ID_WORKLOAD,
             vm_stats: None,
-            vcpu_stats: None,
+            vcpu_stats: Vec::new(),
             stats_error: None,
             start: None,
             begin: None,
@@ -109,7 +113,12 @@ impl Measurer {
             at: ctx.elapsed,
             exits: *ctx.exits,
             kvm_vm: read(&self.vm_stats),
-            kvm_vcpu: read(&self.vcpu_stats),
+            kvm_vcpus: self.vcpu_stats.iter().map(|s| s.read().ok()).collect(),
+            vcpu_exits: ctx
+                .exit_totals
+                .iter()
+                .map(|t| t.load(std::sync::atomic::Ordering::Relaxed))
+                .collect(),
             telemetry: TelemetryReader::new(ctx.mem, GuestAddress(ctx.layout.telemetry_addr()))
                 .and_then(|r| r.snapshot()),
             tsc: crate::machine::msr::get_msr(ctx.vcpu, crate::machine::msr::MSR_IA32_TSC),
@@ -145,14 +154,24 @@ impl Measurer {
 }
 
 impl PhaseObserver for Measurer {
-    fn on_start(&mut self, ctx: &VmContext<'_>) {
-        match (KvmStats::from_vm(ctx.vm), KvmStats::from_vcpu(ctx.vcpu)) {
-            (Ok(vm), Ok(vcpu)) => {
+    fn on_vcpus(&mut self, vm: &kvm_ioctls::VmFd, vcpus: &[kvm_ioctls::VcpuFd]) {
+        let opened = KvmStats::from_vm(vm).and_then(|vm| {
+            let per_vcpu = vcpus
+                .iter()
+                .map(KvmStats::from_vcpu)
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((vm, per_vcpu))
+        });
+        match opened {
+            Ok((vm, per_vcpu)) => {
                 self.vm_stats = Some(vm);
-                self.vcpu_stats = Some(vcpu);
+                self.vcpu_stats = per_vcpu;
             }
-            (Err(e), _) | (_, Err(e)) => self.stats_error = Some(e.to_string()),
+            Err(e) => self.stats_error = Some(e.to_string()),
         }
+    }
+
+    fn on_start(&mut self, ctx: &VmContext<'_>) {
         self.start = Some(self.snapshot(ctx));
         if let Some(cfg) = self.live_config.take() {
             match LiveMetrics::start(cfg, ctx) {
@@ -238,10 +257,46 @@ pub fn result_fields(outcome: &RunOutcome) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// KiB of kernel the user copy maps, from the guest's `@pti` line.
+fn user_copy_kernel_kib(outcome: &RunOutcome) -> Option<f64> {
+    let line = outcome
+        .machine_lines
+        .iter()
+        .find_map(|l| l.strip_prefix("@pti "))?;
+    let pages: u64 = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("user_copy_kernel_pages="))?
+        .parse()
+        .ok()?;
+    Some((pages.min(1 << 20) * 4) as f64)
+}
+
 /// A cumulative KVM stat's change between two snapshots.
 fn kvm_delta(a: Option<&StatsSnapshot>, b: Option<&StatsSnapshot>, name: &str) -> Option<u64> {
     let d = kvm_stats::delta(a?, b?).ok()?;
     d.get(name)
+}
+
+/// A cumulative per-vCPU KVM stat's change, summed over the vCPUs (None if
+/// any vCPU's is missing: a partial sum would read as a real total).
+fn kvm_vcpus_delta(a: &Snapshot, b: &Snapshot, name: &str) -> Option<u64> {
+    if a.kvm_vcpus.is_empty() || a.kvm_vcpus.len() != b.kvm_vcpus.len() {
+        return None;
+    }
+    a.kvm_vcpus
+        .iter()
+        .zip(&b.kvm_vcpus)
+        .map(|(x, y)| kvm_delta(x.as_ref(), y.as_ref(), name))
+        .sum()
+}
+
+/// One vCPU's change of a cumulative KVM stat.
+fn kvm_vcpu_delta(a: &Snapshot, b: &Snapshot, vcpu: usize, name: &str) -> Option<u64> {
+    kvm_delta(
+        a.kvm_vcpus.get(vcpu)?.as_ref(),
+        b.kvm_vcpus.get(vcpu)?.as_ref(),
+        name,
+    )
 }
 
 /// The guest counter names for report rows, with the guest's own word for
@@ -331,7 +386,7 @@ impl Measurer {
 
         // Host-observed: KVM.
         let flavour = kvm_flavour();
-        let kvm = |name| kvm_delta(a.kvm_vcpu.as_ref(), b.kvm_vcpu.as_ref(), name);
+        let kvm = |name| kvm_vcpus_delta(a, b, name);
         let kvm_exits = kvm("exits");
         if let Some(v) = kvm_exits {
             s.push(Metric::new("kvm_exits", "count", Source::Kvm), v as f64);
@@ -356,9 +411,10 @@ impl Measurer {
             }
         }
         // Host-observed: the VMM and the host clock.
+        let all_exits = |x: &Snapshot| x.vcpu_exits.iter().sum::<u64>();
         s.push(
             Metric::new("vmm_exits", "count", Source::Vmm),
-            b.exits.total().saturating_sub(a.exits.total()) as f64,
+            all_exits(b).saturating_sub(all_exits(a)) as f64,
         );
         let ns = b.at.saturating_sub(a.at).as_nanos() as f64;
         s.push(Metric::new("elapsed", "ns", Source::HostClock), ns);
@@ -405,6 +461,16 @@ impl Measurer {
             }
         };
         let valid = s.telemetry_problems.is_empty();
+        // What the user copy maps of the kernel (the guest's @pti line; the
+        // host's own walk is `ptiscope pagetables`): the exposure side of a
+        // PTI strategy, the same for every call, so its "rate" is itself.
+        if let Some(kib) = user_copy_kernel_kib(outcome) {
+            s.rows.push(RunRow {
+                metric: Metric::new("user_copy_kernel_kib", "KiB", Source::Guest),
+                total: kib,
+                per_iteration: Some(kib),
+            });
+        }
         if let Some(d) = guest.as_ref().filter(|_| valid) {
             s.push(
                 Metric::new("cr3_writes", "count", Source::Guest),
@@ -466,7 +532,13 @@ impl Measurer {
             }
             // One syscall per requested iteration plus the end marker's own:
             // the VMM's side is what it asked for, not what the guest says.
-            if let (Some((_, n)), true) = (asked, phased.is_some() && iteration_name == "call") {
+            // poundsyscall's phase also holds each thread's exit and the
+            // parent's waits: no exact "calls + 1" to check there.
+            let loop_workload = asked.is_some_and(|(w, _)| w != Workload::Poundsyscall);
+            if let (Some((_, n)), true) = (
+                asked,
+                phased.is_some() && iteration_name == "call" && loop_workload,
+            ) {
                 s.cross_checks.push(CrossCheck::new(
                     "syscalls (the requested iterations + the end-marker call)",
                     ("requested_calls", Source::Vmm, n.saturating_add(1) as f64),
@@ -474,6 +546,15 @@ impl Measurer {
                     0.0,
                 ));
             }
+        }
+        if a.vcpu_exits.len() > 1 {
+            self.per_vcpu_rows(
+                &mut s,
+                a,
+                b,
+                guest.as_ref().filter(|_| valid),
+                phased.is_some(),
+            );
         }
         if let Some(e) = &self.stats_error {
             s.notes.push(format!("KVM stats fd not available: {e}"));
@@ -500,6 +581,86 @@ impl Measurer {
             );
         }
         s
+    }
+}
+
+impl Measurer {
+    /// With several vCPUs: each one's share of the host-observed figures
+    /// (`<row>_vcpu<N>`), the guest's per-CPU counters (`<counter>_cpu<N>`:
+    /// guest CPU N runs on vCPU N) and, on kvm_pvm, the CR3 cross-check per
+    /// vCPU (each vCPU's KVM tlb_flush against the switches its guest CPU made).
+    fn per_vcpu_rows(
+        &self,
+        s: &mut RunSummary,
+        a: &Snapshot,
+        b: &Snapshot,
+        guest: Option<&TelemetrySnapshot>,
+        phased: bool,
+    ) {
+        for (i, (x, y)) in a.vcpu_exits.iter().zip(&b.vcpu_exits).enumerate() {
+            s.push(
+                Metric::new(format!("vmm_exits_vcpu{i}"), "count", Source::Vmm),
+                y.saturating_sub(*x) as f64,
+            );
+            for (stat, row) in [
+                ("exits", "kvm_exits"),
+                ("insn_emulation", "kernel_instructions"),
+                ("tlb_flush", "tlb_flush"),
+                ("halt_exits", "kvm_halt_exits"),
+            ] {
+                if let Some(v) = kvm_vcpu_delta(a, b, i, stat) {
+                    s.push(
+                        Metric::new(format!("{row}_vcpu{i}"), "count", Source::Kvm),
+                        v as f64,
+                    );
+                }
+            }
+        }
+        let Some(d) = guest else { return };
+        for cpu in 0..d.cpu_count() {
+            let c = |k| d.get(cpu, k).unwrap_or(0);
+            let cr3 = c(Counter::Cr3Entry)
+                + c(Counter::Cr3Exit)
+                + c(Counter::Cr3ContextSwitch)
+                + c(Counter::Cr3Other);
+            s.push(
+                Metric::new(format!("cr3_writes_cpu{cpu}"), "count", Source::Guest),
+                cr3 as f64,
+            );
+            for k in [
+                Counter::Syscalls,
+                Counter::ContextSwitches,
+                Counter::Interrupts,
+            ] {
+                s.push(
+                    Metric::new(format!("{}_cpu{cpu}", k.name()), "count", Source::Guest),
+                    c(k) as f64,
+                );
+            }
+            if let (true, KvmFlavour::Pvm, Some(t)) = (
+                phased,
+                kvm_flavour(),
+                kvm_vcpu_delta(a, b, cpu, "tlb_flush"),
+            ) {
+                let preempted = kvm_vcpu_delta(a, b, cpu, "preemption_other").unwrap_or(0)
+                    + kvm_vcpu_delta(a, b, cpu, "preemption_reported").unwrap_or(0);
+                s.cross_checks.push(
+                    CrossCheck::new(
+                        format!(
+                            "vCPU {cpu}: CR3 switches to another table on guest CPU {cpu} \
+                             (kvm_pvm: one KVM tlb_flush per kernel->user switch and context switch)"
+                        ),
+                        (&format!("tlb_flush_vcpu{cpu}"), Source::Kvm, t as f64),
+                        (
+                            &format!("cr3_writes_exit+context_switch_cpu{cpu}"),
+                            (c(Counter::Cr3Exit) + c(Counter::Cr3ContextSwitch)) as f64,
+                        ),
+                        CR3_TOLERANCE_PCT,
+                    )
+                    .allowing_host_excess(CR3_HOST_EXCESS_BASE + preempted as f64),
+                );
+            }
+        }
     }
 }
 
@@ -613,6 +774,15 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
 /// syscalls and context switches besides: rates are per message.
 fn phase_divisor(workload: Workload, iterations: u64) -> (u64, &'static str, String) {
     match workload {
+        Workload::Poundsyscall => (
+            iterations,
+            "call",
+            format!(
+                "per-call rates divide by the {iterations} getppid calls of all threads \
+                 (poundsyscall: the phase also holds each thread's exit, the parent's waits \
+                 and the end marker, 2 x threads + 2 syscalls)"
+            ),
+        ),
         Workload::SchedMessaging => (
             iterations,
             "message",
@@ -639,7 +809,8 @@ const NO_REQUESTED_COUNT: &str = "the command line has words the ptiscope guest'
 
 /// What the VMM asked the guest to run, read back from the command line it
 /// wrote, with the guest's own parser and defaults (guest-core): the
-/// workload and its count (iterations, or messages for sched-messaging).
+/// workload and its count (iterations, messages for sched-messaging, the
+/// calls of all threads for poundsyscall).
 /// This, never the guest's `@result` word, divides host-observed counters.
 /// `None` when the line is not one the ptiscope guest would accept (a
 /// foreign kernel's own keys).
@@ -647,6 +818,8 @@ pub fn requested(cmdline: &str) -> Option<(Workload, u64)> {
     let c = guest_core::cmdline::parse(cmdline).ok()?;
     let n = match c.workload {
         Workload::SchedMessaging => c.messages(),
+        // `iterations=` is per thread: every thread makes that many calls.
+        Workload::Poundsyscall => c.threads.saturating_mul(c.iterations),
         _ => c.iterations,
     };
     Some((c.workload, n))
@@ -674,6 +847,8 @@ fn iterations_check(
 pub fn rate_name(row: &str, unit: &str) -> String {
     match (row, unit) {
         ("elapsed", "ns") => "ns_per_call".into(),
+        // A per-run size, not a rate (user_copy_kernel_kib).
+        (_, "KiB") => row.into(),
         _ => format!("{row}_per_call"),
     }
 }

@@ -366,6 +366,22 @@ impl EntryArea {
         }
         true
     }
+
+    /// The page-aligned text of the guest's Rust-side kernel->user CR3
+    /// switch (`pti_switch=deferred`): the ELF symbols
+    /// `__pti_deferred_start`/`__pti_deferred_end`, if the image has them.
+    /// The user copy maps it only in that mode; walks classify it apart.
+    pub fn deferred_switch_text(image: &[u8]) -> Option<Range<u64>> {
+        use object::{Object, ObjectSymbol};
+        let file = object::File::parse(image).ok()?;
+        let find = |name: &str| {
+            file.symbols()
+                .find(|s| s.name() == Ok(name))
+                .map(|s| s.address())
+        };
+        let (start, end) = (find("__pti_deferred_start")?, find("__pti_deferred_end")?);
+        (start < end).then_some(start..end)
+    }
 }
 
 /// What the user copy of an address space maps in the kernel half.
@@ -381,6 +397,10 @@ pub struct IsolationCheck {
     /// outside the entry area: it stopped early, or some table is outside
     /// guest RAM. `None` when the walk read every table.
     pub not_verified: Option<String>,
+    /// Mappings of the deferred CR3 switch's text (`pti_switch=deferred`):
+    /// kernel text the user copy maps besides the entry area, by design of
+    /// that strategy; listed apart, not in `outside_entry_area`.
+    pub deferred_switch: Vec<Mapping>,
 }
 
 impl IsolationCheck {
@@ -396,6 +416,21 @@ impl IsolationCheck {
             "NOT isolated".into()
         } else if let Some(why) = &self.not_verified {
             format!("NOT VERIFIED (the walk could not read the whole user copy: {why})")
+        } else if !self.deferred_switch.is_empty() {
+            let bytes = self
+                .deferred_switch
+                .iter()
+                .fold(0u64, |sum, m| sum.saturating_add(m.size));
+            format!(
+                "ISOLATED apart from the deferred CR3 switch (pti_switch=deferred): \
+                 {} KiB of kernel text at {} mapped besides the entry area",
+                bytes >> 10,
+                self.deferred_switch
+                    .iter()
+                    .map(|m| format!("{:#x}", m.virt))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         } else {
             "ISOLATED (only the entry area is mapped)".into()
         }
@@ -404,13 +439,24 @@ impl IsolationCheck {
 
 /// Checks a walk of a user copy against the entry area.
 pub fn check_isolation(user: &Walk, paging: Paging, entry: &EntryArea) -> IsolationCheck {
+    check_isolation_with(user, paging, entry, None)
+}
+
+/// [`check_isolation`], with the deferred switch's text (if any) listed
+/// apart: mappings wholly inside `deferred` go to `deferred_switch`.
+pub fn check_isolation_with(
+    user: &Walk,
+    paging: Paging,
+    entry: &EntryArea,
+    deferred: Option<&Range<u64>>,
+) -> IsolationCheck {
     let kernel_mappings: Vec<Mapping> = user
         .mappings
         .iter()
         .filter(|m| m.virt >= paging.kernel_half_start())
         .copied()
         .collect();
-    let outside_entry_area = kernel_mappings
+    let outside_entry_area: Vec<Mapping> = kernel_mappings
         .iter()
         .filter(|m| !entry.covers(m.virt, m.virt_end()))
         .copied()
@@ -425,11 +471,17 @@ pub fn check_isolation(user: &Walk, paging: Paging, entry: &EntryArea) -> Isolat
         )),
         (None, None) => None,
     };
+    let inside = |m: &Mapping| {
+        deferred.is_some_and(|d| d.start <= m.virt && m.virt.saturating_add(m.size) <= d.end)
+    };
+    let (deferred_switch, outside_entry_area): (Vec<Mapping>, Vec<Mapping>) =
+        outside_entry_area.into_iter().partition(|m| inside(m));
     IsolationCheck {
         kernel_mappings,
         outside_entry_area,
         kernel_bytes_mapped,
         not_verified,
+        deferred_switch,
     }
 }
 
@@ -731,6 +783,7 @@ mod tests {
                 entry_text_end: ENTRY_TEXT_END,
                 telemetry: 0x7f000,
                 direct_map: 8 << 20,
+                deferred_text: (0, 0),
             };
             let half =
                 guest_core::paging::build_kernel_half(&mut BuilderMem(&m), &mut frames, &spec)
@@ -846,6 +899,7 @@ pub struct Inspection {
 pub struct Inspector {
     paging: Paging,
     entry_area: EntryArea,
+    deferred_text: Option<Range<u64>>,
     pub result: Option<Result<Inspection, String>>,
 }
 
@@ -854,8 +908,16 @@ impl Inspector {
         Inspector {
             paging,
             entry_area,
+            deferred_text: None,
             result: None,
         }
+    }
+
+    /// Lists mappings of the deferred CR3 switch's text apart (see
+    /// [`EntryArea::deferred_switch_text`]).
+    pub fn with_deferred_text(mut self, range: Option<Range<u64>>) -> Self {
+        self.deferred_text = range;
+        self
     }
 
     fn inspect(&self, ctx: &crate::machine::VmContext<'_>) -> Result<Inspection, String> {
@@ -880,7 +942,12 @@ impl Inspector {
             Some(u) => walk(ctx.mem, self.paging, u).map_err(|e| e.to_string())?,
             None => kernel.clone(),
         };
-        let isolation = check_isolation(&user, self.paging, &self.entry_area);
+        let isolation = check_isolation_with(
+            &user,
+            self.paging,
+            &self.entry_area,
+            self.deferred_text.as_ref(),
+        );
         Ok(Inspection {
             paging: self.paging,
             kernel_cr3,

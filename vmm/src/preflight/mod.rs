@@ -20,6 +20,9 @@ use crate::machine::memory::{MemoryError, MemoryLayout};
 use cmdline::{CmdlineError, Entry, EntryChoice, ResolvedOptions, Switch};
 pub use request::{RunConfig, SerialOut};
 
+/// The most vCPUs a run can have: the guest telemetry page's CPU blocks.
+pub const MAX_CPUS: u32 = ptiscope_abi::telemetry::MAX_CPUS as u32;
+
 /// Where a run will execute: the choice changes what `entry=auto` means
 /// and which host limits apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +130,24 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
         iterations: asked.iterations,
         extra: asked.extra.clone(),
     };
+    if !(1..=MAX_CPUS).contains(&config.cpus) {
+        return Err(CmdlineError::BadValue {
+            key: ptiscope_abi::cmdline::CPUS.into(),
+            value: config.cpus.to_string(),
+            why: format!("the number of vCPUs must be 1..={MAX_CPUS}"),
+        }
+        .into());
+    }
+    // The guest learns how many CPUs to start from its command line (there
+    // is no ACPI MADT here); one CPU is its default and stays unsaid.
+    if config.cpus > 1 {
+        let word = format!("{}={}", ptiscope_abi::cmdline::CPUS, config.cpus);
+        guest.extra = if guest.extra.is_empty() {
+            word
+        } else {
+            format!("{} {word}", guest.extra)
+        };
+    }
     cmdline::build(&guest, layout.telemetry_addr())?;
 
     let image: Arc<[u8]> = loader::read_image(&config.kernel)?.into();
@@ -143,7 +164,22 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
             }
         }
         Target::Kvm => {
-            kvm::open_kvm()?;
+            let kvm = kvm::open_kvm()?;
+            let recommended = kvm.get_nr_vcpus().max(1);
+            if config.cpus as usize > recommended {
+                return Err(PreflightError::Unsupported(format!(
+                    "--cpus {}: this host's KVM recommends at most {recommended} vCPUs per VM \
+                     (KVM_CAP_NR_VCPUS); use --cpus {recommended} or fewer",
+                    config.cpus
+                )));
+            }
+            if config.cpus > 1 && !config.irqchip {
+                return Err(PreflightError::Unsupported(
+                    "more than one vCPU needs the in-kernel irqchip: the guest starts its other \
+                     CPUs by INIT/SIPI through the LAPIC"
+                        .into(),
+                ));
+            }
             // The i386 flavour turns on PAE paging outside long mode, which
             // some KVMs (kvm_pvm) refuse with a #GP the guest cannot
             // survive: say so before booting rather than report a triple fault.

@@ -50,6 +50,9 @@ pub struct RunConfig {
     /// the serial port raises no interrupt, and VM teardown is cheaper (on
     /// kvm_pvm (software KVM) about 4 ms of a 16 ms boot-to-exit).
     pub irqchip: bool,
+    /// vCPUs (`--cpus`), 1..=[`crate::preflight::max_cpus`]; the guest
+    /// learns the count from `cpus=` on its command line.
+    pub cpus: u32,
 }
 
 impl RunConfig {
@@ -66,6 +69,7 @@ impl RunConfig {
             handle_signals: false,
             qemu_args: Vec::new(),
             irqchip: true,
+            cpus: 1,
         }
     }
 }

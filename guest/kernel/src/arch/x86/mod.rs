@@ -10,6 +10,8 @@ pub mod entry;
 pub mod exceptions;
 pub mod mem;
 pub mod paging;
+pub mod percpu;
+pub mod smp;
 pub mod sysentry;
 pub mod user;
 
@@ -30,6 +32,9 @@ pub fn unsupported(config: &guest_core::cmdline::Config) -> Option<&'static str>
     use guest_core::cmdline::Entry;
     if config.entry == Entry::Syscall {
         return Some("entry=syscall is not available on the 32-bit guest (32-bit SYSCALL is AMD-only); use entry=sysenter or an int entry");
+    }
+    if config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred {
+        return Some("pti_switch=deferred is built for the x86_64 flavour only");
     }
     if config.entry == Entry::Sysenter && !cpu::has_sep() {
         return Some("entry=sysenter but this CPU has no SYSENTER (CPUID.1:EDX[11] clear)");

@@ -54,6 +54,7 @@ boot_long:
     /* 8 KiB aligned: CR3 bit 12 means "user copy loaded" to the exception
      * entry code, so no kernel page-table root may have it set. */
     .balign 8192
+    .global boot_pml4
 boot_pml4:
     .quad boot_pdpt_low + 0x3
     .fill 510, 8, 0

@@ -47,37 +47,123 @@ extern "C" {
     static entry_nmi: u8;
 }
 
-/// Top of the per-CPU entry stack (TSS.RSP0 when PTI is on).
-pub fn entry_stack_top_addr() -> u64 {
-    core::ptr::addr_of!(entry_stack_top) as u64
+core::arch::global_asm!(
+    r#"
+    /* CPUs 1..7: GDT, TSS, entry stack and IST stacks, one page each
+     * (ApArea), like Linux's per-CPU cpu_entry_area; mapped in the user
+     * copy with the rest of the entry area. */
+    .section .entry.data.cpu_areas, "aw"
+    .balign 4096
+    .global entry_cpu_areas
+entry_cpu_areas:
+    .fill {bytes}, 1, 0
+    .previous
+"#,
+    bytes = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
+);
+
+/// The entry area of CPUs 1..7: one page each.
+#[repr(C, align(4096))]
+pub struct ApArea {
+    pub gdt: [u64; GDT_ENTRIES],
+    _pad0: [u8; 128 - GDT_ENTRIES * 8],
+    pub tss: Tss,
+    _pad1: [u8; 256 - 128 - 104],
+    /// Entry stack (TSS.RSP0 with PTI); its top is `ist_df`'s bottom.
+    pub entry_stack: [u8; 1792],
+    pub ist_df: [u8; 1024],
+    pub ist_nmi: [u8; 512],
+    pub ist_mc: [u8; 512],
+}
+const _: () = assert!(core::mem::size_of::<ApArea>() == 4096);
+
+extern "C" {
+    static mut entry_cpu_areas: [ApArea; ptiscope_abi::telemetry::MAX_CPUS - 1];
 }
 
-/// Loads the GDT, reloads the segment registers and loads the TSS.
+/// The descriptor tables and stacks of one CPU.
+struct CpuTables {
+    gdt: *mut [u64; GDT_ENTRIES],
+    tss: *mut Tss,
+    entry_stack_top: u64,
+    ist: [u64; 3],
+}
+
+fn tables(cpu: usize) -> CpuTables {
+    if cpu == 0 {
+        CpuTables {
+            gdt: addr_of_mut!(entry_gdt),
+            tss: addr_of_mut!(entry_tss),
+            entry_stack_top: core::ptr::addr_of!(entry_stack_top) as u64,
+            ist: [
+                core::ptr::addr_of!(ist_df_top) as u64,
+                core::ptr::addr_of!(ist_nmi_top) as u64,
+                core::ptr::addr_of!(ist_mc_top) as u64,
+            ],
+        }
+    } else {
+        // SAFETY: only addresses of the statics are taken (cpu - 1 < 7:
+        // callers pass an online CPU's index).
+        unsafe {
+            let a = addr_of_mut!(entry_cpu_areas[cpu - 1]);
+            let end = |p: *mut u8, len: usize| p as u64 + len as u64;
+            CpuTables {
+                gdt: addr_of_mut!((*a).gdt),
+                tss: addr_of_mut!((*a).tss),
+                entry_stack_top: end(addr_of_mut!((*a).entry_stack).cast(), 1792),
+                ist: [
+                    end(addr_of_mut!((*a).ist_df).cast(), 1024),
+                    end(addr_of_mut!((*a).ist_nmi).cast(), 512),
+                    end(addr_of_mut!((*a).ist_mc).cast(), 512),
+                ],
+            }
+        }
+    }
+}
+
+/// Top of CPU `cpu`'s entry stack (TSS.RSP0 when PTI is on).
+pub fn entry_stack_top_of(cpu: usize) -> u64 {
+    tables(cpu).entry_stack_top
+}
+
+/// Top of this CPU's entry stack (TSS.RSP0 when PTI is on).
+pub fn entry_stack_top_addr() -> u64 {
+    super::percpu::entry_stack_top()
+}
+
+/// Loads CPU 0's GDT, reloads the segment registers and loads its TSS.
 pub fn init_gdt_tss() {
-    // SAFETY: single CPU, interrupts off, called once at boot before anything
-    // else reads these tables; the descriptors written are the architectural
-    // encodings of flat 64-bit segments and of the TSS.
+    init_gdt_tss_for(0)
+}
+
+/// Loads CPU `cpu`'s GDT (its own: the TSS descriptor is per CPU),
+/// reloads the segment registers and loads its TSS.
+pub fn init_gdt_tss_for(cpu: usize) {
+    let tbl = tables(cpu);
+    // SAFETY: called once per CPU at its boot, interrupts off, before
+    // anything else reads this CPU's tables; the descriptors written are the
+    // architectural encodings of flat 64-bit segments and of the TSS.
     unsafe {
-        let gdt = &mut *addr_of_mut!(entry_gdt);
+        let gdt = &mut *tbl.gdt;
         gdt[1] = 0x00cf_9b00_0000_ffff; // 0x08 kernel 32-bit code (unused, as Linux)
         gdt[2] = 0x00af_9b00_0000_ffff; // 0x10 kernel code, L=1
         gdt[3] = 0x00cf_9300_0000_ffff; // 0x18 kernel data
         gdt[4] = 0x00cf_fb00_0000_ffff; // 0x23 user 32-bit code
         gdt[5] = 0x00cf_f300_0000_ffff; // 0x2b user data
         gdt[6] = 0x00af_fb00_0000_ffff; // 0x33 user code, L=1
-        let tss = addr_of_mut!(entry_tss) as u64;
+        let tss = tbl.tss as u64;
         let limit = (core::mem::size_of::<Tss>() - 1) as u64;
         gdt[8] = limit & 0xffff
             | (tss & 0xff_ffff) << 16
             | 0x89 << 40 // present, 64-bit available TSS
             | (tss >> 24 & 0xff) << 56;
         gdt[9] = tss >> 32;
-        let t = &mut *addr_of_mut!(entry_tss);
-        t.ist[(IST_DF - 1) as usize] = core::ptr::addr_of!(ist_df_top) as u64;
-        t.ist[(IST_NMI - 1) as usize] = core::ptr::addr_of!(ist_nmi_top) as u64;
-        t.ist[(IST_MC - 1) as usize] = core::ptr::addr_of!(ist_mc_top) as u64;
+        let t = &mut *tbl.tss;
+        t.ist[(IST_DF - 1) as usize] = tbl.ist[0];
+        t.ist[(IST_NMI - 1) as usize] = tbl.ist[1];
+        t.ist[(IST_MC - 1) as usize] = tbl.ist[2];
         t.iomap_base = core::mem::size_of::<Tss>() as u16; // no I/O bitmap
-        t.rsp[0] = entry_stack_top_addr();
+        t.rsp[0] = tbl.entry_stack_top;
 
         let ptr: [u16; 5] = {
             let base = gdt.as_ptr() as u64;
@@ -113,10 +199,28 @@ pub fn init_gdt_tss() {
     }
 }
 
-/// Sets TSS.RSP0, the stack the CPU switches to on an entry from user mode.
+/// Sets this CPU's TSS.RSP0, the stack it switches to on an entry from user mode.
 pub fn set_rsp0(top: u64) {
-    // SAFETY: single CPU; the CPU reads RSP0 only on the next entry from user mode.
-    unsafe { (*addr_of_mut!(entry_tss)).rsp[0] = top }
+    let tss = tables(super::percpu::cpu()).tss;
+    // SAFETY: this CPU's own TSS; it reads RSP0 only on the next entry from user mode.
+    unsafe { (*tss).rsp[0] = top }
+}
+
+/// Loads the (shared) IDT on this CPU.
+pub fn load_idt() {
+    // SAFETY: the IDT is a static in the entry area; the pointer is valid
+    // for the whole life of the kernel.
+    unsafe {
+        let base = addr_of_mut!(entry_idt) as u64;
+        let ptr: [u16; 5] = [
+            4095,
+            base as u16,
+            (base >> 16) as u16,
+            (base >> 32) as u16,
+            (base >> 48) as u16,
+        ];
+        asm!("lidt [{}]", in(reg) ptr.as_ptr(), options(nostack));
+    }
 }
 
 /// Writes IDT gate `vector`: a 64-bit interrupt gate (IF cleared on entry)
@@ -148,17 +252,5 @@ pub fn init_idt() {
     }
     // NMI is not fatal: its paranoid stub saves and restores CR3 and returns.
     set_gate(2, core::ptr::addr_of!(entry_nmi) as u64, 0, IST_NMI);
-    // SAFETY: the IDT is a static in the entry area; the pointer is valid
-    // for the whole life of the kernel.
-    unsafe {
-        let base = addr_of_mut!(entry_idt) as u64;
-        let ptr: [u16; 5] = [
-            4095,
-            base as u16,
-            (base >> 16) as u16,
-            (base >> 32) as u16,
-            (base >> 48) as u16,
-        ];
-        asm!("lidt [{}]", in(reg) ptr.as_ptr(), options(nostack));
-    }
+    load_idt();
 }

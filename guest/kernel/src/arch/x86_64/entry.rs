@@ -8,13 +8,18 @@
 //! * `.entry.data`: IDT, GDT, TSS, the per-CPU entry stack (TSS.RSP0 with PTI),
 //!   IST stacks for NMI/#DF/#MC and the per-CPU scratch the entry code needs.
 //!
-//! Counters are incremented with one `incq abs32` each at the fixed
-//! telemetry address (`guest_core::layout::TELEMETRY_VA`), which the kernel
-//! copy always maps; the user copy does not, so entry code counts after the
-//! switch to the kernel copy and exit code before the switch to the user copy.
-//! There is one CPU, so "per-CPU" data is plain static data of CPU 0.
+//! Counters are incremented with one `incq %gs:counter` each: every CPU's
+//! GS base is its block of the telemetry page (at the fixed
+//! `guest_core::layout::TELEMETRY_VA`), which the kernel copy always maps;
+//! the user copy does not, so entry code counts after the switch to the
+//! kernel copy and exit code before the switch to the user copy. The other
+//! per-CPU words are GS-relative too (`PCPU_KERNEL + offset`, kernel copy
+//! only; `PCPU_ENTRY + offset`, entry area): see percpu.rs.
+//!
+//! CPU 0's descriptor tables and stacks are the statics below; CPUs 1..7
+//! have theirs in `entry_cpu_areas` (one page each, see descriptors.rs).
 
-use super::layout::TELEMETRY_VA;
+use super::percpu::{entry as pe, kernel as pk};
 use core::arch::global_asm;
 use ptiscope_abi::telemetry::Counter;
 
@@ -22,10 +27,9 @@ use ptiscope_abi::telemetry::Counter;
 /// iret frame of an int entry with PTI); saved and restored per task.
 pub const ENTRY_FRAME_WORDS: usize = 5;
 
-/// Absolute address of CPU 0's `c` counter, as the signed disp32 the
-/// assembler needs (the telemetry page sits in the top 2 GiB).
-const fn ctr(c: Counter) -> i64 {
-    (TELEMETRY_VA + c.offset(0) as u64) as i64
+/// Offset of counter `c` in a CPU's block: its GS-relative address.
+const fn ctr(c: Counter) -> usize {
+    c.offset_in_block()
 }
 
 /// The shared entry macros, prepended to every asm block that uses them.
@@ -33,6 +37,7 @@ macro_rules! entry_asm {
     ($($body:expr),* $(,)?) => {
         global_asm!(
             r#"
+    /* Counters and per-CPU words: GS-relative (percpu.rs). */
     .set CTR_CR3_ENTRY, {c_entry}
     .set CTR_CR3_EXIT, {c_exit}
     .set CTR_CR3_OTHER, {c_other}
@@ -41,6 +46,14 @@ macro_rules! entry_asm {
     .set CTR_SYSCALLS, {c_syscalls}
     .set CTR_EXCEPTIONS, {c_exceptions}
     .set CTR_INTERRUPTS, {c_interrupts}
+    .set PCPU_KSTACK_TOP, PCPU_KERNEL + {pk_kstack}
+    .set PCPU_USER_FLUSH_PENDING, PCPU_KERNEL + {pk_flush}
+    .set PCPU_EXIT_PTI, PCPU_KERNEL + {pk_exit_pti}
+    .set PCPU_FRAME_ON_ENTRY_STACK, PCPU_KERNEL + {pk_frame_on}
+    .set PCPU_ENTRY_FRAME, PCPU_KERNEL + {pk_entry_frame}
+    .set PCPU_FAULT_STACK_TOP, PCPU_KERNEL + {pk_fault}
+    .set PCPU_SCRATCH_RSP, PCPU_ENTRY + {pe_rsp}
+    .set PCPU_SCRATCH_RDI, PCPU_ENTRY + {pe_rdi}
     .set TABLE_SIZE, {table_size}
     .set ENOSYS, {enosys}
     .set USER_CS, {user_cs}
@@ -57,12 +70,12 @@ macro_rules! entry_asm {
     je 91f
     btsq $63, \scratch
     mov \scratch, %cr3
-    incq CTR_CR3_ENTRY
-    incq CTR_NOFLUSH
+    incq %gs:CTR_CR3_ENTRY
+    incq %gs:CTR_NOFLUSH
     jmp 92f
 91: mov \scratch, %cr3
-    incq CTR_CR3_ENTRY
-    incq CTR_TLB_FLUSH
+    incq %gs:CTR_CR3_ENTRY
+    incq %gs:CTR_TLB_FLUSH
 92:
     .endm
 
@@ -76,13 +89,13 @@ macro_rules! entry_asm {
     andq $~PTI_SWITCH_MASK, \scratch
     btsq $63, \scratch              /* NOFLUSH: kernel PCID entries stay */
     mov \scratch, %cr3
-    incq CTR_CR3_ENTRY
-    incq CTR_NOFLUSH
+    incq %gs:CTR_CR3_ENTRY
+    incq %gs:CTR_NOFLUSH
     .else
     andq $~0x1000, \scratch
     mov \scratch, %cr3
-    incq CTR_CR3_ENTRY
-    incq CTR_TLB_FLUSH
+    incq %gs:CTR_CR3_ENTRY
+    incq %gs:CTR_TLB_FLUSH
     .endif
     .endm
 
@@ -93,20 +106,20 @@ macro_rules! entry_asm {
     .if \pcid
     mov %cr3, \scratch
     orq $PTI_SWITCH_MASK, \scratch
-    btrq $0, cpu_user_flush_pending
+    btrq $0, %gs:PCPU_USER_FLUSH_PENDING
     jc 93f
     btsq $63, \scratch
-    incq CTR_NOFLUSH
-94: incq CTR_CR3_EXIT
+    incq %gs:CTR_NOFLUSH
+94: incq %gs:CTR_CR3_EXIT
     mov \scratch, %cr3
     /* The rare flushing exit, out of line so the common one falls through. */
     .pushsection .entry.text.cold, "ax"
-93: incq CTR_TLB_FLUSH
+93: incq %gs:CTR_TLB_FLUSH
     jmp 94b
     .popsection
     .else
-    incq CTR_CR3_EXIT
-    incq CTR_TLB_FLUSH
+    incq %gs:CTR_CR3_EXIT
+    incq %gs:CTR_TLB_FLUSH
     mov %cr3, \scratch
     orq $0x1000, \scratch
     mov \scratch, %cr3
@@ -125,6 +138,14 @@ macro_rules! entry_asm {
             c_syscalls = const ctr(Counter::Syscalls),
             c_exceptions = const ctr(Counter::Exceptions),
             c_interrupts = const ctr(Counter::Interrupts),
+            pk_kstack = const pk::KSTACK_TOP,
+            pk_flush = const pk::USER_FLUSH_PENDING,
+            pk_exit_pti = const pk::EXIT_PTI,
+            pk_frame_on = const pk::FRAME_ON_ENTRY_STACK,
+            pk_entry_frame = const pk::ENTRY_FRAME,
+            pk_fault = const pk::FAULT_STACK_TOP,
+            pe_rsp = const pe::SCRATCH_RSP,
+            pe_rdi = const pe::SCRATCH_RDI,
             table_size = const ptiscope_abi::syscall::TABLE_SIZE,
             enosys = const ptiscope_abi::syscall::ENOSYS,
             user_cs = const super::descriptors::USER_CS,
@@ -152,13 +173,6 @@ entry_tss:
     /* 1 while PCID is in use (CR4.PCIDE): entry code sets NOFLUSH. */
     .global entry_pcid_on
 entry_pcid_on:
-    .quad 0
-    /* SYSCALL entry scratch: the user RSP until the task stack is loaded. */
-    .global entry_scratch_rsp
-entry_scratch_rsp:
-    .quad 0
-    .global entry_scratch_rdi
-entry_scratch_rdi:
     .quad 0
     .balign 4096
     .global entry_stack
@@ -224,10 +238,10 @@ exc_common:
     btq $12, %rsi
     jnc 1f
     SWITCH_TO_KERNEL_CR3_SLOW %rax
-1:  incq CTR_EXCEPTIONS
+1:  incq %gs:CTR_EXCEPTIONS
     mov %rsp, %rdi                  /* the frame: first argument */
     mov %rsp, %rbx                  /* kept across the call (callee-saved) */
-    movq $fault_stack_top, %rsp     /* a roomy kernel stack for the report */
+    movq %gs:PCPU_FAULT_STACK_TOP, %rsp /* a roomy kernel stack for the report */
     xorl %ebp, %ebp
     call exception_handler
     /* Returns only for a kernel-mode fault it fixed up (rdmsr_safe). */
@@ -275,7 +289,7 @@ exc_common:
     pushq %r9
     pushq %r10
     pushq %r11
-    incq CTR_SYSCALLS
+    incq %gs:CTR_SYSCALLS
     cmpq $TABLE_SIZE, %rax
     jae syscall_bad_nr
     movq %r10, %rcx                 /* 4th argument, C ABI */
@@ -299,9 +313,9 @@ entry_int_off:
 
     .macro ENTRY_INT_PTI pcid
     SWITCH_TO_KERNEL_CR3 %rcx, \pcid
-    movq cpu_current_kstack_top, %rsp
+    movq %gs:PCPU_KSTACK_TOP, %rsp
     SYSCALL_BODY
-    movq $entry_stack_top - 40, %rsp
+    movq %gs:PCPU_ENTRY_FRAME, %rsp
     SWITCH_TO_USER_CR3 %rcx, \pcid
     xorl %ecx, %ecx
     iretq
@@ -317,19 +331,52 @@ entry_int_pti:
 entry_int_pti_pcid:
     ENTRY_INT_PTI 1
 
+    /* pti_switch=deferred (the 2020 RFC's "defer CR3 switch to C code"):
+     * the entry switch stays here; the exit's kernel->user switch is done
+     * by Rust code (pti_deferred.rs), called on the entry stack (mapped in
+     * the user copy) after the registers are restored, so it must save the
+     * caller-saved ones it may clobber: that is part of its cost. Its text
+     * page is mapped in the user copy too: that is its exposure. */
+    .balign 16
+    .global entry_int_pti_deferred
+entry_int_pti_deferred:
+    SWITCH_TO_KERNEL_CR3 %rcx, 0
+    movq %gs:PCPU_KSTACK_TOP, %rsp
+    SYSCALL_BODY
+    movq %gs:PCPU_ENTRY_FRAME, %rsp
+    pushq %rax
+    pushq %rdi
+    pushq %rsi
+    pushq %rdx
+    pushq %r8
+    pushq %r9
+    pushq %r10
+    pushq %r11
+    call pti_exit_to_user
+    popq %r11
+    popq %r10
+    popq %r9
+    popq %r8
+    popq %rdx
+    popq %rsi
+    popq %rdi
+    popq %rax
+    xorl %ecx, %ecx
+    iretq
+
     /* SYSCALL: CPL0 on the user stack, rcx = user RIP, r11 = user RFLAGS.
      * An iret-shaped frame is built on the task stack so that all entries
      * share the dispatch; the exit prefers SYSRETQ when it is safe: RIP
      * canonical (it came from SYSCALL and is never changed, so only bit 47
      * can be wrong, right after the last user page) and no TF/RF in RFLAGS. */
     .macro ENTRY_SYSCALL pti, pcid
-    movq %rsp, entry_scratch_rsp
+    movq %rsp, %gs:PCPU_SCRATCH_RSP
     .if \pti
     SWITCH_TO_KERNEL_CR3 %rsp, \pcid
     .endif
-    movq cpu_current_kstack_top, %rsp
+    movq %gs:PCPU_KSTACK_TOP, %rsp
     pushq $USER_DS
-    pushq entry_scratch_rsp
+    pushq %gs:PCPU_SCRATCH_RSP
     pushq %r11
     pushq $USER_CS
     pushq %rcx
@@ -342,9 +389,9 @@ entry_int_pti_pcid:
     jnz 95f
     movq 24(%rsp), %rsp
     .if \pti
-    movq %rdi, entry_scratch_rdi
+    movq %rdi, %gs:PCPU_SCRATCH_RDI
     SWITCH_TO_USER_CR3 %rdi, \pcid
-    movq entry_scratch_rdi, %rdi
+    movq %gs:PCPU_SCRATCH_RDI, %rdi
     .endif
     sysretq
 95: jmp return_to_user_slow
@@ -384,23 +431,24 @@ syscall_bad_nr:
      * rcx and r11 are cleared; the others hold user values or zero. */
     .global return_to_user_slow
 return_to_user_slow:
-    cmpq $0, cpu_exit_pti
+    cmpq $0, %gs:PCPU_EXIT_PTI
     je 97f
     pushq %rax
+    movq %gs:PCPU_ENTRY_FRAME, %rcx /* rcx is cleared before iretq */
     movq 8(%rsp), %rax
-    movq %rax, entry_stack_top - 40
+    movq %rax, 0(%rcx)
     movq 16(%rsp), %rax
-    movq %rax, entry_stack_top - 32
+    movq %rax, 8(%rcx)
     movq 24(%rsp), %rax
-    movq %rax, entry_stack_top - 24
+    movq %rax, 16(%rcx)
     movq 32(%rsp), %rax
-    movq %rax, entry_stack_top - 16
+    movq %rax, 24(%rcx)
     movq 40(%rsp), %rax
-    movq %rax, entry_stack_top - 8
+    movq %rax, 32(%rcx)
     popq %rax
-    movq $entry_stack_top - 40, %rsp
+    movq %rcx, %rsp
 return_to_user_slow_switch:
-    cmpq $2, cpu_exit_pti
+    cmpq $2, %gs:PCPU_EXIT_PTI
     je 96f
     SWITCH_TO_USER_CR3 %rcx, 0
     jmp 97f
@@ -413,10 +461,10 @@ return_to_user_slow_switch:
      * on the task stack, or at the top of the task stack for int entries
      * with PTI, whose frame is on the entry stack (cpu_frame_on_entry_stack). */
 return_to_user_slow_from_entry_or_task:
-    cmpq $0, cpu_frame_on_entry_stack
+    cmpq $0, %gs:PCPU_FRAME_ON_ENTRY_STACK
     je return_to_user_slow          /* RSP is at the frame on the task stack */
-98: movq $entry_stack_top - 40, %rsp
-    cmpq $0, cpu_exit_pti
+98: movq %gs:PCPU_ENTRY_FRAME, %rsp
+    cmpq $0, %gs:PCPU_EXIT_PTI
     jne return_to_user_slow_switch
     jmp 97b
 
@@ -448,34 +496,17 @@ entry_nmi:
     movq %rax, %rcx
     andq $~PTI_SWITCH_MASK, %rcx
     mov %rcx, %cr3
-    incq CTR_INTERRUPTS
-    incq CTR_CR3_OTHER              /* both writes counted here: after the */
-    incq CTR_TLB_FLUSH              /* restore the counters are unmapped */
-    incq CTR_CR3_OTHER
-    incq CTR_TLB_FLUSH
+    incq %gs:CTR_INTERRUPTS
+    incq %gs:CTR_CR3_OTHER              /* both writes counted here: after the */
+    incq %gs:CTR_TLB_FLUSH              /* restore the counters are unmapped */
+    incq %gs:CTR_CR3_OTHER
+    incq %gs:CTR_TLB_FLUSH
     mov %rax, %cr3
     jmp 2f
-1:  incq CTR_INTERRUPTS
+1:  incq %gs:CTR_INTERRUPTS
 2:  popq %rcx
     popq %rax
     iretq
-
-    /* Per-CPU data the entry code reads after switching to the kernel copy
-     * (so it lives in ordinary kernel data, absent from the user copy). */
-    .section .data.percpu, "aw"
-    .balign 8
-    .global cpu_current_kstack_top
-cpu_current_kstack_top:
-    .quad 0
-    .global cpu_user_flush_pending
-cpu_user_flush_pending:
-    .quad 0
-    .global cpu_exit_pti
-cpu_exit_pti:
-    .quad 0
-    .global cpu_frame_on_entry_stack
-cpu_frame_on_entry_stack:
-    .quad 0
 
     .section .rodata.exception_stubs, "a"
     .balign 8
@@ -488,6 +519,7 @@ exception_stubs:
     .section .bss.fault_stack, "aw", @nobits
     .balign 16
     .skip 16384
+    .global fault_stack_top
 fault_stack_top:
     .previous
 "#,

@@ -95,6 +95,11 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         entry_text_end,
         telemetry,
         direct_map,
+        deferred_text: if pti && config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred {
+            super::pti_deferred::text_range()
+        } else {
+            (0, 0)
+        },
     };
     let text = kernel_text();
     let global_text = (pti && config.pti_global_text).then_some(text);
@@ -103,16 +108,27 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         Ok(h) => h,
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
     };
+    let deferred = spec.deferred_text.1 > spec.deferred_text.0;
+    super::sysentry::set_deferred(deferred);
     if pti {
-        let entry_pages = (entry_end - entry_start) / 4096;
+        let pages = |(s, e): (u64, u64)| e.saturating_sub(s) / 4096;
         let text_pages = if global_text.is_some() {
-            (text.1 - text.0) / 4096
+            pages(text)
         } else {
             0
         };
+        // The deferred switch's page is inside the text: counted once.
+        let deferred_extra = if global_text.is_some() {
+            0
+        } else {
+            pages(spec.deferred_text)
+        };
         println!(
-            "@pti user_copy_kernel_pages={} global_text={} nx=1",
-            entry_pages + text_pages,
+            "@pti user_copy_kernel_pages={} entry_area_pages={} deferred_switch_pages={} pti_switch={} global_text={} nx=1",
+            pages(spec.entry_area) + text_pages + deferred_extra,
+            pages(spec.entry_area),
+            pages(spec.deferred_text),
+            if deferred { "deferred" } else { "asm" },
             if global_text.is_some() { "on" } else { "off" },
         );
     }

@@ -3,6 +3,7 @@
 //! mode (PTI off, on, on with PCID), so the fast paths test nothing.
 use super::cpu;
 use super::descriptors::{self, entry_stack_top_addr, set_gate, set_rsp0};
+use core::sync::atomic::{AtomicBool, Ordering};
 use guest_core::cmdline::Entry;
 
 extern "C" {
@@ -10,9 +11,18 @@ extern "C" {
     static entry_int_off: u8;
     static entry_int_pti: u8;
     static entry_int_pti_pcid: u8;
+    static entry_int_pti_deferred: u8;
     static entry_syscall_off: u8;
     static entry_syscall_pti: u8;
     static entry_syscall_pti_pcid: u8;
+}
+
+/// `pti_switch=deferred` chosen (set once at boot, before any task runs).
+static DEFERRED: AtomicBool = AtomicBool::new(false);
+
+/// Selects the deferred exit switch for the int entries with PTI.
+pub fn set_deferred(on: bool) {
+    DEFERRED.store(on, Ordering::Relaxed);
 }
 
 /// Once per run: the MSRs of SYSCALL.
@@ -47,6 +57,11 @@ pub fn install(entry: Entry, mode: u64, kstack_top: u64) -> bool {
             core::ptr::addr_of!(entry_syscall_off) as u64,
             core::ptr::addr_of!(entry_syscall_pti) as u64,
             core::ptr::addr_of!(entry_syscall_pti_pcid) as u64,
+        ],
+        _ if DEFERRED.load(Ordering::Relaxed) => [
+            core::ptr::addr_of!(entry_int_off) as u64,
+            core::ptr::addr_of!(entry_int_pti_deferred) as u64,
+            core::ptr::addr_of!(entry_int_pti_pcid) as u64,
         ],
         _ => [
             core::ptr::addr_of!(entry_int_off) as u64,

@@ -1,0 +1,467 @@
+//! Application processors: started by INIT/SIPI through the local APIC
+//! (xAPIC, MMIO), as on real hardware, so the same image starts its CPUs
+//! under our VMM (KVM's in-kernel LAPIC keeps every vCPU but 0 waiting for
+//! SIPI), under QEMU (`-smp N`) and on bare metal.
+//!
+//! The SIPI vector names a real-mode page: the trampoline below is copied
+//! to physical [`TRAMPOLINE_PHYS`] (free low RAM: our VMM puts
+//! `hvm_start_info` and the memory map at 0x6000/0x7000, QEMU's firmware is
+//! done by then). It goes real mode → 32-bit protected mode → long mode on
+//! the static boot page tables (identity + higher half), then jumps to
+//! [`ap_start64`] in the higher half with the stack the BSP handed over.
+//! CPUs are started one at a time; each reports itself online before the
+//! next is sent its SIPI.
+//!
+//! Interrupts: the kernel runs with IF clear everywhere (user mode too)
+//! except in [`idle_wait`], the `sti; hlt` of a CPU with nothing to run.
+//! The only interrupt is [`IPI_VECTOR`], a wake-up: "your run queue has
+//! work". It is counted (`interrupts`) and acknowledged (EOI), nothing else.
+use super::cpu;
+use super::layout::TELEMETRY_VA;
+use crate::mm::{DirectMap, Frames};
+use core::arch::{asm, global_asm};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use guest_core::paging::{map_4k, KERNEL_TABLE_FLAGS};
+use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
+
+/// Physical page of the real-mode trampoline (SIPI vector 0x08).
+pub const TRAMPOLINE_PHYS: u64 = 0x8000;
+/// The local APIC's physical base (IA32_APIC_BASE default).
+const LAPIC_PHYS: u64 = 0xfee0_0000;
+/// Where the kernel maps the LAPIC: the page after the telemetry page
+/// (kernel copy only; uncached).
+pub const LAPIC_VA: u64 = TELEMETRY_VA + 0x1000;
+/// The wake-up IPI.
+pub const IPI_VECTOR: u8 = 0xf0;
+/// The LAPIC's spurious-interrupt vector.
+const SPURIOUS_VECTOR: u8 = 0xff;
+
+const LAPIC_ID: u64 = 0x20;
+const LAPIC_EOI: u64 = 0xb0;
+const LAPIC_SVR: u64 = 0xf0;
+const LAPIC_ICR_LO: u64 = 0x300;
+const LAPIC_ICR_HI: u64 = 0x310;
+/// ICR: delivery status (send pending).
+const ICR_PENDING: u32 = 1 << 12;
+const ICR_INIT: u32 = 0x0000_4500;
+const ICR_SIPI: u32 = 0x0000_4600;
+const ICR_FIXED: u32 = 0x0000_4000;
+
+/// Kernel stack of an AP's idle context (and its boot).
+const AP_STACK_PAGES: u64 = 4;
+/// Stack for an AP's fatal-exception report.
+const AP_FAULT_STACK_PAGES: u64 = 4;
+
+/// CPUs online: the boot CPU from the start.
+static ONLINE: AtomicUsize = AtomicUsize::new(1);
+/// CPUs the command line asked for.
+static CPUS: AtomicUsize = AtomicUsize::new(1);
+/// Wake-up IPIs sent (all CPUs); received ones count as `interrupts`.
+pub static IPIS_SENT: AtomicU64 = AtomicU64::new(0);
+
+global_asm!(
+    r#"
+    .section .rodata.ap_trampoline, "a"
+    .balign 16
+    .global ap_trampoline
+ap_trampoline:
+    .code16
+    /* Real mode, CS = TRAMPOLINE_PHYS >> 4, IP = 0. */
+    cli
+    cld
+    movw %cs, %ax
+    movw %ax, %ds
+    lgdtl (tr_gdt_ptr - ap_trampoline)
+    movl %cr0, %eax
+    orl $1, %eax
+    movl %eax, %cr0
+    ljmpl $0x08, ${tp} + (tr_pm32 - ap_trampoline)
+
+    .code32
+tr_pm32:
+    movl $0x10, %eax
+    movl %eax, %ds
+    movl %eax, %es
+    movl %eax, %ss
+    movl ({tp} + (tr_cr3 - ap_trampoline)), %eax
+    movl %eax, %cr3
+    movl %cr4, %eax
+    orl $0x20, %eax                 /* PAE */
+    movl %eax, %cr4
+    movl $0xc0000080, %ecx
+    movl ({tp} + (tr_efer - ap_trampoline)), %eax
+    xorl %edx, %edx
+    wrmsr                           /* LME (+NXE) as the BSP has it */
+    movl %cr0, %eax
+    orl $0x80010001, %eax           /* PG | WP | PE */
+    movl %eax, %cr0
+    ljmpl $0x18, ${tp} + (tr_long - ap_trampoline)
+
+    .code64
+tr_long:
+    movq ({tp} + (tr_entry - ap_trampoline)), %rax
+    movq ({tp} + (tr_stack - ap_trampoline)), %rsp
+    movq ({tp} + (tr_cpu - ap_trampoline)), %rdi
+    jmp *%rax
+
+    .balign 8
+tr_gdt:
+    .quad 0
+    .quad 0x00cf9a000000ffff        /* 0x08: 32-bit code */
+    .quad 0x00cf92000000ffff        /* 0x10: data */
+    .quad 0x00af9a000000ffff        /* 0x18: 64-bit code */
+tr_gdt_end:
+    .word 0
+tr_gdt_ptr:
+    .word tr_gdt_end - tr_gdt - 1
+    .long {tp} + (tr_gdt - ap_trampoline)
+    .balign 8
+    /* Handed over by the BSP before each SIPI (ApHandover). */
+    .global ap_trampoline_handover
+ap_trampoline_handover:
+tr_cr3:   .quad 0
+tr_efer:  .quad 0
+tr_entry: .quad 0
+tr_stack: .quad 0
+tr_cpu:   .quad 0
+    .global ap_trampoline_end
+ap_trampoline_end:
+
+    .section .text.ap_start64, "ax"
+    .global ap_start64
+ap_start64:
+    xorl %eax, %eax                 /* null data selectors work in long mode */
+    movl %eax, %ds
+    movl %eax, %es
+    movl %eax, %ss
+    xorl %ebp, %ebp
+    call ap_main
+    ud2
+
+    /* The wake-up IPI: taken only in idle_wait (IF is clear everywhere
+     * else), so always from kernel mode on the kernel copy: no CR3 switch. */
+    .balign 16
+    .global entry_ipi
+entry_ipi:
+    pushq %rax
+    incq %gs:{ctr_interrupts}
+    movabsq ${eoi}, %rax
+    movl $0, (%rax)
+    popq %rax
+    iretq
+
+    .balign 16
+    .global entry_spurious
+entry_spurious:
+    iretq
+    .previous
+"#,
+    tp = const TRAMPOLINE_PHYS,
+    ctr_interrupts = const Counter::Interrupts.offset_in_block(),
+    eoi = const LAPIC_VA + LAPIC_EOI,
+    options(att_syntax)
+);
+
+extern "C" {
+    static ap_trampoline: u8;
+    static ap_trampoline_handover: u8;
+    static ap_trampoline_end: u8;
+    static entry_ipi: u8;
+    static entry_spurious: u8;
+    static boot_pml4: u8;
+}
+
+/// What the BSP writes into the trampoline page for the next AP.
+#[repr(C)]
+struct ApHandover {
+    cr3: u64,
+    efer: u64,
+    entry: u64,
+    stack: u64,
+    cpu: u64,
+}
+
+fn lapic_read(reg: u64) -> u32 {
+    // SAFETY: LAPIC_VA maps the LAPIC's MMIO page (init_bsp); 32-bit aligned.
+    unsafe { ((LAPIC_VA + reg) as usize as *const u32).read_volatile() }
+}
+
+fn lapic_write(reg: u64, v: u32) {
+    // SAFETY: as for lapic_read.
+    unsafe { ((LAPIC_VA + reg) as usize as *mut u32).write_volatile(v) }
+}
+
+/// Enables this CPU's LAPIC (spurious vector, software enable).
+fn lapic_enable() {
+    lapic_write(LAPIC_SVR, 0x100 | SPURIOUS_VECTOR as u32);
+}
+
+fn send_ipi(apic_id: u32, icr: u32) {
+    while lapic_read(LAPIC_ICR_LO) & ICR_PENDING != 0 {
+        core::hint::spin_loop();
+    }
+    lapic_write(LAPIC_ICR_HI, apic_id << 24);
+    lapic_write(LAPIC_ICR_LO, icr);
+}
+
+/// CPUs online.
+pub fn online() -> usize {
+    ONLINE.load(Ordering::Acquire)
+}
+
+/// CPUs asked for (`cpus=`).
+pub fn cpus() -> usize {
+    CPUS.load(Ordering::Relaxed)
+}
+
+/// Wakes CPU `cpu` from [`idle_wait`] (a no-op for this CPU or one not online).
+pub fn wake_cpu(cpu: usize) {
+    if cpu == super::percpu::cpu() || cpu >= online() {
+        return;
+    }
+    IPIS_SENT.fetch_add(1, Ordering::Relaxed);
+    send_ipi(cpu as u32, ICR_FIXED | IPI_VECTOR as u32);
+}
+
+/// Waits for an interrupt with interrupts enabled for that one instant:
+/// `sti; hlt` is atomic with respect to interrupt delivery (STI's shadow),
+/// so a wake-up sent after the caller found nothing to do is not lost.
+pub fn idle_wait() {
+    // SAFETY: the only interrupt source is the wake-up IPI, whose gate
+    // (entry_ipi) returns here; IF is cleared again right after.
+    unsafe { asm!("sti", "hlt", "cli", options(nostack)) }
+}
+
+/// Maps the LAPIC, enables it on the BSP and installs the interrupt gates.
+/// Call once on the BSP after the kernel page tables are live, when
+/// `cpus > 1` (a one-CPU run touches no LAPIC).
+pub fn init_bsp(cpus: usize, kernel_root: u64) {
+    CPUS.store(cpus.clamp(1, MAX_CPUS), Ordering::Relaxed);
+    ONLINE.store(1, Ordering::Release);
+    if cpus <= 1 {
+        return;
+    }
+    use guest_core::paging::flags::{NO_CACHE, NO_EXECUTE, WRITABLE, WRITE_THROUGH};
+    if let Err(e) = map_4k(
+        &mut DirectMap,
+        &mut Frames,
+        kernel_root,
+        LAPIC_VA,
+        LAPIC_PHYS,
+        WRITABLE | NO_CACHE | WRITE_THROUGH | NO_EXECUTE,
+        KERNEL_TABLE_FLAGS,
+    ) {
+        panic!("cannot map the local APIC: {e:?}");
+    }
+    let (ipi, spurious) = (
+        core::ptr::addr_of!(entry_ipi) as u64,
+        core::ptr::addr_of!(entry_spurious) as u64,
+    );
+    super::descriptors::set_gate(IPI_VECTOR, ipi, 0, 0);
+    super::descriptors::set_gate(SPURIOUS_VECTOR, spurious, 0, 0);
+    lapic_enable();
+}
+
+/// Starts CPUs 1..cpus one after the other; returns how many are online.
+pub fn start_aps() -> usize {
+    let cpus = cpus();
+    if cpus <= 1 {
+        return 1;
+    }
+    copy_trampoline();
+    // The boot section is identity mapped: the symbol's value is physical.
+    let boot_cr3 = core::ptr::addr_of!(boot_pml4) as u64;
+    // SAFETY: EFER exists on every x86_64 CPU.
+    let efer = unsafe { cpu::rdmsr(cpu::MSR_EFER) } & (EFER_LME | EFER_NXE);
+    for n in 1..cpus {
+        let Some(stack) = crate::mm::alloc_contiguous(AP_STACK_PAGES) else {
+            panic!("out of memory for CPU {n}'s stack");
+        };
+        let handover = ApHandover {
+            cr3: boot_cr3,
+            efer,
+            entry: ap_start64 as *const () as u64,
+            stack: phys_top(stack, AP_STACK_PAGES),
+            cpu: n as u64,
+        };
+        // SAFETY: the trampoline page was just copied to TRAMPOLINE_PHYS
+        // (direct-mapped RAM) and holds the handover words at this offset.
+        unsafe { (handover_va() as usize as *mut ApHandover).write_volatile(handover) };
+        let before = online();
+        send_ipi(n as u32, ICR_INIT);
+        send_ipi(n as u32, ICR_SIPI | (TRAMPOLINE_PHYS >> 12) as u32);
+        // A real CPU may miss the first SIPI; KVM and QEMU ignore a second
+        // one to a CPU that already started.
+        if !wait_online(before + 1, 2_000_000) {
+            send_ipi(n as u32, ICR_SIPI | (TRAMPOLINE_PHYS >> 12) as u32);
+            if !wait_online(before + 1, 20_000_000) {
+                crate::println!("CPU {n} did not come online after INIT/SIPI");
+                break;
+            }
+        }
+    }
+    online()
+}
+
+const EFER_LME: u64 = 1 << 8;
+const EFER_NXE: u64 = 1 << 11;
+
+extern "C" {
+    fn ap_start64();
+}
+
+fn phys_top(phys: u64, pages: u64) -> u64 {
+    match super::layout::phys_to_virt(phys) {
+        Some(v) => v + pages * 4096,
+        None => panic!("a stack outside the direct map"),
+    }
+}
+
+fn wait_online(n: usize, spins: u64) -> bool {
+    for _ in 0..spins {
+        if online() >= n {
+            return true;
+        }
+        core::hint::spin_loop();
+    }
+    online() >= n
+}
+
+fn handover_va() -> u64 {
+    let off = core::ptr::addr_of!(ap_trampoline_handover) as u64
+        - core::ptr::addr_of!(ap_trampoline) as u64;
+    super::layout::KERNEL_BASE + TRAMPOLINE_PHYS + off
+}
+
+fn copy_trampoline() {
+    // SAFETY: the trampoline is a byte range of the kernel's .rodata; the
+    // destination is low RAM nothing else uses after boot (module docs),
+    // reached through the direct map.
+    unsafe {
+        let start = core::ptr::addr_of!(ap_trampoline);
+        let len = core::ptr::addr_of!(ap_trampoline_end) as usize - start as usize;
+        assert!(len <= 4096);
+        let dst = (super::layout::KERNEL_BASE + TRAMPOLINE_PHYS) as usize as *mut u8;
+        core::ptr::copy_nonoverlapping(start, dst, len);
+    }
+}
+
+/// An AP's first Rust code, on the boot page tables and the stack the BSP
+/// handed over: per-CPU tables, GS, the kernel page tables, then idle.
+#[no_mangle]
+extern "C" fn ap_main(n: usize) -> ! {
+    super::descriptors::init_gdt_tss_for(n);
+    let Some(fault) = crate::mm::alloc_contiguous(AP_FAULT_STACK_PAGES) else {
+        crate::stop(ptiscope_abi::exit_status::PANIC)
+    };
+    super::percpu::init_cpu(
+        n,
+        super::descriptors::entry_stack_top_of(n),
+        phys_top(fault, AP_FAULT_STACK_PAGES),
+    );
+    super::descriptors::load_idt();
+    crate::task::ap_enter(n)
+}
+
+/// The rest of an AP's set-up once the scheduler's state is known: the
+/// kernel page tables, control registers as the BSP's, its LAPIC; then it
+/// is online.
+pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
+    // SAFETY: the same CR4 bits the BSP runs with (PGE, PCIDE only if the
+    // BSP checked the CPU has it); CR3's PCID bits are 0 here.
+    unsafe { cpu::write_cr4(cr4) };
+    super::paging::write_cr3(kernel_cr3, super::paging::Cr3Reason::Other);
+    // The trampoline's load of the boot tables happened before GS was set.
+    crate::telemetry::inc(Counter::Cr3Other);
+    crate::telemetry::inc(Counter::TlbFlushFull);
+    lapic_enable();
+    let _ = lapic_read(LAPIC_ID);
+    ONLINE.fetch_add(1, Ordering::AcqRel);
+}
+
+// The poundsyscall worker (mmtests): r12 = calls, r13 = the expected
+// getppid result. Calls getppid r12 times, counts wrong results, exits
+// with the count. One copy per entry instruction, like user.rs.
+global_asm!(
+    r#"
+    .macro POUND_SYS kind
+    .if \kind == 1
+    syscall
+    .elseif \kind == 3
+    int $0x80
+    .elseif \kind == 4
+    int3
+    .else
+    int $4
+    .endif
+    .endm
+
+    .macro POUND kind
+    .balign 16
+    .global user_pound_\kind
+user_pound_\kind:
+    xorl %ebx, %ebx
+    testq %r12, %r12
+    jz 2f
+1:  movl ${getppid}, %eax
+    POUND_SYS \kind
+    cmpq %rax, %r13
+    je 3f
+    incq %rbx
+3:  decq %r12
+    jnz 1b
+2:  movq %rbx, %rdi
+    movl ${exit}, %eax
+    POUND_SYS \kind
+    ud2
+    .endm
+
+    .section .user.text, "ax"
+    POUND 1
+    POUND 3
+    POUND 4
+    POUND 5
+    .purgem POUND
+    .purgem POUND_SYS
+    .previous
+"#,
+    getppid = const ptiscope_abi::syscall::GETPPID,
+    exit = const ptiscope_abi::syscall::EXIT,
+    options(att_syntax)
+);
+
+extern "C" {
+    static user_pound_1: u8;
+    static user_pound_3: u8;
+    static user_pound_4: u8;
+    static user_pound_5: u8;
+}
+
+/// User address of the poundsyscall worker for an entry (ABI code).
+pub fn pound_program(entry_code: u32) -> Option<u64> {
+    use core::ptr::addr_of;
+    let p = match entry_code {
+        1 => addr_of!(user_pound_1),
+        3 => addr_of!(user_pound_3),
+        4 => addr_of!(user_pound_4),
+        _ => addr_of!(user_pound_5),
+    };
+    Some(p as u64)
+}
+
+/// The kernel-only page-table root now in CR3 (what APs load).
+pub fn current_cr3() -> u64 {
+    let v: u64;
+    // SAFETY: reading CR3 has no side effects.
+    unsafe { asm!("mov {}, cr3", out(reg) v, options(nostack, nomem, preserves_flags)) };
+    v
+}
+
+/// The boot CPU's per-CPU set-up (see percpu.rs).
+pub fn init_boot_cpu() {
+    extern "C" {
+        static fault_stack_top: u8;
+    }
+    let fault = core::ptr::addr_of!(fault_stack_top) as u64;
+    super::percpu::init_cpu(0, super::descriptors::entry_stack_top_of(0), fault);
+}

@@ -1,0 +1,302 @@
+//! SMP under KVM: `--cpus 2` boots the guest's second CPU by INIT/SIPI, the
+//! poundsyscall threads run on both vCPUs (both vCPUs' KVM exits rise, each
+//! guest CPU makes its threads' syscalls) with exactly one CR3 switch in and
+//! one out per syscall with PTI, and sched-messaging loses no message when
+//! its tasks are spread over two CPUs and wake each other by IPI.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+const CALLS: u64 = 300;
+
+fn row(v: &Value, name: &str) -> Option<f64> {
+    v["rows"].as_array()?.iter().find(|r| r["name"] == name)?["total"].as_f64()
+}
+
+/// Boots with `--cpus 2`, returns (console, summary JSON).
+fn run_two_cpus(test: &str, args: &[&str]) -> (String, Value) {
+    let json = scratch(test).join("run.json");
+    let out = ptiscope()
+        .args(["run", "--cpus", "2", "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .expect("run ptiscope");
+    let console = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{test}: {:?}\n{console}\n{}",
+        out.status,
+        stderr(&out)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
+        .expect("valid json");
+    (console, v)
+}
+
+#[test]
+fn poundsyscall_two_threads_run_on_both_vcpus_with_two_cr3_writes_per_call() {
+    if !kvm_or_skip("poundsyscall_two_threads_run_on_both_vcpus_with_two_cr3_writes_per_call") {
+        return;
+    }
+    for pti in ["on", "off"] {
+        let (console, v) = run_two_cpus(
+            &format!("pound-{pti}"),
+            &[
+                "--pti",
+                pti,
+                "--workload",
+                "poundsyscall",
+                "--iterations",
+                &CALLS.to_string(),
+                "--cmdline",
+                "threads=2",
+            ],
+        );
+        assert!(console.contains("smp: 2 of 2 CPUs online"), "{console}");
+        let r = result_line(&console);
+        assert_eq!(num(&r, "iterations"), 2 * CALLS, "{r:?}");
+        assert_eq!(num(&r, "mismatches"), 0, "getppid answered wrongly: {r:?}");
+        // 2 x CALLS getppid, an exit per thread, the parent's waits (one
+        // per thread and the final -ECHILD) and its end marker.
+        let syscalls = 2 * CALLS + 2 + 3 + 1;
+        assert_eq!(num(&r, "syscalls"), syscalls, "{r:?}");
+        let (entry, exit) = (num(&r, "cr3_entry"), num(&r, "cr3_exit"));
+        if pti == "on" {
+            assert_eq!((entry, exit), (syscalls, syscalls), "{r:?}");
+        } else {
+            assert_eq!((entry, exit), (0, 0), "{r:?}");
+        }
+        // Both vCPUs ran guest code: each one's KVM exits (2 per int3 round
+        // trip here) rose by at least its thread's calls, and each guest CPU
+        // counted at least its thread's syscalls.
+        for cpu in 0..2 {
+            let exits = row(&v, &format!("kvm_exits_vcpu{cpu}")).expect("per-vCPU KVM exits");
+            assert!(exits >= CALLS as f64, "vCPU {cpu}: {exits} exits");
+            let sys = row(&v, &format!("syscalls_cpu{cpu}")).expect("per-CPU syscalls");
+            assert!(sys >= CALLS as f64, "CPU {cpu}: {sys} syscalls");
+        }
+        assert_eq!(v["telemetry_valid"], Value::Bool(true), "{v}");
+    }
+}
+
+#[test]
+fn sched_messaging_across_two_cpus_loses_no_message() {
+    if !kvm_or_skip("sched_messaging_across_two_cpus_loses_no_message") {
+        return;
+    }
+    let (console, v) = run_two_cpus(
+        "messaging",
+        &[
+            "--pti",
+            "on",
+            "--workload",
+            "sched-messaging",
+            "--cmdline",
+            "groups=1 loops=2",
+        ],
+    );
+    let r = result_line(&console);
+    let messages = 20 * 20 * 2;
+    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
+    assert_eq!(num(&r, "iterations"), messages, "{r:?}");
+    assert_eq!(num(&r, "syscalls"), 2 * messages + 40 + 41 + 1, "{r:?}");
+    for cpu in 0..2 {
+        let sys = row(&v, &format!("syscalls_cpu{cpu}")).expect("per-CPU syscalls");
+        assert!(sys > 0.0, "CPU {cpu} ran no task");
+    }
+    let ipis = machine_line(&console, "@smp");
+    assert!(
+        num(&ipis, "ipis_sent") > 0,
+        "no cross-CPU wake-up: {ipis:?}"
+    );
+}
+
+#[test]
+fn bad_cpu_counts_are_usage_errors() {
+    for (args, want) in [
+        (&["run", "--cpus", "0"][..], "1..=8"),
+        (&["run", "--cpus", "9"][..], "1..=8"),
+        (&["run", "--cpus", "2", "--no-irqchip"][..], "irqchip"),
+    ] {
+        let out = ptiscope().args(args).output().expect("run ptiscope");
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn two_cpus_boot_under_qemu_smp_with_syscall_entry() {
+    if std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        ptiscope::test_support::skip("qemu smp", "qemu-system-x86_64 is not installed");
+        return;
+    }
+    let out = ptiscope()
+        .args([
+            "run",
+            "--backend",
+            "qemu",
+            "--cpus",
+            "2",
+            "--pti",
+            "on",
+            "--entry",
+            "syscall",
+            "--workload",
+            "poundsyscall",
+            "--iterations",
+            "100",
+            "--cmdline",
+            "threads=2",
+            "--timeout",
+            "120",
+        ])
+        .output()
+        .expect("run ptiscope");
+    let console = stdout(&out);
+    assert!(out.status.success(), "{console}\n{}", stderr(&out));
+    assert!(console.contains("smp: 2 of 2 CPUs online"), "{console}");
+    let r = result_line(&console);
+    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
+    assert_eq!(num(&r, "syscalls"), 200 + 2 + 3 + 1, "{r:?}");
+    assert_eq!(num(&r, "cr3_entry"), num(&r, "syscalls"), "{r:?}");
+    assert_eq!(num(&r, "cr3_exit"), num(&r, "syscalls"), "{r:?}");
+}
+
+#[test]
+fn poundsyscall_on_one_cpu_runs_its_threads_in_turn() {
+    if !kvm_or_skip("poundsyscall_on_one_cpu_runs_its_threads_in_turn") {
+        return;
+    }
+    let out = ptiscope()
+        .args([
+            "run",
+            "--pti",
+            "on",
+            "--workload",
+            "poundsyscall",
+            "--iterations",
+            "100",
+            "--cmdline",
+            "threads=3",
+        ])
+        .output()
+        .expect("run ptiscope");
+    let console = stdout(&out);
+    assert!(out.status.success(), "{console}\n{}", stderr(&out));
+    let r = result_line(&console);
+    assert_eq!(num(&r, "iterations"), 300, "{r:?}");
+    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
+    let syscalls = 300 + 2 * 3 + 2;
+    assert_eq!(num(&r, "syscalls"), syscalls, "{r:?}");
+    assert_eq!(
+        (num(&r, "cr3_entry"), num(&r, "cr3_exit")),
+        (syscalls, syscalls),
+        "{r:?}"
+    );
+    // Threads of one address space: no CR3 write between them.
+    assert_eq!(num(&r, "cr3_context_switch"), 0, "{r:?}");
+}
+
+#[test]
+fn a_fault_on_the_second_vcpu_stops_the_vm_and_is_named() {
+    if !kvm_or_skip("a_fault_on_the_second_vcpu_stops_the_vm_and_is_named") {
+        return;
+    }
+    let out = ptiscope()
+        .args(["run", "--cpus", "2", "--cmdline", "fault=ud fault_cpu=1"])
+        .output()
+        .expect("run ptiscope");
+    let err = stderr(&out);
+    // Guest status 2: a CPU exception, reported by the faulting CPU.
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("ptiscope: vCPU 1: guest exited with status 2"),
+        "{err}"
+    );
+    assert!(
+        err.contains("vCPU 1: ") && err.contains("stopped the VM"),
+        "{err}"
+    );
+    assert!(stdout(&out).contains("@fault vector=6"), "{}", stdout(&out));
+
+    // A hang on the second vCPU: the watchdog stops both.
+    let out = ptiscope()
+        .args([
+            "run",
+            "--cpus",
+            "2",
+            "--timeout",
+            "1",
+            "--cmdline",
+            "fault=hang fault_cpu=1",
+        ])
+        .output()
+        .expect("run ptiscope");
+    assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+
+    // fault_cpu must name a CPU that exists.
+    let out = ptiscope()
+        .args(["run", "--cpus", "2", "--cmdline", "fault=ud fault_cpu=2"])
+        .output()
+        .expect("run ptiscope");
+    assert_eq!(out.status.code(), Some(4), "{}", stdout(&out));
+}
+
+#[test]
+fn compare_poundsyscall_prints_the_per_thread_count_table() {
+    if !kvm_or_skip("compare_poundsyscall_prints_the_per_thread_count_table") {
+        return;
+    }
+    let json = scratch("pound-compare").join("sweep.json");
+    let out = ptiscope()
+        .args([
+            "compare",
+            "--workload",
+            "poundsyscall",
+            "--cpus",
+            "2",
+            "--iterations",
+            "50",
+            "--runs",
+            "1",
+            "--quiet",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run ptiscope");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    for t in 1..=4 {
+        assert!(text.contains(&format!("Amean  elapsed-{t}")), "{text}");
+    }
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let counts = v["thread_counts"].as_array().expect("thread counts");
+    assert_eq!(counts.len(), 4, "T = 1..=2 x 2 vCPUs");
+    for c in counts {
+        let cr3 = |side: &str| c[side]["cr3_writes_per_call"][0].as_f64().unwrap();
+        // Per getppid call: 2 with PTI, plus the few per-phase syscalls
+        // (2T + 2 over 50T calls) and context switches; none without.
+        assert!(cr3("compare") >= 2.0 && cr3("compare") < 2.2, "{c}");
+        assert!(cr3("baseline") < 0.1, "{c}");
+    }
+    // --fail-if needs one thread count.
+    let out = ptiscope()
+        .args([
+            "compare",
+            "--workload",
+            "poundsyscall",
+            "--fail-if",
+            "ns_per_call>0",
+        ])
+        .output()
+        .expect("run ptiscope");
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+}

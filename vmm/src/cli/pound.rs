@@ -1,0 +1,256 @@
+//! `ptiscope compare --workload poundsyscall` without a `threads=` on
+//! either side: the mmtests poundsyscall layout, one row group per thread
+//! count T = 1, 2, ... 2 × `--cpus`, baseline vs compare, `--runs` runs per
+//! side and thread count, interleaved. The figure is the elapsed time of
+//! the measured phase (from the begin marker, when every thread is released,
+//! until the last one is reaped), as mmtests reports it; the per-call time
+//! and the CR3 writes per call follow. With a `threads=` on both sides the
+//! ordinary compare runs (one thread count, the full table, `--fail-if`).
+
+use std::path::Path;
+
+use crate::cli::compare::{parse_side, run_measured, SideSpec};
+use crate::cli::exit_code::{self, ExitCode};
+use crate::cli::{CompareArgs, Runs};
+use crate::preflight::cmdline::Workload;
+use crate::preflight::{host, preflight};
+
+/// Whether `args` asks for the thread-count sweep.
+pub fn wants_sweep(args: &CompareArgs) -> bool {
+    args.workload == Workload::Poundsyscall
+        && !args.baseline.contains("threads=")
+        && !args.compare.contains("threads=")
+}
+
+/// Samples of one side at one thread count.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+struct Samples {
+    elapsed_ns: Vec<f64>,
+    ns_per_call: Vec<f64>,
+    cr3_writes_per_call: Vec<f64>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct ThreadCount {
+    threads: u32,
+    baseline: Samples,
+    compare: Samples,
+}
+
+fn stats(v: &[f64]) -> (f64, f64, f64) {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mean = if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    (min, mean, max)
+}
+
+/// mmtests' sign: the compare column's difference in %, negative = worse
+/// (slower) for a time.
+fn diff_pct(base: f64, comp: f64) -> f64 {
+    if base == 0.0 {
+        0.0
+    } else {
+        (base - comp) / base * 100.0
+    }
+}
+
+/// Runs the sweep; returns the exit status.
+pub fn run(args: &CompareArgs) -> i32 {
+    if !args.fail_if.is_empty() {
+        eprintln!(
+            "ptiscope compare: --fail-if needs one thread count: add threads=N to both \
+             --baseline and --compare (e.g. 'pti=on,cmdline=threads=2')"
+        );
+        return exit_code::USAGE;
+    }
+    let runs = match args.runs {
+        Runs::Fixed(n) if args.against.is_none() && args.warmup == 0 => n,
+        _ => {
+            eprintln!(
+                "ptiscope compare: --runs auto, --warmup and --against work on one table; \
+                 poundsyscall's table per thread count takes a fixed --runs N"
+            );
+            return exit_code::USAGE;
+        }
+    };
+    let embedded = args.arch.embedded_image();
+    let sides = parse_side(&args.baseline, args, embedded)
+        .and_then(|b| Ok((b, parse_side(&args.compare, args, embedded)?)));
+    let (base, comp) = match sides {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ptiscope compare: {e}");
+            return exit_code::USAGE;
+        }
+    };
+    let max_threads = 2 * args.cpus;
+    println!("ptiscope compare: poundsyscall (mmtests) per thread count on this host");
+    println!("  host:      {}", host::describe_host());
+    println!(
+        "  workload:  T threads x {} getppid calls each, T = 1..={max_threads} (2 x {} vCPUs), \
+         {} runs per side and T, interleaved",
+        args.iterations, args.cpus, runs
+    );
+    println!("  baseline:  {}", base.label);
+    println!("  compare:   {}", comp.label);
+    println!();
+
+    let mut counts: Vec<ThreadCount> = Vec::new();
+    for threads in 1..=max_threads {
+        let with_threads = |spec: &SideSpec| {
+            let mut c = spec.config.clone();
+            c.guest.extra = format!("{} threads={threads}", c.guest.extra)
+                .trim()
+                .to_string();
+            preflight(&c, args.backend.target())
+        };
+        let resolved = with_threads(&base).and_then(|b| Ok((b, with_threads(&comp)?)));
+        let (b, c) = match resolved {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("ptiscope compare: {e}");
+                return e.exit_code();
+            }
+        };
+        let mut tc = ThreadCount {
+            threads,
+            baseline: Samples::default(),
+            compare: Samples::default(),
+        };
+        for i in 0..runs {
+            let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+            for side in order {
+                let (run, label) = if side == 0 {
+                    (&b, &base.label)
+                } else {
+                    (&c, &comp.label)
+                };
+                let s = match run_measured(run, args.backend) {
+                    Ok((_, s)) => s,
+                    Err((code, msg)) => {
+                        eprintln!(
+                            "ptiscope compare: {label} threads={threads} run {} failed: {msg}",
+                            i + 1
+                        );
+                        return if code == 0 { 1 } else { code };
+                    }
+                };
+                let samples = if side == 0 {
+                    &mut tc.baseline
+                } else {
+                    &mut tc.compare
+                };
+                if let Some(r) = s.row("elapsed") {
+                    samples.elapsed_ns.push(r.total);
+                    samples.ns_per_call.extend(r.per_iteration);
+                }
+                if let Some(r) = s.row("cr3_writes") {
+                    samples.cr3_writes_per_call.extend(r.per_iteration);
+                }
+            }
+        }
+        counts.push(tc);
+    }
+    print!("{}", render(&base.label, &comp.label, &counts));
+    if let Some(p) = &args.json {
+        let v = serde_json::json!({
+            "schema": "ptiscope-poundsyscall/1",
+            "cpus": args.cpus,
+            "calls_per_thread": args.iterations,
+            "runs": runs,
+            "baseline": base.label,
+            "compare": comp.label,
+            "thread_counts": counts,
+        });
+        let text = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into());
+        return write(p, &text);
+    }
+    0
+}
+
+fn write(p: &Path, text: &str) -> i32 {
+    match std::fs::write(p, text) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ptiscope compare: cannot write {}: {e}", p.display());
+            exit_code::CANT_CREATE
+        }
+    }
+}
+
+/// The mmtests-style table: Min/Amean/Max of the elapsed seconds per
+/// thread count, then the mean ns and CR3 writes per call.
+fn render(base: &str, comp: &str, counts: &[ThreadCount]) -> String {
+    let mut out = String::new();
+    out.push_str(&format!("{:<24}{:>24}{:>24}\n", "", base, comp));
+    let mut row = |stat: &str, name: String, b: f64, c: f64, scale: f64, prec: usize| {
+        // A difference from zero has no percentage.
+        let pct = if b == 0.0 && c != 0.0 {
+            "    n/a".to_string()
+        } else {
+            format!("{:>7.2}", diff_pct(b, c))
+        };
+        out.push_str(&format!(
+            "{stat:<7}{name:<17}{:>14.prec$} ({:>7.2}%){:>14.prec$} ({pct}%)\n",
+            b * scale,
+            0.0,
+            c * scale,
+        ));
+    };
+    for t in counts {
+        let (bmin, bmean, bmax) = stats(&t.baseline.elapsed_ns);
+        let (cmin, cmean, cmax) = stats(&t.compare.elapsed_ns);
+        let name = format!("elapsed-{}", t.threads);
+        row("Min", name.clone(), bmin, cmin, 1e-9, 4);
+        row("Amean", name.clone(), bmean, cmean, 1e-9, 4);
+        row("Max", name, bmax, cmax, 1e-9, 4);
+    }
+    for t in counts {
+        let b = stats(&t.baseline.ns_per_call).1;
+        let c = stats(&t.compare.ns_per_call).1;
+        row("Amean", format!("ns/call-{}", t.threads), b, c, 1.0, 0);
+    }
+    for t in counts {
+        let b = stats(&t.baseline.cr3_writes_per_call).1;
+        let c = stats(&t.compare.cr3_writes_per_call).1;
+        row("Amean", format!("cr3/call-{}", t.threads), b, c, 1.0, 3);
+    }
+    out.push_str(
+        "\nelapsed in seconds (host clock over the measured phase), lower is better; \
+         (%) is mmtests' difference, negative = slower than the baseline\n",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mmtests_sign_and_stats() {
+        assert_eq!(diff_pct(2.0, 3.0), -50.0);
+        assert_eq!(diff_pct(0.0, 3.0), 0.0);
+        assert_eq!(stats(&[1.0, 3.0]), (1.0, 2.0, 3.0));
+        let t = ThreadCount {
+            threads: 2,
+            baseline: Samples {
+                elapsed_ns: vec![1e9],
+                ns_per_call: vec![100.0],
+                cr3_writes_per_call: vec![0.0],
+            },
+            compare: Samples {
+                elapsed_ns: vec![1.5e9],
+                ns_per_call: vec![150.0],
+                cr3_writes_per_call: vec![2.0],
+            },
+        };
+        let text = render("pti=off", "pti=on", &[t]);
+        assert!(text.contains("elapsed-2"), "{text}");
+        assert!(text.contains("1.5000 ( -50.00%)"), "{text}");
+        assert!(text.contains("cr3/call-2"), "{text}");
+    }
+}
