@@ -192,7 +192,6 @@ pub fn read_image(src: &KernelSource) -> Result<std::borrow::Cow<'static, [u8]>,
 /// ends. The size cap counts bytes actually read, not the file's metadata
 /// (which procfs files, or a file growing while read, get wrong).
 fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
-    use std::io::Read;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let err = |source| LoadError::Read {
         path: path.to_path_buf(),
@@ -226,14 +225,20 @@ fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
             format!("{what}, not a regular file; give the kernel as a file"),
         )));
     }
-    let mut image = Vec::new();
-    file.take(MAX_IMAGE_BYTES + 1)
-        .read_to_end(&mut image)
-        .map_err(err)?;
-    if image.len() as u64 > MAX_IMAGE_BYTES {
-        return Err(LoadError::TooLarge(path.display().to_string()));
+    match read_capped(file, MAX_IMAGE_BYTES).map_err(err)? {
+        Some(image) => Ok(image),
+        None => Err(LoadError::TooLarge(path.display().to_string())),
     }
-    Ok(image)
+}
+
+/// Reads `source` to its end if that is at most `cap` bytes (`None` if it
+/// is longer): one byte past the cap is read, never more, whatever the
+/// source claims about its size.
+fn read_capped(source: impl std::io::Read, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    source.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= cap).then_some(bytes))
 }
 
 /// Checks the ELF header and the load segments against the memory layout.
@@ -535,6 +540,7 @@ pub fn write_boot_params(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     /// A minimal ELF64 image: one PT_LOAD at `paddr`, optionally a PVH note.
     pub(crate) fn tiny_elf(paddr: u64, entry: u32, pvh: bool) -> Vec<u8> {
@@ -667,6 +673,19 @@ mod tests {
         assert!(check_image(&tiny_elf(0x10_0000, 0x10_1000, true), "img", &layout).is_err());
         assert!(check_image(&tiny_elf(0x10_0000, 0x10_0fff, true), "img", &layout).is_ok());
         assert!(check_image(&tiny_elf32(0x10_0000, 0x10_1fff), "img", &layout).is_ok());
+    }
+
+    /// The cap counts bytes read: an endless source (what `/dev/zero` is)
+    /// stops one byte past it; a source at the cap is read whole.
+    #[test]
+    fn image_reads_stop_one_byte_past_the_cap() {
+        let cap = 1 << 20;
+        assert!(read_capped(std::io::repeat(0), cap).unwrap().is_none());
+        let exact = read_capped(std::io::repeat(7).take(cap), cap).unwrap();
+        assert_eq!(exact.map(|b| b.len() as u64), Some(cap));
+        // A regular file whose metadata says 0 bytes (procfs) is read whole.
+        let maps = read_file(Path::new("/proc/self/maps")).unwrap();
+        assert!(!maps.is_empty());
     }
 
     fn load(img: Vec<u8>, mib: u64) -> Result<LoadedKernel, LoadError> {
