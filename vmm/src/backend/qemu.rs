@@ -61,6 +61,7 @@ impl QemuError {
         match self {
             QemuError::Memory(_) | QemuError::Cmdline(_) => USAGE,
             QemuError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            QemuError::Load(LoadError::Scratch(..)) => INTERNAL,
             QemuError::Load(_) => BAD_IMAGE,
             QemuError::Spawn { .. } => KVM_UNAVAILABLE,
             QemuError::SerialOut { .. } => CANT_CREATE,

@@ -440,6 +440,7 @@ impl RunError {
             RunError::Memory(MemoryError::Allocate { .. }) => exit_code::INTERNAL,
             RunError::Memory(_) | RunError::Cmdline(_) => exit_code::USAGE,
             RunError::Load(LoadError::Read { .. }) => exit_code::NO_IMAGE,
+            RunError::Load(LoadError::Scratch(..)) => exit_code::INTERNAL,
             RunError::Load(_) => exit_code::BAD_IMAGE,
             RunError::SerialOut { .. } => exit_code::CANT_CREATE,
             _ => exit_code::INTERNAL,
