@@ -105,6 +105,14 @@ pub enum LoadError {
     EntryOutsideImage { image: String, entry: u64 },
     #[error("kernel image {0}: {1}")]
     Loader(String, #[source] linux_loader::loader::Error),
+    #[error("kernel image {image}: linux-loader found PVH entry {found:?}, the PVH note says {entry:#x}")]
+    EntryDisagreement {
+        image: String,
+        found: Option<u64>,
+        entry: u64,
+    },
+    #[error("cannot allocate scratch memory to check kernel image {0}: {1}")]
+    Scratch(String, String),
 }
 
 /// Errors writing the boot structures.
@@ -192,7 +200,6 @@ pub fn read_image(src: &KernelSource) -> Result<std::borrow::Cow<'static, [u8]>,
 /// ends. The size cap counts bytes actually read, not the file's metadata
 /// (which procfs files, or a file growing while read, get wrong).
 fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
-    use std::io::Read;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let err = |source| LoadError::Read {
         path: path.to_path_buf(),
@@ -226,18 +233,29 @@ fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
             format!("{what}, not a regular file; give the kernel as a file"),
         )));
     }
-    let mut image = Vec::new();
-    file.take(MAX_IMAGE_BYTES + 1)
-        .read_to_end(&mut image)
-        .map_err(err)?;
-    if image.len() as u64 > MAX_IMAGE_BYTES {
-        return Err(LoadError::TooLarge(path.display().to_string()));
+    match read_capped(file, MAX_IMAGE_BYTES).map_err(err)? {
+        Some(image) => Ok(image),
+        None => Err(LoadError::TooLarge(path.display().to_string())),
     }
-    Ok(image)
 }
 
-/// Checks the ELF header and the load segments against the memory layout.
-fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segment>, LoadError> {
+/// Reads `source` to its end if that is at most `cap` bytes (`None` if it
+/// is longer): one byte past the cap is read, never more, whatever the
+/// source claims about its size.
+fn read_capped(source: impl std::io::Read, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    source.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= cap).then_some(bytes))
+}
+
+/// Checks the ELF header and the load segments against the memory layout;
+/// returns the segments and the PVH entry (checked to be inside one).
+fn check_elf(
+    image: &[u8],
+    name: &str,
+    layout: &MemoryLayout,
+) -> Result<(Vec<Segment>, u64), LoadError> {
     let malformed = |what| LoadError::Malformed(name.to_string(), what);
     if image.len() < 4 || &image[..4] != b"\x7fELF" {
         return Err(LoadError::NotElf(name.to_string()));
@@ -249,7 +267,7 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
         let img = elf32_segments(image, name, layout)?;
         let segs: Vec<Segment> = img.segs.into_iter().map(|(seg, _)| seg).collect();
         check_entry(&segs, img.entry, name)?;
-        return Ok(segs);
+        return Ok((segs, img.entry));
     }
     if class != 2 || data != 1 || machine != EM_X86_64 {
         return Err(LoadError::WrongArch(name.to_string(), class, data, machine));
@@ -263,7 +281,11 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
     // Look for the PVH note first: "not a PVH kernel" is the more useful
     // message for an arbitrary ELF (e.g. a host program) than where its
     // segments happen to be.
-    let mut pvh_entry = None;
+    // Every PT_NOTE segment's PVH entry (None: the segment has none), in
+    // header order. linux-loader takes the answer of the last PT_NOTE
+    // segment only, and another loader (QEMU's) may take the first: an
+    // image on which they could disagree is refused.
+    let mut note_segments: Vec<Option<u64>> = Vec::new();
     for i in 0..u64::from(phnum) {
         let Some(ph) = phoff
             .checked_add(i * 56)
@@ -279,12 +301,23 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
                 .ok()
                 .zip(usize::try_from(size).ok())
                 .and_then(|(o, n)| image.get(o..o.checked_add(n)?));
-            pvh_entry = pvh_entry.or(notes.and_then(pvh_note_entry));
+            note_segments.push(notes.and_then(pvh_note_entry));
         }
     }
-    let Some(entry) = pvh_entry else {
+    let mut entries = note_segments.iter().flatten();
+    let Some(&entry) = entries.next() else {
         return Err(LoadError::NoPvhNote(name.to_string()));
     };
+    if entries.any(|&other| other != entry) {
+        return Err(malformed(
+            "PT_NOTE segments give different PVH entry points",
+        ));
+    }
+    if note_segments.last().is_some_and(Option::is_none) {
+        return Err(malformed(
+            "the PVH note is not in the last PT_NOTE segment, the one linux-loader reads",
+        ));
+    }
     let mut segs = Vec::new();
     for i in 0..u64::from(phnum) {
         let off = phoff
@@ -334,7 +367,7 @@ fn check_elf(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<Vec<Segm
         return Err(LoadError::NoSegments(name.to_string()));
     }
     check_entry(&segs, entry, name)?;
-    Ok(segs)
+    Ok((segs, entry))
 }
 
 /// Loads `src` into `mem` at its segments' physical addresses and returns
@@ -348,9 +381,17 @@ pub fn load_kernel(
     load_bytes(mem, layout, &src.describe(), &image)
 }
 
-/// Checks an image without loading it (so bad input is reported before KVM is opened).
+/// Checks an image before anything starts (before KVM is opened, before
+/// QEMU is started): a dry run of the real load into scratch memory of the
+/// same size, so what passes here loads the same way at boot, linux-loader's
+/// own checks included (found by fuzzing: a check that only mirrored them
+/// let through images the load then refused).
 pub fn check_image(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<(), LoadError> {
-    check_elf(image, name, layout).map(|_| ())
+    // Anonymous memory: only the pages the segments touch are ever allocated.
+    let scratch = layout
+        .create_guest_memory()
+        .map_err(|e| LoadError::Scratch(name.to_string(), e.to_string()))?;
+    load_bytes(&scratch, layout, name, image).map(|_| ())
 }
 
 /// Loads an image already in memory; `name` is for messages.
@@ -364,13 +405,22 @@ pub fn load_bytes(
     if is_elf32(image) {
         return load_elf32(mem, layout, &name, image);
     }
-    let segs = check_elf(image, &name, layout)?;
+    let (segs, entry) = check_elf(image, &name, layout)?;
     let result = Elf::load(mem, None, &mut Cursor::new(image), None)
         .map_err(|e| LoadError::Loader(name.clone(), e))?;
-    let entry = match result.pvh_boot_cap {
-        PvhBootCapability::PvhEntryPresent(addr) => addr.0,
-        _ => return Err(LoadError::NoPvhNote(name)),
+    // check_elf refused images whose notes linux-loader could read
+    // differently; this is the guard that they agree.
+    let found = match result.pvh_boot_cap {
+        PvhBootCapability::PvhEntryPresent(addr) => Some(addr.0),
+        _ => None,
     };
+    if found != Some(entry) {
+        return Err(LoadError::EntryDisagreement {
+            image: name,
+            found,
+            entry,
+        });
+    }
     // Segments with filesz < memsz: linux-loader copies file bytes only; the
     // rest (.bss) is already zero because guest memory is fresh anonymous
     // memory. check_elf checked the note's entry; this is linux-loader's.
@@ -535,6 +585,7 @@ pub fn write_boot_params(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     /// A minimal ELF64 image: one PT_LOAD at `paddr`, optionally a PVH note.
     pub(crate) fn tiny_elf(paddr: u64, entry: u32, pvh: bool) -> Vec<u8> {
@@ -667,6 +718,70 @@ mod tests {
         assert!(check_image(&tiny_elf(0x10_0000, 0x10_1000, true), "img", &layout).is_err());
         assert!(check_image(&tiny_elf(0x10_0000, 0x10_0fff, true), "img", &layout).is_ok());
         assert!(check_image(&tiny_elf32(0x10_0000, 0x10_1fff), "img", &layout).is_ok());
+    }
+
+    /// The cap counts bytes read: an endless source (what `/dev/zero` is)
+    /// stops one byte past it; a source at the cap is read whole.
+    #[test]
+    fn image_reads_stop_one_byte_past_the_cap() {
+        let cap = 1 << 20;
+        assert!(read_capped(std::io::repeat(0), cap).unwrap().is_none());
+        let exact = read_capped(std::io::repeat(7).take(cap), cap).unwrap();
+        assert_eq!(exact.map(|b| b.len() as u64), Some(cap));
+        // A regular file whose metadata says 0 bytes (procfs) is read whole.
+        let maps = read_file(Path::new("/proc/self/maps")).unwrap();
+        assert!(!maps.is_empty());
+    }
+
+    /// `tiny_elf` with a third program header: a PT_NOTE at 0x1a0 holding
+    /// one note of type `kind` whose descriptor is `entry`.
+    fn tiny_elf_with_second_note(entry: u32, kind: u32) -> Vec<u8> {
+        let mut f = tiny_elf(0x10_0000, 0x10_0000, true);
+        f[56..58].copy_from_slice(&3u16.to_le_bytes());
+        let ph = 64 + 2 * 56;
+        f[ph..ph + 4].copy_from_slice(&PT_NOTE.to_le_bytes());
+        f[ph + 8..ph + 16].copy_from_slice(&0x1a0u64.to_le_bytes());
+        f[ph + 32..ph + 40].copy_from_slice(&20u64.to_le_bytes());
+        let n = 0x1a0;
+        f[n..n + 4].copy_from_slice(&4u32.to_le_bytes());
+        f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes());
+        f[n + 8..n + 12].copy_from_slice(&kind.to_le_bytes());
+        f[n + 12..n + 16].copy_from_slice(b"Xen\0");
+        f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+        f
+    }
+
+    /// Found by the `loader` fuzz target: a PVH note followed by another
+    /// PT_NOTE segment passed `check_image`, then linux-loader (which reads
+    /// only the last PT_NOTE segment) found no PVH note. Now what passes
+    /// the check loads, and images whose notes disagree are refused.
+    #[test]
+    fn check_image_and_the_load_agree_on_images_with_several_note_segments() {
+        let layout = MemoryLayout::new(16).unwrap();
+        let mem = layout.create_guest_memory().unwrap();
+        // PVH note first, another note last: refused by both, clearly.
+        let img = tiny_elf_with_second_note(0, 17);
+        for result in [
+            check_image(&img, "img", &layout),
+            load_bytes(&mem, &layout, "img", &img).map(|_| ()),
+        ] {
+            let e = result.unwrap_err();
+            assert!(
+                e.to_string().contains("not in the last PT_NOTE segment"),
+                "{e}"
+            );
+        }
+        // Two PVH notes that disagree.
+        let img = tiny_elf_with_second_note(0x10_0800, 18);
+        let e = check_image(&img, "img", &layout).unwrap_err();
+        assert!(e.to_string().contains("different PVH entry points"), "{e}");
+        // Two that agree: checked and loaded.
+        let img = tiny_elf_with_second_note(0x10_0000, 18);
+        check_image(&img, "img", &layout).unwrap();
+        assert_eq!(
+            load_bytes(&mem, &layout, "img", &img).unwrap().entry,
+            0x10_0000
+        );
     }
 
     fn load(img: Vec<u8>, mib: u64) -> Result<LoadedKernel, LoadError> {
