@@ -84,7 +84,7 @@ fn run(args: &RunArgs) -> ExitCode {
                 ptiscope::cli::compare::config_words(&outcome),
                 config.guest.iterations,
             );
-            summary.environment = Some(environment("kvm", &config, &summary.config));
+            summary.environment = Some(environment("kvm", &config, "run", &summary.config));
             report(&summary, args.json.as_deref(), outcome.exit_code())
         }
         Err(e) => {
@@ -158,7 +158,16 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
     };
     print!("{}", inspection.render());
     if let Some(p) = &args.json {
-        let text = serde_json::to_string_pretty(&inspection).unwrap_or_else(|_| "null".into());
+        let mut value = serde_json::to_value(&inspection).unwrap_or_default();
+        if let Some(o) = value.as_object_mut() {
+            let options = ptiscope::cli::compare::config_words(&outcome);
+            let env = environment("kvm", &config, "pagetables", &options);
+            o.insert(
+                "environment".into(),
+                serde_json::to_value(env).unwrap_or_default(),
+            );
+        }
+        let text = serde_json::to_string_pretty(&value).unwrap_or_else(|_| "null".into());
         if let Err(e) = std::fs::write(p, text) {
             eprintln!("ptiscope: error: cannot write --json {}: {e}", p.display());
             return code(exit_code::CANT_CREATE);
@@ -204,7 +213,7 @@ fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
                 &outcome,
                 ptiscope::cli::compare::config_words(&outcome),
             );
-            summary.environment = Some(environment("qemu", config, &summary.config));
+            summary.environment = Some(environment("qemu", config, "run", &summary.config));
             report(&summary, args.json.as_deref(), outcome.exit_code())
         }
         Err(e) => {
@@ -215,15 +224,17 @@ fn run_qemu(args: &RunArgs, config: &ptiscope::RunConfig) -> ExitCode {
 }
 
 /// The report's `environment` block for a run (docs/report-json.md).
+/// `options` are recorded under `key` (`run`, `pagetables`).
 fn environment(
     backend: &str,
     config: &ptiscope::RunConfig,
+    key: &str,
     options: &[String],
 ) -> ptiscope::report::Environment {
     ptiscope::report::Environment::collect(
         backend,
         ptiscope::cli::compare::guest_image(&config.kernel),
-        [("run".to_owned(), options.to_vec())].into(),
+        [(key.to_owned(), options.to_vec())].into(),
     )
 }
 
@@ -291,7 +302,24 @@ fn probe(args: &ProbeArgs) -> ExitCode {
     match ptiscope::probe::run(&ptiscope::probe::ProbeOptions::default()) {
         Ok(report) => {
             if args.json {
-                match serde_json::to_string_pretty(&report) {
+                // Every JSON report records where it came from; the probe's
+                // own findings are the report itself, the block adds the rest.
+                let mut value = serde_json::to_value(&report).unwrap_or_default();
+                if let Some(o) = value.as_object_mut() {
+                    let env = ptiscope::report::Environment::collect(
+                        "kvm",
+                        ptiscope::report::environment::GuestImage::new(
+                            "none (the probe's own tiny guests)",
+                            None,
+                        ),
+                        Default::default(),
+                    );
+                    o.insert(
+                        "environment".into(),
+                        serde_json::to_value(env).unwrap_or_default(),
+                    );
+                }
+                match serde_json::to_string_pretty(&value) {
                     Ok(s) => println!("{s}"),
                     Err(e) => {
                         eprintln!("ptiscope: error: serializing the probe report: {e}");
