@@ -131,3 +131,40 @@ fn metrics_format_needs_metrics_interval() {
     assert_eq!(o.status.code(), Some(64));
     assert!(stderr(&o).contains("--metrics-interval"), "{}", stderr(&o));
 }
+
+/// `probe --json` and `pagetables --json` are reports too: they carry the block.
+#[test]
+fn probe_and_pagetables_json_have_the_environment_block() {
+    if !kvm_or_skip("probe_pagetables_environment") {
+        return;
+    }
+    let o = ptiscope().args(["probe", "--json"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["environment"]["host"]["cpus"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    assert!(v["environment"]["guest_image"]["sha256"].is_null());
+    let json = scratch("pagetables-environment").join("pt.json");
+    let o = ptiscope()
+        .args(["pagetables", "--pti", "on", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let env = &v["environment"];
+    assert_eq!(
+        env["guest_image"]["sha256"],
+        ptiscope::report::environment::sha256_hex(ptiscope::GUEST_X86_64)
+    );
+    assert!(
+        env["options"]["pagetables"]
+            .as_array()
+            .unwrap()
+            .contains(&"pti=on".into()),
+        "{env}"
+    );
+}

@@ -129,7 +129,7 @@ fn run(args: &RunArgs) -> ExitCode {
             print_summary(&outcome);
             let mut summary =
                 measurer.summary(&outcome, ptiscope::cli::compare::config_words(&outcome));
-            summary.environment = Some(environment("kvm", &config, &summary.config));
+            summary.environment = Some(environment("kvm", &config, "run", &summary.config));
             let outputs: Vec<_> = outcome
                 .outputs
                 .iter()
@@ -225,7 +225,16 @@ fn pagetables(args: &PagetablesArgs) -> ExitCode {
     };
     print!("{}", inspection.render());
     if let Some(f) = &json {
-        let text = serde_json::to_string_pretty(&inspection).unwrap_or_else(|_| "null".into());
+        let mut value = serde_json::to_value(&inspection).unwrap_or_default();
+        if let Some(o) = value.as_object_mut() {
+            let options = ptiscope::cli::compare::config_words(&outcome);
+            let env = environment("kvm", &config, "pagetables", &options);
+            o.insert(
+                "environment".into(),
+                serde_json::to_value(env).unwrap_or_default(),
+            );
+        }
+        let text = serde_json::to_string_pretty(&value).unwrap_or_else(|_| "null".into());
         if let Err(e) = f.write_document(&text) {
             eprintln!("ptiscope: error: {e}");
             return code(exit_code::CANT_CREATE);
@@ -289,7 +298,12 @@ fn run_qemu(resolved: &ptiscope::ResolvedRun, json: Option<&OutputFile>) -> Exit
                 &outcome,
                 ptiscope::cli::compare::config_words(&outcome),
             );
-            summary.environment = Some(environment("qemu", &resolved.config, &summary.config));
+            summary.environment = Some(environment(
+                "qemu",
+                &resolved.config,
+                "run",
+                &summary.config,
+            ));
             report(&mut summary, &outcome.outputs, json, outcome.exit_code())
         }
         Err(e) => {
@@ -300,15 +314,17 @@ fn run_qemu(resolved: &ptiscope::ResolvedRun, json: Option<&OutputFile>) -> Exit
 }
 
 /// The report's `environment` block for a run (docs/report-json.md).
+/// `options` are recorded under `key` (`run`, `pagetables`).
 fn environment(
     backend: &str,
     config: &ptiscope::RunConfig,
+    key: &str,
     options: &[String],
 ) -> ptiscope::report::Environment {
     ptiscope::report::Environment::collect(
         backend,
         ptiscope::cli::compare::guest_image(&config.kernel),
-        [("run".to_owned(), options.to_vec())].into(),
+        [(key.to_owned(), options.to_vec())].into(),
     )
 }
 
@@ -391,7 +407,24 @@ fn probe(args: &ProbeArgs) -> ExitCode {
     match ptiscope::probe::run(&ptiscope::probe::ProbeOptions::default()) {
         Ok(report) => {
             if args.json {
-                match serde_json::to_string_pretty(&report) {
+                // Every JSON report records where it came from; the probe's
+                // own findings are the report itself, the block adds the rest.
+                let mut value = serde_json::to_value(&report).unwrap_or_default();
+                if let Some(o) = value.as_object_mut() {
+                    let env = ptiscope::report::Environment::collect(
+                        "kvm",
+                        ptiscope::report::environment::GuestImage::new(
+                            "none (the probe's own tiny guests)",
+                            None,
+                        ),
+                        Default::default(),
+                    );
+                    o.insert(
+                        "environment".into(),
+                        serde_json::to_value(env).unwrap_or_default(),
+                    );
+                }
+                match serde_json::to_string_pretty(&value) {
                     Ok(s) => println!("{s}"),
                     Err(e) => {
                         eprintln!("ptiscope: error: serializing the probe report: {e}");

@@ -25,10 +25,13 @@ fn esc(s: &str) -> String {
 /// on both sides are left out).
 pub fn compare_svg(table: &CompareTable) -> String {
     let mut rows = Vec::new();
+    // Per plotted row: the table's significance mark (mmtests' rule).
+    let mut marked = Vec::new();
     let mut unplotted = Vec::new();
     for m in &table.metrics {
         let base = m.baseline.amean;
         if base > 0.0 && base.is_finite() {
+            marked.push(m.significance.is_some_and(|s| s.verdict.marked()));
             let rel = |v: f64| v / base * 100.0;
             rows.push((
                 m.metric.name.clone(),
@@ -77,7 +80,7 @@ pub fn compare_svg(table: &CompareTable) -> String {
          font-family=\"monospace\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
          <text x=\"10\" y=\"20\" font-size=\"14\">{} vs {} (baseline = 100 %): bar = mean of {}, \
-         dots = runs, whisker = min..max</text>\n",
+         dots = runs, whisker = min..max, * = significant</text>\n",
         esc(&table.compare.label),
         esc(&table.baseline.label),
         esc(&table.compare.label),
@@ -141,9 +144,14 @@ pub fn compare_svg(table: &CompareTable) -> String {
             );
         }
         s += &format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\">{mean:.1}%</text>\n",
+            "<text x=\"{:.1}\" y=\"{:.1}\">{mean:.1}%{}</text>\n",
             LEFT + PLOT_W + 8.0,
-            mid + 4.0
+            mid + 4.0,
+            if marked.get(i).copied().unwrap_or(false) {
+                " *"
+            } else {
+                ""
+            }
         );
     }
     let mut y = TOP + ROW_H * rows.len() as f64 + 30.0;
@@ -187,8 +195,9 @@ mod tests {
         .unwrap();
         let svg = compare_svg(&t);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        // 145 / 105 = 138.1 % of the baseline's mean.
-        assert!(svg.contains(">138.1%<"), "{svg}");
+        // 145 / 105 = 138.1 % of the baseline's mean; significant by
+        // mmtests' rule (40 / (2 * 1.96 * 7.07) = 1.44 > 1): marked.
+        assert!(svg.contains(">138.1% *<"), "{svg}");
         assert!(
             svg.contains("cr3_writes_per_call [guest]: 0 → 2.000"),
             "{svg}"
