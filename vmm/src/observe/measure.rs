@@ -322,9 +322,21 @@ const CR3_TOLERANCE_PCT: f64 = 1.0;
 /// ... or an absolute excess of KVM flushes over the guest's switches: KVM
 /// also flushes when the host preempts the vCPU and reloads it (measured
 /// here: the excess follows KVM's `preemption_other` stat, 4 flushes for 7
-/// preemptions on an idle host, 137 for 168 with both host CPUs busy), plus
-/// a few of its own. The allowance is that many, as KVM itself counts them.
+/// preemptions on an idle host, 137 for 168 with both host CPUs busy, 532
+/// for 600 with two busy loops beside it, but once 67 for 41 while other
+/// VMs were starting), plus a few of its own. The allowance is that many,
+/// as KVM itself counts them, plus the percentage tolerance on the host
+/// side (see [`cr3_host_excess`]).
 const CR3_HOST_EXCESS_BASE: f64 = 16.0;
+
+/// The KVM flushes beyond the guest's `switches` that still agree: the
+/// fixed base, KVM's own preemption count, and [`CR3_TOLERANCE_PCT`] of the
+/// switches. One-sided: the host never may count fewer. A guest that
+/// missed a switch per call, or KVM flushing twice per switch, is still
+/// far outside it.
+fn cr3_host_excess(switches: f64, preempted: u64) -> f64 {
+    CR3_HOST_EXCESS_BASE + preempted as f64 + switches * CR3_TOLERANCE_PCT / 100.0
+}
 
 impl Measurer {
     /// The perf-stat-like summary of the measured phase of `outcome`.
@@ -496,22 +508,20 @@ impl Measurer {
                 (Some(t), true) if flavour == KvmFlavour::Pvm => {
                     // A context switch to another address space is a new
                     // shadow root for KVM as well: it flushes there too.
+                    let switches =
+                        (d.total(Counter::Cr3Exit) + d.total(Counter::Cr3ContextSwitch)) as f64;
                     s.cross_checks.push(CrossCheck::new(
                         "CR3 switches to another table (kvm_pvm shadow paging: one KVM tlb_flush per \
                          kernel->user switch and per context switch)",
                         ("tlb_flush", Source::Kvm, t as f64),
-                        (
-                            "cr3_writes_exit+context_switch",
-                            (d.total(Counter::Cr3Exit) + d.total(Counter::Cr3ContextSwitch)) as f64,
-                        ),
+                        ("cr3_writes_exit+context_switch", switches),
                         CR3_TOLERANCE_PCT,
                     )
-                    .allowing_host_excess(
-                        CR3_HOST_EXCESS_BASE
-                            + (kvm("preemption_other").unwrap_or(0)
-                                + kvm("preemption_reported").unwrap_or(0))
-                                as f64,
-                    ));
+                    .allowing_host_excess(cr3_host_excess(
+                        switches,
+                        kvm("preemption_other").unwrap_or(0)
+                            + kvm("preemption_reported").unwrap_or(0),
+                    )));
                 }
                 (Some(t), true) => {
                     s.cross_checks.push(CrossCheck::new(
@@ -644,6 +654,7 @@ impl Measurer {
             ) {
                 let preempted = kvm_vcpu_delta(a, b, cpu, "preemption_other").unwrap_or(0)
                     + kvm_vcpu_delta(a, b, cpu, "preemption_reported").unwrap_or(0);
+                let switches = (c(Counter::Cr3Exit) + c(Counter::Cr3ContextSwitch)) as f64;
                 s.cross_checks.push(
                     CrossCheck::new(
                         format!(
@@ -651,13 +662,10 @@ impl Measurer {
                              (kvm_pvm: one KVM tlb_flush per kernel->user switch and context switch)"
                         ),
                         (&format!("tlb_flush_vcpu{cpu}"), Source::Kvm, t as f64),
-                        (
-                            &format!("cr3_writes_exit+context_switch_cpu{cpu}"),
-                            (c(Counter::Cr3Exit) + c(Counter::Cr3ContextSwitch)) as f64,
-                        ),
+                        (&format!("cr3_writes_exit+context_switch_cpu{cpu}"), switches),
                         CR3_TOLERANCE_PCT,
                     )
-                    .allowing_host_excess(CR3_HOST_EXCESS_BASE + preempted as f64),
+                    .allowing_host_excess(cr3_host_excess(switches, preempted)),
                 );
             }
         }
