@@ -25,6 +25,7 @@ pub struct PcidProbe {
     /// Whether a CR3 write with bit 63 (NOFLUSH) succeeded, and with which
     /// CR4.PCIDE.
     pub cr3_noflush: bool,
+    /// How the three checks went, for the report.
     pub detail: String,
 }
 
@@ -126,6 +127,7 @@ pub struct ArchCapsProbe {
     pub set_msrs_works: bool,
     /// A user-space MSR exit answered the guest's RDMSR with `override_value`.
     pub msr_exit_works: bool,
+    /// What the guest read and how each path went, for the report.
     pub detail: String,
 }
 
@@ -263,7 +265,9 @@ fn system_msr(kit: &Kit, index: u32) -> Option<u64> {
 /// What the RDTSC probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RdtscProbe {
+    /// Whether user-mode RDTSC ran and reported a value.
     pub works: bool,
+    /// What was seen, for the report.
     pub detail: String,
 }
 
