@@ -260,7 +260,7 @@ pub type ConsoleWriter = Box<dyn Write + Send>;
 
 /// The guest console's destination for `serial_out`: the writer its
 /// [`ptiscope_devices::ConsoleSink`] prints into (None: recorded only) and
-/// the queue behind it, to [`OutputQueue::finish`] when the run is over.
+/// the queue behind it, to [`OutputQueue::finish_by`] when the run is over.
 /// On stdout, control bytes are escaped (it is usually a terminal); files
 /// get the guest's bytes raw.
 pub fn console_output(
@@ -401,7 +401,7 @@ impl QueueShared {
 }
 
 /// The producer side of an [`OutputQueue`]: a `Write` that never blocks.
-/// Bytes are gathered until `flush` (or [`CHUNK_BYTES`]) and then queued
+/// Bytes are gathered until `flush` (or `CHUNK_BYTES`) and then queued
 /// as one chunk.
 pub struct QueueWriter {
     shared: Arc<QueueShared>,

@@ -80,7 +80,7 @@ pub mod sel {
     pub const KERNEL_CS: u16 = 0x10;
     /// Flat kernel data.
     pub const KERNEL_DS: u16 = 0x18;
-    /// 32-bit user code (STAR[63:48] base), RPL 3.
+    /// 32-bit user code (`STAR[63:48]` base), RPL 3.
     pub const USER_CS32: u16 = 0x23;
     /// Flat user data, RPL 3.
     pub const USER_DS: u16 = 0x2b;

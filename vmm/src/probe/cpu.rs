@@ -18,7 +18,7 @@ pub use crate::machine::msr::{
 /// What the PCID probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PcidProbe {
-    /// CPUID.1:ECX[17] as the guest reads it.
+    /// `CPUID.1:ECX[17]` as the guest reads it.
     pub cpuid_bit: Option<bool>,
     /// Whether `mov cr4` with PCIDE succeeded.
     pub pcide: bool,
@@ -111,7 +111,7 @@ pub fn probe_pcid(kit: &Kit) -> Result<PcidProbe, VmError> {
 /// What the ARCH_CAPABILITIES probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ArchCapsProbe {
-    /// CPUID.(7,0):EDX[29] as the guest reads it (a guest checks it before
+    /// `CPUID.(7,0):EDX[29]` as the guest reads it (a guest checks it before
     /// reading the MSR, as Linux does).
     pub cpuid_bit: Option<bool>,
     /// KVM's feature-MSR value (KVM_GET_MSRS on /dev/kvm): what KVM could
