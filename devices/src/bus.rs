@@ -29,13 +29,24 @@ pub trait PioDevice: Send {
 /// Errors registering a device on the bus.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BusError {
+    /// The range is empty or runs past port 0xffff.
     #[error("port range {base:#x}+{len:#x} is empty or wraps past 0xffff")]
-    BadRange { base: u16, len: u16 },
+    BadRange {
+        /// First port of the rejected range.
+        base: u16,
+        /// Number of ports in the rejected range.
+        len: u16,
+    },
+    /// The range overlaps a device already on the bus.
     #[error("port range {base:#x}+{len:#x} overlaps the device at {other:#x}+{other_len:#x}")]
     Overlap {
+        /// First port of the rejected range.
         base: u16,
+        /// Number of ports in the rejected range.
         len: u16,
+        /// First port of the device already there.
         other: u16,
+        /// Number of ports of the device already there.
         other_len: u16,
     },
 }
@@ -54,6 +65,7 @@ pub struct PioBus {
 }
 
 impl PioBus {
+    /// An empty bus.
     pub fn new() -> Self {
         Self::default()
     }

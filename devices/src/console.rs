@@ -21,7 +21,9 @@ pub const TAIL_LINES: usize = 20;
 /// Counts describing what the recorder saw.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ConsoleStats {
+    /// Console bytes fed, CRs included.
     pub bytes: u64,
+    /// Complete (newline-terminated) lines seen.
     pub lines: u64,
     /// Lines longer than [`MAX_LINE_BYTES`] (kept truncated).
     pub truncated_lines: u64,
@@ -42,6 +44,7 @@ pub struct ConsoleRecorder {
 }
 
 impl ConsoleRecorder {
+    /// An empty recorder.
     pub fn new() -> Self {
         Self::default()
     }
@@ -114,6 +117,7 @@ impl ConsoleRecorder {
         self.tail.iter().map(String::as_str)
     }
 
+    /// What the recorder has seen so far.
     pub fn stats(&self) -> ConsoleStats {
         self.stats
     }
@@ -239,6 +243,7 @@ pub struct TerminalEscaper<W: Write> {
 }
 
 impl<W: Write> TerminalEscaper<W> {
+    /// Wraps `inner`, which receives the escaped bytes.
     pub fn new(inner: W) -> Self {
         TerminalEscaper {
             inner,

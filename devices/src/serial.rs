@@ -25,6 +25,7 @@ impl Trigger for EventFdTrigger {
 /// Errors feeding the serial device.
 #[derive(Debug, thiserror::Error)]
 pub enum SerialError {
+    /// vm-superio refused the input bytes (its message).
     #[error("serial input: {0}")]
     Input(String),
 }
@@ -35,6 +36,7 @@ pub struct SerialDevice {
 }
 
 impl SerialDevice {
+    /// A 16550 raising its interrupt through `irq` and printing into `sink`.
     pub fn new(irq: EventFdTrigger, sink: ConsoleSink) -> Self {
         SerialDevice {
             serial: Serial::new(irq, sink),

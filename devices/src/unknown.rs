@@ -16,6 +16,7 @@ pub struct UnknownAccesses {
 }
 
 impl UnknownAccesses {
+    /// An empty record.
     pub fn new() -> Self {
         Self::default()
     }

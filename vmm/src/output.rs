@@ -57,26 +57,38 @@ const WRITE_STEP: usize = 4096;
 /// Errors opening an output.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    /// The file could not be opened.
     #[error("cannot open {what} {path}: {source}")]
     Open {
+        /// The option it belongs to (`--json`, ...).
         what: &'static str,
+        /// The path given.
         path: PathBuf,
+        /// The open error.
         #[source]
         source: io::Error,
     },
+    /// A FIFO that no reader opened in time.
     #[error(
         "{what} {path} is a FIFO and no reader opened it within {waited_s:.1} s; \
          start its reader first (e.g. `cat {path} &`) or give a regular file"
     )]
     NoReader {
+        /// The option it belongs to.
         what: &'static str,
+        /// The FIFO's path.
         path: PathBuf,
+        /// Seconds waited.
         waited_s: f64,
     },
+    /// A termination signal arrived while waiting for a FIFO's reader.
     #[error("{} while waiting for a reader of {what} {path}", signals::describe(*signal))]
     Interrupted {
+        /// The option it belongs to.
         what: &'static str,
+        /// The FIFO's path.
         path: PathBuf,
+        /// The signal number.
         signal: i32,
     },
 }
@@ -161,6 +173,7 @@ impl OutputFile {
         self.what
     }
 
+    /// The path given.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -247,7 +260,7 @@ pub type ConsoleWriter = Box<dyn Write + Send>;
 
 /// The guest console's destination for `serial_out`: the writer its
 /// [`ptiscope_devices::ConsoleSink`] prints into (None: recorded only) and
-/// the queue behind it, to [`OutputQueue::finish`] when the run is over.
+/// the queue behind it, to [`OutputQueue::finish_by`] when the run is over.
 /// On stdout, control bytes are escaped (it is usually a terminal); files
 /// get the guest's bytes raw.
 pub fn console_output(
@@ -296,6 +309,7 @@ pub struct OutputReport {
     pub what: String,
     /// Where it went (a path, `stdout`, `stderr`).
     pub target: String,
+    /// Bytes written to the target.
     pub written_bytes: u64,
     /// Bytes not written: the queue was full (the reader did not keep up),
     /// the run ended with them still queued, or an error had stopped output.
@@ -387,7 +401,7 @@ impl QueueShared {
 }
 
 /// The producer side of an [`OutputQueue`]: a `Write` that never blocks.
-/// Bytes are gathered until `flush` (or [`CHUNK_BYTES`]) and then queued
+/// Bytes are gathered until `flush` (or `CHUNK_BYTES`) and then queued
 /// as one chunk.
 pub struct QueueWriter {
     shared: Arc<QueueShared>,

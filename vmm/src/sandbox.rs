@@ -84,21 +84,28 @@ impl ThreadKind {
 /// Errors building or applying a filter.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
+    /// The filter could not be compiled.
     #[error("building the seccomp filter of the {thread} thread: {source}")]
     Build {
+        /// The thread it was for (`vCPU`, `metrics`).
         thread: &'static str,
+        /// The compile error.
         #[source]
         source: seccompiler::BackendError,
     },
+    /// The kernel refused the filter.
     #[error(
         "applying the seccomp filter to the {thread} thread: {source} \
          (a kernel without seccomp-bpf? `--no-seccomp` runs without it)"
     )]
     Apply {
+        /// The thread's role.
         thread: &'static str,
+        /// The seccomp error.
         #[source]
         source: seccompiler::Error,
     },
+    /// The SIGSYS handler could not be installed.
     #[error("installing the SIGSYS handler: {0}")]
     Handler(#[source] std::io::Error),
 }

@@ -38,7 +38,9 @@ pub const CR3_PCID_MASK: u64 = 0xfff;
 /// `crate::pae::layout::DIRECT_MAP`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirectMap {
+    /// Virtual address of physical 0.
     pub base: u64,
+    /// Bytes of physical memory mapped, from 0.
     pub size: u64,
 }
 

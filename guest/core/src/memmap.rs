@@ -19,15 +19,20 @@ pub const MAX_REGIONS: usize = 16;
 /// One memory-map entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemRegion {
+    /// Physical start address.
     pub base: u64,
+    /// Length, bytes.
     pub size: u64,
+    /// E820 type (1 = RAM, 2 = reserved, ...).
     pub kind: u32,
 }
 
 impl MemRegion {
+    /// First byte past the region (saturating at `u64::MAX`).
     pub const fn end(&self) -> u64 {
         self.base.saturating_add(self.size)
     }
+    /// Short name of the E820 type ("ram", "reserved", "acpi", ...).
     pub const fn kind_name(&self) -> &'static str {
         match self.kind {
             E820_RAM => "ram",

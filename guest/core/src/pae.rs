@@ -200,6 +200,7 @@ pub fn translate<M: PhysMem>(mem: &M, pdpt: u64, va: u64) -> Option<crate::pagin
 /// What the kernel GiB maps: the inputs of [`build_kernel_half`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelSpec {
+    /// Page table isolation on: kernel mappings non-global, user copy built.
     pub pti: bool,
     /// Physical `[start, end)` of the entry area (page aligned).
     pub entry_area: (u64, u64),
@@ -222,14 +223,18 @@ pub struct KernelSpec {
 /// copy, and that of the user copy (the same one without PTI).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelHalf {
+    /// Physical address of the kernel copy's kernel PMD (page directory).
     pub kernel_pmd: u64,
+    /// Physical address of the user copy's kernel PMD (`kernel_pmd` without PTI).
     pub user_pmd: u64,
+    /// Whether PTI is on.
     pub pti: bool,
     /// 4 KiB kernel pages the user copy maps (entry area, + text if global).
     pub user_kernel_pages: u64,
 }
 
 impl KernelHalf {
+    /// No kernel GiB yet (all zero, PTI off).
     pub const EMPTY: KernelHalf = KernelHalf {
         kernel_pmd: 0,
         user_pmd: 0,

@@ -14,16 +14,25 @@ use crate::layout::{KERNEL_BASE, TELEMETRY_VA, USER_STACK_PAGES, USER_STACK_TOP,
 
 /// Page-table entry bits.
 pub mod flags {
+    /// P: the entry is valid.
     pub const PRESENT: u64 = 1 << 0;
+    /// R/W: writes allowed (if every level allows them).
     pub const WRITABLE: u64 = 1 << 1;
+    /// U/S: user-mode access allowed (if every level allows it).
     pub const USER: u64 = 1 << 2;
+    /// PWT: write-through caching.
     pub const WRITE_THROUGH: u64 = 1 << 3;
+    /// PCD: caching disabled.
     pub const NO_CACHE: u64 = 1 << 4;
+    /// A: set by the CPU when the entry is used.
     pub const ACCESSED: u64 = 1 << 5;
+    /// D: set by the CPU when the leaf's page is written.
     pub const DIRTY: u64 = 1 << 6;
     /// PS: a 2 MiB (PD) or 1 GiB (PDPT) leaf.
     pub const HUGE: u64 = 1 << 7;
+    /// G: the leaf's TLB entry survives CR3 writes (needs CR4.PGE).
     pub const GLOBAL: u64 = 1 << 8;
+    /// XD: no instruction fetch (needs EFER.NXE).
     pub const NO_EXECUTE: u64 = 1 << 63;
 }
 use flags::*;
@@ -42,18 +51,23 @@ pub const KERNEL_PML4_SLOT: usize = 511;
 pub struct Pte(pub u64);
 
 impl Pte {
+    /// An entry pointing to `phys` (masked to [`ADDR_MASK`]) with `flags`.
     pub const fn new(phys: u64, flags: u64) -> Self {
         Pte((phys & ADDR_MASK) | flags)
     }
+    /// Physical address the entry points to.
     pub const fn addr(self) -> u64 {
         self.0 & ADDR_MASK
     }
+    /// Flag bits (everything outside [`ADDR_MASK`]).
     pub const fn flags(self) -> u64 {
         self.0 & !ADDR_MASK
     }
+    /// Whether P is set.
     pub const fn present(self) -> bool {
         self.0 & PRESENT != 0
     }
+    /// Whether PS is set (a huge leaf at PD or PDPT level).
     pub const fn huge(self) -> bool {
         self.0 & HUGE != 0
     }
@@ -77,7 +91,9 @@ pub const fn is_canonical(va: u64) -> bool {
 
 /// Access to page-table pages by physical address.
 pub trait PhysMem {
+    /// The 64-bit entry `index` of the table at physical address `table`.
     fn read(&self, table: u64, index: usize) -> u64;
+    /// Writes the 64-bit entry `index` of the table at physical address `table`.
     fn write(&mut self, table: u64, index: usize, value: u64);
 }
 
@@ -92,10 +108,13 @@ pub trait FrameSource {
 /// Why a mapping could not be made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapError {
+    /// The frame source ran dry while creating a table.
     OutOfFrames,
     /// Something is already mapped there (a leaf, or a huge page in the way).
     AlreadyMapped(u64),
+    /// The virtual address is not canonical.
     NotCanonical(u64),
+    /// The virtual or physical address is not aligned to the page size.
     Misaligned(u64),
 }
 
@@ -183,7 +202,9 @@ pub fn map_2m<M: PhysMem, F: FrameSource>(
 /// NO_EXECUTE if any level sets it; GLOBAL from the leaf).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Translation {
+    /// Physical address `va` translates to (page offset included).
     pub phys: u64,
+    /// Effective permissions and GLOBAL, in [`flags`] bits.
     pub flags: u64,
     /// Size of the leaf page in bytes.
     pub page_size: u64,
@@ -246,14 +267,17 @@ pub struct KernelSpec {
 /// 511 of the kernel copy and of the user copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelHalf {
+    /// PML4 entry for slot 511 of the kernel copy: the whole kernel half.
     pub kernel_pml4e: u64,
     /// Slot 511 of the user copy: only the entry area (equal to
     /// `kernel_pml4e` when PTI is off, so both copies are the same).
     pub user_pml4e: u64,
+    /// Whether PTI is on (the user copy maps only the entry area).
     pub pti: bool,
 }
 
 impl KernelHalf {
+    /// No kernel half yet (all entries zero, PTI off).
     pub const EMPTY: KernelHalf = KernelHalf {
         kernel_pml4e: 0,
         user_pml4e: 0,
@@ -412,6 +436,7 @@ pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
 pub struct UserSpec {
     /// Physical start of the user programs' text (shared, read-only).
     pub text_phys: u64,
+    /// Number of 4 KiB pages of user text from `text_phys`.
     pub text_pages: u64,
     /// Physical frames of this process's stack, lowest first.
     pub stack: [u64; USER_STACK_PAGES as usize],

@@ -22,12 +22,14 @@ pub struct Ring {
 }
 
 impl Ring {
+    /// An empty ring.
     pub const EMPTY: Ring = Ring { head: 0, len: 0 };
 
     /// Bytes waiting to be read.
     pub const fn len(&self) -> usize {
         self.len
     }
+    /// Whether no bytes wait to be read.
     pub const fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -27,24 +27,38 @@ use crate::preflight::{PreflightError, ResolvedRun, RunConfig, Target};
 /// Errors of a QEMU-backed run.
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
+    /// Resolving the run failed before QEMU started.
     #[error(transparent)]
     Preflight(#[from] PreflightError),
+    /// QEMU could not be started.
     #[error("cannot start {binary}: {source} (install QEMU: `apt-get install qemu-system-x86`)")]
     Spawn {
+        /// The QEMU binary tried.
         binary: String,
+        /// The spawn error.
         #[source]
         source: std::io::Error,
     },
+    /// An I/O step around QEMU failed.
     #[error("{what}: {source}")]
     Io {
+        /// What was being done.
         what: &'static str,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// An output (`--json`, `--serial-out`, ...) could not be opened.
     #[error(transparent)]
     Output(#[from] OpenError),
+    /// QEMU ended before the guest reported its exit status.
     #[error("QEMU failed ({how}) before the guest reported a status{}", if stderr.is_empty() { String::new() } else { format!(": {stderr}") })]
-    Qemu { how: String, stderr: String },
+    Qemu {
+        /// How QEMU ended (`exit N`, `killed by signal N`).
+        how: String,
+        /// What QEMU printed on stderr, trimmed.
+        stderr: String,
+    },
 }
 
 /// The QEMU system emulator for an image: i386 for ELF32, x86_64 otherwise.

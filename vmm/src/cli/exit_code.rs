@@ -29,9 +29,11 @@ pub const TRIPLE_FAULT: i32 = 80;
 pub const VM_ERROR: i32 = 81;
 /// `--timeout` fired.
 pub const TIMEOUT: i32 = 124;
-/// SIGHUP (128 + 1), SIGINT (128 + 2) and SIGTERM (128 + 15).
+/// SIGHUP (128 + 1).
 pub const SIGHUP: i32 = 129;
+/// SIGINT (128 + 2).
 pub const SIGINT: i32 = 130;
+/// SIGTERM (128 + 15).
 pub const SIGTERM: i32 = 143;
 
 /// The exit code a result maps to.

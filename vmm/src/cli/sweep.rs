@@ -35,6 +35,7 @@ pub const DEFAULT_SWEEP_ITERATIONS: u64 = 1000;
 /// Default runs per (cell, configuration).
 pub const DEFAULT_SWEEP_RUNS: u32 = 5;
 
+/// `ptiscope sweep`: PTI's overhead over working-set size and reads per call.
 #[derive(Debug, Args)]
 pub struct SweepArgs {
     /// Working sets, comma-separated sizes (K/M/G suffixes); 0 = none.
@@ -102,7 +103,9 @@ pub struct SweepArgs {
 /// A reads-per-iteration spec: passes over the working set, or reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TouchSpec {
+    /// `Nx`: N passes over the working set.
     Passes(u64),
+    /// A plain number of reads.
     Reads(u64),
 }
 

@@ -46,6 +46,9 @@ pub struct Control {
 }
 
 impl Control {
+    /// Watches `done` (written by the vCPU thread when it finishes), the
+    /// termination signals and, when `stdin` is given, the process's stdin,
+    /// whose bytes go to that serial device.
     pub fn new(
         done: EventFd,
         signals: Option<TerminationSignals>,

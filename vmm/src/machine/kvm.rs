@@ -6,25 +6,42 @@ use kvm_ioctls::Kvm;
 /// Errors opening KVM.
 #[derive(Debug, thiserror::Error)]
 pub enum KvmOpenError {
+    /// The device node does not exist.
     #[error(
         "{path} does not exist: KVM is not available on this host \
          (enable virtualization in the firmware and load kvm_intel or kvm_amd, \
          or run on a KVM-enabled machine)"
     )]
-    Missing { path: String },
+    Missing {
+        /// The device path tried.
+        path: String,
+    },
+    /// The user may not open the device node.
     #[error(
         "permission denied opening {path}: add your user to the kvm group \
          (`sudo usermod -aG kvm $USER`, then log in again) and check `ls -l {path}`"
     )]
-    Permission { path: String },
+    Permission {
+        /// The device path tried.
+        path: String,
+    },
+    /// Opening the device failed for another reason.
     #[error("cannot open {path}: {source}")]
     Open {
+        /// The device path tried.
         path: String,
+        /// The error of the open.
         #[source]
         source: kvm_ioctls::Error,
     },
+    /// The device opened but does not answer KVM_GET_API_VERSION as KVM does.
     #[error("{path} is not a usable KVM device (KVM_GET_API_VERSION: {detail})")]
-    NotKvm { path: String, detail: String },
+    NotKvm {
+        /// The device path tried.
+        path: String,
+        /// What the ioctl returned.
+        detail: String,
+    },
 }
 
 /// The KVM device path (`PTISCOPE_KVM_DEVICE` overrides it, for tests of the

@@ -61,48 +61,73 @@ impl KernelSource {
 /// Errors loading the kernel image.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// The image file could not be read.
     #[error("cannot read kernel image {path}: {source}")]
     Read {
+        /// The image path.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// The image is over [`MAX_IMAGE_BYTES`] (its name).
     #[error("kernel image {0} is larger than {MAX_IMAGE_BYTES} bytes")]
     TooLarge(String),
+    /// No ELF magic (the image's name).
     #[error("kernel image {0} is not an ELF file (no \\x7fELF magic)")]
     NotElf(String),
+    /// A 32-bit ELF that could not be parsed (the image's name, what is wrong).
     #[error("kernel image {0}: malformed ELF32 image ({1})")]
     Elf32(String, String),
+    /// A 32-bit image with more than [`ELF32_MAX_MEM_MIB`] MiB of guest memory (the image's name).
     #[error(
         "{0} is a 32-bit guest, which maps only the first {ELF32_MAX_MEM_MIB} MiB \
          (the 3G/1G split); use --mem {ELF32_MAX_MEM_MIB} or less"
     )]
     Elf32TooMuchMemory(String),
+    /// Not a little-endian x86 ELF (the image's name, ELF class, data encoding, machine).
     #[error("kernel image {0} is not a little-endian x86 ELF (class/data/machine = {1}/{2}/{3})")]
     WrongArch(String, u8, u8, u16),
+    /// A malformed 64-bit ELF header or program header table (the image's name, what is wrong).
     #[error("kernel image {0}: malformed ELF header or program headers ({1})")]
     Malformed(String, &'static str),
+    /// The image has no PT_LOAD segment (its name).
     #[error("kernel image {0} has no loadable segments")]
     NoSegments(String),
+    /// A segment does not fit in usable guest RAM.
     #[error(
         "kernel image {image}: segment at {paddr:#x}..{end:#x} lies outside usable guest RAM \
          [{ram_start:#x}, {ram_end:#x}) with --mem {mem_mib} MiB"
     )]
     SegmentOutsideMemory {
+        /// The image's name.
         image: String,
+        /// Guest-physical start of the segment.
         paddr: u64,
+        /// Guest-physical end of the segment (exclusive, memory size).
         end: u64,
+        /// Start of the RAM range the kernel may occupy.
         ram_start: u64,
+        /// End of that RAM range (exclusive).
         ram_end: u64,
+        /// `--mem`, MiB.
         mem_mib: u64,
     },
+    /// No PVH entry note (the image's name).
     #[error(
         "kernel image {0} has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY: type 18, name \"Xen\"); \
          ptiscope boots PVH kernels only"
     )]
     NoPvhNote(String),
+    /// The PVH entry point lies in no loaded segment.
     #[error("kernel image {image}: PVH entry {entry:#x} is not inside a loaded segment")]
-    EntryOutsideImage { image: String, entry: u64 },
+    EntryOutsideImage {
+        /// The image's name.
+        image: String,
+        /// The entry point, guest-physical.
+        entry: u64,
+    },
+    /// linux-loader refused the image (the image's name, its error).
     #[error("kernel image {0}: {1}")]
     Loader(String, #[source] linux_loader::loader::Error),
     #[error("kernel image {image}: linux-loader found PVH entry {found:?}, the PVH note says {entry:#x}")]
@@ -118,8 +143,10 @@ pub enum LoadError {
 /// Errors writing the boot structures.
 #[derive(Debug, thiserror::Error)]
 pub enum BootParamsError {
+    /// The command line could not be written to guest memory.
     #[error("writing the guest command line: {0}")]
     Cmdline(#[source] vm_memory::GuestMemoryError),
+    /// hvm_start_info or the E820 map could not be written.
     #[error("writing hvm_start_info and the memory map: {0}")]
     Pvh(#[source] linux_loader::configurator::Error),
 }

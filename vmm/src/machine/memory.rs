@@ -24,6 +24,7 @@ pub const DEFAULT_MEM_MIB: u64 = 128;
 
 /// E820 types used here.
 pub const E820_RAM: u32 = 1;
+/// E820 type 2: reserved, not usable by the guest.
 pub const E820_RESERVED: u32 = 2;
 
 // Boot structures sit in low RAM and do not overlap each other
@@ -35,12 +36,16 @@ const _: () = assert!(CMDLINE_ADDR + CMDLINE_MAX as u64 <= LOW_RAM_END);
 /// One E820 range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct E820Entry {
+    /// Guest-physical start.
     pub addr: u64,
+    /// Length, bytes.
     pub size: u64,
+    /// E820 type ([`E820_RAM`] or [`E820_RESERVED`]).
     pub kind: u32,
 }
 
 impl E820Entry {
+    /// First guest-physical address past the range.
     pub fn end(&self) -> u64 {
         self.addr + self.size
     }
@@ -49,15 +54,20 @@ impl E820Entry {
 /// Errors choosing the memory size or creating guest memory.
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
+    /// `--mem` below [`MIN_MEM_MIB`] (the value asked, MiB).
     #[error("--mem {0} MiB is too small: at least {MIN_MEM_MIB} MiB are needed")]
     TooSmall(u64),
+    /// `--mem` above [`MAX_MEM_MIB`] (the value asked, MiB).
     #[error(
         "--mem {0} MiB is too large: at most {MAX_MEM_MIB} MiB (the guest maps only the first GiB)"
     )]
     TooLarge(u64),
+    /// The host refused the guest memory mapping.
     #[error("could not allocate {mib} MiB of guest memory: {source}")]
     Allocate {
+        /// Size asked, MiB.
         mib: u64,
+        /// The allocation error.
         #[source]
         source: vm_memory::mmap::FromRangesError,
     },

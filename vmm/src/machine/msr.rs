@@ -16,10 +16,13 @@ pub const ARCH_CAP_RDCL_NO: u64 = 1 << 0;
 /// Errors of routing an MSR to user space.
 #[derive(Debug, thiserror::Error)]
 pub enum MsrTrapError {
+    /// KVM lacks the capabilities to route MSR accesses to user space.
     #[error("this KVM has no KVM_CAP_X86_USER_SPACE_MSR / KVM_CAP_X86_MSR_FILTER")]
     Unsupported,
+    /// Enabling user-space MSR exits failed.
     #[error("KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR): {0}")]
     EnableCap(#[source] kvm_ioctls::Error),
+    /// Installing the MSR filter failed.
     #[error("KVM_X86_SET_MSR_FILTER: {0}")]
     SetFilter(#[source] kvm_ioctls::Error),
 }

@@ -9,9 +9,13 @@ use kvm_bindings::{kvm_segment, kvm_sregs};
 /// the guest will load, so that reloading a segment register changes nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlatSelectors {
+    /// Code segment selector (CS).
     pub code: u16,
+    /// Data segment selector (DS, ES, FS, GS, SS).
     pub data: u16,
+    /// Task register selector (TR).
     pub tss: u16,
+    /// Guest-linear base address of the TSS.
     pub tss_base: u64,
 }
 

@@ -47,10 +47,13 @@ extern "C" fn kick_handler(_: c_int, _: *mut siginfo_t, _: *mut c_void) {
 /// Errors installing the kick handler.
 #[derive(Debug, thiserror::Error, Clone)]
 pub enum SignalError {
+    /// Installing the kick signal's handler failed.
     #[error("installing the vCPU kick signal handler: {0}")]
     Install(String),
+    /// Unblocking the kick signal on the vCPU thread failed.
     #[error("unblocking the vCPU kick signal: {0}")]
     Unblock(String),
+    /// Creating the signalfd for termination signals failed.
     #[error("creating a signalfd for SIGINT/SIGTERM/SIGHUP: {0}")]
     SignalFd(String),
 }
@@ -117,6 +120,7 @@ pub unsafe fn kick(tid: libc::pthread_t) -> std::io::Result<()> {
 pub struct KickableVcpu {
     // Declared first: dropped (pointer cleared) before the vCPU.
     _registration: KickRegistration,
+    /// The registered vCPU.
     pub vcpu: VcpuFd,
 }
 
@@ -190,6 +194,8 @@ pub struct TerminationSignals {
 }
 
 impl TerminationSignals {
+    /// A non-blocking signalfd for SIGINT/SIGTERM/SIGHUP (they arrive here
+    /// only where the caller blocks them).
     pub fn new() -> Result<Self, SignalError> {
         let set = termination_set();
         // SAFETY: -1 creates a new signalfd; the set is initialised; we check the result.

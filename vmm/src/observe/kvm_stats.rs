@@ -68,8 +68,11 @@ pub enum KvmStatsError {
     /// Reading the stats file failed (including short reads).
     #[error("reading the KVM stats fd at offset {offset} ({len} bytes): {source}")]
     Read {
+        /// Offset read at, bytes from the start of the file.
         offset: u64,
+        /// Bytes asked for.
         len: usize,
+        /// The read error (`UnexpectedEof` for a short read).
         #[source]
         source: std::io::Error,
     },
@@ -88,8 +91,11 @@ pub enum StatsDeltaError {
     /// were passed in the wrong order, or the kernel reset the counter.
     #[error("cumulative KVM stat {name} went backwards: {before} -> {after}")]
     WentBackwards {
+        /// The statistic's name.
         name: String,
+        /// Its value in the earlier snapshot.
         before: u64,
+        /// Its value in the later snapshot.
         after: u64,
     },
 }
@@ -118,10 +124,15 @@ pub enum StatType {
 pub enum StatUnit {
     /// A plain count.
     None,
+    /// Bytes.
     Bytes,
+    /// Seconds.
     Seconds,
+    /// CPU cycles.
     Cycles,
+    /// 0 or 1.
     Boolean,
+    /// A unit this code does not know (newer kernel): the raw value.
     Unknown(u32),
 }
 
@@ -129,17 +140,24 @@ pub enum StatUnit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StatBase {
+    /// Powers of ten (the exponent scales by 10).
     Pow10,
+    /// Powers of two (the exponent scales by 2).
     Pow2,
+    /// A base this code does not know (newer kernel): the raw value.
     Unknown(u32),
 }
 
 /// One statistic the host offers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StatDesc {
+    /// Name as KVM reports it (e.g. `exits`, `tlb_flush`).
     pub name: String,
+    /// How the value behaves over time.
     pub stat_type: StatType,
+    /// Unit of the values.
     pub unit: StatUnit,
+    /// Base of `exponent`.
     pub base: StatBase,
     /// Value = raw * base^exponent in `unit` (e.g. -9 with Pow10 = nanoseconds).
     pub exponent: i16,
@@ -162,7 +180,9 @@ impl StatDesc {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StatsScope {
+    /// The VM's stats fd (`KVM_GET_STATS_FD` on the VM).
     Vm,
+    /// A vCPU's stats fd.
     Vcpu,
 }
 

@@ -48,22 +48,30 @@ pub enum MetricsFormat {
 /// reader that stalls gets lines dropped (counted in the run's summary)
 /// rather than stalling the run or its teardown.
 pub struct LiveMetricsConfig {
+    /// Time between lines (raised to [`MIN_INTERVAL`] if shorter).
     pub interval: Duration,
+    /// The bounded queue the lines go to.
     pub out: OutputQueue,
+    /// The format of each line.
     pub format: MetricsFormat,
 }
 
 /// Errors of the live-metrics thread.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveMetricsError {
+    /// The stats fds could not be opened.
     #[error("cannot open the KVM stats fds: {0}")]
     Stats(#[from] kvm_stats::KvmStatsError),
+    /// The thread could not be started.
     #[error("cannot start the metrics thread: {0}")]
     Spawn(#[source] std::io::Error),
+    /// A line could not be written.
     #[error("writing a metrics line: {0}")]
     Write(#[source] std::io::Error),
+    /// The thread panicked.
     #[error("the metrics thread panicked")]
     Panicked,
+    /// The thread's seccomp filter could not be installed.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
 }

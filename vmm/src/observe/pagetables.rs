@@ -40,9 +40,13 @@ impl Paging {
 /// Effective permissions of a mapping (combined over all levels, as the CPU does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Access {
+    /// Writes allowed (R/W at every level).
     pub writable: bool,
+    /// User-mode access allowed (U/S at every level).
     pub user: bool,
+    /// No instruction fetch (XD at some level).
     pub no_execute: bool,
+    /// Global (G on the leaf): survives CR3 writes in the TLB.
     pub global: bool,
 }
 
@@ -62,9 +66,13 @@ impl fmt::Display for Access {
 /// A virtually and physically contiguous run of pages with the same access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Mapping {
+    /// First virtual address.
     pub virt: u64,
+    /// Guest-physical address `virt` maps to.
     pub phys: u64,
+    /// Length, bytes.
     pub size: u64,
+    /// Effective permissions of every page in the run.
     pub access: Access,
 }
 
@@ -87,10 +95,15 @@ pub struct Walk {
     pub incomplete: Option<String>,
 }
 
+/// Errors starting a walk.
 #[derive(Debug, thiserror::Error)]
 pub enum WalkError {
+    /// The root table is not in guest memory.
     #[error("CR3 {cr3:#x} points outside guest memory")]
-    RootOutsideMemory { cr3: u64 },
+    RootOutsideMemory {
+        /// The CR3 value given.
+        cr3: u64,
+    },
 }
 
 /// What one walk may cost at most. The guest's own tables need a few
@@ -309,15 +322,20 @@ pub fn walk_with_limits<M: GuestMemory>(
 /// area, as the guest ELF's section headers declare it.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct EntryArea {
+    /// Each `.entry*` section: its name and virtual range.
     pub ranges: Vec<(String, Range<u64>)>,
 }
 
+/// Errors finding the entry area in the guest image.
 #[derive(Debug, thiserror::Error)]
 pub enum EntryAreaError {
+    /// The image could not be parsed as ELF (the parser's message).
     #[error("the guest image is not an ELF object we can read: {0}")]
     Parse(String),
+    /// The image has no `.entry*` section.
     #[error("the guest image has no `.entry*` sections, so its entry area is unknown")]
     NoEntrySections,
+    /// A section's end overflows `u64` (its name).
     #[error("the guest image's section {0} ends past the top of the address space")]
     SectionPastTheTop(String),
 }
@@ -880,6 +898,7 @@ mod tests {
 /// address space, walked at its phase-begin exit, and the isolation verdict.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Inspection {
+    /// Paging mode the tables were walked in.
     pub paging: Paging,
     /// CR3 of the vCPU at the exit (the kernel copy: the guest is in the
     /// syscall that wrote the marker).
@@ -887,10 +906,13 @@ pub struct Inspection {
     /// The user copy's CR3 (kernel copy + 4 KiB, CR3 bit 12) when the guest
     /// runs with PTI; `None` when user code runs on the kernel copy.
     pub user_cr3: Option<u64>,
+    /// The kernel copy's mappings.
     pub kernel: Walk,
     /// The table user code runs on: the user copy with PTI, else the kernel copy.
     pub user: Walk,
+    /// The entry area the user copy may map.
     pub entry_area: EntryArea,
+    /// The isolation verdict of the `user` walk.
     pub isolation: IsolationCheck,
 }
 
@@ -900,10 +922,12 @@ pub struct Inspector {
     paging: Paging,
     entry_area: EntryArea,
     deferred_text: Option<Range<u64>>,
+    /// The inspection once made; `Err` says why it failed.
     pub result: Option<Result<Inspection, String>>,
 }
 
 impl Inspector {
+    /// An inspector for a guest in `paging` mode, with the entry area from its image.
     pub fn new(paging: Paging, entry_area: EntryArea) -> Self {
         Inspector {
             paging,

@@ -29,21 +29,39 @@ pub enum TelemetryError {
     BadMagic(u64),
     /// The guest speaks another layout version.
     #[error("telemetry layout version {found}, this VMM reads version {expected}")]
-    BadVersion { found: u32, expected: u32 },
+    BadVersion {
+        /// The guest's layout version.
+        found: u32,
+        /// This VMM's [`ptiscope_abi::telemetry::VERSION`].
+        expected: u32,
+    },
     /// A header field disagrees with the layout this VMM was built with.
     #[error("telemetry header field {field} is {found}, expected {expected}")]
     BadLayout {
+        /// The header field.
         field: &'static str,
+        /// Its value in guest memory.
         found: u32,
+        /// What this VMM expects (a value or range).
         expected: String,
     },
     /// The region does not lie entirely inside guest memory.
     #[error("telemetry region {gpa:#x}+{len:#x} is not inside guest memory")]
-    OutOfBounds { gpa: u64, len: u64 },
+    OutOfBounds {
+        /// Guest-physical start of the region.
+        gpa: u64,
+        /// Length of the region, bytes.
+        len: u64,
+    },
     /// vm-memory refused a read inside the (already checked) region, e.g.
     /// because the memory map changed.
     #[error("reading telemetry at {gpa:#x}: {msg}")]
-    Read { gpa: u64, msg: String },
+    Read {
+        /// Guest-physical address of the failed read.
+        gpa: u64,
+        /// vm-memory's message.
+        msg: String,
+    },
 }
 
 /// Errors of differencing two telemetry snapshots.
@@ -54,14 +72,23 @@ pub enum TelemetryDeltaError {
     /// figures of this interval are invalid.
     #[error("guest counter {counter} on cpu {cpu} went backwards ({before} -> {after}): telemetry invalid")]
     WentBackwards {
+        /// The guest CPU.
         cpu: usize,
+        /// The counter's name.
         counter: &'static str,
+        /// Its value in the earlier snapshot.
         before: u64,
+        /// Its value in the later snapshot.
         after: u64,
     },
     /// The number of live CPUs changed between the snapshots.
     #[error("guest cpu_count changed between snapshots ({before} -> {after})")]
-    CpuCountChanged { before: usize, after: usize },
+    CpuCountChanged {
+        /// CPUs in the earlier snapshot.
+        before: usize,
+        /// CPUs in the later snapshot.
+        after: usize,
+    },
 }
 
 /// Reads one guest's telemetry region.

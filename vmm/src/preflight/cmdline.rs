@@ -27,8 +27,10 @@ pub enum CpuVuln {
 /// (settled by [`crate::preflight::preflight`], never sent to the guest).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EntryChoice {
+    /// Let the host decide: the entry the probe found working.
     #[default]
     Auto,
+    /// This entry.
     Fixed(Entry),
 }
 
@@ -62,10 +64,15 @@ impl std::str::FromStr for EntryChoice {
 /// guest's default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GuestOptions {
+    /// `--pti`.
     pub pti: Option<PtiMode>,
+    /// `--pcid`.
     pub pcid: Option<Switch>,
+    /// `--entry`.
     pub entry: EntryChoice,
+    /// `--workload`.
     pub workload: Option<Workload>,
+    /// `--iterations`.
     pub iterations: Option<u64>,
     /// Raw extra text (`--cmdline`). Words with a key modelled above are
     /// taken into the typed fields by [`GuestOptions::absorb_extra`].
@@ -76,31 +83,51 @@ pub struct GuestOptions {
 /// code, so no entry is needed), extra words that have no typed field.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ResolvedOptions {
+    /// `pti=`, if set.
     pub pti: Option<PtiMode>,
+    /// `pcid=`, if set.
     pub pcid: Option<Switch>,
+    /// `entry=`, settled.
     pub entry: Option<Entry>,
+    /// `workload=`, if set.
     pub workload: Option<Workload>,
+    /// `iterations=`, if set.
     pub iterations: Option<u64>,
+    /// `--cmdline` words without a typed field, passed as they are.
     pub extra: String,
 }
 
 /// Errors building the guest command line.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CmdlineError {
+    /// The command line does not fit in its page.
     #[error("the guest command line is {len} bytes; at most {max} fit (it lives in a 4 KiB page with its NUL)", max = CMDLINE_MAX - 1)]
-    TooLong { len: usize },
+    TooLong {
+        /// Its length, bytes.
+        len: usize,
+    },
+    /// The command line contains a NUL byte.
     #[error("the guest command line must not contain NUL bytes")]
     Nul,
+    /// A byte outside printable ASCII.
     #[error("the guest command line must be printable ASCII (the guest parses bytes); found byte {0:#04x}")]
     NotPrintable(u8),
+    /// A typed key's value did not parse.
     #[error("`{key}={value}`: {why}")]
     BadValue {
+        /// The key.
         key: String,
+        /// The value given.
         value: String,
+        /// Why it was refused.
         why: String,
     },
+    /// A key appears twice.
     #[error("`{key}=` is given twice (by an option and in --cmdline, or twice in --cmdline{why}): the guest refuses repeated keys", why = if key == "telemetry" { "; telemetry= is always the VMM's" } else { "" })]
-    Repeated { key: String },
+    Repeated {
+        /// The key.
+        key: String,
+    },
 }
 
 impl GuestOptions {

@@ -20,6 +20,7 @@ pub enum KvmFlavour {
 }
 
 impl KvmFlavour {
+    /// One line for reports, saying whether KVM sees guest CR3 writes.
     pub fn describe(self) -> &'static str {
         match self {
             KvmFlavour::Pvm => {
@@ -79,10 +80,13 @@ fn heuristic_entry() -> Entry {
 /// with a description of each outcome; or why the probe could not run.
 #[derive(Debug, Clone)]
 pub struct EntryFindings {
+    /// Per entry probed: the entry, what happened, whether it reached CPL0;
+    /// `Err` says why the probe could not run.
     pub outcomes: Result<Vec<(probe::Entry, String, bool)>, String>,
 }
 
 impl EntryFindings {
+    /// The entries that worked, or `None` if the probe could not run.
     pub fn working(&self) -> Option<Vec<probe::Entry>> {
         self.outcomes.as_ref().ok().map(|v| {
             v.iter()

@@ -15,7 +15,9 @@ const KVM_GET_STATS_FD: libc::c_ulong = (0xae << 8) | 0xce;
 /// One capability as KVM_CHECK_EXTENSION answers it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Cap {
+    /// `KVM_CAP_*` name.
     pub name: &'static str,
+    /// Capability number passed to KVM_CHECK_EXTENSION.
     pub number: u32,
     /// 0 = absent; some capabilities return a count or bitmask.
     pub value: i32,
@@ -24,9 +26,13 @@ pub struct Cap {
 /// Host-level facts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostInfo {
+    /// KVM_GET_API_VERSION (12 for every KVM in use today).
     pub api_version: i32,
+    /// KVM_CAP_MAX_VCPUS.
     pub max_vcpus: usize,
+    /// KVM_CAP_NR_VCPUS (recommended maximum).
     pub recommended_vcpus: usize,
+    /// The capabilities queried, in probe order.
     pub caps: Vec<Cap>,
     /// Which of kvm_intel / kvm_amd / kvm_pvm are loaded (from /sys/module).
     /// Information only: no verdict is derived from it.
@@ -34,6 +40,7 @@ pub struct HostInfo {
 }
 
 impl HostInfo {
+    /// The value of the capability called `name`, if it was queried.
     pub fn cap(&self, name: &str) -> Option<i32> {
         self.caps.iter().find(|c| c.name == name).map(|c| c.value)
     }
@@ -92,12 +99,16 @@ pub fn host_info(kit: &Kit) -> HostInfo {
 /// Whether the stats fd works on the VM and on a vCPU, with descriptor counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StatsFdProbe {
+    /// Descriptors of the VM's stats fd, or `None` if it failed.
     pub vm_descriptors: Option<u32>,
+    /// Descriptors of a vCPU's stats fd, or `None` if it failed.
     pub vcpu_descriptors: Option<u32>,
+    /// The counts, or the error.
     pub detail: String,
 }
 
 impl StatsFdProbe {
+    /// Both stats fds open and describe at least one statistic.
     pub fn works(&self) -> bool {
         self.vm_descriptors.is_some_and(|n| n > 0) && self.vcpu_descriptors.is_some_and(|n| n > 0)
     }

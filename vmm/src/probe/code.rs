@@ -31,21 +31,37 @@
 /// Size of a probe VM's RAM, starting at GPA 0.
 pub const MEM_SIZE: usize = 0x10000;
 
+/// PML4 (long-mode probes).
 pub const PML4: u64 = 0x1000;
+/// PDPT of the long-mode tables.
 pub const PDPT: u64 = 0x2000;
+/// Page directory: one 2 MiB page at 0, present, writable, user.
 pub const PD: u64 = 0x3000;
+/// GDT, Linux selector layout, TSS descriptor at `0x40`.
 pub const GDT: u64 = 0x4000;
+/// IDT (64-bit or 32-bit gates, all DPL 3).
 pub const IDT: u64 = 0x5000;
+/// 64-bit TSS (RSP0 = [`KERNEL_STACK_TOP`]).
 pub const TSS: u64 = 0x6000;
+/// The 256 per-vector handler stubs.
 pub const STUBS: u64 = 0x7000;
+/// The common handler the stubs jump to.
 pub const COMMON_HANDLER: u64 = 0x7800;
+/// Kernel code of the probe.
 pub const KERNEL_CODE: u64 = 0x8000;
+/// SYSCALL landing (LSTAR).
 pub const SYSCALL_LANDING: u64 = 0x8800;
+/// SYSENTER landing (SYSENTER_EIP).
 pub const SYSENTER_LANDING: u64 = 0x8900;
+/// User code of the probe.
 pub const USER_CODE: u64 = 0x9000;
+/// User stack top (grows down).
 pub const USER_STACK_TOP: u64 = 0xb000;
+/// Kernel stack top (TSS.RSP0, SYSENTER_ESP, initial RSP).
 pub const KERNEL_STACK_TOP: u64 = 0xc000;
+/// PAE page-directory-pointer table (32-bit PAE probe).
 pub const PAE_PDPT: u64 = 0xd000;
+/// Legacy 32-bit page directory (legacy paging probe).
 pub const LEGACY_PD: u64 = 0xe000;
 
 // Every table lies inside RAM.
@@ -64,7 +80,7 @@ pub mod sel {
     pub const KERNEL_CS: u16 = 0x10;
     /// Flat kernel data.
     pub const KERNEL_DS: u16 = 0x18;
-    /// 32-bit user code (STAR[63:48] base), RPL 3.
+    /// 32-bit user code (`STAR[63:48]` base), RPL 3.
     pub const USER_CS32: u16 = 0x23;
     /// Flat user data, RPL 3.
     pub const USER_DS: u16 = 0x2b;
@@ -115,9 +131,13 @@ pub mod report {
 
 /// Page-table entry bits.
 pub mod pte {
+    /// P: the entry is valid.
     pub const PRESENT: u64 = 1 << 0;
+    /// R/W: writes allowed.
     pub const WRITABLE: u64 = 1 << 1;
+    /// U/S: user-mode access allowed.
     pub const USER: u64 = 1 << 2;
+    /// PS: a large leaf in a page directory.
     pub const HUGE: u64 = 1 << 7;
 }
 
@@ -133,6 +153,7 @@ pub struct Asm {
 }
 
 impl Asm {
+    /// An empty buffer whose first instruction will sit at guest address `origin`.
     pub fn new(origin: u64) -> Self {
         Asm {
             origin,
@@ -145,10 +166,12 @@ impl Asm {
         self.origin + self.bytes.len() as u64
     }
 
+    /// Guest address of the first instruction.
     pub fn origin(&self) -> u64 {
         self.origin
     }
 
+    /// The encoded instructions so far.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }

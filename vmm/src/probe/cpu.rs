@@ -18,13 +18,14 @@ pub use crate::machine::msr::{
 /// What the PCID probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PcidProbe {
-    /// CPUID.1:ECX[17] as the guest reads it.
+    /// `CPUID.1:ECX[17]` as the guest reads it.
     pub cpuid_bit: Option<bool>,
     /// Whether `mov cr4` with PCIDE succeeded.
     pub pcide: bool,
     /// Whether a CR3 write with bit 63 (NOFLUSH) succeeded, and with which
     /// CR4.PCIDE.
     pub cr3_noflush: bool,
+    /// How the three checks went, for the report.
     pub detail: String,
 }
 
@@ -110,7 +111,7 @@ pub fn probe_pcid(kit: &Kit) -> Result<PcidProbe, VmError> {
 /// What the ARCH_CAPABILITIES probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ArchCapsProbe {
-    /// CPUID.(7,0):EDX[29] as the guest reads it (a guest checks it before
+    /// `CPUID.(7,0):EDX[29]` as the guest reads it (a guest checks it before
     /// reading the MSR, as Linux does).
     pub cpuid_bit: Option<bool>,
     /// KVM's feature-MSR value (KVM_GET_MSRS on /dev/kvm): what KVM could
@@ -126,6 +127,7 @@ pub struct ArchCapsProbe {
     pub set_msrs_works: bool,
     /// A user-space MSR exit answered the guest's RDMSR with `override_value`.
     pub msr_exit_works: bool,
+    /// What the guest read and how each path went, for the report.
     pub detail: String,
 }
 
@@ -263,7 +265,9 @@ fn system_msr(kit: &Kit, index: u32) -> Option<u64> {
 /// What the RDTSC probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RdtscProbe {
+    /// Whether user-mode RDTSC ran and reported a value.
     pub works: bool,
+    /// What was seen, for the report.
     pub detail: String,
 }
 

@@ -114,6 +114,7 @@ pub struct EntryProbe {
     pub bytes: String,
     /// The `entry=` value it backs, if any.
     pub entry: Option<Entry>,
+    /// How the entry went.
     pub outcome: EntryOutcome,
     /// What was seen (landing CS, RIP, RFLAGS...).
     pub detail: String,
@@ -317,7 +318,9 @@ pub fn probe_entries(kit: &Kit) -> Result<Vec<(Entry, EntryOutcome)>, VmError> {
 /// handler IRETQs back, user code reports its CS.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct IretqProbe {
+    /// Whether the round trip reached user mode and reported its CS.
     pub works: bool,
+    /// What was seen, for the report.
     pub detail: String,
 }
 

@@ -16,16 +16,27 @@ pub enum EntryOutcome {
     DeliveredCpl0,
     /// The intended entry point ran, but not at CPL0 (e.g. SYSCALL under
     /// kvm-pvm jumps to LSTAR and stays at CPL3): not usable.
-    WrongCpl { cpl: u8 },
+    WrongCpl {
+        /// The privilege level the entry point ran at.
+        cpl: u8,
+    },
     /// An exception was raised instead (#UD = 6, #GP = 13, ...), delivered
     /// to the kernel at CPL0.
-    Exception { vector: u8, error_code: Option<u32> },
+    Exception {
+        /// The exception vector.
+        vector: u8,
+        /// The error code, for the vectors that push one.
+        error_code: Option<u32>,
+    },
     /// The instruction completed in user mode without entering the kernel.
     NotDelivered,
     /// The VM triple-faulted.
     Shutdown,
     /// KVM gave up (KVM_EXIT_INTERNAL_ERROR / FAIL_ENTRY / other exit).
-    KvmError { detail: String },
+    KvmError {
+        /// The exit KVM reported.
+        detail: String,
+    },
     /// The probe did not finish in time.
     Timeout,
 }

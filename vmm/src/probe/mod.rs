@@ -52,8 +52,10 @@ impl Default for ProbeOptions {
 /// an error).
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
+    /// A probe VM could not be set up.
     #[error("probe VM setup failed: {0}")]
     Vm(#[from] VmError),
+    /// The trip measurement failed (its message).
     #[error("trip measurement: {0}")]
     Trip(String),
 }
@@ -62,8 +64,11 @@ pub enum ProbeError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
+    /// Works.
     Yes,
+    /// Does not work.
     No,
+    /// Some of it works.
     Partial,
     /// A fact, not a yes/no answer.
     Info,
@@ -91,37 +96,52 @@ fn yes_no(b: bool) -> Verdict {
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Row {
+    /// What was probed.
     pub probe: String,
+    /// Its verdict.
     pub result: Verdict,
+    /// What was seen.
     pub detail: String,
 }
 
 /// A paging-mode verdict with what was seen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PagingProbe {
+    /// The verdict.
     pub outcome: PagingOutcome,
+    /// What was seen.
     pub detail: String,
 }
 
 /// The three paging modes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PagingProbes {
+    /// 4-level paging in long mode.
     pub long_mode: PagingProbe,
+    /// 32-bit PAE paging.
     pub pae: PagingProbe,
+    /// Legacy 32-bit (non-PAE) paging.
     pub legacy: PagingProbe,
 }
 
 /// Everything `ptiscope probe` found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProbeReport {
+    /// Host-level facts and capabilities.
     pub host: HostInfo,
+    /// Whether the binary stats fd works on the VM and a vCPU.
     pub stats_fd: StatsFdProbe,
+    /// Which paging modes the guest can turn on.
     pub paging: PagingProbes,
     /// User-mode (CPL3, long mode) entry instructions.
     pub entries: Vec<EntryProbe>,
+    /// The kernel-to-user IRETQ round trip.
     pub iretq: IretqProbe,
+    /// PCID in the guest.
     pub pcid: PcidProbe,
+    /// What the guest reads from IA32_ARCH_CAPABILITIES, and whether the VMM can change it.
     pub arch_capabilities: ArchCapsProbe,
+    /// RDTSC at CPL3.
     pub rdtsc_user: RdtscProbe,
     /// The entry `entry=auto` resolves to.
     pub best_entry: Option<Entry>,

@@ -29,14 +29,26 @@ pub enum PagingOutcome {
     /// Paging came on and code ran with it.
     Works,
     /// The `mov cr0` that sets PG raised an exception.
-    Exception { vector: u8, rip: u32 },
+    Exception {
+        /// The exception vector.
+        vector: u8,
+        /// The faulting instruction's address, as the handler saw it.
+        rip: u32,
+    },
     /// The VM triple-faulted.
-    Shutdown { rip: Option<u64> },
+    Shutdown {
+        /// RIP at the shutdown, if the registers could be read.
+        rip: Option<u64>,
+    },
     /// Something else stopped it.
-    Failed { detail: String },
+    Failed {
+        /// What stopped it.
+        detail: String,
+    },
 }
 
 impl PagingOutcome {
+    /// True for [`PagingOutcome::Works`].
     pub fn works(&self) -> bool {
         *self == PagingOutcome::Works
     }

@@ -34,6 +34,7 @@ pub enum TripKind {
 /// Per-trip figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct TripMeasurement {
+    /// Which round trip.
     pub kind: TripKind,
     /// Trips in the long loop minus trips in the short one.
     pub trips: u32,

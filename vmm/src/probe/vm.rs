@@ -20,34 +20,49 @@ use crate::machine::signals::{kick, KickRegistration};
 /// Setting up a probe VM failed (these are fatal for the whole probe).
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
+    /// /dev/kvm could not be opened.
     #[error("cannot open {path}: {source}")]
     OpenKvm {
+        /// The device path.
         path: String,
+        /// The open error.
         #[source]
         source: kvm_ioctls::Error,
     },
+    /// KVM_GET_SUPPORTED_CPUID failed.
     #[error("KVM_GET_SUPPORTED_CPUID failed: {0}")]
     SupportedCpuid(#[source] kvm_ioctls::Error),
+    /// KVM_CREATE_VM failed.
     #[error("KVM_CREATE_VM failed: {0}")]
     CreateVm(#[source] kvm_ioctls::Error),
+    /// Guest memory could not be allocated.
     #[error("cannot allocate probe guest memory: {0}")]
     Memory(String),
+    /// KVM_SET_USER_MEMORY_REGION failed.
     #[error("KVM_SET_USER_MEMORY_REGION failed: {0}")]
     SetMemory(#[source] kvm_ioctls::Error),
+    /// KVM_CREATE_VCPU failed.
     #[error("KVM_CREATE_VCPU failed: {0}")]
     CreateVcpu(#[source] kvm_ioctls::Error),
+    /// KVM_SET_CPUID2 failed.
     #[error("KVM_SET_CPUID2 failed: {0}")]
     SetCpuid(#[source] kvm_ioctls::Error),
+    /// Setting or reading vCPU state failed.
     #[error("{what} failed: {source}")]
     VcpuState {
+        /// The ioctl (`KVM_SET_SREGS`, ...).
         what: &'static str,
+        /// Its error.
         #[source]
         source: kvm_ioctls::Error,
     },
+    /// Probe code could not be written to guest memory.
     #[error("cannot write probe code to guest memory: {0}")]
     WriteMemory(String),
+    /// The vCPU kick signal handler could not be installed.
     #[error("cannot install the vCPU kick signal handler: {0}")]
     Kick(#[source] crate::machine::signals::SignalError),
+    /// KVM_RUN failed.
     #[error("KVM_RUN failed: {0}")]
     Run(#[source] kvm_ioctls::Error),
 }

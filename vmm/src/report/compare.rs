@@ -27,15 +27,21 @@ pub const SCHEMA: &str = "ptiscope.compare/1";
 /// Errors of building a compare table.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CompareError {
+    /// A side's samples of a metric could not be summarised.
     #[error("metric {metric}: {side} samples: {source}")]
     BadSamples {
+        /// The metric's name.
         metric: String,
+        /// `baseline` or `compare`.
         side: &'static str,
+        /// Why the samples were refused.
         #[source]
         source: SummaryError,
     },
+    /// The metric was added to the table twice (its name).
     #[error("metric {0} added twice")]
     Duplicate(String),
+    /// The metric's name is not snake_case.
     #[error("metric name {0:?} must be non-empty snake_case ([a-z0-9_])")]
     BadName(String),
 }
@@ -52,13 +58,21 @@ pub struct Side {
 /// Per-statistic values; `None` where undefined (JSON `null`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct StatValues {
+    /// Min.
     pub min: Option<f64>,
+    /// Amean.
     pub amean: Option<f64>,
+    /// Stddev.
     pub stddev: Option<f64>,
+    /// CoeffVar.
     pub coeffvar: Option<f64>,
+    /// Max.
     pub max: Option<f64>,
+    /// BAmean-50.
     pub bamean50: Option<f64>,
+    /// BAmean-95.
     pub bamean95: Option<f64>,
+    /// BAmean-99.
     pub bamean99: Option<f64>,
 }
 
@@ -94,9 +108,12 @@ impl StatValues {
 /// One metric, summarised on both sides.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MetricComparison {
+    /// The metric: name, unit, source, direction.
     #[serde(flatten)]
     pub metric: Metric,
+    /// The baseline side's runs.
     pub baseline: Summary,
+    /// The compare side's runs.
     pub compare: Summary,
     /// mmtests-style % difference per statistic: positive = compare is better.
     pub diff_pct: StatValues,
@@ -119,9 +136,13 @@ impl MetricComparison {
 /// A full comparison: metrics x {baseline, compare} x statistics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompareTable {
+    /// Always [`SCHEMA`] for tables this version writes.
     pub schema: String,
+    /// The configuration compared against.
     pub baseline: Side,
+    /// The configuration under test.
     pub compare: Side,
+    /// One entry per metric, in the order added.
     pub metrics: Vec<MetricComparison>,
     /// Where the runs came from (host, KVM, probe, build, image, options);
     /// set by `ptiscope compare`, absent in documents from before it existed.

@@ -19,11 +19,15 @@ use sha2::{Digest, Sha256};
 pub struct Host {
     /// `uname -s -r -v -m`.
     pub kernel: Option<String>,
+    /// `vendor_id` of /proc/cpuinfo (e.g. `GenuineIntel`).
     pub cpu_vendor: Option<String>,
+    /// `model name` of /proc/cpuinfo.
     pub cpu_model: Option<String>,
     /// `cpu family`, `model`, `stepping` of /proc/cpuinfo, in decimal.
     pub cpu_family: Option<u32>,
+    /// See `cpu_family`.
     pub cpu_model_number: Option<u32>,
+    /// See `cpu_family`.
     pub cpu_stepping: Option<u32>,
     /// The loaded microcode revision (`0x...`).
     pub microcode: Option<String>,
@@ -68,6 +72,7 @@ pub struct ProbeFindings {
 /// This build of ptiscope.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Build {
+    /// The crate version (`CARGO_PKG_VERSION`).
     pub version: String,
     /// The git commit the binary was built from; `None` outside a checkout.
     pub git_revision: Option<String>,
@@ -80,18 +85,24 @@ pub struct GuestImage {
     pub name: String,
     /// SHA-256 of the image bytes, lowercase hex; `None` if unreadable.
     pub sha256: Option<String>,
+    /// Size of the image, bytes (0 if unreadable).
     pub bytes: u64,
 }
 
 /// Everything a report records about where it came from.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Environment {
+    /// The host.
     pub host: Host,
+    /// The KVM in use.
     pub kvm: Kvm,
     /// `kvm` (ptiscope's VMM) or `qemu` (QEMU TCG).
     pub backend: String,
+    /// What `ptiscope probe` found, as far as the run depends on it.
     pub probe: ProbeFindings,
+    /// This build of ptiscope.
     pub ptiscope: Build,
+    /// The guest image run.
     pub guest_image: GuestImage,
     /// The options of each side (`baseline`, `compare`) or of the run
     /// (`run`), as `key=value` words.
@@ -115,6 +126,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 impl GuestImage {
+    /// The record of the image called `name`; `bytes` is its content, `None`
+    /// if it could not be read.
     pub fn new(name: impl Into<String>, bytes: Option<&[u8]>) -> Self {
         GuestImage {
             name: name.into(),

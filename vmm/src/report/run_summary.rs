@@ -23,6 +23,7 @@ pub const SCHEMA: &str = "ptiscope.run/1";
 /// One figure of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRow {
+    /// The figure's name, unit, source and direction.
     #[serde(flatten)]
     pub metric: Metric,
     /// Total over the phase, in `unit`.
@@ -49,10 +50,15 @@ impl RunRow {
 pub struct CrossCheck {
     /// What both count, in words.
     pub what: String,
+    /// Name of the host-side metric (e.g. `tlb_flush`).
     pub host_metric: String,
+    /// Where the host count came from.
     pub host_source: Source,
+    /// The host count.
     pub host_value: f64,
+    /// Name of the guest-side counter (e.g. `cr3_writes`).
     pub guest_metric: String,
+    /// The guest count.
     pub guest_value: f64,
     /// Largest relative difference, in % of the larger value, still called agreement.
     pub tolerance_pct: f64,
@@ -68,6 +74,8 @@ pub struct CrossCheck {
 }
 
 impl CrossCheck {
+    /// Sets a host count (name, source, value) against a guest count (name,
+    /// value); they agree within `tolerance_pct` % of the larger.
     pub fn new(
         what: impl Into<String>,
         (host_metric, host_source, host_value): (&str, Source, f64),
@@ -127,6 +135,7 @@ impl CrossCheck {
 /// One run, ready to render.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunSummary {
+    /// Always [`SCHEMA`] for summaries this version writes.
     pub schema: String,
     /// The configuration as `key=value` options (`pti=on`, `workload=getpid`, ...).
     pub config: Vec<String>,
@@ -136,7 +145,9 @@ pub struct RunSummary {
     pub iterations: u64,
     /// What one iteration is called in rates (`call`).
     pub iteration_name: String,
+    /// The figures, in display order.
     pub rows: Vec<RunRow>,
+    /// Host counts set against guest counts of the same thing.
     pub cross_checks: Vec<CrossCheck>,
     /// Free-text caveats the reader must see (unavailable sources, invalid
     /// telemetry, what the host cannot observe).
@@ -165,6 +176,8 @@ fn checked_by_default() -> bool {
 }
 
 impl RunSummary {
+    /// An empty summary of `iterations` calls; telemetry counts as checked
+    /// and valid until told otherwise.
     pub fn new(config: Vec<String>, phase: Option<String>, iterations: u64) -> Self {
         RunSummary {
             schema: SCHEMA.to_owned(),

@@ -45,10 +45,15 @@ use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stat {
+    /// Smallest sample.
     Min,
+    /// Arithmetic mean.
     Amean,
+    /// Sample standard deviation.
     Stddev,
+    /// Stddev as a percentage of Amean.
     CoeffVar,
+    /// Largest sample.
     Max,
     /// Mean of the best 50 % of samples.
     BAmean50,
@@ -119,15 +124,21 @@ impl Stat {
 pub struct Summary {
     /// The raw per-run values, in run order.
     pub samples: Vec<f64>,
+    /// Smallest sample.
     pub min: f64,
+    /// Arithmetic mean.
     pub amean: f64,
     /// Sample standard deviation; `None` with fewer than two samples.
     pub stddev: Option<f64>,
     /// Stddev as a percentage of Amean; `None` where undefined.
     pub coeffvar: Option<f64>,
+    /// Largest sample.
     pub max: f64,
+    /// Mean of the best 50 % of samples.
     pub bamean50: f64,
+    /// Mean of the best 95 % of samples.
     pub bamean95: f64,
+    /// Mean of the best 99 % of samples.
     pub bamean99: f64,
     /// The mean's 95 % confidence interval (Student's t); `None` with fewer
     /// than two samples. Absent in documents written before it existed.
@@ -138,10 +149,17 @@ pub struct Summary {
 /// Why samples cannot be summarised.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SummaryError {
+    /// No samples at all.
     #[error("no samples")]
     Empty,
+    /// A sample is NaN or infinite.
     #[error("sample {index} is not a finite number ({value})")]
-    NotFinite { index: usize, value: f64 },
+    NotFinite {
+        /// Its position in the samples.
+        index: usize,
+        /// The sample.
+        value: f64,
+    },
 }
 
 impl Summary {
@@ -292,10 +310,13 @@ pub fn normal_quantile(p: f64) -> Option<f64> {
 /// A mean with its two-sided 95 % confidence interval.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MeanCi {
+    /// The sample mean.
     pub mean: f64,
     /// `t(0.975, n-1) * stddev / sqrt(n)`; 0 when every sample is equal.
     pub half_width: f64,
+    /// `mean - half_width`.
     pub low: f64,
+    /// `mean + half_width`.
     pub high: f64,
     /// `half_width * 100 / |mean|`; `None` when the mean is 0 (0 when the
     /// half-width is 0 too).
@@ -369,8 +390,9 @@ pub fn welch_t_test(a: &[f64], b: &[f64]) -> Option<WelchTest> {
 /// mmtests' significance of a difference of means (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MmtestsSignificance {
-    /// `qnorm(0.975) * stddev` of the baseline and of the compare side.
+    /// `qnorm(0.975) * stddev` of the baseline side.
     pub baseline_half_width: f64,
+    /// `qnorm(0.975) * stddev` of the compare side.
     pub compare_half_width: f64,
     /// mmtests' `cidiff`: `(mean_c - mean_b) / (half_b + half_c)`, or the
     /// plain difference when both half-widths are 0.
@@ -437,6 +459,7 @@ impl Verdict {
 /// The inference about one metric's baseline-vs-compare difference.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Significance {
+    /// What can be said about the difference.
     pub verdict: Verdict,
     /// Welch's t-test; `None` when undefined (a side with one sample, or
     /// both sides exact).

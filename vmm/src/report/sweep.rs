@@ -39,7 +39,9 @@ pub struct CellConfig {
     /// Host evidence per call (medians): KVM `tlb_flush`, `pf_taken`,
     /// `exits`; `None` where the source is missing (QEMU).
     pub tlb_flush_per_call: Option<f64>,
+    /// KVM `pf_taken` per call (median).
     pub kvm_pf_taken_per_call: Option<f64>,
+    /// KVM `exits` per call (median).
     pub kvm_exits_per_call: Option<f64>,
     /// Guest-reported CR3 writes per call (median).
     pub cr3_writes_per_call: Option<f64>,
@@ -82,7 +84,9 @@ pub struct Cell {
 /// Where one configuration's overhead at one working set crosses a threshold.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Crossing {
+    /// Working set, bytes.
     pub wss: u64,
+    /// The configuration's label.
     pub config: String,
     /// The threshold, % overhead (1 or 5).
     pub threshold_pct: f64,
@@ -101,31 +105,45 @@ pub struct Crossing {
 /// A configuration left out of the sweep, and why.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Omitted {
+    /// The configuration's label.
     pub config: String,
+    /// Why it was left out.
     pub reason: String,
 }
 
 /// The whole sweep.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SweepReport {
+    /// Always [`SCHEMA`].
     pub schema: String,
+    /// Kernel release and CPU model of the host.
     pub host: String,
+    /// `kvm` or `qemu`.
     pub backend: String,
+    /// The guest workload (`workload=`).
     pub workload: String,
+    /// Iterations per run.
     pub iterations: u64,
+    /// Runs per (cell, configuration).
     pub runs: u32,
+    /// Bytes between two reads of the working set.
     pub stride: u64,
+    /// Page size of the working set's mapping (`4k` or `2m`).
     pub wss_pages: String,
     /// Name of the time figure: `ns_per_call` (host clock) or
     /// `cycles_per_call` (guest RDTSC, under QEMU).
     pub time_metric: String,
     /// Its unit (`ns` or `cycles`) and source (`host-clock` or `guest`).
     pub time_unit: String,
+    /// Source of the time figure.
     pub time_source: String,
     /// Baseline first.
     pub configs: Vec<String>,
+    /// Configurations left out, with the reason.
     pub omitted: Vec<Omitted>,
+    /// The cells, by working set, then reads per iteration.
     pub cells: Vec<Cell>,
+    /// Where each configuration's overhead crosses 1 % and 5 %.
     pub crossings: Vec<Crossing>,
     /// Wall-clock seconds the sweep took.
     pub seconds: f64,

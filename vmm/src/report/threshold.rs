@@ -32,10 +32,15 @@ use super::stats::Stat;
 /// Which number of a metric's comparison a condition looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Field {
+    /// The statistic on the compare side.
     Compare,
+    /// The statistic on the baseline side.
     Baseline,
+    /// `compare - baseline`.
     Delta,
+    /// Relative change in % (positive = grew).
     DeltaPct,
+    /// mmtests-style % difference (negative = worse).
     DiffPct,
     /// Welch's two-sided p-value of the two sides' means.
     WelchP,
@@ -76,11 +81,17 @@ impl Field {
 /// Comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// `>`
     Gt,
+    /// `>=`
     Ge,
+    /// `<`
     Lt,
+    /// `<=`
     Le,
+    /// `==`
     Eq,
+    /// `!=`
     Ne,
 }
 
@@ -112,34 +123,69 @@ impl Op {
 /// A parsed `--fail-if` condition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Condition {
+    /// Metric name, snake_case (e.g. `cr3_writes_per_call`).
     pub metric: String,
+    /// Statistic of the runs (default Amean).
     pub stat: Stat,
+    /// Which number of the comparison (default the compare side).
     pub field: Field,
+    /// The comparison.
     pub op: Op,
+    /// The number compared against.
     pub threshold: f64,
 }
 
 /// Why a condition does not parse.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConditionError {
+    /// Nothing but whitespace.
     #[error("empty condition")]
     Empty,
+    /// No comparison operator (the condition).
     #[error("condition {0:?} has no comparison operator (one of > >= < <= == !=)")]
     NoOperator(String),
+    /// The metric name is not snake_case.
     #[error("condition {cond:?}: metric name {name:?} is not snake_case ([a-z0-9_], non-empty)")]
-    BadMetric { cond: String, name: String },
+    BadMetric {
+        /// The condition.
+        cond: String,
+        /// The metric name given.
+        name: String,
+    },
+    /// The right-hand side is not a number.
     #[error("condition {cond:?}: {text:?} is not a number")]
-    BadNumber { cond: String, text: String },
+    BadNumber {
+        /// The condition.
+        cond: String,
+        /// The text after the operator.
+        text: String,
+    },
+    /// A qualifier that is neither a statistic nor a field.
     #[error("condition {cond:?}: unknown qualifier {part:?} (statistics: min amean stddev coeffvar max bamean50 bamean95 bamean99; fields: compare baseline delta delta_pct diff_pct welch_p significant)")]
-    UnknownQualifier { cond: String, part: String },
+    UnknownQualifier {
+        /// The condition.
+        cond: String,
+        /// The qualifier.
+        part: String,
+    },
+    /// Two statistics or two fields.
     #[error("condition {cond:?}: more than one {what} given")]
-    Repeated { cond: String, what: &'static str },
+    Repeated {
+        /// The condition.
+        cond: String,
+        /// `statistic` or `field`.
+        what: &'static str,
+    },
+    /// A statistic given with a field that is about the means.
     #[error(
         "condition {cond:?}: {field} is about the means and takes no statistic (drop {stat:?})"
     )]
     StatWithMeansField {
+        /// The condition.
         cond: String,
+        /// The field (`welch_p` or `significant`).
         field: &'static str,
+        /// The statistic given.
         stat: &'static str,
     },
 }
@@ -147,14 +193,24 @@ pub enum ConditionError {
 /// Why a condition cannot be evaluated against a table.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EvalError {
+    /// The table has no such metric.
     #[error("{cond}: no metric {metric:?} in the table (have: {available})")]
     UnknownMetric {
+        /// The condition.
         cond: String,
+        /// The metric asked for.
         metric: String,
+        /// The table's metrics, comma-separated.
         available: String,
     },
+    /// The number is undefined for these runs (too few runs, a zero baseline, ...).
     #[error("{cond}: value is undefined ({why})")]
-    Undefined { cond: String, why: &'static str },
+    Undefined {
+        /// The condition.
+        cond: String,
+        /// Why it is undefined.
+        why: &'static str,
+    },
 }
 
 /// Result of evaluating one condition.
