@@ -2,7 +2,10 @@
 
 pub mod compare;
 pub mod exit_code;
+pub mod pagetables;
 pub mod pound;
+pub mod probe;
+pub mod run;
 pub mod sweep;
 
 use std::path::PathBuf;

@@ -1,0 +1,268 @@
+//! `ptiscope run`: one configuration on KVM (or QEMU), its outputs opened
+//! before the boot, the summary printed and written as JSON.
+
+use std::os::fd::AsFd;
+
+use crate::cli::exit_code::{self, ExitCode as _};
+use crate::cli::{Backend, RunArgs};
+use crate::machine::RunOutcome;
+use crate::observe::live_metrics::LiveMetricsConfig;
+use crate::observe::measure::Measurer;
+use crate::output::{open_output, OutputFile, OutputQueue, OutputReport};
+use crate::StopReason;
+use ptiscope_devices::escape_str;
+
+/// `ptiscope run`: one configuration, the perf-stat-like summary and
+/// `--json`; returns the process exit code.
+pub fn run(args: &RunArgs) -> i32 {
+    if let Some(why) = args.backend_mismatch() {
+        eprintln!("ptiscope: error: {why}");
+        return exit_code::USAGE;
+    }
+    let config = args.to_config(args.arch.embedded_image());
+    let target = match args.backend {
+        Backend::Kvm => crate::Target::Kvm,
+        Backend::Qemu => crate::Target::QemuTcg,
+    };
+    let mut resolved = match crate::preflight(&config, target) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            return e.exit_code();
+        }
+    };
+    // Every output is opened (created, checked writable, a FIFO's reader
+    // waited for up to --timeout) before the guest boots, so a bad path
+    // costs no run and nothing blocks once it runs.
+    let opened = (|| -> Result<_, crate::output::OpenError> {
+        let serial = args
+            .serial_out
+            .as_deref()
+            .map(|p| open_output("--serial-out", p, args.timeout))
+            .transpose()?;
+        let metrics = match (args.metrics_interval, &args.metrics_out) {
+            (Some(_), Some(p)) => Some(Some(open_output("--metrics-out", p, args.timeout)?)),
+            (Some(_), None) => Some(None),
+            (None, _) => None,
+        };
+        let json = args
+            .json
+            .as_deref()
+            .map(|p| open_output("--json", p, args.timeout))
+            .transpose()?;
+        Ok((serial, metrics, json))
+    })();
+    let (serial, metrics, json) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            return e.exit_code();
+        }
+    };
+    if let Some(f) = serial {
+        resolved.config.serial_out = crate::SerialOut::Opened(std::sync::Arc::new(f));
+    }
+    if args.backend == Backend::Qemu {
+        return run_qemu(&resolved, json.as_ref());
+    }
+    let mut measurer = Measurer::new();
+    if let (Some(ms), Some(file)) = (args.metrics_interval, metrics) {
+        let queue = match &file {
+            Some(f) => f.try_clone_file().and_then(|c| {
+                OutputQueue::start("--metrics-out", &f.path().display().to_string(), c)
+            }),
+            None => OutputQueue::for_std("--metrics-out", std::io::stderr().as_fd(), "stderr"),
+        };
+        let out = match queue {
+            Ok(q) => q,
+            Err(e) => {
+                eprintln!("ptiscope: error: cannot start the --metrics-out writer: {e}");
+                return exit_code::INTERNAL;
+            }
+        };
+        measurer = measurer.with_live_metrics(LiveMetricsConfig {
+            interval: std::time::Duration::from_millis(ms),
+            out,
+            format: args.metrics_format,
+        });
+    }
+    match crate::run(&resolved, &mut measurer) {
+        Ok(outcome) => {
+            print_summary(&outcome);
+            let mut summary =
+                measurer.summary(&outcome, crate::cli::compare::config_words(&outcome));
+            summary.environment = Some(environment("kvm", &config, "run", &summary.config));
+            let outputs: Vec<_> = outcome
+                .outputs
+                .iter()
+                .chain(measurer.live_output())
+                .cloned()
+                .collect();
+            report(&mut summary, &outputs, json.as_ref(), outcome.exit_code())
+        }
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Prints a run's summary (stderr, after the console) with what became of
+/// its outputs, writes its `--json`, and returns the process exit code: the
+/// run's, or 73 when the run succeeded but an output could not be written.
+fn report(
+    summary: &mut crate::report::RunSummary,
+    outputs: &[OutputReport],
+    json: Option<&OutputFile>,
+    exit: i32,
+) -> i32 {
+    let mut failed = Vec::new();
+    for o in outputs {
+        if let Some(line) = o.describe() {
+            summary.notes.push(line.clone());
+            if o.failed() {
+                failed.push(line);
+            }
+        }
+    }
+    // One write: stderr is unbuffered, and the summary is many lines.
+    eprint!("\n{}", summary.render_text());
+    if let Some(f) = json {
+        let text =
+            serde_json::to_string_pretty(&summary.to_json()).unwrap_or_else(|_| "null".into());
+        if let Err(e) = f.write_document(&text) {
+            failed.push(e);
+        }
+    }
+    for f in &failed {
+        eprintln!("ptiscope: error: {f}");
+    }
+    // A failed run keeps its own status (the guest's, 124, 128 + signal);
+    // the output error is printed either way.
+    if exit == 0 && !failed.is_empty() {
+        return exit_code::CANT_CREATE;
+    }
+    exit
+}
+
+/// `run --backend qemu`: the guest under QEMU TCG, reported from its console.
+fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
+    match crate::backend::qemu::run_resolved(resolved) {
+        Ok(outcome) => {
+            eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
+            eprintln!(
+                "  time: run {:.1} ms; entry={}; every figure below is guest-reported",
+                outcome.run_time.as_secs_f64() * 1e3,
+                outcome.entry.map_or("-", |e| e.name()),
+            );
+            for f in outcome.faults() {
+                eprintln!("  guest reported: {}", escape_str(f));
+            }
+            let mut summary = crate::observe::measure::summary_from_result(
+                &outcome,
+                crate::cli::compare::config_words(&outcome),
+            );
+            summary.environment = Some(environment(
+                "qemu",
+                &resolved.config,
+                "run",
+                &summary.config,
+            ));
+            report(&mut summary, &outcome.outputs, json, outcome.exit_code())
+        }
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// The report's `environment` block for a run (docs/report-json.md).
+/// `options` are recorded under `key` (`run`, `pagetables`).
+pub fn environment(
+    backend: &str,
+    config: &crate::RunConfig,
+    key: &str,
+    options: &[String],
+) -> crate::report::Environment {
+    crate::report::Environment::collect(
+        backend,
+        crate::cli::compare::guest_image(&config.kernel),
+        [(key.to_owned(), options.to_vec())].into(),
+    )
+}
+
+fn print_summary(o: &RunOutcome) {
+    let e = &o.exits;
+    eprintln!("ptiscope: {}", o.stop_description());
+    eprintln!(
+        "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB; MSR 0x10a as KVM or the VMM answers it {} (the guest prints what it read)",
+        o.run_time.as_secs_f64() * 1e3,
+        o.setup_time.as_secs_f64() * 1e3,
+        o.entry.map_or("-", |e| e.name()),
+        o.mem_mib,
+        o.arch_capabilities
+            .map_or("absent".to_string(), |v| format!("{v:#x}")),
+    );
+    eprintln!(
+        "  userspace exits: {} (port out: serial {} exit {} phase {} unknown {}; port in: serial {} unknown {}; \
+         mmio r/w {}/{}; hlt {}; intr {}; shutdown {}; internal error {}; fail entry {}; other {})",
+        e.total(),
+        e.io_out.serial,
+        e.io_out.exit,
+        e.io_out.phase,
+        e.io_out.unknown,
+        e.io_in.serial,
+        e.io_in.unknown + e.io_in.exit + e.io_in.phase,
+        e.mmio_read,
+        e.mmio_write,
+        e.hlt,
+        e.intr,
+        e.shutdown,
+        e.internal_error,
+        e.fail_entry,
+        e.other,
+    );
+    if o.vcpus.len() > 1 {
+        for v in &o.vcpus {
+            eprintln!(
+                "  vCPU {}: {} userspace exits; {}",
+                v.index,
+                v.exits.total(),
+                if v.stopped_itself {
+                    format!("stopped the VM: {}", v.stop)
+                } else {
+                    "stopped with the VM".to_string()
+                }
+            );
+        }
+    }
+    if !o.phases.is_empty() || e.invalid_phase_markers > 0 {
+        eprintln!(
+            "  phase markers: {} ({} invalid)",
+            o.phases.len() as u64 + o.dropped_phase_events,
+            e.invalid_phase_markers
+        );
+    }
+    // Guest text: escaped before it reaches the terminal.
+    for f in o.faults() {
+        eprintln!("  guest reported: {}", escape_str(f));
+    }
+    if let Some(p) = o.machine_lines.iter().find(|l| l.starts_with("@panic")) {
+        eprintln!("  guest reported: {}", escape_str(p));
+    }
+    if matches!(
+        o.stop,
+        StopReason::Shutdown { .. }
+            | StopReason::InternalError { .. }
+            | StopReason::FailEntry { .. }
+            | StopReason::Unexpected { .. }
+            | StopReason::Timeout { .. }
+    ) && !o.console_tail.is_empty()
+    {
+        eprintln!("  last console lines:");
+        for l in &o.console_tail {
+            eprintln!("    | {}", escape_str(l));
+        }
+    }
+}
