@@ -1,0 +1,123 @@
+//! `--against FILE.json`: this comparison beside an earlier one, and what
+//! differs between the environments they came from.
+
+use std::path::Path;
+
+use crate::report::CompareTable;
+
+/// Reads an earlier `compare --json` document.
+pub(super) fn read_earlier(p: &Path) -> Result<(std::path::PathBuf, CompareTable), String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read it: {e}"))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
+    let schema = v["schema"].as_str().unwrap_or("").to_owned();
+    if !schema.starts_with("ptiscope.compare/") {
+        return Err(format!(
+            "not a `ptiscope compare --json` document (schema {:?}, expected {:?})",
+            schema,
+            crate::report::compare::SCHEMA
+        ));
+    }
+    CompareTable::from_json(v)
+        .map(|t| (p.to_path_buf(), t))
+        .map_err(|e| format!("not a readable {schema} document: {e}"))
+}
+
+/// `--against FILE`: each side of this compare against the same side of an
+/// earlier one, and what differs in their environments.
+pub struct Against {
+    pub file: std::path::PathBuf,
+    /// Earlier baseline runs vs this compare's baseline runs, and the same
+    /// for the compare side.
+    pub sides: [CompareTable; 2],
+    pub environment_differences: Vec<String>,
+    /// The earlier document had no `environment` block.
+    pub environment_missing: bool,
+}
+
+impl Against {
+    pub fn new(file: &Path, earlier: &CompareTable, now: &CompareTable) -> Self {
+        let side = |label: &str,
+                    earlier_side: &crate::report::compare::Side,
+                    now_side: &crate::report::compare::Side| {
+            let mut t = CompareTable::new(
+                crate::report::compare::Side {
+                    label: format!("earlier {}", earlier_side.label),
+                    config: earlier_side.config.clone(),
+                },
+                crate::report::compare::Side {
+                    label: format!("now {}", now_side.label),
+                    config: now_side.config.clone(),
+                },
+            );
+            for m in &now.metrics {
+                if let Some(e) = earlier.metric(&m.metric.name) {
+                    let (e, n) = if label == "baseline" {
+                        (&e.baseline.samples, &m.baseline.samples)
+                    } else {
+                        (&e.compare.samples, &m.compare.samples)
+                    };
+                    // Both come from valid tables: this cannot fail but
+                    // for a hand-edited file, where the metric is skipped.
+                    let _ = t.add(m.metric.clone(), e, n);
+                }
+            }
+            t
+        };
+        let (environment_differences, environment_missing) =
+            match (&earlier.environment, &now.environment) {
+                (Some(e), Some(n)) => (n.differences(e), false),
+                _ => (Vec::new(), true),
+            };
+        Against {
+            file: file.to_path_buf(),
+            sides: [
+                side("baseline", &earlier.baseline, &now.baseline),
+                side("compare", &earlier.compare, &now.compare),
+            ],
+            environment_differences,
+            environment_missing,
+        }
+    }
+
+    pub fn render_text(&self) -> String {
+        let mut out = format!(
+            "\nagainst {}: each side now vs the same side then (means, 95 % CI, Welch p)\n",
+            self.file.display()
+        );
+        for t in &self.sides {
+            // As in the main table: metrics zero in every run stay in the JSON only.
+            let mut shown = t.clone();
+            shown.metrics.retain(|m| {
+                m.baseline
+                    .samples
+                    .iter()
+                    .chain(&m.compare.samples)
+                    .any(|&v| v != 0.0)
+            });
+            out.push('\n');
+            out.push_str(&shown.render_confidence());
+        }
+        out.push('\n');
+        if self.environment_missing {
+            out.push_str("  environment: the earlier result records none\n");
+        } else if self.environment_differences.is_empty() {
+            out.push_str("  environment: the same as the earlier result's\n");
+        } else {
+            out.push_str(&format!(
+                "  environment: DIFFERS from the earlier result's in {} field(s) (see stderr)\n",
+                self.environment_differences.len()
+            ));
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "file": self.file.display().to_string(),
+            "environment_differences": self.environment_differences,
+            "environment_missing": self.environment_missing,
+            "baseline": self.sides[0].to_json(),
+            "compare": self.sides[1].to_json(),
+        })
+    }
+}

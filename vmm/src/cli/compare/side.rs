@@ -1,0 +1,283 @@
+//! One side of a comparison: its `--baseline`/`--compare` options parsed
+//! into a run configuration, settled by preflight, run and measured; and
+//! the compare table built from both sides' runs.
+
+use crate::cli::exit_code::{self, ExitCode};
+use crate::cli::{Backend, CompareArgs};
+use crate::machine::loader::KernelSource;
+use crate::machine::RunOutcome;
+use crate::observe::measure::{rate_name, summary_from_result, Measurer};
+use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
+use crate::preflight::{ResolvedRun, RunConfig, SerialOut, Target};
+use crate::report::environment::GuestImage;
+use crate::report::{CompareTable, Metric, RunSummary};
+use ptiscope_devices::escape_str;
+
+/// One side of the comparison.
+#[derive(Debug, Clone)]
+pub struct SideSpec {
+    /// Column label: the options as given (`pti=on,pcid=on`).
+    pub label: String,
+    pub config: RunConfig,
+}
+
+/// One side, settled for its backend.
+#[derive(Debug, Clone)]
+pub struct Side {
+    pub label: String,
+    pub run: ResolvedRun,
+}
+
+impl Backend {
+    /// Where preflight settles a run for this backend.
+    pub fn target(self) -> Target {
+        match self {
+            Backend::Kvm => Target::Kvm,
+            Backend::Qemu => Target::QemuTcg,
+        }
+    }
+}
+
+/// Errors in `--baseline`/`--compare` options.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SideError {
+    #[error("{opts:?}: {word:?} is not key=value")]
+    NotKeyValue { opts: String, word: String },
+    #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline pti_switch)")]
+    UnknownKey { opts: String, key: String },
+    #[error("{opts:?}: bad value for {key}: {why}")]
+    BadValue {
+        opts: String,
+        key: String,
+        why: String,
+    },
+}
+
+fn enum_value<T: clap::ValueEnum>(v: &str) -> Result<T, String> {
+    T::from_str(v, false).map_err(|_| {
+        let names: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(|x| x.to_possible_value().map(|p| p.get_name().to_string()))
+            .collect();
+        format!("{v:?} (possible values: {})", names.join(", "))
+    })
+}
+
+/// A guest-ABI option value, with the accepted names in the message.
+fn abi_value<T: std::str::FromStr>(
+    v: &str,
+    names: impl IntoIterator<Item = &'static str>,
+) -> Result<T, String> {
+    v.parse::<T>().map_err(|_| {
+        let names: Vec<&str> = names.into_iter().collect();
+        format!("{v:?} (possible values: {})", names.join(", "))
+    })
+}
+
+/// Builds one side's run configuration from the common arguments and its options.
+pub fn parse_side(
+    opts: &str,
+    args: &CompareArgs,
+    embedded: &'static [u8],
+) -> Result<SideSpec, SideError> {
+    let kernel = match &args.kernel {
+        Some(p) => KernelSource::Path(p.clone()),
+        None => KernelSource::Embedded(embedded),
+    };
+    let mut c = RunConfig::new(kernel);
+    c.mem_mib = args.mem;
+    c.cpus = args.cpus;
+    c.timeout = args.timeout;
+    c.serial_out = SerialOut::Discard;
+    c.handle_signals = true;
+    c.guest.workload = Some(args.workload);
+    c.guest.iterations = Some(args.iterations);
+    c.qemu_args = args.qemu_arg.clone();
+    for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let Some((k, v)) = word.split_once('=') else {
+            return Err(SideError::NotKeyValue {
+                opts: opts.into(),
+                word: word.into(),
+            });
+        };
+        let bad = |why: String| SideError::BadValue {
+            opts: opts.into(),
+            key: k.into(),
+            why,
+        };
+        match k.trim() {
+            "pti" => {
+                c.guest.pti =
+                    Some(abi_value::<PtiMode>(v, PtiMode::NAMES.iter().copied()).map_err(bad)?)
+            }
+            "pcid" => {
+                c.guest.pcid =
+                    Some(abi_value::<Switch>(v, Switch::NAMES.iter().copied()).map_err(bad)?)
+            }
+            "entry" => {
+                c.guest.entry = abi_value::<EntryChoice>(v, EntryChoice::names()).map_err(bad)?
+            }
+            "cpu_vuln" | "cpu-vuln" => c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?,
+            "workload" => {
+                c.guest.workload =
+                    Some(abi_value::<Workload>(v, Workload::NAMES.iter().copied()).map_err(bad)?)
+            }
+            "iterations" => {
+                c.guest.iterations = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("{v:?} is not a count")))?,
+                )
+            }
+            "mem" => c.mem_mib = crate::cli::parse_mem(v).map_err(bad)?,
+            "cmdline" => c.guest.extra = format!("{} {v}", c.guest.extra).trim().to_string(),
+            // The 2020 RFC's strategy; a guest option, passed on its command line.
+            "pti_switch" => {
+                let s: ptiscope_abi::options::PtiSwitch =
+                    abi_value(v, ptiscope_abi::options::PtiSwitch::NAMES.iter().copied())
+                        .map_err(bad)?;
+                c.guest.extra = format!("{} pti_switch={s}", c.guest.extra)
+                    .trim()
+                    .to_string();
+            }
+            other => {
+                return Err(SideError::UnknownKey {
+                    opts: opts.into(),
+                    key: other.into(),
+                })
+            }
+        }
+    }
+    Ok(SideSpec {
+        label: opts.trim().to_string(),
+        config: c,
+    })
+}
+
+/// The configuration words of a run (its guest command line without the
+/// telemetry address, which is the VMM's business).
+pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
+    outcome
+        .cmdline
+        .split_whitespace()
+        .filter(|w| !w.starts_with("telemetry="))
+        .map(str::to_string)
+        .collect()
+}
+
+/// One measured run; `Err` carries the exit code and what to print.
+pub fn run_measured(
+    resolved: &ResolvedRun,
+    backend: Backend,
+) -> Result<(RunOutcome, RunSummary), (i32, String)> {
+    let mut m = Measurer::new();
+    let run = match backend {
+        Backend::Kvm => {
+            crate::machine::run(resolved, &mut m).map_err(|e| (e.exit_code(), e.to_string()))
+        }
+        Backend::Qemu => {
+            crate::backend::qemu::run_resolved(resolved).map_err(|e| (e.exit_code(), e.to_string()))
+        }
+    };
+    match run {
+        Ok(o) => {
+            let s = match backend {
+                Backend::Kvm => m.summary(&o, config_words(&o)),
+                Backend::Qemu => summary_from_result(&o, config_words(&o)),
+            };
+            if o.exit_code() == 0 && s.phase.is_none() {
+                return Err((
+                    exit_code::VM_ERROR,
+                    format!(
+                        "the guest marked no workload phase, so there is nothing to compare \
+                         (workload {}: use one that measures, e.g. getpid)",
+                        resolved.guest.workload.map_or("-", Workload::name)
+                    ),
+                ));
+            }
+            if o.exit_code() != 0 {
+                // Guest text: escaped before it reaches the terminal.
+                let mut msg = o.stop_description();
+                for f in o.faults() {
+                    msg.push_str(&format!("\n  guest reported: {}", escape_str(f)));
+                }
+                if !o.console_tail.is_empty() {
+                    msg.push_str("\n  last console lines:");
+                    for l in &o.console_tail {
+                        msg.push_str(&format!("\n    | {}", escape_str(l)));
+                    }
+                }
+                return Err((o.exit_code(), msg));
+            }
+            Ok((o, s))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Per-call rates of a run: `(metric, value)` for every row with one.
+pub fn rates(s: &RunSummary) -> Vec<(Metric, f64)> {
+    s.rows
+        .iter()
+        .filter_map(|r| {
+            let v = r.per_iteration?;
+            let mut m = r.metric.clone();
+            m.name = rate_name(&r.metric.name, &r.metric.unit);
+            if r.metric.unit != "KiB" {
+                m.unit = format!("{}/{}", r.metric.unit, s.iteration_name);
+            }
+            Some((m, v))
+        })
+        .collect()
+}
+
+/// The table from the runs of both sides: every rate present in every run.
+pub fn build_table(
+    baseline: (&str, &[RunSummary]),
+    compare: (&str, &[RunSummary]),
+) -> (CompareTable, Vec<String>) {
+    let side = |label: &str, runs: &[RunSummary]| crate::report::compare::Side {
+        label: label.to_string(),
+        config: runs.first().map(|r| r.config.clone()).unwrap_or_default(),
+    };
+    let mut t = CompareTable::new(side(baseline.0, baseline.1), side(compare.0, compare.1));
+    let mut dropped = Vec::new();
+    let Some(first) = baseline.1.first() else {
+        return (t, dropped);
+    };
+    let all: Vec<&RunSummary> = baseline.1.iter().chain(compare.1.iter()).collect();
+    for (metric, _) in rates(first) {
+        let samples = |runs: &[RunSummary]| -> Option<Vec<f64>> {
+            runs.iter()
+                .map(|r| {
+                    rates(r)
+                        .into_iter()
+                        .find(|(m, _)| m.name == metric.name)
+                        .map(|(_, v)| v)
+                })
+                .collect()
+        };
+        match (samples(baseline.1), samples(compare.1)) {
+            (Some(b), Some(c)) => {
+                if let Err(e) = t.add(metric.clone(), &b, &c) {
+                    dropped.push(format!("{}: {e}", metric.name));
+                }
+            }
+            _ => dropped.push(format!("{}: missing in some runs", metric.name)),
+        }
+    }
+    let _ = all;
+    (t, dropped)
+}
+
+/// The image a configuration boots, named and hashed for the environment.
+pub fn guest_image(kernel: &KernelSource) -> GuestImage {
+    let name = match kernel {
+        KernelSource::Embedded(b) if std::ptr::eq(*b, crate::GUEST_I386) => {
+            "embedded i386".to_owned()
+        }
+        KernelSource::Embedded(_) => "embedded x86_64".to_owned(),
+        KernelSource::Path(p) => p.display().to_string(),
+    };
+    let bytes = crate::machine::loader::read_image(kernel).ok();
+    GuestImage::new(name, bytes.as_deref())
+}

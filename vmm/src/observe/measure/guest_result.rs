@@ -1,0 +1,217 @@
+//! What the guest's `@result` line says, and what the VMM asked for: the
+//! summary of a run that has only the guest's word (the QEMU backend), the
+//! per-call divisor read back from the command line the VMM wrote, and the
+//! check of the one against the other.
+
+use std::collections::BTreeMap;
+
+use ptiscope_abi::telemetry::Counter;
+
+use crate::machine::RunOutcome;
+use crate::preflight::cmdline::Workload;
+use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
+
+/// `key=value` pairs of the guest's first `@result` line.
+pub fn result_fields(outcome: &RunOutcome) -> BTreeMap<String, String> {
+    outcome
+        .machine_lines
+        .iter()
+        .find_map(|l| l.strip_prefix(ptiscope_abi::RESULT_PREFIX))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `@result` keys of the guest's phase counters and the report rows (the
+/// telemetry counters' names) they fill.
+const RESULT_ROWS: [(&str, Counter); 11] = [
+    ("cr3_entry", Counter::Cr3Entry),
+    ("cr3_exit", Counter::Cr3Exit),
+    ("cr3_context_switch", Counter::Cr3ContextSwitch),
+    ("cr3_other", Counter::Cr3Other),
+    ("cr3_noflush", Counter::Cr3NoFlush),
+    ("tlb_flushes", Counter::TlbFlushFull),
+    ("invlpg", Counter::Invlpg),
+    ("syscalls", Counter::Syscalls),
+    ("page_faults", Counter::PageFaults),
+    ("exceptions", Counter::Exceptions),
+    ("context_switches", Counter::ContextSwitches),
+];
+
+/// The rows of a loop with a working set (`wss=`): the guest's TSC cycles
+/// in its reads of the working set (RDTSC around each iteration's reads,
+/// summed; per call over the N calls of the loop) and the fewest of one
+/// iteration (already per call). Their PTI delta is the user-mode half of
+/// the TLB refill, without the system call's time.
+pub(super) fn working_set_rows(result: &BTreeMap<String, String>, iterations: u64) -> Vec<RunRow> {
+    let num = |k: &str| {
+        result
+            .get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let mut rows = Vec::new();
+    if let Some(c) = num("read_cycles") {
+        rows.push(RunRow {
+            metric: Metric::new("read_cycles", "cycles", Source::Guest),
+            total: c,
+            per_iteration: (iterations > 0).then(|| c / iterations as f64),
+        });
+    }
+    if let Some(m) = num("read_cycles_min") {
+        rows.push(RunRow {
+            metric: Metric::new("read_cycles_min", "cycles", Source::Guest),
+            total: m,
+            per_iteration: Some(m),
+        });
+    }
+    rows
+}
+
+/// The summary of a run the host could not observe (`--backend qemu`):
+/// every row comes from the guest's `@result` line, whose counters cover
+/// the measured phase (N iterations plus the end-marker call, as on KVM)
+/// and whose `cycles` cover the loop alone (N calls).
+pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSummary {
+    let result = result_fields(outcome);
+    let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
+    let asked = requested(&outcome.cmdline);
+    let (workload, iterations) = asked.unwrap_or((Workload::None, 0));
+    let phased = !result.is_empty();
+    let (divisor, iteration_name, divisor_note) = phase_divisor(workload, iterations);
+    let calls = if phased && asked.is_some() {
+        divisor
+    } else {
+        0
+    };
+    let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
+    s.iteration_name = iteration_name.into();
+    s.telemetry_checked = false;
+    s.notes.push(
+        "backend qemu (TCG): the host observes nothing of the guest; every figure is guest-reported \
+         (its @result line), and times are those of software emulation"
+            .into(),
+    );
+    if !phased {
+        s.notes
+            .push("the guest printed no @result line: nothing was measured".into());
+        return s;
+    }
+    s.notes.push(match asked {
+        Some(_) => divisor_note,
+        None => NO_REQUESTED_COUNT.into(),
+    });
+    if let Some(c) = iterations_check(&result, asked) {
+        s.cross_checks.push(c);
+    }
+    if let Some(c) = num("cycles") {
+        s.rows.push(RunRow {
+            metric: Metric::new("cycles", "cycles", Source::Guest),
+            total: c,
+            per_iteration: (calls > 0 && iterations > 0).then(|| c / iterations as f64),
+        });
+    }
+    s.rows.extend(working_set_rows(&result, iterations));
+    if let Some(v) = num("cr3_writes") {
+        s.push(Metric::new("cr3_writes", "count", Source::Guest), v);
+    }
+    for (key, counter) in RESULT_ROWS {
+        if let Some(v) = num(key) {
+            s.push(Metric::new(counter.name(), "count", Source::Guest), v);
+        }
+    }
+    s
+}
+
+/// How a workload's measured phase relates to its `iterations`: the
+/// divisor of per-iteration rates, what one iteration is called, and the
+/// note that says so. The syscall loops (getpid, ...) mark their phase with
+/// a syscall whose return and entry lie inside it: N + 1 round trips. For
+/// sched-messaging an iteration is a message, and the phase (from before
+/// the first sender runs until every worker is reaped) holds many other
+/// syscalls and context switches besides: rates are per message.
+pub(super) fn phase_divisor(workload: Workload, iterations: u64) -> (u64, &'static str, String) {
+    match workload {
+        Workload::Poundsyscall => (
+            iterations,
+            "call",
+            format!(
+                "per-call rates divide by the {iterations} getppid calls of all threads \
+                 (poundsyscall: the phase also holds each thread's exit, the parent's waits \
+                 and the end marker, 2 x threads + 2 syscalls)"
+            ),
+        ),
+        Workload::SchedMessaging => (
+            iterations,
+            "message",
+            format!(
+                "per-message rates divide by the {iterations} messages sent (sched-messaging: \
+                 each message is a write and a read, plus the workers' own start and exit)"
+            ),
+        ),
+        _ => (
+            iterations.saturating_add(1),
+            "call",
+            format!(
+                "per-call rates divide by {} calls: the {iterations} workload iterations plus the \
+                 phase-marker syscall whose return and entry bracket the phase",
+                iterations.saturating_add(1)
+            ),
+        ),
+    }
+}
+
+/// Why a run has no per-call rates although it marked a phase.
+pub(super) const NO_REQUESTED_COUNT: &str =
+    "the command line has words the ptiscope guest's parser does not \
+     know, so the VMM cannot tell how many calls it asked for: totals only, no per-call rates";
+
+/// What the VMM asked the guest to run, read back from the command line it
+/// wrote, with the guest's own parser and defaults (guest-core): the
+/// workload and its count (iterations, messages for sched-messaging, the
+/// calls of all threads for poundsyscall).
+/// This, never the guest's `@result` word, divides host-observed counters.
+/// `None` when the line is not one the ptiscope guest would accept (a
+/// foreign kernel's own keys).
+pub fn requested(cmdline: &str) -> Option<(Workload, u64)> {
+    let c = guest_core::cmdline::parse(cmdline).ok()?;
+    let n = match c.workload {
+        Workload::SchedMessaging => c.messages(),
+        // `iterations=` is per thread: every thread makes that many calls.
+        Workload::Poundsyscall => c.threads.saturating_mul(c.iterations),
+        _ => c.iterations,
+    };
+    Some((c.workload, n))
+}
+
+/// The guest's `@result iterations=` against what the VMM asked for: they
+/// must be equal; a guest that says otherwise is reported, not believed.
+pub(super) fn iterations_check(
+    result: &BTreeMap<String, String>,
+    asked: Option<(Workload, u64)>,
+) -> Option<CrossCheck> {
+    let (_, n) = asked?;
+    let said = result.get("iterations")?;
+    // A value that is not a number is a disagreement too (shown as -1).
+    let guest = said.parse::<u64>().map_or(-1.0, |v| v as f64);
+    Some(CrossCheck::new(
+        "workload iterations (what the VMM asked for vs the guest's @result line)",
+        ("requested_iterations", Source::Vmm, n as f64),
+        ("iterations", guest),
+        0.0,
+    ))
+}
+
+/// The compare-table name of a run row's per-iteration rate.
+pub fn rate_name(row: &str, unit: &str) -> String {
+    match (row, unit) {
+        ("elapsed", "ns") => "ns_per_call".into(),
+        // A per-run size, not a rate (user_copy_kernel_kib).
+        (_, "KiB") => row.into(),
+        _ => format!("{row}_per_call"),
+    }
+}

@@ -1,0 +1,281 @@
+//! Per-phase measurement: a [`PhaseObserver`] that snapshots every source at
+//! the phase-marker exits, and the run summary built from the deltas.
+//!
+//! At the begin and end markers of the workload phase (id
+//! [`ptiscope_abi::phase::ID_WORKLOAD`]) the observer reads, on the vCPU
+//! thread and synchronously with the exit that carried the marker: the VM's
+//! and the vCPU's KVM stats fds, the guest telemetry page, the VMM's exit
+//! counts, the host monotonic clock and the vCPU's TSC (KVM_GET_MSRS). The
+//! phase delta is `end - begin`, so boot and teardown are excluded.
+//!
+//! Everything the guest controls (marker ids, marker count, the telemetry
+//! page) is validated; anything wrong makes the telemetry "invalid" in the
+//! summary, never a panic. The observer stops taking snapshots after
+//! [`MAX_MEASURED_MARKERS`] markers so a marker flood costs the VMM nothing
+//! but a counter.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ptiscope_abi::phase::{Edge, Marker, ID_WARMUP, ID_WORKLOAD};
+use vm_memory::GuestAddress;
+
+use crate::machine::exit::ExitCounts;
+use crate::machine::{PhaseObserver, VmContext};
+use crate::observe::kvm_stats::{KvmStats, StatsSnapshot};
+use crate::observe::live_metrics::{LiveMetrics, LiveMetricsConfig};
+use crate::observe::telemetry::{TelemetryError, TelemetryReader, TelemetrySnapshot};
+use crate::output::OutputReport;
+
+/// Markers after which the observer only counts (a guest that floods the
+/// marker port gets its telemetry reported invalid, not the VMM slowed down).
+pub const MAX_MEASURED_MARKERS: u64 = 64;
+
+/// Everything observed at one moment.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Since the first KVM_RUN.
+    pub at: Duration,
+    pub exits: ExitCounts,
+    pub kvm_vm: Option<StatsSnapshot>,
+    /// Every vCPU's stats, by index (None where a read failed).
+    pub kvm_vcpus: Vec<Option<StatsSnapshot>>,
+    /// Userspace exits of each vCPU, by index.
+    pub vcpu_exits: Vec<u64>,
+    pub telemetry: Result<TelemetrySnapshot, TelemetryError>,
+    /// The vCPU's TSC (IA32_TSC through KVM_GET_MSRS).
+    pub tsc: Option<u64>,
+}
+
+/// The observer. Create one per run.
+pub struct Measurer {
+    phase_id: u16,
+    vm_stats: Option<KvmStats>,
+    /// One per vCPU, by index.
+    vcpu_stats: Vec<KvmStats>,
+    stats_error: Option<String>,
+    start: Option<Snapshot>,
+    begin: Option<Snapshot>,
+    end: Option<Snapshot>,
+    stop: Option<Snapshot>,
+    markers: u64,
+    unknown_ids: BTreeMap<u16, u64>,
+    /// Why the guest's telemetry cannot be trusted (empty: valid).
+    problems: Vec<String>,
+    live_config: Option<LiveMetricsConfig>,
+    live: Option<LiveMetrics>,
+    live_error: Option<String>,
+    /// What became of the live-metrics output.
+    live_output: Option<OutputReport>,
+}
+
+impl Default for Measurer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Measurer {
+    /// Measures the workload phase.
+    pub fn new() -> Self {
+        Measurer {
+            phase_id: ID_WORKLOAD,
+            vm_stats: None,
+            vcpu_stats: Vec::new(),
+            stats_error: None,
+            start: None,
+            begin: None,
+            end: None,
+            stop: None,
+            markers: 0,
+            unknown_ids: BTreeMap::new(),
+            problems: Vec::new(),
+            live_config: None,
+            live: None,
+            live_error: None,
+            live_output: None,
+        }
+    }
+
+    /// Also stream live metrics (`--metrics-interval`) while the guest runs.
+    pub fn with_live_metrics(mut self, config: LiveMetricsConfig) -> Self {
+        self.live_config = Some(config);
+        self
+    }
+
+    fn snapshot(&self, ctx: &VmContext<'_>) -> Snapshot {
+        let read = |s: &Option<KvmStats>| s.as_ref().and_then(|s| s.read().ok());
+        Snapshot {
+            at: ctx.elapsed,
+            exits: *ctx.exits,
+            kvm_vm: read(&self.vm_stats),
+            kvm_vcpus: self.vcpu_stats.iter().map(|s| s.read().ok()).collect(),
+            vcpu_exits: ctx
+                .exit_totals
+                .iter()
+                .map(|t| t.load(std::sync::atomic::Ordering::Relaxed))
+                .collect(),
+            telemetry: TelemetryReader::new(ctx.mem, GuestAddress(ctx.layout.telemetry_addr()))
+                .and_then(|r| r.snapshot()),
+            tsc: crate::machine::msr::get_msr(ctx.vcpu, crate::machine::msr::MSR_IA32_TSC),
+        }
+    }
+
+    fn problem(&mut self, p: String) {
+        // Bounded: a hostile guest must not grow this without limit.
+        if self.problems.len() < 16 && !self.problems.contains(&p) {
+            self.problems.push(p);
+        }
+    }
+
+    /// Reasons the telemetry is invalid (empty: valid).
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+
+    /// Snapshots at the phase's begin and end markers, if both were seen.
+    pub fn phase(&self) -> Option<(&Snapshot, &Snapshot)> {
+        Some((self.begin.as_ref()?, self.end.as_ref()?))
+    }
+
+    /// What became of the `--metrics-interval` output, once the run is over.
+    pub fn live_output(&self) -> Option<&OutputReport> {
+        self.live_output.as_ref()
+    }
+
+    /// Phase markers seen (valid encodings only; the VMM counts invalid ones).
+    pub fn markers(&self) -> u64 {
+        self.markers
+    }
+}
+
+impl PhaseObserver for Measurer {
+    fn on_vcpus(&mut self, vm: &kvm_ioctls::VmFd, vcpus: &[kvm_ioctls::VcpuFd]) {
+        let opened = KvmStats::from_vm(vm).and_then(|vm| {
+            let per_vcpu = vcpus
+                .iter()
+                .map(KvmStats::from_vcpu)
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((vm, per_vcpu))
+        });
+        match opened {
+            Ok((vm, per_vcpu)) => {
+                self.vm_stats = Some(vm);
+                self.vcpu_stats = per_vcpu;
+            }
+            Err(e) => self.stats_error = Some(e.to_string()),
+        }
+    }
+
+    fn on_start(&mut self, ctx: &VmContext<'_>) {
+        self.start = Some(self.snapshot(ctx));
+        if let Some(cfg) = self.live_config.take() {
+            match LiveMetrics::start(cfg, ctx) {
+                Ok(l) => self.live = Some(l),
+                Err(e) => {
+                    log::warn!("--metrics-interval: {e}");
+                    self.live_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+
+    fn on_phase(&mut self, marker: Marker, ctx: &VmContext<'_>) {
+        self.markers += 1;
+        if self.markers > MAX_MEASURED_MARKERS {
+            if self.markers == MAX_MEASURED_MARKERS + 1 {
+                self.problem(format!(
+                    "phase-marker flood: more than {MAX_MEASURED_MARKERS} markers; later ones were only counted"
+                ));
+            }
+            return;
+        }
+        if marker.id == ID_WARMUP {
+            return;
+        }
+        if marker.id != self.phase_id {
+            *self.unknown_ids.entry(marker.id).or_default() += 1;
+            self.problem(format!("unknown phase id {}", marker.id));
+            return;
+        }
+        match marker.edge {
+            Edge::Begin if self.begin.is_some() => {
+                self.problem("the workload phase began more than once".into())
+            }
+            Edge::Begin => {
+                let s = self.snapshot(ctx);
+                if let Err(e) = &s.telemetry {
+                    self.problem(format!("at the phase begin: {e}"));
+                }
+                self.begin = Some(s);
+            }
+            Edge::End if self.begin.is_none() => {
+                self.problem("the workload phase ended before it began".into())
+            }
+            Edge::End if self.end.is_some() => {
+                self.problem("the workload phase ended more than once".into())
+            }
+            Edge::End => {
+                let s = self.snapshot(ctx);
+                if let Err(e) = &s.telemetry {
+                    self.problem(format!("at the phase end: {e}"));
+                }
+                self.end = Some(s);
+            }
+        }
+    }
+
+    fn on_stop(&mut self, ctx: &VmContext<'_>) {
+        if let Some(l) = self.live.take() {
+            let (lines, output) = l.finish(ctx);
+            if let Err(e) = lines {
+                log::warn!("--metrics-interval: {e}");
+                self.live_error = Some(e.to_string());
+            }
+            self.live_output = Some(output);
+        }
+        self.stop = Some(self.snapshot(ctx));
+    }
+}
+
+mod guest_result;
+mod summary;
+
+pub use guest_result::{rate_name, requested, result_fields, summary_from_result};
+
+#[cfg(test)]
+mod tests {
+    use super::guest_result::iterations_check;
+    use super::*;
+    use crate::preflight::cmdline::Workload;
+
+    #[test]
+    fn the_requested_count_comes_from_the_vmm_command_line() {
+        assert_eq!(
+            requested("workload=getpid iterations=1000 telemetry=0x7fff000"),
+            Some((Workload::Getpid, 1000))
+        );
+        // The guest's defaults when the VMM gave no count.
+        assert_eq!(
+            requested("workload=getppid"),
+            Some((Workload::Getppid, ptiscope_abi::options::DEFAULT_ITERATIONS))
+        );
+        assert_eq!(
+            requested("workload=sched-messaging groups=2 loops=3"),
+            Some((Workload::SchedMessaging, 2 * 20 * 20 * 3))
+        );
+        assert_eq!(requested("foreign=1"), None);
+        let said = |n: &str| BTreeMap::from([("iterations".to_string(), n.to_string())]);
+        let asked = Some((Workload::Getpid, 1000));
+        assert!(iterations_check(&said("1000"), asked).unwrap().agrees);
+        assert!(!iterations_check(&said("1"), asked).unwrap().agrees);
+        assert!(!iterations_check(&said("lots"), asked).unwrap().agrees);
+        assert!(iterations_check(&BTreeMap::new(), asked).is_none());
+    }
+
+    #[test]
+    fn rate_names() {
+        assert_eq!(rate_name("elapsed", "ns"), "ns_per_call");
+        assert_eq!(rate_name("cr3_writes", "count"), "cr3_writes_per_call");
+    }
+}
