@@ -19,6 +19,10 @@
 //!
 //! Write *errors* (ENOSPC on /dev/full, EIO, a reader that closed its end)
 //! are kept and reported: the command then exits 73 (docs/running.md).
+//!
+//! Size: one concern (outputs that never block the run: open with a deadline,
+//! bounded queues, a drain deadline) whose pieces share the queue's
+//! invariants; about 100 of its lines are tests.
 
 use std::collections::VecDeque;
 use std::fs::File;

@@ -5,6 +5,9 @@
 //! time per call of each configuration, the baseline's syscall rate, the
 //! overhead against the baseline, the host's evidence and the derived
 //! refill cost per page (`report::sweep`).
+//!
+//! Size: the sweep command's grid, its interleaved runs and the outputs; the
+//! report itself is report/sweep.rs.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -11,6 +11,10 @@
 //! that stopped early says so ([`Walk::incomplete`]) and its verdict is
 //! "not verified", never ISOLATED. Address arithmetic is checked or done in
 //! `u128`, so a mapping that ends at 2^64 is seen like any other.
+//!
+//! Size: two paging modes' walkers with their bounds, the isolation check and
+//! the observer that runs it; about half of the file is tests (hostile
+//! tables, both modes, the guest's own builders).
 use std::fmt;
 use std::ops::Range;
 use std::time::{Duration, Instant};

@@ -27,6 +27,10 @@
 //! | `0xc000` | kernel stack top (TSS.RSP0, SYSENTER_ESP, initial RSP) |
 //! | `0xd000` | PAE page-directory-pointer table (32-bit PAE probe) |
 //! | `0xe000` | legacy 32-bit page directory (legacy paging probe) |
+//!
+//! Size: hand-assembled machine code for the probe guests (no assembler at
+//! build time), one program per probe with the constants they share; about 60
+//! lines are tests.
 
 /// Size of a probe VM's RAM, starting at GPA 0.
 pub const MEM_SIZE: usize = 0x10000;

@@ -1,6 +1,10 @@
 //! The tiny-VM harness: one VM with one vCPU and [`MEM_SIZE`] bytes of
 //! anonymous RAM per probe, a run loop that records the probe's report
 //! writes, and a watchdog so that no probe can hang.
+//!
+//! Size: the probe VM is one unit (memory, vCPU state, run loop with its
+//! watchdog, the trace it returns) that every probe program drives; splitting
+//! it would spread the invariants the programs rely on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;

@@ -2,6 +2,10 @@
 //! compare configuration, each run `--runs` times, interleaved (B C, C B,
 //! B C, ...) so that slow drifts of a noisy host hit both sides alike; the
 //! per-call rates of every run go into the mmtests compare-kernels table.
+//!
+//! Size: `run` is the compare command's one sequence (outputs, sides, header,
+//! the interleaved loop, tables, files, guards); the pieces it uses are in
+//! this folder's other files.
 
 mod against;
 mod durations;
