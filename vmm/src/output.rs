@@ -116,6 +116,22 @@ pub struct OutputFile {
     what: &'static str,
 }
 
+/// Opens each output that was given (`(option, path)` pairs, `None` for an
+/// option not given) with [`open_output`], in order, before any run: the
+/// first that fails is the error.
+pub fn open_outputs<const N: usize>(
+    outputs: [(&'static str, Option<&Path>); N],
+    wait: Duration,
+) -> Result<[Option<OutputFile>; N], OpenError> {
+    let mut files: [Option<OutputFile>; N] = std::array::from_fn(|_| None);
+    for (slot, (what, path)) in files.iter_mut().zip(outputs) {
+        if let Some(p) = path {
+            *slot = Some(open_output(what, p, wait)?);
+        }
+    }
+    Ok(files)
+}
+
 /// Opens `path` for writing (created or truncated) as the output `what`
 /// (`--json`, `--serial-out`, ...). A FIFO with no reader yet is retried
 /// until `wait` has passed; a termination signal ends the wait at once.

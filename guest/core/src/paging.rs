@@ -385,10 +385,17 @@ pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
             )?;
             pa += 4096;
         }
-        if text_global {
-            let mut pa = text.0;
-            while pa < text.1 {
-                if !in_range(pa, spec.entry_area) {
+        // Kernel text the user copy also maps, read-only and global: all of
+        // it with pti_global_text, and with pti_switch=deferred the page of
+        // the Rust function that switches CR3 on the way out. A page already
+        // mapped (entry area, or text covering the deferred page) is skipped.
+        let text_ranges = [if text_global { text } else { (0, 0) }, spec.deferred_text];
+        for (i, &(start, end)) in text_ranges.iter().enumerate() {
+            let mut pa = start;
+            while pa < end {
+                let mapped = in_range(pa, spec.entry_area)
+                    || text_ranges[..i].iter().any(|&r| in_range(pa, r));
+                if !mapped {
                     map_4k(
                         mem,
                         frames,
@@ -401,24 +408,6 @@ pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
                 }
                 pa += 4096;
             }
-        }
-        // pti_switch=deferred: the Rust function that switches CR3 on the
-        // way out (already there if the whole text is mapped global).
-        let (start, end) = spec.deferred_text;
-        let mut pa = start;
-        while pa < end {
-            if !in_range(pa, text) && !in_range(pa, spec.entry_area) {
-                map_4k(
-                    mem,
-                    frames,
-                    uroot,
-                    KERNEL_BASE + pa,
-                    pa,
-                    GLOBAL,
-                    KERNEL_TABLE_FLAGS,
-                )?;
-            }
-            pa += 4096;
         }
         mem.read(uroot, KERNEL_PML4_SLOT)
     } else {

@@ -20,13 +20,6 @@ pub fn add(c: Counter, n: u64) {
     crate::arch::percpu::counter_add(c, n)
 }
 
-/// Counter `c` summed over the CPUs that are online.
-pub fn get(c: Counter) -> u64 {
-    (0..crate::arch::smp::online().max(1))
-        .map(|n| crate::arch::percpu::counter_of(n, c))
-        .fold(0, u64::wrapping_add)
-}
-
 /// A copy of all counters (summed over the CPUs), for per-phase deltas.
 #[derive(Clone, Copy)]
 pub struct Snapshot(pub [u64; Counter::COUNT]);

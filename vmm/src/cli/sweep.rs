@@ -19,7 +19,7 @@ use crate::cli::compare::{parse_side, rates, run_measured};
 use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{abi_option, parse_mem, parse_timeout, Arch, Backend, CompareArgs};
 use crate::machine::memory::DEFAULT_MEM_MIB;
-use crate::output::{open_output, OutputFile};
+use crate::output::{open_outputs, OutputFile};
 use crate::preflight::cmdline::Workload;
 use crate::preflight::{host, preflight, ResolvedRun};
 use crate::report::sweep::{self as rs, Cell, CellConfig, Omitted, SweepReport};
@@ -377,23 +377,18 @@ pub fn run(args: &SweepArgs) -> i32 {
     }
     // The output files are opened before the first boot (as compare does):
     // a bad path must not cost a whole sweep.
-    let mut files: [Option<OutputFile>; 3] = [None, None, None];
-    for (slot, (what, path)) in files.iter_mut().zip([
-        ("--json", &args.json),
-        ("--csv", &args.csv),
-        ("--svg", &args.svg),
-    ]) {
-        if let Some(p) = path {
-            match open_output(what, p, args.timeout) {
-                Ok(f) => *slot = Some(f),
-                Err(e) => {
-                    eprintln!("ptiscope sweep: {e}");
-                    return e.exit_code();
-                }
-            }
+    let outputs = [
+        ("--json", args.json.as_deref()),
+        ("--csv", args.csv.as_deref()),
+        ("--svg", args.svg.as_deref()),
+    ];
+    let [json_file, csv_file, svg_file] = match open_outputs(outputs, args.timeout) {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("ptiscope sweep: {e}");
+            return e.exit_code();
         }
-    }
-    let [json_file, csv_file, svg_file] = files;
+    };
     let common = compare_args(args);
     let embedded = args.arch.embedded_image();
     // Settle every (cell, configuration) once: image read, entry resolved,

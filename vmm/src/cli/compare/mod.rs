@@ -31,7 +31,7 @@ use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{
     Backend, CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT, MIN_AUTO_RUNS,
 };
-use crate::output::{open_output, OutputFile};
+use crate::output::{open_outputs, OutputFile};
 use crate::preflight::cmdline::{EntryChoice, Workload};
 use crate::preflight::{host, preflight};
 use crate::report::environment::Environment;
@@ -117,23 +117,18 @@ pub fn run(args: &CompareArgs) -> i32 {
     // The output files are opened (created, checked writable, a FIFO's
     // reader waited for up to --timeout) before the first boot: a typo in
     // a path must not cost a whole compare.
-    let mut files: [Option<OutputFile>; 3] = [None, None, None];
-    for (slot, (what, path)) in files.iter_mut().zip([
-        ("--json", &args.json),
-        ("--csv", &args.csv),
-        ("--svg", &args.svg),
-    ]) {
-        if let Some(p) = path {
-            match open_output(what, p, args.timeout) {
-                Ok(f) => *slot = Some(f),
-                Err(e) => {
-                    eprintln!("ptiscope compare: {e}");
-                    return e.exit_code();
-                }
-            }
+    let outputs = [
+        ("--json", args.json.as_deref()),
+        ("--csv", args.csv.as_deref()),
+        ("--svg", args.svg.as_deref()),
+    ];
+    let [json_file, csv_file, svg_file] = match open_outputs(outputs, args.timeout) {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("ptiscope compare: {e}");
+            return e.exit_code();
         }
-    }
-    let [json_file, csv_file, svg_file] = files;
+    };
 
     // Settle both sides once (image read, entry resolved, host limits
     // checked): every run of a side then boots the same resolved run.
