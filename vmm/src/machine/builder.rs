@@ -1,6 +1,8 @@
 //! Building a VM from a resolved run: guest memory with the kernel and boot
 //! parameters in it, the KVM VM (memory slots, TSS, in-kernel irqchip), the
-//! device bus and the boot vCPU's registers. Nothing here runs the guest.
+//! device bus and the vCPUs (the boot vCPU's registers set for the PVH
+//! entry, the others left for the guest's INIT/SIPI). Nothing here runs the
+//! guest.
 
 use std::sync::{Arc, Mutex};
 
