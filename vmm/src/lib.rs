@@ -1,8 +1,11 @@
 //! The ptiscope VMM library: boots the ptiscope guest kernel under KVM and
 //! measures what page table isolation costs.
 //!
-//! The entry point for one run is [`machine::run_vm`]; the CLI (`src/main.rs`)
-//! is a thin layer over it.
+//! A run is two steps: [`preflight()`] settles what was asked (a
+//! [`RunConfig`]) into a [`ResolvedRun`], and [`machine::run`] boots and runs
+//! it; [`run_vm`] does both in one call. The CLI (`src/main.rs` and [`cli`])
+//! is a thin layer over them that resolves once and runs many times
+//! (`compare`). `docs/architecture.md` maps the modules.
 
 pub mod backend;
 pub mod cli;

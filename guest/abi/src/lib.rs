@@ -82,24 +82,30 @@ pub mod phase {
     /// Begin or end of a phase.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Edge {
+        /// The phase starts: the VMM takes its first snapshot.
         Begin,
+        /// The phase ends: the VMM takes its second snapshot.
         End,
     }
 
     /// One decoded marker.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct Marker {
+        /// Phase id ([`ID_WORKLOAD`], [`ID_WARMUP`]); never 0.
         pub id: u16,
+        /// Whether the phase begins or ends here.
         pub edge: Edge,
     }
 
     impl Marker {
+        /// The begin marker of phase `id`.
         pub const fn begin(id: u16) -> Self {
             Marker {
                 id,
                 edge: Edge::Begin,
             }
         }
+        /// The end marker of phase `id`.
         pub const fn end(id: u16) -> Self {
             Marker {
                 id,
@@ -188,16 +194,23 @@ pub mod telemetry {
 
     /// Guest flavour in the header's `ARCH` word.
     pub mod arch {
+        /// The x86_64 guest (4-level paging).
         pub const X86_64: u32 = 1;
+        /// The 32-bit guest with PAE paging.
         pub const I386_PAE: u32 = 2;
     }
 
     /// Syscall entry method in the header's `ENTRY` word.
     pub mod entry {
+        /// The `syscall` instruction.
         pub const SYSCALL: u32 = 1;
+        /// The `sysenter` instruction.
         pub const SYSENTER: u32 = 2;
+        /// `int $0x80`.
         pub const INT80: u32 = 3;
+        /// `int3` (vector 3).
         pub const INT3: u32 = 4;
+        /// `int $4` (vector 4).
         pub const INT4: u32 = 5;
     }
 
@@ -288,16 +301,29 @@ pub mod telemetry {
 /// Syscall numbers, the same for both guest flavours. They follow Linux
 /// x86_64 numbering where Linux has the call, so traces read naturally.
 pub mod syscall {
+    /// `read(fd, buf, len)`: from a pipe's read end.
     pub const READ: usize = 0;
+    /// `write(fd, buf, len)`: fd 1 is the console, other fds >= 0 pipes,
+    /// negative fds fail at once with [`EBADF`] (`workload=write-badfd`).
     pub const WRITE: usize = 1;
+    /// `close(fd)`; numbered but not implemented by the guest ([`ENOSYS`]).
     pub const CLOSE: usize = 3;
+    /// `pipe(fds)`; numbered but not implemented by the guest ([`ENOSYS`]).
     pub const PIPE: usize = 22;
+    /// `sched_yield()`: run the next runnable task.
     pub const SCHED_YIELD: usize = 24;
+    /// `getpid()`: the measured call of `workload=getpid`.
     pub const GETPID: usize = 39;
+    /// `fork()`; numbered but not implemented by the guest ([`ENOSYS`]).
     pub const FORK: usize = 57;
+    /// `exit(status)`: end the calling task; its parent reaps the status.
     pub const EXIT: usize = 60;
+    /// `wait()`: reap one exited child and return its status (Linux's
+    /// `wait4` number, without its arguments); [`ECHILD`] if there is none.
     pub const WAIT: usize = 61;
+    /// `getppid()`: the measured call of `workload=getppid` and `poundsyscall`.
     pub const GETPPID: usize = 110;
+    /// `arch_prctl(code, arg)`: only [`ARCH_SET_NOPTI`] and [`ARCH_GET_NOPTI`].
     pub const ARCH_PRCTL: usize = 158;
     /// ptiscope: write a phase marker (argument: [`crate::phase::Marker::encode`]).
     pub const PHASE_MARK: usize = 1000;

@@ -78,7 +78,10 @@ macro_rules! option_enum {
 option_enum! {
     /// `pti=`: page table isolation.
     pub enum PtiMode {
+        /// Isolate: user mode runs on a page-table copy that maps the user half
+        /// and, of the kernel, only the entry area.
         On => "on",
+        /// One page-table tree for user and kernel, no CR3 switch.
         Off => "off",
         /// On unless the CPU reports ARCH_CAPABILITIES.RDCL_NO.
         Auto => "auto",
@@ -88,7 +91,9 @@ option_enum! {
 option_enum! {
     /// An on/off option (`pcid=`, `pti_global_text=`).
     pub enum Switch {
+        /// Enabled.
         On => "on",
+        /// Disabled.
         Off => "off",
     }
 }
@@ -107,10 +112,15 @@ impl Switch {
 option_enum! {
     /// `entry=`: how user mode enters the kernel for a system call.
     pub enum Entry {
+        /// The `syscall` instruction (x86_64 only).
         Syscall => "syscall",
+        /// The `sysenter` instruction (the 32-bit flavour; refused on x86_64).
         Sysenter => "sysenter",
+        /// `int $0x80`.
         Int80 => "int80",
+        /// `int3` (vector 3).
         Int3 => "int3",
+        /// `int $4` (vector 4).
         Int4 => "int4",
     }
 }
@@ -149,7 +159,9 @@ option_enum! {
     pub enum Workload {
         /// Boot, report, exit.
         None => "none",
+        /// `getpid()` `iterations=` times.
         Getpid => "getpid",
+        /// `getppid()` `iterations=` times.
         Getppid => "getppid",
         /// `write(-1, ...)`: fails early in the kernel.
         WriteBadfd => "write-badfd",

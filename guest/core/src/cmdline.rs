@@ -17,13 +17,22 @@ use ptiscope_abi::workingset as ws;
 /// The parsed command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
+    /// `pti=`: page table isolation on, off, or decided by the CPU (`auto`).
     pub pti: PtiMode,
+    /// `pcid=`: tag the two page-table copies with PCIDs.
     pub pcid: bool,
+    /// `entry=`: how user mode enters the kernel (`auto` parses as `int3`).
     pub entry: Entry,
+    /// `workload=`: what the guest runs.
     pub workload: Workload,
+    /// `iterations=`: system calls of the loop workloads (0..=[`MAX_ITERATIONS`]).
     pub iterations: u64,
+    /// `telemetry=`: guest-physical address of the telemetry region (page
+    /// aligned); `None` when the VMM reserved none.
     pub telemetry: Option<u64>,
+    /// `fault=`: a fault to raise on purpose (tests).
     pub fault: Option<Fault>,
+    /// `pti_global_text=`: map the kernel text global into the user copy.
     pub pti_global_text: bool,
     /// `groups=` of sched-messaging (1..=[`MAX_GROUPS`]).
     pub groups: u64,
@@ -101,11 +110,17 @@ impl Default for Config {
 pub enum CmdlineError<'a> {
     /// A word without `=`.
     NotKeyValue(&'a str),
+    /// A key not in `ptiscope_abi::cmdline`.
     UnknownKey(&'a str),
+    /// A known key whose value is malformed or out of range, or that
+    /// contradicts another key (e.g. `touches=` without `wss=`).
     BadValue {
+        /// The key as written.
         key: &'a str,
+        /// The rejected value.
         value: &'a str,
     },
+    /// A key given more than once.
     Repeated(&'a str),
 }
 

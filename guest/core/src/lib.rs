@@ -2,10 +2,14 @@
 //!
 //! Everything here is `no_std`, free of `unsafe` and of hardware access, so
 //! that it is unit-tested on the host (`cargo test -p guest-core`) and used
-//! unchanged by the bare-metal kernel: the command-line parser, E820 memory-map
-//! handling and the physical frame allocator, page-table entry encoding and the
-//! builder of the PTI page-table pair, the virtual address-space layout, and
-//! the pipe ring buffer and message format of `workload=sched-messaging`.
+//! unchanged by the bare-metal kernel (both flavours): the command-line parser
+//! ([`cmdline`]), E820 memory-map handling and the physical frame allocator
+//! ([`memmap`]), page-table entry encoding and the builders of the PTI
+//! page-table pair for x86_64's 4-level paging ([`paging`], layout in
+//! [`layout`]) and x86_32's PAE ([`pae`]) with the [`paging_mode::PagingMode`]
+//! trait over both, the mapping of the `wss=`/`kwss=` working sets
+//! ([`workingset`]), and the pipe ring buffer and message format of
+//! `workload=sched-messaging` ([`pipe`]).
 #![no_std]
 #![forbid(unsafe_code)]
 

@@ -1,6 +1,8 @@
 //! Building a VM from a resolved run: guest memory with the kernel and boot
 //! parameters in it, the KVM VM (memory slots, TSS, in-kernel irqchip), the
-//! device bus and the boot vCPU's registers. Nothing here runs the guest.
+//! device bus and the vCPUs (the boot vCPU's registers set for the PVH
+//! entry, the others left for the guest's INIT/SIPI). Nothing here runs the
+//! guest.
 
 use std::sync::{Arc, Mutex};
 
@@ -28,18 +30,27 @@ const COM1_IRQ: u32 = 4;
 
 /// A VM ready to run: everything [`crate::machine::run`] needs.
 pub struct BuiltVm {
+    /// The open `/dev/kvm`.
     pub kvm: Kvm,
+    /// The VM. Declared before `mem` so that it is dropped first (the
+    /// memory slots point into `mem`).
     pub vm: VmFd,
+    /// Guest memory, with the kernel and the boot structures loaded.
     pub mem: GuestMemoryMmap,
+    /// The port I/O bus: COM1, the exit device, the phase-marker port.
     pub bus: PioBus,
+    /// The COM1 UART, shared with the event loop that feeds it stdin.
     pub serial: Arc<Mutex<SerialDevice>>,
     /// The queue behind the console's destination (None: discarded).
     pub console_queue: Option<crate::output::OutputQueue>,
+    /// What the console printed: machine lines (`@result ...`), the banner
+    /// and the tail, for the outcome.
     pub recorder: Arc<Mutex<ConsoleRecorder>>,
     /// The vCPUs by index: 0 (the boot CPU) with its registers set for the
     /// PVH entry; the others in KVM's reset state, waiting for the guest's
     /// INIT/SIPI through the in-kernel LAPIC (docs/guest.md, "SMP").
     pub vcpus: Vec<VcpuFd>,
+    /// What the VMM answers for the MSRs it traps (user-space MSR exits).
     pub msr_answers: MsrAnswers,
     /// IA32_ARCH_CAPABILITIES as the guest reads it (None: the MSR is absent).
     pub arch_capabilities: Option<u64>,

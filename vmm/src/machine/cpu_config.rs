@@ -25,29 +25,48 @@ const EFER_LMA: u64 = 1 << 10;
 /// Errors setting up the vCPU.
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuSetupError {
+    /// KVM_GET_SUPPORTED_CPUID failed.
     #[error("KVM_GET_SUPPORTED_CPUID: {0}")]
     GetCpuid(#[source] kvm_ioctls::Error),
+    /// KVM_SET_CPUID2 failed.
     #[error("KVM_SET_CPUID2: {0}")]
     SetCpuid(#[source] kvm_ioctls::Error),
+    /// The MSR list for KVM_GET_MSRS/KVM_SET_MSRS could not be built.
     #[error("building the MSR list: {0}")]
     MsrList(String),
+    /// Reading IA32_ARCH_CAPABILITIES failed.
     #[error("KVM_GET_MSRS(IA32_ARCH_CAPABILITIES): {0}")]
     GetMsrs(#[source] kvm_ioctls::Error),
+    /// KVM did not take the ARCH_CAPABILITIES value `--cpu-vuln` asks for
+    /// (no MSR filter on this host, and KVM_SET_MSRS refused or did not
+    /// keep it).
     #[error(
         "KVM refused IA32_ARCH_CAPABILITIES = {value:#x} (KVM_SET_MSRS set {set} of 1); \
          --cpu-vuln cannot be honoured on this host"
     )]
-    SetMsrs { value: u64, set: usize },
+    SetMsrs {
+        /// The value asked for.
+        value: u64,
+        /// MSRs KVM_SET_MSRS set (0 also when the read-back differed).
+        set: usize,
+    },
+    /// The KVM_SET_MSRS ioctl failed.
     #[error("KVM_SET_MSRS: {0}")]
     SetMsrsIoctl(#[source] kvm_ioctls::Error),
+    /// The MSR filter that makes the guest's ARCH_CAPABILITIES accesses
+    /// exit to the VMM could not be installed.
     #[error("routing IA32_ARCH_CAPABILITIES to the VMM: {0}")]
     TrapMsr(#[source] MsrTrapError),
+    /// KVM_GET_SREGS failed.
     #[error("KVM_GET_SREGS: {0}")]
     GetSregs(#[source] kvm_ioctls::Error),
+    /// KVM_SET_SREGS failed.
     #[error("KVM_SET_SREGS: {0}")]
     SetSregs(#[source] kvm_ioctls::Error),
+    /// KVM_SET_REGS failed.
     #[error("KVM_SET_REGS: {0}")]
     SetRegs(#[source] kvm_ioctls::Error),
+    /// KVM_SET_FPU failed.
     #[error("KVM_SET_FPU: {0}")]
     SetFpu(#[source] kvm_ioctls::Error),
 }
@@ -227,15 +246,25 @@ pub fn pvh_sregs(sregs: &mut kvm_sregs) {
 /// Registers at the moment the VM stopped, for crash reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RegsSnapshot {
+    /// Instruction pointer (guest-virtual).
     pub rip: u64,
+    /// Stack pointer (guest-virtual).
     pub rsp: u64,
+    /// RFLAGS (IF: whether interrupts were on).
     pub rflags: u64,
+    /// `rax` (on a syscall path, the syscall number or its result).
     pub rax: u64,
+    /// Code segment selector (its low two bits are the CPL).
     pub cs: u16,
+    /// CR0 (PE: protected mode, PG: paging).
     pub cr0: u64,
+    /// CR2: the last page-fault address.
     pub cr2: u64,
+    /// CR3: the page-table root (with PTI, bit 12 tells the user copy).
     pub cr3: u64,
+    /// CR4 (PAE, PGE, PCIDE among others).
     pub cr4: u64,
+    /// IA32_EFER (LME/LMA: long mode, NXE, SCE).
     pub efer: u64,
 }
 

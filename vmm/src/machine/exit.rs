@@ -11,8 +11,11 @@ use crate::machine::msr::MsrAnswers;
 /// Devices the exit counts distinguish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {
+    /// The COM1 UART ([`port::SERIAL_COM1`]).
     Serial,
+    /// The exit device ([`port::EXIT`]).
     Exit,
+    /// The phase-marker port ([`port::PHASE`]).
     Phase,
     /// A port no device claims.
     Unknown,
@@ -32,9 +35,13 @@ impl DeviceKind {
 /// Port-I/O exits per device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PortCounts {
+    /// Accesses to the COM1 UART.
     pub serial: u64,
+    /// Accesses to the exit device.
     pub exit: u64,
+    /// Accesses to the phase-marker port (invalid markers included).
     pub phase: u64,
+    /// Accesses to ports no device claims.
     pub unknown: u64,
 }
 
@@ -48,6 +55,7 @@ impl PortCounts {
         }
     }
 
+    /// Port-I/O exits to all devices.
     pub fn total(&self) -> u64 {
         self.serial + self.exit + self.phase + self.unknown
     }
@@ -65,26 +73,39 @@ impl PortCounts {
 /// handles in the kernel are not here; the KVM stats fd has those.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ExitCounts {
+    /// KVM_EXIT_IO port reads (`in`), per device.
     pub io_in: PortCounts,
+    /// KVM_EXIT_IO port writes (`out`), per device.
     pub io_out: PortCounts,
+    /// KVM_EXIT_MMIO reads (no MMIO device exists: all unknown).
     pub mmio_read: u64,
+    /// KVM_EXIT_MMIO writes (all unknown, ignored).
     pub mmio_write: u64,
+    /// KVM_EXIT_HLT (only without an in-kernel irqchip; ends the run).
     pub hlt: u64,
+    /// KVM_EXIT_SHUTDOWN: a triple fault.
     pub shutdown: u64,
+    /// KVM_EXIT_INTERNAL_ERROR.
     pub internal_error: u64,
+    /// KVM_EXIT_FAIL_ENTRY.
     pub fail_entry: u64,
     /// KVM_EXIT_INTR or KVM_RUN failing with EINTR (a kick from the watchdog or a signal).
     pub intr: u64,
     /// KVM_EXIT_X86_RDMSR / KVM_EXIT_X86_WRMSR: guest accesses to MSRs the
     /// VMM answers itself (`--cpu-vuln`).
     pub rdmsr: u64,
+    /// KVM_EXIT_X86_WRMSR: guest writes to the trapped (read-only) MSRs.
     pub wrmsr: u64,
+    /// Every other exit: system events, IRQ-window and EOI exits, and the
+    /// unexpected ones.
     pub other: u64,
-    /// Phase-port writes that did not decode as a marker.
+    /// Phase-port writes that did not decode as a marker (a subset of
+    /// `io_out.phase`, so not added again by [`ExitCounts::total`]).
     pub invalid_phase_markers: u64,
 }
 
 impl ExitCounts {
+    /// All userspace exits.
     pub fn total(&self) -> u64 {
         self.io_in.total()
             + self.io_out.total()
@@ -135,7 +156,12 @@ pub enum ExitAction {
     /// KVM_EXIT_INTERNAL_ERROR (details are in kvm_run; the run loop reads them).
     InternalError,
     /// KVM_EXIT_FAIL_ENTRY.
-    FailEntry { reason: u64, cpu: u32 },
+    FailEntry {
+        /// kvm_run's `hardware_entry_failure_reason` (vendor-specific).
+        reason: u64,
+        /// The host CPU the entry failed on.
+        cpu: u32,
+    },
     /// KVM_EXIT_INTR: a signal interrupted the vCPU; the run loop checks why.
     Interrupted,
     /// KVM_EXIT_SYSTEM_EVENT (reset, shutdown, crash requested by the guest).
@@ -146,9 +172,13 @@ pub enum ExitAction {
 
 /// What [`dispatch`] works on.
 pub struct DispatchCtx<'a> {
+    /// The devices that port I/O goes to.
     pub bus: &'a PioBus,
+    /// Where accesses no device claims are logged and counted.
     pub unknown: &'a mut UnknownAccesses,
+    /// This vCPU's exit counts, bumped by each dispatch.
     pub counts: &'a mut ExitCounts,
+    /// The answers to trapped RDMSRs.
     pub msrs: &'a MsrAnswers,
 }
 

@@ -5,7 +5,7 @@
 //!
 //! [`run`] can be called repeatedly in one process (compare runs many VMs);
 //! everything it creates is dropped when it returns. It takes only resolved
-//! input: what the host can do was settled by [`crate::preflight`].
+//! input: what the host can do was settled by [`crate::preflight`](mod@crate::preflight).
 
 pub mod builder;
 pub mod control;
@@ -45,6 +45,7 @@ use crate::preflight::{PreflightError, ResolvedRun};
 
 /// What the phase observer may look at, on the vCPU thread, at an exit.
 pub struct VmContext<'a> {
+    /// The VM.
     pub vm: &'a VmFd,
     /// The vCPU whose exit this is.
     pub vcpu: &'a VcpuFd,
@@ -52,7 +53,9 @@ pub struct VmContext<'a> {
     pub vcpu_index: usize,
     /// Userspace exits so far of every vCPU, by index.
     pub exit_totals: &'a [std::sync::atomic::AtomicU64],
+    /// Guest memory, e.g. to read the telemetry page.
     pub mem: &'a GuestMemoryMmap,
+    /// Where things are in guest memory (the telemetry region among them).
     pub layout: &'a MemoryLayout,
     /// Since the first KVM_RUN.
     pub elapsed: Duration,
@@ -94,38 +97,56 @@ impl PhaseObserver for NoObserver {}
 /// (How a running guest stopped is a [`StopReason`], not an error.)
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// `/dev/kvm` could not be opened.
     #[error(transparent)]
     Kvm(#[from] KvmOpenError),
+    /// The memory size is unusable or guest memory could not be mapped.
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    /// The request could not be resolved ([`run_vm`] only).
     #[error(transparent)]
     Preflight(#[from] PreflightError),
+    /// The kernel image could not be loaded into guest memory.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// The boot structures (PVH start info, E820 map, command line) could
+    /// not be written.
     #[error(transparent)]
     BootParams(#[from] BootParamsError),
+    /// A KVM ioctl on the VM failed while building it.
     #[error("{what}: {source}")]
     VmSetup {
+        /// The ioctl, e.g. `KVM_CREATE_VCPU`.
         what: &'static str,
+        /// KVM's error.
         #[source]
         source: kvm_ioctls::Error,
     },
+    /// A vCPU's registers, CPUID or MSRs could not be set.
     #[error(transparent)]
     Vcpu(#[from] VcpuSetupError),
+    /// The console's destination (`--serial-out`) could not be opened.
     #[error(transparent)]
     Output(#[from] crate::output::OpenError),
+    /// A host resource (eventfd, thread, device bus) could not be set up.
     #[error("{what}: {source}")]
     Host {
+        /// What was being set up.
         what: &'static str,
+        /// The host's error.
         #[source]
         source: std::io::Error,
     },
+    /// The kick handler or the termination signalfd could not be set up.
     #[error(transparent)]
     Signal(#[from] SignalError),
+    /// A vCPU thread failed before or outside the guest's own stop.
     #[error(transparent)]
     VcpuRun(#[from] vcpu::VcpuRunError),
+    /// The watchdog's event loop failed.
     #[error("the event loop failed: {0:?}")]
     EventLoop(event_manager::Error),
+    /// The thread of the vCPU with this 0-based index panicked.
     #[error("the vCPU {0} thread panicked")]
     VcpuThreadPanicked(usize),
 }

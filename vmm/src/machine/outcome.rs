@@ -10,7 +10,9 @@ use ptiscope_abi::options::Entry;
 /// A phase marker as the VMM saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PhaseEvent {
+    /// The phase id ([`ptiscope_abi::phase`]).
     pub id: u16,
+    /// Whether this is the phase's end marker (false: its begin).
     pub end: bool,
     /// Since the first KVM_RUN.
     pub at_ns: u64,
@@ -26,43 +28,64 @@ pub struct PhaseEvent {
 pub enum StopReason {
     /// The guest wrote this status to the exit device.
     GuestExit {
+        /// The status ([`ptiscope_abi::exit_status`]).
         status: u32,
     },
     /// `--timeout` fired.
     Timeout {
+        /// The timeout, in milliseconds.
         after_ms: u64,
     },
-    /// SIGINT/SIGTERM.
+    /// SIGINT/SIGTERM/SIGHUP.
     Signal {
+        /// The signal number; 0 when none was recorded (the event loop
+        /// failed, or a vCPU was stopped with no reason given).
         signal: i32,
     },
     /// Triple fault.
     Shutdown {
+        /// The vCPU's registers at the stop (None: they could not be read).
         regs: Option<RegsSnapshot>,
     },
+    /// KVM_EXIT_INTERNAL_ERROR: KVM could not handle an exit itself (e.g.
+    /// an instruction its emulator does not know).
     InternalError {
+        /// KVM's `KVM_INTERNAL_ERROR_*` code.
         suberror: u32,
+        /// The words KVM attached (`ndata` of them).
         data: Vec<u64>,
+        /// The vCPU's registers at the stop.
         regs: Option<RegsSnapshot>,
     },
+    /// KVM_EXIT_FAIL_ENTRY: the hardware refused to enter the guest.
     FailEntry {
+        /// kvm_run's `hardware_entry_failure_reason` (vendor-specific).
         reason: u64,
+        /// The host CPU the entry failed on.
         cpu: u32,
+        /// The vCPU's registers at the stop.
         regs: Option<RegsSnapshot>,
     },
     /// HLT reached userspace (no in-kernel irqchip): nothing can wake the guest.
     Halted {
+        /// The vCPU's registers at the stop.
         regs: Option<RegsSnapshot>,
     },
+    /// KVM_EXIT_SYSTEM_EVENT: the guest asked for a reset, shutdown or crash.
     SystemEvent {
+        /// KVM's `KVM_SYSTEM_EVENT_*` type.
         event: u32,
     },
+    /// An exit the VMM does not expect from this guest.
     Unexpected {
+        /// The exit, as `Debug` prints it.
         exit: String,
+        /// The vCPU's registers at the stop.
         regs: Option<RegsSnapshot>,
     },
     /// KVM_RUN itself failed.
     KvmRunFailed {
+        /// The `errno` of the failed ioctl.
         errno: i32,
     },
 }
@@ -154,6 +177,7 @@ impl std::fmt::Display for StopReason {
 /// How one vCPU of the run ended.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct VcpuOutcome {
+    /// The vCPU's 0-based index (0: the boot CPU).
     pub index: u32,
     /// This vCPU's userspace exits.
     pub exits: ExitCounts,
@@ -167,6 +191,8 @@ pub struct VcpuOutcome {
 /// The result of one run, for summaries and reports.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RunOutcome {
+    /// Why the run stopped: the reason of the vCPU that stopped it, else
+    /// the watchdog's.
     pub stop: StopReason,
     /// With several vCPUs: the one whose exit (guest exit, fault, hang
     /// detected by KVM) stopped the VM; None when the watchdog stopped it or
@@ -174,7 +200,7 @@ pub struct RunOutcome {
     pub stopped_by: Option<u32>,
     /// Per vCPU, by index.
     pub vcpus: Vec<VcpuOutcome>,
-    /// From the first KVM_RUN to the stop.
+    /// From the first KVM_RUN to the stop (of the vCPU that stopped last).
     pub run_time: Duration,
     /// Creating the VM, loading the kernel, setting up the vCPU.
     pub setup_time: Duration,
@@ -182,22 +208,31 @@ pub struct RunOutcome {
     pub exits: ExitCounts,
     /// Console lines starting with `@`, in order.
     pub machine_lines: Vec<String>,
+    /// The guest's banner line ([`ptiscope_abi::BANNER_PREFIX`]), if it
+    /// printed one.
     pub banner: Option<String>,
     /// The last console lines (for error reports).
     pub console_tail: Vec<String>,
+    /// Bytes the guest wrote to the console.
     pub console_bytes: u64,
+    /// Machine lines not kept because the recorder's bounds were reached.
     pub dropped_machine_lines: u64,
+    /// Phase markers of all vCPUs, in time order.
     pub phases: Vec<PhaseEvent>,
+    /// Phase markers not kept beyond [`crate::machine::vcpu::MAX_PHASE_EVENTS`]
+    /// per vCPU.
     pub dropped_phase_events: u64,
     /// Guest accesses to ports/MMIO no device claims.
     pub unknown_accesses: u64,
     /// The command line the guest got.
     pub cmdline: String,
-    /// The entry method on it (resolved from `auto`).
+    /// The entry method on it (resolved from `auto`; None: no user code runs).
     pub entry: Option<Entry>,
     /// IA32_ARCH_CAPABILITIES as the guest reads it (None: the MSR is absent).
     pub arch_capabilities: Option<u64>,
+    /// Guest RAM in MiB.
     pub mem_mib: u64,
+    /// Guest-physical address of the telemetry region.
     pub telemetry_addr: u64,
     /// What became of the console output (dropped bytes, write errors).
     pub outputs: Vec<crate::output::OutputReport>,

@@ -33,10 +33,15 @@ pub struct VcpuEnv<'a> {
     pub exit_totals: &'a [AtomicU64],
     /// The run's common time origin (just before the first KVM_RUN).
     pub start: Instant,
+    /// The VM, for the observer.
     pub vm: &'a VmFd,
+    /// Guest memory, for the observer.
     pub mem: &'a GuestMemoryMmap,
+    /// The memory layout, for the observer.
     pub layout: &'a MemoryLayout,
+    /// The devices that port-I/O exits go to.
     pub bus: &'a PioBus,
+    /// The answers to trapped RDMSRs.
     pub msrs: &'a MsrAnswers,
 }
 
@@ -46,20 +51,27 @@ pub struct VcpuEnv<'a> {
 /// sets `stop_requested` itself, so that the whole VM stops; each vCPU sets
 /// its `finished` (and `any_finished`) and signals `done` on its way out.
 pub struct StopLine<'a> {
+    /// Set when every vCPU should leave its run loop.
     pub stop_requested: &'a AtomicBool,
+    /// Why the watchdog stopped the run (None: it did not).
     pub stop_reason: &'a Mutex<Option<StopReason>>,
     /// The vCPU whose own stop ended the run (None: the watchdog ended it).
     pub first_stop: &'a Mutex<Option<usize>>,
+    /// This vCPU's thread has left its run loop (the watchdog stops kicking it).
     pub finished: &'a AtomicBool,
+    /// Some vCPU's thread has left its run loop (the watchdog's cue).
     pub any_finished: &'a AtomicBool,
+    /// Written when a vCPU thread finishes, to wake the watchdog's event loop.
     pub done: &'a vmm_sys_util::eventfd::EventFd,
 }
 
 /// Errors that end a vCPU thread before or outside the guest's own stop.
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuRunError {
+    /// The thread could not register its vCPU for kicks.
     #[error(transparent)]
     Signal(#[from] SignalError),
+    /// The thread's seccomp filter could not be applied.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
 }
@@ -69,14 +81,21 @@ pub type SharedObserver<'a> = Mutex<&'a mut (dyn PhaseObserver + Send)>;
 
 /// What one vCPU's run produced.
 pub struct VcpuRun {
+    /// The vCPU's 0-based index.
     pub index: usize,
+    /// Why it stopped: its own reason, or the one it was stopped with.
     pub stop: StopReason,
     /// Whether this vCPU's own exit stopped it (false: it was asked to stop).
     pub stopped_itself: bool,
+    /// Its userspace exits.
     pub exits: ExitCounts,
+    /// The phase markers it saw, at most [`MAX_PHASE_EVENTS`].
     pub phases: Vec<PhaseEvent>,
+    /// Phase markers beyond [`MAX_PHASE_EVENTS`], counted only.
     pub dropped_phases: u64,
+    /// Its accesses to ports and MMIO no device claims.
     pub unknown: u64,
+    /// From the run's common start to this vCPU's stop.
     pub run_time: Duration,
     /// When the guest stopped (before the observer's `on_stop`): the
     /// outputs' drain deadline counts from here.
@@ -89,6 +108,7 @@ pub struct Vcpu {
 }
 
 impl Vcpu {
+    /// Wraps a configured vCPU; it runs when [`Vcpu::run`] is called on its thread.
     pub fn new(fd: VcpuFd) -> Self {
         Vcpu { fd }
     }

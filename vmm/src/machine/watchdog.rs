@@ -1,7 +1,7 @@
-//! The watchdog: the main thread's side of a run. It waits on the event
-//! loop (vCPU done, SIGINT/SIGTERM, console input) until the vCPU finishes
-//! or the timeout passes, then stops the vCPU thread: flag first, then kick
-//! until it acknowledges.
+//! The watchdog: the calling thread's side of a run. It waits on the event
+//! loop (vCPU done, SIGINT/SIGTERM/SIGHUP, console input) until a vCPU
+//! finishes or the timeout passes; then every vCPU thread is stopped: flag
+//! first, then kicks until it acknowledges.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -13,9 +13,10 @@ use crate::machine::control::Control;
 use crate::machine::outcome::StopReason;
 use crate::machine::signals;
 
-/// Waits for the vCPU thread to finish, the timeout, or a termination
-/// signal; records why it stopped the run in `stop_reason`. Returns the
-/// event loop's error, if it failed.
+/// Waits for a vCPU thread to finish (`finished`: any of them), the
+/// timeout (counted from this call), or a termination signal; records why
+/// it stopped the run in `stop_reason`. Returns the event loop's error, if
+/// it failed.
 pub fn watch(
     em: &mut EventManager<Control>,
     control_id: SubscriberId,

@@ -38,6 +38,7 @@ pub enum Target {
 pub struct ResolvedRun {
     /// The request as given (timeouts, outputs, backend options).
     pub config: RunConfig,
+    /// Where everything goes in guest memory, from `--mem`.
     pub layout: MemoryLayout,
     /// The kernel image, read once (compare boots it many times).
     pub image: Arc<[u8]>,
@@ -62,12 +63,16 @@ impl ResolvedRun {
 /// Errors settling a run.
 #[derive(Debug, thiserror::Error)]
 pub enum PreflightError {
+    /// `--mem` gives no usable memory layout.
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    /// The guest options or the command line built from them are invalid.
     #[error(transparent)]
     Cmdline(#[from] CmdlineError),
+    /// The kernel image could not be read or would not load.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// `/dev/kvm` could not be opened ([`Target::Kvm`] only).
     #[error(transparent)]
     Kvm(#[from] KvmOpenError),
     /// The host cannot run what was asked (an entry, PCID or paging mode the

@@ -30,27 +30,33 @@ pub enum SerialOut {
 /// Everything one run needs.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    /// The guest image: the embedded one or `--kernel FILE`.
     pub kernel: KernelSource,
+    /// Guest RAM in MiB (`--mem`).
     pub mem_mib: u64,
     /// The experiment; `entry=auto` is settled by [`crate::preflight::preflight`].
     pub guest: GuestOptions,
+    /// How long the guest may run before it is stopped (`--timeout`).
     pub timeout: Duration,
+    /// Where the guest console goes.
     pub serial_out: SerialOut,
+    /// What the vCPU reports about Meltdown (`--cpu-vuln`).
     pub cpu_vuln: CpuVuln,
     /// Forward host stdin to the guest serial (only if stdin is a terminal, pipe or socket).
     pub console_input: bool,
-    /// Stop cleanly on SIGINT/SIGTERM. The process must have blocked them
+    /// Stop cleanly on SIGINT/SIGTERM/SIGHUP. The process must have blocked them
     /// ([`crate::machine::signals::block_termination_signals`]) for this to take effect.
     pub handle_signals: bool,
     /// Extra arguments for QEMU (`--backend qemu` only), e.g. `-icount shift=0`.
     pub qemu_args: Vec<String>,
-    /// Create KVM's in-kernel irqchip (PIC, IOAPIC, LAPIC). The ptiscope
-    /// guest runs with interrupts off and needs none of it; without it a HLT
+    /// Create KVM's in-kernel irqchip (PIC, IOAPIC, LAPIC). A one-vCPU
+    /// ptiscope guest runs with interrupts off and needs none of it (more
+    /// vCPUs need the LAPIC for INIT/SIPI and wake-up IPIs); without it a HLT
     /// exits to the VMM (reported as "halted") instead of waiting in KVM,
     /// the serial port raises no interrupt, and VM teardown is cheaper (on
     /// kvm_pvm (software KVM) about 4 ms of a 16 ms boot-to-exit).
     pub irqchip: bool,
-    /// vCPUs (`--cpus`), 1..=[`crate::preflight::max_cpus`]; the guest
+    /// vCPUs (`--cpus`), 1..=[`crate::preflight::MAX_CPUS`]; the guest
     /// learns the count from `cpus=` on its command line.
     pub cpus: u32,
 }

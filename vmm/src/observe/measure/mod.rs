@@ -36,14 +36,17 @@ pub const MAX_MEASURED_MARKERS: u64 = 64;
 pub struct Snapshot {
     /// Since the first KVM_RUN.
     pub at: Duration,
+    /// Userspace exits by kind of the vCPU that took the marker.
     pub exits: ExitCounts,
+    /// The VM's KVM stats (None: no stats fd, or the read failed).
     pub kvm_vm: Option<StatsSnapshot>,
     /// Every vCPU's stats, by index (None where a read failed).
     pub kvm_vcpus: Vec<Option<StatsSnapshot>>,
     /// Userspace exits of each vCPU, by index.
     pub vcpu_exits: Vec<u64>,
+    /// The guest telemetry page, or why it could not be read.
     pub telemetry: Result<TelemetrySnapshot, TelemetryError>,
-    /// The vCPU's TSC (IA32_TSC through KVM_GET_MSRS).
+    /// The TSC of the vCPU that took the marker (IA32_TSC through KVM_GET_MSRS).
     pub tsc: Option<u64>,
 }
 
