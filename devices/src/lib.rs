@@ -6,6 +6,7 @@
 //! exit status, a phase marker) as a [`DeviceEvent`] returned from the write,
 //! so that the VMM decides what to do on the vCPU thread, synchronously with
 //! the exit that caused it.
+#![warn(missing_docs)]
 
 pub mod bus;
 pub mod console;

@@ -6,6 +6,7 @@
 //! it; [`run_vm`] does both in one call. The CLI (`src/main.rs` and [`cli`])
 //! is a thin layer over them that resolves once and runs many times
 //! (`compare`). `docs/architecture.md` maps the modules.
+#![warn(missing_docs)]
 
 pub mod backend;
 pub mod cli;

@@ -36,12 +36,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
-use kvm_bindings::{kvm_msrs, kvm_regs, kvm_sregs, KVMIO};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule,
 };
-use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iowr_nr};
 
 /// Exit status when a confined thread makes a system call its filter does
 /// not allow (128 + SIGSYS, as a shell reports a process killed by SIGSYS).
@@ -110,16 +108,13 @@ pub enum SandboxError {
     Handler(#[source] std::io::Error),
 }
 
-// The KVM requests the vCPU thread makes after set-up (kvm-ioctls does not
-// export its numbers): run, register reads for stop reports and the
-// page-table inspector, MSR reads for the measurer, and the stats-fd
-// requests the measurer may make when it (re)opens a stats fd.
-ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
-ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
-ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
-ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
-ioctl_io_nr!(KVM_CHECK_EXTENSION, KVMIO, 0x03);
-ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
+// The KVM requests the vCPU thread makes after set-up: run, register reads
+// for stop reports and the page-table inspector, MSR reads for the
+// measurer, and the stats-fd requests the measurer may make when it
+// (re)opens a stats fd.
+use crate::machine::kvm::request::{
+    KVM_CHECK_EXTENSION, KVM_GET_MSRS, KVM_GET_REGS, KVM_GET_SREGS, KVM_GET_STATS_FD, KVM_RUN,
+};
 
 /// KVM `ioctl` requests the vCPU thread may make.
 fn vcpu_ioctls() -> Vec<u64> {

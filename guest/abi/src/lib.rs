@@ -7,6 +7,7 @@
 //! compile the very same definitions. `docs/telemetry-abi.md` is the prose
 //! version of this file; change both together and bump
 //! [`telemetry::VERSION`] on any layout change.
+#![warn(missing_docs)]
 #![no_std]
 
 pub mod options;

@@ -10,6 +10,7 @@
 //! trait over both, the mapping of the `wss=`/`kwss=` working sets
 //! ([`workingset`]), and the pipe ring buffer and message format of
 //! `workload=sched-messaging` ([`pipe`]).
+#![warn(missing_docs)]
 #![no_std]
 #![forbid(unsafe_code)]
 

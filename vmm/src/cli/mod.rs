@@ -55,6 +55,7 @@ Exit status of `ptiscope run`:
                   (pti=off vs pti=on, getpid, on the embedded guest)."
 )]
 pub struct Cli {
+    /// The command; none runs the default comparison (the README's main job).
     #[command(subcommand)]
     pub command: Option<Command>,
     /// Run the vCPU and metrics threads without their seccomp filters (for
@@ -64,6 +65,7 @@ pub struct Cli {
     pub no_seccomp: bool,
 }
 
+/// The `ptiscope` commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Boot the guest (the embedded one by default) with one configuration.
@@ -144,7 +146,9 @@ pub const DEFAULT_TARGET_CI_PCT: f64 = 1.0;
 /// `--runs`: a fixed count per side, or until the confidence interval is narrow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Runs {
+    /// Exactly this many runs per side.
     Fixed(u32),
+    /// Interleaved pairs until `--target-ci` or `--max-runs`.
     Auto,
 }
 
@@ -185,6 +189,7 @@ where
     clap::builder::PossibleValuesParser::new(names).try_map(|s| s.parse::<T>())
 }
 
+/// Options of `ptiscope compare` (and of the default comparison).
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// Baseline configuration: comma-separated key=value options.
@@ -260,6 +265,7 @@ pub struct CompareArgs {
     pub qemu_arg: Vec<String>,
 }
 
+/// Options of `ptiscope run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Boot this PVH ELF64 kernel instead of the embedded guest.
@@ -370,6 +376,7 @@ pub enum Backend {
     Qemu,
 }
 
+/// Options of `ptiscope pagetables`.
 #[derive(Debug, Args)]
 pub struct PagetablesArgs {
     /// Page table isolation in the guest (guest default if absent).
@@ -393,6 +400,7 @@ pub struct PagetablesArgs {
     pub json: Option<PathBuf>,
 }
 
+/// Options of `ptiscope probe`.
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
     /// Print JSON instead of a table.

@@ -78,3 +78,18 @@ pub fn open_kvm() -> Result<Kvm, KvmOpenError> {
     }
     Ok(kvm)
 }
+
+/// KVM request numbers the VMM uses by number (kvm-ioctls does not export
+/// them): `KVM_GET_STATS_FD`, which kvm-ioctls does not wrap at all, and the
+/// requests the seccomp filter of the vCPU thread allows.
+pub(crate) mod request {
+    use kvm_bindings::{kvm_msrs, kvm_regs, kvm_sregs, KVMIO};
+    use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iowr_nr};
+
+    ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
+    ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
+    ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
+    ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
+    ioctl_io_nr!(KVM_CHECK_EXTENSION, KVMIO, 0x03);
+    ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
+}

@@ -134,12 +134,19 @@ pub enum LoadError {
     /// linux-loader refused the image (the image's name, its error).
     #[error("kernel image {0}: {1}")]
     Loader(String, #[source] linux_loader::loader::Error),
+    /// linux-loader and the VMM's own reading of the PVH note disagree on
+    /// the entry point (an image loaders could read differently).
     #[error("kernel image {image}: linux-loader found PVH entry {found:?}, the PVH note says {entry:#x}")]
     EntryDisagreement {
+        /// The image's name.
         image: String,
+        /// linux-loader's PVH entry, if it found one.
         found: Option<u64>,
+        /// The entry of the PVH note the VMM read.
         entry: u64,
     },
+    /// The scratch memory of the dry-run load could not be allocated (the
+    /// image's name, why).
     #[error("cannot allocate scratch memory to check kernel image {0}: {1}")]
     Scratch(String, String),
 }

@@ -1,4 +1,4 @@
-//! Reader for KVM's binary statistics file descriptors (KVM_GET_STATS_FD).
+//! Reader for KVM's binary statistics file descriptors (crate::machine::kvm::request::KVM_GET_STATS_FD()).
 //!
 //! KVM exposes per-VM and per-vCPU counters through a read-only file whose
 //! layout it describes itself (Linux `Documentation/virt/kvm/api.rst`,
@@ -43,9 +43,6 @@ use kvm_bindings::{
     KVM_STATS_UNIT_SECONDS,
 };
 use kvm_ioctls::{VcpuFd, VmFd};
-
-/// `KVM_GET_STATS_FD` = `_IO(KVMIO, 0xce)`; kvm-ioctls has no wrapper for it.
-const KVM_GET_STATS_FD: libc::c_ulong = (0xAE << 8) | 0xce;
 
 /// Size of `struct kvm_stats_header` (six u32).
 const HEADER_SIZE: usize = 24;
@@ -227,7 +224,7 @@ impl KvmStats {
         // SAFETY: KVM_GET_STATS_FD takes no argument and only returns a new
         // file descriptor (or -1); `fd` is a valid VM or vCPU fd borrowed from
         // kvm-ioctls for the duration of the call.
-        let ret = unsafe { libc::ioctl(fd, KVM_GET_STATS_FD as _) };
+        let ret = unsafe { libc::ioctl(fd, crate::machine::kvm::request::KVM_GET_STATS_FD() as _) };
         if ret < 0 {
             let err = std::io::Error::last_os_error();
             return Err(match err.raw_os_error() {

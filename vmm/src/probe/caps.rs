@@ -9,9 +9,6 @@ use serde::Serialize;
 
 use super::vm::{Kit, ProbeVm, VmError};
 
-/// `KVM_GET_STATS_FD` = `_IO(KVMIO, 0xce)`; kvm-ioctls has no wrapper.
-const KVM_GET_STATS_FD: libc::c_ulong = (0xae << 8) | 0xce;
-
 /// One capability as KVM_CHECK_EXTENSION answers it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Cap {
@@ -118,7 +115,12 @@ impl StatsFdProbe {
 fn stats_descriptors(fd: &impl AsRawFd) -> Result<u32, String> {
     // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new fd or -1;
     // `fd` is a live VM or vCPU fd.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), KVM_GET_STATS_FD) };
+    let r = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            crate::machine::kvm::request::KVM_GET_STATS_FD(),
+        )
+    };
     if r < 0 {
         return Err(format!(
             "KVM_GET_STATS_FD: {}",

@@ -25,16 +25,19 @@ pub(super) fn read_earlier(p: &Path) -> Result<(std::path::PathBuf, CompareTable
 /// `--against FILE`: each side of this compare against the same side of an
 /// earlier one, and what differs in their environments.
 pub struct Against {
+    /// The earlier document.
     pub file: std::path::PathBuf,
     /// Earlier baseline runs vs this compare's baseline runs, and the same
     /// for the compare side.
     pub sides: [CompareTable; 2],
+    /// One line per environment field that differs (`field: earlier -> now`).
     pub environment_differences: Vec<String>,
     /// The earlier document had no `environment` block.
     pub environment_missing: bool,
 }
 
 impl Against {
+    /// The earlier table `earlier` (from `file`) beside this compare's `now`.
     pub fn new(file: &Path, earlier: &CompareTable, now: &CompareTable) -> Self {
         let side = |label: &str,
                     earlier_side: &crate::report::compare::Side,
@@ -79,6 +82,7 @@ impl Against {
         }
     }
 
+    /// The text section printed after this compare's own table.
     pub fn render_text(&self) -> String {
         let mut out = format!(
             "\nagainst {}: each side now vs the same side then (means, 95 % CI, Welch p)\n",
@@ -111,6 +115,7 @@ impl Against {
         out
     }
 
+    /// The `against` object of the compare JSON.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "file": self.file.display().to_string(),

@@ -45,11 +45,14 @@ pub struct RunsReport {
     pub warmup: u32,
     /// `--runs auto`: the metric watched, the target and the limit.
     pub metric: Option<String>,
+    /// `--runs auto`: `--target-ci`, in % of the mean.
     pub target_ci_pct: Option<f64>,
+    /// `--runs auto`: `--max-runs`.
     pub max_runs: Option<u32>,
     /// The watched metric's CI half-width in % of its mean at the end,
     /// per side (`null` where undefined).
     pub final_ci_pct: Option<[Option<f64>; 2]>,
+    /// Why the runs ended.
     pub stopped: RunsStop,
 }
 

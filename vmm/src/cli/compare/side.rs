@@ -18,13 +18,16 @@ use ptiscope_devices::escape_str;
 pub struct SideSpec {
     /// Column label: the options as given (`pti=on,pcid=on`).
     pub label: String,
+    /// The run configuration the options make.
     pub config: RunConfig,
 }
 
 /// One side, settled for its backend.
 #[derive(Debug, Clone)]
 pub struct Side {
+    /// Column label: the options as given.
     pub label: String,
+    /// The run every run of this side boots.
     pub run: ResolvedRun,
 }
 
@@ -41,14 +44,30 @@ impl Backend {
 /// Errors in `--baseline`/`--compare` options.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SideError {
+    /// A word of the options (`opts`) without `=`.
     #[error("{opts:?}: {word:?} is not key=value")]
-    NotKeyValue { opts: String, word: String },
+    NotKeyValue {
+        /// The side's options as given.
+        opts: String,
+        /// The offending word.
+        word: String,
+    },
+    /// A key compare does not know.
     #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline pti_switch)")]
-    UnknownKey { opts: String, key: String },
+    UnknownKey {
+        /// The side's options as given.
+        opts: String,
+        /// The unknown key.
+        key: String,
+    },
+    /// A known key with a value it does not take.
     #[error("{opts:?}: bad value for {key}: {why}")]
     BadValue {
+        /// The side's options as given.
         opts: String,
+        /// The key.
         key: String,
+        /// What was wrong and what it takes.
         why: String,
     },
 }
