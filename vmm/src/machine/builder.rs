@@ -30,8 +30,6 @@ const COM1_IRQ: u32 = 4;
 
 /// A VM ready to run: everything [`crate::machine::run`] needs.
 pub struct BuiltVm {
-    /// The open `/dev/kvm`.
-    pub kvm: Kvm,
     /// The VM. Declared before `mem` so that it is dropped first (the
     /// memory slots point into `mem`).
     pub vm: VmFd,
@@ -91,7 +89,6 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
         vcpus.push(ap);
     }
     Ok(BuiltVm {
-        kvm,
         vm,
         mem,
         bus,

@@ -7,8 +7,8 @@
 //! everything it creates is dropped when it returns. It takes only resolved
 //! input: what the host can do was settled by [`crate::preflight`](mod@crate::preflight).
 
-pub mod builder;
-pub mod control;
+mod builder;
+mod control;
 pub mod cpu_config;
 pub mod exit;
 pub mod kvm;
@@ -16,10 +16,10 @@ pub mod loader;
 pub mod memory;
 pub mod msr;
 pub mod outcome;
-pub mod segments;
+pub(crate) mod segments;
 pub mod signals;
-pub mod vcpu;
-pub mod watchdog;
+mod vcpu;
+mod watchdog;
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Mutex, OnceLock};
