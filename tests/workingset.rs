@@ -8,8 +8,8 @@
 //!   the same kernel instructions per call with it as without;
 //! - bad values are refused before boot (exit 64);
 //! - the 32-bit PAE flavour does the same under QEMU;
-//! - on a host where a flushing CR3 write really empties the TLB (this
-//!   workplace's kvm_pvm), PTI costs more per call with a 4 MiB working set
+//! - on a host where a flushing CR3 write really empties the TLB (kvm_pvm,
+//!   a software KVM), PTI costs more per call with a 4 MiB working set
 //!   than without one (medians of interleaved runs, one-sided).
 
 mod common;

@@ -81,7 +81,7 @@ impl Default for Config {
         Config {
             pti: PtiMode::Auto,
             pcid: false,
-            // int3 reaches the kernel on every x86 host, this workplace's KVM
+            // int3 reaches the kernel on every x86 host, kvm_pvm (software KVM)
             // included; the VMM normally passes an explicit entry.
             entry: Entry::Int3,
             workload: Workload::None,

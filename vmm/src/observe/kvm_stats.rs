@@ -20,7 +20,7 @@
 //! read them once in [`KvmStats::from_vm`] / [`KvmStats::from_vcpu`] and then
 //! only re-read the data block in [`KvmStats::read`]. Nothing here is specific
 //! to one KVM flavour: every descriptor the host offers is kept, by name, so the
-//! reports work on hardware VMX/SVM hosts as well as on this workplace's
+//! reports work on hardware VMX/SVM hosts as well as on kvm_pvm, a
 //! software virtualizer (which has e.g. `insn_emulation` and a meaningful
 //! `tlb_flush`).
 //!
