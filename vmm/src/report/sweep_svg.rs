@@ -6,7 +6,9 @@
 
 use super::sweep::{fmt_rate, fmt_size, SweepReport};
 
-const W: f64 = 820.0;
+// Wide enough for the legend of long configuration labels beside the plot
+// (`wss 16M pti=on,cmdline=pti_global_text=on`) and the refill chart's title.
+const W: f64 = 1040.0;
 const PLOT_L: f64 = 80.0;
 const PLOT_R: f64 = 600.0;
 const PLOT_T: f64 = 60.0;
