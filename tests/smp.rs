@@ -300,3 +300,42 @@ fn compare_poundsyscall_prints_the_per_thread_count_table() {
         .expect("run ptiscope");
     assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
 }
+
+#[test]
+fn live_metrics_report_every_vcpu() {
+    if !kvm_or_skip("live_metrics_report_every_vcpu") {
+        return;
+    }
+    let dir = scratch("smp-live-metrics");
+    let lines = dir.join("metrics.jsonl");
+    let out = ptiscope()
+        .args(["run", "--cpus", "2", "--workload", "poundsyscall"])
+        .args(["--iterations", "300", "--cmdline", "threads=2"])
+        .args(["--metrics-interval", "5", "--metrics-out"])
+        .arg(&lines)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&lines).unwrap();
+    let samples: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!samples.is_empty(), "no metrics lines");
+    let exits = |vcpu: usize| -> f64 {
+        samples
+            .iter()
+            .filter_map(|s| s["kvm_vcpu"][vcpu]["exits"].as_f64())
+            .sum()
+    };
+    for s in &samples {
+        assert_eq!(s["kvm_vcpu"].as_array().map(Vec::len), Some(2), "{s}");
+    }
+    // Both threads make system calls (two exits each) on their own vCPU.
+    assert!(
+        exits(0) > 300.0 && exits(1) > 300.0,
+        "{} {}",
+        exits(0),
+        exits(1)
+    );
+}

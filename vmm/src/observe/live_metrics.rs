@@ -85,7 +85,8 @@ pub struct LiveMetrics {
 
 struct State {
     vm: KvmStats,
-    vcpu: KvmStats,
+    /// Every vCPU's stats, by index.
+    vcpus: Vec<KvmStats>,
     mem: GuestMemoryMmap,
     telemetry_gpa: GuestAddress,
     out: crate::output::QueueWriter,
@@ -94,17 +95,29 @@ struct State {
     seq: u64,
     last_at: Duration,
     last_vm: Option<StatsSnapshot>,
-    last_vcpu: Option<StatsSnapshot>,
+    last_vcpus: Vec<Option<StatsSnapshot>>,
     last_guest: Option<TelemetrySnapshot>,
 }
 
 impl LiveMetrics {
-    /// Opens its own stats fds and starts the thread (called from the
-    /// observer's `on_start`, before the first KVM_RUN).
-    pub fn start(cfg: LiveMetricsConfig, ctx: &VmContext<'_>) -> Result<Self, LiveMetricsError> {
+    /// Opens its own VM stats fd and starts the thread (called from the
+    /// observer's `on_start`, before the first KVM_RUN). `vcpus` are stats
+    /// fds of every vCPU opened for this thread; empty, it reads the vCPU
+    /// of `ctx` alone.
+    pub fn start(
+        cfg: LiveMetricsConfig,
+        ctx: &VmContext<'_>,
+        vcpus: Vec<KvmStats>,
+    ) -> Result<Self, LiveMetricsError> {
+        let vcpus = if vcpus.is_empty() {
+            vec![KvmStats::from_vcpu(ctx.vcpu)?]
+        } else {
+            vcpus
+        };
         let mut st = State {
             vm: KvmStats::from_vm(ctx.vm)?,
-            vcpu: KvmStats::from_vcpu(ctx.vcpu)?,
+            last_vcpus: vec![None; vcpus.len()],
+            vcpus,
             // GuestMemoryMmap is a set of reference-counted mappings: the
             // clone keeps them alive for the thread.
             mem: ctx.mem.clone(),
@@ -115,7 +128,6 @@ impl LiveMetrics {
             seq: 0,
             last_at: Duration::ZERO,
             last_vm: None,
-            last_vcpu: None,
             last_guest: None,
         };
         st.sample(false)?;
@@ -186,10 +198,11 @@ impl State {
     fn sample(&mut self, emit: bool) -> Result<(), LiveMetricsError> {
         let at = self.start.elapsed();
         let vm = self.vm.read().ok();
-        let vcpu = self.vcpu.read().ok();
+        let vcpus: Vec<Option<StatsSnapshot>> = self.vcpus.iter().map(|v| v.read().ok()).collect();
         let guest = TelemetryReader::new(&self.mem, self.telemetry_gpa).and_then(|r| r.snapshot());
         if emit && self.format == MetricsFormat::OpenMetrics {
-            let text = openmetrics(at, vm.as_ref(), &[vcpu.as_ref()], guest.as_ref().ok());
+            let refs: Vec<Option<&StatsSnapshot>> = vcpus.iter().map(Option::as_ref).collect();
+            let text = openmetrics(at, vm.as_ref(), &refs, guest.as_ref().ok());
             self.out
                 .write_all(text.as_bytes())
                 .map_err(LiveMetricsError::Write)?;
@@ -225,7 +238,12 @@ impl State {
                 "t_ms": at.as_secs_f64() * 1e3,
                 "interval_ms": (at - self.last_at).as_secs_f64() * 1e3,
                 "kvm_vm": kdelta(&self.last_vm, &vm),
-                "kvm_vcpu": [kdelta(&self.last_vcpu, &vcpu)],
+                "kvm_vcpu": self
+                    .last_vcpus
+                    .iter()
+                    .zip(&vcpus)
+                    .map(|(a, b)| kdelta(a, b))
+                    .collect::<Vec<_>>(),
                 "guest": guest_v,
                 "guest_error": guest_err,
             });
@@ -237,8 +255,10 @@ impl State {
         if vm.is_some() {
             self.last_vm = vm;
         }
-        if vcpu.is_some() {
-            self.last_vcpu = vcpu;
+        for (last, now) in self.last_vcpus.iter_mut().zip(vcpus) {
+            if now.is_some() {
+                *last = now;
+            }
         }
         // Only a valid snapshot becomes the next baseline; an invalid one is
         // reported in its line.

@@ -66,6 +66,9 @@ pub struct Measurer {
     /// Why the guest's telemetry cannot be trusted (empty: valid).
     problems: Vec<String>,
     live_config: Option<LiveMetricsConfig>,
+    /// Stats fds of every vCPU for the live-metrics thread (its own: the
+    /// thread reads them while the vCPU threads read theirs).
+    live_vcpu_stats: Vec<KvmStats>,
     live: Option<LiveMetrics>,
     live_error: Option<String>,
     /// What became of the live-metrics output.
@@ -94,6 +97,7 @@ impl Measurer {
             unknown_ids: BTreeMap::new(),
             problems: Vec::new(),
             live_config: None,
+            live_vcpu_stats: Vec::new(),
             live: None,
             live_error: None,
             live_output: None,
@@ -168,12 +172,23 @@ impl PhaseObserver for Measurer {
             }
             Err(e) => self.stats_error = Some(e.to_string()),
         }
+        if self.live_config.is_some() {
+            match vcpus
+                .iter()
+                .map(KvmStats::from_vcpu)
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(v) => self.live_vcpu_stats = v,
+                Err(e) => log::warn!("--metrics-interval: per-vCPU stats: {e}"),
+            }
+        }
     }
 
     fn on_start(&mut self, ctx: &VmContext<'_>) {
         self.start = Some(self.snapshot(ctx));
         if let Some(cfg) = self.live_config.take() {
-            match LiveMetrics::start(cfg, ctx) {
+            let vcpus = std::mem::take(&mut self.live_vcpu_stats);
+            match LiveMetrics::start(cfg, ctx, vcpus) {
                 Ok(l) => self.live = Some(l),
                 Err(e) => {
                     log::warn!("--metrics-interval: {e}");
