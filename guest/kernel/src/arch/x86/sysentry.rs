@@ -2,7 +2,7 @@
 //! `int` entries, the SYSENTER MSRs for SYSENTER; one stub per mode (PTI
 //! off, on), so the fast paths test nothing.
 use super::cpu;
-use super::descriptors::{entry_stack_top_addr, set_gate, set_rsp0, KERNEL_CS};
+use super::descriptors::{set_gate, set_rsp0, KERNEL_CS};
 use guest_core::cmdline::Entry;
 
 extern "C" {
@@ -13,7 +13,7 @@ extern "C" {
     static entry_sysenter_pti: u8;
 }
 
-/// Once per run: SYSENTER_CS (SS = CS + 8, SYSEXIT uses CS + 16 and + 24).
+/// Once per CPU: SYSENTER_CS (SS = CS + 8, SYSEXIT uses CS + 16 and + 24).
 pub fn init(entry: Entry) {
     if entry == Entry::Sysenter {
         // SAFETY: the CPU has SYSENTER (checked by arch::unsupported).
@@ -28,7 +28,7 @@ pub fn init(entry: Entry) {
 pub fn install(entry: Entry, mode: u64, kstack_top: u64) -> bool {
     let pti = mode != 0;
     let stack = if pti {
-        entry_stack_top_addr()
+        super::percpu::entry_stack_top()
     } else {
         kstack_top
     };
