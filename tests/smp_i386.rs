@@ -165,3 +165,65 @@ fn the_user_copy_stays_isolated_with_two_cpus() {
     };
     assert_eq!(pages("1"), pages("2"));
 }
+
+#[test]
+fn deferred_switch_on_i386_still_switches_twice_per_call_on_two_cpus() {
+    // pti_switch=deferred (the 2020 RFC) on the PAE flavour: the exit's CR3
+    // switch from Rust, one more page of kernel text in the user copy.
+    let what = "i386 pti_switch=deferred poundsyscall";
+    let Some((code, out)) = run_i386_two_cpus(
+        what,
+        &[
+            "--pti",
+            "on",
+            "--entry",
+            "int80",
+            "--workload",
+            "poundsyscall",
+            "--iterations",
+            &CALLS.to_string(),
+            "--cmdline",
+            "threads=2 pti_switch=deferred",
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(code, Some(0), "{what}:\n{out}");
+    let r = result_line(&out);
+    let syscalls = 2 * CALLS + 2 + 3 + 1;
+    assert_eq!(num(&r, "syscalls"), syscalls, "{r:?}");
+    assert_eq!(
+        (num(&r, "cr3_entry"), num(&r, "cr3_exit")),
+        (syscalls, syscalls),
+        "{r:?}"
+    );
+    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
+    let pti = machine_line(&out, "@pti");
+    assert_eq!(pti["pti_switch"], "deferred", "{pti:?}");
+    assert_eq!(num(&pti, "deferred_switch_pages"), 1, "{pti:?}");
+    assert_eq!(
+        num(&pti, "user_copy_kernel_pages"),
+        num(&pti, "entry_area_pages") + 1,
+        "exactly one page more than the entry area: {pti:?}"
+    );
+
+    // SYSENTER has no deferred variant: refused (guest status UNSUPPORTED).
+    let Some((code, out)) = run_i386_two_cpus(
+        what,
+        &[
+            "--pti",
+            "on",
+            "--entry",
+            "sysenter",
+            "--cmdline",
+            "pti_switch=deferred",
+        ],
+    ) else {
+        return;
+    };
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        out.contains("pti_switch=deferred is built for the int entries"),
+        "{out}"
+    );
+}

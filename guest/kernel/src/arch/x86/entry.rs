@@ -190,6 +190,30 @@ entry_int_pti:
     popl %edx
     iret
 
+    /* pti_switch=deferred (the 2020 RFC's "defer CR3 switch to C code"),
+     * as on x86_64: the entry switch stays here; the exit's kernel->user
+     * switch is done by Rust code (pti_deferred.rs), called on the entry
+     * stack (mapped in the user copy). cdecl lets it clobber eax, ecx and
+     * edx: ecx and edx are restored from the entry stack anyway, so only
+     * the result is saved around the call. Its text page is mapped in the
+     * user copy too: that is its exposure. */
+    .balign 16
+    .global entry_int_pti_deferred
+entry_int_pti_deferred:
+    pushl %edx
+    pushl %ecx
+    SWITCH_TO_KERNEL_CR3 %edx
+    movl 4(%esp), %edx
+    movl %fs:PCPU_KSTACK_TOP, %esp
+    SYSCALL_BODY
+    movl %fs:PCPU_ENTRY_FRAME, %esp
+    pushl %eax
+    call pti_exit_to_user
+    popl %eax
+    popl %ecx
+    popl %edx
+    iret
+
     /* SYSENTER: CPL0, IF clear, ESP = SYSENTER_ESP, nothing pushed; ebp is
      * the user ESP (see user_sysenter). The handler preserves ebp, so
      * SYSEXIT gets it back in ecx; edx = the fixed return point. ESP is not

@@ -3,6 +3,7 @@
 //! off, on), so the fast paths test nothing.
 use super::cpu;
 use super::descriptors::{set_gate, set_rsp0, KERNEL_CS};
+use core::sync::atomic::{AtomicBool, Ordering};
 use guest_core::cmdline::Entry;
 
 extern "C" {
@@ -11,6 +12,15 @@ extern "C" {
     static entry_int_pti: u8;
     static entry_sysenter_off: u8;
     static entry_sysenter_pti: u8;
+    static entry_int_pti_deferred: u8;
+}
+
+/// `pti_switch=deferred` chosen (set once at boot, before any task runs).
+static DEFERRED: AtomicBool = AtomicBool::new(false);
+
+/// Selects the deferred exit switch for the int entries with PTI.
+pub fn set_deferred(on: bool) {
+    DEFERRED.store(on, Ordering::Relaxed);
 }
 
 /// Once per CPU: SYSENTER_CS (SS = CS + 8, SYSEXIT uses CS + 16 and + 24).
@@ -35,7 +45,9 @@ pub fn install(entry: Entry, mode: u64, kstack_top: u64) -> bool {
     set_rsp0(stack);
     match entry.vector() {
         Some(v) => {
-            let stub = if pti {
+            let stub = if pti && DEFERRED.load(Ordering::Relaxed) {
+                core::ptr::addr_of!(entry_int_pti_deferred)
+            } else if pti {
                 core::ptr::addr_of!(entry_int_pti)
             } else {
                 core::ptr::addr_of!(entry_int_off)
