@@ -217,6 +217,11 @@ pub struct KernelSpec {
     pub telemetry: u64,
     /// Bytes of physical memory in the direct map (2 MiB multiple, ≤ 1 GiB − 2 MiB).
     pub direct_map: u64,
+    /// `pti_switch=deferred`: physical `[start, end)` (page aligned, inside
+    /// the first 2 MiB) of the Rust code that switches to the user copy on
+    /// the way out, mapped in the user copy (read-only, executable, global)
+    /// unless already there; `(0, 0)` otherwise.
+    pub deferred_text: (u64, u64),
 }
 
 /// The kernel GiB shared by every address space: the PMD of the kernel
@@ -335,6 +340,26 @@ pub fn build_kernel_half<M: PhysMem, F: FrameSource>(
             }
             pa += 4096;
         }
+    }
+    // pti_switch=deferred: the function whose epilogue runs on the user copy
+    // (already mapped if the whole text is global).
+    let (start, end) = spec.deferred_text;
+    let mut pa = start;
+    while pa < end {
+        let mapped = in_range(pa, spec.entry_area) || spec.global_text && in_range(pa, spec.text);
+        if !mapped {
+            map_4k_in_pmd(
+                mem,
+                frames,
+                upmd,
+                KERNEL_BASE + pa,
+                pa,
+                GLOBAL,
+                KERNEL_TABLE_FLAGS,
+            )?;
+            pages += 1;
+        }
+        pa += 4096;
     }
     Ok(KernelHalf {
         kernel_pmd: kpmd,
@@ -501,6 +526,7 @@ mod tests {
             nx: true,
             telemetry: TELEMETRY,
             direct_map: DIRECT_MAP_SIZE,
+            deferred_text: (0, 0),
         }
     }
     fn user() -> UserSpec {
@@ -695,6 +721,43 @@ mod tests {
         assert!(translate(&m, pair, KERNEL_BASE + KDATA).unwrap().flags & GLOBAL == 0);
         assert_eq!(translate(&m, u, KERNEL_BASE + KDATA), None);
         assert_eq!(translate(&m, u, KERNEL_BASE + TEXT.1), None);
+    }
+
+    #[test]
+    fn deferred_switch_text_is_mapped_in_the_user_copy_and_nothing_more() {
+        let mut m = FakeMem::default();
+        let mut f = Bump {
+            next: 0x20_0000,
+            handed: Vec::new(),
+        };
+        let s = KernelSpec {
+            deferred_text: (TEXT.0 + 4096, TEXT.0 + 8192),
+            ..spec(true, false)
+        };
+        let half = build_kernel_half(&mut m, &mut f, &s).unwrap();
+        let pair = build_address_space(&mut m, &mut f, &half, &user(), true).unwrap();
+        let u = pair + 4096;
+        let entry_pages = (ENTRY.1 - ENTRY.0) / 4096;
+        assert_eq!(half.user_kernel_pages, entry_pages + 1);
+        // Read-only, executable, global kernel text.
+        let t = translate(&m, u, KERNEL_BASE + TEXT.0 + 4096).unwrap();
+        assert_eq!(t.phys, TEXT.0 + 4096);
+        assert_eq!(t.flags & (GLOBAL | WRITABLE | NO_EXECUTE | USER), GLOBAL);
+        // Only that page of the text, no kernel data.
+        assert_eq!(translate(&m, u, KERNEL_BASE + TEXT.0), None);
+        assert_eq!(translate(&m, u, KERNEL_BASE + TEXT.0 + 8192), None);
+        assert_eq!(translate(&m, u, KERNEL_BASE + KDATA), None);
+        // With the whole text global it is not mapped (or counted) twice.
+        let mut m = FakeMem::default();
+        let s = KernelSpec {
+            deferred_text: (TEXT.0 + 4096, TEXT.0 + 8192),
+            ..spec(true, true)
+        };
+        let half = build_kernel_half(&mut m, &mut f, &s).unwrap();
+        assert_eq!(
+            half.user_kernel_pages,
+            entry_pages + (TEXT.1 - TEXT.0) / 4096
+        );
     }
 
     #[test]

@@ -246,6 +246,7 @@ mod tests {
                 nx: true,
                 telemetry: TELEMETRY,
                 direct_map: 64 << 20,
+                deferred_text: (0, 0),
             },
         )
         .unwrap();

@@ -859,6 +859,7 @@ mod tests {
                 nx: true,
                 telemetry: 0x7f000,
                 direct_map: 8 << 20,
+                deferred_text: (0, 0),
             };
             let half = build_kernel_half(&mut BuilderMem(&m), &mut frames, &spec).unwrap();
             let pair =

@@ -54,6 +54,7 @@ pvh_start32:
     /* 8 KiB aligned: CR3 bit 12 means "user copy loaded" to the exception
      * entry code, so no kernel page-table root may have it set. */
     .balign 8192
+    .global boot_pdpt
 boot_pdpt:
     .long boot_pmd + 1, 0           /* PDPTEs: present only */
     .long 0, 0

@@ -4,10 +4,13 @@
 //! counted CR3-switch macros in `.entry.text`. With PTI this is all of the
 //! kernel that the user copy maps (plus the text with `pti_global_text=on`).
 //!
-//! Counters are 64-bit: each increment is `addl $1; adcl $0` at the fixed
-//! telemetry address, which the user copy does not map, so entry code
-//! counts after the switch to the kernel copy and exit code before the
-//! switch to the user copy. There is no PCID: every CR3 write flushes.
+//! Counters are 64-bit: each increment is `addl $1; adcl $0` FS-relative
+//! (FS's base is this CPU's counter block in the telemetry page, see
+//! percpu.rs), which the user copy does not map, so entry code counts after
+//! the switch to the kernel copy and exit code before the switch to the
+//! user copy. The per-CPU words the stubs read (`PCPU_*`, FS-relative too)
+//! are kernel data, read only on the kernel copy. There is no PCID: every
+//! CR3 write flushes.
 //!
 //! Register ABI (i386): eax = number, ebx ecx edx esi = arguments, eax =
 //! result; every other register is preserved. SYSENTER callers go through
@@ -16,7 +19,6 @@
 //! and SYSEXIT returns to the fixed `user_sysenter_return`.
 
 use core::arch::global_asm;
-use guest_core::pae::layout::TELEMETRY_VA;
 use ptiscope_abi::telemetry::Counter;
 
 /// Words at the top of the entry stack that hold a task's state during an
@@ -24,7 +26,7 @@ use ptiscope_abi::telemetry::Counter;
 pub const ENTRY_FRAME_WORDS: usize = 7;
 
 const fn ctr(c: Counter) -> u32 {
-    (TELEMETRY_VA + c.offset(0) as u64) as u32
+    c.offset_in_block() as u32
 }
 
 global_asm!(
@@ -38,10 +40,15 @@ global_asm!(
     .set CTR_INTERRUPTS, {c_interrupts}
     .set TABLE_SIZE, {table_size}
     .set ENOSYS, {enosys}
+    .set PCPU_KSTACK_TOP, PCPU_KERNEL + {p_kstack}
+    .set PCPU_EXIT_PTI, PCPU_KERNEL + {p_exit_pti}
+    .set PCPU_ENTRY_FRAME, PCPU_KERNEL + {p_entry_frame}
+    .set PCPU_ENTRY_STACK_TOP, PCPU_KERNEL + {p_entry_top}
+    .set PCPU_FAULT_STACK_TOP, PCPU_KERNEL + {p_fault}
 
     .macro COUNT ctr
-    addl $1, \ctr
-    adcl $0, \ctr + 4
+    addl $1, %fs:\ctr
+    adcl $0, %fs:\ctr + 4
     .endm
 
     /* Linux: SWITCH_TO_KERNEL_CR3 / SWITCH_TO_USER_CR3 (entry_32.S). */
@@ -118,7 +125,7 @@ exc_common:
     SWITCH_TO_KERNEL_CR3 %eax
 1:  COUNT CTR_EXCEPTIONS
     movl %esp, %ebx
-    movl $fault_stack_top, %esp
+    movl %fs:PCPU_FAULT_STACK_TOP, %esp
     pushl %esi                      /* cr3 */
     pushl %ebx                      /* frame */
     call exception_handler
@@ -162,7 +169,7 @@ entry_int_off:
     popl %edx
     iret
 
-    /* PTI: the CPU pushed the frame on the per-CPU entry stack (TSS.ESP0);
+    /* PTI: the CPU pushed the frame on this CPU's entry stack (TSS.ESP0);
      * ecx and edx are saved beside it (there is no free scratch register
      * on x86), and all of it stays there for the whole syscall (the context
      * switch saves those 7 words per task, see task.rs), so the fast path
@@ -174,11 +181,35 @@ entry_int_pti:
     pushl %edx
     pushl %ecx
     SWITCH_TO_KERNEL_CR3 %edx
-    movl cpu_current_kstack_top, %esp
-    movl entry_stack_top - 24, %edx /* the user's edx: third argument */
+    movl 4(%esp), %edx              /* the user's edx: third argument */
+    movl %fs:PCPU_KSTACK_TOP, %esp
     SYSCALL_BODY
-    movl $entry_stack_top - 28, %esp
+    movl %fs:PCPU_ENTRY_FRAME, %esp /* the saved ecx, edx and the frame */
     SWITCH_TO_USER_CR3 %edx
+    popl %ecx
+    popl %edx
+    iret
+
+    /* pti_switch=deferred (the 2020 RFC's "defer CR3 switch to C code"),
+     * as on x86_64: the entry switch stays here; the exit's kernel->user
+     * switch is done by Rust code (pti_deferred.rs), called on the entry
+     * stack (mapped in the user copy). cdecl lets it clobber eax, ecx and
+     * edx: ecx and edx are restored from the entry stack anyway, so only
+     * the result is saved around the call. Its text page is mapped in the
+     * user copy too: that is its exposure. */
+    .balign 16
+    .global entry_int_pti_deferred
+entry_int_pti_deferred:
+    pushl %edx
+    pushl %ecx
+    SWITCH_TO_KERNEL_CR3 %edx
+    movl 4(%esp), %edx
+    movl %fs:PCPU_KSTACK_TOP, %esp
+    SYSCALL_BODY
+    movl %fs:PCPU_ENTRY_FRAME, %esp
+    pushl %eax
+    call pti_exit_to_user
+    popl %eax
     popl %ecx
     popl %edx
     iret
@@ -203,7 +234,7 @@ entry_sysenter_pti:
     pushl %edx
     SWITCH_TO_KERNEL_CR3 %edx
     popl %edx
-    movl cpu_current_kstack_top, %esp
+    movl %fs:PCPU_KSTACK_TOP, %esp
     SYSCALL_BODY
     SWITCH_TO_USER_CR3 %edx
     movl %ebp, %ecx
@@ -218,19 +249,21 @@ task_first_return:
     xorl %eax, %eax
     xorl %ecx, %ecx
     xorl %edx, %edx
-    cmpl $0, cpu_exit_pti
+    cmpl $0, %fs:PCPU_EXIT_PTI
     je 1f
+    movl %fs:PCPU_ENTRY_STACK_TOP, %ecx
     movl 0(%esp), %eax
-    movl %eax, entry_stack_top - 20
+    movl %eax, -20(%ecx)
     movl 4(%esp), %eax
-    movl %eax, entry_stack_top - 16
+    movl %eax, -16(%ecx)
     movl 8(%esp), %eax
-    movl %eax, entry_stack_top - 12
+    movl %eax, -12(%ecx)
     movl 12(%esp), %eax
-    movl %eax, entry_stack_top - 8
+    movl %eax, -8(%ecx)
     movl 16(%esp), %eax
-    movl %eax, entry_stack_top - 4
-    movl $entry_stack_top - 20, %esp
+    movl %eax, -4(%ecx)
+    leal -20(%ecx), %esp
+    xorl %ecx, %ecx
     SWITCH_TO_USER_CR3 %eax
     xorl %eax, %eax
 1:  iret
@@ -262,25 +295,6 @@ entry_nmi:
     popl %eax
     iret
 
-    /* Per-CPU data the entry code reads after switching to the kernel copy
-     * (so in ordinary kernel data, absent from the user copy). 64-bit slots
-     * as on x86_64 (the shared task code writes them as u64); the stubs
-     * read the low word. */
-    .section .data.percpu, "aw"
-    .balign 8
-    .global cpu_current_kstack_top
-cpu_current_kstack_top:
-    .quad 0
-    .global cpu_user_flush_pending
-cpu_user_flush_pending:
-    .quad 0
-    .global cpu_exit_pti
-cpu_exit_pti:
-    .quad 0
-    .global cpu_frame_on_entry_stack
-cpu_frame_on_entry_stack:
-    .quad 0
-
     .section .rodata.exception_stubs, "a"
     .balign 4
     .global exception_stubs
@@ -289,9 +303,12 @@ exception_stubs:
     .long exc_\n
     .endr
 
+    /* CPU 0's fault stack (percpu.rs points its record here); APs get
+     * theirs from the frame allocator. */
     .section .bss.fault_stack, "aw", @nobits
     .balign 16
     .skip 16384
+    .global fault_stack_top
 fault_stack_top:
     .previous
 "#,
@@ -304,5 +321,10 @@ fault_stack_top:
     c_interrupts = const ctr(Counter::Interrupts),
     table_size = const ptiscope_abi::syscall::TABLE_SIZE,
     enosys = const ptiscope_abi::syscall::ENOSYS,
+    p_kstack = const super::percpu::kernel::KSTACK_TOP,
+    p_exit_pti = const super::percpu::kernel::EXIT_PTI,
+    p_entry_frame = const super::percpu::kernel::ENTRY_FRAME,
+    p_entry_top = const super::percpu::kernel::ENTRY_STACK_TOP,
+    p_fault = const super::percpu::kernel::FAULT_STACK_TOP,
     options(att_syntax)
 );

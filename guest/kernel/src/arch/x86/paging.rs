@@ -74,7 +74,14 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         nx,
         telemetry,
         direct_map: direct_map.max(2 << 20),
+        deferred_text: if pti && config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred {
+            super::pti_deferred::text_range()
+        } else {
+            (0, 0)
+        },
     };
+    let deferred = spec.deferred_text.1 > spec.deferred_text.0;
+    super::sysentry::set_deferred(deferred);
     let half = match build_kernel_half(&mut DirectMap, &mut Frames, &spec) {
         Ok(h) => h,
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
@@ -84,9 +91,13 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
     };
     if pti {
+        let pages = |(s, e): (u64, u64)| e.saturating_sub(s) / 4096;
         println!(
-            "@pti user_copy_kernel_pages={} global_text={} nx={}",
+            "@pti user_copy_kernel_pages={} entry_area_pages={} deferred_switch_pages={} pti_switch={} global_text={} nx={}",
             half.user_kernel_pages,
+            pages(spec.entry_area),
+            pages(spec.deferred_text),
+            if deferred { "deferred" } else { "asm" },
             if config.pti_global_text { "on" } else { "off" },
             nx as u8
         );

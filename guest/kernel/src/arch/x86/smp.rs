@@ -1,40 +1,403 @@
-//! The x86_32 PAE flavour runs on one CPU: `cpus=` above 1 is refused
-//! (`UNSUPPORTED`) before anything here is used.
-use core::sync::atomic::AtomicU64;
+//! Application processors of the x86_32 PAE flavour: started by INIT/SIPI
+//! through the local APIC (xAPIC, MMIO), the design of the x86_64 flavour
+//! (arch/x86_64/smp.rs): the SIPI vector names a real-mode trampoline
+//! copied to physical [`TRAMPOLINE_PHYS`]; it goes real mode → 32-bit
+//! protected mode → PAE paging on the static boot tables (identity + the
+//! kernel GiB: the instruction after `mov %cr0` runs at its physical
+//! address) and jumps to [`ap_start32`] in the kernel GiB with the stack the
+//! BSP handed over; `ap_setup` then loads the kernel-only page tables (the
+//! same root as the BSP's). CPUs are started one at a time; each reports
+//! itself online before the next is sent its SIPI.
+//!
+//! Interrupts: IF is clear everywhere (user mode too) except in
+//! [`idle_wait`]; the only interrupt is the wake-up IPI [`IPI_VECTOR`],
+//! counted (`interrupts`) and acknowledged (EOI); the legacy PIC's line
+//! (LINT0) is masked (see [`lapic_enable`]).
+use super::layout::TELEMETRY_VA;
+use crate::mm::{DirectMap, Frames};
+use core::arch::{asm, global_asm};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use guest_core::paging::PhysMem;
+use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
 
-/// Wake-up IPIs sent: none on one CPU.
+/// Physical page of the real-mode trampoline (SIPI vector 0x08).
+pub const TRAMPOLINE_PHYS: u64 = 0x8000;
+/// The local APIC's physical base (IA32_APIC_BASE default).
+const LAPIC_PHYS: u64 = 0xfee0_0000;
+/// Where the kernel maps the LAPIC: the page after the telemetry page, in
+/// the kernel PMD (so in the kernel copy only; uncached).
+pub const LAPIC_VA: u64 = TELEMETRY_VA + 0x1000;
+/// The wake-up IPI.
+pub const IPI_VECTOR: u8 = 0xf0;
+/// The LAPIC's spurious-interrupt vector.
+const SPURIOUS_VECTOR: u8 = 0xff;
+
+const LAPIC_ID: u64 = 0x20;
+const LAPIC_EOI: u64 = 0xb0;
+const LAPIC_SVR: u64 = 0xf0;
+const LAPIC_LVT_LINT0: u64 = 0x350;
+const LVT_MASKED: u32 = 1 << 16;
+const LAPIC_ICR_LO: u64 = 0x300;
+const LAPIC_ICR_HI: u64 = 0x310;
+const ICR_PENDING: u32 = 1 << 12;
+const ICR_INIT: u32 = 0x0000_4500;
+const ICR_SIPI: u32 = 0x0000_4600;
+const ICR_FIXED: u32 = 0x0000_4000;
+
+/// Kernel stack of an AP's idle context (and its boot).
+const AP_STACK_PAGES: u64 = 4;
+/// Stack for an AP's fatal-exception report.
+const AP_FAULT_STACK_PAGES: u64 = 4;
+
+static ONLINE: AtomicUsize = AtomicUsize::new(1);
+static CPUS: AtomicUsize = AtomicUsize::new(1);
+/// Wake-up IPIs sent (all CPUs); received ones count as `interrupts`.
 pub static IPIS_SENT: AtomicU64 = AtomicU64::new(0);
 
-pub fn init_bsp(_cpus: usize, _kernel_root: u64) {}
+global_asm!(
+    r#"
+    .section .rodata.ap_trampoline, "a"
+    .balign 16
+    .global ap_trampoline
+ap_trampoline:
+    .code16
+    /* Real mode, CS = TRAMPOLINE_PHYS >> 4, IP = 0. */
+    cli
+    cld
+    movw %cs, %ax
+    movw %ax, %ds
+    lgdtl (tr_gdt_ptr - ap_trampoline)
+    movl %cr0, %eax
+    orl $1, %eax
+    movl %eax, %cr0
+    ljmpl $0x08, ${tp} + (tr_pm32 - ap_trampoline)
 
-pub fn start_aps() -> usize {
-    1
+    .code32
+tr_pm32:
+    movl $0x10, %eax
+    movl %eax, %ds
+    movl %eax, %es
+    movl %eax, %ss
+    movl ({tp} + (tr_cr3 - ap_trampoline)), %eax
+    movl %eax, %cr3
+    movl %cr4, %eax
+    orl $0x20, %eax                 /* PAE */
+    movl %eax, %cr4
+    movl ({tp} + (tr_efer - ap_trampoline)), %eax
+    testl %eax, %eax
+    jz 1f
+    movl $0xc0000080, %ecx          /* EFER.NXE as the BSP has it */
+    xorl %edx, %edx
+    wrmsr
+1:  movl %cr0, %eax
+    orl $0x80010001, %eax           /* PG | WP | PE: loads the PDPTEs */
+    movl %eax, %cr0
+    movl ({tp} + (tr_stack - ap_trampoline)), %esp
+    movl ({tp} + (tr_cpu - ap_trampoline)), %eax
+    movl ({tp} + (tr_entry - ap_trampoline)), %ecx
+    jmp *%ecx
+
+    .balign 8
+tr_gdt:
+    .quad 0
+    .quad 0x00cf9a000000ffff        /* 0x08: 32-bit code */
+    .quad 0x00cf92000000ffff        /* 0x10: data */
+tr_gdt_end:
+    .word 0
+tr_gdt_ptr:
+    .word tr_gdt_end - tr_gdt - 1
+    .long {tp} + (tr_gdt - ap_trampoline)
+    .balign 4
+    /* Handed over by the BSP before each SIPI (ApHandover). */
+    .global ap_trampoline_handover
+ap_trampoline_handover:
+tr_cr3:   .long 0
+tr_efer:  .long 0
+tr_entry: .long 0
+tr_stack: .long 0
+tr_cpu:   .long 0
+    .global ap_trampoline_end
+ap_trampoline_end:
+
+    .section .text.ap_start32, "ax"
+    .code32
+    .global ap_start32
+ap_start32:
+    xorl %ebp, %ebp
+    subl $12, %esp                  /* 16-byte aligned at the call */
+    pushl %eax                      /* the CPU index */
+    call ap_main
+    ud2
+
+    /* The wake-up IPI: taken only in idle_wait (IF is clear everywhere
+     * else), so always from kernel mode on the kernel copy: no CR3 switch,
+     * no register needed (IRET restores the flags). */
+    .balign 16
+    .global entry_ipi
+entry_ipi:
+    addl $1, %fs:{ctr_interrupts}
+    adcl $0, %fs:{ctr_interrupts} + 4
+    movl $0, {eoi}
+    iret
+
+    .balign 16
+    .global entry_spurious
+entry_spurious:
+    iret
+    .previous
+"#,
+    tp = const TRAMPOLINE_PHYS,
+    ctr_interrupts = const Counter::Interrupts.offset_in_block(),
+    eoi = const LAPIC_VA + LAPIC_EOI,
+    options(att_syntax)
+);
+
+extern "C" {
+    static ap_trampoline: u8;
+    static ap_trampoline_handover: u8;
+    static ap_trampoline_end: u8;
+    static entry_ipi: u8;
+    static entry_spurious: u8;
+    static boot_pdpt: u8;
+    static fault_stack_top: u8;
+    fn ap_start32();
 }
 
+/// What the BSP writes into the trampoline page for the next AP.
+#[repr(C)]
+struct ApHandover {
+    cr3: u32,
+    efer: u32,
+    entry: u32,
+    stack: u32,
+    cpu: u32,
+}
+
+fn lapic_read(reg: u64) -> u32 {
+    // SAFETY: LAPIC_VA maps the LAPIC's MMIO page (init_bsp); 32-bit aligned.
+    unsafe { ((LAPIC_VA + reg) as usize as *const u32).read_volatile() }
+}
+
+fn lapic_write(reg: u64, v: u32) {
+    // SAFETY: as for lapic_read.
+    unsafe { ((LAPIC_VA + reg) as usize as *mut u32).write_volatile(v) }
+}
+
+/// Enables this CPU's LAPIC (spurious vector, software enable) with LINT0
+/// masked. The firmware leaves the BSP in virtual-wire mode (LINT0 =
+/// ExtINT from the 8259 PIC, whose IRQ 0 is vector 8 as the BIOS set it),
+/// so a PIT tick pending at the idle `sti; hlt` arrived as vector 8 and was
+/// taken for a double fault (seen under QEMU microvm). The kernel uses no
+/// legacy interrupts: masking LINT0 keeps the wake-up IPI the only one.
+fn lapic_enable() {
+    lapic_write(LAPIC_LVT_LINT0, LVT_MASKED);
+    lapic_write(LAPIC_SVR, 0x100 | SPURIOUS_VECTOR as u32);
+}
+
+fn send_ipi(apic_id: u32, icr: u32) {
+    while lapic_read(LAPIC_ICR_LO) & ICR_PENDING != 0 {
+        core::hint::spin_loop();
+    }
+    lapic_write(LAPIC_ICR_HI, apic_id << 24);
+    lapic_write(LAPIC_ICR_LO, icr);
+}
+
+/// CPUs online.
 pub fn online() -> usize {
-    1
+    ONLINE.load(Ordering::Acquire)
 }
 
+/// CPUs asked for (`cpus=`).
 pub fn cpus() -> usize {
-    1
+    CPUS.load(Ordering::Relaxed)
 }
 
-pub fn wake_cpu(_cpu: usize) {}
-
-/// Never reached on one CPU: CPU 0 runs until all tasks are done.
-pub fn idle_wait() {}
-
-/// poundsyscall's worker program: not built for this flavour yet.
-pub fn pound_program(_entry_code: u32) -> Option<u64> {
-    None
+/// Wakes CPU `cpu` from [`idle_wait`] (a no-op for this CPU or one not online).
+pub fn wake_cpu(cpu: usize) {
+    if cpu == super::percpu::cpu() || cpu >= online() {
+        return;
+    }
+    IPIS_SENT.fetch_add(1, Ordering::Relaxed);
+    send_ipi(cpu as u32, ICR_FIXED | IPI_VECTOR as u32);
 }
 
+/// Waits for an interrupt with interrupts enabled for that one instant
+/// (`sti; hlt` is atomic with respect to interrupt delivery: STI's shadow),
+/// so a wake-up sent after the caller found nothing to do is not lost.
+pub fn idle_wait() {
+    // SAFETY: the only interrupt source is the wake-up IPI, whose gate
+    // (entry_ipi) returns here; IF is cleared again right after.
+    unsafe { asm!("sti", "hlt", "cli", options(nostack)) }
+}
+
+/// Maps the LAPIC into the kernel PMD (shared by every kernel copy, absent
+/// from user copies), enables it on the BSP and installs the interrupt
+/// gates. Call once on the BSP after the kernel page tables are live, when
+/// `cpus > 1` (a one-CPU run touches no LAPIC).
+pub fn init_bsp(cpus: usize, kernel_root: u64) {
+    CPUS.store(cpus.clamp(1, MAX_CPUS), Ordering::Relaxed);
+    ONLINE.store(1, Ordering::Release);
+    if cpus <= 1 {
+        return;
+    }
+    use guest_core::paging::flags::{NO_CACHE, NO_EXECUTE, PRESENT, WRITABLE, WRITE_THROUGH};
+    let kernel_pmd =
+        guest_core::pae::Pte(DirectMap.read(kernel_root, guest_core::pae::KERNEL_PDPT_SLOT)).addr();
+    let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
+    if let Err(e) = guest_core::workingset::map_range_pae_flags(
+        &mut DirectMap,
+        &mut Frames,
+        kernel_pmd,
+        LAPIC_VA,
+        LAPIC_PHYS,
+        4096,
+        4096,
+        WRITABLE | NO_CACHE | WRITE_THROUGH | nx,
+        PRESENT | WRITABLE,
+    ) {
+        panic!("cannot map the local APIC: {e:?}");
+    }
+    let (ipi, spurious) = (
+        core::ptr::addr_of!(entry_ipi) as u64,
+        core::ptr::addr_of!(entry_spurious) as u64,
+    );
+    super::descriptors::set_gate(IPI_VECTOR, ipi, 0, 0);
+    super::descriptors::set_gate(SPURIOUS_VECTOR, spurious, 0, 0);
+    lapic_enable();
+}
+
+/// Starts CPUs 1..cpus one after the other; returns how many are online.
+pub fn start_aps() -> usize {
+    let cpus = cpus();
+    if cpus <= 1 {
+        return 1;
+    }
+    copy_trampoline();
+    // The boot section is identity mapped: the symbol's value is physical.
+    let boot_cr3 = core::ptr::addr_of!(boot_pdpt) as u32;
+    let efer = if super::cpu::has_nx() {
+        // SAFETY: EFER exists where CPUID reports NX (the boot code set NXE).
+        (unsafe { super::cpu::rdmsr(MSR_EFER) } & EFER_NXE) as u32
+    } else {
+        0
+    };
+    for n in 1..cpus {
+        let Some(stack) = crate::mm::alloc_contiguous(AP_STACK_PAGES) else {
+            panic!("out of memory for CPU {n}'s stack");
+        };
+        let handover = ApHandover {
+            cr3: boot_cr3,
+            efer,
+            entry: ap_start32 as *const () as u32,
+            stack: phys_top(stack, AP_STACK_PAGES) as u32,
+            cpu: n as u32,
+        };
+        // SAFETY: the trampoline page was just copied to TRAMPOLINE_PHYS
+        // (direct-mapped RAM) and holds the handover words at this offset.
+        unsafe { (handover_va() as usize as *mut ApHandover).write_volatile(handover) };
+        let before = online();
+        send_ipi(n as u32, ICR_INIT);
+        send_ipi(n as u32, ICR_SIPI | (TRAMPOLINE_PHYS >> 12) as u32);
+        // A real CPU may miss the first SIPI; KVM and QEMU ignore a second
+        // one to a CPU that already started.
+        if !wait_online(before + 1, 2_000_000) {
+            send_ipi(n as u32, ICR_SIPI | (TRAMPOLINE_PHYS >> 12) as u32);
+            if !wait_online(before + 1, 20_000_000) {
+                crate::println!("CPU {n} did not come online after INIT/SIPI");
+                break;
+            }
+        }
+    }
+    online()
+}
+
+const MSR_EFER: u32 = 0xc000_0080;
+const EFER_NXE: u64 = 1 << 11;
+
+fn phys_top(phys: u64, pages: u64) -> u64 {
+    match super::layout::phys_to_virt(phys) {
+        Some(v) => v + pages * 4096,
+        None => panic!("a stack outside the direct map"),
+    }
+}
+
+fn wait_online(n: usize, spins: u64) -> bool {
+    for _ in 0..spins {
+        if online() >= n {
+            return true;
+        }
+        core::hint::spin_loop();
+    }
+    online() >= n
+}
+
+fn handover_va() -> u64 {
+    let off = core::ptr::addr_of!(ap_trampoline_handover) as u64
+        - core::ptr::addr_of!(ap_trampoline) as u64;
+    super::layout::KERNEL_BASE + TRAMPOLINE_PHYS + off
+}
+
+fn copy_trampoline() {
+    // SAFETY: the trampoline is a byte range of the kernel's .rodata; the
+    // destination is low RAM nothing else uses after boot (see the x86_64
+    // flavour's smp.rs), reached through the direct map.
+    unsafe {
+        let start = core::ptr::addr_of!(ap_trampoline);
+        let len = core::ptr::addr_of!(ap_trampoline_end) as usize - start as usize;
+        assert!(len <= 4096);
+        let dst = (super::layout::KERNEL_BASE + TRAMPOLINE_PHYS) as usize as *mut u8;
+        core::ptr::copy_nonoverlapping(start, dst, len);
+    }
+}
+
+/// An AP's first Rust code, on the boot page tables and the stack the BSP
+/// handed over: its GDT/TSS (and FS), per-CPU record, the IDT, then the
+/// scheduler's AP entry.
+#[no_mangle]
+extern "C" fn ap_main(n: usize) -> ! {
+    super::descriptors::init_gdt_tss_for(n);
+    let Some(fault) = crate::mm::alloc_contiguous(AP_FAULT_STACK_PAGES) else {
+        crate::stop(ptiscope_abi::exit_status::PANIC)
+    };
+    super::percpu::init_cpu(
+        n,
+        super::descriptors::entry_stack_top_of(n),
+        phys_top(fault, AP_FAULT_STACK_PAGES),
+    );
+    super::descriptors::load_idt();
+    crate::task::ap_enter(n)
+}
+
+/// The rest of an AP's set-up: CR4 as the BSP's, the kernel-only page
+/// tables, its LAPIC; then it is online.
+pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
+    // SAFETY: the same CR4 bits the BSP runs with (PAE, already set by the
+    // trampoline, and PGE).
+    unsafe { super::cpu::write_cr4(cr4) };
+    super::paging::write_cr3(kernel_cr3, super::paging::Cr3Reason::Other);
+    // The trampoline's load of the boot tables happened before FS was set.
+    crate::telemetry::inc(Counter::Cr3Other);
+    crate::telemetry::inc(Counter::TlbFlushFull);
+    lapic_enable();
+    let _ = lapic_read(LAPIC_ID);
+    ONLINE.fetch_add(1, Ordering::AcqRel);
+}
+
+/// User address of the poundsyscall worker for an entry (ABI code).
+pub fn pound_program(entry_code: u32) -> Option<u64> {
+    Some(super::user::pound_program(entry_code))
+}
+
+/// The kernel-only page-table root now in CR3 (what APs load).
 pub fn current_cr3() -> u64 {
-    0
+    let v: usize;
+    // SAFETY: reading CR3 has no side effects.
+    unsafe { asm!("mov {}, cr3", out(reg) v, options(nostack, nomem, preserves_flags)) };
+    v as u64
 }
 
-/// Nothing to set up: the statics of CPU 0 are the per-CPU data.
-pub fn init_boot_cpu() {}
-
-/// Never called: no AP is started on this flavour.
-pub fn ap_setup(_kernel_cr3: u64, _cr4: u64) {}
+/// The boot CPU's per-CPU set-up (see percpu.rs).
+pub fn init_boot_cpu() {
+    let fault = core::ptr::addr_of!(fault_stack_top) as u64;
+    super::percpu::init_cpu(0, super::descriptors::entry_stack_top_of(0), fault);
+}

@@ -2,7 +2,8 @@
 //! `int` entries, the SYSENTER MSRs for SYSENTER; one stub per mode (PTI
 //! off, on), so the fast paths test nothing.
 use super::cpu;
-use super::descriptors::{entry_stack_top_addr, set_gate, set_rsp0, KERNEL_CS};
+use super::descriptors::{set_gate, set_rsp0, KERNEL_CS};
+use core::sync::atomic::{AtomicBool, Ordering};
 use guest_core::cmdline::Entry;
 
 extern "C" {
@@ -11,9 +12,18 @@ extern "C" {
     static entry_int_pti: u8;
     static entry_sysenter_off: u8;
     static entry_sysenter_pti: u8;
+    static entry_int_pti_deferred: u8;
 }
 
-/// Once per run: SYSENTER_CS (SS = CS + 8, SYSEXIT uses CS + 16 and + 24).
+/// `pti_switch=deferred` chosen (set once at boot, before any task runs).
+static DEFERRED: AtomicBool = AtomicBool::new(false);
+
+/// Selects the deferred exit switch for the int entries with PTI.
+pub fn set_deferred(on: bool) {
+    DEFERRED.store(on, Ordering::Relaxed);
+}
+
+/// Once per CPU: SYSENTER_CS (SS = CS + 8, SYSEXIT uses CS + 16 and + 24).
 pub fn init(entry: Entry) {
     if entry == Entry::Sysenter {
         // SAFETY: the CPU has SYSENTER (checked by arch::unsupported).
@@ -28,14 +38,16 @@ pub fn init(entry: Entry) {
 pub fn install(entry: Entry, mode: u64, kstack_top: u64) -> bool {
     let pti = mode != 0;
     let stack = if pti {
-        entry_stack_top_addr()
+        super::percpu::entry_stack_top()
     } else {
         kstack_top
     };
     set_rsp0(stack);
     match entry.vector() {
         Some(v) => {
-            let stub = if pti {
+            let stub = if pti && DEFERRED.load(Ordering::Relaxed) {
+                core::ptr::addr_of!(entry_int_pti_deferred)
+            } else if pti {
                 core::ptr::addr_of!(entry_int_pti)
             } else {
                 core::ptr::addr_of!(entry_int_off)

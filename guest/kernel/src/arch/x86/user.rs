@@ -567,3 +567,62 @@ pub fn section() -> (u64, u64) {
     let end = addr_of!(__user_end) as u64;
     (addr_of!(__user_phys) as u64, (end - start) / 4096)
 }
+
+// The poundsyscall worker (mmtests, see arch/x86_64/smp.rs): ebx = calls,
+// esi = the expected getppid result. Calls getppid ebx times, counts wrong
+// results in edi (the kernel preserves ebx, esi, edi), exits with the count.
+global_asm!(
+    sys_macro!(),
+    r#"
+    .macro POUND kind
+    .balign 16
+    .global user_pound_\kind
+user_pound_\kind:
+    xorl %edi, %edi
+    testl %ebx, %ebx
+    jz 2f
+1:  movl ${getppid}, %eax
+    SYS \kind
+    cmpl %eax, %esi
+    je 3f
+    incl %edi
+3:  decl %ebx
+    jnz 1b
+2:  movl %edi, %ebx
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+    .endm
+
+    .section .user.text, "ax"
+    POUND 2
+    POUND 3
+    POUND 4
+    POUND 5
+    .purgem POUND
+    .purgem SYS
+    .previous
+"#,
+    getppid = const nr::GETPPID,
+    exit = const nr::EXIT,
+    options(att_syntax)
+);
+
+extern "C" {
+    static user_pound_2: u8;
+    static user_pound_3: u8;
+    static user_pound_4: u8;
+    static user_pound_5: u8;
+}
+
+/// User address of the poundsyscall worker for an entry (ABI code).
+pub fn pound_program(entry_code: u32) -> u64 {
+    use core::ptr::addr_of;
+    let p = match entry_code {
+        2 => addr_of!(user_pound_2),
+        3 => addr_of!(user_pound_3),
+        4 => addr_of!(user_pound_4),
+        _ => addr_of!(user_pound_5),
+    };
+    p as u64
+}

@@ -1,0 +1,229 @@
+//! SMP of the i386 PAE flavour, under QEMU TCG (this host's KVM refuses
+//! 32-bit paging): `--arch i386 --backend qemu --cpus 2` starts the second
+//! CPU by INIT/SIPI, poundsyscall's two threads (one pinned to each CPU)
+//! make exactly one CR3 switch in and one out per syscall with PTI,
+//! sched-messaging loses no message when its tasks wake each other across
+//! CPUs, and the user copy still maps only the entry area (now with the
+//! per-CPU entry areas of the APs). All figures are guest-reported.
+
+mod common;
+
+use common::*;
+
+const CALLS: u64 = 300;
+
+/// `ptiscope run --arch i386 --backend qemu --cpus 2 ARGS`: (exit code,
+/// console), or None (with the reason printed) without qemu-system-i386.
+fn run_i386_two_cpus(test: &str, args: &[&str]) -> Option<(Option<i32>, String)> {
+    if std::process::Command::new("qemu-system-i386")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        ptiscope::test_support::skip(test, "qemu-system-i386 is not installed");
+        return None;
+    }
+    let o = ptiscope()
+        .args(["run", "--arch", "i386", "--backend", "qemu", "--cpus", "2"])
+        .args(["--timeout", "120"])
+        .args(args)
+        .output()
+        .expect("run ptiscope");
+    Some((o.status.code(), stdout(&o) + &stderr(&o)))
+}
+
+#[test]
+fn two_cpus_come_online_by_init_sipi() {
+    let Some((code, out)) = run_i386_two_cpus(
+        "i386 two_cpus_come_online_by_init_sipi",
+        &["--pti", "on", "--workload", "getpid", "--iterations", "50"],
+    ) else {
+        return;
+    };
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("ptiscope guest i386"), "{out}");
+    assert!(out.contains("smp: 2 of 2 CPUs online (INIT/SIPI)"), "{out}");
+    let smp = machine_line(&out, "@smp");
+    assert_eq!(num(&smp, "cpus"), 2, "{smp:?}");
+    // The one-CPU loop's counts are unchanged by the second CPU.
+    let r = result_line(&out);
+    assert_eq!(num(&r, "syscalls"), 51, "{r:?}");
+    assert_eq!(num(&r, "cr3_writes"), 102, "{r:?}");
+}
+
+#[test]
+fn poundsyscall_two_threads_make_two_cr3_writes_per_call() {
+    for entry in ["int80", "sysenter"] {
+        for pti in ["on", "off"] {
+            let what = format!("i386 poundsyscall entry={entry} pti={pti}");
+            let Some((code, out)) = run_i386_two_cpus(
+                &what,
+                &[
+                    "--pti",
+                    pti,
+                    "--entry",
+                    entry,
+                    "--workload",
+                    "poundsyscall",
+                    "--iterations",
+                    &CALLS.to_string(),
+                    "--cmdline",
+                    "threads=2",
+                ],
+            ) else {
+                return;
+            };
+            assert_eq!(code, Some(0), "{what}:\n{out}");
+            assert!(out.contains("smp: 2 of 2 CPUs online"), "{what}:\n{out}");
+            let r = result_line(&out);
+            // Thread 1 is pinned to CPU 1 and tasks never migrate: the run
+            // finishes with all its calls answered only if CPU 1 ran it.
+            assert_eq!(num(&r, "iterations"), 2 * CALLS, "{what}: {r:?}");
+            assert_eq!(num(&r, "mismatches"), 0, "{what}: getppid wrong: {r:?}");
+            // 2 x CALLS getppid, an exit per thread, the parent's waits
+            // (one per thread and the final -ECHILD) and its end marker.
+            let syscalls = 2 * CALLS + 2 + 3 + 1;
+            assert_eq!(num(&r, "syscalls"), syscalls, "{what}: {r:?}");
+            let (entry_w, exit_w) = (num(&r, "cr3_entry"), num(&r, "cr3_exit"));
+            if pti == "on" {
+                assert_eq!((entry_w, exit_w), (syscalls, syscalls), "{what}: {r:?}");
+            } else {
+                assert_eq!((entry_w, exit_w), (0, 0), "{what}: {r:?}");
+            }
+            let smp = machine_line(&out, "@smp");
+            assert_eq!(num(&smp, "cpus"), 2, "{what}: {smp:?}");
+            assert_eq!(num(&smp, "threads"), 2, "{what}: {smp:?}");
+            assert_eq!(num(&smp, "calls_per_thread"), CALLS, "{what}: {smp:?}");
+            // CPU 0 woke CPU 1 at the begin marker (its thread was queued there).
+            assert!(num(&smp, "ipis_sent") > 0, "{what}: {smp:?}");
+        }
+    }
+}
+
+#[test]
+fn sched_messaging_across_two_cpus_loses_no_message() {
+    for mode in ["process", "thread"] {
+        let what = format!("i386 sched-messaging two CPUs mode={mode}");
+        let cmdline = format!("groups=1 loops=2 mode={mode}");
+        let Some((code, out)) = run_i386_two_cpus(
+            &what,
+            &[
+                "--pti",
+                "on",
+                "--workload",
+                "sched-messaging",
+                "--cmdline",
+                &cmdline,
+            ],
+        ) else {
+            return;
+        };
+        assert_eq!(code, Some(0), "{what}:\n{out}");
+        let r = result_line(&out);
+        let messages = 20 * 20 * 2;
+        assert_eq!(num(&r, "iterations"), messages, "{what}: {r:?}");
+        assert_eq!(num(&r, "mismatches"), 0, "{what}: {r:?}");
+        let syscalls = 2 * messages + 40 + 41 + 1;
+        assert_eq!(num(&r, "syscalls"), syscalls, "{what}: {r:?}");
+        assert_eq!(num(&r, "cr3_entry"), syscalls, "{what}: {r:?}");
+        assert_eq!(num(&r, "cr3_exit"), syscalls, "{what}: {r:?}");
+        // Workers alternate between the CPUs: pipe wake-ups cross them.
+        let smp = machine_line(&out, "@smp");
+        assert!(
+            num(&smp, "ipis_sent") > 0,
+            "{what}: no cross-CPU wake-up: {smp:?}"
+        );
+    }
+}
+
+#[test]
+fn the_user_copy_stays_isolated_with_two_cpus() {
+    // The guest's own checks: a user read of a kernel address faults as
+    // "not present" (error code 0x4) with PTI, and the user copy maps the
+    // entry area only, the same pages whatever the CPU count.
+    let Some((code, out)) = run_i386_two_cpus(
+        "i386 the_user_copy_stays_isolated_with_two_cpus",
+        &["--pti", "on", "--cmdline", "fault=kread"],
+    ) else {
+        return;
+    };
+    assert_ne!(code, Some(0), "the kernel read did not fault:\n{out}");
+    assert!(out.contains("smp: 2 of 2 CPUs online"), "{out}");
+    let f = machine_line(&out, "@fault");
+    assert_eq!(num(&f, "vector"), 14, "{f:?}");
+    assert_eq!(f["error"], "0x4", "not-present fault from user mode: {f:?}");
+
+    let pages = |cpus: &str| {
+        let o = ptiscope()
+            .args(["run", "--arch", "i386", "--backend", "qemu", "--cpus", cpus])
+            .args(["--timeout", "120", "--pti", "on", "--iterations", "10"])
+            .output()
+            .expect("run ptiscope");
+        let out = stdout(&o) + &stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{out}");
+        num(&machine_line(&out, "@pti"), "user_copy_kernel_pages")
+    };
+    assert_eq!(pages("1"), pages("2"));
+}
+
+#[test]
+fn deferred_switch_on_i386_still_switches_twice_per_call_on_two_cpus() {
+    // pti_switch=deferred (the 2020 RFC) on the PAE flavour: the exit's CR3
+    // switch from Rust, one more page of kernel text in the user copy.
+    let what = "i386 pti_switch=deferred poundsyscall";
+    let Some((code, out)) = run_i386_two_cpus(
+        what,
+        &[
+            "--pti",
+            "on",
+            "--entry",
+            "int80",
+            "--workload",
+            "poundsyscall",
+            "--iterations",
+            &CALLS.to_string(),
+            "--cmdline",
+            "threads=2 pti_switch=deferred",
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(code, Some(0), "{what}:\n{out}");
+    let r = result_line(&out);
+    let syscalls = 2 * CALLS + 2 + 3 + 1;
+    assert_eq!(num(&r, "syscalls"), syscalls, "{r:?}");
+    assert_eq!(
+        (num(&r, "cr3_entry"), num(&r, "cr3_exit")),
+        (syscalls, syscalls),
+        "{r:?}"
+    );
+    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
+    let pti = machine_line(&out, "@pti");
+    assert_eq!(pti["pti_switch"], "deferred", "{pti:?}");
+    assert_eq!(num(&pti, "deferred_switch_pages"), 1, "{pti:?}");
+    assert_eq!(
+        num(&pti, "user_copy_kernel_pages"),
+        num(&pti, "entry_area_pages") + 1,
+        "exactly one page more than the entry area: {pti:?}"
+    );
+
+    // SYSENTER has no deferred variant: refused (guest status UNSUPPORTED).
+    let Some((code, out)) = run_i386_two_cpus(
+        what,
+        &[
+            "--pti",
+            "on",
+            "--entry",
+            "sysenter",
+            "--cmdline",
+            "pti_switch=deferred",
+        ],
+    ) else {
+        return;
+    };
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        out.contains("pti_switch=deferred is built for the int entries"),
+        "{out}"
+    );
+}
