@@ -87,6 +87,22 @@ fn a_small_sweep_has_every_cell_and_output() {
         assert!(c["syscall_rate"].as_f64().unwrap() > 0.0);
         for (i, k) in configs.iter().enumerate() {
             assert_eq!(k["samples"].as_array().unwrap().len(), 2);
+            // The statistics of compare, per cell: a mean with its CI from
+            // the two runs, and a Welch p and verdict against the baseline.
+            let ci = &k["mean_ci95"];
+            assert!(
+                ci["low"].as_f64().unwrap() <= ci["mean"].as_f64().unwrap(),
+                "{k}"
+            );
+            assert!(
+                ci["mean"].as_f64().unwrap() <= ci["high"].as_f64().unwrap(),
+                "{k}"
+            );
+            if i == 0 {
+                assert!(k["welch_p"].is_null() && k["significant"].is_null(), "{k}");
+            } else {
+                assert!(k["significant"].is_boolean(), "{k}");
+            }
             // The exact counts hold in every cell: 2 CR3 writes per call
             // with PTI (N + 1 calls in the phase), none without.
             let cr3 = k["cr3_writes_per_call"].as_f64().unwrap();

@@ -533,6 +533,8 @@ pub fn run(args: &SweepArgs) -> i32 {
                 read_cycles_min: median_rate(rr, "read_cycles_min_per_call"),
                 user_refill_cycles_per_page: None,
                 significant: None,
+                mean_ci95: None,
+                welch_p: None,
             });
         }
         report.cells.push(Cell {

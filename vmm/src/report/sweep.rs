@@ -62,6 +62,12 @@ pub struct CellConfig {
     /// Whether the difference to the baseline is statistically
     /// significant. `None`: not assessed (see [`significance`]).
     pub significant: Option<bool>,
+    /// Mean of `samples` with its 95 % confidence interval (`None` with
+    /// fewer than two runs).
+    pub mean_ci95: Option<crate::report::stats::MeanCi>,
+    /// Welch's t-test p-value against the baseline's samples (`None` for
+    /// the baseline, or where undefined).
+    pub welch_p: Option<f64>,
 }
 
 /// One (working set, reads per iteration) cell.
@@ -191,6 +197,9 @@ impl SweepReport {
             let Some(base) = cell.configs.first().map(|c| (c.median, c.samples.clone())) else {
                 continue;
             };
+            for c in cell.configs.iter_mut() {
+                c.mean_ci95 = crate::report::stats::mean_ci95(&c.samples);
+            }
             let base_reads = cell.configs.first().and_then(|c| c.read_cycles_min);
             let pages = cell.pages;
             cell.syscall_rate = per_second
@@ -203,6 +212,8 @@ impl SweepReport {
                 c.delta = Some(c.median - base.0);
                 c.overhead_pct = (base.0 > 0.0).then(|| (c.median - base.0) / base.0 * 100.0);
                 c.significant = significance(&base.1, &c.samples);
+                c.welch_p =
+                    crate::report::stats::welch_t_test(&base.1, &c.samples).map(|w| w.p_value);
             }
         }
         // Refill per page: against the wss=0 cell of the same configuration.
@@ -544,13 +555,13 @@ fn csv_field(s: &str) -> String {
 /// One line per (cell, configuration).
 pub fn csv(r: &SweepReport) -> String {
     let mut s = String::from(
-        "wss,touches_spec,touches,pages,syscall_rate,config,median,unit,delta,overhead_pct,refill_per_page,tlb_flush_per_call,kvm_pf_taken_per_call,kvm_exits_per_call,cr3_writes_per_call,read_cycles_per_call,read_cycles_min,user_refill_cycles_per_page,runs\n",
+        "wss,touches_spec,touches,pages,syscall_rate,config,median,unit,delta,overhead_pct,refill_per_page,tlb_flush_per_call,kvm_pf_taken_per_call,kvm_exits_per_call,cr3_writes_per_call,read_cycles_per_call,read_cycles_min,user_refill_cycles_per_page,runs,mean,ci95_half_width,welch_p,significant\n",
     );
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     for cell in &r.cells {
         for c in &cell.configs {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 cell.wss,
                 csv_field(&cell.touches_spec),
                 cell.touches,
@@ -569,7 +580,11 @@ pub fn csv(r: &SweepReport) -> String {
                 f(c.read_cycles_per_call),
                 f(c.read_cycles_min),
                 f(c.user_refill_cycles_per_page),
-                c.samples.len()
+                c.samples.len(),
+                f(c.mean_ci95.map(|m| m.mean)),
+                f(c.mean_ci95.map(|m| m.half_width)),
+                f(c.welch_p),
+                c.significant.map_or(String::new(), |b| b.to_string()),
             ));
         }
     }
@@ -597,6 +612,8 @@ mod tests {
             read_cycles_min: Some(median),
             user_refill_cycles_per_page: None,
             significant: None,
+            mean_ci95: None,
+            welch_p: None,
         }
     }
 
