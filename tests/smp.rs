@@ -278,6 +278,7 @@ fn compare_poundsyscall_prints_the_per_thread_count_table() {
         assert!(text.contains(&format!("Amean  elapsed-{t}")), "{text}");
     }
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["environment"]["host"].is_object(), "{}", v["environment"]);
     let counts = v["thread_counts"].as_array().expect("thread counts");
     assert_eq!(counts.len(), 4, "T = 1..=2 x 2 vCPUs");
     for c in counts {

@@ -81,6 +81,8 @@ fn a_small_sweep_has_every_cell_and_output() {
     assert_eq!(c["touches"], 100);
     assert_eq!(c["pages"], 16);
     assert_eq!(cell(&v, 65536, "1x")["touches"], 16);
+    // Every JSON report records where it came from.
+    assert!(v["environment"]["host"].is_object(), "{}", v["environment"]);
     for c in v["cells"].as_array().unwrap() {
         let configs = c["configs"].as_array().unwrap();
         assert_eq!(configs.len(), 3);

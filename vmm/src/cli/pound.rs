@@ -7,13 +7,13 @@
 //! and the CR3 writes per call follow. With a `threads=` on both sides the
 //! ordinary compare runs (one thread count, the full table, `--fail-if`).
 
-use std::path::Path;
-
-use crate::cli::compare::{parse_side, run_measured, SideSpec};
+use crate::cli::compare::{guest_image, parse_side, run_measured, SideSpec};
 use crate::cli::exit_code::{self, ExitCode};
-use crate::cli::{CompareArgs, Runs};
+use crate::cli::{Backend, CompareArgs, Runs};
+use crate::output::open_outputs;
 use crate::preflight::cmdline::Workload;
 use crate::preflight::{host, preflight};
+use crate::report::environment::Environment;
 
 /// Whether `args` asks for the thread-count sweep.
 pub fn wants_sweep(args: &CompareArgs) -> bool {
@@ -75,6 +75,21 @@ pub fn run(args: &CompareArgs) -> i32 {
                  poundsyscall's table per thread count takes a fixed --runs N"
             );
             return exit_code::USAGE;
+        }
+    };
+    if args.csv.is_some() || args.svg.is_some() {
+        eprintln!(
+            "ptiscope compare: poundsyscall's table per thread count is written as text and \
+             --json only (no --csv or --svg)"
+        );
+        return exit_code::USAGE;
+    }
+    // Opened before the first boot, as compare's outputs are.
+    let [json_file] = match open_outputs([("--json", args.json.as_deref())], args.timeout) {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("ptiscope compare: {e}");
+            return e.exit_code();
         }
     };
     let embedded = args.arch.embedded_image();
@@ -156,7 +171,19 @@ pub fn run(args: &CompareArgs) -> i32 {
         counts.push(tc);
     }
     print!("{}", render(&base.label, &comp.label, &counts));
-    if let Some(p) = &args.json {
+    if let Some(f) = &json_file {
+        let environment = Environment::collect(
+            match args.backend {
+                Backend::Kvm => "kvm",
+                Backend::Qemu => "qemu",
+            },
+            guest_image(&base.config.kernel),
+            [
+                ("baseline".to_owned(), vec![base.label.clone()]),
+                ("compare".to_owned(), vec![comp.label.clone()]),
+            ]
+            .into(),
+        );
         let v = serde_json::json!({
             "schema": "ptiscope-poundsyscall/1",
             "cpus": args.cpus,
@@ -165,21 +192,15 @@ pub fn run(args: &CompareArgs) -> i32 {
             "baseline": base.label,
             "compare": comp.label,
             "thread_counts": counts,
+            "environment": environment,
         });
         let text = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into());
-        return write(p, &text);
-    }
-    0
-}
-
-fn write(p: &Path, text: &str) -> i32 {
-    match std::fs::write(p, text) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("ptiscope compare: cannot write {}: {e}", p.display());
-            exit_code::CANT_CREATE
+        if let Err(e) = f.write_document(&text) {
+            eprintln!("ptiscope compare: {e}");
+            return exit_code::CANT_CREATE;
         }
     }
+    0
 }
 
 /// The mmtests-style table: Min/Amean/Max of the elapsed seconds per

@@ -496,6 +496,14 @@ pub fn run(args: &SweepArgs) -> i32 {
         cells: Vec::new(),
         crossings: Vec::new(),
         seconds: started.elapsed().as_secs_f64(),
+        environment: Some(crate::report::environment::Environment::collect(
+            &format!("{:?}", args.backend).to_lowercase(),
+            crate::cli::compare::guest_image(&match &args.kernel {
+                Some(p) => crate::machine::loader::KernelSource::Path(p.clone()),
+                None => crate::machine::loader::KernelSource::Embedded(args.arch.embedded_image()),
+            }),
+            [("configs".to_owned(), labels.clone())].into(),
+        )),
     };
     for (ci, cell) in cells.iter().enumerate() {
         let mut configs = Vec::new();

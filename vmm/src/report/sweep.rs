@@ -156,6 +156,9 @@ pub struct SweepReport {
     pub crossings: Vec<Crossing>,
     /// Wall-clock seconds the sweep took.
     pub seconds: f64,
+    /// Where the sweep came from (as in every JSON report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub environment: Option<crate::report::environment::Environment>,
 }
 
 /// The median of `v` (mean of the middle two for even lengths); NaN if empty.
@@ -647,6 +650,7 @@ mod tests {
             cells,
             crossings: vec![],
             seconds: 0.0,
+            environment: None,
         }
     }
 
