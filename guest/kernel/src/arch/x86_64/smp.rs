@@ -17,47 +17,20 @@
 //! The only interrupt is [`IPI_VECTOR`], a wake-up: "your run queue has
 //! work". It is counted (`interrupts`) and acknowledged (EOI), nothing else.
 use super::cpu;
-use super::layout::TELEMETRY_VA;
+pub use crate::arch::x86_shared::smp::*;
 use crate::mm::{DirectMap, Frames};
 use core::arch::{asm, global_asm};
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::Ordering;
 use guest_core::paging::{map_4k, KERNEL_TABLE_FLAGS};
 use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
 
 /// Physical page of the real-mode trampoline (SIPI vector 0x08).
 pub const TRAMPOLINE_PHYS: u64 = 0x8000;
-/// The local APIC's physical base (IA32_APIC_BASE default).
-const LAPIC_PHYS: u64 = 0xfee0_0000;
-/// Where the kernel maps the LAPIC: the page after the telemetry page
-/// (kernel copy only; uncached).
-pub const LAPIC_VA: u64 = TELEMETRY_VA + 0x1000;
-/// The wake-up IPI.
-pub const IPI_VECTOR: u8 = 0xf0;
-/// The LAPIC's spurious-interrupt vector.
-const SPURIOUS_VECTOR: u8 = 0xff;
-
-const LAPIC_ID: u64 = 0x20;
-const LAPIC_EOI: u64 = 0xb0;
-const LAPIC_SVR: u64 = 0xf0;
-const LAPIC_ICR_LO: u64 = 0x300;
-const LAPIC_ICR_HI: u64 = 0x310;
-/// ICR: delivery status (send pending).
-const ICR_PENDING: u32 = 1 << 12;
-const ICR_INIT: u32 = 0x0000_4500;
-const ICR_SIPI: u32 = 0x0000_4600;
-const ICR_FIXED: u32 = 0x0000_4000;
 
 /// Kernel stack of an AP's idle context (and its boot).
 const AP_STACK_PAGES: u64 = 4;
 /// Stack for an AP's fatal-exception report.
 const AP_FAULT_STACK_PAGES: u64 = 4;
-
-/// CPUs online: the boot CPU from the start.
-static ONLINE: AtomicUsize = AtomicUsize::new(1);
-/// CPUs the command line asked for.
-static CPUS: AtomicUsize = AtomicUsize::new(1);
-/// Wake-up IPIs sent (all CPUs); received ones count as `interrupts`.
-pub static IPIS_SENT: AtomicU64 = AtomicU64::new(0);
 
 global_asm!(
     r#"
@@ -181,57 +154,6 @@ struct ApHandover {
     cpu: u64,
 }
 
-fn lapic_read(reg: u64) -> u32 {
-    // SAFETY: LAPIC_VA maps the LAPIC's MMIO page (init_bsp); 32-bit aligned.
-    unsafe { ((LAPIC_VA + reg) as usize as *const u32).read_volatile() }
-}
-
-fn lapic_write(reg: u64, v: u32) {
-    // SAFETY: as for lapic_read.
-    unsafe { ((LAPIC_VA + reg) as usize as *mut u32).write_volatile(v) }
-}
-
-/// Enables this CPU's LAPIC (spurious vector, software enable).
-fn lapic_enable() {
-    lapic_write(LAPIC_SVR, 0x100 | SPURIOUS_VECTOR as u32);
-}
-
-fn send_ipi(apic_id: u32, icr: u32) {
-    while lapic_read(LAPIC_ICR_LO) & ICR_PENDING != 0 {
-        core::hint::spin_loop();
-    }
-    lapic_write(LAPIC_ICR_HI, apic_id << 24);
-    lapic_write(LAPIC_ICR_LO, icr);
-}
-
-/// CPUs online.
-pub fn online() -> usize {
-    ONLINE.load(Ordering::Acquire)
-}
-
-/// CPUs asked for (`cpus=`).
-pub fn cpus() -> usize {
-    CPUS.load(Ordering::Relaxed)
-}
-
-/// Wakes CPU `cpu` from [`idle_wait`] (a no-op for this CPU or one not online).
-pub fn wake_cpu(cpu: usize) {
-    if cpu == super::percpu::cpu() || cpu >= online() {
-        return;
-    }
-    IPIS_SENT.fetch_add(1, Ordering::Relaxed);
-    send_ipi(cpu as u32, ICR_FIXED | IPI_VECTOR as u32);
-}
-
-/// Waits for an interrupt with interrupts enabled for that one instant:
-/// `sti; hlt` is atomic with respect to interrupt delivery (STI's shadow),
-/// so a wake-up sent after the caller found nothing to do is not lost.
-pub fn idle_wait() {
-    // SAFETY: the only interrupt source is the wake-up IPI, whose gate
-    // (entry_ipi) returns here; IF is cleared again right after.
-    unsafe { asm!("sti", "hlt", "cli", options(nostack)) }
-}
-
 /// Maps the LAPIC, enables it on the BSP and installs the interrupt gates.
 /// Call once on the BSP after the kernel page tables are live, when
 /// `cpus > 1` (a one-CPU run touches no LAPIC).
@@ -308,23 +230,6 @@ const EFER_NXE: u64 = 1 << 11;
 
 extern "C" {
     fn ap_start64();
-}
-
-fn phys_top(phys: u64, pages: u64) -> u64 {
-    match super::layout::phys_to_virt(phys) {
-        Some(v) => v + pages * 4096,
-        None => panic!("a stack outside the direct map"),
-    }
-}
-
-fn wait_online(n: usize, spins: u64) -> bool {
-    for _ in 0..spins {
-        if online() >= n {
-            return true;
-        }
-        core::hint::spin_loop();
-    }
-    online() >= n
 }
 
 fn handover_va() -> u64 {
