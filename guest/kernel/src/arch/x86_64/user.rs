@@ -20,36 +20,14 @@ use core::arch::global_asm;
 use guest_core::pipe::message;
 use ptiscope_abi::syscall as nr;
 
-/// Flags in rbx of `user_loop`.
-pub const FLAG_NOPTI: u64 = 1;
-pub const FLAG_KREAD: u64 = 2;
-pub const FLAG_WSS: u64 = 4;
-/// Exit status of `user_loop` when its kernel read did not fault.
-pub const KREAD_SURVIVED: u64 = 77;
-
-/// `SYS kind`: the syscall instruction of entry method `kind` (the ABI
-/// entry code), for the user programs below; each asm block defines it
-/// and purges it at its end.
-macro_rules! sys_macro {
-    () => {
-        r#"
-    .macro SYS kind
-    .if \kind == 1
-    syscall
-    .elseif \kind == 3
-    int $0x80
-    .elseif \kind == 4
-    int3
-    .else
-    int $4
-    .endif
-    .endm
-"#
-    };
-}
+use crate::arch::x86_shared::user::{init_program, program_lookup, sys_macro};
+pub use crate::arch::x86_shared::user::{
+    section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
+};
 
 global_asm!(
     sys_macro!(),
+    init_program!(),
     r#"
 
     .macro USER_PROGRAMS kind
@@ -200,20 +178,7 @@ user_loop_\kind:
     movq %rbx, %rdi
     jmp 8b
 
-    .balign 16
-    .global user_init_\kind
-user_init_\kind:
-    xorl %ebx, %ebx
-1:  movl ${wait}, %eax
-    SYS \kind
-    testq %rax, %rax
-    js 2f
-    movq %rax, %rbx
-    jmp 1b
-2:  movl ${exit}, %eax
-    movq %rbx, %rdi
-    SYS \kind
-    ud2
+    USER_INIT \kind, q, rax, rbx, ebx, rdi
     .endm
 
     .section .user.text, "ax"
@@ -222,6 +187,7 @@ user_init_\kind:
     USER_PROGRAMS 4
     USER_PROGRAMS 5
     .purgem USER_PROGRAMS
+    .purgem USER_INIT
     .purgem SYS
     .previous
 "#,
@@ -430,80 +396,5 @@ user_msg_receiver_\kind:
     options(att_syntax)
 );
 
-extern "C" {
-    static user_msg_parent_1: u8;
-    static user_msg_parent_3: u8;
-    static user_msg_parent_4: u8;
-    static user_msg_parent_5: u8;
-    static user_msg_sender_1: u8;
-    static user_msg_sender_3: u8;
-    static user_msg_sender_4: u8;
-    static user_msg_sender_5: u8;
-    static user_msg_receiver_1: u8;
-    static user_msg_receiver_3: u8;
-    static user_msg_receiver_4: u8;
-    static user_msg_receiver_5: u8;
-}
-
-/// User addresses of the sched-messaging programs (parent, sender,
-/// receiver) for an entry (ABI code).
-pub fn messaging_programs(entry_code: u32) -> (u64, u64, u64) {
-    use core::ptr::addr_of;
-    let (p, s, r) = match entry_code {
-        1 => (
-            addr_of!(user_msg_parent_1),
-            addr_of!(user_msg_sender_1),
-            addr_of!(user_msg_receiver_1),
-        ),
-        3 => (
-            addr_of!(user_msg_parent_3),
-            addr_of!(user_msg_sender_3),
-            addr_of!(user_msg_receiver_3),
-        ),
-        4 => (
-            addr_of!(user_msg_parent_4),
-            addr_of!(user_msg_sender_4),
-            addr_of!(user_msg_receiver_4),
-        ),
-        _ => (
-            addr_of!(user_msg_parent_5),
-            addr_of!(user_msg_sender_5),
-            addr_of!(user_msg_receiver_5),
-        ),
-    };
-    (p as u64, s as u64, r as u64)
-}
-
-extern "C" {
-    static user_loop_1: u8;
-    static user_loop_3: u8;
-    static user_loop_4: u8;
-    static user_loop_5: u8;
-    static user_init_1: u8;
-    static user_init_3: u8;
-    static user_init_4: u8;
-    static user_init_5: u8;
-    static __user_start: u8;
-    static __user_end: u8;
-    static __user_phys: u8;
-}
-
-/// User addresses of (`user_loop`, `user_init`) for an entry (ABI code).
-pub fn programs(entry_code: u32) -> (u64, u64) {
-    use core::ptr::addr_of;
-    let (l, i) = match entry_code {
-        1 => (addr_of!(user_loop_1), addr_of!(user_init_1)),
-        3 => (addr_of!(user_loop_3), addr_of!(user_init_3)),
-        4 => (addr_of!(user_loop_4), addr_of!(user_init_4)),
-        _ => (addr_of!(user_loop_5), addr_of!(user_init_5)),
-    };
-    (l as u64, i as u64)
-}
-
-/// Physical address and page count of the user section.
-pub fn section() -> (u64, u64) {
-    use core::ptr::addr_of;
-    let start = addr_of!(__user_start) as u64;
-    let end = addr_of!(__user_end) as u64;
-    (addr_of!(__user_phys) as u64, (end - start) / 4096)
-}
+// The entries of this flavour: 1 SYSCALL, 3 `int $0x80`, 4 `int3`, 5 `int $4`.
+program_lookup!(1);
