@@ -2,20 +2,25 @@
 //! `.user.text` (no call leaves it), one copy per entry instruction; the ones
 //! whose shape is the same on both flavours are written here once as GAS
 //! macros whose parameters are the flavour's operand-size suffix and register
-//! names, so each flavour assembles exactly the instructions it had when they
-//! were written twice:
+//! names (`SYS`, `USER_INIT` and `USER_POUND` assemble exactly the
+//! instructions each flavour had when they were written twice; the
+//! sched-messaging programs are x86_32's, which x86_64 now runs too):
 //! * `SYS kind` (`sys_macro!`): the system-call instruction of an entry
 //!   (ABI entry code: 1 SYSCALL, 2 SYSENTER through `user_sysenter`,
 //!   3 `int $0x80`, 4 `int3`, 5 `int $4`);
 //! * `USER_INIT` (`init_program!`): pid 1, reaps its children and exits with
 //!   the last status;
 //! * `USER_POUND` (`pound_program!`): the poundsyscall worker, getppid in a
-//!   loop checking each result.
+//!   loop checking each result;
+//! * `MSG_PROGRAMS` (`messaging_programs!`): the sched-messaging parent,
+//!   sender and receiver, their state on the stack in both flavours (x86_32
+//!   has too few registers), the end marker a per-flavour `PHASE_END`.
 //!
-//! What stays per flavour (arch/*/user.rs): `user_loop` (the measured loop,
-//! written for each register ABI) and the sched-messaging parent, sender and
-//! receiver, which on x86_32 keep their state on the stack because four of
-//! its seven registers carry system-call arguments. The Rust side (flags,
+//! What stays per flavour (arch/*/user.rs): `user_loop`, the measured
+//! syscall loop and its working-set variant, written for each register ABI
+//! (x86_32 passes the loop's parameters packed and keeps its state on the
+//! stack; the 64-bit cycle count is one register or two words), the
+//! `PHASE_END` macro and, on x86_32, the SYSENTER stub. The Rust side (flags,
 //! program addresses, the section) is shared below.
 
 /// Flags of `user_loop` (rbx on x86_64, ebx >> 16 on x86_32).
@@ -185,3 +190,184 @@ pub fn section() -> (u64, u64) {
     let end = addr_of!(__user_end) as u64;
     (addr_of!(__user_phys) as u64, (end - start) / 4096)
 }
+
+/// `MSG_PROGRAMS kind, sfx, sp, ax, di, cx, a0, a1, a2, p1, grp, idx, lps`
+/// defines the sched-messaging programs `user_msg_{parent,sender,receiver}_<kind>`
+/// (perf bench sched messaging, pipes; see docs/guest.md). Their state lives
+/// on the user stack in 32-bit slots, as x86_32 needs (four of its seven
+/// registers carry system-call arguments). Register names: `sfx` the
+/// pointer-size suffix, `sp ax di cx` the pointer-size stack, result, string
+/// destination and index registers, `a0 a1 a2` the 32-bit names of the first
+/// three syscall argument registers and `p1` the pointer-size name of `a1`,
+/// `grp idx lps` the 32-bit names of the parameters (group, index in the
+/// group, loops), which the kernel preserves. Messages are
+/// `guest_core::pipe::message`: 100 bytes, built and checked on the stack.
+/// Needs `SYS`, the flavour's `PHASE_END kind` (the end marker with the
+/// cycles in edx:eax and the mismatches at 0(sp)) and the operands
+/// `phase_mark begin wait exit read write first_fd size tag check check_off
+/// group`.
+macro_rules! messaging_programs {
+    () => {
+        r#"
+    .macro MSG_PROGRAMS kind, sfx, sp, ax, di, cx, a0, a1, a2, p1, grp, idx, lps
+    /* The parent: marks the phase, reaps every worker, sums their exit
+     * statuses (mismatches), marks the end with (cycles, mismatches).
+     * Stack: 0 mismatches, 4/8 TSC at the start. */
+    .balign 16
+    .global user_msg_parent_\kind
+user_msg_parent_\kind:
+    sub\sfx $16, %\sp
+    movl ${phase_mark}, %eax
+    movl ${begin}, %\a0
+    SYS \kind
+    rdtsc
+    movl %eax, 4(%\sp)
+    movl %edx, 8(%\sp)
+    movl $0, (%\sp)
+1:  movl ${wait}, %eax
+    SYS \kind
+    test\sfx %\ax, %\ax
+    js 2f
+    addl %eax, (%\sp)
+    jmp 1b
+2:  rdtsc
+    subl 4(%\sp), %eax
+    sbbl 8(%\sp), %edx
+    PHASE_END \kind
+    movl (%\sp), %\a0
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+
+    /* A sender: `loops` rounds of one message to each receiver of the
+     * group (fd 3 + receiver); exits with the number of failed writes.
+     * Stack: 0..100 message, 100 failed writes, 104 sequence,
+     * 108 receiver, 112 loops. */
+    .balign 16
+    .global user_msg_sender_\kind
+user_msg_sender_\kind:
+    sub\sfx $128, %\sp
+    movl %\lps, %ebp
+    mov\sfx %\sp, %\di
+    xorl %eax, %eax
+    movl $28, %ecx
+    rep stosl
+    movl %ebp, 112(%\sp)
+    movl %\grp, %eax
+    shll $16, %eax
+    orl %\idx, %eax
+    orl ${tag}, %eax
+    movl %eax, (%\sp)               /* word 0 */
+    cmpl $0, 112(%\sp)
+    je 5f
+1:  movl $0, 108(%\sp)
+2:  movl 104(%\sp), %eax
+    movl %eax, 4(%\sp)
+    movl 108(%\sp), %eax
+    movl %eax, 8(%\sp)
+    movl (%\sp), %eax
+    xorl 4(%\sp), %eax
+    xorl 8(%\sp), %eax
+    xorl ${check}, %eax
+    movl %eax, {check_off}(%\sp)
+    movl 108(%\sp), %\a0
+    addl ${first_fd}, %\a0
+    mov\sfx %\sp, %\p1
+    movl ${size}, %\a2
+    movl ${write}, %eax
+    SYS \kind
+    cmp\sfx ${size}, %\ax
+    je 3f
+    incl 100(%\sp)
+3:  incl 108(%\sp)
+    cmpl ${group}, 108(%\sp)
+    jb 2b
+    incl 104(%\sp)
+    movl 104(%\sp), %eax
+    cmpl 112(%\sp), %eax
+    jb 1b
+5:  movl 100(%\sp), %\a0
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+
+    /* A receiver: reads group * loops messages from fd 3 (looping on
+     * short reads), checks each (tag, group, receiver, check word, and
+     * the next sequence number of its sender), then that every sender
+     * delivered `loops`; exits with the number of mismatches.
+     * Stack: 0..100 message, 112..192 next sequence per sender,
+     * 192 mismatches, 196 messages left, 200 bytes so far, 204 loops.
+     * ebp = expected high half of word 0. */
+    .balign 16
+    .global user_msg_receiver_\kind
+user_msg_receiver_\kind:
+    sub\sfx $208, %\sp
+    movl %\lps, %ebp
+    mov\sfx %\sp, %\di
+    xorl %eax, %eax
+    movl $52, %ecx
+    rep stosl
+    movl %ebp, 204(%\sp)
+    imull ${group}, %ebp, %eax
+    movl %eax, 196(%\sp)
+    movl %\grp, %ebp
+    shll $16, %ebp
+    orl ${tag}, %ebp
+    cmpl $0, 196(%\sp)
+    je 7f
+1:  movl $0, 200(%\sp)
+2:  movl ${read}, %eax
+    movl ${first_fd}, %\a0
+    movl 200(%\sp), %\a1
+    add\sfx %\sp, %\p1
+    movl ${size}, %\a2
+    subl 200(%\sp), %\a2
+    SYS \kind
+    test\sfx %\ax, %\ax
+    jle 8f                          /* error or end of file */
+    addl %eax, 200(%\sp)
+    cmpl ${size}, 200(%\sp)
+    jb 2b
+    movl (%\sp), %eax
+    movl %eax, %ecx
+    andl $0xffff0000, %ecx
+    cmpl %ebp, %ecx
+    jne 6f
+    movl %eax, %ecx
+    andl $0xffff, %ecx              /* sender */
+    cmpl ${group}, %ecx
+    jae 6f
+    cmpl 8(%\sp), %\idx
+    jne 6f
+    xorl 4(%\sp), %eax
+    xorl 8(%\sp), %eax
+    xorl ${check}, %eax
+    cmpl {check_off}(%\sp), %eax
+    jne 6f
+    movl 4(%\sp), %eax
+    cmpl 112(%\sp,%\cx,4), %eax
+    jne 6f
+    incl 112(%\sp,%\cx,4)
+    jmp 5f
+6:  incl 192(%\sp)
+5:  decl 196(%\sp)
+    jnz 1b
+7:  xorl %ecx, %ecx
+    movl 204(%\sp), %eax
+9:  cmpl 112(%\sp,%\cx,4), %eax
+    je 10f
+    incl 192(%\sp)
+10: incl %ecx
+    cmpl ${group}, %ecx
+    jb 9b
+    movl 192(%\sp), %\a0
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+8:  incl 192(%\sp)
+    jmp 7b
+    .endm
+"#
+    };
+}
+pub(crate) use messaging_programs;
