@@ -13,40 +13,25 @@
 //! state lives on the user stack (user code runs natively; only kernel
 //! paths are measured). `phase_mark(end, cycles_lo, mismatches, cycles_hi)`
 //! passes the 64-bit cycle count in two words.
+//!
+//! Only `user_loop` and the SYSENTER stub are written here; `user_init`, the
+//! sched-messaging programs and the poundsyscall worker are written once for
+//! both flavours in arch/x86_shared/user.rs and instantiated here with this
+//! flavour's register names.
 use core::arch::global_asm;
 use guest_core::pipe::message;
 use ptiscope_abi::syscall as nr;
 
-/// Flags of `user_loop`.
-pub const FLAG_NOPTI: u64 = 1;
-pub const FLAG_KREAD: u64 = 2;
-pub const FLAG_WSS: u64 = 4;
-/// Exit status of `user_loop` when its kernel read did not fault.
-pub const KREAD_SURVIVED: u64 = 77;
-
-/// `SYS kind`: the syscall instruction of entry method `kind` (the ABI
-/// entry code), for the user programs below; each asm block defines it
-/// and purges it at its end.
-macro_rules! sys_macro {
-    () => {
-        r#"
-    .macro SYS kind
-    .if \kind == 2
-    call user_sysenter
-    .elseif \kind == 3
-    int $0x80
-    .elseif \kind == 4
-    int3
-    .else
-    int $4
-    .endif
-    .endm
-"#
-    };
-}
+use crate::arch::x86_shared::user::{
+    init_program, messaging_programs, pound_program, program_lookup, sys_macro,
+};
+pub use crate::arch::x86_shared::user::{
+    section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
+};
 
 global_asm!(
     sys_macro!(),
+    init_program!(),
     r#"
 
     .macro USER_PROGRAMS kind
@@ -226,20 +211,7 @@ user_loop_\kind:
     movl 68(%esp), %ebx
     jmp 8b
 
-    .balign 16
-    .global user_init_\kind
-user_init_\kind:
-    xorl %edi, %edi
-1:  movl ${wait}, %eax
-    SYS \kind
-    testl %eax, %eax
-    js 2f
-    movl %eax, %edi
-    jmp 1b
-2:  movl ${exit}, %eax
-    movl %edi, %ebx
-    SYS \kind
-    ud2
+    USER_INIT \kind, l, eax, edi, edi, ebx
     .endm
 
     .section .user.text, "ax"
@@ -265,6 +237,7 @@ user_sysenter_return:
     USER_PROGRAMS 4
     USER_PROGRAMS 5
     .purgem USER_PROGRAMS
+    .purgem USER_INIT
     .purgem SYS
     .previous
 "#,
@@ -293,184 +266,30 @@ user_sysenter_return:
     options(att_syntax)
 );
 
-/* sched-messaging (perf bench sched messaging, pipes). Parameters:
- * ebx = group, esi = index in the group, edi = loops. Messages are
- * guest_core::pipe::message: 100 bytes, built and checked on the stack;
- * the loop state lives there too. */
+/* sched-messaging (perf bench sched messaging, pipes), written once in
+ * arch/x86_shared/user.rs. Parameters: ebx = group, esi = index in the
+ * group, edi = loops. */
 global_asm!(
     sys_macro!(),
+    messaging_programs!(),
     r#"
-
-    .macro MSG_PROGRAMS kind
-    /* The parent: marks the phase, reaps every worker, sums their exit
-     * statuses (mismatches), marks the end with (cycles, mismatches).
-     * Stack: 0 mismatches, 4/8 TSC at the start. */
-    .balign 16
-    .global user_msg_parent_\kind
-user_msg_parent_\kind:
-    subl $16, %esp
-    movl ${phase_mark}, %eax
-    movl ${begin}, %ebx
-    SYS \kind
-    rdtsc
-    movl %eax, 4(%esp)
-    movl %edx, 8(%esp)
-    movl $0, (%esp)
-1:  movl ${wait}, %eax
-    SYS \kind
-    testl %eax, %eax
-    js 2f
-    addl %eax, (%esp)
-    jmp 1b
-2:  rdtsc
-    subl 4(%esp), %eax
-    sbbl 8(%esp), %edx
+    /* The end marker: phase_mark(end, cycles_lo, mismatches, cycles_hi). */
+    .macro PHASE_END kind
     movl %edx, %esi                 /* cycles, high word */
     movl %eax, %ecx                 /* cycles, low word */
     movl (%esp), %edx               /* mismatches */
     movl ${end}, %ebx
     movl ${phase_mark}, %eax
     SYS \kind
-    movl (%esp), %ebx
-    movl ${exit}, %eax
-    SYS \kind
-    ud2
-
-    /* A sender: `loops` rounds of one message to each receiver of the
-     * group (fd 3 + receiver); exits with the number of failed writes.
-     * Stack: 0..100 message, 100 failed writes, 104 sequence,
-     * 108 receiver, 112 loops. */
-    .balign 16
-    .global user_msg_sender_\kind
-user_msg_sender_\kind:
-    subl $128, %esp
-    movl %edi, %ebp
-    movl %esp, %edi
-    xorl %eax, %eax
-    movl $28, %ecx
-    rep stosl
-    movl %ebp, 112(%esp)
-    movl %ebx, %eax
-    shll $16, %eax
-    orl %esi, %eax
-    orl ${tag}, %eax
-    movl %eax, (%esp)               /* word 0 */
-    cmpl $0, 112(%esp)
-    je 5f
-1:  movl $0, 108(%esp)
-2:  movl 104(%esp), %eax
-    movl %eax, 4(%esp)
-    movl 108(%esp), %eax
-    movl %eax, 8(%esp)
-    movl (%esp), %eax
-    xorl 4(%esp), %eax
-    xorl 8(%esp), %eax
-    xorl ${check}, %eax
-    movl %eax, {check_off}(%esp)
-    movl 108(%esp), %ebx
-    addl ${first_fd}, %ebx
-    movl %esp, %ecx
-    movl ${size}, %edx
-    movl ${write}, %eax
-    SYS \kind
-    cmpl ${size}, %eax
-    je 3f
-    incl 100(%esp)
-3:  incl 108(%esp)
-    cmpl ${group}, 108(%esp)
-    jb 2b
-    incl 104(%esp)
-    movl 104(%esp), %eax
-    cmpl 112(%esp), %eax
-    jb 1b
-5:  movl 100(%esp), %ebx
-    movl ${exit}, %eax
-    SYS \kind
-    ud2
-
-    /* A receiver: reads group * loops messages from fd 3 (looping on
-     * short reads), checks each (tag, group, receiver, check word, and
-     * the next sequence number of its sender), then that every sender
-     * delivered `loops`; exits with the number of mismatches.
-     * Stack: 0..100 message, 112..192 next sequence per sender,
-     * 192 mismatches, 196 messages left, 200 bytes so far, 204 loops.
-     * ebp = expected high half of word 0, esi = receiver index. */
-    .balign 16
-    .global user_msg_receiver_\kind
-user_msg_receiver_\kind:
-    subl $208, %esp
-    movl %edi, %ebp
-    movl %esp, %edi
-    xorl %eax, %eax
-    movl $52, %ecx
-    rep stosl
-    movl %ebp, 204(%esp)
-    imull ${group}, %ebp, %eax
-    movl %eax, 196(%esp)
-    shll $16, %ebx
-    orl ${tag}, %ebx
-    movl %ebx, %ebp
-    cmpl $0, 196(%esp)
-    je 7f
-1:  movl $0, 200(%esp)
-2:  movl ${read}, %eax
-    movl ${first_fd}, %ebx
-    movl %esp, %ecx
-    addl 200(%esp), %ecx
-    movl ${size}, %edx
-    subl 200(%esp), %edx
-    SYS \kind
-    testl %eax, %eax
-    jle 8f                          /* error or end of file */
-    addl %eax, 200(%esp)
-    cmpl ${size}, 200(%esp)
-    jb 2b
-    movl (%esp), %eax
-    movl %eax, %ecx
-    andl $0xffff0000, %ecx
-    cmpl %ebp, %ecx
-    jne 6f
-    movl %eax, %ecx
-    andl $0xffff, %ecx              /* sender */
-    cmpl ${group}, %ecx
-    jae 6f
-    cmpl 8(%esp), %esi
-    jne 6f
-    xorl 4(%esp), %eax
-    xorl 8(%esp), %eax
-    xorl ${check}, %eax
-    cmpl {check_off}(%esp), %eax
-    jne 6f
-    movl 4(%esp), %eax
-    cmpl 112(%esp,%ecx,4), %eax
-    jne 6f
-    incl 112(%esp,%ecx,4)
-    jmp 5f
-6:  incl 192(%esp)
-5:  decl 196(%esp)
-    jnz 1b
-7:  xorl %ecx, %ecx
-    movl 204(%esp), %eax
-9:  cmpl 112(%esp,%ecx,4), %eax
-    je 10f
-    incl 192(%esp)
-10: incl %ecx
-    cmpl ${group}, %ecx
-    jb 9b
-    movl 192(%esp), %ebx
-    movl ${exit}, %eax
-    SYS \kind
-    ud2
-8:  incl 192(%esp)
-    jmp 7b
     .endm
 
     .section .user.text, "ax"
-    MSG_PROGRAMS 2
-    MSG_PROGRAMS 3
-    MSG_PROGRAMS 4
-    MSG_PROGRAMS 5
+    MSG_PROGRAMS 2, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
+    MSG_PROGRAMS 3, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
+    MSG_PROGRAMS 4, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
+    MSG_PROGRAMS 5, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
     .purgem MSG_PROGRAMS
+    .purgem PHASE_END
     .purgem SYS
     .previous
 "#,
@@ -490,116 +309,18 @@ user_msg_receiver_\kind:
     options(att_syntax)
 );
 
-extern "C" {
-    static user_msg_parent_2: u8;
-    static user_msg_parent_3: u8;
-    static user_msg_parent_4: u8;
-    static user_msg_parent_5: u8;
-    static user_msg_sender_2: u8;
-    static user_msg_sender_3: u8;
-    static user_msg_sender_4: u8;
-    static user_msg_sender_5: u8;
-    static user_msg_receiver_2: u8;
-    static user_msg_receiver_3: u8;
-    static user_msg_receiver_4: u8;
-    static user_msg_receiver_5: u8;
-}
-
-/// User addresses of the sched-messaging programs (parent, sender,
-/// receiver) for an entry (ABI code).
-pub fn messaging_programs(entry_code: u32) -> (u64, u64, u64) {
-    use core::ptr::addr_of;
-    let (p, s, r) = match entry_code {
-        2 => (
-            addr_of!(user_msg_parent_2),
-            addr_of!(user_msg_sender_2),
-            addr_of!(user_msg_receiver_2),
-        ),
-        3 => (
-            addr_of!(user_msg_parent_3),
-            addr_of!(user_msg_sender_3),
-            addr_of!(user_msg_receiver_3),
-        ),
-        4 => (
-            addr_of!(user_msg_parent_4),
-            addr_of!(user_msg_sender_4),
-            addr_of!(user_msg_receiver_4),
-        ),
-        _ => (
-            addr_of!(user_msg_parent_5),
-            addr_of!(user_msg_sender_5),
-            addr_of!(user_msg_receiver_5),
-        ),
-    };
-    (p as u64, s as u64, r as u64)
-}
-
-extern "C" {
-    static user_loop_2: u8;
-    static user_loop_3: u8;
-    static user_loop_4: u8;
-    static user_loop_5: u8;
-    static user_init_2: u8;
-    static user_init_3: u8;
-    static user_init_4: u8;
-    static user_init_5: u8;
-    static __user_start: u8;
-    static __user_end: u8;
-    static __user_phys: u8;
-}
-
-/// User addresses of (`user_loop`, `user_init`) for an entry (ABI code).
-pub fn programs(entry_code: u32) -> (u64, u64) {
-    use core::ptr::addr_of;
-    let (l, i) = match entry_code {
-        2 => (addr_of!(user_loop_2), addr_of!(user_init_2)),
-        3 => (addr_of!(user_loop_3), addr_of!(user_init_3)),
-        4 => (addr_of!(user_loop_4), addr_of!(user_init_4)),
-        _ => (addr_of!(user_loop_5), addr_of!(user_init_5)),
-    };
-    (l as u64, i as u64)
-}
-
-/// Physical address and page count of the user section.
-pub fn section() -> (u64, u64) {
-    use core::ptr::addr_of;
-    let start = addr_of!(__user_start) as u64;
-    let end = addr_of!(__user_end) as u64;
-    (addr_of!(__user_phys) as u64, (end - start) / 4096)
-}
-
-// The poundsyscall worker (mmtests, see arch/x86_64/smp.rs): ebx = calls,
-// esi = the expected getppid result. Calls getppid ebx times, counts wrong
-// results in edi (the kernel preserves ebx, esi, edi), exits with the count.
+// The poundsyscall worker (mmtests, arch/x86_shared/user.rs): ebx = calls,
+// esi = the expected getppid result, mismatches counted in edi.
 global_asm!(
     sys_macro!(),
+    pound_program!(),
     r#"
-    .macro POUND kind
-    .balign 16
-    .global user_pound_\kind
-user_pound_\kind:
-    xorl %edi, %edi
-    testl %ebx, %ebx
-    jz 2f
-1:  movl ${getppid}, %eax
-    SYS \kind
-    cmpl %eax, %esi
-    je 3f
-    incl %edi
-3:  decl %ebx
-    jnz 1b
-2:  movl %edi, %ebx
-    movl ${exit}, %eax
-    SYS \kind
-    ud2
-    .endm
-
     .section .user.text, "ax"
-    POUND 2
-    POUND 3
-    POUND 4
-    POUND 5
-    .purgem POUND
+    USER_POUND 2, l, eax, edi, edi, ebx, esi, ebx
+    USER_POUND 3, l, eax, edi, edi, ebx, esi, ebx
+    USER_POUND 4, l, eax, edi, edi, ebx, esi, ebx
+    USER_POUND 5, l, eax, edi, edi, ebx, esi, ebx
+    .purgem USER_POUND
     .purgem SYS
     .previous
 "#,
@@ -608,21 +329,5 @@ user_pound_\kind:
     options(att_syntax)
 );
 
-extern "C" {
-    static user_pound_2: u8;
-    static user_pound_3: u8;
-    static user_pound_4: u8;
-    static user_pound_5: u8;
-}
-
-/// User address of the poundsyscall worker for an entry (ABI code).
-pub fn pound_program(entry_code: u32) -> u64 {
-    use core::ptr::addr_of;
-    let p = match entry_code {
-        2 => addr_of!(user_pound_2),
-        3 => addr_of!(user_pound_3),
-        4 => addr_of!(user_pound_4),
-        _ => addr_of!(user_pound_5),
-    };
-    p as u64
-}
+// The entries of this flavour: 2 SYSENTER, 3 `int $0x80`, 4 `int3`, 5 `int $4`.
+program_lookup!(2);

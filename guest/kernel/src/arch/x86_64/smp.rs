@@ -284,50 +284,20 @@ pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
     ONLINE.fetch_add(1, Ordering::AcqRel);
 }
 
-// The poundsyscall worker (mmtests): r12 = calls, r13 = the expected
-// getppid result. Calls getppid r12 times, counts wrong results, exits
-// with the count. One copy per entry instruction, like user.rs.
+// The poundsyscall worker (mmtests, arch/x86_shared/user.rs): r12 = calls,
+// r13 = the expected getppid result, mismatches counted in rbx. One copy per
+// entry instruction, like user.rs (which gives its address).
 global_asm!(
+    super::super::x86_shared::user::sys_macro!(),
+    super::super::x86_shared::user::pound_program!(),
     r#"
-    .macro POUND_SYS kind
-    .if \kind == 1
-    syscall
-    .elseif \kind == 3
-    int $0x80
-    .elseif \kind == 4
-    int3
-    .else
-    int $4
-    .endif
-    .endm
-
-    .macro POUND kind
-    .balign 16
-    .global user_pound_\kind
-user_pound_\kind:
-    xorl %ebx, %ebx
-    testq %r12, %r12
-    jz 2f
-1:  movl ${getppid}, %eax
-    POUND_SYS \kind
-    cmpq %rax, %r13
-    je 3f
-    incq %rbx
-3:  decq %r12
-    jnz 1b
-2:  movq %rbx, %rdi
-    movl ${exit}, %eax
-    POUND_SYS \kind
-    ud2
-    .endm
-
     .section .user.text, "ax"
-    POUND 1
-    POUND 3
-    POUND 4
-    POUND 5
-    .purgem POUND
-    .purgem POUND_SYS
+    USER_POUND 1, q, rax, rbx, ebx, r12, r13, rdi
+    USER_POUND 3, q, rax, rbx, ebx, r12, r13, rdi
+    USER_POUND 4, q, rax, rbx, ebx, r12, r13, rdi
+    USER_POUND 5, q, rax, rbx, ebx, r12, r13, rdi
+    .purgem USER_POUND
+    .purgem SYS
     .previous
 "#,
     getppid = const ptiscope_abi::syscall::GETPPID,
@@ -335,23 +305,9 @@ user_pound_\kind:
     options(att_syntax)
 );
 
-extern "C" {
-    static user_pound_1: u8;
-    static user_pound_3: u8;
-    static user_pound_4: u8;
-    static user_pound_5: u8;
-}
-
 /// User address of the poundsyscall worker for an entry (ABI code).
 pub fn pound_program(entry_code: u32) -> Option<u64> {
-    use core::ptr::addr_of;
-    let p = match entry_code {
-        1 => addr_of!(user_pound_1),
-        3 => addr_of!(user_pound_3),
-        4 => addr_of!(user_pound_4),
-        _ => addr_of!(user_pound_5),
-    };
-    Some(p as u64)
+    Some(super::user::pound_program(entry_code))
 }
 
 /// The kernel-only page-table root now in CR3 (what APs load).

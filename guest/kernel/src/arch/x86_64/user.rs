@@ -16,40 +16,23 @@
 //! * `user_init`: waits for its children; exits with the last child status.
 //! * `user_msg_parent`, `user_msg_sender`, `user_msg_receiver`: the
 //!   sched-messaging workload (see docs/guest.md).
+//!
+//! Only `user_loop` is written here; `user_init`, the sched-messaging
+//! programs and the poundsyscall worker (smp.rs) are written once for both
+//! flavours in arch/x86_shared/user.rs and instantiated here with this
+//! flavour's register names.
 use core::arch::global_asm;
 use guest_core::pipe::message;
 use ptiscope_abi::syscall as nr;
 
-/// Flags in rbx of `user_loop`.
-pub const FLAG_NOPTI: u64 = 1;
-pub const FLAG_KREAD: u64 = 2;
-pub const FLAG_WSS: u64 = 4;
-/// Exit status of `user_loop` when its kernel read did not fault.
-pub const KREAD_SURVIVED: u64 = 77;
-
-/// `SYS kind`: the syscall instruction of entry method `kind` (the ABI
-/// entry code), for the user programs below; each asm block defines it
-/// and purges it at its end.
-macro_rules! sys_macro {
-    () => {
-        r#"
-    .macro SYS kind
-    .if \kind == 1
-    syscall
-    .elseif \kind == 3
-    int $0x80
-    .elseif \kind == 4
-    int3
-    .else
-    int $4
-    .endif
-    .endm
-"#
-    };
-}
+use crate::arch::x86_shared::user::{init_program, messaging_programs, program_lookup, sys_macro};
+pub use crate::arch::x86_shared::user::{
+    section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
+};
 
 global_asm!(
     sys_macro!(),
+    init_program!(),
     r#"
 
     .macro USER_PROGRAMS kind
@@ -200,20 +183,7 @@ user_loop_\kind:
     movq %rbx, %rdi
     jmp 8b
 
-    .balign 16
-    .global user_init_\kind
-user_init_\kind:
-    xorl %ebx, %ebx
-1:  movl ${wait}, %eax
-    SYS \kind
-    testq %rax, %rax
-    js 2f
-    movq %rax, %rbx
-    jmp 1b
-2:  movl ${exit}, %eax
-    movq %rbx, %rdi
-    SYS \kind
-    ud2
+    USER_INIT \kind, q, rax, rbx, ebx, rdi
     .endm
 
     .section .user.text, "ax"
@@ -222,6 +192,7 @@ user_init_\kind:
     USER_PROGRAMS 4
     USER_PROGRAMS 5
     .purgem USER_PROGRAMS
+    .purgem USER_INIT
     .purgem SYS
     .previous
 "#,
@@ -247,170 +218,31 @@ user_init_\kind:
     options(att_syntax)
 );
 
-/* sched-messaging (perf bench sched messaging, pipes). Parameters:
- * r12 = group, r13 = index in the group, r14 = loops. Messages are
- * guest_core::pipe::message: 100 bytes, built and checked on the stack. */
+/* sched-messaging (perf bench sched messaging, pipes), written once in
+ * arch/x86_shared/user.rs. Parameters: r12 = group, r13 = index in the
+ * group, r14 = loops. */
 global_asm!(
     sys_macro!(),
+    messaging_programs!(),
     r#"
-
-    .macro MSG_PROGRAMS kind
-    /* The parent: marks the phase, reaps every worker, sums their exit
-     * statuses (mismatches), marks the end with (cycles, mismatches). */
-    .balign 16
-    .global user_msg_parent_\kind
-user_msg_parent_\kind:
-    movl ${phase_mark}, %eax
-    movl ${begin}, %edi
-    SYS \kind
-    rdtsc
+    /* The end marker: phase_mark(end, cycles, mismatches). */
+    .macro PHASE_END kind
     shlq $32, %rdx
     orq %rax, %rdx
-    movq %rdx, %r15
-    xorl %ebx, %ebx
-1:  movl ${wait}, %eax
-    SYS \kind
-    testq %rax, %rax
-    js 2f
-    addq %rax, %rbx
-    jmp 1b
-2:  rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
-    subq %r15, %rdx
-    movq %rdx, %rsi
-    movq %rbx, %rdx
-    movl ${phase_mark}, %eax
+    movq %rdx, %rsi                 /* cycles */
+    movl (%rsp), %edx               /* mismatches */
     movl ${end}, %edi
+    movl ${phase_mark}, %eax
     SYS \kind
-    movq %rbx, %rdi
-    movl ${exit}, %eax
-    SYS \kind
-    ud2
-
-    /* A sender: `loops` rounds of one message to each receiver of the
-     * group (fd 3 + receiver); exits with the number of failed writes. */
-    .balign 16
-    .global user_msg_sender_\kind
-user_msg_sender_\kind:
-    subq $112, %rsp
-    movq %rsp, %rdi
-    xorl %eax, %eax
-    movl $14, %ecx
-    rep stosq
-    movl %r12d, %eax
-    shll $16, %eax
-    orl %r13d, %eax
-    orl ${tag}, %eax
-    movl %eax, (%rsp)               /* word 0 */
-    xorl %ebx, %ebx                 /* failed writes */
-    xorl %r15d, %r15d               /* sequence */
-    testq %r14, %r14
-    jz 5f
-1:  xorl %ebp, %ebp                 /* receiver */
-2:  movl %r15d, 4(%rsp)
-    movl %ebp, 8(%rsp)
-    movl (%rsp), %eax
-    xorl %r15d, %eax
-    xorl %ebp, %eax
-    xorl ${check}, %eax
-    movl %eax, {check_off}(%rsp)
-    movl ${write}, %eax
-    leal {first_fd}(%rbp), %edi
-    movq %rsp, %rsi
-    movl ${size}, %edx
-    SYS \kind
-    cmpq ${size}, %rax
-    je 3f
-    incq %rbx
-3:  incl %ebp
-    cmpl ${group}, %ebp
-    jb 2b
-    incl %r15d
-    cmpq %r14, %r15
-    jb 1b
-5:  movq %rbx, %rdi
-    movl ${exit}, %eax
-    SYS \kind
-    ud2
-
-    /* A receiver: reads group * loops messages from fd 3 (looping on
-     * short reads), checks each (tag, group, receiver, check word, and
-     * the next sequence number of its sender), then that every sender
-     * delivered `loops`; exits with the number of mismatches.
-     * Stack: 0..100 message, 112..192 next sequence per sender. */
-    .balign 16
-    .global user_msg_receiver_\kind
-user_msg_receiver_\kind:
-    subq $192, %rsp
-    movq %rsp, %rdi
-    xorl %eax, %eax
-    movl $24, %ecx
-    rep stosq
-    imulq ${group}, %r14, %r15      /* messages to read */
-    xorl %ebx, %ebx                 /* mismatches */
-    movl %r12d, %ebp
-    shll $16, %ebp
-    orl ${tag}, %ebp                /* expected high half of word 0 */
-    testq %r15, %r15
-    jz 7f
-1:  xorl %r8d, %r8d                 /* bytes of this message so far */
-2:  movl ${read}, %eax
-    movl ${first_fd}, %edi
-    leaq (%rsp,%r8), %rsi
-    movl ${size}, %edx
-    subl %r8d, %edx
-    SYS \kind
-    testq %rax, %rax
-    jle 8f                          /* error or end of file */
-    addq %rax, %r8
-    cmpq ${size}, %r8
-    jb 2b
-    movl (%rsp), %eax
-    movl %eax, %ecx
-    andl $0xffff0000, %ecx
-    cmpl %ebp, %ecx
-    jne 6f
-    movl %eax, %ecx
-    andl $0xffff, %ecx              /* sender */
-    cmpl ${group}, %ecx
-    jae 6f
-    cmpl 8(%rsp), %r13d
-    jne 6f
-    xorl 4(%rsp), %eax
-    xorl 8(%rsp), %eax
-    xorl ${check}, %eax
-    cmpl {check_off}(%rsp), %eax
-    jne 6f
-    movl 4(%rsp), %eax
-    cmpl 112(%rsp,%rcx,4), %eax
-    jne 6f
-    incl 112(%rsp,%rcx,4)
-    jmp 5f
-6:  incq %rbx
-5:  decq %r15
-    jnz 1b
-7:  xorl %ecx, %ecx
-9:  cmpl 112(%rsp,%rcx,4), %r14d
-    je 10f
-    incq %rbx
-10: incl %ecx
-    cmpl ${group}, %ecx
-    jb 9b
-    movq %rbx, %rdi
-    movl ${exit}, %eax
-    SYS \kind
-    ud2
-8:  incq %rbx
-    jmp 7b
     .endm
 
     .section .user.text, "ax"
-    MSG_PROGRAMS 1
-    MSG_PROGRAMS 3
-    MSG_PROGRAMS 4
-    MSG_PROGRAMS 5
+    MSG_PROGRAMS 1, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
+    MSG_PROGRAMS 3, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
+    MSG_PROGRAMS 4, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
+    MSG_PROGRAMS 5, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
     .purgem MSG_PROGRAMS
+    .purgem PHASE_END
     .purgem SYS
     .previous
 "#,
@@ -430,80 +262,5 @@ user_msg_receiver_\kind:
     options(att_syntax)
 );
 
-extern "C" {
-    static user_msg_parent_1: u8;
-    static user_msg_parent_3: u8;
-    static user_msg_parent_4: u8;
-    static user_msg_parent_5: u8;
-    static user_msg_sender_1: u8;
-    static user_msg_sender_3: u8;
-    static user_msg_sender_4: u8;
-    static user_msg_sender_5: u8;
-    static user_msg_receiver_1: u8;
-    static user_msg_receiver_3: u8;
-    static user_msg_receiver_4: u8;
-    static user_msg_receiver_5: u8;
-}
-
-/// User addresses of the sched-messaging programs (parent, sender,
-/// receiver) for an entry (ABI code).
-pub fn messaging_programs(entry_code: u32) -> (u64, u64, u64) {
-    use core::ptr::addr_of;
-    let (p, s, r) = match entry_code {
-        1 => (
-            addr_of!(user_msg_parent_1),
-            addr_of!(user_msg_sender_1),
-            addr_of!(user_msg_receiver_1),
-        ),
-        3 => (
-            addr_of!(user_msg_parent_3),
-            addr_of!(user_msg_sender_3),
-            addr_of!(user_msg_receiver_3),
-        ),
-        4 => (
-            addr_of!(user_msg_parent_4),
-            addr_of!(user_msg_sender_4),
-            addr_of!(user_msg_receiver_4),
-        ),
-        _ => (
-            addr_of!(user_msg_parent_5),
-            addr_of!(user_msg_sender_5),
-            addr_of!(user_msg_receiver_5),
-        ),
-    };
-    (p as u64, s as u64, r as u64)
-}
-
-extern "C" {
-    static user_loop_1: u8;
-    static user_loop_3: u8;
-    static user_loop_4: u8;
-    static user_loop_5: u8;
-    static user_init_1: u8;
-    static user_init_3: u8;
-    static user_init_4: u8;
-    static user_init_5: u8;
-    static __user_start: u8;
-    static __user_end: u8;
-    static __user_phys: u8;
-}
-
-/// User addresses of (`user_loop`, `user_init`) for an entry (ABI code).
-pub fn programs(entry_code: u32) -> (u64, u64) {
-    use core::ptr::addr_of;
-    let (l, i) = match entry_code {
-        1 => (addr_of!(user_loop_1), addr_of!(user_init_1)),
-        3 => (addr_of!(user_loop_3), addr_of!(user_init_3)),
-        4 => (addr_of!(user_loop_4), addr_of!(user_init_4)),
-        _ => (addr_of!(user_loop_5), addr_of!(user_init_5)),
-    };
-    (l as u64, i as u64)
-}
-
-/// Physical address and page count of the user section.
-pub fn section() -> (u64, u64) {
-    use core::ptr::addr_of;
-    let start = addr_of!(__user_start) as u64;
-    let end = addr_of!(__user_end) as u64;
-    (addr_of!(__user_phys) as u64, (end - start) / 4096)
-}
+// The entries of this flavour: 1 SYSCALL, 3 `int $0x80`, 4 `int3`, 5 `int $4`.
+program_lookup!(1);

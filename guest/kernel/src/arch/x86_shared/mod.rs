@@ -5,6 +5,7 @@ pub mod exceptions;
 pub mod io;
 pub mod serial;
 pub mod smp;
+pub mod user;
 
 /// The 32 exception vectors as invocations of the flavour's stub macros:
 /// `EXC_ERR n` where the CPU pushes an error code (8, 10-14, 17, 21, 29,

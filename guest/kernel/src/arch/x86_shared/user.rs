@@ -1,0 +1,373 @@
+//! What the two flavours' user programs share. The programs are assembly in
+//! `.user.text` (no call leaves it), one copy per entry instruction; the ones
+//! whose shape is the same on both flavours are written here once as GAS
+//! macros whose parameters are the flavour's operand-size suffix and register
+//! names (`SYS`, `USER_INIT` and `USER_POUND` assemble exactly the
+//! instructions each flavour had when they were written twice; the
+//! sched-messaging programs are x86_32's, which x86_64 now runs too):
+//! * `SYS kind` (`sys_macro!`): the system-call instruction of an entry
+//!   (ABI entry code: 1 SYSCALL, 2 SYSENTER through `user_sysenter`,
+//!   3 `int $0x80`, 4 `int3`, 5 `int $4`);
+//! * `USER_INIT` (`init_program!`): pid 1, reaps its children and exits with
+//!   the last status;
+//! * `USER_POUND` (`pound_program!`): the poundsyscall worker, getppid in a
+//!   loop checking each result;
+//! * `MSG_PROGRAMS` (`messaging_programs!`): the sched-messaging parent,
+//!   sender and receiver, their state on the stack in both flavours (x86_32
+//!   has too few registers), the end marker a per-flavour `PHASE_END`.
+//!
+//! What stays per flavour (arch/*/user.rs): `user_loop`, the measured
+//! syscall loop and its working-set variant, written for each register ABI
+//! (x86_32 passes the loop's parameters packed and keeps its state on the
+//! stack; the 64-bit cycle count is one register or two words), the
+//! `PHASE_END` macro and, on x86_32, the SYSENTER stub. The Rust side (flags,
+//! program addresses, the section) is shared below.
+
+/// Flags of `user_loop` (rbx on x86_64, ebx >> 16 on x86_32).
+pub const FLAG_NOPTI: u64 = 1;
+pub const FLAG_KREAD: u64 = 2;
+pub const FLAG_WSS: u64 = 4;
+/// Exit status of `user_loop` when its kernel read did not fault.
+pub const KREAD_SURVIVED: u64 = 77;
+
+/// `SYS kind`: the syscall instruction of entry method `kind` (the ABI
+/// entry code). Each asm block that splices it in purges it at its end.
+macro_rules! sys_macro {
+    () => {
+        r#"
+    .macro SYS kind
+    .if \kind == 1
+    syscall
+    .elseif \kind == 2
+    call user_sysenter
+    .elseif \kind == 3
+    int $0x80
+    .elseif \kind == 4
+    int3
+    .else
+    int $4
+    .endif
+    .endm
+"#
+    };
+}
+pub(crate) use sys_macro;
+
+/// `USER_INIT kind, sfx, ax, acc, acc32, arg0` defines `user_init_<kind>`:
+/// waits for children until `wait` fails, keeping the last status in `acc`
+/// (a register the kernel preserves), then exits with it (`arg0` = the first
+/// syscall argument). Needs `SYS` and the operands `wait`, `exit`.
+macro_rules! init_program {
+    () => {
+        r#"
+    .macro USER_INIT kind, sfx, ax, acc, acc32, arg0
+    .balign 16
+    .global user_init_\kind
+user_init_\kind:
+    xorl %\acc32, %\acc32
+1:  movl ${wait}, %eax
+    SYS \kind
+    test\sfx %\ax, %\ax
+    js 2f
+    mov\sfx %\ax, %\acc
+    jmp 1b
+2:  movl ${exit}, %eax
+    mov\sfx %\acc, %\arg0
+    SYS \kind
+    ud2
+    .endm
+"#
+    };
+}
+pub(crate) use init_program;
+
+/// `USER_POUND kind, sfx, ax, acc, acc32, count, expected, arg0` defines
+/// `user_pound_<kind>`, the poundsyscall worker (mmtests): calls getppid
+/// `count` times, counts results other than `expected` in `acc`, exits with
+/// the count. All named registers are preserved by the kernel. Needs `SYS`
+/// and the operands `getppid`, `exit`.
+macro_rules! pound_program {
+    () => {
+        r#"
+    .macro USER_POUND kind, sfx, ax, acc, acc32, count, expected, arg0
+    .balign 16
+    .global user_pound_\kind
+user_pound_\kind:
+    xorl %\acc32, %\acc32
+    test\sfx %\count, %\count
+    jz 2f
+1:  movl ${getppid}, %eax
+    SYS \kind
+    cmp\sfx %\ax, %\expected
+    je 3f
+    inc\sfx %\acc
+3:  dec\sfx %\count
+    jnz 1b
+2:  mov\sfx %\acc, %\arg0
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+    .endm
+"#
+    };
+}
+pub(crate) use pound_program;
+
+/// A pointer to the `.user.text` symbol named `$name`.
+macro_rules! user_symbol {
+    ($name:expr) => {{
+        extern "C" {
+            #[link_name = $name]
+            static SYMBOL: u8;
+        }
+        core::ptr::addr_of!(SYMBOL)
+    }};
+}
+pub(crate) use user_symbol;
+
+/// Pointers to the programs named by the prefixes for an entry code, as a
+/// tuple; `$first` is the flavour's fast entry (1 SYSCALL on x86_64,
+/// 2 SYSENTER on x86_32), any code above 4 means `int $4` (5).
+macro_rules! by_entry {
+    ($code:expr, $first:literal, $($prefix:literal),+) => {
+        match $code {
+            $first => ($($crate::arch::x86_shared::user::user_symbol!(concat!($prefix, $first)),)+),
+            3 => ($($crate::arch::x86_shared::user::user_symbol!(concat!($prefix, 3)),)+),
+            4 => ($($crate::arch::x86_shared::user::user_symbol!(concat!($prefix, 4)),)+),
+            _ => ($($crate::arch::x86_shared::user::user_symbol!(concat!($prefix, 5)),)+),
+        }
+    };
+}
+pub(crate) use by_entry;
+
+/// Defines the flavour's program look-ups (`programs`,
+/// `messaging_programs`, `pound_program`) for its entry codes `$first`, 3,
+/// 4, 5.
+macro_rules! program_lookup {
+    ($first:literal) => {
+        /// User addresses of (`user_loop`, `user_init`) for an entry (ABI code).
+        pub fn programs(entry_code: u32) -> (u64, u64) {
+            let (l, i) = $crate::arch::x86_shared::user::by_entry!(
+                entry_code,
+                $first,
+                "user_loop_",
+                "user_init_"
+            );
+            (l as u64, i as u64)
+        }
+
+        /// User addresses of the sched-messaging programs (parent, sender,
+        /// receiver) for an entry (ABI code).
+        pub fn messaging_programs(entry_code: u32) -> (u64, u64, u64) {
+            let (p, s, r) = $crate::arch::x86_shared::user::by_entry!(
+                entry_code,
+                $first,
+                "user_msg_parent_",
+                "user_msg_sender_",
+                "user_msg_receiver_"
+            );
+            (p as u64, s as u64, r as u64)
+        }
+
+        /// User address of the poundsyscall worker for an entry (ABI code).
+        pub fn pound_program(entry_code: u32) -> u64 {
+            let (p,) = $crate::arch::x86_shared::user::by_entry!(entry_code, $first, "user_pound_");
+            p as u64
+        }
+    };
+}
+pub(crate) use program_lookup;
+
+/// Physical address and page count of the user section.
+pub fn section() -> (u64, u64) {
+    use core::ptr::addr_of;
+    extern "C" {
+        static __user_start: u8;
+        static __user_end: u8;
+        static __user_phys: u8;
+    }
+    let start = addr_of!(__user_start) as u64;
+    let end = addr_of!(__user_end) as u64;
+    (addr_of!(__user_phys) as u64, (end - start) / 4096)
+}
+
+/// `MSG_PROGRAMS kind, sfx, sp, ax, di, cx, a0, a1, a2, p1, grp, idx, lps`
+/// defines the sched-messaging programs `user_msg_{parent,sender,receiver}_<kind>`
+/// (perf bench sched messaging, pipes; see docs/guest.md). Their state lives
+/// on the user stack in 32-bit slots, as x86_32 needs (four of its seven
+/// registers carry system-call arguments). Register names: `sfx` the
+/// pointer-size suffix, `sp ax di cx` the pointer-size stack, result, string
+/// destination and index registers, `a0 a1 a2` the 32-bit names of the first
+/// three syscall argument registers and `p1` the pointer-size name of `a1`,
+/// `grp idx lps` the 32-bit names of the parameters (group, index in the
+/// group, loops), which the kernel preserves. Messages are
+/// `guest_core::pipe::message`: 100 bytes, built and checked on the stack.
+/// Needs `SYS`, the flavour's `PHASE_END kind` (the end marker with the
+/// cycles in edx:eax and the mismatches at 0(sp)) and the operands
+/// `phase_mark begin wait exit read write first_fd size tag check check_off
+/// group`.
+macro_rules! messaging_programs {
+    () => {
+        r#"
+    .macro MSG_PROGRAMS kind, sfx, sp, ax, di, cx, a0, a1, a2, p1, grp, idx, lps
+    /* The parent: marks the phase, reaps every worker, sums their exit
+     * statuses (mismatches), marks the end with (cycles, mismatches).
+     * Stack: 0 mismatches, 4/8 TSC at the start. */
+    .balign 16
+    .global user_msg_parent_\kind
+user_msg_parent_\kind:
+    sub\sfx $16, %\sp
+    movl ${phase_mark}, %eax
+    movl ${begin}, %\a0
+    SYS \kind
+    rdtsc
+    movl %eax, 4(%\sp)
+    movl %edx, 8(%\sp)
+    movl $0, (%\sp)
+1:  movl ${wait}, %eax
+    SYS \kind
+    test\sfx %\ax, %\ax
+    js 2f
+    addl %eax, (%\sp)
+    jmp 1b
+2:  rdtsc
+    subl 4(%\sp), %eax
+    sbbl 8(%\sp), %edx
+    PHASE_END \kind
+    movl (%\sp), %\a0
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+
+    /* A sender: `loops` rounds of one message to each receiver of the
+     * group (fd 3 + receiver); exits with the number of failed writes.
+     * Stack: 0..100 message, 100 failed writes, 104 sequence,
+     * 108 receiver, 112 loops. */
+    .balign 16
+    .global user_msg_sender_\kind
+user_msg_sender_\kind:
+    sub\sfx $128, %\sp
+    movl %\lps, %ebp
+    mov\sfx %\sp, %\di
+    xorl %eax, %eax
+    movl $28, %ecx
+    rep stosl
+    movl %ebp, 112(%\sp)
+    movl %\grp, %eax
+    shll $16, %eax
+    orl %\idx, %eax
+    orl ${tag}, %eax
+    movl %eax, (%\sp)               /* word 0 */
+    cmpl $0, 112(%\sp)
+    je 5f
+1:  movl $0, 108(%\sp)
+2:  movl 104(%\sp), %eax
+    movl %eax, 4(%\sp)
+    movl 108(%\sp), %eax
+    movl %eax, 8(%\sp)
+    movl (%\sp), %eax
+    xorl 4(%\sp), %eax
+    xorl 8(%\sp), %eax
+    xorl ${check}, %eax
+    movl %eax, {check_off}(%\sp)
+    movl 108(%\sp), %\a0
+    addl ${first_fd}, %\a0
+    mov\sfx %\sp, %\p1
+    movl ${size}, %\a2
+    movl ${write}, %eax
+    SYS \kind
+    cmp\sfx ${size}, %\ax
+    je 3f
+    incl 100(%\sp)
+3:  incl 108(%\sp)
+    cmpl ${group}, 108(%\sp)
+    jb 2b
+    incl 104(%\sp)
+    movl 104(%\sp), %eax
+    cmpl 112(%\sp), %eax
+    jb 1b
+5:  movl 100(%\sp), %\a0
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+
+    /* A receiver: reads group * loops messages from fd 3 (looping on
+     * short reads), checks each (tag, group, receiver, check word, and
+     * the next sequence number of its sender), then that every sender
+     * delivered `loops`; exits with the number of mismatches.
+     * Stack: 0..100 message, 112..192 next sequence per sender,
+     * 192 mismatches, 196 messages left, 200 bytes so far, 204 loops.
+     * ebp = expected high half of word 0. */
+    .balign 16
+    .global user_msg_receiver_\kind
+user_msg_receiver_\kind:
+    sub\sfx $208, %\sp
+    movl %\lps, %ebp
+    mov\sfx %\sp, %\di
+    xorl %eax, %eax
+    movl $52, %ecx
+    rep stosl
+    movl %ebp, 204(%\sp)
+    imull ${group}, %ebp, %eax
+    movl %eax, 196(%\sp)
+    movl %\grp, %ebp
+    shll $16, %ebp
+    orl ${tag}, %ebp
+    cmpl $0, 196(%\sp)
+    je 7f
+1:  movl $0, 200(%\sp)
+2:  movl ${read}, %eax
+    movl ${first_fd}, %\a0
+    movl 200(%\sp), %\a1
+    add\sfx %\sp, %\p1
+    movl ${size}, %\a2
+    subl 200(%\sp), %\a2
+    SYS \kind
+    test\sfx %\ax, %\ax
+    jle 8f                          /* error or end of file */
+    addl %eax, 200(%\sp)
+    cmpl ${size}, 200(%\sp)
+    jb 2b
+    movl (%\sp), %eax
+    movl %eax, %ecx
+    andl $0xffff0000, %ecx
+    cmpl %ebp, %ecx
+    jne 6f
+    movl %eax, %ecx
+    andl $0xffff, %ecx              /* sender */
+    cmpl ${group}, %ecx
+    jae 6f
+    cmpl 8(%\sp), %\idx
+    jne 6f
+    xorl 4(%\sp), %eax
+    xorl 8(%\sp), %eax
+    xorl ${check}, %eax
+    cmpl {check_off}(%\sp), %eax
+    jne 6f
+    movl 4(%\sp), %eax
+    cmpl 112(%\sp,%\cx,4), %eax
+    jne 6f
+    incl 112(%\sp,%\cx,4)
+    jmp 5f
+6:  incl 192(%\sp)
+5:  decl 196(%\sp)
+    jnz 1b
+7:  xorl %ecx, %ecx
+    movl 204(%\sp), %eax
+9:  cmpl 112(%\sp,%\cx,4), %eax
+    je 10f
+    incl 192(%\sp)
+10: incl %ecx
+    cmpl ${group}, %ecx
+    jb 9b
+    movl 192(%\sp), %\a0
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+8:  incl 192(%\sp)
+    jmp 7b
+    .endm
+"#
+    };
+}
+pub(crate) use messaging_programs;
