@@ -97,17 +97,6 @@ pub enum OpenError {
     },
 }
 
-impl OpenError {
-    /// The process exit code: 73 (cannot create an output), or 128 + the
-    /// signal that interrupted the wait.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            OpenError::Interrupted { signal, .. } => 128 + signal,
-            _ => crate::cli::exit_code::CANT_CREATE,
-        }
-    }
-}
-
 /// An opened output file (regular file, FIFO or device), non-blocking.
 #[derive(Debug)]
 pub struct OutputFile {
@@ -689,7 +678,7 @@ mod tests {
         let e = open_output("--json", &fifo, Duration::from_millis(100)).unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(2));
         assert!(matches!(e, OpenError::NoReader { .. }), "{e}");
-        assert_eq!(e.exit_code(), 73);
+        assert_eq!(crate::cli::exit_code::ExitCode::exit_code(&e), 73);
         assert!(e.to_string().contains("no reader opened it"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -32,9 +32,20 @@ pub static syscall_table: [Handler; TABLE_SIZE] = {
     t[nr::GETPPID] = sys_getppid;
     t[nr::ARCH_PRCTL] = sys_arch_prctl;
     t[nr::PHASE_MARK] = sys_phase_mark;
-    t[nr::KWSS_CALL] = crate::workingset::sys_kwss_call;
+    t[nr::KWSS_CALL] = sys_kwss_call;
     t
 };
+
+/// `KWSS_CALL(a, b, c, d)`: reads the kernel working set (`kwss=`), then
+/// performs the loop's own system call with the same arguments (see
+/// `ptiscope_abi::syscall::KWSS_CALL`).
+extern "C" fn sys_kwss_call(a0: usize, a1: usize, a2: usize, a3: usize) -> isize {
+    let inner = crate::workingset::read_kernel_working_set();
+    match syscall_table.get(inner) {
+        Some(handler) => handler(a0, a1, a2, a3),
+        None => ENOSYS,
+    }
+}
 
 extern "C" fn sys_enosys(_: usize, _: usize, _: usize, _: usize) -> isize {
     ENOSYS

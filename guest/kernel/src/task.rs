@@ -10,11 +10,11 @@
 //! mode at run time) and, for int entries with PTI, the 40-byte user frame
 //! kept on the per-CPU entry stack (see entry.rs).
 use crate::arch::context::{initial_stack, switch_to, UserRegs};
-use crate::arch::entry::ENTRY_FRAME_WORDS;
 use crate::arch::layout::{
     cr3_value, phys_to_virt, USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE,
 };
 use crate::arch::paging::{write_cr3, Cr3Reason, KernelHalf, UserSpec};
+use crate::arch::percpu::ENTRY_FRAME_WORDS;
 use crate::arch::percpu::{self, EntryState};
 use crate::arch::smp;
 use crate::arch::sysentry;

@@ -166,13 +166,10 @@ pub fn kernel_reads() -> u64 {
     unsafe { *KWSS_READS.get() }
 }
 
-/// `KWSS_CALL(a, b, c, d)`: reads one word of each page of the kernel
-/// working set, then performs the loop's own system call with the same
-/// arguments (see `ptiscope_abi::syscall::KWSS_CALL`).
-pub extern "C" fn sys_kwss_call(a0: usize, a1: usize, a2: usize, a3: usize) -> isize {
-    let Some(handler) = crate::syscall::syscall_table.get(KWSS_INNER.load(Relaxed)) else {
-        return ptiscope_abi::syscall::ENOSYS;
-    };
+/// The kernel working set's read of `KWSS_CALL` (see
+/// `syscall::sys_kwss_call`): one word of each page, counted. Returns the
+/// system call the loop asked for with it.
+pub fn read_kernel_working_set() -> usize {
     let pages = KWSS_PAGES.load(Relaxed);
     let mut p = KWSS_VA as usize as *const usize;
     for _ in 0..pages {
@@ -183,7 +180,7 @@ pub extern "C" fn sys_kwss_call(a0: usize, a1: usize, a2: usize, a3: usize) -> i
             p = p.byte_add(ws::KWSS_STRIDE as usize);
         }
     }
-    // SAFETY: one CPU, no task switch before the handler below.
+    // SAFETY: one CPU, no task switch before the caller's handler.
     unsafe { *KWSS_READS.get() += pages as u64 };
-    handler(a0, a1, a2, a3)
+    KWSS_INNER.load(Relaxed)
 }

@@ -6,6 +6,7 @@ use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::loader::LoadError;
 use crate::machine::memory::MemoryError;
 use crate::machine::{RunError, RunOutcome, StopReason};
+use crate::output::OpenError;
 use crate::preflight::PreflightError;
 
 /// Guest statuses above this are reported as this.
@@ -92,6 +93,17 @@ impl ExitCode for RunError {
             RunError::Load(_) => BAD_IMAGE,
             RunError::Output(e) => e.exit_code(),
             _ => INTERNAL,
+        }
+    }
+}
+
+impl ExitCode for OpenError {
+    /// 73 (cannot create an output), or 128 + the signal that interrupted
+    /// the wait for a FIFO's reader.
+    fn exit_code(&self) -> i32 {
+        match self {
+            OpenError::Interrupted { signal, .. } => 128 + signal,
+            _ => CANT_CREATE,
         }
     }
 }

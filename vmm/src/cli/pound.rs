@@ -7,7 +7,7 @@
 //! and the CR3 writes per call follow. With a `threads=` on both sides the
 //! ordinary compare runs (one thread count, the full table, `--fail-if`).
 
-use crate::cli::compare::{guest_image, parse_side, run_measured, SideSpec};
+use crate::cli::compare::side::{guest_image, parse_side, run_measured, SideSpec};
 use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{Backend, CompareArgs, Runs};
 use crate::output::open_outputs;

@@ -10,7 +10,7 @@
 mod against;
 mod durations;
 mod runs;
-mod side;
+pub(crate) mod side;
 
 pub use against::Against;
 pub use runs::{RunsReport, RunsStop};

@@ -21,10 +21,6 @@
 use core::arch::global_asm;
 use ptiscope_abi::telemetry::Counter;
 
-/// Words at the top of the entry stack that hold a task's state during an
-/// int syscall with PTI: the CPU's 5-word frame and the saved ecx, edx.
-pub const ENTRY_FRAME_WORDS: usize = 7;
-
 const fn ctr(c: Counter) -> u32 {
     c.offset_in_block() as u32
 }

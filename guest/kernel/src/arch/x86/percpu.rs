@@ -19,6 +19,12 @@ use super::layout::TELEMETRY_VA;
 use core::arch::{asm, global_asm};
 use ptiscope_abi::telemetry::{Counter, CPU_BLOCK_OFFSET, CPU_BLOCK_STRIDE, MAX_CPUS};
 
+/// Words at the top of the entry stack that hold a task's state during an
+/// int syscall with PTI: the CPU's 5-word frame and the saved ecx, edx.
+/// (Defined here, with the per-CPU entry-stack layout it is part of; the
+/// task switch saves and restores these words.)
+pub const ENTRY_FRAME_WORDS: usize = 7;
+
 /// Offsets of the 32-bit words in a CPU's `kernel_percpu` record (entry.rs
 /// names them `PCPU_*`).
 pub mod kernel {
@@ -76,7 +82,7 @@ fn kernel_word(n: usize, off: usize) -> *mut u32 {
 /// loads FS), before anything counts.
 pub fn init_cpu(n: usize, entry_stack_top: u64, fault_stack_top: u64) {
     assert!(n < MAX_CPUS);
-    let frame = entry_stack_top - (super::entry::ENTRY_FRAME_WORDS * 4) as u64;
+    let frame = entry_stack_top - (ENTRY_FRAME_WORDS * 4) as u64;
     // SAFETY: CPU `n`'s record is written only by CPU `n` (here, before
     // anything reads it) and, for its own fields, by the code running on it.
     unsafe {
@@ -163,7 +169,7 @@ pub fn entry_stack_top() -> u64 {
 }
 
 /// The user frame slot at the top of this CPU's entry stack.
-pub fn entry_frame_slot() -> *mut [usize; super::entry::ENTRY_FRAME_WORDS] {
+pub fn entry_frame_slot() -> *mut [usize; ENTRY_FRAME_WORDS] {
     read::<{ kernel::ENTRY_FRAME }>() as usize as *mut _
 }
 

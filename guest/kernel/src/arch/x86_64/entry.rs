@@ -23,10 +23,6 @@ use super::percpu::{entry as pe, kernel as pk};
 use core::arch::global_asm;
 use ptiscope_abi::telemetry::Counter;
 
-/// Words at the top of the entry stack that hold a task's user frame (the
-/// iret frame of an int entry with PTI); saved and restored per task.
-pub const ENTRY_FRAME_WORDS: usize = 5;
-
 /// Offset of counter `c` in a CPU's block: its GS-relative address.
 const fn ctr(c: Counter) -> usize {
     c.offset_in_block()

@@ -27,6 +27,12 @@ use super::layout::TELEMETRY_VA;
 use core::arch::{asm, global_asm};
 use ptiscope_abi::telemetry::{Counter, CPU_BLOCK_OFFSET, CPU_BLOCK_STRIDE, MAX_CPUS};
 
+/// Words at the top of the entry stack that hold a task's user frame (the
+/// iret frame of an int entry with PTI); saved and restored per task.
+/// (Defined here, with the per-CPU entry-stack layout it is part of; the
+/// task switch saves and restores these words.)
+pub const ENTRY_FRAME_WORDS: usize = 5;
+
 /// The GS base MSR.
 const MSR_GS_BASE: u32 = 0xc000_0101;
 
@@ -97,7 +103,7 @@ pub fn init_cpu(n: usize, entry_stack_top: u64, fault_stack_top: u64) {
         kernel_word(n, kernel::CPU).write_volatile(n as u64);
         kernel_word(n, kernel::ENTRY_STACK_TOP).write_volatile(entry_stack_top);
         kernel_word(n, kernel::ENTRY_FRAME)
-            .write_volatile(entry_stack_top - (super::entry::ENTRY_FRAME_WORDS * 8) as u64);
+            .write_volatile(entry_stack_top - (ENTRY_FRAME_WORDS * 8) as u64);
         kernel_word(n, kernel::FAULT_STACK_TOP).write_volatile(fault_stack_top);
         cpu::wrmsr(MSR_GS_BASE, gs_base(n));
     }
@@ -196,7 +202,7 @@ pub fn entry_stack_top() -> u64 {
 }
 
 /// The 5-word user frame slot at the top of this CPU's entry stack.
-pub fn entry_frame_slot() -> *mut [usize; super::entry::ENTRY_FRAME_WORDS] {
+pub fn entry_frame_slot() -> *mut [usize; ENTRY_FRAME_WORDS] {
     read::<{ kernel::ENTRY_FRAME }>() as usize as *mut _
 }
 
