@@ -13,8 +13,8 @@
 //! Each may make only the system calls it needs: `ioctl` only with the few
 //! KVM requests the vCPU thread uses (none for the metrics thread) and two
 //! read-only terminal queries, no `open`, `socket`, `execve`, `fork`/`clone`
-//! or `ptrace`, and `mmap`/
-//! `mprotect` only without `PROT_EXEC`. Anything else raises SIGSYS, whose
+//! or `ptrace`, and `mmap`/`mprotect` only without `PROT_EXEC`. Anything
+//! else raises SIGSYS, whose
 //! handler names the system call on stderr and ends the process with
 //! [`EXIT_SECCOMP`]: it is a ptiscope bug or an attack, never a result.
 //!
