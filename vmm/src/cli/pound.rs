@@ -222,7 +222,12 @@ fn render(base: &str, comp: &str, counts: &[ThreadCount]) -> String {
             c * scale,
         ));
     };
-    for t in counts {
+    // Under --backend qemu there is no host clock over the phase: leave the
+    // time rows out rather than print empty statistics.
+    let timed = counts
+        .iter()
+        .any(|t| !t.baseline.elapsed_ns.is_empty() || !t.compare.elapsed_ns.is_empty());
+    for t in counts.iter().filter(|_| timed) {
         let (bmin, bmean, bmax) = stats(&t.baseline.elapsed_ns);
         let (cmin, cmean, cmax) = stats(&t.compare.elapsed_ns);
         let name = format!("elapsed-{}", t.threads);
@@ -230,7 +235,7 @@ fn render(base: &str, comp: &str, counts: &[ThreadCount]) -> String {
         row("Amean", name.clone(), bmean, cmean, 1e-9, 4);
         row("Max", name, bmax, cmax, 1e-9, 4);
     }
-    for t in counts {
+    for t in counts.iter().filter(|_| timed) {
         let b = stats(&t.baseline.ns_per_call).1;
         let c = stats(&t.compare.ns_per_call).1;
         row("Amean", format!("ns/call-{}", t.threads), b, c, 1.0, 0);
@@ -240,10 +245,17 @@ fn render(base: &str, comp: &str, counts: &[ThreadCount]) -> String {
         let c = stats(&t.compare.cr3_writes_per_call).1;
         row("Amean", format!("cr3/call-{}", t.threads), b, c, 1.0, 3);
     }
-    out.push_str(
-        "\nelapsed in seconds (host clock over the measured phase), lower is better; \
-         (%) is mmtests' difference, negative = slower than the baseline\n",
-    );
+    if timed {
+        out.push_str(
+            "\nelapsed in seconds (host clock over the measured phase), lower is better; \
+             (%) is mmtests' difference, negative = slower than the baseline\n",
+        );
+    } else {
+        out.push_str(
+            "\nno elapsed or ns/call rows: these runs have no host clock over the measured \
+             phase (--backend qemu); the CR3 writes are the guest's count\n",
+        );
+    }
     out
 }
 
