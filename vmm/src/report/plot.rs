@@ -9,7 +9,7 @@ use super::compare::CompareTable;
 const ROW_H: f64 = 34.0;
 const LEFT: f64 = 300.0;
 const PLOT_W: f64 = 460.0;
-const TOP: f64 = 64.0;
+const TOP: f64 = 82.0;
 
 /// Escapes text for SVG.
 fn esc(s: &str) -> String {
@@ -25,14 +25,17 @@ fn esc(s: &str) -> String {
 /// on both sides are left out).
 pub fn compare_svg(table: &CompareTable) -> String {
     let mut rows = Vec::new();
-    // Per plotted row: the table's significance mark (mmtests' rule).
+    // Per plotted row: the table's significance mark (mmtests' rule), and
+    // the compare side's 95 % CI of the mean, in % of the baseline's mean.
     let mut marked = Vec::new();
+    let mut cis: Vec<Option<(f64, f64)>> = Vec::new();
     let mut unplotted = Vec::new();
     for m in &table.metrics {
         let base = m.baseline.amean;
         if base > 0.0 && base.is_finite() {
             marked.push(m.significance.is_some_and(|s| s.verdict.marked()));
             let rel = |v: f64| v / base * 100.0;
+            cis.push(m.compare.ci95.map(|c| (rel(c.low), rel(c.high))));
             rows.push((
                 m.metric.name.clone(),
                 m.metric.source.tag(),
@@ -79,8 +82,9 @@ pub fn compare_svg(table: &CompareTable) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
          font-family=\"monospace\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"10\" y=\"20\" font-size=\"14\">{} vs {} (baseline = 100 %): bar = mean of {}, \
-         dots = runs, whisker = min..max, * = significant</text>\n",
+         <text x=\"10\" y=\"20\" font-size=\"14\">{} vs {} (baseline = 100 %): bar = mean of {},</text>\n\
+         <text x=\"10\" y=\"38\" font-size=\"14\">dots = runs, whisker = min..max, \
+         blue = 95 % CI of the mean, * = significant</text>\n",
         esc(&table.compare.label),
         esc(&table.baseline.label),
         esc(&table.compare.label),
@@ -129,6 +133,15 @@ pub fn compare_svg(table: &CompareTable) -> String {
             x(*min),
             x(*max)
         );
+        if let Some(Some((low, high))) = cis.get(i) {
+            s += &format!(
+                "<line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#1f5fbf\" stroke-width=\"3\"/>\n",
+                x(*low),
+                mid + 2.0,
+                x(*high),
+                mid + 2.0
+            );
+        }
         for v in base_runs {
             s += &format!(
                 "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"none\" stroke=\"#333\"/>\n",
