@@ -323,10 +323,20 @@ pub fn build_kernel_half<M: PhysMem, F: FrameSource>(
         pa += 4096;
         pages += 1;
     }
-    if spec.global_text {
-        let mut pa = spec.text.0;
-        while pa < spec.text.1 {
-            if !in_range(pa, spec.entry_area) {
+    // Kernel text the user copy also maps, read-only and global: all of it
+    // with pti_global_text, and with pti_switch=deferred the page of the
+    // function whose epilogue runs on the user copy. A page already mapped
+    // (entry area, or text covering the deferred page) is skipped.
+    let text_ranges = [
+        if spec.global_text { spec.text } else { (0, 0) },
+        spec.deferred_text,
+    ];
+    for (i, &(start, end)) in text_ranges.iter().enumerate() {
+        let mut pa = start;
+        while pa < end {
+            let mapped =
+                in_range(pa, spec.entry_area) || text_ranges[..i].iter().any(|&r| in_range(pa, r));
+            if !mapped {
                 map_4k_in_pmd(
                     mem,
                     frames,
@@ -340,26 +350,6 @@ pub fn build_kernel_half<M: PhysMem, F: FrameSource>(
             }
             pa += 4096;
         }
-    }
-    // pti_switch=deferred: the function whose epilogue runs on the user copy
-    // (already mapped if the whole text is global).
-    let (start, end) = spec.deferred_text;
-    let mut pa = start;
-    while pa < end {
-        let mapped = in_range(pa, spec.entry_area) || spec.global_text && in_range(pa, spec.text);
-        if !mapped {
-            map_4k_in_pmd(
-                mem,
-                frames,
-                upmd,
-                KERNEL_BASE + pa,
-                pa,
-                GLOBAL,
-                KERNEL_TABLE_FLAGS,
-            )?;
-            pages += 1;
-        }
-        pa += 4096;
     }
     Ok(KernelHalf {
         kernel_pmd: kpmd,

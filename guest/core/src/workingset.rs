@@ -78,17 +78,7 @@ pub fn map_range_flags<M: PhysMem, F: FrameSource>(
         let pdpt = Pte(mem.read(root, i4)).addr();
         let pd = Pte(mem.read(pdpt, i3)).addr();
         let pt = Pte(mem.read(pd, i2)).addr();
-        off += SMALL;
-        for i in i1 + 1..paging::ENTRIES {
-            if off >= len {
-                break;
-            }
-            if Pte(mem.read(pt, i)).present() {
-                return Err(MapError::AlreadyMapped(va + off));
-            }
-            mem.write(pt, i, Pte::new(phys + off, leaf | PRESENT).0);
-            off += SMALL;
-        }
+        off = fill_page_table(mem, pt, i1 + 1, va, phys, off + SMALL, len, leaf)?;
     }
     Ok(())
 }
@@ -152,19 +142,36 @@ pub fn map_range_pae_flags<M: PhysMem, F: FrameSource>(
         }
         crate::pae::map_4k_in_pmd(mem, frames, pmd, v, phys + off, leaf, table_flags)?;
         let pt = Pte(mem.read(pmd, i2)).addr();
-        off += SMALL;
-        for i in i1 + 1..paging::ENTRIES {
-            if off >= len {
-                break;
-            }
-            if Pte(mem.read(pt, i)).present() {
-                return Err(MapError::AlreadyMapped(va + off));
-            }
-            mem.write(pt, i, Pte::new(phys + off, leaf | PRESENT).0);
-            off += SMALL;
-        }
+        off = fill_page_table(mem, pt, i1 + 1, va, phys, off + SMALL, len, leaf)?;
     }
     Ok(())
+}
+
+/// Maps the rest of page table `pt` from entry `first` on, while `off <
+/// len`, with direct writes (the first page of the table went through the
+/// builder, which created it); returns the offset reached.
+#[allow(clippy::too_many_arguments)]
+fn fill_page_table<M: PhysMem>(
+    mem: &mut M,
+    pt: u64,
+    first: usize,
+    va: u64,
+    phys: u64,
+    mut off: u64,
+    len: u64,
+    leaf: u64,
+) -> Result<u64, MapError> {
+    for i in first..paging::ENTRIES {
+        if off >= len {
+            break;
+        }
+        if Pte(mem.read(pt, i)).present() {
+            return Err(MapError::AlreadyMapped(va + off));
+        }
+        mem.write(pt, i, Pte::new(phys + off, leaf | PRESENT).0);
+        off += SMALL;
+    }
+    Ok(off)
 }
 
 /// The PS bit of a PMD entry (named apart from the page size above).

@@ -161,7 +161,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             Backend::Kvm => "kvm",
             Backend::Qemu => "qemu",
         },
-        guest_image(&base.run.config.kernel),
+        side::guest_image_of(&base.run.config.kernel, Some(&base.run.image)),
         BTreeMap::new(),
     );
     print!("{}", environment.render_text());

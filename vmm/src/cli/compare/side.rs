@@ -290,6 +290,13 @@ pub fn build_table(
 
 /// The image a configuration boots, named and hashed for the environment.
 pub fn guest_image(kernel: &KernelSource) -> GuestImage {
+    let bytes = crate::machine::loader::read_image(kernel).ok();
+    guest_image_of(kernel, bytes.as_deref())
+}
+
+/// [`guest_image`] of an image already read (the one a resolved run boots,
+/// so the hash is of what ran, not of the file read again).
+pub fn guest_image_of(kernel: &KernelSource, bytes: Option<&[u8]>) -> GuestImage {
     let name = match kernel {
         KernelSource::Embedded(b) if std::ptr::eq(*b, crate::GUEST_I386) => {
             "embedded i386".to_owned()
@@ -297,6 +304,5 @@ pub fn guest_image(kernel: &KernelSource) -> GuestImage {
         KernelSource::Embedded(_) => "embedded x86_64".to_owned(),
         KernelSource::Path(p) => p.display().to_string(),
     };
-    let bytes = crate::machine::loader::read_image(kernel).ok();
-    GuestImage::new(name, bytes.as_deref())
+    GuestImage::new(name, bytes)
 }
