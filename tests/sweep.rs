@@ -183,6 +183,52 @@ fn pti_costs_the_4m_working_set_a_refill_per_call() {
 }
 
 #[test]
+fn poundsyscall_sweeps_with_one_thread_per_vcpu() {
+    if !kvm_or_skip("poundsyscall sweep") {
+        return;
+    }
+    let _turn = turn();
+    let dir = scratch("sweep-pound");
+    let (code, v, out) = sweep(
+        &[
+            "--workload",
+            "poundsyscall",
+            "--cpus",
+            "2",
+            "--wss",
+            "0,64K",
+            "--touches",
+            "1x",
+            "--runs",
+            "1",
+            "--iterations",
+            "200",
+            "--config",
+            "pti=off",
+            "--config",
+            "pti=on",
+        ],
+        &dir,
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        (v["workload"].as_str(), v["cpus"].as_u64()),
+        (Some("poundsyscall"), Some(2))
+    );
+    assert!(out.contains("2 vCPUs; each thread"), "{out}");
+    assert_eq!(v["cells"].as_array().unwrap().len(), 2, "{v}");
+    for c in v["cells"].as_array().unwrap() {
+        let configs = c["configs"].as_array().unwrap();
+        // Per getppid of both threads: 2 CR3 writes with PTI, within the
+        // few of the phase's exits and waits, none without.
+        let cr3 = |i: usize| configs[i]["cr3_writes_per_call"].as_f64().unwrap();
+        assert!(cr3(0) < 0.01 && (2.0..2.05).contains(&cr3(1)), "{c}");
+        assert!(configs[1]["median"].as_f64().unwrap() > 0.0, "{c}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn bad_sweep_usage_is_refused() {
     for (args, what) in [
         (vec!["--wss", "0,lots"], "--wss"),
@@ -193,6 +239,7 @@ fn bad_sweep_usage_is_refused() {
         (vec!["--config", "pti=on"], "at least two"),
         (vec!["--config", "pti=off", "--config", "pti=maybe"], "pti"),
         (vec!["--workload", "sched-messaging"], "syscall-loop"),
+        (vec!["--cpus", "9"], "--cpus"),
         (vec!["--wss", "64M", "--mem", "64"], "--mem"),
     ] {
         let o = ptiscope().arg("sweep").args(&args).output().unwrap();

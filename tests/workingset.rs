@@ -6,6 +6,9 @@
 //!   do not change with the working set;
 //! - a kernel working set (`kwss=`) is read by every call, and PTI adds
 //!   the same kernel instructions per call with it as without;
+//! - each poundsyscall thread reads the shared working set before each
+//!   getppid (every thread's count and sum checked by the kernel), and the
+//!   exact counts do not change with it;
 //! - bad values are refused before boot (exit 64);
 //! - the 32-bit PAE flavour does the same under QEMU;
 //! - on a host where a flushing CR3 write really empties the TLB (kvm_pvm,
@@ -159,6 +162,66 @@ fn exact_counts_and_kvm_flushes_do_not_change_with_the_working_set() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn poundsyscall_threads_each_read_the_working_set() {
+    if !kvm_or_skip("poundsyscall working set") {
+        return;
+    }
+    let dir = scratch("wss-pound");
+    const N: u64 = 200;
+    let pound = |pti: &str, threads: u64, extra: &str| {
+        let cmdline = format!("threads={threads} {extra}");
+        let (code, r, _, out) = run_json(
+            &[
+                "--pti",
+                pti,
+                "--workload",
+                "poundsyscall",
+                "--cpus",
+                "2",
+                "--iterations",
+                &N.to_string(),
+                "--cmdline",
+                cmdline.trim(),
+            ],
+            &dir,
+            "pound",
+        );
+        assert_eq!(code, Some(0), "pti={pti} {cmdline}:\n{out}");
+        r
+    };
+    // (extra command line, reads per call)
+    for (extra, touches) in [
+        ("wss=64K stride=64 touches=100", 100),
+        ("wss=1M", 256),
+        ("wss=4M wss_pages=2m touches=7", 7),
+    ] {
+        // Three threads on two vCPUs: two share CPU 0 and take turns.
+        let r = pound("on", 3, extra);
+        assert_eq!(num(&r, "touches"), touches, "{extra}: {r:?}");
+        assert_eq!(num(&r, "touched"), 3 * N * touches, "{extra}: {r:?}");
+        assert_eq!(r["touch_check"], "ok", "{extra}: {r:?}");
+        // The threads do not time their reads: no figure rather than 0.
+        assert!(!r.contains_key("read_cycles"), "{extra}: {r:?}");
+    }
+    // One thread per vCPU: the exact counts are the same with a working set
+    // as without one.
+    for pti in ["on", "off"] {
+        let plain = pound(pti, 2, "");
+        let with = pound(pti, 2, "wss=1M");
+        assert!(!plain.contains_key("touched"), "{plain:?}");
+        assert_eq!(num(&with, "touched"), 2 * N * 256, "{with:?}");
+        for key in ["syscalls", "cr3_entry", "cr3_exit", "page_faults"] {
+            assert_eq!(
+                num(&with, key),
+                num(&plain, key),
+                "pti={pti} {key}: {with:?} vs {plain:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A per-call rate of the run summary JSON (a row's `per_iteration`).
 fn per_call(v: &Value, name: &str) -> f64 {
     v["rows"]
@@ -251,7 +314,8 @@ fn bad_working_set_values_are_refused_before_boot() {
         ("wss=1M", "sched-messaging", "syscall-loop workload"),
         ("wss=200M", "getpid", "--mem"),
         ("kwss=65M", "getpid", "kernel working set"),
-        ("kwss=64K", "none", "syscall-loop workload"),
+        ("kwss=64K", "none", "syscall loop"),
+        ("kwss=64K", "poundsyscall", "single-task syscall loop"),
     ] {
         let o = ptiscope()
             .args(["run", "--workload", workload, "--cmdline", extra])
@@ -315,5 +379,23 @@ fn the_i386_flavour_reads_its_working_set_under_qemu() {
         if extra.contains("kwss=64K") {
             assert_eq!(num(&r, "kernel_touched"), (N + 1) * 16, "{r:?}");
         }
+    }
+    // poundsyscall: three threads on two CPUs, each reading the working set
+    // before each getppid (the 32-bit worker keeps its state on the stack).
+    for entry in ["sysenter", "int80"] {
+        let extra = format!("threads=3 wss=64K stride=64 touches=100 entry={entry}");
+        let o = ptiscope()
+            .args(["run", "--arch", "i386", "--backend", "qemu", "--cpus", "2"])
+            .args(["--timeout", "120", "--pti", "on"])
+            .args(["--workload", "poundsyscall", "--iterations"])
+            .arg(N.to_string())
+            .args(["--cmdline", &extra])
+            .output()
+            .unwrap();
+        let out = stdout(&o) + &stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{extra}:\n{out}");
+        let r = result_line(&out);
+        assert_eq!(num(&r, "touched"), 3 * N * 100, "{extra}: {r:?}");
+        assert_eq!(r["touch_check"], "ok", "{extra}: {r:?}");
     }
 }

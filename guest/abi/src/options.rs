@@ -191,6 +191,13 @@ impl Workload {
         )
     }
 
+    /// Whether a user working set (`wss=`) applies: read by the syscall
+    /// loop, or by each poundsyscall thread, between two calls. The kernel
+    /// working set (`kwss=`) applies to the syscall loops only.
+    pub const fn takes_working_set(self) -> bool {
+        self.is_syscall_loop() || matches!(self, Workload::Poundsyscall)
+    }
+
     /// Whether the guest runs user code for it.
     pub const fn runs_user_code(self) -> bool {
         !matches!(self, Workload::None)

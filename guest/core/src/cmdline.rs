@@ -157,7 +157,7 @@ fn expected(key: &str) -> &'static str {
         keys::LOOPS => "a number from 0 to 1000000",
         keys::MODE => TaskMode::EXPECTED,
         keys::WSS => {
-            "a size up to 1008M (K/M/G suffixes), for workload getpid, getppid, write-badfd or nopti-getpid"
+            "a size up to 1008M (K/M/G suffixes), for workload getpid, getppid, write-badfd, nopti-getpid or poundsyscall"
         }
         keys::STRIDE => "a multiple of 8 bytes, from 8 to 1008M (K/M/G suffixes)",
         keys::TOUCHES => "a number from 0 to 2^32-1, with wss= above 0",
@@ -353,7 +353,7 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
             value,
         });
     }
-    if let Some(value) = wss_word.filter(|_| c.wss > 0 && !c.workload.is_syscall_loop()) {
+    if let Some(value) = wss_word.filter(|_| c.wss > 0 && !c.workload.takes_working_set()) {
         return Err(CmdlineError::BadValue {
             key: keys::WSS,
             value,
@@ -550,6 +550,8 @@ mod tests {
             16
         );
         assert_eq!(parse("wss=0 stride=64").unwrap().touches_per_iteration(), 0);
+        let c = parse("workload=poundsyscall threads=2 wss=64K touches=3").unwrap();
+        assert_eq!((c.wss, c.touches_per_iteration()), (64 << 10, 3));
         for bad in [
             "workload=getpid wss=1T",
             "workload=getpid wss=2G",
@@ -566,6 +568,7 @@ mod tests {
             "workload=getpid kwss=65M",
             "workload=getpid kwss=x",
             "kwss=64K",
+            "workload=poundsyscall kwss=64K",
         ] {
             let e = parse(bad).unwrap_err();
             assert!(matches!(e, CmdlineError::BadValue { .. }), "{bad}: {e:?}");

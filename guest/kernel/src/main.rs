@@ -220,14 +220,22 @@ fn start_cpus(config: &Config) {
 /// `workload=poundsyscall` (mmtests): a parent (pid 1, CPU 0: phase
 /// markers, reaps) and `threads` threads of its address space, thread i on
 /// CPU i mod `cpus`, each calling getppid `iterations` times; they start
-/// together at the begin marker. Then reports and stops.
+/// together at the begin marker. With `wss=` the parent first fills the
+/// shared buffer and each thread reads it before each call (its index in
+/// the third parameter: its record in the control page). Then reports and
+/// stops.
 fn run_pound(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     use arch::context::UserRegs;
     let mut s = task::lock();
     s.init(pti, pcid, config.entry, half);
-    let (parent_rip, _, _) = user::messaging_programs(config.entry.abi_code());
-    let Some(worker_rip) = arch::smp::pound_program(config.entry.abi_code()) else {
-        stop(exit_status::UNSUPPORTED)
+    let (parent_rip, worker_rip) = if config.wss > 0 {
+        user::pound_wss_programs(config.entry.abi_code())
+    } else {
+        let (parent_rip, _, _) = user::messaging_programs(config.entry.abi_code());
+        let Some(worker_rip) = arch::smp::pound_program(config.entry.abi_code()) else {
+            stop(exit_status::UNSUPPORTED)
+        };
+        (parent_rip, worker_rip)
     };
     let cpus = arch::smp::online();
     println!(
@@ -238,8 +246,9 @@ fn run_pound(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         .spawn_task(None, parent_rip, &UserRegs::default(), None)
         .unwrap_or_else(|e| panic!("cannot create the poundsyscall parent: {e:?}"));
     let ppid = s.tasks[parent].pid;
+    setup_working_set(config, s.tasks[parent].pair);
     for i in 0..config.threads as usize {
-        let regs = UserRegs::params([config.iterations, ppid, 0, 0]);
+        let regs = UserRegs::params([config.iterations, ppid, i as u64, 0]);
         let t = s
             .spawn_task(Some(parent), worker_rip, &regs, Some(parent))
             .unwrap_or_else(|e| panic!("cannot create poundsyscall thread {i}: {e:?}"));
@@ -383,8 +392,20 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         Err(e) => panic!("cannot create the workload processes: {e:?}"),
     };
     let pair = s.tasks.iter().find(|t| t.pid == child).map(|t| t.pair);
-    match pair.map(|p| workingset::setup(config, p)) {
-        Some(Ok(true)) => println!(
+    setup_working_set(
+        config,
+        pair.unwrap_or_else(|| panic!("the workload process vanished")),
+    );
+    task::Sched::run(s);
+    report(config, pti, pcid)
+}
+
+/// Maps the user working set (`wss=`, if any) into the address space
+/// `pair` and says so; a working set that does not fit is a bad command
+/// line.
+fn setup_working_set(config: &Config, pair: u64) {
+    match workingset::setup(config, pair) {
+        Ok(true) => println!(
             "working set: {} bytes at {:#x} ({} pages), stride {}, {} reads per iteration",
             config.wss,
             ptiscope_abi::workingset::BASE,
@@ -392,16 +413,13 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
             config.stride,
             config.touches_per_iteration()
         ),
-        Some(Ok(false)) => {}
-        Some(Err(e)) => {
+        Ok(false) => {}
+        Err(e) => {
             println!("bad command line: {e}");
             println!("@badcmdline {e}");
             stop(exit_status::BAD_CMDLINE)
         }
-        None => panic!("the workload process vanished"),
     }
-    task::Sched::run(s);
-    report(config, pti, pcid)
 }
 
 fn report(config: &Config, pti: bool, pcid: bool) -> ! {
@@ -517,15 +535,17 @@ impl core::fmt::Display for WorkingSet<'_> {
         };
         write!(
             f,
-            " wss={} stride={} touches={} wss_pages={} touched={} touch_check={} read_cycles={}",
+            " wss={} stride={} touches={} wss_pages={} touched={} touch_check={}",
             c.wss,
             c.stride,
             c.touches_per_iteration(),
             c.wss_pages.name(),
             w.touched,
             if w.ok() { "ok" } else { "bad" },
-            w.read_cycles,
         )?;
+        if let Some(r) = w.read_cycles {
+            write!(f, " read_cycles={r}")?;
+        }
         match w.read_cycles_min {
             Some(m) => write!(f, " read_cycles_min={m}"),
             None => Ok(()),

@@ -11,6 +11,12 @@
 //! the fewest of one iteration); [`result`] checks the count and the sum
 //! after the run. Nothing of that runs inside the measured phase.
 //!
+//! With `workload=poundsyscall` the threads of the one process share the
+//! buffer: the parent fills it before the phase begins, each thread reads
+//! `touches` slots before each getppid (each from offset 0) and leaves its
+//! own count and sum in its record of the control page (no shared
+//! counter, no atomics in the loop); [`result`] checks every thread.
+//!
 //! The kernel working set (`kwss=`) is a buffer mapped kernel-only at
 //! [`KWSS_VA`]; with it the loop calls [`sys_kwss_call`], which reads one
 //! word per page of it and then performs the loop's own system call: the
@@ -18,7 +24,7 @@
 use crate::arch::layout::phys_to_virt;
 use crate::mm::{Frames, Global};
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use guest_core::cmdline::Config;
+use guest_core::cmdline::{Config, Workload};
 use guest_core::paging::FrameSource;
 use ptiscope_abi::workingset::{self as ws, control};
 
@@ -74,18 +80,22 @@ pub fn setup(config: &Config, pair: u64) -> Result<bool, SetupError> {
     Ok(true)
 }
 
-/// What the loop did with its working set.
+/// What the loop (or the poundsyscall threads) did with the working set.
 pub struct Outcome {
-    /// Reads the loop counted in its measured phase.
+    /// Reads counted in the measured phase (all threads together).
     pub touched: u64,
-    /// Reads it should have done: iterations × touches per iteration.
+    /// Reads there should have been: iterations × touches per iteration,
+    /// times the threads for poundsyscall.
     pub expected: u64,
-    /// Whether the sum of the words read matches those reads' offsets
-    /// (modulo the machine word: 2^32 on x86_32).
+    /// Whether each reader's sum of the words it read matches its reads'
+    /// offsets (modulo the machine word: 2^32 on x86_32), and each
+    /// poundsyscall thread read its share.
     pub sum_ok: bool,
-    /// TSC cycles the loop spent in its reads, over the whole phase.
-    pub read_cycles: u64,
-    /// The fewest TSC cycles of one iteration's reads (`None`: no iteration).
+    /// TSC cycles the loop spent in its reads, over the whole phase
+    /// (`None` for poundsyscall, whose threads do not time their reads).
+    pub read_cycles: Option<u64>,
+    /// The fewest TSC cycles of one iteration's reads (`None`: no
+    /// iteration, or poundsyscall).
     pub read_cycles_min: Option<u64>,
 }
 
@@ -96,31 +106,44 @@ impl Outcome {
     }
 }
 
-/// Reads the loop's counts from the control page; `None` without `wss=`.
+/// Reads the loop's counts from the control page (each thread's record
+/// for poundsyscall); `None` without `wss=`.
 pub fn result(config: &Config) -> Option<Outcome> {
     // SAFETY: all tasks are done; nothing else touches CONTROL.
     let ctrl = unsafe { *CONTROL.get() }?;
     let va = phys_to_virt(ctrl)? as usize as *const u64;
     // SAFETY: the control page is a frame of the direct map owned by the
-    // working set; the loop that wrote it has exited.
-    let (touched, sum, read_cycles, read_cycles_min) = unsafe {
-        (
-            va.byte_add(control::TOUCHED).read_volatile(),
-            va.byte_add(control::SUM).read_volatile(),
-            va.byte_add(control::READ_CYCLES).read_volatile(),
-            va.byte_add(control::READ_CYCLES_MIN).read_volatile(),
-        )
-    };
-    let expected = config
+    // working set; every reader that wrote it has exited. `off` is one of
+    // the page's word offsets (below 4096, by the ABI's layout).
+    let word = |off: usize| unsafe { va.byte_add(off).read_volatile() };
+    let per_reader = config
         .iterations
         .wrapping_mul(config.touches_per_iteration());
-    let want = ws::expected_sum(expected, config.wss, config.stride);
     let mask = usize::MAX as u64;
+    let want = ws::expected_sum(per_reader, config.wss, config.stride) & mask;
+    if config.workload == Workload::Poundsyscall {
+        let mut touched = 0u64;
+        let mut each_ok = true;
+        for i in 0..config.threads as usize {
+            let record = control::THREADS + i * control::THREAD_RECORD;
+            let reads = word(record);
+            touched = touched.wrapping_add(reads);
+            each_ok &= reads == per_reader && word(record + 8) & mask == want;
+        }
+        return Some(Outcome {
+            touched,
+            expected: per_reader.wrapping_mul(config.threads),
+            sum_ok: each_ok,
+            read_cycles: None,
+            read_cycles_min: None,
+        });
+    }
+    let read_cycles_min = word(control::READ_CYCLES_MIN);
     Some(Outcome {
-        touched,
-        expected,
-        sum_ok: sum & mask == want & mask,
-        read_cycles,
+        touched: word(control::TOUCHED),
+        expected: per_reader,
+        sum_ok: word(control::SUM) & mask == want,
+        read_cycles: Some(word(control::READ_CYCLES)),
         read_cycles_min: (read_cycles_min != u64::MAX).then_some(read_cycles_min),
     })
 }

@@ -209,8 +209,11 @@ fn render(base: &str, comp: &str, counts: &[ThreadCount]) -> String {
     let mut out = String::new();
     out.push_str(&format!("{:<24}{:>24}{:>24}\n", "", base, comp));
     let mut row = |stat: &str, name: String, b: f64, c: f64, scale: f64, prec: usize| {
-        // A difference from zero has no percentage.
-        let pct = if b == 0.0 && c != 0.0 {
+        // A difference from zero, or from a baseline that prints as zero
+        // (0.0004 CR3 writes per call: the phase's few context switches),
+        // has no meaningful percentage.
+        let prints_as_zero = (b * scale).abs() < 0.5 / 10f64.powi(prec as i32);
+        let pct = if prints_as_zero && c != b {
             "    n/a".to_string()
         } else {
             format!("{:>7.2}", diff_pct(b, c))

@@ -17,7 +17,7 @@ use clap::Args;
 
 use crate::cli::compare::{parse_side, rates, run_measured};
 use crate::cli::exit_code::{self, ExitCode};
-use crate::cli::{abi_option, parse_mem, parse_timeout, Arch, Backend, CompareArgs};
+use crate::cli::{abi_option, parse_cpus, parse_mem, parse_timeout, Arch, Backend, CompareArgs};
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::output::{open_outputs, OutputFile};
 use crate::preflight::cmdline::Workload;
@@ -64,9 +64,15 @@ pub struct SweepArgs {
     /// Runs per cell and configuration.
     #[arg(long, value_name = "R", default_value_t = DEFAULT_SWEEP_RUNS, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
-    /// Syscall-loop workload.
+    /// Syscall-loop workload (getpid, getppid, write-badfd, nopti-getpid),
+    /// or poundsyscall: its threads each read the working set before each
+    /// getppid.
     #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
     pub workload: Workload,
+    /// vCPUs of every run (1..=8). With `--workload poundsyscall` one thread
+    /// per vCPU unless a configuration says `cmdline=threads=N`.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
+    pub cpus: u32,
     /// Iterations (system calls) per run.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_SWEEP_ITERATIONS)]
     pub iterations: u64,
@@ -305,7 +311,7 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         target_ci: None,
         warmup: 0,
         against: None,
-        cpus: 1,
+        cpus: args.cpus,
         workload: args.workload,
         iterations: args.iterations,
         kernel: args.kernel.clone(),
@@ -352,9 +358,9 @@ pub fn run(args: &SweepArgs) -> i32 {
         eprintln!("ptiscope sweep: --qemu-arg needs --backend qemu");
         return exit_code::USAGE;
     }
-    if !args.workload.is_syscall_loop() {
+    if !args.workload.takes_working_set() {
         eprintln!(
-            "ptiscope sweep: --workload {}: the sweep needs a syscall-loop workload (getpid, getppid, write-badfd or nopti-getpid)",
+            "ptiscope sweep: --workload {}: the sweep needs a syscall-loop workload (getpid, getppid, write-badfd, nopti-getpid or poundsyscall)",
             args.workload
         );
         return exit_code::USAGE;
@@ -404,9 +410,14 @@ pub fn run(args: &SweepArgs) -> i32 {
                     return exit_code::USAGE;
                 }
             };
+            let extra = &mut spec.config.guest.extra;
             if !cell.words.is_empty() {
-                let extra = &mut spec.config.guest.extra;
                 *extra = format!("{} {}", extra.trim(), cell.words)
+                    .trim()
+                    .to_string();
+            }
+            if args.workload == Workload::Poundsyscall && !extra.contains("threads=") {
+                *extra = format!("{} threads={}", extra.trim(), args.cpus)
                     .trim()
                     .to_string();
             }
@@ -440,6 +451,14 @@ pub fn run(args: &SweepArgs) -> i32 {
         "  workload:  {} x {} iterations per run, {} runs per cell and configuration, interleaved; stride {stride}, {} pages",
         args.workload, args.iterations, args.runs, args.wss_pages
     );
+    if args.workload == Workload::Poundsyscall {
+        println!(
+            "             {} vCPUs; each thread calls getppid {} times and reads the shared working set before each call; per call = per getppid of all threads (wall clock)",
+            args.cpus, args.iterations
+        );
+    } else if args.cpus > 1 {
+        println!("             {} vCPUs (the loop runs on vCPU 0)", args.cpus);
+    }
     println!("  baseline:  {}", labels[0]);
     for l in &labels[1..] {
         println!("  compare:   {l}");
@@ -485,6 +504,7 @@ pub fn run(args: &SweepArgs) -> i32 {
         backend: format!("{:?}", args.backend).to_lowercase(),
         workload: args.workload.to_string(),
         iterations: args.iterations,
+        cpus: args.cpus,
         runs: args.runs,
         stride,
         wss_pages: args.wss_pages.to_string(),

@@ -226,20 +226,28 @@ impl GuestOptions {
                 why: "touches= needs a working set: add wss=SIZE".into(),
             });
         }
-        let kwss = self.kernel_working_set_bytes();
-        let (k, any) = if wss > 0 {
-            (key::WSS, true)
-        } else {
-            (key::KWSS, kwss > 0)
-        };
-        if any && !self.workload.is_some_and(Workload::is_syscall_loop) {
+        let workload = || self.workload.map_or("none".into(), |w| w.to_string());
+        if wss > 0 && !self.workload.is_some_and(Workload::takes_working_set) {
             return Err(CmdlineError::BadValue {
-                key: k.into(),
-                value: self.extra_value(k).unwrap_or_default().into(),
+                key: key::WSS.into(),
+                value: self.extra_value(key::WSS).unwrap_or_default().into(),
                 why: format!(
                     "a working set needs a syscall-loop workload (--workload getpid, getppid, \
-                     write-badfd or nopti-getpid), not {}",
-                    self.workload.map_or("none".into(), |w| w.to_string())
+                     write-badfd, nopti-getpid or poundsyscall), not {}",
+                    workload()
+                ),
+            });
+        }
+        if self.kernel_working_set_bytes() > 0
+            && !self.workload.is_some_and(Workload::is_syscall_loop)
+        {
+            return Err(CmdlineError::BadValue {
+                key: key::KWSS.into(),
+                value: self.extra_value(key::KWSS).unwrap_or_default().into(),
+                why: format!(
+                    "a kernel working set needs a single-task syscall loop (--workload getpid, \
+                     getppid, write-badfd or nopti-getpid), not {}",
+                    workload()
                 ),
             });
         }
@@ -497,7 +505,22 @@ mod tests {
             ..Default::default()
         };
         let e = kernel_only.absorb_extra().unwrap_err().to_string();
-        assert!(e.contains("kwss=64K") && e.contains("syscall-loop"), "{e}");
+        assert!(e.contains("kwss=64K") && e.contains("syscall loop"), "{e}");
+        // poundsyscall's threads take a user working set, not a kernel one.
+        let pound = |extra: &str| GuestOptions {
+            workload: Some(Workload::Poundsyscall),
+            extra: extra.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            pound("threads=2 wss=1M")
+                .absorb_extra()
+                .unwrap()
+                .working_set_bytes(),
+            1 << 20
+        );
+        let e = pound("kwss=64K").absorb_extra().unwrap_err().to_string();
+        assert!(e.contains("single-task syscall loop"), "{e}");
         assert_eq!(
             with("kwss=64K")
                 .absorb_extra()

@@ -124,7 +124,11 @@ impl CrossCheck {
             verdict,
             self.tolerance_pct,
             if self.host_excess_allowed > 0.0 {
-                format!(" or up to {} more on the host", self.host_excess_allowed)
+                // Counts are whole: an allowance of 57.02 admits 57.
+                format!(
+                    " or up to {} more on the host",
+                    self.host_excess_allowed.floor()
+                )
             } else {
                 String::new()
             }

@@ -131,8 +131,10 @@ pub struct SweepReport {
     pub backend: String,
     /// The guest workload (`workload=`).
     pub workload: String,
-    /// Iterations per run.
+    /// Iterations per run (per thread for poundsyscall).
     pub iterations: u64,
+    /// vCPUs of every run.
+    pub cpus: u32,
     /// Runs per (cell, configuration).
     pub runs: u32,
     /// Bytes between two reads of the working set.
@@ -639,6 +641,7 @@ mod tests {
             backend: "kvm".into(),
             workload: "getpid".into(),
             iterations: 1,
+            cpus: 1,
             runs: 1,
             stride: 4096,
             wss_pages: "4k".into(),

@@ -23,7 +23,7 @@ use guest_core::pipe::message;
 use ptiscope_abi::syscall as nr;
 
 use crate::arch::x86_shared::user::{
-    init_program, messaging_programs, pound_program, program_lookup, sys_macro,
+    init_program, messaging_programs, pound_program, pound_wss_programs, program_lookup, sys_macro,
 };
 pub use crate::arch::x86_shared::user::{
     section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
@@ -310,22 +310,34 @@ global_asm!(
 );
 
 // The poundsyscall worker (mmtests, arch/x86_shared/user.rs): ebx = calls,
-// esi = the expected getppid result, mismatches counted in edi.
+// esi = the expected getppid result, mismatches counted in edi; with a
+// working set, edi arrives as the thread's index (saved before the count).
 global_asm!(
     sys_macro!(),
     pound_program!(),
+    pound_wss_programs!(),
     r#"
     .section .user.text, "ax"
     USER_POUND 2, l, eax, edi, edi, ebx, esi, ebx
     USER_POUND 3, l, eax, edi, edi, ebx, esi, ebx
     USER_POUND 4, l, eax, edi, edi, ebx, esi, ebx
     USER_POUND 5, l, eax, edi, edi, ebx, esi, ebx
+    USER_POUND_WSS 2, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
+    USER_POUND_WSS 3, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
+    USER_POUND_WSS 4, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
+    USER_POUND_WSS 5, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
     .purgem USER_POUND
+    .purgem USER_POUND_WSS
     .purgem SYS
     .previous
 "#,
     getppid = const nr::GETPPID,
     exit = const nr::EXIT,
+    base = const ptiscope_abi::workingset::BASE,
+    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
+    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
+    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
+    ctrl_threads = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::THREADS as u64,
     options(att_syntax)
 );
 

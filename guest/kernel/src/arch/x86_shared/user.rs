@@ -12,6 +12,8 @@
 //!   the last status;
 //! * `USER_POUND` (`pound_program!`): the poundsyscall worker, getppid in a
 //!   loop checking each result;
+//! * `USER_POUND_WSS` (`pound_wss_programs!`): the same with a user working
+//!   set (`wss=`) read before each call, and the parent that fills it;
 //! * `MSG_PROGRAMS` (`messaging_programs!`): the sched-messaging parent,
 //!   sender and receiver, their state on the stack in both flavours (x86_32
 //!   has too few registers), the end marker a per-flavour `PHASE_END`.
@@ -113,6 +115,100 @@ user_pound_\kind:
 }
 pub(crate) use pound_program;
 
+/// `USER_POUND_WSS kind, sfx, sp, ax, dx, bp32, acc, acc32, count,
+/// expected, index, arg0` defines the poundsyscall programs with a user
+/// working set (`wss=`, see workingset.rs):
+/// * `user_pound_parent_wss_<kind>`: writes each slot's offset into the
+///   buffer (before the phase begins, so the threads find it written),
+///   then goes on as the sched-messaging parent (phase markers, reaps);
+/// * `user_pound_wss_<kind>`: the worker of `USER_POUND` that reads
+///   `touches` slots of the buffer before each getppid, cycling through it
+///   from offset 0, and before it exits writes its read count and the sum
+///   of what it read into its record of the control page (thread `index`).
+///
+/// The worker's state is on its stack (x86_32 has too few registers):
+/// 0/4 reads (low/high word), 8 sum (machine word), 16 next offset,
+/// 24 size, 28 stride, 32 touches, 40 index. `index` may be the same
+/// register as `acc` (it is saved first). Needs `SYS`, the operands
+/// `getppid`, `exit`, `base`, `ctrl_size`, `ctrl_stride`, `ctrl_touches`,
+/// `ctrl_threads`, and `user_msg_parent_<kind>`.
+macro_rules! pound_wss_programs {
+    () => {
+        r#"
+    .macro USER_POUND_WSS kind, sfx, sp, ax, dx, bp32, acc, acc32, count, expected, index, arg0
+    .balign 16
+    .global user_pound_parent_wss_\kind
+user_pound_parent_wss_\kind:
+    movl {ctrl_size}, %eax
+    movl {ctrl_stride}, %ecx
+    xorl %edx, %edx                 /* each slot holds its own offset */
+1:  mov\sfx %\dx, {base}(%\dx)
+    addl %ecx, %edx
+    cmpl %eax, %edx
+    jb 1b
+    jmp user_msg_parent_\kind
+
+    .balign 16
+    .global user_pound_wss_\kind
+user_pound_wss_\kind:
+    sub\sfx $48, %\sp
+    mov\sfx %\index, 40(%\sp)
+    movl $0, 0(%\sp)
+    movl $0, 4(%\sp)
+    mov\sfx $0, 8(%\sp)
+    movl $0, 16(%\sp)
+    movl {ctrl_size}, %eax
+    movl %eax, 24(%\sp)
+    movl {ctrl_stride}, %eax
+    movl %eax, 28(%\sp)
+    movl {ctrl_touches}, %eax
+    movl %eax, 32(%\sp)
+    xorl %\acc32, %\acc32
+    test\sfx %\count, %\count
+    jz 2f
+1:  movl 32(%\sp), %ecx
+    testl %ecx, %ecx
+    jz 4f
+    movl 16(%\sp), %edx
+    mov\sfx 8(%\sp), %\ax
+    xorl %\bp32, %\bp32
+3:  add\sfx {base}(%\dx), %\ax      /* one read of the working set */
+    incl %\bp32
+    addl 28(%\sp), %edx
+    cmpl 24(%\sp), %edx
+    jb 5f
+    xorl %edx, %edx
+5:  decl %ecx
+    jnz 3b
+    mov\sfx %\ax, 8(%\sp)
+    movl %edx, 16(%\sp)
+    addl %\bp32, 0(%\sp)
+    adcl $0, 4(%\sp)
+4:  movl ${getppid}, %eax
+    SYS \kind
+    cmp\sfx %\ax, %\expected
+    je 6f
+    inc\sfx %\acc
+6:  dec\sfx %\count
+    jnz 1b
+2:  mov\sfx 40(%\sp), %\dx
+    shl\sfx $4, %\dx
+    movl 0(%\sp), %eax
+    movl %eax, {ctrl_threads}(%\dx)
+    movl 4(%\sp), %eax
+    movl %eax, {ctrl_threads}+4(%\dx)
+    mov\sfx 8(%\sp), %\ax
+    mov\sfx %\ax, {ctrl_threads}+8(%\dx)
+    mov\sfx %\acc, %\arg0
+    movl ${exit}, %eax
+    SYS \kind
+    ud2
+    .endm
+"#
+    };
+}
+pub(crate) use pound_wss_programs;
+
 /// A pointer to the `.user.text` symbol named `$name`.
 macro_rules! user_symbol {
     ($name:expr) => {{
@@ -141,7 +237,7 @@ macro_rules! by_entry {
 pub(crate) use by_entry;
 
 /// Defines the flavour's program look-ups (`programs`,
-/// `messaging_programs`, `pound_program`) for its entry codes `$first`, 3,
+/// `messaging_programs`, `pound_program`, `pound_wss_programs`) for its entry codes `$first`, 3,
 /// 4, 5.
 macro_rules! program_lookup {
     ($first:literal) => {
@@ -173,6 +269,18 @@ macro_rules! program_lookup {
         pub fn pound_program(entry_code: u32) -> u64 {
             let (p,) = $crate::arch::x86_shared::user::by_entry!(entry_code, $first, "user_pound_");
             p as u64
+        }
+
+        /// User addresses of the poundsyscall programs with a working set
+        /// (parent, worker) for an entry (ABI code).
+        pub fn pound_wss_programs(entry_code: u32) -> (u64, u64) {
+            let (p, w) = $crate::arch::x86_shared::user::by_entry!(
+                entry_code,
+                $first,
+                "user_pound_parent_wss_",
+                "user_pound_wss_"
+            );
+            (p as u64, w as u64)
         }
     };
 }
