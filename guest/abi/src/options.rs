@@ -179,6 +179,12 @@ option_enum! {
 
 /// Most `threads=` of poundsyscall (the task table also holds the parent).
 pub const MAX_THREADS: u64 = 64;
+// Each thread's working-set record fits the control page.
+const _: () = assert!(
+    crate::workingset::control::THREADS
+        + crate::workingset::control::THREAD_RECORD * MAX_THREADS as usize
+        <= 4096
+);
 /// Most CPUs (`cpus=`): the telemetry page's CPU blocks.
 pub const MAX_CPUS: u64 = crate::telemetry::MAX_CPUS as u64;
 

@@ -55,11 +55,11 @@ pub mod control {
     /// `THREADS + i * THREAD_RECORD`: the reads it did (64 bits, at +0) and
     /// the sum of the words it read (the machine word, at +8). Each thread
     /// writes only its own record, so the threads need no atomics; they do
-    /// not time their reads (`READ_CYCLES` stays 0).
+    /// not time their reads (`READ_CYCLES` stays 0). The records of
+    /// `options::MAX_THREADS` threads fit the page (asserted there).
     pub const THREADS: usize = 64;
     /// Bytes of one thread's record.
     pub const THREAD_RECORD: usize = 16;
-    const _: () = assert!(THREADS + THREAD_RECORD * crate::options::MAX_THREADS as usize <= 4096);
 }
 
 /// Parses a size: decimal or `0x` hex, optionally followed by `K`, `M` or
