@@ -206,7 +206,7 @@ impl GuestOptions {
     }
 
     /// The value of `key=` among the extra words.
-    fn extra_value(&self, k: &str) -> Option<&str> {
+    pub(crate) fn extra_value(&self, k: &str) -> Option<&str> {
         self.extra
             .split_ascii_whitespace()
             .filter_map(|w| w.split_once('='))

@@ -108,7 +108,11 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
     if wss > 0 && wss.saturating_add(WORKING_SET_HEADROOM) > config.mem_mib << 20 {
         return Err(CmdlineError::BadValue {
             key: ptiscope_abi::cmdline::WSS.into(),
-            value: format!("{wss}"),
+            // What the user wrote (`200M`), not the bytes it means.
+            value: asked
+                .extra_value(ptiscope_abi::cmdline::WSS)
+                .or_else(|| asked.extra_value(ptiscope_abi::cmdline::KWSS))
+                .map_or_else(|| wss.to_string(), str::to_owned),
             why: format!(
                 "{} MiB of working set (wss= and kwss=) do not fit a guest of {} MiB with the \
                  kernel's own {} MiB: raise --mem (up to 1024) or lower wss=/kwss=",
