@@ -75,7 +75,8 @@ pub fn setup(config: &Config, pair: u64) -> Result<bool, SetupError> {
         // map, as every frame) and nothing else uses it yet.
         unsafe { (va as usize as *mut u64).add(i).write_volatile(*w) };
     }
-    // SAFETY: one CPU, boot: no other reference to CONTROL.
+    // SAFETY: before any task runs; other CPUs (poundsyscall) idle until
+    // the begin marker and never touch CONTROL: no other reference to it.
     unsafe { *CONTROL.get() = Some(ctrl) };
     Ok(true)
 }
