@@ -109,12 +109,16 @@ fn a_small_sweep_has_every_cell_and_output() {
             // with PTI (N + 1 calls in the phase), none without.
             let cr3 = k["cr3_writes_per_call"].as_f64().unwrap();
             assert_eq!(cr3, if i == 0 { 0.0 } else { 2.0 }, "{k}");
-            // KVM: one flush per kernel->user switch, whatever the working set.
+            // KVM: one flush per kernel->user switch, whatever the working
+            // set (16 or 100 reads of 16 pages per call). KVM's own flushes
+            // when the host preempts the vCPU come on top: two per
+            // preemption, a few per 201-call run on a busy host, hence the
+            // margin (0.2 per call is 40 flushes in a run).
             let flush = k["tlb_flush_per_call"].as_f64().unwrap();
             if i == 0 {
-                assert!(flush < 0.05, "{k}");
+                assert!(flush < 0.2, "{k}");
             } else {
-                assert!((0.99..1.1).contains(&flush), "{k}");
+                assert!((0.99..1.2).contains(&flush), "{k}");
             }
             assert_eq!(k["delta"].is_null(), i == 0);
         }

@@ -114,7 +114,7 @@ fn exact_counts_and_kvm_flushes_do_not_change_with_the_working_set() {
     let dir = scratch("wss-counts");
     const N: u64 = 1000;
     for pti in ["on", "off"] {
-        let mut seen: Vec<(String, f64, f64, f64)> = Vec::new();
+        let mut seen: Vec<(String, f64, f64, f64, f64)> = Vec::new();
         for wss in ["0", "1M", "4M"] {
             let (code, r, v, out) = run_json(
                 &[
@@ -145,17 +145,22 @@ fn exact_counts_and_kvm_flushes_do_not_change_with_the_working_set() {
                 total(&v, "tlb_flush"),
                 total(&v, "cr3_writes"),
                 total(&v, "syscalls"),
+                flush_allowance(&v),
             ));
         }
-        let (_, flush0, cr3_0, sys0) = seen[0].clone();
-        for (wss, flush, cr3, sys) in &seen[1..] {
+        let (_, flush0, cr3_0, sys0, allowed0) = seen[0].clone();
+        for (wss, flush, cr3, sys, allowed) in &seen[1..] {
             assert_eq!((*cr3, *sys), (cr3_0, sys0), "pti={pti} wss={wss}");
-            // KVM flushes once per flushing kernel->user switch here; a few
-            // flushes of its own may come on top (the cross-check's
-            // tolerance), but never one per page of the working set.
+            // KVM flushes once per flushing kernel->user switch here; flushes
+            // of its own come on top when the host preempts the vCPU (the
+            // cross-check's allowance, which counts the preemptions of each
+            // run: a longer run on a busy host has more), but never one per
+            // page of the working set (1M: 256 per call, 256,000 here).
+            let bound = 40.0 + allowed + allowed0;
             assert!(
-                (flush - flush0).abs() <= 40.0,
-                "pti={pti} wss={wss}: KVM tlb_flush {flush} vs {flush0} without a working set"
+                (flush - flush0).abs() <= bound,
+                "pti={pti} wss={wss}: KVM tlb_flush {flush} vs {flush0} without a working set \
+                 (allowed {bound})"
             );
         }
     }
@@ -220,6 +225,16 @@ fn poundsyscall_threads_each_read_the_working_set() {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The host-side allowance of the run's tlb_flush cross-check (KVM's own
+/// flushes: a base, two per preemption of the vCPU, 1 %); 0 without one.
+fn flush_allowance(v: &Value) -> f64 {
+    v["cross_checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|x| x["host_metric"] == "tlb_flush"))
+        .and_then(|x| x["host_excess_allowed"].as_f64())
+        .unwrap_or(0.0)
 }
 
 /// A per-call rate of the run summary JSON (a row's `per_iteration`).
