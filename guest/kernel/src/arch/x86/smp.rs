@@ -20,14 +20,6 @@ use core::sync::atomic::Ordering;
 use guest_core::paging::PhysMem;
 use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
 
-/// Physical page of the real-mode trampoline (SIPI vector 0x08).
-pub const TRAMPOLINE_PHYS: u64 = 0x8000;
-
-/// Kernel stack of an AP's idle context (and its boot).
-const AP_STACK_PAGES: u64 = 4;
-/// Stack for an AP's fatal-exception report.
-const AP_FAULT_STACK_PAGES: u64 = 4;
-
 global_asm!(
     r#"
     .section .rodata.ap_trampoline, "a"
@@ -127,9 +119,6 @@ entry_spurious:
 );
 
 extern "C" {
-    static ap_trampoline: u8;
-    static ap_trampoline_handover: u8;
-    static ap_trampoline_end: u8;
     static entry_ipi: u8;
     static entry_spurious: u8;
     static boot_pdpt: u8;
@@ -199,30 +188,17 @@ pub fn start_aps() -> usize {
         0
     };
     for n in 1..cpus {
-        let Some(stack) = crate::mm::alloc_contiguous(AP_STACK_PAGES) else {
-            panic!("out of memory for CPU {n}'s stack");
-        };
         let handover = ApHandover {
             cr3: boot_cr3,
             efer,
             entry: ap_start32 as *const () as u32,
-            stack: phys_top(stack, AP_STACK_PAGES) as u32,
+            stack: ap_stack_top(n) as u32,
             cpu: n as u32,
         };
-        // SAFETY: the trampoline page was just copied to TRAMPOLINE_PHYS
-        // (direct-mapped RAM) and holds the handover words at this offset.
-        unsafe { (handover_va() as usize as *mut ApHandover).write_volatile(handover) };
-        let before = online();
-        send_ipi(n as u32, ICR_INIT);
-        send_ipi(n as u32, ICR_SIPI | (TRAMPOLINE_PHYS >> 12) as u32);
-        // A real CPU may miss the first SIPI; KVM and QEMU ignore a second
-        // one to a CPU that already started.
-        if !wait_online(before + 1, 2_000_000) {
-            send_ipi(n as u32, ICR_SIPI | (TRAMPOLINE_PHYS >> 12) as u32);
-            if !wait_online(before + 1, 20_000_000) {
-                crate::println!("CPU {n} did not come online after INIT/SIPI");
-                break;
-            }
+        // SAFETY: the trampoline was copied above; ApHandover is laid out as
+        // its handover words (five longs from tr_cr3).
+        if !unsafe { start_cpu(n, handover) } {
+            break;
         }
     }
     online()
@@ -230,43 +206,6 @@ pub fn start_aps() -> usize {
 
 const MSR_EFER: u32 = 0xc000_0080;
 const EFER_NXE: u64 = 1 << 11;
-
-fn handover_va() -> u64 {
-    let off = core::ptr::addr_of!(ap_trampoline_handover) as u64
-        - core::ptr::addr_of!(ap_trampoline) as u64;
-    super::layout::KERNEL_BASE + TRAMPOLINE_PHYS + off
-}
-
-fn copy_trampoline() {
-    // SAFETY: the trampoline is a byte range of the kernel's .rodata; the
-    // destination is low RAM nothing else uses after boot (see the x86_64
-    // flavour's smp.rs), reached through the direct map.
-    unsafe {
-        let start = core::ptr::addr_of!(ap_trampoline);
-        let len = core::ptr::addr_of!(ap_trampoline_end) as usize - start as usize;
-        assert!(len <= 4096);
-        let dst = (super::layout::KERNEL_BASE + TRAMPOLINE_PHYS) as usize as *mut u8;
-        core::ptr::copy_nonoverlapping(start, dst, len);
-    }
-}
-
-/// An AP's first Rust code, on the boot page tables and the stack the BSP
-/// handed over: its GDT/TSS (and FS), per-CPU record, the IDT, then the
-/// scheduler's AP entry.
-#[no_mangle]
-extern "C" fn ap_main(n: usize) -> ! {
-    super::descriptors::init_gdt_tss_for(n);
-    let Some(fault) = crate::mm::alloc_contiguous(AP_FAULT_STACK_PAGES) else {
-        crate::stop(ptiscope_abi::exit_status::PANIC)
-    };
-    super::percpu::init_cpu(
-        n,
-        super::descriptors::entry_stack_top_of(n),
-        phys_top(fault, AP_FAULT_STACK_PAGES),
-    );
-    super::descriptors::load_idt();
-    crate::task::ap_enter(n)
-}
 
 /// The rest of an AP's set-up: CR4 as the BSP's, the kernel-only page
 /// tables, its LAPIC; then it is online.

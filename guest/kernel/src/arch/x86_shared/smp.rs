@@ -1,10 +1,18 @@
 //! What both flavours' SMP code shares: the local APIC (xAPIC, MMIO) and
-//! its IPIs, and the count of CPUs online. The trampoline that brings an AP
-//! to its flavour's paging mode, and the per-CPU set-up, stay in each
-//! flavour's `smp.rs`.
+//! its IPIs, the count of CPUs online, and starting an AP: copying the
+//! trampoline, INIT/SIPI with its retry, the AP's first Rust code. The
+//! trampoline itself (which brings an AP to its flavour's paging mode), its
+//! handover words and the per-CPU set-up stay in each flavour's `smp.rs`.
 use crate::arch::layout::TELEMETRY_VA;
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Physical page of the real-mode trampoline (SIPI vector 0x08).
+pub const TRAMPOLINE_PHYS: u64 = 0x8000;
+/// Kernel stack of an AP's idle context (and its boot).
+const AP_STACK_PAGES: u64 = 4;
+/// Stack for an AP's fatal-exception report.
+const AP_FAULT_STACK_PAGES: u64 = 4;
 
 /// The local APIC's physical base (IA32_APIC_BASE default).
 pub const LAPIC_PHYS: u64 = 0xfee0_0000;
@@ -120,4 +128,84 @@ pub fn phys_top(phys: u64, pages: u64) -> u64 {
         Some(v) => v + pages * 4096,
         None => panic!("a stack outside the direct map"),
     }
+}
+
+extern "C" {
+    // The flavour's trampoline (its smp.rs): the bytes copied to
+    // TRAMPOLINE_PHYS, and the handover words the BSP fills for each AP.
+    static ap_trampoline: u8;
+    static ap_trampoline_handover: u8;
+    static ap_trampoline_end: u8;
+}
+
+/// Copies the flavour's real-mode trampoline to [`TRAMPOLINE_PHYS`].
+pub fn copy_trampoline() {
+    // SAFETY: the trampoline is a byte range of the kernel's .rodata; the
+    // destination is low RAM nothing else uses after boot (free below the
+    // VMM's start_info at 0x6000/0x7000; QEMU's firmware is done by then),
+    // reached through the direct map.
+    unsafe {
+        let start = core::ptr::addr_of!(ap_trampoline);
+        let len = core::ptr::addr_of!(ap_trampoline_end) as usize - start as usize;
+        assert!(len <= 4096);
+        let dst = (crate::arch::layout::KERNEL_BASE + TRAMPOLINE_PHYS) as usize as *mut u8;
+        core::ptr::copy_nonoverlapping(start, dst, len);
+    }
+}
+
+/// The top of a new AP's kernel stack (its idle context and its boot).
+pub fn ap_stack_top(n: usize) -> u64 {
+    let Some(stack) = crate::mm::alloc_contiguous(AP_STACK_PAGES) else {
+        panic!("out of memory for CPU {n}'s stack");
+    };
+    phys_top(stack, AP_STACK_PAGES)
+}
+
+/// Starts CPU `n` (its LAPIC id): writes `handover` into the copied
+/// trampoline, sends INIT and SIPI, and waits until the CPU is online; a
+/// real CPU may miss the first SIPI, so a second one follows (KVM and QEMU
+/// ignore it for a CPU that already started). `false` (and a message) if
+/// it did not come online.
+///
+/// # Safety
+/// `H` must be the flavour's handover record, laid out as the words at
+/// `ap_trampoline_handover`, and [`copy_trampoline`] must have run.
+pub unsafe fn start_cpu<H>(n: usize, handover: H) -> bool {
+    let off = core::ptr::addr_of!(ap_trampoline_handover) as u64
+        - core::ptr::addr_of!(ap_trampoline) as u64;
+    let va = crate::arch::layout::KERNEL_BASE + TRAMPOLINE_PHYS + off;
+    // SAFETY: the caller guarantees the trampoline page was copied and that
+    // `H` is the layout of its handover words, which lie inside that page.
+    unsafe { (va as usize as *mut H).write_volatile(handover) };
+    let before = online();
+    send_ipi(n as u32, ICR_INIT);
+    send_ipi(n as u32, ICR_SIPI | (TRAMPOLINE_PHYS >> 12) as u32);
+    if wait_online(before + 1, 2_000_000) {
+        return true;
+    }
+    send_ipi(n as u32, ICR_SIPI | (TRAMPOLINE_PHYS >> 12) as u32);
+    if wait_online(before + 1, 20_000_000) {
+        return true;
+    }
+    crate::println!("CPU {n} did not come online after INIT/SIPI");
+    false
+}
+
+/// An AP's first Rust code (called by the flavour's `ap_start*`), on the
+/// boot page tables and the stack the BSP handed over: its GDT/TSS, its
+/// per-CPU record, the IDT, then the scheduler's AP entry.
+#[no_mangle]
+extern "C" fn ap_main(n: usize) -> ! {
+    use crate::arch::{descriptors, percpu};
+    descriptors::init_gdt_tss_for(n);
+    let Some(fault) = crate::mm::alloc_contiguous(AP_FAULT_STACK_PAGES) else {
+        crate::stop(ptiscope_abi::exit_status::PANIC)
+    };
+    percpu::init_cpu(
+        n,
+        descriptors::entry_stack_top_of(n),
+        phys_top(fault, AP_FAULT_STACK_PAGES),
+    );
+    descriptors::load_idt();
+    crate::task::ap_enter(n)
 }
