@@ -106,19 +106,6 @@ extern "C" fn kmain(start_info: usize) -> ! {
         println!("{why}");
         stop(exit_status::UNSUPPORTED)
     }
-    if config.cpus > 1 && arch::smp::pound_program(config.entry.abi_code()).is_none() {
-        println!(
-            "cpus={}: this flavour runs on one CPU (its SMP is not built)",
-            config.cpus
-        );
-        stop(exit_status::UNSUPPORTED)
-    }
-    if config.workload == Workload::Poundsyscall
-        && arch::smp::pound_program(config.entry.abi_code()).is_none()
-    {
-        println!("workload=poundsyscall is not built for this flavour");
-        stop(exit_status::UNSUPPORTED)
-    }
     let pcid = config.pcid;
 
     // Map only as much of the first GiB as there is memory: each 2 MiB entry
@@ -232,10 +219,7 @@ fn run_pound(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         user::pound_wss_programs(config.entry.abi_code())
     } else {
         let (parent_rip, _, _) = user::messaging_programs(config.entry.abi_code());
-        let Some(worker_rip) = arch::smp::pound_program(config.entry.abi_code()) else {
-            stop(exit_status::UNSUPPORTED)
-        };
-        (parent_rip, worker_rip)
+        (parent_rip, user::pound_program(config.entry.abi_code()))
     };
     let cpus = arch::smp::online();
     println!(

@@ -222,11 +222,6 @@ pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
     ONLINE.fetch_add(1, Ordering::AcqRel);
 }
 
-/// User address of the poundsyscall worker for an entry (ABI code).
-pub fn pound_program(entry_code: u32) -> Option<u64> {
-    Some(super::user::pound_program(entry_code))
-}
-
 /// The kernel-only page-table root now in CR3 (what APs load).
 pub fn current_cr3() -> u64 {
     let v: usize;

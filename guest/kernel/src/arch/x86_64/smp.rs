@@ -224,44 +224,6 @@ pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
     ONLINE.fetch_add(1, Ordering::AcqRel);
 }
 
-// The poundsyscall worker (mmtests, arch/x86_shared/user.rs): r12 = calls,
-// r13 = the expected getppid result, mismatches counted in rbx; with a
-// working set also r14 = the thread's index. One copy per entry
-// instruction, like user.rs (which gives its address).
-global_asm!(
-    super::super::x86_shared::user::sys_macro!(),
-    super::super::x86_shared::user::pound_program!(),
-    super::super::x86_shared::user::pound_wss_programs!(),
-    r#"
-    .section .user.text, "ax"
-    USER_POUND 1, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 3, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 4, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 5, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND_WSS 1, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 3, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 4, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 5, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    .purgem USER_POUND
-    .purgem USER_POUND_WSS
-    .purgem SYS
-    .previous
-"#,
-    getppid = const ptiscope_abi::syscall::GETPPID,
-    exit = const ptiscope_abi::syscall::EXIT,
-    base = const ptiscope_abi::workingset::BASE,
-    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
-    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
-    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
-    ctrl_threads = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::THREADS as u64,
-    options(att_syntax)
-);
-
-/// User address of the poundsyscall worker for an entry (ABI code).
-pub fn pound_program(entry_code: u32) -> Option<u64> {
-    Some(super::user::pound_program(entry_code))
-}
-
 /// The kernel-only page-table root now in CR3 (what APs load).
 pub fn current_cr3() -> u64 {
     let v: u64;

@@ -18,14 +18,16 @@
 //!   sched-messaging workload (see docs/guest.md).
 //!
 //! Only `user_loop` is written here; `user_init`, the sched-messaging
-//! programs and the poundsyscall worker (smp.rs) are written once for both
+//! programs and the poundsyscall workers are written once for both
 //! flavours in arch/x86_shared/user.rs and instantiated here with this
 //! flavour's register names.
 use core::arch::global_asm;
 use guest_core::pipe::message;
 use ptiscope_abi::syscall as nr;
 
-use crate::arch::x86_shared::user::{init_program, messaging_programs, program_lookup, sys_macro};
+use crate::arch::x86_shared::user::{
+    init_program, messaging_programs, pound_program, pound_wss_programs, program_lookup, sys_macro,
+};
 pub use crate::arch::x86_shared::user::{
     section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
 };
@@ -259,6 +261,39 @@ global_asm!(
     check = const message::CHECK,
     check_off = const message::CHECK_OFFSET,
     group = const guest_core::cmdline::GROUP_SIZE,
+    options(att_syntax)
+);
+
+// The poundsyscall worker (mmtests, arch/x86_shared/user.rs): r12 = calls,
+// r13 = the expected getppid result, mismatches counted in rbx; with a
+// working set also r14 = the thread's index. One copy per entry
+// instruction.
+global_asm!(
+    sys_macro!(),
+    pound_program!(),
+    pound_wss_programs!(),
+    r#"
+    .section .user.text, "ax"
+    USER_POUND 1, q, rax, rbx, ebx, r12, r13, rdi
+    USER_POUND 3, q, rax, rbx, ebx, r12, r13, rdi
+    USER_POUND 4, q, rax, rbx, ebx, r12, r13, rdi
+    USER_POUND 5, q, rax, rbx, ebx, r12, r13, rdi
+    USER_POUND_WSS 1, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
+    USER_POUND_WSS 3, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
+    USER_POUND_WSS 4, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
+    USER_POUND_WSS 5, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
+    .purgem USER_POUND
+    .purgem USER_POUND_WSS
+    .purgem SYS
+    .previous
+"#,
+    getppid = const ptiscope_abi::syscall::GETPPID,
+    exit = const ptiscope_abi::syscall::EXIT,
+    base = const ptiscope_abi::workingset::BASE,
+    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
+    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
+    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
+    ctrl_threads = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::THREADS as u64,
     options(att_syntax)
 );
 
