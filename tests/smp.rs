@@ -12,7 +12,7 @@ use serde_json::Value;
 const CALLS: u64 = 300;
 
 fn row(v: &Value, name: &str) -> Option<f64> {
-    v["rows"].as_array()?.iter().find(|r| r["name"] == name)?["total"].as_f64()
+    summary_row(v, name)?["total"].as_f64()
 }
 
 /// Boots with `--cpus 2`, returns (console, summary JSON).

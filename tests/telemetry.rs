@@ -123,16 +123,6 @@ fn run_json(args: &[&str], dir: &Path, name: &str) -> (Option<i32>, Value, Strin
     (o.status.code(), v, stdout(&o), stderr(&o))
 }
 
-fn row<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
-    v["rows"].as_array()?.iter().find(|r| r["name"] == name)
-}
-
-fn total(v: &Value, name: &str) -> f64 {
-    row(v, name)
-        .and_then(|r| r["total"].as_f64())
-        .unwrap_or_else(|| panic!("no row {name} in {v}"))
-}
-
 #[test]
 fn telemetry_round_trip_through_real_runs() {
     if !kvm_or_skip("telemetry_round_trip") {
@@ -152,26 +142,26 @@ fn telemetry_round_trip_through_real_runs() {
         assert_eq!(v["telemetry_valid"], true, "{v}");
         // The phase holds the N calls plus the phase-marker syscall.
         assert_eq!(v["iterations"].as_f64(), Some(n + 1.0));
-        assert_eq!(total(&v, "syscalls"), n + 1.0);
+        assert_eq!(row_total(&v, "syscalls"), n + 1.0);
         assert_eq!(
-            total(&v, "cr3_writes"),
+            row_total(&v, "cr3_writes"),
             cr3_per_call * (n + 1.0),
             "pti={pti}"
         );
         assert_eq!(
-            row(&v, "cr3_writes").unwrap()["per_iteration"].as_f64(),
+            summary_row(&v, "cr3_writes").unwrap()["per_iteration"].as_f64(),
             Some(cr3_per_call)
         );
         assert_eq!(
-            total(&v, "cr3_writes_other"),
+            row_total(&v, "cr3_writes_other"),
             0.0,
             "boot is outside the phase"
         );
         for r in ["elapsed", "vmm_exits", "cycles"] {
-            assert!(row(&v, r).is_some(), "row {r}: {v}");
+            assert!(summary_row(&v, r).is_some(), "row {r}: {v}");
         }
-        assert_eq!(row(&v, "elapsed").unwrap()["source"], "host_clock");
-        assert_eq!(row(&v, "cr3_writes").unwrap()["source"], "guest");
+        assert_eq!(summary_row(&v, "elapsed").unwrap()["source"], "host_clock");
+        assert_eq!(summary_row(&v, "cr3_writes").unwrap()["source"], "guest");
         let checks = v["cross_checks"].as_array().unwrap();
         let sys = checks
             .iter()
@@ -202,11 +192,11 @@ fn phase_deltas_exclude_boot_and_teardown() {
     // phase, which holds only the calls and the marker's own round trip.
     // With 0 iterations the phase holds only the marker's own round trip:
     // the begin marker's return to user and the end marker's entry.
-    let cr3 = total(&v, "cr3_writes");
+    let cr3 = row_total(&v, "cr3_writes");
     assert_eq!(cr3, 2.0, "phase CR3 writes: {v}");
-    assert_eq!(total(&v, "syscalls"), 1.0, "{v}");
-    assert_eq!(total(&v, "cr3_writes_other"), 0.0);
-    assert!(total(&v, "vmm_exits") <= 2.0, "{v}");
+    assert_eq!(row_total(&v, "syscalls"), 1.0, "{v}");
+    assert_eq!(row_total(&v, "cr3_writes_other"), 0.0);
+    assert!(row_total(&v, "vmm_exits") <= 2.0, "{v}");
 }
 
 #[test]
@@ -266,7 +256,7 @@ fn hostile_guest_is_reported_invalid_and_stops_cleanly() {
     assert!(has("not valid markers"), "{problems:?}");
     assert!(err.contains("guest telemetry: INVALID"), "{err}");
     // Guest-reported rows are withheld; host-observed ones stay.
-    assert!(row(&v, "syscalls").is_none() && row(&v, "elapsed").is_some());
+    assert!(summary_row(&v, "syscalls").is_none() && summary_row(&v, "elapsed").is_some());
 }
 
 #[test]

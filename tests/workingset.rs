@@ -51,15 +51,6 @@ fn run_json(
     (o.status.code(), r, v, out)
 }
 
-/// A phase total of the run summary JSON.
-fn total(v: &Value, name: &str) -> f64 {
-    v["rows"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["name"] == name))
-        .and_then(|r| r["total"].as_f64())
-        .unwrap_or_else(|| panic!("no row {name} in {v}"))
-}
-
 #[test]
 fn the_loop_reads_touches_words_per_iteration() {
     if !kvm_or_skip("working set touches") {
@@ -142,9 +133,9 @@ fn exact_counts_and_kvm_flushes_do_not_change_with_the_working_set() {
             }
             seen.push((
                 wss.to_string(),
-                total(&v, "tlb_flush"),
-                total(&v, "cr3_writes"),
-                total(&v, "syscalls"),
+                row_total(&v, "tlb_flush"),
+                row_total(&v, "cr3_writes"),
+                row_total(&v, "syscalls"),
                 flush_allowance(&v),
             ));
         }
@@ -237,15 +228,6 @@ fn flush_allowance(v: &Value) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A per-call rate of the run summary JSON (a row's `per_iteration`).
-fn per_call(v: &Value, name: &str) -> f64 {
-    v["rows"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["name"] == name))
-        .and_then(|r| r["per_iteration"].as_f64())
-        .unwrap_or_else(|| panic!("no rate {name} in {v}"))
-}
-
 #[test]
 fn each_call_reads_the_kernel_working_set() {
     if !kvm_or_skip("kernel working set") {
@@ -289,7 +271,7 @@ fn each_call_reads_the_kernel_working_set() {
             let k = v["rows"]
                 .as_array()
                 .and_then(|rows| rows.iter().find(|r| r["name"] == "kernel_instructions"))
-                .map(|_| per_call(&v, "kernel_instructions"));
+                .map(|_| row_per_call(&v, "kernel_instructions"));
             insns.push((kwss, pti == "on", k));
         }
     }

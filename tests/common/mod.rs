@@ -149,3 +149,22 @@ pub fn num(r: &std::collections::HashMap<String, String>, key: &str) -> u64 {
         .parse()
         .unwrap_or_else(|e| panic!("{key}: {e}"))
 }
+
+/// The row `name` of a run summary JSON (`ptiscope run --json`: `rows[]`).
+pub fn summary_row<'a>(v: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    v["rows"].as_array()?.iter().find(|r| r["name"] == name)
+}
+
+/// A summary row's phase total; panics naming the row if there is none.
+pub fn row_total(v: &serde_json::Value, name: &str) -> f64 {
+    summary_row(v, name)
+        .and_then(|r| r["total"].as_f64())
+        .unwrap_or_else(|| panic!("no row {name} in {v}"))
+}
+
+/// A summary row's per-call rate (`per_iteration`); panics if there is none.
+pub fn row_per_call(v: &serde_json::Value, name: &str) -> f64 {
+    summary_row(v, name)
+        .and_then(|r| r["per_iteration"].as_f64())
+        .unwrap_or_else(|| panic!("no rate {name} in {v}"))
+}
