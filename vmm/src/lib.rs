@@ -17,9 +17,11 @@ pub mod preflight;
 pub mod probe;
 pub mod report;
 pub mod sandbox;
+pub mod spec;
 
 pub use machine::{run, run_vm, NoObserver, PhaseObserver, RunError, RunOutcome, StopReason};
-pub use preflight::{preflight, ResolvedRun, RunConfig, SerialOut, Target};
+pub use preflight::preflight;
+pub use spec::{ResolvedRun, RunConfig, SerialOut, Target};
 
 /// The embedded default guest image, x86_64 flavour (built by `vmm/build.rs`).
 pub static GUEST_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_X86_64"));

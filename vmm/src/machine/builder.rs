@@ -20,7 +20,7 @@ use crate::machine::kvm::open_kvm;
 use crate::machine::loader;
 use crate::machine::msr::MsrAnswers;
 use crate::machine::RunError;
-use crate::preflight::ResolvedRun;
+use crate::spec::ResolvedRun;
 
 /// Where the TSS for real-mode emulation goes (Intel needs three pages KVM
 /// may use, outside guest RAM: just below 4 GiB, as Firecracker does).

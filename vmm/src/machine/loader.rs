@@ -590,7 +590,7 @@ pub fn write_boot_params(
     layout: &MemoryLayout,
     cmdline: &str,
 ) -> Result<(), BootParamsError> {
-    // The caller validated length and contents (crate::preflight::cmdline::validate).
+    // The caller validated length and contents (crate::spec::cmdline::validate).
     let mut bytes = cmdline.as_bytes().to_vec();
     bytes.push(0);
     mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))

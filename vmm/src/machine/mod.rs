@@ -12,6 +12,7 @@ mod control;
 pub mod cpu_config;
 pub mod exit;
 pub mod kvm;
+pub mod kvm_stats;
 pub mod loader;
 pub mod memory;
 pub mod msr;
@@ -41,7 +42,8 @@ use crate::machine::memory::{MemoryError, MemoryLayout};
 pub use crate::machine::outcome::{PhaseEvent, RunOutcome, StopReason, VcpuOutcome};
 use crate::machine::signals::{SignalError, TerminationSignals};
 use crate::machine::vcpu::{SharedObserver, StopLine, Vcpu, VcpuEnv};
-use crate::preflight::{PreflightError, ResolvedRun};
+use crate::preflight::PreflightError;
+use crate::spec::ResolvedRun;
 
 /// What the phase observer may look at, on the vCPU thread, at an exit.
 pub struct VmContext<'a> {

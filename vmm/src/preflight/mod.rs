@@ -8,57 +8,14 @@
 //! all go through it once per configuration; the VM layer
 //! ([`crate::machine`]) takes only a `ResolvedRun` and never asks the probe.
 
-pub mod cmdline;
-pub mod host;
-pub mod request;
-
 use std::sync::Arc;
 
 use crate::machine::kvm::{self, KvmOpenError};
 use crate::machine::loader::{self, LoadError};
 use crate::machine::memory::{MemoryError, MemoryLayout};
+pub use crate::probe::host;
+pub use crate::spec::{cmdline, request, ResolvedRun, RunConfig, SerialOut, Target, MAX_CPUS};
 use cmdline::{CmdlineError, Entry, EntryChoice, ResolvedOptions, Switch};
-pub use request::{RunConfig, SerialOut};
-
-/// The most vCPUs a run can have: the guest telemetry page's CPU blocks.
-pub const MAX_CPUS: u32 = ptiscope_abi::telemetry::MAX_CPUS as u32;
-
-/// Where a run will execute: the choice changes what `entry=auto` means
-/// and which host limits apply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    /// This host's KVM, through the VMM: limits from the probe.
-    Kvm,
-    /// QEMU's TCG: every entry works; no probe, no KVM needed.
-    QemuTcg,
-}
-
-/// A run with everything settled.
-#[derive(Debug, Clone)]
-pub struct ResolvedRun {
-    /// The request as given (timeouts, outputs, backend options).
-    pub config: RunConfig,
-    /// Where everything goes in guest memory, from `--mem`.
-    pub layout: MemoryLayout,
-    /// The kernel image, read once (compare boots it many times).
-    pub image: Arc<[u8]>,
-    /// How the image is named in messages.
-    pub image_name: String,
-    /// The guest options as the guest gets them.
-    pub guest: ResolvedOptions,
-    /// The guest command line (with `telemetry=` for the KVM target).
-    pub cmdline: String,
-    /// Whether `entry=auto` was settled by the flavour heuristic because
-    /// the probe could not run (reports say so).
-    pub entry_guessed: bool,
-}
-
-impl ResolvedRun {
-    /// Whether the image is the 32-bit (ELF32, PAE) flavour.
-    pub fn is_elf32(&self) -> bool {
-        loader::is_elf32(&self.image)
-    }
-}
 
 /// Errors settling a run.
 #[derive(Debug, thiserror::Error)]

@@ -16,6 +16,7 @@ pub mod code;
 mod cpu;
 mod entries;
 pub mod entry;
+pub mod host;
 mod paging;
 pub mod trip;
 mod vm;

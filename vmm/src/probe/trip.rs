@@ -15,7 +15,7 @@ use super::code::{self, report, Asm};
 use super::entries::kernel_prologue;
 use super::vm::{Kit, ProbeVm, Program, StartMode, Stop};
 use super::{ProbeError, ProbeOptions};
-use crate::observe::kvm_stats::KvmStats;
+use crate::machine::kvm_stats::KvmStats;
 
 /// Where the bare handler goes (inside the kernel-code page, after the landings).
 const HANDLER: u64 = code::SYSENTER_LANDING + 0x100;

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use ptiscope_abi::telemetry::Counter;
 
 use crate::machine::RunOutcome;
-use crate::preflight::cmdline::Workload;
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
+use crate::spec::cmdline::Workload;
 
 /// `key=value` pairs of the guest's first `@result` line.
 pub fn result_fields(outcome: &RunOutcome) -> BTreeMap<String, String> {

@@ -21,8 +21,8 @@ use ptiscope_abi::phase::{Edge, Marker, ID_WARMUP, ID_WORKLOAD};
 use vm_memory::GuestAddress;
 
 use crate::machine::exit::ExitCounts;
+use crate::machine::kvm_stats::{KvmStats, StatsSnapshot};
 use crate::machine::{PhaseObserver, VmContext};
-use crate::observe::kvm_stats::{KvmStats, StatsSnapshot};
 use crate::observe::live_metrics::{LiveMetrics, LiveMetricsConfig};
 use crate::observe::telemetry::{TelemetryError, TelemetryReader, TelemetrySnapshot};
 use crate::output::OutputReport;
@@ -265,7 +265,7 @@ pub use guest_result::{rate_name, requested, result_fields, summary_from_result}
 mod tests {
     use super::guest_result::iterations_check;
     use super::*;
-    use crate::preflight::cmdline::Workload;
+    use crate::spec::cmdline::Workload;
 
     #[test]
     fn the_requested_count_comes_from_the_vmm_command_line() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::machine::loader::KernelSource;
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::output::OutputFile;
-use crate::preflight::cmdline::{CpuVuln, GuestOptions};
+use crate::spec::cmdline::{CpuVuln, GuestOptions};
 
 /// Default `--timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use crate::preflight::cmdline::Entry;
 use crate::probe::{self, ProbeOptions};
+use ptiscope_abi::options::Entry;
 
 /// Which KVM implementation backs /dev/kvm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
