@@ -158,7 +158,7 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
             for f in outcome.faults() {
                 eprintln!("  guest reported: {}", escape_str(f));
             }
-            let mut summary = crate::observe::measure::summary_from_result(
+            let mut summary = crate::report::summary_from_result(
                 &outcome,
                 crate::cli::compare::config_words(&outcome),
             );

@@ -7,6 +7,8 @@
 
 pub mod compare;
 pub mod environment;
+pub mod guest_result;
+mod kvm_summary;
 pub mod metric;
 pub mod plot;
 pub mod run_summary;
@@ -17,6 +19,7 @@ pub mod threshold;
 
 pub use compare::{CompareError, CompareTable, MetricComparison};
 pub use environment::Environment;
+pub use guest_result::{rate_name, requested, result_fields, summary_from_result};
 pub use metric::{Metric, Source};
 pub use run_summary::{CrossCheck, RunRow, RunSummary};
 pub use stats::{Stat, Summary};

@@ -6,10 +6,11 @@ use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{Backend, CompareArgs};
 use crate::machine::loader::KernelSource;
 use crate::machine::RunOutcome;
-use crate::observe::measure::{rate_name, summary_from_result, Measurer};
+use crate::observe::measure::Measurer;
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
 use crate::preflight::{ResolvedRun, RunConfig, SerialOut, Target};
 use crate::report::environment::GuestImage;
+use crate::report::{rate_name, summary_from_result};
 use crate::report::{CompareTable, Metric, RunSummary};
 use ptiscope_devices::escape_str;
 

@@ -215,3 +215,38 @@ pub fn rate_name(row: &str, unit: &str) -> String {
         _ => format!("{row}_per_call"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_requested_count_comes_from_the_vmm_command_line() {
+        assert_eq!(
+            requested("workload=getpid iterations=1000 telemetry=0x7fff000"),
+            Some((Workload::Getpid, 1000))
+        );
+        // The guest's defaults when the VMM gave no count.
+        assert_eq!(
+            requested("workload=getppid"),
+            Some((Workload::Getppid, ptiscope_abi::options::DEFAULT_ITERATIONS))
+        );
+        assert_eq!(
+            requested("workload=sched-messaging groups=2 loops=3"),
+            Some((Workload::SchedMessaging, 2 * 20 * 20 * 3))
+        );
+        assert_eq!(requested("foreign=1"), None);
+        let said = |n: &str| BTreeMap::from([("iterations".to_string(), n.to_string())]);
+        let asked = Some((Workload::Getpid, 1000));
+        assert!(iterations_check(&said("1000"), asked).unwrap().agrees);
+        assert!(!iterations_check(&said("1"), asked).unwrap().agrees);
+        assert!(!iterations_check(&said("lots"), asked).unwrap().agrees);
+        assert!(iterations_check(&BTreeMap::new(), asked).is_none());
+    }
+
+    #[test]
+    fn rate_names() {
+        assert_eq!(rate_name("elapsed", "ns"), "ns_per_call");
+        assert_eq!(rate_name("cr3_writes", "count"), "cr3_writes_per_call");
+    }
+}
