@@ -267,16 +267,30 @@ fn write_all_until(
 /// What the console sink prints into.
 pub type ConsoleWriter = Box<dyn Write + Send>;
 
+/// Where the guest console goes.
+#[derive(Debug, Clone)]
+pub enum SerialOut {
+    /// The terminal (or whatever stdout is): control bytes are escaped.
+    Stdout,
+    /// A file the VMM opens when it builds the VM (raw bytes); a FIFO is
+    /// waited for up to the run's timeout ([`open_output`]).
+    File(PathBuf),
+    /// A file the caller opened already (the CLI opens its outputs before
+    /// the first boot); raw bytes.
+    Opened(Arc<OutputFile>),
+    /// Recorded (machine lines, banner) but not printed.
+    Discard,
+}
+
 /// The guest console's destination for `serial_out`: the writer its
 /// [`ptiscope_devices::ConsoleSink`] prints into (None: recorded only) and
 /// the queue behind it, to [`OutputQueue::finish_by`] when the run is over.
 /// On stdout, control bytes are escaped (it is usually a terminal); files
 /// get the guest's bytes raw.
 pub fn console_output(
-    serial_out: &crate::preflight::SerialOut,
+    serial_out: &SerialOut,
     wait: Duration,
 ) -> Result<(Option<ConsoleWriter>, Option<OutputQueue>), OpenError> {
-    use crate::preflight::SerialOut;
     const WHAT: &str = "--serial-out";
     let queue_for = |file: &OutputFile| {
         file.try_clone_file()

@@ -8,6 +8,7 @@ use crate::machine::memory::MemoryError;
 use crate::machine::{RunError, RunOutcome, StopReason};
 use crate::output::OpenError;
 use crate::preflight::PreflightError;
+use crate::RunVmError;
 
 /// Guest statuses above this are reported as this.
 pub const GUEST_STATUS_MAX: i32 = 63;
@@ -79,7 +80,6 @@ impl ExitCode for PreflightError {
 impl ExitCode for RunError {
     fn exit_code(&self) -> i32 {
         match self {
-            RunError::Preflight(e) => e.exit_code(),
             RunError::Kvm(_)
             | RunError::Vcpu(
                 VcpuSetupError::SetMsrs { .. }
@@ -93,6 +93,15 @@ impl ExitCode for RunError {
             RunError::Load(_) => BAD_IMAGE,
             RunError::Output(e) => e.exit_code(),
             _ => INTERNAL,
+        }
+    }
+}
+
+impl ExitCode for RunVmError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            RunVmError::Preflight(e) => e.exit_code(),
+            RunVmError::Run(e) => e.exit_code(),
         }
     }
 }

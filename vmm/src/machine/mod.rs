@@ -5,7 +5,8 @@
 //!
 //! [`run`] can be called repeatedly in one process (compare runs many VMs);
 //! everything it creates is dropped when it returns. It takes only resolved
-//! input: what the host can do was settled by [`crate::preflight`](mod@crate::preflight).
+//! input: what the host can do was settled by [`crate::preflight`](mod@crate::preflight),
+//! above this layer, which this layer never calls ([`crate::run_vm`] does both).
 
 mod builder;
 mod control;
@@ -42,7 +43,6 @@ use crate::machine::memory::{MemoryError, MemoryLayout};
 pub use crate::machine::outcome::{PhaseEvent, RunOutcome, StopReason, VcpuOutcome};
 use crate::machine::signals::{SignalError, TerminationSignals};
 use crate::machine::vcpu::{SharedObserver, StopLine, Vcpu, VcpuEnv};
-use crate::preflight::PreflightError;
 use crate::spec::ResolvedRun;
 
 /// What the phase observer may look at, on the vCPU thread, at an exit.
@@ -105,9 +105,6 @@ pub enum RunError {
     /// The memory size is unusable or guest memory could not be mapped.
     #[error(transparent)]
     Memory(#[from] MemoryError),
-    /// The request could not be resolved ([`run_vm`] only).
-    #[error(transparent)]
-    Preflight(#[from] PreflightError),
     /// The kernel image could not be loaded into guest memory.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -353,14 +350,4 @@ pub fn run(
         telemetry_addr: run.layout.telemetry_addr(),
         outputs,
     })
-}
-
-/// Settles `config` for this host's KVM ([`crate::preflight::preflight`])
-/// and runs it ([`run`]): the one-call entry point of the library.
-pub fn run_vm(
-    config: &crate::preflight::request::RunConfig,
-    observer: &mut (dyn PhaseObserver + Send),
-) -> Result<RunOutcome, RunError> {
-    let resolved = crate::preflight::preflight(config, crate::preflight::Target::Kvm)?;
-    run(&resolved, observer)
 }

@@ -1,31 +1,14 @@
 //! What the user asks of one run, before anything is settled.
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::machine::loader::KernelSource;
 use crate::machine::memory::DEFAULT_MEM_MIB;
-use crate::output::OutputFile;
+pub use crate::output::SerialOut;
 use crate::spec::cmdline::{CpuVuln, GuestOptions};
 
 /// Default `--timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where the guest console goes.
-#[derive(Debug, Clone)]
-pub enum SerialOut {
-    /// The terminal (or whatever stdout is): control bytes are escaped.
-    Stdout,
-    /// A file the VMM opens when it builds the VM (raw bytes); a FIFO is
-    /// waited for up to the run's timeout ([`crate::output::open_output`]).
-    File(PathBuf),
-    /// A file the caller opened already (the CLI opens its outputs before
-    /// the first boot); raw bytes.
-    Opened(Arc<OutputFile>),
-    /// Recorded (machine lines, banner) but not printed.
-    Discard,
-}
 
 /// Everything one run needs.
 #[derive(Debug, Clone)]
