@@ -104,10 +104,7 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
 /// The port I/O bus: console, exit device, phase markers.
 fn device_bus(serial: &Arc<Mutex<SerialDevice>>) -> Result<PioBus, RunError> {
     let mut bus = PioBus::new();
-    let bus_err = |e: ptiscope_devices::BusError| RunError::Host {
-        what: "building the device bus",
-        source: std::io::Error::other(e.to_string()),
-    };
+    let bus_err = RunError::DeviceBus;
     bus.insert(port::SERIAL_COM1, port::SERIAL_LEN, serial.clone())
         .map_err(bus_err)?;
     bus.insert(port::EXIT, port::EXIT_LEN, Arc::new(Mutex::new(ExitDevice)))
@@ -127,10 +124,7 @@ fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, irqchip: bool) -> Result<VmFd, Ru
     for (slot, region) in mem.iter().enumerate() {
         let host = mem
             .get_host_address(region.start_addr())
-            .map_err(|e| RunError::Host {
-                what: "guest memory host address",
-                source: std::io::Error::other(e.to_string()),
-            })?;
+            .map_err(RunError::GuestMemoryAddress)?;
         let r = kvm_userspace_memory_region {
             slot: slot as u32,
             flags: 0,
