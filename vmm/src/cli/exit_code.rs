@@ -2,6 +2,7 @@
 //! number `ptiscope` exits with (docs/running.md lists them).
 
 use crate::backend::qemu::QemuError;
+use crate::cli::compare::side::MeasuredRunError;
 use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::loader::LoadError;
 use crate::machine::memory::MemoryError;
@@ -67,7 +68,12 @@ impl ExitCode for RunOutcome {
 impl ExitCode for PreflightError {
     fn exit_code(&self) -> i32 {
         match self {
-            PreflightError::Kvm(_) | PreflightError::Unsupported(_) => KVM_UNAVAILABLE,
+            PreflightError::Kvm(_)
+            | PreflightError::TooManyVcpus { .. }
+            | PreflightError::SmpWithoutIrqchip
+            | PreflightError::PaePagingRefused { .. }
+            | PreflightError::EntryRefused(_)
+            | PreflightError::PcidUnusable { .. } => KVM_UNAVAILABLE,
             PreflightError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
             PreflightError::Memory(_) | PreflightError::Cmdline(_) => USAGE,
             PreflightError::Load(LoadError::Read { .. }) => NO_IMAGE,
@@ -102,6 +108,17 @@ impl ExitCode for RunVmError {
         match self {
             RunVmError::Preflight(e) => e.exit_code(),
             RunVmError::Run(e) => e.exit_code(),
+        }
+    }
+}
+
+impl ExitCode for MeasuredRunError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            MeasuredRunError::Kvm(e) => e.exit_code(),
+            MeasuredRunError::Qemu(e) => e.exit_code(),
+            MeasuredRunError::NoPhase { .. } => VM_ERROR,
+            MeasuredRunError::GuestFailed { stop, .. } => stop.exit_code(),
         }
     }
 }

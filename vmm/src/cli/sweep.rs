@@ -480,7 +480,8 @@ pub fn run(args: &SweepArgs) -> i32 {
                 bar.set_message(format!("wss={} {}", rs::fmt_size(cell.wss), labels[side]));
                 match run_measured(&resolved[ci][side], args.backend) {
                     Ok((_, s)) => runs[ci][side].push(s),
-                    Err((code, msg)) => {
+                    Err(e) => {
+                        let (code, msg) = (e.exit_code(), e);
                         bar.finish_and_clear();
                         eprintln!(
                             "ptiscope sweep: {} at wss={} touches={} run {} failed: {msg}",

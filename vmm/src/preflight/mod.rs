@@ -32,10 +32,47 @@ pub enum PreflightError {
     /// `/dev/kvm` could not be opened ([`Target::Kvm`] only).
     #[error(transparent)]
     Kvm(#[from] KvmOpenError),
-    /// The host cannot run what was asked (an entry, PCID or paging mode the
-    /// probe found missing).
+    /// More vCPUs than this host's KVM recommends per VM (KVM_CAP_NR_VCPUS).
+    #[error(
+        "--cpus {cpus}: this host's KVM recommends at most {recommended} vCPUs per VM \
+         (KVM_CAP_NR_VCPUS); use --cpus {recommended} or fewer"
+    )]
+    TooManyVcpus {
+        /// What was asked (`--cpus`).
+        cpus: u32,
+        /// KVM's recommended maximum.
+        recommended: usize,
+    },
+    /// More than one vCPU without the in-kernel irqchip (`--no-irqchip`).
+    #[error(
+        "more than one vCPU needs the in-kernel irqchip: the guest starts its other \
+         CPUs by INIT/SIPI through the LAPIC"
+    )]
+    SmpWithoutIrqchip,
+    /// A 32-bit (PAE) image on a KVM the probe found refusing 32-bit paging
+    /// outside long mode (kvm_pvm).
+    #[error(
+        "{image} is a 32-bit (i386 PAE) guest, but this host's KVM refuses \
+         32-bit paging outside long mode (probe: {detail}). Run it under QEMU \
+         instead (`ptiscope run --backend qemu`) or on a KVM host with hardware \
+         virtualization"
+    )]
+    PaePagingRefused {
+        /// How the image is named.
+        image: String,
+        /// What the probe saw.
+        detail: String,
+    },
+    /// An explicit `--entry` the probe found this host does not deliver
+    /// (the probe's words, with the entries that do work).
     #[error("{0}")]
-    Unsupported(String),
+    EntryRefused(String),
+    /// `--pcid on` where the probe found no usable PCID.
+    #[error("--pcid on: this host's vCPU has no usable PCID (probe: {detail}); use --pcid off")]
+    PcidUnusable {
+        /// What the probe saw.
+        detail: String,
+    },
 }
 
 /// `entry=auto` under QEMU: TCG delivers every entry, so the native one of
@@ -133,30 +170,23 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
             let kvm = kvm::open_kvm()?;
             let recommended = kvm.get_nr_vcpus().max(1);
             if config.cpus as usize > recommended {
-                return Err(PreflightError::Unsupported(format!(
-                    "--cpus {}: this host's KVM recommends at most {recommended} vCPUs per VM \
-                     (KVM_CAP_NR_VCPUS); use --cpus {recommended} or fewer",
-                    config.cpus
-                )));
+                return Err(PreflightError::TooManyVcpus {
+                    cpus: config.cpus,
+                    recommended,
+                });
             }
             if config.cpus > 1 && !config.irqchip {
-                return Err(PreflightError::Unsupported(
-                    "more than one vCPU needs the in-kernel irqchip: the guest starts its other \
-                     CPUs by INIT/SIPI through the LAPIC"
-                        .into(),
-                ));
+                return Err(PreflightError::SmpWithoutIrqchip);
             }
             // The i386 flavour turns on PAE paging outside long mode, which
             // some KVMs (kvm_pvm) refuse with a #GP the guest cannot
             // survive: say so before booting rather than report a triple fault.
             if elf32 {
                 if let Some((false, detail)) = host::pae_paging_usable() {
-                    return Err(PreflightError::Unsupported(format!(
-                        "{image_name} is a 32-bit (i386 PAE) guest, but this host's KVM refuses \
-                         32-bit paging outside long mode (probe: {detail}). Run it under QEMU \
-                         instead (`ptiscope run --backend qemu`) or on a KVM host with hardware \
-                         virtualization"
-                    )));
+                    return Err(PreflightError::PaePagingRefused {
+                        image: image_name,
+                        detail,
+                    });
                 }
             }
             if auto {
@@ -164,14 +194,11 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
                 guest.entry = Some(e);
                 entry_guessed = guessed;
             } else if let EntryChoice::Fixed(e) = asked.entry {
-                host::check_entry(e).map_err(PreflightError::Unsupported)?;
+                host::check_entry(e).map_err(PreflightError::EntryRefused)?;
             }
             if guest.pcid == Some(Switch::On) {
                 if let Some((false, detail)) = host::pcid_usable() {
-                    return Err(PreflightError::Unsupported(format!(
-                        "--pcid on: this host's vCPU has no usable PCID (probe: {detail}); \
-                         use --pcid off"
-                    )));
+                    return Err(PreflightError::PcidUnusable { detail });
                 }
             }
         }

@@ -298,7 +298,8 @@ pub fn run(args: &CompareArgs) -> i32 {
                     }
                     runs[side].push(s);
                 }
-                Err((code, msg)) => {
+                Err(e) => {
+                    let (code, msg) = (e.exit_code(), e);
                     bar.finish_and_clear();
                     let of = match args.runs {
                         Runs::Fixed(n) if !warming => format!(" of {n}"),

@@ -2,10 +2,11 @@
 //! into a run configuration, settled by preflight, run and measured; and
 //! the compare table built from both sides' runs.
 
-use crate::cli::exit_code::{self, ExitCode};
+use crate::backend::qemu::QemuError;
+use crate::cli::exit_code::ExitCode;
 use crate::cli::{Backend, CompareArgs};
 use crate::machine::loader::KernelSource;
-use crate::machine::RunOutcome;
+use crate::machine::{RunError, RunOutcome, StopReason};
 use crate::observe::measure::Measurer;
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
 use crate::preflight::{ResolvedRun, RunConfig, SerialOut, Target};
@@ -184,18 +185,46 @@ pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
         .collect()
 }
 
-/// One measured run; `Err` carries the exit code and what to print.
+/// Why a measured run gave nothing to compare (its exit code is
+/// `cli::exit_code`'s).
+#[derive(Debug, thiserror::Error)]
+pub enum MeasuredRunError {
+    /// The VM could not be built or run.
+    #[error(transparent)]
+    Kvm(#[from] RunError),
+    /// QEMU could not be started or failed.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// The guest ran to a clean exit without marking a workload phase.
+    #[error(
+        "the guest marked no workload phase, so there is nothing to compare \
+         (workload {workload}: use one that measures, e.g. getpid)"
+    )]
+    NoPhase {
+        /// The workload's name (`-`: none).
+        workload: &'static str,
+    },
+    /// The guest did not stop with status 0.
+    #[error("{report}")]
+    GuestFailed {
+        /// How it stopped.
+        stop: StopReason,
+        /// The stop, what the guest reported and its last console lines
+        /// (guest text escaped).
+        report: String,
+    },
+}
+
+/// One measured run.
 pub fn run_measured(
     resolved: &ResolvedRun,
     backend: Backend,
-) -> Result<(RunOutcome, RunSummary), (i32, String)> {
+) -> Result<(RunOutcome, RunSummary), MeasuredRunError> {
     let mut m = Measurer::new();
     let run = match backend {
-        Backend::Kvm => {
-            crate::machine::run(resolved, &mut m).map_err(|e| (e.exit_code(), e.to_string()))
-        }
+        Backend::Kvm => crate::machine::run(resolved, &mut m).map_err(MeasuredRunError::from),
         Backend::Qemu => {
-            crate::backend::qemu::run_resolved(resolved).map_err(|e| (e.exit_code(), e.to_string()))
+            crate::backend::qemu::run_resolved(resolved).map_err(MeasuredRunError::from)
         }
     };
     match run {
@@ -205,14 +234,9 @@ pub fn run_measured(
                 Backend::Qemu => summary_from_result(&o, config_words(&o)),
             };
             if o.exit_code() == 0 && s.phase.is_none() {
-                return Err((
-                    exit_code::VM_ERROR,
-                    format!(
-                        "the guest marked no workload phase, so there is nothing to compare \
-                         (workload {}: use one that measures, e.g. getpid)",
-                        resolved.guest.workload.map_or("-", Workload::name)
-                    ),
-                ));
+                return Err(MeasuredRunError::NoPhase {
+                    workload: resolved.guest.workload.map_or("-", Workload::name),
+                });
             }
             if o.exit_code() != 0 {
                 // Guest text: escaped before it reaches the terminal.
@@ -226,7 +250,10 @@ pub fn run_measured(
                         msg.push_str(&format!("\n    | {}", escape_str(l)));
                     }
                 }
-                return Err((o.exit_code(), msg));
+                return Err(MeasuredRunError::GuestFailed {
+                    stop: o.stop,
+                    report: msg,
+                });
             }
             Ok((o, s))
         }
