@@ -17,7 +17,7 @@ pub mod kvm_stats;
 pub mod loader;
 pub mod memory;
 pub mod msr;
-pub mod outcome;
+mod outcome;
 pub(crate) mod segments;
 pub mod signals;
 mod stop;
