@@ -207,8 +207,8 @@ pub enum MeasuredRunError {
     /// The guest did not stop with status 0.
     #[error("{report}")]
     GuestFailed {
-        /// How it stopped.
-        stop: StopReason,
+        /// How it stopped (boxed: a crash's registers are large).
+        stop: Box<StopReason>,
         /// The stop, what the guest reported and its last console lines
         /// (guest text escaped).
         report: String,
@@ -251,7 +251,7 @@ pub fn run_measured(
                     }
                 }
                 return Err(MeasuredRunError::GuestFailed {
-                    stop: o.stop,
+                    stop: Box::new(o.stop),
                     report: msg,
                 });
             }
