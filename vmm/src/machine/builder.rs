@@ -15,6 +15,7 @@ use ptiscope_devices::{
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::machine::boot_params;
 use crate::machine::cpu_config;
 use crate::machine::kvm::open_kvm;
 use crate::machine::loader;
@@ -64,7 +65,7 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
     let kvm = open_kvm()?;
     let mem = run.layout.create_guest_memory()?;
     let loaded = loader::load_bytes(&mem, &run.layout, &run.image_name, &run.image)?;
-    loader::write_boot_params(&mem, &run.layout, &run.cmdline)?;
+    boot_params::write_boot_params(&mem, &run.layout, &run.cmdline)?;
     let vm = create_vm(&kvm, &mem, config.irqchip)?;
 
     let (out, console_queue) = crate::output::console_output(&config.serial_out, config.timeout)?;

@@ -8,6 +8,7 @@
 //! input: what the host can do was settled by [`crate::preflight`](mod@crate::preflight),
 //! above this layer, which this layer never calls ([`crate::run_vm`] does both).
 
+pub mod boot_params;
 mod builder;
 mod control;
 pub mod cpu_config;
@@ -34,11 +35,12 @@ use ptiscope_devices::ConsoleRecorder;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::machine::boot_params::BootParamsError;
 use crate::machine::control::{stdin_is_interactive, Control};
 use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::exit::ExitCounts;
 use crate::machine::kvm::KvmOpenError;
-use crate::machine::loader::{BootParamsError, LoadError};
+use crate::machine::loader::LoadError;
 use crate::machine::memory::{MemoryError, MemoryLayout};
 pub use crate::machine::outcome::{PhaseEvent, RunOutcome, StopReason, VcpuOutcome};
 use crate::machine::signals::{SignalError, TerminationSignals};
