@@ -1,7 +1,8 @@
 //! One VM run, in the manner of Firecracker's builder and vstate:
-//! [`builder`] makes the VM from a [`ResolvedRun`], a [`vcpu::Vcpu`] owns
-//! its run loop on a thread of its own, the [`watchdog`] (this thread)
-//! waits for it, the timeout or a signal, and [`outcome`] is what is left.
+//! `builder` makes the VM from a [`ResolvedRun`], a `vcpu::Vcpu` owns its
+//! run loop on a thread of its own, the `watchdog` (this thread) waits for
+//! it, the timeout or a signal, all of them sharing the run's one
+//! `stop::StopState`; what is left is a [`RunOutcome`].
 //!
 //! [`run`] can be called repeatedly in one process (compare runs many VMs);
 //! everything it creates is dropped when it returns. It takes only resolved
