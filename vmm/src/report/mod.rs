@@ -5,6 +5,7 @@
 //! saying what it is, its unit and where it came from (KVM, guest, VMM, host
 //! clock). The JSON schemas are documented in `docs/report-json.md`.
 
+pub mod answer;
 pub mod compare;
 pub mod environment;
 pub mod metric;
@@ -21,6 +22,15 @@ pub use metric::{Metric, Source};
 pub use run_summary::{CrossCheck, RunRow, RunSummary};
 pub use stats::{Stat, Summary};
 pub use threshold::{Condition, ConditionError, EvalError, Evaluation};
+
+/// RFC 4180 quoting: a field with a comma, quote or line break is quoted.
+pub(crate) fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
 
 /// Test helper: JSON values equal up to the last bits of floats (serde_json
 /// without `float_roundtrip` may parse a printed f64 one ulp off).

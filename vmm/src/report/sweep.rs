@@ -16,6 +16,8 @@
 
 use serde::Serialize;
 
+use super::csv_field;
+
 /// Schema name of the JSON document.
 pub const SCHEMA: &str = "ptiscope.sweep/1";
 
@@ -546,15 +548,6 @@ fn trunc(s: &str, n: usize) -> String {
 /// The JSON document (schema [`SCHEMA`]).
 pub fn json(r: &SweepReport) -> String {
     serde_json::to_string_pretty(r).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-}
-
-/// CSV quoting: fields with a comma, quote or newline are quoted.
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
 }
 
 /// One line per (cell, configuration).
