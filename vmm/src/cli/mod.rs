@@ -252,6 +252,11 @@ pub struct CompareArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Also print the full mmtests compare-kernels table (Min, Amean,
+    /// Stddev, CoeffVar, Max, BAmean; negative % = worse) and the duration
+    /// table; --json and --csv always have every statistic.
+    #[arg(long)]
+    pub mmtests: bool,
     /// Which embedded guest to compare (with `--kernel`, the image decides).
     #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
     pub arch: Arch,

@@ -322,6 +322,7 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         svg: None,
         fail_if: Vec::new(),
         quiet: args.quiet,
+        mmtests: false,
         arch: args.arch,
         backend: args.backend,
         qemu_arg: args.qemu_arg.clone(),
