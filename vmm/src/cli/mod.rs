@@ -297,10 +297,11 @@ pub struct RunArgs {
     /// Syscall entry of the guest's user programs; `auto` picks what this host's KVM delivers.
     #[arg(long, default_value = "auto", value_parser = abi_option::<EntryChoice>(EntryChoice::names()))]
     pub entry: EntryChoice,
-    /// Workload to run in the guest.
+    /// Workload to run in the guest. Without it the guest only boots and
+    /// nothing is measured per call; `--iterations N` alone runs getpid.
     #[arg(long, value_name = "NAME", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
     pub workload: Option<Workload>,
-    /// Iterations of the workload's loop.
+    /// Iterations of the workload's loop (alone, of getpid).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub iterations: Option<u64>,
     /// What the vCPU reports about Meltdown: `meltdown` clears ARCH_CAPABILITIES.RDCL_NO,
@@ -485,6 +486,20 @@ impl RunArgs {
         }
     }
 
+    /// `--workload`, or, when only a count was given (`--iterations N`,
+    /// no `--workload` and no `workload=` in `--cmdline`), the default
+    /// workload getpid: N iterations of nothing would measure nothing.
+    pub fn implied_workload(&self) -> Option<Workload> {
+        let named_in_cmdline = self
+            .cmdline
+            .split_ascii_whitespace()
+            .any(|w| w.starts_with("workload="));
+        match self.workload {
+            None if self.iterations.is_some() && !named_in_cmdline => Some(Workload::Getpid),
+            w => w,
+        }
+    }
+
     /// The library configuration for these arguments.
     pub fn to_config(&self, embedded: &'static [u8]) -> RunConfig {
         let kernel = match &self.kernel {
@@ -498,7 +513,7 @@ impl RunArgs {
                 pti: self.pti,
                 pcid: self.pcid,
                 entry: self.entry,
-                workload: self.workload,
+                workload: self.implied_workload(),
                 iterations: self.iterations,
                 extra: self.cmdline.clone(),
             },
@@ -525,6 +540,28 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn iterations_alone_imply_getpid() {
+        let workload = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["ptiscope", "run"][..], args].concat()).unwrap();
+            let Some(Command::Run(a)) = cli.command else {
+                panic!("not run")
+            };
+            a.to_config(crate::GUEST_X86_64).guest.workload
+        };
+        assert_eq!(workload(&["--iterations", "2000"]), Some(Workload::Getpid));
+        assert_eq!(workload(&[]), None, "a plain run only boots");
+        assert_eq!(
+            workload(&["--iterations", "9", "--workload", "getppid"]),
+            Some(Workload::Getppid)
+        );
+        // A workload named on the guest command line is not overridden.
+        assert_eq!(
+            workload(&["--iterations", "9", "--cmdline", "workload=write-badfd"]),
+            None
+        );
     }
 
     #[test]
