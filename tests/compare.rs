@@ -31,10 +31,13 @@ fn compare_prints_the_table_and_writes_json_and_csv() {
         return;
     }
     let csv = scratch("compare-csv").join("c.csv");
+    let svg = scratch("compare-svg").join("c.svg");
     let (code, out, err, json) = compare(
         &[
             "--csv",
             csv.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
             "--fail-if",
             "cr3_writes_per_call.compare!=2,cr3_writes_per_call.baseline!=0",
             "--fail-if",
@@ -91,6 +94,11 @@ fn compare_prints_the_table_and_writes_json_and_csv() {
     let csv = std::fs::read_to_string(&csv).unwrap();
     assert!(csv.starts_with("metric,unit,source,lower_is_better,stat,"));
     assert!(csv.contains("\ncr3_writes_per_call,count/call,guest,true,amean,0,2,"));
+    // The picture names the workload and draws the counter that differs.
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("per getpid call"), "{svg}");
+    assert!(svg.contains("cr3_writes_per_call [guest]"), "{svg}");
+    render_png(&svg, "compare-small");
 }
 
 #[test]

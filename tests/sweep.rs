@@ -133,8 +133,9 @@ fn a_small_sweep_has_every_cell_and_output() {
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert!(svg.contains("<polyline"), "a curve per working set");
-    assert!(svg.contains("heat map"), "and a heat map");
+    assert!(svg.contains("overhead of pti=on"), "and a heat map");
     assert!(svg.contains("user-mode refill"), "and the refill per page");
+    render_png(&svg, "sweep-small");
     let _ = std::fs::remove_dir_all(dir);
 }
 

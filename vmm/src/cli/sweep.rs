@@ -380,6 +380,25 @@ fn median_rate(runs: &[RunSummary], name: &str) -> Option<f64> {
     v.filter(|v| !v.is_empty()).map(|v| rs::median(&v))
 }
 
+/// Half the range (max - min) of a rate over runs, if two or more runs have it.
+fn half_range(runs: &[RunSummary], name: &str) -> Option<f64> {
+    let v: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| {
+            rates(r)
+                .into_iter()
+                .find(|(m, _)| m.name == name)
+                .map(|(_, v)| v)
+        })
+        .collect();
+    (v.len() >= 2).then(|| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        (hi - lo) / 2.0
+    })
+}
+
 /// Runs the sweep and prints it; returns the process exit code.
 pub fn run(args: &SweepArgs) -> i32 {
     if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
@@ -598,6 +617,7 @@ pub fn run(args: &SweepArgs) -> i32 {
                 cr3_writes_per_call: median_rate(rr, "cr3_writes_per_call"),
                 read_cycles_per_call: median_rate(rr, "read_cycles_per_call"),
                 read_cycles_min: median_rate(rr, "read_cycles_min_per_call"),
+                read_cycles_min_spread: half_range(rr, "read_cycles_min_per_call"),
                 user_refill_cycles_per_page: None,
                 significant: None,
                 mean_ci95: None,

@@ -62,6 +62,9 @@ pub struct CellConfig {
     /// The fewest TSC cycles of one iteration's reads (median over runs):
     /// the least disturbed iteration, so the steadiest figure here.
     pub read_cycles_min: Option<f64>,
+    /// Half the range over runs of each run's fewest cycles of one
+    /// iteration's reads: their run-to-run spread (`None` with one run).
+    pub read_cycles_min_spread: Option<f64>,
     /// Derived, user mode only: (`read_cycles_min` - the baseline's) /
     /// pages touched per call, TSC cycles per page: the TLB refill the
     /// loop's reads pay after the configuration's CR3 switches, without
@@ -208,6 +211,29 @@ impl Refill {
             Refill::Noise => "noise".into(),
             Refill::HiddenByHost => "refill hidden by this host: probe".into(),
             Refill::NotDerived => "-".into(),
+        }
+    }
+}
+
+impl Refill {
+    /// The user-mode refill of `c` against the baseline `base` of the same
+    /// cell: noise where the difference of the fewest read cycles is inside
+    /// the two sides' run-to-run spread (half their ranges, summed).
+    pub fn user(c: &CellConfig, base: &CellConfig, hidden_by_host: bool) -> Refill {
+        let spread = c
+            .read_cycles_min_spread
+            .zip(base.read_cycles_min_spread)
+            .map(|(a, b)| a + b);
+        let diff = c
+            .read_cycles_min
+            .zip(base.read_cycles_min)
+            .map(|(a, b)| a - b);
+        match (c.user_refill_cycles_per_page, diff, spread) {
+            (None, _, _) => Refill::NotDerived,
+            (Some(_), _, _) if hidden_by_host => Refill::HiddenByHost,
+            (Some(_), Some(d), Some(s)) if d.abs() <= s => Refill::Noise,
+            (Some(v), _, _) if v.is_finite() => Refill::Value(v),
+            (Some(_), _, _) => Refill::NotDerived,
         }
     }
 }
@@ -606,7 +632,7 @@ pub fn text(r: &SweepReport) -> String {
                     format!(
                         "{:>10} {:>8}",
                         opt(c.read_cycles_min, 0),
-                        opt(c.user_refill_cycles_per_page, 2)
+                        Refill::user(c, &cell.configs[0], false).text()
                     )
                 };
                 let _ = write!(s, " {t:>w$} |");
@@ -752,6 +778,7 @@ mod tests {
             cr3_writes_per_call: None,
             read_cycles_per_call: None,
             read_cycles_min: Some(median),
+            read_cycles_min_spread: None,
             user_refill_cycles_per_page: None,
             significant: None,
             mean_ci95: None,
