@@ -125,14 +125,10 @@ fn subtitle(table: &CompareTable) -> (String, String) {
     (workload, format!("{host}; {nb} + {nc} runs, interleaved"))
 }
 
-/// Whether `m` goes in the counter panel: a count that differs and is
-/// zero in the baseline or exact on both sides.
+/// Whether `m` goes in the counter panel: a count that is zero in the
+/// baseline and not with the compare side (no ratio to draw).
 fn counter_row(m: &MetricComparison) -> bool {
-    let exact = m
-        .significance
-        .is_some_and(|s| matches!(s.verdict, Verdict::ExactDifferent));
-    let from_zero = m.baseline.amean == 0.0 && m.compare.amean != 0.0;
-    m.metric.unit.starts_with("count") && (exact || from_zero)
+    m.metric.unit.starts_with("count") && m.baseline.amean == 0.0 && m.compare.amean != 0.0
 }
 
 /// The SVG of `table`.
@@ -160,11 +156,9 @@ pub fn compare_svg(table: &CompareTable) -> String {
             lo = lo.min(rel(m, *v));
             hi = hi.max(rel(m, *v));
         }
-        if let Some(ci) = m.compare.ci95 {
-            lo = lo.min(rel(m, ci.low));
-            hi = hi.max(rel(m, ci.high));
-        }
     }
+    // Fitted to the runs; a confidence interval wider than that (two runs
+    // give Student's t 12.7) runs to the axis' edge, with an arrow head.
     let ticks = nice_ticks(lo, hi, 6);
     let (a0, a1) = (ticks[0], *ticks.last().unwrap_or(&hi));
     let x = |pct: f64| LEFT + (pct.clamp(a0, a1) - a0) / (a1 - a0) * PLOT_W;
@@ -172,7 +166,7 @@ pub fn compare_svg(table: &CompareTable) -> String {
     let panel1_h = ROW_H * ratio_rows.len() as f64;
     let counter_top = top + panel1_h + 96.0;
     let height = counter_top + 30.0 + ROW_H * counters.len() as f64 + 40.0;
-    let width = LEFT + PLOT_W + 150.0;
+    let width = (LEFT + PLOT_W + 150.0).max(900.0);
     let (b, c) = (esc(&table.baseline.label), esc(&table.compare.label));
 
     let mut s = format!(
@@ -194,7 +188,7 @@ pub fn compare_svg(table: &CompareTable) -> String {
          <circle cx=\"226\" cy=\"{2}\" r=\"3\" fill=\"white\" stroke=\"#000\"/><text x=\"234\" y=\"{1}\">a {b} run</text>\
          <circle cx=\"338\" cy=\"{2}\" r=\"3\" fill=\"#000\"/><text x=\"346\" y=\"{1}\">a {c} run</text>\
          <line x1=\"440\" y1=\"{2}\" x2=\"470\" y2=\"{2}\" stroke=\"#000\" stroke-width=\"3\"/>\
-         <text x=\"476\" y=\"{1}\">95 % CI of the {c} mean; * significant</text>\n",
+         <text x=\"476\" y=\"{1}\">95 % CI of the {c} mean (arrow: beyond the axis); * significant</text>\n",
         ly - 9.0,
         ly,
         ly - 4.0,
@@ -240,11 +234,24 @@ pub fn compare_svg(table: &CompareTable) -> String {
             ROW_H - 18.0
         );
         if let Some(ci) = m.compare.ci95 {
+            let (l, h) = (rel(m, ci.low), rel(m, ci.high));
             s += &format!(
                 "<line x1=\"{:.1}\" y1=\"{mid:.1}\" x2=\"{:.1}\" y2=\"{mid:.1}\" stroke=\"#000\" stroke-width=\"3\"/>\n",
-                x(rel(m, ci.low)),
-                x(rel(m, ci.high)).max(x(rel(m, ci.low)) + 1.0),
+                x(l),
+                x(h).max(x(l) + 1.0),
             );
+            for (end, out, dir) in [(x(l), l < a0, -1.0), (x(h), h > a1, 1.0)] {
+                if out {
+                    s += &format!(
+                        "<polygon points=\"{:.1},{mid:.1} {:.1},{:.1} {:.1},{:.1}\" fill=\"#000\"/>\n",
+                        end + 7.0 * dir,
+                        end,
+                        mid - 5.0,
+                        end,
+                        mid + 5.0
+                    );
+                }
+            }
         }
         for v in &m.baseline.samples {
             s += &format!(

@@ -26,7 +26,7 @@ use super::sweep::{column_name, fmt_count, fmt_rate, fmt_size, Refill, SweepRepo
 const W: f64 = 1000.0;
 const PLOT_L: f64 = 80.0;
 const PLOT_R: f64 = 640.0;
-const PLOT_T: f64 = 70.0;
+const PLOT_T: f64 = 80.0;
 const PLOT_B: f64 = 410.0;
 
 /// Okabe–Ito colours (distinguishable with colour-blindness), one per
@@ -139,15 +139,16 @@ pub fn svg(r: &SweepReport) -> String {
         }
     }
     let title = format!(
-        "PTI overhead against syscall rate: {} on {}, {} runs per cell (medians)",
-        r.workload, r.host, r.runs
+        "PTI overhead against syscall rate: {}, {} runs per cell (medians)",
+        r.workload, r.runs
     );
     body.push_str(&format!(
-        r#"<text x="20" y="26" font-size="16" font-weight="bold">{}</text>"#,
-        esc(&title)
+        r##"<text x="20" y="24" font-size="16" font-weight="bold">{}</text><text x="20" y="42" font-size="12" fill="#333">host: {}</text>"##,
+        esc(&title),
+        esc(&r.host)
     ));
     body.push_str(&format!(
-        r##"<text x="20" y="46" font-size="12" fill="#333">overhead = (config - {}) / {} time per call ({} [{}]); syscall rate = 1 / {} time per call; colour = working set</text>"##,
+        r##"<text x="20" y="58" font-size="12" fill="#333">overhead = (config - {}) / {} time per call ({} [{}]); syscall rate = 1 / {} time per call; colour = working set</text>"##,
         esc(&column_name(&r.configs[0])),
         esc(&column_name(&r.configs[0])),
         esc(&r.time_unit),
@@ -645,10 +646,8 @@ mod tests {
         let r = gregg_like();
         let s = svg(&r);
         // Title: workload, host, runs.
-        assert!(
-            s.contains("getpid on Linux 6.18, AMD EPYC, 2 CPUs, 3 runs per cell"),
-            "{s}"
-        );
+        assert!(s.contains("getpid, 3 runs per cell"), "{s}");
+        assert!(s.contains("host: Linux 6.18, AMD EPYC, 2 CPUs"), "{s}");
         // One curve per working set and compare configuration with 2+ points.
         assert_eq!(s.matches("<polyline").count(), 3 * 2, "{s}");
         for w in [
