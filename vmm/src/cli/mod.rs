@@ -91,10 +91,13 @@ Options for --baseline/--compare (comma-separated key=value):
   pti=on|off|auto  pcid=on|off  entry=auto|syscall|sysenter|int80|int3|int4
   workload=NAME  iterations=N  cpu_vuln=meltdown|none|host  mem=MiB  cmdline=TEXT
 
-Statistics: per metric the mean and its 95 % confidence interval (Student's t),
-Welch's t-test p-value, and mmtests' significance marker: an Amean difference
-printed as `*  x.xx%*` instead of `(  x.xx%)` exceeds both sides' qnorm(0.975) x
-stddev summed. `--runs auto [--target-ci PCT] [--max-runs N]` adds interleaved run
+Output: the header, then what the compare side cost per call (compare -
+baseline, + = more with it: each figure's source, its difference with the 95 %
+CI (Welch) and significance), then each metric's mean and 95 % CI per side.
+--mmtests adds the mmtests compare-kernels table (Min/Amean/Stddev/CoeffVar/
+Max/BAmean, negative % = worse; an Amean difference printed as `*  x.xx%*`
+instead of `(  x.xx%)` exceeds both sides' qnorm(0.975) x stddev summed) and
+the durations; --json and --csv always have every statistic. `--runs auto [--target-ci PCT] [--max-runs N]` adds interleaved run
 pairs (at least 3 per side) until the main time metric's (ns_per_call; under QEMU
 cycles_per_call) CI half-width is within PCT % of the mean on both sides, and says
 which stop it took. `--against FILE.json` compares each side with the same side of
