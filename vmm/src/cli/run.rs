@@ -92,6 +92,18 @@ pub fn run(args: &RunArgs) -> i32 {
             let mut summary =
                 measurer.summary(&outcome, crate::cli::compare::config_words(&outcome));
             summary.environment = Some(environment("kvm", &config, "run", &summary.config));
+            if !resolved
+                .guest
+                .workload
+                .is_some_and(crate::preflight::cmdline::Workload::runs_user_code)
+            {
+                summary.notes.insert(
+                    0,
+                    "nothing measured per call: no workload ran, the guest only booted \
+                     (--workload NAME runs one; --iterations N alone runs getpid)"
+                        .into(),
+                );
+            }
             let outputs: Vec<_> = outcome
                 .outputs
                 .iter()

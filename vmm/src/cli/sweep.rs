@@ -28,13 +28,33 @@ use ptiscope_abi::options::WssPages;
 use ptiscope_abi::workingset as ws;
 
 /// Default `--wss`.
-pub const DEFAULT_WSS: &str = "0,64K,1M,4M,16M";
-/// Default `--touches`: one, four and 32 passes over the working set (the
-/// last lowers the syscall rate towards the 1 % and 5 % crossings).
-pub const DEFAULT_TOUCHES: &str = "1x,4x,32x";
-/// Default iterations per run: with the defaults below the sweep takes
-/// about a minute under kvm_pvm (a round trip costs 30-90 µs there).
+pub const DEFAULT_WSS: &str = "0,64K,1M,16M";
+/// Default `--touches`: 4 Ki, 64 Ki and 2 Mi reads per call, the same for
+/// every working set (Gregg's knob: the user work between two calls), so
+/// that the syscall rate spans more than two decades (on kvm_pvm: about
+/// 9k/s at wss=0 down to about 30/s at 16M x 2M reads).
+pub const DEFAULT_TOUCHES: &str = "4K,64K,2M";
+/// Default iterations per run (of a cell reading at most
+/// [`FULL_ITERATIONS_READS`] per call): with the defaults the sweep takes
+/// about a minute under kvm_pvm (a round trip costs 30-120 µs there).
 pub const DEFAULT_SWEEP_ITERATIONS: u64 = 1000;
+/// A cell whose calls read more than this many times runs
+/// `iterations x FULL_ITERATIONS_READS / reads` calls (at least
+/// [`MIN_CELL_ITERATIONS`]): its calls are slow, and a run of a thousand
+/// of them would take minutes; per call the figures are the same.
+pub const FULL_ITERATIONS_READS: u64 = 4096;
+/// The fewest calls per run a slow cell is given (unless `--iterations` is lower).
+pub const MIN_CELL_ITERATIONS: u64 = 20;
+
+/// Calls per run of a cell reading `reads` times per call.
+pub fn cell_iterations(iterations: u64, reads: u64) -> u64 {
+    if reads <= FULL_ITERATIONS_READS {
+        return iterations;
+    }
+    let scaled =
+        (u128::from(iterations) * u128::from(FULL_ITERATIONS_READS) / u128::from(reads)) as u64;
+    scaled.max(MIN_CELL_ITERATIONS).min(iterations)
+}
 /// Default runs per (cell, configuration).
 pub const DEFAULT_SWEEP_RUNS: u32 = 5;
 
@@ -45,8 +65,9 @@ pub struct SweepArgs {
     #[arg(long, value_name = "LIST", default_value = DEFAULT_WSS)]
     pub wss: String,
     /// Reads of the working set per iteration, comma-separated: `Nx` = N
-    /// passes over it, or a number of reads. More reads per call lower the
-    /// syscall rate at the same footprint (Gregg's knob).
+    /// passes over it, or a number of reads (K/M suffixes: 4K = 4096). More
+    /// reads per call lower the syscall rate at the same footprint (Gregg's
+    /// knob). Cells reading more than 4K times per call run fewer calls.
     #[arg(long, value_name = "LIST", default_value = DEFAULT_TOUCHES)]
     pub touches: String,
     /// Bytes between two reads (a multiple of 8; 64 reads every cache line).
@@ -128,7 +149,10 @@ impl TouchSpec {
             }
             return Ok(TouchSpec::Passes(n));
         }
-        s.parse().map(TouchSpec::Reads).map_err(|_| bad())
+        ws::parse_size(s)
+            .filter(|n| *n > 0 || s == "0")
+            .map(TouchSpec::Reads)
+            .ok_or_else(bad)
     }
 
     fn label(self) -> String {
@@ -154,6 +178,7 @@ struct CellPlan {
     spec: String,
     touches: u64,
     pages: u64,
+    iterations: u64,
     words: String,
 }
 
@@ -217,6 +242,7 @@ fn plan(args: &SweepArgs) -> Result<(Vec<CellPlan>, u64), String> {
                 spec: "-".into(),
                 touches: 0,
                 pages: 0,
+                iterations: args.iterations,
                 words: String::new(),
             });
             continue;
@@ -236,6 +262,7 @@ fn plan(args: &SweepArgs) -> Result<(Vec<CellPlan>, u64), String> {
                 spec: spec.label(),
                 touches: reads,
                 pages: pages_touched(wss, stride, reads, page),
+                iterations: cell_iterations(args.iterations, reads),
                 words: format!(
                     "wss={wss} stride={stride} touches={reads} wss_pages={}",
                     args.wss_pages
@@ -322,6 +349,7 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         svg: None,
         fail_if: Vec::new(),
         quiet: args.quiet,
+        mmtests: false,
         arch: args.arch,
         backend: args.backend,
         qemu_arg: args.qemu_arg.clone(),
@@ -350,6 +378,25 @@ fn median_rate(runs: &[RunSummary], name: &str) -> Option<f64> {
         })
         .collect();
     v.filter(|v| !v.is_empty()).map(|v| rs::median(&v))
+}
+
+/// Half the range (max - min) of a rate over runs, if two or more runs have it.
+fn half_range(runs: &[RunSummary], name: &str) -> Option<f64> {
+    let v: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| {
+            rates(r)
+                .into_iter()
+                .find(|(m, _)| m.name == name)
+                .map(|(_, v)| v)
+        })
+        .collect();
+    (v.len() >= 2).then(|| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        (hi - lo) / 2.0
+    })
 }
 
 /// Runs the sweep and prints it; returns the process exit code.
@@ -410,6 +457,10 @@ pub fn run(args: &SweepArgs) -> i32 {
                     return exit_code::USAGE;
                 }
             };
+            // A slow cell runs fewer calls, unless the configuration names its own count.
+            if spec.config.guest.iterations == Some(args.iterations) {
+                spec.config.guest.iterations = Some(cell.iterations);
+            }
             let extra = &mut spec.config.guest.extra;
             if !cell.words.is_empty() {
                 *extra = format!("{} {}", extra.trim(), cell.words)
@@ -447,8 +498,14 @@ pub fn run(args: &SweepArgs) -> i32 {
             "  backend:   QEMU TCG: software emulation, guest-reported cycles per call only"
         ),
     }
+    let fewest = cells.iter().map(|c| c.iterations).min().unwrap_or(0);
+    let fewer = if fewest < args.iterations {
+        format!(" (down to {fewest} where a call reads more than {FULL_ITERATIONS_READS} times: column calls/run)")
+    } else {
+        String::new()
+    };
     println!(
-        "  workload:  {} x {} iterations per run, {} runs per cell and configuration, interleaved; stride {stride}, {} pages",
+        "  workload:  {} x {} iterations per run{fewer}, {} runs per cell and configuration, interleaved; stride {stride}, {} pages",
         args.workload, args.iterations, args.runs, args.wss_pages
     );
     if args.workload == Workload::Poundsyscall {
@@ -554,12 +611,14 @@ pub fn run(args: &SweepArgs) -> i32 {
                 delta: None,
                 overhead_pct: None,
                 refill_per_page: None,
+                refill_spread_per_page: None,
                 tlb_flush_per_call: median_rate(rr, "tlb_flush_per_call"),
                 kvm_pf_taken_per_call: median_rate(rr, "kvm_pf_taken_per_call"),
                 kvm_exits_per_call: median_rate(rr, "kvm_exits_per_call"),
                 cr3_writes_per_call: median_rate(rr, "cr3_writes_per_call"),
                 read_cycles_per_call: median_rate(rr, "read_cycles_per_call"),
                 read_cycles_min: median_rate(rr, "read_cycles_min_per_call"),
+                read_cycles_min_spread: half_range(rr, "read_cycles_min_per_call"),
                 user_refill_cycles_per_page: None,
                 significant: None,
                 mean_ci95: None,
@@ -572,6 +631,7 @@ pub fn run(args: &SweepArgs) -> i32 {
             touches: cell.touches,
             pages: cell.pages,
             guest_words: cell.words.clone(),
+            iterations: cell.iterations,
             syscall_rate: None,
             configs,
         });
@@ -603,6 +663,13 @@ mod tests {
         assert!(TouchSpec::parse("0x").is_err());
         assert!(TouchSpec::parse("x").is_err());
         assert!(TouchSpec::parse("-1").is_err());
+        assert_eq!(TouchSpec::parse("4K"), Ok(TouchSpec::Reads(4096)));
+        assert_eq!(TouchSpec::parse("8M"), Ok(TouchSpec::Reads(8 << 20)));
+        // Slow cells run fewer calls, never fewer than 20 nor more than asked.
+        assert_eq!(cell_iterations(1000, 4096), 1000);
+        assert_eq!(cell_iterations(1000, 64 << 10), 62);
+        assert_eq!(cell_iterations(1000, 2 << 20), 20);
+        assert_eq!(cell_iterations(10, 8 << 20), 10);
         assert_eq!(TouchSpec::Passes(4).reads(256), 1024);
     }
 

@@ -352,6 +352,81 @@ impl Environment {
         out
     }
 
+    /// The compact header of `compare`'s default screen: host (kernel, CPU,
+    /// its PTI-related flags and bugs), KVM once (`kvm` describes it when
+    /// given, else the module and its paging), the probe's findings, and
+    /// the build and guest image; four lines.
+    pub fn render_header(&self, kvm: Option<&str>) -> String {
+        let h = &self.host;
+        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
+        let flags: Vec<String> = h
+            .cpu_flags
+            .iter()
+            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
+            .collect();
+        let affected: Vec<&str> = h
+            .vulnerabilities
+            .iter()
+            .filter(|(_, v)| !v.starts_with("Not affected"))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let meltdown = h
+            .vulnerabilities
+            .get("meltdown")
+            .map_or("?", String::as_str);
+        let p = &self.probe;
+        let yes_no = |v: Option<bool>| match v {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "?",
+        };
+        let kvm = kvm.map_or_else(
+            || {
+                format!(
+                    "{} ({} paging)",
+                    opt(&self.kvm.module),
+                    opt(&self.kvm.paging)
+                )
+            },
+            str::to_owned,
+        );
+        format!(
+            "  host:      {}; {} (family {} model {} stepping {}, microcode {}), {} CPUs\n\
+             \x20 host cpu:  {}; meltdown: {meltdown}; affected: {}\n\
+             \x20 kvm:       {kvm}; probe: entries {}, PCID {}, 32-bit PAE paging {}\n\
+             \x20 guest:     {} sha256 {}; ptiscope {} ({})\n",
+            opt(&h.kernel),
+            opt(&h.cpu_model),
+            num(h.cpu_family),
+            num(h.cpu_model_number),
+            num(h.cpu_stepping),
+            opt(&h.microcode),
+            h.cpus,
+            flags.join(" "),
+            if affected.is_empty() {
+                "none".to_owned()
+            } else {
+                affected.join(" ")
+            },
+            p.entries_working
+                .as_ref()
+                .map_or("?".to_owned(), |w| w.join(",")),
+            yes_no(p.pcid_usable),
+            yes_no(p.pae_paging_usable),
+            self.guest_image.name,
+            self.guest_image
+                .sha256
+                .as_deref()
+                .map_or("?", |s| &s[..s.len().min(16)]),
+            self.ptiscope.version,
+            self.ptiscope.git_revision.as_deref().map_or(
+                "revision unknown".to_owned(),
+                |r| format!("git {}", &r[..r.len().min(12)])
+            ),
+        )
+    }
+
     /// Where `self` and `earlier` differ, as `path: earlier -> now` lines,
     /// over every field (host, KVM, probe, build, image, options).
     pub fn differences(&self, earlier: &Environment) -> Vec<String> {

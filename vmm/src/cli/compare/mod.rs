@@ -35,7 +35,6 @@ use crate::output::{open_outputs, OutputFile};
 use crate::preflight::cmdline::{EntryChoice, Workload};
 use crate::preflight::{host, preflight};
 use crate::report::environment::Environment;
-use crate::report::stats::Verdict;
 use crate::report::{CompareTable, Condition, RunSummary};
 
 /// Runs the comparison and prints it; returns the process exit code.
@@ -164,7 +163,8 @@ pub fn run(args: &CompareArgs) -> i32 {
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.image)),
         BTreeMap::new(),
     );
-    print!("{}", environment.render_text());
+    let mut kvm_line = None;
+    let entry_text;
     match args.backend {
         Backend::Kvm => {
             let entry = match (base.run.config.guest.entry, base.run.guest.entry) {
@@ -179,16 +179,17 @@ pub fn run(args: &CompareArgs) -> i32 {
                 }
                 (EntryChoice::Fixed(_), Some(e)) => e.to_string(),
             };
-            println!("  KVM:       {}", host::kvm_flavour().describe());
-            println!("  entry:     {entry}");
+            kvm_line = Some(host::kvm_flavour().describe());
+            entry_text = format!("; entry {entry}");
         }
         Backend::Qemu => {
-            println!(
-                "  backend:   QEMU TCG ({}): software emulation, every figure guest-reported",
+            entry_text = format!(
+                "; backend QEMU TCG ({}): software emulation, every figure guest-reported",
                 crate::backend::qemu::binary_for(&base.run.image)
             );
         }
     }
+    print!("{}", environment.render_header(kvm_line));
     let runs_text = match (args.runs, target_ci) {
         (Runs::Fixed(n), _) => format!("{n} runs per side"),
         (Runs::Auto, Some(t)) => format!(
@@ -206,17 +207,19 @@ pub fn run(args: &CompareArgs) -> i32 {
     if base.run.guest.workload == Some(Workload::SchedMessaging) {
         // Its size comes from groups=/loops= (cmdline=...), not --iterations.
         println!(
-            "  workload:  sched-messaging (perf bench sched messaging, pipes), {runs_text}, \
-             interleaved{warmup_text}; rates are per message"
+            "  runs:      sched-messaging (perf bench sched messaging, pipes), {runs_text}, \
+             interleaved{warmup_text}; rates are per message{entry_text}"
         );
     } else {
         println!(
-            "  workload:  {workload} x {} iterations per run, {runs_text}, interleaved{warmup_text}",
+            "  runs:      {workload} x {} iterations per run, {runs_text}, interleaved{warmup_text}{entry_text}",
             base.run.guest.iterations.unwrap_or(0),
         );
     }
-    println!("  baseline:  {}", base.label);
-    println!("  compare:   {}", comp.label);
+    println!(
+        "  sides:     baseline {}, compare {}",
+        base.label, comp.label
+    );
     println!();
 
     let total = 2 * u64::from(max_runs + args.warmup);
@@ -350,34 +353,33 @@ pub fn run(args: &CompareArgs) -> i32 {
         .options
         .insert("compare".into(), table.compare.config.clone());
     table.environment = Some(environment);
-    // The text shows the metrics that are non-zero somewhere; JSON and CSV have all.
-    let mut shown = table.clone();
-    shown.metrics.retain(|m| {
-        m.baseline
-            .samples
-            .iter()
-            .chain(&m.compare.samples)
-            .any(|&v| v != 0.0)
-    });
-    let omitted: Vec<&str> = table
-        .metrics
-        .iter()
-        .filter(|m| shown.metric(&m.metric.name).is_none())
-        .map(|m| m.metric.name.as_str())
-        .collect();
-    print!("{}", shown.render_text());
-    if !omitted.is_empty() {
-        println!(
-            "zero in every run (omitted above, present in --json/--csv): {}",
-            omitted.join(" ")
-        );
+    // The answer first, then the compact table; the mmtests table (the
+    // metrics non-zero somewhere) and the durations behind --mmtests.
+    let per = match base.run.guest.workload {
+        Some(Workload::SchedMessaging) => "message".to_owned(),
+        w => format!("{} call", w.map_or("-", Workload::name)),
+    };
+    print!("{}", crate::report::answer::render_answer(&table, &per));
+    println!();
+    print!("{}", crate::report::answer::render_table(&table));
+    if args.mmtests {
+        let mut shown = table.clone();
+        shown.metrics.retain(|m| {
+            m.baseline
+                .samples
+                .iter()
+                .chain(&m.compare.samples)
+                .any(|&v| v != 0.0)
+        });
+        println!();
+        print!("{}", shown.render_text());
+        println!();
+        print!("{}", render_durations(&base.label, &comp.label, &durations));
     }
     println!();
-    headline(&table);
-    print!("{}", render_durations(&base.label, &comp.label, &durations));
-    println!("  {}", runs_report.sentence());
     println!(
-        "  {} runs in {:.1} s",
+        "  {}; {} runs in {:.1} s",
+        runs_report.sentence(),
         2 * (per_side + args.warmup),
         started.elapsed().as_secs_f64()
     );
@@ -458,6 +460,7 @@ fn json_text(
 ) -> String {
     let mut v = t.to_json();
     if let Some(o) = v.as_object_mut() {
+        o.insert("answer".into(), crate::report::answer::to_json(t));
         o.insert(
             "durations".into(),
             serde_json::json!({ "baseline": durations[0], "compare": durations[1] }),
@@ -479,50 +482,6 @@ fn write_file(f: &OutputFile, text: &str) -> i32 {
         Err(e) => {
             eprintln!("ptiscope compare: {e}");
             exit_code::CANT_CREATE
-        }
-    }
-}
-
-/// One plain sentence with what the reader came for.
-fn headline(t: &CompareTable) {
-    let mean = |name: &str| {
-        t.metric(name).and_then(|m| {
-            Some((
-                m.baseline.get(crate::report::Stat::Amean)?,
-                m.compare.get(crate::report::Stat::Amean)?,
-                m.delta_pct.amean,
-                m.significance,
-            ))
-        })
-    };
-    let (b, c) = (&t.baseline.label, &t.compare.label);
-    println!("summary ({c} against {b}, means of the runs):");
-    for (name, what) in [
-        ("ns_per_call", "ns per call (host clock)"),
-        ("cycles_per_call", "cycles per call (guest RDTSC)"),
-        ("kvm_exits_per_call", "VM exits per call (KVM)"),
-        ("cr3_writes_per_call", "CR3 writes per call (guest)"),
-        ("tlb_flush_per_call", "TLB flushes per call (KVM)"),
-        (
-            "kernel_instructions_per_call",
-            "kernel instructions per call (KVM insn_emulation)",
-        ),
-    ] {
-        if let Some((x, y, pct, sig)) = mean(name) {
-            let pct = pct.map_or(String::new(), |p| format!(" ({p:+.1} %)"));
-            // The verdict of the CI block, with Welch's p where it exists.
-            let sig = sig.map_or(String::new(), |s| match (s.verdict, s.welch) {
-                (Verdict::Significant | Verdict::NotSignificant, Some(w)) => format!(
-                    "  mmtests: {}; Welch p {}",
-                    s.verdict.word(),
-                    crate::report::compare::p_text(w.p_value)
-                ),
-                (Verdict::Significant | Verdict::NotSignificant, None) => {
-                    format!("  mmtests: {}", s.verdict.word())
-                }
-                _ => format!("  {}", s.verdict.word()),
-            });
-            println!("  {what:<52} {x:>12.2} -> {y:>12.2}{pct}{sig}");
         }
     }
 }
