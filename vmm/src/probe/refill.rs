@@ -25,7 +25,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::code::{self, pte, sel, Asm};
 use super::entries::kernel_prologue;
@@ -68,7 +68,7 @@ const MSR_LSTAR: u32 = 0xc000_0082;
 const MSR_FMASK: u32 = 0xc000_0084;
 
 /// The verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RefillVerdict {
     /// A CR3 write makes user code walk its pages in again, at or above the threshold.

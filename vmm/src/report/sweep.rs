@@ -111,6 +111,42 @@ pub struct Crossing {
     pub note: String,
 }
 
+/// Whether a guest CR3 write costs user code a TLB refill on the host the
+/// sweep ran on (the probe's `cr3_write_refill`): where it does not, the
+/// per-page refill figures are the host hiding the refill, not PTI's cost,
+/// and the text says "refill hidden by this host: probe" instead.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum RefillVisibility {
+    /// The probe saw the refill: the per-page figures are PTI's.
+    Visible {
+        /// The probe's refill, ns per page.
+        probe_ns_per_page: Option<f64>,
+    },
+    /// The probe saw none (below its threshold): the host hides the refill.
+    NotVisible {
+        /// The probe's refill, ns per page.
+        probe_ns_per_page: Option<f64>,
+        /// The probe's threshold, ns per page.
+        threshold_ns_per_page: f64,
+    },
+    /// Not probed or not measurable here, and why (QEMU TCG, a failed probe).
+    Unknown {
+        /// Why there is no verdict.
+        reason: String,
+    },
+}
+
+impl RefillVisibility {
+    /// What the text says in place of a per-page refill figure.
+    pub const HIDDEN: &'static str = "refill hidden by this host: probe";
+
+    /// Whether the host hides the refill (the per-page figures are not PTI's).
+    pub fn hidden(&self) -> bool {
+        matches!(self, RefillVisibility::NotVisible { .. })
+    }
+}
+
 /// A configuration left out of the sweep, and why.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Omitted {
@@ -156,6 +192,8 @@ pub struct SweepReport {
     pub cells: Vec<Cell>,
     /// Where each configuration's overhead crosses 1 % and 5 %.
     pub crossings: Vec<Crossing>,
+    /// Whether this host shows PTI's refill at all (the probe's verdict).
+    pub cr3_write_refill: RefillVisibility,
     /// Wall-clock seconds the sweep took.
     pub seconds: f64,
     /// Where the sweep came from (as in every JSON report).
@@ -450,11 +488,25 @@ pub fn text(r: &SweepReport) -> String {
                     " {:>10.1} {:>7}{mark} {:>9} |",
                     c.median,
                     opt(c.overhead_pct, 1),
-                    opt(c.refill_per_page, 2)
+                    refill_figure(r, c.refill_per_page)
                 );
             }
         }
         s.push('\n');
+    }
+    if let RefillVisibility::NotVisible {
+        probe_ns_per_page,
+        threshold_ns_per_page,
+    } = &r.cr3_write_refill
+    {
+        let _ = writeln!(
+            s,
+            "\nrefill per page: {} (cr3_write_refill not visible: {} ns/page, threshold {threshold_ns_per_page} ns/page; \
+             `ptiscope probe` has the figures): a guest CR3 write costs user code no TLB refill here, \
+             so no per-page figure is PTI's; the overheads and syscall rates are this host's",
+            RefillVisibility::HIDDEN,
+            opt(*probe_ns_per_page, 2),
+        );
     }
     if r.cells
         .iter()
@@ -496,7 +548,7 @@ pub fn text(r: &SweepReport) -> String {
                         s,
                         " {:>10} {:>8} |",
                         opt(c.read_cycles_min, 0),
-                        opt(c.user_refill_cycles_per_page, 2)
+                        refill_figure(r, c.user_refill_cycles_per_page)
                     );
                 }
             }
@@ -509,9 +561,14 @@ pub fn text(r: &SweepReport) -> String {
             "\nwhere the overhead crosses 1 % and 5 % (syscalls/s; measured = interpolated between cells, model = threshold / delta per call)"
         );
         for x in &r.crossings {
+            let hidden = if x.wss > 0 && r.cr3_write_refill.hidden() {
+                format!("; {}", RefillVisibility::HIDDEN)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
-                "  wss {:>5} {:<28} {:>2.0} %: measured {:>8}  model {:>8}  ({})",
+                "  wss {:>5} {:<28} {:>2.0} %: measured {:>8}  model {:>8}  ({}{hidden})",
                 fmt_size(x.wss),
                 trunc(&x.config, 28),
                 x.threshold_pct,
@@ -532,6 +589,15 @@ pub fn text(r: &SweepReport) -> String {
         let _ = writeln!(s, "\nleft out: {}: {}", o.config, o.reason);
     }
     s
+}
+
+/// A per-page refill figure, or `hidden` where the probe found the host
+/// hides the refill (the table's note says so in full).
+fn refill_figure(r: &SweepReport, v: Option<f64>) -> String {
+    match v {
+        Some(_) if r.cr3_write_refill.hidden() => "hidden".into(),
+        v => opt(v, 2),
+    }
 }
 
 fn trunc(s: &str, n: usize) -> String {
@@ -652,6 +718,9 @@ mod tests {
             omitted: vec![],
             cells,
             crossings: vec![],
+            cr3_write_refill: RefillVisibility::Visible {
+                probe_ns_per_page: Some(8.5),
+            },
             seconds: 0.0,
             environment: None,
         }
@@ -708,6 +777,46 @@ mod tests {
         let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
         assert_eq!(j["schema"], SCHEMA);
         assert_eq!(j["cells"][1]["configs"][1]["refill_per_page"], 1.0);
+    }
+
+    #[test]
+    fn a_host_that_hides_the_refill_is_named_instead_of_a_figure() {
+        let mut r = report(vec![
+            cell(0, "-", 0, 1000.0, 1100.0),
+            cell(1 << 20, "1x", 256, 2000.0, 2356.0),
+        ]);
+        r.cr3_write_refill = RefillVisibility::NotVisible {
+            probe_ns_per_page: Some(0.4),
+            threshold_ns_per_page: 2.0,
+        };
+        r.time_unit = "ns".into();
+        r.cells[1].syscall_rate = Some(1e5);
+        r.derive();
+        let t = text(&r);
+        // The figure is computed (JSON keeps it beside the verdict) but the
+        // text names the host instead, in the table and the crossings.
+        assert_eq!(r.cells[1].configs[1].refill_per_page, Some(1.0));
+        assert!(!t.contains(" 1.00 "), "{t}");
+        assert!(t.contains("hidden"), "{t}");
+        assert!(t.contains(RefillVisibility::HIDDEN), "{t}");
+        assert!(
+            t.lines()
+                .filter(|l| l.contains("wss    1M") && l.contains(" %: measured"))
+                .all(|l| l.contains(RefillVisibility::HIDDEN)),
+            "{t}"
+        );
+        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        assert_eq!(j["cr3_write_refill"]["verdict"], "not_visible");
+        assert_eq!(j["cr3_write_refill"]["probe_ns_per_page"], 0.4);
+        // Where the refill shows, the figure is printed.
+        r.cr3_write_refill = RefillVisibility::Visible {
+            probe_ns_per_page: Some(8.5),
+        };
+        let t = text(&r);
+        assert!(
+            t.contains("1.00") && !t.contains(RefillVisibility::HIDDEN),
+            "{t}"
+        );
     }
 
     #[test]

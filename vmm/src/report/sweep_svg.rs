@@ -292,7 +292,15 @@ fn refill_bars(r: &SweepReport, body: &mut String, mut y0: f64) -> f64 {
     let max = vals.iter().copied().fold(1.0f64, f64::max);
     let min = vals.iter().copied().fold(0.0f64, f64::min);
     body.push_str(&format!(
-        r#"<text x="{PLOT_L}" y="{y0}" font-size="13" font-weight="bold">user-mode refill: TSC cycles per page walked in again after the CR3 switches (derived, guest-timed reads)</text>"#
+        r#"<text x="{PLOT_L}" y="{y0}" font-size="13" font-weight="bold">user-mode refill: TSC cycles per page walked in again after the CR3 switches (derived, guest-timed reads){}</text>"#,
+        if r.cr3_write_refill.hidden() {
+            format!(
+                " — {}: these bars are not PTI's",
+                crate::report::sweep::RefillVisibility::HIDDEN
+            )
+        } else {
+            String::new()
+        }
     ));
     y0 += 16.0;
     let plot_h = 160.0;
