@@ -13,7 +13,8 @@
 //! (`iretq`/`sysretq`), or first rewrites CR3 with its own value twice (the
 //! PTI pair, non-global pages: each write flushes them). Four
 //! configurations, W = 0 and W = [`PAGES`], each bare and with the rewrite,
-//! run interleaved in fresh VMs for [`ROUNDS`] rounds; each run times its
+//! run interleaved for [`ROUNDS`] rounds (one VM per configuration, its
+//! program reloaded for every run); each run times its
 //! trips with RDTSC in user mode after a warm-up. The refill is what the
 //! rewrite adds with the working set beyond what it adds without:
 //!
@@ -245,11 +246,18 @@ fn handler(at: u64, h: Handler, ret: &[u8]) -> Asm {
     a
 }
 
-fn run_one(kit: &Kit, entry: Entry, pages: u32, h: Handler) -> Result<Run, String> {
+/// One configuration's VM and program, kept over the rounds: each round
+/// reloads the program and registers and runs it again (a fresh VM per run
+/// would spend most of the probe creating VMs and faulting their 4 MiB in).
+struct Config {
+    vm: ProbeVm,
+    program: Program,
+}
+
+fn prepare(kit: &Kit, entry: Entry, pages: u32, h: Handler) -> Result<Config, String> {
     let (insn, at, ret) =
         entry_parts(entry).ok_or_else(|| format!("entry {entry} is not one the probe drives"))?;
-    let mut vm =
-        ProbeVm::with_extra_ram(kit, Some((WS_BASE, WS_SLOT))).map_err(|e| e.to_string())?;
+    let vm = ProbeVm::with_extra_ram(kit, Some((WS_BASE, WS_SLOT))).map_err(|e| e.to_string())?;
     let mut p = Program::new(StartMode::Long64, kernel_prologue());
     p.extra.push(user_code(pages, insn));
     p.extra.push(handler(at, h, ret));
@@ -271,7 +279,14 @@ fn run_one(kit: &Kit, entry: Entry, pages: u32, h: Handler) -> Result<Run, Strin
             (MSR_FMASK, 0x700),
         ];
     }
-    vm.load(&p).map_err(|e| e.to_string())?;
+    Ok(Config { vm, program: p })
+}
+
+fn run_one(kit: &Kit, c: &mut Config) -> Result<Run, String> {
+    let vm = &mut c.vm;
+    vm.load(&c.program).map_err(|e| e.to_string())?;
+    vm.write(TIMES, &[0u8; 16 * BATCHES as usize])
+        .map_err(|e| e.to_string())?;
     // The working set's tables: PD entries 2 and 3 (4-6 MiB, 6-8 MiB) point
     // at two 4 KiB page tables whose 1024 entries map the pages in order.
     let flags = pte::PRESENT | pte::WRITABLE | pte::USER;
@@ -385,9 +400,13 @@ fn measure(kit: &Kit, entry: Entry) -> Result<RefillProbe, String> {
     // cycles per trip, [config][round]
     let mut per_trip: [Vec<f64>; 4] = Default::default();
     let mut longest: Option<Run> = None;
+    let mut prepared = configs
+        .iter()
+        .map(|&(pages, h)| prepare(kit, entry, pages, h))
+        .collect::<Result<Vec<_>, _>>()?;
     for _ in 0..ROUNDS {
-        for (i, &(pages, h)) in configs.iter().enumerate() {
-            let run = run_one(kit, entry, pages, h)?;
+        for (i, c) in prepared.iter_mut().enumerate() {
+            let run = run_one(kit, c)?;
             per_trip[i].push(run.cycles as f64 / f64::from(TRIPS));
             if longest.as_ref().is_none_or(|l| run.wall_ns > l.wall_ns) {
                 longest = Some(run);
