@@ -20,8 +20,10 @@
 //!
 //! `((cr3(W) - bare(W)) - (cr3(0) - bare(0))) / W`, from the medians.
 //!
-//! Verdict: `visible` at or above [`THRESHOLD_NS_PER_PAGE`], else `not
-//! visible` (docs/kvm-hosts.md gives the figures behind the threshold).
+//! The same from each configuration's fastest run (other load only adds
+//! time). Verdict: `visible` where both reach [`THRESHOLD_NS_PER_PAGE`],
+//! else `not visible` (docs/kvm-hosts.md gives the figures behind the
+//! threshold).
 
 use std::fmt;
 use std::time::Instant;
@@ -110,6 +112,8 @@ pub struct RefillProbe {
     pub verdict: RefillVerdict,
     /// The refill per page from the medians, ns (`None` if unmeasured).
     pub ns_per_page: Option<f64>,
+    /// The refill per page from each configuration's fastest run, ns.
+    pub ns_per_page_fastest: Option<f64>,
     /// The lowest and highest per-round estimate, ns per page: the spread.
     pub ns_per_page_range: Option<(f64, f64)>,
     /// The verdict's threshold, ns per page.
@@ -140,6 +144,7 @@ impl RefillProbe {
         RefillProbe {
             verdict: RefillVerdict::Unmeasured,
             ns_per_page: None,
+            ns_per_page_fastest: None,
             ns_per_page_range: None,
             threshold_ns_per_page: THRESHOLD_NS_PER_PAGE,
             entry,
@@ -430,6 +435,16 @@ fn measure(kit: &Kit, entry: Entry) -> Result<RefillProbe, String> {
         .collect();
     let lo = rounds.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = rounds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    // The fastest run of each configuration: other load only ever adds
+    // time, so these are the least disturbed figures.
+    let fastest = |v: &[f64]| ns(v.iter().copied().fold(f64::INFINITY, f64::min));
+    let f = TripMedians {
+        bare_0: fastest(&per_trip[0]),
+        cr3_0: fastest(&per_trip[1]),
+        bare_w: fastest(&per_trip[2]),
+        cr3_w: fastest(&per_trip[3]),
+    };
+    let fastest_per_page = refill_per_page(&f, PAGES);
     let [a, b, c, d] = &mut per_trip;
     let m = TripMedians {
         bare_0: ns(median(a)),
@@ -438,9 +453,12 @@ fn measure(kit: &Kit, entry: Entry) -> Result<RefillProbe, String> {
         cr3_w: ns(median(d)),
     };
     let per_page = refill_per_page(&m, PAGES);
-    let verdict = verdict_for(per_page);
+    // A refill that is real costs the fastest runs as much as the typical
+    // ones; a figure that only the medians show is other load.
+    let verdict = verdict_for(per_page.min(fastest_per_page));
     let detail = format!(
-        "{per_page:.2} ns/page (rounds {lo:.2}..{hi:.2}; threshold {THRESHOLD_NS_PER_PAGE} ns/page); \
+        "{per_page:.2} ns/page from the medians, {fastest_per_page:.2} from the fastest runs \
+         (rounds {lo:.2}..{hi:.2}; threshold {THRESHOLD_NS_PER_PAGE} ns/page, both must reach it); \
          CR3 rewrite adds {:.0} ns/trip with {PAGES} pages, {:.0} without \
          (ns/trip medians: bare {:.0} / {:.0}, CR3 {:.0} / {:.0} at 0 / {PAGES} pages); \
          {entry} trips, fastest of {BATCHES} batches of {TRIPS} per run, {ROUNDS} interleaved rounds, \
@@ -456,6 +474,7 @@ fn measure(kit: &Kit, entry: Entry) -> Result<RefillProbe, String> {
     Ok(RefillProbe {
         verdict,
         ns_per_page: Some(per_page),
+        ns_per_page_fastest: Some(fastest_per_page),
         ns_per_page_range: Some((lo, hi)),
         threshold_ns_per_page: THRESHOLD_NS_PER_PAGE,
         entry: Some(entry),
