@@ -596,33 +596,6 @@ pub fn run(args: &SweepArgs) -> i32 {
     code
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn touch_specs() {
-        assert_eq!(TouchSpec::parse("1x"), Ok(TouchSpec::Passes(1)));
-        assert_eq!(TouchSpec::parse("300"), Ok(TouchSpec::Reads(300)));
-        assert!(TouchSpec::parse("0x").is_err());
-        assert!(TouchSpec::parse("x").is_err());
-        assert!(TouchSpec::parse("-1").is_err());
-        assert_eq!(TouchSpec::Passes(4).reads(256), 1024);
-    }
-
-    #[test]
-    fn pages() {
-        // 1 MiB, one read per 4 KiB page: all 256 pages.
-        assert_eq!(pages_touched(1 << 20, 4096, 256, 4096), 256);
-        assert_eq!(pages_touched(1 << 20, 4096, 1024, 4096), 256);
-        assert_eq!(pages_touched(1 << 20, 4096, 10, 4096), 10);
-        // Cache-line stride: 64 reads per page.
-        assert_eq!(pages_touched(1 << 20, 64, 128, 4096), 2);
-        // 2 MiB pages: 4 MiB is two TLB entries.
-        assert_eq!(pages_touched(4 << 20, 4096, 1024, 2 << 20), 2);
-    }
-}
-
 /// The probe's refill verdict, as the sweep report carries it. Under QEMU
 /// the KVM probe says nothing about TCG (whose soft TLB is flushed whole on
 /// every CR3 write).
@@ -665,5 +638,32 @@ fn describe_refill(v: &rs::RefillVisibility) -> String {
             ns(probe_ns_per_page)
         ),
         rs::RefillVisibility::Unknown { reason } => format!("unknown ({reason})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn touch_specs() {
+        assert_eq!(TouchSpec::parse("1x"), Ok(TouchSpec::Passes(1)));
+        assert_eq!(TouchSpec::parse("300"), Ok(TouchSpec::Reads(300)));
+        assert!(TouchSpec::parse("0x").is_err());
+        assert!(TouchSpec::parse("x").is_err());
+        assert!(TouchSpec::parse("-1").is_err());
+        assert_eq!(TouchSpec::Passes(4).reads(256), 1024);
+    }
+
+    #[test]
+    fn pages() {
+        // 1 MiB, one read per 4 KiB page: all 256 pages.
+        assert_eq!(pages_touched(1 << 20, 4096, 256, 4096), 256);
+        assert_eq!(pages_touched(1 << 20, 4096, 1024, 4096), 256);
+        assert_eq!(pages_touched(1 << 20, 4096, 10, 4096), 10);
+        // Cache-line stride: 64 reads per page.
+        assert_eq!(pages_touched(1 << 20, 64, 128, 4096), 2);
+        // 2 MiB pages: 4 MiB is two TLB entries.
+        assert_eq!(pages_touched(4 << 20, 4096, 1024, 2 << 20), 2);
     }
 }
