@@ -126,8 +126,9 @@ without a working set. Every configuration runs --runs times per cell,
 interleaved; the table has the median time per call of each, the baseline's
 syscall rate, the overhead against the baseline, and the refill cost per page
 (derived: the PTI delta at that working set minus the delta at wss=0, over the
-pages touched per call); then KVM's tlb_flush / pf_taken / exits per call,
-and where the overhead crosses 1 % and 5 %.
+pages touched per call; `hidden` where the probe finds that a guest CR3 write
+costs user code no TLB refill on this host); then KVM's tlb_flush / pf_taken /
+exits per call, and where the overhead crosses 1 % and 5 %.
 
 Exit status: 0 done; 64 bad usage; 73 an output file cannot be written;
 otherwise the exit status of the run that failed (see `ptiscope run --help`).";

@@ -504,6 +504,10 @@ pub fn run(args: &SweepArgs) -> i32 {
     } else {
         String::new()
     };
+    // Probed before the timed runs (a few hundred ms), cached for the
+    // environment block.
+    let cr3_write_refill = refill_visibility(args.backend);
+    println!("  refill:    {}", describe_refill(&cr3_write_refill));
     println!(
         "  workload:  {} x {} iterations per run{fewer}, {} runs per cell and configuration, interleaved; stride {stride}, {} pages",
         args.workload, args.iterations, args.runs, args.wss_pages
@@ -573,6 +577,7 @@ pub fn run(args: &SweepArgs) -> i32 {
         omitted,
         cells: Vec::new(),
         crossings: Vec::new(),
+        cr3_write_refill,
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
             &format!("{:?}", args.backend).to_lowercase(),
@@ -650,6 +655,51 @@ pub fn run(args: &SweepArgs) -> i32 {
         code = code.max(write_file(f, &crate::report::sweep_svg::svg(&report)));
     }
     code
+}
+
+/// The probe's refill verdict, as the sweep report carries it. Under QEMU
+/// the KVM probe says nothing about TCG (whose soft TLB is flushed whole on
+/// every CR3 write).
+fn refill_visibility(backend: Backend) -> rs::RefillVisibility {
+    use crate::probe::RefillVerdict;
+    if backend == Backend::Qemu {
+        return rs::RefillVisibility::Unknown {
+            reason: "not probed under QEMU TCG: its soft TLB is flushed whole on every CR3 write"
+                .into(),
+        };
+    }
+    let p = host::cr3_write_refill();
+    match p.verdict {
+        RefillVerdict::Visible => rs::RefillVisibility::Visible {
+            probe_ns_per_page: p.ns_per_page,
+        },
+        RefillVerdict::NotVisible => rs::RefillVisibility::NotVisible {
+            probe_ns_per_page: p.ns_per_page,
+            threshold_ns_per_page: p.threshold_ns_per_page,
+        },
+        RefillVerdict::Unmeasured => rs::RefillVisibility::Unknown {
+            reason: format!("the refill probe could not measure: {}", p.detail),
+        },
+    }
+}
+
+fn describe_refill(v: &rs::RefillVisibility) -> String {
+    let ns = |v: &Option<f64>| v.map_or("?".into(), |x| format!("{x:.2}"));
+    match v {
+        rs::RefillVisibility::Visible { probe_ns_per_page } => format!(
+            "a guest CR3 write costs user code a TLB refill here (probe: {} ns/page)",
+            ns(probe_ns_per_page)
+        ),
+        rs::RefillVisibility::NotVisible {
+            probe_ns_per_page,
+            threshold_ns_per_page,
+        } => format!(
+            "{} ({} ns/page, below {threshold_ns_per_page}): no per-page refill figure is PTI's here",
+            rs::RefillVisibility::HIDDEN,
+            ns(probe_ns_per_page)
+        ),
+        rs::RefillVisibility::Unknown { reason } => format!("unknown ({reason})"),
+    }
 }
 
 #[cfg(test)]

@@ -201,6 +201,10 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
                     return Err(PreflightError::PcidUnusable { detail });
                 }
             }
+            // The report's environment block carries the refill verdict:
+            // probe it now (once per process, a few hundred ms), before any
+            // VM of the run exists, never beside or after the run's threads.
+            let _ = host::cr3_write_refill();
         }
     }
     let mut cmdline = cmdline::build(&guest, layout.telemetry_addr())?;

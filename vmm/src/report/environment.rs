@@ -65,6 +65,11 @@ pub struct ProbeFindings {
     pub pcid_usable: Option<bool>,
     /// Whether the vCPU can enable 32-bit PAE paging (the i386 guest).
     pub pae_paging_usable: Option<bool>,
+    /// Whether a guest CR3 write costs user code a TLB refill on this host
+    /// (`visible`, `not_visible`, `unmeasured`): the verdict only, so that
+    /// `--against` names it when it differs (the figures are in `ptiscope probe`).
+    #[serde(default)]
+    pub cr3_write_refill: Option<crate::probe::RefillVerdict>,
     /// Why the probe could not run, if it could not.
     pub error: Option<String>,
 }
@@ -258,6 +263,7 @@ pub fn probe_findings() -> ProbeFindings {
             .map(|_| host::resolve_entry().0.to_string()),
         pcid_usable: host::pcid_usable().map(|(usable, _)| usable),
         pae_paging_usable: host::pae_paging_usable().map(|(usable, _)| usable),
+        cr3_write_refill: Some(host::cr3_write_refill().verdict),
         error: entries.outcomes.as_ref().err().cloned(),
     }
 }
@@ -327,7 +333,8 @@ impl Environment {
             None => "?",
         };
         out += &format!(
-            "  kvm:       {} ({} paging); probe: entries {}, PCID {}, 32-bit PAE paging {}\n",
+            "  kvm:       {} ({} paging); probe: entries {}, PCID {}, 32-bit PAE paging {}, \
+             CR3-write refill {}\n",
             opt(&self.kvm.module),
             opt(&self.kvm.paging),
             p.entries_working
@@ -335,6 +342,7 @@ impl Environment {
                 .map_or("?".to_owned(), |w| w.join(",")),
             yes_no(p.pcid_usable),
             yes_no(p.pae_paging_usable),
+            p.cr3_write_refill.map_or("?".to_owned(), |v| v.to_string()),
         );
         out += &format!(
             "  ptiscope:  {} ({}); guest image {} sha256 {}\n",
@@ -541,6 +549,8 @@ microcode\t: 0x1
             .vulnerabilities
             .insert("meltdown".into(), "Mitigation: PTI".into());
         b.options.insert("baseline".into(), vec!["pti=on".into()]);
+        a.probe.cr3_write_refill = Some(crate::probe::RefillVerdict::Visible);
+        b.probe.cr3_write_refill = Some(crate::probe::RefillVerdict::NotVisible);
         let d = b.differences(&a);
         assert_eq!(
             d,
@@ -548,6 +558,7 @@ microcode\t: 0x1
                 "host.microcode: \"0x1\" -> \"0x2\"".to_owned(),
                 "host.vulnerabilities.meltdown: \"Not affected\" -> \"Mitigation: PTI\"".to_owned(),
                 "options.baseline: [\"pti=off\"] -> [\"pti=on\"]".to_owned(),
+                "probe.cr3_write_refill: \"visible\" -> \"not_visible\"".to_owned(),
             ]
         );
     }

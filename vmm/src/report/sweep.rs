@@ -125,6 +125,42 @@ pub struct Crossing {
     pub note: String,
 }
 
+/// Whether a guest CR3 write costs user code a TLB refill on the host the
+/// sweep ran on (the probe's `cr3_write_refill`): where it does not, the
+/// per-page refill figures are the host hiding the refill, not PTI's cost,
+/// and the text says "refill hidden by this host: probe" instead.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum RefillVisibility {
+    /// The probe saw the refill: the per-page figures are PTI's.
+    Visible {
+        /// The probe's refill, ns per page.
+        probe_ns_per_page: Option<f64>,
+    },
+    /// The probe saw none (below its threshold): the host hides the refill.
+    NotVisible {
+        /// The probe's refill, ns per page.
+        probe_ns_per_page: Option<f64>,
+        /// The probe's threshold, ns per page.
+        threshold_ns_per_page: f64,
+    },
+    /// Not probed or not measurable here, and why (QEMU TCG, a failed probe).
+    Unknown {
+        /// Why there is no verdict.
+        reason: String,
+    },
+}
+
+impl RefillVisibility {
+    /// What the text says in place of a per-page refill figure.
+    pub const HIDDEN: &'static str = "refill hidden by this host: probe";
+
+    /// Whether the host hides the refill (the per-page figures are not PTI's).
+    pub fn hidden(&self) -> bool {
+        matches!(self, RefillVisibility::NotVisible { .. })
+    }
+}
+
 /// A configuration left out of the sweep, and why.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Omitted {
@@ -170,6 +206,8 @@ pub struct SweepReport {
     pub cells: Vec<Cell>,
     /// Where each configuration's overhead crosses 1 % and 5 %.
     pub crossings: Vec<Crossing>,
+    /// Whether this host shows PTI's refill at all (the probe's verdict).
+    pub cr3_write_refill: RefillVisibility,
     /// Wall-clock seconds the sweep took.
     pub seconds: f64,
     /// Where the sweep came from (as in every JSON report).
@@ -209,7 +247,7 @@ impl Refill {
         match self {
             Refill::Value(v) => format!("{v:.2}"),
             Refill::Noise => "noise".into(),
-            Refill::HiddenByHost => "refill hidden by this host: probe".into(),
+            Refill::HiddenByHost => "hidden".into(),
             Refill::NotDerived => "-".into(),
         }
     }
@@ -579,12 +617,26 @@ pub fn text(r: &SweepReport) -> String {
                     "{:>9.1} {:>6}{mark} {:>9}",
                     c.median,
                     opt(c.overhead_pct, 1),
-                    Refill::of(c, false).text()
+                    Refill::of(c, r.cr3_write_refill.hidden()).text()
                 );
                 let _ = write!(s, " {cell_text:>w$} |");
             }
         }
         s.push('\n');
+    }
+    if let RefillVisibility::NotVisible {
+        probe_ns_per_page,
+        threshold_ns_per_page,
+    } = &r.cr3_write_refill
+    {
+        let _ = writeln!(
+            s,
+            "\nrefill per page: {} (cr3_write_refill not visible: {} ns/page, threshold {threshold_ns_per_page} ns/page; \
+             `ptiscope probe` has the figures): a guest CR3 write costs user code no TLB refill here, \
+             so no per-page figure is PTI's; the overheads and syscall rates are this host's",
+            RefillVisibility::HIDDEN,
+            opt(*probe_ns_per_page, 2),
+        );
     }
     if r.cells
         .iter()
@@ -632,7 +684,7 @@ pub fn text(r: &SweepReport) -> String {
                     format!(
                         "{:>10} {:>8}",
                         opt(c.read_cycles_min, 0),
-                        Refill::user(c, &cell.configs[0], false).text()
+                        Refill::user(c, &cell.configs[0], r.cr3_write_refill.hidden()).text()
                     )
                 };
                 let _ = write!(s, " {t:>w$} |");
@@ -710,6 +762,12 @@ fn crossings_table(r: &SweepReport) -> String {
             ));
         }
         s.push('\n');
+    }
+    if r.cr3_write_refill.hidden() && r.working_sets().iter().any(|&w| w > 0) {
+        s.push_str(&format!(
+            "  wss > 0: {}; the crossings are this host's, not PTI's refill\n",
+            RefillVisibility::HIDDEN
+        ));
     }
     s
 }
@@ -817,6 +875,9 @@ mod tests {
             omitted: vec![],
             cells,
             crossings: vec![],
+            cr3_write_refill: RefillVisibility::Visible {
+                probe_ns_per_page: Some(8.5),
+            },
             seconds: 0.0,
             environment: None,
         }
@@ -873,6 +934,44 @@ mod tests {
         let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
         assert_eq!(j["schema"], SCHEMA);
         assert_eq!(j["cells"][1]["configs"][1]["refill_per_page"], 1.0);
+    }
+
+    #[test]
+    fn a_host_that_hides_the_refill_is_named_instead_of_a_figure() {
+        let mut r = report(vec![
+            cell(0, "-", 0, 1000.0, 1100.0),
+            cell(1 << 20, "1x", 256, 2000.0, 2356.0),
+        ]);
+        r.cr3_write_refill = RefillVisibility::NotVisible {
+            probe_ns_per_page: Some(0.4),
+            threshold_ns_per_page: 2.0,
+        };
+        r.time_unit = "ns".into();
+        r.cells[1].syscall_rate = Some(1e5);
+        r.derive();
+        let t = text(&r);
+        // The figure is computed (JSON keeps it beside the verdict) but the
+        // text names the host instead, in the table and the crossings.
+        assert_eq!(r.cells[1].configs[1].refill_per_page, Some(1.0));
+        let row_1m = |t: &str| {
+            t.lines()
+                .find(|l| l.trim_start().starts_with("1M") && l.contains("500.0k"))
+                .unwrap_or_default()
+                .trim_end()
+                .to_owned()
+        };
+        assert!(row_1m(&t).ends_with("hidden |"), "{t}");
+        assert!(t.contains(RefillVisibility::HIDDEN), "{t}");
+        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        assert_eq!(j["cr3_write_refill"]["verdict"], "not_visible");
+        assert_eq!(j["cr3_write_refill"]["probe_ns_per_page"], 0.4);
+        // Where the refill shows, the figure is printed.
+        r.cr3_write_refill = RefillVisibility::Visible {
+            probe_ns_per_page: Some(8.5),
+        };
+        let t = text(&r);
+        assert!(row_1m(&t).ends_with("1.00 |"), "{t}");
+        assert!(!t.contains(RefillVisibility::HIDDEN), "{t}");
     }
 
     #[test]

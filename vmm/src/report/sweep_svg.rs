@@ -438,7 +438,7 @@ fn refill_bars(r: &SweepReport, body: &mut String, mut y0: f64) -> f64 {
             c.configs
                 .iter()
                 .skip(1)
-                .map(|x| Refill::user(x, &c.configs[0], false))
+                .map(|x| Refill::user(x, &c.configs[0], r.cr3_write_refill.hidden()))
                 .collect()
         })
         .collect();
@@ -455,7 +455,15 @@ fn refill_bars(r: &SweepReport, body: &mut String, mut y0: f64) -> f64 {
     let ticks = nice_ticks(lo, hi, 5);
     let (min, max) = (ticks[0], *ticks.last().unwrap_or(&hi));
     body.push_str(&format!(
-        r#"<text x="20" y="{y0}" font-size="14" font-weight="bold">user-mode refill: TSC cycles per page walked in again after the CR3 switches (derived, guest-timed reads)</text>"#
+        r#"<text x="20" y="{y0}" font-size="14" font-weight="bold">user-mode refill: TSC cycles per page walked in again after the CR3 switches (derived, guest-timed reads){}</text>"#,
+        if r.cr3_write_refill.hidden() {
+            format!(
+                " — {}: these bars are not PTI's",
+                crate::report::sweep::RefillVisibility::HIDDEN
+            )
+        } else {
+            String::new()
+        }
     ));
     y0 += 22.0;
     let plot_h = 170.0;
@@ -636,6 +644,9 @@ mod tests {
             crossings: vec![],
             seconds: 1.0,
             environment: None,
+            cr3_write_refill: crate::report::sweep::RefillVisibility::Unknown {
+                reason: "a unit-test fixture".into(),
+            },
         };
         r.derive();
         r
