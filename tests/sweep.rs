@@ -246,11 +246,14 @@ fn pti_costs_the_4m_working_set_a_refill_per_call() {
 }
 
 /// Below this many cycles per page of direct growth the guest's reads
-/// clearly pay no refill (the hidden host: 0-0.4); above
+/// clearly pay no refill (the hidden host: 0-0.4 typically); above
 /// [`CLEARLY_VISIBLE`] they clearly do (Intel hosts: 5-6). In between the
-/// direct measurement decides nothing and the check skips, saying so.
+/// direct measurement decides nothing and the check skips, saying so: on a
+/// busy 2-core AMD host one side's fewest read cycles was once seen 2.1
+/// cycles per page apart with no refill at all (7618 vs 5460 per call), so
+/// the visible bound sits above that noise and below the Intel figure.
 const CLEARLY_HIDDEN: f64 = 1.0;
-const CLEARLY_VISIBLE: f64 = 2.0;
+const CLEARLY_VISIBLE: f64 = 4.0;
 
 #[test]
 fn the_probes_refill_verdict_agrees_with_the_guests_own_reads() {
