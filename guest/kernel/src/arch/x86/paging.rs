@@ -1,5 +1,6 @@
 //! CR3 writes from Rust code, and the PAE page tables of the kernel and of
 //! processes (built by `guest_core::pae`).
+use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
 use crate::{println, telemetry};
 use core::arch::asm;
@@ -34,51 +35,22 @@ pub fn write_cr3(value: u64, reason: Cr3Reason) {
     telemetry::inc(Counter::TlbFlushFull);
 }
 
-extern "C" {
-    static __entry_start: u8;
-    static __entry_text_end: u8;
-    static __entry_end: u8;
-    static __text_start: u8;
-    static __text_end: u8;
-    static boot_telemetry_page: u8;
-}
-
-fn phys(p: *const u8) -> u64 {
-    p as u64 - KERNEL_BASE
-}
-
 /// Builds the kernel GiB of every address space (see `guest_core::pae`),
 /// maps the telemetry page and switches from the boot tables to a
 /// kernel-only page table.
 pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> KernelHalf {
-    use core::ptr::addr_of;
-    // The boot section is identity mapped: its symbols' values are physical.
-    let boot_telemetry = addr_of!(boot_telemetry_page) as u64;
-    let telemetry = match config.telemetry {
-        Some(gpa) if gpa < direct_map => gpa,
-        Some(gpa) => {
-            println!(
-                "telemetry region {gpa:#x} is beyond the direct map; using a page of the image"
-            );
-            boot_telemetry
-        }
-        None => boot_telemetry,
-    };
+    let (entry_start, entry_text_end, entry_end) = sections::entry_area();
     let nx = super::cpu::has_nx();
     let spec = KernelSpec {
         pti,
-        entry_area: (phys(addr_of!(__entry_start)), phys(addr_of!(__entry_end))),
-        entry_text_end: phys(addr_of!(__entry_text_end)),
-        text: (phys(addr_of!(__text_start)), phys(addr_of!(__text_end))),
+        entry_area: (entry_start, entry_end),
+        entry_text_end,
+        text: sections::kernel_text(),
         global_text: config.pti_global_text,
         nx,
-        telemetry,
+        telemetry: sections::telemetry_page(config, direct_map),
         direct_map: direct_map.max(2 << 20),
-        deferred_text: if pti && config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred {
-            super::pti_deferred::text_range()
-        } else {
-            (0, 0)
-        },
+        deferred_text: sections::deferred_text(config, pti),
     };
     let deferred = spec.deferred_text.1 > spec.deferred_text.0;
     super::sysentry::set_deferred(deferred);

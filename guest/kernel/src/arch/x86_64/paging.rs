@@ -1,5 +1,6 @@
 //! CR3 writes from Rust code: the one counted place besides the entry
 //! macros in entry.rs, which update the same counters.
+use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
 use crate::{println, telemetry};
 use core::arch::asm;
@@ -39,69 +40,19 @@ pub fn write_cr3(value: u64, reason: Cr3Reason) {
     });
 }
 
-/// Physical range of the kernel text (`.text`, page aligned).
-fn kernel_text() -> (u64, u64) {
-    extern "C" {
-        static __text_start: u8;
-        static __text_end: u8;
-    }
-    let phys = |p: *const u8| p as u64 - guest_core::layout::KERNEL_BASE;
-    (
-        phys(core::ptr::addr_of!(__text_start)),
-        phys(core::ptr::addr_of!(__text_end)),
-    )
-}
-
-/// Physical addresses of the entry area: (start, text end, end).
-fn entry_area() -> (u64, u64, u64) {
-    extern "C" {
-        static __entry_start: u8;
-        static __entry_text_end: u8;
-        static __entry_end: u8;
-    }
-    let phys = |p: *const u8| p as u64 - guest_core::layout::KERNEL_BASE;
-    (
-        phys(core::ptr::addr_of!(__entry_start)),
-        phys(core::ptr::addr_of!(__entry_text_end)),
-        phys(core::ptr::addr_of!(__entry_end)),
-    )
-}
-
-fn boot_telemetry_phys() -> u64 {
-    extern "C" {
-        static boot_telemetry_page: u8;
-    }
-    // The boot section is identity mapped: its symbols' values are physical.
-    core::ptr::addr_of!(boot_telemetry_page) as u64
-}
-
 /// Builds the kernel half of every address space, maps the telemetry page
 /// and switches from the boot tables to a kernel-only address space.
 pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> KernelHalf {
-    let (entry_start, entry_text_end, entry_end) = entry_area();
-    let telemetry = match config.telemetry {
-        Some(gpa) if gpa < direct_map => gpa,
-        Some(gpa) => {
-            println!(
-                "telemetry region {gpa:#x} is beyond the direct map; using a page of the image"
-            );
-            boot_telemetry_phys()
-        }
-        None => boot_telemetry_phys(),
-    };
+    let (entry_start, entry_text_end, entry_end) = sections::entry_area();
     let spec = KernelSpec {
         pti,
         entry_area: (entry_start, entry_end),
         entry_text_end,
-        telemetry,
+        telemetry: sections::telemetry_page(config, direct_map),
         direct_map,
-        deferred_text: if pti && config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred {
-            super::pti_deferred::text_range()
-        } else {
-            (0, 0)
-        },
+        deferred_text: sections::deferred_text(config, pti),
     };
-    let text = kernel_text();
+    let text = sections::kernel_text();
     let global_text = (pti && config.pti_global_text).then_some(text);
     let half = match build_kernel_half_global_text(&mut DirectMap, &mut Frames, &spec, global_text)
     {

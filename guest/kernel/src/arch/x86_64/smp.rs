@@ -25,34 +25,9 @@ use guest_core::paging::{map_4k, KERNEL_TABLE_FLAGS};
 use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
 
 global_asm!(
+    crate::arch::x86_shared::smp::ap_trampoline_macros!(),
     r#"
-    .section .rodata.ap_trampoline, "a"
-    .balign 16
-    .global ap_trampoline
-ap_trampoline:
-    .code16
-    /* Real mode, CS = TRAMPOLINE_PHYS >> 4, IP = 0. */
-    cli
-    cld
-    movw %cs, %ax
-    movw %ax, %ds
-    lgdtl (tr_gdt_ptr - ap_trampoline)
-    movl %cr0, %eax
-    orl $1, %eax
-    movl %eax, %cr0
-    ljmpl $0x08, ${tp} + (tr_pm32 - ap_trampoline)
-
-    .code32
-tr_pm32:
-    movl $0x10, %eax
-    movl %eax, %ds
-    movl %eax, %es
-    movl %eax, %ss
-    movl ({tp} + (tr_cr3 - ap_trampoline)), %eax
-    movl %eax, %cr3
-    movl %cr4, %eax
-    orl $0x20, %eax                 /* PAE */
-    movl %eax, %cr4
+    AP_TRAMPOLINE_START {tp}
     movl $0xc0000080, %ecx
     movl ({tp} + (tr_efer - ap_trampoline)), %eax
     xorl %edx, %edx
@@ -69,17 +44,7 @@ tr_long:
     movq ({tp} + (tr_cpu - ap_trampoline)), %rdi
     jmp *%rax
 
-    .balign 8
-tr_gdt:
-    .quad 0
-    .quad 0x00cf9a000000ffff        /* 0x08: 32-bit code */
-    .quad 0x00cf92000000ffff        /* 0x10: data */
-    .quad 0x00af9a000000ffff        /* 0x18: 64-bit code */
-tr_gdt_end:
-    .word 0
-tr_gdt_ptr:
-    .word tr_gdt_end - tr_gdt - 1
-    .long {tp} + (tr_gdt - ap_trampoline)
+    AP_TRAMPOLINE_GDT {tp}, 1
     .balign 8
     /* Handed over by the BSP before each SIPI (ApHandover). */
     .global ap_trampoline_handover
@@ -120,6 +85,8 @@ entry_ipi:
 entry_spurious:
     iretq
     .previous
+    .purgem AP_TRAMPOLINE_START
+    .purgem AP_TRAMPOLINE_GDT
 "#,
     tp = const TRAMPOLINE_PHYS,
     ctr_interrupts = const Counter::Interrupts.offset_in_block(),

@@ -4,6 +4,7 @@ pub mod cpu;
 pub mod entry;
 pub mod exceptions;
 pub mod io;
+pub mod sections;
 pub mod serial;
 pub mod smp;
 pub mod user;

@@ -1,11 +1,78 @@
 //! What both flavours' SMP code shares: the local APIC (xAPIC, MMIO) and
 //! its IPIs, the count of CPUs online, and starting an AP: copying the
 //! trampoline, INIT/SIPI with its retry, the AP's first Rust code. The
-//! trampoline itself (which brings an AP to its flavour's paging mode), its
-//! handover words and the per-CPU set-up stay in each flavour's `smp.rs`.
+//! trampoline's real-mode start and its GDT are GAS macros here
+//! ([`ap_trampoline_macros!`]); the rest of it (which brings an AP to its
+//! flavour's paging mode), its handover words and the per-CPU set-up stay in
+//! each flavour's `smp.rs`.
 use crate::arch::layout::TELEMETRY_VA;
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// The part of the AP trampolines both flavours share, as GAS macros taking
+/// the trampoline's physical address `tp` (Linux: `trampoline_32.S` /
+/// `trampoline_64.S`' common start):
+/// * `AP_TRAMPOLINE_START tp`: the `ap_trampoline` label in
+///   `.rodata.ap_trampoline`; real mode (CS = `tp >> 4`, IP = 0) → `lgdt` of
+///   the trampoline's GDT → 32-bit protected mode at `tr_pm32` → flat data
+///   segments, CR3 = the handover's `tr_cr3`, CR4.PAE; the flavour goes on
+///   from there (EFER, paging, its jump);
+/// * `AP_TRAMPOLINE_GDT tp, long`: the trampoline's GDT (null, 32-bit code
+///   0x08, data 0x10, with `long` = 1 also 64-bit code 0x18) and its
+///   pointer `tr_gdt_ptr`.
+///
+/// The flavour's asm block purges both at its end.
+macro_rules! ap_trampoline_macros {
+    () => {
+        r#"
+    .macro AP_TRAMPOLINE_START tp
+    .section .rodata.ap_trampoline, "a"
+    .balign 16
+    .global ap_trampoline
+ap_trampoline:
+    .code16
+    cli
+    cld
+    movw %cs, %ax
+    movw %ax, %ds
+    lgdtl (tr_gdt_ptr - ap_trampoline)
+    movl %cr0, %eax
+    orl $1, %eax
+    movl %eax, %cr0
+    ljmpl $0x08, $\tp + (tr_pm32 - ap_trampoline)
+
+    .code32
+tr_pm32:
+    movl $0x10, %eax
+    movl %eax, %ds
+    movl %eax, %es
+    movl %eax, %ss
+    movl (\tp + (tr_cr3 - ap_trampoline)), %eax
+    movl %eax, %cr3
+    movl %cr4, %eax
+    orl $0x20, %eax                 /* PAE */
+    movl %eax, %cr4
+    .endm
+
+    .macro AP_TRAMPOLINE_GDT tp, long
+    .balign 8
+tr_gdt:
+    .quad 0
+    .quad 0x00cf9a000000ffff        /* 0x08: 32-bit code */
+    .quad 0x00cf92000000ffff        /* 0x10: data */
+    .if \long
+    .quad 0x00af9a000000ffff        /* 0x18: 64-bit code */
+    .endif
+tr_gdt_end:
+    .word 0
+tr_gdt_ptr:
+    .word tr_gdt_end - tr_gdt - 1
+    .long \tp + (tr_gdt - ap_trampoline)
+    .endm
+"#
+    };
+}
+pub(crate) use ap_trampoline_macros;
 
 /// Physical page of the real-mode trampoline (SIPI vector 0x08).
 pub const TRAMPOLINE_PHYS: u64 = 0x8000;
