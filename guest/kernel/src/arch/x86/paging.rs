@@ -8,11 +8,8 @@ use guest_core::cmdline::Config;
 use guest_core::pae::layout::{cr3_value, KERNEL_BASE};
 use guest_core::pae::{build_kernel_half, build_kernel_only, KernelSpec};
 pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
-use guest_core::paging::PhysMem;
+use guest_core::pte::PhysMem;
 use ptiscope_abi::telemetry::Counter;
-
-/// This flavour's paging mode (the shared address-space code goes through it).
-pub type Mode = guest_core::paging_mode::Pae;
 
 /// Why CR3 is written; each reason has its own counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,9 +80,23 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
     half
 }
 
-pub use crate::arch::x86_shared::address_space::{
-    map_user_stack_page, new_address_space, opt_out_of_pti,
-};
+/// A process's PDPT pair for `user`, the kernel PMD shared; NX where the
+/// CPU has it.
+pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapError> {
+    let nx = super::cpu::has_nx();
+    guest_core::pae::build_address_space(&mut DirectMap, &mut Frames, half, user, nx)
+}
+
+/// `arch_prctl(ARCH_SET_NOPTI, 1)` on the page tables of `pair`.
+pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
+    guest_core::pae::opt_out_of_pti(&mut DirectMap, pair, half)
+}
+
+/// Maps a thread's stack page into the shared address space `pair`.
+pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
+    let nx = super::cpu::has_nx();
+    guest_core::pae::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame, nx)
+}
 
 /// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
 /// user, writable, NX when the CPU has it, with `page`-sized leaves: the
@@ -121,7 +132,7 @@ pub fn map_kernel_range(
     len: u64,
     pti: bool,
 ) -> Result<(), MapError> {
-    use guest_core::paging::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
+    use guest_core::pte::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
     let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
     let global = if pti { 0 } else { GLOBAL };
     guest_core::workingset::map_range_pae_flags(

@@ -17,7 +17,7 @@ pub use crate::arch::x86_shared::smp::*;
 use crate::mm::{DirectMap, Frames};
 use core::arch::{asm, global_asm};
 use core::sync::atomic::Ordering;
-use guest_core::paging::PhysMem;
+use guest_core::pte::PhysMem;
 use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
 
 global_asm!(
@@ -114,7 +114,7 @@ pub fn init_bsp(cpus: usize, kernel_root: u64) {
     if cpus <= 1 {
         return;
     }
-    use guest_core::paging::flags::{NO_CACHE, NO_EXECUTE, PRESENT, WRITABLE, WRITE_THROUGH};
+    use guest_core::pte::flags::{NO_CACHE, NO_EXECUTE, PRESENT, WRITABLE, WRITE_THROUGH};
     let kernel_pmd =
         guest_core::pae::Pte(DirectMap.read(kernel_root, guest_core::pae::KERNEL_PDPT_SLOT)).addr();
     let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };

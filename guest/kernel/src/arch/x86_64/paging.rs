@@ -12,9 +12,6 @@ use guest_core::paging::{
 pub use guest_core::paging::{KernelHalf, MapError, UserSpec};
 use ptiscope_abi::telemetry::Counter;
 
-/// This flavour's paging mode (the shared address-space code goes through it).
-pub type Mode = guest_core::paging_mode::FourLevel;
-
 /// Why CR3 is written; each reason has its own counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cr3Reason {
@@ -97,9 +94,20 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
     half
 }
 
-pub use crate::arch::x86_shared::address_space::{
-    map_user_stack_page, new_address_space, opt_out_of_pti,
-};
+/// A process's PML4 pair for `user`, the kernel half shared.
+pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapError> {
+    guest_core::paging::build_address_space(&mut DirectMap, &mut Frames, half, user)
+}
+
+/// `arch_prctl(ARCH_SET_NOPTI, 1)` on the page tables of `pair`.
+pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
+    guest_core::paging::opt_out_of_pti(&mut DirectMap, pair, half)
+}
+
+/// Maps a thread's stack page into the shared address space `pair`.
+pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
+    guest_core::paging::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame)
+}
 
 /// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
 /// user, writable, NX, with `page`-sized leaves: the working set of `wss=`

@@ -1,5 +1,4 @@
 //! Code shared by the x86_64 and the 32-bit PAE flavour.
-pub mod address_space;
 pub mod cpu;
 pub mod entry;
 pub mod exceptions;
