@@ -52,29 +52,7 @@ global_asm!(
     "#,
     crate::arch::x86_shared::entry::entry_macros!(),
     r#"
-    .section .entry.data, "aw"
-    .balign 4096
-    .global entry_idt
-entry_idt:
-    .fill 256, 8, 0
-    .global entry_gdt
-entry_gdt:
-    .fill 32, 8, 0
-    .balign 16
-    .global entry_tss
-entry_tss:
-    .fill 104, 1, 0
-    .balign 8
-    /* Never set on this flavour (no PCID); the shared task code writes it. */
-    .global entry_pcid_on
-entry_pcid_on:
-    .quad 0
-    .balign 4096
-    .global entry_stack
-entry_stack:
-    .skip 2048
-    .global entry_stack_top
-entry_stack_top:
+    ENTRY_DATA 256, 32
 
     .section .entry.text, "ax"
     .code32

@@ -87,10 +87,7 @@ entry_spurious:
 );
 
 extern "C" {
-    static entry_ipi: u8;
-    static entry_spurious: u8;
     static boot_pdpt: u8;
-    static fault_stack_top: u8;
     fn ap_start32();
 }
 
@@ -131,13 +128,7 @@ pub fn init_bsp(cpus: usize, kernel_root: u64) {
     ) {
         panic!("cannot map the local APIC: {e:?}");
     }
-    let (ipi, spurious) = (
-        core::ptr::addr_of!(entry_ipi) as u64,
-        core::ptr::addr_of!(entry_spurious) as u64,
-    );
-    super::descriptors::set_gate(IPI_VECTOR, ipi, 0, 0);
-    super::descriptors::set_gate(SPURIOUS_VECTOR, spurious, 0, 0);
-    lapic_enable();
+    install_gates_and_enable();
 }
 
 /// Starts CPUs 1..cpus one after the other; returns how many are online.
@@ -174,32 +165,3 @@ pub fn start_aps() -> usize {
 
 const MSR_EFER: u32 = 0xc000_0080;
 const EFER_NXE: u64 = 1 << 11;
-
-/// The rest of an AP's set-up: CR4 as the BSP's, the kernel-only page
-/// tables, its LAPIC; then it is online.
-pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
-    // SAFETY: the same CR4 bits the BSP runs with (PAE, already set by the
-    // trampoline, and PGE).
-    unsafe { super::cpu::write_cr4(cr4) };
-    super::paging::write_cr3(kernel_cr3, super::paging::Cr3Reason::Other);
-    // The trampoline's load of the boot tables happened before FS was set.
-    crate::telemetry::inc(Counter::Cr3Other);
-    crate::telemetry::inc(Counter::TlbFlushFull);
-    lapic_enable();
-    let _ = lapic_read(LAPIC_ID);
-    ONLINE.fetch_add(1, Ordering::AcqRel);
-}
-
-/// The kernel-only page-table root now in CR3 (what APs load).
-pub fn current_cr3() -> u64 {
-    let v: usize;
-    // SAFETY: reading CR3 has no side effects.
-    unsafe { asm!("mov {}, cr3", out(reg) v, options(nostack, nomem, preserves_flags)) };
-    v as u64
-}
-
-/// The boot CPU's per-CPU set-up (see percpu.rs).
-pub fn init_boot_cpu() {
-    let fault = core::ptr::addr_of!(fault_stack_top) as u64;
-    super::percpu::init_cpu(0, super::descriptors::entry_stack_top_of(0), fault);
-}

@@ -154,29 +154,7 @@ macro_rules! entry_asm {
 
 entry_asm!(
     r#"
-    .section .entry.data, "aw"
-    .balign 4096
-    .global entry_idt
-entry_idt:
-    .fill 512, 8, 0
-    .global entry_gdt
-entry_gdt:
-    .fill 10, 8, 0
-    .balign 16
-    .global entry_tss
-entry_tss:
-    .fill 104, 1, 0
-    .balign 8
-    /* 1 while PCID is in use (CR4.PCIDE): entry code sets NOFLUSH. */
-    .global entry_pcid_on
-entry_pcid_on:
-    .quad 0
-    .balign 4096
-    .global entry_stack
-entry_stack:
-    .skip 2048
-    .global entry_stack_top
-entry_stack_top:
+    ENTRY_DATA 512, 10
     .skip 1024
     .global ist_df_top
 ist_df_top:

@@ -95,8 +95,6 @@ entry_spurious:
 );
 
 extern "C" {
-    static entry_ipi: u8;
-    static entry_spurious: u8;
     static boot_pml4: u8;
 }
 
@@ -131,13 +129,7 @@ pub fn init_bsp(cpus: usize, kernel_root: u64) {
     ) {
         panic!("cannot map the local APIC: {e:?}");
     }
-    let (ipi, spurious) = (
-        core::ptr::addr_of!(entry_ipi) as u64,
-        core::ptr::addr_of!(entry_spurious) as u64,
-    );
-    super::descriptors::set_gate(IPI_VECTOR, ipi, 0, 0);
-    super::descriptors::set_gate(SPURIOUS_VECTOR, spurious, 0, 0);
-    lapic_enable();
+    install_gates_and_enable();
 }
 
 /// Starts CPUs 1..cpus one after the other; returns how many are online.
@@ -173,37 +165,4 @@ const EFER_NXE: u64 = 1 << 11;
 
 extern "C" {
     fn ap_start64();
-}
-
-/// The rest of an AP's set-up once the scheduler's state is known: the
-/// kernel page tables, control registers as the BSP's, its LAPIC; then it
-/// is online.
-pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
-    // SAFETY: the same CR4 bits the BSP runs with (PGE, PCIDE only if the
-    // BSP checked the CPU has it); CR3's PCID bits are 0 here.
-    unsafe { cpu::write_cr4(cr4) };
-    super::paging::write_cr3(kernel_cr3, super::paging::Cr3Reason::Other);
-    // The trampoline's load of the boot tables happened before GS was set.
-    crate::telemetry::inc(Counter::Cr3Other);
-    crate::telemetry::inc(Counter::TlbFlushFull);
-    lapic_enable();
-    let _ = lapic_read(LAPIC_ID);
-    ONLINE.fetch_add(1, Ordering::AcqRel);
-}
-
-/// The kernel-only page-table root now in CR3 (what APs load).
-pub fn current_cr3() -> u64 {
-    let v: u64;
-    // SAFETY: reading CR3 has no side effects.
-    unsafe { asm!("mov {}, cr3", out(reg) v, options(nostack, nomem, preserves_flags)) };
-    v
-}
-
-/// The boot CPU's per-CPU set-up (see percpu.rs).
-pub fn init_boot_cpu() {
-    extern "C" {
-        static fault_stack_top: u8;
-    }
-    let fault = core::ptr::addr_of!(fault_stack_top) as u64;
-    super::percpu::init_cpu(0, super::descriptors::entry_stack_top_of(0), fault);
 }

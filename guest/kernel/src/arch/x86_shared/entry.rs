@@ -13,6 +13,9 @@
 //! (`entry_purge!`).
 
 /// The shared entry macros:
+/// * `ENTRY_DATA idt_quads, gdt_quads`: the start of `.entry.data`, CPU 0's
+///   part of the entry area: IDT, GDT, TSS, the PCID flag and the 2 KiB
+///   entry stack (`entry_stack_top`; x86_64 puts its IST stacks after it);
 /// * `SWITCH_TO_KERNEL_CR3_NOPCID scratch` / `SWITCH_TO_USER_CR3_NOPCID
 ///   scratch` (Linux: `SWITCH_TO_KERNEL_CR3`, `SWITCH_TO_USER_CR3_NOSTACK`
 ///   without PCID): the counted, flushing CR3 switches, counters on the
@@ -33,6 +36,33 @@
 macro_rules! entry_macros {
     () => {
         r#"
+    .macro ENTRY_DATA idt_quads, gdt_quads
+    .section .entry.data, "aw"
+    .balign 4096
+    .global entry_idt
+entry_idt:
+    .fill \idt_quads, 8, 0
+    .global entry_gdt
+entry_gdt:
+    .fill \gdt_quads, 8, 0
+    .balign 16
+    .global entry_tss
+entry_tss:
+    .fill 104, 1, 0
+    .balign 8
+    /* 1 while PCID is in use (CR4.PCIDE): entry code sets NOFLUSH. Never
+     * set on x86_32 (no PCID); the shared task code reads it. */
+    .global entry_pcid_on
+entry_pcid_on:
+    .quad 0
+    .balign 4096
+    .global entry_stack
+entry_stack:
+    .skip 2048
+    .global entry_stack_top
+entry_stack_top:
+    .endm
+
     .macro SWITCH_TO_KERNEL_CR3_NOPCID scratch
     mov %cr3, \scratch
     and $~0x1000, \scratch
@@ -115,6 +145,7 @@ pub(crate) use entry_macros;
 macro_rules! entry_purge {
     () => {
         r#"
+    .purgem ENTRY_DATA
     .purgem SWITCH_TO_KERNEL_CR3_NOPCID
     .purgem SWITCH_TO_USER_CR3_NOPCID
     .purgem EXC_NOERR

@@ -3,6 +3,7 @@ pub mod cpu;
 pub mod entry;
 pub mod exceptions;
 pub mod io;
+pub mod percpu;
 pub mod sections;
 pub mod serial;
 pub mod smp;

@@ -8,6 +8,7 @@
 use crate::arch::layout::TELEMETRY_VA;
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use ptiscope_abi::telemetry::Counter;
 
 /// The part of the AP trampolines both flavours share, as GAS macros taking
 /// the trampoline's physical address `tp` (Linux: `trampoline_32.S` /
@@ -275,4 +276,57 @@ extern "C" fn ap_main(n: usize) -> ! {
     );
     descriptors::load_idt();
     crate::task::ap_enter(n)
+}
+
+extern "C" {
+    static entry_ipi: u8;
+    static entry_spurious: u8;
+    static fault_stack_top: u8;
+}
+
+/// Installs the gates of the wake-up IPI and the spurious vector (each
+/// flavour's smp.rs has `entry_ipi` and `entry_spurious`) and enables the
+/// LAPIC of the CPU that calls it (the BSP; APs enable theirs in
+/// [`ap_setup`]).
+pub fn install_gates_and_enable() {
+    let (ipi, spurious) = (
+        core::ptr::addr_of!(entry_ipi) as u64,
+        core::ptr::addr_of!(entry_spurious) as u64,
+    );
+    crate::arch::descriptors::set_gate(IPI_VECTOR, ipi, 0, 0);
+    crate::arch::descriptors::set_gate(SPURIOUS_VECTOR, spurious, 0, 0);
+    lapic_enable();
+}
+
+/// The rest of an AP's set-up once the scheduler's state is known: control
+/// registers as the BSP's (`cr4`), the kernel-only page tables, its LAPIC;
+/// then it is online.
+pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
+    // SAFETY: the same CR4 bits the BSP runs with (x86_64: PGE, PCIDE only
+    // if the BSP checked the CPU has it, and CR3's PCID bits are 0 here;
+    // x86_32: PAE, already set by the trampoline, and PGE).
+    unsafe { crate::arch::cpu::write_cr4(cr4) };
+    crate::arch::paging::write_cr3(kernel_cr3, crate::arch::paging::Cr3Reason::Other);
+    // The trampoline's load of the boot tables happened before the per-CPU
+    // segment (GS / FS) was set.
+    crate::telemetry::inc(Counter::Cr3Other);
+    crate::telemetry::inc(Counter::TlbFlushFull);
+    lapic_enable();
+    let _ = lapic_read(LAPIC_ID);
+    ONLINE.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The kernel-only page-table root now in CR3 (what APs load).
+pub fn current_cr3() -> u64 {
+    let v: usize;
+    // SAFETY: reading CR3 has no side effects.
+    unsafe { asm!("mov {}, cr3", out(reg) v, options(nostack, nomem, preserves_flags)) };
+    v as u64
+}
+
+/// The boot CPU's per-CPU set-up (see percpu.rs): its entry stack and the
+/// static fault stack of entry.rs.
+pub fn init_boot_cpu() {
+    let fault = core::ptr::addr_of!(fault_stack_top) as u64;
+    crate::arch::percpu::init_cpu(0, crate::arch::descriptors::entry_stack_top_of(0), fault);
 }
