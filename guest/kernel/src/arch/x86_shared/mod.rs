@@ -1,4 +1,6 @@
 //! Code shared by the x86_64 and the 32-bit PAE flavour.
+pub mod boot;
+pub mod context;
 pub mod cpu;
 pub mod entry;
 pub mod exceptions;

@@ -483,14 +483,15 @@ pub(crate) use messaging_programs;
 /// `messaging_asm!(phase_end, instances)`: the sched-messaging programs'
 /// asm block: `SYS`, `MSG_PROGRAMS`, the flavour's `PHASE_END kind` macro
 /// (`phase_end`), then `instances` (the flavour's `MSG_PROGRAMS kind, …`
-/// lines, in `.user.text`), with the operands the programs name.
+/// lines, in `.user.text.msg`, which linker.ld places after the
+/// `.user.text` of `user_loop`), with the operands the programs name.
 macro_rules! messaging_asm {
     ($phase_end:expr, $instances:expr $(,)?) => {
         core::arch::global_asm!(
             $crate::arch::x86_shared::user::sys_macro!(),
             $crate::arch::x86_shared::user::messaging_programs!(),
             $phase_end,
-            "    .section .user.text, \"ax\"",
+            "    .section .user.text.msg, \"ax\"",
             $instances,
             "    .purgem MSG_PROGRAMS",
             "    .purgem PHASE_END",
@@ -517,14 +518,14 @@ pub(crate) use messaging_asm;
 
 /// `pound_asm!(instances)`: the poundsyscall programs' asm block: `SYS`,
 /// `USER_POUND`, `USER_POUND_WSS`, then `instances` (the flavour's lines, in
-/// `.user.text`), with the operands the programs name.
+/// `.user.text.pound`, last in `.user`), with the operands the programs name.
 macro_rules! pound_asm {
     ($instances:expr $(,)?) => {
         core::arch::global_asm!(
             $crate::arch::x86_shared::user::sys_macro!(),
             $crate::arch::x86_shared::user::pound_program!(),
             $crate::arch::x86_shared::user::pound_wss_programs!(),
-            "    .section .user.text, \"ax\"",
+            "    .section .user.text.pound, \"ax\"",
             $instances,
             "    .purgem USER_POUND",
             "    .purgem USER_POUND_WSS",
