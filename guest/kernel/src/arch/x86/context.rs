@@ -20,12 +20,7 @@ switch_to:
     options(att_syntax)
 );
 
-extern "C" {
-    /// Saves the current kernel context's ESP at `save` and resumes the one
-    /// whose ESP is `next_rsp` (as left by a previous `switch_to`, or built
-    /// by [`initial_stack`]).
-    pub fn switch_to(save: *mut u64, next_rsp: u64);
-}
+pub use crate::arch::x86_shared::context::switch_to;
 
 /// Initial user registers of a new task (the callee-saved ones, which the
 /// kernel preserves; user programs take their parameters there).

@@ -36,21 +36,6 @@ extern "C" {
     static entry_nmi: u8;
 }
 
-core::arch::global_asm!(
-    r#"
-    /* CPUs 1..7: GDT, TSS and entry stack, one page each (ApArea), like
-     * Linux's per-CPU cpu_entry_area; mapped in the user copy with the rest
-     * of the entry area. */
-    .section .entry.data.cpu_areas, "aw"
-    .balign 4096
-    .global entry_cpu_areas
-entry_cpu_areas:
-    .fill {bytes}, 1, 0
-    .previous
-"#,
-    bytes = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
-);
-
 /// Bytes of an AP's entry stack (TSS.ESP0 and SYSENTER_ESP with PTI).
 const AP_ENTRY_STACK: usize = 4096 - 384;
 

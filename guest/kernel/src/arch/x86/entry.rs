@@ -53,6 +53,7 @@ global_asm!(
     crate::arch::x86_shared::entry::entry_macros!(),
     r#"
     ENTRY_DATA 256, 32
+    ENTRY_CPU_AREAS {cpu_areas}
 
     .section .entry.text, "ax"
     .code32
@@ -233,6 +234,7 @@ task_first_return:
     c_interrupts = const ctr(Counter::Interrupts),
     table_size = const ptiscope_abi::syscall::TABLE_SIZE,
     enosys = const ptiscope_abi::syscall::ENOSYS,
+    cpu_areas = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
     p_kstack = const super::percpu::kernel::KSTACK_TOP,
     p_exit_pti = const super::percpu::kernel::EXIT_PTI,
     p_entry_frame = const super::percpu::kernel::ENTRY_FRAME,

@@ -5,7 +5,7 @@ use crate::mm::{DirectMap, Frames};
 use crate::{println, telemetry};
 use core::arch::asm;
 use guest_core::cmdline::Config;
-use guest_core::pae::layout::{cr3_value, KERNEL_BASE};
+use guest_core::pae::layout::cr3_value;
 use guest_core::pae::{build_kernel_half, build_kernel_only, KernelSpec};
 pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
 use guest_core::pte::PhysMem;

@@ -15,10 +15,9 @@
 //! (LINT0) is masked (see [`lapic_enable`]).
 pub use crate::arch::x86_shared::smp::*;
 use crate::mm::{DirectMap, Frames};
-use core::arch::{asm, global_asm};
-use core::sync::atomic::Ordering;
+use core::arch::global_asm;
 use guest_core::pte::PhysMem;
-use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
+use ptiscope_abi::telemetry::Counter;
 
 global_asm!(
     crate::arch::x86_shared::smp::ap_trampoline_macros!(),
@@ -106,9 +105,7 @@ struct ApHandover {
 /// gates. Call once on the BSP after the kernel page tables are live, when
 /// `cpus > 1` (a one-CPU run touches no LAPIC).
 pub fn init_bsp(cpus: usize, kernel_root: u64) {
-    CPUS.store(cpus.clamp(1, MAX_CPUS), Ordering::Relaxed);
-    ONLINE.store(1, Ordering::Release);
-    if cpus <= 1 {
+    if !set_cpus(cpus) {
         return;
     }
     use guest_core::pte::flags::{NO_CACHE, NO_EXECUTE, PRESENT, WRITABLE, WRITE_THROUGH};

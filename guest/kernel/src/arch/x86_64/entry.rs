@@ -145,6 +145,7 @@ macro_rules! entry_asm {
             pe_rdi = const pe::SCRATCH_RDI,
             table_size = const ptiscope_abi::syscall::TABLE_SIZE,
             enosys = const ptiscope_abi::syscall::ENOSYS,
+            cpu_areas = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
             user_cs = const super::descriptors::USER_CS,
             user_ds = const super::descriptors::USER_DS,
             options(att_syntax)
@@ -164,6 +165,7 @@ ist_nmi_top:
     .skip 512
     .global ist_mc_top
 ist_mc_top:
+    ENTRY_CPU_AREAS {cpu_areas}
 
     .section .entry.text, "ax"
     .code64

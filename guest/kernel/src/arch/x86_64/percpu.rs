@@ -23,10 +23,9 @@
 //! per-CPU accesses (Linux pays two `swapgs` per round trip to rule that
 //! out). See docs/guest.md, "SMP".
 use super::cpu;
-use super::layout::TELEMETRY_VA;
 pub use crate::arch::x86_shared::percpu::*;
 use core::arch::{asm, global_asm};
-use ptiscope_abi::telemetry::{Counter, CPU_BLOCK_OFFSET, CPU_BLOCK_STRIDE, MAX_CPUS};
+use ptiscope_abi::telemetry::{Counter, CPU_BLOCK_STRIDE, MAX_CPUS};
 
 /// Words at the top of the entry stack that hold a task's user frame (the
 /// iret frame of an int entry with PTI); saved and restored per task.

@@ -19,10 +19,9 @@
 use super::cpu;
 pub use crate::arch::x86_shared::smp::*;
 use crate::mm::{DirectMap, Frames};
-use core::arch::{asm, global_asm};
-use core::sync::atomic::Ordering;
+use core::arch::global_asm;
 use guest_core::paging::{map_4k, KERNEL_TABLE_FLAGS};
-use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
+use ptiscope_abi::telemetry::Counter;
 
 global_asm!(
     crate::arch::x86_shared::smp::ap_trampoline_macros!(),
@@ -112,9 +111,7 @@ struct ApHandover {
 /// Call once on the BSP after the kernel page tables are live, when
 /// `cpus > 1` (a one-CPU run touches no LAPIC).
 pub fn init_bsp(cpus: usize, kernel_root: u64) {
-    CPUS.store(cpus.clamp(1, MAX_CPUS), Ordering::Relaxed);
-    ONLINE.store(1, Ordering::Release);
-    if cpus <= 1 {
+    if !set_cpus(cpus) {
         return;
     }
     use guest_core::paging::flags::{NO_CACHE, NO_EXECUTE, WRITABLE, WRITE_THROUGH};

@@ -22,7 +22,6 @@
 //! flavours in arch/x86_shared/user.rs and instantiated here with this
 //! flavour's register names.
 use core::arch::global_asm;
-use guest_core::pipe::message;
 use ptiscope_abi::syscall as nr;
 
 use crate::arch::x86_shared::user::{

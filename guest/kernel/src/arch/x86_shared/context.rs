@@ -26,6 +26,11 @@ macro_rules! switch_stacks_macro {
 pub(crate) use switch_stacks_macro;
 
 extern "C" {
+    /// Saves the current kernel context's stack pointer at `save` and
+    /// resumes the one whose stack pointer is `next_rsp` (as left by a
+    /// previous `switch_to`, or built by the flavour's `initial_stack`).
+    /// Each flavour's context.rs defines it with `SWITCH_STACKS`.
+    pub fn switch_to(save: *mut u64, next_rsp: u64);
     /// Code label in entry.rs; only its address is used.
     static task_first_return: u8;
 }

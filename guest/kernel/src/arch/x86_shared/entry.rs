@@ -16,6 +16,10 @@
 /// * `ENTRY_DATA idt_quads, gdt_quads`: the start of `.entry.data`, CPU 0's
 ///   part of the entry area: IDT, GDT, TSS, the PCID flag and the 2 KiB
 ///   entry stack (`entry_stack_top`; x86_64 puts its IST stacks after it);
+/// * `ENTRY_CPU_AREAS bytes`: CPUs 1..7's parts of the entry area, one page
+///   each (`descriptors::ApArea`: GDT, TSS, entry stack, on x86_64 the IST
+///   stacks), like Linux's per-CPU `cpu_entry_area`; mapped in the user copy
+///   with the rest of the entry area;
 /// * `SWITCH_TO_KERNEL_CR3_NOPCID scratch` / `SWITCH_TO_USER_CR3_NOPCID
 ///   scratch` (Linux: `SWITCH_TO_KERNEL_CR3`, `SWITCH_TO_USER_CR3_NOSTACK`
 ///   without PCID): the counted, flushing CR3 switches, counters on the
@@ -61,6 +65,15 @@ entry_stack:
     .skip 2048
     .global entry_stack_top
 entry_stack_top:
+    .endm
+
+    .macro ENTRY_CPU_AREAS bytes
+    .section .entry.data.cpu_areas, "aw"
+    .balign 4096
+    .global entry_cpu_areas
+entry_cpu_areas:
+    .fill \bytes, 1, 0
+    .previous
     .endm
 
     .macro SWITCH_TO_KERNEL_CR3_NOPCID scratch
@@ -146,6 +159,7 @@ macro_rules! entry_purge {
     () => {
         r#"
     .purgem ENTRY_DATA
+    .purgem ENTRY_CPU_AREAS
     .purgem SWITCH_TO_KERNEL_CR3_NOPCID
     .purgem SWITCH_TO_USER_CR3_NOPCID
     .purgem EXC_NOERR

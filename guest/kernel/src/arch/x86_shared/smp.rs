@@ -284,6 +284,19 @@ extern "C" {
     static fault_stack_top: u8;
 }
 
+/// Records how many CPUs the run has (`cpus=`, at most `MAX_CPUS`) and
+/// that the BSP is online; whether the LAPIC is needed (more than one CPU:
+/// a one-CPU run touches no LAPIC). The first step of each flavour's
+/// `init_bsp`.
+pub fn set_cpus(cpus: usize) -> bool {
+    CPUS.store(
+        cpus.clamp(1, ptiscope_abi::telemetry::MAX_CPUS),
+        Ordering::Relaxed,
+    );
+    ONLINE.store(1, Ordering::Release);
+    cpus > 1
+}
+
 /// Installs the gates of the wake-up IPI and the spurious vector (each
 /// flavour's smp.rs has `entry_ipi` and `entry_spurious`) and enables the
 /// LAPIC of the CPU that calls it (the BSP; APs enable theirs in
