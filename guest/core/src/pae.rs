@@ -378,35 +378,14 @@ pub fn build_address_space<M: PhysMem, F: FrameSource>(
     user: &UserSpec,
     nx: bool,
 ) -> Result<u64, MapError> {
-    use layout::{USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE};
+    use layout::{USER_STACK_TOP, USER_TEXT_BASE};
     let nx = if nx { NO_EXECUTE } else { 0 };
     let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
     let slot = indices(USER_TEXT_BASE)[0];
     let upmd = pmd_of(mem, frames, pair, slot)?;
-    for i in 0..user.text_pages {
-        let off = i * 4096;
-        map_4k_in_pmd(
-            mem,
-            frames,
-            upmd,
-            USER_TEXT_BASE + off,
-            user.text_phys + off,
-            USER,
-            TABLE_FLAGS,
-        )?;
-    }
-    let stack_base = USER_STACK_TOP - USER_STACK_PAGES * 4096;
-    debug_assert_eq!(indices(stack_base)[0], slot);
-    for (i, &f) in user.stack.iter().enumerate() {
-        map_4k_in_pmd(
-            mem,
-            frames,
-            upmd,
-            stack_base + i as u64 * 4096,
-            f,
-            USER | WRITABLE | nx,
-            TABLE_FLAGS,
-        )?;
+    debug_assert_eq!(indices(USER_STACK_TOP - 4096)[0], slot);
+    for (va, phys, flags) in user.leaves(nx) {
+        map_4k_in_pmd(mem, frames, upmd, va, phys, flags, TABLE_FLAGS)?;
     }
     mem.write(pair + 4096, slot, pdpte(upmd));
     mem.write(pair, KERNEL_PDPT_SLOT, pdpte(half.kernel_pmd));

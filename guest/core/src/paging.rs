@@ -12,7 +12,7 @@
 //! kernel copy maps everything; that of the user copy maps only the entry
 //! area with 4 KiB global pages, at the same virtual addresses.
 
-use crate::layout::{KERNEL_BASE, TELEMETRY_VA, USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE};
+use crate::layout::{KERNEL_BASE, TELEMETRY_VA, USER_STACK_TOP, USER_TEXT_BASE};
 
 pub use crate::pte::{
     flags, FrameSource, MapError, PhysMem, Pte, Translation, UserSpec, ADDR_MASK,
@@ -336,30 +336,8 @@ pub fn build_address_space<M: PhysMem, F: FrameSource>(
     user: &UserSpec,
 ) -> Result<u64, MapError> {
     let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
-    for i in 0..user.text_pages {
-        let off = i * 4096;
-        map_4k(
-            mem,
-            frames,
-            pair,
-            USER_TEXT_BASE + off,
-            user.text_phys + off,
-            USER,
-            TABLE_FLAGS,
-        )?;
-    }
-    let stack_base = USER_STACK_TOP - USER_STACK_PAGES * 4096;
-    for (i, &f) in user.stack.iter().enumerate() {
-        let va = stack_base + i as u64 * 4096;
-        map_4k(
-            mem,
-            frames,
-            pair,
-            va,
-            f,
-            USER | WRITABLE | NO_EXECUTE,
-            TABLE_FLAGS,
-        )?;
+    for (va, phys, flags) in user.leaves(NO_EXECUTE) {
+        map_4k(mem, frames, pair, va, phys, flags, TABLE_FLAGS)?;
     }
     let user_slot = mem.read(pair, USER_PML4_SLOT);
     let (kernel_user_slot, user_kernel_slot) = if half.pti {

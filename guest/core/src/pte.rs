@@ -120,3 +120,23 @@ pub struct UserSpec {
     /// Physical frames of this process's stack, lowest first.
     pub stack: [u64; USER_STACK_PAGES as usize],
 }
+
+impl UserSpec {
+    /// The user half's 4 KiB leaves in both paging modes, as (virtual
+    /// address, physical address, leaf flags): the text read-only and
+    /// executable at `USER_TEXT_BASE`, the stack writable below
+    /// `USER_STACK_TOP`, NX if `nx` is set (`flags::NO_EXECUTE`, or 0 where
+    /// a PAE CPU has no NX).
+    pub fn leaves(&self, nx: u64) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        use crate::layout::{USER_STACK_TOP, USER_TEXT_BASE};
+        let text = (0..self.text_pages)
+            .map(move |i| (USER_TEXT_BASE + i * 4096, self.text_phys + i * 4096, USER));
+        let stack_base = USER_STACK_TOP - USER_STACK_PAGES * 4096;
+        let stack = self
+            .stack
+            .iter()
+            .enumerate()
+            .map(move |(i, &f)| (stack_base + i as u64 * 4096, f, USER | WRITABLE | nx));
+        text.chain(stack)
+    }
+}
