@@ -32,6 +32,14 @@ pub fn stop(status: u32) -> ! {
     cpu::halt_forever()
 }
 
+/// A command line the guest cannot run: says why (for people, and as the
+/// `@badcmdline` line the VMM reads) and exits `BAD_CMDLINE`.
+fn bad_cmdline(why: impl core::fmt::Display) -> ! {
+    println!("bad command line: {why}");
+    println!("@badcmdline {why}");
+    stop(exit_status::BAD_CMDLINE)
+}
+
 /// `0x...` or `none`.
 struct Hex(Option<u64>);
 impl core::fmt::Display for Hex {
@@ -58,11 +66,7 @@ extern "C" fn kmain(start_info: usize) -> ! {
     };
     let config = match cmdline::parse(info.cmdline) {
         Ok(c) => c,
-        Err(e) => {
-            println!("bad command line: {e}");
-            println!("@badcmdline {e}");
-            stop(exit_status::BAD_CMDLINE)
-        }
+        Err(e) => bad_cmdline(e),
     };
     // pti=auto: on unless the CPU says it is not Meltdown-vulnerable
     // (ARCH_CAPABILITIES.RDCL_NO, bit 0), as Linux decides.
@@ -134,7 +138,7 @@ extern "C" fn kmain(start_info: usize) -> ! {
     if rdcl_no {
         tflags |= flags::RDCL_NO;
     }
-    if arch::GLOBAL_TEXT && pti && config.pti_global_text {
+    if pti && config.pti_global_text {
         tflags |= flags::PTI_GLOBAL_TEXT;
     }
     telemetry::write_header(tflags, config.entry.abi_code(), config.cpus as u32);
@@ -168,15 +172,10 @@ extern "C" fn kmain(start_info: usize) -> ! {
 fn start_cpus(config: &Config) {
     let cpus = config.cpus as usize;
     if config.fault_cpu >= config.cpus {
-        println!(
-            "bad command line: fault_cpu={} but cpus={}",
+        bad_cmdline(format_args!(
+            "fault_cpu={} is not below cpus={}",
             config.fault_cpu, config.cpus
-        );
-        println!(
-            "@badcmdline fault_cpu={} is not below cpus={}",
-            config.fault_cpu, config.cpus
-        );
-        stop(exit_status::BAD_CMDLINE)
+        ))
     }
     if cpus <= 1 {
         return;
@@ -351,11 +350,7 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
             number = nr::KWSS_CALL;
         }
         Ok(false) => {}
-        Err(e) => {
-            println!("bad command line: {e}");
-            println!("@badcmdline {e}");
-            stop(exit_status::BAD_CMDLINE)
-        }
+        Err(e) => bad_cmdline(e),
     }
     let kread_target = core::ptr::addr_of!(task::SCHED) as u64;
     if config.fault == Some(Fault::Kread) {
@@ -398,11 +393,7 @@ fn setup_working_set(config: &Config, pair: u64) {
             config.touches_per_iteration()
         ),
         Ok(false) => {}
-        Err(e) => {
-            println!("bad command line: {e}");
-            println!("@badcmdline {e}");
-            stop(exit_status::BAD_CMDLINE)
-        }
+        Err(e) => bad_cmdline(e),
     }
 }
 
