@@ -107,6 +107,9 @@ pub struct SweepArgs {
     /// An extra argument for QEMU (`--backend qemu`), repeatable.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin.
+    #[arg(long)]
+    pub no_plugin: bool,
 }
 
 /// A reads-per-iteration spec: passes over the working set, or reads.
@@ -325,6 +328,7 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         arch: args.arch,
         backend: args.backend,
         qemu_arg: args.qemu_arg.clone(),
+        no_plugin: args.no_plugin,
     }
 }
 

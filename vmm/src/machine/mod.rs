@@ -330,6 +330,7 @@ pub fn run(
     let rec: &ConsoleRecorder = &rec;
     let stats = rec.stats();
     Ok(RunOutcome {
+        qemu_plugin: crate::backend::qemu::PluginObservation::Off,
         stop,
         stopped_by,
         vcpus: vcpu_outcomes,

@@ -236,6 +236,9 @@ pub struct RunOutcome {
     pub telemetry_addr: u64,
     /// What became of the console output (dropped bytes, write errors).
     pub outputs: Vec<crate::output::OutputReport>,
+    /// `--backend qemu`: what the TCG plugin counted (in the summary's rows).
+    #[serde(skip)]
+    pub qemu_plugin: crate::backend::qemu::PluginObservation,
 }
 
 impl RunOutcome {

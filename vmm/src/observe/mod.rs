@@ -6,4 +6,5 @@ pub mod kvm_stats;
 pub mod live_metrics;
 pub mod measure;
 pub mod pagetables;
+pub mod qemu_plugin;
 pub mod telemetry;

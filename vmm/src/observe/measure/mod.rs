@@ -257,6 +257,7 @@ impl PhaseObserver for Measurer {
 }
 
 mod guest_result;
+mod plugin_rows;
 mod summary;
 
 pub use guest_result::{rate_name, requested, result_fields, summary_from_result};
