@@ -383,8 +383,8 @@ pub fn run(args: &CompareArgs) -> i32 {
     for d in &dropped {
         println!("  note: metric {d}, left out of the table");
     }
-    if args.backend == Backend::Qemu {
-        println!("  backend qemu: no host-observed figures, so nothing to cross-check");
+    if args.backend == Backend::Qemu && args.no_plugin {
+        println!("  backend qemu --no-plugin: no host-observed figures, so nothing to cross-check");
     } else if disagreements.is_empty() {
         println!("  cross-checks (host-observed vs guest-reported): all agree in every run");
     } else {
@@ -501,12 +501,24 @@ fn headline(t: &CompareTable) {
         ("cycles_per_call", "cycles per call (guest RDTSC)"),
         ("kvm_exits_per_call", "VM exits per call (KVM)"),
         ("cr3_writes_per_call", "CR3 writes per call (guest)"),
+        (
+            "insn_mov_cr3_per_call",
+            "CR3 writes per call (QEMU plugin: MOV CR3 executed)",
+        ),
         ("tlb_flush_per_call", "TLB flushes per call (KVM)"),
         (
             "kernel_instructions_per_call",
             "kernel instructions per call (KVM insn_emulation)",
         ),
     ] {
+        let qemu_kernel = name == "kernel_instructions_per_call"
+            && t.metric(name)
+                .is_some_and(|m| m.metric.source == crate::report::Source::QemuPlugin);
+        let what = if qemu_kernel {
+            "kernel instructions per call (QEMU plugin)"
+        } else {
+            what
+        };
         if let Some((x, y, pct, sig)) = mean(name) {
             let pct = pct.map_or(String::new(), |p| format!(" ({p:+.1} %)"));
             // The verdict of the CI block, with Welch's p where it exists.
