@@ -302,3 +302,73 @@ fn no_plugin_means_no_host_observed_rows() {
     assert!(summary_row(&v, "cr3_writes").is_some(), "{v}");
     assert!(err.contains("--no-plugin"), "{err}");
 }
+
+/// A stand-in `qemu-system-x86_64` in a directory of its own: prints
+/// `version` for `--version` and `help` for `-help`, and fails if it is
+/// ever asked to boot anything.
+fn fake_qemu(name: &str, version: &str, help: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch(name);
+    let script = dir.join("qemu-system-x86_64");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n--version) echo '{version}';;\n-help) printf '%b' '{help}';;\n*) echo booted >&2; exit 3;;\nesac\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+#[test]
+fn an_old_qemu_or_one_without_plugins_is_said_before_booting() {
+    for (name, version, help, says) in [
+        (
+            "fake-old",
+            "QEMU emulator version 5.2.0",
+            "-plugin [file=]<file>\\n",
+            "too old",
+        ),
+        (
+            "fake-noplugin",
+            "QEMU emulator version 7.2.0",
+            "-kernel bzImage\\n",
+            "without TCG plugin support",
+        ),
+    ] {
+        let dir = fake_qemu(name, version, help);
+        let path = format!(
+            "{}:{}",
+            dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let o = ptiscope()
+            .env("PATH", &path)
+            .args(["run", "--backend", "qemu", "--workload", "getpid"])
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(69), "{name}: {err}");
+        assert!(
+            err.contains(says) && err.contains("--no-plugin"),
+            "{name}: {err}"
+        );
+        assert!(!err.contains("booted"), "{name}: QEMU was started: {err}");
+        // --no-plugin goes ahead (and reaches the stand-in, which fails).
+        let o = ptiscope()
+            .env("PATH", &path)
+            .args([
+                "run",
+                "--backend",
+                "qemu",
+                "--workload",
+                "getpid",
+                "--no-plugin",
+            ])
+            .output()
+            .unwrap();
+        assert!(stderr(&o).contains("booted"), "{name}: {}", stderr(&o));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -123,7 +123,9 @@ pub fn qemu_support(binary: &str) -> Result<QemuSupport, QemuError> {
     let help = out("-help")?;
     let s = QemuSupport {
         version: parse_qemu_version(&String::from_utf8_lossy(&version.stdout)),
-        plugins: String::from_utf8_lossy(&help.stdout).contains("\n-plugin"),
+        plugins: String::from_utf8_lossy(&help.stdout)
+            .lines()
+            .any(|l| l.starts_with("-plugin")),
     };
     cache
         .get_or_insert_with(HashMap::new)
@@ -529,4 +531,36 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         telemetry_addr: 0,
         outputs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_versions_and_plugin_api() {
+        assert_eq!(
+            parse_qemu_version("QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)\n"),
+            Some((7, 2, 22))
+        );
+        assert_eq!(
+            parse_qemu_version("QEMU emulator version 10.0.2\n"),
+            Some((10, 0, 2))
+        );
+        assert_eq!(
+            parse_qemu_version("QEMU emulator version 9.1"),
+            Some((9, 1, 0))
+        );
+        assert_eq!(parse_qemu_version("something else"), None);
+        assert_eq!(parse_qemu_version("version x.y"), None);
+        assert_eq!(plugin_api_for((7, 2, 22)), Ok(1));
+        assert_eq!(plugin_api_for((8, 2, 0)), Ok(1));
+        assert_eq!(plugin_api_for((9, 0, 0)), Ok(2));
+        assert_eq!(plugin_api_for((10, 0, 2)), Ok(2));
+        let old = plugin_api_for((5, 2, 0)).unwrap_err();
+        assert!(
+            old.contains("too old") && old.contains("--no-plugin"),
+            "{old}"
+        );
+    }
 }
