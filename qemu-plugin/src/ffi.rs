@@ -101,29 +101,39 @@ fn sym(name: &str) -> Result<*mut c_void, String> {
 }
 
 macro_rules! resolve {
-    ($name:literal) => {{
+    ($name:literal, $t:ty) => {{
         let p = sym($name)?;
         // SAFETY: the symbol is QEMU's function of that name, whose C
-        // signature the field's type spells out.
-        unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+        // signature `$t` spells out.
+        unsafe { std::mem::transmute::<*mut c_void, $t>(p) }
     }};
 }
+
+type TbNInsns = unsafe extern "C" fn(*const Tb) -> usize;
+type TbGetInsn = unsafe extern "C" fn(*const Tb, usize) -> *mut Insn;
+type InsnU64 = unsafe extern "C" fn(*const Insn) -> u64;
+type InsnSize = unsafe extern "C" fn(*const Insn) -> usize;
+type RegTbExec = unsafe extern "C" fn(*mut Tb, VcpuUdataCb, c_int, *mut c_void);
+type RegInsnExec = unsafe extern "C" fn(*mut Insn, VcpuUdataCb, c_int, *mut c_void);
+type RegTbTrans = unsafe extern "C" fn(PluginId, TbTransCb);
+type RegAtexit = unsafe extern "C" fn(PluginId, UdataCb, *mut c_void);
+type Outs = unsafe extern "C" fn(*const c_char);
 
 impl Api {
     /// Looks every function up; `Err` names the first missing one.
     pub fn resolve() -> Result<Api, String> {
         Ok(Api {
-            tb_n_insns: resolve!("qemu_plugin_tb_n_insns"),
-            tb_get_insn: resolve!("qemu_plugin_tb_get_insn"),
-            insn_vaddr: resolve!("qemu_plugin_insn_vaddr"),
-            insn_size: resolve!("qemu_plugin_insn_size"),
+            tb_n_insns: resolve!("qemu_plugin_tb_n_insns", TbNInsns),
+            tb_get_insn: resolve!("qemu_plugin_tb_get_insn", TbGetInsn),
+            insn_vaddr: resolve!("qemu_plugin_insn_vaddr", InsnU64),
+            insn_size: resolve!("qemu_plugin_insn_size", InsnSize),
             insn_data: sym("qemu_plugin_insn_data")?,
             insn_data_copies: false,
-            register_tb_exec: resolve!("qemu_plugin_register_vcpu_tb_exec_cb"),
-            register_insn_exec: resolve!("qemu_plugin_register_vcpu_insn_exec_cb"),
-            register_tb_trans: resolve!("qemu_plugin_register_vcpu_tb_trans_cb"),
-            register_atexit: resolve!("qemu_plugin_register_atexit_cb"),
-            outs: resolve!("qemu_plugin_outs"),
+            register_tb_exec: resolve!("qemu_plugin_register_vcpu_tb_exec_cb", RegTbExec),
+            register_insn_exec: resolve!("qemu_plugin_register_vcpu_insn_exec_cb", RegInsnExec),
+            register_tb_trans: resolve!("qemu_plugin_register_vcpu_tb_trans_cb", RegTbTrans),
+            register_atexit: resolve!("qemu_plugin_register_atexit_cb", RegAtexit),
+            outs: resolve!("qemu_plugin_outs", Outs),
         })
     }
 
@@ -135,7 +145,11 @@ impl Api {
     }
 
     /// The bytes of `insn` (at most `buf.len()`).
-    pub fn insn_bytes<'a>(&self, insn: *mut Insn, buf: &'a mut [u8; 16]) -> &'a [u8] {
+    ///
+    /// # Safety
+    /// `insn` must be an instruction of the block QEMU is translating, in
+    /// its translation callback.
+    pub unsafe fn insn_bytes<'a>(&self, insn: *mut Insn, buf: &'a mut [u8; 16]) -> &'a [u8] {
         // SAFETY: `insn` is an instruction of the block being translated.
         let size = unsafe { (self.insn_size)(insn) }.min(buf.len());
         if self.insn_data_copies {

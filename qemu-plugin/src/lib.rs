@@ -197,7 +197,8 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
         // SAFETY: `insn` belongs to `tb`.
         let pc = unsafe { (api.insn_vaddr)(insn) };
         let kernel_mode = in_kernel(pc);
-        let bytes = api.insn_bytes(insn, &mut buf);
+        // SAFETY: `insn` belongs to `tb`, in its translation callback.
+        let bytes = unsafe { api.insn_bytes(insn, &mut buf) };
         if let Some(kind) = decode::classify(bytes) {
             if let Some(prev) = current.take() {
                 pending.push(prev);

@@ -157,13 +157,16 @@ pub struct Mark {
     pub counts: VcpuCounts,
 }
 
+/// An inclusive guest-virtual address range, `(first, last)`.
+pub type Range = (u64, u64);
+
 /// The parsed file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginReport {
     /// The plugin API version the plugin declared to QEMU.
     pub api: u64,
-    /// The kernel address ranges it used (inclusive).
-    pub kernel: Vec<(u64, u64)>,
+    /// The kernel address ranges it used.
+    pub kernel: Vec<Range>,
     /// The snapshots, in order.
     pub marks: Vec<Mark>,
     /// Snapshots the plugin did not keep (beyond its own bound).
@@ -420,7 +423,7 @@ impl PluginReport {
 /// accesses are `out dx, eax` too: not below 1 MiB, and (i386) not in the
 /// top 16 MiB of the 4 GiB space, where the PC maps the BIOS flash and
 /// SeaBIOS runs its first code.
-pub fn kernel_ranges(elf32: bool, companion: bool) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+pub fn kernel_ranges(elf32: bool, companion: bool) -> (Vec<Range>, Vec<Range>) {
     let high = if elf32 {
         (0xc000_0000, 0xffff_ffff)
     } else {
@@ -446,7 +449,7 @@ pub fn kernel_ranges(elf32: bool, companion: bool) -> (Vec<(u64, u64)>, Vec<(u64
 }
 
 /// `LO-HI[:LO-HI...]` in hex, as the plugin's arguments take them.
-pub fn ranges_arg(ranges: &[(u64, u64)]) -> String {
+pub fn ranges_arg(ranges: &[Range]) -> String {
     ranges
         .iter()
         .map(|(lo, hi)| format!("{lo:#x}-{hi:#x}"))
