@@ -561,6 +561,8 @@ pub fn run(args: &SweepArgs) -> i32 {
                 kvm_pf_taken_per_call: median_rate(rr, "kvm_pf_taken_per_call"),
                 kvm_exits_per_call: median_rate(rr, "kvm_exits_per_call"),
                 cr3_writes_per_call: median_rate(rr, "cr3_writes_per_call"),
+                kernel_instructions_per_call: median_rate(rr, "kernel_instructions_per_call"),
+                insn_mov_cr3_per_call: median_rate(rr, "insn_mov_cr3_per_call"),
                 read_cycles_per_call: median_rate(rr, "read_cycles_per_call"),
                 read_cycles_min: median_rate(rr, "read_cycles_min_per_call"),
                 user_refill_cycles_per_page: None,

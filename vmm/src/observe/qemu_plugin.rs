@@ -575,13 +575,13 @@ mod tests {
             PluginReport::parse(&huge),
             Err(PluginParseError::TooLarge(MAX_FILE_BYTES + 1))
         );
-        // A counter line with an extra counter.
-        let extra = good.replacen(
-            "counts 0 3 0 0 0 0 0 0 0 0 0 0 0",
-            "counts 0 3 0 0 0 0 0 0 0 0 0 0 0 0",
-            1,
-        );
+        // A counter line with an extra counter, or one too few.
+        let extra = good.replacen("\ndropped_marks", " 7\ndropped_marks", 1);
+        assert_ne!(extra, good);
         assert!(PluginReport::parse(extra.as_bytes()).is_err());
+        let fewer = good.replacen(" 0\ndropped_marks", "\ndropped_marks", 1);
+        assert_ne!(fewer, good);
+        assert!(PluginReport::parse(fewer.as_bytes()).is_err());
     }
 
     #[test]
