@@ -24,7 +24,7 @@ use ptiscope_devices::{ConsoleRecorder, ConsoleSink};
 
 use crate::machine::exit::ExitCounts;
 use crate::machine::loader;
-use crate::machine::{RunOutcome, StopReason};
+use crate::machine::{PluginOutput, RunOutcome, StopReason};
 use crate::output::{OpenError, DRAIN_GRACE};
 use crate::preflight::{PreflightError, ResolvedRun, RunConfig, Target};
 
@@ -235,17 +235,6 @@ impl OutFd {
             .read_to_end(&mut buf)?;
         Ok(buf)
     }
-}
-
-/// What the plugin observed in one run.
-#[derive(Debug, Clone)]
-pub enum PluginObservation {
-    /// Not loaded (`--no-plugin`).
-    Off,
-    /// Its file, parsed.
-    Report(crate::observe::qemu_plugin::PluginReport),
-    /// Loaded, but its file is missing or was refused.
-    Failed(String),
 }
 
 /// The image for QEMU, in an anonymous memory file (memfd): QEMU reads
@@ -496,16 +485,13 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         },
     };
     let qemu_plugin = match plugin {
-        None => PluginObservation::Off,
+        None => PluginOutput::Off,
         Some((_, mut f)) => match f.read() {
-            Ok(b) if b.is_empty() => PluginObservation::Failed(
+            Ok(b) if b.is_empty() => PluginOutput::Missing(
                 "the plugin wrote nothing (QEMU did not exit normally: timeout or signal?)".into(),
             ),
-            Ok(b) => match crate::observe::qemu_plugin::PluginReport::parse(&b) {
-                Ok(r) => PluginObservation::Report(r),
-                Err(e) => PluginObservation::Failed(e.to_string()),
-            },
-            Err(e) => PluginObservation::Failed(format!("reading the plugin's file: {e}")),
+            Ok(b) => PluginOutput::File(b),
+            Err(e) => PluginOutput::Missing(format!("reading the plugin's file: {e}")),
         },
     };
     Ok(RunOutcome {

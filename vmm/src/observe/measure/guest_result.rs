@@ -91,10 +91,7 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
     let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
     s.iteration_name = iteration_name.into();
     s.telemetry_checked = false;
-    let plugin_on = !matches!(
-        outcome.qemu_plugin,
-        crate::backend::qemu::PluginObservation::Off
-    );
+    let plugin_on = !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off);
     s.notes.push(if plugin_on {
         "backend qemu (TCG): [guest] figures are the guest's @result line, [qemu-plugin] ones \
          are counted by ptiscope's TCG plugin inside QEMU; times are those of software emulation"

@@ -7,9 +7,8 @@
 //! is the guest's row in the same run, and row names are unique in compare
 //! tables, `--fail-if`, CSV and SVG.
 
-use crate::backend::qemu::PluginObservation;
-use crate::machine::RunOutcome;
-use crate::observe::qemu_plugin::{Counts, PluginCounter, VcpuCounts};
+use crate::machine::{PluginOutput, RunOutcome};
+use crate::observe::qemu_plugin::{Counts, PluginCounter, PluginReport, VcpuCounts};
 use crate::report::{CrossCheck, Metric, RunSummary, Source};
 
 /// Row names of the plugin's counts, with what they add up.
@@ -53,18 +52,26 @@ pub fn add_plugin_rows(
     loop_workload: bool,
 ) {
     let report = match &outcome.qemu_plugin {
-        PluginObservation::Off => {
+        PluginOutput::Off => {
             s.notes.push(
                 "QEMU plugin off (--no-plugin): the host observed nothing of the guest".into(),
             );
             return;
         }
-        PluginObservation::Failed(e) => {
+        PluginOutput::Missing(e) => {
             s.notes
                 .push(format!("QEMU plugin: no host-observed counts: {e}"));
             return;
         }
-        PluginObservation::Report(r) => r,
+        PluginOutput::File(bytes) => match PluginReport::parse(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                s.notes.push(format!(
+                    "QEMU plugin: its file was refused, no host-observed counts: {e}"
+                ));
+                return;
+            }
+        },
     };
     let counts: VcpuCounts = if guest_phased {
         match report.companion_phase() {
