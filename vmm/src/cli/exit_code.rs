@@ -138,7 +138,7 @@ impl ExitCode for QemuError {
     fn exit_code(&self) -> i32 {
         match self {
             QemuError::Preflight(e) => e.exit_code(),
-            QemuError::Spawn { .. } => KVM_UNAVAILABLE,
+            QemuError::Spawn { .. } | QemuError::Plugin(_) => KVM_UNAVAILABLE,
             QemuError::Output(e) => e.exit_code(),
             QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
         }

@@ -272,6 +272,10 @@ pub struct CompareArgs {
     /// TSC count instructions, so cycles per call become instructions per call.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
+    /// `[qemu-plugin]` rows; every figure is then guest-reported).
+    #[arg(long)]
+    pub no_plugin: bool,
 }
 
 /// Options of `ptiscope run`.
@@ -354,6 +358,10 @@ pub struct RunArgs {
     /// TSC count instructions, so cycles per call become instructions per call.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
+    /// `[qemu-plugin]` rows; every figure is then guest-reported).
+    #[arg(long)]
+    pub no_plugin: bool,
 }
 
 /// Guest flavour.
@@ -486,6 +494,7 @@ impl RunArgs {
                 Some("--no-irqchip is a KVM setting: not with --backend qemu")
             }
             Backend::Kvm if !self.qemu_arg.is_empty() => Some("--qemu-arg needs --backend qemu"),
+            Backend::Kvm if self.no_plugin => Some("--no-plugin needs --backend qemu"),
             _ => None,
         }
     }
@@ -530,6 +539,7 @@ impl RunArgs {
             console_input: true,
             handle_signals: true,
             qemu_args: self.qemu_arg.clone(),
+            qemu_plugin: !self.no_plugin,
             irqchip: !self.no_irqchip,
             cpus: self.cpus,
         }

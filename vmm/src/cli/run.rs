@@ -162,8 +162,13 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
     match crate::backend::qemu::run_resolved(resolved) {
         Ok(outcome) => {
             eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
+            let who = if resolved.config.qemu_plugin {
+                "[qemu-plugin] figures are host-observed (ptiscope's TCG plugin), the others guest-reported"
+            } else {
+                "every figure below is guest-reported (--no-plugin)"
+            };
             eprintln!(
-                "  time: run {:.1} ms; entry={}; every figure below is guest-reported",
+                "  time: run {:.1} ms; entry={}; {who}",
                 outcome.run_time.as_secs_f64() * 1e3,
                 outcome.entry.map_or("-", |e| e.name()),
             );

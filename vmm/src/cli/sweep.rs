@@ -128,6 +128,9 @@ pub struct SweepArgs {
     /// An extra argument for QEMU (`--backend qemu`), repeatable.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin.
+    #[arg(long)]
+    pub no_plugin: bool,
 }
 
 /// A reads-per-iteration spec: passes over the working set, or reads.
@@ -353,6 +356,7 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         arch: args.arch,
         backend: args.backend,
         qemu_arg: args.qemu_arg.clone(),
+        no_plugin: args.no_plugin,
     }
 }
 
@@ -621,6 +625,8 @@ pub fn run(args: &SweepArgs) -> i32 {
                 kvm_pf_taken_per_call: median_rate(rr, "kvm_pf_taken_per_call"),
                 kvm_exits_per_call: median_rate(rr, "kvm_exits_per_call"),
                 cr3_writes_per_call: median_rate(rr, "cr3_writes_per_call"),
+                kernel_instructions_per_call: median_rate(rr, "kernel_instructions_per_call"),
+                insn_mov_cr3_per_call: median_rate(rr, "insn_mov_cr3_per_call"),
                 read_cycles_per_call: median_rate(rr, "read_cycles_per_call"),
                 read_cycles_min: median_rate(rr, "read_cycles_min_per_call"),
                 read_cycles_min_spread: half_range(rr, "read_cycles_min_per_call"),

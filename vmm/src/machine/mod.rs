@@ -43,7 +43,7 @@ use crate::machine::exit::ExitCounts;
 use crate::machine::kvm::KvmOpenError;
 use crate::machine::loader::LoadError;
 use crate::machine::memory::{MemoryError, MemoryLayout};
-pub use crate::machine::outcome::{PhaseEvent, RunOutcome, StopReason, VcpuOutcome};
+pub use crate::machine::outcome::{PhaseEvent, PluginOutput, RunOutcome, StopReason, VcpuOutcome};
 use crate::machine::signals::{SignalError, TerminationSignals};
 use crate::machine::stop::StopState;
 use crate::machine::vcpu::{SharedObserver, Vcpu, VcpuEnv};
@@ -309,6 +309,7 @@ pub fn run(
     let rec: &ConsoleRecorder = &rec;
     let stats = rec.stats();
     Ok(RunOutcome {
+        qemu_plugin: PluginOutput::Off,
         stop,
         stopped_by,
         vcpus: vcpu_outcomes,

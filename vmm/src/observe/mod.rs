@@ -9,4 +9,5 @@ pub use crate::machine::kvm_stats;
 pub mod live_metrics;
 pub mod measure;
 pub mod pagetables;
+pub mod qemu_plugin;
 pub mod telemetry;

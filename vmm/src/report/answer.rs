@@ -20,10 +20,11 @@ use super::stats::{self, Verdict};
 
 /// The headline metrics, in the order shown, with their names for people.
 /// The first time metric present is the one shown (one view of one time).
-const HEADLINE: [(&str, &str); 7] = [
+const HEADLINE: [(&str, &str); 8] = [
     ("ns_per_call", "time"),
     ("cycles_per_call", "time"),
     ("cr3_writes_per_call", "CR3 writes"),
+    ("insn_mov_cr3_per_call", "MOV CR3 executed"),
     ("tlb_flush_per_call", "TLB flushes"),
     ("tlb_flushes_full_per_call", "TLB flushes"),
     ("kernel_instructions_per_call", "kernel instructions"),
@@ -168,6 +169,7 @@ fn source_words(s: Source) -> &'static str {
         Source::Vmm => "counted by the VMM",
         Source::HostClock => "host monotonic clock",
         Source::Guest => "guest telemetry page (guest-reported)",
+        Source::QemuPlugin => "QEMU TCG plugin (host-observed instrumentation)",
     }
 }
 

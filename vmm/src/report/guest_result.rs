@@ -91,14 +91,20 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
     let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
     s.iteration_name = iteration_name.into();
     s.telemetry_checked = false;
-    s.notes.push(
+    let plugin_on = !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off);
+    s.notes.push(if plugin_on {
+        "backend qemu (TCG): [guest] figures are the guest's @result line, [qemu-plugin] ones \
+         are counted by ptiscope's TCG plugin inside QEMU; times are those of software emulation"
+            .into()
+    } else {
         "backend qemu (TCG): the host observes nothing of the guest; every figure is guest-reported \
          (its @result line), and times are those of software emulation"
-            .into(),
-    );
+            .into()
+    });
     if !phased {
         s.notes
             .push("the guest printed no @result line: nothing was measured".into());
+        super::plugin_rows::add_plugin_rows(&mut s, outcome, false, None, None, false);
         return s;
     }
     s.notes.push(match asked {
@@ -124,6 +130,16 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
             s.push(Metric::new(counter.name(), "count", Source::Guest), v);
         }
     }
+    let loop_workload =
+        iteration_name == "call" && asked.is_some_and(|(w, _)| w != Workload::Poundsyscall);
+    super::plugin_rows::add_plugin_rows(
+        &mut s,
+        outcome,
+        true,
+        num("cr3_writes"),
+        num("syscalls"),
+        loop_workload,
+    );
     s
 }
 

@@ -56,6 +56,12 @@ pub struct CellConfig {
     pub kvm_exits_per_call: Option<f64>,
     /// Guest-reported CR3 writes per call (median).
     pub cr3_writes_per_call: Option<f64>,
+    /// Host-observed kernel instructions per call (median): KVM's
+    /// `insn_emulation` or, under QEMU, the TCG plugin's count.
+    pub kernel_instructions_per_call: Option<f64>,
+    /// MOV-to-CR3 executions per call the QEMU plugin saw (median; `None`
+    /// on KVM and with `--no-plugin`).
+    pub insn_mov_cr3_per_call: Option<f64>,
     /// Guest TSC cycles per call spent in the user loop's reads of the
     /// working set (median over runs of each run's mean); `None` at wss=0.
     pub read_cycles_per_call: Option<f64>,
@@ -780,13 +786,13 @@ pub fn json(r: &SweepReport) -> String {
 /// One line per (cell, configuration).
 pub fn csv(r: &SweepReport) -> String {
     let mut s = String::from(
-        "wss,touches_spec,touches,pages,syscall_rate,config,median,unit,delta,overhead_pct,refill_per_page,tlb_flush_per_call,kvm_pf_taken_per_call,kvm_exits_per_call,cr3_writes_per_call,read_cycles_per_call,read_cycles_min,user_refill_cycles_per_page,runs,mean,ci95_half_width,welch_p,significant\n",
+        "wss,touches_spec,touches,pages,syscall_rate,config,median,unit,delta,overhead_pct,refill_per_page,tlb_flush_per_call,kvm_pf_taken_per_call,kvm_exits_per_call,cr3_writes_per_call,read_cycles_per_call,read_cycles_min,user_refill_cycles_per_page,runs,mean,ci95_half_width,welch_p,significant,kernel_instructions_per_call,insn_mov_cr3_per_call\n",
     );
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     for cell in &r.cells {
         for c in &cell.configs {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 cell.wss,
                 csv_field(&cell.touches_spec),
                 cell.touches,
@@ -810,6 +816,8 @@ pub fn csv(r: &SweepReport) -> String {
                 f(c.mean_ci95.map(|m| m.half_width)),
                 f(c.welch_p),
                 c.significant.map_or(String::new(), |b| b.to_string()),
+                f(c.kernel_instructions_per_call),
+                f(c.insn_mov_cr3_per_call),
             ));
         }
     }
@@ -834,6 +842,8 @@ mod tests {
             kvm_pf_taken_per_call: None,
             kvm_exits_per_call: None,
             cr3_writes_per_call: None,
+            kernel_instructions_per_call: None,
+            insn_mov_cr3_per_call: None,
             read_cycles_per_call: None,
             read_cycles_min: Some(median),
             read_cycles_min_spread: None,

@@ -567,6 +567,8 @@ mod tests {
             kvm_pf_taken_per_call: Some(0.0),
             kvm_exits_per_call: Some(2.0),
             cr3_writes_per_call: Some(2.0),
+            kernel_instructions_per_call: None,
+            insn_mov_cr3_per_call: None,
             read_cycles_per_call: Some(reads),
             read_cycles_min: Some(reads),
             read_cycles_min_spread: Some(reads * 0.01),

@@ -32,6 +32,9 @@ pub struct RunConfig {
     pub handle_signals: bool,
     /// Extra arguments for QEMU (`--backend qemu` only), e.g. `-icount shift=0`.
     pub qemu_args: Vec<String>,
+    /// `--backend qemu`: load ptiscope's TCG plugin (host-observed counts;
+    /// `--no-plugin` turns it off).
+    pub qemu_plugin: bool,
     /// Create KVM's in-kernel irqchip (PIC, IOAPIC, LAPIC). A one-vCPU
     /// ptiscope guest runs with interrupts off and needs none of it (more
     /// vCPUs need the LAPIC for INIT/SIPI and wake-up IPIs); without it a HLT
@@ -57,6 +60,7 @@ impl RunConfig {
             console_input: false,
             handle_signals: false,
             qemu_args: Vec::new(),
+            qemu_plugin: true,
             irqchip: true,
             cpus: 1,
         }

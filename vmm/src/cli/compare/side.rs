@@ -114,6 +114,7 @@ pub fn parse_side(
     c.guest.workload = Some(args.workload);
     c.guest.iterations = Some(args.iterations);
     c.qemu_args = args.qemu_arg.clone();
+    c.qemu_plugin = !args.no_plugin;
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let Some((k, v)) = word.split_once('=') else {
             return Err(SideError::NotKeyValue {
