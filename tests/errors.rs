@@ -117,8 +117,19 @@ fn unknown_workloads_and_repeated_keys_are_refused_before_boot() {
         ),
         (
             &["--cmdline", "telemetry=0x1000"][..],
-            "telemetry= is always the VMM's",
+            "`telemetry=` in --cmdline: the VMM owns it",
         ),
+        // The guest would wait for CPUs the VMM never created (it made
+        // one): the VMM's keys are refused in --cmdline, naming the option.
+        (
+            &["--cmdline", "cpus=2 threads=2", "--workload", "poundsyscall"][..],
+            "`cpus=` in --cmdline: the VMM owns it (the guest starts the CPUs the VMM created); give --cpus N instead",
+        ),
+        (
+            &["--cpus", "2", "--cmdline", "cpus=1"][..],
+            "give --cpus N instead",
+        ),
+        (&["--cmdline", "rdcl_no=1"][..], "--cpu-vuln"),
         (
             &["--cmdline", "workload=bogus"][..],
             "expected one of none|getpid",
