@@ -70,6 +70,7 @@ impl ExitCode for PreflightError {
             PreflightError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
             PreflightError::Memory(_) | PreflightError::Cmdline(_) => USAGE,
             PreflightError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            PreflightError::Load(LoadError::Interrupted(signal)) => 128 + signal,
             PreflightError::Load(LoadError::Scratch(..)) => INTERNAL,
             PreflightError::Load(_) => BAD_IMAGE,
         }
@@ -89,6 +90,7 @@ impl ExitCode for RunError {
             RunError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
             RunError::Memory(_) => USAGE,
             RunError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            RunError::Load(LoadError::Interrupted(signal)) => 128 + signal,
             RunError::Load(LoadError::Scratch(..)) => INTERNAL,
             RunError::Load(_) => BAD_IMAGE,
             RunError::Output(e) => e.exit_code(),

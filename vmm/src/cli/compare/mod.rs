@@ -56,11 +56,11 @@ pub fn run(args: &CompareArgs) -> i32 {
         return exit_code::USAGE;
     }
     let earlier = match &args.against {
-        Some(p) => match read_earlier(p) {
+        Some(p) => match read_earlier(p, args.timeout.min(crate::input::READ_TIME_LIMIT)) {
             Ok(t) => Some(t),
-            Err(msg) => {
+            Err((code, msg)) => {
                 eprintln!("ptiscope compare: --against {}: {msg}", p.display());
-                return exit_code::USAGE;
+                return code;
             }
         },
         None => None,
