@@ -85,6 +85,16 @@ pub enum OpenError {
         /// Seconds waited.
         waited_s: f64,
     },
+    /// Two outputs were given the same file.
+    #[error("{first} and {second} are the same file ({path}); give each output its own file")]
+    SamePath {
+        /// The first option.
+        first: &'static str,
+        /// The second option.
+        second: &'static str,
+        /// The path.
+        path: PathBuf,
+    },
     /// A termination signal arrived while waiting for a FIFO's reader.
     #[error("{} while waiting for a reader of {what} {path}", signals::describe(*signal))]
     Interrupted {
@@ -98,11 +108,25 @@ pub enum OpenError {
 }
 
 /// An opened output file (regular file, FIFO or device), non-blocking.
+/// A document opened with [`open_document`] on a regular file (or a path
+/// that does not exist yet) is written to a temporary file beside it,
+/// renamed into place once complete, removed if never completed.
 #[derive(Debug)]
 pub struct OutputFile {
     file: File,
     path: PathBuf,
     what: &'static str,
+    /// The temporary file being written, until it is renamed to `path`.
+    temp: Mutex<Option<PathBuf>>,
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        let temp = self.temp.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = temp.take() {
+            let _ = std::fs::remove_file(t);
+        }
+    }
 }
 
 /// Opens each output that was given (`(option, path)` pairs, `None` for an
@@ -112,13 +136,97 @@ pub fn open_outputs<const N: usize>(
     outputs: [(&'static str, Option<&Path>); N],
     wait: Duration,
 ) -> Result<[Option<OutputFile>; N], OpenError> {
+    check_distinct(&outputs)?;
     let mut files: [Option<OutputFile>; N] = std::array::from_fn(|_| None);
     for (slot, (what, path)) in files.iter_mut().zip(outputs) {
         if let Some(p) = path {
-            *slot = Some(open_output(what, p, wait)?);
+            *slot = Some(open_document(what, p, wait)?);
         }
     }
     Ok(files)
+}
+
+/// What identifies an output's target: the file's device and inode if it
+/// exists, else its absolute path.
+fn identity(path: &Path) -> Result<(u64, u64), PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) => Ok((m.dev(), m.ino())),
+        Err(_) => Err(std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())),
+    }
+}
+
+/// Refuses two outputs given the same file (they would interleave or
+/// overwrite each other: `--json r --csv r` left neither readable).
+/// `/dev/null` may take any number.
+pub fn check_distinct(outputs: &[(&'static str, Option<&Path>)]) -> Result<(), OpenError> {
+    let given: Vec<(&'static str, &Path)> = outputs
+        .iter()
+        .filter_map(|(w, p)| p.map(|p| (*w, p)))
+        .filter(|(_, p)| *p != Path::new("/dev/null"))
+        .collect();
+    for (i, (first, a)) in given.iter().enumerate() {
+        for (second, b) in &given[i + 1..] {
+            if identity(a) == identity(b) {
+                return Err(OpenError::SamePath {
+                    first,
+                    second,
+                    path: b.to_path_buf(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens a finished document's output (`--json`, `--csv`, `--svg`): a FIFO
+/// or device is opened as [`open_output`] does; a regular file, or a path
+/// that does not exist yet, gets a temporary file beside it (same
+/// directory, so the rename is atomic) which [`OutputFile::write_document`]
+/// renames into place: an earlier result at `path` survives a run that
+/// fails, is interrupted, or never writes.
+pub fn open_document(
+    what: &'static str,
+    path: &Path,
+    wait: Duration,
+) -> Result<OutputFile, OpenError> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return open_output(what, path, wait),
+        _ => {}
+    }
+    let open_err = |source| OpenError::Open {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path.file_name().ok_or_else(|| {
+        open_err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a file name",
+        ))
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let temp = dir.join(format!(
+        ".{}.ptiscope-{}-{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .map_err(open_err)?;
+    Ok(OutputFile {
+        file,
+        path: path.to_path_buf(),
+        what,
+        temp: Mutex::new(Some(temp)),
+    })
 }
 
 /// Opens `path` for writing (created or truncated) as the output `what`
@@ -146,6 +254,7 @@ pub fn open_output(
                     file,
                     path: path.to_path_buf(),
                     what,
+                    temp: Mutex::new(None),
                 })
             }
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
@@ -193,10 +302,12 @@ impl OutputFile {
         write_all_until(self.file.as_fd(), buf, || Instant::now() >= deadline)
     }
 
-    /// Writes a finished document, giving the reader [`DOCUMENT_GRACE`];
-    /// the message names the option and the path.
+    /// Writes a finished document, giving the reader [`DOCUMENT_GRACE`],
+    /// and renames it into place if it was written to a temporary file; the
+    /// message names the option and the path.
     pub fn write_document(&self, text: &str) -> Result<(), String> {
         self.write_all_by(text.as_bytes(), Instant::now() + DOCUMENT_GRACE)
+            .and_then(|()| self.commit())
             .map_err(|e| {
                 let why = if e.kind() == io::ErrorKind::TimedOut {
                     format!(
@@ -208,6 +319,17 @@ impl OutputFile {
                 };
                 format!("cannot write {} {}: {why}", self.what, self.path.display())
             })
+    }
+
+    /// Renames the temporary file (if any) to the target: the document is
+    /// complete. Later writes go to the same (now renamed) file.
+    fn commit(&self) -> io::Result<()> {
+        let mut temp = self.temp.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = temp.as_ref() {
+            std::fs::rename(t, &self.path)?;
+            *temp = None;
+        }
+        Ok(())
     }
 
     /// A second descriptor for the same open file (for a writer thread).

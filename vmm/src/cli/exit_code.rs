@@ -100,11 +100,12 @@ impl ExitCode for RunError {
 }
 
 impl ExitCode for OpenError {
-    /// 73 (cannot create an output), or 128 + the signal that interrupted
-    /// the wait for a FIFO's reader.
+    /// 73 (cannot create an output), 64 for two outputs given one file, or
+    /// 128 + the signal that interrupted the wait for a FIFO's reader.
     fn exit_code(&self) -> i32 {
         match self {
             OpenError::Interrupted { signal, .. } => 128 + signal,
+            OpenError::SamePath { .. } => USAGE,
             _ => CANT_CREATE,
         }
     }

@@ -98,6 +98,17 @@ const WORKING_SET_HEADROOM: u64 = 8 << 20;
 /// Settles `config` for `target`. Bad input is reported before KVM is
 /// touched, so that it reads the same on hosts without KVM.
 pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, PreflightError> {
+    preflight_with_image(config, target, None)
+}
+
+/// [`preflight`] with the image already read (`Some`: an earlier
+/// [`ResolvedRun::image`] of the same `config.kernel`, shared instead of
+/// read and copied again; `sweep` settles every cell of a configuration so).
+pub fn preflight_with_image(
+    config: &RunConfig,
+    target: Target,
+    image: Option<Arc<[u8]>>,
+) -> Result<ResolvedRun, PreflightError> {
     let layout = MemoryLayout::new(config.mem_mib)?;
     let asked = config.guest.absorb_extra()?;
     // The guest's own image, page tables and stacks take a few MiB; the
@@ -159,7 +170,10 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
     }
     cmdline::build(&guest, layout.telemetry_addr())?;
 
-    let image: Arc<[u8]> = loader::read_image(&config.kernel)?.into();
+    let image: Arc<[u8]> = match image {
+        Some(shared) => shared,
+        None => loader::read_image(&config.kernel)?.into(),
+    };
     let image_name = config.kernel.describe();
     loader::check_image(&image, &image_name, &layout)?;
     let elf32 = loader::is_elf32(&image);
