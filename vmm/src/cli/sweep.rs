@@ -17,6 +17,7 @@ use clap::Args;
 
 use crate::cli::compare::{parse_side, rates, run_measured};
 use crate::cli::exit_code::{self, ExitCode};
+use crate::cli::partial::{csv_with_banner, svg_with_banner};
 use crate::cli::{abi_option, parse_cpus, parse_mem, parse_timeout, Arch, Backend, CompareArgs};
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::machine::signals;
@@ -659,13 +660,14 @@ pub fn run(args: &SweepArgs) -> i32 {
         &json_file,
         partial_json(rs::json(&report), partial.as_ref()),
     );
+    let banner = partial.as_ref().map(Partial::banner);
     write(
         &csv_file,
-        partial_text(rs::csv(&report), partial.as_ref(), "# "),
+        csv_with_banner(rs::csv(&report), banner.as_deref()),
     );
     write(
         &svg_file,
-        partial_svg(crate::report::sweep_svg::svg(&report), partial.as_ref()),
+        svg_with_banner(crate::report::sweep_svg::svg(&report), banner.as_deref()),
     );
     code
 }
@@ -768,24 +770,6 @@ fn partial_json(doc: String, partial: Option<&Partial>) -> String {
             serde_json::to_string_pretty(&m).unwrap_or(doc)
         }
         _ => doc,
-    }
-}
-
-/// A text output with the partial banner as its first line (a comment).
-fn partial_text(doc: String, partial: Option<&Partial>, comment: &str) -> String {
-    match partial {
-        Some(p) => format!("{comment}{}\n{doc}", p.banner()),
-        None => doc,
-    }
-}
-
-/// The SVG with the partial banner as an XML comment after its first tag.
-fn partial_svg(doc: String, partial: Option<&Partial>) -> String {
-    let Some(p) = partial else { return doc };
-    let note = format!("<!-- {} -->", p.banner().replace("--", "- -"));
-    match doc.find('>') {
-        Some(i) => format!("{}\n{note}{}", &doc[..=i], &doc[i + 1..]),
-        None => doc,
     }
 }
 
