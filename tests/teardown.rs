@@ -176,3 +176,80 @@ fn a_timeout_with_a_stalled_metrics_reader_is_a_timeout() {
         serde_json::from_str(&doc).unwrap_or_else(|e| panic!("{e}: {doc:?}"));
     assert_eq!(v["schema"], "ptiscope.run/1");
 }
+
+/// An OpenMetrics stream to a slow reader ends on a complete block (its
+/// `# EOF`), and the summary's "written" count is exactly what the reader
+/// received (it was one torn 8 KiB block off).
+#[test]
+fn a_slow_reader_gets_whole_blocks_and_the_exact_count() {
+    if !kvm_or_skip("a_slow_reader_gets_whole_blocks_and_the_exact_count") {
+        return;
+    }
+    let dir = scratch("teardown-slow-reader");
+    let fifo = dir.join("metrics.fifo");
+    mkfifo(&fifo);
+    let reader_path = fifo.clone();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        // Blocks until ptiscope opens its end; then 4 KiB every 20 ms.
+        let mut f = std::fs::File::open(&reader_path).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        got
+    });
+    let out = ptiscope()
+        .args([
+            "run",
+            "--cpus",
+            "2",
+            "--workload",
+            "getpid",
+            "--iterations",
+            "20000",
+        ])
+        .args(["--metrics-interval", "1", "--metrics-format", "openmetrics"])
+        .arg("--metrics-out")
+        .arg(&fifo)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let got = reader.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let text = String::from_utf8(got).expect("UTF-8 stream");
+    assert!(
+        text.ends_with("# EOF\n"),
+        "torn tail: {:?}",
+        &text[text.len().saturating_sub(200)..]
+    );
+    for block in text.split_terminator("# EOF\n") {
+        assert!(
+            block.starts_with("# "),
+            "a block that does not start a family: {:?}",
+            &block[..block.len().min(200)]
+        );
+    }
+    // The summary names what was written when lines were dropped; if none
+    // were, everything was written.
+    let line = err
+        .lines()
+        .find(|l| l.contains("--metrics-out") && l.contains("written"));
+    if let Some(line) = line {
+        let written: u64 = line
+            .split('(')
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no written count in {line:?}"));
+        assert_eq!(written, text.len() as u64, "{line}");
+    }
+}
