@@ -95,6 +95,33 @@ fn native_entry(elf32: bool) -> Entry {
 /// stacks, the reserved low memory).
 const WORKING_SET_HEADROOM: u64 = 8 << 20;
 
+/// What to do about a working set that does not fit `config.mem_mib`:
+/// raise `--mem` as far as the image allows (1024 MiB; 768 for a 32-bit
+/// guest, known before the image is read for the embedded one), unless
+/// even that is too small.
+fn working_set_advice(config: &RunConfig, image: Option<&[u8]>, wss: u64) -> String {
+    let elf32 = match (&config.kernel, image) {
+        (_, Some(i)) => Some(loader::is_elf32(i)),
+        (loader::KernelSource::Embedded(b), None) => Some(loader::is_elf32(b)),
+        _ => None,
+    };
+    let max = match elf32 {
+        Some(true) => loader::ELF32_MAX_MEM_MIB,
+        _ => crate::machine::memory::MAX_MEM_MIB,
+    };
+    let needed = (wss + WORKING_SET_HEADROOM).div_ceil(1 << 20);
+    match elf32 {
+        _ if needed <= max => {
+            format!("raise --mem (to {needed} or more, up to {max}) or lower wss=/kwss=")
+        }
+        Some(true) => format!("lower wss=/kwss=: a 32-bit guest has at most {max} MiB"),
+        _ => format!(
+            "lower wss=/kwss=: a guest has at most {max} MiB (a 32-bit one {})",
+            loader::ELF32_MAX_MEM_MIB
+        ),
+    }
+}
+
 /// Settles `config` for `target`. Bad input is reported before KVM is
 /// touched, so that it reads the same on hosts without KVM.
 pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, PreflightError> {
@@ -126,10 +153,11 @@ pub fn preflight_with_image(
                 .map_or_else(|| wss.to_string(), str::to_owned),
             why: format!(
                 "{} MiB of working set (wss= and kwss=) do not fit a guest of {} MiB with the \
-                 kernel's own {} MiB: raise --mem (up to 1024) or lower wss=/kwss=",
+                 kernel's own {} MiB: {}",
                 wss.div_ceil(1 << 20),
                 config.mem_mib,
-                WORKING_SET_HEADROOM >> 20
+                WORKING_SET_HEADROOM >> 20,
+                working_set_advice(config, image.as_deref(), wss)
             ),
         }
         .into());
