@@ -123,8 +123,8 @@ pub fn read_regular(
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(io_err)?;
-    let kind = file.metadata().map_err(io_err)?.file_type();
-    if let Some(kind) = not_regular(kind) {
+    let meta = file.metadata().map_err(io_err)?;
+    if let Some(kind) = not_regular(meta.file_type()) {
         return Err(InputError::NotRegular {
             what,
             path: path.to_path_buf(),
@@ -132,7 +132,9 @@ pub fn read_regular(
         });
     }
     let deadline = Instant::now() + time_limit;
-    let mut bytes = Vec::new();
+    // The metadata's size is a hint only (procfs says 0; a file may grow):
+    // it saves the doubling copies, the cap still counts bytes read.
+    let mut bytes = Vec::with_capacity(meta.len().min(max_bytes) as usize);
     let mut chunk = vec![0u8; STEP];
     loop {
         if let Some(signal) = signals::wait_termination(Duration::ZERO) {

@@ -441,7 +441,7 @@ pub fn run(args: &SweepArgs) -> i32 {
     }
     let mut prep = Preparer {
         sides,
-        images: vec![None; labels.len()],
+        image: None,
         workload: args.workload,
         cpus: args.cpus,
         target: args.backend.target(),
@@ -580,10 +580,15 @@ pub fn run(args: &SweepArgs) -> i32 {
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
             &format!("{:?}", args.backend).to_lowercase(),
-            crate::cli::compare::guest_image(&match &args.kernel {
-                Some(p) => crate::machine::loader::KernelSource::Path(p.clone()),
-                None => crate::machine::loader::KernelSource::Embedded(args.arch.embedded_image()),
-            }),
+            crate::cli::compare::guest_image_of(
+                &match &args.kernel {
+                    Some(p) => crate::machine::loader::KernelSource::Path(p.clone()),
+                    None => {
+                        crate::machine::loader::KernelSource::Embedded(args.arch.embedded_image())
+                    }
+                },
+                prep.image.as_deref(),
+            ),
             [("configs".to_owned(), labels.clone())].into(),
         )),
     };
@@ -674,11 +679,13 @@ pub fn run(args: &SweepArgs) -> i32 {
 
 /// Settles one (cell, configuration) run when it is needed: the
 /// configuration's options plus the cell's guest words, through preflight,
-/// with the configuration's image read once and shared (`Arc`) by every
+/// with the image read once and shared (`Arc`) by every configuration,
 /// cell and run.
 struct Preparer {
     sides: Vec<crate::cli::compare::SideSpec>,
-    images: Vec<Option<std::sync::Arc<[u8]>>>,
+    /// The image, read by the first run settled: every configuration boots
+    /// the same `--kernel` (or embedded guest).
+    image: Option<std::sync::Arc<[u8]>>,
     workload: Workload,
     cpus: u32,
     target: crate::preflight::Target,
@@ -698,9 +705,9 @@ impl Preparer {
                 .trim()
                 .to_string();
         }
-        let resolved = preflight_with_image(&config, self.target, self.images[k].clone())?;
-        if self.images[k].is_none() {
-            self.images[k] = Some(resolved.image.clone());
+        let resolved = preflight_with_image(&config, self.target, self.image.clone())?;
+        if self.image.is_none() {
+            self.image = Some(resolved.image.clone());
         }
         Ok(resolved)
     }
