@@ -60,7 +60,7 @@ fn run_with(
             fifo.clone()
         }
     };
-    let mut child = ptiscope()
+    let child = ptiscope()
         .args([
             "run",
             "--cpus",

@@ -599,7 +599,6 @@ pub fn write_boot_params(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
 
     /// A minimal ELF64 image: one PT_LOAD at `paddr`, optionally a PVH note.
     pub(crate) fn tiny_elf(paddr: u64, entry: u32, pvh: bool) -> Vec<u8> {
