@@ -30,6 +30,16 @@ fn mkfifo(path: &Path) {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
 }
 
+/// Whether process `pid` has `path` open.
+fn holds_open(pid: u32, path: &Path) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+        })
+        .unwrap_or(false)
+}
+
 /// Runs `getpid` with live metrics into `sink`; returns the exit code,
 /// stderr and the `--json` document's text.
 fn run_with(
@@ -82,9 +92,12 @@ fn run_with(
         .spawn()
         .unwrap();
     if let Sink::ClosedFifo = sink {
-        // ptiscope opens its outputs before it boots; give it a moment, then
-        // the reader goes away (its next writes fail with EPIPE).
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Once ptiscope has opened its end (before it boots), the reader
+        // goes away: its next writes fail with EPIPE.
+        let start = std::time::Instant::now();
+        while !holds_open(child.id(), &fifo) && start.elapsed().as_secs() < 20 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         drop(reader.take());
     }
     let out = child.wait_with_output().unwrap();
