@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod input;
 pub mod machine;
 pub mod observe;
 pub mod output;

@@ -147,7 +147,9 @@ extern "C" fn kmain(start_info: usize) -> ! {
     if let (Some(f), 0) = (config.fault, config.fault_cpu) {
         raise(f);
     }
-    if config.fault.is_some() && config.fault_cpu > 0 {
+    // fault=kread is raised by the workload's user program: run_workload
+    // puts it on that CPU. Every other fault is raised by the AP itself.
+    if config.fault.is_some_and(|f| f != Fault::Kread) && config.fault_cpu > 0 {
         println!(
             "CPU 0 waits while CPU {} raises fault={}",
             config.fault_cpu,
@@ -365,11 +367,15 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         kread_target,
     );
     let init = s.spawn(0, init_rip, &arch::context::UserRegs::default());
+    let init_pid = init.as_ref().map_or(0, |&pid| pid);
     let child = init.and_then(|pid| s.spawn(pid, loop_rip, &regs));
     let child = match child {
         Ok(pid) => pid,
         Err(e) => panic!("cannot create the workload processes: {e:?}"),
     };
+    if config.fault == Some(Fault::Kread) && config.fault_cpu > 0 {
+        pin_kread_program(&mut s, [init_pid, child], config.fault_cpu as usize);
+    }
     let pair = s.tasks.iter().find(|t| t.pid == child).map(|t| t.pair);
     setup_working_set(
         config,
@@ -377,6 +383,21 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     );
     task::Sched::run(s);
     report(config, pti, pcid)
+}
+
+/// `fault=kread fault_cpu=N`: the processes `pids` (init, then the user
+/// program that reads kernel memory; both just spawned, queued on CPU 0)
+/// move to CPU N, which is woken to run them; CPU 0 idles in
+/// [`task::Sched::run`] meanwhile. The fault then stops the VM from CPU N.
+fn pin_kread_program(s: &mut task::SchedGuard, pids: [u64; 2], cpu: usize) {
+    println!("CPU {cpu} runs the user program that raises fault=kread");
+    // The most recently queued first (`pin` moves the tail of a queue).
+    for pid in pids.into_iter().rev() {
+        if let Some(slot) = s.tasks.iter().position(|t| pid != 0 && t.pid == pid) {
+            s.pin(slot, cpu);
+        }
+    }
+    s.kick_other_cpus();
 }
 
 /// Maps the user working set (`wss=`, if any) into the address space

@@ -77,6 +77,7 @@ impl ExitCode for PreflightError {
             PreflightError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
             PreflightError::Memory(_) | PreflightError::Cmdline(_) => USAGE,
             PreflightError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            PreflightError::Load(LoadError::Interrupted(signal)) => 128 + signal,
             PreflightError::Load(LoadError::Scratch(..)) => INTERNAL,
             PreflightError::Load(_) => BAD_IMAGE,
         }
@@ -95,6 +96,7 @@ impl ExitCode for RunError {
             RunError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
             RunError::Memory(_) => USAGE,
             RunError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            RunError::Load(LoadError::Interrupted(signal)) => 128 + signal,
             RunError::Load(LoadError::Scratch(..)) => INTERNAL,
             RunError::Load(_) => BAD_IMAGE,
             RunError::Output(e) => e.exit_code(),
@@ -124,11 +126,12 @@ impl ExitCode for MeasuredRunError {
 }
 
 impl ExitCode for OpenError {
-    /// 73 (cannot create an output), or 128 + the signal that interrupted
-    /// the wait for a FIFO's reader.
+    /// 73 (cannot create an output), 64 for two outputs given one file, or
+    /// 128 + the signal that interrupted the wait for a FIFO's reader.
     fn exit_code(&self) -> i32 {
         match self {
             OpenError::Interrupted { signal, .. } => 128 + signal,
+            OpenError::SamePath { .. } => USAGE,
             _ => CANT_CREATE,
         }
     }

@@ -6,6 +6,7 @@
 pub mod compare;
 pub mod exit_code;
 pub mod pagetables;
+mod partial;
 pub mod pound;
 pub mod probe;
 pub mod run;

@@ -35,6 +35,11 @@ pub fn run(args: &RunArgs) -> i32 {
     // waited for up to --timeout) before the guest boots, so a bad path
     // costs no run and nothing blocks once it runs.
     let opened = (|| -> Result<_, crate::output::OpenError> {
+        crate::output::check_distinct(&[
+            ("--serial-out", args.serial_out.as_deref()),
+            ("--metrics-out", args.metrics_out.as_deref()),
+            ("--json", args.json.as_deref()),
+        ])?;
         let serial = args
             .serial_out
             .as_deref()
@@ -48,7 +53,7 @@ pub fn run(args: &RunArgs) -> i32 {
         let json = args
             .json
             .as_deref()
-            .map(|p| open_output("--json", p, args.timeout))
+            .map(|p| crate::output::open_document("--json", p, args.timeout))
             .transpose()?;
         Ok((serial, metrics, json))
     })();

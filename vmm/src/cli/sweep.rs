@@ -17,11 +17,13 @@ use clap::Args;
 
 use crate::cli::compare::{parse_side, rates, run_measured};
 use crate::cli::exit_code::{self, ExitCode};
+use crate::cli::partial::{csv_with_banner, svg_with_banner};
 use crate::cli::{abi_option, parse_cpus, parse_mem, parse_timeout, Arch, Backend, CompareArgs};
 use crate::machine::memory::DEFAULT_MEM_MIB;
+use crate::machine::signals;
 use crate::output::{open_outputs, OutputFile};
 use crate::preflight::cmdline::Workload;
-use crate::preflight::{host, preflight, ResolvedRun};
+use crate::preflight::{host, preflight_with_image, PreflightError, ResolvedRun};
 use crate::report::sweep::{self as rs, Cell, CellConfig, Omitted, SweepReport};
 use crate::report::RunSummary;
 use ptiscope_abi::options::WssPages;
@@ -57,6 +59,13 @@ pub fn cell_iterations(iterations: u64, reads: u64) -> u64 {
 }
 /// Default runs per (cell, configuration).
 pub const DEFAULT_SWEEP_RUNS: u32 = 5;
+
+/// Most cells (working set x reads per iteration) one sweep runs: a grid
+/// that size is already hours of runs; a larger one is refused before any
+/// work (docs/running.md).
+pub const MAX_SWEEP_CELLS: usize = 1024;
+/// Most runs one sweep plans (cells x configurations x `--runs`).
+pub const MAX_SWEEP_RUNS: u64 = 100_000;
 
 /// `ptiscope sweep`: PTI's overhead over working-set size and reads per call.
 #[derive(Debug, Args)]
@@ -134,7 +143,7 @@ pub struct SweepArgs {
 }
 
 /// A reads-per-iteration spec: passes over the working set, or reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TouchSpec {
     /// `Nx`: N passes over the working set.
     Passes(u64),
@@ -218,23 +227,40 @@ fn plan(args: &SweepArgs) -> Result<(Vec<CellPlan>, u64), String> {
         let b = ws::parse_size(w)
             .filter(|b| *b <= ws::MAX_WSS)
             .ok_or_else(|| format!("--wss: {w:?} is not a size up to {}M", ws::MAX_WSS >> 20))?;
-        if !sizes.contains(&b) {
-            sizes.push(b);
-        }
+        sizes.push(b);
     }
     if sizes.is_empty() {
         return Err("--wss: no working set given".into());
     }
     sizes.sort_unstable();
-    let specs: Vec<TouchSpec> = args
+    sizes.dedup();
+    // Repeated specs are run once, as repeated sizes are (`1x,1x` is `1x`).
+    let mut seen = std::collections::HashSet::new();
+    let mut specs: Vec<TouchSpec> = Vec::new();
+    for w in args
         .touches
         .split(',')
         .map(str::trim)
         .filter(|w| !w.is_empty())
-        .map(TouchSpec::parse)
-        .collect::<Result<_, _>>()?;
+    {
+        let spec = TouchSpec::parse(w)?;
+        if seen.insert(spec) {
+            specs.push(spec);
+        }
+    }
     if specs.is_empty() {
         return Err("--touches: no value given".into());
+    }
+    let nonzero = sizes.iter().filter(|&&w| w > 0).count();
+    let count = (sizes.len() - nonzero).saturating_add(nonzero.saturating_mul(specs.len()));
+    if count > MAX_SWEEP_CELLS {
+        return Err(format!(
+            "--wss x --touches: {count} cells ({} working sets x {} reads per iteration); \
+             a sweep runs at most {MAX_SWEEP_CELLS} cells (the sweep cell limit): split the grid \
+             into several sweeps",
+            sizes.len(),
+            specs.len()
+        ));
     }
     let page = args.wss_pages.bytes();
     let mut cells = Vec::new();
@@ -370,39 +396,6 @@ fn write_file(f: &OutputFile, text: &str) -> i32 {
     }
 }
 
-/// The median of a rate over runs, if every run has it.
-fn median_rate(runs: &[RunSummary], name: &str) -> Option<f64> {
-    let v: Option<Vec<f64>> = runs
-        .iter()
-        .map(|r| {
-            rates(r)
-                .into_iter()
-                .find(|(m, _)| m.name == name)
-                .map(|(_, v)| v)
-        })
-        .collect();
-    v.filter(|v| !v.is_empty()).map(|v| rs::median(&v))
-}
-
-/// Half the range (max - min) of a rate over runs, if two or more runs have it.
-fn half_range(runs: &[RunSummary], name: &str) -> Option<f64> {
-    let v: Vec<f64> = runs
-        .iter()
-        .filter_map(|r| {
-            rates(r)
-                .into_iter()
-                .find(|(m, _)| m.name == name)
-                .map(|(_, v)| v)
-        })
-        .collect();
-    (v.len() >= 2).then(|| {
-        let (lo, hi) = v
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
-        (hi - lo) / 2.0
-    })
-}
-
 /// Runs the sweep and prints it; returns the process exit code.
 pub fn run(args: &SweepArgs) -> i32 {
     if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
@@ -432,6 +425,26 @@ pub fn run(args: &SweepArgs) -> i32 {
         eprintln!("ptiscope sweep: give at least two --config (the first is the baseline)");
         return exit_code::USAGE;
     }
+    if labels.iter().any(|l| l.trim().is_empty()) {
+        eprintln!(
+            "ptiscope sweep: --config '': an empty configuration has no label and means every \
+             default (pti=auto); give its options, e.g. --config pti=off"
+        );
+        return exit_code::USAGE;
+    }
+    let planned = (cells.len() as u64)
+        .saturating_mul(labels.len() as u64)
+        .saturating_mul(u64::from(args.runs));
+    if planned > MAX_SWEEP_RUNS {
+        eprintln!(
+            "ptiscope sweep: {} cells x {} configurations x {} runs = {planned} runs; a sweep \
+             plans at most {MAX_SWEEP_RUNS} (the sweep run limit): fewer cells, configurations or --runs",
+            cells.len(),
+            labels.len(),
+            args.runs
+        );
+        return exit_code::USAGE;
+    }
     // The output files are opened before the first boot (as compare does):
     // a bad path must not cost a whole sweep.
     let outputs = [
@@ -448,46 +461,45 @@ pub fn run(args: &SweepArgs) -> i32 {
     };
     let common = compare_args(args);
     let embedded = args.arch.embedded_image();
-    // Settle every (cell, configuration) once: image read, entry resolved,
-    // host limits checked; every run then boots its resolved run.
-    let mut resolved: Vec<Vec<ResolvedRun>> = Vec::new();
-    for cell in &cells {
-        let mut row = Vec::new();
-        for label in &labels {
-            let mut spec = match parse_side(label, &common, embedded) {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("ptiscope sweep: --config {e}");
-                    return exit_code::USAGE;
-                }
-            };
-            // A slow cell runs fewer calls, unless the configuration names its own count.
-            if spec.config.guest.iterations == Some(args.iterations) {
-                spec.config.guest.iterations = Some(cell.iterations);
-            }
-            let extra = &mut spec.config.guest.extra;
-            if !cell.words.is_empty() {
-                *extra = format!("{} {}", extra.trim(), cell.words)
-                    .trim()
-                    .to_string();
-            }
-            if args.workload == Workload::Poundsyscall && !extra.contains("threads=") {
-                *extra = format!("{} threads={}", extra.trim(), args.cpus)
-                    .trim()
-                    .to_string();
-            }
-            match preflight(&spec.config, args.backend.target()) {
-                Ok(r) => row.push(r),
-                Err(e) => {
-                    eprintln!(
-                        "ptiscope sweep: {label} at wss={}: {e}",
-                        rs::fmt_size(cell.wss)
-                    );
-                    return e.exit_code();
-                }
+    let mut sides = Vec::new();
+    for label in &labels {
+        match parse_side(label, &common, embedded) {
+            Ok(s) => sides.push(s),
+            Err(e) => {
+                eprintln!("ptiscope sweep: --config {e}");
+                return exit_code::USAGE;
             }
         }
-        resolved.push(row);
+    }
+    let mut prep = Preparer {
+        sides,
+        image: None,
+        workload: args.workload,
+        cpus: args.cpus,
+        iterations: args.iterations,
+        target: args.backend.target(),
+    };
+    // Settle every (cell, configuration) before the first boot, so that a
+    // bad cell does not cost the runs before it; nothing is kept (each run
+    // is settled again when it runs, sharing its configuration's image), so
+    // memory does not grow with the grid. A signal stops this at once.
+    for cell in &cells {
+        for (k, label) in labels.iter().enumerate() {
+            if let Some(signal) = signals::wait_termination(Duration::ZERO) {
+                eprintln!(
+                    "ptiscope sweep: {} while checking the grid; nothing ran",
+                    signals::describe(signal)
+                );
+                return 128 + signal;
+            }
+            if let Err(e) = prep.prepare(k, cell) {
+                eprintln!(
+                    "ptiscope sweep: {label} at wss={}: {e}",
+                    rs::fmt_size(cell.wss)
+                );
+                return e.exit_code();
+            }
+        }
     }
 
     let (time_metric, time_unit, time_source) = match args.backend {
@@ -537,32 +549,62 @@ pub fn run(args: &SweepArgs) -> i32 {
     let total = cells.len() as u64 * n as u64 * u64::from(args.runs);
     let bar = progress(total, args.quiet);
     let started = Instant::now();
-    let mut runs: Vec<Vec<Vec<RunSummary>>> = vec![vec![Vec::new(); n]; cells.len()];
-    for r in 0..args.runs as usize {
+    // Per (cell, configuration), the few figures the report takes from each
+    // run (not the run's whole summary).
+    let mut runs: Vec<Vec<Vec<RunFigures>>> = vec![vec![Vec::new(); n]; cells.len()];
+    let mut stopped: Option<(i32, String)> = None;
+    let mut done = 0u64;
+    'runs: for r in 0..args.runs as usize {
         for (ci, cell) in cells.iter().enumerate() {
             for k in 0..n {
                 let side = (k + r + ci) % n;
+                let at = format!(
+                    "{} at wss={} touches={} run {}",
+                    labels[side],
+                    rs::fmt_size(cell.wss),
+                    cell.spec,
+                    r + 1
+                );
+                if let Some(signal) = signals::wait_termination(Duration::ZERO) {
+                    stopped = Some((
+                        128 + signal,
+                        format!("{} before {at}", signals::describe(signal)),
+                    ));
+                    break 'runs;
+                }
                 bar.set_message(format!("wss={} {}", rs::fmt_size(cell.wss), labels[side]));
-                match run_measured(&resolved[ci][side], args.backend) {
-                    Ok((_, s)) => runs[ci][side].push(s),
-                    Err(e) => {
-                        let (code, msg) = (e.exit_code(), e);
-                        bar.finish_and_clear();
-                        eprintln!(
-                            "ptiscope sweep: {} at wss={} touches={} run {} failed: {msg}",
-                            labels[side],
-                            rs::fmt_size(cell.wss),
-                            cell.spec,
-                            r + 1
-                        );
-                        return if code == 0 { 1 } else { code };
+                let result = prep
+                    .prepare(side, cell)
+                    .map_err(|e| (e.exit_code(), e.to_string()))
+                    .and_then(|resolved| {
+                        run_measured(&resolved, args.backend)
+                            .map_err(|e| (e.exit_code(), e.to_string()))
+                    });
+                match result {
+                    Ok((_, s)) => runs[ci][side].push(RunFigures::of(&s, time_metric)),
+                    Err((code, msg)) => {
+                        let why = match code - 128 {
+                            sig if signals::TERMINATION_SIGNALS.contains(&sig) => {
+                                format!("{} during {at}", signals::describe(sig))
+                            }
+                            _ => format!("{at} failed: {msg}"),
+                        };
+                        stopped = Some((if code == 0 { 1 } else { code }, why));
+                        break 'runs;
                     }
                 }
+                done += 1;
                 bar.inc(1);
             }
         }
     }
     bar.finish_and_clear();
+    if let Some((_, why)) = &stopped {
+        eprintln!("ptiscope sweep: {why}");
+    }
+    // The banner and the outputs take the reason's first line (a failed
+    // run's message goes on with its console tail, printed above).
+    let stopped = stopped.map(|(c, why)| (c, why.lines().next().unwrap_or_default().to_string()));
 
     let mut report = SweepReport {
         schema: rs::SCHEMA.into(),
@@ -585,26 +627,27 @@ pub fn run(args: &SweepArgs) -> i32 {
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
             &format!("{:?}", args.backend).to_lowercase(),
-            crate::cli::compare::guest_image(&match &args.kernel {
-                Some(p) => crate::machine::loader::KernelSource::Path(p.clone()),
-                None => crate::machine::loader::KernelSource::Embedded(args.arch.embedded_image()),
-            }),
+            crate::cli::compare::guest_image_of(
+                &match &args.kernel {
+                    Some(p) => crate::machine::loader::KernelSource::Path(p.clone()),
+                    None => {
+                        crate::machine::loader::KernelSource::Embedded(args.arch.embedded_image())
+                    }
+                },
+                prep.image.as_deref(),
+            ),
             [("configs".to_owned(), labels.clone())].into(),
         )),
     };
     for (ci, cell) in cells.iter().enumerate() {
+        // A stopped sweep reports the cells every configuration has run in.
+        if runs[ci].iter().any(Vec::is_empty) {
+            continue;
+        }
         let mut configs = Vec::new();
         for (k, label) in labels.iter().enumerate() {
             let rr = &runs[ci][k];
-            let samples: Vec<f64> = rr
-                .iter()
-                .filter_map(|s| {
-                    rates(s)
-                        .into_iter()
-                        .find(|(m, _)| m.name == time_metric)
-                        .map(|(_, v)| v)
-                })
-                .collect();
+            let samples: Vec<f64> = rr.iter().filter_map(|f| f.time).collect();
             if samples.len() != rr.len() {
                 eprintln!(
                     "ptiscope sweep: {label} at wss={}: some runs have no {time_metric}",
@@ -612,6 +655,7 @@ pub fn run(args: &SweepArgs) -> i32 {
                 );
                 return exit_code::VM_ERROR;
             }
+            let rate = |i: usize| median_rate(rr, i);
             configs.push(CellConfig {
                 config: label.clone(),
                 median: rs::median(&samples),
@@ -621,15 +665,15 @@ pub fn run(args: &SweepArgs) -> i32 {
                 overhead_pct: None,
                 refill_per_page: None,
                 refill_spread_per_page: None,
-                tlb_flush_per_call: median_rate(rr, "tlb_flush_per_call"),
-                kvm_pf_taken_per_call: median_rate(rr, "kvm_pf_taken_per_call"),
-                kvm_exits_per_call: median_rate(rr, "kvm_exits_per_call"),
-                cr3_writes_per_call: median_rate(rr, "cr3_writes_per_call"),
-                kernel_instructions_per_call: median_rate(rr, "kernel_instructions_per_call"),
-                insn_mov_cr3_per_call: median_rate(rr, "insn_mov_cr3_per_call"),
-                read_cycles_per_call: median_rate(rr, "read_cycles_per_call"),
-                read_cycles_min: median_rate(rr, "read_cycles_min_per_call"),
-                read_cycles_min_spread: half_range(rr, "read_cycles_min_per_call"),
+                tlb_flush_per_call: rate(0),
+                kvm_pf_taken_per_call: rate(1),
+                kvm_exits_per_call: rate(2),
+                cr3_writes_per_call: rate(3),
+                kernel_instructions_per_call: rate(6),
+                insn_mov_cr3_per_call: rate(7),
+                read_cycles_per_call: rate(4),
+                read_cycles_min: rate(5),
+                read_cycles_min_spread: half_range(rr, 5),
                 user_refill_cycles_per_page: None,
                 significant: None,
                 mean_ci95: None,
@@ -648,18 +692,40 @@ pub fn run(args: &SweepArgs) -> i32 {
         });
     }
     report.derive();
+    let partial = stopped.as_ref().map(|(_, why)| Partial {
+        reason: why.clone(),
+        runs_done: done,
+        runs_planned: total,
+        cells_reported: report.cells.len(),
+        cells_planned: cells.len(),
+    });
+    if let Some(p) = &partial {
+        println!("{}", p.banner());
+    }
     print!("{}", rs::text(&report));
     println!("\n({:.0} s)", report.seconds);
-    let mut code = 0;
-    if let Some(f) = &json_file {
-        code = code.max(write_file(f, &rs::json(&report)));
-    }
-    if let Some(f) = &csv_file {
-        code = code.max(write_file(f, &rs::csv(&report)));
-    }
-    if let Some(f) = &svg_file {
-        code = code.max(write_file(f, &crate::report::sweep_svg::svg(&report)));
-    }
+    let mut code = stopped.as_ref().map_or(0, |(c, _)| *c);
+    let mut write = |f: &Option<OutputFile>, text: String| {
+        if let Some(f) = f {
+            let c = write_file(f, &text);
+            if code == 0 {
+                code = c;
+            }
+        }
+    };
+    write(
+        &json_file,
+        partial_json(rs::json(&report), partial.as_ref()),
+    );
+    let banner = partial.as_ref().map(Partial::banner);
+    write(
+        &csv_file,
+        csv_with_banner(rs::csv(&report), banner.as_deref()),
+    );
+    write(
+        &svg_file,
+        svg_with_banner(crate::report::sweep_svg::svg(&report), banner.as_deref()),
+    );
     code
 }
 
@@ -705,6 +771,128 @@ fn describe_refill(v: &rs::RefillVisibility) -> String {
             ns(probe_ns_per_page)
         ),
         rs::RefillVisibility::Unknown { reason } => format!("unknown ({reason})"),
+    }
+}
+
+/// Settles one (cell, configuration) run when it is needed: the
+/// configuration's options plus the cell's guest words, through preflight,
+/// with the image read once and shared (`Arc`) by every configuration,
+/// cell and run.
+struct Preparer {
+    sides: Vec<crate::cli::compare::SideSpec>,
+    /// The image, read by the first run settled: every configuration boots
+    /// the same `--kernel` (or embedded guest).
+    image: Option<std::sync::Arc<[u8]>>,
+    workload: Workload,
+    cpus: u32,
+    /// `--iterations`: a cell that reads more runs fewer ([`CellPlan::iterations`]).
+    iterations: u64,
+    target: crate::preflight::Target,
+}
+
+impl Preparer {
+    fn prepare(&mut self, k: usize, cell: &CellPlan) -> Result<ResolvedRun, PreflightError> {
+        let mut config = self.sides[k].config.clone();
+        // A slow cell runs fewer calls, unless the configuration names its own count.
+        if config.guest.iterations == Some(self.iterations) {
+            config.guest.iterations = Some(cell.iterations);
+        }
+        let extra = &mut config.guest.extra;
+        if !cell.words.is_empty() {
+            *extra = format!("{} {}", extra.trim(), cell.words)
+                .trim()
+                .to_string();
+        }
+        if self.workload == Workload::Poundsyscall && !extra.contains("threads=") {
+            *extra = format!("{} threads={}", extra.trim(), self.cpus)
+                .trim()
+                .to_string();
+        }
+        let resolved = preflight_with_image(&config, self.target, self.image.clone())?;
+        if self.image.is_none() {
+            self.image = Some(resolved.image.clone());
+        }
+        Ok(resolved)
+    }
+}
+
+/// The rates (per call) the report takes from each run, in this order.
+const RATE_NAMES: [&str; 8] = [
+    "tlb_flush_per_call",
+    "kvm_pf_taken_per_call",
+    "kvm_exits_per_call",
+    "cr3_writes_per_call",
+    "read_cycles_per_call",
+    "read_cycles_min_per_call",
+    "kernel_instructions_per_call",
+    "insn_mov_cr3_per_call",
+];
+
+/// What the report keeps of one run.
+#[derive(Debug, Clone, Copy, Default)]
+struct RunFigures {
+    /// The time metric per call.
+    time: Option<f64>,
+    /// [`RATE_NAMES`], each if the run has it.
+    rates: [Option<f64>; RATE_NAMES.len()],
+}
+
+impl RunFigures {
+    fn of(s: &RunSummary, time_metric: &str) -> Self {
+        let all = rates(s);
+        let find = |name: &str| all.iter().find(|(m, _)| m.name == name).map(|(_, v)| *v);
+        RunFigures {
+            time: find(time_metric),
+            rates: RATE_NAMES.map(find),
+        }
+    }
+}
+
+/// The median of rate `i` over runs, if every run has it.
+fn median_rate(runs: &[RunFigures], i: usize) -> Option<f64> {
+    let v: Option<Vec<f64>> = runs.iter().map(|f| f.rates[i]).collect();
+    v.filter(|v| !v.is_empty()).map(|v| rs::median(&v))
+}
+
+/// Half the range (max - min) of rate `i` over runs, if two or more runs have it.
+fn half_range(runs: &[RunFigures], i: usize) -> Option<f64> {
+    let v: Vec<f64> = runs.iter().filter_map(|f| f.rates[i]).collect();
+    (v.len() >= 2).then(|| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        (hi - lo) / 2.0
+    })
+}
+
+/// Why a sweep's result is partial and how much of it there is.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Partial {
+    reason: String,
+    runs_done: u64,
+    runs_planned: u64,
+    cells_reported: usize,
+    cells_planned: usize,
+}
+
+impl Partial {
+    fn banner(&self) -> String {
+        format!(
+            "PARTIAL: {}; {} of {} runs done, {} of {} cells reported (those every configuration ran in)",
+            self.reason, self.runs_done, self.runs_planned, self.cells_reported, self.cells_planned
+        )
+    }
+}
+
+/// The JSON document with a `partial` object when the sweep stopped early.
+fn partial_json(doc: String, partial: Option<&Partial>) -> String {
+    let Some(p) = partial else { return doc };
+    match serde_json::from_str::<serde_json::Value>(&doc) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert("partial".into(), serde_json::json!(p));
+            serde_json::to_string_pretty(&m).unwrap_or(doc)
+        }
+        _ => doc,
     }
 }
 

@@ -70,6 +70,9 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    /// A termination signal arrived while the image was read (its number).
+    #[error("{} while reading the kernel image", crate::machine::signals::describe(*.0))]
+    Interrupted(i32),
     /// The image is over [`MAX_IMAGE_BYTES`] (its name).
     #[error("kernel image {0} is larger than {MAX_IMAGE_BYTES} bytes")]
     TooLarge(String),
@@ -217,59 +220,32 @@ pub fn read_image(src: &KernelSource) -> Result<std::borrow::Cow<'static, [u8]>,
     }
 }
 
-/// Reads a kernel image file. Only regular files are read: a FIFO would
-/// block the open until a writer comes (uninterruptibly, as termination
-/// signals are blocked for the run) and a device such as `/dev/zero` never
-/// ends. The size cap counts bytes actually read, not the file's metadata
-/// (which procfs files, or a file growing while read, get wrong).
+/// Reads a kernel image file through [`crate::input::read_regular`]: only
+/// regular files (a FIFO would block until a writer comes, `/dev/zero` never
+/// ends), at most [`MAX_IMAGE_BYTES`] counted as read (not the metadata's
+/// size, which procfs files or a growing file get wrong), within
+/// [`crate::input::READ_TIME_LIMIT`], and a termination signal ends it.
 fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let err = |source| LoadError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    // O_NONBLOCK makes opening a FIFO return at once instead of waiting for
-    // a writer; it is then refused below. On a regular file the flag has no
-    // effect on reads, so it need not be cleared.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(err)?;
-    let kind = file.metadata().map_err(err)?.file_type();
-    let not_regular = if kind.is_dir() {
-        Some("is a directory")
-    } else if kind.is_fifo() {
-        Some("is a FIFO (named pipe)")
-    } else if kind.is_char_device() {
-        Some("is a character device")
-    } else if kind.is_block_device() {
-        Some("is a block device")
-    } else if kind.is_socket() {
-        Some("is a socket")
-    } else {
-        None
-    };
-    if let Some(what) = not_regular {
-        return Err(err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{what}, not a regular file; give the kernel as a file"),
-        )));
-    }
-    match read_capped(file, MAX_IMAGE_BYTES).map_err(err)? {
-        Some(image) => Ok(image),
-        None => Err(LoadError::TooLarge(path.display().to_string())),
-    }
-}
-
-/// Reads `source` to its end if that is at most `cap` bytes (`None` if it
-/// is longer): one byte past the cap is read, never more, whatever the
-/// source claims about its size.
-fn read_capped(source: impl std::io::Read, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    source.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
-    Ok((bytes.len() as u64 <= cap).then_some(bytes))
+    use crate::input::{read_regular, InputError, READ_TIME_LIMIT};
+    read_regular("--kernel", path, MAX_IMAGE_BYTES, READ_TIME_LIMIT).map_err(|e| {
+        let read = |source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        match e {
+            InputError::TooLarge { .. } => LoadError::TooLarge(path.display().to_string()),
+            InputError::Interrupted { signal, .. } => LoadError::Interrupted(signal),
+            InputError::Io { source, .. } => read(source),
+            InputError::NotRegular { kind, .. } => read(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{kind}, not a regular file; give the kernel as a file"),
+            )),
+            e @ InputError::TimedOut { .. } => read(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                e.to_string(),
+            )),
+        }
+    })
 }
 
 /// Checks the ELF header and the load segments against the memory layout;
@@ -572,7 +548,6 @@ pub fn load_elf32(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
 
     /// A minimal ELF64 image: one PT_LOAD at `paddr`, optionally a PVH note.
     pub(crate) fn tiny_elf(paddr: u64, entry: u32, pvh: bool) -> Vec<u8> {
@@ -707,15 +682,10 @@ mod tests {
         assert!(check_image(&tiny_elf32(0x10_0000, 0x10_1fff), "img", &layout).is_ok());
     }
 
-    /// The cap counts bytes read: an endless source (what `/dev/zero` is)
-    /// stops one byte past it; a source at the cap is read whole.
+    /// The cap counts bytes read (`crate::input` tests it at its edge): a
+    /// regular file whose metadata says 0 bytes (procfs) is read whole.
     #[test]
-    fn image_reads_stop_one_byte_past_the_cap() {
-        let cap = 1 << 20;
-        assert!(read_capped(std::io::repeat(0), cap).unwrap().is_none());
-        let exact = read_capped(std::io::repeat(7).take(cap), cap).unwrap();
-        assert_eq!(exact.map(|b| b.len() as u64), Some(cap));
-        // A regular file whose metadata says 0 bytes (procfs) is read whole.
+    fn image_reads_count_bytes_read_not_metadata() {
         let maps = read_file(Path::new("/proc/self/maps")).unwrap();
         assert!(!maps.is_empty());
     }

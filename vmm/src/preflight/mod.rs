@@ -89,9 +89,47 @@ fn native_entry(elf32: bool) -> Entry {
 /// stacks, the reserved low memory).
 const WORKING_SET_HEADROOM: u64 = 8 << 20;
 
+/// What to do about a working set that does not fit `config.mem_mib`:
+/// raise `--mem` as far as the image allows (1024 MiB; 768 for a 32-bit
+/// guest, known before the image is read for the embedded one), unless
+/// even that is too small.
+fn working_set_advice(config: &RunConfig, image: Option<&[u8]>, wss: u64) -> String {
+    let elf32 = match (&config.kernel, image) {
+        (_, Some(i)) => Some(loader::is_elf32(i)),
+        (loader::KernelSource::Embedded(b), None) => Some(loader::is_elf32(b)),
+        _ => None,
+    };
+    let max = match elf32 {
+        Some(true) => loader::ELF32_MAX_MEM_MIB,
+        _ => crate::machine::memory::MAX_MEM_MIB,
+    };
+    let needed = (wss + WORKING_SET_HEADROOM).div_ceil(1 << 20);
+    match elf32 {
+        _ if needed <= max => {
+            format!("raise --mem (to {needed} or more, up to {max}) or lower wss=/kwss=")
+        }
+        Some(true) => format!("lower wss=/kwss=: a 32-bit guest has at most {max} MiB"),
+        _ => format!(
+            "lower wss=/kwss=: a guest has at most {max} MiB (a 32-bit one {})",
+            loader::ELF32_MAX_MEM_MIB
+        ),
+    }
+}
+
 /// Settles `config` for `target`. Bad input is reported before KVM is
 /// touched, so that it reads the same on hosts without KVM.
 pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, PreflightError> {
+    preflight_with_image(config, target, None)
+}
+
+/// [`preflight`] with the image already read (`Some`: an earlier
+/// [`ResolvedRun::image`] of the same `config.kernel`, shared instead of
+/// read and copied again; `sweep` settles every cell of a configuration so).
+pub fn preflight_with_image(
+    config: &RunConfig,
+    target: Target,
+    image: Option<Arc<[u8]>>,
+) -> Result<ResolvedRun, PreflightError> {
     let layout = MemoryLayout::new(config.mem_mib)?;
     let asked = config.guest.absorb_extra()?;
     // The guest's own image, page tables and stacks take a few MiB; the
@@ -109,10 +147,11 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
                 .map_or_else(|| wss.to_string(), str::to_owned),
             why: format!(
                 "{} MiB of working set (wss= and kwss=) do not fit a guest of {} MiB with the \
-                 kernel's own {} MiB: raise --mem (up to 1024) or lower wss=/kwss=",
+                 kernel's own {} MiB: {}",
                 wss.div_ceil(1 << 20),
                 config.mem_mib,
-                WORKING_SET_HEADROOM >> 20
+                WORKING_SET_HEADROOM >> 20,
+                working_set_advice(config, image.as_deref(), wss)
             ),
         }
         .into());
@@ -153,7 +192,10 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
     }
     cmdline::build(&guest, layout.telemetry_addr())?;
 
-    let image: Arc<[u8]> = loader::read_image(&config.kernel)?.into();
+    let image: Arc<[u8]> = match image {
+        Some(shared) => shared,
+        None => loader::read_image(&config.kernel)?.into(),
+    };
     let image_name = config.kernel.describe();
     loader::check_image(&image, &image_name, &layout)?;
     let elf32 = loader::is_elf32(&image);

@@ -15,8 +15,8 @@ pub(crate) mod side;
 pub use against::Against;
 pub use runs::{RunsReport, RunsStop};
 pub use side::{
-    build_table, config_words, guest_image, parse_side, rates, run_measured, Side, SideError,
-    SideSpec,
+    build_table, config_words, guest_image, guest_image_of, parse_side, rates, run_measured, Side,
+    SideError, SideSpec,
 };
 
 use std::collections::BTreeMap;
@@ -55,11 +55,11 @@ pub fn run(args: &CompareArgs) -> i32 {
         return exit_code::USAGE;
     }
     let earlier = match &args.against {
-        Some(p) => match read_earlier(p) {
+        Some(p) => match read_earlier(p, args.timeout.min(crate::input::READ_TIME_LIMIT)) {
             Ok(t) => Some(t),
-            Err(msg) => {
+            Err((code, msg)) => {
                 eprintln!("ptiscope compare: --against {}: {msg}", p.display());
-                return exit_code::USAGE;
+                return code;
             }
         },
         None => None,
@@ -230,7 +230,9 @@ pub fn run(args: &CompareArgs) -> i32 {
     let mut disagreements: Vec<String> = Vec::new();
     let specs = [&base, &comp];
     let mut pair: u32 = 0;
-    let stopped = loop {
+    // A signal or a failed run after complete pairs: (exit code, reason).
+    let mut partial: Option<(i32, String)> = None;
+    let stopped = 'pairs: loop {
         let warming = pair < args.warmup;
         // Run number within its kind (warm-up or measured), from 1.
         let number = if warming {
@@ -309,7 +311,22 @@ pub fn run(args: &CompareArgs) -> i32 {
                         _ => String::new(),
                     };
                     eprintln!("ptiscope compare: {what}{of} failed: {msg}");
-                    return if code == 0 { 1 } else { code };
+                    let code = if code == 0 { 1 } else { code };
+                    // The complete pairs so far are still a result.
+                    let complete = runs[0].len().min(runs[1].len());
+                    if warming || complete == 0 {
+                        return code;
+                    }
+                    runs[0].truncate(complete);
+                    runs[1].truncate(complete);
+                    let reason = match code - 128 {
+                        sig if crate::machine::signals::TERMINATION_SIGNALS.contains(&sig) => {
+                            format!("{} during {what}", crate::machine::signals::describe(sig))
+                        }
+                        _ => format!("{what} failed"),
+                    };
+                    partial = Some((code, reason));
+                    break 'pairs RunsStop::Partial;
                 }
             }
             bar.inc(1);
@@ -353,6 +370,19 @@ pub fn run(args: &CompareArgs) -> i32 {
         .options
         .insert("compare".into(), table.compare.config.clone());
     table.environment = Some(environment);
+    let banner = partial.as_ref().map(|(_, why)| {
+        format!(
+            "PARTIAL: {why}; {} complete run pairs of {} reported",
+            runs[0].len(),
+            match args.runs {
+                Runs::Fixed(n) => n.to_string(),
+                Runs::Auto => format!("up to {max_runs}"),
+            }
+        )
+    });
+    if let Some(b) = &banner {
+        println!("{b}");
+    }
     // The answer first, then the compact table; the mmtests table (the
     // metrics non-zero somewhere) and the durations behind --mmtests.
     let per = match base.run.guest.workload {
@@ -417,18 +447,24 @@ pub fn run(args: &CompareArgs) -> i32 {
         a
     });
 
-    let mut code = 0;
+    let mut code = partial.as_ref().map_or(0, |(c, _)| *c);
     if let Some(f) = &json_file {
-        code = code.max(write_file(
-            f,
-            &json_text(&table, &durations, &runs_report, against.as_ref()),
-        ));
+        let mut doc = json_text(&table, &durations, &runs_report, against.as_ref());
+        if let Some(b) = &banner {
+            doc = json_with_partial(doc, b);
+        }
+        code = code.max(write_file(f, &doc));
     }
     if let Some(f) = &svg_file {
-        code = code.max(write_file(f, &crate::report::plot::compare_svg(&table)));
+        let doc = crate::cli::partial::svg_with_banner(
+            crate::report::plot::compare_svg(&table),
+            banner.as_deref(),
+        );
+        code = code.max(write_file(f, &doc));
     }
     if let Some(f) = &csv_file {
-        code = code.max(write_file(f, &table.to_csv()));
+        let doc = crate::cli::partial::csv_with_banner(table.to_csv(), banner.as_deref());
+        code = code.max(write_file(f, &doc));
     }
     for c in &conditions {
         match c.evaluate(&table) {
@@ -450,6 +486,17 @@ pub fn run(args: &CompareArgs) -> i32 {
         }
     }
     code
+}
+
+/// A compare document with `"partial": {"reason": banner}`.
+fn json_with_partial(doc: String, banner: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(&doc) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert("partial".into(), serde_json::json!({ "reason": banner }));
+            serde_json::to_string_pretty(&m).unwrap_or(doc)
+        }
+        _ => doc,
+    }
 }
 
 fn json_text(
