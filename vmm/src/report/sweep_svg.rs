@@ -21,7 +21,9 @@
 //! tests render them with resvg).
 
 use super::plot::{esc, nice_ticks, text_on};
-use super::sweep::{column_name, fmt_count, fmt_rate, fmt_size, Refill, SweepReport};
+use super::sweep::{
+    column_name, fmt_count, fmt_rate, fmt_size, Refill, RefillVisibility, SweepReport,
+};
 
 const W: f64 = 1000.0;
 const PLOT_L: f64 = 80.0;
@@ -430,6 +432,21 @@ fn refill_bars(r: &SweepReport, body: &mut String, mut y0: f64) -> f64 {
     if cells.is_empty() {
         return y0;
     }
+    if let RefillVisibility::NotVisible {
+        probe_ns_per_page,
+        threshold_ns_per_page,
+    } = &r.cr3_write_refill
+    {
+        // No per-page figure here is PTI's: say so instead of drawing an
+        // empty chart of "hidden" labels.
+        let probe = probe_ns_per_page.map_or("?".into(), |v| format!("{v:.2}"));
+        body.push_str(&format!(
+            r#"<text x="20" y="{y0}" font-size="14" font-weight="bold">user-mode refill per page: {}</text><text x="20" y="{:.1}" font-size="12">the probe's cr3_write_refill is not visible here ({probe} ns/page, threshold {threshold_ns_per_page}): a guest CR3 write costs user code no TLB refill on this host, so no bars</text>"#,
+            RefillVisibility::HIDDEN,
+            y0 + 18.0
+        ));
+        return y0 + 40.0;
+    }
     let n = r.configs.len().saturating_sub(1).max(1);
     let shade = |k: usize| ["#222", "#888", "#ccc", "#555"][(k - 1) % 4];
     let refills: Vec<Vec<Refill>> = cells
@@ -455,15 +472,7 @@ fn refill_bars(r: &SweepReport, body: &mut String, mut y0: f64) -> f64 {
     let ticks = nice_ticks(lo, hi, 5);
     let (min, max) = (ticks[0], *ticks.last().unwrap_or(&hi));
     body.push_str(&format!(
-        r#"<text x="20" y="{y0}" font-size="14" font-weight="bold">user-mode refill: TSC cycles per page walked in again after the CR3 switches (derived, guest-timed reads){}</text>"#,
-        if r.cr3_write_refill.hidden() {
-            format!(
-                " — {}: these bars are not PTI's",
-                crate::report::sweep::RefillVisibility::HIDDEN
-            )
-        } else {
-            String::new()
-        }
+        r#"<text x="20" y="{y0}" font-size="14" font-weight="bold">user-mode refill: TSC cycles per page walked in again after the CR3 switches (derived, guest-timed reads)</text>"#
     ));
     y0 += 22.0;
     let plot_h = 170.0;
