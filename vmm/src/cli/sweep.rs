@@ -131,7 +131,7 @@ pub struct SweepArgs {
     /// Which embedded guest (with `--kernel`, the image decides).
     #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
     pub arch: Arch,
-    /// Our VMM on KVM, or QEMU TCG (guest-reported cycles per call only).
+    /// Our VMM on KVM, or QEMU TCG (guest-reported cycles per call; the plugin's counts).
     #[arg(long, value_enum, default_value = "kvm")]
     pub backend: Backend,
     /// An extra argument for QEMU (`--backend qemu`), repeatable.
@@ -511,7 +511,12 @@ pub fn run(args: &SweepArgs) -> i32 {
     match args.backend {
         Backend::Kvm => println!("  KVM:       {}", host::kvm_flavour().describe()),
         Backend::Qemu => println!(
-            "  backend:   QEMU TCG: software emulation, guest-reported cycles per call only"
+            "  backend:   QEMU TCG: software emulation, guest-reported cycles per call{}",
+            if args.no_plugin {
+                " (--no-plugin)"
+            } else {
+                "; kernel instructions and MOV CR3 host-observed by ptiscope's TCG plugin"
+            }
         ),
     }
     let fewest = cells.iter().map(|c| c.iterations).min().unwrap_or(0);

@@ -114,11 +114,15 @@ fn subtitle(table: &CompareTable) -> (String, String) {
         |e| {
             let kernel = e.host.kernel.as_deref().unwrap_or("?");
             let kernel = kernel.split(" #").next().unwrap_or(kernel);
+            let backend = if e.backend == "kvm" {
+                format!("KVM {}", e.kvm.module.as_deref().unwrap_or("?"))
+            } else {
+                format!("backend {} (TCG)", e.backend)
+            };
             format!(
-                "{kernel}, {}, {} CPUs; KVM {}",
+                "{kernel}, {}, {} CPUs; {backend}",
                 e.host.cpu_model.as_deref().unwrap_or("?"),
                 e.host.cpus,
-                e.kvm.module.as_deref().unwrap_or(&e.backend)
             )
         },
     );

@@ -183,8 +183,13 @@ pub fn run(args: &CompareArgs) -> i32 {
             entry_text = format!("; entry {entry}");
         }
         Backend::Qemu => {
+            let counts = if args.no_plugin {
+                "every figure guest-reported (--no-plugin)"
+            } else {
+                "time guest-reported, counts also host-observed by ptiscope's TCG plugin"
+            };
             entry_text = format!(
-                "; backend QEMU TCG ({}): software emulation, every figure guest-reported",
+                "; backend QEMU TCG ({}): software emulation, {counts}",
                 crate::backend::qemu::binary_for(&base.run.image)
             );
         }
