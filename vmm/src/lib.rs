@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod linux;
 pub mod machine;
 pub mod observe;
 pub mod output;

@@ -136,9 +136,21 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let (out, console_queue) = crate::output::console_output(&config.serial_out, config.timeout)?;
     let image_fd = ImageFd::new(image)?;
     let image_raw = image_fd.0.as_raw_fd();
+    // A Linux guest's initramfs, in a memfd of its own.
+    let linux = run.linux.as_deref();
+    let initrd_fd = linux.map(|l| ImageFd::new(&l.initramfs)).transpose()?;
+    let initrd_raw = initrd_fd.as_ref().map(|f| f.0.as_raw_fd());
 
-    let binary = binary_for(image);
-    let machine = if loader::is_elf32(image) {
+    let binary = match linux {
+        Some(l) => match l.arch {
+            crate::linux::LinuxArch::X86_64 => "qemu-system-x86_64",
+            crate::linux::LinuxArch::I386 => "qemu-system-i386",
+        },
+        None => binary_for(image),
+    };
+    // Linux 6.1 under QEMU 7.2's microvm never gets a working timer in TCG
+    // (it stops after "tsc: Marking TSC unstable"): Linux guests boot on pc.
+    let machine = if loader::is_elf32(image) || linux.is_some() {
         "pc"
     } else {
         "microvm"
@@ -155,8 +167,11 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
         .arg("-kernel")
         .arg(format!("/proc/self/fd/{image_raw}"))
-        .args(["-append", &cmdline])
-        .args(&config.qemu_args)
+        .args(["-append", &cmdline]);
+    if let Some(fd) = initrd_raw {
+        cmd.arg("-initrd").arg(format!("/proc/self/fd/{fd}"));
+    }
+    cmd.args(&config.qemu_args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -176,9 +191,12 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
             if libc::getppid() != parent {
                 return Err(std::io::Error::other("ptiscope exited while starting QEMU"));
             }
-            // The image's descriptor is the one thing QEMU inherits.
-            if libc::fcntl(image_raw, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
+            // The image's descriptor (and a Linux guest's initramfs) are
+            // the one thing QEMU inherits.
+            for fd in std::iter::once(image_raw).chain(initrd_raw) {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -238,6 +256,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     // Stops QEMU if it is still running (timeout, signal).
     drop(child);
     drop(image_fd);
+    drop(initrd_fd);
     let run_time = run_start.elapsed();
     // QEMU is gone, so its stdout ends: the reader only forwards what is
     // left into the console queue, which never blocks.

@@ -11,6 +11,12 @@ use crate::preflight::PreflightError;
 
 /// Guest statuses above this are reported as this.
 pub const GUEST_STATUS_MAX: i32 = 63;
+/// A Linux guest's kernel panicked (`--linux`; the same number as the
+/// companion guest's panic status).
+pub const LINUX_PANIC: i32 = 3;
+/// A Linux guest (`--linux`) asked for `pti=on` whose kernel cannot enable
+/// PTI (the same number as the guest status "unsupported on this CPU").
+pub const LINUX_NO_PTI: i32 = 6;
 /// Bad command-line usage or option value.
 pub const USAGE: i32 = 64;
 /// The kernel image is not a bootable PVH ELF for this memory size.
@@ -72,6 +78,7 @@ impl ExitCode for PreflightError {
             PreflightError::Load(LoadError::Read { .. }) => NO_IMAGE,
             PreflightError::Load(LoadError::Scratch(..)) => INTERNAL,
             PreflightError::Load(_) => BAD_IMAGE,
+            PreflightError::Linux(e) => e.exit_code(),
         }
     }
 }
@@ -93,6 +100,21 @@ impl ExitCode for RunError {
             RunError::Load(_) => BAD_IMAGE,
             RunError::Output(e) => e.exit_code(),
             _ => INTERNAL,
+        }
+    }
+}
+
+impl ExitCode for crate::linux::LinuxError {
+    fn exit_code(&self) -> i32 {
+        use crate::linux::{ImageError, LinuxError};
+        match self {
+            LinuxError::NotFetched { .. } => NO_IMAGE,
+            LinuxError::NoCache(_) => NO_IMAGE,
+            LinuxError::Image(ImageError::Read(LoadError::Read { .. })) => NO_IMAGE,
+            LinuxError::Image(_) => BAD_IMAGE,
+            LinuxError::ArchMismatch { .. } | LinuxError::Option(_) => USAGE,
+            LinuxError::Backend(_) => KVM_UNAVAILABLE,
+            LinuxError::NoPti { .. } => LINUX_NO_PTI,
         }
     }
 }

@@ -322,7 +322,8 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         svg: None,
         fail_if: Vec::new(),
         quiet: args.quiet,
-        arch: args.arch,
+        arch: Some(args.arch),
+        linux: crate::cli::LinuxArgs::default(),
         backend: args.backend,
         qemu_arg: args.qemu_arg.clone(),
     }

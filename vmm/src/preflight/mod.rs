@@ -51,6 +51,9 @@ pub struct ResolvedRun {
     /// Whether `entry=auto` was settled by the flavour heuristic because
     /// the probe could not run (reports say so).
     pub entry_guessed: bool,
+    /// A Linux guest (`--linux`): the kernel settled, its initramfs packed;
+    /// `None` for ptiscope's own guest.
+    pub linux: Option<Arc<crate::linux::LinuxGuest>>,
 }
 
 impl ResolvedRun {
@@ -79,6 +82,9 @@ pub enum PreflightError {
     /// probe found missing).
     #[error("{0}")]
     Unsupported(String),
+    /// A Linux guest (`--linux`) could not be settled.
+    #[error(transparent)]
+    Linux(#[from] crate::linux::LinuxError),
 }
 
 /// `entry=auto` under QEMU: TCG delivers every entry, so the native one of
@@ -98,6 +104,9 @@ const WORKING_SET_HEADROOM: u64 = 8 << 20;
 /// Settles `config` for `target`. Bad input is reported before KVM is
 /// touched, so that it reads the same on hosts without KVM.
 pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, PreflightError> {
+    if let crate::linux::GuestKind::Linux(req) = &config.guest_kind {
+        return crate::linux::preflight(config, req, target);
+    }
     let layout = MemoryLayout::new(config.mem_mib)?;
     let asked = config.guest.absorb_extra()?;
     // The guest's own image, page tables and stacks take a few MiB; the
@@ -236,5 +245,6 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
         guest,
         cmdline,
         entry_guessed,
+        linux: None,
     })
 }

@@ -43,7 +43,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     if crate::cli::pound::wants_sweep(args) {
         return crate::cli::pound::run(args);
     }
-    let embedded = args.arch.embedded_image();
+    let embedded = args.arch().embedded_image();
     if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
         eprintln!("ptiscope compare: --qemu-arg needs --backend qemu");
         return exit_code::USAGE;

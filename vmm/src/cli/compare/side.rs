@@ -112,6 +112,7 @@ pub fn parse_side(
     c.guest.workload = Some(args.workload);
     c.guest.iterations = Some(args.iterations);
     c.qemu_args = args.qemu_arg.clone();
+    c.guest_kind = args.linux.guest_kind(args.arch);
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let Some((k, v)) = word.split_once('=') else {
             return Err(SideError::NotKeyValue {
@@ -199,6 +200,13 @@ pub fn run_measured(
     };
     match run {
         Ok(o) => {
+            if let Some(l) = &resolved.linux {
+                if let Some(e) = crate::linux::diagnose(&o, l) {
+                    return Err(e);
+                }
+                let s = crate::linux::summary(&o, l);
+                return Ok((o, s));
+            }
             let s = match backend {
                 Backend::Kvm => m.summary(&o, config_words(&o)),
                 Backend::Qemu => summary_from_result(&o, config_words(&o)),
