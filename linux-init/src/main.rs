@@ -52,6 +52,7 @@ fn main() {
 /// isa-debug-exit, the VMM's exit device) and powers off.
 fn stop(status: u32) -> ! {
     let _ = std::io::stdout().flush();
+    sys::drain_console();
     sys::outl(ptiscope_abi::port::EXIT, status);
     sys::power_off();
     // Not reached: PID 1 must not return.

@@ -25,6 +25,7 @@ extern "C" {
     fn read(fd: c_int, buf: *mut c_void, len: usize) -> isize;
     fn write(fd: c_int, buf: *const c_void, len: usize) -> isize;
     fn close(fd: c_int) -> c_int;
+    fn tcdrain(fd: c_int) -> c_int;
     fn clock_gettime(clock: c_int, ts: *mut [c_long; 2]) -> c_int;
     #[cfg(target_arch = "x86")]
     fn getauxval(kind: c_ulong) -> c_ulong;
@@ -136,6 +137,14 @@ pub fn outl(port: u16, value: u32) {
     // SAFETY: the port was granted by ioperm; a write to the phase or exit
     // port has no effect on this process's memory.
     unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack)) };
+}
+
+/// Waits until the console (fd 1, the serial port's tty) has sent what
+/// was written to it: a `write` returns once the tty has the bytes, and an
+/// exit-port write right after would end the VM before the UART sent them.
+pub fn drain_console() {
+    // SAFETY: tcdrain takes a descriptor; on a non-tty it fails harmlessly.
+    unsafe { tcdrain(1) };
 }
 
 /// reboot(RB_POWER_OFF).

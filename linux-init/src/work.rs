@@ -201,7 +201,12 @@ pub fn messaging(c: &Config, pipes: bool) -> Result<Outcome, String> {
             handles.push(std::thread::spawn(f));
         } else {
             match sys::fork_process().map_err(|e| io("fork", e))? {
-                0 => sys::exit_child(if f() { 0 } else { 1 }),
+                0 => {
+                    // The wake-up is the write end's last close: a child
+                    // must not hold a copy of it.
+                    sys::close_fd(wakeup[1]);
+                    sys::exit_child(if f() { 0 } else { 1 })
+                }
                 _ => pids += 1,
             }
         }

@@ -463,6 +463,21 @@ pub fn diagnose(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<(i32, String
     }
     match &outcome.stop {
         StopReason::GuestExit { status: 0 } => {
+            let measures = !guest.init_words.contains("workload=none");
+            let result = outcome
+                .machine_lines
+                .iter()
+                .any(|l| l.starts_with(ptiscope_abi::RESULT_PREFIX));
+            if measures && !result {
+                return Some((
+                    exit_code::VM_ERROR,
+                    format!(
+                        "the Linux guest ended with status 0 but ptiscope's init printed no \
+                         @result line (QEMU itself may have failed){}",
+                        tail()
+                    ),
+                ));
+            }
             match check_pti(guest.pti, guest_pti(outcome), None) {
                 Ok(_) => None,
                 Err(e) => Some((exit_code::VM_ERROR, e)),
@@ -503,7 +518,7 @@ pub fn diagnose(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<(i32, String
             },
         )),
         StopReason::Shutdown { .. } => Some((
-            exit_code::LINUX_PANIC,
+            exit_code::TRIPLE_FAULT,
             format!(
                 "the Linux guest reset or powered off without the init's exit status ({}){}",
                 if init_started(outcome) {
@@ -584,9 +599,6 @@ pub fn summary(outcome: &RunOutcome, guest: &LinuxGuest) -> RunSummary {
     }
     if let Some(ns) = num("ns") {
         s.push(Metric::new("elapsed", "ns", Source::Guest), ns);
-    }
-    if let Some(m) = num("mismatches") {
-        s.push(Metric::new("mismatches", "count", Source::Guest), m);
     }
     if let Some(c) = num("read_cycles") {
         s.push(Metric::new("read_cycles", "cycles", Source::Guest), c);
