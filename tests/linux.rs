@@ -203,10 +203,13 @@ fn messaging_and_poundsyscall_on_debian_686_pae() {
     );
 }
 
-/// A kernel that was asked for pti=on but did not enable PTI
-/// (`mitigations=off` beats `pti=on` in Linux 6.1) fails with 6, the init's message,
-/// never a result; a kernel that panics (no init to run) ends with 3 and
-/// the panic line; a timeout before the init ends with 124 and says so.
+/// The init reads PTI's state from the kernel log, and it follows the
+/// kernel: pti=off gives `@linux ... pti=off` (Linux 6.1 lets `pti=on` win
+/// over `nopti` and `mitigations=off`, so the "asked on, log off" path
+/// needs a kernel built without PTI: the unit tests of `linux::check_pti`
+/// and the configuration check below cover it). A kernel that panics (no
+/// init it can run) ends with 3 and the panic line; a timeout before the
+/// init ends with 124 and says so; no QEMU outlives its run.
 #[test]
 fn linux_failures_end_with_their_code_and_cause() {
     let test = "linux_failures_end_with_their_code_and_cause";
@@ -222,21 +225,15 @@ fn linux_failures_end_with_their_code_and_cause() {
             "--iterations",
             "100",
             "--pti",
-            "on",
+            "off",
             "--append",
-            &format!("nopti {marker}"),
+            &marker,
         ],
     );
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(6), "{}\n{err}", stdout(&o));
-    assert!(
-        err.contains("pti=on") && err.contains("page tables isolation"),
-        "{err}"
-    );
-    assert!(
-        !stdout(&o).contains("@result"),
-        "no result for a PTI that is off"
-    );
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
+    assert!(out.contains(" pti=off asked_pti=off"), "{out}");
+    assert_eq!(result_of(&out)["pti"], "off");
 
     let o = linux_run(
         AMD64.0,
