@@ -598,7 +598,7 @@ pub fn summary(outcome: &RunOutcome, guest: &LinuxGuest) -> RunSummary {
         s.push(Metric::new("cycles", "cycles", Source::Guest), c);
     }
     if let Some(ns) = num("ns") {
-        s.push(Metric::new("elapsed", "ns", Source::Guest), ns);
+        s.push(Metric::new("guest_ns", "ns", Source::Guest), ns);
     }
     if let Some(c) = num("read_cycles") {
         s.push(Metric::new("read_cycles", "cycles", Source::Guest), c);
@@ -625,7 +625,7 @@ mod tests {
         assert!(check_pti(PtiMode::Off, Some(true), None).is_err());
         assert!(check_pti(PtiMode::On, None, None).is_err());
         let v = check_pti(PtiMode::On, Some(true), Some(&obs(1000, 2002))).unwrap();
-        assert_eq!(v.enabled, true);
+        assert!(v.enabled);
         assert!((v.host_cr3_per_syscall.unwrap() - 2.002).abs() < 1e-9);
         // The log says on, the host saw no CR3 writes: an error, not a 0.
         let e = check_pti(PtiMode::On, Some(true), Some(&obs(1000, 0))).unwrap_err();
