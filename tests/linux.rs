@@ -302,7 +302,19 @@ fn an_init_that_never_finishes_times_out() {
         .unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(124), "{err}");
-    assert!(err.contains("init started but did not finish"), "{err}");
+    // Whether the init started is in its banner; on a machine so loaded
+    // that the kernel's boot took the whole timeout, the message must say
+    // that instead, and the test says it could not check the other case.
+    if stdout(&o).contains("ptiscope guest linux-init") {
+        assert!(err.contains("init started but did not finish"), "{err}");
+    } else {
+        assert!(err.contains("did not reach ptiscope's init"), "{err}");
+        ptiscope::test_support::skip(
+            test,
+            "the kernel did not reach the init within 40 s here (a loaded machine): the \
+             init-started timeout message was not checked",
+        );
+    }
 }
 
 /// A minimal bzImage setup header: 64-bit entry or not, and a version string.
