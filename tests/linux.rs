@@ -129,6 +129,47 @@ fn compare_getppid_pti_off_on_debian_686_pae() {
     compare_getppid("compare_getppid_pti_off_on_debian_686_pae", I686);
 }
 
+/// `sweep --linux`: pti=off against pti=on over two working sets (the
+/// companion guest's pti_global_text configuration left out, saying why).
+#[test]
+fn sweep_runs_on_debian_amd64() {
+    let test = "sweep_runs_on_debian_amd64";
+    let Some(_) = kernel_or_skip(test, AMD64.0, AMD64.1) else {
+        return;
+    };
+    let o = ptiscope()
+        .args([
+            "sweep",
+            "--backend",
+            "qemu",
+            "--linux",
+            AMD64.0,
+            "--workload",
+            "getppid",
+        ])
+        .args([
+            "--iterations",
+            "500",
+            "--wss",
+            "0,64K",
+            "--touches",
+            "1x",
+            "--runs",
+            "1",
+        ])
+        .args(["--quiet", "--timeout", "120"])
+        .output()
+        .unwrap();
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
+    assert!(out.contains("compare:   pti=on"), "{out}");
+    assert!(out.contains("an option of ptiscope's own guest"), "{out}");
+    assert!(
+        out.lines().any(|l| l.trim_start().starts_with("64K")),
+        "{out}"
+    );
+}
+
 /// sched-messaging (processes over socket pairs on amd64, threads over
 /// pipes on i386) and poundsyscall with two CPUs, on both kernels.
 fn messaging_and_pound(test: &str, (name, qemu): (&str, &str), messaging: &str, entry: &str) {
@@ -448,5 +489,133 @@ fn the_vmm_backend_refuses_linux_and_points_to_qemu() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(69), "{err}");
     assert!(err.contains("--backend qemu"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Decompresses an LZ4 legacy-format stream (what Linux's
+/// `CONFIG_KERNEL_LZ4` bzImage carries): 4-byte magic, then blocks of a
+/// 4-byte compressed size and an LZ4 block, until the sizes run out.
+fn lz4_legacy(mut input: &[u8]) -> Option<Vec<u8>> {
+    input = input.strip_prefix(&[0x02, 0x21, 0x4c, 0x18][..])?;
+    let mut out = Vec::new();
+    while input.len() >= 4 {
+        let size = u32::from_le_bytes(input[..4].try_into().ok()?) as usize;
+        if size == 0 || size > input.len() - 4 {
+            break;
+        }
+        let mut b = &input[4..4 + size];
+        input = &input[4 + size..];
+        loop {
+            let token = *b.first()?;
+            b = &b[1..];
+            let mut len = (token >> 4) as usize;
+            if len == 15 {
+                loop {
+                    let x = *b.first()?;
+                    b = &b[1..];
+                    len += x as usize;
+                    if x != 255 {
+                        break;
+                    }
+                }
+            }
+            out.extend_from_slice(b.get(..len)?);
+            b = &b[len..];
+            if b.is_empty() {
+                break;
+            }
+            let offset = u16::from_le_bytes([*b.first()?, *b.get(1)?]) as usize;
+            b = &b[2..];
+            let mut mlen = (token & 15) as usize + 4;
+            if token & 15 == 15 {
+                loop {
+                    let x = *b.first()?;
+                    b = &b[1..];
+                    mlen += x as usize;
+                    if x != 255 {
+                        break;
+                    }
+                }
+            }
+            let start = out.len().checked_sub(offset).filter(|_| offset > 0)?;
+            for i in 0..mlen {
+                out.push(out[start + i]);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The ELF vmlinux inside an LZ4 bzImage (its setup header locates the payload).
+fn vmlinux_of(bz: &[u8]) -> Option<Vec<u8>> {
+    let sects = match bz[0x1f1] {
+        0 => 4,
+        n => n as usize,
+    };
+    let u32_at = |o: usize| u32::from_le_bytes(bz[o..o + 4].try_into().unwrap()) as usize;
+    let start = (sects + 1) * 512 + u32_at(0x248);
+    let payload = bz.get(start..start + u32_at(0x24c))?;
+    lz4_legacy(payload).filter(|v| v.starts_with(b"\x7fELF\x02"))
+}
+
+/// The ptiscope VMM boots Debian's vmlinux through its PVH entry far enough
+/// for Linux's first console lines (on kvm_pvm it later stops on CPL0
+/// instructions the emulator lacks; see docs/linux-guests.md). The test
+/// stops the run (SIGTERM) as soon as the banner is on the serial console.
+#[test]
+fn the_vmm_boots_debian_vmlinux_to_its_first_console_lines() {
+    let test = "the_vmm_boots_debian_vmlinux_to_its_first_console_lines";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(bz) = kernel_or_skip(test, AMD64.0, AMD64.1) else {
+        return;
+    };
+    let bytes = std::fs::read(&bz).unwrap();
+    let Some(vmlinux) = vmlinux_of(&bytes) else {
+        ptiscope::test_support::skip(test, "the cached bzImage is not LZ4-compressed");
+        return;
+    };
+    let dir = scratch(test);
+    let (elf, serial) = (dir.join("vmlinux"), dir.join("serial.log"));
+    std::fs::write(&elf, vmlinux).unwrap();
+    let mut child = ptiscope()
+        .args(["run", "--mem", "256", "--timeout", "240", "--kernel"])
+        .arg(&elf)
+        .args([
+            "--cmdline",
+            "console=ttyS0 earlyprintk=serial,ttyS0",
+            "--serial-out",
+        ])
+        .arg(&serial)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let seen = loop {
+        let text = std::fs::read_to_string(&serial).unwrap_or_default();
+        if text.contains("Linux version 6.") {
+            break Some(text);
+        }
+        if child.try_wait().unwrap().is_some() || start.elapsed().as_secs() > 240 {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    // SAFETY: kill(2) of our own child by its pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let text = seen.unwrap_or_else(|| {
+        panic!(
+            "no Linux banner on the VMM's console (ended {status:?}):\n{}",
+            std::fs::read_to_string(&serial).unwrap_or_default()
+        )
+    });
+    eprintln!(
+        "{test}: Linux's banner after {:.1} s: {}",
+        start.elapsed().as_secs_f64(),
+        text.lines().next().unwrap_or("")
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -98,9 +98,13 @@ pub struct SweepArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
-    /// Which embedded guest (with `--kernel`, the image decides).
-    #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
-    pub arch: Arch,
+    /// Which embedded guest (default x86_64; with `--kernel` the image
+    /// decides; with `--linux` it must match the image).
+    #[arg(long, value_enum, conflicts_with = "kernel")]
+    pub arch: Option<Arch>,
+    /// A Linux kernel as the guest (`--backend qemu`).
+    #[command(flatten)]
+    pub linux: crate::cli::LinuxArgs,
     /// Our VMM on KVM, or QEMU TCG (guest-reported cycles per call only).
     #[arg(long, value_enum, default_value = "kvm")]
     pub backend: Backend,
@@ -255,7 +259,17 @@ fn default_configs(args: &SweepArgs) -> (Vec<String>, Vec<Omitted>) {
     ];
     let mut omitted = Vec::new();
     let pcid = "pti=on,pcid=on".to_string();
-    let elf32 = args.kernel.is_none() && args.arch == Arch::I386;
+    if args.linux.linux.is_some() {
+        // pti_global_text and pcid are options of ptiscope's own guest.
+        return (
+            vec!["pti=off".to_string(), "pti=on".to_string()],
+            vec![Omitted {
+                config: "pti=on,cmdline=pti_global_text=on".into(),
+                reason: "an option of ptiscope's own guest, not of Linux".into(),
+            }],
+        );
+    }
+    let elf32 = args.kernel.is_none() && args.arch == Some(Arch::I386);
     if elf32 {
         omitted.push(Omitted {
             config: pcid,
@@ -322,8 +336,8 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         svg: None,
         fail_if: Vec::new(),
         quiet: args.quiet,
-        arch: Some(args.arch),
-        linux: crate::cli::LinuxArgs::default(),
+        arch: args.arch,
+        linux: args.linux.clone(),
         backend: args.backend,
         qemu_arg: args.qemu_arg.clone(),
     }
@@ -397,7 +411,7 @@ pub fn run(args: &SweepArgs) -> i32 {
         }
     };
     let common = compare_args(args);
-    let embedded = args.arch.embedded_image();
+    let embedded = args.arch.unwrap_or(Arch::X86_64).embedded_image();
     // Settle every (cell, configuration) once: image read, entry resolved,
     // host limits checked; every run then boots its resolved run.
     let mut resolved: Vec<Vec<ResolvedRun>> = Vec::new();
@@ -519,9 +533,14 @@ pub fn run(args: &SweepArgs) -> i32 {
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
             &format!("{:?}", args.backend).to_lowercase(),
-            crate::cli::compare::guest_image(&match &args.kernel {
-                Some(p) => crate::machine::loader::KernelSource::Path(p.clone()),
-                None => crate::machine::loader::KernelSource::Embedded(args.arch.embedded_image()),
+            crate::cli::compare::guest_image(&match (&args.kernel, &args.linux.linux) {
+                (Some(p), _) => crate::machine::loader::KernelSource::Path(p.clone()),
+                (None, Some(k)) => crate::machine::loader::KernelSource::Path(
+                    crate::linux::kernel_path(k).unwrap_or_else(|_| k.into()),
+                ),
+                (None, None) => crate::machine::loader::KernelSource::Embedded(
+                    args.arch.unwrap_or(Arch::X86_64).embedded_image(),
+                ),
             }),
             [("configs".to_owned(), labels.clone())].into(),
         )),
