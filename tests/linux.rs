@@ -453,6 +453,11 @@ fn bad_linux_images_and_options_are_refused_before_boot() {
     let o = run(&["--backend", "qemu", "--linux", &p(&x64), "--pcid", "on"]);
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
 
+    let long = "x".repeat(3000);
+    let o = run(&["--backend", "qemu", "--linux", &p(&x64), "--append", &long]);
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    assert!(stderr(&o).contains("at most 2047"), "{}", stderr(&o));
+
     // An unfetched known name says how to fetch it.
     let o = ptiscope()
         .env("PTISCOPE_LINUX_CACHE", dir.join("empty-cache"))

@@ -83,6 +83,9 @@ pub struct LinuxGuest {
 /// timer doesn't work!").
 pub const BASE_CMDLINE: &str = "console=ttyS0 quiet panic=-1 no_timer_check";
 
+/// Longest kernel command line (x86's COMMAND_LINE_SIZE is 2048 with its NUL).
+pub const MAX_CMDLINE: usize = 2047;
+
 /// Errors settling a Linux guest.
 #[derive(Debug, thiserror::Error)]
 pub enum LinuxError {
@@ -297,6 +300,15 @@ pub fn preflight(
     let mut cmdline = format!("{BASE_CMDLINE} {init_words}");
     if !req.append.trim().is_empty() {
         cmdline = format!("{cmdline} {}", req.append.trim());
+    }
+    // x86's COMMAND_LINE_SIZE: a longer line would be cut by the kernel.
+    if cmdline.len() > MAX_CMDLINE {
+        return Err(LinuxError::Option(format!(
+            "the Linux command line is {} bytes; x86 Linux takes at most {MAX_CMDLINE}: shorten \
+             --append or --cmdline",
+            cmdline.len()
+        ))
+        .into());
     }
     let initramfs: Arc<[u8]> = initramfs::build(initramfs::init_for(image.arch)).into();
     let guest = crate::preflight::cmdline::ResolvedOptions {
