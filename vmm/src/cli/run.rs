@@ -159,7 +159,7 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
                 eprintln!("  guest reported: {}", escape_str(f));
             }
             let mut summary = match &resolved.linux {
-                Some(l) => crate::linux::summary(&outcome, l),
+                Some(l) => crate::linux::summary(&outcome, l, None),
                 None => crate::observe::measure::summary_from_result(
                     &outcome,
                     crate::cli::compare::config_words(&outcome),
@@ -177,7 +177,7 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
             if let Some((code, msg)) = resolved
                 .linux
                 .as_ref()
-                .and_then(|l| crate::linux::diagnose(&outcome, l))
+                .and_then(|l| crate::linux::diagnose(&outcome, l, None))
             {
                 eprintln!("ptiscope: error: {msg}");
                 exit = code;

@@ -447,7 +447,15 @@ pub fn init_started(outcome: &RunOutcome) -> bool {
 
 /// Why a Linux run that did not end well ended, in words, with the exit
 /// code it maps to. `None` for a run that ended with the init's success.
-pub fn diagnose(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<(i32, String)> {
+///
+/// `host` is what a host observer saw in the measured phase (the QEMU TCG
+/// plugin, when it is there): its CR3 writes per system call must agree
+/// with the kernel log, or the run fails.
+pub fn diagnose(
+    outcome: &RunOutcome,
+    guest: &LinuxGuest,
+    host: Option<&HostPhaseObservation>,
+) -> Option<(i32, String)> {
     use crate::cli::exit_code::{self, ExitCode as _};
     use crate::machine::StopReason;
     let tail = || {
@@ -492,7 +500,7 @@ pub fn diagnose(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<(i32, String
                     ),
                 ));
             }
-            match check_pti(guest.pti, guest_pti(outcome), None) {
+            match check_pti(guest.pti, guest_pti(outcome), host) {
                 Ok(_) => None,
                 Err(e) => Some((exit_code::VM_ERROR, e)),
             }
@@ -551,7 +559,12 @@ pub fn diagnose(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<(i32, String
 /// rates divide by the calls the init made (`iterations`; messages for
 /// sched-messaging; all threads' calls for poundsyscall) — its phase is
 /// bracketed by port writes, not by a system call.
-pub fn summary(outcome: &RunOutcome, guest: &LinuxGuest) -> RunSummary {
+/// `host` is the host observer's view of the phase, if one ran.
+pub fn summary(
+    outcome: &RunOutcome,
+    guest: &LinuxGuest,
+    host: Option<&HostPhaseObservation>,
+) -> RunSummary {
     let result = crate::observe::measure::result_fields(outcome);
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
     let parsed: String = guest
@@ -595,11 +608,19 @@ pub fn summary(outcome: &RunOutcome, guest: &LinuxGuest) -> RunSummary {
         guest.version.as_deref().unwrap_or("version unknown"),
         s.iteration_name
     ));
-    match check_pti(guest.pti, guest_pti(outcome), None) {
+    match check_pti(guest.pti, guest_pti(outcome), host) {
         Ok(v) => s.notes.push(format!(
-            "PTI {} (the kernel log, read by the init); the host-side check (CR3 writes per \
-             system call seen by a host observer) is not available on this backend yet",
-            if v.enabled { "enabled" } else { "not enabled" }
+            "PTI {} (the kernel log, read by the init); {}",
+            if v.enabled { "enabled" } else { "not enabled" },
+            match (host, v.host_cr3_per_syscall) {
+                (Some(h), Some(p)) => format!(
+                    "the host ({}) agrees: {p:.2} CR3 writes per system call",
+                    h.source
+                ),
+                _ => "the host-side check (CR3 writes per system call seen by a host \
+                      observer) is not available on this backend yet"
+                    .to_string(),
+            }
         )),
         Err(e) => s.notes.push(format!("PTI check failed: {e}")),
     }
@@ -646,6 +667,80 @@ mod tests {
         assert!(e.contains("disagree"), "{e}");
         assert!(check_pti(PtiMode::Auto, Some(false), Some(&obs(1000, 2000))).is_err());
         assert!(check_pti(PtiMode::Auto, Some(false), Some(&obs(1000, 3))).is_ok());
+    }
+
+    fn outcome(stop: crate::machine::StopReason, lines: &[&str], tail: &[&str]) -> RunOutcome {
+        RunOutcome {
+            stop,
+            stopped_by: None,
+            vcpus: Vec::new(),
+            run_time: std::time::Duration::ZERO,
+            setup_time: std::time::Duration::ZERO,
+            exits: Default::default(),
+            machine_lines: lines.iter().map(|l| l.to_string()).collect(),
+            banner: Some("ptiscope guest linux-init x86_64 0.1.0 (Linux 6.1)".into()),
+            console_tail: tail.iter().map(|l| l.to_string()).collect(),
+            console_bytes: 1,
+            dropped_machine_lines: 0,
+            phases: Vec::new(),
+            dropped_phase_events: 0,
+            unknown_accesses: 0,
+            cmdline: String::new(),
+            entry: None,
+            arch_capabilities: None,
+            mem_mib: 128,
+            telemetry_addr: 0,
+            outputs: Vec::new(),
+        }
+    }
+
+    fn guest(pti: PtiMode) -> LinuxGuest {
+        LinuxGuest {
+            path: "/k".into(),
+            arch: LinuxArch::X86_64,
+            format: ImageFormat::BzImage,
+            version: None,
+            config_pti: None,
+            initramfs: Arc::from(&b""[..]),
+            init_words: format!("pti={pti} workload=getppid iterations=10"),
+            pti,
+        }
+    }
+
+    #[test]
+    fn diagnose_names_each_end_and_takes_the_host_observation() {
+        use crate::machine::StopReason;
+        let ok_lines = [
+            "@linux release=6.1 arch=x86_64 pti=on asked_pti=on",
+            "@result workload=getppid iterations=10 cycles=1 ns=1 pti=on",
+        ];
+        let g = guest(PtiMode::On);
+        let done = outcome(StopReason::GuestExit { status: 0 }, &ok_lines, &[]);
+        assert_eq!(diagnose(&done, &g, None), None);
+        assert_eq!(diagnose(&done, &g, Some(&obs(10, 20))), None);
+        // The host saw no CR3 writes although the log says PTI is on.
+        let (code, msg) = diagnose(&done, &g, Some(&obs(10, 0))).unwrap();
+        assert_eq!(code, crate::cli::exit_code::VM_ERROR);
+        assert!(msg.contains("disagree"), "{msg}");
+        // Status 0 without a result line is not a success.
+        let bare = outcome(StopReason::GuestExit { status: 0 }, &ok_lines[..1], &[]);
+        assert!(diagnose(&bare, &g, None).unwrap().1.contains("no @result"));
+        let panic = outcome(
+            StopReason::Shutdown { regs: None },
+            &[],
+            &["[ 0.03] Kernel panic - not syncing: VFS: Unable to mount root fs"],
+        );
+        let (code, msg) = diagnose(&panic, &g, None).unwrap();
+        assert_eq!(code, crate::cli::exit_code::LINUX_PANIC);
+        assert!(msg.contains("Unable to mount root fs"), "{msg}");
+        let s = summary(&done, &g, Some(&obs(10, 20)));
+        assert!(
+            s.notes
+                .iter()
+                .any(|n| n.contains("agrees: 2.00 CR3 writes")),
+            "{:?}",
+            s.notes
+        );
     }
 
     #[test]

@@ -201,10 +201,10 @@ pub fn run_measured(
     match run {
         Ok(o) => {
             if let Some(l) = &resolved.linux {
-                if let Some(e) = crate::linux::diagnose(&o, l) {
+                if let Some(e) = crate::linux::diagnose(&o, l, None) {
                     return Err(e);
                 }
-                let s = crate::linux::summary(&o, l);
+                let s = crate::linux::summary(&o, l, None);
                 return Ok((o, s));
             }
             let s = match backend {
