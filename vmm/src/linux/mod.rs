@@ -16,6 +16,9 @@
 //! [`HostPhaseObservation`] from whatever watched the guest: a QEMU TCG
 //! plugin, or KVM's tlb_flush under shadow paging). Until such an observer
 //! exists the host half is reported as not available, never as agreement.
+//!
+//! Size: a Linux run's whole life past the CLI in one place (settling it,
+//! the PTI checks, how it ended, its summary); about 170 lines are tests.
 
 pub mod fetch;
 pub mod image;
