@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-30}
-targets=(loader guest_cmdline telemetry pagetables fail_if exit_dispatch)
+targets=(loader guest_cmdline telemetry pagetables fail_if exit_dispatch qemu_plugin)
 if [ $# -gt 0 ]; then
     targets=("$@")
 fi

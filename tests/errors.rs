@@ -117,8 +117,19 @@ fn unknown_workloads_and_repeated_keys_are_refused_before_boot() {
         ),
         (
             &["--cmdline", "telemetry=0x1000"][..],
-            "telemetry= is always the VMM's",
+            "`telemetry=` in --cmdline: the VMM owns it",
         ),
+        // The guest would wait for CPUs the VMM never created (it made
+        // one): the VMM's keys are refused in --cmdline, naming the option.
+        (
+            &["--cmdline", "cpus=2 threads=2", "--workload", "poundsyscall"][..],
+            "`cpus=` in --cmdline: the VMM owns it (the guest starts the CPUs the VMM created); give --cpus N instead",
+        ),
+        (
+            &["--cpus", "2", "--cmdline", "cpus=1"][..],
+            "give --cpus N instead",
+        ),
+        (&["--cmdline", "rdcl_no=1"][..], "--cpu-vuln"),
         (
             &["--cmdline", "workload=bogus"][..],
             "expected one of none|getpid",
@@ -343,4 +354,105 @@ fn an_entry_point_outside_every_segment_is_refused_for_every_image_and_backend()
             assert!(!err.contains("QEMU"), "QEMU was not started: {err}");
         }
     }
+}
+
+/// The smaller cases of issue 18: each exits with the code docs/running.md
+/// gives and says what to do.
+#[test]
+fn smaller_bad_inputs_exit_as_documented() {
+    // A --fail-if threshold that underflows is refused, not turned into 0.
+    let o = ptiscope()
+        .args(["compare", "--fail-if", "ns_per_call>1e-400"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(err.contains("below the smallest normal f64"), "{err}");
+    // The i386 guest's working-set advice does not point above its 768 MiB.
+    let o = ptiscope()
+        .args([
+            "run",
+            "--arch",
+            "i386",
+            "--mem",
+            "768",
+            "--workload",
+            "getpid",
+        ])
+        .args(["--cmdline", "wss=1008M"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(err.contains("a 32-bit guest has at most 768 MiB"), "{err}");
+    assert!(!err.contains("up to 1024"), "{err}");
+    let o = ptiscope()
+        .args([
+            "run",
+            "--mem",
+            "512",
+            "--workload",
+            "getpid",
+            "--cmdline",
+            "wss=600M",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("raise --mem (to 608 or more, up to 1024)"),
+        "{err}"
+    );
+    // --cpus outside 1..=8 is a usage error (64).
+    let o = ptiscope().args(["run", "--cpus", "9"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+}
+
+/// More vCPUs than this host's KVM recommends is a host limit: 69, naming
+/// the count to use (docs/running.md, `--cpus`).
+#[test]
+fn more_vcpus_than_kvm_recommends_is_a_host_limit() {
+    if !kvm_or_skip("more_vcpus_than_kvm_recommends_is_a_host_limit") {
+        return;
+    }
+    let o = ptiscope()
+        .args(["run", "--cpus", "8", "--timeout", "5"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    if !err.contains("recommends at most") {
+        ptiscope::test_support::skip(
+            "more_vcpus_than_kvm_recommends_is_a_host_limit",
+            "this host's KVM recommends 8 vCPUs or more",
+        );
+        return;
+    }
+    assert_eq!(o.status.code(), Some(69), "{err}");
+}
+
+/// An argument QEMU refuses ends the run with 81 and QEMU's own message.
+#[test]
+fn a_qemu_argument_qemu_refuses_is_81_with_its_message() {
+    let qemu = std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !qemu {
+        ptiscope::test_support::skip(
+            "a_qemu_argument_qemu_refuses_is_81_with_its_message",
+            "qemu-system-x86_64 is not installed",
+        );
+        return;
+    }
+    let o = ptiscope()
+        .args(["run", "--backend", "qemu", "--qemu-arg=--bogus"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(81), "{err}");
+    assert!(
+        err.contains("before the guest reported a status") && err.contains("--bogus"),
+        "{err}"
+    );
 }

@@ -87,7 +87,19 @@ fn x86_64_delivers_every_message_with_the_expected_cr3_writes_as_processes_and_t
                 "{what}"
             );
             let checks = v["cross_checks"].as_array().unwrap();
-            assert!(!checks.is_empty(), "{what}: no cross-check");
+            // KVM counts the guest's CR3 switches only where it intercepts
+            // them (shadow paging); with EPT/NPT the run says so in a note.
+            if v["environment"]["kvm"]["sees_cr3_writes"] == true {
+                assert!(!checks.is_empty(), "{what}: no cross-check");
+            } else {
+                ptiscope::test_support::skip(
+                    &format!("{what}: KVM tlb_flush cross-check"),
+                    &format!(
+                        "this KVM does not intercept guest CR3 writes ({} paging)",
+                        v["environment"]["kvm"]["paging"]
+                    ),
+                );
+            }
             for c in checks {
                 assert_eq!(c["agrees"], true, "{what}: {c}");
             }

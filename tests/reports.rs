@@ -43,6 +43,12 @@ fn run_json_has_the_environment_block() {
         "{env}"
     );
     assert!(env["probe"]["pcid_usable"].is_boolean(), "{env}");
+    // And whether a guest CR3 write costs user code a TLB refill here.
+    assert!(
+        ["visible", "not_visible", "unmeasured"]
+            .contains(&env["probe"]["cr3_write_refill"].as_str().unwrap_or("")),
+        "{env}"
+    );
     assert_eq!(
         env["guest_image"]["sha256"],
         ptiscope::report::environment::sha256_hex(ptiscope::GUEST_X86_64)

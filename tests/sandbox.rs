@@ -81,6 +81,9 @@ fn vcpu_and_metrics_threads_run_under_seccomp_by_default() {
     assert_eq!(modes.get("metrics"), Some(&2), "{modes:?}");
     // The main thread builds VMs and writes reports: not confined (documented).
     assert_eq!(modes.get("ptiscope"), Some(&0), "{modes:?}");
+    // Nor are the output writer threads (documented in docs/running.md):
+    // they write queued bytes to descriptors opened before the boot.
+    assert_eq!(modes.get("output"), Some(&0), "{modes:?}");
 }
 
 #[test]

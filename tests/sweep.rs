@@ -1,8 +1,10 @@
 //! `ptiscope sweep`, end to end: the grid it runs, its JSON/CSV/SVG, bad
 //! usage, the i386 flavour under QEMU, and the TLB half of PTI's cost:
-//! with PTI the user loop's reads of a 4 MiB working set take longer per
-//! call than without (the guest's own user-mode timing of its reads,
-//! medians of interleaved runs; a one-sided check with a wide margin).
+//! where the host shows it (the probe's `cr3_write_refill`), with PTI the
+//! user loop's reads of a 4 MiB working set take longer per call than
+//! without (the guest's own user-mode timing of its reads, medians of
+//! interleaved runs; a one-sided check with a wide margin); and the probe's
+//! verdict agrees with that direct measurement wherever it is clear.
 
 mod common;
 
@@ -83,6 +85,16 @@ fn a_small_sweep_has_every_cell_and_output() {
     assert_eq!(cell(&v, 65536, "1x")["touches"], 16);
     // Every JSON report records where it came from.
     assert!(v["environment"]["host"].is_object(), "{}", v["environment"]);
+    let pvm = v["environment"]["kvm"]["module"] == "kvm_pvm";
+    if !pvm {
+        ptiscope::test_support::skip(
+            "sweep outputs: one KVM tlb_flush per call with PTI",
+            &format!(
+                "that is kvm_pvm's shadow MMU; this KVM is {} ({} paging)",
+                v["environment"]["kvm"]["module"], v["environment"]["kvm"]["paging"]
+            ),
+        );
+    }
     for c in v["cells"].as_array().unwrap() {
         let configs = c["configs"].as_array().unwrap();
         assert_eq!(configs.len(), 3);
@@ -115,7 +127,11 @@ fn a_small_sweep_has_every_cell_and_output() {
             // preemption, a few per 201-call run on a busy host, hence the
             // margin (0.2 per call is 40 flushes in a run).
             let flush = k["tlb_flush_per_call"].as_f64().unwrap();
-            if i == 0 {
+            if !pvm {
+                // Other KVMs flush per CR3 write (shadow paging) or not at
+                // all for guest CR3 writes (EPT/NPT): checked in the runs'
+                // own cross-checks, not here.
+            } else if i == 0 {
                 assert!(flush < 0.2, "{k}");
             } else {
                 assert!((0.99..1.2).contains(&flush), "{k}");
@@ -127,16 +143,70 @@ fn a_small_sweep_has_every_cell_and_output() {
     }
     // 1 % and 5 % for each working set and compare configuration.
     assert_eq!(v["crossings"].as_array().unwrap().len(), 2 * 2 * 2);
-    assert!(out.contains("overhead crosses 1 % and 5 %"), "{out}");
     let csv = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv.lines().count(), 1 + 3 * 3, "{csv}");
     assert!(csv.starts_with("wss,touches_spec,"));
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert!(svg.contains("<polyline"), "a curve per working set");
-    assert!(svg.contains("heat map"), "and a heat map");
+    assert!(svg.contains("overhead of pti=on"), "and a heat map");
     assert!(svg.contains("user-mode refill"), "and the refill per page");
+    render_png(&svg, "sweep-small");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The 4 MiB sweep both refill tests read (run once per test binary): its
+/// exit code, JSON and output.
+fn sweep_4m() -> &'static (Option<i32>, Value, String) {
+    static SWEEP: std::sync::OnceLock<(Option<i32>, Value, String)> = std::sync::OnceLock::new();
+    SWEEP.get_or_init(|| {
+        let _turn = turn();
+        let dir = scratch("sweep-delta");
+        let r = sweep(
+            &[
+                "--wss",
+                "0,4M",
+                "--touches",
+                "1x",
+                "--runs",
+                "5",
+                "--iterations",
+                "1000",
+                "--config",
+                "pti=off",
+                "--config",
+                "pti=on",
+            ],
+            &dir,
+        );
+        let _ = std::fs::remove_dir_all(dir);
+        r
+    })
+}
+
+/// The user loop's own reads of the 4 MiB working set, timed by the guest
+/// in user mode (RDTSC around each iteration's reads; the fewest cycles of
+/// one iteration, median over the runs): with PTI's CR3 switches minus
+/// without, per page (1024 pages): what a refill after every flushing CR3
+/// write costs, measured directly in the real guest.
+fn direct_growth_per_page(v: &Value, out: &str) -> (f64, f64, f64) {
+    let c4 = cell(v, 4 << 20, "1x");
+    let reads = |i: usize| {
+        c4["configs"][i]["read_cycles_min"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no read_cycles_min for config {i}:\n{out}"))
+    };
+    let (off, on) = (reads(0), reads(1));
+    ((on - off) / 1024.0, off, on)
+}
+
+/// The probe's verdict as the sweep's JSON carries it, and its figure.
+fn sweep_verdict(v: &Value) -> (String, String) {
+    let r = &v["cr3_write_refill"];
+    (
+        r["verdict"].as_str().unwrap_or("missing").to_owned(),
+        r.to_string(),
+    )
 }
 
 #[test]
@@ -144,46 +214,95 @@ fn pti_costs_the_4m_working_set_a_refill_per_call() {
     if !kvm_or_skip("PTI refill grows with the working set") {
         return;
     }
-    let _turn = turn();
-    let dir = scratch("sweep-delta");
-    let (code, v, out) = sweep(
-        &[
-            "--wss",
-            "0,4M",
-            "--touches",
-            "1x",
-            "--runs",
-            "5",
-            "--iterations",
-            "1000",
-            "--config",
-            "pti=off",
-            "--config",
-            "pti=on",
-        ],
-        &dir,
-    );
-    assert_eq!(code, Some(0), "{out}");
-    // The user loop's own reads of the working set, timed by the guest in
-    // user mode (RDTSC around each iteration's reads; the fewest cycles of
-    // one iteration, median over the runs): after every flushing CR3 write
-    // they walk their 1024 pages in again. Measured here ~5-6 cycles per
+    let (code, v, out) = sweep_4m();
+    assert_eq!(*code, Some(0), "{out}");
+    assert!(cell(v, 0, "-")["configs"][1]["read_cycles_min"].is_null());
+    // Only where the host makes user code walk its pages in again after a
+    // guest CR3 write (the probe's cr3_write_refill) is there a refill to see.
+    let (verdict, probe) = sweep_verdict(v);
+    if verdict != "visible" {
+        ptiscope::test_support::skip(
+            "PTI refill grows with the working set",
+            &format!(
+                "the probe finds a guest CR3 write costs user code no TLB refill on this host \
+                 (cr3_write_refill {verdict}: {probe}); `ptiscope probe` has the figures"
+            ),
+        );
+        return;
+    }
+    // Where it shows (Intel Xeon under kvm_pvm): measured ~5-6 cycles per
     // page (~15k vs ~10k cycles per call); the check asks for 1 cycle per
-    // page. Without a working set there are no reads: the delta is 0 there.
-    let c4 = cell(&v, 4 << 20, "1x");
-    let reads = |i: usize| c4["configs"][i]["read_cycles_min"].as_f64().unwrap();
-    let (off, on) = (reads(0), reads(1));
+    // page. Without a working set there are no reads.
+    let (per_page, off, on) = direct_growth_per_page(v, out);
     assert!(
-        on - off > 1024.0,
+        per_page > 1.0,
         "with PTI the 4 MiB working set's reads should take over 1 cycle per page more \
-         ({on:.0} vs {off:.0} cycles per call):\n{out}"
+         ({on:.0} vs {off:.0} cycles per call; probe {probe}):\n{out}"
     );
-    assert!(cell(&v, 0, "-")["configs"][1]["read_cycles_min"].is_null());
     // The same refill in the whole call (host clock), against the delta
     // without a working set, is what Gregg's plot shows; on this shared
     // 2-core machine other load moves a call by tens of µs, more than the
     // ~10 µs refill, so that form is printed by the sweep but not asserted.
-    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Below this many cycles per page of direct growth the guest's reads
+/// clearly pay no refill (the hidden host: 0-0.4 typically); above
+/// [`CLEARLY_VISIBLE`] they clearly do (Intel hosts: 5-6). In between the
+/// direct measurement decides nothing and the check skips, saying so: on a
+/// busy 2-core AMD host one side's fewest read cycles was once seen 2.1
+/// cycles per page apart with no refill at all (7618 vs 5460 per call), so
+/// the visible bound sits above that noise and below the Intel figure.
+const CLEARLY_HIDDEN: f64 = 1.0;
+const CLEARLY_VISIBLE: f64 = 4.0;
+
+#[test]
+fn the_probes_refill_verdict_agrees_with_the_guests_own_reads() {
+    if !kvm_or_skip("refill verdict against the guest's reads") {
+        return;
+    }
+    let (code, v, out) = sweep_4m();
+    assert_eq!(*code, Some(0), "{out}");
+    let (verdict, probe) = sweep_verdict(v);
+    assert!(
+        ["visible", "not_visible", "unknown"].contains(&verdict.as_str()),
+        "the sweep carries the probe's verdict: {probe}"
+    );
+    if verdict == "unknown" {
+        ptiscope::test_support::skip(
+            "refill verdict against the guest's reads",
+            &format!("the probe could not measure here: {probe}"),
+        );
+        return;
+    }
+    let (per_page, off, on) = direct_growth_per_page(v, out);
+    let seen = format!(
+        "direct: the real guest's reads of 4 MiB take {per_page:.2} cycles per page more with PTI \
+         ({on:.0} vs {off:.0} cycles per call); probe: {probe}"
+    );
+    println!("refill verdict check: {seen}");
+    if per_page <= CLEARLY_HIDDEN {
+        assert_eq!(
+            verdict, "not_visible",
+            "no growth, yet the probe says visible: {seen}"
+        );
+    } else if per_page >= CLEARLY_VISIBLE {
+        assert_eq!(
+            verdict, "visible",
+            "growth, yet the probe says not visible: {seen}"
+        );
+    } else {
+        ptiscope::test_support::skip(
+            "refill verdict against the guest's reads",
+            &format!(
+                "the direct measurement is between {CLEARLY_HIDDEN} and {CLEARLY_VISIBLE} cycles \
+                 per page, too close to call either way ({seen})"
+            ),
+        );
+    }
+    // Where the host hides the refill, the text says so instead of a figure.
+    if verdict == "not_visible" {
+        assert!(out.contains("refill hidden by this host: probe"), "{out}");
+    }
 }
 
 #[test]
@@ -219,7 +338,6 @@ fn poundsyscall_sweeps_with_one_thread_per_vcpu() {
         (v["workload"].as_str(), v["cpus"].as_u64()),
         (Some("poundsyscall"), Some(2))
     );
-    assert!(out.contains("2 vCPUs; each thread"), "{out}");
     assert_eq!(v["cells"].as_array().unwrap().len(), 2, "{v}");
     for c in v["cells"].as_array().unwrap() {
         let configs = c["configs"].as_array().unwrap();
@@ -298,8 +416,13 @@ fn the_i386_flavour_sweeps_under_qemu() {
     let c = cell(&v, 65536, "1x");
     assert!(c["configs"][1]["median"].as_f64().unwrap() > 0.0);
     assert_eq!(c["configs"][1]["cr3_writes_per_call"], 2.0);
-    // No host clock: no syscall rates, so no crossings, and the text says why.
+    // No host clock: no syscall rates, so no crossings.
     assert!(v["crossings"].as_array().unwrap().is_empty());
-    assert!(out.contains("no syscall rates"), "{out}");
+    assert_eq!(v["time_unit"], "cycles");
+    assert!(v["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["syscall_rate"].is_null()));
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -275,7 +275,14 @@ fn each_call_reads_the_kernel_working_set() {
             insns.push((kwss, pti == "on", k));
         }
     }
-    if insns.iter().all(|(_, _, k)| k.is_some()) {
+    if insns.iter().any(|(_, _, k)| k.is_none()) {
+        ptiscope::test_support::skip(
+            "each_call_reads_the_kernel_working_set",
+            "this host's KVM reports no kernel_instructions row (no insn_emulation: kernel code \
+             is not emulated), so the kernel instructions the reads add cannot be counted; \
+             the exact syscall, CR3 and kernel_touched counts above were checked",
+        );
+    } else {
         let get = |kwss: u64, pti: bool| {
             insns
                 .iter()

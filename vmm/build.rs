@@ -65,6 +65,59 @@ fn main() {
         };
         println!("cargo:rustc-env={var}={}", elf.display());
     }
+    build_qemu_plugins(&root);
+}
+
+/// The QEMU TCG plugin (`qemu-plugin/`, GPL-2.0-or-later), built twice with
+/// rustc directly (it has no dependencies): for plugin API version 1 (QEMU
+/// 6.0 to 8.2) and version 2 (QEMU 9.0 on), into this build's OUT_DIR.
+/// `PTISCOPE_QEMU_PLUGIN_API1`/`_API2` name the files; ptiscope loads one
+/// into QEMU by path (it never links the plugin). A build without a working
+/// rustc for them leaves the variables unset: `--backend qemu` then says the
+/// plugin is missing instead of the build failing.
+fn build_qemu_plugins(root: &Path) {
+    let src = root.join("qemu-plugin").join("src");
+    println!("cargo:rerun-if-changed={}", src.display());
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    for (var, file, cfg) in [
+        (
+            "PTISCOPE_QEMU_PLUGIN_API1",
+            "libptiscope_tcg_plugin_api1.so",
+            None,
+        ),
+        (
+            "PTISCOPE_QEMU_PLUGIN_API2",
+            "libptiscope_tcg_plugin_api2.so",
+            Some("feature=\"api-v2\""),
+        ),
+    ] {
+        let out = out_dir.join(file);
+        let mut cmd = Command::new(&rustc);
+        cmd.args([
+            "--edition",
+            "2021",
+            "--crate-type",
+            "cdylib",
+            "--crate-name",
+            "ptiscope_tcg_plugin",
+            "-C",
+            "opt-level=3",
+            "-C",
+            "panic=abort",
+        ])
+        .arg("-o")
+        .arg(&out)
+        .arg(src.join("lib.rs"));
+        if let Some(cfg) = cfg {
+            cmd.args(["--cfg", cfg]);
+        }
+        match cmd.status() {
+            Ok(s) if s.success() => println!("cargo:rustc-env={var}={}", out.display()),
+            Ok(s) => println!("cargo:warning=building the QEMU plugin ({file}) failed: {s}"),
+            Err(e) => println!("cargo:warning=could not run {rustc} for the QEMU plugin: {e}"),
+        }
+    }
 }
 
 /// (target triple, env var naming the built init) of `linux-init`.

@@ -9,6 +9,7 @@ mod boot;
 mod compare;
 mod flavours;
 mod measure;
+mod plugin;
 mod syscall;
 mod telemetry;
 
@@ -43,6 +44,9 @@ enum Bench {
     /// x86_32 PAE beside x86_64: getpid instructions per call with PTI off and on
     /// (QEMU -icount for both flavours, KVM insn_emulation for x86_64).
     Flavours(flavours::FlavoursArgs),
+    /// QEMU TCG plugin cost: getpid under `--backend qemu` with the plugin vs `--no-plugin`,
+    /// interleaved; speed ratio (target >= 0.75).
+    Plugin(plugin::PluginArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Bench::Repeat(args) => telemetry::run_repeat(&ptiscope, &args),
         Bench::Syscall(args) => syscall::run(&ptiscope, &args),
         Bench::Flavours(args) => flavours::run(&ptiscope, &args),
+        Bench::Plugin(args) => plugin::run(&ptiscope, &args),
     };
     match result {
         Ok(report) => {

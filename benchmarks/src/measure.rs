@@ -10,6 +10,9 @@ pub struct Sample {
     pub max_rss_kib: u64,
     /// Exit code, or `None` if killed by a signal.
     pub code: Option<i32>,
+    /// User + system CPU time of the child and the children it reaped
+    /// (QEMU under `ptiscope --backend qemu`).
+    pub cpu: Duration,
 }
 
 /// Spawns `cmd` with output discarded, waits with `wait4` to get the child's
@@ -38,10 +41,17 @@ pub fn run(cmd: &mut Command) -> std::io::Result<Sample> {
     } else {
         None
     };
+    let tv = |t: libc::timeval| {
+        Duration::new(
+            t.tv_sec.max(0) as u64,
+            (t.tv_usec.clamp(0, 999_999) * 1000) as u32,
+        )
+    };
     Ok(Sample {
         wall,
         max_rss_kib: usage.ru_maxrss as u64,
         code,
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
     })
 }
 

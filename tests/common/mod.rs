@@ -168,3 +168,35 @@ pub fn row_per_call(v: &serde_json::Value, name: &str) -> f64 {
         .and_then(|r| r["per_iteration"].as_f64())
         .unwrap_or_else(|| panic!("no rate {name} in {v}"))
 }
+
+/// Renders `svg` with resvg (text through the system's fonts): panics,
+/// failing the test, when it does not parse or renders (almost) blank.
+/// With `PTISCOPE_PNG_DIR` set, writes `name.png` there to be looked at.
+pub fn render_png(svg: &str, name: &str) {
+    let mut opt = resvg::usvg::Options::default();
+    opt.fontdb_mut().load_system_fonts();
+    let tree = resvg::usvg::Tree::from_str(svg, &opt).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let size = tree.size().to_int_size();
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height())
+        .unwrap_or_else(|| panic!("{name}: empty picture"));
+    resvg::render(
+        &tree,
+        resvg::tiny_skia::Transform::default(),
+        &mut pixmap.as_mut(),
+    );
+    let ink = pixmap
+        .pixels()
+        .iter()
+        .filter(|p| p.red() < 200 || p.green() < 200 || p.blue() < 200)
+        .count();
+    assert!(
+        ink > 500,
+        "{name}: rendered (almost) blank: {ink} dark pixels"
+    );
+    if let Some(dir) = std::env::var_os("PTISCOPE_PNG_DIR") {
+        let path = Path::new(&dir).join(format!("{name}.png"));
+        pixmap
+            .save_png(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}

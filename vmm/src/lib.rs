@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod input;
 pub mod linux;
 pub mod machine;
 pub mod observe;
@@ -18,9 +19,33 @@ pub mod preflight;
 pub mod probe;
 pub mod report;
 pub mod sandbox;
+pub mod spec;
 
-pub use machine::{run, run_vm, NoObserver, PhaseObserver, RunError, RunOutcome, StopReason};
-pub use preflight::{preflight, ResolvedRun, RunConfig, SerialOut, Target};
+pub use machine::{run, NoObserver, PhaseObserver, RunError, RunOutcome, StopReason};
+pub use preflight::{preflight, PreflightError};
+pub use spec::{ResolvedRun, RunConfig, SerialOut, Target};
+
+/// Errors of [`run_vm`]: the request could not be settled, or the VM could
+/// not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunVmError {
+    /// The request could not be resolved ([`preflight()`]).
+    #[error(transparent)]
+    Preflight(#[from] PreflightError),
+    /// The VM could not be built or run ([`machine::run`]).
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+/// Settles `config` for this host's KVM ([`preflight()`]) and runs it
+/// ([`machine::run`]): the one-call entry point of the library.
+pub fn run_vm(
+    config: &RunConfig,
+    observer: &mut (dyn PhaseObserver + Send),
+) -> Result<RunOutcome, RunVmError> {
+    let resolved = preflight(config, Target::Kvm)?;
+    Ok(run(&resolved, observer)?)
+}
 
 /// The embedded default guest image, x86_64 flavour (built by `vmm/build.rs`).
 pub static GUEST_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_GUEST_X86_64"));

@@ -23,6 +23,9 @@
 //! Size: one concern (outputs that never block the run: open with a deadline,
 //! bounded queues, a drain deadline) whose pieces share the queue's
 //! invariants; about 100 of its lines are tests.
+//!
+//! The guest console's destination ([`SerialOut`], [`console_output`]) is
+//! in `output/console.rs`.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -37,6 +40,9 @@ use std::time::{Duration, Instant};
 
 use crate::machine::signals;
 
+mod console;
+pub use console::{console_output, ConsoleWriter, SerialOut};
+
 /// How long the queued outputs may keep draining after the guest has
 /// stopped. One deadline for all of a run's queues (they drain
 /// concurrently), so a run with every output stalled ends this long after
@@ -46,6 +52,10 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// write. A document that fits in a pipe's buffer (64 KiB; a run summary
 /// does) never waits at all, even for a reader that does not read.
 pub const DOCUMENT_GRACE: Duration = Duration::from_millis(500);
+/// How long a record (queued chunk) whose first bytes reached the reader
+/// may take to complete after the drain deadline, so that the stream ends
+/// on a whole record unless its reader takes none of it for this long.
+const RECORD_GRACE: Duration = Duration::from_millis(200);
 /// Bytes an [`OutputQueue`] holds before it drops what it is given.
 pub const QUEUE_BYTES: usize = 1 << 20;
 /// A [`QueueWriter`] hands its buffer to the queue at every flush, or when
@@ -85,6 +95,16 @@ pub enum OpenError {
         /// Seconds waited.
         waited_s: f64,
     },
+    /// Two outputs were given the same file.
+    #[error("{first} and {second} are the same file ({path}); give each output its own file")]
+    SamePath {
+        /// The first option.
+        first: &'static str,
+        /// The second option.
+        second: &'static str,
+        /// The path.
+        path: PathBuf,
+    },
     /// A termination signal arrived while waiting for a FIFO's reader.
     #[error("{} while waiting for a reader of {what} {path}", signals::describe(*signal))]
     Interrupted {
@@ -98,11 +118,25 @@ pub enum OpenError {
 }
 
 /// An opened output file (regular file, FIFO or device), non-blocking.
+/// A document opened with [`open_document`] on a regular file (or a path
+/// that does not exist yet) is written to a temporary file beside it,
+/// renamed into place once complete, removed if never completed.
 #[derive(Debug)]
 pub struct OutputFile {
     file: File,
     path: PathBuf,
     what: &'static str,
+    /// The temporary file being written, until it is renamed to `path`.
+    temp: Mutex<Option<PathBuf>>,
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        let temp = self.temp.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = temp.take() {
+            let _ = std::fs::remove_file(t);
+        }
+    }
 }
 
 /// Opens each output that was given (`(option, path)` pairs, `None` for an
@@ -112,13 +146,97 @@ pub fn open_outputs<const N: usize>(
     outputs: [(&'static str, Option<&Path>); N],
     wait: Duration,
 ) -> Result<[Option<OutputFile>; N], OpenError> {
+    check_distinct(&outputs)?;
     let mut files: [Option<OutputFile>; N] = std::array::from_fn(|_| None);
     for (slot, (what, path)) in files.iter_mut().zip(outputs) {
         if let Some(p) = path {
-            *slot = Some(open_output(what, p, wait)?);
+            *slot = Some(open_document(what, p, wait)?);
         }
     }
     Ok(files)
+}
+
+/// What identifies an output's target: the file's device and inode if it
+/// exists, else its absolute path.
+fn identity(path: &Path) -> Result<(u64, u64), PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) => Ok((m.dev(), m.ino())),
+        Err(_) => Err(std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())),
+    }
+}
+
+/// Refuses two outputs given the same file (they would interleave or
+/// overwrite each other: `--json r --csv r` left neither readable).
+/// `/dev/null` may take any number.
+pub fn check_distinct(outputs: &[(&'static str, Option<&Path>)]) -> Result<(), OpenError> {
+    let given: Vec<(&'static str, &Path)> = outputs
+        .iter()
+        .filter_map(|(w, p)| p.map(|p| (*w, p)))
+        .filter(|(_, p)| *p != Path::new("/dev/null"))
+        .collect();
+    for (i, (first, a)) in given.iter().enumerate() {
+        for (second, b) in &given[i + 1..] {
+            if identity(a) == identity(b) {
+                return Err(OpenError::SamePath {
+                    first,
+                    second,
+                    path: b.to_path_buf(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens a finished document's output (`--json`, `--csv`, `--svg`): a FIFO
+/// or device is opened as [`open_output`] does; a regular file, or a path
+/// that does not exist yet, gets a temporary file beside it (same
+/// directory, so the rename is atomic) which [`OutputFile::write_document`]
+/// renames into place: an earlier result at `path` survives a run that
+/// fails, is interrupted, or never writes.
+pub fn open_document(
+    what: &'static str,
+    path: &Path,
+    wait: Duration,
+) -> Result<OutputFile, OpenError> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return open_output(what, path, wait),
+        _ => {}
+    }
+    let open_err = |source| OpenError::Open {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path.file_name().ok_or_else(|| {
+        open_err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a file name",
+        ))
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let temp = dir.join(format!(
+        ".{}.ptiscope-{}-{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .map_err(open_err)?;
+    Ok(OutputFile {
+        file,
+        path: path.to_path_buf(),
+        what,
+        temp: Mutex::new(Some(temp)),
+    })
 }
 
 /// Opens `path` for writing (created or truncated) as the output `what`
@@ -146,6 +264,7 @@ pub fn open_output(
                     file,
                     path: path.to_path_buf(),
                     what,
+                    temp: Mutex::new(None),
                 })
             }
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
@@ -190,13 +309,17 @@ impl OutputFile {
     /// Writes all of `buf` unless `deadline` passes first (a reader that
     /// does not read), in which case the error kind is `TimedOut`.
     pub fn write_all_by(&self, buf: &[u8], deadline: Instant) -> io::Result<()> {
-        write_all_until(self.file.as_fd(), buf, || Instant::now() >= deadline)
+        write_all_until(self.file.as_fd(), buf, &mut 0, || {
+            Instant::now() >= deadline
+        })
     }
 
-    /// Writes a finished document, giving the reader [`DOCUMENT_GRACE`];
-    /// the message names the option and the path.
+    /// Writes a finished document, giving the reader [`DOCUMENT_GRACE`],
+    /// and renames it into place if it was written to a temporary file; the
+    /// message names the option and the path.
     pub fn write_document(&self, text: &str) -> Result<(), String> {
         self.write_all_by(text.as_bytes(), Instant::now() + DOCUMENT_GRACE)
+            .and_then(|()| self.commit())
             .map_err(|e| {
                 let why = if e.kind() == io::ErrorKind::TimedOut {
                     format!(
@@ -210,6 +333,17 @@ impl OutputFile {
             })
     }
 
+    /// Renames the temporary file (if any) to the target: the document is
+    /// complete. Later writes go to the same (now renamed) file.
+    fn commit(&self) -> io::Result<()> {
+        let mut temp = self.temp.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = temp.as_ref() {
+            std::fs::rename(t, &self.path)?;
+            *temp = None;
+        }
+        Ok(())
+    }
+
     /// A second descriptor for the same open file (for a writer thread).
     pub fn try_clone_file(&self) -> io::Result<File> {
         self.file.try_clone()
@@ -218,10 +352,12 @@ impl OutputFile {
 
 /// Writes `buf` to `fd`, waiting for room with poll(2) in short steps so
 /// that `give_up` is consulted at least every [`POLL_STEP`]. Works on
-/// blocking and non-blocking descriptors alike.
+/// blocking and non-blocking descriptors alike. `written` counts the bytes
+/// that reached the descriptor, whatever the result.
 fn write_all_until(
     fd: BorrowedFd<'_>,
     mut buf: &[u8],
+    written_total: &mut usize,
     mut give_up: impl FnMut() -> bool,
 ) -> io::Result<()> {
     while !buf.is_empty() {
@@ -259,58 +395,96 @@ fn write_all_until(
         if written == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
+        *written_total += written as usize;
         buf = &buf[written as usize..];
     }
     Ok(())
 }
 
-/// What the console sink prints into.
-pub type ConsoleWriter = Box<dyn Write + Send>;
-
-/// The guest console's destination for `serial_out`: the writer its
-/// [`ptiscope_devices::ConsoleSink`] prints into (None: recorded only) and
-/// the queue behind it, to [`OutputQueue::finish_by`] when the run is over.
-/// On stdout, control bytes are escaped (it is usually a terminal); files
-/// get the guest's bytes raw.
-pub fn console_output(
-    serial_out: &crate::preflight::SerialOut,
-    wait: Duration,
-) -> Result<(Option<ConsoleWriter>, Option<OutputQueue>), OpenError> {
-    use crate::preflight::SerialOut;
-    const WHAT: &str = "--serial-out";
-    let queue_for = |file: &OutputFile| {
-        file.try_clone_file()
-            .and_then(|f| OutputQueue::start(WHAT, &file.path.display().to_string(), f))
-            .map_err(|source| OpenError::Open {
-                what: WHAT,
-                path: file.path.clone(),
-                source,
-            })
-    };
-    let queue = match serial_out {
-        SerialOut::Discard => return Ok((None, None)),
-        SerialOut::Stdout => {
-            // stdout is best effort (as `| head` is): without a usable
-            // descriptor the console is recorded, not printed.
-            return Ok(
-                match OutputQueue::for_std("console", io::stdout().as_fd(), "stdout") {
-                    Ok(q) => {
-                        let w = ptiscope_devices::TerminalEscaper::new(q.writer());
-                        (Some(Box::new(w)), Some(q))
-                    }
-                    Err(e) => {
-                        log::warn!("not printing the guest console: stdout: {e}");
-                        (None, None)
-                    }
-                },
-            );
+/// The pipe `fd`'s capacity and the bytes queued in it; `None` if that
+/// cannot be told.
+fn pipe_fill(fd: BorrowedFd<'_>) -> Option<(usize, usize)> {
+    // SAFETY: F_GETPIPE_SZ takes no argument; FIONREAD writes one int.
+    unsafe {
+        let cap = libc::fcntl(fd.as_raw_fd(), libc::F_GETPIPE_SZ);
+        let mut queued: libc::c_int = 0;
+        if cap < 0 || libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut queued) < 0 {
+            return None;
         }
-        SerialOut::File(path) => queue_for(&open_output(WHAT, path, wait)?)?,
-        SerialOut::Opened(file) => queue_for(file)?,
-    };
-    Ok((Some(Box::new(queue.writer())), Some(queue)))
+        Some((cap as usize, queued.max(0) as usize))
+    }
 }
 
+/// Pipe capacity that surely takes a record of `len` bytes after `queued`
+/// bytes: a pipe holds pages, and a write that does not fit in the last
+/// page's tail starts a new one, so queued data may take up to about twice
+/// its size in pages (every two consecutive pages hold more than one page
+/// of data), plus a partly read first page.
+fn pipe_needs(queued: usize, len: usize) -> usize {
+    const PAGE: usize = 4096;
+    2 * (queued + len + 2 * PAGE)
+}
+
+/// Writes one record (a queued chunk: console lines, a metrics line or a
+/// whole OpenMetrics block) so that a reader does not get part of it: into
+/// a pipe, only once the pipe surely has room for all of it
+/// ([`pipe_needs`]; the pipe is grown for a large record), and if `abandon`
+/// comes before that the record is dropped whole. Other descriptors
+/// (files, terminals) are written as they take it; a record once started
+/// gets [`RECORD_GRACE`] past `abandon` to complete. Returns the bytes
+/// written and the result.
+fn write_record(
+    fd: BorrowedFd<'_>,
+    chunk: &[u8],
+    pipe: bool,
+    abandon: &AtomicBool,
+) -> (usize, io::Result<()>) {
+    let raw = fd.as_raw_fd();
+    if pipe {
+        if pipe_fill(fd).is_some_and(|(cap, _)| cap < pipe_needs(0, chunk.len())) {
+            let want =
+                libc::c_int::try_from(pipe_needs(0, chunk.len())).unwrap_or(libc::c_int::MAX);
+            // SAFETY: F_SETPIPE_SZ takes an int size; on failure the pipe
+            // stays as it was (the record then waits for an empty pipe).
+            unsafe { libc::fcntl(raw, libc::F_SETPIPE_SZ, want) };
+        }
+        loop {
+            if abandon.load(Ordering::SeqCst) {
+                return (0, Err(io::ErrorKind::TimedOut.into()));
+            }
+            match pipe_fill(fd) {
+                Some((cap, queued)) if queued == 0 || pipe_needs(queued, chunk.len()) <= cap => {
+                    break
+                }
+                Some(_) => {}
+                None => break,
+            }
+            let mut pfd = libc::pollfd {
+                fd: raw,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, count 1, no wait.
+            let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+            if ready > 0 && pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+                // The reader has gone: the write below reports it.
+                break;
+            }
+            std::thread::sleep(POLL_STEP / 4);
+        }
+    }
+    let mut written = 0;
+    let mut late: Option<Instant> = None;
+    let r = write_all_until(fd, chunk, &mut written, || {
+        if !abandon.load(Ordering::SeqCst) {
+            return false;
+        }
+        // A record under way may finish, briefly.
+        let at = *late.get_or_insert_with(Instant::now);
+        at.elapsed() >= RECORD_GRACE
+    });
+    (written, r)
+}
 /// What became of a queued output.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct OutputReport {
@@ -534,6 +708,8 @@ impl Drop for OutputQueue {
 /// The writer thread: takes chunks until closed (or abandoned) and writes
 /// each with poll(2) steps, so that `abandon` stops it mid-write.
 fn drain(shared: &QueueShared, file: &File) {
+    use std::os::unix::fs::FileTypeExt;
+    let pipe = file.metadata().is_ok_and(|m| m.file_type().is_fifo());
     loop {
         let chunk = {
             let mut s = shared.lock();
@@ -556,16 +732,14 @@ fn drain(shared: &QueueShared, file: &File) {
             }
         };
         let Some(chunk) = chunk else { break };
-        let result = write_all_until(file.as_fd(), &chunk, || {
-            shared.abandon.load(Ordering::SeqCst)
-        });
+        let (written, result) = write_record(file.as_fd(), &chunk, pipe, &shared.abandon);
         let mut s = shared.lock();
+        // Counted as written: the bytes that reached the descriptor.
+        s.report.written_bytes += written as u64;
         match result {
-            Ok(()) => s.report.written_bytes += chunk.len() as u64,
+            Ok(()) => {}
             Err(e) => {
-                // A partial chunk is counted whole: what reached the reader
-                // of an abandoned chunk is not known byte-exactly here.
-                s.report.dropped_bytes += chunk.len() as u64;
+                s.report.dropped_bytes += (chunk.len() - written) as u64;
                 s.report.dropped_chunks += 1;
                 if e.kind() != io::ErrorKind::TimedOut {
                     s.report.error = Some(e.to_string());
@@ -647,6 +821,51 @@ mod tests {
         assert!(rep.dropped_chunks > 0 && rep.error.is_none(), "{rep:?}");
         assert_eq!(rep.written_bytes + rep.dropped_bytes, 3_000_000, "{rep:?}");
         assert!(rep.describe().unwrap().contains("did not keep up"));
+    }
+
+    /// A stalled pipe reader gets whole records only, and `written` is
+    /// exactly what it can read (records larger than PIPE_BUF used to be
+    /// cut when the drain deadline came mid-record).
+    #[test]
+    fn a_stalled_pipe_gets_whole_records_and_exact_counts() {
+        let (mut r, w) = pipe();
+        // SAFETY: F_GETPIPE_SZ on a pipe we own.
+        let cap = unsafe { libc::fcntl(w.as_raw_fd(), libc::F_GETPIPE_SZ) } as usize;
+        let q = OutputQueue::start("test", "pipe", w).unwrap();
+        let mut wr = q.writer();
+        // 10000-byte records (over PIPE_BUF), each ending in a newline.
+        let mut record = vec![b'r'; 9999];
+        record.push(b'\n');
+        for _ in 0..20 {
+            wr.write_all(&record).unwrap();
+            wr.flush().unwrap();
+        }
+        drop(wr);
+        let rep = q.finish_by(Instant::now() + Duration::from_millis(300));
+        assert_eq!(rep.written_bytes + rep.dropped_bytes, 200_000, "{rep:?}");
+        let mut got = Vec::new();
+        // SAFETY: make the read end non-blocking to read what is there.
+        unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let mut buf = [0u8; 8192];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(_) => break,
+            }
+        }
+        assert_eq!(got.len() as u64, rep.written_bytes, "{rep:?}");
+        assert_eq!(
+            got.len() % 10_000,
+            0,
+            "a torn record: {} bytes (pipe {cap})",
+            got.len()
+        );
+        assert!(
+            got.len() >= 10_000 && got.len() <= cap,
+            "{} of {cap}",
+            got.len()
+        );
     }
 
     #[test]

@@ -4,10 +4,10 @@
 //! that it is unit-tested on the host (`cargo test -p guest-core`) and used
 //! unchanged by the bare-metal kernel (both flavours): the command-line parser
 //! ([`cmdline`]), E820 memory-map handling and the physical frame allocator
-//! ([`memmap`]), page-table entry encoding and the builders of the PTI
-//! page-table pair for x86_64's 4-level paging ([`paging`], layout in
-//! [`layout`]) and x86_32's PAE ([`pae`]) with the [`paging_mode::PagingMode`]
-//! trait over both, the mapping of the `wss=`/`kwss=` working sets
+//! ([`memmap`]), the page-table entry encoding both paging modes share
+//! ([`pte`]) and the builders of the PTI page-table pair for x86_64's 4-level
+//! paging ([`paging`], layout in [`layout`]) and x86_32's PAE ([`pae`]), the
+//! mapping of the `wss=`/`kwss=` working sets
 //! ([`workingset`]), and the pipe ring buffer and message format of
 //! `workload=sched-messaging` ([`pipe`]).
 #![warn(missing_docs)]
@@ -17,11 +17,14 @@
 #[cfg(test)]
 extern crate std;
 
+#[cfg(test)]
+mod both_modes;
+
 pub mod cmdline;
 pub mod layout;
 pub mod memmap;
 pub mod pae;
 pub mod paging;
-pub mod paging_mode;
 pub mod pipe;
+pub mod pte;
 pub mod workingset;

@@ -27,11 +27,12 @@
 //! (PDPTEs have no NX bit, and Linux x86_32 does not poison it either).
 //!
 //! Entries are 64-bit, with the same bit layout as 4-level paging, so the
-//! encoding ([`crate::paging::Pte`], [`crate::paging::flags`]) and the
-//! [`PhysMem`]/[`FrameSource`] abstractions are shared with x86_64.
+//! encoding ([`crate::pte::Pte`], [`crate::pte::flags`]) and the
+//! [`PhysMem`]/[`FrameSource`] abstractions are shared with x86_64
+//! (`crate::pte`).
 
-use crate::paging::{flags::*, ADDR_MASK};
-pub use crate::paging::{FrameSource, MapError, PhysMem, Pte, UserSpec};
+use crate::pte::{flags::*, Translation, ADDR_MASK, KERNEL_TABLE_FLAGS, TABLE_FLAGS};
+pub use crate::pte::{FrameSource, MapError, PhysMem, Pte, UserSpec};
 
 /// Virtual layout of the PAE flavour.
 pub mod layout {
@@ -88,10 +89,6 @@ pub const PDPT_ENTRIES: usize = 4;
 pub const KERNEL_PDPT_SLOT: usize = 3;
 /// Bits a PDPTE may carry besides the address: present, PWT, PCD.
 pub const PDPTE_ALLOWED: u64 = PRESENT | WRITE_THROUGH | NO_CACHE;
-/// Intermediate (PMD) entries of user space; leaves decide the permissions.
-const USER_TABLE_FLAGS: u64 = PRESENT | WRITABLE | USER;
-const KERNEL_TABLE_FLAGS: u64 = PRESENT | WRITABLE;
-
 /// (PDPT, PMD, PT) indices of a 32-bit virtual address.
 pub const fn indices(va: u64) -> [usize; 3] {
     [
@@ -161,7 +158,7 @@ pub fn map_4k_in_pmd<M: PhysMem, F: FrameSource>(
 /// USER/WRITABLE from every level below the PDPT, NX from any, GLOBAL from
 /// the leaf. PDPTEs with reserved bits set translate nothing (the CPU
 /// would refuse the CR3 load).
-pub fn translate<M: PhysMem>(mem: &M, pdpt: u64, va: u64) -> Option<crate::paging::Translation> {
+pub fn translate<M: PhysMem>(mem: &M, pdpt: u64, va: u64) -> Option<Translation> {
     if va >> 32 != 0 {
         return None;
     }
@@ -178,7 +175,7 @@ pub fn translate<M: PhysMem>(mem: &M, pdpt: u64, va: u64) -> Option<crate::pagin
     eff &= e2.0 | !(WRITABLE | USER);
     eff |= e2.0 & NO_EXECUTE;
     if e2.huge() {
-        return Some(crate::paging::Translation {
+        return Some(Translation {
             phys: e2.addr() + (va & ((2 << 20) - 1)),
             flags: eff | (e2.0 & GLOBAL),
             page_size: 2 << 20,
@@ -190,7 +187,7 @@ pub fn translate<M: PhysMem>(mem: &M, pdpt: u64, va: u64) -> Option<crate::pagin
     }
     eff &= e1.0 | !(WRITABLE | USER);
     eff |= e1.0 & NO_EXECUTE;
-    Some(crate::paging::Translation {
+    Some(Translation {
         phys: e1.addr() + (va & 4095),
         flags: eff | (e1.0 & GLOBAL),
         page_size: 4096,
@@ -381,35 +378,14 @@ pub fn build_address_space<M: PhysMem, F: FrameSource>(
     user: &UserSpec,
     nx: bool,
 ) -> Result<u64, MapError> {
-    use layout::{USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE};
+    use layout::{USER_STACK_TOP, USER_TEXT_BASE};
     let nx = if nx { NO_EXECUTE } else { 0 };
     let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
     let slot = indices(USER_TEXT_BASE)[0];
     let upmd = pmd_of(mem, frames, pair, slot)?;
-    for i in 0..user.text_pages {
-        let off = i * 4096;
-        map_4k_in_pmd(
-            mem,
-            frames,
-            upmd,
-            USER_TEXT_BASE + off,
-            user.text_phys + off,
-            USER,
-            USER_TABLE_FLAGS,
-        )?;
-    }
-    let stack_base = USER_STACK_TOP - USER_STACK_PAGES * 4096;
-    debug_assert_eq!(indices(stack_base)[0], slot);
-    for (i, &f) in user.stack.iter().enumerate() {
-        map_4k_in_pmd(
-            mem,
-            frames,
-            upmd,
-            stack_base + i as u64 * 4096,
-            f,
-            USER | WRITABLE | nx,
-            USER_TABLE_FLAGS,
-        )?;
+    debug_assert_eq!(indices(USER_STACK_TOP - 4096)[0], slot);
+    for (va, phys, flags) in user.leaves(nx) {
+        map_4k_in_pmd(mem, frames, upmd, va, phys, flags, TABLE_FLAGS)?;
     }
     mem.write(pair + 4096, slot, pdpte(upmd));
     mem.write(pair, KERNEL_PDPT_SLOT, pdpte(half.kernel_pmd));
@@ -445,7 +421,7 @@ pub fn map_user_stack_page<M: PhysMem, F: FrameSource>(
         va,
         phys,
         USER | WRITABLE | nx,
-        USER_TABLE_FLAGS,
+        TABLE_FLAGS,
     )
 }
 

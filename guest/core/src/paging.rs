@@ -1,5 +1,7 @@
-//! x86_64 4-level page tables: entry encoding, a mapper over an abstract
-//! physical memory and frame source, and the builder of PTI page-table pairs.
+//! x86_64 4-level page tables: a mapper over an abstract physical memory
+//! and frame source, and the builder of PTI page-table pairs. The entry
+//! encoding and the abstractions are [`crate::pte`]'s, shared with PAE (and
+//! re-exported here).
 //!
 //! PTI layout (after Linux `arch/x86/mm/pti.c`): every address space is an
 //! 8 KiB-aligned pair of PML4 pages, the kernel copy at `pair` and the user
@@ -10,68 +12,20 @@
 //! kernel copy maps everything; that of the user copy maps only the entry
 //! area with 4 KiB global pages, at the same virtual addresses.
 
-use crate::layout::{KERNEL_BASE, TELEMETRY_VA, USER_STACK_PAGES, USER_STACK_TOP, USER_TEXT_BASE};
+use crate::layout::{KERNEL_BASE, TELEMETRY_VA, USER_STACK_TOP, USER_TEXT_BASE};
 
-/// Page-table entry bits.
-pub mod flags {
-    /// P: the entry is valid.
-    pub const PRESENT: u64 = 1 << 0;
-    /// R/W: writes allowed (if every level allows them).
-    pub const WRITABLE: u64 = 1 << 1;
-    /// U/S: user-mode access allowed (if every level allows it).
-    pub const USER: u64 = 1 << 2;
-    /// PWT: write-through caching.
-    pub const WRITE_THROUGH: u64 = 1 << 3;
-    /// PCD: caching disabled.
-    pub const NO_CACHE: u64 = 1 << 4;
-    /// A: set by the CPU when the entry is used.
-    pub const ACCESSED: u64 = 1 << 5;
-    /// D: set by the CPU when the leaf's page is written.
-    pub const DIRTY: u64 = 1 << 6;
-    /// PS: a 2 MiB (PD) or 1 GiB (PDPT) leaf.
-    pub const HUGE: u64 = 1 << 7;
-    /// G: the leaf's TLB entry survives CR3 writes (needs CR4.PGE).
-    pub const GLOBAL: u64 = 1 << 8;
-    /// XD: no instruction fetch (needs EFER.NXE).
-    pub const NO_EXECUTE: u64 = 1 << 63;
-}
+pub use crate::pte::{
+    flags, FrameSource, MapError, PhysMem, Pte, Translation, UserSpec, ADDR_MASK,
+    KERNEL_TABLE_FLAGS, TABLE_FLAGS,
+};
 use flags::*;
 
-/// Physical-address bits of an entry.
-pub const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 /// Entries per table.
 pub const ENTRIES: usize = 512;
 /// PML4 slot of the user half used by the guest.
 pub const USER_PML4_SLOT: usize = 0;
 /// PML4 slot of the kernel half.
 pub const KERNEL_PML4_SLOT: usize = 511;
-
-/// One page-table entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Pte(pub u64);
-
-impl Pte {
-    /// An entry pointing to `phys` (masked to [`ADDR_MASK`]) with `flags`.
-    pub const fn new(phys: u64, flags: u64) -> Self {
-        Pte((phys & ADDR_MASK) | flags)
-    }
-    /// Physical address the entry points to.
-    pub const fn addr(self) -> u64 {
-        self.0 & ADDR_MASK
-    }
-    /// Flag bits (everything outside [`ADDR_MASK`]).
-    pub const fn flags(self) -> u64 {
-        self.0 & !ADDR_MASK
-    }
-    /// Whether P is set.
-    pub const fn present(self) -> bool {
-        self.0 & PRESENT != 0
-    }
-    /// Whether PS is set (a huge leaf at PD or PDPT level).
-    pub const fn huge(self) -> bool {
-        self.0 & HUGE != 0
-    }
-}
 
 /// Table indices (PML4, PDPT, PD, PT) of a virtual address.
 pub const fn indices(va: u64) -> [usize; 4] {
@@ -88,40 +42,6 @@ pub const fn is_canonical(va: u64) -> bool {
     let top = va >> 47;
     top == 0 || top == 0x1ffff
 }
-
-/// Access to page-table pages by physical address.
-pub trait PhysMem {
-    /// The 64-bit entry `index` of the table at physical address `table`.
-    fn read(&self, table: u64, index: usize) -> u64;
-    /// Writes the 64-bit entry `index` of the table at physical address `table`.
-    fn write(&mut self, table: u64, index: usize, value: u64);
-}
-
-/// Source of zeroed physical frames.
-pub trait FrameSource {
-    /// One zeroed 4 KiB frame.
-    fn frame(&mut self) -> Option<u64>;
-    /// Two contiguous zeroed frames, 8 KiB aligned (a PML4 pair).
-    fn pair(&mut self) -> Option<u64>;
-}
-
-/// Why a mapping could not be made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MapError {
-    /// The frame source ran dry while creating a table.
-    OutOfFrames,
-    /// Something is already mapped there (a leaf, or a huge page in the way).
-    AlreadyMapped(u64),
-    /// The virtual address is not canonical.
-    NotCanonical(u64),
-    /// The virtual or physical address is not aligned to the page size.
-    Misaligned(u64),
-}
-
-/// Flags of intermediate tables: the leaves decide the permissions.
-pub const TABLE_FLAGS: u64 = PRESENT | WRITABLE | USER;
-/// Flags of intermediate tables of the kernel half (no USER).
-pub const KERNEL_TABLE_FLAGS: u64 = PRESENT | WRITABLE;
 
 /// Returns the table that `table[index]` points to, creating it if absent.
 fn next_table<M: PhysMem, F: FrameSource>(
@@ -195,19 +115,6 @@ pub fn map_2m<M: PhysMem, F: FrameSource>(
     }
     mem.write(pd, i2, Pte::new(phys, leaf_flags | PRESENT | HUGE).0);
     Ok(())
-}
-
-/// A translation found by [`translate`]: the physical address and the
-/// effective permissions (USER and WRITABLE only if every level allows them,
-/// NO_EXECUTE if any level sets it; GLOBAL from the leaf).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Translation {
-    /// Physical address `va` translates to (page offset included).
-    pub phys: u64,
-    /// Effective permissions and GLOBAL, in [`flags`] bits.
-    pub flags: u64,
-    /// Size of the leaf page in bytes.
-    pub page_size: u64,
 }
 
 /// Walks the tree rooted at `root` for `va`, as the MMU would.
@@ -420,17 +327,6 @@ pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
     })
 }
 
-/// What one process maps in the user half.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UserSpec {
-    /// Physical start of the user programs' text (shared, read-only).
-    pub text_phys: u64,
-    /// Number of 4 KiB pages of user text from `text_phys`.
-    pub text_pages: u64,
-    /// Physical frames of this process's stack, lowest first.
-    pub stack: [u64; USER_STACK_PAGES as usize],
-}
-
 /// Builds a process's PML4 pair and returns its physical address. With PTI,
 /// the kernel copy's user slot carries NX; without, both copies are equal.
 pub fn build_address_space<M: PhysMem, F: FrameSource>(
@@ -440,30 +336,8 @@ pub fn build_address_space<M: PhysMem, F: FrameSource>(
     user: &UserSpec,
 ) -> Result<u64, MapError> {
     let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
-    for i in 0..user.text_pages {
-        let off = i * 4096;
-        map_4k(
-            mem,
-            frames,
-            pair,
-            USER_TEXT_BASE + off,
-            user.text_phys + off,
-            USER,
-            TABLE_FLAGS,
-        )?;
-    }
-    let stack_base = USER_STACK_TOP - USER_STACK_PAGES * 4096;
-    for (i, &f) in user.stack.iter().enumerate() {
-        let va = stack_base + i as u64 * 4096;
-        map_4k(
-            mem,
-            frames,
-            pair,
-            va,
-            f,
-            USER | WRITABLE | NO_EXECUTE,
-            TABLE_FLAGS,
-        )?;
+    for (va, phys, flags) in user.leaves(NO_EXECUTE) {
+        map_4k(mem, frames, pair, va, phys, flags, TABLE_FLAGS)?;
     }
     let user_slot = mem.read(pair, USER_PML4_SLOT);
     let (kernel_user_slot, user_kernel_slot) = if half.pti {

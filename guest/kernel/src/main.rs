@@ -32,6 +32,14 @@ pub fn stop(status: u32) -> ! {
     cpu::halt_forever()
 }
 
+/// A command line the guest cannot run: says why (for people, and as the
+/// `@badcmdline` line the VMM reads) and exits `BAD_CMDLINE`.
+fn bad_cmdline(why: impl core::fmt::Display) -> ! {
+    println!("bad command line: {why}");
+    println!("@badcmdline {why}");
+    stop(exit_status::BAD_CMDLINE)
+}
+
 /// `0x...` or `none`.
 struct Hex(Option<u64>);
 impl core::fmt::Display for Hex {
@@ -58,11 +66,7 @@ extern "C" fn kmain(start_info: usize) -> ! {
     };
     let config = match cmdline::parse(info.cmdline) {
         Ok(c) => c,
-        Err(e) => {
-            println!("bad command line: {e}");
-            println!("@badcmdline {e}");
-            stop(exit_status::BAD_CMDLINE)
-        }
+        Err(e) => bad_cmdline(e),
     };
     // pti=auto: on unless the CPU says it is not Meltdown-vulnerable
     // (ARCH_CAPABILITIES.RDCL_NO, bit 0), as Linux decides.
@@ -134,7 +138,7 @@ extern "C" fn kmain(start_info: usize) -> ! {
     if rdcl_no {
         tflags |= flags::RDCL_NO;
     }
-    if arch::GLOBAL_TEXT && pti && config.pti_global_text {
+    if pti && config.pti_global_text {
         tflags |= flags::PTI_GLOBAL_TEXT;
     }
     telemetry::write_header(tflags, config.entry.abi_code(), config.cpus as u32);
@@ -143,7 +147,9 @@ extern "C" fn kmain(start_info: usize) -> ! {
     if let (Some(f), 0) = (config.fault, config.fault_cpu) {
         raise(f);
     }
-    if config.fault.is_some() && config.fault_cpu > 0 {
+    // fault=kread is raised by the workload's user program: run_workload
+    // puts it on that CPU. Every other fault is raised by the AP itself.
+    if config.fault.is_some_and(|f| f != Fault::Kread) && config.fault_cpu > 0 {
         println!(
             "CPU 0 waits while CPU {} raises fault={}",
             config.fault_cpu,
@@ -168,15 +174,10 @@ extern "C" fn kmain(start_info: usize) -> ! {
 fn start_cpus(config: &Config) {
     let cpus = config.cpus as usize;
     if config.fault_cpu >= config.cpus {
-        println!(
-            "bad command line: fault_cpu={} but cpus={}",
+        bad_cmdline(format_args!(
+            "fault_cpu={} is not below cpus={}",
             config.fault_cpu, config.cpus
-        );
-        println!(
-            "@badcmdline fault_cpu={} is not below cpus={}",
-            config.fault_cpu, config.cpus
-        );
-        stop(exit_status::BAD_CMDLINE)
+        ))
     }
     if cpus <= 1 {
         return;
@@ -351,11 +352,7 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
             number = nr::KWSS_CALL;
         }
         Ok(false) => {}
-        Err(e) => {
-            println!("bad command line: {e}");
-            println!("@badcmdline {e}");
-            stop(exit_status::BAD_CMDLINE)
-        }
+        Err(e) => bad_cmdline(e),
     }
     let kread_target = core::ptr::addr_of!(task::SCHED) as u64;
     if config.fault == Some(Fault::Kread) {
@@ -370,11 +367,15 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         kread_target,
     );
     let init = s.spawn(0, init_rip, &arch::context::UserRegs::default());
+    let init_pid = init.as_ref().map_or(0, |&pid| pid);
     let child = init.and_then(|pid| s.spawn(pid, loop_rip, &regs));
     let child = match child {
         Ok(pid) => pid,
         Err(e) => panic!("cannot create the workload processes: {e:?}"),
     };
+    if config.fault == Some(Fault::Kread) && config.fault_cpu > 0 {
+        pin_kread_program(&mut s, [init_pid, child], config.fault_cpu as usize);
+    }
     let pair = s.tasks.iter().find(|t| t.pid == child).map(|t| t.pair);
     setup_working_set(
         config,
@@ -382,6 +383,21 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
     );
     task::Sched::run(s);
     report(config, pti, pcid)
+}
+
+/// `fault=kread fault_cpu=N`: the processes `pids` (init, then the user
+/// program that reads kernel memory; both just spawned, queued on CPU 0)
+/// move to CPU N, which is woken to run them; CPU 0 idles in
+/// [`task::Sched::run`] meanwhile. The fault then stops the VM from CPU N.
+fn pin_kread_program(s: &mut task::SchedGuard, pids: [u64; 2], cpu: usize) {
+    println!("CPU {cpu} runs the user program that raises fault=kread");
+    // The most recently queued first (`pin` moves the tail of a queue).
+    for pid in pids.into_iter().rev() {
+        if let Some(slot) = s.tasks.iter().position(|t| pid != 0 && t.pid == pid) {
+            s.pin(slot, cpu);
+        }
+    }
+    s.kick_other_cpus();
 }
 
 /// Maps the user working set (`wss=`, if any) into the address space
@@ -398,11 +414,7 @@ fn setup_working_set(config: &Config, pair: u64) {
             config.touches_per_iteration()
         ),
         Ok(false) => {}
-        Err(e) => {
-            println!("bad command line: {e}");
-            println!("@badcmdline {e}");
-            stop(exit_status::BAD_CMDLINE)
-        }
+        Err(e) => bad_cmdline(e),
     }
 }
 

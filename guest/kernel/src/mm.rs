@@ -3,7 +3,7 @@
 use crate::arch::layout::{phys_to_virt, DIRECT_MAP_SIZE};
 use core::cell::UnsafeCell;
 use guest_core::memmap::{FrameAllocator, MemRegion};
-use guest_core::paging::{FrameSource, PhysMem};
+use guest_core::pte::{FrameSource, PhysMem};
 
 /// A cell for boot-initialised kernel state. There is one CPU and no
 /// interrupt handler touches these, so accesses never overlap.

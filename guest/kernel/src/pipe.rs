@@ -8,8 +8,8 @@ use crate::arch::layout::phys_to_virt;
 use crate::mm::{Frames, Global};
 use crate::task::{lock, WaitQueue, MAX_TASKS};
 use crate::uaccess::user_range_ok;
-use guest_core::paging::FrameSource;
 use guest_core::pipe::{Ring, PIPE_BUF, PIPE_SIZE};
+use guest_core::pte::FrameSource;
 use ptiscope_abi::syscall::{EBADF, EFAULT, EINVAL};
 
 /// One pipe per receiver of the largest run.

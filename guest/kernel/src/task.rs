@@ -23,8 +23,8 @@ use crate::telemetry;
 use core::ptr::addr_of_mut;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
 use guest_core::cmdline::{Entry, GROUP_SIZE, MAX_GROUPS};
-use guest_core::paging::FrameSource;
 use guest_core::pipe::FIRST_PIPE_FD;
+use guest_core::pte::FrameSource;
 use ptiscope_abi::telemetry::Counter;
 use ptiscope_abi::telemetry::MAX_CPUS;
 
@@ -271,7 +271,7 @@ pub enum SpawnError {
     TableFull,
     OutOfMemory,
     #[allow(dead_code, reason = "shown through Debug in the panic message")]
-    Map(guest_core::paging::MapError),
+    Map(guest_core::pte::MapError),
 }
 
 impl Sched {

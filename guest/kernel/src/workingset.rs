@@ -25,7 +25,7 @@ use crate::arch::layout::phys_to_virt;
 use crate::mm::{Frames, Global};
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use guest_core::cmdline::{Config, Workload};
-use guest_core::paging::FrameSource;
+use guest_core::pte::FrameSource;
 use ptiscope_abi::workingset::{self as ws, control};
 
 /// Physical address of the control page, once mapped.

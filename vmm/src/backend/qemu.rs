@@ -7,7 +7,11 @@
 //! guest: no KVM statistics, no VM exits, no telemetry page (QEMU does not
 //! reserve one; the guest keeps its counters in its own memory). Every figure
 //! of such a run comes from the guest's console (`@result`), and the reports
-//! say so.
+//! say so, unless the TCG plugin is loaded (the default, `--no-plugin` to
+//! run without): `qemu-plugin/` counts instructions, CR3 writes and the
+//! other events per vCPU inside QEMU and writes them to a file that
+//! [`crate::observe::qemu_plugin`] parses; those rows are host-observed
+//! (source `qemu-plugin`).
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -20,7 +24,7 @@ use ptiscope_devices::{ConsoleRecorder, ConsoleSink};
 
 use crate::machine::exit::ExitCounts;
 use crate::machine::loader;
-use crate::machine::{RunOutcome, StopReason};
+use crate::machine::{PluginOutput, RunOutcome, StopReason};
 use crate::output::{OpenError, DRAIN_GRACE};
 use crate::preflight::{PreflightError, ResolvedRun, RunConfig, Target};
 
@@ -51,6 +55,9 @@ pub enum QemuError {
     /// An output (`--json`, `--serial-out`, ...) could not be opened.
     #[error(transparent)]
     Output(#[from] OpenError),
+    /// The TCG plugin was asked for but cannot be used with this QEMU.
+    #[error("{0}")]
+    Plugin(String),
     /// QEMU ended before the guest reported its exit status.
     #[error("QEMU failed ({how}) before the guest reported a status{}", if stderr.is_empty() { String::new() } else { format!(": {stderr}") })]
     Qemu {
@@ -67,6 +74,166 @@ pub fn binary_for(image: &[u8]) -> &'static str {
         "qemu-system-i386"
     } else {
         "qemu-system-x86_64"
+    }
+}
+
+/// What an installed QEMU system emulator is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QemuSupport {
+    /// `major.minor.micro` from `--version` (None: not understood).
+    pub version: Option<(u32, u32, u32)>,
+    /// Whether it was built with TCG plugin support (`-plugin` in `-help`).
+    pub plugins: bool,
+}
+
+/// Parses `QEMU emulator version 7.2.22 (Debian ...)`.
+pub fn parse_qemu_version(text: &str) -> Option<(u32, u32, u32)> {
+    let rest = text.split("version ").nth(1)?;
+    let v = rest
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .next()?;
+    let mut it = v.split('.').map(|p| p.parse::<u32>().ok());
+    Some((
+        it.next()??,
+        it.next().flatten().unwrap_or(0),
+        it.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// `binary --version` and `binary -help`, once per binary and process.
+pub fn qemu_support(binary: &str) -> Result<QemuSupport, QemuError> {
+    use std::collections::HashMap;
+    static CACHE: Mutex<Option<HashMap<String, QemuSupport>>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = cache.as_ref().and_then(|c| c.get(binary)) {
+        return Ok(s.clone());
+    }
+    let out = |arg: &str| {
+        Command::new(binary)
+            .arg(arg)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|source| QemuError::Spawn {
+                binary: binary.to_string(),
+                source,
+            })
+    };
+    let version = out("--version")?;
+    let help = out("-help")?;
+    let s = QemuSupport {
+        version: parse_qemu_version(&String::from_utf8_lossy(&version.stdout)),
+        plugins: String::from_utf8_lossy(&help.stdout)
+            .lines()
+            .any(|l| l.starts_with("-plugin")),
+    };
+    cache
+        .get_or_insert_with(HashMap::new)
+        .insert(binary.to_string(), s.clone());
+    Ok(s)
+}
+
+/// The plugin API version ptiscope's plugin declares for a QEMU version:
+/// 1 for QEMU 6.0 to 8.2 (which accept 0..=1), 2 for QEMU 9.0 and later
+/// (which accept 2 and up; 10.0 takes 2..=4). Older QEMU: an error.
+pub fn plugin_api_for(version: (u32, u32, u32)) -> Result<u32, String> {
+    match version {
+        (major, ..) if major >= 9 => Ok(2),
+        (major, ..) if major >= 6 => Ok(1),
+        (major, minor, micro) => Err(format!(
+            "QEMU {major}.{minor}.{micro} is too old for ptiscope's TCG plugin (it needs plugin API \
+             version 1, QEMU 6.0 or later): install a newer QEMU, or run with --no-plugin \
+             (every figure is then guest-reported)"
+        )),
+    }
+}
+
+/// The plugin file for an API version: `$PTISCOPE_QEMU_PLUGIN` if set (a
+/// file built for this QEMU), else `libptiscope_tcg_plugin_apiN.so` next
+/// to the ptiscope executable, else the one this build made.
+pub fn find_plugin(api: u32) -> Result<std::path::PathBuf, String> {
+    use std::path::PathBuf;
+    if let Some(p) = std::env::var_os("PTISCOPE_QEMU_PLUGIN") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "PTISCOPE_QEMU_PLUGIN names {}, which is not a file",
+                p.display()
+            ))
+        };
+    }
+    let name = format!("libptiscope_tcg_plugin_api{api}.so");
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join(&name)));
+    let built = match api {
+        1 => option_env!("PTISCOPE_QEMU_PLUGIN_API1"),
+        _ => option_env!("PTISCOPE_QEMU_PLUGIN_API2"),
+    }
+    .map(PathBuf::from);
+    beside
+        .into_iter()
+        .chain(built)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "ptiscope's QEMU plugin ({name}) was not found next to the ptiscope executable or \
+                 where this build put it: rebuild (`cargo build --release`), set PTISCOPE_QEMU_PLUGIN, \
+                 or run with --no-plugin (every figure is then guest-reported)"
+            )
+        })
+}
+
+/// The plugin this QEMU can load, checked before anything boots.
+pub fn plugin_for(binary: &str) -> Result<(std::path::PathBuf, u32), QemuError> {
+    let s = qemu_support(binary)?;
+    if !s.plugins {
+        return Err(QemuError::Plugin(format!(
+            "{binary} was built without TCG plugin support (no -plugin option): install a QEMU \
+             built with plugins (Debian's is), or run with --no-plugin (every figure is then \
+             guest-reported)"
+        )));
+    }
+    let Some(v) = s.version else {
+        return Err(QemuError::Plugin(format!(
+            "cannot tell {binary}'s version from `{binary} --version`: run with --no-plugin"
+        )));
+    };
+    let api = plugin_api_for(v).map_err(QemuError::Plugin)?;
+    let path = find_plugin(api).map_err(QemuError::Plugin)?;
+    Ok((path, api))
+}
+
+/// A memfd (see [`ImageFd`]) the plugin writes its counts to through
+/// `/proc/self/fd/N`, read back after QEMU has exited.
+struct OutFd(std::fs::File);
+
+impl OutFd {
+    fn new() -> Result<Self, QemuError> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"ptiscope-plugin".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(QemuError::Io {
+                what: "creating an in-memory file for the plugin's counts",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+        Ok(OutFd(unsafe { std::fs::File::from_raw_fd(fd) }))
+    }
+
+    /// What the plugin wrote (at most one byte more than the parser takes).
+    fn read(&mut self) -> std::io::Result<Vec<u8>> {
+        use std::io::Seek;
+        self.0.seek(std::io::SeekFrom::Start(0))?;
+        let mut buf = Vec::new();
+        (&mut self.0)
+            .take(crate::observe::qemu_plugin::MAX_FILE_BYTES as u64 + 1)
+            .read_to_end(&mut buf)?;
+        Ok(buf)
     }
 }
 
@@ -148,6 +315,15 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         },
         None => binary_for(image),
     };
+    // The plugin is checked before QEMU starts: a QEMU too old or built
+    // without plugins is said so, and nothing boots.
+    let plugin = if config.qemu_plugin && linux.is_none() {
+        let (path, _api) = plugin_for(binary)?;
+        Some((path, OutFd::new()?))
+    } else {
+        None
+    };
+    let plugin_raw = plugin.as_ref().map(|(_, f)| f.0.as_raw_fd());
     // Linux 6.1 under QEMU 7.2's microvm never gets a working timer in TCG
     // (it stops after "tsc: Marking TSC unstable"): Linux guests boot on pc.
     let machine = if loader::is_elf32(image) || linux.is_some() {
@@ -156,7 +332,15 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         "microvm"
     };
     let mut cmd = Command::new(binary);
-    cmd.args(["-M", machine, "-accel", "tcg", "-cpu", "max"])
+    // With the plugin and several vCPUs, one TCG thread runs them all in
+    // turn: a snapshot then sees every vCPU between two of its blocks, so
+    // in-phase per-vCPU counts are exact (MTTCG would race them).
+    let accel = if plugin.is_some() && config.cpus > 1 {
+        "tcg,thread=single"
+    } else {
+        "tcg"
+    };
+    cmd.args(["-M", machine, "-accel", accel, "-cpu", "max"])
         .args(["-m", &format!("{}M", config.mem_mib)])
         .args(["-smp", &config.cpus.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none"])
@@ -170,6 +354,18 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         .args(["-append", &cmdline]);
     if let Some(fd) = initrd_raw {
         cmd.arg("-initrd").arg(format!("/proc/self/fd/{fd}"));
+    }
+    if let (Some((path, _)), Some(fd)) = (&plugin, plugin_raw) {
+        let companion = crate::report::requested(&cmdline).is_some();
+        let (kernel, marks) =
+            crate::observe::qemu_plugin::kernel_ranges(loader::is_elf32(image), companion);
+        // QEMU's option syntax: a comma inside a value is doubled.
+        let file = path.display().to_string().replace(',', ",,");
+        cmd.arg("-plugin").arg(format!(
+            "file={file},out=/proc/self/fd/{fd},kernel={},marks={}",
+            crate::observe::qemu_plugin::ranges_arg(&kernel),
+            crate::observe::qemu_plugin::ranges_arg(&marks),
+        ));
     }
     cmd.args(&config.qemu_args)
         .stdin(Stdio::null())
@@ -191,9 +387,14 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
             if libc::getppid() != parent {
                 return Err(std::io::Error::other("ptiscope exited while starting QEMU"));
             }
-            // The image's descriptor (and a Linux guest's initramfs) are
-            // the one thing QEMU inherits.
+            // The image's descriptor (a Linux guest's initramfs, the
+            // plugin's file) are the only things QEMU inherits.
             for fd in std::iter::once(image_raw).chain(initrd_raw) {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some(fd) = plugin_raw {
                 if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -301,7 +502,18 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
             }
         },
     };
+    let qemu_plugin = match plugin {
+        None => PluginOutput::Off,
+        Some((_, mut f)) => match f.read() {
+            Ok(b) if b.is_empty() => PluginOutput::Missing(
+                "the plugin wrote nothing (QEMU did not exit normally: timeout or signal?)".into(),
+            ),
+            Ok(b) => PluginOutput::File(b),
+            Err(e) => PluginOutput::Missing(format!("reading the plugin's file: {e}")),
+        },
+    };
     Ok(RunOutcome {
+        qemu_plugin,
         stop,
         stopped_by: None,
         vcpus: Vec::new(),
@@ -323,4 +535,36 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         telemetry_addr: 0,
         outputs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_versions_and_plugin_api() {
+        assert_eq!(
+            parse_qemu_version("QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)\n"),
+            Some((7, 2, 22))
+        );
+        assert_eq!(
+            parse_qemu_version("QEMU emulator version 10.0.2\n"),
+            Some((10, 0, 2))
+        );
+        assert_eq!(
+            parse_qemu_version("QEMU emulator version 9.1"),
+            Some((9, 1, 0))
+        );
+        assert_eq!(parse_qemu_version("something else"), None);
+        assert_eq!(parse_qemu_version("version x.y"), None);
+        assert_eq!(plugin_api_for((7, 2, 22)), Ok(1));
+        assert_eq!(plugin_api_for((8, 2, 0)), Ok(1));
+        assert_eq!(plugin_api_for((9, 0, 0)), Ok(2));
+        assert_eq!(plugin_api_for((10, 0, 2)), Ok(2));
+        let old = plugin_api_for((5, 2, 0)).unwrap_err();
+        assert!(
+            old.contains("too old") && old.contains("--no-plugin"),
+            "{old}"
+        );
+    }
 }

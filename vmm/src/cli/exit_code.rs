@@ -2,12 +2,14 @@
 //! number `ptiscope` exits with (docs/running.md lists them).
 
 use crate::backend::qemu::QemuError;
+use crate::cli::compare::side::MeasuredRunError;
 use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::loader::LoadError;
 use crate::machine::memory::MemoryError;
 use crate::machine::{RunError, RunOutcome, StopReason};
 use crate::output::OpenError;
 use crate::preflight::PreflightError;
+use crate::RunVmError;
 
 /// Guest statuses above this are reported as this.
 pub const GUEST_STATUS_MAX: i32 = 63;
@@ -72,10 +74,16 @@ impl ExitCode for RunOutcome {
 impl ExitCode for PreflightError {
     fn exit_code(&self) -> i32 {
         match self {
-            PreflightError::Kvm(_) | PreflightError::Unsupported(_) => KVM_UNAVAILABLE,
+            PreflightError::Kvm(_)
+            | PreflightError::TooManyVcpus { .. }
+            | PreflightError::SmpWithoutIrqchip
+            | PreflightError::PaePagingRefused { .. }
+            | PreflightError::EntryRefused(_)
+            | PreflightError::PcidUnusable { .. } => KVM_UNAVAILABLE,
             PreflightError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
             PreflightError::Memory(_) | PreflightError::Cmdline(_) => USAGE,
             PreflightError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            PreflightError::Load(LoadError::Interrupted(signal)) => 128 + signal,
             PreflightError::Load(LoadError::Scratch(..)) => INTERNAL,
             PreflightError::Load(_) => BAD_IMAGE,
             PreflightError::Linux(e) => e.exit_code(),
@@ -86,7 +94,6 @@ impl ExitCode for PreflightError {
 impl ExitCode for RunError {
     fn exit_code(&self) -> i32 {
         match self {
-            RunError::Preflight(e) => e.exit_code(),
             RunError::Kvm(_)
             | RunError::Vcpu(
                 VcpuSetupError::SetMsrs { .. }
@@ -96,6 +103,7 @@ impl ExitCode for RunError {
             RunError::Memory(MemoryError::Allocate { .. }) => INTERNAL,
             RunError::Memory(_) => USAGE,
             RunError::Load(LoadError::Read { .. }) => NO_IMAGE,
+            RunError::Load(LoadError::Interrupted(signal)) => 128 + signal,
             RunError::Load(LoadError::Scratch(..)) => INTERNAL,
             RunError::Load(_) => BAD_IMAGE,
             RunError::Output(e) => e.exit_code(),
@@ -119,12 +127,34 @@ impl ExitCode for crate::linux::LinuxError {
     }
 }
 
+impl ExitCode for RunVmError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            RunVmError::Preflight(e) => e.exit_code(),
+            RunVmError::Run(e) => e.exit_code(),
+        }
+    }
+}
+
+impl ExitCode for MeasuredRunError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            MeasuredRunError::Kvm(e) => e.exit_code(),
+            MeasuredRunError::Qemu(e) => e.exit_code(),
+            MeasuredRunError::NoPhase { .. } => VM_ERROR,
+            MeasuredRunError::GuestFailed { stop, .. } => stop.exit_code(),
+            MeasuredRunError::Linux { code, .. } => *code,
+        }
+    }
+}
+
 impl ExitCode for OpenError {
-    /// 73 (cannot create an output), or 128 + the signal that interrupted
-    /// the wait for a FIFO's reader.
+    /// 73 (cannot create an output), 64 for two outputs given one file, or
+    /// 128 + the signal that interrupted the wait for a FIFO's reader.
     fn exit_code(&self) -> i32 {
         match self {
             OpenError::Interrupted { signal, .. } => 128 + signal,
+            OpenError::SamePath { .. } => USAGE,
             _ => CANT_CREATE,
         }
     }
@@ -134,7 +164,7 @@ impl ExitCode for QemuError {
     fn exit_code(&self) -> i32 {
         match self {
             QemuError::Preflight(e) => e.exit_code(),
-            QemuError::Spawn { .. } => KVM_UNAVAILABLE,
+            QemuError::Spawn { .. } | QemuError::Plugin(_) => KVM_UNAVAILABLE,
             QemuError::Output(e) => e.exit_code(),
             QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
         }

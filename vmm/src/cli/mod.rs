@@ -7,6 +7,7 @@ pub mod compare;
 pub mod exit_code;
 pub mod linux;
 pub mod pagetables;
+mod partial;
 pub mod pound;
 pub mod probe;
 pub mod run;
@@ -114,10 +115,13 @@ Options for --baseline/--compare (comma-separated key=value):
   pti=on|off|auto  pcid=on|off  entry=auto|syscall|sysenter|int80|int3|int4
   workload=NAME  iterations=N  cpu_vuln=meltdown|none|host  mem=MiB  cmdline=TEXT
 
-Statistics: per metric the mean and its 95 % confidence interval (Student's t),
-Welch's t-test p-value, and mmtests' significance marker: an Amean difference
-printed as `*  x.xx%*` instead of `(  x.xx%)` exceeds both sides' qnorm(0.975) x
-stddev summed. `--runs auto [--target-ci PCT] [--max-runs N]` adds interleaved run
+Output: the header, then what the compare side cost per call (compare -
+baseline, + = more with it: each figure's source, its difference with the 95 %
+CI (Welch) and significance), then each metric's mean and 95 % CI per side.
+--mmtests adds the mmtests compare-kernels table (Min/Amean/Stddev/CoeffVar/
+Max/BAmean, negative % = worse; an Amean difference printed as `*  x.xx%*`
+instead of `(  x.xx%)` exceeds both sides' qnorm(0.975) x stddev summed) and
+the durations; --json and --csv always have every statistic. `--runs auto [--target-ci PCT] [--max-runs N]` adds interleaved run
 pairs (at least 3 per side) until the main time metric's (ns_per_call; under QEMU
 cycles_per_call) CI half-width is within PCT % of the mean on both sides, and says
 which stop it took. `--against FILE.json` compares each side with the same side of
@@ -146,8 +150,9 @@ without a working set. Every configuration runs --runs times per cell,
 interleaved; the table has the median time per call of each, the baseline's
 syscall rate, the overhead against the baseline, and the refill cost per page
 (derived: the PTI delta at that working set minus the delta at wss=0, over the
-pages touched per call); then KVM's tlb_flush / pf_taken / exits per call,
-and where the overhead crosses 1 % and 5 %.
+pages touched per call; `hidden` where the probe finds that a guest CR3 write
+costs user code no TLB refill on this host); then KVM's tlb_flush / pf_taken /
+exits per call, and where the overhead crosses 1 % and 5 %.
 
 Exit status: 0 done; 64 bad usage; 73 an output file cannot be written;
 otherwise the exit status of the run that failed (see `ptiscope run --help`).";
@@ -275,6 +280,11 @@ pub struct CompareArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Also print the full mmtests compare-kernels table (Min, Amean,
+    /// Stddev, CoeffVar, Max, BAmean; negative % = worse) and the duration
+    /// table; --json and --csv always have every statistic.
+    #[arg(long)]
+    pub mmtests: bool,
     /// Which embedded guest to compare (default x86_64; with `--kernel` the
     /// image decides; with `--linux` it must match the image).
     #[arg(long, value_enum, conflicts_with = "kernel")]
@@ -290,6 +300,10 @@ pub struct CompareArgs {
     /// TSC count instructions, so cycles per call become instructions per call.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
+    /// `[qemu-plugin]` rows; every figure is then guest-reported).
+    #[arg(long)]
+    pub no_plugin: bool,
 }
 
 /// Options of `ptiscope run`.
@@ -319,10 +333,11 @@ pub struct RunArgs {
     /// Syscall entry of the guest's user programs; `auto` picks what this host's KVM delivers.
     #[arg(long, default_value = "auto", value_parser = abi_option::<EntryChoice>(EntryChoice::names()))]
     pub entry: EntryChoice,
-    /// Workload to run in the guest.
+    /// Workload to run in the guest. Without it the guest only boots and
+    /// nothing is measured per call; `--iterations N` alone runs getpid.
     #[arg(long, value_name = "NAME", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
     pub workload: Option<Workload>,
-    /// Iterations of the workload's loop.
+    /// Iterations of the workload's loop (alone, of getpid).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub iterations: Option<u64>,
     /// What the vCPU reports about Meltdown: `meltdown` clears ARCH_CAPABILITIES.RDCL_NO,
@@ -375,6 +390,10 @@ pub struct RunArgs {
     /// TSC count instructions, so cycles per call become instructions per call.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
+    /// `[qemu-plugin]` rows; every figure is then guest-reported).
+    #[arg(long)]
+    pub no_plugin: bool,
 }
 
 /// `--linux` and `--append`: a real Linux kernel as the guest, with
@@ -558,7 +577,22 @@ impl RunArgs {
                 Some("--no-irqchip is a KVM setting: not with --backend qemu")
             }
             Backend::Kvm if !self.qemu_arg.is_empty() => Some("--qemu-arg needs --backend qemu"),
+            Backend::Kvm if self.no_plugin => Some("--no-plugin needs --backend qemu"),
             _ => None,
+        }
+    }
+
+    /// `--workload`, or, when only a count was given (`--iterations N`,
+    /// no `--workload` and no `workload=` in `--cmdline`), the default
+    /// workload getpid: N iterations of nothing would measure nothing.
+    pub fn implied_workload(&self) -> Option<Workload> {
+        let named_in_cmdline = self
+            .cmdline
+            .split_ascii_whitespace()
+            .any(|w| w.starts_with("workload="));
+        match self.workload {
+            None if self.iterations.is_some() && !named_in_cmdline => Some(Workload::Getpid),
+            w => w,
         }
     }
 
@@ -575,7 +609,7 @@ impl RunArgs {
                 pti: self.pti,
                 pcid: self.pcid,
                 entry: self.entry,
-                workload: self.workload,
+                workload: self.implied_workload(),
                 iterations: self.iterations,
                 extra: self.cmdline.clone(),
             },
@@ -588,6 +622,7 @@ impl RunArgs {
             console_input: true,
             handle_signals: true,
             qemu_args: self.qemu_arg.clone(),
+            qemu_plugin: !self.no_plugin,
             irqchip: !self.no_irqchip,
             cpus: self.cpus,
             guest_kind: self.linux.guest_kind(self.arch),
@@ -603,6 +638,28 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn iterations_alone_imply_getpid() {
+        let workload = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["ptiscope", "run"][..], args].concat()).unwrap();
+            let Some(Command::Run(a)) = cli.command else {
+                panic!("not run")
+            };
+            a.to_config(crate::GUEST_X86_64).guest.workload
+        };
+        assert_eq!(workload(&["--iterations", "2000"]), Some(Workload::Getpid));
+        assert_eq!(workload(&[]), None, "a plain run only boots");
+        assert_eq!(
+            workload(&["--iterations", "9", "--workload", "getppid"]),
+            Some(Workload::Getppid)
+        );
+        // A workload named on the guest command line is not overridden.
+        assert_eq!(
+            workload(&["--iterations", "9", "--cmdline", "workload=write-badfd"]),
+            None
+        );
     }
 
     #[test]

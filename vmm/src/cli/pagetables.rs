@@ -5,7 +5,7 @@
 use crate::cli::exit_code::{self, ExitCode as _};
 use crate::cli::run::environment;
 use crate::cli::PagetablesArgs;
-use crate::output::open_output;
+use crate::output::open_document;
 use crate::run_vm;
 
 /// `ptiscope pagetables`: boot the guest with a one-call getpid workload,
@@ -50,7 +50,7 @@ pub fn run(args: &PagetablesArgs) -> i32 {
     let json = match args
         .json
         .as_deref()
-        .map(|p| open_output("--json", p, crate::preflight::request::DEFAULT_TIMEOUT))
+        .map(|p| open_document("--json", p, crate::preflight::request::DEFAULT_TIMEOUT))
         .transpose()
     {
         Ok(j) => j,

@@ -146,7 +146,8 @@ pub fn run(args: &CompareArgs) -> i32 {
                 };
                 let s = match run_measured(run, args.backend) {
                     Ok((_, s)) => s,
-                    Err((code, msg)) => {
+                    Err(e) => {
+                        let (code, msg) = (e.exit_code(), e);
                         eprintln!(
                             "ptiscope compare: {label} threads={threads} run {} failed: {msg}",
                             i + 1

@@ -35,6 +35,11 @@ pub fn run(args: &RunArgs) -> i32 {
     // waited for up to --timeout) before the guest boots, so a bad path
     // costs no run and nothing blocks once it runs.
     let opened = (|| -> Result<_, crate::output::OpenError> {
+        crate::output::check_distinct(&[
+            ("--serial-out", args.serial_out.as_deref()),
+            ("--metrics-out", args.metrics_out.as_deref()),
+            ("--json", args.json.as_deref()),
+        ])?;
         let serial = args
             .serial_out
             .as_deref()
@@ -48,7 +53,7 @@ pub fn run(args: &RunArgs) -> i32 {
         let json = args
             .json
             .as_deref()
-            .map(|p| open_output("--json", p, args.timeout))
+            .map(|p| crate::output::open_document("--json", p, args.timeout))
             .transpose()?;
         Ok((serial, metrics, json))
     })();
@@ -92,6 +97,18 @@ pub fn run(args: &RunArgs) -> i32 {
             let mut summary =
                 measurer.summary(&outcome, crate::cli::compare::config_words(&outcome));
             summary.environment = Some(environment("kvm", &config, "run", &summary.config));
+            if !resolved
+                .guest
+                .workload
+                .is_some_and(crate::preflight::cmdline::Workload::runs_user_code)
+            {
+                summary.notes.insert(
+                    0,
+                    "nothing measured per call: no workload ran, the guest only booted \
+                     (--workload NAME runs one; --iterations N alone runs getpid)"
+                        .into(),
+                );
+            }
             let outputs: Vec<_> = outcome
                 .outputs
                 .iter()
@@ -150,8 +167,13 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
     match crate::backend::qemu::run_resolved(resolved) {
         Ok(outcome) => {
             eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
+            let who = if resolved.config.qemu_plugin {
+                "[qemu-plugin] figures are host-observed (ptiscope's TCG plugin), the others guest-reported"
+            } else {
+                "every figure below is guest-reported (--no-plugin)"
+            };
             eprintln!(
-                "  time: run {:.1} ms; entry={}; every figure below is guest-reported",
+                "  time: run {:.1} ms; entry={}; {who}",
                 outcome.run_time.as_secs_f64() * 1e3,
                 outcome.entry.map_or("-", |e| e.name()),
             );
@@ -160,7 +182,7 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
             }
             let mut summary = match &resolved.linux {
                 Some(l) => crate::linux::summary(&outcome, l, None),
-                None => crate::observe::measure::summary_from_result(
+                None => crate::report::summary_from_result(
                     &outcome,
                     crate::cli::compare::config_words(&outcome),
                 ),

@@ -17,26 +17,55 @@ use clap::Args;
 
 use crate::cli::compare::{parse_side, rates, run_measured};
 use crate::cli::exit_code::{self, ExitCode};
+use crate::cli::partial::{csv_with_banner, svg_with_banner};
 use crate::cli::{abi_option, parse_cpus, parse_mem, parse_timeout, Arch, Backend, CompareArgs};
 use crate::machine::memory::DEFAULT_MEM_MIB;
+use crate::machine::signals;
 use crate::output::{open_outputs, OutputFile};
 use crate::preflight::cmdline::Workload;
-use crate::preflight::{host, preflight, ResolvedRun};
+use crate::preflight::{host, preflight_with_image, PreflightError, ResolvedRun};
 use crate::report::sweep::{self as rs, Cell, CellConfig, Omitted, SweepReport};
 use crate::report::RunSummary;
 use ptiscope_abi::options::WssPages;
 use ptiscope_abi::workingset as ws;
 
 /// Default `--wss`.
-pub const DEFAULT_WSS: &str = "0,64K,1M,4M,16M";
-/// Default `--touches`: one, four and 32 passes over the working set (the
-/// last lowers the syscall rate towards the 1 % and 5 % crossings).
-pub const DEFAULT_TOUCHES: &str = "1x,4x,32x";
-/// Default iterations per run: with the defaults below the sweep takes
-/// about a minute under kvm_pvm (a round trip costs 30-90 µs there).
+pub const DEFAULT_WSS: &str = "0,64K,1M,16M";
+/// Default `--touches`: 4 Ki, 64 Ki and 2 Mi reads per call, the same for
+/// every working set (Gregg's knob: the user work between two calls), so
+/// that the syscall rate spans more than two decades (on kvm_pvm: about
+/// 9k/s at wss=0 down to about 30/s at 16M x 2M reads).
+pub const DEFAULT_TOUCHES: &str = "4K,64K,2M";
+/// Default iterations per run (of a cell reading at most
+/// [`FULL_ITERATIONS_READS`] per call): with the defaults the sweep takes
+/// about a minute under kvm_pvm (a round trip costs 30-120 µs there).
 pub const DEFAULT_SWEEP_ITERATIONS: u64 = 1000;
+/// A cell whose calls read more than this many times runs
+/// `iterations x FULL_ITERATIONS_READS / reads` calls (at least
+/// [`MIN_CELL_ITERATIONS`]): its calls are slow, and a run of a thousand
+/// of them would take minutes; per call the figures are the same.
+pub const FULL_ITERATIONS_READS: u64 = 4096;
+/// The fewest calls per run a slow cell is given (unless `--iterations` is lower).
+pub const MIN_CELL_ITERATIONS: u64 = 20;
+
+/// Calls per run of a cell reading `reads` times per call.
+pub fn cell_iterations(iterations: u64, reads: u64) -> u64 {
+    if reads <= FULL_ITERATIONS_READS {
+        return iterations;
+    }
+    let scaled =
+        (u128::from(iterations) * u128::from(FULL_ITERATIONS_READS) / u128::from(reads)) as u64;
+    scaled.max(MIN_CELL_ITERATIONS).min(iterations)
+}
 /// Default runs per (cell, configuration).
 pub const DEFAULT_SWEEP_RUNS: u32 = 5;
+
+/// Most cells (working set x reads per iteration) one sweep runs: a grid
+/// that size is already hours of runs; a larger one is refused before any
+/// work (docs/running.md).
+pub const MAX_SWEEP_CELLS: usize = 1024;
+/// Most runs one sweep plans (cells x configurations x `--runs`).
+pub const MAX_SWEEP_RUNS: u64 = 100_000;
 
 /// `ptiscope sweep`: PTI's overhead over working-set size and reads per call.
 #[derive(Debug, Args)]
@@ -45,8 +74,9 @@ pub struct SweepArgs {
     #[arg(long, value_name = "LIST", default_value = DEFAULT_WSS)]
     pub wss: String,
     /// Reads of the working set per iteration, comma-separated: `Nx` = N
-    /// passes over it, or a number of reads. More reads per call lower the
-    /// syscall rate at the same footprint (Gregg's knob).
+    /// passes over it, or a number of reads (K/M suffixes: 4K = 4096). More
+    /// reads per call lower the syscall rate at the same footprint (Gregg's
+    /// knob). Cells reading more than 4K times per call run fewer calls.
     #[arg(long, value_name = "LIST", default_value = DEFAULT_TOUCHES)]
     pub touches: String,
     /// Bytes between two reads (a multiple of 8; 64 reads every cache line).
@@ -111,10 +141,13 @@ pub struct SweepArgs {
     /// An extra argument for QEMU (`--backend qemu`), repeatable.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin.
+    #[arg(long)]
+    pub no_plugin: bool,
 }
 
 /// A reads-per-iteration spec: passes over the working set, or reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TouchSpec {
     /// `Nx`: N passes over the working set.
     Passes(u64),
@@ -132,7 +165,10 @@ impl TouchSpec {
             }
             return Ok(TouchSpec::Passes(n));
         }
-        s.parse().map(TouchSpec::Reads).map_err(|_| bad())
+        ws::parse_size(s)
+            .filter(|n| *n > 0 || s == "0")
+            .map(TouchSpec::Reads)
+            .ok_or_else(bad)
     }
 
     fn label(self) -> String {
@@ -158,6 +194,7 @@ struct CellPlan {
     spec: String,
     touches: u64,
     pages: u64,
+    iterations: u64,
     words: String,
 }
 
@@ -194,23 +231,40 @@ fn plan(args: &SweepArgs) -> Result<(Vec<CellPlan>, u64), String> {
         let b = ws::parse_size(w)
             .filter(|b| *b <= ws::MAX_WSS)
             .ok_or_else(|| format!("--wss: {w:?} is not a size up to {}M", ws::MAX_WSS >> 20))?;
-        if !sizes.contains(&b) {
-            sizes.push(b);
-        }
+        sizes.push(b);
     }
     if sizes.is_empty() {
         return Err("--wss: no working set given".into());
     }
     sizes.sort_unstable();
-    let specs: Vec<TouchSpec> = args
+    sizes.dedup();
+    // Repeated specs are run once, as repeated sizes are (`1x,1x` is `1x`).
+    let mut seen = std::collections::HashSet::new();
+    let mut specs: Vec<TouchSpec> = Vec::new();
+    for w in args
         .touches
         .split(',')
         .map(str::trim)
         .filter(|w| !w.is_empty())
-        .map(TouchSpec::parse)
-        .collect::<Result<_, _>>()?;
+    {
+        let spec = TouchSpec::parse(w)?;
+        if seen.insert(spec) {
+            specs.push(spec);
+        }
+    }
     if specs.is_empty() {
         return Err("--touches: no value given".into());
+    }
+    let nonzero = sizes.iter().filter(|&&w| w > 0).count();
+    let count = (sizes.len() - nonzero).saturating_add(nonzero.saturating_mul(specs.len()));
+    if count > MAX_SWEEP_CELLS {
+        return Err(format!(
+            "--wss x --touches: {count} cells ({} working sets x {} reads per iteration); \
+             a sweep runs at most {MAX_SWEEP_CELLS} cells (the sweep cell limit): split the grid \
+             into several sweeps",
+            sizes.len(),
+            specs.len()
+        ));
     }
     let page = args.wss_pages.bytes();
     let mut cells = Vec::new();
@@ -221,6 +275,7 @@ fn plan(args: &SweepArgs) -> Result<(Vec<CellPlan>, u64), String> {
                 spec: "-".into(),
                 touches: 0,
                 pages: 0,
+                iterations: args.iterations,
                 words: String::new(),
             });
             continue;
@@ -240,6 +295,7 @@ fn plan(args: &SweepArgs) -> Result<(Vec<CellPlan>, u64), String> {
                 spec: spec.label(),
                 touches: reads,
                 pages: pages_touched(wss, stride, reads, page),
+                iterations: cell_iterations(args.iterations, reads),
                 words: format!(
                     "wss={wss} stride={stride} touches={reads} wss_pages={}",
                     args.wss_pages
@@ -336,10 +392,12 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         svg: None,
         fail_if: Vec::new(),
         quiet: args.quiet,
+        mmtests: false,
         arch: args.arch,
         linux: args.linux.clone(),
         backend: args.backend,
         qemu_arg: args.qemu_arg.clone(),
+        no_plugin: args.no_plugin,
     }
 }
 
@@ -351,20 +409,6 @@ fn write_file(f: &OutputFile, text: &str) -> i32 {
             exit_code::CANT_CREATE
         }
     }
-}
-
-/// The median of a rate over runs, if every run has it.
-fn median_rate(runs: &[RunSummary], name: &str) -> Option<f64> {
-    let v: Option<Vec<f64>> = runs
-        .iter()
-        .map(|r| {
-            rates(r)
-                .into_iter()
-                .find(|(m, _)| m.name == name)
-                .map(|(_, v)| v)
-        })
-        .collect();
-    v.filter(|v| !v.is_empty()).map(|v| rs::median(&v))
 }
 
 /// Runs the sweep and prints it; returns the process exit code.
@@ -396,6 +440,26 @@ pub fn run(args: &SweepArgs) -> i32 {
         eprintln!("ptiscope sweep: give at least two --config (the first is the baseline)");
         return exit_code::USAGE;
     }
+    if labels.iter().any(|l| l.trim().is_empty()) {
+        eprintln!(
+            "ptiscope sweep: --config '': an empty configuration has no label and means every \
+             default (pti=auto); give its options, e.g. --config pti=off"
+        );
+        return exit_code::USAGE;
+    }
+    let planned = (cells.len() as u64)
+        .saturating_mul(labels.len() as u64)
+        .saturating_mul(u64::from(args.runs));
+    if planned > MAX_SWEEP_RUNS {
+        eprintln!(
+            "ptiscope sweep: {} cells x {} configurations x {} runs = {planned} runs; a sweep \
+             plans at most {MAX_SWEEP_RUNS} (the sweep run limit): fewer cells, configurations or --runs",
+            cells.len(),
+            labels.len(),
+            args.runs
+        );
+        return exit_code::USAGE;
+    }
     // The output files are opened before the first boot (as compare does):
     // a bad path must not cost a whole sweep.
     let outputs = [
@@ -412,42 +476,45 @@ pub fn run(args: &SweepArgs) -> i32 {
     };
     let common = compare_args(args);
     let embedded = args.arch.unwrap_or(Arch::X86_64).embedded_image();
-    // Settle every (cell, configuration) once: image read, entry resolved,
-    // host limits checked; every run then boots its resolved run.
-    let mut resolved: Vec<Vec<ResolvedRun>> = Vec::new();
-    for cell in &cells {
-        let mut row = Vec::new();
-        for label in &labels {
-            let mut spec = match parse_side(label, &common, embedded) {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("ptiscope sweep: --config {e}");
-                    return exit_code::USAGE;
-                }
-            };
-            let extra = &mut spec.config.guest.extra;
-            if !cell.words.is_empty() {
-                *extra = format!("{} {}", extra.trim(), cell.words)
-                    .trim()
-                    .to_string();
-            }
-            if args.workload == Workload::Poundsyscall && !extra.contains("threads=") {
-                *extra = format!("{} threads={}", extra.trim(), args.cpus)
-                    .trim()
-                    .to_string();
-            }
-            match preflight(&spec.config, args.backend.target()) {
-                Ok(r) => row.push(r),
-                Err(e) => {
-                    eprintln!(
-                        "ptiscope sweep: {label} at wss={}: {e}",
-                        rs::fmt_size(cell.wss)
-                    );
-                    return e.exit_code();
-                }
+    let mut sides = Vec::new();
+    for label in &labels {
+        match parse_side(label, &common, embedded) {
+            Ok(s) => sides.push(s),
+            Err(e) => {
+                eprintln!("ptiscope sweep: --config {e}");
+                return exit_code::USAGE;
             }
         }
-        resolved.push(row);
+    }
+    let mut prep = Preparer {
+        sides,
+        image: None,
+        workload: args.workload,
+        cpus: args.cpus,
+        iterations: args.iterations,
+        target: args.backend.target(),
+    };
+    // Settle every (cell, configuration) before the first boot, so that a
+    // bad cell does not cost the runs before it; nothing is kept (each run
+    // is settled again when it runs, sharing its configuration's image), so
+    // memory does not grow with the grid. A signal stops this at once.
+    for cell in &cells {
+        for (k, label) in labels.iter().enumerate() {
+            if let Some(signal) = signals::wait_termination(Duration::ZERO) {
+                eprintln!(
+                    "ptiscope sweep: {} while checking the grid; nothing ran",
+                    signals::describe(signal)
+                );
+                return 128 + signal;
+            }
+            if let Err(e) = prep.prepare(k, cell) {
+                eprintln!(
+                    "ptiscope sweep: {label} at wss={}: {e}",
+                    rs::fmt_size(cell.wss)
+                );
+                return e.exit_code();
+            }
+        }
     }
 
     let (time_metric, time_unit, time_source) = match args.backend {
@@ -462,8 +529,18 @@ pub fn run(args: &SweepArgs) -> i32 {
             "  backend:   QEMU TCG: software emulation, guest-reported cycles per call only"
         ),
     }
+    let fewest = cells.iter().map(|c| c.iterations).min().unwrap_or(0);
+    let fewer = if fewest < args.iterations {
+        format!(" (down to {fewest} where a call reads more than {FULL_ITERATIONS_READS} times: column calls/run)")
+    } else {
+        String::new()
+    };
+    // Probed before the timed runs (a few hundred ms), cached for the
+    // environment block.
+    let cr3_write_refill = refill_visibility(args.backend);
+    println!("  refill:    {}", describe_refill(&cr3_write_refill));
     println!(
-        "  workload:  {} x {} iterations per run, {} runs per cell and configuration, interleaved; stride {stride}, {} pages",
+        "  workload:  {} x {} iterations per run{fewer}, {} runs per cell and configuration, interleaved; stride {stride}, {} pages",
         args.workload, args.iterations, args.runs, args.wss_pages
     );
     if args.workload == Workload::Poundsyscall {
@@ -487,31 +564,62 @@ pub fn run(args: &SweepArgs) -> i32 {
     let total = cells.len() as u64 * n as u64 * u64::from(args.runs);
     let bar = progress(total, args.quiet);
     let started = Instant::now();
-    let mut runs: Vec<Vec<Vec<RunSummary>>> = vec![vec![Vec::new(); n]; cells.len()];
-    for r in 0..args.runs as usize {
+    // Per (cell, configuration), the few figures the report takes from each
+    // run (not the run's whole summary).
+    let mut runs: Vec<Vec<Vec<RunFigures>>> = vec![vec![Vec::new(); n]; cells.len()];
+    let mut stopped: Option<(i32, String)> = None;
+    let mut done = 0u64;
+    'runs: for r in 0..args.runs as usize {
         for (ci, cell) in cells.iter().enumerate() {
             for k in 0..n {
                 let side = (k + r + ci) % n;
+                let at = format!(
+                    "{} at wss={} touches={} run {}",
+                    labels[side],
+                    rs::fmt_size(cell.wss),
+                    cell.spec,
+                    r + 1
+                );
+                if let Some(signal) = signals::wait_termination(Duration::ZERO) {
+                    stopped = Some((
+                        128 + signal,
+                        format!("{} before {at}", signals::describe(signal)),
+                    ));
+                    break 'runs;
+                }
                 bar.set_message(format!("wss={} {}", rs::fmt_size(cell.wss), labels[side]));
-                match run_measured(&resolved[ci][side], args.backend) {
-                    Ok((_, s)) => runs[ci][side].push(s),
+                let result = prep
+                    .prepare(side, cell)
+                    .map_err(|e| (e.exit_code(), e.to_string()))
+                    .and_then(|resolved| {
+                        run_measured(&resolved, args.backend)
+                            .map_err(|e| (e.exit_code(), e.to_string()))
+                    });
+                match result {
+                    Ok((_, s)) => runs[ci][side].push(RunFigures::of(&s, time_metric)),
                     Err((code, msg)) => {
-                        bar.finish_and_clear();
-                        eprintln!(
-                            "ptiscope sweep: {} at wss={} touches={} run {} failed: {msg}",
-                            labels[side],
-                            rs::fmt_size(cell.wss),
-                            cell.spec,
-                            r + 1
-                        );
-                        return if code == 0 { 1 } else { code };
+                        let why = match code - 128 {
+                            sig if signals::TERMINATION_SIGNALS.contains(&sig) => {
+                                format!("{} during {at}", signals::describe(sig))
+                            }
+                            _ => format!("{at} failed: {msg}"),
+                        };
+                        stopped = Some((if code == 0 { 1 } else { code }, why));
+                        break 'runs;
                     }
                 }
+                done += 1;
                 bar.inc(1);
             }
         }
     }
     bar.finish_and_clear();
+    if let Some((_, why)) = &stopped {
+        eprintln!("ptiscope sweep: {why}");
+    }
+    // The banner and the outputs take the reason's first line (a failed
+    // run's message goes on with its console tail, printed above).
+    let stopped = stopped.map(|(c, why)| (c, why.lines().next().unwrap_or_default().to_string()));
 
     let mut report = SweepReport {
         schema: rs::SCHEMA.into(),
@@ -530,34 +638,34 @@ pub fn run(args: &SweepArgs) -> i32 {
         omitted,
         cells: Vec::new(),
         crossings: Vec::new(),
+        cr3_write_refill,
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
             &format!("{:?}", args.backend).to_lowercase(),
-            crate::cli::compare::guest_image(&match (&args.kernel, &args.linux.linux) {
-                (Some(p), _) => crate::machine::loader::KernelSource::Path(p.clone()),
-                (None, Some(k)) => crate::machine::loader::KernelSource::Path(
-                    crate::linux::kernel_path(k).unwrap_or_else(|_| k.into()),
-                ),
-                (None, None) => crate::machine::loader::KernelSource::Embedded(
-                    args.arch.unwrap_or(Arch::X86_64).embedded_image(),
-                ),
-            }),
+            crate::cli::compare::guest_image_of(
+                &match (&args.kernel, &args.linux.linux) {
+                    (Some(p), _) => crate::machine::loader::KernelSource::Path(p.clone()),
+                    (None, Some(k)) => crate::machine::loader::KernelSource::Path(
+                        crate::linux::kernel_path(k).unwrap_or_else(|_| k.into()),
+                    ),
+                    (None, None) => crate::machine::loader::KernelSource::Embedded(
+                        args.arch.unwrap_or(Arch::X86_64).embedded_image(),
+                    ),
+                },
+                prep.image.as_deref(),
+            ),
             [("configs".to_owned(), labels.clone())].into(),
         )),
     };
     for (ci, cell) in cells.iter().enumerate() {
+        // A stopped sweep reports the cells every configuration has run in.
+        if runs[ci].iter().any(Vec::is_empty) {
+            continue;
+        }
         let mut configs = Vec::new();
         for (k, label) in labels.iter().enumerate() {
             let rr = &runs[ci][k];
-            let samples: Vec<f64> = rr
-                .iter()
-                .filter_map(|s| {
-                    rates(s)
-                        .into_iter()
-                        .find(|(m, _)| m.name == time_metric)
-                        .map(|(_, v)| v)
-                })
-                .collect();
+            let samples: Vec<f64> = rr.iter().filter_map(|f| f.time).collect();
             if samples.len() != rr.len() {
                 eprintln!(
                     "ptiscope sweep: {label} at wss={}: some runs have no {time_metric}",
@@ -565,6 +673,7 @@ pub fn run(args: &SweepArgs) -> i32 {
                 );
                 return exit_code::VM_ERROR;
             }
+            let rate = |i: usize| median_rate(rr, i);
             configs.push(CellConfig {
                 config: label.clone(),
                 median: rs::median(&samples),
@@ -573,12 +682,16 @@ pub fn run(args: &SweepArgs) -> i32 {
                 delta: None,
                 overhead_pct: None,
                 refill_per_page: None,
-                tlb_flush_per_call: median_rate(rr, "tlb_flush_per_call"),
-                kvm_pf_taken_per_call: median_rate(rr, "kvm_pf_taken_per_call"),
-                kvm_exits_per_call: median_rate(rr, "kvm_exits_per_call"),
-                cr3_writes_per_call: median_rate(rr, "cr3_writes_per_call"),
-                read_cycles_per_call: median_rate(rr, "read_cycles_per_call"),
-                read_cycles_min: median_rate(rr, "read_cycles_min_per_call"),
+                refill_spread_per_page: None,
+                tlb_flush_per_call: rate(0),
+                kvm_pf_taken_per_call: rate(1),
+                kvm_exits_per_call: rate(2),
+                cr3_writes_per_call: rate(3),
+                kernel_instructions_per_call: rate(6),
+                insn_mov_cr3_per_call: rate(7),
+                read_cycles_per_call: rate(4),
+                read_cycles_min: rate(5),
+                read_cycles_min_spread: half_range(rr, 5),
                 user_refill_cycles_per_page: None,
                 significant: None,
                 mean_ci95: None,
@@ -591,24 +704,214 @@ pub fn run(args: &SweepArgs) -> i32 {
             touches: cell.touches,
             pages: cell.pages,
             guest_words: cell.words.clone(),
+            iterations: cell.iterations,
             syscall_rate: None,
             configs,
         });
     }
     report.derive();
+    let partial = stopped.as_ref().map(|(_, why)| Partial {
+        reason: why.clone(),
+        runs_done: done,
+        runs_planned: total,
+        cells_reported: report.cells.len(),
+        cells_planned: cells.len(),
+    });
+    if let Some(p) = &partial {
+        println!("{}", p.banner());
+    }
     print!("{}", rs::text(&report));
     println!("\n({:.0} s)", report.seconds);
-    let mut code = 0;
-    if let Some(f) = &json_file {
-        code = code.max(write_file(f, &rs::json(&report)));
-    }
-    if let Some(f) = &csv_file {
-        code = code.max(write_file(f, &rs::csv(&report)));
-    }
-    if let Some(f) = &svg_file {
-        code = code.max(write_file(f, &crate::report::sweep_svg::svg(&report)));
-    }
+    let mut code = stopped.as_ref().map_or(0, |(c, _)| *c);
+    let mut write = |f: &Option<OutputFile>, text: String| {
+        if let Some(f) = f {
+            let c = write_file(f, &text);
+            if code == 0 {
+                code = c;
+            }
+        }
+    };
+    write(
+        &json_file,
+        partial_json(rs::json(&report), partial.as_ref()),
+    );
+    let banner = partial.as_ref().map(Partial::banner);
+    write(
+        &csv_file,
+        csv_with_banner(rs::csv(&report), banner.as_deref()),
+    );
+    write(
+        &svg_file,
+        svg_with_banner(crate::report::sweep_svg::svg(&report), banner.as_deref()),
+    );
     code
+}
+
+/// The probe's refill verdict, as the sweep report carries it. Under QEMU
+/// the KVM probe says nothing about TCG (whose soft TLB is flushed whole on
+/// every CR3 write).
+fn refill_visibility(backend: Backend) -> rs::RefillVisibility {
+    use crate::probe::RefillVerdict;
+    if backend == Backend::Qemu {
+        return rs::RefillVisibility::Unknown {
+            reason: "not probed under QEMU TCG: its soft TLB is flushed whole on every CR3 write"
+                .into(),
+        };
+    }
+    let p = host::cr3_write_refill();
+    match p.verdict {
+        RefillVerdict::Visible => rs::RefillVisibility::Visible {
+            probe_ns_per_page: p.ns_per_page,
+        },
+        RefillVerdict::NotVisible => rs::RefillVisibility::NotVisible {
+            probe_ns_per_page: p.ns_per_page,
+            threshold_ns_per_page: p.threshold_ns_per_page,
+        },
+        RefillVerdict::Unmeasured => rs::RefillVisibility::Unknown {
+            reason: format!("the refill probe could not measure: {}", p.detail),
+        },
+    }
+}
+
+fn describe_refill(v: &rs::RefillVisibility) -> String {
+    let ns = |v: &Option<f64>| v.map_or("?".into(), |x| format!("{x:.2}"));
+    match v {
+        rs::RefillVisibility::Visible { probe_ns_per_page } => format!(
+            "a guest CR3 write costs user code a TLB refill here (probe: {} ns/page)",
+            ns(probe_ns_per_page)
+        ),
+        rs::RefillVisibility::NotVisible {
+            probe_ns_per_page,
+            threshold_ns_per_page,
+        } => format!(
+            "{} ({} ns/page, below {threshold_ns_per_page}): no per-page refill figure is PTI's here",
+            rs::RefillVisibility::HIDDEN,
+            ns(probe_ns_per_page)
+        ),
+        rs::RefillVisibility::Unknown { reason } => format!("unknown ({reason})"),
+    }
+}
+
+/// Settles one (cell, configuration) run when it is needed: the
+/// configuration's options plus the cell's guest words, through preflight,
+/// with the image read once and shared (`Arc`) by every configuration,
+/// cell and run.
+struct Preparer {
+    sides: Vec<crate::cli::compare::SideSpec>,
+    /// The image, read by the first run settled: every configuration boots
+    /// the same `--kernel` (or embedded guest).
+    image: Option<std::sync::Arc<[u8]>>,
+    workload: Workload,
+    cpus: u32,
+    /// `--iterations`: a cell that reads more runs fewer ([`CellPlan::iterations`]).
+    iterations: u64,
+    target: crate::preflight::Target,
+}
+
+impl Preparer {
+    fn prepare(&mut self, k: usize, cell: &CellPlan) -> Result<ResolvedRun, PreflightError> {
+        let mut config = self.sides[k].config.clone();
+        // A slow cell runs fewer calls, unless the configuration names its own count.
+        if config.guest.iterations == Some(self.iterations) {
+            config.guest.iterations = Some(cell.iterations);
+        }
+        let extra = &mut config.guest.extra;
+        if !cell.words.is_empty() {
+            *extra = format!("{} {}", extra.trim(), cell.words)
+                .trim()
+                .to_string();
+        }
+        if self.workload == Workload::Poundsyscall && !extra.contains("threads=") {
+            *extra = format!("{} threads={}", extra.trim(), self.cpus)
+                .trim()
+                .to_string();
+        }
+        let resolved = preflight_with_image(&config, self.target, self.image.clone())?;
+        if self.image.is_none() {
+            self.image = Some(resolved.image.clone());
+        }
+        Ok(resolved)
+    }
+}
+
+/// The rates (per call) the report takes from each run, in this order.
+const RATE_NAMES: [&str; 8] = [
+    "tlb_flush_per_call",
+    "kvm_pf_taken_per_call",
+    "kvm_exits_per_call",
+    "cr3_writes_per_call",
+    "read_cycles_per_call",
+    "read_cycles_min_per_call",
+    "kernel_instructions_per_call",
+    "insn_mov_cr3_per_call",
+];
+
+/// What the report keeps of one run.
+#[derive(Debug, Clone, Copy, Default)]
+struct RunFigures {
+    /// The time metric per call.
+    time: Option<f64>,
+    /// [`RATE_NAMES`], each if the run has it.
+    rates: [Option<f64>; RATE_NAMES.len()],
+}
+
+impl RunFigures {
+    fn of(s: &RunSummary, time_metric: &str) -> Self {
+        let all = rates(s);
+        let find = |name: &str| all.iter().find(|(m, _)| m.name == name).map(|(_, v)| *v);
+        RunFigures {
+            time: find(time_metric),
+            rates: RATE_NAMES.map(find),
+        }
+    }
+}
+
+/// The median of rate `i` over runs, if every run has it.
+fn median_rate(runs: &[RunFigures], i: usize) -> Option<f64> {
+    let v: Option<Vec<f64>> = runs.iter().map(|f| f.rates[i]).collect();
+    v.filter(|v| !v.is_empty()).map(|v| rs::median(&v))
+}
+
+/// Half the range (max - min) of rate `i` over runs, if two or more runs have it.
+fn half_range(runs: &[RunFigures], i: usize) -> Option<f64> {
+    let v: Vec<f64> = runs.iter().filter_map(|f| f.rates[i]).collect();
+    (v.len() >= 2).then(|| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        (hi - lo) / 2.0
+    })
+}
+
+/// Why a sweep's result is partial and how much of it there is.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Partial {
+    reason: String,
+    runs_done: u64,
+    runs_planned: u64,
+    cells_reported: usize,
+    cells_planned: usize,
+}
+
+impl Partial {
+    fn banner(&self) -> String {
+        format!(
+            "PARTIAL: {}; {} of {} runs done, {} of {} cells reported (those every configuration ran in)",
+            self.reason, self.runs_done, self.runs_planned, self.cells_reported, self.cells_planned
+        )
+    }
+}
+
+/// The JSON document with a `partial` object when the sweep stopped early.
+fn partial_json(doc: String, partial: Option<&Partial>) -> String {
+    let Some(p) = partial else { return doc };
+    match serde_json::from_str::<serde_json::Value>(&doc) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert("partial".into(), serde_json::json!(p));
+            serde_json::to_string_pretty(&m).unwrap_or(doc)
+        }
+        _ => doc,
+    }
 }
 
 #[cfg(test)]
@@ -622,6 +925,13 @@ mod tests {
         assert!(TouchSpec::parse("0x").is_err());
         assert!(TouchSpec::parse("x").is_err());
         assert!(TouchSpec::parse("-1").is_err());
+        assert_eq!(TouchSpec::parse("4K"), Ok(TouchSpec::Reads(4096)));
+        assert_eq!(TouchSpec::parse("8M"), Ok(TouchSpec::Reads(8 << 20)));
+        // Slow cells run fewer calls, never fewer than 20 nor more than asked.
+        assert_eq!(cell_iterations(1000, 4096), 1000);
+        assert_eq!(cell_iterations(1000, 64 << 10), 62);
+        assert_eq!(cell_iterations(1000, 2 << 20), 20);
+        assert_eq!(cell_iterations(10, 8 << 20), 10);
         assert_eq!(TouchSpec::Passes(4).reads(256), 1024);
     }
 

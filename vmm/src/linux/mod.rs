@@ -568,7 +568,7 @@ pub fn summary(
     guest: &LinuxGuest,
     host: Option<&HostPhaseObservation>,
 ) -> RunSummary {
-    let result = crate::observe::measure::result_fields(outcome);
+    let result = crate::report::result_fields(outcome);
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
     let parsed: String = guest
         .init_words
@@ -694,6 +694,7 @@ mod tests {
             mem_mib: 128,
             telemetry_addr: 0,
             outputs: Vec::new(),
+            qemu_plugin: crate::machine::PluginOutput::Off,
         }
     }
 

@@ -15,12 +15,13 @@ use ptiscope_devices::{
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::machine::boot_params;
 use crate::machine::cpu_config;
 use crate::machine::kvm::open_kvm;
 use crate::machine::loader;
 use crate::machine::msr::MsrAnswers;
 use crate::machine::RunError;
-use crate::preflight::ResolvedRun;
+use crate::spec::ResolvedRun;
 
 /// Where the TSS for real-mode emulation goes (Intel needs three pages KVM
 /// may use, outside guest RAM: just below 4 GiB, as Firecracker does).
@@ -64,7 +65,7 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
     let kvm = open_kvm()?;
     let mem = run.layout.create_guest_memory()?;
     let loaded = loader::load_bytes(&mem, &run.layout, &run.image_name, &run.image)?;
-    loader::write_boot_params(&mem, &run.layout, &run.cmdline)?;
+    boot_params::write_boot_params(&mem, &run.layout, &run.cmdline)?;
     let vm = create_vm(&kvm, &mem, config.irqchip)?;
 
     let (out, console_queue) = crate::output::console_output(&config.serial_out, config.timeout)?;
@@ -104,10 +105,7 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
 /// The port I/O bus: console, exit device, phase markers.
 fn device_bus(serial: &Arc<Mutex<SerialDevice>>) -> Result<PioBus, RunError> {
     let mut bus = PioBus::new();
-    let bus_err = |e: ptiscope_devices::BusError| RunError::Host {
-        what: "building the device bus",
-        source: std::io::Error::other(e.to_string()),
-    };
+    let bus_err = RunError::DeviceBus;
     bus.insert(port::SERIAL_COM1, port::SERIAL_LEN, serial.clone())
         .map_err(bus_err)?;
     bus.insert(port::EXIT, port::EXIT_LEN, Arc::new(Mutex::new(ExitDevice)))
@@ -127,10 +125,7 @@ fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, irqchip: bool) -> Result<VmFd, Ru
     for (slot, region) in mem.iter().enumerate() {
         let host = mem
             .get_host_address(region.start_addr())
-            .map_err(|e| RunError::Host {
-                what: "guest memory host address",
-                source: std::io::Error::other(e.to_string()),
-            })?;
+            .map_err(RunError::GuestMemoryAddress)?;
         let r = kvm_userspace_memory_region {
             slot: slot as u32,
             flags: 0,

@@ -11,7 +11,7 @@ use crate::machine::memory::START_INFO_ADDR;
 use crate::machine::msr::{MsrAnswers, MsrTrapError};
 pub use crate::machine::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
 use crate::machine::segments::{set_flat, FlatSelectors};
-use crate::preflight::cmdline::CpuVuln;
+use crate::spec::cmdline::CpuVuln;
 /// CPUID.(EAX=7,ECX=0):EDX bit 29: IA32_ARCH_CAPABILITIES exists.
 const CPUID_7_EDX_ARCH_CAPABILITIES: u32 = 1 << 29;
 

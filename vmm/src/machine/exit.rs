@@ -139,13 +139,23 @@ impl ExitCounts {
     }
 }
 
-/// What the run loop does next.
+/// What the run loop does next (as Firecracker's `VcpuEmulation`: handled,
+/// interrupted, or stopped, the stops kept apart in [`GuestStop`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExitAction {
     /// Re-enter the guest.
     Continue,
     /// Hand this marker to the phase observer, then re-enter.
     Phase(Marker),
+    /// KVM_EXIT_INTR: a signal interrupted the vCPU; the run loop checks why.
+    Interrupted,
+    /// The guest's run on this vCPU is over.
+    Stop(GuestStop),
+}
+
+/// An exit that ends the run: what the guest did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestStop {
     /// The guest wrote its exit status.
     GuestExit(u32),
     /// KVM_EXIT_HLT reached userspace (only without an in-kernel irqchip):
@@ -162,8 +172,6 @@ pub enum ExitAction {
         /// The host CPU the entry failed on.
         cpu: u32,
     },
-    /// KVM_EXIT_INTR: a signal interrupted the vCPU; the run loop checks why.
-    Interrupted,
     /// KVM_EXIT_SYSTEM_EVENT (reset, shutdown, crash requested by the guest).
     SystemEvent(u32),
     /// An exit the VMM does not expect from this guest.
@@ -192,7 +200,7 @@ pub fn dispatch(exit: VcpuExit<'_>, ctx: &mut DispatchCtx<'_>) -> ExitAction {
             ctx.counts.io_out.bump(kind);
             match ctx.bus.write(p, data) {
                 Some(DeviceEvent::None) => ExitAction::Continue,
-                Some(DeviceEvent::Exit(status)) => ExitAction::GuestExit(status),
+                Some(DeviceEvent::Exit(status)) => ExitAction::Stop(GuestStop::GuestExit(status)),
                 Some(DeviceEvent::Phase(m)) => ExitAction::Phase(m),
                 Some(DeviceEvent::InvalidPhase(v)) => {
                     ctx.counts.invalid_phase_markers += 1;
@@ -227,19 +235,19 @@ pub fn dispatch(exit: VcpuExit<'_>, ctx: &mut DispatchCtx<'_>) -> ExitAction {
         }
         VcpuExit::Hlt => {
             ctx.counts.hlt += 1;
-            ExitAction::Halted
+            ExitAction::Stop(GuestStop::Halted)
         }
         VcpuExit::Shutdown => {
             ctx.counts.shutdown += 1;
-            ExitAction::Shutdown
+            ExitAction::Stop(GuestStop::Shutdown)
         }
         VcpuExit::InternalError => {
             ctx.counts.internal_error += 1;
-            ExitAction::InternalError
+            ExitAction::Stop(GuestStop::InternalError)
         }
         VcpuExit::FailEntry(reason, cpu) => {
             ctx.counts.fail_entry += 1;
-            ExitAction::FailEntry { reason, cpu }
+            ExitAction::Stop(GuestStop::FailEntry { reason, cpu })
         }
         VcpuExit::Intr => {
             ctx.counts.intr += 1;
@@ -265,7 +273,7 @@ pub fn dispatch(exit: VcpuExit<'_>, ctx: &mut DispatchCtx<'_>) -> ExitAction {
         }
         VcpuExit::SystemEvent(kind, _) => {
             ctx.counts.other += 1;
-            ExitAction::SystemEvent(kind)
+            ExitAction::Stop(GuestStop::SystemEvent(kind))
         }
         // With the in-kernel irqchip these should not reach userspace; re-entering is harmless.
         VcpuExit::IrqWindowOpen | VcpuExit::IoapicEoi(_) => {
@@ -274,7 +282,7 @@ pub fn dispatch(exit: VcpuExit<'_>, ctx: &mut DispatchCtx<'_>) -> ExitAction {
         }
         other => {
             ctx.counts.other += 1;
-            ExitAction::Unexpected(format!("{other:?}"))
+            ExitAction::Stop(GuestStop::Unexpected(format!("{other:?}")))
         }
     }
 }
@@ -313,7 +321,7 @@ mod tests {
         };
         assert_eq!(
             dispatch(VcpuExit::IoOut(port::EXIT, &[3, 0, 0, 0]), &mut ctx),
-            ExitAction::GuestExit(3)
+            ExitAction::Stop(GuestStop::GuestExit(3))
         );
         let m = Marker::begin(1);
         assert_eq!(
@@ -336,15 +344,18 @@ mod tests {
         let mut d = [0u8; 4];
         dispatch(VcpuExit::MmioRead(0xfee0_0000, &mut d), &mut ctx);
         assert_eq!(d, [0xff; 4]);
-        assert_eq!(dispatch(VcpuExit::Shutdown, &mut ctx), ExitAction::Shutdown);
+        assert_eq!(
+            dispatch(VcpuExit::Shutdown, &mut ctx),
+            ExitAction::Stop(GuestStop::Shutdown)
+        );
         assert_eq!(
             dispatch(VcpuExit::FailEntry(7, 0), &mut ctx),
-            ExitAction::FailEntry { reason: 7, cpu: 0 }
+            ExitAction::Stop(GuestStop::FailEntry { reason: 7, cpu: 0 })
         );
         assert_eq!(dispatch(VcpuExit::Intr, &mut ctx), ExitAction::Interrupted);
         assert!(matches!(
             dispatch(VcpuExit::Unknown, &mut ctx),
-            ExitAction::Unexpected(_)
+            ExitAction::Stop(GuestStop::Unexpected(_))
         ));
         assert_eq!(counts.io_out.exit, 1);
         assert_eq!(counts.io_out.phase, 2);

@@ -1,5 +1,5 @@
-//! Loading the guest kernel (linux-loader's ELF loader, PVH entry note) and
-//! writing the PVH boot structures (`hvm_start_info`, E820 map, command line).
+//! Loading the guest kernel (linux-loader's ELF loader, PVH entry note); the
+//! PVH boot structures are written by [`crate::machine::boot_params`].
 //!
 //! The image is checked here before linux-loader sees it, because the
 //! loader's own errors ("Unable to read kernel image") do not say what is
@@ -20,14 +20,11 @@
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
-use linux_loader::configurator::pvh::PvhBootConfigurator;
-use linux_loader::configurator::{BootConfigurator, BootParams};
-use linux_loader::loader::elf::start_info::{hvm_memmap_table_entry, hvm_start_info};
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::KernelLoader;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::machine::memory::{MemoryLayout, CMDLINE_ADDR, MEMMAP_ADDR, START_INFO_ADDR};
+use crate::machine::memory::MemoryLayout;
 
 /// Guest memory a 32-bit (3G/1G) guest can map: the VMM's telemetry page
 /// at the top of RAM must be inside it.
@@ -36,7 +33,6 @@ pub const ELF32_MAX_MEM_MIB: u64 = 768;
 /// Largest kernel image accepted (the guest is well under a MiB).
 pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 
-const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
 const PT_LOAD: u32 = 1;
 const PT_NOTE: u32 = 4;
 const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
@@ -74,6 +70,9 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    /// A termination signal arrived while the image was read (its number).
+    #[error("{} while reading the kernel image", crate::machine::signals::describe(*.0))]
+    Interrupted(i32),
     /// The image is over [`MAX_IMAGE_BYTES`] (its name).
     #[error("kernel image {0} is larger than {MAX_IMAGE_BYTES} bytes")]
     TooLarge(String),
@@ -151,17 +150,6 @@ pub enum LoadError {
     Scratch(String, String),
 }
 
-/// Errors writing the boot structures.
-#[derive(Debug, thiserror::Error)]
-pub enum BootParamsError {
-    /// The command line could not be written to guest memory.
-    #[error("writing the guest command line: {0}")]
-    Cmdline(#[source] vm_memory::GuestMemoryError),
-    /// hvm_start_info or the E820 map could not be written.
-    #[error("writing hvm_start_info and the memory map: {0}")]
-    Pvh(#[source] linux_loader::configurator::Error),
-}
-
 /// A loaded kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadedKernel {
@@ -232,59 +220,32 @@ pub fn read_image(src: &KernelSource) -> Result<std::borrow::Cow<'static, [u8]>,
     }
 }
 
-/// Reads a kernel image file. Only regular files are read: a FIFO would
-/// block the open until a writer comes (uninterruptibly, as termination
-/// signals are blocked for the run) and a device such as `/dev/zero` never
-/// ends. The size cap counts bytes actually read, not the file's metadata
-/// (which procfs files, or a file growing while read, get wrong).
+/// Reads a kernel image file through [`crate::input::read_regular`]: only
+/// regular files (a FIFO would block until a writer comes, `/dev/zero` never
+/// ends), at most [`MAX_IMAGE_BYTES`] counted as read (not the metadata's
+/// size, which procfs files or a growing file get wrong), within
+/// [`crate::input::READ_TIME_LIMIT`], and a termination signal ends it.
 fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let err = |source| LoadError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    // O_NONBLOCK makes opening a FIFO return at once instead of waiting for
-    // a writer; it is then refused below. On a regular file the flag has no
-    // effect on reads, so it need not be cleared.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(err)?;
-    let kind = file.metadata().map_err(err)?.file_type();
-    let not_regular = if kind.is_dir() {
-        Some("is a directory")
-    } else if kind.is_fifo() {
-        Some("is a FIFO (named pipe)")
-    } else if kind.is_char_device() {
-        Some("is a character device")
-    } else if kind.is_block_device() {
-        Some("is a block device")
-    } else if kind.is_socket() {
-        Some("is a socket")
-    } else {
-        None
-    };
-    if let Some(what) = not_regular {
-        return Err(err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{what}, not a regular file; give the kernel as a file"),
-        )));
-    }
-    match read_capped(file, MAX_IMAGE_BYTES).map_err(err)? {
-        Some(image) => Ok(image),
-        None => Err(LoadError::TooLarge(path.display().to_string())),
-    }
-}
-
-/// Reads `source` to its end if that is at most `cap` bytes (`None` if it
-/// is longer): one byte past the cap is read, never more, whatever the
-/// source claims about its size.
-fn read_capped(source: impl std::io::Read, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    source.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
-    Ok((bytes.len() as u64 <= cap).then_some(bytes))
+    use crate::input::{read_regular, InputError, READ_TIME_LIMIT};
+    read_regular("--kernel", path, MAX_IMAGE_BYTES, READ_TIME_LIMIT).map_err(|e| {
+        let read = |source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        match e {
+            InputError::TooLarge { .. } => LoadError::TooLarge(path.display().to_string()),
+            InputError::Interrupted { signal, .. } => LoadError::Interrupted(signal),
+            InputError::Io { source, .. } => read(source),
+            InputError::NotRegular { kind, .. } => read(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{kind}, not a regular file; give the kernel as a file"),
+            )),
+            e @ InputError::TimedOut { .. } => read(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                e.to_string(),
+            )),
+        }
+    })
 }
 
 /// Checks the ELF header and the load segments against the memory layout;
@@ -584,46 +545,9 @@ pub fn load_elf32(
     Ok(LoadedKernel { entry, end })
 }
 
-/// Writes the command line, the E820 map and `hvm_start_info`.
-pub fn write_boot_params(
-    mem: &GuestMemoryMmap,
-    layout: &MemoryLayout,
-    cmdline: &str,
-) -> Result<(), BootParamsError> {
-    // The caller validated length and contents (crate::preflight::cmdline::validate).
-    let mut bytes = cmdline.as_bytes().to_vec();
-    bytes.push(0);
-    mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))
-        .map_err(BootParamsError::Cmdline)?;
-
-    let memmap: Vec<hvm_memmap_table_entry> = layout
-        .e820()
-        .iter()
-        .map(|e| hvm_memmap_table_entry {
-            addr: e.addr,
-            size: e.size,
-            type_: e.kind,
-            reserved: 0,
-        })
-        .collect();
-    let start_info = hvm_start_info {
-        magic: XEN_HVM_START_MAGIC,
-        // Version 1: the memmap fields are valid.
-        version: 1,
-        cmdline_paddr: CMDLINE_ADDR,
-        memmap_paddr: MEMMAP_ADDR,
-        memmap_entries: memmap.len() as u32,
-        ..Default::default()
-    };
-    let mut params = BootParams::new(&start_info, GuestAddress(START_INFO_ADDR));
-    params.set_sections(&memmap, GuestAddress(MEMMAP_ADDR));
-    PvhBootConfigurator::write_bootparams(&params, mem).map_err(BootParamsError::Pvh)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
 
     /// A minimal ELF64 image: one PT_LOAD at `paddr`, optionally a PVH note.
     pub(crate) fn tiny_elf(paddr: u64, entry: u32, pvh: bool) -> Vec<u8> {
@@ -758,15 +682,10 @@ mod tests {
         assert!(check_image(&tiny_elf32(0x10_0000, 0x10_1fff), "img", &layout).is_ok());
     }
 
-    /// The cap counts bytes read: an endless source (what `/dev/zero` is)
-    /// stops one byte past it; a source at the cap is read whole.
+    /// The cap counts bytes read (`crate::input` tests it at its edge): a
+    /// regular file whose metadata says 0 bytes (procfs) is read whole.
     #[test]
-    fn image_reads_stop_one_byte_past_the_cap() {
-        let cap = 1 << 20;
-        assert!(read_capped(std::io::repeat(0), cap).unwrap().is_none());
-        let exact = read_capped(std::io::repeat(7).take(cap), cap).unwrap();
-        assert_eq!(exact.map(|b| b.len() as u64), Some(cap));
-        // A regular file whose metadata says 0 bytes (procfs) is read whole.
+    fn image_reads_count_bytes_read_not_metadata() {
         let maps = read_file(Path::new("/proc/self/maps")).unwrap();
         assert!(!maps.is_empty());
     }
@@ -860,22 +779,5 @@ mod tests {
         let mut trunc = tiny_elf(0x100000, 0x100000, true);
         trunc.truncate(0x60);
         assert!(matches!(load(trunc, 16), Err(LoadError::Malformed(..))));
-    }
-
-    #[test]
-    fn boot_params_land_where_the_guest_looks() {
-        let layout = MemoryLayout::new(32).unwrap();
-        let mem = layout.create_guest_memory().unwrap();
-        write_boot_params(&mem, &layout, "pti=on telemetry=0x1fff000").unwrap();
-        let si: hvm_start_info = mem.read_obj(GuestAddress(START_INFO_ADDR)).unwrap();
-        assert_eq!(si.magic, XEN_HVM_START_MAGIC);
-        assert_eq!(si.cmdline_paddr, CMDLINE_ADDR);
-        assert_eq!(si.memmap_entries, 3);
-        let e: hvm_memmap_table_entry = mem.read_obj(GuestAddress(MEMMAP_ADDR + 2 * 24)).unwrap();
-        assert_eq!((e.addr, e.size, e.type_), (0x1fff000, 0x1000, 2));
-        let mut buf = [0u8; 27];
-        mem.read_slice(&mut buf, GuestAddress(CMDLINE_ADDR))
-            .unwrap();
-        assert_eq!(&buf, b"pti=on telemetry=0x1fff000\0");
     }
 }

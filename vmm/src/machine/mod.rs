@@ -1,28 +1,32 @@
 //! One VM run, in the manner of Firecracker's builder and vstate:
-//! [`builder`] makes the VM from a [`ResolvedRun`], a [`vcpu::Vcpu`] owns
-//! its run loop on a thread of its own, the [`watchdog`] (this thread)
-//! waits for it, the timeout or a signal, and [`outcome`] is what is left.
+//! `builder` makes the VM from a [`ResolvedRun`], a `vcpu::Vcpu` owns its
+//! run loop on a thread of its own, the `watchdog` (this thread) waits for
+//! it, the timeout or a signal, all of them sharing the run's one
+//! `stop::StopState`; what is left is a [`RunOutcome`].
 //!
 //! [`run`] can be called repeatedly in one process (compare runs many VMs);
 //! everything it creates is dropped when it returns. It takes only resolved
-//! input: what the host can do was settled by [`crate::preflight`](mod@crate::preflight).
+//! input: what the host can do was settled by [`crate::preflight`](mod@crate::preflight),
+//! above this layer, which this layer never calls ([`crate::run_vm`] does both).
 
+pub mod boot_params;
 mod builder;
 mod control;
 pub mod cpu_config;
 pub mod exit;
 pub mod kvm;
+pub mod kvm_stats;
 pub mod loader;
 pub mod memory;
 pub mod msr;
-pub mod outcome;
+mod outcome;
 pub(crate) mod segments;
 pub mod signals;
+mod stop;
 mod vcpu;
 mod watchdog;
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, SubscriberOps};
@@ -32,16 +36,18 @@ use ptiscope_devices::ConsoleRecorder;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::machine::boot_params::BootParamsError;
 use crate::machine::control::{stdin_is_interactive, Control};
 use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::exit::ExitCounts;
 use crate::machine::kvm::KvmOpenError;
-use crate::machine::loader::{BootParamsError, LoadError};
+use crate::machine::loader::LoadError;
 use crate::machine::memory::{MemoryError, MemoryLayout};
-pub use crate::machine::outcome::{PhaseEvent, RunOutcome, StopReason, VcpuOutcome};
+pub use crate::machine::outcome::{PhaseEvent, PluginOutput, RunOutcome, StopReason, VcpuOutcome};
 use crate::machine::signals::{SignalError, TerminationSignals};
-use crate::machine::vcpu::{SharedObserver, StopLine, Vcpu, VcpuEnv};
-use crate::preflight::{PreflightError, ResolvedRun};
+use crate::machine::stop::StopState;
+use crate::machine::vcpu::{SharedObserver, Vcpu, VcpuEnv};
+use crate::spec::ResolvedRun;
 
 /// What the phase observer may look at, on the vCPU thread, at an exit.
 pub struct VmContext<'a> {
@@ -103,9 +109,6 @@ pub enum RunError {
     /// The memory size is unusable or guest memory could not be mapped.
     #[error(transparent)]
     Memory(#[from] MemoryError),
-    /// The request could not be resolved ([`run_vm`] only).
-    #[error(transparent)]
-    Preflight(#[from] PreflightError),
     /// The kernel image could not be loaded into guest memory.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -137,6 +140,12 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// A device could not be placed on the port I/O bus.
+    #[error("building the device bus: {0}")]
+    DeviceBus(#[source] ptiscope_devices::BusError),
+    /// A guest memory region has no host address to give KVM.
+    #[error("guest memory host address: {0}")]
+    GuestMemoryAddress(#[source] vm_memory::GuestMemoryError),
     /// The kick handler or the termination signalfd could not be set up.
     #[error(transparent)]
     Signal(#[from] SignalError),
@@ -184,14 +193,8 @@ pub fn run(
     signals::install_kick_handler()?;
     let setup_time = setup_start.elapsed();
 
-    let stop_requested = AtomicBool::new(false);
-    let any_finished = AtomicBool::new(false);
-    let stop_reason: Mutex<Option<StopReason>> = Mutex::new(None);
-    let first_stop: Mutex<Option<usize>> = Mutex::new(None);
     let count = built.vcpus.len();
-    let finished: Vec<AtomicBool> = (0..count).map(|_| AtomicBool::new(false)).collect();
-    let tids: Vec<OnceLock<libc::pthread_t>> = (0..count).map(|_| OnceLock::new()).collect();
-    let exit_totals: Vec<AtomicU64> = (0..count).map(|_| AtomicU64::new(0)).collect();
+    let stop_state = StopState::new(count, done_evt);
     observer.on_vcpus(&built.vm, &built.vcpus);
     let observer: SharedObserver<'_> = Mutex::new(observer);
     let start = Instant::now();
@@ -200,7 +203,7 @@ pub fn run(
     let results = std::thread::scope(|s| -> Result<Vec<_>, RunError> {
         let mut handles = Vec::with_capacity(count);
         for (index, vcpu) in vcpus.into_iter().enumerate() {
-            let (observer, tid, this_finished) = (&observer, &tids[index], &finished[index]);
+            let (observer, stop) = (&observer, &stop_state);
             let (vm, mem, bus, msrs, layout) = (
                 &built.vm,
                 &built.mem,
@@ -208,22 +211,12 @@ pub fn run(
                 &built.msr_answers,
                 &run.layout,
             );
-            let (exit_totals, stop_requested, stop_reason, first_stop, any_finished, done) = (
-                &exit_totals[..],
-                &stop_requested,
-                &stop_reason,
-                &first_stop,
-                &any_finished,
-                &done_evt,
-            );
             let spawned = std::thread::Builder::new()
                 .name(format!("vcpu{index}"))
                 .spawn_scoped(s, move || {
-                    // SAFETY: pthread_self has no preconditions.
-                    let _ = tid.set(unsafe { libc::pthread_self() });
                     let env = VcpuEnv {
                         index,
-                        exit_totals,
+                        stop,
                         start,
                         vm,
                         mem,
@@ -231,22 +224,14 @@ pub fn run(
                         bus,
                         msrs,
                     };
-                    let line = StopLine {
-                        stop_requested,
-                        stop_reason,
-                        first_stop,
-                        finished: this_finished,
-                        any_finished,
-                        done,
-                    };
-                    vcpu.run(&env, observer, &line)
+                    vcpu.run(&env, observer)
                 });
             match spawned {
                 Ok(h) => handles.push(h),
                 Err(source) => {
                     // Stop the vCPUs already running before reporting.
                     for (i, _) in handles.iter().enumerate() {
-                        watchdog::stop_vcpu(&tids[i], stop_requested, &finished[i]);
+                        watchdog::stop_vcpu(&stop_state, i);
                     }
                     return Err(RunError::Host {
                         what: "spawning a vCPU thread",
@@ -255,16 +240,10 @@ pub fn run(
                 }
             }
         }
-        let loop_error = watchdog::watch(
-            &mut em,
-            control_id,
-            config.timeout,
-            &any_finished,
-            &stop_reason,
-        );
+        let loop_error = watchdog::watch(&mut em, control_id, config.timeout, &stop_state);
         // One vCPU stopping stops them all.
         for i in 0..count {
-            watchdog::stop_vcpu(&tids[i], &stop_requested, &finished[i]);
+            watchdog::stop_vcpu(&stop_state, i);
         }
         let mut results = Vec::with_capacity(count);
         for (i, h) in handles.into_iter().enumerate() {
@@ -278,8 +257,8 @@ pub fn run(
             .collect::<Result<Vec<_>, _>>()
             .map_err(RunError::from)
     })?;
-    let first = first_stop.into_inner().unwrap_or_else(|p| p.into_inner());
-    let watchdog_reason = stop_reason.into_inner().unwrap_or_else(|p| p.into_inner());
+    let first = stop_state.first_stop();
+    let watchdog_reason = stop_state.watchdog_reason();
     let lead = first
         .and_then(|i| results.iter().find(|r| r.index == i && r.stopped_itself))
         .unwrap_or(&results[0]);
@@ -330,6 +309,7 @@ pub fn run(
     let rec: &ConsoleRecorder = &rec;
     let stats = rec.stats();
     Ok(RunOutcome {
+        qemu_plugin: PluginOutput::Off,
         stop,
         stopped_by,
         vcpus: vcpu_outcomes,
@@ -351,14 +331,4 @@ pub fn run(
         telemetry_addr: run.layout.telemetry_addr(),
         outputs,
     })
-}
-
-/// Settles `config` for this host's KVM ([`crate::preflight::preflight`])
-/// and runs it ([`run`]): the one-call entry point of the library.
-pub fn run_vm(
-    config: &crate::preflight::request::RunConfig,
-    observer: &mut (dyn PhaseObserver + Send),
-) -> Result<RunOutcome, RunError> {
-    let resolved = crate::preflight::preflight(config, crate::preflight::Target::Kvm)?;
-    run(&resolved, observer)
 }

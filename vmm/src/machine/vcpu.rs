@@ -1,9 +1,8 @@
 //! A vCPU that owns its run loop: KVM_RUN, exit dispatch, phase markers for
 //! the observer, and the stop reason. Each vCPU runs on a thread of its own
 //! and stops when the guest stops, when another vCPU stopped the VM, or when
-//! the watchdog asks (flag + kick).
+//! the watchdog asks (the [`StopState`]'s kill + a kick).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -13,11 +12,12 @@ use ptiscope_devices::{PioBus, UnknownAccesses};
 use vm_memory::GuestMemoryMmap;
 
 use crate::machine::cpu_config::RegsSnapshot;
-use crate::machine::exit::{dispatch, DispatchCtx, ExitAction, ExitCounts};
+use crate::machine::exit::{dispatch, DispatchCtx, ExitAction, ExitCounts, GuestStop};
 use crate::machine::memory::MemoryLayout;
 use crate::machine::msr::MsrAnswers;
 use crate::machine::outcome::{PhaseEvent, StopReason};
 use crate::machine::signals::{KickableVcpu, SignalError};
+use crate::machine::stop::StopState;
 use crate::machine::{PhaseObserver, VmContext};
 use crate::sandbox::{self, SandboxError, ThreadKind};
 
@@ -28,9 +28,8 @@ pub const MAX_PHASE_EVENTS: usize = 1 << 16;
 pub struct VcpuEnv<'a> {
     /// This vCPU's index (its KVM vCPU id and APIC id); 0 is the boot CPU.
     pub index: usize,
-    /// Userspace exits so far of every vCPU, by index (each vCPU adds to
-    /// its own slot; observers sum them).
-    pub exit_totals: &'a [AtomicU64],
+    /// The run's stop state (kill flag, first stop, exit totals).
+    pub stop: &'a StopState,
     /// The run's common time origin (just before the first KVM_RUN).
     pub start: Instant,
     /// The VM, for the observer.
@@ -43,26 +42,6 @@ pub struct VcpuEnv<'a> {
     pub bus: &'a PioBus,
     /// The answers to trapped RDMSRs.
     pub msrs: &'a MsrAnswers,
-}
-
-/// How the vCPU threads and the watchdog talk: the watchdog sets
-/// `stop_requested` (and says why in `stop_reason`) and kicks; a vCPU whose
-/// guest stopped (an exit, a fault) claims `first_stop` with its index and
-/// sets `stop_requested` itself, so that the whole VM stops; each vCPU sets
-/// its `finished` (and `any_finished`) and signals `done` on its way out.
-pub struct StopLine<'a> {
-    /// Set when every vCPU should leave its run loop.
-    pub stop_requested: &'a AtomicBool,
-    /// Why the watchdog stopped the run (None: it did not).
-    pub stop_reason: &'a Mutex<Option<StopReason>>,
-    /// The vCPU whose own stop ended the run (None: the watchdog ended it).
-    pub first_stop: &'a Mutex<Option<usize>>,
-    /// This vCPU's thread has left its run loop (the watchdog stops kicking it).
-    pub finished: &'a AtomicBool,
-    /// Some vCPU's thread has left its run loop (the watchdog's cue).
-    pub any_finished: &'a AtomicBool,
-    /// Written when a vCPU thread finishes, to wake the watchdog's event loop.
-    pub done: &'a vmm_sys_util::eventfd::EventFd,
 }
 
 /// Errors that end a vCPU thread before or outside the guest's own stop.
@@ -114,21 +93,19 @@ impl Vcpu {
     }
 
     /// Runs the guest until it stops or the watchdog stops it. Always
-    /// signals `line.done`, also on error.
+    /// marks this vCPU finished in the stop state, also on error.
     pub fn run(
         self,
         env: &VcpuEnv<'_>,
         observer: &SharedObserver<'_>,
-        line: &StopLine<'_>,
     ) -> Result<VcpuRun, VcpuRunError> {
-        let result = self.run_loop(env, observer, line);
+        env.stop.register_thread(env.index);
+        let result = self.run_loop(env, observer);
         if result.is_err() {
             // The others must not run on without this vCPU.
-            line.stop_requested.store(true, Ordering::SeqCst);
+            env.stop.kill();
         }
-        line.finished.store(true, Ordering::SeqCst);
-        line.any_finished.store(true, Ordering::SeqCst);
-        let _ = line.done.write(1);
+        env.stop.finish(env.index);
         result
     }
 
@@ -136,7 +113,6 @@ impl Vcpu {
         self,
         env: &VcpuEnv<'_>,
         observer: &SharedObserver<'_>,
-        line: &StopLine<'_>,
     ) -> Result<VcpuRun, VcpuRunError> {
         let observe = |f: &mut dyn FnMut(&mut (dyn PhaseObserver + Send))| {
             let mut o = observer.lock().unwrap_or_else(|p| p.into_inner());
@@ -158,7 +134,7 @@ impl Vcpu {
                 vm: env.vm,
                 vcpu,
                 vcpu_index: env.index,
-                exit_totals: env.exit_totals,
+                exit_totals: env.stop.exit_totals(),
                 mem: env.mem,
                 layout: env.layout,
                 elapsed,
@@ -172,7 +148,7 @@ impl Vcpu {
         // thread handles what the guest does, under its seccomp filter.
         sandbox::confine(ThreadKind::Vcpu)?;
         let stop = loop {
-            if line.stop_requested.load(Ordering::SeqCst) {
+            if env.stop.killed() {
                 break None;
             }
             let action = match kv.vcpu.run() {
@@ -192,9 +168,7 @@ impl Vcpu {
                 Err(e) if e.errno() == libc::EAGAIN => ExitAction::Continue,
                 Err(e) => break Some(StopReason::KvmRunFailed { errno: e.errno() }),
             };
-            if let Some(total) = env.exit_totals.get(env.index) {
-                total.store(exits.total(), Ordering::Relaxed);
-            }
+            env.stop.record_exits(env.index, exits.total());
             match action {
                 ExitAction::Continue => {}
                 ExitAction::Phase(m) => {
@@ -213,13 +187,13 @@ impl Vcpu {
                     observe(&mut |o| o.on_phase(m, &ctx(env, &kv.vcpu, elapsed, &exits)));
                 }
                 ExitAction::Interrupted => {
-                    if line.stop_requested.load(Ordering::SeqCst) {
+                    if env.stop.killed() {
                         break None;
                     }
                     // A signal that was not ours (or a stale kick): run on.
                     kv.vcpu.set_kvm_immediate_exit(0);
                 }
-                other => break Some(stop_for(other, &mut kv.vcpu)),
+                ExitAction::Stop(stop) => break Some(stop_for(stop, &mut kv.vcpu)),
             }
         };
         let run_time = start.elapsed();
@@ -228,21 +202,13 @@ impl Vcpu {
         if stopped_itself {
             // This vCPU's guest stopped: the VM stops with it. The first
             // vCPU to get here is the one the run's stop reason names.
-            let mut first = line.first_stop.lock().unwrap_or_else(|p| p.into_inner());
-            first.get_or_insert(env.index);
-            line.stop_requested.store(true, Ordering::SeqCst);
+            env.stop.guest_stopped(env.index);
         }
         if env.index == 0 {
             observe(&mut |o| o.on_stop(&ctx(env, &kv.vcpu, run_time, &exits)));
         }
         // None: stopped on request; the watchdog (or another vCPU) said why.
-        let stop = stop.unwrap_or_else(|| {
-            line.stop_reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .unwrap_or(StopReason::Signal { signal: 0 })
-        });
+        let stop = stop.unwrap_or_else(|| env.stop.reason_for_killed());
         Ok(VcpuRun {
             index: env.index,
             stop,
@@ -259,13 +225,13 @@ impl Vcpu {
 
 /// The stop reason for an exit that ends the run, with the registers where
 /// they help explain it.
-fn stop_for(action: ExitAction, vcpu: &mut VcpuFd) -> StopReason {
+fn stop_for(stop: GuestStop, vcpu: &mut VcpuFd) -> StopReason {
     let regs = |v: &VcpuFd| RegsSnapshot::read(v);
-    match action {
-        ExitAction::GuestExit(status) => StopReason::GuestExit { status },
-        ExitAction::Halted => StopReason::Halted { regs: regs(vcpu) },
-        ExitAction::Shutdown => StopReason::Shutdown { regs: regs(vcpu) },
-        ExitAction::InternalError => {
+    match stop {
+        GuestStop::GuestExit(status) => StopReason::GuestExit { status },
+        GuestStop::Halted => StopReason::Halted { regs: regs(vcpu) },
+        GuestStop::Shutdown => StopReason::Shutdown { regs: regs(vcpu) },
+        GuestStop::InternalError => {
             let (suberror, data) = internal_error_details(vcpu);
             StopReason::InternalError {
                 suberror,
@@ -273,23 +239,16 @@ fn stop_for(action: ExitAction, vcpu: &mut VcpuFd) -> StopReason {
                 regs: regs(vcpu),
             }
         }
-        ExitAction::FailEntry { reason, cpu } => StopReason::FailEntry {
+        GuestStop::FailEntry { reason, cpu } => StopReason::FailEntry {
             reason,
             cpu,
             regs: regs(vcpu),
         },
-        ExitAction::SystemEvent(event) => StopReason::SystemEvent { event },
-        ExitAction::Unexpected(exit) => StopReason::Unexpected {
+        GuestStop::SystemEvent(event) => StopReason::SystemEvent { event },
+        GuestStop::Unexpected(exit) => StopReason::Unexpected {
             exit,
             regs: regs(vcpu),
         },
-        // Not stops: the run loop handles them.
-        ExitAction::Continue | ExitAction::Phase(_) | ExitAction::Interrupted => {
-            StopReason::Unexpected {
-                exit: "a non-final exit action".into(),
-                regs: regs(vcpu),
-            }
-        }
     }
 }
 

@@ -3,8 +3,6 @@
 //! finishes or the timeout passes; then every vCPU thread is stopped: flag
 //! first, then kicks until it acknowledges.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, SubscriberId, SubscriberOps};
@@ -12,22 +10,21 @@ use event_manager::{EventManager, SubscriberId, SubscriberOps};
 use crate::machine::control::Control;
 use crate::machine::outcome::StopReason;
 use crate::machine::signals;
+use crate::machine::stop::StopState;
 
-/// Waits for a vCPU thread to finish (`finished`: any of them), the
-/// timeout (counted from this call), or a termination signal; records why
-/// it stopped the run in `stop_reason`. Returns the event loop's error, if
-/// it failed.
+/// Waits for a vCPU thread to finish (any of them), the timeout (counted
+/// from this call), or a termination signal; records in `stop` why it
+/// stopped the run. Returns the event loop's error, if it failed.
 pub fn watch(
     em: &mut EventManager<Control>,
     control_id: SubscriberId,
     timeout: Duration,
-    finished: &AtomicBool,
-    stop_reason: &Mutex<Option<StopReason>>,
+    stop: &StopState,
 ) -> Option<event_manager::Error> {
     let deadline = Instant::now() + timeout;
-    let set = |r: StopReason| *stop_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+    let set = |r: StopReason| stop.watchdog_stop(r);
     loop {
-        if finished.load(Ordering::SeqCst) {
+        if stop.any_finished() {
             return None;
         }
         let ctl = em.subscriber_mut(control_id).ok();
@@ -53,19 +50,14 @@ pub fn watch(
     }
 }
 
-/// Stops the vCPU thread `tid` if it is still running: sets
-/// `stop_requested`, then kicks until `finished` (the kick handler's
-/// `immediate_exit` makes one kick enough; repeating covers a signal lost
-/// to a race).
-pub fn stop_vcpu(
-    tid: &OnceLock<libc::pthread_t>,
-    stop_requested: &AtomicBool,
-    finished: &AtomicBool,
-) {
-    stop_requested.store(true, Ordering::SeqCst);
+/// Stops vCPU `index`'s thread if it is still running: kills, then kicks
+/// until it has finished (the kick handler's `immediate_exit` makes one
+/// kick enough; repeating covers a signal lost to a race).
+pub fn stop_vcpu(stop: &StopState, index: usize) {
+    stop.kill();
     let mut kicks = 0u32;
-    while !finished.load(Ordering::SeqCst) {
-        if let Some(&tid) = tid.get() {
+    while !stop.is_finished(index) {
+        if let Some(tid) = stop.thread(index) {
             // SAFETY: `tid` is the vCPU thread, which is still alive: it
             // cannot be joined before `finished` is set, and the caller
             // joins it only after this returns.

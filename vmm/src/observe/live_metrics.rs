@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
+use crate::machine::kvm_stats::{self, KvmStats, StatType, StatsSnapshot};
 use crate::machine::VmContext;
-use crate::observe::kvm_stats::{self, KvmStats, StatType, StatsSnapshot};
 use crate::observe::telemetry::{self, TelemetryReader, TelemetrySnapshot};
 use crate::output::{OutputQueue, OutputReport, DRAIN_GRACE};
 

@@ -8,60 +8,14 @@
 //! all go through it once per configuration; the VM layer
 //! ([`crate::machine`]) takes only a `ResolvedRun` and never asks the probe.
 
-pub mod cmdline;
-pub mod host;
-pub mod request;
-
 use std::sync::Arc;
 
 use crate::machine::kvm::{self, KvmOpenError};
 use crate::machine::loader::{self, LoadError};
 use crate::machine::memory::{MemoryError, MemoryLayout};
+pub use crate::probe::host;
+pub use crate::spec::{cmdline, request, ResolvedRun, RunConfig, SerialOut, Target, MAX_CPUS};
 use cmdline::{CmdlineError, Entry, EntryChoice, ResolvedOptions, Switch};
-pub use request::{RunConfig, SerialOut};
-
-/// The most vCPUs a run can have: the guest telemetry page's CPU blocks.
-pub const MAX_CPUS: u32 = ptiscope_abi::telemetry::MAX_CPUS as u32;
-
-/// Where a run will execute: the choice changes what `entry=auto` means
-/// and which host limits apply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    /// This host's KVM, through the VMM: limits from the probe.
-    Kvm,
-    /// QEMU's TCG: every entry works; no probe, no KVM needed.
-    QemuTcg,
-}
-
-/// A run with everything settled.
-#[derive(Debug, Clone)]
-pub struct ResolvedRun {
-    /// The request as given (timeouts, outputs, backend options).
-    pub config: RunConfig,
-    /// Where everything goes in guest memory, from `--mem`.
-    pub layout: MemoryLayout,
-    /// The kernel image, read once (compare boots it many times).
-    pub image: Arc<[u8]>,
-    /// How the image is named in messages.
-    pub image_name: String,
-    /// The guest options as the guest gets them.
-    pub guest: ResolvedOptions,
-    /// The guest command line (with `telemetry=` for the KVM target).
-    pub cmdline: String,
-    /// Whether `entry=auto` was settled by the flavour heuristic because
-    /// the probe could not run (reports say so).
-    pub entry_guessed: bool,
-    /// A Linux guest (`--linux`): the kernel settled, its initramfs packed;
-    /// `None` for ptiscope's own guest.
-    pub linux: Option<Arc<crate::linux::LinuxGuest>>,
-}
-
-impl ResolvedRun {
-    /// Whether the image is the 32-bit (ELF32, PAE) flavour.
-    pub fn is_elf32(&self) -> bool {
-        loader::is_elf32(&self.image)
-    }
-}
 
 /// Errors settling a run.
 #[derive(Debug, thiserror::Error)]
@@ -78,10 +32,47 @@ pub enum PreflightError {
     /// `/dev/kvm` could not be opened ([`Target::Kvm`] only).
     #[error(transparent)]
     Kvm(#[from] KvmOpenError),
-    /// The host cannot run what was asked (an entry, PCID or paging mode the
-    /// probe found missing).
+    /// More vCPUs than this host's KVM recommends per VM (KVM_CAP_NR_VCPUS).
+    #[error(
+        "--cpus {cpus}: this host's KVM recommends at most {recommended} vCPUs per VM \
+         (KVM_CAP_NR_VCPUS); use --cpus {recommended} or fewer"
+    )]
+    TooManyVcpus {
+        /// What was asked (`--cpus`).
+        cpus: u32,
+        /// KVM's recommended maximum.
+        recommended: usize,
+    },
+    /// More than one vCPU without the in-kernel irqchip (`--no-irqchip`).
+    #[error(
+        "more than one vCPU needs the in-kernel irqchip: the guest starts its other \
+         CPUs by INIT/SIPI through the LAPIC"
+    )]
+    SmpWithoutIrqchip,
+    /// A 32-bit (PAE) image on a KVM the probe found refusing 32-bit paging
+    /// outside long mode (kvm_pvm).
+    #[error(
+        "{image} is a 32-bit (i386 PAE) guest, but this host's KVM refuses \
+         32-bit paging outside long mode (probe: {detail}). Run it under QEMU \
+         instead (`ptiscope run --backend qemu`) or on a KVM host with hardware \
+         virtualization"
+    )]
+    PaePagingRefused {
+        /// How the image is named.
+        image: String,
+        /// What the probe saw.
+        detail: String,
+    },
+    /// An explicit `--entry` the probe found this host does not deliver
+    /// (the probe's words, with the entries that do work).
     #[error("{0}")]
-    Unsupported(String),
+    EntryRefused(String),
+    /// `--pcid on` where the probe found no usable PCID.
+    #[error("--pcid on: this host's vCPU has no usable PCID (probe: {detail}); use --pcid off")]
+    PcidUnusable {
+        /// What the probe saw.
+        detail: String,
+    },
     /// A Linux guest (`--linux`) could not be settled.
     #[error(transparent)]
     Linux(#[from] crate::linux::LinuxError),
@@ -101,9 +92,47 @@ fn native_entry(elf32: bool) -> Entry {
 /// stacks, the reserved low memory).
 const WORKING_SET_HEADROOM: u64 = 8 << 20;
 
+/// What to do about a working set that does not fit `config.mem_mib`:
+/// raise `--mem` as far as the image allows (1024 MiB; 768 for a 32-bit
+/// guest, known before the image is read for the embedded one), unless
+/// even that is too small.
+fn working_set_advice(config: &RunConfig, image: Option<&[u8]>, wss: u64) -> String {
+    let elf32 = match (&config.kernel, image) {
+        (_, Some(i)) => Some(loader::is_elf32(i)),
+        (loader::KernelSource::Embedded(b), None) => Some(loader::is_elf32(b)),
+        _ => None,
+    };
+    let max = match elf32 {
+        Some(true) => loader::ELF32_MAX_MEM_MIB,
+        _ => crate::machine::memory::MAX_MEM_MIB,
+    };
+    let needed = (wss + WORKING_SET_HEADROOM).div_ceil(1 << 20);
+    match elf32 {
+        _ if needed <= max => {
+            format!("raise --mem (to {needed} or more, up to {max}) or lower wss=/kwss=")
+        }
+        Some(true) => format!("lower wss=/kwss=: a 32-bit guest has at most {max} MiB"),
+        _ => format!(
+            "lower wss=/kwss=: a guest has at most {max} MiB (a 32-bit one {})",
+            loader::ELF32_MAX_MEM_MIB
+        ),
+    }
+}
+
 /// Settles `config` for `target`. Bad input is reported before KVM is
 /// touched, so that it reads the same on hosts without KVM.
 pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, PreflightError> {
+    preflight_with_image(config, target, None)
+}
+
+/// [`preflight`] with the image already read (`Some`: an earlier
+/// [`ResolvedRun::image`] of the same `config.kernel`, shared instead of
+/// read and copied again; `sweep` settles every cell of a configuration so).
+pub fn preflight_with_image(
+    config: &RunConfig,
+    target: Target,
+    image: Option<Arc<[u8]>>,
+) -> Result<ResolvedRun, PreflightError> {
     if let crate::linux::GuestKind::Linux(req) = &config.guest_kind {
         return crate::linux::preflight(config, req, target);
     }
@@ -124,10 +153,11 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
                 .map_or_else(|| wss.to_string(), str::to_owned),
             why: format!(
                 "{} MiB of working set (wss= and kwss=) do not fit a guest of {} MiB with the \
-                 kernel's own {} MiB: raise --mem (up to 1024) or lower wss=/kwss=",
+                 kernel's own {} MiB: {}",
                 wss.div_ceil(1 << 20),
                 config.mem_mib,
-                WORKING_SET_HEADROOM >> 20
+                WORKING_SET_HEADROOM >> 20,
+                working_set_advice(config, image.as_deref(), wss)
             ),
         }
         .into());
@@ -168,7 +198,10 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
     }
     cmdline::build(&guest, layout.telemetry_addr())?;
 
-    let image: Arc<[u8]> = loader::read_image(&config.kernel)?.into();
+    let image: Arc<[u8]> = match image {
+        Some(shared) => shared,
+        None => loader::read_image(&config.kernel)?.into(),
+    };
     let image_name = config.kernel.describe();
     loader::check_image(&image, &image_name, &layout)?;
     let elf32 = loader::is_elf32(&image);
@@ -185,30 +218,23 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
             let kvm = kvm::open_kvm()?;
             let recommended = kvm.get_nr_vcpus().max(1);
             if config.cpus as usize > recommended {
-                return Err(PreflightError::Unsupported(format!(
-                    "--cpus {}: this host's KVM recommends at most {recommended} vCPUs per VM \
-                     (KVM_CAP_NR_VCPUS); use --cpus {recommended} or fewer",
-                    config.cpus
-                )));
+                return Err(PreflightError::TooManyVcpus {
+                    cpus: config.cpus,
+                    recommended,
+                });
             }
             if config.cpus > 1 && !config.irqchip {
-                return Err(PreflightError::Unsupported(
-                    "more than one vCPU needs the in-kernel irqchip: the guest starts its other \
-                     CPUs by INIT/SIPI through the LAPIC"
-                        .into(),
-                ));
+                return Err(PreflightError::SmpWithoutIrqchip);
             }
             // The i386 flavour turns on PAE paging outside long mode, which
             // some KVMs (kvm_pvm) refuse with a #GP the guest cannot
             // survive: say so before booting rather than report a triple fault.
             if elf32 {
                 if let Some((false, detail)) = host::pae_paging_usable() {
-                    return Err(PreflightError::Unsupported(format!(
-                        "{image_name} is a 32-bit (i386 PAE) guest, but this host's KVM refuses \
-                         32-bit paging outside long mode (probe: {detail}). Run it under QEMU \
-                         instead (`ptiscope run --backend qemu`) or on a KVM host with hardware \
-                         virtualization"
-                    )));
+                    return Err(PreflightError::PaePagingRefused {
+                        image: image_name,
+                        detail,
+                    });
                 }
             }
             if auto {
@@ -216,16 +242,17 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
                 guest.entry = Some(e);
                 entry_guessed = guessed;
             } else if let EntryChoice::Fixed(e) = asked.entry {
-                host::check_entry(e).map_err(PreflightError::Unsupported)?;
+                host::check_entry(e).map_err(PreflightError::EntryRefused)?;
             }
             if guest.pcid == Some(Switch::On) {
                 if let Some((false, detail)) = host::pcid_usable() {
-                    return Err(PreflightError::Unsupported(format!(
-                        "--pcid on: this host's vCPU has no usable PCID (probe: {detail}); \
-                         use --pcid off"
-                    )));
+                    return Err(PreflightError::PcidUnusable { detail });
                 }
             }
+            // The report's environment block carries the refill verdict:
+            // probe it now (once per process, a few hundred ms), before any
+            // VM of the run exists, never beside or after the run's threads.
+            let _ = host::cr3_write_refill();
         }
     }
     let mut cmdline = cmdline::build(&guest, layout.telemetry_addr())?;

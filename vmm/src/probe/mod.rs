@@ -9,14 +9,17 @@
 //! Files: [`code`] (machine code and tables), `vm` (the harness), `caps`
 //! (KVM API, capabilities, stats fd), `paging`, `entries` (user-mode entry
 //! instructions), `cpu` (PCID, ARCH_CAPABILITIES, RDTSC), [`entry`] (the
-//! `entry=` values).
+//! `entry=` values), [`refill`] (whether a guest CR3 write costs user code
+//! a TLB refill on this host; its VMs have 4 MiB more RAM for the working set).
 
 mod caps;
 pub mod code;
 mod cpu;
 mod entries;
 pub mod entry;
+pub mod host;
 mod paging;
+pub mod refill;
 pub mod trip;
 mod vm;
 
@@ -30,6 +33,7 @@ pub use cpu::{ArchCapsProbe, PcidProbe, RdtscProbe, ARCH_CAP_RDCL_NO, MSR_ARCH_C
 pub use entries::{EntryProbe, IretqProbe};
 pub use entry::{Entry, EntryOutcome};
 pub use paging::PagingOutcome;
+pub use refill::{RefillProbe, RefillVerdict};
 pub use vm::VmError;
 
 /// How to probe.
@@ -143,6 +147,8 @@ pub struct ProbeReport {
     pub arch_capabilities: ArchCapsProbe,
     /// RDTSC at CPL3.
     pub rdtsc_user: RdtscProbe,
+    /// Whether a guest CR3 write costs user code a TLB refill here.
+    pub cr3_write_refill: RefillProbe,
     /// The entry `entry=auto` resolves to.
     pub best_entry: Option<Entry>,
     /// Wall time of the whole probe.
@@ -176,6 +182,7 @@ pub fn run(opts: &ProbeOptions) -> Result<ProbeReport, ProbeError> {
     let pcid = cpu::probe_pcid(&kit)?;
     let arch_capabilities = cpu::probe_arch_caps(&kit)?;
     let rdtsc_user = cpu::probe_rdtsc(&kit)?;
+    let cr3_write_refill = refill_on(&kit, preferred_entry(&working), rdtsc_user.works);
     let mut report = ProbeReport {
         host,
         stats_fd,
@@ -185,6 +192,7 @@ pub fn run(opts: &ProbeOptions) -> Result<ProbeReport, ProbeError> {
         pcid,
         arch_capabilities,
         rdtsc_user,
+        cr3_write_refill,
         best_entry: None,
         elapsed_ms: 0.0,
         rows: Vec::new(),
@@ -216,6 +224,30 @@ pub fn probe_pae_paging(opts: &ProbeOptions) -> Result<(bool, String), ProbeErro
     let kit = vm::Kit::new(opts.timeout)?;
     let (outcome, detail) = paging::probe(&kit, paging::Mode::Pae)?;
     Ok((outcome.works(), format!("{outcome}; {detail}")))
+}
+
+/// Runs only the refill probe (and the entry probes it needs to choose its
+/// entry): whether a guest CR3 write costs user code a TLB refill on this
+/// host. Some hundreds of milliseconds.
+pub fn probe_cr3_write_refill(opts: &ProbeOptions) -> Result<RefillProbe, ProbeError> {
+    let kit = vm::Kit::new(opts.timeout)?;
+    let working: Vec<Entry> = entries::probe_entries(&kit)?
+        .into_iter()
+        .filter(|(_, o)| o.works())
+        .map(|(e, _)| e)
+        .collect();
+    let rdtsc = cpu::probe_rdtsc(&kit)?.works;
+    Ok(refill_on(&kit, preferred_entry(&working), rdtsc))
+}
+
+fn refill_on(kit: &vm::Kit, entry: Option<Entry>, rdtsc_user: bool) -> RefillProbe {
+    if !rdtsc_user {
+        return RefillProbe::unmeasured(
+            entry,
+            "RDTSC at CPL3 does not work here, so user code cannot time its trips".into(),
+        );
+    }
+    refill::probe(kit, entry)
 }
 
 /// The preferred entry among `working`: SYSCALL if it really reaches CPL0,
@@ -393,6 +425,12 @@ impl ProbeReport {
             yes_no(self.rdtsc_user.works),
             self.rdtsc_user.detail.clone(),
         );
+        let r = &self.cr3_write_refill;
+        row(
+            "cr3_write_refill",
+            Verdict::Info,
+            format!("{}: {}", r.verdict, r.detail),
+        );
         row(
             "entry=auto",
             Verdict::Info,
@@ -438,7 +476,16 @@ impl fmt::Display for ProbeReport {
                 r.detail
             )?;
         }
-        Ok(())
+        let r = &self.cr3_write_refill;
+        match (r.ns_per_page, r.ns_per_page_fastest) {
+            (Some(ns), Some(fastest)) => writeln!(
+                f,
+                "\ncr3_write_refill: {} ({ns:.2} ns/page from the medians, {fastest:.2} from the fastest runs; \
+                 threshold {} ns/page)",
+                r.verdict, r.threshold_ns_per_page
+            ),
+            _ => writeln!(f, "\ncr3_write_refill: {} ({})", r.verdict, r.detail),
+        }
     }
 }
 

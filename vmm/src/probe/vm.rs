@@ -308,24 +308,43 @@ const EFER_LMA: u64 = 1 << 10;
 impl ProbeVm {
     /// A VM with RAM at [0, MEM_SIZE) and vCPU 0 with the supported CPUID.
     pub fn new(kit: &Kit) -> Result<Self, VmError> {
+        Self::with_extra_ram(kit, None)
+    }
+
+    /// As [`ProbeVm::new`], plus a second RAM slot of `size` bytes at
+    /// guest-physical `base` (above the report addresses, page-aligned), for
+    /// probes that need more than the 64 KiB (the refill probe's working set
+    /// and its page tables). The report addresses stay unbacked.
+    pub fn with_extra_ram(kit: &Kit, extra: Option<(u64, usize)>) -> Result<Self, VmError> {
+        let mut ranges = vec![(GuestAddress(0), MEM_SIZE)];
+        if let Some((base, size)) = extra {
+            if base < code::report::LIMIT || base % 0x1000 != 0 || size % 0x1000 != 0 {
+                return Err(VmError::Memory(format!(
+                    "extra probe RAM at {base:#x} (+{size:#x}) must be page-aligned and above the report addresses"
+                )));
+            }
+            ranges.push((GuestAddress(base), size));
+        }
         let vm = kit.kvm.create_vm().map_err(VmError::CreateVm)?;
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
+        let mem = GuestMemoryMmap::<()>::from_ranges(&ranges)
             .map_err(|e| VmError::Memory(e.to_string()))?;
-        let host = mem
-            .get_host_address(GuestAddress(0))
-            .map_err(|e| VmError::Memory(e.to_string()))?;
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            flags: 0,
-            guest_phys_addr: 0,
-            memory_size: MEM_SIZE as u64,
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the region is one mapping of MEM_SIZE bytes owned by `mem`,
-        // which lives in the returned struct as long as the VM fd does (the
-        // fields drop in declaration order: vm, vcpu, then mem; a VM fd that
-        // is closed no longer references the memory).
-        unsafe { vm.set_user_memory_region(region) }.map_err(VmError::SetMemory)?;
+        for (slot, &(gpa, size)) in ranges.iter().enumerate() {
+            let host = mem
+                .get_host_address(gpa)
+                .map_err(|e| VmError::Memory(e.to_string()))?;
+            let region = kvm_userspace_memory_region {
+                slot: slot as u32,
+                flags: 0,
+                guest_phys_addr: gpa.0,
+                memory_size: size as u64,
+                userspace_addr: host as u64,
+            };
+            // SAFETY: the region is one mapping of `size` bytes owned by
+            // `mem`, which lives in the returned struct as long as the VM fd
+            // does (the fields drop in declaration order: vm, vcpu, then mem;
+            // a VM fd that is closed no longer references the memory).
+            unsafe { vm.set_user_memory_region(region) }.map_err(VmError::SetMemory)?;
+        }
         let vcpu = vm.create_vcpu(0).map_err(VmError::CreateVcpu)?;
         // Mandatory here: without it the guest's EFER.LME write #GPs.
         vcpu.set_cpuid2(&kit.cpuid).map_err(VmError::SetCpuid)?;
@@ -338,10 +357,18 @@ impl ProbeVm {
         })
     }
 
-    fn write(&self, gpa: u64, bytes: &[u8]) -> Result<(), VmError> {
+    /// Writes `bytes` to guest memory at `gpa` (any RAM slot).
+    pub fn write(&self, gpa: u64, bytes: &[u8]) -> Result<(), VmError> {
         self.mem
             .write_slice(bytes, GuestAddress(gpa))
             .map_err(|e| VmError::WriteMemory(e.to_string()))
+    }
+
+    /// Reads guest memory at `gpa` (any RAM slot) into `buf`.
+    pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), VmError> {
+        self.mem
+            .read_slice(buf, GuestAddress(gpa))
+            .map_err(|e| VmError::WriteMemory(format!("reading probe memory: {e}")))
     }
 
     /// Writes the shared tables, the handlers and the program, and sets the

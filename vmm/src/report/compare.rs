@@ -20,6 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::csv_field;
 use super::environment::Environment;
 use super::metric::{Metric, Source};
 use super::stats::{self, Significance, Stat, Summary, SummaryError};
@@ -427,15 +428,6 @@ pub fn p_text(p: f64) -> String {
         "<0.0001".to_owned()
     } else {
         format!("{p:.4}")
-    }
-}
-
-/// RFC 4180 quoting when needed.
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_owned()
     }
 }
 

@@ -65,6 +65,11 @@ pub struct ProbeFindings {
     pub pcid_usable: Option<bool>,
     /// Whether the vCPU can enable 32-bit PAE paging (the i386 guest).
     pub pae_paging_usable: Option<bool>,
+    /// Whether a guest CR3 write costs user code a TLB refill on this host
+    /// (`visible`, `not_visible`, `unmeasured`): the verdict only, so that
+    /// `--against` names it when it differs (the figures are in `ptiscope probe`).
+    #[serde(default)]
+    pub cr3_write_refill: Option<crate::probe::RefillVerdict>,
     /// Why the probe could not run, if it could not.
     pub error: Option<String>,
 }
@@ -258,6 +263,7 @@ pub fn probe_findings() -> ProbeFindings {
             .map(|_| host::resolve_entry().0.to_string()),
         pcid_usable: host::pcid_usable().map(|(usable, _)| usable),
         pae_paging_usable: host::pae_paging_usable().map(|(usable, _)| usable),
+        cr3_write_refill: Some(host::cr3_write_refill().verdict),
         error: entries.outcomes.as_ref().err().cloned(),
     }
 }
@@ -327,7 +333,8 @@ impl Environment {
             None => "?",
         };
         out += &format!(
-            "  kvm:       {} ({} paging); probe: entries {}, PCID {}, 32-bit PAE paging {}\n",
+            "  kvm:       {} ({} paging); probe: entries {}, PCID {}, 32-bit PAE paging {}, \
+             CR3-write refill {}\n",
             opt(&self.kvm.module),
             opt(&self.kvm.paging),
             p.entries_working
@@ -335,6 +342,7 @@ impl Environment {
                 .map_or("?".to_owned(), |w| w.join(",")),
             yes_no(p.pcid_usable),
             yes_no(p.pae_paging_usable),
+            p.cr3_write_refill.map_or("?".to_owned(), |v| v.to_string()),
         );
         out += &format!(
             "  ptiscope:  {} ({}); guest image {} sha256 {}\n",
@@ -350,6 +358,81 @@ impl Environment {
                 .map_or("?", |s| &s[..s.len().min(16)]),
         );
         out
+    }
+
+    /// The compact header of `compare`'s default screen: host (kernel, CPU,
+    /// its PTI-related flags and bugs), KVM once (`kvm` describes it when
+    /// given, else the module and its paging), the probe's findings, and
+    /// the build and guest image; four lines.
+    pub fn render_header(&self, kvm: Option<&str>) -> String {
+        let h = &self.host;
+        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
+        let flags: Vec<String> = h
+            .cpu_flags
+            .iter()
+            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
+            .collect();
+        let affected: Vec<&str> = h
+            .vulnerabilities
+            .iter()
+            .filter(|(_, v)| !v.starts_with("Not affected"))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let meltdown = h
+            .vulnerabilities
+            .get("meltdown")
+            .map_or("?", String::as_str);
+        let p = &self.probe;
+        let yes_no = |v: Option<bool>| match v {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "?",
+        };
+        let kvm = kvm.map_or_else(
+            || {
+                format!(
+                    "{} ({} paging)",
+                    opt(&self.kvm.module),
+                    opt(&self.kvm.paging)
+                )
+            },
+            str::to_owned,
+        );
+        format!(
+            "  host:      {}; {} (family {} model {} stepping {}, microcode {}), {} CPUs\n\
+             \x20 host cpu:  {}; meltdown: {meltdown}; affected: {}\n\
+             \x20 kvm:       {kvm}; probe: entries {}, PCID {}, 32-bit PAE paging {}\n\
+             \x20 guest:     {} sha256 {}; ptiscope {} ({})\n",
+            opt(&h.kernel),
+            opt(&h.cpu_model),
+            num(h.cpu_family),
+            num(h.cpu_model_number),
+            num(h.cpu_stepping),
+            opt(&h.microcode),
+            h.cpus,
+            flags.join(" "),
+            if affected.is_empty() {
+                "none".to_owned()
+            } else {
+                affected.join(" ")
+            },
+            p.entries_working
+                .as_ref()
+                .map_or("?".to_owned(), |w| w.join(",")),
+            yes_no(p.pcid_usable),
+            yes_no(p.pae_paging_usable),
+            self.guest_image.name,
+            self.guest_image
+                .sha256
+                .as_deref()
+                .map_or("?", |s| &s[..s.len().min(16)]),
+            self.ptiscope.version,
+            self.ptiscope.git_revision.as_deref().map_or(
+                "revision unknown".to_owned(),
+                |r| format!("git {}", &r[..r.len().min(12)])
+            ),
+        )
     }
 
     /// Where `self` and `earlier` differ, as `path: earlier -> now` lines,
@@ -466,6 +549,8 @@ microcode\t: 0x1
             .vulnerabilities
             .insert("meltdown".into(), "Mitigation: PTI".into());
         b.options.insert("baseline".into(), vec!["pti=on".into()]);
+        a.probe.cr3_write_refill = Some(crate::probe::RefillVerdict::Visible);
+        b.probe.cr3_write_refill = Some(crate::probe::RefillVerdict::NotVisible);
         let d = b.differences(&a);
         assert_eq!(
             d,
@@ -473,6 +558,7 @@ microcode\t: 0x1
                 "host.microcode: \"0x1\" -> \"0x2\"".to_owned(),
                 "host.vulnerabilities.meltdown: \"Not affected\" -> \"Mitigation: PTI\"".to_owned(),
                 "options.baseline: [\"pti=off\"] -> [\"pti=on\"]".to_owned(),
+                "probe.cr3_write_refill: \"visible\" -> \"not_visible\"".to_owned(),
             ]
         );
     }

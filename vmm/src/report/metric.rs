@@ -17,6 +17,9 @@ pub enum Source {
     Vmm,
     /// Host-observed: the host's monotonic clock around a phase.
     HostClock,
+    /// Host-observed: ptiscope's QEMU TCG plugin (`--backend qemu`), which
+    /// counts the guest's instructions inside the emulator.
+    QemuPlugin,
 }
 
 impl Source {
@@ -27,6 +30,7 @@ impl Source {
             Source::Guest => "guest",
             Source::Vmm => "vmm",
             Source::HostClock => "host-clock",
+            Source::QemuPlugin => "qemu-plugin",
         }
     }
 
@@ -37,6 +41,7 @@ impl Source {
             Source::Guest => "guest",
             Source::Vmm => "vmm",
             Source::HostClock => "host_clock",
+            Source::QemuPlugin => "qemu_plugin",
         }
     }
 
@@ -47,6 +52,7 @@ impl Source {
             Source::Guest => "guest-reported, telemetry page / @result line",
             Source::Vmm => "host-observed, counted by the VMM",
             Source::HostClock => "host-observed, host monotonic clock",
+            Source::QemuPlugin => "host-observed, QEMU TCG instrumentation",
         }
     }
 
@@ -56,7 +62,13 @@ impl Source {
     }
 
     /// All sources, in the order footers list them.
-    pub const ALL: [Source; 4] = [Source::Kvm, Source::Vmm, Source::HostClock, Source::Guest];
+    pub const ALL: [Source; 5] = [
+        Source::Kvm,
+        Source::QemuPlugin,
+        Source::Vmm,
+        Source::HostClock,
+        Source::Guest,
+    ];
 }
 
 /// Description of one reported figure.

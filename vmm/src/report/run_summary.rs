@@ -33,6 +33,11 @@ pub struct RunRow {
     pub per_iteration: Option<f64>,
 }
 
+/// Whether `unit` is a size rather than a count or a duration.
+pub fn is_size(unit: &str) -> bool {
+    matches!(unit, "B" | "bytes" | "KiB" | "MiB" | "GiB" | "pages")
+}
+
 impl RunRow {
     /// A row whose rate is `total / iterations` (none for 0 iterations).
     pub fn new(metric: Metric, total: f64, iterations: u64) -> Self {
@@ -245,9 +250,13 @@ impl RunSummary {
             } else {
                 r.metric.unit.as_str()
             };
+            // A size (the user copy's view of the kernel, in KiB) is the
+            // same whatever the calls: no per-call column.
             let rate = match r.per_iteration {
-                Some(v) => format!("# {:>12} {}/{}", group3(v), unit, self.iteration_name),
-                None => String::new(),
+                Some(v) if !is_size(&r.metric.unit) => {
+                    format!("# {:>12} {}/{}", group3(v), unit, self.iteration_name)
+                }
+                _ => String::new(),
             };
             out.push_str(&format!(
                 "  {:>16} {:<6} {:<name_w$}  {:<30} [{}]\n",

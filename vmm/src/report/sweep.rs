@@ -16,6 +16,8 @@
 
 use serde::Serialize;
 
+use super::csv_field;
+
 /// Schema name of the JSON document.
 pub const SCHEMA: &str = "ptiscope.sweep/1";
 
@@ -39,6 +41,12 @@ pub struct CellConfig {
     /// iteration, in the time unit per page; `None` at wss=0, for the
     /// baseline, or without a wss=0 cell.
     pub refill_per_page: Option<f64>,
+    /// The run-to-run spread of `refill_per_page`, same unit: the four
+    /// means' 95 % CI half-widths behind it (this cell and wss=0, this
+    /// configuration and the baseline) added in quadrature, over the pages.
+    /// A refill inside it is `noise` in the text. `None` where
+    /// `refill_per_page` is, or with fewer than two runs.
+    pub refill_spread_per_page: Option<f64>,
     /// Host evidence per call (medians): KVM `tlb_flush`, `pf_taken`,
     /// `exits`; `None` where the source is missing (QEMU).
     pub tlb_flush_per_call: Option<f64>,
@@ -48,12 +56,21 @@ pub struct CellConfig {
     pub kvm_exits_per_call: Option<f64>,
     /// Guest-reported CR3 writes per call (median).
     pub cr3_writes_per_call: Option<f64>,
+    /// Host-observed kernel instructions per call (median): KVM's
+    /// `insn_emulation` or, under QEMU, the TCG plugin's count.
+    pub kernel_instructions_per_call: Option<f64>,
+    /// MOV-to-CR3 executions per call the QEMU plugin saw (median; `None`
+    /// on KVM and with `--no-plugin`).
+    pub insn_mov_cr3_per_call: Option<f64>,
     /// Guest TSC cycles per call spent in the user loop's reads of the
     /// working set (median over runs of each run's mean); `None` at wss=0.
     pub read_cycles_per_call: Option<f64>,
     /// The fewest TSC cycles of one iteration's reads (median over runs):
     /// the least disturbed iteration, so the steadiest figure here.
     pub read_cycles_min: Option<f64>,
+    /// Half the range over runs of each run's fewest cycles of one
+    /// iteration's reads: their run-to-run spread (`None` with one run).
+    pub read_cycles_min_spread: Option<f64>,
     /// Derived, user mode only: (`read_cycles_min` - the baseline's) /
     /// pages touched per call, TSC cycles per page: the TLB refill the
     /// loop's reads pay after the configuration's CR3 switches, without
@@ -84,6 +101,9 @@ pub struct Cell {
     pub pages: u64,
     /// The guest words of this cell (`wss=... stride=... touches=...`).
     pub guest_words: String,
+    /// Iterations (system calls) of each run of this cell: the sweep's
+    /// `iterations`, fewer where a call reads much (see `ptiscope sweep`).
+    pub iterations: u64,
     /// Baseline syscalls per second (1 / its median time per call; derived).
     pub syscall_rate: Option<f64>,
     /// Baseline first, then the other configurations in order.
@@ -109,6 +129,42 @@ pub struct Crossing {
     pub model_rate: Option<f64>,
     /// What the measured cells say (e.g. "above at every measured rate").
     pub note: String,
+}
+
+/// Whether a guest CR3 write costs user code a TLB refill on the host the
+/// sweep ran on (the probe's `cr3_write_refill`): where it does not, the
+/// per-page refill figures are the host hiding the refill, not PTI's cost,
+/// and the text says "refill hidden by this host: probe" instead.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum RefillVisibility {
+    /// The probe saw the refill: the per-page figures are PTI's.
+    Visible {
+        /// The probe's refill, ns per page.
+        probe_ns_per_page: Option<f64>,
+    },
+    /// The probe saw none (below its threshold): the host hides the refill.
+    NotVisible {
+        /// The probe's refill, ns per page.
+        probe_ns_per_page: Option<f64>,
+        /// The probe's threshold, ns per page.
+        threshold_ns_per_page: f64,
+    },
+    /// Not probed or not measurable here, and why (QEMU TCG, a failed probe).
+    Unknown {
+        /// Why there is no verdict.
+        reason: String,
+    },
+}
+
+impl RefillVisibility {
+    /// What the text says in place of a per-page refill figure.
+    pub const HIDDEN: &'static str = "refill hidden by this host: probe";
+
+    /// Whether the host hides the refill (the per-page figures are not PTI's).
+    pub fn hidden(&self) -> bool {
+        matches!(self, RefillVisibility::NotVisible { .. })
+    }
 }
 
 /// A configuration left out of the sweep, and why.
@@ -156,11 +212,91 @@ pub struct SweepReport {
     pub cells: Vec<Cell>,
     /// Where each configuration's overhead crosses 1 % and 5 %.
     pub crossings: Vec<Crossing>,
+    /// Whether this host shows PTI's refill at all (the probe's verdict).
+    pub cr3_write_refill: RefillVisibility,
     /// Wall-clock seconds the sweep took.
     pub seconds: f64,
     /// Where the sweep came from (as in every JSON report).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub environment: Option<crate::report::environment::Environment>,
+}
+
+/// What the refill column of one (cell, configuration) says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Refill {
+    /// A refill cost per page, outside the run-to-run spread (or with no
+    /// spread to judge by: a single run).
+    Value(f64),
+    /// The difference is inside the run-to-run spread: no signed figure.
+    Noise,
+    /// The host's probe found that it hides the CR3-refill cost (its CR3
+    /// writes do not flush the user's TLB entries): nothing to derive.
+    HiddenByHost,
+    /// Not derived here (wss=0, the baseline, no wss=0 cell).
+    NotDerived,
+}
+
+impl Refill {
+    /// The refill of `c`; `hidden_by_host` is the host probe's verdict.
+    pub fn of(c: &CellConfig, hidden_by_host: bool) -> Refill {
+        match (c.refill_per_page, c.refill_spread_per_page) {
+            (None, _) => Refill::NotDerived,
+            (Some(_), _) if hidden_by_host => Refill::HiddenByHost,
+            (Some(v), Some(spread)) if v.abs() <= spread => Refill::Noise,
+            (Some(v), _) if v.is_finite() => Refill::Value(v),
+            (Some(_), _) => Refill::NotDerived,
+        }
+    }
+
+    /// The text cell: two decimals, `noise`, or `-`.
+    pub fn text(self) -> String {
+        match self {
+            Refill::Value(v) => format!("{v:.2}"),
+            Refill::Noise => "noise".into(),
+            Refill::HiddenByHost => "hidden".into(),
+            Refill::NotDerived => "-".into(),
+        }
+    }
+}
+
+impl Refill {
+    /// The user-mode refill of `c` against the baseline `base` of the same
+    /// cell: noise where the difference of the fewest read cycles is inside
+    /// the two sides' run-to-run spread (half their ranges, summed).
+    pub fn user(c: &CellConfig, base: &CellConfig, hidden_by_host: bool) -> Refill {
+        let spread = c
+            .read_cycles_min_spread
+            .zip(base.read_cycles_min_spread)
+            .map(|(a, b)| a + b);
+        let diff = c
+            .read_cycles_min
+            .zip(base.read_cycles_min)
+            .map(|(a, b)| a - b);
+        match (c.user_refill_cycles_per_page, diff, spread) {
+            (None, _, _) => Refill::NotDerived,
+            (Some(_), _, _) if hidden_by_host => Refill::HiddenByHost,
+            (Some(_), Some(d), Some(s)) if d.abs() <= s => Refill::Noise,
+            (Some(v), _, _) if v.is_finite() => Refill::Value(v),
+            (Some(_), _, _) => Refill::NotDerived,
+        }
+    }
+}
+
+/// A configuration's column name in the text tables: its options without
+/// the `cmdline=` wrapper (`pti=on,pti_global_text=on`), the same in every table.
+pub fn column_name(config: &str) -> String {
+    config.replace("cmdline=", "")
+}
+
+/// `16`, `4K`, `1M`: a count of reads, in binary multiples when exact.
+pub fn fmt_count(n: u64) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{}M", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{}K", n >> 10)
+    } else {
+        n.to_string()
+    }
 }
 
 /// The median of `v` (mean of the middle two for even lengths); NaN if empty.
@@ -222,19 +358,32 @@ impl SweepReport {
             }
         }
         // Refill per page: against the wss=0 cell of the same configuration.
-        let zero: Vec<Option<f64>> = self
+        let hw = |c: &CellConfig| c.mean_ci95.map(|m| m.half_width);
+        let zero: Vec<(Option<f64>, Option<f64>)> = self
             .cells
             .iter()
             .find(|c| c.wss == 0)
-            .map(|c| c.configs.iter().map(|x| x.delta).collect())
+            .map(|c| {
+                let base = c.configs.first().and_then(hw);
+                c.configs
+                    .iter()
+                    .map(|x| (x.delta, hw(x).zip(base).map(|(a, b)| a * a + b * b)))
+                    .collect()
+            })
             .unwrap_or_default();
         for cell in &mut self.cells {
             if cell.wss == 0 || cell.pages == 0 {
                 continue;
             }
+            let base = cell.configs.first().and_then(hw);
             for (i, c) in cell.configs.iter_mut().enumerate().skip(1) {
-                if let (Some(d), Some(Some(d0))) = (c.delta, zero.get(i)) {
-                    c.refill_per_page = Some((d - d0) / cell.pages as f64);
+                if let (Some(d), Some((Some(d0), var0))) = (c.delta, zero.get(i)) {
+                    let pages = cell.pages as f64;
+                    c.refill_per_page = Some((d - d0) / pages);
+                    c.refill_spread_per_page = hw(c)
+                        .zip(base)
+                        .zip(*var0)
+                        .map(|((a, b), v0)| (a * a + b * b + v0).sqrt() / pages);
                 }
             }
         }
@@ -380,45 +529,73 @@ fn opt(v: Option<f64>, prec: usize) -> String {
     }
 }
 
-/// The human table.
+/// The first columns of every table: working set and reads per call.
+fn cell_key(cell: &Cell) -> String {
+    let reads = if cell.wss == 0 {
+        "-".to_string()
+    } else {
+        fmt_count(cell.touches)
+    };
+    format!("{:>6} {:>7}", fmt_size(cell.wss), reads)
+}
+
+/// A header over the configurations' columns, each `widths[i]` wide.
+fn config_header(r: &SweepReport, widths: &[usize]) -> String {
+    let mut s = format!("{:>6} {:>7} |", "wss", "reads");
+    for (c, w) in r.configs.iter().zip(widths) {
+        s.push_str(&format!(" {:>w$} |", column_name(c)));
+    }
+    s.push('\n');
+    s
+}
+
+/// The human tables: time and overhead, the host's evidence, the
+/// user-mode reads, and the crossings. Every table names a configuration's
+/// column the same way ([`column_name`]) and a cell by the same two keys
+/// (working set, reads per call).
 pub fn text(r: &SweepReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let unit = &r.time_unit;
+    let name_w = |i: usize, min: usize| column_name(&r.configs[i]).chars().count().max(min);
     let _ = writeln!(
         s,
-        "{} per call [{}], median of {} runs per cell; overhead and refill are derived; \
-         * marks an overhead significant by mmtests' rule (docs/report-json.md)",
-        unit, r.time_source, r.runs
+        "{unit} per call [{}], median of {} runs per cell; ovh = overhead against {}, * where \
+         significant (mmtests' rule); refill per page derived, noise = inside the run-to-run spread",
+        r.time_source,
+        r.runs,
+        r.configs.first().map_or("-".into(), |c| column_name(c)),
     );
+    let widths: Vec<usize> = (0..r.configs.len())
+        .map(|i| name_w(i, if i == 0 { 10 } else { 27 }))
+        .collect();
     let _ = write!(
         s,
-        "{:>6} {:>8} {:>6} {:>9} |",
-        "wss", "touches", "pages", "rate/s"
+        "{:>6} {:>7} {:>6} {:>6} {:>7} |",
+        "wss", "reads", "pages", "calls", "rate/s"
     );
     for (i, c) in r.configs.iter().enumerate() {
-        if i == 0 {
-            let _ = write!(s, " {:>12} |", trunc(c, 12));
-        } else {
-            let _ = write!(s, " {:>29} |", trunc(c, 29));
-        }
+        let _ = write!(s, " {:>w$} |", column_name(c), w = widths[i]);
     }
     s.push('\n');
     let _ = write!(
         s,
-        "{:>6} {:>8} {:>6} {:>9} |",
-        "", "/iter", "/iter", "(base)"
+        "{:>6} {:>7} {:>6} {:>6} {:>7} |",
+        "", "/call", "/call", "/run", "(base)"
     );
-    for i in 0..r.configs.len() {
+    for (i, w) in widths.iter().enumerate() {
         if i == 0 {
-            let _ = write!(s, " {:>12} |", format!("{unit}/call"));
+            let _ = write!(s, " {:>w$} |", format!("{unit}/call"));
         } else {
             let _ = write!(
                 s,
-                " {:>10} {:>8} {:>9} |",
-                format!("{unit}/call"),
-                "ovh % ",
-                format!("{unit}/page")
+                " {:>w$} |",
+                format!(
+                    "{:>9} {:>7} {:>9}",
+                    format!("{unit}/call"),
+                    "ovh %",
+                    format!("{unit}/page")
+                )
             );
         }
     }
@@ -426,35 +603,46 @@ pub fn text(r: &SweepReport) -> String {
     for cell in &r.cells {
         let _ = write!(
             s,
-            "{:>6} {:>8} {:>6} {:>9} |",
-            fmt_size(cell.wss),
-            if cell.wss == 0 {
-                "-".to_string()
-            } else {
-                format!("{}", cell.touches)
-            },
+            "{} {:>6} {:>6} {:>7} |",
+            cell_key(cell),
             cell.pages,
+            cell.iterations,
             cell.syscall_rate.map_or("-".into(), fmt_rate)
         );
         for (i, c) in cell.configs.iter().enumerate() {
+            let w = widths[i];
             if i == 0 {
-                let _ = write!(s, " {:>12.1} |", c.median);
+                let _ = write!(s, " {:>w$.1} |", c.median);
             } else {
                 // mmtests' mark: `*` after an overhead that is significant.
                 let mark = match c.significant {
                     Some(true) => "*",
                     _ => " ",
                 };
-                let _ = write!(
-                    s,
-                    " {:>10.1} {:>7}{mark} {:>9} |",
+                let cell_text = format!(
+                    "{:>9.1} {:>6}{mark} {:>9}",
                     c.median,
                     opt(c.overhead_pct, 1),
-                    opt(c.refill_per_page, 2)
+                    Refill::of(c, r.cr3_write_refill.hidden()).text()
                 );
+                let _ = write!(s, " {cell_text:>w$} |");
             }
         }
         s.push('\n');
+    }
+    if let RefillVisibility::NotVisible {
+        probe_ns_per_page,
+        threshold_ns_per_page,
+    } = &r.cr3_write_refill
+    {
+        let _ = writeln!(
+            s,
+            "\nrefill per page: {} (cr3_write_refill not visible: {} ns/page, threshold {threshold_ns_per_page} ns/page; \
+             `ptiscope probe` has the figures): a guest CR3 write costs user code no TLB refill here, \
+             so no per-page figure is PTI's; the overheads and syscall rates are this host's",
+            RefillVisibility::HIDDEN,
+            opt(*probe_ns_per_page, 2),
+        );
     }
     if r.cells
         .iter()
@@ -464,16 +652,18 @@ pub fn text(r: &SweepReport) -> String {
             s,
             "\nhost evidence per call [kvm] (medians): tlb_flush / pf_taken / exits"
         );
+        let widths: Vec<usize> = (0..r.configs.len()).map(|i| name_w(i, 20)).collect();
+        s.push_str(&config_header(r, &widths));
         for cell in &r.cells {
-            let _ = write!(s, "{:>6} {:>8} |", fmt_size(cell.wss), cell.touches_spec);
-            for c in &cell.configs {
-                let _ = write!(
-                    s,
-                    " {:>5} {:>8} {:>6} |",
+            let _ = write!(s, "{} |", cell_key(cell));
+            for (c, w) in cell.configs.iter().zip(&widths) {
+                let t = format!(
+                    "{:>5} {:>6} {:>6}",
                     opt(c.tlb_flush_per_call, 2),
                     opt(c.kvm_pf_taken_per_call, 2),
                     opt(c.kvm_exits_per_call, 2)
                 );
+                let _ = write!(s, " {t:>w$} |");
             }
             s.push('\n');
         }
@@ -484,42 +674,32 @@ pub fn text(r: &SweepReport) -> String {
     {
         let _ = writeln!(
             s,
-            "\nuser-mode reads of the working set [guest RDTSC]: fewest cycles of one iteration (median of runs), and per configuration the refill per page against the baseline (derived, cycles/page)"
+            "\nuser-mode reads of the working set [guest RDTSC]: fewest cycles of one iteration \
+             (median of runs) / refill against {} (derived, cycles/page)",
+            r.configs.first().map_or("-".into(), |c| column_name(c)),
         );
+        let widths: Vec<usize> = (0..r.configs.len()).map(|i| name_w(i, 19)).collect();
+        s.push_str(&config_header(r, &widths));
         for cell in r.cells.iter().filter(|c| c.wss > 0) {
-            let _ = write!(s, "{:>6} {:>8} |", fmt_size(cell.wss), cell.touches_spec);
+            let _ = write!(s, "{} |", cell_key(cell));
             for (i, c) in cell.configs.iter().enumerate() {
-                if i == 0 {
-                    let _ = write!(s, " {:>10} |", opt(c.read_cycles_min, 0));
+                let w = widths[i];
+                let t = if i == 0 {
+                    opt(c.read_cycles_min, 0)
                 } else {
-                    let _ = write!(
-                        s,
-                        " {:>10} {:>8} |",
+                    format!(
+                        "{:>10} {:>8}",
                         opt(c.read_cycles_min, 0),
-                        opt(c.user_refill_cycles_per_page, 2)
-                    );
-                }
+                        Refill::user(c, &cell.configs[0], r.cr3_write_refill.hidden()).text()
+                    )
+                };
+                let _ = write!(s, " {t:>w$} |");
             }
             s.push('\n');
         }
     }
     if !r.crossings.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nwhere the overhead crosses 1 % and 5 % (syscalls/s; measured = interpolated between cells, model = threshold / delta per call)"
-        );
-        for x in &r.crossings {
-            let _ = writeln!(
-                s,
-                "  wss {:>5} {:<28} {:>2.0} %: measured {:>8}  model {:>8}  ({})",
-                fmt_size(x.wss),
-                trunc(&x.config, 28),
-                x.threshold_pct,
-                x.measured_rate.map_or("-".into(), fmt_rate),
-                x.model_rate.map_or("-".into(), fmt_rate),
-                x.note
-            );
-        }
+        s.push_str(&crossings_table(r));
     }
     if r.crossings.is_empty() && r.time_unit != "ns" {
         let _ = writeln!(
@@ -528,19 +708,74 @@ pub fn text(r: &SweepReport) -> String {
             r.time_unit, r.time_source
         );
     }
-    for o in &r.omitted {
-        let _ = writeln!(s, "\nleft out: {}: {}", o.config, o.reason);
-    }
     s
 }
 
-fn trunc(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        let t: String = s.chars().take(n - 1).collect();
-        format!("{t}…")
+/// One crossing as a table cell: the measured rate, or `~model` where no
+/// two measured cells bracket the threshold, with `>`/`<` saying that the
+/// overhead was above / below it at every measured rate.
+fn crossing_cell(x: &Crossing) -> String {
+    if let Some(m) = x.measured_rate {
+        return fmt_rate(m);
     }
+    let side = if x.note.starts_with("above") {
+        ">"
+    } else if x.note.starts_with("below") {
+        "<"
+    } else {
+        ""
+    };
+    match x.model_rate {
+        Some(m) => format!("{side}~{}", fmt_rate(m)),
+        None => format!("{side}-"),
+    }
+}
+
+/// The crossings as one table: a row per working set, per configuration
+/// the 1 % and 5 % rates.
+fn crossings_table(r: &SweepReport) -> String {
+    let mut s = String::from(
+        "\nsyscalls/s where the overhead crosses 1 % / 5 %: measured (interpolated between \
+         cells), or ~model (threshold / delta per call) with > (<) where it was above (below) \
+         at every measured rate\n",
+    );
+    let widths: Vec<usize> = (1..r.configs.len())
+        .map(|i| column_name(&r.configs[i]).chars().count().max(17))
+        .collect();
+    s.push_str(&format!("{:>6} |", "wss"));
+    for (i, w) in widths.iter().enumerate() {
+        s.push_str(&format!(" {:>w$} |", column_name(&r.configs[i + 1])));
+    }
+    s.push('\n');
+    s.push_str(&format!("{:>6} |", ""));
+    for w in &widths {
+        s.push_str(&format!(" {:>w$} |", format!("{:>8} {:>8}", "1 %", "5 %")));
+    }
+    s.push('\n');
+    for wss in r.working_sets() {
+        s.push_str(&format!("{:>6} |", fmt_size(wss)));
+        for (i, w) in widths.iter().enumerate() {
+            let config = &r.configs[i + 1];
+            let at = |t: f64| {
+                r.crossings
+                    .iter()
+                    .find(|x| x.wss == wss && &x.config == config && x.threshold_pct == t)
+                    .map_or("-".into(), crossing_cell)
+            };
+            s.push_str(&format!(
+                " {:>w$} |",
+                format!("{:>8} {:>8}", at(1.0), at(5.0))
+            ));
+        }
+        s.push('\n');
+    }
+    if r.cr3_write_refill.hidden() && r.working_sets().iter().any(|&w| w > 0) {
+        s.push_str(&format!(
+            "  wss > 0: {}; the crossings are this host's, not PTI's refill\n",
+            RefillVisibility::HIDDEN
+        ));
+    }
+    s
 }
 
 /// The JSON document (schema [`SCHEMA`]).
@@ -548,25 +783,16 @@ pub fn json(r: &SweepReport) -> String {
     serde_json::to_string_pretty(r).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
-/// CSV quoting: fields with a comma, quote or newline are quoted.
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
-
 /// One line per (cell, configuration).
 pub fn csv(r: &SweepReport) -> String {
     let mut s = String::from(
-        "wss,touches_spec,touches,pages,syscall_rate,config,median,unit,delta,overhead_pct,refill_per_page,tlb_flush_per_call,kvm_pf_taken_per_call,kvm_exits_per_call,cr3_writes_per_call,read_cycles_per_call,read_cycles_min,user_refill_cycles_per_page,runs,mean,ci95_half_width,welch_p,significant\n",
+        "wss,touches_spec,touches,pages,syscall_rate,config,median,unit,delta,overhead_pct,refill_per_page,tlb_flush_per_call,kvm_pf_taken_per_call,kvm_exits_per_call,cr3_writes_per_call,read_cycles_per_call,read_cycles_min,user_refill_cycles_per_page,runs,mean,ci95_half_width,welch_p,significant,kernel_instructions_per_call,insn_mov_cr3_per_call\n",
     );
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     for cell in &r.cells {
         for c in &cell.configs {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 cell.wss,
                 csv_field(&cell.touches_spec),
                 cell.touches,
@@ -590,6 +816,8 @@ pub fn csv(r: &SweepReport) -> String {
                 f(c.mean_ci95.map(|m| m.half_width)),
                 f(c.welch_p),
                 c.significant.map_or(String::new(), |b| b.to_string()),
+                f(c.kernel_instructions_per_call),
+                f(c.insn_mov_cr3_per_call),
             ));
         }
     }
@@ -609,12 +837,16 @@ mod tests {
             delta: None,
             overhead_pct: None,
             refill_per_page: None,
+            refill_spread_per_page: None,
             tlb_flush_per_call: Some(1.0),
             kvm_pf_taken_per_call: None,
             kvm_exits_per_call: None,
             cr3_writes_per_call: None,
+            kernel_instructions_per_call: None,
+            insn_mov_cr3_per_call: None,
             read_cycles_per_call: None,
             read_cycles_min: Some(median),
+            read_cycles_min_spread: None,
             user_refill_cycles_per_page: None,
             significant: None,
             mean_ci95: None,
@@ -629,6 +861,7 @@ mod tests {
             touches: pages,
             pages,
             guest_words: String::new(),
+            iterations: 1,
             syscall_rate: None,
             configs: vec![cc("pti=off", base), cc("pti=on", pti)],
         }
@@ -652,6 +885,9 @@ mod tests {
             omitted: vec![],
             cells,
             crossings: vec![],
+            cr3_write_refill: RefillVisibility::Visible {
+                probe_ns_per_page: Some(8.5),
+            },
             seconds: 0.0,
             environment: None,
         }
@@ -708,6 +944,79 @@ mod tests {
         let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
         assert_eq!(j["schema"], SCHEMA);
         assert_eq!(j["cells"][1]["configs"][1]["refill_per_page"], 1.0);
+    }
+
+    #[test]
+    fn a_host_that_hides_the_refill_is_named_instead_of_a_figure() {
+        let mut r = report(vec![
+            cell(0, "-", 0, 1000.0, 1100.0),
+            cell(1 << 20, "1x", 256, 2000.0, 2356.0),
+        ]);
+        r.cr3_write_refill = RefillVisibility::NotVisible {
+            probe_ns_per_page: Some(0.4),
+            threshold_ns_per_page: 2.0,
+        };
+        r.time_unit = "ns".into();
+        r.cells[1].syscall_rate = Some(1e5);
+        r.derive();
+        let t = text(&r);
+        // The figure is computed (JSON keeps it beside the verdict) but the
+        // text names the host instead, in the table and the crossings.
+        assert_eq!(r.cells[1].configs[1].refill_per_page, Some(1.0));
+        let row_1m = |t: &str| {
+            t.lines()
+                .find(|l| l.trim_start().starts_with("1M") && l.contains("500.0k"))
+                .unwrap_or_default()
+                .trim_end()
+                .to_owned()
+        };
+        assert!(row_1m(&t).ends_with("hidden |"), "{t}");
+        assert!(t.contains(RefillVisibility::HIDDEN), "{t}");
+        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        assert_eq!(j["cr3_write_refill"]["verdict"], "not_visible");
+        assert_eq!(j["cr3_write_refill"]["probe_ns_per_page"], 0.4);
+        // Where the refill shows, the figure is printed.
+        r.cr3_write_refill = RefillVisibility::Visible {
+            probe_ns_per_page: Some(8.5),
+        };
+        let t = text(&r);
+        assert!(row_1m(&t).ends_with("1.00 |"), "{t}");
+        assert!(!t.contains(RefillVisibility::HIDDEN), "{t}");
+    }
+
+    #[test]
+    fn a_refill_inside_the_spread_is_noise() {
+        let mut c = cc("pti=on", 1.0);
+        assert_eq!(Refill::of(&c, false), Refill::NotDerived);
+        c.refill_per_page = Some(-9.0);
+        // One run: no spread to judge by, the figure stands.
+        assert_eq!(Refill::of(&c, false), Refill::Value(-9.0));
+        c.refill_spread_per_page = Some(12.5);
+        assert_eq!(Refill::of(&c, false), Refill::Noise);
+        assert_eq!(Refill::of(&c, false).text(), "noise");
+        c.refill_per_page = Some(20.0);
+        assert_eq!(Refill::of(&c, false).text(), "20.00");
+        assert_eq!(Refill::of(&c, true), Refill::HiddenByHost);
+        // The spread is derived from the four means' CIs over the pages.
+        let mut r = report(vec![
+            cell(0, "-", 0, 1000.0, 1100.0),
+            cell(1 << 20, "1x", 256, 2000.0, 2356.0),
+        ]);
+        for cell in &mut r.cells {
+            for c in &mut cell.configs {
+                let m = c.median;
+                c.samples = vec![m - 10.0, m, m + 10.0];
+            }
+        }
+        r.derive();
+        let c = &r.cells[1].configs[1];
+        // Each half-width t(0.975, 2) x 10 / sqrt(3) = 24.84; four in
+        // quadrature = 49.69, over 256 pages = 0.194 < the refill of 1.0.
+        let spread = c.refill_spread_per_page.unwrap();
+        assert!((spread - 2.0 * 24.842_1 / 256.0).abs() < 1e-4, "{spread}");
+        assert_eq!(Refill::of(c, false), Refill::Value(1.0));
+        let t = text(&r);
+        assert!(t.lines().any(|l| l.contains("    1.00 |")), "{t}");
     }
 
     #[test]

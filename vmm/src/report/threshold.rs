@@ -162,6 +162,15 @@ pub enum ConditionError {
         /// The text after the operator.
         text: String,
     },
+    /// The number is too small for an f64 (it would silently become 0 or
+    /// lose its precision).
+    #[error("condition {cond:?}: {text:?} is below the smallest normal f64 (2.2e-308) and would not compare as written; use 0 or a larger value")]
+    Underflow {
+        /// The condition.
+        cond: String,
+        /// The text after the operator.
+        text: String,
+    },
     /// A qualifier that is neither a statistic nor a field.
     #[error("condition {cond:?}: unknown qualifier {part:?} (statistics: min amean stddev coeffvar max bamean50 bamean95 bamean99; fields: compare baseline delta delta_pct diff_pct welch_p significant)")]
     UnknownQualifier {
@@ -281,6 +290,16 @@ impl Condition {
                 cond: cond.to_owned(),
                 text: rhs.to_owned(),
             })?;
+        // `1e-400` parses to 0 (and `1e-310` to a subnormal): refuse a
+        // written non-zero value that is not the number compared.
+        let mantissa = rhs.split(['e', 'E']).next().unwrap_or("");
+        let written_nonzero = mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
+        if written_nonzero && threshold.abs() < f64::MIN_POSITIVE {
+            return Err(ConditionError::Underflow {
+                cond: cond.to_owned(),
+                text: rhs.to_owned(),
+            });
+        }
         let mut parts = lhs.split('.');
         let metric = parts.next().unwrap_or("").trim();
         let snake = |s: &str| {
@@ -446,6 +465,20 @@ mod tests {
         );
         assert_eq!(c.to_string(), "cycles_per_call.coeffvar.baseline<-0.001");
         assert_eq!(Condition::parse_list("a>1,b.max!=2").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_threshold_that_underflows_is_refused_not_zero() {
+        for t in ["1e-400", "0.5e-320", "-3e-310"] {
+            let e = Condition::parse(&format!("ns_per_call>{t}")).unwrap_err();
+            assert!(matches!(e, ConditionError::Underflow { .. }), "{t}: {e:?}");
+            assert!(e.to_string().contains("smallest normal f64"), "{e}");
+        }
+        // Zero written as zero, in any spelling, is zero.
+        for t in ["0", "0.0", "0e-400", "-0"] {
+            assert!(Condition::parse(&format!("ns_per_call>{t}")).is_ok(), "{t}");
+        }
+        assert!(Condition::parse("ns_per_call>2.3e-308").is_ok());
     }
 
     #[test]

@@ -5,21 +5,49 @@ use std::path::Path;
 
 use crate::report::CompareTable;
 
-/// Reads an earlier `compare --json` document.
-pub(super) fn read_earlier(p: &Path) -> Result<(std::path::PathBuf, CompareTable), String> {
-    let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read it: {e}"))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
+/// The most bytes `--against` reads: a compare document is tens of KiB (a
+/// few hundred runs of a few dozen metrics); parsing is about 20 times its
+/// size in memory.
+pub(super) const MAX_AGAINST_BYTES: u64 = 16 << 20;
+
+/// Reads an earlier `compare --json` document: a regular file of at most
+/// [`MAX_AGAINST_BYTES`], read within `time_limit` (signals end the read).
+/// The error is the exit code (64, or 128 + the signal) and the message.
+pub(super) fn read_earlier(
+    p: &Path,
+    time_limit: std::time::Duration,
+) -> Result<(std::path::PathBuf, CompareTable), (i32, String)> {
+    use crate::input::{read_regular, InputError};
+    let usage = |msg: String| (crate::cli::exit_code::USAGE, msg);
+    let bytes = read_regular("--against", p, MAX_AGAINST_BYTES, time_limit).map_err(|e| {
+        let code = e.signal().map_or(crate::cli::exit_code::USAGE, |s| 128 + s);
+        let msg = match &e {
+            InputError::TooLarge { .. } => format!(
+                "larger than {} MiB, the most read for --against (a compare --json document is far smaller)",
+                MAX_AGAINST_BYTES >> 20
+            ),
+            InputError::Io { source, .. } => format!("cannot read it: {source}"),
+            InputError::NotRegular { kind, .. } => {
+                format!("{kind}, not a regular file; give a `ptiscope compare --json` file")
+            }
+            _ => e.to_string(),
+        };
+        (code, msg)
+    })?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| usage(format!("not JSON: {e}")))?;
+    drop(bytes);
     let schema = v["schema"].as_str().unwrap_or("").to_owned();
-    if !schema.starts_with("ptiscope.compare/") {
-        return Err(format!(
-            "not a `ptiscope compare --json` document (schema {:?}, expected {:?})",
+    if schema != crate::report::compare::SCHEMA {
+        return Err(usage(format!(
+            "not a `ptiscope compare --json` document this version reads (schema {:?}, expected {:?})",
             schema,
             crate::report::compare::SCHEMA
-        ));
+        )));
     }
     CompareTable::from_json(v)
         .map(|t| (p.to_path_buf(), t))
-        .map_err(|e| format!("not a readable {schema} document: {e}"))
+        .map_err(|e| usage(format!("not a readable {schema} document: {e}")))
 }
 
 /// `--against FILE`: each side of this compare against the same side of an

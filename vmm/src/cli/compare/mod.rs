@@ -15,8 +15,8 @@ pub(crate) mod side;
 pub use against::Against;
 pub use runs::{RunsReport, RunsStop};
 pub use side::{
-    build_table, config_words, guest_image, parse_side, rates, run_measured, Side, SideError,
-    SideSpec,
+    build_table, config_words, guest_image, guest_image_of, parse_side, rates, run_measured, Side,
+    SideError, SideSpec,
 };
 
 use std::collections::BTreeMap;
@@ -35,7 +35,6 @@ use crate::output::{open_outputs, OutputFile};
 use crate::preflight::cmdline::{EntryChoice, Workload};
 use crate::preflight::{host, preflight};
 use crate::report::environment::Environment;
-use crate::report::stats::Verdict;
 use crate::report::{CompareTable, Condition, RunSummary};
 
 /// Runs the comparison and prints it; returns the process exit code.
@@ -56,11 +55,11 @@ pub fn run(args: &CompareArgs) -> i32 {
         return exit_code::USAGE;
     }
     let earlier = match &args.against {
-        Some(p) => match read_earlier(p) {
+        Some(p) => match read_earlier(p, args.timeout.min(crate::input::READ_TIME_LIMIT)) {
             Ok(t) => Some(t),
-            Err(msg) => {
+            Err((code, msg)) => {
                 eprintln!("ptiscope compare: --against {}: {msg}", p.display());
-                return exit_code::USAGE;
+                return code;
             }
         },
         None => None,
@@ -164,7 +163,8 @@ pub fn run(args: &CompareArgs) -> i32 {
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.image)),
         BTreeMap::new(),
     );
-    print!("{}", environment.render_text());
+    let mut kvm_line = None;
+    let entry_text;
     match args.backend {
         Backend::Kvm => {
             let entry = match (base.run.config.guest.entry, base.run.guest.entry) {
@@ -179,16 +179,17 @@ pub fn run(args: &CompareArgs) -> i32 {
                 }
                 (EntryChoice::Fixed(_), Some(e)) => e.to_string(),
             };
-            println!("  KVM:       {}", host::kvm_flavour().describe());
-            println!("  entry:     {entry}");
+            kvm_line = Some(host::kvm_flavour().describe());
+            entry_text = format!("; entry {entry}");
         }
         Backend::Qemu => {
-            println!(
-                "  backend:   QEMU TCG ({}): software emulation, every figure guest-reported",
+            entry_text = format!(
+                "; backend QEMU TCG ({}): software emulation, every figure guest-reported",
                 crate::backend::qemu::binary_for(&base.run.image)
             );
         }
     }
+    print!("{}", environment.render_header(kvm_line));
     let runs_text = match (args.runs, target_ci) {
         (Runs::Fixed(n), _) => format!("{n} runs per side"),
         (Runs::Auto, Some(t)) => format!(
@@ -206,17 +207,19 @@ pub fn run(args: &CompareArgs) -> i32 {
     if base.run.guest.workload == Some(Workload::SchedMessaging) {
         // Its size comes from groups=/loops= (cmdline=...), not --iterations.
         println!(
-            "  workload:  sched-messaging (perf bench sched messaging, pipes), {runs_text}, \
-             interleaved{warmup_text}; rates are per message"
+            "  runs:      sched-messaging (perf bench sched messaging, pipes), {runs_text}, \
+             interleaved{warmup_text}; rates are per message{entry_text}"
         );
     } else {
         println!(
-            "  workload:  {workload} x {} iterations per run, {runs_text}, interleaved{warmup_text}",
+            "  runs:      {workload} x {} iterations per run, {runs_text}, interleaved{warmup_text}{entry_text}",
             base.run.guest.iterations.unwrap_or(0),
         );
     }
-    println!("  baseline:  {}", base.label);
-    println!("  compare:   {}", comp.label);
+    println!(
+        "  sides:     baseline {}, compare {}",
+        base.label, comp.label
+    );
     println!();
 
     let total = 2 * u64::from(max_runs + args.warmup);
@@ -227,7 +230,9 @@ pub fn run(args: &CompareArgs) -> i32 {
     let mut disagreements: Vec<String> = Vec::new();
     let specs = [&base, &comp];
     let mut pair: u32 = 0;
-    let stopped = loop {
+    // A signal or a failed run after complete pairs: (exit code, reason).
+    let mut partial: Option<(i32, String)> = None;
+    let stopped = 'pairs: loop {
         let warming = pair < args.warmup;
         // Run number within its kind (warm-up or measured), from 1.
         let number = if warming {
@@ -298,14 +303,30 @@ pub fn run(args: &CompareArgs) -> i32 {
                     }
                     runs[side].push(s);
                 }
-                Err((code, msg)) => {
+                Err(e) => {
+                    let (code, msg) = (e.exit_code(), e);
                     bar.finish_and_clear();
                     let of = match args.runs {
                         Runs::Fixed(n) if !warming => format!(" of {n}"),
                         _ => String::new(),
                     };
                     eprintln!("ptiscope compare: {what}{of} failed: {msg}");
-                    return if code == 0 { 1 } else { code };
+                    let code = if code == 0 { 1 } else { code };
+                    // The complete pairs so far are still a result.
+                    let complete = runs[0].len().min(runs[1].len());
+                    if warming || complete == 0 {
+                        return code;
+                    }
+                    runs[0].truncate(complete);
+                    runs[1].truncate(complete);
+                    let reason = match code - 128 {
+                        sig if crate::machine::signals::TERMINATION_SIGNALS.contains(&sig) => {
+                            format!("{} during {what}", crate::machine::signals::describe(sig))
+                        }
+                        _ => format!("{what} failed"),
+                    };
+                    partial = Some((code, reason));
+                    break 'pairs RunsStop::Partial;
                 }
             }
             bar.inc(1);
@@ -349,42 +370,54 @@ pub fn run(args: &CompareArgs) -> i32 {
         .options
         .insert("compare".into(), table.compare.config.clone());
     table.environment = Some(environment);
-    // The text shows the metrics that are non-zero somewhere; JSON and CSV have all.
-    let mut shown = table.clone();
-    shown.metrics.retain(|m| {
-        m.baseline
-            .samples
-            .iter()
-            .chain(&m.compare.samples)
-            .any(|&v| v != 0.0)
+    let banner = partial.as_ref().map(|(_, why)| {
+        format!(
+            "PARTIAL: {why}; {} complete run pairs of {} reported",
+            runs[0].len(),
+            match args.runs {
+                Runs::Fixed(n) => n.to_string(),
+                Runs::Auto => format!("up to {max_runs}"),
+            }
+        )
     });
-    let omitted: Vec<&str> = table
-        .metrics
-        .iter()
-        .filter(|m| shown.metric(&m.metric.name).is_none())
-        .map(|m| m.metric.name.as_str())
-        .collect();
-    print!("{}", shown.render_text());
-    if !omitted.is_empty() {
-        println!(
-            "zero in every run (omitted above, present in --json/--csv): {}",
-            omitted.join(" ")
-        );
+    if let Some(b) = &banner {
+        println!("{b}");
+    }
+    // The answer first, then the compact table; the mmtests table (the
+    // metrics non-zero somewhere) and the durations behind --mmtests.
+    let per = match base.run.guest.workload {
+        Some(Workload::SchedMessaging) => "message".to_owned(),
+        w => format!("{} call", w.map_or("-", Workload::name)),
+    };
+    print!("{}", crate::report::answer::render_answer(&table, &per));
+    println!();
+    print!("{}", crate::report::answer::render_table(&table));
+    if args.mmtests {
+        let mut shown = table.clone();
+        shown.metrics.retain(|m| {
+            m.baseline
+                .samples
+                .iter()
+                .chain(&m.compare.samples)
+                .any(|&v| v != 0.0)
+        });
+        println!();
+        print!("{}", shown.render_text());
+        println!();
+        print!("{}", render_durations(&base.label, &comp.label, &durations));
     }
     println!();
-    headline(&table);
-    print!("{}", render_durations(&base.label, &comp.label, &durations));
-    println!("  {}", runs_report.sentence());
     println!(
-        "  {} runs in {:.1} s",
+        "  {}; {} runs in {:.1} s",
+        runs_report.sentence(),
         2 * (per_side + args.warmup),
         started.elapsed().as_secs_f64()
     );
     for d in &dropped {
         println!("  note: metric {d}, left out of the table");
     }
-    if args.backend == Backend::Qemu {
-        println!("  backend qemu: no host-observed figures, so nothing to cross-check");
+    if args.backend == Backend::Qemu && args.no_plugin {
+        println!("  backend qemu --no-plugin: no host-observed figures, so nothing to cross-check");
     } else if disagreements.is_empty() {
         println!("  cross-checks (host-observed vs guest-reported): all agree in every run");
     } else {
@@ -414,18 +447,24 @@ pub fn run(args: &CompareArgs) -> i32 {
         a
     });
 
-    let mut code = 0;
+    let mut code = partial.as_ref().map_or(0, |(c, _)| *c);
     if let Some(f) = &json_file {
-        code = code.max(write_file(
-            f,
-            &json_text(&table, &durations, &runs_report, against.as_ref()),
-        ));
+        let mut doc = json_text(&table, &durations, &runs_report, against.as_ref());
+        if let Some(b) = &banner {
+            doc = json_with_partial(doc, b);
+        }
+        code = code.max(write_file(f, &doc));
     }
     if let Some(f) = &svg_file {
-        code = code.max(write_file(f, &crate::report::plot::compare_svg(&table)));
+        let doc = crate::cli::partial::svg_with_banner(
+            crate::report::plot::compare_svg(&table),
+            banner.as_deref(),
+        );
+        code = code.max(write_file(f, &doc));
     }
     if let Some(f) = &csv_file {
-        code = code.max(write_file(f, &table.to_csv()));
+        let doc = crate::cli::partial::csv_with_banner(table.to_csv(), banner.as_deref());
+        code = code.max(write_file(f, &doc));
     }
     for c in &conditions {
         match c.evaluate(&table) {
@@ -449,6 +488,17 @@ pub fn run(args: &CompareArgs) -> i32 {
     code
 }
 
+/// A compare document with `"partial": {"reason": banner}`.
+fn json_with_partial(doc: String, banner: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(&doc) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert("partial".into(), serde_json::json!({ "reason": banner }));
+            serde_json::to_string_pretty(&m).unwrap_or(doc)
+        }
+        _ => doc,
+    }
+}
+
 fn json_text(
     t: &CompareTable,
     durations: &[Durations; 2],
@@ -457,6 +507,7 @@ fn json_text(
 ) -> String {
     let mut v = t.to_json();
     if let Some(o) = v.as_object_mut() {
+        o.insert("answer".into(), crate::report::answer::to_json(t));
         o.insert(
             "durations".into(),
             serde_json::json!({ "baseline": durations[0], "compare": durations[1] }),
@@ -478,50 +529,6 @@ fn write_file(f: &OutputFile, text: &str) -> i32 {
         Err(e) => {
             eprintln!("ptiscope compare: {e}");
             exit_code::CANT_CREATE
-        }
-    }
-}
-
-/// One plain sentence with what the reader came for.
-fn headline(t: &CompareTable) {
-    let mean = |name: &str| {
-        t.metric(name).and_then(|m| {
-            Some((
-                m.baseline.get(crate::report::Stat::Amean)?,
-                m.compare.get(crate::report::Stat::Amean)?,
-                m.delta_pct.amean,
-                m.significance,
-            ))
-        })
-    };
-    let (b, c) = (&t.baseline.label, &t.compare.label);
-    println!("summary ({c} against {b}, means of the runs):");
-    for (name, what) in [
-        ("ns_per_call", "ns per call (host clock)"),
-        ("cycles_per_call", "cycles per call (guest RDTSC)"),
-        ("kvm_exits_per_call", "VM exits per call (KVM)"),
-        ("cr3_writes_per_call", "CR3 writes per call (guest)"),
-        ("tlb_flush_per_call", "TLB flushes per call (KVM)"),
-        (
-            "kernel_instructions_per_call",
-            "kernel instructions per call (KVM insn_emulation)",
-        ),
-    ] {
-        if let Some((x, y, pct, sig)) = mean(name) {
-            let pct = pct.map_or(String::new(), |p| format!(" ({p:+.1} %)"));
-            // The verdict of the CI block, with Welch's p where it exists.
-            let sig = sig.map_or(String::new(), |s| match (s.verdict, s.welch) {
-                (Verdict::Significant | Verdict::NotSignificant, Some(w)) => format!(
-                    "  mmtests: {}; Welch p {}",
-                    s.verdict.word(),
-                    crate::report::compare::p_text(w.p_value)
-                ),
-                (Verdict::Significant | Verdict::NotSignificant, None) => {
-                    format!("  mmtests: {}", s.verdict.word())
-                }
-                _ => format!("  {}", s.verdict.word()),
-            });
-            println!("  {what:<52} {x:>12.2} -> {y:>12.2}{pct}{sig}");
         }
     }
 }

@@ -32,6 +32,9 @@ pub enum RunsStop {
     TargetReached,
     /// `--runs auto`: `--max-runs` reached first.
     MaxRuns,
+    /// A signal or a failed run stopped the compare: the complete pairs
+    /// before it are reported, marked partial.
+    Partial,
 }
 
 /// What `--runs` did, for the text and the JSON (`runs`).
@@ -76,6 +79,10 @@ impl RunsReport {
             RunsStop::TargetReached => format!(
                 "--runs auto: stopped after {} runs per side{warm}: the 95 % CI of {metric}'s \
                  mean is within {target} % of it on both sides ({ci})",
+                self.per_side
+            ),
+            RunsStop::Partial => format!(
+                "PARTIAL: stopped after {} complete run pairs{warm}",
                 self.per_side
             ),
             RunsStop::MaxRuns => format!(

@@ -2,14 +2,16 @@
 //! into a run configuration, settled by preflight, run and measured; and
 //! the compare table built from both sides' runs.
 
-use crate::cli::exit_code::{self, ExitCode};
+use crate::backend::qemu::QemuError;
+use crate::cli::exit_code::ExitCode;
 use crate::cli::{Backend, CompareArgs};
 use crate::machine::loader::KernelSource;
-use crate::machine::RunOutcome;
-use crate::observe::measure::{rate_name, summary_from_result, Measurer};
+use crate::machine::{RunError, RunOutcome, StopReason};
+use crate::observe::measure::Measurer;
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
 use crate::preflight::{ResolvedRun, RunConfig, SerialOut, Target};
 use crate::report::environment::GuestImage;
+use crate::report::{rate_name, summary_from_result};
 use crate::report::{CompareTable, Metric, RunSummary};
 use ptiscope_devices::escape_str;
 
@@ -113,6 +115,7 @@ pub fn parse_side(
     c.guest.iterations = Some(args.iterations);
     c.qemu_args = args.qemu_arg.clone();
     c.guest_kind = args.linux.guest_kind(args.arch);
+    c.qemu_plugin = !args.no_plugin;
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let Some((k, v)) = word.split_once('=') else {
             return Err(SideError::NotKeyValue {
@@ -184,25 +187,62 @@ pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
         .collect()
 }
 
-/// One measured run; `Err` carries the exit code and what to print.
+/// Why a measured run gave nothing to compare (its exit code is
+/// `cli::exit_code`'s).
+#[derive(Debug, thiserror::Error)]
+pub enum MeasuredRunError {
+    /// The VM could not be built or run.
+    #[error(transparent)]
+    Kvm(#[from] RunError),
+    /// QEMU could not be started or failed.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// The guest ran to a clean exit without marking a workload phase.
+    #[error(
+        "the guest marked no workload phase, so there is nothing to compare \
+         (workload {workload}: use one that measures, e.g. getpid)"
+    )]
+    NoPhase {
+        /// The workload's name (`-`: none).
+        workload: &'static str,
+    },
+    /// The guest did not stop with status 0.
+    #[error("{report}")]
+    GuestFailed {
+        /// How it stopped (boxed: a crash's registers are large).
+        stop: Box<StopReason>,
+        /// The stop, what the guest reported and its last console lines
+        /// (guest text escaped).
+        report: String,
+    },
+    /// A Linux guest's run ended otherwise than with its result (a panic,
+    /// no init, an unfinished init, PTI not as asked: `linux::diagnose`).
+    #[error("{message}")]
+    Linux {
+        /// The documented exit code of that end.
+        code: i32,
+        /// The cause, named.
+        message: String,
+    },
+}
+
+/// One measured run.
 pub fn run_measured(
     resolved: &ResolvedRun,
     backend: Backend,
-) -> Result<(RunOutcome, RunSummary), (i32, String)> {
+) -> Result<(RunOutcome, RunSummary), MeasuredRunError> {
     let mut m = Measurer::new();
     let run = match backend {
-        Backend::Kvm => {
-            crate::machine::run(resolved, &mut m).map_err(|e| (e.exit_code(), e.to_string()))
-        }
+        Backend::Kvm => crate::machine::run(resolved, &mut m).map_err(MeasuredRunError::from),
         Backend::Qemu => {
-            crate::backend::qemu::run_resolved(resolved).map_err(|e| (e.exit_code(), e.to_string()))
+            crate::backend::qemu::run_resolved(resolved).map_err(MeasuredRunError::from)
         }
     };
     match run {
         Ok(o) => {
             if let Some(l) = &resolved.linux {
-                if let Some(e) = crate::linux::diagnose(&o, l, None) {
-                    return Err(e);
+                if let Some((code, message)) = crate::linux::diagnose(&o, l, None) {
+                    return Err(MeasuredRunError::Linux { code, message });
                 }
                 let s = crate::linux::summary(&o, l, None);
                 return Ok((o, s));
@@ -212,14 +252,9 @@ pub fn run_measured(
                 Backend::Qemu => summary_from_result(&o, config_words(&o)),
             };
             if o.exit_code() == 0 && s.phase.is_none() {
-                return Err((
-                    exit_code::VM_ERROR,
-                    format!(
-                        "the guest marked no workload phase, so there is nothing to compare \
-                         (workload {}: use one that measures, e.g. getpid)",
-                        resolved.guest.workload.map_or("-", Workload::name)
-                    ),
-                ));
+                return Err(MeasuredRunError::NoPhase {
+                    workload: resolved.guest.workload.map_or("-", Workload::name),
+                });
             }
             if o.exit_code() != 0 {
                 // Guest text: escaped before it reaches the terminal.
@@ -233,7 +268,10 @@ pub fn run_measured(
                         msg.push_str(&format!("\n    | {}", escape_str(l)));
                     }
                 }
-                return Err((o.exit_code(), msg));
+                return Err(MeasuredRunError::GuestFailed {
+                    stop: Box::new(o.stop),
+                    report: msg,
+                });
             }
             Ok((o, s))
         }

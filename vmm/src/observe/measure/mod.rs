@@ -1,5 +1,6 @@
 //! Per-phase measurement: a [`PhaseObserver`] that snapshots every source at
-//! the phase-marker exits, and the run summary built from the deltas.
+//! the phase-marker exits. The run summary built from the deltas is the
+//! report's ([`crate::report`]: `Measurer::summary`, in `report/kvm_summary.rs`).
 //!
 //! At the begin and end markers of the workload phase (id
 //! [`ptiscope_abi::phase::ID_WORKLOAD`]) the observer reads, on the vCPU
@@ -21,8 +22,8 @@ use ptiscope_abi::phase::{Edge, Marker, ID_WARMUP, ID_WORKLOAD};
 use vm_memory::GuestAddress;
 
 use crate::machine::exit::ExitCounts;
+use crate::machine::kvm_stats::{KvmStats, StatsSnapshot};
 use crate::machine::{PhaseObserver, VmContext};
-use crate::observe::kvm_stats::{KvmStats, StatsSnapshot};
 use crate::observe::live_metrics::{LiveMetrics, LiveMetricsConfig};
 use crate::observe::telemetry::{TelemetryError, TelemetryReader, TelemetrySnapshot};
 use crate::output::OutputReport;
@@ -56,21 +57,25 @@ pub struct Measurer {
     vm_stats: Option<KvmStats>,
     /// One per vCPU, by index.
     vcpu_stats: Vec<KvmStats>,
-    stats_error: Option<String>,
-    start: Option<Snapshot>,
+    /// Why KVM's stats fds could not be opened or read (read by the report).
+    pub(crate) stats_error: Option<String>,
+    /// At the boot vCPU's first KVM_RUN.
+    pub(crate) start: Option<Snapshot>,
     begin: Option<Snapshot>,
     end: Option<Snapshot>,
-    stop: Option<Snapshot>,
+    /// After the boot vCPU's last exit.
+    pub(crate) stop: Option<Snapshot>,
     markers: u64,
     unknown_ids: BTreeMap<u16, u64>,
     /// Why the guest's telemetry cannot be trusted (empty: valid).
-    problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
     live_config: Option<LiveMetricsConfig>,
     /// Stats fds of every vCPU for the live-metrics thread (its own: the
     /// thread reads them while the vCPU threads read theirs).
     live_vcpu_stats: Vec<KvmStats>,
     live: Option<LiveMetrics>,
-    live_error: Option<String>,
+    /// Why the live-metrics thread failed (read by the report).
+    pub(crate) live_error: Option<String>,
     /// What became of the live-metrics output.
     live_output: Option<OutputReport>,
 }
@@ -253,47 +258,5 @@ impl PhaseObserver for Measurer {
             self.live_output = Some(output);
         }
         self.stop = Some(self.snapshot(ctx));
-    }
-}
-
-mod guest_result;
-mod summary;
-
-pub use guest_result::{rate_name, requested, result_fields, summary_from_result};
-
-#[cfg(test)]
-mod tests {
-    use super::guest_result::iterations_check;
-    use super::*;
-    use crate::preflight::cmdline::Workload;
-
-    #[test]
-    fn the_requested_count_comes_from_the_vmm_command_line() {
-        assert_eq!(
-            requested("workload=getpid iterations=1000 telemetry=0x7fff000"),
-            Some((Workload::Getpid, 1000))
-        );
-        // The guest's defaults when the VMM gave no count.
-        assert_eq!(
-            requested("workload=getppid"),
-            Some((Workload::Getppid, ptiscope_abi::options::DEFAULT_ITERATIONS))
-        );
-        assert_eq!(
-            requested("workload=sched-messaging groups=2 loops=3"),
-            Some((Workload::SchedMessaging, 2 * 20 * 20 * 3))
-        );
-        assert_eq!(requested("foreign=1"), None);
-        let said = |n: &str| BTreeMap::from([("iterations".to_string(), n.to_string())]);
-        let asked = Some((Workload::Getpid, 1000));
-        assert!(iterations_check(&said("1000"), asked).unwrap().agrees);
-        assert!(!iterations_check(&said("1"), asked).unwrap().agrees);
-        assert!(!iterations_check(&said("lots"), asked).unwrap().agrees);
-        assert!(iterations_check(&BTreeMap::new(), asked).is_none());
-    }
-
-    #[test]
-    fn rate_names() {
-        assert_eq!(rate_name("elapsed", "ns"), "ns_per_call");
-        assert_eq!(rate_name("cr3_writes", "count"), "cr3_writes_per_call");
     }
 }

@@ -8,23 +8,9 @@
 use core::arch::global_asm;
 
 global_asm!(
+    crate::arch::x86_shared::boot::boot_macros!(),
     r#"
-    .section .note.Xen, "a"
-    .balign 4
-    .long 4                 /* namesz: "Xen\0" */
-    .long 4                 /* descsz */
-    .long 18                /* XEN_ELFNOTE_PHYS32_ENTRY */
-    .asciz "Xen"
-    .balign 4
-    .long pvh_start32
-
-    .section .boot.text, "ax"
-    .code32
-    .global pvh_start32
-pvh_start32:
-    cli
-    cld
-    movl %ebx, %esi                 /* start_info GPA, kmain's argument */
+    PVH_ENTRY
     xorl %edi, %edi
     movl $0x80000000, %eax
     cpuid
@@ -87,12 +73,9 @@ start32_high:
     call kmain
     ud2
 
-    .section .bss.boot_stack, "aw", @nobits
-    .balign 16
-boot_stack:
-    .skip 16384
-boot_stack_top:
-    .previous
+    BOOT_STACK
+    .purgem PVH_ENTRY
+    .purgem BOOT_STACK
 "#,
     options(att_syntax)
 );

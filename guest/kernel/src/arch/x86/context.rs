@@ -3,6 +3,7 @@
 use core::arch::global_asm;
 
 global_asm!(
+    crate::arch::x86_shared::context::switch_stacks_macro!(),
     r#"
     .section .text.switch_to, "ax"
     .global switch_to
@@ -12,29 +13,14 @@ global_asm!(
 switch_to:
     movl 4(%esp), %eax
     movl 8(%esp), %edx
-    pushl %ebp
-    pushl %ebx
-    pushl %esi
-    pushl %edi
-    movl %esp, (%eax)
-    movl %edx, %esp
-    popl %edi
-    popl %esi
-    popl %ebx
-    popl %ebp
+    SWITCH_STACKS %esp, %eax, %edx, %ebp, %ebx, %esi, %edi
     ret
+    .purgem SWITCH_STACKS
 "#,
     options(att_syntax)
 );
 
-extern "C" {
-    /// Saves the current kernel context's ESP at `save` and resumes the one
-    /// whose ESP is `next_rsp` (as left by a previous `switch_to`, or built
-    /// by [`initial_stack`]).
-    pub fn switch_to(save: *mut u64, next_rsp: u64);
-    /// Code label in entry.rs; only its address is used.
-    static task_first_return: u8;
-}
+pub use crate::arch::x86_shared::context::switch_to;
 
 /// Initial user registers of a new task (the callee-saved ones, which the
 /// kernel preserves; user programs take their parameters there).
@@ -80,25 +66,7 @@ impl UserRegs {
 /// `top` must be the 16-byte aligned top of a writable kernel stack of at
 /// least 64 bytes that nothing else uses.
 pub unsafe fn initial_stack(top: u64, rip: u64, rsp: u64, regs: &UserRegs) -> u64 {
-    use super::descriptors::{USER_CS, USER_DS};
-    // Interrupts stay off in user mode, as on x86_64.
-    const EFLAGS: u32 = 0x2;
-    let words: [u32; 10] = [
-        regs.edi,
-        regs.esi,
-        regs.ebx,
-        regs.ebp,
-        core::ptr::addr_of!(task_first_return) as u32,
-        rip as u32,
-        USER_CS as u32,
-        EFLAGS,
-        rsp as u32,
-        USER_DS as u32,
-    ];
-    let base = top - (words.len() as u64) * 4;
-    // SAFETY: [base, top) lies inside the stack (caller's guarantee).
-    unsafe {
-        core::ptr::copy_nonoverlapping(words.as_ptr(), base as usize as *mut u32, words.len())
-    };
-    base
+    let popped = [regs.edi, regs.esi, regs.ebx, regs.ebp].map(|r| r as usize);
+    // SAFETY: the caller's guarantee (64 bytes: 10 words).
+    unsafe { crate::arch::x86_shared::context::initial_stack_with(top, popped, rip, rsp) }
 }

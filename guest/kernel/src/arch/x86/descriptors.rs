@@ -15,7 +15,7 @@ pub const USER_DS: u16 = 0x7b;
 pub const TSS_SEL: u16 = 0x80;
 /// The per-CPU data segment (Linux x86_32's `__KERNEL_PERCPU` slot, GDT
 /// entry 27), held in FS: its base is this CPU's telemetry counter block
-/// (`percpu::fs_base`), so the entry code counts with `addl/adcl %fs:off`.
+/// (`percpu::segment_base`), so the entry code counts with `addl/adcl %fs:off`.
 /// DPL 3 (Linux's is DPL 0 and reloaded on every entry): IRET to user mode
 /// nulls data segment registers whose DPL is below 3, and this kernel keeps
 /// FS loaded in user mode too so that no entry reloads it, as DS/ES hold
@@ -35,21 +35,6 @@ extern "C" {
     static exception_stubs: [u32; 32];
     static entry_nmi: u8;
 }
-
-core::arch::global_asm!(
-    r#"
-    /* CPUs 1..7: GDT, TSS and entry stack, one page each (ApArea), like
-     * Linux's per-CPU cpu_entry_area; mapped in the user copy with the rest
-     * of the entry area. */
-    .section .entry.data.cpu_areas, "aw"
-    .balign 4096
-    .global entry_cpu_areas
-entry_cpu_areas:
-    .fill {bytes}, 1, 0
-    .previous
-"#,
-    bytes = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
-);
 
 /// Bytes of an AP's entry stack (TSS.ESP0 and SYSENTER_ESP with PTI).
 const AP_ENTRY_STACK: usize = 4096 - 384;
@@ -105,7 +90,7 @@ pub fn init_gdt_tss() {
 /// that CPU, first thing, with interrupts off.
 pub fn init_gdt_tss_for(cpu: usize) {
     let (gdt, tss, stack_top) = tables(cpu);
-    let fs_base = super::percpu::fs_base(cpu);
+    let fs_base = super::percpu::segment_base(cpu);
     // SAFETY: CPU `cpu`'s tables are written only here, by that CPU, before
     // it loads them; the descriptors are the architectural encodings of flat
     // 32-bit segments, of a based data segment and of the TSS.

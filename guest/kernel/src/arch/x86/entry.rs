@@ -47,66 +47,19 @@ global_asm!(
     adcl $0, %fs:\ctr + 4
     .endm
 
-    /* Linux: SWITCH_TO_KERNEL_CR3 / SWITCH_TO_USER_CR3 (entry_32.S). */
-    .macro SWITCH_TO_KERNEL_CR3 scratch
-    movl %cr3, \scratch
-    andl $~0x1000, \scratch
-    movl \scratch, %cr3
-    COUNT CTR_CR3_ENTRY
-    COUNT CTR_TLB_FLUSH
-    .endm
+    .set PTI_SWITCH_MASK, 0x1000      /* CR3 user page-table bit (12) */
 
-    .macro SWITCH_TO_USER_CR3 scratch
-    COUNT CTR_CR3_EXIT
-    COUNT CTR_TLB_FLUSH
-    movl %cr3, \scratch
-    orl $0x1000, \scratch
-    movl \scratch, %cr3
-    .endm
-
-    .section .entry.data, "aw"
-    .balign 4096
-    .global entry_idt
-entry_idt:
-    .fill 256, 8, 0
-    .global entry_gdt
-entry_gdt:
-    .fill 32, 8, 0
-    .balign 16
-    .global entry_tss
-entry_tss:
-    .fill 104, 1, 0
-    .balign 8
-    /* Never set on this flavour (no PCID); the shared task code writes it. */
-    .global entry_pcid_on
-entry_pcid_on:
-    .quad 0
-    .balign 4096
-    .global entry_stack
-entry_stack:
-    .skip 2048
-    .global entry_stack_top
-entry_stack_top:
+    "#,
+    crate::arch::x86_shared::entry::entry_macros!(),
+    r#"
+    ENTRY_DATA 256, 32
+    ENTRY_CPU_AREAS {cpu_areas}
 
     .section .entry.text, "ax"
     .code32
 
-    .macro EXC_NOERR n
-    .balign 16
-exc_\n:
-    pushl $0
-    pushl $\n
-    jmp exc_common
-    .endm
-    .macro EXC_ERR n
-    .balign 16
-exc_\n:
-    pushl $\n
-    jmp exc_common
-    .endm
-
     "#,
-    crate::arch::x86_shared::exception_stub_list!(),
+    crate::arch::x86_shared::entry::exception_stub_list!(),
     r#"
 
     /* Common path of the fatal exceptions (as on x86_64): registers saved
@@ -118,7 +71,7 @@ exc_common:
     movl %cr3, %esi
     btl $12, %esi
     jnc 1f
-    SWITCH_TO_KERNEL_CR3 %eax
+    SWITCH_TO_KERNEL_CR3_NOPCID %eax
 1:  COUNT CTR_EXCEPTIONS
     movl %esp, %ebx
     movl %fs:PCPU_FAULT_STACK_TOP, %esp
@@ -176,12 +129,12 @@ entry_int_off:
 entry_int_pti:
     pushl %edx
     pushl %ecx
-    SWITCH_TO_KERNEL_CR3 %edx
+    SWITCH_TO_KERNEL_CR3_NOPCID %edx
     movl 4(%esp), %edx              /* the user's edx: third argument */
     movl %fs:PCPU_KSTACK_TOP, %esp
     SYSCALL_BODY
     movl %fs:PCPU_ENTRY_FRAME, %esp /* the saved ecx, edx and the frame */
-    SWITCH_TO_USER_CR3 %edx
+    SWITCH_TO_USER_CR3_NOPCID %edx
     popl %ecx
     popl %edx
     iret
@@ -198,7 +151,7 @@ entry_int_pti:
 entry_int_pti_deferred:
     pushl %edx
     pushl %ecx
-    SWITCH_TO_KERNEL_CR3 %edx
+    SWITCH_TO_KERNEL_CR3_NOPCID %edx
     movl 4(%esp), %edx
     movl %fs:PCPU_KSTACK_TOP, %esp
     SYSCALL_BODY
@@ -228,11 +181,11 @@ entry_sysenter_off:
     .global entry_sysenter_pti
 entry_sysenter_pti:
     pushl %edx
-    SWITCH_TO_KERNEL_CR3 %edx
+    SWITCH_TO_KERNEL_CR3_NOPCID %edx
     popl %edx
     movl %fs:PCPU_KSTACK_TOP, %esp
     SYSCALL_BODY
-    SWITCH_TO_USER_CR3 %edx
+    SWITCH_TO_USER_CR3_NOPCID %edx
     movl %ebp, %ecx
     movl $user_sysenter_return, %edx
     sysexit
@@ -260,53 +213,17 @@ task_first_return:
     movl %eax, -4(%ecx)
     leal -20(%ecx), %esp
     xorl %ecx, %ecx
-    SWITCH_TO_USER_CR3 %eax
+    SWITCH_TO_USER_CR3_NOPCID %eax
     xorl %eax, %eax
 1:  iret
 
-    /* NMI: paranoid entry on the current stack (x86 has no IST). It may
-     * arrive between a CR3 switch and the stack switch, so it saves CR3,
-     * runs on the kernel copy and restores CR3, counting both writes as
-     * "other" while the counters are still mapped. */
-    .balign 16
-    .global entry_nmi
-entry_nmi:
-    pushl %eax
-    pushl %ecx
-    movl %cr3, %eax
-    btl $12, %eax
-    jnc 1f
-    movl %eax, %ecx
-    andl $~0x1000, %ecx
-    movl %ecx, %cr3
-    COUNT CTR_INTERRUPTS
-    COUNT CTR_CR3_OTHER
-    COUNT CTR_TLB_FLUSH
-    COUNT CTR_CR3_OTHER
-    COUNT CTR_TLB_FLUSH
-    movl %eax, %cr3
-    jmp 2f
-1:  COUNT CTR_INTERRUPTS
-2:  popl %ecx
-    popl %eax
-    iret
+    /* NMI: on the current stack (x86 has no IST). */
+    ENTRY_NMI %eax, %ecx, iret
 
-    .section .rodata.exception_stubs, "a"
-    .balign 4
-    .global exception_stubs
-exception_stubs:
-    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
-    .long exc_\n
-    .endr
-
-    /* CPU 0's fault stack (percpu.rs points its record here); APs get
-     * theirs from the frame allocator. */
-    .section .bss.fault_stack, "aw", @nobits
-    .balign 16
-    .skip 16384
-    .global fault_stack_top
-fault_stack_top:
-    .previous
+    EXCEPTION_STUBS .long, 4
+    "#,
+    crate::arch::x86_shared::entry::entry_purge!(),
+    r#"
 "#,
     c_entry = const ctr(Counter::Cr3Entry),
     c_exit = const ctr(Counter::Cr3Exit),
@@ -317,6 +234,7 @@ fault_stack_top:
     c_interrupts = const ctr(Counter::Interrupts),
     table_size = const ptiscope_abi::syscall::TABLE_SIZE,
     enosys = const ptiscope_abi::syscall::ENOSYS,
+    cpu_areas = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
     p_kstack = const super::percpu::kernel::KSTACK_TOP,
     p_exit_pti = const super::percpu::kernel::EXIT_PTI,
     p_entry_frame = const super::percpu::kernel::ENTRY_FRAME,

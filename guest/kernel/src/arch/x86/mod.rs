@@ -25,8 +25,6 @@ pub mod layout {
 pub const NAME: &str = "i386";
 /// `ptiscope_abi::telemetry::arch` code of this flavour.
 pub const TELEMETRY_ARCH: u32 = ptiscope_abi::telemetry::arch::I386_PAE;
-/// `pti_global_text=on` maps the kernel text global into the user copy.
-pub const GLOBAL_TEXT: bool = true;
 
 /// Why this flavour cannot run `config`, if it cannot.
 pub fn unsupported(config: &guest_core::cmdline::Config) -> Option<&'static str> {

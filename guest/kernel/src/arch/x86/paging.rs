@@ -1,17 +1,15 @@
 //! CR3 writes from Rust code, and the PAE page tables of the kernel and of
 //! processes (built by `guest_core::pae`).
+use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
 use crate::{println, telemetry};
 use core::arch::asm;
 use guest_core::cmdline::Config;
-use guest_core::pae::layout::{cr3_value, KERNEL_BASE};
+use guest_core::pae::layout::cr3_value;
 use guest_core::pae::{build_kernel_half, build_kernel_only, KernelSpec};
 pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
-use guest_core::paging::PhysMem;
+use guest_core::pte::PhysMem;
 use ptiscope_abi::telemetry::Counter;
-
-/// This flavour's paging mode (the shared address-space code goes through it).
-pub type Mode = guest_core::paging_mode::Pae;
 
 /// Why CR3 is written; each reason has its own counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,51 +32,22 @@ pub fn write_cr3(value: u64, reason: Cr3Reason) {
     telemetry::inc(Counter::TlbFlushFull);
 }
 
-extern "C" {
-    static __entry_start: u8;
-    static __entry_text_end: u8;
-    static __entry_end: u8;
-    static __text_start: u8;
-    static __text_end: u8;
-    static boot_telemetry_page: u8;
-}
-
-fn phys(p: *const u8) -> u64 {
-    p as u64 - KERNEL_BASE
-}
-
 /// Builds the kernel GiB of every address space (see `guest_core::pae`),
 /// maps the telemetry page and switches from the boot tables to a
 /// kernel-only page table.
 pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> KernelHalf {
-    use core::ptr::addr_of;
-    // The boot section is identity mapped: its symbols' values are physical.
-    let boot_telemetry = addr_of!(boot_telemetry_page) as u64;
-    let telemetry = match config.telemetry {
-        Some(gpa) if gpa < direct_map => gpa,
-        Some(gpa) => {
-            println!(
-                "telemetry region {gpa:#x} is beyond the direct map; using a page of the image"
-            );
-            boot_telemetry
-        }
-        None => boot_telemetry,
-    };
+    let (entry_start, entry_text_end, entry_end) = sections::entry_area();
     let nx = super::cpu::has_nx();
     let spec = KernelSpec {
         pti,
-        entry_area: (phys(addr_of!(__entry_start)), phys(addr_of!(__entry_end))),
-        entry_text_end: phys(addr_of!(__entry_text_end)),
-        text: (phys(addr_of!(__text_start)), phys(addr_of!(__text_end))),
+        entry_area: (entry_start, entry_end),
+        entry_text_end,
+        text: sections::kernel_text(),
         global_text: config.pti_global_text,
         nx,
-        telemetry,
+        telemetry: sections::telemetry_page(config, direct_map),
         direct_map: direct_map.max(2 << 20),
-        deferred_text: if pti && config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred {
-            super::pti_deferred::text_range()
-        } else {
-            (0, 0)
-        },
+        deferred_text: sections::deferred_text(config, pti),
     };
     let deferred = spec.deferred_text.1 > spec.deferred_text.0;
     super::sysentry::set_deferred(deferred);
@@ -111,9 +80,23 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
     half
 }
 
-pub use crate::arch::x86_shared::address_space::{
-    map_user_stack_page, new_address_space, opt_out_of_pti,
-};
+/// A process's PDPT pair for `user`, the kernel PMD shared; NX where the
+/// CPU has it.
+pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapError> {
+    let nx = super::cpu::has_nx();
+    guest_core::pae::build_address_space(&mut DirectMap, &mut Frames, half, user, nx)
+}
+
+/// `arch_prctl(ARCH_SET_NOPTI, 1)` on the page tables of `pair`.
+pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
+    guest_core::pae::opt_out_of_pti(&mut DirectMap, pair, half)
+}
+
+/// Maps a thread's stack page into the shared address space `pair`.
+pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
+    let nx = super::cpu::has_nx();
+    guest_core::pae::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame, nx)
+}
 
 /// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
 /// user, writable, NX when the CPU has it, with `page`-sized leaves: the
@@ -149,7 +132,7 @@ pub fn map_kernel_range(
     len: u64,
     pti: bool,
 ) -> Result<(), MapError> {
-    use guest_core::paging::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
+    use guest_core::pte::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
     let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
     let global = if pti { 0 } else { GLOBAL };
     guest_core::workingset::map_range_pae_flags(

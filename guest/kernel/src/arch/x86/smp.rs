@@ -15,40 +15,14 @@
 //! (LINT0) is masked (see [`lapic_enable`]).
 pub use crate::arch::x86_shared::smp::*;
 use crate::mm::{DirectMap, Frames};
-use core::arch::{asm, global_asm};
-use core::sync::atomic::Ordering;
-use guest_core::paging::PhysMem;
-use ptiscope_abi::telemetry::{Counter, MAX_CPUS};
+use core::arch::global_asm;
+use guest_core::pte::PhysMem;
+use ptiscope_abi::telemetry::Counter;
 
 global_asm!(
+    crate::arch::x86_shared::smp::ap_trampoline_macros!(),
     r#"
-    .section .rodata.ap_trampoline, "a"
-    .balign 16
-    .global ap_trampoline
-ap_trampoline:
-    .code16
-    /* Real mode, CS = TRAMPOLINE_PHYS >> 4, IP = 0. */
-    cli
-    cld
-    movw %cs, %ax
-    movw %ax, %ds
-    lgdtl (tr_gdt_ptr - ap_trampoline)
-    movl %cr0, %eax
-    orl $1, %eax
-    movl %eax, %cr0
-    ljmpl $0x08, ${tp} + (tr_pm32 - ap_trampoline)
-
-    .code32
-tr_pm32:
-    movl $0x10, %eax
-    movl %eax, %ds
-    movl %eax, %es
-    movl %eax, %ss
-    movl ({tp} + (tr_cr3 - ap_trampoline)), %eax
-    movl %eax, %cr3
-    movl %cr4, %eax
-    orl $0x20, %eax                 /* PAE */
-    movl %eax, %cr4
+    AP_TRAMPOLINE_START {tp}
     movl ({tp} + (tr_efer - ap_trampoline)), %eax
     testl %eax, %eax
     jz 1f
@@ -63,16 +37,7 @@ tr_pm32:
     movl ({tp} + (tr_entry - ap_trampoline)), %ecx
     jmp *%ecx
 
-    .balign 8
-tr_gdt:
-    .quad 0
-    .quad 0x00cf9a000000ffff        /* 0x08: 32-bit code */
-    .quad 0x00cf92000000ffff        /* 0x10: data */
-tr_gdt_end:
-    .word 0
-tr_gdt_ptr:
-    .word tr_gdt_end - tr_gdt - 1
-    .long {tp} + (tr_gdt - ap_trampoline)
+    AP_TRAMPOLINE_GDT {tp}, 0
     .balign 4
     /* Handed over by the BSP before each SIPI (ApHandover). */
     .global ap_trampoline_handover
@@ -111,6 +76,8 @@ entry_ipi:
 entry_spurious:
     iret
     .previous
+    .purgem AP_TRAMPOLINE_START
+    .purgem AP_TRAMPOLINE_GDT
 "#,
     tp = const TRAMPOLINE_PHYS,
     ctr_interrupts = const Counter::Interrupts.offset_in_block(),
@@ -119,10 +86,7 @@ entry_spurious:
 );
 
 extern "C" {
-    static entry_ipi: u8;
-    static entry_spurious: u8;
     static boot_pdpt: u8;
-    static fault_stack_top: u8;
     fn ap_start32();
 }
 
@@ -141,12 +105,10 @@ struct ApHandover {
 /// gates. Call once on the BSP after the kernel page tables are live, when
 /// `cpus > 1` (a one-CPU run touches no LAPIC).
 pub fn init_bsp(cpus: usize, kernel_root: u64) {
-    CPUS.store(cpus.clamp(1, MAX_CPUS), Ordering::Relaxed);
-    ONLINE.store(1, Ordering::Release);
-    if cpus <= 1 {
+    if !set_cpus(cpus) {
         return;
     }
-    use guest_core::paging::flags::{NO_CACHE, NO_EXECUTE, PRESENT, WRITABLE, WRITE_THROUGH};
+    use guest_core::pte::flags::{NO_CACHE, NO_EXECUTE, PRESENT, WRITABLE, WRITE_THROUGH};
     let kernel_pmd =
         guest_core::pae::Pte(DirectMap.read(kernel_root, guest_core::pae::KERNEL_PDPT_SLOT)).addr();
     let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
@@ -163,13 +125,7 @@ pub fn init_bsp(cpus: usize, kernel_root: u64) {
     ) {
         panic!("cannot map the local APIC: {e:?}");
     }
-    let (ipi, spurious) = (
-        core::ptr::addr_of!(entry_ipi) as u64,
-        core::ptr::addr_of!(entry_spurious) as u64,
-    );
-    super::descriptors::set_gate(IPI_VECTOR, ipi, 0, 0);
-    super::descriptors::set_gate(SPURIOUS_VECTOR, spurious, 0, 0);
-    lapic_enable();
+    install_gates_and_enable();
 }
 
 /// Starts CPUs 1..cpus one after the other; returns how many are online.
@@ -206,32 +162,3 @@ pub fn start_aps() -> usize {
 
 const MSR_EFER: u32 = 0xc000_0080;
 const EFER_NXE: u64 = 1 << 11;
-
-/// The rest of an AP's set-up: CR4 as the BSP's, the kernel-only page
-/// tables, its LAPIC; then it is online.
-pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
-    // SAFETY: the same CR4 bits the BSP runs with (PAE, already set by the
-    // trampoline, and PGE).
-    unsafe { super::cpu::write_cr4(cr4) };
-    super::paging::write_cr3(kernel_cr3, super::paging::Cr3Reason::Other);
-    // The trampoline's load of the boot tables happened before FS was set.
-    crate::telemetry::inc(Counter::Cr3Other);
-    crate::telemetry::inc(Counter::TlbFlushFull);
-    lapic_enable();
-    let _ = lapic_read(LAPIC_ID);
-    ONLINE.fetch_add(1, Ordering::AcqRel);
-}
-
-/// The kernel-only page-table root now in CR3 (what APs load).
-pub fn current_cr3() -> u64 {
-    let v: usize;
-    // SAFETY: reading CR3 has no side effects.
-    unsafe { asm!("mov {}, cr3", out(reg) v, options(nostack, nomem, preserves_flags)) };
-    v as u64
-}
-
-/// The boot CPU's per-CPU set-up (see percpu.rs).
-pub fn init_boot_cpu() {
-    let fault = core::ptr::addr_of!(fault_stack_top) as u64;
-    super::percpu::init_cpu(0, super::descriptors::entry_stack_top_of(0), fault);
-}

@@ -19,11 +19,10 @@
 //! both flavours in arch/x86_shared/user.rs and instantiated here with this
 //! flavour's register names.
 use core::arch::global_asm;
-use guest_core::pipe::message;
 use ptiscope_abi::syscall as nr;
 
 use crate::arch::x86_shared::user::{
-    init_program, messaging_programs, pound_program, pound_wss_programs, program_lookup, sys_macro,
+    init_program, messaging_asm, pound_asm, program_lookup, sys_macro,
 };
 pub use crate::arch::x86_shared::user::{
     section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
@@ -269,9 +268,7 @@ user_sysenter_return:
 /* sched-messaging (perf bench sched messaging, pipes), written once in
  * arch/x86_shared/user.rs. Parameters: ebx = group, esi = index in the
  * group, edi = loops. */
-global_asm!(
-    sys_macro!(),
-    messaging_programs!(),
+messaging_asm!(
     r#"
     /* The end marker: phase_mark(end, cycles_lo, mismatches, cycles_hi). */
     .macro PHASE_END kind
@@ -283,41 +280,20 @@ global_asm!(
     SYS \kind
     .endm
 
-    .section .user.text, "ax"
+"#,
+    r#"
     MSG_PROGRAMS 2, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
     MSG_PROGRAMS 3, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
     MSG_PROGRAMS 4, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
     MSG_PROGRAMS 5, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
-    .purgem MSG_PROGRAMS
-    .purgem PHASE_END
-    .purgem SYS
-    .previous
 "#,
-    phase_mark = const nr::PHASE_MARK,
-    begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    exit = const nr::EXIT,
-    wait = const nr::WAIT,
-    read = const nr::READ,
-    write = const nr::WRITE,
-    first_fd = const guest_core::pipe::FIRST_PIPE_FD,
-    size = const message::SIZE,
-    tag = const message::TAG,
-    check = const message::CHECK,
-    check_off = const message::CHECK_OFFSET,
-    group = const guest_core::cmdline::GROUP_SIZE,
-    options(att_syntax)
 );
 
 // The poundsyscall worker (mmtests, arch/x86_shared/user.rs): ebx = calls,
 // esi = the expected getppid result, mismatches counted in edi; with a
 // working set, edi arrives as the thread's index (saved before the count).
-global_asm!(
-    sys_macro!(),
-    pound_program!(),
-    pound_wss_programs!(),
+pound_asm!(
     r#"
-    .section .user.text, "ax"
     USER_POUND 2, l, eax, edi, edi, ebx, esi, ebx
     USER_POUND 3, l, eax, edi, edi, ebx, esi, ebx
     USER_POUND 4, l, eax, edi, edi, ebx, esi, ebx
@@ -326,19 +302,7 @@ global_asm!(
     USER_POUND_WSS 3, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
     USER_POUND_WSS 4, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
     USER_POUND_WSS 5, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
-    .purgem USER_POUND
-    .purgem USER_POUND_WSS
-    .purgem SYS
-    .previous
 "#,
-    getppid = const nr::GETPPID,
-    exit = const nr::EXIT,
-    base = const ptiscope_abi::workingset::BASE,
-    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
-    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
-    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
-    ctrl_threads = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::THREADS as u64,
-    options(att_syntax)
 );
 
 // The entries of this flavour: 2 SYSENTER, 3 `int $0x80`, 4 `int3`, 5 `int $4`.

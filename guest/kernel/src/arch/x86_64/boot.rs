@@ -7,23 +7,9 @@
 use core::arch::global_asm;
 
 global_asm!(
+    crate::arch::x86_shared::boot::boot_macros!(),
     r#"
-    .section .note.Xen, "a"
-    .balign 4
-    .long 4                 /* namesz: "Xen\0" */
-    .long 4                 /* descsz */
-    .long 18                /* XEN_ELFNOTE_PHYS32_ENTRY */
-    .asciz "Xen"
-    .balign 4
-    .long pvh_start32
-
-    .section .boot.text, "ax"
-    .code32
-    .global pvh_start32
-pvh_start32:
-    cli
-    cld
-    movl %ebx, %esi                 /* start_info GPA, survives into kmain */
+    PVH_ENTRY
     movl $0x80000001, %eax
     cpuid
     movl %edx, %edi                 /* extended features: NX is bit 20 */
@@ -108,12 +94,9 @@ start64_high:
     call kmain
     ud2
 
-    .section .bss.boot_stack, "aw", @nobits
-    .balign 16
-boot_stack:
-    .skip 16384
-boot_stack_top:
-    .previous
+    BOOT_STACK
+    .purgem PVH_ENTRY
+    .purgem BOOT_STACK
 "#,
     options(att_syntax)
 );

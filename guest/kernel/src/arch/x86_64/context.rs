@@ -2,38 +2,20 @@
 use core::arch::global_asm;
 
 global_asm!(
+    crate::arch::x86_shared::context::switch_stacks_macro!(),
     r#"
     .section .text.switch_to, "ax"
     .global switch_to
     /* switch_to(save: *mut u64 (rdi), next_rsp: u64 (rsi)) */
 switch_to:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
+    SWITCH_STACKS %rsp, %rdi, %rsi, %rbp, %rbx, %r12, %r13, %r14, %r15
     ret
+    .purgem SWITCH_STACKS
 "#,
     options(att_syntax)
 );
 
-extern "C" {
-    /// Saves the current kernel context's RSP at `save` and resumes the one
-    /// whose RSP is `next_rsp` (as left by a previous `switch_to`, or built
-    /// by [`initial_stack`]).
-    pub fn switch_to(save: *mut u64, next_rsp: u64);
-    /// Code label in entry.rs; only its address is used.
-    static task_first_return: u8;
-}
+pub use crate::arch::x86_shared::context::switch_to;
 
 /// Initial user registers of a new task (the callee-saved ones: the kernel
 /// preserves them, so user programs take their parameters there).
@@ -84,26 +66,7 @@ impl UserRegs {
 /// `top` must be the 16-byte aligned top of a writable kernel stack of at
 /// least 128 bytes that nothing else uses.
 pub unsafe fn initial_stack(top: u64, rip: u64, rsp: u64, regs: &UserRegs) -> u64 {
-    use super::descriptors::{USER_CS, USER_DS};
-    // Interrupts stay off in user mode: the guest uses no interrupt sources
-    // and has no IRQ vectors in its IDT.
-    const RFLAGS: u64 = 0x2;
-    let words: [u64; 12] = [
-        regs.r15,
-        regs.r14,
-        regs.r13,
-        regs.r12,
-        regs.rbx,
-        regs.rbp,
-        core::ptr::addr_of!(task_first_return) as u64,
-        rip,
-        USER_CS as u64,
-        RFLAGS,
-        rsp,
-        USER_DS as u64,
-    ];
-    let base = top - (words.len() as u64) * 8;
-    // SAFETY: [base, top) lies inside the stack (caller's guarantee).
-    unsafe { core::ptr::copy_nonoverlapping(words.as_ptr(), base as *mut u64, words.len()) };
-    base
+    let popped = [regs.r15, regs.r14, regs.r13, regs.r12, regs.rbx, regs.rbp].map(|r| r as usize);
+    // SAFETY: the caller's guarantee (128 bytes: 12 words).
+    unsafe { crate::arch::x86_shared::context::initial_stack_with(top, popped, rip, rsp) }
 }

@@ -47,21 +47,6 @@ extern "C" {
     static entry_nmi: u8;
 }
 
-core::arch::global_asm!(
-    r#"
-    /* CPUs 1..7: GDT, TSS, entry stack and IST stacks, one page each
-     * (ApArea), like Linux's per-CPU cpu_entry_area; mapped in the user
-     * copy with the rest of the entry area. */
-    .section .entry.data.cpu_areas, "aw"
-    .balign 4096
-    .global entry_cpu_areas
-entry_cpu_areas:
-    .fill {bytes}, 1, 0
-    .previous
-"#,
-    bytes = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
-);
-
 /// The entry area of CPUs 1..7: one page each.
 #[repr(C, align(4096))]
 pub struct ApArea {

@@ -56,6 +56,13 @@ macro_rules! entry_asm {
     .set USER_DS, {user_ds}
     .set PTI_SWITCH_MASK, 0x1800      /* CR3 user page-table bit (12) and user PCID bit (11) */
 
+    .macro COUNT ctr
+    incq %gs:\ctr
+    .endm
+"#,
+            crate::arch::x86_shared::entry::entry_macros!(),
+            r#"
+
     /* Entry from user mode: switch to the kernel copy. Kernel PCID entries
      * are never flushed on entry: with PCID the write carries NOFLUSH
      * (a runtime test here, the syscall fast paths have their own variants). */
@@ -80,18 +87,15 @@ macro_rules! entry_asm {
      * per configuration, chosen when the stubs are installed, so the paths
      * carry no run-time test of the configuration. `pcid` is 0 or 1. */
     .macro SWITCH_TO_KERNEL_CR3 scratch, pcid
-    mov %cr3, \scratch
     .if \pcid
+    mov %cr3, \scratch
     andq $~PTI_SWITCH_MASK, \scratch
     btsq $63, \scratch              /* NOFLUSH: kernel PCID entries stay */
     mov \scratch, %cr3
     incq %gs:CTR_CR3_ENTRY
     incq %gs:CTR_NOFLUSH
     .else
-    andq $~0x1000, \scratch
-    mov \scratch, %cr3
-    incq %gs:CTR_CR3_ENTRY
-    incq %gs:CTR_TLB_FLUSH
+    SWITCH_TO_KERNEL_CR3_NOPCID \scratch
     .endif
     .endm
 
@@ -114,11 +118,7 @@ macro_rules! entry_asm {
     jmp 94b
     .popsection
     .else
-    incq %gs:CTR_CR3_EXIT
-    incq %gs:CTR_TLB_FLUSH
-    mov %cr3, \scratch
-    orq $0x1000, \scratch
-    mov \scratch, %cr3
+    SWITCH_TO_USER_CR3_NOPCID \scratch
     .endif
     .endm
 "#,
@@ -126,6 +126,7 @@ macro_rules! entry_asm {
             ".purgem SWITCH_TO_KERNEL_CR3_SLOW",
             ".purgem SWITCH_TO_KERNEL_CR3",
             ".purgem SWITCH_TO_USER_CR3",
+            crate::arch::x86_shared::entry::entry_purge!(),
             c_entry = const ctr(Counter::Cr3Entry),
             c_exit = const ctr(Counter::Cr3Exit),
             c_other = const ctr(Counter::Cr3Other),
@@ -144,6 +145,7 @@ macro_rules! entry_asm {
             pe_rdi = const pe::SCRATCH_RDI,
             table_size = const ptiscope_abi::syscall::TABLE_SIZE,
             enosys = const ptiscope_abi::syscall::ENOSYS,
+            cpu_areas = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
             user_cs = const super::descriptors::USER_CS,
             user_ds = const super::descriptors::USER_DS,
             options(att_syntax)
@@ -153,29 +155,7 @@ macro_rules! entry_asm {
 
 entry_asm!(
     r#"
-    .section .entry.data, "aw"
-    .balign 4096
-    .global entry_idt
-entry_idt:
-    .fill 512, 8, 0
-    .global entry_gdt
-entry_gdt:
-    .fill 10, 8, 0
-    .balign 16
-    .global entry_tss
-entry_tss:
-    .fill 104, 1, 0
-    .balign 8
-    /* 1 while PCID is in use (CR4.PCIDE): entry code sets NOFLUSH. */
-    .global entry_pcid_on
-entry_pcid_on:
-    .quad 0
-    .balign 4096
-    .global entry_stack
-entry_stack:
-    .skip 2048
-    .global entry_stack_top
-entry_stack_top:
+    ENTRY_DATA 512, 10
     .skip 1024
     .global ist_df_top
 ist_df_top:
@@ -185,26 +165,13 @@ ist_nmi_top:
     .skip 512
     .global ist_mc_top
 ist_mc_top:
+    ENTRY_CPU_AREAS {cpu_areas}
 
     .section .entry.text, "ax"
     .code64
 
-    .macro EXC_NOERR n
-    .balign 16
-exc_\n:
-    pushq $0
-    pushq $\n
-    jmp exc_common
-    .endm
-    .macro EXC_ERR n
-    .balign 16
-exc_\n:
-    pushq $\n
-    jmp exc_common
-    .endm
-
     "#,
-    crate::arch::x86_shared::exception_stub_list!(),
+    crate::arch::x86_shared::entry::exception_stub_list!(),
     r#"
 
     /* Common path of the fatal exceptions. Frame: vector, error code, then
@@ -477,46 +444,9 @@ task_first_return:
     xorl %r10d, %r10d
     jmp return_to_user_slow
 
-    /* NMI: paranoid entry (IST). It may arrive anywhere, even between a CR3
-     * switch and the stack switch, so it saves CR3, runs on the kernel copy
-     * and restores CR3 before returning (Linux: SAVE_AND_SWITCH_TO_KERNEL_CR3,
-     * RESTORE_CR3); both writes count as "other". */
-    .balign 16
-    .global entry_nmi
-entry_nmi:
-    pushq %rax
-    pushq %rcx
-    mov %cr3, %rax
-    btq $12, %rax
-    jnc 1f
-    movq %rax, %rcx
-    andq $~PTI_SWITCH_MASK, %rcx
-    mov %rcx, %cr3
-    incq %gs:CTR_INTERRUPTS
-    incq %gs:CTR_CR3_OTHER              /* both writes counted here: after the */
-    incq %gs:CTR_TLB_FLUSH              /* restore the counters are unmapped */
-    incq %gs:CTR_CR3_OTHER
-    incq %gs:CTR_TLB_FLUSH
-    mov %rax, %cr3
-    jmp 2f
-1:  incq %gs:CTR_INTERRUPTS
-2:  popq %rcx
-    popq %rax
-    iretq
+    /* NMI: paranoid entry, on its IST stack. */
+    ENTRY_NMI %rax, %rcx, iretq
 
-    .section .rodata.exception_stubs, "a"
-    .balign 8
-    .global exception_stubs
-exception_stubs:
-    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
-    .quad exc_\n
-    .endr
-
-    .section .bss.fault_stack, "aw", @nobits
-    .balign 16
-    .skip 16384
-    .global fault_stack_top
-fault_stack_top:
-    .previous
+    EXCEPTION_STUBS .quad, 8
 "#,
 );

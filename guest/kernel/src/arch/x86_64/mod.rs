@@ -21,9 +21,6 @@ pub mod layout {
 pub const NAME: &str = "x86_64";
 /// `ptiscope_abi::telemetry::arch` code of this flavour.
 pub const TELEMETRY_ARCH: u32 = ptiscope_abi::telemetry::arch::X86_64;
-/// `pti_global_text=on` maps the kernel text global into the user copy
-/// (the first 2 MiB of the direct map then use 4 KiB pages; see paging.rs).
-pub const GLOBAL_TEXT: bool = true;
 
 /// Why this flavour cannot run `config`, if it cannot.
 pub fn unsupported(config: &guest_core::cmdline::Config) -> Option<&'static str> {

@@ -1,5 +1,6 @@
 //! CR3 writes from Rust code: the one counted place besides the entry
 //! macros in entry.rs, which update the same counters.
+use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
 use crate::{println, telemetry};
 use core::arch::asm;
@@ -10,9 +11,6 @@ use guest_core::paging::{
 };
 pub use guest_core::paging::{KernelHalf, MapError, UserSpec};
 use ptiscope_abi::telemetry::Counter;
-
-/// This flavour's paging mode (the shared address-space code goes through it).
-pub type Mode = guest_core::paging_mode::FourLevel;
 
 /// Why CR3 is written; each reason has its own counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,69 +37,19 @@ pub fn write_cr3(value: u64, reason: Cr3Reason) {
     });
 }
 
-/// Physical range of the kernel text (`.text`, page aligned).
-fn kernel_text() -> (u64, u64) {
-    extern "C" {
-        static __text_start: u8;
-        static __text_end: u8;
-    }
-    let phys = |p: *const u8| p as u64 - guest_core::layout::KERNEL_BASE;
-    (
-        phys(core::ptr::addr_of!(__text_start)),
-        phys(core::ptr::addr_of!(__text_end)),
-    )
-}
-
-/// Physical addresses of the entry area: (start, text end, end).
-fn entry_area() -> (u64, u64, u64) {
-    extern "C" {
-        static __entry_start: u8;
-        static __entry_text_end: u8;
-        static __entry_end: u8;
-    }
-    let phys = |p: *const u8| p as u64 - guest_core::layout::KERNEL_BASE;
-    (
-        phys(core::ptr::addr_of!(__entry_start)),
-        phys(core::ptr::addr_of!(__entry_text_end)),
-        phys(core::ptr::addr_of!(__entry_end)),
-    )
-}
-
-fn boot_telemetry_phys() -> u64 {
-    extern "C" {
-        static boot_telemetry_page: u8;
-    }
-    // The boot section is identity mapped: its symbols' values are physical.
-    core::ptr::addr_of!(boot_telemetry_page) as u64
-}
-
 /// Builds the kernel half of every address space, maps the telemetry page
 /// and switches from the boot tables to a kernel-only address space.
 pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> KernelHalf {
-    let (entry_start, entry_text_end, entry_end) = entry_area();
-    let telemetry = match config.telemetry {
-        Some(gpa) if gpa < direct_map => gpa,
-        Some(gpa) => {
-            println!(
-                "telemetry region {gpa:#x} is beyond the direct map; using a page of the image"
-            );
-            boot_telemetry_phys()
-        }
-        None => boot_telemetry_phys(),
-    };
+    let (entry_start, entry_text_end, entry_end) = sections::entry_area();
     let spec = KernelSpec {
         pti,
         entry_area: (entry_start, entry_end),
         entry_text_end,
-        telemetry,
+        telemetry: sections::telemetry_page(config, direct_map),
         direct_map,
-        deferred_text: if pti && config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred {
-            super::pti_deferred::text_range()
-        } else {
-            (0, 0)
-        },
+        deferred_text: sections::deferred_text(config, pti),
     };
-    let text = kernel_text();
+    let text = sections::kernel_text();
     let global_text = (pti && config.pti_global_text).then_some(text);
     let half = match build_kernel_half_global_text(&mut DirectMap, &mut Frames, &spec, global_text)
     {
@@ -146,9 +94,20 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
     half
 }
 
-pub use crate::arch::x86_shared::address_space::{
-    map_user_stack_page, new_address_space, opt_out_of_pti,
-};
+/// A process's PML4 pair for `user`, the kernel half shared.
+pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapError> {
+    guest_core::paging::build_address_space(&mut DirectMap, &mut Frames, half, user)
+}
+
+/// `arch_prctl(ARCH_SET_NOPTI, 1)` on the page tables of `pair`.
+pub fn opt_out_of_pti(pair: u64, half: &KernelHalf) {
+    guest_core::paging::opt_out_of_pti(&mut DirectMap, pair, half)
+}
+
+/// Maps a thread's stack page into the shared address space `pair`.
+pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapError> {
+    guest_core::paging::map_user_stack_page(&mut DirectMap, &mut Frames, pair, va, frame)
+}
 
 /// Maps `[va, va + len)` of the user half of `pair` to `[phys, phys + len)`,
 /// user, writable, NX, with `page`-sized leaves: the working set of `wss=`

@@ -23,9 +23,9 @@
 //! per-CPU accesses (Linux pays two `swapgs` per round trip to rule that
 //! out). See docs/guest.md, "SMP".
 use super::cpu;
-use super::layout::TELEMETRY_VA;
+pub use crate::arch::x86_shared::percpu::*;
 use core::arch::{asm, global_asm};
-use ptiscope_abi::telemetry::{Counter, CPU_BLOCK_OFFSET, CPU_BLOCK_STRIDE, MAX_CPUS};
+use ptiscope_abi::telemetry::{Counter, CPU_BLOCK_STRIDE, MAX_CPUS};
 
 /// Words at the top of the entry stack that hold a task's user frame (the
 /// iret frame of an int entry with PTI); saved and restored per task.
@@ -76,37 +76,18 @@ entry_percpu:
 );
 
 extern "C" {
-    static mut kernel_percpu: [u8; MAX_CPUS * CPU_BLOCK_STRIDE];
-    static mut entry_percpu: [u8; MAX_CPUS * CPU_BLOCK_STRIDE];
-}
-
-/// CPU `n`'s GS base: its telemetry counter block.
-pub const fn gs_base(n: usize) -> u64 {
-    TELEMETRY_VA + (CPU_BLOCK_OFFSET + n * CPU_BLOCK_STRIDE) as u64
-}
-
-/// Address of word `off` of CPU `n`'s kernel record.
-fn kernel_word(n: usize, off: usize) -> *mut u64 {
-    // SAFETY: only the address is taken; `n < MAX_CPUS` is the callers'.
-    unsafe { (core::ptr::addr_of_mut!(kernel_percpu) as *mut u8).add(n * CPU_BLOCK_STRIDE + off) }
-        .cast()
+    static kernel_percpu: u8;
+    static entry_percpu: u8;
 }
 
 /// Sets up CPU `n`'s records and loads its GS base. Call first thing on
 /// each CPU, before anything counts (after the GDT: loading a null GS
 /// selector may clear the base).
 pub fn init_cpu(n: usize, entry_stack_top: u64, fault_stack_top: u64) {
-    assert!(n < MAX_CPUS);
-    // SAFETY: CPU `n`'s record is written only by CPU `n` (here, before
-    // anything reads it) and, for its own fields, by the code running on it.
-    unsafe {
-        kernel_word(n, kernel::CPU).write_volatile(n as u64);
-        kernel_word(n, kernel::ENTRY_STACK_TOP).write_volatile(entry_stack_top);
-        kernel_word(n, kernel::ENTRY_FRAME)
-            .write_volatile(entry_stack_top - (ENTRY_FRAME_WORDS * 8) as u64);
-        kernel_word(n, kernel::FAULT_STACK_TOP).write_volatile(fault_stack_top);
-        cpu::wrmsr(MSR_GS_BASE, gs_base(n));
-    }
+    init_record(n, entry_stack_top, fault_stack_top);
+    // SAFETY: CPU `n`'s GS base is its own counter block (its record is
+    // PCPU_KERNEL away); nothing GS-relative ran on this CPU before.
+    unsafe { cpu::wrmsr(MSR_GS_BASE, segment_base(n)) };
     check_layout();
 }
 
@@ -122,88 +103,8 @@ fn check_layout() {
         core::ptr::addr_of!(kernel_percpu) as u64,
         core::ptr::addr_of!(entry_percpu) as u64,
     );
-    assert_eq!(k, ka.wrapping_sub(gs_base(0)), "PCPU_KERNEL");
-    assert_eq!(e, ea.wrapping_sub(gs_base(0)), "PCPU_ENTRY");
-}
-
-/// Reads this CPU's kernel word at `off`.
-#[inline(always)]
-fn read<const OFF: usize>() -> u64 {
-    let v: u64;
-    // SAFETY: GS is this CPU's base (init_cpu); the record is kernel data.
-    unsafe {
-        asm!("mov {v}, qword ptr gs:[{base} + {off}]", v = out(reg) v, base = sym PCPU_KERNEL_SYM, off = const OFF, options(nostack, readonly, preserves_flags))
-    };
-    v
-}
-
-/// Writes this CPU's kernel word at `off`.
-#[inline(always)]
-fn write<const OFF: usize>(v: u64) {
-    // SAFETY: as for `read`.
-    unsafe {
-        asm!("mov qword ptr gs:[{base} + {off}], {v}", v = in(reg) v, base = sym PCPU_KERNEL_SYM, off = const OFF, options(nostack, preserves_flags))
-    };
-}
-
-extern "C" {
-    /// The linker's `PCPU_KERNEL` (an absolute displacement, not data).
-    #[link_name = "PCPU_KERNEL"]
-    static PCPU_KERNEL_SYM: u8;
-}
-
-/// Index of the CPU this runs on.
-#[inline(always)]
-pub fn cpu() -> usize {
-    read::<{ kernel::CPU }>() as usize
-}
-
-/// pid of the task running on this CPU (getpid).
-#[inline(always)]
-pub fn current_pid() -> u64 {
-    read::<{ kernel::PID }>()
-}
-
-/// ppid of the task running on this CPU (getppid).
-#[inline(always)]
-pub fn current_ppid() -> u64 {
-    read::<{ kernel::PPID }>()
-}
-
-/// What the entry code of this CPU needs about the task it now runs.
-pub struct EntryState {
-    pub kstack_top: u64,
-    /// 0 PTI off, 1 PTI, 2 PTI with PCID.
-    pub exit_pti: u64,
-    pub user_flush_pending: u64,
-    pub frame_on_entry_stack: bool,
-    pub pid: u64,
-    pub ppid: u64,
-}
-
-/// Installs `s` for this CPU.
-pub fn set_entry_state(s: &EntryState) {
-    write::<{ kernel::KSTACK_TOP }>(s.kstack_top);
-    write::<{ kernel::EXIT_PTI }>(s.exit_pti);
-    write::<{ kernel::USER_FLUSH_PENDING }>(s.user_flush_pending);
-    write::<{ kernel::FRAME_ON_ENTRY_STACK }>(s.frame_on_entry_stack as u64);
-    write::<{ kernel::PID }>(s.pid);
-    write::<{ kernel::PPID }>(s.ppid);
-}
-
-/// This CPU's pending user-PCID flush flag (the exit code clears it).
-pub fn user_flush_pending() -> u64 {
-    read::<{ kernel::USER_FLUSH_PENDING }>()
-}
-
-/// This CPU's entry stack top (TSS.RSP0 with PTI).
-pub fn entry_stack_top() -> u64 {
-    read::<{ kernel::ENTRY_STACK_TOP }>()
-}
-
-/// The 5-word user frame slot at the top of this CPU's entry stack.
-pub fn entry_frame_slot() -> *mut [usize; ENTRY_FRAME_WORDS] {
-    read::<{ kernel::ENTRY_FRAME }>() as usize as *mut _
+    assert_eq!(k, ka.wrapping_sub(segment_base(0)), "PCPU_KERNEL");
+    assert_eq!(e, ea.wrapping_sub(segment_base(0)), "PCPU_ENTRY");
 }
 
 /// Adds `n` to this CPU's counter `c`.
@@ -219,5 +120,7 @@ pub fn counter_add(c: Counter, n: u64) {
 pub fn counter_of(n: usize, c: Counter) -> u64 {
     // SAFETY: the telemetry page is mapped in every kernel page table;
     // naturally aligned u64 reads are atomic on x86.
-    unsafe { ((gs_base(n) + c.offset_in_block() as u64) as usize as *const u64).read_volatile() }
+    unsafe {
+        ((segment_base(n) + c.offset_in_block() as u64) as usize as *const u64).read_volatile()
+    }
 }

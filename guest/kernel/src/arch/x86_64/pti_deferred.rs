@@ -36,16 +36,3 @@ pub extern "C" fn pti_exit_to_user() {
         )
     };
 }
-
-/// Physical range of the deferred switch's text (page aligned).
-pub fn text_range() -> (u64, u64) {
-    extern "C" {
-        static __pti_deferred_start: u8;
-        static __pti_deferred_end: u8;
-    }
-    let phys = |p: *const u8| p as u64 - guest_core::layout::KERNEL_BASE;
-    (
-        phys(core::ptr::addr_of!(__pti_deferred_start)),
-        phys(core::ptr::addr_of!(__pti_deferred_end)),
-    )
-}

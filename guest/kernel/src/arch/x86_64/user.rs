@@ -22,11 +22,10 @@
 //! flavours in arch/x86_shared/user.rs and instantiated here with this
 //! flavour's register names.
 use core::arch::global_asm;
-use guest_core::pipe::message;
 use ptiscope_abi::syscall as nr;
 
 use crate::arch::x86_shared::user::{
-    init_program, messaging_programs, pound_program, pound_wss_programs, program_lookup, sys_macro,
+    init_program, messaging_asm, pound_asm, program_lookup, sys_macro,
 };
 pub use crate::arch::x86_shared::user::{
     section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
@@ -223,9 +222,7 @@ user_loop_\kind:
 /* sched-messaging (perf bench sched messaging, pipes), written once in
  * arch/x86_shared/user.rs. Parameters: r12 = group, r13 = index in the
  * group, r14 = loops. */
-global_asm!(
-    sys_macro!(),
-    messaging_programs!(),
+messaging_asm!(
     r#"
     /* The end marker: phase_mark(end, cycles, mismatches). */
     .macro PHASE_END kind
@@ -238,42 +235,21 @@ global_asm!(
     SYS \kind
     .endm
 
-    .section .user.text, "ax"
+"#,
+    r#"
     MSG_PROGRAMS 1, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
     MSG_PROGRAMS 3, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
     MSG_PROGRAMS 4, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
     MSG_PROGRAMS 5, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
-    .purgem MSG_PROGRAMS
-    .purgem PHASE_END
-    .purgem SYS
-    .previous
 "#,
-    phase_mark = const nr::PHASE_MARK,
-    begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    exit = const nr::EXIT,
-    wait = const nr::WAIT,
-    read = const nr::READ,
-    write = const nr::WRITE,
-    first_fd = const guest_core::pipe::FIRST_PIPE_FD,
-    size = const message::SIZE,
-    tag = const message::TAG,
-    check = const message::CHECK,
-    check_off = const message::CHECK_OFFSET,
-    group = const guest_core::cmdline::GROUP_SIZE,
-    options(att_syntax)
 );
 
 // The poundsyscall worker (mmtests, arch/x86_shared/user.rs): r12 = calls,
 // r13 = the expected getppid result, mismatches counted in rbx; with a
 // working set also r14 = the thread's index. One copy per entry
 // instruction.
-global_asm!(
-    sys_macro!(),
-    pound_program!(),
-    pound_wss_programs!(),
+pound_asm!(
     r#"
-    .section .user.text, "ax"
     USER_POUND 1, q, rax, rbx, ebx, r12, r13, rdi
     USER_POUND 3, q, rax, rbx, ebx, r12, r13, rdi
     USER_POUND 4, q, rax, rbx, ebx, r12, r13, rdi
@@ -282,19 +258,7 @@ global_asm!(
     USER_POUND_WSS 3, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
     USER_POUND_WSS 4, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
     USER_POUND_WSS 5, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    .purgem USER_POUND
-    .purgem USER_POUND_WSS
-    .purgem SYS
-    .previous
 "#,
-    getppid = const ptiscope_abi::syscall::GETPPID,
-    exit = const ptiscope_abi::syscall::EXIT,
-    base = const ptiscope_abi::workingset::BASE,
-    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
-    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
-    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
-    ctrl_threads = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::THREADS as u64,
-    options(att_syntax)
 );
 
 // The entries of this flavour: 1 SYSCALL, 3 `int $0x80`, 4 `int3`, 5 `int $4`.

@@ -101,6 +101,9 @@ pub fn halt_forever() -> ! {
 }
 
 /// CPUID.80000001h:EDX[20]: NX (both flavours' boot code set EFER.NXE if so).
+/// Only the PAE flavour asks: its tables set NX where the CPU has it, while
+/// x86_64's 4-level tables always do.
+#[cfg(target_arch = "x86")]
 pub fn has_nx() -> bool {
     cpuid(0x8000_0000, 0).0 >= 0x8000_0001 && cpuid(0x8000_0001, 0).3 & (1 << 20) != 0
 }

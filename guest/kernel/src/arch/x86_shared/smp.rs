@@ -1,11 +1,79 @@
 //! What both flavours' SMP code shares: the local APIC (xAPIC, MMIO) and
 //! its IPIs, the count of CPUs online, and starting an AP: copying the
 //! trampoline, INIT/SIPI with its retry, the AP's first Rust code. The
-//! trampoline itself (which brings an AP to its flavour's paging mode), its
-//! handover words and the per-CPU set-up stay in each flavour's `smp.rs`.
+//! trampoline's real-mode start and its GDT are GAS macros here
+//! ([`ap_trampoline_macros!`]); the rest of it (which brings an AP to its
+//! flavour's paging mode), its handover words and the per-CPU set-up stay in
+//! each flavour's `smp.rs`.
 use crate::arch::layout::TELEMETRY_VA;
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use ptiscope_abi::telemetry::Counter;
+
+/// The part of the AP trampolines both flavours share, as GAS macros taking
+/// the trampoline's physical address `tp` (Linux: `trampoline_32.S` /
+/// `trampoline_64.S`' common start):
+/// * `AP_TRAMPOLINE_START tp`: the `ap_trampoline` label in
+///   `.rodata.ap_trampoline`; real mode (CS = `tp >> 4`, IP = 0) → `lgdt` of
+///   the trampoline's GDT → 32-bit protected mode at `tr_pm32` → flat data
+///   segments, CR3 = the handover's `tr_cr3`, CR4.PAE; the flavour goes on
+///   from there (EFER, paging, its jump);
+/// * `AP_TRAMPOLINE_GDT tp, long`: the trampoline's GDT (null, 32-bit code
+///   0x08, data 0x10, with `long` = 1 also 64-bit code 0x18) and its
+///   pointer `tr_gdt_ptr`.
+///
+/// The flavour's asm block purges both at its end.
+macro_rules! ap_trampoline_macros {
+    () => {
+        r#"
+    .macro AP_TRAMPOLINE_START tp
+    .section .rodata.ap_trampoline, "a"
+    .balign 16
+    .global ap_trampoline
+ap_trampoline:
+    .code16
+    cli
+    cld
+    movw %cs, %ax
+    movw %ax, %ds
+    lgdtl (tr_gdt_ptr - ap_trampoline)
+    movl %cr0, %eax
+    orl $1, %eax
+    movl %eax, %cr0
+    ljmpl $0x08, $\tp + (tr_pm32 - ap_trampoline)
+
+    .code32
+tr_pm32:
+    movl $0x10, %eax
+    movl %eax, %ds
+    movl %eax, %es
+    movl %eax, %ss
+    movl (\tp + (tr_cr3 - ap_trampoline)), %eax
+    movl %eax, %cr3
+    movl %cr4, %eax
+    orl $0x20, %eax                 /* PAE */
+    movl %eax, %cr4
+    .endm
+
+    .macro AP_TRAMPOLINE_GDT tp, long
+    .balign 8
+tr_gdt:
+    .quad 0
+    .quad 0x00cf9a000000ffff        /* 0x08: 32-bit code */
+    .quad 0x00cf92000000ffff        /* 0x10: data */
+    .if \long
+    .quad 0x00af9a000000ffff        /* 0x18: 64-bit code */
+    .endif
+tr_gdt_end:
+    .word 0
+tr_gdt_ptr:
+    .word tr_gdt_end - tr_gdt - 1
+    .long \tp + (tr_gdt - ap_trampoline)
+    .endm
+"#
+    };
+}
+pub(crate) use ap_trampoline_macros;
 
 /// Physical page of the real-mode trampoline (SIPI vector 0x08).
 pub const TRAMPOLINE_PHYS: u64 = 0x8000;
@@ -208,4 +276,70 @@ extern "C" fn ap_main(n: usize) -> ! {
     );
     descriptors::load_idt();
     crate::task::ap_enter(n)
+}
+
+extern "C" {
+    static entry_ipi: u8;
+    static entry_spurious: u8;
+    static fault_stack_top: u8;
+}
+
+/// Records how many CPUs the run has (`cpus=`, at most `MAX_CPUS`) and
+/// that the BSP is online; whether the LAPIC is needed (more than one CPU:
+/// a one-CPU run touches no LAPIC). The first step of each flavour's
+/// `init_bsp`.
+pub fn set_cpus(cpus: usize) -> bool {
+    CPUS.store(
+        cpus.clamp(1, ptiscope_abi::telemetry::MAX_CPUS),
+        Ordering::Relaxed,
+    );
+    ONLINE.store(1, Ordering::Release);
+    cpus > 1
+}
+
+/// Installs the gates of the wake-up IPI and the spurious vector (each
+/// flavour's smp.rs has `entry_ipi` and `entry_spurious`) and enables the
+/// LAPIC of the CPU that calls it (the BSP; APs enable theirs in
+/// [`ap_setup`]).
+pub fn install_gates_and_enable() {
+    let (ipi, spurious) = (
+        core::ptr::addr_of!(entry_ipi) as u64,
+        core::ptr::addr_of!(entry_spurious) as u64,
+    );
+    crate::arch::descriptors::set_gate(IPI_VECTOR, ipi, 0, 0);
+    crate::arch::descriptors::set_gate(SPURIOUS_VECTOR, spurious, 0, 0);
+    lapic_enable();
+}
+
+/// The rest of an AP's set-up once the scheduler's state is known: control
+/// registers as the BSP's (`cr4`), the kernel-only page tables, its LAPIC;
+/// then it is online.
+pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
+    // SAFETY: the same CR4 bits the BSP runs with (x86_64: PGE, PCIDE only
+    // if the BSP checked the CPU has it, and CR3's PCID bits are 0 here;
+    // x86_32: PAE, already set by the trampoline, and PGE).
+    unsafe { crate::arch::cpu::write_cr4(cr4) };
+    crate::arch::paging::write_cr3(kernel_cr3, crate::arch::paging::Cr3Reason::Other);
+    // The trampoline's load of the boot tables happened before the per-CPU
+    // segment (GS / FS) was set.
+    crate::telemetry::inc(Counter::Cr3Other);
+    crate::telemetry::inc(Counter::TlbFlushFull);
+    lapic_enable();
+    let _ = lapic_read(LAPIC_ID);
+    ONLINE.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The kernel-only page-table root now in CR3 (what APs load).
+pub fn current_cr3() -> u64 {
+    let v: usize;
+    // SAFETY: reading CR3 has no side effects.
+    unsafe { asm!("mov {}, cr3", out(reg) v, options(nostack, nomem, preserves_flags)) };
+    v as u64
+}
+
+/// The boot CPU's per-CPU set-up (see percpu.rs): its entry stack and the
+/// static fault stack of entry.rs.
+pub fn init_boot_cpu() {
+    let fault = core::ptr::addr_of!(fault_stack_top) as u64;
+    crate::arch::percpu::init_cpu(0, crate::arch::descriptors::entry_stack_top_of(0), fault);
 }

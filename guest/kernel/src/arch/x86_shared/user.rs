@@ -479,3 +479,67 @@ user_msg_receiver_\kind:
     };
 }
 pub(crate) use messaging_programs;
+
+/// `messaging_asm!(phase_end, instances)`: the sched-messaging programs'
+/// asm block: `SYS`, `MSG_PROGRAMS`, the flavour's `PHASE_END kind` macro
+/// (`phase_end`), then `instances` (the flavour's `MSG_PROGRAMS kind, …`
+/// lines, in `.user.text.msg`, which linker.ld places after the
+/// `.user.text` of `user_loop`), with the operands the programs name.
+macro_rules! messaging_asm {
+    ($phase_end:expr, $instances:expr $(,)?) => {
+        core::arch::global_asm!(
+            $crate::arch::x86_shared::user::sys_macro!(),
+            $crate::arch::x86_shared::user::messaging_programs!(),
+            $phase_end,
+            "    .section .user.text.msg, \"ax\"",
+            $instances,
+            "    .purgem MSG_PROGRAMS",
+            "    .purgem PHASE_END",
+            "    .purgem SYS",
+            "    .previous",
+            phase_mark = const ptiscope_abi::syscall::PHASE_MARK,
+            begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
+            end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
+            exit = const ptiscope_abi::syscall::EXIT,
+            wait = const ptiscope_abi::syscall::WAIT,
+            read = const ptiscope_abi::syscall::READ,
+            write = const ptiscope_abi::syscall::WRITE,
+            first_fd = const guest_core::pipe::FIRST_PIPE_FD,
+            size = const guest_core::pipe::message::SIZE,
+            tag = const guest_core::pipe::message::TAG,
+            check = const guest_core::pipe::message::CHECK,
+            check_off = const guest_core::pipe::message::CHECK_OFFSET,
+            group = const guest_core::cmdline::GROUP_SIZE,
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use messaging_asm;
+
+/// `pound_asm!(instances)`: the poundsyscall programs' asm block: `SYS`,
+/// `USER_POUND`, `USER_POUND_WSS`, then `instances` (the flavour's lines, in
+/// `.user.text.pound`, last in `.user`), with the operands the programs name.
+macro_rules! pound_asm {
+    ($instances:expr $(,)?) => {
+        core::arch::global_asm!(
+            $crate::arch::x86_shared::user::sys_macro!(),
+            $crate::arch::x86_shared::user::pound_program!(),
+            $crate::arch::x86_shared::user::pound_wss_programs!(),
+            "    .section .user.text.pound, \"ax\"",
+            $instances,
+            "    .purgem USER_POUND",
+            "    .purgem USER_POUND_WSS",
+            "    .purgem SYS",
+            "    .previous",
+            getppid = const ptiscope_abi::syscall::GETPPID,
+            exit = const ptiscope_abi::syscall::EXIT,
+            base = const ptiscope_abi::workingset::BASE,
+            ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
+            ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
+            ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
+            ctrl_threads = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::THREADS as u64,
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use pound_asm;

@@ -1,31 +1,14 @@
 //! What the user asks of one run, before anything is settled.
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::machine::loader::KernelSource;
 use crate::machine::memory::DEFAULT_MEM_MIB;
-use crate::output::OutputFile;
-use crate::preflight::cmdline::{CpuVuln, GuestOptions};
+pub use crate::output::SerialOut;
+use crate::spec::cmdline::{CpuVuln, GuestOptions};
 
 /// Default `--timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where the guest console goes.
-#[derive(Debug, Clone)]
-pub enum SerialOut {
-    /// The terminal (or whatever stdout is): control bytes are escaped.
-    Stdout,
-    /// A file the VMM opens when it builds the VM (raw bytes); a FIFO is
-    /// waited for up to the run's timeout ([`crate::output::open_output`]).
-    File(PathBuf),
-    /// A file the caller opened already (the CLI opens its outputs before
-    /// the first boot); raw bytes.
-    Opened(Arc<OutputFile>),
-    /// Recorded (machine lines, banner) but not printed.
-    Discard,
-}
 
 /// Everything one run needs.
 #[derive(Debug, Clone)]
@@ -49,6 +32,9 @@ pub struct RunConfig {
     pub handle_signals: bool,
     /// Extra arguments for QEMU (`--backend qemu` only), e.g. `-icount shift=0`.
     pub qemu_args: Vec<String>,
+    /// `--backend qemu`: load ptiscope's TCG plugin (host-observed counts;
+    /// `--no-plugin` turns it off).
+    pub qemu_plugin: bool,
     /// Create KVM's in-kernel irqchip (PIC, IOAPIC, LAPIC). A one-vCPU
     /// ptiscope guest runs with interrupts off and needs none of it (more
     /// vCPUs need the LAPIC for INIT/SIPI and wake-up IPIs); without it a HLT
@@ -77,6 +63,7 @@ impl RunConfig {
             console_input: false,
             handle_signals: false,
             qemu_args: Vec::new(),
+            qemu_plugin: true,
             irqchip: true,
             cpus: 1,
             guest_kind: crate::linux::GuestKind::Companion,

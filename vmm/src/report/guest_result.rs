@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use ptiscope_abi::telemetry::Counter;
 
 use crate::machine::RunOutcome;
-use crate::preflight::cmdline::Workload;
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
+use crate::spec::cmdline::Workload;
 
 /// `key=value` pairs of the guest's first `@result` line.
 pub fn result_fields(outcome: &RunOutcome) -> BTreeMap<String, String> {
@@ -91,14 +91,20 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
     let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
     s.iteration_name = iteration_name.into();
     s.telemetry_checked = false;
-    s.notes.push(
+    let plugin_on = !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off);
+    s.notes.push(if plugin_on {
+        "backend qemu (TCG): [guest] figures are the guest's @result line, [qemu-plugin] ones \
+         are counted by ptiscope's TCG plugin inside QEMU; times are those of software emulation"
+            .into()
+    } else {
         "backend qemu (TCG): the host observes nothing of the guest; every figure is guest-reported \
          (its @result line), and times are those of software emulation"
-            .into(),
-    );
+            .into()
+    });
     if !phased {
         s.notes
             .push("the guest printed no @result line: nothing was measured".into());
+        super::plugin_rows::add_plugin_rows(&mut s, outcome, false, None, None, false);
         return s;
     }
     s.notes.push(match asked {
@@ -124,6 +130,16 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
             s.push(Metric::new(counter.name(), "count", Source::Guest), v);
         }
     }
+    let loop_workload =
+        iteration_name == "call" && asked.is_some_and(|(w, _)| w != Workload::Poundsyscall);
+    super::plugin_rows::add_plugin_rows(
+        &mut s,
+        outcome,
+        true,
+        num("cr3_writes"),
+        num("syscalls"),
+        loop_workload,
+    );
     s
 }
 
@@ -213,5 +229,40 @@ pub fn rate_name(row: &str, unit: &str) -> String {
         // A per-run size, not a rate (user_copy_kernel_kib).
         (_, "KiB") => row.into(),
         _ => format!("{row}_per_call"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_requested_count_comes_from_the_vmm_command_line() {
+        assert_eq!(
+            requested("workload=getpid iterations=1000 telemetry=0x7fff000"),
+            Some((Workload::Getpid, 1000))
+        );
+        // The guest's defaults when the VMM gave no count.
+        assert_eq!(
+            requested("workload=getppid"),
+            Some((Workload::Getppid, ptiscope_abi::options::DEFAULT_ITERATIONS))
+        );
+        assert_eq!(
+            requested("workload=sched-messaging groups=2 loops=3"),
+            Some((Workload::SchedMessaging, 2 * 20 * 20 * 3))
+        );
+        assert_eq!(requested("foreign=1"), None);
+        let said = |n: &str| BTreeMap::from([("iterations".to_string(), n.to_string())]);
+        let asked = Some((Workload::Getpid, 1000));
+        assert!(iterations_check(&said("1000"), asked).unwrap().agrees);
+        assert!(!iterations_check(&said("1"), asked).unwrap().agrees);
+        assert!(!iterations_check(&said("lots"), asked).unwrap().agrees);
+        assert!(iterations_check(&BTreeMap::new(), asked).is_none());
+    }
+
+    #[test]
+    fn rate_names() {
+        assert_eq!(rate_name("elapsed", "ns"), "ns_per_call");
+        assert_eq!(rate_name("cr3_writes", "count"), "cr3_writes_per_call");
     }
 }

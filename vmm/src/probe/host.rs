@@ -1,13 +1,14 @@
 //! What this host's KVM can deliver, as far as the VMM's defaults care:
-//! `entry=auto`, and refusing an `--entry` or `--pcid on` the host cannot
-//! run before the guest boots. The answers come from the probe
+//! `entry=auto`, refusing an `--entry` or `--pcid on` the host cannot
+//! run before the guest boots, and whether a guest CR3 write costs user
+//! code a TLB refill here (what `sweep` and the reports say about it). The answers come from the probe
 //! ([`crate::probe`]), run once per process and cached (a few milliseconds).
 
 use std::path::Path;
 use std::sync::OnceLock;
 
-use crate::preflight::cmdline::Entry;
 use crate::probe::{self, ProbeOptions};
+use ptiscope_abi::options::Entry;
 
 /// Which KVM implementation backs /dev/kvm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -185,6 +186,26 @@ pub fn pcid_usable() -> Option<(bool, String)> {
             .map(|p| (p.usable(), p.detail))
     })
     .clone()
+}
+
+static REFILL: OnceLock<probe::RefillProbe> = OnceLock::new();
+
+/// Whether a guest CR3 write costs user code a TLB refill on this host
+/// (the refill probe, some hundreds of milliseconds, run once per process).
+/// If the probe cannot run, the verdict is `unmeasured` with the reason.
+pub fn cr3_write_refill() -> &'static probe::RefillProbe {
+    REFILL.get_or_init(|| {
+        probe::probe_cr3_write_refill(&ProbeOptions::default()).unwrap_or_else(|e| {
+            probe::RefillProbe::unmeasured(None, format!("the probe could not run: {e}"))
+        })
+    })
+}
+
+/// Records a refill verdict measured elsewhere in this process (the full
+/// `ptiscope probe`), so that [`cr3_write_refill`] does not measure again.
+/// A verdict already cached stays.
+pub fn remember_cr3_write_refill(r: &probe::RefillProbe) {
+    let _ = REFILL.set(r.clone());
 }
 
 /// Whether the vCPU can enable 32-bit PAE paging (probe, run once per

@@ -8,13 +8,13 @@ use ptiscope_abi::telemetry::Counter;
 use super::guest_result::{
     iterations_check, phase_divisor, requested, result_fields, working_set_rows, NO_REQUESTED_COUNT,
 };
-use super::{Measurer, Snapshot};
+use crate::machine::kvm_stats::{self, StatsSnapshot};
 use crate::machine::RunOutcome;
-use crate::observe::kvm_stats::{self, StatsSnapshot};
+use crate::observe::measure::{Measurer, Snapshot};
 use crate::observe::telemetry::{self, TelemetryError, TelemetrySnapshot};
-use crate::preflight::cmdline::Workload;
-use crate::preflight::host::{kvm_flavour, KvmFlavour};
+use crate::probe::host::{kvm_flavour, KvmFlavour};
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
+use crate::spec::cmdline::Workload;
 
 /// KiB of kernel the user copy maps, from the guest's `@pti` line.
 fn user_copy_kernel_kib(outcome: &RunOutcome) -> Option<f64> {

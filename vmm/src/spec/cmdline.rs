@@ -124,6 +124,16 @@ pub enum CmdlineError {
         /// Why it was refused.
         why: String,
     },
+    /// A key the VMM owns (it sets up what the key describes) in `--cmdline`.
+    #[error("`{key}=` in --cmdline: the VMM owns it ({why}); {instead}")]
+    VmmOwned {
+        /// The key.
+        key: String,
+        /// What the VMM does with it.
+        why: &'static str,
+        /// What to give instead.
+        instead: &'static str,
+    },
     /// A key appears twice.
     #[error("`{key}=` is given twice (by an option and in --cmdline, or twice in --cmdline{why}): the guest refuses repeated keys", why = if key == "telemetry" { "; telemetry= is always the VMM's" } else { "" })]
     Repeated {
@@ -153,6 +163,13 @@ impl GuestOptions {
                 value: v.to_string(),
                 why,
             };
+            if let Some((why, instead)) = vmm_owned(k) {
+                return Err(CmdlineError::VmmOwned {
+                    key: k.to_string(),
+                    why,
+                    instead,
+                });
+            }
             match k {
                 key::PTI if out.pti.is_some() => return Err(repeated()),
                 key::PTI => out.pti = Some(v.parse().map_err(|e| bad(format!("{e}")))?),
@@ -263,6 +280,28 @@ impl GuestOptions {
                     .and_then(|f| f.parse::<Fault>().ok())
                     .is_some_and(Fault::runs_user_code)
             })
+    }
+}
+
+/// The keys the VMM owns: what each describes is set up by the VMM (the
+/// vCPUs it creates, the telemetry region it reserves, the MSR it answers),
+/// so the guest must not be told otherwise through `--cmdline`. Returns why
+/// and what to give instead.
+fn vmm_owned(k: &str) -> Option<(&'static str, &'static str)> {
+    match k {
+        key::CPUS => Some((
+            "the guest starts the CPUs the VMM created",
+            "give --cpus N instead",
+        )),
+        key::TELEMETRY => Some((
+            "it is where the VMM reserved the telemetry page",
+            "drop the word: the VMM always writes it",
+        )),
+        key::RDCL_NO => Some((
+            "the guest reads RDCL_NO from the MSR the VMM answers",
+            "give --cpu-vuln meltdown|none|host instead",
+        )),
+        _ => None,
     }
 }
 
@@ -379,6 +418,25 @@ pub fn validate(line: &str) -> Result<(), CmdlineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_the_vmm_owns_are_refused_in_the_extra_text() {
+        for (word, instead) in [
+            ("cpus=2", "--cpus N"),
+            ("telemetry=0x1000", "the VMM always writes it"),
+            ("rdcl_no=1", "--cpu-vuln"),
+        ] {
+            let o = GuestOptions {
+                extra: format!("threads=2 {word}"),
+                ..Default::default()
+            };
+            let e = o.absorb_extra().unwrap_err();
+            assert!(matches!(e, CmdlineError::VmmOwned { .. }), "{word}: {e:?}");
+            let text = e.to_string();
+            assert!(text.contains(word.split('=').next().unwrap()), "{text}");
+            assert!(text.contains(instead), "{text}");
+        }
+    }
 
     #[test]
     fn options_then_extra_then_telemetry() {

@@ -1,0 +1,145 @@
+//! Which instructions the plugin must see, decoded from their bytes.
+//!
+//! QEMU hands the plugin one instruction at a time (its bytes and size), so
+//! a decode never runs into the next instruction: in 32-bit code a `0x48`
+//! (DEC EAX) is an instruction of its own and never read as a REX prefix of
+//! the one after it.
+
+/// An instruction the plugin counts or snapshots at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// MOV CR3, reg (`0F 22 /3`).
+    Cr3Write,
+    /// INVLPG m (`0F 01 /7`, memory operand).
+    Invlpg,
+    /// INVPCID r, m128 (`66 0F 38 82`).
+    Invpcid,
+    /// SYSCALL (`0F 05`).
+    Syscall,
+    /// SYSENTER (`0F 34`).
+    Sysenter,
+    /// A software interrupt: INT imm8 (`CD ib`), INT3 (`CC`), INTO (`CE`).
+    IntN,
+    /// SYSRET (`0F 07`, with or without REX.W).
+    Sysret,
+    /// SYSEXIT (`0F 35`, with or without REX.W).
+    Sysexit,
+    /// IRET/IRETD/IRETQ (`CF`, with or without an operand-size prefix).
+    Iret,
+    /// OUT DX, EAX (`EF` without the 0x66 prefix): the phase-marker write.
+    Out32,
+}
+
+/// Legacy prefixes (lock/rep, segment overrides, operand and address size).
+fn is_legacy_prefix(b: u8) -> bool {
+    matches!(
+        b,
+        0xf0 | 0xf2 | 0xf3 | 0x2e | 0x36 | 0x3e | 0x26 | 0x64 | 0x65 | 0x66 | 0x67
+    )
+}
+
+/// The kind of one instruction (`bytes` is exactly that instruction), or
+/// `None` if the plugin does not look at it.
+pub fn classify(bytes: &[u8]) -> Option<Kind> {
+    let mut i = 0;
+    let mut opsize = false;
+    let mut rex = 0u8;
+    // At most 15 bytes make an instruction; prefixes can repeat.
+    while i < bytes.len() && i < 15 {
+        let b = bytes[i];
+        if is_legacy_prefix(b) {
+            opsize |= b == 0x66;
+            // A legacy prefix after a REX cancels it.
+            rex = 0;
+            i += 1;
+        } else if (0x40..=0x4f).contains(&b) && i + 1 < bytes.len() {
+            // A REX prefix only when something follows it: a lone 0x4X is
+            // INC/DEC in 32-bit code.
+            rex = b;
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    let op = &bytes[i.min(bytes.len())..];
+    let modrm_reg = |m: u8| (m >> 3) & 7;
+    match op {
+        [0xcd, _, ..] | [0xcc, ..] | [0xce, ..] => Some(Kind::IntN),
+        [0xcf, ..] => Some(Kind::Iret),
+        [0xef, ..] if !opsize => Some(Kind::Out32),
+        // MOV CR, reg: reg field 3 is CR3 (REX.R would make it CR11, which
+        // does not exist and faults).
+        [0x0f, 0x22, m, ..] if modrm_reg(*m) == 3 && rex & 0x04 == 0 => Some(Kind::Cr3Write),
+        // 0F 01 /7 with a memory operand; mod == 3 is SWAPGS/RDTSCP.
+        [0x0f, 0x01, m, ..] if modrm_reg(*m) == 7 && *m >> 6 != 3 => Some(Kind::Invlpg),
+        [0x0f, 0x38, 0x82, m, ..] if opsize && *m >> 6 != 3 => Some(Kind::Invpcid),
+        [0x0f, 0x05, ..] => Some(Kind::Syscall),
+        [0x0f, 0x34, ..] => Some(Kind::Sysenter),
+        [0x0f, 0x07, ..] => Some(Kind::Sysret),
+        [0x0f, 0x35, ..] => Some(Kind::Sysexit),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counted_instructions() {
+        // mov cr3, rax / mov cr3, eax / mov cr3, rdi (REX.B)
+        assert_eq!(classify(&[0x0f, 0x22, 0xd8]), Some(Kind::Cr3Write));
+        assert_eq!(classify(&[0x41, 0x0f, 0x22, 0xdf]), Some(Kind::Cr3Write));
+        // mov cr0, rax / mov cr4, rax / mov cr8 (REX.R, reg 0)
+        assert_eq!(classify(&[0x0f, 0x22, 0xc0]), None);
+        assert_eq!(classify(&[0x0f, 0x22, 0xe0]), None);
+        assert_eq!(classify(&[0x44, 0x0f, 0x22, 0xc0]), None);
+        // REX.R with reg 3 is CR11: not a CR3 write.
+        assert_eq!(classify(&[0x44, 0x0f, 0x22, 0xd8]), None);
+        // mov rax, cr3 (a read)
+        assert_eq!(classify(&[0x0f, 0x20, 0xd8]), None);
+        // invlpg [rax] / invlpg [rax+8] / swapgs / rdtscp
+        assert_eq!(classify(&[0x0f, 0x01, 0x38]), Some(Kind::Invlpg));
+        assert_eq!(classify(&[0x0f, 0x01, 0x78, 0x08]), Some(Kind::Invlpg));
+        assert_eq!(classify(&[0x0f, 0x01, 0xf8]), None);
+        assert_eq!(classify(&[0x0f, 0x01, 0xf9]), None);
+        // invpcid rax, [rdi]; without 0x66 it is not invpcid
+        assert_eq!(
+            classify(&[0x66, 0x0f, 0x38, 0x82, 0x07]),
+            Some(Kind::Invpcid)
+        );
+        assert_eq!(classify(&[0x0f, 0x38, 0x82, 0x07]), None);
+        assert_eq!(classify(&[0x0f, 0x05]), Some(Kind::Syscall));
+        assert_eq!(classify(&[0x0f, 0x34]), Some(Kind::Sysenter));
+        assert_eq!(classify(&[0xcd, 0x80]), Some(Kind::IntN));
+        assert_eq!(classify(&[0xcd]), None);
+        assert_eq!(classify(&[0xcc]), Some(Kind::IntN));
+        assert_eq!(classify(&[0x0f, 0x07]), Some(Kind::Sysret));
+        assert_eq!(classify(&[0x48, 0x0f, 0x07]), Some(Kind::Sysret));
+        assert_eq!(classify(&[0x0f, 0x35]), Some(Kind::Sysexit));
+        assert_eq!(classify(&[0x48, 0x0f, 0x35]), Some(Kind::Sysexit));
+        assert_eq!(classify(&[0xcf]), Some(Kind::Iret));
+        assert_eq!(classify(&[0x48, 0xcf]), Some(Kind::Iret));
+        assert_eq!(classify(&[0x66, 0xcf]), Some(Kind::Iret));
+        // out dx, eax; out dx, ax is not the marker write
+        assert_eq!(classify(&[0xef]), Some(Kind::Out32));
+        assert_eq!(classify(&[0x66, 0xef]), None);
+        assert_eq!(classify(&[0xee]), None);
+    }
+
+    #[test]
+    fn prefixes_and_odd_input() {
+        // segment override + REX.W: still SYSRET
+        assert_eq!(classify(&[0x2e, 0x48, 0x0f, 0x07]), Some(Kind::Sysret));
+        // a lone 0x48 (DEC EAX in 32-bit code) is nothing
+        assert_eq!(classify(&[0x48]), None);
+        assert_eq!(classify(&[]), None);
+        assert_eq!(classify(&[0x66; 20]), None);
+        assert_eq!(classify(&[0x0f]), None);
+        // a legacy prefix after REX cancels REX.R: mov cr3 again
+        assert_eq!(
+            classify(&[0x44, 0x2e, 0x0f, 0x22, 0xd8]),
+            Some(Kind::Cr3Write)
+        );
+    }
+}

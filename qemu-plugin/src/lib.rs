@@ -1,0 +1,368 @@
+//! ptiscope's QEMU TCG plugin: counts, per vCPU, what ptiscope reads from
+//! KVM's statistics on the KVM backend, and snapshots all counters each
+//! time the guest executes a 32-bit `out dx, eax` in kernel mode (the
+//! guest's phase-marker write), so that in-phase counts are exact.
+//!
+//! Counted per vCPU (see `docs/telemetry-abi.md`, "The QEMU plugin"):
+//! instructions executed, split kernel/user by address range; MOV-to-CR3,
+//! INVLPG, INVPCID; SYSCALL, SYSENTER, INT n; SYSRET, SYSEXIT, IRET; and the
+//! marker writes themselves.
+//!
+//! Cost: one exec callback per translation block and one per instruction
+//! of the kinds above; nothing on other instructions. A block is split into
+//! segments at those instructions: the block's callback adds the first
+//! segment's instruction counts, each counted instruction's callback adds
+//! its own segment (itself up to the next counted one). A marker callback
+//! takes its snapshot *before* adding its segment, so a snapshot covers
+//! exactly the instructions executed before the marker.
+//!
+//! Bindings: QEMU's stable plugin C API, looked up with `dlsym` when QEMU
+//! installs the plugin (QEMU exports it from its own executable). Built
+//! without the `api-v2` feature the plugin declares API version 1 (QEMU 6.0
+//! to 8.2, e.g. Debian bookworm's 7.2); with it, version 2 (QEMU 9.0 and
+//! later), where `qemu_plugin_insn_data` copies into a buffer from API
+//! version 3 on (chosen at install time from the version QEMU reports).
+//!
+//! Arguments (`-plugin FILE,out=PATH,kernel=LO-HI[:LO-HI...]`): `out` is
+//! the file the plugin writes at exit; `kernel` the guest-virtual address
+//! ranges (inclusive, hex) whose instructions count as kernel instructions;
+//! `marks` (optional, default: `kernel`) the ranges where an `out dx, eax`
+//! takes a snapshot (the companion guest's marker writes are in its kernel
+//! text; the firmware's PCI configuration writes are not).
+//!
+//! Licence: GPL-2.0-or-later (QEMU plugins must be).
+
+pub mod decode;
+pub mod ffi;
+pub mod output;
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use decode::Kind;
+use output::{Counts, Mark, Report, FIELDS};
+
+/// The API version this build declares to QEMU.
+#[cfg(not(feature = "api-v2"))]
+pub const API_VERSION: c_int = 1;
+/// The API version this build declares to QEMU.
+#[cfg(feature = "api-v2")]
+pub const API_VERSION: c_int = 2;
+
+/// QEMU reads this before calling `qemu_plugin_install`.
+#[no_mangle]
+#[used]
+pub static qemu_plugin_version: c_int = API_VERSION;
+
+/// Most vCPUs counted (QEMU's x86 machines allow more; ptiscope uses <= 8).
+const MAX_VCPUS: usize = 64;
+/// Most snapshots kept; later markers are counted in `dropped_marks`.
+const MAX_MARKS: usize = 4096;
+/// Most kernel address ranges.
+const MAX_RANGES: usize = 8;
+
+/// One vCPU's counters: written only by that vCPU's thread.
+struct VcpuCounters([AtomicU64; FIELDS.len()]);
+
+impl VcpuCounters {
+    fn add(&self, field: usize, n: u64) {
+        // Single writer per vCPU: load + store is enough, and readers
+        // (snapshots, exit) see each counter whole.
+        let c = &self.0[field];
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+    fn read(&self) -> Counts {
+        Counts(std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed)))
+    }
+}
+
+struct State {
+    api: ffi::Api,
+    out: String,
+    kernel: Vec<(u64, u64)>,
+    /// Where a kernel-mode `out dx, eax` takes a snapshot.
+    marks_at: Vec<(u64, u64)>,
+    vcpus: Vec<VcpuCounters>,
+    /// vCPUs QEMU said the machine has (`-smp`).
+    smp_vcpus: usize,
+    marks: Mutex<(Vec<Mark>, u64)>,
+    /// Marker executions so far (the snapshot's sequence number).
+    seq: AtomicU64,
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+
+/// Instruction counts of one segment of a block.
+#[derive(Default, Clone, Copy)]
+struct Segment {
+    kernel: u64,
+    user: u64,
+}
+
+/// The user data of a counted instruction's callback.
+struct Special {
+    kind: Kind,
+    pc: u64,
+    kernel_mode: bool,
+    /// An `out dx, eax` inside the marker ranges.
+    snapshot: bool,
+    seg: Segment,
+}
+
+fn field_of(kind: Kind) -> usize {
+    use output::field::*;
+    match kind {
+        Kind::Cr3Write => CR3_WRITES,
+        Kind::Invlpg => INVLPG,
+        Kind::Invpcid => INVPCID,
+        Kind::Syscall => SYSCALL,
+        Kind::Sysenter => SYSENTER,
+        Kind::IntN => INT,
+        Kind::Sysret => SYSRET,
+        Kind::Sysexit => SYSEXIT,
+        Kind::Iret => IRET,
+        Kind::Out32 => MARKERS,
+    }
+}
+
+fn counters(vcpu: c_uint) -> Option<(&'static State, &'static VcpuCounters)> {
+    let s = STATE.get()?;
+    Some((s, s.vcpus.get(vcpu as usize)?))
+}
+
+fn add_segment(c: &VcpuCounters, seg: &Segment) {
+    if seg.kernel != 0 {
+        c.add(output::field::KERNEL_INSNS, seg.kernel);
+    }
+    if seg.user != 0 {
+        c.add(output::field::USER_INSNS, seg.user);
+    }
+}
+
+extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
+    let Some((_, c)) = counters(vcpu) else { return };
+    // SAFETY: `udata` is a leaked `Box<Segment>` made at translation; it
+    // lives as long as the process.
+    let seg = unsafe { &*(udata as *const Segment) };
+    add_segment(c, seg);
+}
+
+extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
+    let Some((s, c)) = counters(vcpu) else { return };
+    // SAFETY: `udata` is a leaked `Box<Special>` made at translation.
+    let sp = unsafe { &*(udata as *const Special) };
+    if sp.kind == Kind::Out32 {
+        if !sp.kernel_mode || !sp.snapshot {
+            // A user-mode OUT faults (IOPL 0): not a marker; nor is an
+            // OUT outside the marker ranges (firmware's PCI accesses).
+            add_segment(c, &sp.seg);
+            return;
+        }
+        let seq = s.seq.fetch_add(1, Ordering::Relaxed);
+        let counts: Vec<Counts> = s.vcpus[..s.smp_vcpus].iter().map(|v| v.read()).collect();
+        let mut m = s.marks.lock().unwrap_or_else(|p| p.into_inner());
+        if m.0.len() < MAX_MARKS {
+            m.0.push(Mark {
+                seq,
+                vcpu: vcpu as u64,
+                pc: sp.pc,
+                counts,
+            });
+        } else {
+            m.1 += 1;
+        }
+    }
+    c.add(field_of(sp.kind), 1);
+    add_segment(c, &sp.seg);
+}
+
+extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
+    let Some(s) = STATE.get() else { return };
+    let api = &s.api;
+    // SAFETY: `tb` is the block QEMU is translating, valid during this
+    // callback; the API functions were resolved from QEMU itself.
+    let n = unsafe { (api.tb_n_insns)(tb) };
+    let in_kernel = |pc: u64| s.kernel.iter().any(|&(lo, hi)| pc >= lo && pc <= hi);
+    let mut first = Segment::default();
+    let mut current: Option<(*mut ffi::Insn, Box<Special>)> = None;
+    let mut pending: Vec<(*mut ffi::Insn, Box<Special>)> = Vec::new();
+    let mut buf = [0u8; 16];
+    for i in 0..n {
+        // SAFETY: `i < n`, the block's instruction count.
+        let insn = unsafe { (api.tb_get_insn)(tb, i) };
+        if insn.is_null() {
+            continue;
+        }
+        // SAFETY: `insn` belongs to `tb`.
+        let pc = unsafe { (api.insn_vaddr)(insn) };
+        let kernel_mode = in_kernel(pc);
+        // SAFETY: `insn` belongs to `tb`, in its translation callback.
+        let bytes = unsafe { api.insn_bytes(insn, &mut buf) };
+        if let Some(kind) = decode::classify(bytes) {
+            if let Some(prev) = current.take() {
+                pending.push(prev);
+            }
+            current = Some((
+                insn,
+                Box::new(Special {
+                    kind,
+                    pc,
+                    kernel_mode,
+                    snapshot: s.marks_at.iter().any(|&(lo, hi)| pc >= lo && pc <= hi),
+                    seg: Segment::default(),
+                }),
+            ));
+        }
+        let seg = match current.as_mut() {
+            Some((_, sp)) => &mut sp.seg,
+            None => &mut first,
+        };
+        if kernel_mode {
+            seg.kernel += 1;
+        } else {
+            seg.user += 1;
+        }
+    }
+    if let Some(prev) = current.take() {
+        pending.push(prev);
+    }
+    if first.kernel + first.user > 0 {
+        let udata = Box::into_raw(Box::new(first)) as *mut c_void;
+        // SAFETY: `tb` is being translated; `udata` is never freed (a block
+        // can run until the process ends).
+        unsafe { (api.register_tb_exec)(tb, on_tb_exec, ffi::CB_NO_REGS, udata) };
+    }
+    for (insn, sp) in pending {
+        let udata = Box::into_raw(sp) as *mut c_void;
+        // SAFETY: as above, for an instruction of `tb`.
+        unsafe { (api.register_insn_exec)(insn, on_special_exec, ffi::CB_NO_REGS, udata) };
+    }
+}
+
+extern "C" fn on_exit(_id: ffi::PluginId, _udata: *mut c_void) {
+    let Some(s) = STATE.get() else { return };
+    let (marks, dropped) = {
+        let m = s.marks.lock().unwrap_or_else(|p| p.into_inner());
+        (m.0.clone(), m.1)
+    };
+    let report = Report {
+        api: API_VERSION as u64,
+        kernel: s.kernel.clone(),
+        marks,
+        dropped_marks: dropped,
+        totals: s.vcpus[..s.smp_vcpus].iter().map(|v| v.read()).collect(),
+    };
+    if let Err(e) = std::fs::write(&s.out, report.render()) {
+        s.api.say(&format!(
+            "ptiscope-tcg-plugin: cannot write {}: {e}\n",
+            s.out
+        ));
+    }
+}
+
+/// Parses `kernel=LO-HI[:LO-HI...]` (hex, inclusive).
+pub fn parse_ranges(v: &str) -> Result<Vec<(u64, u64)>, String> {
+    let hex = |t: &str| {
+        let t = t.trim();
+        u64::from_str_radix(t.strip_prefix("0x").unwrap_or(t), 16)
+            .map_err(|_| format!("kernel range bound {t:?} is not a hex number"))
+    };
+    let mut out = Vec::new();
+    for part in v.split(':').filter(|p| !p.is_empty()) {
+        let (lo, hi) = part
+            .split_once('-')
+            .ok_or_else(|| format!("kernel range {part:?} is not LO-HI"))?;
+        let (lo, hi) = (hex(lo)?, hex(hi)?);
+        if lo > hi {
+            return Err(format!("kernel range {part:?} ends before it starts"));
+        }
+        out.push((lo, hi));
+    }
+    if out.is_empty() || out.len() > MAX_RANGES {
+        return Err(format!("kernel= takes 1 to {MAX_RANGES} ranges"));
+    }
+    Ok(out)
+}
+
+/// Called by QEMU once, when it loads the plugin.
+///
+/// # Safety
+/// QEMU passes a valid `info` and `argc` NUL-terminated strings in `argv`.
+#[no_mangle]
+pub unsafe extern "C" fn qemu_plugin_install(
+    id: ffi::PluginId,
+    info: *const ffi::QemuInfo,
+    argc: c_int,
+    argv: *const *const c_char,
+) -> c_int {
+    let api = match ffi::Api::resolve() {
+        Ok(a) => a,
+        Err(missing) => {
+            eprintln!("ptiscope-tcg-plugin: this QEMU lacks the plugin function {missing}");
+            return -1;
+        }
+    };
+    // SAFETY: QEMU's contract for `info`.
+    let info = unsafe { &*info };
+    let mut api = api;
+    api.set_qemu_version(info.version_cur);
+    if !info.system_emulation {
+        api.say("ptiscope-tcg-plugin: system emulation only\n");
+        return -1;
+    }
+    let mut out = None;
+    let mut kernel = None;
+    let mut marks_at = None;
+    for i in 0..argc.max(0) as usize {
+        // SAFETY: QEMU's contract for `argv`.
+        let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
+        match arg.split_once('=') {
+            Some(("out", v)) if !v.is_empty() => out = Some(v.to_string()),
+            Some((key @ ("kernel" | "marks"), v)) => match parse_ranges(v) {
+                Ok(r) if key == "kernel" => kernel = Some(r),
+                Ok(r) => marks_at = Some(r),
+                Err(e) => {
+                    api.say(&format!("ptiscope-tcg-plugin: {e}\n"));
+                    return -1;
+                }
+            },
+            _ => {
+                api.say(&format!(
+                    "ptiscope-tcg-plugin: unknown argument {arg:?} (takes out=PATH,kernel=LO-HI[:LO-HI...],marks=LO-HI[:...])\n"
+                ));
+                return -1;
+            }
+        }
+    }
+    let (Some(out), Some(kernel)) = (out, kernel) else {
+        api.say("ptiscope-tcg-plugin: needs out=PATH and kernel=LO-HI[:LO-HI...]\n");
+        return -1;
+    };
+    // SAFETY: system emulation, so the union holds the `system` member.
+    let (smp, max) = (info.smp_vcpus, info.max_vcpus);
+    let n = (max.max(smp).max(1) as usize).min(MAX_VCPUS);
+    let smp_vcpus = (smp.max(1) as usize).min(n);
+    let state = State {
+        api,
+        out,
+        marks_at: marks_at.unwrap_or_else(|| kernel.clone()),
+        kernel,
+        vcpus: (0..n)
+            .map(|_| VcpuCounters(std::array::from_fn(|_| AtomicU64::new(0))))
+            .collect(),
+        smp_vcpus,
+        marks: Mutex::new((Vec::new(), 0)),
+        seq: AtomicU64::new(0),
+    };
+    if STATE.set(state).is_err() {
+        return -1;
+    }
+    let Some(s) = STATE.get() else { return -1 };
+    // SAFETY: the functions come from this QEMU; `id` is ours.
+    unsafe {
+        (s.api.register_tb_trans)(id, on_tb_trans);
+        (s.api.register_atexit)(id, on_exit, std::ptr::null_mut());
+    }
+    0
+}

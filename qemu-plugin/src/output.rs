@@ -1,0 +1,159 @@
+//! The file the plugin writes at exit (format: `docs/telemetry-abi.md`,
+//! "The QEMU plugin's file"). Line based, ASCII:
+//!
+//! ```text
+//! ptiscope-tcg-plugin version=1 api=1 vcpus=2
+//! kernel 0x0-0x3fffff:0xc0000000-0xffffffff
+//! fields kernel_insns user_insns cr3_writes ...
+//! mark seq=0 vcpu=0 pc=0xc0101234
+//! counts 0 <one number per field>
+//! counts 1 ...
+//! totals
+//! counts 0 ...
+//! counts 1 ...
+//! dropped_marks 0
+//! end
+//! ```
+
+/// Version of this format.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// Counter names, in file order.
+pub const FIELDS: [&str; 12] = [
+    "kernel_insns",
+    "user_insns",
+    "cr3_writes",
+    "invlpg",
+    "invpcid",
+    "syscall",
+    "sysenter",
+    "int",
+    "sysret",
+    "sysexit",
+    "iret",
+    "markers",
+];
+
+/// Indices into [`FIELDS`].
+pub mod field {
+    /// Instructions at kernel addresses.
+    pub const KERNEL_INSNS: usize = 0;
+    /// Instructions at other addresses.
+    pub const USER_INSNS: usize = 1;
+    /// MOV to CR3.
+    pub const CR3_WRITES: usize = 2;
+    /// INVLPG.
+    pub const INVLPG: usize = 3;
+    /// INVPCID.
+    pub const INVPCID: usize = 4;
+    /// SYSCALL.
+    pub const SYSCALL: usize = 5;
+    /// SYSENTER.
+    pub const SYSENTER: usize = 6;
+    /// INT n.
+    pub const INT: usize = 7;
+    /// SYSRET.
+    pub const SYSRET: usize = 8;
+    /// SYSEXIT.
+    pub const SYSEXIT: usize = 9;
+    /// IRET.
+    pub const IRET: usize = 10;
+    /// Kernel-mode OUT DX, EAX (marker candidates).
+    pub const MARKERS: usize = 11;
+}
+
+/// One vCPU's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts(pub [u64; FIELDS.len()]);
+
+/// A snapshot at a kernel-mode `out dx, eax`.
+#[derive(Debug, Clone)]
+pub struct Mark {
+    /// Order among marks (0, 1, ...).
+    pub seq: u64,
+    /// The vCPU that executed it.
+    pub vcpu: u64,
+    /// Its guest-virtual address.
+    pub pc: u64,
+    /// Every vCPU's counters before it executed.
+    pub counts: Vec<Counts>,
+}
+
+/// Everything the file holds.
+pub struct Report {
+    /// The API version the plugin declared.
+    pub api: u64,
+    /// The kernel ranges it used.
+    pub kernel: Vec<(u64, u64)>,
+    /// The snapshots.
+    pub marks: Vec<Mark>,
+    /// Marks not kept (beyond the plugin's bound).
+    pub dropped_marks: u64,
+    /// Every vCPU's counters at exit.
+    pub totals: Vec<Counts>,
+}
+
+fn counts_lines(out: &mut String, counts: &[Counts]) {
+    for (i, c) in counts.iter().enumerate() {
+        out.push_str(&format!("counts {i}"));
+        for v in c.0 {
+            out.push_str(&format!(" {v}"));
+        }
+        out.push('\n');
+    }
+}
+
+impl Report {
+    /// The file's text.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "ptiscope-tcg-plugin version={FORMAT_VERSION} api={} vcpus={}\n",
+            self.api,
+            self.totals.len()
+        );
+        let ranges: Vec<String> = self
+            .kernel
+            .iter()
+            .map(|(lo, hi)| format!("{lo:#x}-{hi:#x}"))
+            .collect();
+        s.push_str(&format!("kernel {}\n", ranges.join(":")));
+        s.push_str(&format!("fields {}\n", FIELDS.join(" ")));
+        for m in &self.marks {
+            s.push_str(&format!(
+                "mark seq={} vcpu={} pc={:#x}\n",
+                m.seq, m.vcpu, m.pc
+            ));
+            counts_lines(&mut s, &m.counts);
+        }
+        s.push_str("totals\n");
+        counts_lines(&mut s, &self.totals);
+        s.push_str(&format!("dropped_marks {}\nend\n", self.dropped_marks));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_documented_lines() {
+        let r = Report {
+            api: 1,
+            kernel: vec![(0, 0x3f_ffff), (0xc000_0000, 0xffff_ffff)],
+            marks: vec![Mark {
+                seq: 0,
+                vcpu: 0,
+                pc: 0xc010_0000,
+                counts: vec![Counts([1; 12])],
+            }],
+            dropped_marks: 0,
+            totals: vec![Counts([2; 12])],
+        };
+        let t = r.render();
+        assert!(t.starts_with("ptiscope-tcg-plugin version=1 api=1 vcpus=1\n"));
+        assert!(t.contains("kernel 0x0-0x3fffff:0xc0000000-0xffffffff\n"));
+        assert!(t.contains("mark seq=0 vcpu=0 pc=0xc0100000\ncounts 0 1 1 1"));
+        assert!(t.ends_with("totals\ncounts 0 2 2 2 2 2 2 2 2 2 2 2 2\ndropped_marks 0\nend\n"));
+    }
+}

@@ -1,0 +1,126 @@
+//! Nothing lost: an interrupted `compare` prints and writes its complete
+//! pairs marked partial; a document is renamed into place only when
+//! complete, so an earlier result survives a run that never writes it; two
+//! outputs given one file are refused.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
+    if !kvm_or_skip("sigint_stops_a_compare_and_keeps_its_complete_pairs") {
+        return;
+    }
+    let dir = scratch("compare-sigint");
+    let json = dir.join("c.json");
+    let csv = dir.join("c.csv");
+    let mut child = ptiscope()
+        .args(["compare", "--baseline", "pti=off", "--compare", "pti=on"])
+        .args(["--runs", "100", "--iterations", "20", "--quiet", "--json"])
+        .arg(&json)
+        .arg("--csv")
+        .arg(&csv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!json.exists(), "--json appeared before the compare ended");
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "still running 10 s after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = sent.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(took < Duration::from_secs(5), "took {took:?}\n{err}");
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(
+        text.contains("PARTIAL: interrupted by SIGINT during "),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["schema"], "ptiscope.compare/1");
+    assert_eq!(v["runs"]["stopped"], "partial", "{}", v["runs"]);
+    let per_side = v["runs"]["per_side"].as_u64().unwrap();
+    assert!((1..100).contains(&per_side), "{}", v["runs"]);
+    assert!(v["partial"]["reason"].as_str().unwrap().contains("SIGINT"));
+    assert!(std::fs::read_to_string(&csv)
+        .unwrap()
+        .starts_with("# PARTIAL: "));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_earlier_json_survives_a_run_that_never_writes_it() {
+    let dir = scratch("json-survives");
+    let json = dir.join("r.json");
+    std::fs::write(&json, "{\"earlier\": true}\n").unwrap();
+    // Refused after the outputs are opened (preflight: a cmdline key the
+    // VMM owns), so no document is written.
+    let out = ptiscope()
+        .args(["run", "--cmdline", "cpus=2", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(&json).unwrap(),
+        "{\"earlier\": true}\n"
+    );
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["r.json"], "a temporary file was left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_outputs_given_one_file_are_refused() {
+    let dir = scratch("same-path");
+    let f = dir.join("out");
+    let f = f.to_str().unwrap();
+    for args in [
+        vec!["compare", "--json", f, "--csv", f],
+        vec!["sweep", "--json", f, "--svg", f],
+        vec!["run", "--json", f, "--serial-out", f],
+    ] {
+        let out = ptiscope().args(&args).output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains("are the same file"), "{args:?}: {err}");
+    }
+    // /dev/null may take several.
+    let out = ptiscope()
+        .args([
+            "compare",
+            "--json",
+            "/dev/null",
+            "--csv",
+            "/dev/null",
+            "--runs",
+            "1",
+        ])
+        .args(["--iterations", "10", "--quiet"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(64), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

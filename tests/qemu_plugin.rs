@@ -1,0 +1,374 @@
+//! ptiscope's QEMU TCG plugin (`--backend qemu`): its host-observed counts
+//! agree exactly with the guest's own, are exact across runs, match the
+//! companion kernel's known path lengths, come per vCPU with `--cpus 2`,
+//! and catch a guest that misreports its CR3 writes. Every test skips with
+//! a printed reason when QEMU is missing, too old or built without plugins.
+
+mod common;
+
+use common::*;
+use ptiscope_abi::phase::{Marker, ID_WORKLOAD};
+use serde_json::Value;
+
+/// True if `binary` can load ptiscope's plugin; else prints why not.
+fn plugin_or_skip(test: &str, binary: &str) -> bool {
+    match ptiscope::backend::qemu::plugin_for(binary) {
+        Ok(_) => true,
+        Err(e) => {
+            ptiscope::test_support::skip(test, &format!("no usable QEMU plugin: {e}"));
+            false
+        }
+    }
+}
+
+fn binary(arch: &str) -> &'static str {
+    if arch == "i386" {
+        "qemu-system-i386"
+    } else {
+        "qemu-system-x86_64"
+    }
+}
+
+/// `ptiscope run --backend qemu` with `args`; the JSON summary and stderr.
+fn run_json(name: &str, args: &[&str]) -> (Value, String) {
+    // Tests run in parallel in one process: one directory per call.
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = scratch(&format!("{name}-{n}"));
+    let json = dir.join("run.json");
+    let o = ptiscope()
+        .args(["run", "--backend", "qemu", "--timeout", "120"])
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (v, err)
+}
+
+fn check<'a>(v: &'a Value, host_metric: &str) -> &'a Value {
+    v["cross_checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["host_metric"] == host_metric)
+        .unwrap_or_else(|| panic!("no {host_metric} cross-check: {v}"))
+}
+
+#[test]
+fn plugin_cr3_writes_equal_the_guests_on_both_flavours() {
+    for arch in ["x86_64", "i386"] {
+        if !plugin_or_skip("plugin CR3 writes", binary(arch)) {
+            return;
+        }
+        for pti in ["on", "off"] {
+            let (v, err) = run_json(
+                "plugin-cr3",
+                &[
+                    "--arch",
+                    arch,
+                    "--workload",
+                    "getpid",
+                    "--iterations",
+                    "300",
+                    "--pti",
+                    pti,
+                ],
+            );
+            let host = row_total(&v, "insn_mov_cr3");
+            let guest = row_total(&v, "cr3_writes");
+            assert_eq!(host, guest, "{arch} pti={pti}: {err}");
+            assert_eq!(
+                host,
+                if pti == "on" { 602.0 } else { 0.0 },
+                "{arch} pti={pti}"
+            );
+            let r = summary_row(&v, "insn_mov_cr3").unwrap();
+            assert_eq!(r["source"], "qemu_plugin", "{r}");
+            let c = check(&v, "insn_mov_cr3");
+            assert_eq!(c["agrees"], true, "{c}");
+            assert_eq!(check(&v, "syscall_entries")["agrees"], true, "{v}");
+            assert!(err.contains("[qemu-plugin]"), "{err}");
+        }
+    }
+}
+
+/// Instructions (kernel, and kernel + user) in the phase of `n` getpid
+/// calls, with the guest's `-icount` cycles (instructions of its loop
+/// alone, counted by QEMU's icount rather than by the plugin).
+fn phase_instructions(arch: &str, entry: &str, pti: &str, n: u64) -> (f64, f64, f64) {
+    let n = n.to_string();
+    let (v, _) = run_json(
+        "plugin-insns",
+        &[
+            "--arch",
+            arch,
+            "--entry",
+            entry,
+            "--pti",
+            pti,
+            "--workload",
+            "getpid",
+            "--iterations",
+            &n,
+            "--qemu-arg=-icount",
+            "--qemu-arg=shift=0,align=off",
+        ],
+    );
+    let k = row_total(&v, "kernel_instructions");
+    let u = row_total(&v, "user_instructions");
+    (k, k + u, row_total(&v, "cycles"))
+}
+
+#[test]
+fn kernel_instructions_per_getpid_are_exact_and_the_known_path_lengths() {
+    // Each getpid round trip adds the same instructions: the slope between
+    // 200 and 700 calls is the path length, exactly. It must equal what
+    // QEMU's -icount counts for the guest's loop (an independent count),
+    // and PTI must add the stubs' known instructions (docs/guest.md,
+    // docs/results.md: 12 on x86_64, 16 for int80 and 17 for SYSENTER on
+    // i386).
+    for (arch, entry, pti_adds) in [
+        ("x86_64", "int3", 12.0),
+        ("x86_64", "syscall", 12.0),
+        ("i386", "int80", 16.0),
+        ("i386", "sysenter", 17.0),
+    ] {
+        if !plugin_or_skip("plugin kernel instructions", binary(arch)) {
+            return;
+        }
+        let mut kernel_slope = Vec::new();
+        for pti in ["off", "on"] {
+            let (k1, t1, icount1) = phase_instructions(arch, entry, pti, 200);
+            let (k2, t2, icount2) = phase_instructions(arch, entry, pti, 700);
+            // Exact across runs: the same run twice counts the same.
+            let (k1b, t1b, _) = phase_instructions(arch, entry, pti, 200);
+            assert_eq!(
+                (k1, t1),
+                (k1b, t1b),
+                "{arch} {entry} pti={pti}: not repeatable"
+            );
+            let slope = (t2 - t1) / 500.0;
+            assert_eq!(slope.fract(), 0.0, "{arch} {entry} pti={pti}: {slope}");
+            let icount_slope = (icount2 - icount1) / 500.0;
+            assert_eq!(
+                slope, icount_slope,
+                "{arch} {entry} pti={pti}: plugin vs -icount"
+            );
+            let ks = (k2 - k1) / 500.0;
+            assert_eq!(ks.fract(), 0.0, "{arch} {entry} pti={pti}: {ks}");
+            assert!(
+                ks > 0.0 && ks < slope,
+                "{arch} {entry} pti={pti}: {ks} of {slope}"
+            );
+            kernel_slope.push(ks);
+        }
+        assert_eq!(
+            kernel_slope[1] - kernel_slope[0],
+            pti_adds,
+            "{arch} {entry}: PTI's kernel instructions per call"
+        );
+    }
+}
+
+#[test]
+fn x86_64_kernel_path_matches_kvm_insn_emulation() {
+    // KVM on kvm_pvm counts 26 / 38 kernel instructions per getpid (int3,
+    // pti off/on; docs/results.md). The plugin's kernel-range count must
+    // give the same path lengths.
+    if !plugin_or_skip("plugin vs the KVM path length", "qemu-system-x86_64") {
+        return;
+    }
+    for (pti, want) in [("off", 26.0), ("on", 38.0)] {
+        let (k1, _, _) = phase_instructions("x86_64", "int3", pti, 200);
+        let (k2, _, _) = phase_instructions("x86_64", "int3", pti, 700);
+        assert_eq!((k2 - k1) / 500.0, want, "pti={pti}");
+    }
+}
+
+#[test]
+fn poundsyscall_with_two_cpus_gives_per_vcpu_rows() {
+    if !plugin_or_skip("plugin per-vCPU rows", "qemu-system-i386") {
+        return;
+    }
+    for arch in ["i386", "x86_64"] {
+        let (v, err) = run_json(
+            "plugin-smp",
+            &[
+                "--arch",
+                arch,
+                "--workload",
+                "poundsyscall",
+                "--iterations",
+                "200",
+                "--cpus",
+                "2",
+                "--cmdline",
+                "threads=2",
+                "--pti",
+                "on",
+            ],
+        );
+        let total = row_total(&v, "kernel_instructions");
+        let per: Vec<f64> = (0..2)
+            .map(|i| row_total(&v, &format!("kernel_instructions_vcpu{i}")))
+            .collect();
+        assert_eq!(per.iter().sum::<f64>(), total, "{arch}: {err}");
+        // Each thread runs on its own CPU: both vCPUs make ~200 calls.
+        for i in 0..2 {
+            let calls = row_total(&v, &format!("syscall_entries_vcpu{i}"));
+            assert!(calls >= 200.0, "{arch} vCPU {i}: {calls} syscalls: {err}");
+            let cr3 = row_total(&v, &format!("insn_mov_cr3_vcpu{i}"));
+            assert!(cr3 >= 400.0, "{arch} vCPU {i}: {cr3} CR3 writes");
+        }
+        assert_eq!(check(&v, "insn_mov_cr3")["agrees"], true, "{v}");
+    }
+}
+
+/// `mov eax, marker; mov dx, PHASE; out dx, eax`
+fn mark(m: Marker) -> Vec<u8> {
+    let mut c = vec![0xb8];
+    c.extend_from_slice(&m.encode().to_le_bytes());
+    c.extend([0x66, 0xba, 0x00, 0x06, 0xef]);
+    c
+}
+
+#[test]
+fn a_guest_that_misreports_its_cr3_writes_is_caught() {
+    if !plugin_or_skip("misreported CR3 writes", "qemu-system-i386") {
+        return;
+    }
+    // A hand-made ELF32 guest (PVH entry, paging off, QEMU -M pc): marks the phase,
+    // writes CR3 twice, ends the phase, and claims it wrote none.
+    const PADDR: u32 = 0x100000;
+    let text = b"@result workload=getpid iterations=1000 cycles=5000 cr3_writes=0\n";
+    let mut code = mark(Marker::begin(ID_WORKLOAD));
+    // mov eax, cr3; mov cr3, eax; mov cr3, eax
+    code.extend([0x0f, 0x20, 0xd8, 0x0f, 0x22, 0xd8, 0x0f, 0x22, 0xd8]);
+    code.extend(mark(Marker::end(ID_WORKLOAD)));
+    let print_len = 17;
+    let exit = [0x31, 0xc0, 0xe7, 0xf4, 0xf4]; // xor eax,eax; out 0xf4,eax; hlt
+    let text_at = PADDR + (code.len() + print_len + exit.len()) as u32;
+    code.extend([0xfc, 0xbe]); // cld; mov esi, imm32
+    code.extend_from_slice(&text_at.to_le_bytes());
+    code.push(0xb9); // mov ecx, imm32
+    code.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    code.extend([0x66, 0xba, 0xf8, 0x03, 0xf3, 0x6e]); // mov dx, 0x3f8; rep outsb
+    code.extend(exit);
+    code.extend_from_slice(text);
+    let dir = scratch("plugin-liar");
+    let elf = dir.join("liar.elf");
+    write_pvh_elf32(&elf, PADDR, &code);
+    // QEMU divides by the PT_NOTE's p_align (0 in the minimal ELF: SIGFPE).
+    let mut f = std::fs::read(&elf).unwrap();
+    f[52 + 32 + 28..52 + 32 + 32].copy_from_slice(&4u32.to_le_bytes());
+    std::fs::write(&elf, f).unwrap();
+    let (v, err) = run_json(
+        "plugin-liar-run",
+        &[
+            "--workload",
+            "getpid",
+            "--iterations",
+            "1000",
+            "--kernel",
+            elf.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(row_total(&v, "insn_mov_cr3"), 2.0, "{err}");
+    let c = check(&v, "insn_mov_cr3");
+    assert_eq!(c["guest_value"], 0.0, "{c}");
+    assert_eq!(c["agrees"], false, "{c}");
+    assert!(
+        err.contains("insn_mov_cr3 [qemu-plugin] 2 vs cr3_writes [guest] 0: DISAGREE"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn no_plugin_means_no_host_observed_rows() {
+    if !plugin_or_skip("--no-plugin", "qemu-system-x86_64") {
+        return;
+    }
+    let (v, err) = run_json(
+        "plugin-off",
+        &["--workload", "getpid", "--iterations", "100", "--no-plugin"],
+    );
+    assert!(summary_row(&v, "insn_mov_cr3").is_none(), "{v}");
+    assert!(summary_row(&v, "cr3_writes").is_some(), "{v}");
+    assert!(err.contains("--no-plugin"), "{err}");
+}
+
+/// A stand-in `qemu-system-x86_64` in a directory of its own: prints
+/// `version` for `--version` and `help` for `-help`, and fails if it is
+/// ever asked to boot anything.
+fn fake_qemu(name: &str, version: &str, help: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch(name);
+    let script = dir.join("qemu-system-x86_64");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n--version) echo '{version}';;\n-help) printf '%b' '{help}';;\n*) echo booted >&2; exit 3;;\nesac\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+#[test]
+fn an_old_qemu_or_one_without_plugins_is_said_before_booting() {
+    for (name, version, help, says) in [
+        (
+            "fake-old",
+            "QEMU emulator version 5.2.0",
+            "-plugin [file=]<file>\\n",
+            "too old",
+        ),
+        (
+            "fake-noplugin",
+            "QEMU emulator version 7.2.0",
+            "-kernel bzImage\\n",
+            "without TCG plugin support",
+        ),
+    ] {
+        let dir = fake_qemu(name, version, help);
+        let path = format!(
+            "{}:{}",
+            dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let o = ptiscope()
+            .env("PATH", &path)
+            .args(["run", "--backend", "qemu", "--workload", "getpid"])
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(69), "{name}: {err}");
+        assert!(
+            err.contains(says) && err.contains("--no-plugin"),
+            "{name}: {err}"
+        );
+        assert!(!err.contains("booted"), "{name}: QEMU was started: {err}");
+        // --no-plugin goes ahead (and reaches the stand-in, which fails).
+        let o = ptiscope()
+            .env("PATH", &path)
+            .args([
+                "run",
+                "--backend",
+                "qemu",
+                "--workload",
+                "getpid",
+                "--no-plugin",
+            ])
+            .output()
+            .unwrap();
+        assert!(stderr(&o).contains("booted"), "{name}: {}", stderr(&o));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,126 @@
+//! Every `fault=` kind on every vCPU stops the VM within `--timeout` + 2 s:
+//! an exception with the faulting vCPU named and guest status 2, a hang or
+//! halt with the watchdog's 124. (`fault=kread fault_cpu=1` used to print
+//! "CPU 1 raises fault=kread" and hang until the timeout: the AP returned
+//! from `raise` to idle, as kread is raised by a user program, and no user
+//! program ever ran there.)
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const TIMEOUT_S: u64 = 3;
+
+/// Runs `args`; returns the exit code, stdout and stderr and fails if it
+/// took longer than `--timeout` + 2 s (killing it at twice that).
+fn run_bounded(args: &[&str], what: &str) -> (Option<i32>, String, String) {
+    let start = Instant::now();
+    let mut child = ptiscope()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drain stdout/stderr on threads so a chatty guest never blocks it.
+    let mut out_pipe = child.stdout.take().unwrap();
+    let mut err_pipe = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out_pipe, &mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err_pipe, &mut s);
+        s
+    });
+    let limit = Duration::from_secs(TIMEOUT_S + 2);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit * 2 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {:?}", limit * 2);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    let (out, err) = (out_t.join().unwrap(), err_t.join().unwrap());
+    assert!(
+        took <= limit,
+        "{what}: took {took:?}, more than --timeout + 2 s\n{err}"
+    );
+    (status.code(), out, err)
+}
+
+fn check_every_fault_on_every_vcpu(backend: &[&str], name_the_vcpu: bool) {
+    let timeout = TIMEOUT_S.to_string();
+    let mut failures = Vec::new();
+    for fault in ["pf", "gp", "ud", "de", "kread", "hang", "halt"] {
+        for cpu in ["0", "1"] {
+            let cmdline = format!("fault={fault} fault_cpu={cpu}");
+            let what = format!("{backend:?} {cmdline}");
+            let mut args = vec![
+                "run",
+                "--cpus",
+                "2",
+                "--timeout",
+                &timeout,
+                "--cmdline",
+                &cmdline,
+            ];
+            args.extend_from_slice(backend);
+            let (code, out, err) = run_bounded(&args, &what);
+            let hangs = matches!(fault, "hang" | "halt");
+            let expected = if hangs { 124 } else { 2 };
+            if code != Some(expected) {
+                failures.push(format!(
+                    "{what}: exit {code:?}, expected {expected}\n{out}\n{err}"
+                ));
+                continue;
+            }
+            if !hangs {
+                if !out.contains("@fault vector=") {
+                    failures.push(format!("{what}: no @fault line\n{out}"));
+                }
+                let named = format!("ptiscope: vCPU {cpu}: guest exited with status 2");
+                if name_the_vcpu && !err.contains(&named) {
+                    failures.push(format!("{what}: vCPU {cpu} not named\n{err}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n-----\n"));
+}
+
+#[test]
+fn every_fault_on_every_vcpu_stops_the_vm_in_time_kvm() {
+    if !kvm_or_skip("every_fault_on_every_vcpu_stops_the_vm_in_time_kvm") {
+        return;
+    }
+    check_every_fault_on_every_vcpu(&[], true);
+}
+
+#[test]
+fn every_fault_on_every_vcpu_stops_the_vm_in_time_qemu() {
+    let ok = std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        ptiscope::test_support::skip(
+            "every_fault_on_every_vcpu_stops_the_vm_in_time_qemu",
+            "qemu-system-x86_64 is not installed",
+        );
+        return;
+    }
+    // QEMU reports the guest's status, not which vCPU wrote it.
+    check_every_fault_on_every_vcpu(&["--backend", "qemu"], false);
+    check_every_fault_on_every_vcpu(&["--backend", "qemu", "--arch", "i386"], false);
+}

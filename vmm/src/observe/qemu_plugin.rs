@@ -1,0 +1,595 @@
+//! The QEMU TCG plugin's output file (`qemu-plugin/`, format in
+//! docs/telemetry-abi.md, "The QEMU plugin"), parsed as hostile input: the
+//! file is written inside the QEMU process that runs the guest, so it is
+//! bounded, every line is validated, and nothing in it can make the parser
+//! panic or allocate without bound.
+//!
+//! The typed result ([`PluginReport`]) holds every vCPU's counters at each
+//! snapshot (a kernel-mode `out dx, eax` in the marker ranges) and at exit;
+//! [`PluginReport::companion_phase`] finds the ptiscope guest's measured
+//! phase among the snapshots.
+
+/// The format version this parser reads.
+pub const FORMAT_VERSION: u64 = 1;
+/// Largest file accepted.
+pub const MAX_FILE_BYTES: usize = 4 << 20;
+/// Most vCPUs accepted.
+pub const MAX_VCPUS: usize = 64;
+/// Most snapshots accepted.
+pub const MAX_MARKS: usize = 4096;
+
+/// A counter of the plugin, per vCPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginCounter {
+    /// Instructions executed at kernel addresses (the `kernel=` ranges).
+    KernelInsns,
+    /// Instructions executed elsewhere.
+    UserInsns,
+    /// MOV to CR3.
+    Cr3Writes,
+    /// INVLPG.
+    Invlpg,
+    /// INVPCID.
+    Invpcid,
+    /// SYSCALL.
+    Syscall,
+    /// SYSENTER.
+    Sysenter,
+    /// INT n, INT3, INTO.
+    Int,
+    /// SYSRET.
+    Sysret,
+    /// SYSEXIT.
+    Sysexit,
+    /// IRET.
+    Iret,
+    /// Kernel-mode `out dx, eax` in the marker ranges.
+    Markers,
+}
+
+impl PluginCounter {
+    /// Every counter, in the file's `fields` order.
+    pub const ALL: [PluginCounter; 12] = [
+        PluginCounter::KernelInsns,
+        PluginCounter::UserInsns,
+        PluginCounter::Cr3Writes,
+        PluginCounter::Invlpg,
+        PluginCounter::Invpcid,
+        PluginCounter::Syscall,
+        PluginCounter::Sysenter,
+        PluginCounter::Int,
+        PluginCounter::Sysret,
+        PluginCounter::Sysexit,
+        PluginCounter::Iret,
+        PluginCounter::Markers,
+    ];
+
+    /// The field name in the file.
+    pub fn field(self) -> &'static str {
+        match self {
+            PluginCounter::KernelInsns => "kernel_insns",
+            PluginCounter::UserInsns => "user_insns",
+            PluginCounter::Cr3Writes => "cr3_writes",
+            PluginCounter::Invlpg => "invlpg",
+            PluginCounter::Invpcid => "invpcid",
+            PluginCounter::Syscall => "syscall",
+            PluginCounter::Sysenter => "sysenter",
+            PluginCounter::Int => "int",
+            PluginCounter::Sysret => "sysret",
+            PluginCounter::Sysexit => "sysexit",
+            PluginCounter::Iret => "iret",
+            PluginCounter::Markers => "markers",
+        }
+    }
+}
+
+/// One vCPU's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts([u64; 12]);
+
+impl Counts {
+    /// One counter.
+    pub fn get(&self, c: PluginCounter) -> u64 {
+        self.0[c as usize]
+    }
+    /// `later - self`, counter by counter; `None` if any went backwards.
+    pub fn delta_to(&self, later: &Counts) -> Option<Counts> {
+        let mut d = [0u64; 12];
+        for (i, v) in d.iter_mut().enumerate() {
+            *v = later.0[i].checked_sub(self.0[i])?;
+        }
+        Some(Counts(d))
+    }
+    /// Syscall entries by instruction: SYSCALL + SYSENTER + INT.
+    pub fn syscall_entries(&self) -> u64 {
+        self.get(PluginCounter::Syscall)
+            .saturating_add(self.get(PluginCounter::Sysenter))
+            .saturating_add(self.get(PluginCounter::Int))
+    }
+    /// Returns: SYSRET + SYSEXIT + IRET.
+    pub fn syscall_returns(&self) -> u64 {
+        self.get(PluginCounter::Sysret)
+            .saturating_add(self.get(PluginCounter::Sysexit))
+            .saturating_add(self.get(PluginCounter::Iret))
+    }
+}
+
+/// Every vCPU's counters at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VcpuCounts(pub Vec<Counts>);
+
+impl VcpuCounts {
+    /// The sum over vCPUs.
+    pub fn total(&self) -> Counts {
+        let mut t = [0u64; 12];
+        for c in &self.0 {
+            for (i, v) in t.iter_mut().enumerate() {
+                *v = v.saturating_add(c.0[i]);
+            }
+        }
+        Counts(t)
+    }
+    /// Per vCPU `later - self`; `None` if the vCPU counts differ or a
+    /// counter went backwards.
+    pub fn delta_to(&self, later: &VcpuCounts) -> Option<VcpuCounts> {
+        if self.0.len() != later.0.len() {
+            return None;
+        }
+        self.0
+            .iter()
+            .zip(&later.0)
+            .map(|(a, b)| a.delta_to(b))
+            .collect::<Option<Vec<_>>>()
+            .map(VcpuCounts)
+    }
+}
+
+/// A snapshot at a marker candidate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    /// Order of the marker executions (0, 1, ...).
+    pub seq: u64,
+    /// The vCPU that executed it.
+    pub vcpu: u64,
+    /// Its guest-virtual address.
+    pub pc: u64,
+    /// Every vCPU's counters just before it executed.
+    pub counts: VcpuCounts,
+}
+
+/// An inclusive guest-virtual address range, `(first, last)`.
+pub type Range = (u64, u64);
+
+/// The parsed file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginReport {
+    /// The plugin API version the plugin declared to QEMU.
+    pub api: u64,
+    /// The kernel address ranges it used.
+    pub kernel: Vec<Range>,
+    /// The snapshots, in order.
+    pub marks: Vec<Mark>,
+    /// Snapshots the plugin did not keep (beyond its own bound).
+    pub dropped_marks: u64,
+    /// Every vCPU's counters at QEMU's exit.
+    pub totals: VcpuCounts,
+}
+
+/// Why a plugin file was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PluginParseError {
+    /// The file is larger than [`MAX_FILE_BYTES`].
+    #[error("the plugin file is {0} bytes, more than the {MAX_FILE_BYTES} accepted")]
+    TooLarge(usize),
+    /// The file is not ASCII text.
+    #[error("the plugin file is not ASCII text")]
+    NotText,
+    /// The first line is not the plugin's header or names another version.
+    #[error("the plugin file has no `ptiscope-tcg-plugin version={FORMAT_VERSION}` header")]
+    BadHeader,
+    /// A line did not parse.
+    #[error("plugin file line {line}: {what}")]
+    BadLine {
+        /// 1-based line number.
+        line: usize,
+        /// What was wrong.
+        what: String,
+    },
+    /// The file ended before its `end` line (QEMU killed, disk full).
+    #[error("the plugin file is truncated (no `end` line)")]
+    Truncated,
+}
+
+/// Why the companion guest's phase could not be found among the snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PhaseError {
+    /// The plugin dropped snapshots.
+    #[error("the plugin dropped {0} snapshots")]
+    Dropped(u64),
+    /// Not the ptiscope guest's pattern.
+    #[error(
+        "the marker writes do not follow the ptiscope guest's pattern (begin, end, exit: {0} writes)"
+    )]
+    Pattern(usize),
+    /// A counter went backwards between the two snapshots.
+    #[error("a counter went backwards between the phase markers")]
+    Backwards,
+}
+
+/// The measured phase: the counters between the begin and end markers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginPhase {
+    /// The begin marker.
+    pub begin: Mark,
+    /// The end marker.
+    pub end: Mark,
+    /// Per vCPU, end minus begin.
+    pub delta: VcpuCounts,
+}
+
+fn bad(line: usize, what: impl Into<String>) -> PluginParseError {
+    PluginParseError::BadLine {
+        line,
+        what: what.into(),
+    }
+}
+
+fn num(line: usize, t: &str) -> Result<u64, PluginParseError> {
+    let ok = !t.is_empty() && t.len() <= 20 && t.bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| t.parse::<u64>().ok())
+        .flatten()
+        .ok_or_else(|| bad(line, format!("{t:?} is not a number")))
+}
+
+fn hex(line: usize, t: &str) -> Result<u64, PluginParseError> {
+    t.strip_prefix("0x")
+        .filter(|h| !h.is_empty() && h.len() <= 16)
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .ok_or_else(|| bad(line, format!("{t:?} is not a hex address")))
+}
+
+fn kv<'a>(line: usize, t: Option<&'a str>, key: &str) -> Result<&'a str, PluginParseError> {
+    t.and_then(|t| t.strip_prefix(key))
+        .and_then(|t| t.strip_prefix('='))
+        .ok_or_else(|| bad(line, format!("expected {key}=")))
+}
+
+impl PluginReport {
+    /// Parses the file's bytes.
+    pub fn parse(bytes: &[u8]) -> Result<PluginReport, PluginParseError> {
+        if bytes.len() > MAX_FILE_BYTES {
+            return Err(PluginParseError::TooLarge(bytes.len()));
+        }
+        if !bytes.is_ascii() {
+            return Err(PluginParseError::NotText);
+        }
+        let text = std::str::from_utf8(bytes).map_err(|_| PluginParseError::NotText)?;
+        let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
+        // Header.
+        let (_, header) = lines.next().ok_or(PluginParseError::BadHeader)?;
+        let mut h = header.split(' ');
+        if h.next() != Some("ptiscope-tcg-plugin")
+            || h.next() != Some(&format!("version={FORMAT_VERSION}"))
+        {
+            return Err(PluginParseError::BadHeader);
+        }
+        let api = num(1, kv(1, h.next(), "api")?)?;
+        let vcpus = num(1, kv(1, h.next(), "vcpus")?)? as usize;
+        if vcpus == 0 || vcpus > MAX_VCPUS || h.next().is_some() {
+            return Err(bad(1, format!("vcpus must be 1..={MAX_VCPUS}, alone")));
+        }
+        // kernel ranges
+        let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+        let ranges = l
+            .strip_prefix("kernel ")
+            .ok_or_else(|| bad(n, "expected kernel LO-HI[:LO-HI...]"))?;
+        let mut kernel = Vec::new();
+        for r in ranges.split(':') {
+            let (lo, hi) = r
+                .split_once('-')
+                .ok_or_else(|| bad(n, format!("{r:?} is not LO-HI")))?;
+            let (lo, hi) = (hex(n, lo)?, hex(n, hi)?);
+            if lo > hi || kernel.len() >= 8 {
+                return Err(bad(n, format!("bad kernel range {r:?}")));
+            }
+            kernel.push((lo, hi));
+        }
+        // fields: exactly ours, in order.
+        let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+        let want: Vec<&str> = PluginCounter::ALL.iter().map(|c| c.field()).collect();
+        if l.strip_prefix("fields ") != Some(&want.join(" ")) {
+            return Err(bad(
+                n,
+                "the fields are not this ptiscope's (plugin and ptiscope from different builds?)",
+            ));
+        }
+        let counts_block = |lines: &mut dyn Iterator<Item = (usize, &str)>| -> Result<VcpuCounts, PluginParseError> {
+            let mut v = Vec::with_capacity(vcpus);
+            for i in 0..vcpus {
+                let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+                let mut t = l.split(' ');
+                if t.next() != Some("counts") || t.next() != Some(i.to_string().as_str()) {
+                    return Err(bad(n, format!("expected `counts {i} ...`")));
+                }
+                let mut c = [0u64; 12];
+                for slot in c.iter_mut() {
+                    *slot = num(n, t.next().ok_or_else(|| bad(n, "too few counters"))?)?;
+                }
+                if t.next().is_some() {
+                    return Err(bad(n, "too many counters"));
+                }
+                v.push(Counts(c));
+            }
+            Ok(VcpuCounts(v))
+        };
+        let mut marks = Vec::new();
+        let totals = loop {
+            let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+            if l == "totals" {
+                break counts_block(&mut lines)?;
+            }
+            let rest = l
+                .strip_prefix("mark ")
+                .ok_or_else(|| bad(n, "expected `mark ...` or `totals`"))?;
+            if marks.len() >= MAX_MARKS {
+                return Err(bad(n, format!("more than {MAX_MARKS} marks")));
+            }
+            let mut t = rest.split(' ');
+            let seq = num(n, kv(n, t.next(), "seq")?)?;
+            let vcpu = num(n, kv(n, t.next(), "vcpu")?)?;
+            let pc = hex(n, kv(n, t.next(), "pc")?)?;
+            if t.next().is_some() || vcpu >= vcpus as u64 || seq != marks.len() as u64 {
+                return Err(bad(
+                    n,
+                    "bad mark (sequence out of order, vCPU out of range or extra words)",
+                ));
+            }
+            let counts = counts_block(&mut lines)?;
+            marks.push(Mark {
+                seq,
+                vcpu,
+                pc,
+                counts,
+            });
+        };
+        let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+        let dropped_marks = num(
+            n,
+            l.strip_prefix("dropped_marks ")
+                .ok_or_else(|| bad(n, "expected dropped_marks N"))?,
+        )?;
+        match lines.next() {
+            Some((_, "end")) => {}
+            Some((n, _)) => return Err(bad(n, "expected end")),
+            None => return Err(PluginParseError::Truncated),
+        }
+        if let Some((n, _)) = lines.next() {
+            return Err(bad(n, "text after end"));
+        }
+        Ok(PluginReport {
+            api,
+            kernel,
+            marks,
+            dropped_marks,
+            totals,
+        })
+    }
+
+    /// The ptiscope guest's measured phase. Under plugin API version 1 the
+    /// plugin cannot read the port or the value an `out` writes, so the
+    /// markers are told apart by the guest's protocol: its kernel executes
+    /// `out dx, eax` at exactly three places, the phase begin and end
+    /// writes (two distinct instructions of its phase-mark syscall) and the
+    /// exit-status write, which stops QEMU and so is always the last. The
+    /// snapshots must therefore be `[begin, end, exit]` (or `[begin, end]`
+    /// when QEMU stopped otherwise), begin and end at different addresses;
+    /// any other pattern is refused rather than guessed at. Counts between
+    /// the two are exact: each snapshot is taken at the instruction itself.
+    pub fn companion_phase(&self) -> Result<PluginPhase, PhaseError> {
+        if self.dropped_marks > 0 {
+            return Err(PhaseError::Dropped(self.dropped_marks));
+        }
+        let m = &self.marks;
+        let (begin, end) = match m.len() {
+            2 | 3 => (&m[0], &m[1]),
+            n => return Err(PhaseError::Pattern(n)),
+        };
+        let distinct =
+            begin.pc != end.pc && m.get(2).is_none_or(|x| x.pc != begin.pc && x.pc != end.pc);
+        if !distinct {
+            return Err(PhaseError::Pattern(m.len()));
+        }
+        let delta = begin
+            .counts
+            .delta_to(&end.counts)
+            .ok_or(PhaseError::Backwards)?;
+        Ok(PluginPhase {
+            begin: begin.clone(),
+            end: end.clone(),
+            delta,
+        })
+    }
+}
+
+/// The kernel address ranges to pass as `kernel=`, and the marker ranges
+/// (`marks=`), for a guest: `elf32` for a 32-bit image. The kernel half is
+/// the architecture's split (x86_64: the upper canonical half; i386: the
+/// top gigabyte, 3G/1G, as Linux's default and the ptiscope guest's PAE
+/// layout). `companion` (a guest that takes ptiscope's command line): it
+/// also runs its boot code and AP trampoline below its user text (4 MiB),
+/// and the firmware (SeaBIOS, qboot) runs below 1 MiB, all counted as
+/// kernel instructions; markers are looked for from 1 MiB (the kernel's
+/// load address) up, never in the firmware, whose PCI configuration
+/// accesses are `out dx, eax` too: not below 1 MiB, and (i386) not in the
+/// top 16 MiB of the 4 GiB space, where the PC maps the BIOS flash and
+/// SeaBIOS runs its first code.
+pub fn kernel_ranges(elf32: bool, companion: bool) -> (Vec<Range>, Vec<Range>) {
+    let high = if elf32 {
+        (0xc000_0000, 0xffff_ffff)
+    } else {
+        (0xffff_8000_0000_0000, u64::MAX)
+    };
+    let high_marks = if elf32 {
+        (0xc000_0000, 0xfeff_ffff)
+    } else {
+        high
+    };
+    let below_user = guest_core::layout::USER_TEXT_BASE - 1;
+    if companion {
+        (
+            vec![(0, below_user), high],
+            vec![
+                (guest_core::layout::KERNEL_PHYS_BASE, below_user),
+                high_marks,
+            ],
+        )
+    } else {
+        (vec![high], vec![high_marks])
+    }
+}
+
+/// `LO-HI[:LO-HI...]` in hex, as the plugin's arguments take them.
+pub fn ranges_arg(ranges: &[Range]) -> String {
+    ranges
+        .iter()
+        .map(|(lo, hi)| format!("{lo:#x}-{hi:#x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(marks: &[(u64, u64, [u64; 12])], totals: [u64; 12]) -> String {
+        let fields: Vec<&str> = PluginCounter::ALL.iter().map(|c| c.field()).collect();
+        let mut s = format!(
+            "ptiscope-tcg-plugin version=1 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
+            fields.join(" ")
+        );
+        let line = |c: [u64; 12]| {
+            format!(
+                "counts 0 {}\n",
+                c.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+            )
+        };
+        for (i, (pc, _, c)) in marks.iter().enumerate() {
+            s.push_str(&format!("mark seq={i} vcpu=0 pc={pc:#x}\n"));
+            s.push_str(&line(*c));
+        }
+        s.push_str("totals\n");
+        s.push_str(&line(totals));
+        s.push_str("dropped_marks 0\nend\n");
+        s
+    }
+
+    fn c(kernel: u64, cr3: u64) -> [u64; 12] {
+        let mut a = [0; 12];
+        a[0] = kernel;
+        a[2] = cr3;
+        a
+    }
+
+    #[test]
+    fn parses_a_phase() {
+        let f = file(
+            &[
+                (0xc000_1000, 0, c(100, 10)),
+                (0xc000_2000, 0, c(500, 12)),
+                (0xc000_3000, 0, c(600, 13)),
+            ],
+            c(700, 13),
+        );
+        let r = PluginReport::parse(f.as_bytes()).unwrap();
+        assert_eq!(r.kernel, vec![(0, 0x3f_ffff), (0xc000_0000, 0xffff_ffff)]);
+        assert_eq!(r.totals.total().get(PluginCounter::KernelInsns), 700);
+        let p = r.companion_phase().unwrap();
+        assert_eq!(p.delta.total().get(PluginCounter::KernelInsns), 400);
+        assert_eq!(p.delta.total().get(PluginCounter::Cr3Writes), 2);
+    }
+
+    #[test]
+    fn refuses_other_marker_patterns() {
+        let one = file(&[(0xc000_1000, 0, c(1, 1))], c(2, 2));
+        let r = PluginReport::parse(one.as_bytes()).unwrap();
+        assert_eq!(r.companion_phase(), Err(PhaseError::Pattern(1)));
+        let same_pc = file(
+            &[(0xc000_1000, 0, c(1, 1)), (0xc000_1000, 0, c(2, 2))],
+            c(2, 2),
+        );
+        let r = PluginReport::parse(same_pc.as_bytes()).unwrap();
+        assert_eq!(r.companion_phase(), Err(PhaseError::Pattern(2)));
+        let back = file(
+            &[(0xc000_1000, 0, c(5, 1)), (0xc000_2000, 0, c(2, 2))],
+            c(9, 2),
+        );
+        let r = PluginReport::parse(back.as_bytes()).unwrap();
+        assert_eq!(r.companion_phase(), Err(PhaseError::Backwards));
+    }
+
+    #[test]
+    fn hostile_files_are_errors_not_panics() {
+        let good = file(
+            &[(0xc000_1000, 0, c(1, 1)), (0xc000_2000, 0, c(2, 2))],
+            c(3, 3),
+        );
+        assert!(PluginReport::parse(good.as_bytes()).is_ok());
+        // Every truncation of a good file is refused (never a panic).
+        for cut in 0..good.len() - 1 {
+            assert!(
+                PluginReport::parse(&good.as_bytes()[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        for (from, to) in [
+            ("version=1", "version=2"),
+            ("vcpus=1", "vcpus=0"),
+            ("vcpus=1", "vcpus=65"),
+            ("vcpus=1", "vcpus=2"),
+            ("seq=1", "seq=7"),
+            ("vcpu=0 pc=0xc0002000", "vcpu=3 pc=0xc0002000"),
+            ("pc=0xc0002000", "pc=0xzz"),
+            ("pc=0xc0002000", "pc=0x11112222333344445"),
+            ("counts 0 2 ", "counts 0 -2 "),
+            ("counts 0 2 ", "counts 0 99999999999999999999999 "),
+            ("counts 0 3 ", "counts 1 3 "),
+            ("fields kernel_insns", "fields user_insns"),
+            ("0x0-0x3fffff", "0x3fffff-0x0"),
+            ("dropped_marks 0", "dropped_marks x"),
+            ("end\n", "end\nmore\n"),
+            ("totals\n", ""),
+        ] {
+            let bad = good.replacen(from, to, 1);
+            assert_ne!(bad, good, "{from} not in the file");
+            assert!(
+                PluginReport::parse(bad.as_bytes()).is_err(),
+                "{from} -> {to} accepted"
+            );
+        }
+        assert_eq!(
+            PluginReport::parse("é".as_bytes()),
+            Err(PluginParseError::NotText)
+        );
+        let huge = vec![b'a'; MAX_FILE_BYTES + 1];
+        assert_eq!(
+            PluginReport::parse(&huge),
+            Err(PluginParseError::TooLarge(MAX_FILE_BYTES + 1))
+        );
+        // A counter line with an extra counter, or one too few.
+        let extra = good.replacen("\ndropped_marks", " 7\ndropped_marks", 1);
+        assert_ne!(extra, good);
+        assert!(PluginReport::parse(extra.as_bytes()).is_err());
+        let fewer = good.replacen(" 0\ndropped_marks", "\ndropped_marks", 1);
+        assert_ne!(fewer, good);
+        assert!(PluginReport::parse(fewer.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn ranges_for_the_companion_and_others() {
+        let (k, m) = kernel_ranges(true, true);
+        assert_eq!(ranges_arg(&k), "0x0-0x3fffff:0xc0000000-0xffffffff");
+        assert_eq!(ranges_arg(&m), "0x100000-0x3fffff:0xc0000000-0xfeffffff");
+        let (k, _) = kernel_ranges(false, false);
+        assert_eq!(ranges_arg(&k), "0xffff800000000000-0xffffffffffffffff");
+    }
+}

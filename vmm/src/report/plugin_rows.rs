@@ -1,0 +1,140 @@
+//! The rows of a `--backend qemu` run that ptiscope's TCG plugin observed
+//! (source `qemu-plugin`), and their cross-checks against the guest's word.
+//!
+//! Names follow the KVM backend where the meaning is the same
+//! (`kernel_instructions`, per vCPU `kernel_instructions_vcpu<N>`). The
+//! plugin's MOV-to-CR3 count is `insn_mov_cr3`, not `cr3_writes`: that name
+//! is the guest's row in the same run, and row names are unique in compare
+//! tables, `--fail-if`, CSV and SVG.
+
+use crate::machine::{PluginOutput, RunOutcome};
+use crate::observe::qemu_plugin::{Counts, PluginCounter, PluginReport, VcpuCounts};
+use crate::report::{CrossCheck, Metric, RunSummary, Source};
+
+/// Row names of the plugin's counts, with what they add up.
+fn rows(c: &Counts) -> [(&'static str, u64); 13] {
+    use PluginCounter::*;
+    [
+        ("kernel_instructions", c.get(KernelInsns)),
+        ("user_instructions", c.get(UserInsns)),
+        ("insn_mov_cr3", c.get(Cr3Writes)),
+        ("insn_invlpg", c.get(Invlpg)),
+        ("insn_invpcid", c.get(Invpcid)),
+        ("insn_syscall", c.get(Syscall)),
+        ("insn_sysenter", c.get(Sysenter)),
+        ("insn_int", c.get(Int)),
+        ("insn_sysret", c.get(Sysret)),
+        ("insn_sysexit", c.get(Sysexit)),
+        ("insn_iret", c.get(Iret)),
+        ("syscall_entries", c.syscall_entries()),
+        ("syscall_returns", c.syscall_returns()),
+    ]
+}
+
+/// Rows also given per vCPU (`<row>_vcpu<N>`).
+const PER_VCPU: [&str; 4] = [
+    "kernel_instructions",
+    "user_instructions",
+    "insn_mov_cr3",
+    "syscall_entries",
+];
+
+/// Adds the plugin's rows to `s`: over the measured phase when the guest
+/// marked one (`guest_phased`), else over the whole run. `guest_cr3` and
+/// `guest_syscalls` are the guest's in-phase counts (its `@result` line),
+/// checked against the plugin's exactly.
+pub fn add_plugin_rows(
+    s: &mut RunSummary,
+    outcome: &RunOutcome,
+    guest_phased: bool,
+    guest_cr3: Option<f64>,
+    guest_syscalls: Option<f64>,
+    loop_workload: bool,
+) {
+    let report = match &outcome.qemu_plugin {
+        PluginOutput::Off => {
+            s.notes.push(
+                "QEMU plugin off (--no-plugin): the host observed nothing of the guest".into(),
+            );
+            return;
+        }
+        PluginOutput::Missing(e) => {
+            s.notes
+                .push(format!("QEMU plugin: no host-observed counts: {e}"));
+            return;
+        }
+        PluginOutput::File(bytes) => match PluginReport::parse(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                s.notes.push(format!(
+                    "QEMU plugin: its file was refused, no host-observed counts: {e}"
+                ));
+                return;
+            }
+        },
+    };
+    let counts: VcpuCounts = if guest_phased {
+        match report.companion_phase() {
+            Ok(p) => p.delta,
+            Err(e) => {
+                s.notes.push(format!(
+                    "QEMU plugin: no in-phase counts ({e}); its whole-run totals are not shown as \
+                     phase figures"
+                ));
+                return;
+            }
+        }
+    } else {
+        report.totals.clone()
+    };
+    s.notes.push(format!(
+        "[qemu-plugin] rows: counted inside QEMU by ptiscope's TCG plugin (API {}), {} between the \
+         guest's phase-marker writes; kernel = instructions at {}",
+        report.api,
+        if guest_phased {
+            "exactly"
+        } else {
+            "whole run, firmware and boot included, not"
+        },
+        crate::observe::qemu_plugin::ranges_arg(&report.kernel),
+    ));
+    let total = counts.total();
+    for (name, v) in rows(&total) {
+        s.push(Metric::new(name, "count", Source::QemuPlugin), v as f64);
+    }
+    if counts.0.len() > 1 {
+        for (i, c) in counts.0.iter().enumerate() {
+            for (name, v) in rows(c) {
+                if PER_VCPU.contains(&name) {
+                    s.push(
+                        Metric::new(format!("{name}_vcpu{i}"), "count", Source::QemuPlugin),
+                        v as f64,
+                    );
+                }
+            }
+        }
+    }
+    if !guest_phased {
+        return;
+    }
+    if let Some(g) = guest_cr3 {
+        s.cross_checks.push(CrossCheck::new(
+            "CR3 writes in the phase (MOV-to-CR3 executions the QEMU plugin saw vs the guest's count)",
+            (
+                "insn_mov_cr3",
+                Source::QemuPlugin,
+                total.get(PluginCounter::Cr3Writes) as f64,
+            ),
+            ("cr3_writes", g),
+            0.0,
+        ));
+    }
+    if let (Some(g), true) = (guest_syscalls, loop_workload) {
+        s.cross_checks.push(CrossCheck::new(
+            "syscalls in the phase (SYSCALL/SYSENTER/INT executions the QEMU plugin saw vs the guest's count)",
+            ("syscall_entries", Source::QemuPlugin, total.syscall_entries() as f64),
+            ("syscalls", g),
+            0.0,
+        ));
+    }
+}

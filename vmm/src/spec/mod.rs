@@ -1,0 +1,59 @@
+//! What a run is, as data: what the user asked ([`request`]: `RunConfig`),
+//! the guest's options and the command line written from them
+//! ([`cmdline`]), and a run with everything settled ([`ResolvedRun`],
+//! made by [`crate::preflight`](mod@crate::preflight)) for a [`Target`].
+//! A leaf: the machine layer, the backends and the CLI all read it; it
+//! imports only the machine layer's leaves (memory layout, image source).
+
+pub mod cmdline;
+pub mod request;
+
+use std::sync::Arc;
+
+use crate::machine::loader;
+use crate::machine::memory::MemoryLayout;
+use cmdline::ResolvedOptions;
+pub use request::{RunConfig, SerialOut};
+
+/// The most vCPUs a run can have: the guest telemetry page's CPU blocks.
+pub const MAX_CPUS: u32 = ptiscope_abi::telemetry::MAX_CPUS as u32;
+
+/// Where a run will execute: the choice changes what `entry=auto` means
+/// and which host limits apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// This host's KVM, through the VMM: limits from the probe.
+    Kvm,
+    /// QEMU's TCG: every entry works; no probe, no KVM needed.
+    QemuTcg,
+}
+
+/// A run with everything settled.
+#[derive(Debug, Clone)]
+pub struct ResolvedRun {
+    /// The request as given (timeouts, outputs, backend options).
+    pub config: RunConfig,
+    /// Where everything goes in guest memory, from `--mem`.
+    pub layout: MemoryLayout,
+    /// The kernel image, read once (compare boots it many times).
+    pub image: Arc<[u8]>,
+    /// How the image is named in messages.
+    pub image_name: String,
+    /// The guest options as the guest gets them.
+    pub guest: ResolvedOptions,
+    /// The guest command line (with `telemetry=` for the KVM target).
+    pub cmdline: String,
+    /// Whether `entry=auto` was settled by the flavour heuristic because
+    /// the probe could not run (reports say so).
+    pub entry_guessed: bool,
+    /// A Linux guest (`--linux`): the kernel settled, its initramfs packed;
+    /// `None` for ptiscope's own guest.
+    pub linux: Option<Arc<crate::linux::LinuxGuest>>,
+}
+
+impl ResolvedRun {
+    /// Whether the image is the 32-bit (ELF32, PAE) flavour.
+    pub fn is_elf32(&self) -> bool {
+        loader::is_elf32(&self.image)
+    }
+}
