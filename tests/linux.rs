@@ -117,6 +117,41 @@ fn compare_getppid(test: &str, (name, qemu): (&str, &str)) {
         m["compare"]["amean"].as_f64().unwrap(),
     );
     assert!(base > 0.0 && comp > 0.0, "{m}");
+    // Host-observed (ptiscope's TCG plugin, between the init's two marker
+    // writes): MOV-to-CR3 per getppid ~0 with pti=off and ~2 with pti=on
+    // (entry and exit). Tolerance: kernel background work in the phase
+    // (timer interrupts taken from user mode switch CR3 twice with PTI,
+    // a kworker's or an interrupt's context switch once) adds at most a
+    // few hundredths per call at 3000 calls; 0.1 is far above that and
+    // far below the 2 that separate the sides.
+    let amean = |name: &str| -> (f64, f64) {
+        let m = v["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in the table: {}", stderr(&o)));
+        assert_eq!(m["source"], "qemu_plugin", "{m}");
+        (
+            m["baseline"]["amean"].as_f64().unwrap(),
+            m["compare"]["amean"].as_f64().unwrap(),
+        )
+    };
+    let (off, on) = amean("insn_mov_cr3_per_call");
+    assert!(off < 0.1, "pti=off: {off} CR3 writes per call");
+    assert!((on - 2.0).abs() < 0.1, "pti=on: {on} CR3 writes per call");
+    let (off, on) = amean("syscall_entries_per_call");
+    assert!(
+        (off - 1.0).abs() < 0.1 && (on - 1.0).abs() < 0.1,
+        "{off} {on}"
+    );
+    let (off, on) = amean("kernel_instructions_per_call");
+    assert!(
+        off > 10.0 && on > off,
+        "kernel instructions per call {off} -> {on}"
+    );
+    let text = stdout(&o);
+    assert!(text.contains("insn_mov_cr3"), "{text}");
 }
 
 #[test]

@@ -139,6 +139,31 @@ pub fn outl(port: u16, value: u32) {
     unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack)) };
 }
 
+/// A phase-marker write to port 0x600 (after [`grant_ports`]), as the
+/// QEMU plugin recognises it (its `umark=` rule): `mov edx, 0x600`
+/// (`BA 00 06 00 00`) immediately followed by `out dx, eax`, in one asm
+/// block so that nothing comes between them. `.p2align 4` starts the pair
+/// on a 16-byte boundary: its 6 bytes never cross a page, so TCG never
+/// ends a translation block between the two. Inlined: the begin and end
+/// markers are then two distinct instructions, as the plugin's phase
+/// pattern asks.
+#[inline(always)]
+pub fn phase_mark(value: u32) {
+    const _: () = assert!(ptiscope_abi::port::PHASE == 0x600);
+    // SAFETY: the port was granted by ioperm; a write to the phase port has
+    // no effect on this process's memory.
+    unsafe {
+        asm!(
+            ".p2align 4",
+            "mov edx, 0x600",
+            "out dx, eax",
+            in("eax") value,
+            out("edx") _,
+            options(nomem, nostack)
+        )
+    };
+}
+
 /// Waits until the console (fd 1, the serial port's tty) has sent what
 /// was written to it: a `write` returns once the tty has the bytes, and an
 /// exit-port write right after would end the VM before the UART sent them.

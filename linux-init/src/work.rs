@@ -28,15 +28,14 @@ pub struct Outcome {
     pub extra: String,
 }
 
+#[inline(never)]
 fn phase_begin() {
-    sys::outl(
-        ptiscope_abi::port::PHASE,
-        Marker::begin(ID_WORKLOAD).encode(),
-    );
+    sys::phase_mark(Marker::begin(ID_WORKLOAD).encode());
 }
 
+#[inline(never)]
 fn phase_end() {
-    sys::outl(ptiscope_abi::port::PHASE, Marker::end(ID_WORKLOAD).encode());
+    sys::phase_mark(Marker::end(ID_WORKLOAD).encode());
 }
 
 /// The measured call of a syscall loop and what it must return.

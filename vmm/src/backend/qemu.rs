@@ -317,7 +317,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     };
     // The plugin is checked before QEMU starts: a QEMU too old or built
     // without plugins is said so, and nothing boots.
-    let plugin = if config.qemu_plugin && linux.is_none() {
+    let plugin = if config.qemu_plugin {
         let (path, _api) = plugin_for(binary)?;
         Some((path, OutFd::new()?))
     } else {
@@ -356,13 +356,29 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         cmd.arg("-initrd").arg(format!("/proc/self/fd/{fd}"));
     }
     if let (Some((path, _)), Some(fd)) = (&plugin, plugin_raw) {
-        let companion = crate::report::requested(&cmdline).is_some();
-        let (kernel, marks) =
-            crate::observe::qemu_plugin::kernel_ranges(loader::is_elf32(image), companion);
+        // A Linux guest: kernel = the architecture's kernel half, and the
+        // init's user-mode marker pair (`umark=`) instead of kernel-mode
+        // markers (Linux's own `out dx, eax` are PCI configuration writes).
+        let (kernel, marks, umark) = match linux {
+            Some(l) => {
+                let (kernel, marks) = crate::observe::qemu_plugin::kernel_ranges(
+                    l.arch == crate::linux::LinuxArch::I386,
+                    false,
+                );
+                let port = crate::observe::qemu_plugin::LINUX_MARK_PORT;
+                (kernel, marks, format!(",umark={port:#x}"))
+            }
+            None => {
+                let companion = crate::report::requested(&cmdline).is_some();
+                let (kernel, marks) =
+                    crate::observe::qemu_plugin::kernel_ranges(loader::is_elf32(image), companion);
+                (kernel, marks, String::new())
+            }
+        };
         // QEMU's option syntax: a comma inside a value is doubled.
         let file = path.display().to_string().replace(',', ",,");
         cmd.arg("-plugin").arg(format!(
-            "file={file},out=/proc/self/fd/{fd},kernel={},marks={}",
+            "file={file},out=/proc/self/fd/{fd},kernel={},marks={}{umark}",
             crate::observe::qemu_plugin::ranges_arg(&kernel),
             crate::observe::qemu_plugin::ranges_arg(&marks),
         ));

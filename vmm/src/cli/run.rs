@@ -181,7 +181,11 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
                 eprintln!("  guest reported: {}", escape_str(f));
             }
             let mut summary = match &resolved.linux {
-                Some(l) => crate::linux::summary(&outcome, l, None),
+                Some(l) => crate::linux::summary(
+                    &outcome,
+                    l,
+                    crate::linux::host_observation(&outcome, l).as_ref(),
+                ),
                 None => crate::report::summary_from_result(
                     &outcome,
                     crate::cli::compare::config_words(&outcome),
@@ -196,11 +200,13 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
             let mut exit = outcome.exit_code();
             // A Linux run's end in words: a panic, a kernel that never
             // reached the init, an init that did not finish, PTI not as asked.
-            if let Some((code, msg)) = resolved
-                .linux
-                .as_ref()
-                .and_then(|l| crate::linux::diagnose(&outcome, l, None))
-            {
+            if let Some((code, msg)) = resolved.linux.as_ref().and_then(|l| {
+                crate::linux::diagnose(
+                    &outcome,
+                    l,
+                    crate::linux::host_observation(&outcome, l).as_ref(),
+                )
+            }) {
                 eprintln!("ptiscope: error: {msg}");
                 exit = code;
             }

@@ -371,6 +371,52 @@ pub struct HostPhaseObservation {
     pub kernel_instructions: Option<u64>,
 }
 
+impl LinuxGuest {
+    /// The init's options as its parser reads them (`ipc=` is the init's own).
+    fn asked(&self) -> Option<guest_core::cmdline::Config> {
+        let parsed: String = self
+            .init_words
+            .split_whitespace()
+            .filter(|w| !w.starts_with("ipc="))
+            .collect::<Vec<_>>()
+            .join(" ");
+        guest_core::cmdline::parse(&parsed).ok()
+    }
+}
+
+/// The QEMU plugin's view of a Linux run's phase (between the init's two
+/// user-mode marker writes, `observe::qemu_plugin::PluginReport::linux_phase`),
+/// for the host-side PTI check; `None` without the plugin (`--no-plugin`,
+/// the KVM backend), when its file gave no phase (the summary's notes say
+/// why), or for sched-messaging, whose context switches between processes
+/// write CR3 too (with or without PTI), so that its CR3 writes per system
+/// call say nothing exact about PTI: only the system-call loops and
+/// poundsyscall (threads of one process) are checked.
+pub fn host_observation(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<HostPhaseObservation> {
+    use crate::observe::qemu_plugin::{PluginCounter, PluginReport};
+    if guest
+        .asked()
+        .is_none_or(|c| c.workload == Workload::SchedMessaging)
+    {
+        return None;
+    }
+    let crate::machine::PluginOutput::File(bytes) = &outcome.qemu_plugin else {
+        return None;
+    };
+    let total = PluginReport::parse(bytes)
+        .ok()?
+        .linux_phase()
+        .ok()?
+        .delta
+        .total();
+    Some(HostPhaseObservation {
+        source: "qemu-plugin",
+        syscalls: total.syscall_entries(),
+        cr3_writes: total.get(PluginCounter::Cr3Writes),
+        kernel_instructions: Some(total.get(PluginCounter::KernelInsns)),
+    })
+}
+
 /// Something that can watch a Linux run from the host and report its
 /// measured phase (implemented by the QEMU plugin's parser when it lands).
 pub trait HostObserver {
@@ -570,13 +616,7 @@ pub fn summary(
 ) -> RunSummary {
     let result = crate::report::result_fields(outcome);
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
-    let parsed: String = guest
-        .init_words
-        .split_whitespace()
-        .filter(|w| !w.starts_with("ipc="))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let asked = guest_core::cmdline::parse(&parsed).ok();
+    let asked = guest.asked();
     let calls = asked.as_ref().map_or(0, |c| match c.workload {
         Workload::SchedMessaging => c.messages(),
         Workload::Poundsyscall => c.threads.saturating_mul(c.iterations),
@@ -604,9 +644,9 @@ pub fn summary(
     s.telemetry_checked = false;
     s.telemetry_initialized = false;
     s.notes.push(format!(
-        "Linux guest ({}, {}) under QEMU TCG with ptiscope's init: figures are guest-reported \
-         (its @result line); per-call rates divide by the {calls} {}s of the phase, which port \
-         writes bracket",
+        "Linux guest ({}, {}) under QEMU TCG with ptiscope's init: [guest] figures are the \
+         init's @result line, [qemu-plugin] ones counted by ptiscope's TCG plugin; per-call \
+         rates divide by the {calls} {}s of the phase, which port writes bracket",
         guest.arch.name(),
         guest.version.as_deref().unwrap_or("version unknown"),
         s.iteration_name
@@ -620,8 +660,16 @@ pub fn summary(
                     "the host ({}) agrees: {p:.2} CR3 writes per system call",
                     h.source
                 ),
-                _ => "the host-side check (CR3 writes per system call seen by a host \
-                      observer) is not available on this backend yet"
+                _ if asked
+                    .as_ref()
+                    .is_some_and(|c| c.workload == Workload::SchedMessaging) =>
+                {
+                    "no host-side check for sched-messaging: its context switches between \
+                     processes write CR3 with or without PTI"
+                        .to_string()
+                }
+                _ => "no host-side check (CR3 writes per system call seen by the QEMU \
+                      plugin): the plugin was off or saw no phase (see its note)"
                     .to_string(),
             }
         )),
@@ -640,6 +688,9 @@ pub fn summary(
     }
     if let Some(c) = num("read_cycles") {
         s.push(Metric::new("read_cycles", "cycles", Source::Guest), c);
+    }
+    if !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off) {
+        crate::report::plugin_rows::add_linux_plugin_rows(&mut s, outcome);
     }
     s
 }

@@ -241,10 +241,11 @@ pub fn run_measured(
     match run {
         Ok(o) => {
             if let Some(l) = &resolved.linux {
-                if let Some((code, message)) = crate::linux::diagnose(&o, l, None) {
+                let host = crate::linux::host_observation(&o, l);
+                if let Some((code, message)) = crate::linux::diagnose(&o, l, host.as_ref()) {
                     return Err(MeasuredRunError::Linux { code, message });
                 }
-                let s = crate::linux::summary(&o, l, None);
+                let s = crate::linux::summary(&o, l, host.as_ref());
                 return Ok((o, s));
             }
             let s = match backend {
