@@ -659,3 +659,53 @@ fn the_vmm_boots_debian_vmlinux_to_its_first_console_lines() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `reproduce tarreau-2018 --no-companion`: the seed's rows for Linux beside
+/// the published figures, from compare's own runs; the per-process opt-out
+/// row says why Linux has none, and the host-observed CR3 writes per call
+/// are ~0 and ~2 (tolerance as in `compare_getppid`).
+#[test]
+fn reproduce_tarreau_on_debian_amd64() {
+    let test = "reproduce_tarreau_on_debian_amd64";
+    let Some(_) = kernel_or_skip(test, AMD64.0, AMD64.1) else {
+        return;
+    };
+    let json = scratch(test).join("reproduce.json");
+    let o = ptiscope()
+        .args(["reproduce", "tarreau-2018", "--no-companion", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
+    assert!(out.contains("920 ms"), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["seed"], "tarreau-2018");
+    let rows: Vec<&serde_json::Value> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["guest"] == "Linux debian-amd64")
+        .collect();
+    assert_eq!(rows.len(), 3, "{v}");
+    let row = |name: &str| *rows.iter().find(|r| r["row"] == name).unwrap();
+    let off = row("PTI off at boot");
+    let on = row("PTI on");
+    assert!(off["here"].as_f64().unwrap() > 0.0, "{off}");
+    assert_eq!(off["cr3_source"], "qemu-plugin", "{off}");
+    assert!(off["cr3_writes_per_call"].as_f64().unwrap() < 0.1, "{off}");
+    assert!(
+        (on["cr3_writes_per_call"].as_f64().unwrap() - 2.0).abs() < 0.1,
+        "{on}"
+    );
+    assert!(on["vs_baseline_pct"].as_f64().is_some(), "{on}");
+    let opt_out = row("PTI off for the process");
+    assert!(
+        opt_out["error"]
+            .as_str()
+            .unwrap()
+            .contains("no per-process"),
+        "{opt_out}"
+    );
+}

@@ -10,6 +10,7 @@ pub mod pagetables;
 mod partial;
 pub mod pound;
 pub mod probe;
+pub mod reproduce;
 pub mod run;
 pub mod sweep;
 
@@ -89,6 +90,9 @@ pub enum Command {
     /// Real Linux kernels as guests: `ptiscope linux fetch` gets Debian's.
     #[command(subcommand)]
     Linux(LinuxCommand),
+    /// One published PTI table (docs/seeds.md) measured here, beside the
+    /// published figures, on the companion guest and the Linux kernels.
+    Reproduce(reproduce::ReproduceArgs),
 }
 
 /// `ptiscope linux ...`.
