@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 (cd guest/kernel && cargo fmt --all -- --check)
+(cd linux-init && cargo fmt --all -- --check)
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

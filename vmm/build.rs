@@ -47,6 +47,24 @@ fn main() {
         };
         println!("cargo:rustc-env={var}={}", elf.display());
     }
+
+    // The static init of `--linux` runs, one per Linux architecture.
+    let init_dir = root.join("linux-init");
+    for watched in ["src", "Cargo.toml", "Cargo.lock"] {
+        println!(
+            "cargo:rerun-if-changed={}",
+            init_dir.join(watched).display()
+        );
+    }
+    for (triple, var) in INIT_FLAVOURS {
+        let prebuilt_var = format!("{var}_ELF");
+        println!("cargo:rerun-if-env-changed={prebuilt_var}");
+        let elf = match env::var_os(&prebuilt_var) {
+            Some(path) => PathBuf::from(path),
+            None => build_crate(&init_dir, &target_dir, triple, "ptiscope-linux-init"),
+        };
+        println!("cargo:rustc-env={var}={}", elf.display());
+    }
     build_qemu_plugins(&root);
 }
 
@@ -101,6 +119,12 @@ fn build_qemu_plugins(root: &Path) {
         }
     }
 }
+
+/// (target triple, env var naming the built init) of `linux-init`.
+const INIT_FLAVOURS: &[(&str, &str)] = &[
+    ("x86_64-unknown-linux-musl", "PTISCOPE_LINUX_INIT_X86_64"),
+    ("i686-unknown-linux-musl", "PTISCOPE_LINUX_INIT_I386"),
+];
 
 /// `PTISCOPE_GIT_REVISION`: the checkout's commit (`git rev-parse HEAD`),
 /// for the `environment` block of reports. Absent when this is not a git
@@ -182,10 +206,15 @@ fn ensure_target(triple: &str) {
 }
 
 fn build_guest(kernel_dir: &Path, target_dir: &Path, triple: &str) -> PathBuf {
+    build_crate(kernel_dir, target_dir, triple, "ptiscope-guest")
+}
+
+/// Builds the binary `bin` of the cargo workspace in `dir` for `triple`.
+fn build_crate(dir: &Path, target_dir: &Path, triple: &str, bin: &str) -> PathBuf {
     ensure_target(triple);
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(kernel_dir)
+    cmd.current_dir(dir)
         .args(["build", "--release", "--locked", "--target", triple])
         .arg("--target-dir")
         .arg(target_dir);
@@ -201,20 +230,17 @@ fn build_guest(kernel_dir: &Path, target_dir: &Path, triple: &str) -> PathBuf {
     }
     let status = cmd
         .status()
-        .unwrap_or_else(|e| panic!("could not run cargo to build the guest kernel: {e}"));
+        .unwrap_or_else(|e| panic!("could not run cargo to build {bin}: {e}"));
     if !status.success() {
         panic!(
-            "building the guest kernel for {triple} failed (see the errors above); \
+            "building {bin} for {triple} failed (see the errors above); \
              is the target installed? `rustup target add {triple}`"
         );
     }
-    let elf = target_dir
-        .join(triple)
-        .join("release")
-        .join("ptiscope-guest");
+    let elf = target_dir.join(triple).join("release").join(bin);
     assert!(
         elf.is_file(),
-        "guest build succeeded but {} is missing",
+        "{bin} build succeeded but {} is missing",
         elf.display()
     );
     elf

@@ -8,6 +8,7 @@
 mod boot;
 mod compare;
 mod flavours;
+mod linux;
 mod measure;
 mod plugin;
 mod syscall;
@@ -47,6 +48,9 @@ enum Bench {
     /// QEMU TCG plugin cost: getpid under `--backend qemu` with the plugin vs `--no-plugin`,
     /// interleaved; speed ratio (target >= 0.75).
     Plugin(plugin::PluginArgs),
+    /// Linux guest cost: `ptiscope run --backend qemu --linux` against bare QEMU booting the
+    /// same kernel, initramfs and plugin, interleaved; wall-time ratio (target <= 1.1).
+    Linux(linux::LinuxArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         Bench::Syscall(args) => syscall::run(&ptiscope, &args),
         Bench::Flavours(args) => flavours::run(&ptiscope, &args),
         Bench::Plugin(args) => plugin::run(&ptiscope, &args),
+        Bench::Linux(args) => linux::run(&ptiscope, &args),
     };
     match result {
         Ok(report) => {

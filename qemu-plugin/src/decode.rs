@@ -38,6 +38,12 @@ fn is_legacy_prefix(b: u8) -> bool {
     )
 }
 
+/// Whether `bytes` is exactly `mov edx, imm32` with `imm32 == port`
+/// (`BA` + little-endian imm32, no prefix: the same in 32- and 64-bit code).
+pub fn is_mov_edx_imm(bytes: &[u8], port: u32) -> bool {
+    matches!(bytes, [0xba, a, b, c, d] if u32::from_le_bytes([*a, *b, *c, *d]) == port)
+}
+
 /// The kind of one instruction (`bytes` is exactly that instruction), or
 /// `None` if the plugin does not look at it.
 pub fn classify(bytes: &[u8]) -> Option<Kind> {
@@ -84,6 +90,18 @@ pub fn classify(bytes: &[u8]) -> Option<Kind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_user_marker_port_load() {
+        assert!(is_mov_edx_imm(&[0xba, 0x00, 0x06, 0x00, 0x00], 0x600));
+        assert!(!is_mov_edx_imm(&[0xba, 0xf4, 0x00, 0x00, 0x00], 0x600));
+        // mov dx, 0x600 (66 BA imm16) and mov edx with a REX prefix are not it.
+        assert!(!is_mov_edx_imm(&[0x66, 0xba, 0x00, 0x06], 0x600));
+        assert!(!is_mov_edx_imm(
+            &[0x41, 0xba, 0x00, 0x06, 0x00, 0x00],
+            0x600
+        ));
+    }
 
     #[test]
     fn the_counted_instructions() {

@@ -29,6 +29,14 @@
 //! `marks` (optional, default: `kernel`) the ranges where an `out dx, eax`
 //! takes a snapshot (the companion guest's marker writes are in its kernel
 //! text; the firmware's PCI configuration writes are not).
+//! `umark=PORT` (hex; a Linux guest's init) replaces that rule: a snapshot
+//! is taken at exactly the user-mode (outside `kernel`) `out dx, eax` whose
+//! immediately preceding instruction in the same translation block is
+//! `mov edx, PORT` (bytes `BA` + PORT as a little-endian imm32), and at no
+//! kernel-mode `out` (Linux's own PCI configuration writes). ptiscope's
+//! Linux init writes its phase markers with exactly that pair, after
+//! `ioperm`; API version 1 cannot read registers, so the port is read from
+//! the instruction bytes.
 //!
 //! Licence: GPL-2.0-or-later (QEMU plugins must be).
 
@@ -83,6 +91,8 @@ struct State {
     kernel: Vec<(u64, u64)>,
     /// Where a kernel-mode `out dx, eax` takes a snapshot.
     marks_at: Vec<(u64, u64)>,
+    /// `umark=PORT`: snapshots at user-mode `mov edx, PORT; out dx, eax`.
+    user_mark_port: Option<u32>,
     vcpus: Vec<VcpuCounters>,
     /// vCPUs QEMU said the machine has (`-smp`).
     smp_vcpus: usize,
@@ -104,8 +114,8 @@ struct Segment {
 struct Special {
     kind: Kind,
     pc: u64,
-    kernel_mode: bool,
-    /// An `out dx, eax` inside the marker ranges.
+    /// A marker: without `umark`, a kernel-mode `out dx, eax` inside the
+    /// marker ranges; with it, a user-mode `mov edx, PORT; out dx, eax`.
     snapshot: bool,
     seg: Segment,
 }
@@ -153,9 +163,10 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
     // SAFETY: `udata` is a leaked `Box<Special>` made at translation.
     let sp = unsafe { &*(udata as *const Special) };
     if sp.kind == Kind::Out32 {
-        if !sp.kernel_mode || !sp.snapshot {
-            // A user-mode OUT faults (IOPL 0): not a marker; nor is an
-            // OUT outside the marker ranges (firmware's PCI accesses).
+        if !sp.snapshot {
+            // Not a marker: a user-mode OUT of the companion guest faults
+            // (IOPL 0), and OUTs outside the marker ranges are firmware's
+            // (or, with `umark`, Linux's) PCI accesses.
             add_segment(c, &sp.seg);
             return;
         }
@@ -188,6 +199,8 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
     let mut current: Option<(*mut ffi::Insn, Box<Special>)> = None;
     let mut pending: Vec<(*mut ffi::Insn, Box<Special>)> = Vec::new();
     let mut buf = [0u8; 16];
+    // Whether the previous instruction of this block was `mov edx, PORT`.
+    let mut after_port_mov = false;
     for i in 0..n {
         // SAFETY: `i < n`, the block's instruction count.
         let insn = unsafe { (api.tb_get_insn)(tb, i) };
@@ -199,7 +212,16 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
         let kernel_mode = in_kernel(pc);
         // SAFETY: `insn` belongs to `tb`, in its translation callback.
         let bytes = unsafe { api.insn_bytes(insn, &mut buf) };
+        let port_mov = after_port_mov;
+        after_port_mov = s
+            .user_mark_port
+            .is_some_and(|p| decode::is_mov_edx_imm(bytes, p));
         if let Some(kind) = decode::classify(bytes) {
+            let snapshot = kind == Kind::Out32
+                && match s.user_mark_port {
+                    Some(_) => !kernel_mode && port_mov,
+                    None => kernel_mode && s.marks_at.iter().any(|&(lo, hi)| pc >= lo && pc <= hi),
+                };
             if let Some(prev) = current.take() {
                 pending.push(prev);
             }
@@ -208,8 +230,7 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
                 Box::new(Special {
                     kind,
                     pc,
-                    kernel_mode,
-                    snapshot: s.marks_at.iter().any(|&(lo, hi)| pc >= lo && pc <= hi),
+                    snapshot,
                     seg: Segment::default(),
                 }),
             ));
@@ -314,11 +335,23 @@ pub unsafe extern "C" fn qemu_plugin_install(
     let mut out = None;
     let mut kernel = None;
     let mut marks_at = None;
+    let mut user_mark_port = None;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU's contract for `argv`.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
         match arg.split_once('=') {
             Some(("out", v)) if !v.is_empty() => out = Some(v.to_string()),
+            Some(("umark", v)) => {
+                match u32::from_str_radix(v.trim().trim_start_matches("0x"), 16) {
+                    Ok(p) if p <= 0xffff => user_mark_port = Some(p),
+                    _ => {
+                        api.say(&format!(
+                            "ptiscope-tcg-plugin: umark={v:?} is not a hex port\n"
+                        ));
+                        return -1;
+                    }
+                }
+            }
             Some((key @ ("kernel" | "marks"), v)) => match parse_ranges(v) {
                 Ok(r) if key == "kernel" => kernel = Some(r),
                 Ok(r) => marks_at = Some(r),
@@ -329,7 +362,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
             },
             _ => {
                 api.say(&format!(
-                    "ptiscope-tcg-plugin: unknown argument {arg:?} (takes out=PATH,kernel=LO-HI[:LO-HI...],marks=LO-HI[:...])\n"
+                    "ptiscope-tcg-plugin: unknown argument {arg:?} (takes out=PATH,kernel=LO-HI[:LO-HI...],marks=LO-HI[:...],umark=PORT)\n"
                 ));
                 return -1;
             }
@@ -347,6 +380,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
         api,
         out,
         marks_at: marks_at.unwrap_or_else(|| kernel.clone()),
+        user_mark_port,
         kernel,
         vcpus: (0..n)
             .map(|_| VcpuCounters(std::array::from_fn(|_| AtomicU64::new(0))))

@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod cli;
 pub mod input;
+pub mod linux;
 pub mod machine;
 pub mod observe;
 pub mod output;

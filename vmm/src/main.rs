@@ -32,6 +32,8 @@ fn main() -> ExitCode {
         Some(Command::Sweep(args)) => code(ptiscope::cli::sweep::run(&args)),
         Some(Command::Probe(args)) => code(ptiscope::cli::probe::run(&args)),
         Some(Command::Pagetables(args)) => code(ptiscope::cli::pagetables::run(&args)),
+        Some(Command::Linux(cmd)) => code(ptiscope::cli::linux::run(&cmd)),
+        Some(Command::Reproduce(args)) => code(ptiscope::cli::reproduce::run(&args)),
         // No command: the README's main job, the default comparison.
         None => match Cli::try_parse_from(["ptiscope", "compare"]) {
             Ok(Cli {

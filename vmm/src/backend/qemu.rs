@@ -303,8 +303,18 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let (out, console_queue) = crate::output::console_output(&config.serial_out, config.timeout)?;
     let image_fd = ImageFd::new(image)?;
     let image_raw = image_fd.0.as_raw_fd();
+    // A Linux guest's initramfs, in a memfd of its own.
+    let linux = run.linux.as_deref();
+    let initrd_fd = linux.map(|l| ImageFd::new(&l.initramfs)).transpose()?;
+    let initrd_raw = initrd_fd.as_ref().map(|f| f.0.as_raw_fd());
 
-    let binary = binary_for(image);
+    let binary = match linux {
+        Some(l) => match l.arch {
+            crate::linux::LinuxArch::X86_64 => "qemu-system-x86_64",
+            crate::linux::LinuxArch::I386 => "qemu-system-i386",
+        },
+        None => binary_for(image),
+    };
     // The plugin is checked before QEMU starts: a QEMU too old or built
     // without plugins is said so, and nothing boots.
     let plugin = if config.qemu_plugin {
@@ -314,7 +324,9 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         None
     };
     let plugin_raw = plugin.as_ref().map(|(_, f)| f.0.as_raw_fd());
-    let machine = if loader::is_elf32(image) {
+    // Linux 6.1 under QEMU 7.2's microvm never gets a working timer in TCG
+    // (it stops after "tsc: Marking TSC unstable"): Linux guests boot on pc.
+    let machine = if loader::is_elf32(image) || linux.is_some() {
         "pc"
     } else {
         "microvm"
@@ -340,14 +352,33 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         .arg("-kernel")
         .arg(format!("/proc/self/fd/{image_raw}"))
         .args(["-append", &cmdline]);
+    if let Some(fd) = initrd_raw {
+        cmd.arg("-initrd").arg(format!("/proc/self/fd/{fd}"));
+    }
     if let (Some((path, _)), Some(fd)) = (&plugin, plugin_raw) {
-        let companion = crate::report::requested(&cmdline).is_some();
-        let (kernel, marks) =
-            crate::observe::qemu_plugin::kernel_ranges(loader::is_elf32(image), companion);
+        // A Linux guest: kernel = the architecture's kernel half, and the
+        // init's user-mode marker pair (`umark=`) instead of kernel-mode
+        // markers (Linux's own `out dx, eax` are PCI configuration writes).
+        let (kernel, marks, umark) = match linux {
+            Some(l) => {
+                let (kernel, marks) = crate::observe::qemu_plugin::kernel_ranges(
+                    l.arch == crate::linux::LinuxArch::I386,
+                    false,
+                );
+                let port = crate::observe::qemu_plugin::LINUX_MARK_PORT;
+                (kernel, marks, format!(",umark={port:#x}"))
+            }
+            None => {
+                let companion = crate::report::requested(&cmdline).is_some();
+                let (kernel, marks) =
+                    crate::observe::qemu_plugin::kernel_ranges(loader::is_elf32(image), companion);
+                (kernel, marks, String::new())
+            }
+        };
         // QEMU's option syntax: a comma inside a value is doubled.
         let file = path.display().to_string().replace(',', ",,");
         cmd.arg("-plugin").arg(format!(
-            "file={file},out=/proc/self/fd/{fd},kernel={},marks={}",
+            "file={file},out=/proc/self/fd/{fd},kernel={},marks={}{umark}",
             crate::observe::qemu_plugin::ranges_arg(&kernel),
             crate::observe::qemu_plugin::ranges_arg(&marks),
         ));
@@ -372,10 +403,12 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
             if libc::getppid() != parent {
                 return Err(std::io::Error::other("ptiscope exited while starting QEMU"));
             }
-            // The image's descriptor (and the plugin's file) are the only
-            // things QEMU inherits.
-            if libc::fcntl(image_raw, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
+            // The image's descriptor (a Linux guest's initramfs, the
+            // plugin's file) are the only things QEMU inherits.
+            for fd in std::iter::once(image_raw).chain(initrd_raw) {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             if let Some(fd) = plugin_raw {
                 if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
@@ -440,6 +473,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     // Stops QEMU if it is still running (timeout, signal).
     drop(child);
     drop(image_fd);
+    drop(initrd_fd);
     let run_time = run_start.elapsed();
     // QEMU is gone, so its stdout ends: the reader only forwards what is
     // left into the console queue, which never blocks.

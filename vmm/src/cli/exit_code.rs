@@ -13,6 +13,12 @@ use crate::RunVmError;
 
 /// Guest statuses above this are reported as this.
 pub const GUEST_STATUS_MAX: i32 = 63;
+/// A Linux guest's kernel panicked (`--linux`; the same number as the
+/// companion guest's panic status).
+pub const LINUX_PANIC: i32 = 3;
+/// A Linux guest (`--linux`) asked for `pti=on` whose kernel cannot enable
+/// PTI (the same number as the guest status "unsupported on this CPU").
+pub const LINUX_NO_PTI: i32 = 6;
 /// Bad command-line usage or option value.
 pub const USAGE: i32 = 64;
 /// The kernel image is not a bootable PVH ELF for this memory size.
@@ -80,6 +86,7 @@ impl ExitCode for PreflightError {
             PreflightError::Load(LoadError::Interrupted(signal)) => 128 + signal,
             PreflightError::Load(LoadError::Scratch(..)) => INTERNAL,
             PreflightError::Load(_) => BAD_IMAGE,
+            PreflightError::Linux(e) => e.exit_code(),
         }
     }
 }
@@ -105,6 +112,21 @@ impl ExitCode for RunError {
     }
 }
 
+impl ExitCode for crate::linux::LinuxError {
+    fn exit_code(&self) -> i32 {
+        use crate::linux::{ImageError, LinuxError};
+        match self {
+            LinuxError::NotFetched { .. } => NO_IMAGE,
+            LinuxError::NoCache(_) => NO_IMAGE,
+            LinuxError::Image(ImageError::Read(LoadError::Read { .. })) => NO_IMAGE,
+            LinuxError::Image(_) => BAD_IMAGE,
+            LinuxError::ArchMismatch { .. } | LinuxError::Option(_) => USAGE,
+            LinuxError::Backend(_) => KVM_UNAVAILABLE,
+            LinuxError::NoPti { .. } => LINUX_NO_PTI,
+        }
+    }
+}
+
 impl ExitCode for RunVmError {
     fn exit_code(&self) -> i32 {
         match self {
@@ -121,6 +143,7 @@ impl ExitCode for MeasuredRunError {
             MeasuredRunError::Qemu(e) => e.exit_code(),
             MeasuredRunError::NoPhase { .. } => VM_ERROR,
             MeasuredRunError::GuestFailed { stop, .. } => stop.exit_code(),
+            MeasuredRunError::Linux { code, .. } => *code,
         }
     }
 }

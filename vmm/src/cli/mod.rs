@@ -5,10 +5,12 @@
 
 pub mod compare;
 pub mod exit_code;
+pub mod linux;
 pub mod pagetables;
 mod partial;
 pub mod pound;
 pub mod probe;
+pub mod reproduce;
 pub mod run;
 pub mod sweep;
 
@@ -85,6 +87,31 @@ pub enum Command {
     /// Walk the guest's page tables from the host and check what the user
     /// copy maps: the host's own proof of isolation.
     Pagetables(PagetablesArgs),
+    /// Real Linux kernels as guests: `ptiscope linux fetch` gets Debian's.
+    #[command(subcommand)]
+    Linux(LinuxCommand),
+    /// One published PTI table (docs/seeds.md) measured here, beside the
+    /// published figures, on the companion guest and the Linux kernels.
+    Reproduce(reproduce::ReproduceArgs),
+}
+
+/// `ptiscope linux ...`.
+#[derive(Debug, Subcommand)]
+pub enum LinuxCommand {
+    /// Download Debian's current linux-image-cloud-amd64 and
+    /// linux-image-686-pae (apt-get download) and unpack their kernel and
+    /// config into the cache ($PTISCOPE_LINUX_CACHE, else
+    /// $XDG_CACHE_HOME/ptiscope/linux, else ~/.cache/ptiscope/linux), where
+    /// `--linux debian-amd64` and `--linux debian-686-pae` find them.
+    Fetch(LinuxFetchArgs),
+}
+
+/// Options of `ptiscope linux fetch`.
+#[derive(Debug, Args)]
+pub struct LinuxFetchArgs {
+    /// Fetch only this kernel (default: both).
+    #[arg(long, value_name = "NAME", value_parser = ["debian-amd64", "debian-686-pae"])]
+    pub only: Option<String>,
 }
 
 const COMPARE_HELP: &str = "\
@@ -262,9 +289,13 @@ pub struct CompareArgs {
     /// table; --json and --csv always have every statistic.
     #[arg(long)]
     pub mmtests: bool,
-    /// Which embedded guest to compare (with `--kernel`, the image decides).
-    #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
-    pub arch: Arch,
+    /// Which embedded guest to compare (default x86_64; with `--kernel` the
+    /// image decides; with `--linux` it must match the image).
+    #[arg(long, value_enum, conflicts_with = "kernel")]
+    pub arch: Option<Arch>,
+    /// A Linux kernel as the guest.
+    #[command(flatten)]
+    pub linux: LinuxArgs,
     /// Where to run the guests: our VMM on KVM, or QEMU TCG (guest-reported figures only).
     #[arg(long, value_enum, default_value = "kvm")]
     pub backend: Backend,
@@ -336,10 +367,14 @@ pub struct RunArgs {
         requires = "metrics_interval"
     )]
     pub metrics_format: crate::observe::live_metrics::MetricsFormat,
-    /// Which embedded guest to boot: the x86_64 flavour or the 32-bit PAE one
-    /// (with `--kernel`, the image decides).
-    #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
-    pub arch: Arch,
+    /// Which embedded guest to boot: the x86_64 flavour (default) or the
+    /// 32-bit PAE one (with `--kernel` the image decides; with `--linux` it
+    /// must match the image).
+    #[arg(long, value_enum, conflicts_with = "kernel")]
+    pub arch: Option<Arch>,
+    /// A Linux kernel as the guest.
+    #[command(flatten)]
+    pub linux: LinuxArgs,
     /// Don't create KVM's in-kernel irqchip: the guest runs with interrupts
     /// off and needs none; a HLT then stops the run ("halted") instead of
     /// waiting in KVM, and VM teardown is cheaper.
@@ -363,6 +398,57 @@ pub struct RunArgs {
     /// `[qemu-plugin]` rows; every figure is then guest-reported).
     #[arg(long)]
     pub no_plugin: bool,
+}
+
+/// `--linux` and `--append`: a real Linux kernel as the guest, with
+/// ptiscope's init (docs/linux-guests.md).
+#[derive(Debug, Clone, Default, Args)]
+pub struct LinuxArgs {
+    /// Boot this Linux kernel with ptiscope's init instead of ptiscope's own
+    /// guest: `debian-amd64` or `debian-686-pae` (fetched by `ptiscope linux
+    /// fetch`), or a path to a bzImage (x86_64 or i386) or a PVH vmlinux.
+    /// Needs `--backend qemu` on hosts without hardware KVM.
+    #[arg(long, value_name = "KERNEL", conflicts_with = "kernel")]
+    pub linux: Option<String>,
+    /// More Linux kernel command line (with `--linux`), e.g. `nosmt`.
+    #[arg(
+        long,
+        value_name = "TEXT",
+        requires = "linux",
+        allow_hyphen_values = true
+    )]
+    pub append: Option<String>,
+}
+
+impl LinuxArgs {
+    /// The guest kind these arguments choose; `arch` is `--arch` as given.
+    pub fn guest_kind(&self, arch: Option<Arch>) -> crate::linux::GuestKind {
+        match &self.linux {
+            None => crate::linux::GuestKind::Companion,
+            Some(k) => crate::linux::GuestKind::Linux(crate::linux::LinuxRequest {
+                kernel: k.clone(),
+                append: self.append.clone().unwrap_or_default(),
+                arch: arch.map(|a| match a {
+                    Arch::X86_64 => crate::linux::LinuxArch::X86_64,
+                    Arch::I386 => crate::linux::LinuxArch::I386,
+                }),
+            }),
+        }
+    }
+}
+
+impl RunArgs {
+    /// `--arch`, or x86_64.
+    pub fn arch(&self) -> Arch {
+        self.arch.unwrap_or(Arch::X86_64)
+    }
+}
+
+impl CompareArgs {
+    /// `--arch`, or x86_64.
+    pub fn arch(&self) -> Arch {
+        self.arch.unwrap_or(Arch::X86_64)
+    }
 }
 
 /// Guest flavour.
@@ -543,6 +629,7 @@ impl RunArgs {
             qemu_plugin: !self.no_plugin,
             irqchip: !self.no_irqchip,
             cpus: self.cpus,
+            guest_kind: self.linux.guest_kind(self.arch),
         }
     }
 }

@@ -92,7 +92,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             return e.exit_code();
         }
     };
-    let embedded = args.arch.embedded_image();
+    let embedded = args.arch().embedded_image();
     let sides = parse_side(&args.baseline, args, embedded)
         .and_then(|b| Ok((b, parse_side(&args.compare, args, embedded)?)));
     let (base, comp) = match sides {

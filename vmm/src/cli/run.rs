@@ -19,7 +19,7 @@ pub fn run(args: &RunArgs) -> i32 {
         eprintln!("ptiscope: error: {why}");
         return exit_code::USAGE;
     }
-    let config = args.to_config(args.arch.embedded_image());
+    let config = args.to_config(args.arch().embedded_image());
     let target = match args.backend {
         Backend::Kvm => crate::Target::Kvm,
         Backend::Qemu => crate::Target::QemuTcg,
@@ -180,17 +180,37 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
             for f in outcome.faults() {
                 eprintln!("  guest reported: {}", escape_str(f));
             }
-            let mut summary = crate::report::summary_from_result(
-                &outcome,
-                crate::cli::compare::config_words(&outcome),
-            );
+            let mut summary = match &resolved.linux {
+                Some(l) => crate::linux::summary(
+                    &outcome,
+                    l,
+                    crate::linux::host_observation(&outcome, l).as_ref(),
+                ),
+                None => crate::report::summary_from_result(
+                    &outcome,
+                    crate::cli::compare::config_words(&outcome),
+                ),
+            };
             summary.environment = Some(environment(
                 "qemu",
                 &resolved.config,
                 "run",
                 &summary.config,
             ));
-            report(&mut summary, &outcome.outputs, json, outcome.exit_code())
+            let mut exit = outcome.exit_code();
+            // A Linux run's end in words: a panic, a kernel that never
+            // reached the init, an init that did not finish, PTI not as asked.
+            if let Some((code, msg)) = resolved.linux.as_ref().and_then(|l| {
+                crate::linux::diagnose(
+                    &outcome,
+                    l,
+                    crate::linux::host_observation(&outcome, l).as_ref(),
+                )
+            }) {
+                eprintln!("ptiscope: error: {msg}");
+                exit = code;
+            }
+            report(&mut summary, &outcome.outputs, json, exit)
         }
         Err(e) => {
             eprintln!("ptiscope: error: {e}");

@@ -128,9 +128,13 @@ pub struct SweepArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
-    /// Which embedded guest (with `--kernel`, the image decides).
-    #[arg(long, value_enum, default_value = "x86_64", conflicts_with = "kernel")]
-    pub arch: Arch,
+    /// Which embedded guest (default x86_64; with `--kernel` the image
+    /// decides; with `--linux` it must match the image).
+    #[arg(long, value_enum, conflicts_with = "kernel")]
+    pub arch: Option<Arch>,
+    /// A Linux kernel as the guest (`--backend qemu`).
+    #[command(flatten)]
+    pub linux: crate::cli::LinuxArgs,
     /// Our VMM on KVM, or QEMU TCG (guest-reported cycles per call; the plugin's counts).
     #[arg(long, value_enum, default_value = "kvm")]
     pub backend: Backend,
@@ -311,7 +315,17 @@ fn default_configs(args: &SweepArgs) -> (Vec<String>, Vec<Omitted>) {
     ];
     let mut omitted = Vec::new();
     let pcid = "pti=on,pcid=on".to_string();
-    let elf32 = args.kernel.is_none() && args.arch == Arch::I386;
+    if args.linux.linux.is_some() {
+        // pti_global_text and pcid are options of ptiscope's own guest.
+        return (
+            vec!["pti=off".to_string(), "pti=on".to_string()],
+            vec![Omitted {
+                config: "pti=on,cmdline=pti_global_text=on".into(),
+                reason: "an option of ptiscope's own guest, not of Linux".into(),
+            }],
+        );
+    }
+    let elf32 = args.kernel.is_none() && args.arch == Some(Arch::I386);
     if elf32 {
         omitted.push(Omitted {
             config: pcid,
@@ -380,6 +394,7 @@ fn compare_args(args: &SweepArgs) -> CompareArgs {
         quiet: args.quiet,
         mmtests: false,
         arch: args.arch,
+        linux: args.linux.clone(),
         backend: args.backend,
         qemu_arg: args.qemu_arg.clone(),
         no_plugin: args.no_plugin,
@@ -460,7 +475,7 @@ pub fn run(args: &SweepArgs) -> i32 {
         }
     };
     let common = compare_args(args);
-    let embedded = args.arch.embedded_image();
+    let embedded = args.arch.unwrap_or(Arch::X86_64).embedded_image();
     let mut sides = Vec::new();
     for label in &labels {
         match parse_side(label, &common, embedded) {
@@ -633,11 +648,14 @@ pub fn run(args: &SweepArgs) -> i32 {
         environment: Some(crate::report::environment::Environment::collect(
             &format!("{:?}", args.backend).to_lowercase(),
             crate::cli::compare::guest_image_of(
-                &match &args.kernel {
-                    Some(p) => crate::machine::loader::KernelSource::Path(p.clone()),
-                    None => {
-                        crate::machine::loader::KernelSource::Embedded(args.arch.embedded_image())
-                    }
+                &match (&args.kernel, &args.linux.linux) {
+                    (Some(p), _) => crate::machine::loader::KernelSource::Path(p.clone()),
+                    (None, Some(k)) => crate::machine::loader::KernelSource::Path(
+                        crate::linux::kernel_path(k).unwrap_or_else(|_| k.into()),
+                    ),
+                    (None, None) => crate::machine::loader::KernelSource::Embedded(
+                        args.arch.unwrap_or(Arch::X86_64).embedded_image(),
+                    ),
                 },
                 prep.image.as_deref(),
             ),

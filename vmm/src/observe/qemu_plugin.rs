@@ -211,6 +211,11 @@ pub enum PhaseError {
         "the marker writes do not follow the ptiscope guest's pattern (begin, end, exit: {0} writes)"
     )]
     Pattern(usize),
+    /// Not the Linux init's pattern (with `umark=`).
+    #[error(
+        "the user-mode marker writes do not follow ptiscope's Linux init's pattern (begin, end at two addresses: {0} writes)"
+    )]
+    LinuxPattern(usize),
     /// A counter went backwards between the two snapshots.
     #[error("a counter went backwards between the phase markers")]
     Backwards,
@@ -411,6 +416,39 @@ impl PluginReport {
     }
 }
 
+impl PluginReport {
+    /// ptiscope's Linux init's measured phase, from a plugin run with
+    /// `umark=0x600` ([`LINUX_MARK_PORT`]): snapshots are taken only at a
+    /// user-mode `mov edx, 0x600; out dx, eax` pair, which the init executes
+    /// exactly twice (its phase begin and end, two distinct inlined copies
+    /// of that pair; its exit-status write goes to another port). So the
+    /// snapshots must be exactly `[begin, end]` at two addresses; anything
+    /// else is refused rather than guessed at.
+    pub fn linux_phase(&self) -> Result<PluginPhase, PhaseError> {
+        if self.dropped_marks > 0 {
+            return Err(PhaseError::Dropped(self.dropped_marks));
+        }
+        let [begin, end] = self.marks.as_slice() else {
+            return Err(PhaseError::LinuxPattern(self.marks.len()));
+        };
+        if begin.pc == end.pc {
+            return Err(PhaseError::LinuxPattern(2));
+        }
+        let delta = begin
+            .counts
+            .delta_to(&end.counts)
+            .ok_or(PhaseError::Backwards)?;
+        Ok(PluginPhase {
+            begin: begin.clone(),
+            end: end.clone(),
+            delta,
+        })
+    }
+}
+
+/// The port of the Linux init's phase markers, as the plugin's `umark=`.
+pub const LINUX_MARK_PORT: u16 = ptiscope_abi::port::PHASE;
+
 /// The kernel address ranges to pass as `kernel=`, and the marker ranges
 /// (`marks=`), for a guest: `elf32` for a 32-bit image. The kernel half is
 /// the architecture's split (x86_64: the upper canonical half; i386: the
@@ -525,6 +563,37 @@ mod tests {
         );
         let r = PluginReport::parse(back.as_bytes()).unwrap();
         assert_eq!(r.companion_phase(), Err(PhaseError::Backwards));
+    }
+
+    #[test]
+    fn the_linux_phase_is_exactly_two_user_marks() {
+        let two = file(
+            &[(0x40_1000, 0, c(100, 10)), (0x40_1040, 0, c(700, 2010))],
+            c(900, 2012),
+        );
+        let p = PluginReport::parse(two.as_bytes())
+            .unwrap()
+            .linux_phase()
+            .unwrap();
+        assert_eq!(p.delta.total().get(PluginCounter::Cr3Writes), 2000);
+        assert_eq!(p.delta.total().get(PluginCounter::KernelInsns), 600);
+        // The companion's [begin, end, exit] is not the init's pattern.
+        let three = file(
+            &[
+                (0x40_1000, 0, c(1, 1)),
+                (0x40_1040, 0, c(2, 2)),
+                (0x40_1080, 0, c(3, 3)),
+            ],
+            c(3, 3),
+        );
+        let r = PluginReport::parse(three.as_bytes()).unwrap();
+        assert_eq!(r.linux_phase(), Err(PhaseError::LinuxPattern(3)));
+        let same_pc = file(&[(0x40_1000, 0, c(1, 1)), (0x40_1000, 0, c(2, 2))], c(2, 2));
+        let r = PluginReport::parse(same_pc.as_bytes()).unwrap();
+        assert_eq!(r.linux_phase(), Err(PhaseError::LinuxPattern(2)));
+        let none = file(&[], c(2, 2));
+        let r = PluginReport::parse(none.as_bytes()).unwrap();
+        assert_eq!(r.linux_phase(), Err(PhaseError::LinuxPattern(0)));
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub enum PreflightError {
         /// What the probe saw.
         detail: String,
     },
+    /// A Linux guest (`--linux`) could not be settled.
+    #[error(transparent)]
+    Linux(#[from] crate::linux::LinuxError),
 }
 
 /// `entry=auto` under QEMU: TCG delivers every entry, so the native one of
@@ -130,6 +133,9 @@ pub fn preflight_with_image(
     target: Target,
     image: Option<Arc<[u8]>>,
 ) -> Result<ResolvedRun, PreflightError> {
+    if let crate::linux::GuestKind::Linux(req) = &config.guest_kind {
+        return crate::linux::preflight(config, req, target);
+    }
     let layout = MemoryLayout::new(config.mem_mib)?;
     let asked = config.guest.absorb_extra()?;
     // The guest's own image, page tables and stacks take a few MiB; the
@@ -266,5 +272,6 @@ pub fn preflight_with_image(
         guest,
         cmdline,
         entry_guessed,
+        linux: None,
     })
 }

@@ -12,7 +12,7 @@ pub mod guest_result;
 mod kvm_summary;
 pub mod metric;
 pub mod plot;
-mod plugin_rows;
+pub mod plugin_rows;
 pub mod run_summary;
 pub mod stats;
 pub mod sweep;

@@ -8,7 +8,9 @@
 //! tables, `--fail-if`, CSV and SVG.
 
 use crate::machine::{PluginOutput, RunOutcome};
-use crate::observe::qemu_plugin::{Counts, PluginCounter, PluginReport, VcpuCounts};
+use crate::observe::qemu_plugin::{
+    Counts, PhaseError, PluginCounter, PluginPhase, PluginReport, VcpuCounts,
+};
 use crate::report::{CrossCheck, Metric, RunSummary, Source};
 
 /// Row names of the plugin's counts, with what they add up.
@@ -51,17 +53,60 @@ pub fn add_plugin_rows(
     guest_syscalls: Option<f64>,
     loop_workload: bool,
 ) {
+    let Some(total) = phase_rows(s, outcome, guest_phased, PluginReport::companion_phase) else {
+        return;
+    };
+    if !guest_phased {
+        return;
+    }
+    if let Some(g) = guest_cr3 {
+        s.cross_checks.push(CrossCheck::new(
+            "CR3 writes in the phase (MOV-to-CR3 executions the QEMU plugin saw vs the guest's count)",
+            (
+                "insn_mov_cr3",
+                Source::QemuPlugin,
+                total.get(PluginCounter::Cr3Writes) as f64,
+            ),
+            ("cr3_writes", g),
+            0.0,
+        ));
+    }
+    if let (Some(g), true) = (guest_syscalls, loop_workload) {
+        s.cross_checks.push(CrossCheck::new(
+            "syscalls in the phase (SYSCALL/SYSENTER/INT executions the QEMU plugin saw vs the guest's count)",
+            ("syscall_entries", Source::QemuPlugin, total.syscall_entries() as f64),
+            ("syscalls", g),
+            0.0,
+        ));
+    }
+}
+
+/// The plugin's rows of a Linux guest's run (the init's user-mode phase
+/// markers, [`PluginReport::linux_phase`]): the in-phase totals over every
+/// vCPU, or `None` (with a note saying why) when there are none.
+pub fn add_linux_plugin_rows(s: &mut RunSummary, outcome: &RunOutcome) -> Option<Counts> {
+    phase_rows(s, outcome, true, PluginReport::linux_phase)
+}
+
+/// Adds the rows: over the phase `phase_of` finds when `phased`, else over
+/// the whole run; returns the totals the rows show.
+fn phase_rows(
+    s: &mut RunSummary,
+    outcome: &RunOutcome,
+    guest_phased: bool,
+    phase_of: fn(&PluginReport) -> Result<PluginPhase, PhaseError>,
+) -> Option<Counts> {
     let report = match &outcome.qemu_plugin {
         PluginOutput::Off => {
             s.notes.push(
                 "QEMU plugin off (--no-plugin): the host observed nothing of the guest".into(),
             );
-            return;
+            return None;
         }
         PluginOutput::Missing(e) => {
             s.notes
                 .push(format!("QEMU plugin: no host-observed counts: {e}"));
-            return;
+            return None;
         }
         PluginOutput::File(bytes) => match PluginReport::parse(bytes) {
             Ok(r) => r,
@@ -69,19 +114,19 @@ pub fn add_plugin_rows(
                 s.notes.push(format!(
                     "QEMU plugin: its file was refused, no host-observed counts: {e}"
                 ));
-                return;
+                return None;
             }
         },
     };
     let counts: VcpuCounts = if guest_phased {
-        match report.companion_phase() {
+        match phase_of(&report) {
             Ok(p) => p.delta,
             Err(e) => {
                 s.notes.push(format!(
                     "QEMU plugin: no in-phase counts ({e}); its whole-run totals are not shown as \
                      phase figures"
                 ));
-                return;
+                return None;
             }
         }
     } else {
@@ -114,27 +159,5 @@ pub fn add_plugin_rows(
             }
         }
     }
-    if !guest_phased {
-        return;
-    }
-    if let Some(g) = guest_cr3 {
-        s.cross_checks.push(CrossCheck::new(
-            "CR3 writes in the phase (MOV-to-CR3 executions the QEMU plugin saw vs the guest's count)",
-            (
-                "insn_mov_cr3",
-                Source::QemuPlugin,
-                total.get(PluginCounter::Cr3Writes) as f64,
-            ),
-            ("cr3_writes", g),
-            0.0,
-        ));
-    }
-    if let (Some(g), true) = (guest_syscalls, loop_workload) {
-        s.cross_checks.push(CrossCheck::new(
-            "syscalls in the phase (SYSCALL/SYSENTER/INT executions the QEMU plugin saw vs the guest's count)",
-            ("syscall_entries", Source::QemuPlugin, total.syscall_entries() as f64),
-            ("syscalls", g),
-            0.0,
-        ));
-    }
+    Some(total)
 }

@@ -46,6 +46,9 @@ pub struct ResolvedRun {
     /// Whether `entry=auto` was settled by the flavour heuristic because
     /// the probe could not run (reports say so).
     pub entry_guessed: bool,
+    /// A Linux guest (`--linux`): the kernel settled, its initramfs packed;
+    /// `None` for ptiscope's own guest.
+    pub linux: Option<Arc<crate::linux::LinuxGuest>>,
 }
 
 impl ResolvedRun {

@@ -45,6 +45,9 @@ pub struct RunConfig {
     /// vCPUs (`--cpus`), 1..=[`crate::preflight::MAX_CPUS`]; the guest
     /// learns the count from `cpus=` on its command line.
     pub cpus: u32,
+    /// Which guest: ptiscope's own kernel, or a Linux kernel with
+    /// ptiscope's init (`--linux`), settled by [`crate::preflight::preflight`].
+    pub guest_kind: crate::linux::GuestKind,
 }
 
 impl RunConfig {
@@ -63,6 +66,7 @@ impl RunConfig {
             qemu_plugin: true,
             irqchip: true,
             cpus: 1,
+            guest_kind: crate::linux::GuestKind::Companion,
         }
     }
 }

@@ -42,7 +42,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     if crate::cli::pound::wants_sweep(args) {
         return crate::cli::pound::run(args);
     }
-    let embedded = args.arch.embedded_image();
+    let embedded = args.arch().embedded_image();
     if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
         eprintln!("ptiscope compare: --qemu-arg needs --backend qemu");
         return exit_code::USAGE;
@@ -153,7 +153,14 @@ pub fn run(args: &CompareArgs) -> i32 {
     };
     let watched = main_time_metric(args.backend);
 
-    println!("ptiscope compare: what PTI costs in the ptiscope guest on this host");
+    match &base.run.linux {
+        Some(l) => println!(
+            "ptiscope compare: what PTI costs in Linux ({}, {}) on this host",
+            l.arch.name(),
+            l.version.as_deref().unwrap_or("version unknown")
+        ),
+        None => println!("ptiscope compare: what PTI costs in the ptiscope guest on this host"),
+    }
     // Probed once per process (the entry probe also resolves entry=auto).
     let mut environment = Environment::collect(
         match args.backend {
@@ -183,14 +190,18 @@ pub fn run(args: &CompareArgs) -> i32 {
             entry_text = format!("; entry {entry}");
         }
         Backend::Qemu => {
-            let counts = if args.no_plugin {
-                "every figure guest-reported (--no-plugin)"
-            } else {
-                "time guest-reported, counts also host-observed by ptiscope's TCG plugin"
+            let binary = match base.run.linux.as_ref().map(|l| l.arch) {
+                Some(crate::linux::LinuxArch::X86_64) => "qemu-system-x86_64",
+                Some(crate::linux::LinuxArch::I386) => "qemu-system-i386",
+                None => crate::backend::qemu::binary_for(&base.run.image),
             };
             entry_text = format!(
-                "; backend QEMU TCG ({}): software emulation, {counts}",
-                crate::backend::qemu::binary_for(&base.run.image)
+                "; backend QEMU TCG ({binary}): software emulation, {}",
+                if args.no_plugin {
+                    "every figure guest-reported"
+                } else {
+                    "[qemu-plugin] figures host-observed, the others guest-reported"
+                }
             );
         }
     }

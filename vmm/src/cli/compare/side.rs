@@ -114,6 +114,7 @@ pub fn parse_side(
     c.guest.workload = Some(args.workload);
     c.guest.iterations = Some(args.iterations);
     c.qemu_args = args.qemu_arg.clone();
+    c.guest_kind = args.linux.guest_kind(args.arch);
     c.qemu_plugin = !args.no_plugin;
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let Some((k, v)) = word.split_once('=') else {
@@ -214,6 +215,15 @@ pub enum MeasuredRunError {
         /// (guest text escaped).
         report: String,
     },
+    /// A Linux guest's run ended otherwise than with its result (a panic,
+    /// no init, an unfinished init, PTI not as asked: `linux::diagnose`).
+    #[error("{message}")]
+    Linux {
+        /// The documented exit code of that end.
+        code: i32,
+        /// The cause, named.
+        message: String,
+    },
 }
 
 /// One measured run.
@@ -230,6 +240,14 @@ pub fn run_measured(
     };
     match run {
         Ok(o) => {
+            if let Some(l) = &resolved.linux {
+                let host = crate::linux::host_observation(&o, l);
+                if let Some((code, message)) = crate::linux::diagnose(&o, l, host.as_ref()) {
+                    return Err(MeasuredRunError::Linux { code, message });
+                }
+                let s = crate::linux::summary(&o, l, host.as_ref());
+                return Ok((o, s));
+            }
             let s = match backend {
                 Backend::Kvm => m.summary(&o, config_words(&o)),
                 Backend::Qemu => summary_from_result(&o, config_words(&o)),

@@ -1,0 +1,294 @@
+//! ptiscope's workloads as the init (PID 1) of a real Linux kernel.
+//!
+//! ptiscope packs this static binary into an initramfs at run time and boots
+//! a Linux kernel with it. It reads the experiment from the kernel command
+//! line (`/proc/cmdline`) with the companion guest's option names and parser
+//! (guest-core), checks from the kernel log whether page table isolation is
+//! on, runs the workload between the companion guest's phase-marker port
+//! writes, prints the same `@result` line, and ends with the companion
+//! guest's exit-status port write (then `reboot(RB_POWER_OFF)` where there is
+//! no exit device).
+//!
+//! The measured loops are Rust around one inline-assembly system call (see
+//! `sys::syscall3`): the companion guest's GAS user programs use its own
+//! system-call ABI (a phase-marker system call, a `wait` without arguments,
+//! SYSENTER through its own stub) and its `.user.text` section, so they
+//! cannot run under Linux unchanged.
+
+mod sys;
+mod work;
+
+use std::io::Write;
+
+use guest_core::cmdline::Config;
+use ptiscope_abi::exit_status;
+use ptiscope_abi::options::{Entry, PtiMode, Workload};
+
+/// What the kernel log says when PTI is on (arch/x86/mm/pti.c, pti_init()).
+const PTI_ENABLED: &str = "Kernel/User page tables isolation: enabled";
+/// Bytes of /proc/cmdline read (Linux's x86 COMMAND_LINE_SIZE is 2048).
+const CMDLINE_CAP: usize = 4096;
+/// Bytes of kernel log read.
+const KLOG_CAP: usize = 1 << 20;
+
+/// The keys of the init's own, besides the companion guest's.
+mod keys {
+    /// `ipc=socket|pipe` of sched-messaging (perf bench's default is a
+    /// socket pair; `-p` is pipes).
+    pub const IPC: &str = "ipc";
+}
+
+#[cfg(target_arch = "x86_64")]
+const ARCH: &str = "x86_64";
+#[cfg(target_arch = "x86")]
+const ARCH: &str = "i386";
+
+fn main() {
+    let status = run();
+    stop(status)
+}
+
+/// Ends the run: flushes the console, writes the exit-status port (QEMU's
+/// isa-debug-exit, the VMM's exit device) and powers off.
+fn stop(status: u32) -> ! {
+    let _ = std::io::stdout().flush();
+    sys::drain_console();
+    sys::outl(ptiscope_abi::port::EXIT, status);
+    sys::power_off();
+    // Not reached: PID 1 must not return.
+    loop {
+        std::thread::park();
+    }
+}
+
+/// The options of the run: the command-line words whose keys are the
+/// companion guest's, parsed by its parser, and the init's own.
+struct Options {
+    config: Config,
+    ipc_pipe: bool,
+}
+
+fn options(cmdline: &str) -> Result<Options, String> {
+    let mut mine = Vec::new();
+    let mut ipc_pipe = false;
+    for word in cmdline.split_ascii_whitespace() {
+        let Some((key, value)) = word.split_once('=') else {
+            continue;
+        };
+        if key == keys::IPC {
+            ipc_pipe = match value {
+                "pipe" => true,
+                "socket" => false,
+                _ => {
+                    return Err(format!(
+                        "bad value `{value}` for `ipc` (expected socket|pipe)"
+                    ))
+                }
+            };
+        } else if is_guest_key(key) {
+            mine.push(word);
+        }
+    }
+    let line = mine.join(" ");
+    let config = guest_core::cmdline::parse(&line).map_err(|e| e.to_string())?;
+    Ok(Options { config, ipc_pipe })
+}
+
+/// Whether `key` is one of the companion guest's command-line keys.
+fn is_guest_key(key: &str) -> bool {
+    use ptiscope_abi::cmdline as k;
+    [
+        k::PTI,
+        k::ENTRY,
+        k::WORKLOAD,
+        k::ITERATIONS,
+        k::GROUPS,
+        k::LOOPS,
+        k::MODE,
+        k::WSS,
+        k::STRIDE,
+        k::TOUCHES,
+        k::CPUS,
+        k::THREADS,
+    ]
+    .contains(&key)
+}
+
+/// The measured call's gate for `entry=`.
+fn gate(entry: Entry) -> Result<sys::Gate, String> {
+    match entry {
+        #[cfg(target_arch = "x86_64")]
+        Entry::Syscall | Entry::Int3 => Ok(sys::Gate::Syscall),
+        #[cfg(target_arch = "x86")]
+        Entry::Int80 | Entry::Int3 => Ok(sys::Gate::Int80),
+        #[cfg(target_arch = "x86")]
+        Entry::Sysenter => sys::vsyscall_address()
+            .map(sys::Gate::Vsyscall)
+            .ok_or_else(|| "entry=sysenter: the kernel gave no vDSO (AT_SYSINFO)".to_string()),
+        other => Err(format!(
+            "entry={other} is not a Linux {ARCH} system-call entry here (x86_64: syscall; \
+             i386: int80 or sysenter, the vDSO's __kernel_vsyscall)"
+        )),
+    }
+}
+
+fn run() -> u32 {
+    if let Err(e) = sys::grant_ports(ptiscope_abi::port::EXIT, ptiscope_abi::port::EXIT_LEN)
+        .and_then(|()| sys::grant_ports(ptiscope_abi::port::PHASE, ptiscope_abi::port::PHASE_LEN))
+    {
+        println!("linux-init: ioperm failed ({e}): cannot mark phases or report a status");
+        return exit_status::FAILURE;
+    }
+    if let Err(e) = sys::mount_proc() {
+        println!("linux-init: cannot mount /proc: {e}");
+        return exit_status::FAILURE;
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    println!(
+        "{} linux-init {ARCH} {} (Linux {release})",
+        ptiscope_abi::BANNER_PREFIX,
+        env!("CARGO_PKG_VERSION")
+    );
+    let cmdline = match read_capped("/proc/cmdline", CMDLINE_CAP) {
+        Ok(s) => s,
+        Err(e) => {
+            println!("linux-init: cannot read /proc/cmdline: {e}");
+            return exit_status::FAILURE;
+        }
+    };
+    let opts = match options(&cmdline) {
+        Ok(o) => o,
+        Err(e) => {
+            println!("bad command line: {e}");
+            println!("@badcmdline {e}");
+            return exit_status::BAD_CMDLINE;
+        }
+    };
+    let c = &opts.config;
+
+    // PTI from the kernel log: /sys/.../vulnerabilities/meltdown says "Not
+    // affected" on a CPU model without the bug even when pti=on forces it.
+    let pti = match sys::kernel_log(KLOG_CAP) {
+        Ok(log) => log.contains(PTI_ENABLED),
+        Err(e) => {
+            println!("linux-init: cannot read the kernel log: {e}");
+            return exit_status::FAILURE;
+        }
+    };
+    println!(
+        "@linux release={release} arch={ARCH} pti={} asked_pti={}",
+        on_off(pti),
+        c.pti
+    );
+    match (c.pti, pti) {
+        (PtiMode::On, false) => {
+            println!(
+                "@pti-mismatch asked=on log=off: the kernel was asked for pti=on but its log has no \
+                 \"{PTI_ENABLED}\" line (a kernel built without CONFIG_PAGE_TABLE_ISOLATION, or a \
+                 32-bit kernel without PAE); nothing is measured"
+            );
+            return exit_status::UNSUPPORTED;
+        }
+        (PtiMode::Off, true) => {
+            println!("@pti-mismatch asked=off log=on: the kernel log says PTI is enabled although pti=off was asked");
+            return exit_status::FAILURE;
+        }
+        _ => {}
+    }
+    let gate = match gate(c.entry) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("bad command line: {e}");
+            println!("@badcmdline {e}");
+            return exit_status::BAD_CMDLINE;
+        }
+    };
+    let outcome = match c.workload {
+        Workload::None => None,
+        Workload::Getpid | Workload::Getppid | Workload::WriteBadfd => {
+            Some(work::syscall_loop(c, gate))
+        }
+        Workload::SchedMessaging => Some(work::messaging(c, opts.ipc_pipe)),
+        Workload::Poundsyscall => Some(work::pound(c, gate)),
+        Workload::NoptiGetpid => {
+            println!("bad command line: workload=nopti-getpid needs the companion guest's per-process PTI opt-out, which Linux does not have");
+            println!("@badcmdline workload=nopti-getpid is not a Linux workload");
+            return exit_status::BAD_CMDLINE;
+        }
+    };
+    let Some(outcome) = outcome else {
+        println!("workload=none: nothing measured");
+        return exit_status::SUCCESS;
+    };
+    let o = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            println!("linux-init: the workload failed: {e}");
+            return exit_status::FAILURE;
+        }
+    };
+    let n = o.calls;
+    let tenths = o.cycles.saturating_mul(10).checked_div(n).unwrap_or(0);
+    println!(
+        "{}workload={} iterations={n} cycles={} cycles_per_call={}.{} ns={} pti={} pcid=off entry={} \
+         mismatches={} exit_status=0 kernel=linux release={release}{}",
+        ptiscope_abi::RESULT_PREFIX,
+        c.workload.name(),
+        o.cycles,
+        tenths / 10,
+        tenths % 10,
+        o.ns,
+        on_off(pti),
+        entry_name(gate),
+        o.mismatches,
+        o.extra,
+    );
+    if c.workload == Workload::Poundsyscall {
+        println!(
+            "@smp cpus={} threads={} calls_per_thread={}",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            c.threads,
+            c.iterations
+        );
+    }
+    if o.mismatches != 0 || !o.ok {
+        println!(
+            "workload failed: {} wrong results{}",
+            o.mismatches,
+            if o.ok { "" } else { ", a check failed" }
+        );
+        return exit_status::FAILURE;
+    }
+    exit_status::SUCCESS
+}
+
+fn entry_name(gate: sys::Gate) -> &'static str {
+    match gate {
+        #[cfg(target_arch = "x86_64")]
+        sys::Gate::Syscall => Entry::Syscall.name(),
+        #[cfg(target_arch = "x86")]
+        sys::Gate::Int80 => Entry::Int80.name(),
+        #[cfg(target_arch = "x86")]
+        sys::Gate::Vsyscall(_) => Entry::Sysenter.name(),
+    }
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// A file's text, at most `cap` bytes.
+fn read_capped(path: &str, cap: usize) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut s = String::new();
+    std::fs::File::open(path)?
+        .take(cap as u64)
+        .read_to_string(&mut s)?;
+    Ok(s)
+}

@@ -1,0 +1,702 @@
+//! `ptiscope reproduce <seed>`: one published PTI table (docs/seeds.md),
+//! its rows measured here beside the published figures, on the companion
+//! guest and, where the seed was about Linux, on the Linux kernels
+//! `ptiscope linux fetch` gets.
+//!
+//! Every cell is one configuration run through compare's own path
+//! (`compare::parse_side`, `preflight`, `compare::run_measured`): nothing
+//! here measures anything itself. Sizes are scaled so that a seed finishes
+//! in about a minute under QEMU TCG; the published figures are converted to
+//! the same unit (per call or per message), and each row's overhead is
+//! against its own baseline row, as the seed reported it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser as _;
+use ptiscope_abi::options::Workload;
+
+use super::compare::{parse_side, rates, run_measured};
+use super::exit_code::{self, ExitCode as _};
+use super::{Arch, Backend, Cli, Command, CompareArgs};
+use crate::preflight::preflight;
+
+/// The seeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Seed {
+    /// Roedel 2018: sched-messaging, 32-bit PAE against 64-bit, PTI off/on.
+    #[value(name = "roedel-2018")]
+    Roedel2018,
+    /// Tarreau 2018: getppid round trip, PTI on, off per process, off at boot.
+    #[value(name = "tarreau-2018")]
+    Tarreau2018,
+    /// Chartre 2020: poundsyscall by thread count, PTI off/on.
+    #[value(name = "chartre-2020")]
+    Chartre2020,
+    /// Petkov 2015: cycles per getpid.
+    #[value(name = "petkov-2015")]
+    Petkov2015,
+    /// Gregg 2018: overhead against working set.
+    #[value(name = "gregg-2018")]
+    Gregg2018,
+}
+
+/// `ptiscope reproduce`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReproduceArgs {
+    /// Which seed.
+    #[arg(value_enum)]
+    pub seed: Seed,
+    /// Runs per cell (their mean is shown).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub runs: u32,
+    /// Leave out the Linux kernels (the companion guest only).
+    #[arg(long)]
+    pub no_linux: bool,
+    /// Leave out the companion guest (the Linux kernels only).
+    #[arg(long)]
+    pub no_companion: bool,
+    /// Timeout of each run, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub timeout: u64,
+    /// Also write the table as JSON (`ptiscope.reproduce/1`).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// Which guest a cell boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guest {
+    Companion(Arch),
+    Linux(&'static str),
+}
+
+impl Guest {
+    fn name(self) -> String {
+        match self {
+            Guest::Companion(Arch::X86_64) => "ptiscope guest (x86_64)".into(),
+            Guest::Companion(Arch::I386) => "ptiscope guest (i386 PAE)".into(),
+            Guest::Linux(k) => format!("Linux {k}"),
+        }
+    }
+}
+
+/// One cell of a seed's table.
+#[derive(Debug, Clone)]
+struct Cell {
+    guest: Guest,
+    row: String,
+    column: String,
+    /// compare's side options (`pti=on,cmdline=...`); `None`: not
+    /// measurable on this guest (the reason).
+    opts: Result<String, &'static str>,
+    workload: Workload,
+    iterations: u64,
+    cpus: u32,
+    /// The published figure in this cell's unit, and as published.
+    published: Option<f64>,
+    published_text: String,
+    /// The index (in the seed's cells) of the row this one's overhead is against.
+    baseline: Option<usize>,
+}
+
+/// A measured cell.
+#[derive(Debug, Clone, Default)]
+struct Measured {
+    value: Option<f64>,
+    unit: String,
+    metric: String,
+    cr3_per_call: Option<f64>,
+    cr3_source: &'static str,
+    backend: &'static str,
+    error: Option<(i32, String)>,
+}
+
+/// A per-call rate of a run: (metric name, source key, value).
+type Rate = (String, String, f64);
+
+const ROEDEL_MESSAGES: f64 = 20.0 * 400.0 * 100.0;
+
+/// The cells of a seed, for the guests asked.
+fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
+    let mut v: Vec<Cell> = Vec::new();
+    let mut push = |c: Cell| {
+        v.push(c);
+        v.len() - 1
+    };
+    let title;
+    match seed {
+        Seed::Roedel2018 => {
+            title = "Roedel 2018: perf bench sched messaging -g 20 (published: seconds, shown as ns per \
+                     message of its 800,000) against sched-messaging groups=1 loops=10 (4,000 messages) here"
+                .to_string();
+            // (kernel label, published processes, threads) per PTI state.
+            let published = [
+                ("32-bit PAE", [(0.28, 0.27), (0.44, 0.42)]),
+                ("64-bit", [(0.24, 0.25), (0.30, 0.31)]),
+            ];
+            for &g in guests {
+                for (bits, figures) in published {
+                    let matches = matches!(
+                        (g, bits),
+                        (Guest::Companion(Arch::I386), "32-bit PAE")
+                            | (Guest::Linux("debian-686-pae"), "32-bit PAE")
+                            | (Guest::Companion(Arch::X86_64), "64-bit")
+                            | (Guest::Linux("debian-amd64"), "64-bit")
+                    );
+                    if !matches {
+                        continue;
+                    }
+                    for (mode, col, column) in
+                        [("process", 0usize, "processes"), ("thread", 1, "threads")]
+                    {
+                        let mut base = None;
+                        for (pti, fig) in [("off", figures[0]), ("on", figures[1])] {
+                            let secs = if col == 0 { fig.0 } else { fig.1 };
+                            let i = push(Cell {
+                                guest: g,
+                                row: format!(
+                                    "{bits}, {}",
+                                    if pti == "on" { "PTI" } else { "no PTI" }
+                                ),
+                                column: column.into(),
+                                opts: Ok(format!(
+                                    "pti={pti},cmdline=groups=1 loops=10 mode={mode}"
+                                )),
+                                workload: Workload::SchedMessaging,
+                                iterations: 1,
+                                cpus: 1,
+                                published: Some(secs / ROEDEL_MESSAGES * 1e9),
+                                published_text: format!("{secs:.2} s"),
+                                baseline: base,
+                            });
+                            base = Some(i);
+                        }
+                    }
+                }
+            }
+        }
+        Seed::Tarreau2018 => {
+            title = "Tarreau 2018: 3 million getppid() (published: ms, shown as ns per call) against \
+                     getppid loops here (300,000 calls on the companion guest, 20,000 under Linux/TCG)"
+                .to_string();
+            for &g in guests {
+                let linux = matches!(g, Guest::Linux(_));
+                if g == Guest::Linux("debian-686-pae") || g == Guest::Companion(Arch::I386) {
+                    continue;
+                }
+                let iterations = if linux { 20_000 } else { 300_000 };
+                let rows: [(&str, Result<&str, &'static str>, Workload, f64); 3] = [
+                    ("PTI off at boot", Ok("pti=off"), Workload::Getppid, 215.0),
+                    (
+                        "PTI off for the process",
+                        if linux {
+                            Err("Linux has no per-process PTI opt-out (the 2018 prctl was not merged)")
+                        } else {
+                            Ok("pti=on,workload=nopti-getpid")
+                        },
+                        Workload::Getppid,
+                        230.0,
+                    ),
+                    ("PTI on", Ok("pti=on"), Workload::Getppid, 920.0),
+                ];
+                let mut base = None;
+                for (row, opts, workload, ms) in rows {
+                    let i = push(Cell {
+                        guest: g,
+                        row: row.into(),
+                        column: "getppid".into(),
+                        opts: opts.map(String::from),
+                        workload,
+                        iterations,
+                        cpus: 1,
+                        published: Some(ms * 1e6 / 3e6),
+                        published_text: format!("{ms:.0} ms"),
+                        baseline: base,
+                    });
+                    if base.is_none() {
+                        base = Some(i);
+                    }
+                }
+            }
+        }
+        Seed::Chartre2020 => {
+            title = "Chartre 2020: mmtests poundsyscall, T threads of getppid, pti vs nopti (published: \
+                     the overhead only, ~+150 % at 2-4 threads) against poundsyscall on 2 vCPUs here"
+                .to_string();
+            for &g in guests {
+                if g == Guest::Linux("debian-686-pae") || g == Guest::Companion(Arch::I386) {
+                    continue;
+                }
+                let iterations = if matches!(g, Guest::Linux(_)) {
+                    5_000
+                } else {
+                    100_000
+                };
+                for threads in [2u32, 4] {
+                    let mut base = None;
+                    for pti in ["off", "on"] {
+                        let i = push(Cell {
+                            guest: g,
+                            row: format!("{threads} threads, pti={pti}"),
+                            column: "poundsyscall".into(),
+                            opts: Ok(format!("pti={pti},cmdline=threads={threads}")),
+                            workload: Workload::Poundsyscall,
+                            iterations,
+                            cpus: 2,
+                            published: None,
+                            published_text: if pti == "on" {
+                                "~+150 %".into()
+                            } else {
+                                "baseline".into()
+                            },
+                            baseline: base,
+                        });
+                        base = Some(i);
+                    }
+                }
+            }
+        }
+        Seed::Petkov2015 => {
+            title = "Petkov 2015: cycles per getpid by raw SYSCALL (published: ~396.5 cycles, before \
+                     PTI existed) against getpid loops here; under TCG the TSC is QEMU's, not cycles"
+                .to_string();
+            for &g in guests {
+                if g == Guest::Linux("debian-686-pae") || g == Guest::Companion(Arch::I386) {
+                    continue;
+                }
+                let iterations = if matches!(g, Guest::Linux(_)) {
+                    20_000
+                } else {
+                    300_000
+                };
+                let base = push(Cell {
+                    guest: g,
+                    row: "getpid, pti=off".into(),
+                    column: "cycles".into(),
+                    opts: Ok("pti=off".into()),
+                    workload: Workload::Getpid,
+                    iterations,
+                    cpus: 1,
+                    published: Some(396.5),
+                    published_text: "396.5 cycles".into(),
+                    baseline: None,
+                });
+                push(Cell {
+                    guest: g,
+                    row: "getpid, pti=on".into(),
+                    column: "cycles".into(),
+                    opts: Ok("pti=on".into()),
+                    workload: Workload::Getpid,
+                    iterations,
+                    cpus: 1,
+                    published: None,
+                    published_text: "(no PTI in 2015)".into(),
+                    baseline: Some(base),
+                });
+            }
+        }
+        Seed::Gregg2018 => {
+            title = "Gregg 2018: KPTI overhead against working set (published: a figure, overhead \
+                     growing with the working set read between calls) against getppid with wss= here"
+                .to_string();
+            for &g in guests {
+                if g == Guest::Linux("debian-686-pae") || g == Guest::Companion(Arch::I386) {
+                    continue;
+                }
+                let iterations = if matches!(g, Guest::Linux(_)) {
+                    5_000
+                } else {
+                    100_000
+                };
+                for wss in ["0", "64K", "1M"] {
+                    let mut base = None;
+                    for pti in ["off", "on"] {
+                        let i = push(Cell {
+                            guest: g,
+                            row: format!("wss={wss}, pti={pti}"),
+                            column: "getppid".into(),
+                            opts: Ok(if wss == "0" {
+                                format!("pti={pti}")
+                            } else {
+                                format!("pti={pti},cmdline=wss={wss} stride=64")
+                            }),
+                            workload: Workload::Getppid,
+                            iterations,
+                            cpus: 1,
+                            published: None,
+                            published_text: "(figure)".into(),
+                            baseline: base,
+                        });
+                        base = Some(i);
+                    }
+                }
+            }
+        }
+    }
+    (title, v)
+}
+
+/// compare's arguments for a cell, through compare's own parser (its
+/// defaults, its checks).
+fn compare_args(cell: &Cell, backend: Backend, timeout: u64) -> Result<CompareArgs, String> {
+    let mut argv: Vec<String> = ["ptiscope", "compare", "--backend"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.push(
+        match backend {
+            Backend::Kvm => "kvm",
+            Backend::Qemu => "qemu",
+        }
+        .into(),
+    );
+    argv.extend([
+        "--workload".into(),
+        cell.workload.to_string(),
+        "--iterations".into(),
+        cell.iterations.to_string(),
+        "--cpus".into(),
+        cell.cpus.to_string(),
+        "--timeout".into(),
+        timeout.to_string(),
+        "--runs".into(),
+        "1".into(),
+    ]);
+    match cell.guest {
+        Guest::Companion(Arch::I386) => argv.extend(["--arch".into(), "i386".into()]),
+        Guest::Companion(Arch::X86_64) => {}
+        Guest::Linux(k) => argv.extend(["--linux".into(), k.into()]),
+    }
+    match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Some(Command::Compare(a)),
+            ..
+        }) => Ok(a),
+        Ok(_) => Err("internal: not a compare command".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The figures of one run of `cell` on `backend`.
+fn measure_on(
+    cell: &Cell,
+    opts: &str,
+    backend: Backend,
+    timeout: u64,
+) -> Result<(Vec<Rate>, &'static str), (i32, String)> {
+    let args = compare_args(cell, backend, timeout).map_err(|e| (exit_code::USAGE, e))?;
+    let spec = parse_side(opts, &args, args.arch().embedded_image())
+        .map_err(|e| (exit_code::USAGE, e.to_string()))?;
+    let resolved =
+        preflight(&spec.config, backend.target()).map_err(|e| (e.exit_code(), e.to_string()))?;
+    let (_, summary) =
+        run_measured(&resolved, backend).map_err(|e| (e.exit_code(), e.to_string()))?;
+    Ok((
+        rates(&summary)
+            .into_iter()
+            .map(|(m, v)| (m.name, m.source.key().to_string(), v))
+            .collect(),
+        match backend {
+            Backend::Kvm => "kvm",
+            Backend::Qemu => "qemu",
+        },
+    ))
+}
+
+/// Measures a cell `runs` times: the companion on KVM (under QEMU where
+/// this host's KVM refuses it, e.g. 32-bit paging on kvm_pvm), Linux under
+/// QEMU.
+fn measure(cell: &Cell, runs: u32, timeout: u64) -> Measured {
+    let opts = match &cell.opts {
+        Ok(o) => o.clone(),
+        Err(why) => {
+            return Measured {
+                error: Some((0, why.to_string())),
+                ..Default::default()
+            }
+        }
+    };
+    let mut samples: Vec<Vec<Rate>> = Vec::new();
+    let mut backend = "";
+    for _ in 0..runs {
+        let first = match cell.guest {
+            Guest::Linux(_) => Backend::Qemu,
+            Guest::Companion(_) => Backend::Kvm,
+        };
+        let r = match measure_on(cell, &opts, first, timeout) {
+            Err((_, msg)) if first == Backend::Kvm && preflight_refusal(&msg) => {
+                measure_on(cell, &opts, Backend::Qemu, timeout)
+            }
+            r => r,
+        };
+        match r {
+            Ok((rates, b)) => {
+                samples.push(rates);
+                backend = b;
+            }
+            Err(e) => {
+                return Measured {
+                    error: Some(e),
+                    ..Default::default()
+                }
+            }
+        }
+    }
+    let mean = |name: &str| -> Option<(f64, String)> {
+        let vals: Vec<(f64, String)> = samples
+            .iter()
+            .filter_map(|s| {
+                s.iter()
+                    .find(|(n, _, _)| n == name)
+                    .map(|(_, src, v)| (*v, src.clone()))
+            })
+            .collect();
+        (vals.len() == samples.len() && !vals.is_empty()).then(|| {
+            (
+                vals.iter().map(|(v, _)| v).sum::<f64>() / vals.len() as f64,
+                vals[0].1.clone(),
+            )
+        })
+    };
+    let time_names: &[(&str, &str)] = if cell.column == "cycles" {
+        &[("cycles_per_call", "cycles")]
+    } else {
+        &[
+            ("ns_per_call", "ns"),
+            ("guest_ns_per_call", "ns"),
+            ("cycles_per_call", "cycles"),
+        ]
+    };
+    let (value, unit, metric) = time_names
+        .iter()
+        .find_map(|(n, u)| mean(n).map(|(v, _)| (Some(v), u.to_string(), n.to_string())))
+        .unwrap_or((None, String::new(), String::new()));
+    let (cr3, src) = match mean("insn_mov_cr3_per_call") {
+        Some((v, _)) => (Some(v), "qemu-plugin"),
+        None => match mean("cr3_writes_per_call") {
+            Some((v, _)) => (Some(v), "guest"),
+            None => (None, ""),
+        },
+    };
+    Measured {
+        value,
+        unit,
+        metric,
+        cr3_per_call: cr3,
+        cr3_source: src,
+        backend,
+        error: None,
+    }
+}
+
+/// Whether a KVM-backend error is a refusal before boot that QEMU does not
+/// have (this host's KVM cannot run the flavour or the entry).
+fn preflight_refusal(msg: &str) -> bool {
+    msg.contains("refuses 32-bit paging") || msg.contains("probe:")
+}
+
+/// Runs the seed and prints its table; returns the process exit code.
+pub fn run(args: &ReproduceArgs) -> i32 {
+    let mut guests = Vec::new();
+    if !args.no_companion {
+        guests.extend([Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)]);
+    }
+    // Every seed was measured on Linux.
+    if !args.no_linux {
+        for k in ["debian-amd64", "debian-686-pae"] {
+            match crate::linux::known_path(k) {
+                Some(Ok(p)) if p.is_file() => guests.push(Guest::Linux(k)),
+                _ => eprintln!(
+                    "ptiscope reproduce: {k} is not fetched: its rows are left out (run `ptiscope linux fetch`)"
+                ),
+            }
+        }
+    }
+    // The output is opened before the first boot: a bad path must not
+    // cost the runs.
+    let json_file = match &args.json {
+        Some(p) => {
+            match crate::output::open_document("--json", p, Duration::from_secs(args.timeout)) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    eprintln!("ptiscope reproduce: {e}");
+                    return e.exit_code();
+                }
+            }
+        }
+        None => None,
+    };
+    let (title, cells) = cells(args.seed, &guests);
+    if cells.is_empty() {
+        eprintln!("ptiscope reproduce: no guest to measure (every kernel left out)");
+        return exit_code::USAGE;
+    }
+    println!("ptiscope reproduce {}", seed_name(args.seed));
+    println!("  {title}");
+    let started = std::time::Instant::now();
+    let measured: Vec<Measured> = cells
+        .iter()
+        .map(|c| {
+            eprintln!(
+                "ptiscope reproduce: {} / {} / {} ...",
+                c.guest.name(),
+                c.row,
+                c.column
+            );
+            measure(c, args.runs, args.timeout)
+        })
+        .collect();
+    let mut exit = 0;
+    let mut json_rows = Vec::new();
+    let mut current: Option<Guest> = None;
+    for (i, (c, m)) in cells.iter().zip(&measured).enumerate() {
+        if current != Some(c.guest) {
+            current = Some(c.guest);
+            println!();
+            println!(
+                "{} ({})",
+                c.guest.name(),
+                if m.backend.is_empty() { "-" } else { m.backend }
+            );
+            println!(
+                "  {:<26} {:<12} {:>14} {:>10}   {:>14} {:>10}   {:>9}",
+                "row", "column", "published", "(per unit)", "here", "vs base", "CR3/call"
+            );
+        }
+        let base_value = c.baseline.and_then(|b| measured[b].value);
+        let vs = match (m.value, base_value) {
+            (Some(v), Some(b)) if b > 0.0 => Some((v / b - 1.0) * 100.0),
+            _ => None,
+        };
+        let pub_vs = match (c.published, c.baseline.and_then(|b| cells[b].published)) {
+            (Some(v), Some(b)) if b > 0.0 => Some((v / b - 1.0) * 100.0),
+            _ => None,
+        };
+        let here = match (&m.error, m.value) {
+            (Some((_, e)), _) => {
+                if let Some((code, _)) = &m.error {
+                    if *code != 0 && exit == 0 {
+                        exit = *code;
+                    }
+                }
+                format!("n/a: {e}")
+            }
+            (None, Some(v)) => format!("{v:.1} {}", m.unit),
+            (None, None) => "n/a".into(),
+        };
+        println!(
+            "  {:<26} {:<12} {:>14} {:>10}   {:>14} {:>10}   {:>9}",
+            c.row,
+            c.column,
+            match pub_vs {
+                Some(p) => format!("{} ({p:+.0}%)", c.published_text),
+                None => c.published_text.clone(),
+            },
+            c.published.map_or("-".into(), |p| format!("{p:.1}")),
+            here,
+            vs.map_or("-".into(), |v| format!("{v:+.1}%")),
+            m.cr3_per_call.map_or("-".into(), |v| format!("{v:.2}")),
+        );
+        json_rows.push(serde_json::json!({
+            "guest": c.guest.name(),
+            "backend": m.backend,
+            "row": c.row,
+            "column": c.column,
+            "published": c.published_text,
+            "published_per_unit": c.published,
+            "published_vs_baseline_pct": pub_vs,
+            "here": m.value,
+            "unit": m.unit,
+            "metric": m.metric,
+            "vs_baseline_pct": vs,
+            "baseline_row": c.baseline,
+            "cr3_writes_per_call": m.cr3_per_call,
+            "cr3_source": m.cr3_source,
+            "error": m.error.as_ref().map(|(_, e)| e.clone()),
+            "index": i,
+        }));
+    }
+    println!();
+    println!(
+        "  {} cells in {:.1} s; runs per cell: {}. Under QEMU TCG every CR3 write flushes TCG's whole \
+         software TLB, so time ratios there overstate hardware's; the exact figures are the CR3 \
+         writes (and kernel instructions) per call.",
+        cells.len(),
+        started.elapsed().as_secs_f64(),
+        args.runs
+    );
+    if let Some(f) = &json_file {
+        let doc = serde_json::json!({
+            "schema": "ptiscope.reproduce/1",
+            "seed": seed_name(args.seed),
+            "title": title,
+            "runs_per_cell": args.runs,
+            "rows": json_rows,
+        });
+        let text = serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "null".into());
+        if let Err(e) = f.write_document(&text) {
+            eprintln!("ptiscope reproduce: {e}");
+            return exit_code::CANT_CREATE;
+        }
+    }
+    exit
+}
+
+fn seed_name(s: Seed) -> &'static str {
+    match s {
+        Seed::Roedel2018 => "roedel-2018",
+        Seed::Tarreau2018 => "tarreau-2018",
+        Seed::Chartre2020 => "chartre-2020",
+        Seed::Petkov2015 => "petkov-2015",
+        Seed::Gregg2018 => "gregg-2018",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roedels_table_has_its_four_rows_per_column_each_against_its_own_baseline() {
+        let guests = [
+            Guest::Companion(Arch::X86_64),
+            Guest::Linux("debian-686-pae"),
+        ];
+        let (_, c) = cells(Seed::Roedel2018, &guests);
+        // Per guest: one kernel (64-bit or 32-bit PAE), 2 PTI states x 2 columns.
+        assert_eq!(c.len(), 8);
+        for (i, cell) in c.iter().enumerate() {
+            match cell.baseline {
+                Some(b) => {
+                    assert_eq!(i, b + 1);
+                    assert_eq!(c[b].column, cell.column);
+                    assert!(cell.opts.as_ref().unwrap().starts_with("pti=on"));
+                }
+                None => assert!(cell.opts.as_ref().unwrap().starts_with("pti=off")),
+            }
+        }
+        // The published 32-bit PAE figures go with the 686-pae kernel.
+        let pae: Vec<_> = c
+            .iter()
+            .filter(|x| x.guest == Guest::Linux("debian-686-pae"))
+            .collect();
+        assert!(pae.iter().all(|x| x.row.starts_with("32-bit PAE")));
+        assert_eq!(pae[1].published_text, "0.44 s");
+    }
+
+    #[test]
+    fn every_seed_has_cells_for_the_64_bit_kernels() {
+        for seed in [
+            Seed::Roedel2018,
+            Seed::Tarreau2018,
+            Seed::Chartre2020,
+            Seed::Petkov2015,
+            Seed::Gregg2018,
+        ] {
+            let (_, c) = cells(seed, &[Guest::Linux("debian-amd64")]);
+            assert!(!c.is_empty(), "{seed:?}");
+            assert!(c.iter().any(|x| x.baseline.is_some()), "{seed:?}");
+        }
+    }
+}

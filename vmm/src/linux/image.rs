@@ -1,0 +1,282 @@
+//! What a `--linux` kernel file is: an x86 bzImage (its setup header says
+//! whether it has a 64-bit entry) or an ELF64 vmlinux with a PVH entry note,
+//! and the kernel's build configuration where one is beside it.
+
+use std::path::{Path, PathBuf};
+
+use crate::machine::loader::{self, KernelSource, LoadError};
+
+/// A Linux kernel's architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinuxArch {
+    /// x86_64 (64-bit entry).
+    X86_64,
+    /// i386 (a 32-bit bzImage; 686-pae and the like).
+    I386,
+}
+
+impl LinuxArch {
+    /// The name `--arch` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinuxArch::X86_64 => "x86_64",
+            LinuxArch::I386 => "i386",
+        }
+    }
+}
+
+/// The kind of image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// A bzImage (Linux/x86 boot protocol; the setup header's "HdrS").
+    BzImage,
+    /// An ELF64 vmlinux with a PVH entry note.
+    PvhElf,
+}
+
+/// A kernel image read and recognised.
+#[derive(Debug, Clone)]
+pub struct KernelImage {
+    /// The bytes (read once, size-capped, regular files only).
+    pub bytes: Vec<u8>,
+    /// bzImage or PVH ELF.
+    pub format: ImageFormat,
+    /// Architecture, from the setup header (or the ELF class).
+    pub arch: LinuxArch,
+    /// The setup header's version string (`6.1.0-57-cloud-amd64 (debian-kernel@...) #1 ...`).
+    pub version: Option<String>,
+    /// The kernel configuration's `CONFIG_PAGE_TABLE_ISOLATION`, where a
+    /// config file was found beside the image.
+    pub config_pti: Option<bool>,
+    /// The configuration file read, if any.
+    pub config_path: Option<PathBuf>,
+}
+
+/// Errors recognising a kernel image.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The file could not be read (missing, not a regular file, too large).
+    #[error(transparent)]
+    Read(#[from] LoadError),
+    /// The file is neither a bzImage nor an ELF64 vmlinux.
+    #[error(
+        "{path} is not a Linux kernel: no bzImage setup header (\"HdrS\" at 0x202) and no ELF \
+         magic ({what}); give a bzImage (e.g. /boot/vmlinuz-*, arch/x86/boot/bzImage) or an \
+         ELF64 vmlinux built with CONFIG_PVH=y"
+    )]
+    NotAKernel {
+        /// The file.
+        path: String,
+        /// What its first bytes look like.
+        what: String,
+    },
+    /// An ELF that is not a bootable PVH ELF64 (the loader's reason).
+    #[error(
+        "{path}: an ELF vmlinux must be ELF64 x86_64 with a PVH entry note (CONFIG_PVH=y): {why}"
+    )]
+    BadElf {
+        /// The file.
+        path: String,
+        /// Why not.
+        why: String,
+    },
+    /// A bzImage whose boot protocol is too old to say its architecture.
+    #[error("{path}: bzImage boot protocol {version:#x} is older than 2.12 (Linux 3.8): too old")]
+    OldProtocol {
+        /// The file.
+        path: String,
+        /// The setup header's protocol version.
+        version: u16,
+    },
+}
+
+const HDRS_OFFSET: usize = 0x202;
+const PROTOCOL_OFFSET: usize = 0x206;
+const KERNEL_VERSION_OFFSET: usize = 0x20e;
+const XLOADFLAGS_OFFSET: usize = 0x236;
+/// xloadflags bit 0: the kernel has a 64-bit entry point at 0x200.
+const XLF_KERNEL_64: u16 = 1;
+/// Largest kernel configuration read.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+fn u16_at(b: &[u8], off: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(off..off + 2)?.try_into().ok()?))
+}
+
+/// Recognises `bytes` (read from `path`).
+pub fn recognise(path: &Path, bytes: Vec<u8>) -> Result<KernelImage, ImageError> {
+    let name = path.display().to_string();
+    if bytes.get(HDRS_OFFSET..HDRS_OFFSET + 4) == Some(b"HdrS")
+        && bytes.get(0x1fe..0x200) == Some(&[0x55, 0xaa])
+    {
+        let version = u16_at(&bytes, PROTOCOL_OFFSET).unwrap_or(0);
+        if version < 0x020c {
+            return Err(ImageError::OldProtocol {
+                path: name,
+                version,
+            });
+        }
+        let xl = u16_at(&bytes, XLOADFLAGS_OFFSET).unwrap_or(0);
+        let arch = if xl & XLF_KERNEL_64 != 0 {
+            LinuxArch::X86_64
+        } else {
+            LinuxArch::I386
+        };
+        let kv = u16_at(&bytes, KERNEL_VERSION_OFFSET)
+            .filter(|&p| p != 0)
+            .and_then(|p| {
+                let start = p as usize + 0x200;
+                let rest = bytes.get(start..(start + 256).min(bytes.len()))?;
+                let end = rest.iter().position(|&c| c == 0)?;
+                let s = std::str::from_utf8(&rest[..end]).ok()?;
+                s.chars().all(|c| !c.is_control()).then(|| s.to_string())
+            });
+        let (config_pti, config_path) = config_beside(path, kv.as_deref());
+        return Ok(KernelImage {
+            bytes,
+            format: ImageFormat::BzImage,
+            arch,
+            version: kv,
+            config_pti,
+            config_path,
+        });
+    }
+    if bytes.starts_with(b"\x7fELF") {
+        if loader::is_elf32(&bytes) {
+            return Err(ImageError::BadElf {
+                path: name,
+                why: "it is an ELF32; boot a 32-bit kernel as its bzImage".into(),
+            });
+        }
+        // The companion guest's own check of a PVH ELF64, at a memory size
+        // that fits any kernel it would boot.
+        let layout =
+            crate::machine::memory::MemoryLayout::new(1024).map_err(|e| ImageError::BadElf {
+                path: name.clone(),
+                why: e.to_string(),
+            })?;
+        loader::check_image(&bytes, &name, &layout).map_err(|e| ImageError::BadElf {
+            path: name.clone(),
+            why: e.to_string(),
+        })?;
+        let (config_pti, config_path) = config_beside(path, None);
+        return Ok(KernelImage {
+            bytes,
+            format: ImageFormat::PvhElf,
+            arch: LinuxArch::X86_64,
+            version: None,
+            config_pti,
+            config_path,
+        });
+    }
+    let head: String = bytes
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    Err(ImageError::NotAKernel {
+        path: name,
+        what: if bytes.is_empty() {
+            "the file is empty".into()
+        } else {
+            format!("{} bytes, starting {head}", bytes.len())
+        },
+    })
+}
+
+/// Reads and recognises the kernel at `path` (size-capped, regular files only).
+pub fn read(path: &Path) -> Result<KernelImage, ImageError> {
+    let bytes = loader::read_image(&KernelSource::Path(path.to_path_buf()))?.into_owned();
+    recognise(path, bytes)
+}
+
+/// `CONFIG_PAGE_TABLE_ISOLATION` of a configuration beside the image: `config`
+/// in the same directory (ptiscope's cache), or Debian's
+/// `/boot/config-RELEASE` beside `/boot/vmlinuz-RELEASE`.
+fn config_beside(path: &Path, version: Option<&str>) -> (Option<bool>, Option<PathBuf>) {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut candidates = vec![dir.join("config")];
+    if let Some(release) = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("vmlinuz-"))
+    {
+        candidates.push(dir.join(format!("config-{release}")));
+    }
+    if let Some(release) = version.and_then(|v| v.split_whitespace().next()) {
+        candidates.push(dir.join(format!("config-{release}")));
+    }
+    for c in candidates {
+        if let Ok(text) = read_config(&c) {
+            let pti = text
+                .lines()
+                .any(|l| l.trim() == "CONFIG_PAGE_TABLE_ISOLATION=y");
+            return (Some(pti), Some(c));
+        }
+    }
+    (None, None)
+}
+
+fn read_config(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut s = String::new();
+    f.take(MAX_CONFIG_BYTES).read_to_string(&mut s)?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bz(xloadflags: u16, protocol: u16) -> Vec<u8> {
+        let mut b = vec![0u8; 0x1000];
+        b[0x1fe] = 0x55;
+        b[0x1ff] = 0xaa;
+        b[HDRS_OFFSET..HDRS_OFFSET + 4].copy_from_slice(b"HdrS");
+        b[PROTOCOL_OFFSET..PROTOCOL_OFFSET + 2].copy_from_slice(&protocol.to_le_bytes());
+        b[XLOADFLAGS_OFFSET..XLOADFLAGS_OFFSET + 2].copy_from_slice(&xloadflags.to_le_bytes());
+        // kernel_version points at 0x400 (+0x200).
+        b[KERNEL_VERSION_OFFSET..KERNEL_VERSION_OFFSET + 2]
+            .copy_from_slice(&0x200u16.to_le_bytes());
+        b[0x400..0x40c].copy_from_slice(b"6.1.0-test \0");
+        b
+    }
+
+    #[test]
+    fn bzimage_arch_comes_from_xloadflags() {
+        let p = Path::new("/nonexistent/vmlinuz");
+        let k = recognise(p, bz(XLF_KERNEL_64 | 2, 0x020f)).unwrap();
+        assert_eq!(
+            (k.format, k.arch),
+            (ImageFormat::BzImage, LinuxArch::X86_64)
+        );
+        assert_eq!(k.version.as_deref(), Some("6.1.0-test "));
+        let k = recognise(p, bz(0, 0x020f)).unwrap();
+        assert_eq!(k.arch, LinuxArch::I386);
+        assert!(matches!(
+            recognise(p, bz(1, 0x0206)),
+            Err(ImageError::OldProtocol { .. })
+        ));
+    }
+
+    #[test]
+    fn other_files_are_not_kernels() {
+        let p = Path::new("/x");
+        for bytes in [
+            Vec::new(),
+            b"#!/bin/sh\necho hi\n".to_vec(),
+            vec![0u8; 4096],
+        ] {
+            let e = recognise(p, bytes).unwrap_err();
+            assert!(matches!(e, ImageError::NotAKernel { .. }), "{e}");
+            assert!(e.to_string().contains("not a Linux kernel"), "{e}");
+        }
+        let e = recognise(p, crate::GUEST_I386.to_vec()).unwrap_err();
+        assert!(e.to_string().contains("ELF32"), "{e}");
+    }
+}

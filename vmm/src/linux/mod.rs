@@ -1,0 +1,813 @@
+//! Real Linux kernels as guests (`--linux`).
+//!
+//! A Linux run boots a kernel the user names (`--linux debian-amd64`,
+//! `--linux debian-686-pae` from the cache `ptiscope linux fetch` fills, or
+//! `--linux PATH` to a bzImage or PVH vmlinux) with an initramfs packed in
+//! memory around ptiscope's static init (`linux-init/`), which runs the
+//! workload between the companion guest's phase markers and prints the same
+//! `@result` line. [`preflight`] is the one place a Linux guest is settled:
+//! the image read and recognised, `--arch` checked against it, the entry and
+//! the command line written, the PTI request checked against the kernel's
+//! configuration; the QEMU backend then boots it ([`crate::backend::qemu`]).
+//!
+//! PTI is checked twice: the init reads the kernel log (the
+//! `@linux ... pti=` line, [`guest_pti`]), and a host observer's count of
+//! CR3 writes per system call must agree ([`check_pti`], fed by a
+//! [`HostPhaseObservation`] from whatever watched the guest: a QEMU TCG
+//! plugin, or KVM's tlb_flush under shadow paging). Until such an observer
+//! exists the host half is reported as not available, never as agreement.
+//!
+//! Size: a Linux run's whole life past the CLI in one place (settling it,
+//! the PTI checks, how it ended, its summary); about 170 lines are tests.
+
+pub mod fetch;
+pub mod image;
+pub mod initramfs;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ptiscope_abi::options::{Entry, PtiMode, Workload};
+
+use crate::machine::RunOutcome;
+use crate::preflight::cmdline::EntryChoice;
+use crate::preflight::{ResolvedRun, RunConfig, Target};
+use crate::report::{Metric, RunSummary, Source};
+pub use image::{ImageError, ImageFormat, KernelImage, LinuxArch};
+
+/// Which guest a run boots: the one place the kind is chosen (preflight
+/// resolves it; the backends look at [`ResolvedRun::linux`]).
+#[derive(Debug, Clone, Default)]
+pub enum GuestKind {
+    /// ptiscope's own guest kernel (embedded, or `--kernel FILE`).
+    #[default]
+    Companion,
+    /// A Linux kernel with ptiscope's init.
+    Linux(LinuxRequest),
+}
+
+/// What `--linux`, `--append` and `--arch` asked for.
+#[derive(Debug, Clone)]
+pub struct LinuxRequest {
+    /// A known name (`debian-amd64`, `debian-686-pae`) or a path.
+    pub kernel: String,
+    /// More kernel command line (`--append`).
+    pub append: String,
+    /// `--arch`, if given: the image must be of it.
+    pub arch: Option<LinuxArch>,
+}
+
+/// A Linux guest, settled.
+#[derive(Debug, Clone)]
+pub struct LinuxGuest {
+    /// The kernel file.
+    pub path: PathBuf,
+    /// The image's architecture.
+    pub arch: LinuxArch,
+    /// bzImage or PVH ELF.
+    pub format: ImageFormat,
+    /// The setup header's version string.
+    pub version: Option<String>,
+    /// `CONFIG_PAGE_TABLE_ISOLATION` from a configuration beside the image.
+    pub config_pti: Option<bool>,
+    /// The newc initramfs with the init.
+    pub initramfs: Arc<[u8]>,
+    /// The init's words of the command line (its parser's keys).
+    pub init_words: String,
+    /// What PTI the run asked for.
+    pub pti: PtiMode,
+}
+
+/// The kernel command line every Linux run starts with: the console on the
+/// first serial port, boot messages kept out of it (the kernel log still
+/// has them), an immediate reboot on panic, which `-no-reboot` turns into
+/// QEMU's exit, and no timer check: under TCG on a loaded host Linux's
+/// IO-APIC timer test sometimes sees no tick in time and panics ("IO-APIC +
+/// timer doesn't work!").
+pub const BASE_CMDLINE: &str = "console=ttyS0 quiet panic=-1 no_timer_check";
+
+/// Longest kernel command line (x86's COMMAND_LINE_SIZE is 2048 with its NUL).
+pub const MAX_CMDLINE: usize = 2047;
+
+/// Errors settling a Linux guest.
+#[derive(Debug, thiserror::Error)]
+pub enum LinuxError {
+    /// A known name whose kernel is not in the cache.
+    #[error(
+        "--linux {name}: not fetched yet ({path} is missing); run `ptiscope linux fetch` \
+         (it uses apt-get download; see docs/linux-guests.md)"
+    )]
+    NotFetched {
+        /// The name.
+        name: String,
+        /// Where it would be.
+        path: PathBuf,
+    },
+    /// No cache directory for a known name.
+    #[error("--linux {0}: no cache directory (set PTISCOPE_LINUX_CACHE)")]
+    NoCache(String),
+    /// The image is not a kernel, or not readable.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// `--arch` and the image disagree.
+    #[error(
+        "{path} is an {image} kernel but --arch {asked} was given: drop --arch (it follows the \
+         image) or give a kernel of that architecture"
+    )]
+    ArchMismatch {
+        /// The kernel.
+        path: String,
+        /// The image's architecture.
+        image: &'static str,
+        /// `--arch`.
+        asked: &'static str,
+    },
+    /// The backend cannot run a Linux userspace here.
+    #[error("{0}")]
+    Backend(String),
+    /// A ptiscope option that means nothing to a Linux guest, or a bad value.
+    #[error("{0}")]
+    Option(String),
+    /// pti=on for a kernel built without PTI.
+    #[error(
+        "{path}: pti=on was asked, but its configuration ({config}) has no \
+         CONFIG_PAGE_TABLE_ISOLATION=y: this kernel cannot isolate page tables, so there is no \
+         PTI cost to measure"
+    )]
+    NoPti {
+        /// The kernel.
+        path: String,
+        /// The configuration file.
+        config: String,
+    },
+}
+
+/// Where a known kernel lives in the cache.
+pub fn known_path(name: &str) -> Option<Result<PathBuf, LinuxError>> {
+    fetch::KNOWN.iter().find(|k| k.name == name)?;
+    Some(
+        fetch::cache_dir()
+            .map(|d| d.join(name).join("vmlinuz"))
+            .ok_or_else(|| LinuxError::NoCache(name.into())),
+    )
+}
+
+/// The kernel a `--linux` value names: a known name's cached image, else a path.
+pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
+    match known_path(spec) {
+        Some(Ok(p)) if !p.exists() => Err(LinuxError::NotFetched {
+            name: spec.into(),
+            path: p,
+        }),
+        Some(r) => r,
+        None => Ok(PathBuf::from(spec)),
+    }
+}
+
+/// Why this host's KVM (through the VMM) cannot run a Linux workload, if
+/// it cannot: from the probe's findings.
+fn kvm_refusal() -> String {
+    use crate::preflight::host;
+    let mut why = Vec::new();
+    if let Err(e) = host::check_entry(Entry::Syscall) {
+        why.push(format!(
+            "Linux x86_64 userspace enters the kernel by SYSCALL: {e}"
+        ));
+    }
+    if matches!(host::kvm_flavour(), host::KvmFlavour::Pvm) {
+        why.push(
+            "kvm_pvm emulates guest CPL0 code and lacks instructions Linux runs there \
+             (CMPXCHG16B, XRSTOR: Debian's kernel stops in early boot)"
+                .to_string(),
+        );
+    }
+    why.push(
+        "the VMM's own Linux path (bzImage loading, the 8250 serial, a Linux exit path) is not \
+         built yet"
+            .to_string(),
+    );
+    format!(
+        "--linux with --backend kvm: this host cannot run a Linux workload under the VMM ({}); \
+         use --backend qemu",
+        why.join("; ")
+    )
+}
+
+/// The entry the init's measured calls use.
+fn entry_for(arch: LinuxArch, asked: EntryChoice) -> Result<Entry, LinuxError> {
+    match (arch, asked) {
+        (LinuxArch::X86_64, EntryChoice::Auto | EntryChoice::Fixed(Entry::Syscall)) => {
+            Ok(Entry::Syscall)
+        }
+        // The vDSO's __kernel_vsyscall: SYSENTER on this CPU model.
+        (LinuxArch::I386, EntryChoice::Auto | EntryChoice::Fixed(Entry::Sysenter)) => {
+            Ok(Entry::Sysenter)
+        }
+        (LinuxArch::I386, EntryChoice::Fixed(Entry::Int80)) => Ok(Entry::Int80),
+        (a, EntryChoice::Fixed(e)) => Err(LinuxError::Option(format!(
+            "entry={e} is not a Linux {} system-call entry the init has (x86_64: syscall; \
+             i386: int80, or sysenter through the vDSO's __kernel_vsyscall)",
+            a.name()
+        ))),
+    }
+}
+
+/// Settles a Linux run for `target`.
+pub fn preflight(
+    config: &RunConfig,
+    req: &LinuxRequest,
+    target: Target,
+) -> Result<ResolvedRun, crate::preflight::PreflightError> {
+    let layout = crate::machine::memory::MemoryLayout::new(config.mem_mib)?;
+    let asked = config.guest.absorb_extra()?;
+    if asked.pcid.is_some() {
+        return Err(LinuxError::Option(
+            "--pcid is an option of ptiscope's guest; for Linux, --append nopcid (QEMU's TCG has \
+             no PCID anyway)"
+                .into(),
+        )
+        .into());
+    }
+    let path = kernel_path(&req.kernel)?;
+    let image = image::read(&path).map_err(LinuxError::from)?;
+    let name = path.display().to_string();
+    if let Some(a) = req.arch {
+        if a != image.arch {
+            return Err(LinuxError::ArchMismatch {
+                path: name,
+                image: image.arch.name(),
+                asked: a.name(),
+            }
+            .into());
+        }
+    }
+    if target == Target::Kvm {
+        return Err(LinuxError::Backend(kvm_refusal()).into());
+    }
+    let pti = asked.pti.unwrap_or(PtiMode::Auto);
+    if pti == PtiMode::On && image.config_pti == Some(false) {
+        return Err(LinuxError::NoPti {
+            path: name,
+            config: image
+                .config_path
+                .as_ref()
+                .map_or("-".into(), |p| p.display().to_string()),
+        }
+        .into());
+    }
+    let workload = asked.workload.unwrap_or(Workload::None);
+    if workload == Workload::NoptiGetpid {
+        return Err(LinuxError::Option(
+            "workload nopti-getpid opts a process out of ptiscope's own PTI (an arch_prctl Linux \
+             does not have)"
+                .into(),
+        )
+        .into());
+    }
+    let user_code = workload.runs_user_code();
+    let entry = user_code
+        .then(|| entry_for(image.arch, asked.entry))
+        .transpose()?;
+    let mut init = Vec::new();
+    if pti != PtiMode::Auto {
+        init.push(format!("pti={pti}"));
+    }
+    if let Some(e) = entry {
+        init.push(format!("entry={e}"));
+    }
+    init.push(format!("workload={workload}"));
+    if let Some(n) = asked.iterations {
+        init.push(format!("iterations={n}"));
+    }
+    let extra = asked.extra.trim();
+    if !extra.is_empty() {
+        init.push(extra.to_string());
+    }
+    let init_words = init.join(" ");
+    // The init's parser, here: bad words stop the run before anything boots.
+    let parsed: String = init_words
+        .split_whitespace()
+        .filter(|w| !w.starts_with("ipc="))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if let Err(e) = guest_core::cmdline::parse(&parsed) {
+        return Err(LinuxError::Option(format!("the init's command line: {e}")).into());
+    }
+    for w in init_words.split_whitespace() {
+        if let Some(v) = w.strip_prefix("ipc=") {
+            if v != "socket" && v != "pipe" {
+                return Err(LinuxError::Option(format!("ipc={v}: expected socket|pipe")).into());
+            }
+        }
+    }
+    let mut cmdline = format!("{BASE_CMDLINE} {init_words}");
+    if !req.append.trim().is_empty() {
+        cmdline = format!("{cmdline} {}", req.append.trim());
+    }
+    // x86's COMMAND_LINE_SIZE: a longer line would be cut by the kernel.
+    if cmdline.len() > MAX_CMDLINE {
+        return Err(LinuxError::Option(format!(
+            "the Linux command line is {} bytes; x86 Linux takes at most {MAX_CMDLINE}: shorten \
+             --append or --cmdline",
+            cmdline.len()
+        ))
+        .into());
+    }
+    let initramfs: Arc<[u8]> = initramfs::build(initramfs::init_for(image.arch)).into();
+    let guest = crate::preflight::cmdline::ResolvedOptions {
+        pti: asked.pti,
+        pcid: None,
+        entry,
+        workload: asked.workload,
+        iterations: asked.iterations,
+        extra: asked.extra.clone(),
+    };
+    let mut config = config.clone();
+    config.kernel = crate::machine::loader::KernelSource::Path(path.clone());
+    Ok(ResolvedRun {
+        config,
+        layout,
+        image_name: name,
+        guest,
+        cmdline,
+        entry_guessed: false,
+        linux: Some(Arc::new(LinuxGuest {
+            path,
+            arch: image.arch,
+            format: image.format,
+            version: image.version,
+            config_pti: image.config_pti,
+            initramfs,
+            init_words,
+            pti,
+        })),
+        image: image.bytes.into(),
+    })
+}
+
+/// What the init read from the kernel log: `Some(true)` when it has
+/// "Kernel/User page tables isolation: enabled" (its `@linux` line).
+pub fn guest_pti(outcome: &RunOutcome) -> Option<bool> {
+    outcome.machine_lines.iter().find_map(|l| {
+        let rest = l.strip_prefix("@linux ")?;
+        rest.split_whitespace()
+            .find_map(|kv| kv.strip_prefix("pti="))
+            .map(|v| v == "on")
+    })
+}
+
+/// What a host-side observer saw during the measured phase: the seam for
+/// the QEMU TCG plugin (host-observed CR3 writes and system calls) or
+/// KVM's statistics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostPhaseObservation {
+    /// Who observed (`qemu-plugin`, `kvm`).
+    pub source: &'static str,
+    /// System calls entered in the phase.
+    pub syscalls: u64,
+    /// MOV-to-CR3 in the phase.
+    pub cr3_writes: u64,
+    /// Kernel-mode instructions in the phase, if counted.
+    pub kernel_instructions: Option<u64>,
+}
+
+impl LinuxGuest {
+    /// The init's options as its parser reads them (`ipc=` is the init's own).
+    fn asked(&self) -> Option<guest_core::cmdline::Config> {
+        let parsed: String = self
+            .init_words
+            .split_whitespace()
+            .filter(|w| !w.starts_with("ipc="))
+            .collect::<Vec<_>>()
+            .join(" ");
+        guest_core::cmdline::parse(&parsed).ok()
+    }
+}
+
+/// The QEMU plugin's view of a Linux run's phase (between the init's two
+/// user-mode marker writes, `observe::qemu_plugin::PluginReport::linux_phase`),
+/// for the host-side PTI check; `None` without the plugin (`--no-plugin`,
+/// the KVM backend), when its file gave no phase (the summary's notes say
+/// why), or for sched-messaging, whose context switches between processes
+/// write CR3 too (with or without PTI), so that its CR3 writes per system
+/// call say nothing exact about PTI: only the system-call loops and
+/// poundsyscall (threads of one process) are checked.
+pub fn host_observation(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<HostPhaseObservation> {
+    use crate::observe::qemu_plugin::{PluginCounter, PluginReport};
+    if guest
+        .asked()
+        .is_none_or(|c| c.workload == Workload::SchedMessaging)
+    {
+        return None;
+    }
+    let crate::machine::PluginOutput::File(bytes) = &outcome.qemu_plugin else {
+        return None;
+    };
+    let total = PluginReport::parse(bytes)
+        .ok()?
+        .linux_phase()
+        .ok()?
+        .delta
+        .total();
+    Some(HostPhaseObservation {
+        source: "qemu-plugin",
+        syscalls: total.syscall_entries(),
+        cr3_writes: total.get(PluginCounter::Cr3Writes),
+        kernel_instructions: Some(total.get(PluginCounter::KernelInsns)),
+    })
+}
+
+/// Something that can watch a Linux run from the host and report its
+/// measured phase (implemented by the QEMU plugin's parser when it lands).
+pub trait HostObserver {
+    /// The phase's observation, if the observer saw one.
+    fn phase(&self, outcome: &RunOutcome) -> Option<HostPhaseObservation>;
+}
+
+/// The verdict of the PTI checks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PtiVerdict {
+    /// PTI as the kernel log says.
+    pub enabled: bool,
+    /// The host's CR3 writes per system call, if a host observer ran.
+    pub host_cr3_per_syscall: Option<f64>,
+}
+
+/// Checks PTI's state: what was asked, what the kernel log says, and (if a
+/// host observer ran) what the host saw. A kernel asked for pti=on without
+/// PTI, or a host count that disagrees with the log, is an error: never a
+/// PTI result of 0.
+pub fn check_pti(
+    asked: PtiMode,
+    guest_log: Option<bool>,
+    host: Option<&HostPhaseObservation>,
+) -> Result<PtiVerdict, String> {
+    let Some(enabled) = guest_log else {
+        return Err("the init did not report PTI's state (no @linux line): the run is not a ptiscope Linux run, or it stopped before the init read the kernel log".into());
+    };
+    match (asked, enabled) {
+        (PtiMode::On, false) => {
+            return Err("pti=on was asked, but the kernel log has no \"Kernel/User page tables isolation: enabled\": this kernel did not enable PTI (built without CONFIG_PAGE_TABLE_ISOLATION?)".into())
+        }
+        (PtiMode::Off, true) => {
+            return Err("pti=off was asked, but the kernel log says PTI is enabled".into())
+        }
+        _ => {}
+    }
+    let per = host.and_then(|h| (h.syscalls > 0).then(|| h.cr3_writes as f64 / h.syscalls as f64));
+    if let (Some(h), Some(p)) = (host, per) {
+        // With PTI each system call writes CR3 twice (entry and exit);
+        // without it, never. Context switches add a few; the middle is
+        // neither.
+        let host_on = p >= 1.5;
+        let host_off = p < 0.5;
+        if (enabled && !host_on) || (!enabled && !host_off) {
+            return Err(format!(
+                "the kernel log says PTI is {}, but the host ({}) saw {p:.2} CR3 writes per system call ({} / {}): the two checks disagree",
+                if enabled { "on" } else { "off" },
+                h.source,
+                h.cr3_writes,
+                h.syscalls
+            ));
+        }
+    }
+    Ok(PtiVerdict {
+        enabled,
+        host_cr3_per_syscall: per,
+    })
+}
+
+/// The last console line that says the kernel panicked, if one does.
+pub fn kernel_panic(outcome: &RunOutcome) -> Option<&str> {
+    outcome
+        .console_tail
+        .iter()
+        .find(|l| l.contains("Kernel panic - not syncing"))
+        .map(String::as_str)
+}
+
+/// Whether the init started (its banner).
+pub fn init_started(outcome: &RunOutcome) -> bool {
+    outcome
+        .banner
+        .as_deref()
+        .is_some_and(|b| b.contains("linux-init"))
+}
+
+/// Why a Linux run that did not end well ended, in words, with the exit
+/// code it maps to. `None` for a run that ended with the init's success.
+///
+/// `host` is what a host observer saw in the measured phase (the QEMU TCG
+/// plugin, when it is there): its CR3 writes per system call must agree
+/// with the kernel log, or the run fails.
+pub fn diagnose(
+    outcome: &RunOutcome,
+    guest: &LinuxGuest,
+    host: Option<&HostPhaseObservation>,
+) -> Option<(i32, String)> {
+    use crate::cli::exit_code::{self, ExitCode as _};
+    use crate::machine::StopReason;
+    let tail = || {
+        let mut s = String::new();
+        if !outcome.console_tail.is_empty() {
+            s.push_str("\n  last console lines:");
+            for l in &outcome.console_tail {
+                s.push_str(&format!("\n    | {}", ptiscope_devices::escape_str(l)));
+            }
+        }
+        s
+    };
+    if let Some(p) = kernel_panic(outcome) {
+        return Some((
+            exit_code::LINUX_PANIC,
+            format!(
+                "the Linux kernel panicked{}: {}{}",
+                if init_started(outcome) {
+                    ""
+                } else {
+                    " before ptiscope's init ran"
+                },
+                ptiscope_devices::escape_str(p.trim()),
+                tail()
+            ),
+        ));
+    }
+    match &outcome.stop {
+        StopReason::GuestExit { status: 0 } => {
+            let measures = !guest.init_words.contains("workload=none");
+            let result = outcome
+                .machine_lines
+                .iter()
+                .any(|l| l.starts_with(ptiscope_abi::RESULT_PREFIX));
+            if measures && !result {
+                return Some((
+                    exit_code::VM_ERROR,
+                    format!(
+                        "the Linux guest ended with status 0 but ptiscope's init printed no \
+                         @result line (QEMU itself may have failed){}",
+                        tail()
+                    ),
+                ));
+            }
+            match check_pti(guest.pti, guest_pti(outcome), host) {
+                Ok(_) => None,
+                Err(e) => Some((exit_code::VM_ERROR, e)),
+            }
+        }
+        StopReason::GuestExit { status } => {
+            let why = outcome
+                .machine_lines
+                .iter()
+                .find(|l| l.starts_with("@pti-mismatch") || l.starts_with("@badcmdline"))
+                .cloned()
+                .unwrap_or_else(|| ptiscope_abi::exit_status::name(*status).to_string());
+            Some((
+                outcome.exit_code(),
+                format!(
+                    "ptiscope's init ended with status {status}: {}{}",
+                    ptiscope_devices::escape_str(&why),
+                    tail()
+                ),
+            ))
+        }
+        StopReason::Timeout { after_ms } => Some((
+            exit_code::TIMEOUT,
+            if init_started(outcome) {
+                format!(
+                    "ptiscope's init started but did not finish within --timeout ({} s): raise \
+                     --timeout or lower iterations (TCG runs Linux slowly){}",
+                    *after_ms as f64 / 1e3,
+                    tail()
+                )
+            } else {
+                format!(
+                    "the Linux kernel did not reach ptiscope's init within --timeout ({} s): it \
+                     hangs in boot, or the timeout is too short for this kernel under TCG{}",
+                    *after_ms as f64 / 1e3,
+                    tail()
+                )
+            },
+        )),
+        StopReason::Shutdown { .. } => Some((
+            exit_code::TRIPLE_FAULT,
+            format!(
+                "the Linux guest reset or powered off without the init's exit status ({}){}",
+                if init_started(outcome) {
+                    "the init started"
+                } else {
+                    "before ptiscope's init ran"
+                },
+                tail()
+            ),
+        )),
+        other => Some((other.exit_code(), format!("{other}{}", tail()))),
+    }
+}
+
+/// The summary of a Linux run, from the init's `@result` line: per-call
+/// rates divide by the calls the init made (`iterations`; messages for
+/// sched-messaging; all threads' calls for poundsyscall) — its phase is
+/// bracketed by port writes, not by a system call.
+/// `host` is the host observer's view of the phase, if one ran.
+pub fn summary(
+    outcome: &RunOutcome,
+    guest: &LinuxGuest,
+    host: Option<&HostPhaseObservation>,
+) -> RunSummary {
+    let result = crate::report::result_fields(outcome);
+    let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
+    let asked = guest.asked();
+    let calls = asked.as_ref().map_or(0, |c| match c.workload {
+        Workload::SchedMessaging => c.messages(),
+        Workload::Poundsyscall => c.threads.saturating_mul(c.iterations),
+        _ => c.iterations,
+    });
+    let mut config: Vec<String> = guest
+        .init_words
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    config.push(format!("linux={}", guest.arch.name()));
+    if let Some(r) = result.get("release") {
+        config.push(format!("release={r}"));
+    }
+    let phased = !result.is_empty();
+    let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
+    s.iteration_name = if asked
+        .as_ref()
+        .is_some_and(|c| c.workload == Workload::SchedMessaging)
+    {
+        "message".into()
+    } else {
+        "call".into()
+    };
+    s.telemetry_checked = false;
+    s.telemetry_initialized = false;
+    s.notes.push(format!(
+        "Linux guest ({}, {}) under QEMU TCG with ptiscope's init: [guest] figures are the \
+         init's @result line, [qemu-plugin] ones counted by ptiscope's TCG plugin; per-call \
+         rates divide by the {calls} {}s of the phase, which port writes bracket",
+        guest.arch.name(),
+        guest.version.as_deref().unwrap_or("version unknown"),
+        s.iteration_name
+    ));
+    match check_pti(guest.pti, guest_pti(outcome), host) {
+        Ok(v) => s.notes.push(format!(
+            "PTI {} (the kernel log, read by the init); {}",
+            if v.enabled { "enabled" } else { "not enabled" },
+            match (host, v.host_cr3_per_syscall) {
+                (Some(h), Some(p)) => format!(
+                    "the host ({}) agrees: {p:.2} CR3 writes per system call",
+                    h.source
+                ),
+                _ if asked
+                    .as_ref()
+                    .is_some_and(|c| c.workload == Workload::SchedMessaging) =>
+                {
+                    "no host-side check for sched-messaging: its context switches between \
+                     processes write CR3 with or without PTI"
+                        .to_string()
+                }
+                _ => "no host-side check (CR3 writes per system call seen by the QEMU \
+                      plugin): the plugin was off or saw no phase (see its note)"
+                    .to_string(),
+            }
+        )),
+        Err(e) => s.notes.push(format!("PTI check failed: {e}")),
+    }
+    if !phased {
+        s.notes
+            .push("the init printed no @result line: nothing was measured".into());
+        return s;
+    }
+    if let Some(c) = num("cycles") {
+        s.push(Metric::new("cycles", "cycles", Source::Guest), c);
+    }
+    if let Some(ns) = num("ns") {
+        s.push(Metric::new("guest_ns", "ns", Source::Guest), ns);
+    }
+    if let Some(c) = num("read_cycles") {
+        s.push(Metric::new("read_cycles", "cycles", Source::Guest), c);
+    }
+    if !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off) {
+        crate::report::plugin_rows::add_linux_plugin_rows(&mut s, outcome);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(syscalls: u64, cr3: u64) -> HostPhaseObservation {
+        HostPhaseObservation {
+            source: "test",
+            syscalls,
+            cr3_writes: cr3,
+            kernel_instructions: None,
+        }
+    }
+
+    #[test]
+    fn pti_checks_fail_on_every_disagreement() {
+        assert!(check_pti(PtiMode::On, Some(false), None).is_err());
+        assert!(check_pti(PtiMode::Off, Some(true), None).is_err());
+        assert!(check_pti(PtiMode::On, None, None).is_err());
+        let v = check_pti(PtiMode::On, Some(true), Some(&obs(1000, 2002))).unwrap();
+        assert!(v.enabled);
+        assert!((v.host_cr3_per_syscall.unwrap() - 2.002).abs() < 1e-9);
+        // The log says on, the host saw no CR3 writes: an error, not a 0.
+        let e = check_pti(PtiMode::On, Some(true), Some(&obs(1000, 0))).unwrap_err();
+        assert!(e.contains("disagree"), "{e}");
+        assert!(check_pti(PtiMode::Auto, Some(false), Some(&obs(1000, 2000))).is_err());
+        assert!(check_pti(PtiMode::Auto, Some(false), Some(&obs(1000, 3))).is_ok());
+    }
+
+    fn outcome(stop: crate::machine::StopReason, lines: &[&str], tail: &[&str]) -> RunOutcome {
+        RunOutcome {
+            stop,
+            stopped_by: None,
+            vcpus: Vec::new(),
+            run_time: std::time::Duration::ZERO,
+            setup_time: std::time::Duration::ZERO,
+            exits: Default::default(),
+            machine_lines: lines.iter().map(|l| l.to_string()).collect(),
+            banner: Some("ptiscope guest linux-init x86_64 0.1.0 (Linux 6.1)".into()),
+            console_tail: tail.iter().map(|l| l.to_string()).collect(),
+            console_bytes: 1,
+            dropped_machine_lines: 0,
+            phases: Vec::new(),
+            dropped_phase_events: 0,
+            unknown_accesses: 0,
+            cmdline: String::new(),
+            entry: None,
+            arch_capabilities: None,
+            mem_mib: 128,
+            telemetry_addr: 0,
+            outputs: Vec::new(),
+            qemu_plugin: crate::machine::PluginOutput::Off,
+        }
+    }
+
+    fn guest(pti: PtiMode) -> LinuxGuest {
+        LinuxGuest {
+            path: "/k".into(),
+            arch: LinuxArch::X86_64,
+            format: ImageFormat::BzImage,
+            version: None,
+            config_pti: None,
+            initramfs: Arc::from(&b""[..]),
+            init_words: format!("pti={pti} workload=getppid iterations=10"),
+            pti,
+        }
+    }
+
+    #[test]
+    fn diagnose_names_each_end_and_takes_the_host_observation() {
+        use crate::machine::StopReason;
+        let ok_lines = [
+            "@linux release=6.1 arch=x86_64 pti=on asked_pti=on",
+            "@result workload=getppid iterations=10 cycles=1 ns=1 pti=on",
+        ];
+        let g = guest(PtiMode::On);
+        let done = outcome(StopReason::GuestExit { status: 0 }, &ok_lines, &[]);
+        assert_eq!(diagnose(&done, &g, None), None);
+        assert_eq!(diagnose(&done, &g, Some(&obs(10, 20))), None);
+        // The host saw no CR3 writes although the log says PTI is on.
+        let (code, msg) = diagnose(&done, &g, Some(&obs(10, 0))).unwrap();
+        assert_eq!(code, crate::cli::exit_code::VM_ERROR);
+        assert!(msg.contains("disagree"), "{msg}");
+        // Status 0 without a result line is not a success.
+        let bare = outcome(StopReason::GuestExit { status: 0 }, &ok_lines[..1], &[]);
+        assert!(diagnose(&bare, &g, None).unwrap().1.contains("no @result"));
+        let panic = outcome(
+            StopReason::Shutdown { regs: None },
+            &[],
+            &["[ 0.03] Kernel panic - not syncing: VFS: Unable to mount root fs"],
+        );
+        let (code, msg) = diagnose(&panic, &g, None).unwrap();
+        assert_eq!(code, crate::cli::exit_code::LINUX_PANIC);
+        assert!(msg.contains("Unable to mount root fs"), "{msg}");
+        let s = summary(&done, &g, Some(&obs(10, 20)));
+        assert!(
+            s.notes
+                .iter()
+                .any(|n| n.contains("agrees: 2.00 CR3 writes")),
+            "{:?}",
+            s.notes
+        );
+    }
+
+    #[test]
+    fn entries_follow_the_kernel() {
+        use EntryChoice::*;
+        assert_eq!(entry_for(LinuxArch::X86_64, Auto).unwrap(), Entry::Syscall);
+        assert_eq!(entry_for(LinuxArch::I386, Auto).unwrap(), Entry::Sysenter);
+        assert_eq!(
+            entry_for(LinuxArch::I386, Fixed(Entry::Int80)).unwrap(),
+            Entry::Int80
+        );
+        assert!(entry_for(LinuxArch::X86_64, Fixed(Entry::Int3)).is_err());
+        assert!(entry_for(LinuxArch::X86_64, Fixed(Entry::Sysenter)).is_err());
+    }
+}
