@@ -34,12 +34,16 @@ const MAX_BYTES: u64 = 64 * 1024;
 /// Longest string kept from the file.
 const MAX_STRING: usize = 4096;
 
+/// The entry probe's findings as the file holds them: (entry name, outcome,
+/// reaches CPL0) per entry, or why the probe could not run.
+pub type CachedEntries = Result<Vec<(String, String, bool)>, String>;
+
 /// What is cached: each field `None` until probed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Facts {
     /// The entry probe: (entry name, outcome, reaches CPL0), or why it could not run.
-    pub entries: Option<Result<Vec<(String, String, bool)>, String>>,
+    pub entries: Option<CachedEntries>,
     /// The PCID probe: usable and detail; inner `None` if it could not run.
     pub pcid: Option<Option<(bool, String)>>,
     /// The 32-bit PAE paging probe, likewise.
