@@ -268,6 +268,38 @@ pub fn probe_findings() -> ProbeFindings {
     }
 }
 
+impl Host {
+    /// The CPU flags as `name=yes|no` words.
+    fn flag_words(&self) -> Vec<String> {
+        self.cpu_flags
+            .iter()
+            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
+            .collect()
+    }
+
+    /// The host kernel's CPU bugs that are not "Not affected" (space
+    /// separated, `none` if there are none) and its meltdown verdict (`?`
+    /// if unknown).
+    fn bugs(&self) -> (String, &str) {
+        let affected: Vec<&str> = self
+            .vulnerabilities
+            .iter()
+            .filter(|(_, v)| !v.starts_with("Not affected"))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let meltdown = self
+            .vulnerabilities
+            .get("meltdown")
+            .map_or("?", String::as_str);
+        let affected = if affected.is_empty() {
+            "none".to_owned()
+        } else {
+            affected.join(" ")
+        };
+        (affected, meltdown)
+    }
+}
+
 impl Environment {
     /// Collects everything: host, KVM, probe (cached), build, the image hash
     /// and the given options.
@@ -292,11 +324,7 @@ impl Environment {
         let h = &self.host;
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
         let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
-        let flags: Vec<String> = h
-            .cpu_flags
-            .iter()
-            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
-            .collect();
+        let flags = h.flag_words();
         let mut out = format!(
             "  host:      {}\n  cpu:       {} (family {} model {} stepping {}, microcode {}), {} CPUs; {}\n",
             opt(&h.kernel),
@@ -308,24 +336,9 @@ impl Environment {
             h.cpus,
             flags.join(" "),
         );
-        let affected: Vec<&str> = h
-            .vulnerabilities
-            .iter()
-            .filter(|(_, v)| !v.starts_with("Not affected"))
-            .map(|(k, _)| k.as_str())
-            .collect();
-        let meltdown = h
-            .vulnerabilities
-            .get("meltdown")
-            .map_or("?", String::as_str);
-        out += &format!(
-            "  host CPU bugs: meltdown: {meltdown}; not \"Not affected\": {}\n",
-            if affected.is_empty() {
-                "none".to_owned()
-            } else {
-                affected.join(" ")
-            }
-        );
+        let (affected, meltdown) = h.bugs();
+        out +=
+            &format!("  host CPU bugs: meltdown: {meltdown}; not \"Not affected\": {affected}\n");
         let p = &self.probe;
         let yes_no = |v: Option<bool>| match v {
             Some(true) => "yes",
@@ -368,21 +381,8 @@ impl Environment {
         let h = &self.host;
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
         let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
-        let flags: Vec<String> = h
-            .cpu_flags
-            .iter()
-            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
-            .collect();
-        let affected: Vec<&str> = h
-            .vulnerabilities
-            .iter()
-            .filter(|(_, v)| !v.starts_with("Not affected"))
-            .map(|(k, _)| k.as_str())
-            .collect();
-        let meltdown = h
-            .vulnerabilities
-            .get("meltdown")
-            .map_or("?", String::as_str);
+        let flags = h.flag_words();
+        let (affected, meltdown) = h.bugs();
         let p = &self.probe;
         let yes_no = |v: Option<bool>| match v {
             Some(true) => "yes",
@@ -412,11 +412,7 @@ impl Environment {
             opt(&h.microcode),
             h.cpus,
             flags.join(" "),
-            if affected.is_empty() {
-                "none".to_owned()
-            } else {
-                affected.join(" ")
-            },
+            affected,
             p.entries_working
                 .as_ref()
                 .map_or("?".to_owned(), |w| w.join(",")),
