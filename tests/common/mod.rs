@@ -38,6 +38,32 @@ pub fn interrupt(mut child: std::process::Child) -> (String, String) {
     (text, err)
 }
 
+/// Checks the `@result` of `poundsyscall` with `threads=2` of `calls`
+/// getppid each: every call made and answered rightly, the syscalls
+/// counted (2 x `calls` getppid, an exit per thread, the parent's waits,
+/// one per thread and the final -ECHILD, and its end marker), and a CR3
+/// write on each entry and exit with `pti` on, none with it off. Returns
+/// the syscalls.
+pub fn check_two_threads(
+    r: &std::collections::HashMap<String, String>,
+    calls: u64,
+    pti: &str,
+    what: &str,
+) -> u64 {
+    assert_eq!(num(r, "iterations"), 2 * calls, "{what}: {r:?}");
+    assert_eq!(
+        num(r, "mismatches"),
+        0,
+        "{what}: getppid answered wrongly: {r:?}"
+    );
+    let syscalls = 2 * calls + 2 + 3 + 1;
+    assert_eq!(num(r, "syscalls"), syscalls, "{what}: {r:?}");
+    let (entry, exit) = (num(r, "cr3_entry"), num(r, "cr3_exit"));
+    let want = if pti == "on" { syscalls } else { 0 };
+    assert_eq!((entry, exit), (want, want), "{what}: {r:?}");
+    syscalls
+}
+
 /// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
 pub fn qemu_i386_or_skip(test: &str) -> bool {
     if Command::new("qemu-system-i386")

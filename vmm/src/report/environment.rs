@@ -269,6 +269,22 @@ pub fn probe_findings() -> ProbeFindings {
 }
 
 impl Host {
+    /// `MODEL (family F model M stepping S, microcode U), N CPUs`, `?` for
+    /// what is unknown.
+    fn cpu_identity(&self) -> String {
+        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
+        format!(
+            "{} (family {} model {} stepping {}, microcode {}), {} CPUs",
+            opt(&self.cpu_model),
+            num(self.cpu_family),
+            num(self.cpu_model_number),
+            num(self.cpu_stepping),
+            opt(&self.microcode),
+            self.cpus
+        )
+    }
+
     /// The CPU flags as `name=yes|no` words.
     fn flag_words(&self) -> Vec<String> {
         self.cpu_flags
@@ -323,17 +339,11 @@ impl Environment {
     pub fn render_text(&self) -> String {
         let h = &self.host;
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
-        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
         let flags = h.flag_words();
         let mut out = format!(
-            "  host:      {}\n  cpu:       {} (family {} model {} stepping {}, microcode {}), {} CPUs; {}\n",
+            "  host:      {}\n  cpu:       {}; {}\n",
             opt(&h.kernel),
-            opt(&h.cpu_model),
-            num(h.cpu_family),
-            num(h.cpu_model_number),
-            num(h.cpu_stepping),
-            opt(&h.microcode),
-            h.cpus,
+            h.cpu_identity(),
             flags.join(" "),
         );
         let (affected, meltdown) = h.bugs();
@@ -380,7 +390,6 @@ impl Environment {
     pub fn render_header(&self, kvm: Option<&str>) -> String {
         let h = &self.host;
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
-        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
         let flags = h.flag_words();
         let (affected, meltdown) = h.bugs();
         let p = &self.probe;
@@ -400,17 +409,12 @@ impl Environment {
             str::to_owned,
         );
         format!(
-            "  host:      {}; {} (family {} model {} stepping {}, microcode {}), {} CPUs\n\
+            "  host:      {}; {}\n\
              \x20 host cpu:  {}; meltdown: {meltdown}; affected: {}\n\
              \x20 kvm:       {kvm}; probe: entries {}, PCID {}, 32-bit PAE paging {}\n\
              \x20 guest:     {} sha256 {}; ptiscope {} ({})\n",
             opt(&h.kernel),
-            opt(&h.cpu_model),
-            num(h.cpu_family),
-            num(h.cpu_model_number),
-            num(h.cpu_stepping),
-            opt(&h.microcode),
-            h.cpus,
+            h.cpu_identity(),
             flags.join(" "),
             affected,
             p.entries_working
