@@ -12,8 +12,8 @@
 //! The file is hostile input: read bounded (regular file, 64 KiB, 1 s),
 //! parsed strictly, every string and list bounded, every entry name one
 //! the guest knows, every figure finite; a file that fails any check, or
-//! whose key (boot id, `uname`, the first CPU's vendor/family/model/stepping/
-//! microcode, the KVM modules and their parameters, ptiscope's version,
+//! whose key (the KVM device, boot id, `uname`, the first CPU's vendor/family/
+//! model/stepping/microcode, the KVM modules and their parameters, ptiscope's version,
 //! revision and executable) differs from this process's, is ignored and
 //! probed afresh. `PTISCOPE_HOST_CACHE=off` neither reads nor writes it,
 //! `PTISCOPE_HOST_CACHE=refresh` probes afresh and rewrites it, and
@@ -210,7 +210,8 @@ fn path() -> Option<PathBuf> {
 /// microcode, KVM modules and their parameters, and this ptiscope binary.
 pub fn key() -> String {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let mut k = String::new();
+    // The device the probes open (`PTISCOPE_KVM_DEVICE` may name another).
+    let mut k = format!("device {}\n", crate::machine::kvm::kvm_device_path());
     for p in [
         "/proc/sys/kernel/random/boot_id",
         "/proc/sys/kernel/osrelease",
