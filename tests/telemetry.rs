@@ -266,16 +266,7 @@ fn live_metrics_stream_json_lines() {
     }
     let dir = scratch("live");
     let path = dir.join("metrics.jsonl");
-    let o = ptiscope()
-        .args([
-            "run",
-            "--pti",
-            "on",
-            "--workload",
-            "getpid",
-            "--iterations",
-            "2000",
-        ])
+    let o = run_getpid("on", 2000)
         .args([
             "--metrics-interval",
             "10",

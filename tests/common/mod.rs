@@ -64,6 +64,15 @@ pub fn check_two_threads(
     syscalls
 }
 
+/// `ptiscope run --pti PTI --workload getpid --iterations N`; the caller
+/// adds the rest.
+pub fn run_getpid(pti: &str, iterations: u32) -> Command {
+    let mut c = ptiscope();
+    c.args(["run", "--pti", pti, "--workload", "getpid", "--iterations"])
+        .arg(iterations.to_string());
+    c
+}
+
 /// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
 pub fn qemu_i386_or_skip(test: &str) -> bool {
     if Command::new("qemu-system-i386")
