@@ -38,10 +38,7 @@ fn run_json(
         .output()
         .unwrap();
     let console = std::fs::read_to_string(dir.join(format!("{name}.console"))).unwrap_or_default();
-    let v = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
+    let v = json_or_null(&json);
     let out = format!("{console}\n{}{}", stdout(&o), stderr(&o));
     let r = if console.contains("@result") {
         result_line(&console)

@@ -73,6 +73,15 @@ pub fn run_getpid(pti: &str, iterations: u32) -> Command {
     c
 }
 
+/// The JSON document at `path`, or `null` if it is missing or not JSON
+/// (a run that failed before writing it).
+pub fn json_or_null(path: &Path) -> serde_json::Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
 pub fn qemu_i386_or_skip(test: &str) -> bool {
     if Command::new("qemu-system-i386")
