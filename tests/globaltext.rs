@@ -54,16 +54,7 @@ fn global_text_widens_the_user_copy_by_the_kernel_text_only() {
     }
     // The guest's own account (its console), and the CR3 writes per call,
     // which are those of pti=on.
-    let o = ptiscope()
-        .args([
-            "run",
-            "--pti",
-            "on",
-            "--workload",
-            "getpid",
-            "--iterations",
-            "200",
-        ])
+    let o = run_getpid("on", 200)
         .args(["--cmdline", "pti_global_text=on"])
         .output()
         .unwrap();

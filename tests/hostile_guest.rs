@@ -58,11 +58,7 @@ fn guest_escape_sequences_reach_the_terminal_escaped_and_files_raw() {
     let dir = scratch("escapes");
     let elf = dir.join("escapes.elf");
     guest(&elf, &[], HOSTILE, &SPIN);
-    let o = ptiscope()
-        .args(["run", "--mem", "16", "--timeout", "0.5", "--kernel"])
-        .arg(&elf)
-        .output()
-        .unwrap();
+    let o = run_image(&elf, "0.5").output().unwrap();
     let (out, err) = (stdout(&o), stderr(&o));
     assert_eq!(o.status.code(), Some(124), "{err}");
     for (name, text) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
@@ -78,9 +74,7 @@ fn guest_escape_sequences_reach_the_terminal_escaped_and_files_raw() {
 
     // --serial-out is a file: the guest's bytes, unchanged.
     let file = dir.join("console.raw");
-    let o = ptiscope()
-        .args(["run", "--mem", "16", "--timeout", "0.5", "--kernel"])
-        .arg(&elf)
+    let o = run_image(&elf, "0.5")
         .arg("--serial-out")
         .arg(&file)
         .output()
@@ -91,6 +85,15 @@ fn guest_escape_sequences_reach_the_terminal_escaped_and_files_raw() {
 }
 
 /// The `rows` entry named `name` of a run summary's JSON.
+/// `ptiscope run` of the guest image `elf` in 16 MiB, stopped after
+/// `timeout` seconds; the caller adds the rest.
+fn run_image(elf: &Path, timeout: &str) -> std::process::Command {
+    let mut c = ptiscope();
+    c.args(["run", "--mem", "16", "--timeout", timeout, "--kernel"])
+        .arg(elf);
+    c
+}
+
 fn row<'a>(v: &'a Value, name: &str) -> &'a Value {
     v["rows"]
         .as_array()
@@ -175,9 +178,7 @@ fn a_guest_that_never_initialised_its_telemetry_is_not_called_valid() {
     let elf = dir.join("quiet.elf");
     guest(&elf, &[], b"hello\n", &EXIT_0);
     let json = dir.join("run.json");
-    let o = ptiscope()
-        .args(["run", "--mem", "16", "--timeout", "5", "--kernel"])
-        .arg(&elf)
+    let o = run_image(&elf, "5")
         .arg("--json")
         .arg(&json)
         .output()

@@ -6,7 +6,7 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -18,7 +18,7 @@ fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
     let dir = scratch("compare-sigint");
     let json = dir.join("c.json");
     let csv = dir.join("c.csv");
-    let mut child = ptiscope()
+    let child = ptiscope()
         .args(["compare", "--baseline", "pti=off", "--compare", "pti=on"])
         .args(["--runs", "100", "--iterations", "20", "--quiet", "--json"])
         .arg(&json)
@@ -31,24 +31,7 @@ fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
         .unwrap();
     std::thread::sleep(Duration::from_secs(4));
     assert!(!json.exists(), "--json appeared before the compare ended");
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let sent = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            sent.elapsed() < Duration::from_secs(10),
-            "still running 10 s after SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let took = sent.elapsed();
-    let out = child.wait_with_output().unwrap();
-    let (text, err) = (stdout(&out), stderr(&out));
-    assert!(took < Duration::from_secs(5), "took {took:?}\n{err}");
-    assert_eq!(status.code(), Some(130), "{err}");
+    let (text, _) = interrupt(child);
     assert!(
         text.contains("PARTIAL: interrupted by SIGINT during "),
         "{text}"

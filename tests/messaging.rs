@@ -109,30 +109,13 @@ fn x86_64_delivers_every_message_with_the_expected_cr3_writes_as_processes_and_t
 
 #[test]
 fn i386_delivers_every_message_with_the_expected_cr3_writes_as_processes_and_threads() {
-    if std::process::Command::new("qemu-system-i386")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip(
-            "sched-messaging i386 under QEMU",
-            "qemu-system-i386 is not installed",
-        );
+    if !qemu_i386_or_skip("sched-messaging i386 under QEMU") {
         return;
     }
     for mode in ["process", "thread"] {
         for pti in ["on", "off"] {
             let cmdline = format!("groups={GROUPS} loops={LOOPS} mode={mode}");
-            let o = ptiscope()
-                .args([
-                    "run",
-                    "--arch",
-                    "i386",
-                    "--backend",
-                    "qemu",
-                    "--timeout",
-                    "60",
-                ])
+            let o = run_i386_qemu(60)
                 .args(["--workload", "sched-messaging", "--pti", pti])
                 .args(["--cmdline", &cmdline])
                 .output()

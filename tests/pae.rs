@@ -32,28 +32,11 @@ fn an_elf32_pvh_image_boots_or_is_refused_with_the_host_limitation_named() {
 
 /// Runs the embedded i386 guest under QEMU TCG (`--backend qemu`); `None`
 /// (with the reason printed) where qemu-system-i386 is missing.
-fn run_i386_qemu(args: &[&str]) -> Option<(Option<i32>, String)> {
-    if std::process::Command::new("qemu-system-i386")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip("i386 under QEMU", "qemu-system-i386 is not installed");
+fn i386_qemu(args: &[&str]) -> Option<(Option<i32>, String)> {
+    if !qemu_i386_or_skip("i386 under QEMU") {
         return None;
     }
-    let o = ptiscope()
-        .args([
-            "run",
-            "--arch",
-            "i386",
-            "--backend",
-            "qemu",
-            "--timeout",
-            "60",
-        ])
-        .args(args)
-        .output()
-        .unwrap();
+    let o = run_i386_qemu(60).args(args).output().unwrap();
     Some((o.status.code(), stdout(&o) + &stderr(&o)))
 }
 
@@ -81,7 +64,7 @@ fn i386_getpid_costs_two_cr3_writes_per_call_with_pti_and_none_without_on_both_e
     for entry in ["sysenter", "int80"] {
         for pti in ["on", "off"] {
             let n = N.to_string();
-            let Some((code, out)) = run_i386_qemu(&[
+            let Some((code, out)) = i386_qemu(&[
                 "--pti",
                 pti,
                 "--entry",
@@ -117,7 +100,7 @@ fn i386_getpid_costs_two_cr3_writes_per_call_with_pti_and_none_without_on_both_e
 fn i386_user_read_of_kernel_memory_faults_not_present_with_pti_and_protection_without() {
     let mut codes = Vec::new();
     for pti in ["on", "off"] {
-        let Some((code, out)) = run_i386_qemu(&["--pti", pti, "--cmdline", "fault=kread"]) else {
+        let Some((code, out)) = i386_qemu(&["--pti", pti, "--cmdline", "fault=kread"]) else {
             return;
         };
         assert_eq!(
@@ -139,7 +122,7 @@ fn i386_user_read_of_kernel_memory_faults_not_present_with_pti_and_protection_wi
 fn i386_pti_global_text_maps_kernel_text_into_the_user_copy() {
     let mut pages = Vec::new();
     for global in ["off", "on"] {
-        let Some((code, out)) = run_i386_qemu(&[
+        let Some((code, out)) = i386_qemu(&[
             "--pti",
             "on",
             "--workload",

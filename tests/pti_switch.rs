@@ -15,18 +15,8 @@ fn deferred_switch_still_switches_twice_per_call() {
     if !kvm_or_skip("deferred_switch_still_switches_twice_per_call") {
         return;
     }
-    let out = ptiscope()
-        .args([
-            "run",
-            "--pti",
-            "on",
-            "--workload",
-            "getpid",
-            "--iterations",
-            "200",
-            "--cmdline",
-            "pti_switch=deferred",
-        ])
+    let out = run_getpid("on", 200)
+        .args(["--cmdline", "pti_switch=deferred"])
         .output()
         .expect("run ptiscope");
     let console = stdout(&out);

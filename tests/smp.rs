@@ -57,18 +57,7 @@ fn poundsyscall_two_threads_run_on_both_vcpus_with_two_cr3_writes_per_call() {
         );
         assert!(console.contains("smp: 2 of 2 CPUs online"), "{console}");
         let r = result_line(&console);
-        assert_eq!(num(&r, "iterations"), 2 * CALLS, "{r:?}");
-        assert_eq!(num(&r, "mismatches"), 0, "getppid answered wrongly: {r:?}");
-        // 2 x CALLS getppid, an exit per thread, the parent's waits (one
-        // per thread and the final -ECHILD) and its end marker.
-        let syscalls = 2 * CALLS + 2 + 3 + 1;
-        assert_eq!(num(&r, "syscalls"), syscalls, "{r:?}");
-        let (entry, exit) = (num(&r, "cr3_entry"), num(&r, "cr3_exit"));
-        if pti == "on" {
-            assert_eq!((entry, exit), (syscalls, syscalls), "{r:?}");
-        } else {
-            assert_eq!((entry, exit), (0, 0), "{r:?}");
-        }
+        check_two_threads(&r, CALLS, pti, &format!("pti={pti}"));
         // Both vCPUs ran guest code: each one's KVM exits (2 per int3 round
         // trip here) rose by at least its thread's calls, and each guest CPU
         // counted at least its thread's syscalls.

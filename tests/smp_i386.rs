@@ -75,21 +75,9 @@ fn poundsyscall_two_threads_make_two_cr3_writes_per_call() {
             };
             assert_eq!(code, Some(0), "{what}:\n{out}");
             assert!(out.contains("smp: 2 of 2 CPUs online"), "{what}:\n{out}");
-            let r = result_line(&out);
             // Thread 1 is pinned to CPU 1 and tasks never migrate: the run
             // finishes with all its calls answered only if CPU 1 ran it.
-            assert_eq!(num(&r, "iterations"), 2 * CALLS, "{what}: {r:?}");
-            assert_eq!(num(&r, "mismatches"), 0, "{what}: getppid wrong: {r:?}");
-            // 2 x CALLS getppid, an exit per thread, the parent's waits
-            // (one per thread and the final -ECHILD) and its end marker.
-            let syscalls = 2 * CALLS + 2 + 3 + 1;
-            assert_eq!(num(&r, "syscalls"), syscalls, "{what}: {r:?}");
-            let (entry_w, exit_w) = (num(&r, "cr3_entry"), num(&r, "cr3_exit"));
-            if pti == "on" {
-                assert_eq!((entry_w, exit_w), (syscalls, syscalls), "{what}: {r:?}");
-            } else {
-                assert_eq!((entry_w, exit_w), (0, 0), "{what}: {r:?}");
-            }
+            check_two_threads(&result_line(&out), CALLS, pti, &what);
             let smp = machine_line(&out, "@smp");
             assert_eq!(num(&smp, "cpus"), 2, "{what}: {smp:?}");
             assert_eq!(num(&smp, "threads"), 2, "{what}: {smp:?}");

@@ -27,10 +27,7 @@ fn sweep(args: &[&str], dir: &std::path::Path) -> (Option<i32>, Value, String) {
         .args(args)
         .output()
         .unwrap();
-    let v = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
+    let v = json_or_null(&json);
     (o.status.code(), v, stdout(&o) + &stderr(&o))
 }
 

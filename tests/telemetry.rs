@@ -116,10 +116,7 @@ fn run_json(args: &[&str], dir: &Path, name: &str) -> (Option<i32>, Value, Strin
         .args(["--json", json.to_str().unwrap(), "--timeout", "30"])
         .output()
         .unwrap();
-    let v = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
+    let v = json_or_null(&json);
     (o.status.code(), v, stdout(&o), stderr(&o))
 }
 
@@ -266,16 +263,7 @@ fn live_metrics_stream_json_lines() {
     }
     let dir = scratch("live");
     let path = dir.join("metrics.jsonl");
-    let o = ptiscope()
-        .args([
-            "run",
-            "--pti",
-            "on",
-            "--workload",
-            "getpid",
-            "--iterations",
-            "2000",
-        ])
+    let o = run_getpid("on", 2000)
         .args([
             "--metrics-interval",
             "10",

@@ -38,10 +38,7 @@ fn run_json(
         .output()
         .unwrap();
     let console = std::fs::read_to_string(dir.join(format!("{name}.console"))).unwrap_or_default();
-    let v = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
+    let v = json_or_null(&json);
     let out = format!("{console}\n{}{}", stdout(&o), stderr(&o));
     let r = if console.contains("@result") {
         result_line(&console)
@@ -346,12 +343,7 @@ fn bad_working_set_values_are_refused_before_boot() {
 
 #[test]
 fn the_i386_flavour_reads_its_working_set_under_qemu() {
-    if std::process::Command::new("qemu-system-i386")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip("i386 working set", "qemu-system-i386 is not installed");
+    if !qemu_i386_or_skip("i386 working set") {
         return;
     }
     const N: u64 = 100;
@@ -359,16 +351,7 @@ fn the_i386_flavour_reads_its_working_set_under_qemu() {
         ("wss=256K stride=64 touches=300 entry=int80", 300),
         ("wss=4M wss_pages=2m entry=sysenter kwss=64K", 1024),
     ] {
-        let o = ptiscope()
-            .args([
-                "run",
-                "--arch",
-                "i386",
-                "--backend",
-                "qemu",
-                "--timeout",
-                "120",
-            ])
+        let o = run_i386_qemu(120)
             .args(["--pti", "on", "--workload", "getpid", "--iterations"])
             .arg(N.to_string())
             .args(["--cmdline", extra])

@@ -70,6 +70,22 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// Reads a `ptiscope run --json` document (and removes the file).
+pub fn take_run_json(path: &std::path::Path) -> Result<serde_json::Value, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let _ = std::fs::remove_file(path);
+    serde_json::from_str(&text).map_err(|e| format!("run JSON: {e}"))
+}
+
+/// The per-iteration rate of the summary row `name` of a run document.
+pub fn per_iteration(v: &serde_json::Value, name: &str) -> Option<f64> {
+    v["rows"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["name"] == name))
+        .and_then(|r| r["per_iteration"].as_f64())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,16 +69,8 @@ fn one_run(ptiscope: &Path, args: &PluginArgs, plugin: bool) -> Result<RunFigure
             sample.code
         ));
     }
-    let text =
-        std::fs::read_to_string(&json).map_err(|e| format!("reading {}: {e}", json.display()))?;
-    let _ = std::fs::remove_file(&json);
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("run JSON: {e}"))?;
-    let rate = |name: &str| {
-        v["rows"]
-            .as_array()
-            .and_then(|rows| rows.iter().find(|r| r["name"] == name))
-            .and_then(|r| r["per_iteration"].as_f64())
-    };
+    let v = crate::measure::take_run_json(&json)?;
+    let rate = |name: &str| crate::measure::per_iteration(&v, name);
     let cycles = rate("cycles").ok_or("no cycles rate in the run JSON")?;
     let kernel = rate("kernel_instructions");
     if plugin && kernel.is_none() {

@@ -15,9 +15,10 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// What each getpid run of these benchmarks is: how many, how long, PTI.
 #[derive(Args)]
-pub struct TelemetryArgs {
-    /// Runs per variant.
+pub struct GetpidRuns {
+    /// Runs (per variant, or identical runs).
     #[arg(long, default_value_t = 10)]
     runs: usize,
     /// getpid iterations per run.
@@ -26,6 +27,12 @@ pub struct TelemetryArgs {
     /// `--pti` of the runs.
     #[arg(long, default_value = "on")]
     pti: String,
+}
+
+#[derive(Args)]
+pub struct TelemetryArgs {
+    #[command(flatten)]
+    runs: GetpidRuns,
     /// Live-metrics interval of the "with" variant, in ms.
     #[arg(long, default_value_t = 10)]
     interval_ms: u64,
@@ -33,15 +40,8 @@ pub struct TelemetryArgs {
 
 #[derive(Args)]
 pub struct RepeatArgs {
-    /// Identical runs.
-    #[arg(long, default_value_t = 10)]
-    runs: usize,
-    /// getpid iterations per run.
-    #[arg(long, default_value_t = 20_000)]
-    iterations: u64,
-    /// `--pti` of the runs.
-    #[arg(long, default_value = "on")]
-    pti: String,
+    #[command(flatten)]
+    runs: GetpidRuns,
 }
 
 /// Target of the telemetry-overhead benchmark, in %.
@@ -88,15 +88,9 @@ fn one_run(
     if !status.success() {
         return Err(format!("ptiscope run exited with {status}"));
     }
-    let text =
-        std::fs::read_to_string(&json).map_err(|e| format!("reading {}: {e}", json.display()))?;
-    let _ = std::fs::remove_file(&json);
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("run JSON: {e}"))?;
+    let v = crate::measure::take_run_json(&json)?;
     let rate = |name: &str| {
-        v["rows"]
-            .as_array()
-            .and_then(|rows| rows.iter().find(|r| r["name"] == name))
-            .and_then(|r| r["per_iteration"].as_f64())
+        crate::measure::per_iteration(&v, name)
             .ok_or_else(|| format!("no {name} rate in the run JSON"))
     };
     Ok((rate("cycles")?, rate("elapsed")?))
@@ -113,11 +107,11 @@ fn coeffvar(v: &[f64]) -> f64 {
 }
 
 pub fn run_overhead(ptiscope: &Path, args: &TelemetryArgs) -> Result<Report, String> {
-    if args.runs == 0 {
+    if args.runs.runs == 0 {
         return Err("--runs must be at least 1".into());
     }
     let (mut without, mut with) = (Vec::new(), Vec::new());
-    for i in 0..args.runs {
+    for i in 0..args.runs.runs {
         let order = if i % 2 == 0 {
             [false, true]
         } else {
@@ -126,8 +120,8 @@ pub fn run_overhead(ptiscope: &Path, args: &TelemetryArgs) -> Result<Report, Str
         for live in order {
             let r = one_run(
                 ptiscope,
-                &args.pti,
-                args.iterations,
+                &args.runs.pti,
+                args.runs.iterations,
                 live.then_some(args.interval_ms),
             )?;
             if live {
@@ -149,9 +143,9 @@ pub fn run_overhead(ptiscope: &Path, args: &TelemetryArgs) -> Result<Report, Str
          cycles/call median without live metrics: {a:.1} (CoeffVar {:.2} %)\n\
          cycles/call median with --metrics-interval {}: {b:.1} (CoeffVar {:.2} %)\n\
          ratio with/without: {:.4} ({diff:+.2} %); target |diff| < {OVERHEAD_TARGET_PCT} %: {verdict}",
-        args.pti,
-        args.iterations,
-        args.runs,
+        args.runs.pti,
+        args.runs.iterations,
+        args.runs.runs,
         coeffvar(&without),
         args.interval_ms,
         coeffvar(&with),
@@ -161,7 +155,7 @@ pub fn run_overhead(ptiscope: &Path, args: &TelemetryArgs) -> Result<Report, Str
         text,
         json: json!({
             "bench": "telemetry_overhead",
-            "pti": args.pti, "iterations": args.iterations, "runs": args.runs,
+            "pti": args.runs.pti, "iterations": args.runs.iterations, "runs": args.runs.runs,
             "interval_ms": args.interval_ms,
             "cycles_per_call_without": without, "cycles_per_call_with": with,
             "median_without": a, "median_with": b, "diff_pct": diff,
@@ -171,13 +165,13 @@ pub fn run_overhead(ptiscope: &Path, args: &TelemetryArgs) -> Result<Report, Str
 }
 
 pub fn run_repeat(ptiscope: &Path, args: &RepeatArgs) -> Result<Report, String> {
-    if args.runs < 2 {
+    if args.runs.runs < 2 {
         return Err("--runs must be at least 2".into());
     }
     let mut cycles = Vec::new();
     let mut ns = Vec::new();
-    for _ in 0..args.runs {
-        let (c, t) = one_run(ptiscope, &args.pti, args.iterations, None)?;
+    for _ in 0..args.runs.runs {
+        let (c, t) = one_run(ptiscope, &args.runs.pti, args.runs.iterations, None)?;
         cycles.push(c);
         ns.push(t);
     }
@@ -192,9 +186,9 @@ pub fn run_repeat(ptiscope: &Path, args: &RepeatArgs) -> Result<Report, String> 
          cycles/call: median {:.1}, min {:.1}, max {:.1}, CoeffVar {cv:.2} %\n\
          ns/call (host clock): median {:.1}, CoeffVar {:.2} %\n\
          target CoeffVar < {COEFFVAR_TARGET_PCT} %: {verdict}",
-        args.pti,
-        args.iterations,
-        args.runs,
+        args.runs.pti,
+        args.runs.iterations,
+        args.runs.runs,
         median(&cycles),
         cycles.iter().cloned().fold(f64::INFINITY, f64::min),
         cycles.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
@@ -205,7 +199,7 @@ pub fn run_repeat(ptiscope: &Path, args: &RepeatArgs) -> Result<Report, String> 
         text,
         json: json!({
             "bench": "repeatability",
-            "pti": args.pti, "iterations": args.iterations, "runs": args.runs,
+            "pti": args.runs.pti, "iterations": args.runs.iterations, "runs": args.runs.runs,
             "cycles_per_call": cycles, "ns_per_call": ns,
             "coeffvar_pct": cv, "target_pct": COEFFVAR_TARGET_PCT,
         }),

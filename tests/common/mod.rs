@@ -12,6 +12,98 @@ pub fn ptiscope() -> Command {
     c
 }
 
+/// Sends SIGINT to `child` and waits for it to end: within 5 s ("within a
+/// second" on an idle host; a generous margin for a loaded one), with exit
+/// code 130. Returns its stdout and stderr.
+pub fn interrupt(mut child: std::process::Child) -> (String, String) {
+    use std::time::{Duration, Instant};
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "still running 10 s after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = sent.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(took < Duration::from_secs(5), "took {took:?}\n{err}");
+    assert_eq!(status.code(), Some(130), "{err}");
+    (text, err)
+}
+
+/// Checks the `@result` of `poundsyscall` with `threads=2` of `calls`
+/// getppid each: every call made and answered rightly, the syscalls
+/// counted (2 x `calls` getppid, an exit per thread, the parent's waits,
+/// one per thread and the final -ECHILD, and its end marker), and a CR3
+/// write on each entry and exit with `pti` on, none with it off. Returns
+/// the syscalls.
+pub fn check_two_threads(
+    r: &std::collections::HashMap<String, String>,
+    calls: u64,
+    pti: &str,
+    what: &str,
+) -> u64 {
+    assert_eq!(num(r, "iterations"), 2 * calls, "{what}: {r:?}");
+    assert_eq!(
+        num(r, "mismatches"),
+        0,
+        "{what}: getppid answered wrongly: {r:?}"
+    );
+    let syscalls = 2 * calls + 2 + 3 + 1;
+    assert_eq!(num(r, "syscalls"), syscalls, "{what}: {r:?}");
+    let (entry, exit) = (num(r, "cr3_entry"), num(r, "cr3_exit"));
+    let want = if pti == "on" { syscalls } else { 0 };
+    assert_eq!((entry, exit), (want, want), "{what}: {r:?}");
+    syscalls
+}
+
+/// `ptiscope run --pti PTI --workload getpid --iterations N`; the caller
+/// adds the rest.
+pub fn run_getpid(pti: &str, iterations: u32) -> Command {
+    let mut c = ptiscope();
+    c.args(["run", "--pti", pti, "--workload", "getpid", "--iterations"])
+        .arg(iterations.to_string());
+    c
+}
+
+/// The JSON document at `path`, or `null` if it is missing or not JSON
+/// (a run that failed before writing it).
+pub fn json_or_null(path: &Path) -> serde_json::Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
+pub fn qemu_i386_or_skip(test: &str) -> bool {
+    if Command::new("qemu-system-i386")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        ptiscope::test_support::skip(test, "qemu-system-i386 is not installed");
+        return false;
+    }
+    true
+}
+
+/// `ptiscope run --arch i386 --backend qemu --timeout SECS`: the embedded
+/// i386 guest under QEMU TCG; the caller adds the rest.
+pub fn run_i386_qemu(timeout_secs: u32) -> Command {
+    let mut c = ptiscope();
+    c.args(["run", "--arch", "i386", "--backend", "qemu", "--timeout"])
+        .arg(timeout_secs.to_string());
+    c
+}
+
 /// True if /dev/kvm can be opened; otherwise prints why the test is skipped.
 pub fn kvm_or_skip(test: &str) -> bool {
     match std::fs::OpenOptions::new()
@@ -42,6 +134,19 @@ pub fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// Completes a PVH image: the Xen PHYS32_ENTRY note (entry `entry`) at
+/// 0x180, `code` at file offset 0x200; writes it to `path`.
+fn finish_pvh(mut f: Vec<u8>, entry: u32, code: &[u8], path: &Path) {
+    let n = 0x180;
+    f[n..n + 4].copy_from_slice(&4u32.to_le_bytes()); // namesz
+    f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes()); // descsz
+    f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes()); // XEN_ELFNOTE_PHYS32_ENTRY
+    f[n + 12..n + 16].copy_from_slice(b"Xen\0");
+    f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+    f[0x200..0x200 + code.len()].copy_from_slice(code);
+    std::fs::write(path, f).unwrap();
+}
+
 /// Writes a minimal PVH ELF64 whose 32-bit entry runs `code`, loaded at `paddr`.
 pub fn write_pvh_elf(path: &Path, paddr: u64, code: &[u8]) {
     assert!(code.len() <= 0x100);
@@ -69,14 +174,7 @@ pub fn write_pvh_elf(path: &Path, paddr: u64, code: &[u8]) {
     f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
     f[ph + 8..ph + 16].copy_from_slice(&0x180u64.to_le_bytes());
     f[ph + 32..ph + 40].copy_from_slice(&20u64.to_le_bytes());
-    let n = 0x180;
-    f[n..n + 4].copy_from_slice(&4u32.to_le_bytes());
-    f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes());
-    f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes());
-    f[n + 12..n + 16].copy_from_slice(b"Xen\0");
-    f[n + 16..n + 20].copy_from_slice(&(paddr as u32).to_le_bytes());
-    f[0x200..0x200 + code.len()].copy_from_slice(code);
-    std::fs::write(path, f).unwrap();
+    finish_pvh(f, paddr as u32, code, path);
 }
 
 /// Writes a minimal PVH ELF32 (i386) whose 32-bit entry runs `code`, loaded at `paddr`.
@@ -106,14 +204,7 @@ pub fn write_pvh_elf32(path: &Path, paddr: u32, code: &[u8]) {
     f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
     f[ph + 4..ph + 8].copy_from_slice(&0x180u32.to_le_bytes());
     f[ph + 16..ph + 20].copy_from_slice(&20u32.to_le_bytes());
-    let n = 0x180;
-    f[n..n + 4].copy_from_slice(&4u32.to_le_bytes());
-    f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes());
-    f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes());
-    f[n + 12..n + 16].copy_from_slice(b"Xen\0");
-    f[n + 16..n + 20].copy_from_slice(&paddr.to_le_bytes());
-    f[0x200..0x200 + code.len()].copy_from_slice(code);
-    std::fs::write(path, f).unwrap();
+    finish_pvh(f, paddr, code, path);
 }
 
 /// What `ptiscope probe --json` found for 32-bit PAE paging on this host.

@@ -57,8 +57,9 @@ pub fn run(args: &ProbeArgs) -> i32 {
     match crate::probe::run(&crate::probe::ProbeOptions::default()) {
         Ok(report) => {
             // The environment block below carries the refill verdict: the
-            // one just measured, not a second measurement.
-            crate::preflight::host::remember_cr3_write_refill(&report.cr3_write_refill);
+            // one just measured, not a second measurement; the host facts
+            // cache keeps what was just measured.
+            crate::preflight::host::remember_report(&report);
             if args.json {
                 // Every JSON report records where it came from; the probe's
                 // own findings are the report itself, the block adds the rest.

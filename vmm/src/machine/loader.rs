@@ -578,14 +578,19 @@ mod tests {
             f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes()); // PT_NOTE
             f[ph + 8..ph + 16].copy_from_slice(&0x180u64.to_le_bytes());
             f[ph + 32..ph + 40].copy_from_slice(&20u64.to_le_bytes());
-            let n = 0x180;
-            f[n..n + 4].copy_from_slice(&4u32.to_le_bytes()); // namesz
-            f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes()); // descsz
-            f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes()); // type
-            f[n + 12..n + 16].copy_from_slice(b"Xen\0");
-            f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+            put_note(&mut f, 0x180, XEN_ELFNOTE_PHYS32_ENTRY, entry);
         }
         f
+    }
+
+    /// Writes at `at` one ELF note named "Xen" of type `kind` whose 4-byte
+    /// descriptor is `entry` (20 bytes).
+    fn put_note(f: &mut [u8], at: usize, kind: u32, entry: u32) {
+        f[at..at + 4].copy_from_slice(&4u32.to_le_bytes()); // namesz
+        f[at + 4..at + 8].copy_from_slice(&4u32.to_le_bytes()); // descsz
+        f[at + 8..at + 12].copy_from_slice(&kind.to_le_bytes());
+        f[at + 12..at + 16].copy_from_slice(b"Xen\0");
+        f[at + 16..at + 20].copy_from_slice(&entry.to_le_bytes());
     }
 
     /// A minimal ELF32 (i386) image: one PT_LOAD of 4 bytes at `paddr`
@@ -616,12 +621,7 @@ mod tests {
         f[ph..ph + 4].copy_from_slice(&PT_NOTE.to_le_bytes());
         f[ph + 4..ph + 8].copy_from_slice(&0x180u32.to_le_bytes());
         f[ph + 16..ph + 20].copy_from_slice(&20u32.to_le_bytes());
-        let n = 0x180;
-        f[n..n + 4].copy_from_slice(&4u32.to_le_bytes());
-        f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes());
-        f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes());
-        f[n + 12..n + 16].copy_from_slice(b"Xen\0");
-        f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+        put_note(&mut f, 0x180, XEN_ELFNOTE_PHYS32_ENTRY, entry);
         f
     }
 
@@ -699,12 +699,7 @@ mod tests {
         f[ph..ph + 4].copy_from_slice(&PT_NOTE.to_le_bytes());
         f[ph + 8..ph + 16].copy_from_slice(&0x1a0u64.to_le_bytes());
         f[ph + 32..ph + 40].copy_from_slice(&20u64.to_le_bytes());
-        let n = 0x1a0;
-        f[n..n + 4].copy_from_slice(&4u32.to_le_bytes());
-        f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes());
-        f[n + 8..n + 12].copy_from_slice(&kind.to_le_bytes());
-        f[n + 12..n + 16].copy_from_slice(b"Xen\0");
-        f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+        put_note(&mut f, 0x1a0, kind, entry);
         f
     }
 

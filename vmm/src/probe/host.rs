@@ -2,11 +2,14 @@
 //! `entry=auto`, refusing an `--entry` or `--pcid on` the host cannot
 //! run before the guest boots, and whether a guest CR3 write costs user
 //! code a TLB refill here (what `sweep` and the reports say about it). The answers come from the probe
-//! ([`crate::probe`]), run once per process and cached (a few milliseconds).
+//! ([`crate::probe`]), run once per process, and kept once per boot of the
+//! host in a cache file ([`crate::probe::host_cache`]): a process whose host
+//! state matches the file's key runs no probe VM for them.
 
 use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::probe::host_cache::{self, CachedRefill};
 use crate::probe::{self, ProbeOptions};
 use ptiscope_abi::options::Entry;
 
@@ -101,17 +104,37 @@ impl EntryFindings {
 /// The entry probe, run once per process.
 pub fn entry_findings() -> &'static EntryFindings {
     static FINDINGS: OnceLock<EntryFindings> = OnceLock::new();
-    FINDINGS.get_or_init(|| EntryFindings {
-        outcomes: probe::probe_entries(&ProbeOptions::default())
-            .map(|v| {
-                v.into_iter()
-                    .map(|(e, o)| {
-                        let works = o.works();
-                        (e, o.to_string(), works)
+    FINDINGS.get_or_init(|| {
+        let outcomes = host_cache::cached(
+            |f| {
+                let cached = f.entries.clone()?;
+                Some(cached.map(|v| {
+                    v.into_iter()
+                        .filter_map(|(e, d, w)| Some((e.parse().ok()?, d, w)))
+                        .collect()
+                }))
+            },
+            || {
+                probe::probe_entries(&ProbeOptions::default())
+                    .map(|v| {
+                        v.into_iter()
+                            .map(|(e, o)| {
+                                let works = o.works();
+                                (e, o.to_string(), works)
+                            })
+                            .collect()
                     })
-                    .collect()
-            })
-            .map_err(|e| e.to_string()),
+                    .map_err(|e| e.to_string())
+            },
+            |f, v: &Result<Vec<(probe::Entry, String, bool)>, String>| {
+                f.entries = Some(v.clone().map(|v| {
+                    v.into_iter()
+                        .map(|(e, d, w)| (e.name().to_owned(), d, w))
+                        .collect()
+                }));
+            },
+        );
+        EntryFindings { outcomes }
     })
 }
 
@@ -181,9 +204,15 @@ pub fn check_entry(entry: Entry) -> Result<(), String> {
 pub fn pcid_usable() -> Option<(bool, String)> {
     static PCID: OnceLock<Option<(bool, String)>> = OnceLock::new();
     PCID.get_or_init(|| {
-        probe::probe_pcid(&ProbeOptions::default())
-            .ok()
-            .map(|p| (p.usable(), p.detail))
+        host_cache::cached(
+            |f| f.pcid.clone(),
+            || {
+                probe::probe_pcid(&ProbeOptions::default())
+                    .ok()
+                    .map(|p| (p.usable(), p.detail))
+            },
+            |f, v| f.pcid = Some(v.clone()),
+        )
     })
     .clone()
 }
@@ -195,9 +224,15 @@ static REFILL: OnceLock<probe::RefillProbe> = OnceLock::new();
 /// If the probe cannot run, the verdict is `unmeasured` with the reason.
 pub fn cr3_write_refill() -> &'static probe::RefillProbe {
     REFILL.get_or_init(|| {
-        probe::probe_cr3_write_refill(&ProbeOptions::default()).unwrap_or_else(|e| {
-            probe::RefillProbe::unmeasured(None, format!("the probe could not run: {e}"))
-        })
+        host_cache::cached(
+            |f| f.refill.as_ref().and_then(CachedRefill::to_probe),
+            || {
+                probe::probe_cr3_write_refill(&ProbeOptions::default()).unwrap_or_else(|e| {
+                    probe::RefillProbe::unmeasured(None, format!("the probe could not run: {e}"))
+                })
+            },
+            |f, v| f.refill = Some(CachedRefill::from(v)),
+        )
     })
 }
 
@@ -208,12 +243,44 @@ pub fn remember_cr3_write_refill(r: &probe::RefillProbe) {
     let _ = REFILL.set(r.clone());
 }
 
+/// Records what the full probe (`ptiscope probe`) just measured in the
+/// host facts cache, replacing what it held: `ptiscope probe` refreshes it.
+pub fn remember_report(r: &probe::ProbeReport) {
+    remember_cr3_write_refill(&r.cr3_write_refill);
+    let entries: Vec<(String, String, bool)> = r
+        .entries
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e.entry?.name().to_owned(),
+                e.outcome.to_string(),
+                e.outcome.works(),
+            ))
+        })
+        .collect();
+    host_cache::record(|f| {
+        f.entries = Some(Ok(entries));
+        f.pcid = Some(Some((r.pcid.usable(), r.pcid.detail.clone())));
+        f.pae = Some(Some((
+            r.paging.pae.outcome.works(),
+            format!("{}; {}", r.paging.pae.outcome, r.paging.pae.detail),
+        )));
+        f.refill = Some(CachedRefill::from(&r.cr3_write_refill));
+    });
+}
+
 /// Whether the vCPU can enable 32-bit PAE paging (probe, run once per
 /// process); `None` if the probe could not run.
 pub fn pae_paging_usable() -> Option<(bool, String)> {
     static PAE: OnceLock<Option<(bool, String)>> = OnceLock::new();
-    PAE.get_or_init(|| probe::probe_pae_paging(&ProbeOptions::default()).ok())
-        .clone()
+    PAE.get_or_init(|| {
+        host_cache::cached(
+            |f| f.pae.clone(),
+            || probe::probe_pae_paging(&ProbeOptions::default()).ok(),
+            |f, v| f.pae = Some(v.clone()),
+        )
+    })
+    .clone()
 }
 
 /// `uname -sr` and the host CPU model, for report headers.

@@ -18,6 +18,7 @@ mod cpu;
 mod entries;
 pub mod entry;
 pub mod host;
+pub mod host_cache;
 mod paging;
 pub mod refill;
 pub mod trip;

@@ -432,7 +432,7 @@ pub fn p_text(p: f64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn side(label: &str) -> Side {
@@ -442,7 +442,9 @@ mod tests {
         }
     }
 
-    fn sample_table() -> CompareTable {
+    /// Two metrics, three runs a side: a guest-timed one that grows with
+    /// PTI and an exact count (0 -> 2). The `--fail-if` tests use it too.
+    pub(crate) fn sample_table() -> CompareTable {
         let mut t = CompareTable::new(side("pti=off"), side("pti=on"));
         t.add(
             Metric::new("cycles_per_call", "cycles/call", Source::Guest),

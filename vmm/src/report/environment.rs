@@ -268,6 +268,54 @@ pub fn probe_findings() -> ProbeFindings {
     }
 }
 
+impl Host {
+    /// `MODEL (family F model M stepping S, microcode U), N CPUs`, `?` for
+    /// what is unknown.
+    fn cpu_identity(&self) -> String {
+        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
+        format!(
+            "{} (family {} model {} stepping {}, microcode {}), {} CPUs",
+            opt(&self.cpu_model),
+            num(self.cpu_family),
+            num(self.cpu_model_number),
+            num(self.cpu_stepping),
+            opt(&self.microcode),
+            self.cpus
+        )
+    }
+
+    /// The CPU flags as `name=yes|no` words.
+    fn flag_words(&self) -> Vec<String> {
+        self.cpu_flags
+            .iter()
+            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
+            .collect()
+    }
+
+    /// The host kernel's CPU bugs that are not "Not affected" (space
+    /// separated, `none` if there are none) and its meltdown verdict (`?`
+    /// if unknown).
+    fn bugs(&self) -> (String, &str) {
+        let affected: Vec<&str> = self
+            .vulnerabilities
+            .iter()
+            .filter(|(_, v)| !v.starts_with("Not affected"))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let meltdown = self
+            .vulnerabilities
+            .get("meltdown")
+            .map_or("?", String::as_str);
+        let affected = if affected.is_empty() {
+            "none".to_owned()
+        } else {
+            affected.join(" ")
+        };
+        (affected, meltdown)
+    }
+}
+
 impl Environment {
     /// Collects everything: host, KVM, probe (cached), build, the image hash
     /// and the given options.
@@ -291,41 +339,16 @@ impl Environment {
     pub fn render_text(&self) -> String {
         let h = &self.host;
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
-        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
-        let flags: Vec<String> = h
-            .cpu_flags
-            .iter()
-            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
-            .collect();
+        let flags = h.flag_words();
         let mut out = format!(
-            "  host:      {}\n  cpu:       {} (family {} model {} stepping {}, microcode {}), {} CPUs; {}\n",
+            "  host:      {}\n  cpu:       {}; {}\n",
             opt(&h.kernel),
-            opt(&h.cpu_model),
-            num(h.cpu_family),
-            num(h.cpu_model_number),
-            num(h.cpu_stepping),
-            opt(&h.microcode),
-            h.cpus,
+            h.cpu_identity(),
             flags.join(" "),
         );
-        let affected: Vec<&str> = h
-            .vulnerabilities
-            .iter()
-            .filter(|(_, v)| !v.starts_with("Not affected"))
-            .map(|(k, _)| k.as_str())
-            .collect();
-        let meltdown = h
-            .vulnerabilities
-            .get("meltdown")
-            .map_or("?", String::as_str);
-        out += &format!(
-            "  host CPU bugs: meltdown: {meltdown}; not \"Not affected\": {}\n",
-            if affected.is_empty() {
-                "none".to_owned()
-            } else {
-                affected.join(" ")
-            }
-        );
+        let (affected, meltdown) = h.bugs();
+        out +=
+            &format!("  host CPU bugs: meltdown: {meltdown}; not \"Not affected\": {affected}\n");
         let p = &self.probe;
         let yes_no = |v: Option<bool>| match v {
             Some(true) => "yes",
@@ -367,22 +390,8 @@ impl Environment {
     pub fn render_header(&self, kvm: Option<&str>) -> String {
         let h = &self.host;
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
-        let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
-        let flags: Vec<String> = h
-            .cpu_flags
-            .iter()
-            .map(|(k, v)| format!("{k}={}", if *v { "yes" } else { "no" }))
-            .collect();
-        let affected: Vec<&str> = h
-            .vulnerabilities
-            .iter()
-            .filter(|(_, v)| !v.starts_with("Not affected"))
-            .map(|(k, _)| k.as_str())
-            .collect();
-        let meltdown = h
-            .vulnerabilities
-            .get("meltdown")
-            .map_or("?", String::as_str);
+        let flags = h.flag_words();
+        let (affected, meltdown) = h.bugs();
         let p = &self.probe;
         let yes_no = |v: Option<bool>| match v {
             Some(true) => "yes",
@@ -400,23 +409,14 @@ impl Environment {
             str::to_owned,
         );
         format!(
-            "  host:      {}; {} (family {} model {} stepping {}, microcode {}), {} CPUs\n\
+            "  host:      {}; {}\n\
              \x20 host cpu:  {}; meltdown: {meltdown}; affected: {}\n\
              \x20 kvm:       {kvm}; probe: entries {}, PCID {}, 32-bit PAE paging {}\n\
              \x20 guest:     {} sha256 {}; ptiscope {} ({})\n",
             opt(&h.kernel),
-            opt(&h.cpu_model),
-            num(h.cpu_family),
-            num(h.cpu_model_number),
-            num(h.cpu_stepping),
-            opt(&h.microcode),
-            h.cpus,
+            h.cpu_identity(),
             flags.join(" "),
-            if affected.is_empty() {
-                "none".to_owned()
-            } else {
-                affected.join(" ")
-            },
+            affected,
             p.entries_working
                 .as_ref()
                 .map_or("?".to_owned(), |w| w.join(",")),

@@ -421,28 +421,9 @@ impl Condition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::compare::Side;
-    use crate::report::metric::{Metric, Source};
 
     fn table() -> CompareTable {
-        let side = |l: &str| Side {
-            label: l.into(),
-            config: vec![l.into()],
-        };
-        let mut t = CompareTable::new(side("pti=off"), side("pti=on"));
-        t.add(
-            Metric::new("cycles_per_call", "cycles/call", Source::Guest),
-            &[800.0, 812.0, 824.0],
-            &[1500.0, 1523.0, 1546.0],
-        )
-        .unwrap();
-        t.add(
-            Metric::new("cr3_writes_per_call", "count/call", Source::Guest),
-            &[0.0, 0.0, 0.0],
-            &[2.0, 2.0, 2.0],
-        )
-        .unwrap();
-        t
+        crate::report::compare::tests::sample_table()
     }
 
     fn eval(s: &str) -> Result<Evaluation, EvalError> {
