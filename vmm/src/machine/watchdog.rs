@@ -24,12 +24,15 @@ pub fn watch(
     let deadline = Instant::now() + timeout;
     let set = |r: StopReason| stop.watchdog_stop(r);
     loop {
-        if stop.any_finished() {
-            return None;
-        }
+        // The signal first: the event loop reads it from the signalfd (it is
+        // no longer pending), so a vCPU finishing in the same turn must not
+        // hide it, or a sweep or compare would go on with its next run.
         let ctl = em.subscriber_mut(control_id).ok();
         if let Some(sig) = ctl.as_ref().and_then(|c| c.signal) {
             set(StopReason::Signal { signal: sig });
+            return None;
+        }
+        if stop.any_finished() {
             return None;
         }
         if ctl.is_some_and(|c| c.vcpu_done) {
