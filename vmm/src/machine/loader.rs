@@ -1,5 +1,7 @@
 //! Loading the guest kernel (linux-loader's ELF loader, PVH entry note); the
-//! PVH boot structures are written by [`crate::machine::boot_params`].
+//! PVH boot structures are written by [`crate::machine::boot_params`]. A
+//! 64-bit Linux bzImage (recognised by its setup header before anything
+//! else) goes to [`crate::machine::bzimage`].
 //!
 //! The image is checked here before linux-loader sees it, because the
 //! loader's own errors ("Unable to read kernel image") do not say what is
