@@ -456,3 +456,31 @@ fn a_qemu_argument_qemu_refuses_is_81_with_its_message() {
         "{err}"
     );
 }
+
+/// A bzImage header the VMM checks field by field: exit 65 naming the field.
+#[test]
+fn bzimage_the_vmm_cannot_boot() {
+    let dir = scratch("badbz");
+    let bz = |xloadflags: u16, setup_sects: u8| {
+        let mut b = vec![0u8; 4096];
+        b[0x1f1] = setup_sects;
+        b[0x1fe] = 0x55;
+        b[0x1ff] = 0xaa;
+        b[0x202..0x206].copy_from_slice(b"HdrS");
+        b[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
+        b[0x211] = 1; // LOADED_HIGH
+        b[0x236..0x238].copy_from_slice(&xloadflags.to_le_bytes());
+        b[0x238..0x23c].copy_from_slice(&2047u32.to_le_bytes());
+        b
+    };
+    for (name, image, what) in [
+        ("i386", bz(0, 1), "has no 64-bit entry"),
+        ("setup", bz(1, 100), "past the file's 4096 bytes"),
+    ] {
+        let f = dir.join(name);
+        std::fs::write(&f, image).unwrap();
+        let (code, err) = run(&["--kernel", f.to_str().unwrap()]);
+        assert_eq!(code, Some(65), "{name}: {err}");
+        assert!(err.contains(what), "{name}: {err}");
+    }
+}

@@ -16,9 +16,10 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::machine::boot_params;
-use crate::machine::cpu_config;
+use crate::machine::bzimage;
+use crate::machine::cpu_config::{self, CpuidMask, EntryState};
 use crate::machine::kvm::open_kvm;
-use crate::machine::loader;
+use crate::machine::loader::{self, LoadError};
 use crate::machine::msr::MsrAnswers;
 use crate::machine::RunError;
 use crate::spec::ResolvedRun;
@@ -65,7 +66,24 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
     let kvm = open_kvm()?;
     let mem = run.layout.create_guest_memory()?;
     let loaded = loader::load_bytes(&mem, &run.layout, &run.image_name, &run.image)?;
-    boot_params::write_boot_params(&mem, &run.layout, &run.cmdline)?;
+    let entry_state = match &loaded.bzimage {
+        Some(k) => {
+            bzimage::write_boot_params(&mem, &run.layout, k, &run.cmdline, None)
+                .map_err(|e| LoadError::BzImage(run.image_name.clone(), e))?;
+            EntryState::Linux64 {
+                cr3: bzimage::PML4_ADDR,
+                boot_params: bzimage::ZERO_PAGE_ADDR,
+            }
+        }
+        None => {
+            boot_params::write_boot_params(&mem, &run.layout, &run.cmdline)?;
+            EntryState::Pvh
+        }
+    };
+    let cpu = (
+        config.cpu_vuln,
+        CpuidMask::for_kernel(loaded.bzimage.is_some()),
+    );
     let vm = create_vm(&kvm, &mem, config.irqchip)?;
 
     let (out, console_queue) = crate::output::console_output(&config.serial_out, config.timeout)?;
@@ -82,11 +100,11 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
     let bus = device_bus(&serial)?;
 
     let vcpu = vm.create_vcpu(0).map_err(vm_err("KVM_CREATE_VCPU"))?;
-    let vcpu_msrs = cpu_config::configure(&kvm, &vm, &vcpu, loaded.entry, config.cpu_vuln)?;
+    let vcpu_msrs = cpu_config::configure(&kvm, &vm, &vcpu, loaded.entry, entry_state, cpu)?;
     let mut vcpus = vec![vcpu];
     for id in 1..u64::from(config.cpus) {
         let ap = vm.create_vcpu(id).map_err(vm_err("KVM_CREATE_VCPU"))?;
-        cpu_config::configure_ap(&kvm, &vm, &ap, config.cpu_vuln)?;
+        cpu_config::configure_ap(&kvm, &vm, &ap, cpu)?;
         vcpus.push(ap);
     }
     Ok(BuiltVm {

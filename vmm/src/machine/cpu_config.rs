@@ -80,27 +80,81 @@ pub struct VcpuMsrs {
     pub answers: MsrAnswers,
 }
 
-/// Sets CPUID, ARCH_CAPABILITIES (per `cpu_vuln`) and the PVH entry state.
+/// CPUID features the VMM hides from the guest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuidMask {
+    /// Clear CPUID.1:ECX[13] (CX16): kvm_pvm's emulator lacks `lock
+    /// cmpxchg16b` at CPL0, which Linux uses once it sees the bit.
+    pub hide_cx16: bool,
+}
+
+impl CpuidMask {
+    /// The default: for a Linux kernel (a bzImage) on kvm_pvm, hide CX16;
+    /// otherwise hide nothing (the companion guest never uses CMPXCHG16B).
+    pub fn for_kernel(linux: bool) -> Self {
+        CpuidMask {
+            hide_cx16: linux
+                && crate::probe::host::kvm_flavour() == crate::probe::host::KvmFlavour::Pvm,
+        }
+    }
+
+    fn apply(self, cpuid: &mut kvm_bindings::CpuId) {
+        for e in cpuid.as_mut_slice() {
+            if self.hide_cx16 && e.function == 1 {
+                e.ecx &= !CPUID_1_ECX_CX16;
+            }
+        }
+    }
+}
+
+/// CPUID.1:ECX bit 13: CMPXCHG16B.
+const CPUID_1_ECX_CX16: u32 = 1 << 13;
+
+/// How the boot vCPU starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryState {
+    /// PVH: 32-bit protected mode, paging off, `rbx` = `hvm_start_info`.
+    Pvh,
+    /// The Linux 64-bit boot protocol: long mode on the identity page
+    /// tables at `cr3`, the boot GDT, `rsi` = `boot_params`.
+    Linux64 {
+        /// The PML4's guest-physical address.
+        cr3: u64,
+        /// `struct boot_params`.
+        boot_params: u64,
+    },
+}
+
+/// Sets CPUID (less `mask`), ARCH_CAPABILITIES (per `cpu_vuln`) and the
+/// entry state `how`.
 pub fn configure(
     kvm: &Kvm,
     vm: &VmFd,
     vcpu: &VcpuFd,
     entry: u64,
-    cpu_vuln: CpuVuln,
+    how: EntryState,
+    (cpu_vuln, mask): (CpuVuln, CpuidMask),
 ) -> Result<VcpuMsrs, VcpuSetupError> {
-    let msrs = configure_cpu(kvm, vm, vcpu, cpu_vuln)?;
+    let msrs = configure_cpu(kvm, vm, vcpu, cpu_vuln, mask)?;
 
     let mut sregs = vcpu.get_sregs().map_err(VcpuSetupError::GetSregs)?;
-    pvh_sregs(&mut sregs);
-    vcpu.set_sregs(&sregs).map_err(VcpuSetupError::SetSregs)?;
-
-    let regs = kvm_regs {
+    let mut regs = kvm_regs {
         rip: entry,
-        rbx: START_INFO_ADDR,
         // Bit 1 is reserved and must be set; interrupts off.
         rflags: 0x2,
         ..Default::default()
     };
+    match how {
+        EntryState::Pvh => {
+            pvh_sregs(&mut sregs);
+            regs.rbx = START_INFO_ADDR;
+        }
+        EntryState::Linux64 { cr3, boot_params } => {
+            linux64_sregs(&mut sregs, cr3);
+            regs.rsi = boot_params;
+        }
+    }
+    vcpu.set_sregs(&sregs).map_err(VcpuSetupError::SetSregs)?;
     vcpu.set_regs(&regs).map_err(VcpuSetupError::SetRegs)?;
     Ok(msrs)
 }
@@ -113,9 +167,9 @@ pub fn configure_ap(
     kvm: &Kvm,
     vm: &VmFd,
     vcpu: &VcpuFd,
-    cpu_vuln: CpuVuln,
+    (cpu_vuln, mask): (CpuVuln, CpuidMask),
 ) -> Result<VcpuMsrs, VcpuSetupError> {
-    configure_cpu(kvm, vm, vcpu, cpu_vuln)
+    configure_cpu(kvm, vm, vcpu, cpu_vuln, mask)
 }
 
 /// What every vCPU gets: CPUID, ARCH_CAPABILITIES, the FPU's reset state.
@@ -124,6 +178,7 @@ fn configure_cpu(
     vm: &VmFd,
     vcpu: &VcpuFd,
     cpu_vuln: CpuVuln,
+    mask: CpuidMask,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
     // Without CPUID set, the guest's EFER write (long mode) #GPs on some KVMs.
     let mut cpuid = kvm
@@ -139,6 +194,7 @@ fn configure_cpu(
             }
         }
     }
+    mask.apply(&mut cpuid);
     vcpu.set_cpuid2(&cpuid).map_err(VcpuSetupError::SetCpuid)?;
 
     // After KVM_SET_CPUID2: KVM recomputes the MSR's default when CPUID changes.
@@ -243,6 +299,28 @@ pub fn pvh_sregs(sregs: &mut kvm_sregs) {
     sregs.efer = 0;
 }
 
+/// The Linux 64-bit boot protocol's entry state: `__BOOT_CS`/`__BOOT_DS`
+/// flat segments of the boot GDT, long mode with paging on `cr3`.
+pub fn linux64_sregs(sregs: &mut kvm_sregs, cr3: u64) {
+    use crate::machine::bzimage::{BOOT_CS, BOOT_DS, BOOT_TSS, GDT_ADDR, GDT_LIMIT};
+    set_flat(
+        sregs,
+        FlatSelectors {
+            code: BOOT_CS,
+            data: BOOT_DS,
+            tss: BOOT_TSS,
+            tss_base: 0,
+        },
+        true,
+    );
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = GDT_LIMIT;
+    sregs.cr0 = CR0_PE | CR0_ET | CR0_PG;
+    sregs.cr3 = cr3;
+    sregs.cr4 = CR4_PAE;
+    sregs.efer = EFER_LME | EFER_LMA;
+}
+
 /// Registers at the moment the VM stopped, for crash reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RegsSnapshot {
@@ -323,6 +401,36 @@ mod tests {
         );
         assert_eq!(s.ss.type_, 3);
         assert_eq!(s.efer, 0);
+    }
+
+    #[test]
+    fn linux64_state_is_long_mode_on_the_boot_gdt() {
+        let mut s = kvm_sregs::default();
+        linux64_sregs(&mut s, 0x9000);
+        assert_eq!((s.cs.selector, s.cs.l, s.cs.db), (0x10, 1, 0));
+        assert_eq!((s.ds.selector, s.ss.selector), (0x18, 0x18));
+        assert_eq!((s.cr3, s.efer), (0x9000, EFER_LME | EFER_LMA));
+        let snap = RegsSnapshot {
+            cr0: s.cr0,
+            cr4: s.cr4,
+            efer: s.efer,
+            ..Default::default()
+        };
+        assert!(!snap.looks_like_32bit_paging());
+    }
+
+    #[test]
+    fn cx16_mask_clears_only_cpuid_1_ecx_13() {
+        let mut c = kvm_bindings::CpuId::new(2).unwrap();
+        c.as_mut_slice()[0].function = 1;
+        c.as_mut_slice()[0].ecx = 0xffff_ffff;
+        c.as_mut_slice()[1].function = 7;
+        c.as_mut_slice()[1].ecx = 0xffff_ffff;
+        CpuidMask { hide_cx16: true }.apply(&mut c);
+        assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
+        assert_eq!(c.as_slice()[1].ecx, 0xffff_ffff);
+        CpuidMask::default().apply(&mut c);
+        assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Loading the guest kernel (linux-loader's ELF loader, PVH entry note); the
-//! PVH boot structures are written by [`crate::machine::boot_params`].
+//! PVH boot structures are written by [`crate::machine::boot_params`]. A
+//! 64-bit Linux bzImage (recognised by its setup header before anything
+//! else) goes to [`crate::machine::bzimage`].
 //!
 //! The image is checked here before linux-loader sees it, because the
 //! loader's own errors ("Unable to read kernel image") do not say what is
@@ -24,6 +26,7 @@ use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::KernelLoader;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use crate::machine::bzimage::{self, BzImageError, LoadedBzImage};
 use crate::machine::memory::MemoryLayout;
 
 /// Guest memory a 32-bit (3G/1G) guest can map: the VMM's telemetry page
@@ -130,6 +133,9 @@ pub enum LoadError {
         /// The entry point, guest-physical.
         entry: u64,
     },
+    /// A bzImage that cannot be booted (the image's name, why).
+    #[error("kernel image {0}: {1}")]
+    BzImage(String, #[source] BzImageError),
     /// linux-loader refused the image (the image's name, its error).
     #[error("kernel image {0}: {1}")]
     Loader(String, #[source] linux_loader::loader::Error),
@@ -151,12 +157,14 @@ pub enum LoadError {
 }
 
 /// A loaded kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LoadedKernel {
-    /// The 32-bit PVH entry point.
+    /// The 32-bit PVH entry point (a bzImage: its 64-bit entry).
     pub entry: u64,
     /// One past the highest byte any segment occupies.
     pub end: u64,
+    /// A 64-bit Linux bzImage (None: a PVH ELF), for its boot_params and entry state.
+    pub bzimage: Option<LoadedBzImage>,
 }
 
 #[derive(Clone, Copy)]
@@ -401,6 +409,14 @@ pub fn load_bytes(
     image: &[u8],
 ) -> Result<LoadedKernel, LoadError> {
     let name = name.to_string();
+    if bzimage::is_bzimage(image) {
+        let k = bzimage::load(mem, layout, image).map_err(|e| LoadError::BzImage(name, e))?;
+        return Ok(LoadedKernel {
+            entry: k.entry,
+            end: k.end,
+            bzimage: Some(k),
+        });
+    }
     if is_elf32(image) {
         return load_elf32(mem, layout, &name, image);
     }
@@ -425,7 +441,11 @@ pub fn load_bytes(
     // memory. check_elf checked the note's entry; this is linux-loader's.
     check_entry(&segs, entry, &name)?;
     let end = segs.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
-    Ok(LoadedKernel { entry, end })
+    Ok(LoadedKernel {
+        entry,
+        end,
+        bzimage: None,
+    })
 }
 
 /// Whether `image` is a little-endian i386 ELF32 (the PAE guest flavour).
@@ -542,7 +562,11 @@ pub fn load_elf32(
             })?;
     }
     let end = bare.iter().map(|s| s.paddr + s.memsz).max().unwrap_or(0);
-    Ok(LoadedKernel { entry, end })
+    Ok(LoadedKernel {
+        entry,
+        end,
+        bzimage: None,
+    })
 }
 
 #[cfg(test)]

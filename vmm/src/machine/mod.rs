@@ -11,6 +11,7 @@
 
 pub mod boot_params;
 mod builder;
+pub mod bzimage;
 mod control;
 pub mod cpu_config;
 pub mod exit;

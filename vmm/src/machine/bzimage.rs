@@ -1,0 +1,420 @@
+//! Booting a 64-bit Linux bzImage (the Linux/x86 64-bit boot protocol):
+//! linux-loader's `BzImage::load` copies the protected-mode kernel to 1 MiB,
+//! this module writes `boot_params` (the image's setup header, the VMM's
+//! E820 map, the command line, an optional initrd), a flat GDT and identity
+//! page tables for the first GiB, and [`crate::machine::cpu_config`] starts
+//! the vCPU at the 64-bit entry (load address + 0x200) in long mode with
+//! `rsi` = `boot_params`.
+//!
+//! Everything the image says (setup size, protocol version, flags, sizes) is
+//! hostile input: checked against the image and the memory layout before a
+//! byte is copied.
+
+use std::io::Cursor;
+
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
+use linux_loader::loader::bzimage::BzImage;
+use linux_loader::loader::KernelLoader;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::machine::memory::{MemoryLayout, CMDLINE_ADDR, CMDLINE_MAX, HIGH_RAM_START};
+
+/// The flat GDT of the 64-bit boot protocol (null, null, `__BOOT_CS`, `__BOOT_DS`, TSS).
+pub const GDT_ADDR: u64 = 0x500;
+/// `struct boot_params` (the "zero page").
+pub const ZERO_PAGE_ADDR: u64 = 0x8000;
+/// Identity page tables: PML4, PDPT, and one PD of 2 MiB pages (1 GiB).
+pub const PML4_ADDR: u64 = 0x9000;
+const PDPT_ADDR: u64 = 0xa000;
+const PD_ADDR: u64 = 0xb000;
+/// The selectors the 64-bit boot protocol requires.
+pub const BOOT_CS: u16 = 0x10;
+/// `__BOOT_DS`.
+pub const BOOT_DS: u16 = 0x18;
+/// The TSS selector of the boot GDT.
+pub const BOOT_TSS: u16 = 0x20;
+/// Entries in the boot GDT (the 64-bit TSS descriptor takes two).
+const GDT_ENTRIES: usize = 6;
+
+const _: () = assert!(GDT_ADDR + 8 * GDT_ENTRIES as u64 <= ZERO_PAGE_ADDR);
+const _: () = assert!(ZERO_PAGE_ADDR + 4096 <= PML4_ADDR);
+const _: () = assert!(PD_ADDR + 4096 <= CMDLINE_ADDR);
+
+const HDRS_MAGIC: u32 = 0x5372_6448;
+const SETUP_HEADER_OFFSET: usize = 0x1f1;
+/// Boot protocol 2.12: `xloadflags` (XLF_KERNEL_64) exists.
+const MIN_PROTOCOL: u16 = 0x020c;
+const XLF_KERNEL_64: u16 = 1;
+const LOADFLAGS_LOADED_HIGH: u8 = 1;
+const LOADFLAGS_CAN_USE_HEAP: u8 = 0x80;
+/// `type_of_loader` 0xff: a boot loader without an assigned ID.
+const LOADER_UNDEFINED: u8 = 0xff;
+/// Offset of the 64-bit entry from the load address.
+const ENTRY_64_OFFSET: u64 = 0x200;
+const E820_MAX_ZEROPAGE: usize = 128;
+
+/// Errors loading a bzImage.
+#[derive(Debug, thiserror::Error)]
+pub enum BzImageError {
+    /// Too short to hold a setup header.
+    #[error("too short for a bzImage setup header ({0} bytes)")]
+    TooShort(usize),
+    /// A boot protocol before 2.12.
+    #[error("bzImage boot protocol {0:#x} is older than 2.12 (Linux 3.8)")]
+    OldProtocol(u16),
+    /// Not a bzImage the VMM boots: no 64-bit entry (an i386 kernel).
+    #[error(
+        "the bzImage has no 64-bit entry (xloadflags bit 0 clear: an i386 kernel); the VMM \
+         boots 64-bit bzImages only: use --backend qemu for i386 kernels"
+    )]
+    No64BitEntry,
+    /// `loadflags` lacks LOADED_HIGH (a zImage).
+    #[error("the image is a zImage (loadflags bit 0 clear), not a bzImage")]
+    NotLoadedHigh,
+    /// The setup sectors reach past the end of the file.
+    #[error("setup_sects {setup_sects} says the kernel starts at {offset:#x}, past the file's {len} bytes")]
+    SetupPastEnd {
+        /// The header's `setup_sects`.
+        setup_sects: u8,
+        /// Where the protected-mode kernel would start.
+        offset: usize,
+        /// The file length.
+        len: usize,
+    },
+    /// The kernel (or the memory it decompresses into) does not fit in guest RAM.
+    #[error(
+        "the kernel needs {need:#x} bytes from {load:#x} (init_size and payload), past usable \
+         guest RAM at {ram_end:#x}; give more --mem"
+    )]
+    TooBig {
+        /// The load address.
+        load: u64,
+        /// Bytes needed from it.
+        need: u64,
+        /// End of usable RAM.
+        ram_end: u64,
+    },
+    /// The initrd does not fit between the kernel and the end of RAM (or the image's `initrd_addr_max`).
+    #[error(
+        "the initrd ({size} bytes) does not fit between the kernel's end {kernel_end:#x} and \
+         {limit:#x}; give more --mem"
+    )]
+    InitrdTooBig {
+        /// The initrd's size.
+        size: usize,
+        /// First byte past the kernel's decompression area.
+        kernel_end: u64,
+        /// Highest address it may reach.
+        limit: u64,
+    },
+    /// The command line is longer than the image accepts (`cmdline_size`).
+    #[error("the kernel command line is {len} bytes; this kernel accepts at most {max}")]
+    CmdlineTooLong {
+        /// The command line's length.
+        len: usize,
+        /// The image's limit.
+        max: usize,
+    },
+    /// linux-loader refused the image.
+    #[error("{0}")]
+    Loader(#[source] linux_loader::loader::Error),
+    /// Writing the boot structures or the initrd failed.
+    #[error("writing {0} to guest memory: {1}")]
+    Write(&'static str, #[source] vm_memory::GuestMemoryError),
+}
+
+/// Whether `image` starts like a bzImage (boot sector signature and "HdrS").
+pub fn is_bzimage(image: &[u8]) -> bool {
+    image.get(0x1fe..0x200) == Some(&[0x55, 0xaa]) && image.get(0x202..0x206) == Some(b"HdrS")
+}
+
+/// A loaded bzImage: what the vCPU and `boot_params` need.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadedBzImage {
+    /// The setup header as linux-loader read it (code32_start = load address).
+    pub header: setup_header,
+    /// Where the protected-mode kernel was loaded.
+    pub load_addr: u64,
+    /// The 64-bit entry (load address + 0x200).
+    pub entry: u64,
+    /// First byte past the kernel's decompression area (load + init_size).
+    pub end: u64,
+}
+
+fn header_of(image: &[u8]) -> Result<setup_header, BzImageError> {
+    let size = std::mem::size_of::<setup_header>();
+    let bytes = image
+        .get(SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + size)
+        .ok_or(BzImageError::TooShort(image.len()))?;
+    let mut hdr = setup_header::default();
+    // setup_header is plain old data (ByteValued): any bytes are a value.
+    vm_memory::ByteValued::as_mut_slice(&mut hdr).copy_from_slice(bytes);
+    Ok(hdr)
+}
+
+/// Checks the image's header against the image and `layout`, then loads it
+/// with linux-loader at 1 MiB.
+pub fn load(
+    mem: &GuestMemoryMmap,
+    layout: &MemoryLayout,
+    image: &[u8],
+) -> Result<LoadedBzImage, BzImageError> {
+    let hdr = header_of(image)?;
+    if { hdr.header } != HDRS_MAGIC {
+        return Err(BzImageError::TooShort(image.len()));
+    }
+    let version = hdr.version;
+    if version < MIN_PROTOCOL {
+        return Err(BzImageError::OldProtocol(version));
+    }
+    if hdr.xloadflags & XLF_KERNEL_64 == 0 {
+        return Err(BzImageError::No64BitEntry);
+    }
+    if hdr.loadflags & LOADFLAGS_LOADED_HIGH == 0 {
+        return Err(BzImageError::NotLoadedHigh);
+    }
+    let sects = if hdr.setup_sects == 0 {
+        4
+    } else {
+        hdr.setup_sects
+    };
+    let offset = (usize::from(sects) + 1) * 512;
+    if offset >= image.len() {
+        return Err(BzImageError::SetupPastEnd {
+            setup_sects: hdr.setup_sects,
+            offset,
+            len: image.len(),
+        });
+    }
+    let load = HIGH_RAM_START;
+    let payload = (image.len() - offset) as u64;
+    let need = payload.max(u64::from(hdr.init_size));
+    let ram_end = layout.telemetry_addr();
+    if load + need > ram_end {
+        return Err(BzImageError::TooBig {
+            load,
+            need,
+            ram_end,
+        });
+    }
+    // Always at 1 MiB, whatever code32_start says (a relocatable kernel
+    // moves itself; the header's address is not trusted).
+    let result = BzImage::load(mem, Some(GuestAddress(load)), &mut Cursor::new(image), None)
+        .map_err(BzImageError::Loader)?;
+    let header = result.setup_header.unwrap_or(hdr);
+    Ok(LoadedBzImage {
+        header,
+        load_addr: load,
+        entry: load + ENTRY_64_OFFSET,
+        end: load + need,
+    })
+}
+
+/// Writes the command line, the initrd (at the top of usable RAM), the boot
+/// GDT, the identity page tables and `boot_params`.
+pub fn write_boot_params(
+    mem: &GuestMemoryMmap,
+    layout: &MemoryLayout,
+    kernel: &LoadedBzImage,
+    cmdline: &str,
+    initrd: Option<&[u8]>,
+) -> Result<(), BzImageError> {
+    let mut hdr = kernel.header;
+    // cmdline_size excludes the NUL; the VMM's own limit applies too.
+    let max = (hdr.cmdline_size as usize).min(CMDLINE_MAX - 1);
+    if cmdline.len() > max {
+        return Err(BzImageError::CmdlineTooLong {
+            len: cmdline.len(),
+            max,
+        });
+    }
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))
+        .map_err(|e| BzImageError::Write("the command line", e))?;
+
+    hdr.type_of_loader = LOADER_UNDEFINED;
+    hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
+    hdr.loadflags |= LOADFLAGS_CAN_USE_HEAP;
+    // The heap ends below the boot GDT's page, as a boot loader's would
+    // (offset from the real-mode code; the 64-bit entry ignores it).
+    hdr.heap_end_ptr = 0xfe00;
+    if let Some(rd) = initrd {
+        let ram_end = layout.telemetry_addr();
+        let limit = match hdr.initrd_addr_max {
+            0 => ram_end,
+            m => ram_end.min(u64::from(m) + 1),
+        };
+        let size = rd.len() as u64;
+        let addr = limit.checked_sub(size).map(|a| a & !0xfff);
+        let addr = match addr {
+            Some(a) if a >= kernel.end => a,
+            _ => {
+                return Err(BzImageError::InitrdTooBig {
+                    size: rd.len(),
+                    kernel_end: kernel.end,
+                    limit,
+                })
+            }
+        };
+        mem.write_slice(rd, GuestAddress(addr))
+            .map_err(|e| BzImageError::Write("the initrd", e))?;
+        hdr.ramdisk_image = addr as u32;
+        hdr.ramdisk_size = rd.len() as u32;
+    }
+
+    let mut params = boot_params {
+        hdr,
+        ..Default::default()
+    };
+    let e820 = layout.e820();
+    for (slot, e) in params.e820_table.iter_mut().zip(e820.iter()) {
+        *slot = boot_e820_entry {
+            addr: e.addr,
+            size: e.size,
+            r#type: e.kind,
+        };
+    }
+    const _: () = assert!(3 <= E820_MAX_ZEROPAGE);
+    params.e820_entries = e820.len() as u8;
+    mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR))
+        .map_err(|e| BzImageError::Write("boot_params", e))?;
+
+    write_gdt(mem)?;
+    write_identity_page_tables(mem)
+}
+
+/// The boot GDT: `__BOOT_CS` (64-bit code), `__BOOT_DS` (flat data) and a
+/// 64-bit TSS descriptor, matching [`crate::machine::cpu_config`]'s segments.
+fn write_gdt(mem: &GuestMemoryMmap) -> Result<(), BzImageError> {
+    let gdt: [u64; GDT_ENTRIES] = [
+        0,
+        0,
+        0x00af_9b00_0000_ffff, // 0x10: code, L=1, present, DPL 0
+        0x00cf_9300_0000_ffff, // 0x18: data, 4 GiB, read/write
+        0x0000_8b00_0000_0067, // 0x20: busy 64-bit TSS at 0, limit 0x67
+        0,
+    ];
+    for (i, d) in gdt.iter().enumerate() {
+        mem.write_obj(*d, GuestAddress(GDT_ADDR + 8 * i as u64))
+            .map_err(|e| BzImageError::Write("the boot GDT", e))?;
+    }
+    Ok(())
+}
+
+/// The GDT's limit for GDTR.
+pub const GDT_LIMIT: u16 = (8 * GDT_ENTRIES - 1) as u16;
+
+/// PML4[0] -> PDPT[0] -> PD: 512 2 MiB pages, the first GiB identity-mapped
+/// (the 64-bit boot protocol: the kernel and boot_params identity-mapped).
+fn write_identity_page_tables(mem: &GuestMemoryMmap) -> Result<(), BzImageError> {
+    const PRESENT_RW: u64 = 0x3;
+    const PS: u64 = 0x80;
+    let w = |v: u64, a: u64| {
+        mem.write_obj(v, GuestAddress(a))
+            .map_err(|e| BzImageError::Write("the identity page tables", e))
+    };
+    w(PDPT_ADDR | PRESENT_RW, PML4_ADDR)?;
+    w(PD_ADDR | PRESENT_RW, PDPT_ADDR)?;
+    for i in 0..512u64 {
+        w((i << 21) | PRESENT_RW | PS, PD_ADDR + i * 8)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal 64-bit bzImage: 1 setup sector plus the boot sector, then a payload.
+    fn image(payload: usize) -> Vec<u8> {
+        let mut b = vec![0u8; 1024 + payload];
+        b[0x1f1] = 1; // setup_sects
+        b[0x1fe] = 0x55;
+        b[0x1ff] = 0xaa;
+        b[0x202..0x206].copy_from_slice(b"HdrS");
+        b[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
+        b[0x211] = LOADFLAGS_LOADED_HIGH;
+        b[0x214..0x218].copy_from_slice(&0x10_0000u32.to_le_bytes()); // code32_start
+        b[0x22c..0x230].copy_from_slice(&0x37ff_ffffu32.to_le_bytes()); // initrd_addr_max
+        b[0x236..0x238].copy_from_slice(&XLF_KERNEL_64.to_le_bytes());
+        b[0x238..0x23c].copy_from_slice(&2047u32.to_le_bytes()); // cmdline_size
+        b[0x260..0x264].copy_from_slice(&0x40_0000u32.to_le_bytes()); // init_size
+        b[1024] = 0xf4;
+        b
+    }
+
+    #[test]
+    fn loads_and_writes_boot_params() {
+        let layout = MemoryLayout::new(32).unwrap();
+        let mem = layout.create_guest_memory().unwrap();
+        let img = image(4096);
+        assert!(is_bzimage(&img));
+        let k = load(&mem, &layout, &img).unwrap();
+        assert_eq!(
+            (k.load_addr, k.entry, k.end),
+            (0x10_0000, 0x10_0200, 0x50_0000)
+        );
+        let first: u8 = mem.read_obj(GuestAddress(0x10_0000)).unwrap();
+        assert_eq!(first, 0xf4);
+        write_boot_params(&mem, &layout, &k, "console=ttyS0", Some(&[7u8; 5000])).unwrap();
+        let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
+        assert_eq!({ p.hdr.cmd_line_ptr }, CMDLINE_ADDR as u32);
+        assert_eq!(p.hdr.type_of_loader, 0xff);
+        assert_eq!(p.e820_entries, 3);
+        let e1 = p.e820_table[1];
+        assert_eq!(({ e1.addr }, { e1.r#type }), (HIGH_RAM_START, 1));
+        let rd = { p.hdr.ramdisk_image } as u64;
+        assert_eq!({ p.hdr.ramdisk_size }, 5000);
+        assert!(rd >= k.end && rd + 5000 <= layout.telemetry_addr() && rd.is_multiple_of(4096));
+        let byte: u8 = mem.read_obj(GuestAddress(rd)).unwrap();
+        assert_eq!(byte, 7);
+        let pde: u64 = mem.read_obj(GuestAddress(PD_ADDR + 8)).unwrap();
+        assert_eq!(pde, 0x20_0083);
+    }
+
+    #[test]
+    fn hostile_headers_are_typed_errors() {
+        let layout = MemoryLayout::new(32).unwrap();
+        let mem = layout.create_guest_memory().unwrap();
+        let mut i386 = image(16);
+        i386[0x236] = 0;
+        assert!(matches!(
+            load(&mem, &layout, &i386),
+            Err(BzImageError::No64BitEntry)
+        ));
+        let mut old = image(16);
+        old[0x206..0x208].copy_from_slice(&0x0204u16.to_le_bytes());
+        assert!(matches!(
+            load(&mem, &layout, &old),
+            Err(BzImageError::OldProtocol(0x204))
+        ));
+        let mut past = image(16);
+        past[0x1f1] = 200;
+        assert!(matches!(
+            load(&mem, &layout, &past),
+            Err(BzImageError::SetupPastEnd { .. })
+        ));
+        let mut huge = image(16);
+        huge[0x260..0x264].copy_from_slice(&0xffff_0000u32.to_le_bytes());
+        assert!(matches!(
+            load(&mem, &layout, &huge),
+            Err(BzImageError::TooBig { .. })
+        ));
+        assert!(matches!(
+            load(&mem, &layout, &image(16)[..0x230]),
+            Err(BzImageError::TooShort(_))
+        ));
+        let k = load(&mem, &layout, &image(16)).unwrap();
+        let long = "x".repeat(2048);
+        assert!(matches!(
+            write_boot_params(&mem, &layout, &k, &long, None),
+            Err(BzImageError::CmdlineTooLong { max: 2047, .. })
+        ));
+        let big = vec![0u8; 30 << 20];
+        assert!(matches!(
+            write_boot_params(&mem, &layout, &k, "", Some(&big)),
+            Err(BzImageError::InitrdTooBig { .. })
+        ));
+    }
+}
