@@ -152,7 +152,7 @@ pub fn run(args: &CompareArgs) -> i32 {
                             "ptiscope compare: {label} threads={threads} run {} failed: {msg}",
                             i + 1
                         );
-                        return if code == 0 { 1 } else { code };
+                        return exit_code::failed_run(code);
                     }
                 };
                 let samples = if side == 0 {

@@ -609,7 +609,7 @@ pub fn run(args: &SweepArgs) -> i32 {
                             }
                             _ => format!("{at} failed: {msg}"),
                         };
-                        stopped = Some((if code == 0 { 1 } else { code }, why));
+                        stopped = Some((exit_code::failed_run(code), why));
                         break 'runs;
                     }
                 }

@@ -327,7 +327,7 @@ pub fn run(args: &CompareArgs) -> i32 {
                         _ => String::new(),
                     };
                     eprintln!("ptiscope compare: {what}{of} failed: {msg}");
-                    let code = if code == 0 { 1 } else { code };
+                    let code = exit_code::failed_run(code);
                     // The complete pairs so far are still a result.
                     let complete = runs[0].len().min(runs[1].len());
                     if warming || complete == 0 {
@@ -489,7 +489,7 @@ pub fn run(args: &CompareArgs) -> i32 {
                     "ptiscope compare: --fail-if {} holds (value {})",
                     ev.condition, ev.value
                 );
-                code = code.max(1);
+                code = code.max(exit_code::FAILED);
             }
             Ok(ev) => eprintln!(
                 "ptiscope compare: --fail-if {} does not hold (value {})",
@@ -497,7 +497,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             ),
             Err(e) => {
                 eprintln!("ptiscope compare: --fail-if cannot be evaluated: {e}");
-                code = code.max(1);
+                code = code.max(exit_code::FAILED);
             }
         }
     }
