@@ -17,7 +17,7 @@ use crate::report::environment::Environment;
 
 /// Whether `args` asks for the thread-count sweep.
 pub fn wants_sweep(args: &CompareArgs) -> bool {
-    args.workload == Workload::Poundsyscall
+    args.exp.workload == Workload::Poundsyscall
         && !args.baseline.contains("threads=")
         && !args.compare.contains("threads=")
 }
@@ -85,16 +85,20 @@ pub fn run(args: &CompareArgs) -> i32 {
         return exit_code::USAGE;
     }
     // Opened before the first boot, as compare's outputs are.
-    let [json_file] = match open_outputs([("--json", args.json.as_deref())], args.timeout) {
+    let [json_file] = match open_outputs([("--json", args.json.as_deref())], args.exp.timeout) {
         Ok(files) => files,
         Err(e) => {
             eprintln!("ptiscope compare: {e}");
             return e.exit_code();
         }
     };
-    let embedded = args.arch().embedded_image();
-    let sides = parse_side(&args.baseline, args, embedded)
-        .and_then(|b| Ok((b, parse_side(&args.compare, args, embedded)?)));
+    let embedded = args.target.arch().embedded_image();
+    let sides = parse_side(&args.baseline, &args.exp, &args.target, embedded).and_then(|b| {
+        Ok((
+            b,
+            parse_side(&args.compare, &args.exp, &args.target, embedded)?,
+        ))
+    });
     let (base, comp) = match sides {
         Ok(s) => s,
         Err(e) => {
@@ -102,13 +106,13 @@ pub fn run(args: &CompareArgs) -> i32 {
             return exit_code::USAGE;
         }
     };
-    let max_threads = 2 * args.cpus;
+    let max_threads = 2 * args.exp.cpus;
     println!("ptiscope compare: poundsyscall (mmtests) per thread count on this host");
     println!("  host:      {}", host::describe_host());
     println!(
         "  workload:  T threads x {} getppid calls each, T = 1..={max_threads} (2 x {} vCPUs), \
          {} runs per side and T, interleaved",
-        args.iterations, args.cpus, runs
+        args.exp.iterations, args.exp.cpus, runs
     );
     println!("  baseline:  {}", base.label);
     println!("  compare:   {}", comp.label);
@@ -121,7 +125,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             c.guest.extra = format!("{} threads={threads}", c.guest.extra)
                 .trim()
                 .to_string();
-            preflight(&c, args.backend.target())
+            preflight(&c, args.target.backend.target())
         };
         let resolved = with_threads(&base).and_then(|b| Ok((b, with_threads(&comp)?)));
         let (b, c) = match resolved {
@@ -144,7 +148,7 @@ pub fn run(args: &CompareArgs) -> i32 {
                 } else {
                     (&c, &comp.label)
                 };
-                let s = match run_measured(run, args.backend) {
+                let s = match run_measured(run, args.target.backend) {
                     Ok((_, s)) => s,
                     Err(e) => {
                         let (code, msg) = (e.exit_code(), e);
@@ -174,7 +178,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     print!("{}", render(&base.label, &comp.label, &counts));
     if let Some(f) = &json_file {
         let environment = Environment::collect(
-            match args.backend {
+            match args.target.backend {
                 Backend::Kvm => "kvm",
                 Backend::Qemu => "qemu",
             },
@@ -187,8 +191,8 @@ pub fn run(args: &CompareArgs) -> i32 {
         );
         let v = serde_json::json!({
             "schema": "ptiscope-poundsyscall/1",
-            "cpus": args.cpus,
-            "calls_per_thread": args.iterations,
+            "cpus": args.exp.cpus,
+            "calls_per_thread": args.exp.iterations,
             "runs": runs,
             "baseline": base.label,
             "compare": comp.label,
