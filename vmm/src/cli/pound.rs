@@ -14,12 +14,25 @@ use crate::output::open_outputs;
 use crate::preflight::cmdline::Workload;
 use crate::preflight::{host, preflight};
 use crate::report::environment::Environment;
+use ptiscope_abi::cmdline::THREADS;
 
-/// Whether `args` asks for the thread-count sweep.
+/// Whether `args` asks for the thread-count sweep: `--workload poundsyscall`
+/// and neither side sets the guest's `threads=` (a word of its parsed
+/// `cmdline=`). A side whose options do not parse is decided by its text, as
+/// it always was, so the checks and the message that refuse it stay the same.
 pub fn wants_sweep(args: &CompareArgs) -> bool {
+    let sets_threads = |opts: &str| match parse_side(
+        opts,
+        &args.exp,
+        &args.target,
+        args.arch().embedded_image(),
+    ) {
+        Ok(side) => side.config.guest.extra_value(THREADS).is_some(),
+        Err(_) => opts.contains("threads="),
+    };
     args.exp.workload == Workload::Poundsyscall
-        && !args.baseline.contains("threads=")
-        && !args.compare.contains("threads=")
+        && !sets_threads(&args.baseline)
+        && !sets_threads(&args.compare)
 }
 
 /// Samples of one side at one thread count.
@@ -270,6 +283,50 @@ fn render(base: &str, comp: &str, counts: &[ThreadCount]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    fn wants(argv: &[&str]) -> bool {
+        let mut v = vec!["ptiscope", "compare"];
+        v.extend_from_slice(argv);
+        match crate::cli::Cli::try_parse_from(v).map(|c| c.command) {
+            Ok(Some(crate::cli::Command::Compare(a))) => wants_sweep(&a),
+            other => panic!("{argv:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_thread_count_table_is_for_poundsyscall_without_threads() {
+        assert!(wants(&["--workload", "poundsyscall"]));
+        assert!(!wants(&["--workload", "getpid"]));
+        let two = "pti=on,cmdline=threads=2";
+        assert!(!wants(&["--workload", "poundsyscall", "--compare", two]));
+        assert!(!wants(&[
+            "--workload",
+            "poundsyscall",
+            "--baseline",
+            "cmdline=threads=1"
+        ]));
+        // Other guest words are not a thread count.
+        assert!(wants(&[
+            "--workload",
+            "poundsyscall",
+            "--compare",
+            "cmdline=wss=1M"
+        ]));
+        // Options that do not parse are decided by their text, as before.
+        assert!(!wants(&[
+            "--workload",
+            "poundsyscall",
+            "--compare",
+            "threads=2"
+        ]));
+        assert!(wants(&[
+            "--workload",
+            "poundsyscall",
+            "--compare",
+            "pti=maybe"
+        ]));
+    }
 
     #[test]
     fn mmtests_sign_and_stats() {
