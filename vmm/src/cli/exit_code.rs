@@ -44,6 +44,18 @@ pub const SIGHUP: i32 = 129;
 pub const SIGINT: i32 = 130;
 /// SIGTERM (128 + 15).
 pub const SIGTERM: i32 = 143;
+/// A `--fail-if` held, or a measured run failed with a status that maps to 0.
+pub const FAILED: i32 = 1;
+
+/// The exit code of a command whose run failed with `code`: `code`, or
+/// [`FAILED`] when it is 0 (a failure never exits 0).
+pub fn failed_run(code: i32) -> i32 {
+    if code == 0 {
+        FAILED
+    } else {
+        code
+    }
+}
 
 /// The exit code a result maps to.
 pub trait ExitCode {
@@ -168,5 +180,17 @@ impl ExitCode for QemuError {
             QemuError::Output(e) => e.exit_code(),
             QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_run_never_exits_zero() {
+        assert_eq!(failed_run(0), FAILED);
+        assert_eq!(failed_run(TIMEOUT), TIMEOUT);
+        assert_eq!(failed_run(SIGINT), SIGINT);
     }
 }

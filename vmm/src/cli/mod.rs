@@ -250,25 +250,9 @@ pub struct CompareArgs {
     /// side with the earlier run's same side) and warn when the environments differ.
     #[arg(long, value_name = "FILE.json")]
     pub against: Option<PathBuf>,
-    /// Workload for both sides (an OPTS `workload=` overrides it).
-    #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
-    pub workload: Workload,
-    /// Iterations per run for both sides (an OPTS `iterations=` overrides it).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS, allow_negative_numbers = true)]
-    pub iterations: u64,
-    /// vCPUs of every run (1..=8); e.g. `--workload poundsyscall --cpus 2
-    /// --cmdline threads=2` (compare's `cmdline=` option passes threads=).
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
-    pub cpus: u32,
-    /// Boot this PVH ELF64 kernel instead of the embedded guest.
-    #[arg(long, value_name = "PATH")]
-    pub kernel: Option<PathBuf>,
-    /// Guest memory in MiB (16..=1024).
-    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
-    pub mem: u64,
-    /// Stop a run after this many seconds.
-    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout, allow_negative_numbers = true)]
-    pub timeout: Duration,
+    /// What every run runs (shared with `sweep`).
+    #[command(flatten)]
+    pub exp: ExperimentOpts,
     /// Write the comparison as JSON (schema ptiscope.compare/1, with the environment).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -289,6 +273,40 @@ pub struct CompareArgs {
     /// table; --json and --csv always have every statistic.
     #[arg(long)]
     pub mmtests: bool,
+    /// Where the runs run (shared with `sweep`).
+    #[command(flatten)]
+    pub target: TargetOpts,
+}
+
+/// The options of an experiment's runs that `compare` and `sweep` share
+/// (`compare`'s help text; `sweep` sets its own with `mut_arg`).
+#[derive(Debug, Clone, Args)]
+pub struct ExperimentOpts {
+    /// Workload for both sides (an OPTS `workload=` overrides it).
+    #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
+    pub workload: Workload,
+    /// Iterations per run for both sides (an OPTS `iterations=` overrides it).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS, allow_negative_numbers = true)]
+    pub iterations: u64,
+    /// vCPUs of every run (1..=8); e.g. `--workload poundsyscall --cpus 2
+    /// --cmdline threads=2` (compare's `cmdline=` option passes threads=).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
+    pub cpus: u32,
+    /// Boot this PVH ELF64 kernel instead of the embedded guest.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Guest memory in MiB (16..=1024).
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
+    pub mem: u64,
+    /// Stop a run after this many seconds.
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout, allow_negative_numbers = true)]
+    pub timeout: Duration,
+}
+
+/// Where an experiment's runs run: the guest and the backend (shared by
+/// `compare` and `sweep`, with `compare`'s help text).
+#[derive(Debug, Clone, Args)]
+pub struct TargetOpts {
     /// Which embedded guest to compare (default x86_64; with `--kernel` the
     /// image decides; with `--linux` it must match the image).
     #[arg(long, value_enum, conflicts_with = "kernel")]
@@ -445,6 +463,13 @@ impl RunArgs {
 }
 
 impl CompareArgs {
+    /// `--arch`, or x86_64.
+    pub fn arch(&self) -> Arch {
+        self.target.arch()
+    }
+}
+
+impl TargetOpts {
     /// `--arch`, or x86_64.
     pub fn arch(&self) -> Arch {
         self.arch.unwrap_or(Arch::X86_64)
@@ -724,6 +749,29 @@ mod tests {
             panic!("not compare")
         };
         assert_eq!(args.runs, Runs::Fixed(DEFAULT_COMPARE_RUNS));
+    }
+
+    #[test]
+    fn compare_and_sweep_share_their_options_with_their_own_defaults() {
+        let Some(Command::Compare(c)) = Cli::try_parse_from(["ptiscope", "compare"])
+            .unwrap()
+            .command
+        else {
+            panic!("not compare")
+        };
+        let Some(Command::Sweep(s)) = Cli::try_parse_from(["ptiscope", "sweep"]).unwrap().command
+        else {
+            panic!("not sweep")
+        };
+        assert_eq!(c.exp.iterations, DEFAULT_COMPARE_ITERATIONS);
+        assert_eq!(s.exp.iterations, sweep::DEFAULT_SWEEP_ITERATIONS);
+        assert_eq!((c.exp.mem, s.exp.mem), (DEFAULT_MEM_MIB, DEFAULT_MEM_MIB));
+        // compare takes a negative count to its parser (a message naming
+        // the value); sweep, as before, sees an unknown argument.
+        for (cmd, ok) in [("compare", true), ("sweep", false)] {
+            let e = Cli::try_parse_from(["ptiscope", cmd, "--mem", "-1"]).unwrap_err();
+            assert_eq!(e.to_string().contains("at least 16 MiB"), ok, "{cmd}: {e}");
+        }
     }
 
     #[test]

@@ -14,12 +14,25 @@ use crate::output::open_outputs;
 use crate::preflight::cmdline::Workload;
 use crate::preflight::{host, preflight};
 use crate::report::environment::Environment;
+use ptiscope_abi::cmdline::THREADS;
 
-/// Whether `args` asks for the thread-count sweep.
+/// Whether `args` asks for the thread-count sweep: `--workload poundsyscall`
+/// and neither side sets the guest's `threads=` (a word of its parsed
+/// `cmdline=`). A side whose options do not parse is decided by its text, as
+/// it always was, so the checks and the message that refuse it stay the same.
 pub fn wants_sweep(args: &CompareArgs) -> bool {
-    args.workload == Workload::Poundsyscall
-        && !args.baseline.contains("threads=")
-        && !args.compare.contains("threads=")
+    let sets_threads = |opts: &str| match parse_side(
+        opts,
+        &args.exp,
+        &args.target,
+        args.arch().embedded_image(),
+    ) {
+        Ok(side) => side.config.guest.extra_value(THREADS).is_some(),
+        Err(_) => opts.contains("threads="),
+    };
+    args.exp.workload == Workload::Poundsyscall
+        && !sets_threads(&args.baseline)
+        && !sets_threads(&args.compare)
 }
 
 /// Samples of one side at one thread count.
@@ -85,16 +98,20 @@ pub fn run(args: &CompareArgs) -> i32 {
         return exit_code::USAGE;
     }
     // Opened before the first boot, as compare's outputs are.
-    let [json_file] = match open_outputs([("--json", args.json.as_deref())], args.timeout) {
+    let [json_file] = match open_outputs([("--json", args.json.as_deref())], args.exp.timeout) {
         Ok(files) => files,
         Err(e) => {
             eprintln!("ptiscope compare: {e}");
             return e.exit_code();
         }
     };
-    let embedded = args.arch().embedded_image();
-    let sides = parse_side(&args.baseline, args, embedded)
-        .and_then(|b| Ok((b, parse_side(&args.compare, args, embedded)?)));
+    let embedded = args.target.arch().embedded_image();
+    let sides = parse_side(&args.baseline, &args.exp, &args.target, embedded).and_then(|b| {
+        Ok((
+            b,
+            parse_side(&args.compare, &args.exp, &args.target, embedded)?,
+        ))
+    });
     let (base, comp) = match sides {
         Ok(s) => s,
         Err(e) => {
@@ -102,13 +119,13 @@ pub fn run(args: &CompareArgs) -> i32 {
             return exit_code::USAGE;
         }
     };
-    let max_threads = 2 * args.cpus;
+    let max_threads = 2 * args.exp.cpus;
     println!("ptiscope compare: poundsyscall (mmtests) per thread count on this host");
     println!("  host:      {}", host::describe_host());
     println!(
         "  workload:  T threads x {} getppid calls each, T = 1..={max_threads} (2 x {} vCPUs), \
          {} runs per side and T, interleaved",
-        args.iterations, args.cpus, runs
+        args.exp.iterations, args.exp.cpus, runs
     );
     println!("  baseline:  {}", base.label);
     println!("  compare:   {}", comp.label);
@@ -121,7 +138,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             c.guest.extra = format!("{} threads={threads}", c.guest.extra)
                 .trim()
                 .to_string();
-            preflight(&c, args.backend.target())
+            preflight(&c, args.target.backend.target())
         };
         let resolved = with_threads(&base).and_then(|b| Ok((b, with_threads(&comp)?)));
         let (b, c) = match resolved {
@@ -144,7 +161,7 @@ pub fn run(args: &CompareArgs) -> i32 {
                 } else {
                     (&c, &comp.label)
                 };
-                let s = match run_measured(run, args.backend) {
+                let s = match run_measured(run, args.target.backend) {
                     Ok((_, s)) => s,
                     Err(e) => {
                         let (code, msg) = (e.exit_code(), e);
@@ -152,7 +169,7 @@ pub fn run(args: &CompareArgs) -> i32 {
                             "ptiscope compare: {label} threads={threads} run {} failed: {msg}",
                             i + 1
                         );
-                        return if code == 0 { 1 } else { code };
+                        return exit_code::failed_run(code);
                     }
                 };
                 let samples = if side == 0 {
@@ -174,7 +191,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     print!("{}", render(&base.label, &comp.label, &counts));
     if let Some(f) = &json_file {
         let environment = Environment::collect(
-            match args.backend {
+            match args.target.backend {
                 Backend::Kvm => "kvm",
                 Backend::Qemu => "qemu",
             },
@@ -187,8 +204,8 @@ pub fn run(args: &CompareArgs) -> i32 {
         );
         let v = serde_json::json!({
             "schema": "ptiscope-poundsyscall/1",
-            "cpus": args.cpus,
-            "calls_per_thread": args.iterations,
+            "cpus": args.exp.cpus,
+            "calls_per_thread": args.exp.iterations,
             "runs": runs,
             "baseline": base.label,
             "compare": comp.label,
@@ -266,6 +283,50 @@ fn render(base: &str, comp: &str, counts: &[ThreadCount]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    fn wants(argv: &[&str]) -> bool {
+        let mut v = vec!["ptiscope", "compare"];
+        v.extend_from_slice(argv);
+        match crate::cli::Cli::try_parse_from(v).map(|c| c.command) {
+            Ok(Some(crate::cli::Command::Compare(a))) => wants_sweep(&a),
+            other => panic!("{argv:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_thread_count_table_is_for_poundsyscall_without_threads() {
+        assert!(wants(&["--workload", "poundsyscall"]));
+        assert!(!wants(&["--workload", "getpid"]));
+        let two = "pti=on,cmdline=threads=2";
+        assert!(!wants(&["--workload", "poundsyscall", "--compare", two]));
+        assert!(!wants(&[
+            "--workload",
+            "poundsyscall",
+            "--baseline",
+            "cmdline=threads=1"
+        ]));
+        // Other guest words are not a thread count.
+        assert!(wants(&[
+            "--workload",
+            "poundsyscall",
+            "--compare",
+            "cmdline=wss=1M"
+        ]));
+        // Options that do not parse are decided by their text, as before.
+        assert!(!wants(&[
+            "--workload",
+            "poundsyscall",
+            "--compare",
+            "threads=2"
+        ]));
+        assert!(wants(&[
+            "--workload",
+            "poundsyscall",
+            "--compare",
+            "pti=maybe"
+        ]));
+    }
 
     #[test]
     fn mmtests_sign_and_stats() {

@@ -386,7 +386,7 @@ fn measure_on(
     timeout: u64,
 ) -> Result<(Vec<Rate>, &'static str), (i32, String)> {
     let args = compare_args(cell, backend, timeout).map_err(|e| (exit_code::USAGE, e))?;
-    let spec = parse_side(opts, &args, args.arch().embedded_image())
+    let spec = parse_side(opts, &args.exp, &args.target, args.arch().embedded_image())
         .map_err(|e| (exit_code::USAGE, e.to_string()))?;
     let resolved =
         preflight(&spec.config, backend.target()).map_err(|e| (e.exit_code(), e.to_string()))?;

@@ -18,8 +18,7 @@ use clap::Args;
 use crate::cli::compare::{parse_side, rates, run_measured};
 use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::partial::{csv_with_banner, svg_with_banner};
-use crate::cli::{abi_option, parse_cpus, parse_mem, parse_timeout, Arch, Backend, CompareArgs};
-use crate::machine::memory::DEFAULT_MEM_MIB;
+use crate::cli::{abi_option, Arch, Backend, ExperimentOpts, TargetOpts};
 use crate::machine::signals;
 use crate::output::{open_outputs, OutputFile};
 use crate::preflight::cmdline::Workload;
@@ -40,6 +39,8 @@ pub const DEFAULT_TOUCHES: &str = "4K,64K,2M";
 /// [`FULL_ITERATIONS_READS`] per call): with the defaults the sweep takes
 /// about a minute under kvm_pvm (a round trip costs 30-120 µs there).
 pub const DEFAULT_SWEEP_ITERATIONS: u64 = 1000;
+/// [`DEFAULT_SWEEP_ITERATIONS`] as `--iterations`' default text.
+const DEFAULT_SWEEP_ITERATIONS_STR: &str = "1000";
 /// A cell whose calls read more than this many times runs
 /// `iterations x FULL_ITERATIONS_READS / reads` calls (at least
 /// [`MIN_CELL_ITERATIONS`]): its calls are slow, and a run of a thousand
@@ -69,6 +70,30 @@ pub const MAX_SWEEP_RUNS: u64 = 100_000;
 
 /// `ptiscope sweep`: PTI's overhead over working-set size and reads per call.
 #[derive(Debug, Args)]
+// The shared options with this command's help, defaults and parsing (and
+// `--cpus` listed before `--iterations`, as it always was).
+#[command(
+    mut_arg("workload", |a| a.help("Syscall-loop workload (getpid, getppid, write-badfd, nopti-getpid), \
+        or poundsyscall: its threads each read the working set before each getppid")),
+    mut_arg("cpus", |a| a.display_order(7).help("vCPUs of every run (1..=8). With `--workload poundsyscall` \
+        one thread per vCPU unless a configuration says `cmdline=threads=N`")),
+    mut_arg("iterations", |a| a
+        .display_order(8)
+        .help("Iterations (system calls) per run")
+        .default_value(DEFAULT_SWEEP_ITERATIONS_STR)
+        .allow_negative_numbers(false)),
+    mut_arg("kernel", |a| a.help("Boot this PVH kernel instead of the embedded guest")),
+    mut_arg("mem", |a| a
+        .help("Guest memory in MiB (16..=1024); must hold the largest working set")
+        .allow_negative_numbers(false)),
+    mut_arg("timeout", |a| a.allow_negative_numbers(false)),
+    mut_arg("arch", |a| a.help("Which embedded guest (default x86_64; with `--kernel` the image \
+        decides; with `--linux` it must match the image)")),
+    mut_arg("backend", |a| a.help("Our VMM on KVM, or QEMU TCG (guest-reported cycles per call; \
+        the plugin's counts)")),
+    mut_arg("qemu_arg", |a| a.help("An extra argument for QEMU (`--backend qemu`), repeatable")),
+    mut_arg("no_plugin", |a| a.help("`--backend qemu`: do not load ptiscope's TCG plugin")),
+)]
 pub struct SweepArgs {
     /// Working sets, comma-separated sizes (K/M/G suffixes); 0 = none.
     #[arg(long, value_name = "LIST", default_value = DEFAULT_WSS)]
@@ -94,27 +119,9 @@ pub struct SweepArgs {
     /// Runs per cell and configuration.
     #[arg(long, value_name = "R", default_value_t = DEFAULT_SWEEP_RUNS, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
-    /// Syscall-loop workload (getpid, getppid, write-badfd, nopti-getpid),
-    /// or poundsyscall: its threads each read the working set before each
-    /// getppid.
-    #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
-    pub workload: Workload,
-    /// vCPUs of every run (1..=8). With `--workload poundsyscall` one thread
-    /// per vCPU unless a configuration says `cmdline=threads=N`.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
-    pub cpus: u32,
-    /// Iterations (system calls) per run.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_SWEEP_ITERATIONS)]
-    pub iterations: u64,
-    /// Boot this PVH kernel instead of the embedded guest.
-    #[arg(long, value_name = "PATH")]
-    pub kernel: Option<PathBuf>,
-    /// Guest memory in MiB (16..=1024); must hold the largest working set.
-    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem)]
-    pub mem: u64,
-    /// Stop a run after this many seconds.
-    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout)]
-    pub timeout: Duration,
+    /// What every run runs (`compare`'s options, this command's help).
+    #[command(flatten)]
+    pub exp: ExperimentOpts,
     /// Write the sweep as JSON (schema ptiscope.sweep/1).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -128,22 +135,9 @@ pub struct SweepArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
-    /// Which embedded guest (default x86_64; with `--kernel` the image
-    /// decides; with `--linux` it must match the image).
-    #[arg(long, value_enum, conflicts_with = "kernel")]
-    pub arch: Option<Arch>,
-    /// A Linux kernel as the guest (`--backend qemu`).
+    /// Where the runs run (`compare`'s options, this command's help).
     #[command(flatten)]
-    pub linux: crate::cli::LinuxArgs,
-    /// Our VMM on KVM, or QEMU TCG (guest-reported cycles per call; the plugin's counts).
-    #[arg(long, value_enum, default_value = "kvm")]
-    pub backend: Backend,
-    /// An extra argument for QEMU (`--backend qemu`), repeatable.
-    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
-    pub qemu_arg: Vec<String>,
-    /// `--backend qemu`: do not load ptiscope's TCG plugin.
-    #[arg(long)]
-    pub no_plugin: bool,
+    pub target: TargetOpts,
 }
 
 /// A reads-per-iteration spec: passes over the working set, or reads.
@@ -275,7 +269,7 @@ fn plan(args: &SweepArgs) -> Result<(Vec<CellPlan>, u64), String> {
                 spec: "-".into(),
                 touches: 0,
                 pages: 0,
-                iterations: args.iterations,
+                iterations: args.exp.iterations,
                 words: String::new(),
             });
             continue;
@@ -295,7 +289,7 @@ fn plan(args: &SweepArgs) -> Result<(Vec<CellPlan>, u64), String> {
                 spec: spec.label(),
                 touches: reads,
                 pages: pages_touched(wss, stride, reads, page),
-                iterations: cell_iterations(args.iterations, reads),
+                iterations: cell_iterations(args.exp.iterations, reads),
                 words: format!(
                     "wss={wss} stride={stride} touches={reads} wss_pages={}",
                     args.wss_pages
@@ -315,7 +309,7 @@ fn default_configs(args: &SweepArgs) -> (Vec<String>, Vec<Omitted>) {
     ];
     let mut omitted = Vec::new();
     let pcid = "pti=on,pcid=on".to_string();
-    if args.linux.linux.is_some() {
+    if args.target.linux.linux.is_some() {
         // pti_global_text and pcid are options of ptiscope's own guest.
         return (
             vec!["pti=off".to_string(), "pti=on".to_string()],
@@ -325,14 +319,14 @@ fn default_configs(args: &SweepArgs) -> (Vec<String>, Vec<Omitted>) {
             }],
         );
     }
-    let elf32 = args.kernel.is_none() && args.arch == Some(Arch::I386);
+    let elf32 = args.exp.kernel.is_none() && args.target.arch == Some(Arch::I386);
     if elf32 {
         omitted.push(Omitted {
             config: pcid,
             reason: "PAE paging has no PCID".into(),
         });
     } else {
-        match args.backend {
+        match args.target.backend {
             Backend::Qemu => omitted.push(Omitted {
                 config: pcid,
                 reason:
@@ -371,36 +365,6 @@ fn progress(total: u64, quiet: bool) -> indicatif::ProgressBar {
     bar
 }
 
-/// The `CompareArgs` that `parse_side` reads the common options from.
-fn compare_args(args: &SweepArgs) -> CompareArgs {
-    CompareArgs {
-        baseline: String::new(),
-        compare: String::new(),
-        runs: crate::cli::Runs::Fixed(args.runs),
-        max_runs: None,
-        target_ci: None,
-        warmup: 0,
-        against: None,
-        cpus: args.cpus,
-        workload: args.workload,
-        iterations: args.iterations,
-        kernel: args.kernel.clone(),
-        mem: args.mem,
-        timeout: args.timeout,
-        json: None,
-        csv: None,
-        svg: None,
-        fail_if: Vec::new(),
-        quiet: args.quiet,
-        mmtests: false,
-        arch: args.arch,
-        linux: args.linux.clone(),
-        backend: args.backend,
-        qemu_arg: args.qemu_arg.clone(),
-        no_plugin: args.no_plugin,
-    }
-}
-
 fn write_file(f: &OutputFile, text: &str) -> i32 {
     match f.write_document(text) {
         Ok(()) => 0,
@@ -413,14 +377,14 @@ fn write_file(f: &OutputFile, text: &str) -> i32 {
 
 /// Runs the sweep and prints it; returns the process exit code.
 pub fn run(args: &SweepArgs) -> i32 {
-    if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
+    if args.target.backend == Backend::Kvm && !args.target.qemu_arg.is_empty() {
         eprintln!("ptiscope sweep: --qemu-arg needs --backend qemu");
         return exit_code::USAGE;
     }
-    if !args.workload.takes_working_set() {
+    if !args.exp.workload.takes_working_set() {
         eprintln!(
             "ptiscope sweep: --workload {}: the sweep needs a syscall-loop workload (getpid, getppid, write-badfd, nopti-getpid or poundsyscall)",
-            args.workload
+            args.exp.workload
         );
         return exit_code::USAGE;
     }
@@ -467,18 +431,17 @@ pub fn run(args: &SweepArgs) -> i32 {
         ("--csv", args.csv.as_deref()),
         ("--svg", args.svg.as_deref()),
     ];
-    let [json_file, csv_file, svg_file] = match open_outputs(outputs, args.timeout) {
+    let [json_file, csv_file, svg_file] = match open_outputs(outputs, args.exp.timeout) {
         Ok(files) => files,
         Err(e) => {
             eprintln!("ptiscope sweep: {e}");
             return e.exit_code();
         }
     };
-    let common = compare_args(args);
-    let embedded = args.arch.unwrap_or(Arch::X86_64).embedded_image();
+    let embedded = args.target.arch.unwrap_or(Arch::X86_64).embedded_image();
     let mut sides = Vec::new();
     for label in &labels {
-        match parse_side(label, &common, embedded) {
+        match parse_side(label, &args.exp, &args.target, embedded) {
             Ok(s) => sides.push(s),
             Err(e) => {
                 eprintln!("ptiscope sweep: --config {e}");
@@ -489,10 +452,10 @@ pub fn run(args: &SweepArgs) -> i32 {
     let mut prep = Preparer {
         sides,
         image: None,
-        workload: args.workload,
-        cpus: args.cpus,
-        iterations: args.iterations,
-        target: args.backend.target(),
+        workload: args.exp.workload,
+        cpus: args.exp.cpus,
+        iterations: args.exp.iterations,
+        target: args.target.backend.target(),
     };
     // Settle every (cell, configuration) before the first boot, so that a
     // bad cell does not cost the runs before it; nothing is kept (each run
@@ -517,17 +480,17 @@ pub fn run(args: &SweepArgs) -> i32 {
         }
     }
 
-    let (time_metric, time_unit, time_source) = match args.backend {
+    let (time_metric, time_unit, time_source) = match args.target.backend {
         Backend::Kvm => ("ns_per_call", "ns", "host-clock"),
         Backend::Qemu => ("cycles_per_call", "cycles", "guest"),
     };
     println!("ptiscope sweep: PTI's overhead over working set x syscall rate");
     println!("  host:      {}", host::describe_host());
-    match args.backend {
+    match args.target.backend {
         Backend::Kvm => println!("  KVM:       {}", host::kvm_flavour().describe()),
         Backend::Qemu => println!(
             "  backend:   QEMU TCG: software emulation, guest-reported cycles per call{}",
-            if args.no_plugin {
+            if args.target.no_plugin {
                 " (--no-plugin)"
             } else {
                 "; kernel instructions and MOV CR3 host-observed by ptiscope's TCG plugin"
@@ -535,26 +498,29 @@ pub fn run(args: &SweepArgs) -> i32 {
         ),
     }
     let fewest = cells.iter().map(|c| c.iterations).min().unwrap_or(0);
-    let fewer = if fewest < args.iterations {
+    let fewer = if fewest < args.exp.iterations {
         format!(" (down to {fewest} where a call reads more than {FULL_ITERATIONS_READS} times: column calls/run)")
     } else {
         String::new()
     };
     // Probed before the timed runs (a few hundred ms), cached for the
     // environment block.
-    let cr3_write_refill = refill_visibility(args.backend);
+    let cr3_write_refill = refill_visibility(args.target.backend);
     println!("  refill:    {}", describe_refill(&cr3_write_refill));
     println!(
         "  workload:  {} x {} iterations per run{fewer}, {} runs per cell and configuration, interleaved; stride {stride}, {} pages",
-        args.workload, args.iterations, args.runs, args.wss_pages
+        args.exp.workload, args.exp.iterations, args.runs, args.wss_pages
     );
-    if args.workload == Workload::Poundsyscall {
+    if args.exp.workload == Workload::Poundsyscall {
         println!(
             "             {} vCPUs; each thread calls getppid {} times and reads the shared working set before each call; per call = per getppid of all threads (wall clock)",
-            args.cpus, args.iterations
+            args.exp.cpus, args.exp.iterations
         );
-    } else if args.cpus > 1 {
-        println!("             {} vCPUs (the loop runs on vCPU 0)", args.cpus);
+    } else if args.exp.cpus > 1 {
+        println!(
+            "             {} vCPUs (the loop runs on vCPU 0)",
+            args.exp.cpus
+        );
     }
     println!("  baseline:  {}", labels[0]);
     for l in &labels[1..] {
@@ -597,7 +563,7 @@ pub fn run(args: &SweepArgs) -> i32 {
                     .prepare(side, cell)
                     .map_err(|e| (e.exit_code(), e.to_string()))
                     .and_then(|resolved| {
-                        run_measured(&resolved, args.backend)
+                        run_measured(&resolved, args.target.backend)
                             .map_err(|e| (e.exit_code(), e.to_string()))
                     });
                 match result {
@@ -609,7 +575,7 @@ pub fn run(args: &SweepArgs) -> i32 {
                             }
                             _ => format!("{at} failed: {msg}"),
                         };
-                        stopped = Some((if code == 0 { 1 } else { code }, why));
+                        stopped = Some((exit_code::failed_run(code), why));
                         break 'runs;
                     }
                 }
@@ -629,10 +595,10 @@ pub fn run(args: &SweepArgs) -> i32 {
     let mut report = SweepReport {
         schema: rs::SCHEMA.into(),
         host: host::describe_host(),
-        backend: format!("{:?}", args.backend).to_lowercase(),
-        workload: args.workload.to_string(),
-        iterations: args.iterations,
-        cpus: args.cpus,
+        backend: format!("{:?}", args.target.backend).to_lowercase(),
+        workload: args.exp.workload.to_string(),
+        iterations: args.exp.iterations,
+        cpus: args.exp.cpus,
         runs: args.runs,
         stride,
         wss_pages: args.wss_pages.to_string(),
@@ -646,15 +612,15 @@ pub fn run(args: &SweepArgs) -> i32 {
         cr3_write_refill,
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
-            &format!("{:?}", args.backend).to_lowercase(),
+            &format!("{:?}", args.target.backend).to_lowercase(),
             crate::cli::compare::guest_image_of(
-                &match (&args.kernel, &args.linux.linux) {
+                &match (&args.exp.kernel, &args.target.linux.linux) {
                     (Some(p), _) => crate::machine::loader::KernelSource::Path(p.clone()),
                     (None, Some(k)) => crate::machine::loader::KernelSource::Path(
                         crate::linux::kernel_path(k).unwrap_or_else(|_| k.into()),
                     ),
                     (None, None) => crate::machine::loader::KernelSource::Embedded(
-                        args.arch.unwrap_or(Arch::X86_64).embedded_image(),
+                        args.target.arch.unwrap_or(Arch::X86_64).embedded_image(),
                     ),
                 },
                 prep.image.as_deref(),
@@ -922,6 +888,14 @@ fn partial_json(doc: String, partial: Option<&Partial>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iterations_default_text_is_the_default() {
+        assert_eq!(
+            DEFAULT_SWEEP_ITERATIONS_STR.parse::<u64>(),
+            Ok(DEFAULT_SWEEP_ITERATIONS)
+        );
+    }
 
     #[test]
     fn touch_specs() {

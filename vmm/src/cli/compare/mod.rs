@@ -42,8 +42,8 @@ pub fn run(args: &CompareArgs) -> i32 {
     if crate::cli::pound::wants_sweep(args) {
         return crate::cli::pound::run(args);
     }
-    let embedded = args.arch().embedded_image();
-    if args.backend == Backend::Kvm && !args.qemu_arg.is_empty() {
+    let embedded = args.target.arch().embedded_image();
+    if args.target.backend == Backend::Kvm && !args.target.qemu_arg.is_empty() {
         eprintln!("ptiscope compare: --qemu-arg needs --backend qemu");
         return exit_code::USAGE;
     }
@@ -55,7 +55,7 @@ pub fn run(args: &CompareArgs) -> i32 {
         return exit_code::USAGE;
     }
     let earlier = match &args.against {
-        Some(p) => match read_earlier(p, args.timeout.min(crate::input::READ_TIME_LIMIT)) {
+        Some(p) => match read_earlier(p, args.exp.timeout.min(crate::input::READ_TIME_LIMIT)) {
             Ok(t) => Some(t),
             Err((code, msg)) => {
                 eprintln!("ptiscope compare: --against {}: {msg}", p.display());
@@ -76,8 +76,12 @@ pub fn run(args: &CompareArgs) -> i32 {
             return exit_code::USAGE;
         }
     };
-    let sides = parse_side(&args.baseline, args, embedded)
-        .and_then(|b| Ok((b, parse_side(&args.compare, args, embedded)?)));
+    let sides = parse_side(&args.baseline, &args.exp, &args.target, embedded).and_then(|b| {
+        Ok((
+            b,
+            parse_side(&args.compare, &args.exp, &args.target, embedded)?,
+        ))
+    });
     let (base, comp) = match sides {
         Ok(s) => s,
         Err(e) => {
@@ -121,7 +125,7 @@ pub fn run(args: &CompareArgs) -> i32 {
         ("--csv", args.csv.as_deref()),
         ("--svg", args.svg.as_deref()),
     ];
-    let [json_file, csv_file, svg_file] = match open_outputs(outputs, args.timeout) {
+    let [json_file, csv_file, svg_file] = match open_outputs(outputs, args.exp.timeout) {
         Ok(files) => files,
         Err(e) => {
             eprintln!("ptiscope compare: {e}");
@@ -132,7 +136,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     // Settle both sides once (image read, entry resolved, host limits
     // checked): every run of a side then boots the same resolved run.
     let settle = |spec: SideSpec| {
-        preflight(&spec.config, args.backend.target()).map(|run| Side {
+        preflight(&spec.config, args.target.backend.target()).map(|run| Side {
             label: spec.label,
             run,
         })
@@ -151,7 +155,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             Some(args.target_ci.unwrap_or(DEFAULT_TARGET_CI_PCT)),
         ),
     };
-    let watched = main_time_metric(args.backend);
+    let watched = main_time_metric(args.target.backend);
 
     match &base.run.linux {
         Some(l) => println!(
@@ -163,7 +167,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     }
     // Probed once per process (the entry probe also resolves entry=auto).
     let mut environment = Environment::collect(
-        match args.backend {
+        match args.target.backend {
             Backend::Kvm => "kvm",
             Backend::Qemu => "qemu",
         },
@@ -172,7 +176,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     );
     let mut kvm_line = None;
     let entry_text;
-    match args.backend {
+    match args.target.backend {
         Backend::Kvm => {
             let entry = match (base.run.config.guest.entry, base.run.guest.entry) {
                 (_, None) => "none (the workload runs no user code)".to_string(),
@@ -197,7 +201,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             };
             entry_text = format!(
                 "; backend QEMU TCG ({binary}): software emulation, {}",
-                if args.no_plugin {
+                if args.target.no_plugin {
                     "every figure guest-reported"
                 } else {
                     "[qemu-plugin] figures host-observed, the others guest-reported"
@@ -273,7 +277,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             }
             bar.set_message(specs[side].label.clone());
             let before = CpuTimes::now();
-            let result = run_measured(&specs[side].run, args.backend);
+            let result = run_measured(&specs[side].run, args.target.backend);
             if !warming {
                 durations[side].add(&before, &CpuTimes::now());
             }
@@ -327,7 +331,7 @@ pub fn run(args: &CompareArgs) -> i32 {
                         _ => String::new(),
                     };
                     eprintln!("ptiscope compare: {what}{of} failed: {msg}");
-                    let code = if code == 0 { 1 } else { code };
+                    let code = exit_code::failed_run(code);
                     // The complete pairs so far are still a result.
                     let complete = runs[0].len().min(runs[1].len());
                     if warming || complete == 0 {
@@ -432,7 +436,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     for d in &dropped {
         println!("  note: metric {d}, left out of the table");
     }
-    if args.backend == Backend::Qemu && args.no_plugin {
+    if args.target.backend == Backend::Qemu && args.target.no_plugin {
         println!("  backend qemu --no-plugin: no host-observed figures, so nothing to cross-check");
     } else if disagreements.is_empty() {
         println!("  cross-checks (host-observed vs guest-reported): all agree in every run");
@@ -442,7 +446,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             println!("    {d}");
         }
     }
-    if args.backend == Backend::Kvm && !host::kvm_flavour().sees_cr3_writes() {
+    if args.target.backend == Backend::Kvm && !host::kvm_flavour().sees_cr3_writes() {
         println!(
             "  note: with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only"
         );
@@ -489,7 +493,7 @@ pub fn run(args: &CompareArgs) -> i32 {
                     "ptiscope compare: --fail-if {} holds (value {})",
                     ev.condition, ev.value
                 );
-                code = code.max(1);
+                code = code.max(exit_code::FAILED);
             }
             Ok(ev) => eprintln!(
                 "ptiscope compare: --fail-if {} does not hold (value {})",
@@ -497,7 +501,7 @@ pub fn run(args: &CompareArgs) -> i32 {
             ),
             Err(e) => {
                 eprintln!("ptiscope compare: --fail-if cannot be evaluated: {e}");
-                code = code.max(1);
+                code = code.max(exit_code::FAILED);
             }
         }
     }

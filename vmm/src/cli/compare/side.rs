@@ -4,7 +4,7 @@
 
 use crate::backend::qemu::QemuError;
 use crate::cli::exit_code::ExitCode;
-use crate::cli::{Backend, CompareArgs};
+use crate::cli::{Backend, ExperimentOpts, TargetOpts};
 use crate::machine::loader::KernelSource;
 use crate::machine::{RunError, RunOutcome, StopReason};
 use crate::observe::measure::Measurer;
@@ -98,24 +98,25 @@ fn abi_value<T: std::str::FromStr>(
 /// Builds one side's run configuration from the common arguments and its options.
 pub fn parse_side(
     opts: &str,
-    args: &CompareArgs,
+    exp: &ExperimentOpts,
+    target: &TargetOpts,
     embedded: &'static [u8],
 ) -> Result<SideSpec, SideError> {
-    let kernel = match &args.kernel {
+    let kernel = match &exp.kernel {
         Some(p) => KernelSource::Path(p.clone()),
         None => KernelSource::Embedded(embedded),
     };
     let mut c = RunConfig::new(kernel);
-    c.mem_mib = args.mem;
-    c.cpus = args.cpus;
-    c.timeout = args.timeout;
+    c.mem_mib = exp.mem;
+    c.cpus = exp.cpus;
+    c.timeout = exp.timeout;
     c.serial_out = SerialOut::Discard;
     c.handle_signals = true;
-    c.guest.workload = Some(args.workload);
-    c.guest.iterations = Some(args.iterations);
-    c.qemu_args = args.qemu_arg.clone();
-    c.guest_kind = args.linux.guest_kind(args.arch);
-    c.qemu_plugin = !args.no_plugin;
+    c.guest.workload = Some(exp.workload);
+    c.guest.iterations = Some(exp.iterations);
+    c.qemu_args = target.qemu_arg.clone();
+    c.guest_kind = target.linux.guest_kind(target.arch);
+    c.qemu_plugin = !target.no_plugin;
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let Some((k, v)) = word.split_once('=') else {
             return Err(SideError::NotKeyValue {
