@@ -21,23 +21,7 @@ fn kernel_or_skip(test: &str, name: &str, qemu: &str) -> Option<PathBuf> {
         ptiscope::test_support::skip(test, &format!("{qemu} is not installed"));
         return None;
     }
-    match ptiscope::linux::known_path(name) {
-        Some(Ok(p)) if p.is_file() => Some(p),
-        Some(Ok(p)) => {
-            ptiscope::test_support::skip(
-                test,
-                &format!(
-                    "{name} is not fetched ({} missing): run `ptiscope linux fetch` (apt-get download)",
-                    p.display()
-                ),
-            );
-            None
-        }
-        _ => {
-            ptiscope::test_support::skip(test, "no kernel cache directory (HOME unset)");
-            None
-        }
-    }
+    cached_kernel_or_skip(test, name)
 }
 
 const AMD64: (&str, &str) = ("debian-amd64", "qemu-system-x86_64");
