@@ -201,7 +201,7 @@ fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
             // A Linux run's end in words: a panic, a kernel that never
             // reached the init, an init that did not finish, PTI not as asked.
             if let Some((code, msg)) = resolved.linux.as_ref().and_then(|l| {
-                crate::linux::diagnose(
+                crate::cli::linux::diagnose(
                     &outcome,
                     l,
                     crate::linux::host_observation(&outcome, l).as_ref(),

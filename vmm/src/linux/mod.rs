@@ -494,116 +494,6 @@ pub fn init_started(outcome: &RunOutcome) -> bool {
         .is_some_and(|b| b.contains("linux-init"))
 }
 
-/// Why a Linux run that did not end well ended, in words, with the exit
-/// code it maps to. `None` for a run that ended with the init's success.
-///
-/// `host` is what a host observer saw in the measured phase (the QEMU TCG
-/// plugin, when it is there): its CR3 writes per system call must agree
-/// with the kernel log, or the run fails.
-pub fn diagnose(
-    outcome: &RunOutcome,
-    guest: &LinuxGuest,
-    host: Option<&HostPhaseObservation>,
-) -> Option<(i32, String)> {
-    use crate::cli::exit_code::{self, ExitCode as _};
-    use crate::machine::StopReason;
-    let tail = || {
-        let mut s = String::new();
-        if !outcome.console_tail.is_empty() {
-            s.push_str("\n  last console lines:");
-            for l in &outcome.console_tail {
-                s.push_str(&format!("\n    | {}", ptiscope_devices::escape_str(l)));
-            }
-        }
-        s
-    };
-    if let Some(p) = kernel_panic(outcome) {
-        return Some((
-            exit_code::LINUX_PANIC,
-            format!(
-                "the Linux kernel panicked{}: {}{}",
-                if init_started(outcome) {
-                    ""
-                } else {
-                    " before ptiscope's init ran"
-                },
-                ptiscope_devices::escape_str(p.trim()),
-                tail()
-            ),
-        ));
-    }
-    match &outcome.stop {
-        StopReason::GuestExit { status: 0 } => {
-            let measures = !guest.init_words.contains("workload=none");
-            let result = outcome
-                .machine_lines
-                .iter()
-                .any(|l| l.starts_with(ptiscope_abi::RESULT_PREFIX));
-            if measures && !result {
-                return Some((
-                    exit_code::VM_ERROR,
-                    format!(
-                        "the Linux guest ended with status 0 but ptiscope's init printed no \
-                         @result line (QEMU itself may have failed){}",
-                        tail()
-                    ),
-                ));
-            }
-            match check_pti(guest.pti, guest_pti(outcome), host) {
-                Ok(_) => None,
-                Err(e) => Some((exit_code::VM_ERROR, e)),
-            }
-        }
-        StopReason::GuestExit { status } => {
-            let why = outcome
-                .machine_lines
-                .iter()
-                .find(|l| l.starts_with("@pti-mismatch") || l.starts_with("@badcmdline"))
-                .cloned()
-                .unwrap_or_else(|| ptiscope_abi::exit_status::name(*status).to_string());
-            Some((
-                outcome.exit_code(),
-                format!(
-                    "ptiscope's init ended with status {status}: {}{}",
-                    ptiscope_devices::escape_str(&why),
-                    tail()
-                ),
-            ))
-        }
-        StopReason::Timeout { after_ms } => Some((
-            exit_code::TIMEOUT,
-            if init_started(outcome) {
-                format!(
-                    "ptiscope's init started but did not finish within --timeout ({} s): raise \
-                     --timeout or lower iterations (TCG runs Linux slowly){}",
-                    *after_ms as f64 / 1e3,
-                    tail()
-                )
-            } else {
-                format!(
-                    "the Linux kernel did not reach ptiscope's init within --timeout ({} s): it \
-                     hangs in boot, or the timeout is too short for this kernel under TCG{}",
-                    *after_ms as f64 / 1e3,
-                    tail()
-                )
-            },
-        )),
-        StopReason::Shutdown { .. } => Some((
-            exit_code::TRIPLE_FAULT,
-            format!(
-                "the Linux guest reset or powered off without the init's exit status ({}){}",
-                if init_started(outcome) {
-                    "the init started"
-                } else {
-                    "before ptiscope's init ran"
-                },
-                tail()
-            ),
-        )),
-        other => Some((other.exit_code(), format!("{other}{}", tail()))),
-    }
-}
-
 /// The summary of a Linux run, from the init's `@result` line: per-call
 /// rates divide by the calls the init made (`iterations`; messages for
 /// sched-messaging; all threads' calls for poundsyscall) — its phase is
@@ -764,6 +654,7 @@ mod tests {
 
     #[test]
     fn diagnose_names_each_end_and_takes_the_host_observation() {
+        use crate::cli::linux::diagnose;
         use crate::machine::StopReason;
         let ok_lines = [
             "@linux release=6.1 arch=x86_64 pti=on asked_pti=on",

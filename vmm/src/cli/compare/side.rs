@@ -217,7 +217,7 @@ pub enum MeasuredRunError {
         report: String,
     },
     /// A Linux guest's run ended otherwise than with its result (a panic,
-    /// no init, an unfinished init, PTI not as asked: `linux::diagnose`).
+    /// no init, an unfinished init, PTI not as asked: `cli::linux::diagnose`).
     #[error("{message}")]
     Linux {
         /// The documented exit code of that end.
@@ -243,7 +243,7 @@ pub fn run_measured(
         Ok(o) => {
             if let Some(l) = &resolved.linux {
                 let host = crate::linux::host_observation(&o, l);
-                if let Some((code, message)) = crate::linux::diagnose(&o, l, host.as_ref()) {
+                if let Some((code, message)) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
                     return Err(MeasuredRunError::Linux { code, message });
                 }
                 let s = crate::linux::summary(&o, l, host.as_ref());
