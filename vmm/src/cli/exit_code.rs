@@ -2,7 +2,7 @@
 //! number `ptiscope` exits with (docs/running.md lists them).
 
 use crate::backend::qemu::QemuError;
-use crate::cli::compare::side::MeasuredRunError;
+use crate::cli::measured_error::MeasuredRunError;
 use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::loader::LoadError;
 use crate::machine::memory::MemoryError;

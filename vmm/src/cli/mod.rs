@@ -6,6 +6,7 @@
 pub mod compare;
 pub mod exit_code;
 pub mod linux;
+pub mod measured_error;
 pub mod pagetables;
 mod partial;
 pub mod pound;

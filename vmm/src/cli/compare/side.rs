@@ -2,11 +2,10 @@
 //! into a run configuration, settled by preflight, run and measured; and
 //! the compare table built from both sides' runs.
 
-use crate::backend::qemu::QemuError;
 use crate::cli::exit_code::ExitCode;
 use crate::cli::{Backend, ExperimentOpts, TargetOpts};
 use crate::machine::loader::KernelSource;
-use crate::machine::{RunError, RunOutcome, StopReason};
+use crate::machine::RunOutcome;
 use crate::observe::measure::Measurer;
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
 use crate::preflight::{ResolvedRun, RunConfig, SerialOut, Target};
@@ -188,44 +187,7 @@ pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
         .collect()
 }
 
-/// Why a measured run gave nothing to compare (its exit code is
-/// `cli::exit_code`'s).
-#[derive(Debug, thiserror::Error)]
-pub enum MeasuredRunError {
-    /// The VM could not be built or run.
-    #[error(transparent)]
-    Kvm(#[from] RunError),
-    /// QEMU could not be started or failed.
-    #[error(transparent)]
-    Qemu(#[from] QemuError),
-    /// The guest ran to a clean exit without marking a workload phase.
-    #[error(
-        "the guest marked no workload phase, so there is nothing to compare \
-         (workload {workload}: use one that measures, e.g. getpid)"
-    )]
-    NoPhase {
-        /// The workload's name (`-`: none).
-        workload: &'static str,
-    },
-    /// The guest did not stop with status 0.
-    #[error("{report}")]
-    GuestFailed {
-        /// How it stopped (boxed: a crash's registers are large).
-        stop: Box<StopReason>,
-        /// The stop, what the guest reported and its last console lines
-        /// (guest text escaped).
-        report: String,
-    },
-    /// A Linux guest's run ended otherwise than with its result (a panic,
-    /// no init, an unfinished init, PTI not as asked: `cli::linux::diagnose`).
-    #[error("{message}")]
-    Linux {
-        /// The documented exit code of that end.
-        code: i32,
-        /// The cause, named.
-        message: String,
-    },
-}
+pub use crate::cli::measured_error::MeasuredRunError;
 
 /// One measured run.
 pub fn run_measured(
