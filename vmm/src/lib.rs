@@ -10,6 +10,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod experiment;
 pub mod input;
 pub mod linux;
 pub mod machine;

@@ -2,7 +2,9 @@
 //! number `ptiscope` exits with (docs/running.md lists them).
 
 use crate::backend::qemu::QemuError;
+use crate::cli::command_error::CommandError;
 use crate::cli::measured_error::MeasuredRunError;
+use crate::experiment::ExperimentError;
 use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::loader::LoadError;
 use crate::machine::memory::MemoryError;
@@ -55,6 +57,15 @@ pub fn failed_run(code: i32) -> i32 {
     } else {
         code
     }
+}
+
+/// The signal that ended a run whose exit code is `code` (128 + a
+/// termination signal), if one did.
+pub fn terminating_signal(code: i32) -> Option<i32> {
+    let sig = code - 128;
+    crate::machine::signals::TERMINATION_SIGNALS
+        .contains(&sig)
+        .then_some(sig)
 }
 
 /// The exit code a result maps to.
@@ -179,6 +190,40 @@ impl ExitCode for QemuError {
             QemuError::Spawn { .. } | QemuError::Plugin(_) => KVM_UNAVAILABLE,
             QemuError::Output(e) => e.exit_code(),
             QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
+        }
+    }
+}
+
+impl<E: ExitCode + std::error::Error> ExitCode for ExperimentError<E> {
+    /// A failed run's code (never 0), or 64 for a sample the command
+    /// refused (a `--fail-if` naming no metric of the runs).
+    fn exit_code(&self) -> i32 {
+        match self {
+            ExperimentError::Run { source, .. } => failed_run(source.exit_code()),
+            ExperimentError::Refused(_) => USAGE,
+        }
+    }
+}
+
+impl ExitCode for crate::backend::BackendError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            crate::backend::BackendError::Kvm(e) => e.exit_code(),
+            crate::backend::BackendError::Qemu(e) => e.exit_code(),
+        }
+    }
+}
+
+impl ExitCode for CommandError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            CommandError::Usage(_) | CommandError::Side { .. } => USAGE,
+            CommandError::Against { code, .. } => *code,
+            CommandError::Output(e) => e.exit_code(),
+            CommandError::Settle { source, .. } => source.exit_code(),
+            CommandError::Interrupted { signal, .. } => 128 + signal,
+            CommandError::Experiment { source, .. } => source.exit_code(),
+            CommandError::Missing(_) => VM_ERROR,
         }
     }
 }

@@ -43,3 +43,12 @@ pub enum MeasuredRunError {
         message: String,
     },
 }
+
+impl From<crate::backend::BackendError> for MeasuredRunError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        match e {
+            crate::backend::BackendError::Kvm(e) => MeasuredRunError::Kvm(e),
+            crate::backend::BackendError::Qemu(e) => MeasuredRunError::Qemu(e),
+        }
+    }
+}

@@ -3,6 +3,8 @@
 //! Size: the clap argument structs of every command with their help texts,
 //! and the value parsers they share; about 90 lines are tests.
 
+mod args;
+mod command_error;
 pub mod compare;
 pub mod exit_code;
 pub mod linux;
@@ -19,6 +21,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+
+pub use args::*;
 
 use crate::machine::loader::KernelSource;
 use crate::machine::memory::{MemoryError, MemoryLayout, DEFAULT_MEM_MIB, MIN_MEM_MIB};
@@ -162,175 +166,10 @@ exits per call, and where the overhead crosses 1 % and 5 %.
 Exit status: 0 done; 64 bad usage; 73 an output file cannot be written;
 otherwise the exit status of the run that failed (see `ptiscope run --help`).";
 
-/// Default iterations of one compare run: sized so that the default compare
-/// (5 runs per side, interleaved) takes about 10 s under kvm_pvm, where one
-/// getpid round trip costs 30-45 µs (kernel code is emulated).
-pub const DEFAULT_COMPARE_ITERATIONS: u64 = 20_000;
-/// Default runs per side.
-pub const DEFAULT_COMPARE_RUNS: u32 = 5;
-/// `--runs auto`: runs per side before the first look at the confidence
-/// interval (Student's t with 1 degree of freedom is 12.7 wide: two runs say little).
-pub const MIN_AUTO_RUNS: u32 = 3;
-/// `--runs auto`: default `--max-runs`.
-pub const DEFAULT_MAX_RUNS: u32 = 20;
-/// `--runs auto`: default `--target-ci`, in % of the mean.
-pub const DEFAULT_TARGET_CI_PCT: f64 = 1.0;
-
-/// `--runs`: a fixed count per side, or until the confidence interval is narrow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Runs {
-    /// Exactly this many runs per side.
-    Fixed(u32),
-    /// Interleaved pairs until `--target-ci` or `--max-runs`.
-    Auto,
-}
-
-/// `--runs`: `auto` or a count in 1..=1000.
-pub fn parse_runs(s: &str) -> Result<Runs, String> {
-    let s = s.trim();
-    if s == "auto" {
-        return Ok(Runs::Auto);
-    }
-    match s.parse::<u32>() {
-        Ok(n) if (1..=1000).contains(&n) => Ok(Runs::Fixed(n)),
-        _ => Err(format!(
-            "{s:?}: give a number of runs per side in 1..=1000, or `auto`"
-        )),
-    }
-}
-
-/// `--target-ci`: a percentage in (0, 100].
-pub fn parse_target_ci(s: &str) -> Result<f64, String> {
-    match s.trim().trim_end_matches('%').parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
-        _ => Err(format!(
-            "{s:?}: give the confidence interval's half-width in % of the mean, in (0, 100]"
-        )),
-    }
-}
-
-/// A clap value parser for an option typed in the guest ABI: the accepted
-/// values (and `--help`'s list) are its names, parsed by its `FromStr`.
-pub fn abi_option<T>(
-    names: impl IntoIterator<Item = &'static str>,
-) -> impl clap::builder::TypedValueParser<Value = T>
-where
-    T: std::str::FromStr + Clone + Send + Sync + 'static,
-    T::Err: std::error::Error + Send + Sync + 'static,
-{
-    use clap::builder::TypedValueParser;
-    clap::builder::PossibleValuesParser::new(names).try_map(|s| s.parse::<T>())
-}
-
-/// Options of `ptiscope compare` (and of the default comparison).
-#[derive(Debug, Args)]
-pub struct CompareArgs {
-    /// Baseline configuration: comma-separated key=value options.
-    #[arg(long, value_name = "OPTS", default_value = "pti=off")]
-    pub baseline: String,
-    /// Compare configuration: comma-separated key=value options.
-    #[arg(long, value_name = "OPTS", default_value = "pti=on")]
-    pub compare: String,
-    /// Runs per configuration (baseline and compare runs are interleaved), or
-    /// `auto`: add run pairs until the main time metric's 95 % confidence
-    /// interval is within --target-ci of its mean on both sides, or
-    /// --max-runs is reached.
-    #[arg(long, value_name = "R|auto", default_value = "5", value_parser = parse_runs, allow_negative_numbers = true)]
-    pub runs: Runs,
-    /// With `--runs auto`: the most runs per side (default 20).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(MIN_AUTO_RUNS as i64..=1000))]
-    pub max_runs: Option<u32>,
-    /// With `--runs auto`: the target half-width of the 95 % confidence
-    /// interval of the main time metric's mean, in % of the mean (default 1).
-    #[arg(long, value_name = "PCT", value_parser = parse_target_ci)]
-    pub target_ci: Option<f64>,
-    /// Run K interleaved pairs first and discard them (warm-up).
-    #[arg(long, value_name = "K", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
-    pub warmup: u32,
-    /// Also compare this run with an earlier `compare --json` result (each
-    /// side with the earlier run's same side) and warn when the environments differ.
-    #[arg(long, value_name = "FILE.json")]
-    pub against: Option<PathBuf>,
-    /// What every run runs (shared with `sweep`).
-    #[command(flatten)]
-    pub exp: ExperimentOpts,
-    /// Write the comparison as JSON (schema ptiscope.compare/1, with the environment).
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write the comparison as CSV.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Write the comparison as an SVG picture (compare relative to baseline, every run a dot).
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
-    /// Fail (exit 1) when this condition holds; repeatable.
-    #[arg(long = "fail-if", value_name = "COND")]
-    pub fail_if: Vec<String>,
-    /// No progress bar.
-    #[arg(long)]
-    pub quiet: bool,
-    /// Also print the full mmtests compare-kernels table (Min, Amean,
-    /// Stddev, CoeffVar, Max, BAmean; negative % = worse) and the duration
-    /// table; --json and --csv always have every statistic.
-    #[arg(long)]
-    pub mmtests: bool,
-    /// Where the runs run (shared with `sweep`).
-    #[command(flatten)]
-    pub target: TargetOpts,
-}
-
-/// The options of an experiment's runs that `compare` and `sweep` share
-/// (`compare`'s help text; `sweep` sets its own with `mut_arg`).
-#[derive(Debug, Clone, Args)]
-pub struct ExperimentOpts {
-    /// Workload for both sides (an OPTS `workload=` overrides it).
-    #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
-    pub workload: Workload,
-    /// Iterations per run for both sides (an OPTS `iterations=` overrides it).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS, allow_negative_numbers = true)]
-    pub iterations: u64,
-    /// vCPUs of every run (1..=8); e.g. `--workload poundsyscall --cpus 2
-    /// --cmdline threads=2` (compare's `cmdline=` option passes threads=).
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
-    pub cpus: u32,
-    /// Boot this PVH ELF64 kernel instead of the embedded guest.
-    #[arg(long, value_name = "PATH")]
-    pub kernel: Option<PathBuf>,
-    /// Guest memory in MiB (16..=1024).
-    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
-    pub mem: u64,
-    /// Stop a run after this many seconds.
-    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout, allow_negative_numbers = true)]
-    pub timeout: Duration,
-}
-
-/// Where an experiment's runs run: the guest and the backend (shared by
-/// `compare` and `sweep`, with `compare`'s help text).
-#[derive(Debug, Clone, Args)]
-pub struct TargetOpts {
-    /// Which embedded guest to compare (default x86_64; with `--kernel` the
-    /// image decides; with `--linux` it must match the image).
-    #[arg(long, value_enum, conflicts_with = "kernel")]
-    pub arch: Option<Arch>,
-    /// A Linux kernel as the guest.
-    #[command(flatten)]
-    pub linux: LinuxArgs,
-    /// Where to run the guests: our VMM on KVM, or QEMU TCG (guest-reported figures only).
-    #[arg(long, value_enum, default_value = "kvm")]
-    pub backend: Backend,
-    /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
-    /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
-    /// TSC count instructions, so cycles per call become instructions per call.
-    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
-    pub qemu_arg: Vec<String>,
-    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
-    /// `[qemu-plugin]` rows; every figure is then guest-reported).
-    #[arg(long)]
-    pub no_plugin: bool,
-}
-
 /// Options of `ptiscope run`.
 #[derive(Debug, Args)]
+#[command(mut_arg("backend", |a| a.help("Where to run the guest: our VMM on KVM, or QEMU's TCG (software \
+    emulation: slower, and every figure is guest-reported) for what this host's KVM cannot run")))]
 pub struct RunArgs {
     /// Boot this PVH ELF64 kernel instead of the embedded guest.
     #[arg(long, value_name = "PATH")]
@@ -403,108 +242,9 @@ pub struct RunArgs {
     /// vCPU; the guest starts the others by INIT/SIPI.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
     pub cpus: u32,
-    /// Where to run the guest: our VMM on KVM, or QEMU's TCG (software
-    /// emulation: slower, and every figure is guest-reported) for what this
-    /// host's KVM cannot run.
-    #[arg(long, value_enum, default_value = "kvm")]
-    pub backend: Backend,
-    /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
-    /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
-    /// TSC count instructions, so cycles per call become instructions per call.
-    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
-    pub qemu_arg: Vec<String>,
-    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
-    /// `[qemu-plugin]` rows; every figure is then guest-reported).
-    #[arg(long)]
-    pub no_plugin: bool,
-}
-
-/// `--linux` and `--append`: a real Linux kernel as the guest, with
-/// ptiscope's init (docs/linux-guests.md).
-#[derive(Debug, Clone, Default, Args)]
-pub struct LinuxArgs {
-    /// Boot this Linux kernel with ptiscope's init instead of ptiscope's own
-    /// guest: `debian-amd64` or `debian-686-pae` (fetched by `ptiscope linux
-    /// fetch`), or a path to a bzImage (x86_64 or i386) or a PVH vmlinux.
-    /// Needs `--backend qemu` on hosts without hardware KVM.
-    #[arg(long, value_name = "KERNEL", conflicts_with = "kernel")]
-    pub linux: Option<String>,
-    /// More Linux kernel command line (with `--linux`), e.g. `nosmt`.
-    #[arg(
-        long,
-        value_name = "TEXT",
-        requires = "linux",
-        allow_hyphen_values = true
-    )]
-    pub append: Option<String>,
-}
-
-impl LinuxArgs {
-    /// The guest kind these arguments choose; `arch` is `--arch` as given.
-    pub fn guest_kind(&self, arch: Option<Arch>) -> crate::linux::GuestKind {
-        match &self.linux {
-            None => crate::linux::GuestKind::Companion,
-            Some(k) => crate::linux::GuestKind::Linux(crate::linux::LinuxRequest {
-                kernel: k.clone(),
-                append: self.append.clone().unwrap_or_default(),
-                arch: arch.map(|a| match a {
-                    Arch::X86_64 => crate::linux::LinuxArch::X86_64,
-                    Arch::I386 => crate::linux::LinuxArch::I386,
-                }),
-            }),
-        }
-    }
-}
-
-impl RunArgs {
-    /// `--arch`, or x86_64.
-    pub fn arch(&self) -> Arch {
-        self.arch.unwrap_or(Arch::X86_64)
-    }
-}
-
-impl CompareArgs {
-    /// `--arch`, or x86_64.
-    pub fn arch(&self) -> Arch {
-        self.target.arch()
-    }
-}
-
-impl TargetOpts {
-    /// `--arch`, or x86_64.
-    pub fn arch(&self) -> Arch {
-        self.arch.unwrap_or(Arch::X86_64)
-    }
-}
-
-/// Guest flavour.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Arch {
-    /// 64-bit, 4-level paging.
-    #[value(name = "x86_64")]
-    X86_64,
-    /// 32-bit, PAE paging (3G/1G).
-    #[value(name = "i386")]
-    I386,
-}
-
-impl Arch {
-    /// The embedded guest image of this flavour.
-    pub fn embedded_image(self) -> &'static [u8] {
-        match self {
-            Arch::X86_64 => crate::GUEST_X86_64,
-            Arch::I386 => crate::GUEST_I386,
-        }
-    }
-}
-
-/// Where a guest runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// ptiscope's own VMM on /dev/kvm (host-observed and guest-reported figures).
-    Kvm,
-    /// QEMU TCG (`qemu-system-x86_64` / `qemu-system-i386`): guest-reported figures only.
-    Qemu,
+    /// The backend and its options (`--backend` with this command's help).
+    #[command(flatten)]
+    pub on: BackendOpts,
 }
 
 /// Options of `ptiscope pagetables`.
@@ -589,27 +329,18 @@ pub fn parse_cpus(s: &str) -> Result<u32, String> {
 }
 
 impl RunArgs {
-    /// Options that only one backend understands, given to the other: a
-    /// usage error rather than silently ignored.
-    pub fn backend_mismatch(&self) -> Option<&'static str> {
-        match self.backend {
-            Backend::Qemu if self.metrics_interval.is_some() => {
-                Some("--metrics-interval reads KVM's statistics: not with --backend qemu")
-            }
-            Backend::Qemu if self.cpu_vuln != CpuVuln::Host => {
-                Some("--cpu-vuln sets what the KVM vCPU reports: not with --backend qemu")
-            }
-            Backend::Kvm if self.no_irqchip && self.cpus > 1 => Some(
-                "--cpus above 1 needs the in-kernel irqchip (the guest starts its other CPUs \
-                 by INIT/SIPI through the LAPIC): drop --no-irqchip",
-            ),
-            Backend::Qemu if self.no_irqchip => {
-                Some("--no-irqchip is a KVM setting: not with --backend qemu")
-            }
-            Backend::Kvm if !self.qemu_arg.is_empty() => Some("--qemu-arg needs --backend qemu"),
-            Backend::Kvm if self.no_plugin => Some("--no-plugin needs --backend qemu"),
-            _ => None,
-        }
+    /// Options that only one backend understands, given to the other (a
+    /// usage error rather than silently ignored), or that its backend
+    /// refuses (KVM acceleration under the TCG plugin).
+    pub fn backend_mismatch(&self) -> Option<String> {
+        self.on.backend().refuse(&crate::backend::Requested {
+            qemu_args: &self.on.qemu_arg,
+            no_plugin: self.on.no_plugin,
+            no_irqchip: self.no_irqchip,
+            cpus: self.cpus,
+            metrics_interval: self.metrics_interval.is_some(),
+            cpu_vuln: self.cpu_vuln != CpuVuln::Host,
+        })
     }
 
     /// `--workload`, or, when only a count was given (`--iterations N`,
@@ -651,8 +382,8 @@ impl RunArgs {
             cpu_vuln: self.cpu_vuln,
             console_input: true,
             handle_signals: true,
-            qemu_args: self.qemu_arg.clone(),
-            qemu_plugin: !self.no_plugin,
+            qemu_args: self.on.qemu_arg.clone(),
+            qemu_plugin: !self.on.no_plugin,
             irqchip: !self.no_irqchip,
             cpus: self.cpus,
             guest_kind: self.linux.guest_kind(self.arch),

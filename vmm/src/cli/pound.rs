@@ -7,13 +7,17 @@
 //! and the CR3 writes per call follow. With a `threads=` on both sides the
 //! ordinary compare runs (one thread count, the full table, `--fail-if`).
 
+use crate::cli::command_error::CommandError;
 use crate::cli::compare::side::{guest_image, parse_side, run_measured, SideSpec};
-use crate::cli::exit_code::{self, ExitCode};
-use crate::cli::{Backend, CompareArgs, Runs};
+use crate::cli::compare::{parse_sides, write_file};
+use crate::cli::exit_code::ExitCode;
+use crate::cli::{CompareArgs, Runs};
+use crate::experiment::{Experiment, ExperimentError, Failed, Outcome, RunCount, RunId, Silent};
 use crate::output::open_outputs;
 use crate::preflight::cmdline::Workload;
 use crate::preflight::{host, preflight};
 use crate::report::environment::Environment;
+use crate::report::RunSummary;
 use ptiscope_abi::cmdline::THREADS;
 
 /// Whether `args` asks for the thread-count sweep: `--workload poundsyscall`
@@ -41,6 +45,23 @@ struct Samples {
     elapsed_ns: Vec<f64>,
     ns_per_call: Vec<f64>,
     cr3_writes_per_call: Vec<f64>,
+}
+
+impl Samples {
+    /// The figures of one side's runs, in run order.
+    fn of(runs: &[RunSummary]) -> Samples {
+        let mut samples = Samples::default();
+        for s in runs {
+            if let Some(r) = s.row("elapsed") {
+                samples.elapsed_ns.push(r.total);
+                samples.ns_per_call.extend(r.per_iteration);
+            }
+            if let Some(r) = s.row("cr3_writes") {
+                samples.cr3_writes_per_call.extend(r.per_iteration);
+            }
+        }
+        samples
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -73,52 +94,49 @@ fn diff_pct(base: f64, comp: f64) -> f64 {
 
 /// Runs the sweep; returns the exit status.
 pub fn run(args: &CompareArgs) -> i32 {
+    match pound(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ptiscope compare: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// The refusals, then one experiment per thread count (each its runs,
+/// interleaved), then the table.
+fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     if !args.fail_if.is_empty() {
-        eprintln!(
-            "ptiscope compare: --fail-if needs one thread count: add threads=N to both \
+        return Err(CommandError::Usage(
+            "--fail-if needs one thread count: add threads=N to both \
              --baseline and --compare (e.g. 'pti=on,cmdline=threads=2')"
-        );
-        return exit_code::USAGE;
+                .into(),
+        ));
     }
     let runs = match args.runs {
         Runs::Fixed(n) if args.against.is_none() && args.warmup == 0 => n,
         _ => {
-            eprintln!(
-                "ptiscope compare: --runs auto, --warmup and --against work on one table; \
+            return Err(CommandError::Usage(
+                "--runs auto, --warmup and --against work on one table; \
                  poundsyscall's table per thread count takes a fixed --runs N"
-            );
-            return exit_code::USAGE;
+                    .into(),
+            ))
         }
     };
-    if args.csv.is_some() || args.svg.is_some() {
-        eprintln!(
-            "ptiscope compare: poundsyscall's table per thread count is written as text and \
+    if args.out.csv.is_some() || args.out.svg.is_some() {
+        return Err(CommandError::Usage(
+            "poundsyscall's table per thread count is written as text and \
              --json only (no --csv or --svg)"
-        );
-        return exit_code::USAGE;
+                .into(),
+        ));
+    }
+    let backend = args.target.on.backend();
+    if let Some(why) = backend.refuse(&args.target.on.requested()) {
+        return Err(CommandError::Usage(why));
     }
     // Opened before the first boot, as compare's outputs are.
-    let [json_file] = match open_outputs([("--json", args.json.as_deref())], args.exp.timeout) {
-        Ok(files) => files,
-        Err(e) => {
-            eprintln!("ptiscope compare: {e}");
-            return e.exit_code();
-        }
-    };
-    let embedded = args.target.arch().embedded_image();
-    let sides = parse_side(&args.baseline, &args.exp, &args.target, embedded).and_then(|b| {
-        Ok((
-            b,
-            parse_side(&args.compare, &args.exp, &args.target, embedded)?,
-        ))
-    });
-    let (base, comp) = match sides {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("ptiscope compare: {e}");
-            return exit_code::USAGE;
-        }
-    };
+    let [json_file] = open_outputs([("--json", args.out.json.as_deref())], args.exp.timeout)?;
+    let (base, comp) = parse_sides(args)?;
     let max_threads = 2 * args.exp.cpus;
     println!("ptiscope compare: poundsyscall (mmtests) per thread count on this host");
     println!("  host:      {}", host::describe_host());
@@ -138,63 +156,44 @@ pub fn run(args: &CompareArgs) -> i32 {
             c.guest.extra = format!("{} threads={threads}", c.guest.extra)
                 .trim()
                 .to_string();
-            preflight(&c, args.target.backend.target())
+            preflight(&c, backend.target())
         };
-        let resolved = with_threads(&base).and_then(|b| Ok((b, with_threads(&comp)?)));
-        let (b, c) = match resolved {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("ptiscope compare: {e}");
-                return e.exit_code();
-            }
+        let resolved = [with_threads(&base)?, with_threads(&comp)?];
+        let outcome = Experiment::new(vec![base.label.clone(), comp.label.clone()]).run(
+            0,
+            RunCount::Fixed(runs),
+            &|_| None,
+            &mut |id: &RunId| run_measured(&resolved[id.side], &*backend).map(|(_, s)| s),
+            &mut Silent,
+        );
+        // Any failed run fails the table (no partial table per thread count).
+        let failed = match outcome {
+            Ok(Outcome {
+                failed: Some(Failed { run, error }),
+                ..
+            }) => Err(ExperimentError::Run { run, source: error }),
+            other => other,
         };
-        let mut tc = ThreadCount {
+        let sides = failed.map_err(|source| CommandError::Experiment {
+            run: match &source {
+                ExperimentError::Run { run, .. } => {
+                    format!("{} threads={threads} run {}", run.label, run.number)
+                }
+                ExperimentError::Refused(_) => String::new(),
+            },
+            source: Box::new(source),
+        })?;
+        let [baseline, compare] = [&sides.runs[0], &sides.runs[1]].map(|r| Samples::of(r));
+        counts.push(ThreadCount {
             threads,
-            baseline: Samples::default(),
-            compare: Samples::default(),
-        };
-        for i in 0..runs {
-            let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
-            for side in order {
-                let (run, label) = if side == 0 {
-                    (&b, &base.label)
-                } else {
-                    (&c, &comp.label)
-                };
-                let s = match run_measured(run, args.target.backend) {
-                    Ok((_, s)) => s,
-                    Err(e) => {
-                        let (code, msg) = (e.exit_code(), e);
-                        eprintln!(
-                            "ptiscope compare: {label} threads={threads} run {} failed: {msg}",
-                            i + 1
-                        );
-                        return exit_code::failed_run(code);
-                    }
-                };
-                let samples = if side == 0 {
-                    &mut tc.baseline
-                } else {
-                    &mut tc.compare
-                };
-                if let Some(r) = s.row("elapsed") {
-                    samples.elapsed_ns.push(r.total);
-                    samples.ns_per_call.extend(r.per_iteration);
-                }
-                if let Some(r) = s.row("cr3_writes") {
-                    samples.cr3_writes_per_call.extend(r.per_iteration);
-                }
-            }
-        }
-        counts.push(tc);
+            baseline,
+            compare,
+        });
     }
     print!("{}", render(&base.label, &comp.label, &counts));
     if let Some(f) = &json_file {
         let environment = Environment::collect(
-            match args.target.backend {
-                Backend::Kvm => "kvm",
-                Backend::Qemu => "qemu",
-            },
+            backend.name(),
             guest_image(&base.config.kernel),
             [
                 ("baseline".to_owned(), vec![base.label.clone()]),
@@ -213,12 +212,9 @@ pub fn run(args: &CompareArgs) -> i32 {
             "environment": environment,
         });
         let text = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into());
-        if let Err(e) = f.write_document(&text) {
-            eprintln!("ptiscope compare: {e}");
-            return exit_code::CANT_CREATE;
-        }
+        return Ok(write_file("compare", f, &text));
     }
-    0
+    Ok(0)
 }
 
 /// The mmtests-style table: Min/Amean/Max of the elapsed seconds per

@@ -4,7 +4,7 @@
 use std::os::fd::AsFd;
 
 use crate::cli::exit_code::{self, ExitCode as _};
-use crate::cli::{Backend, RunArgs};
+use crate::cli::RunArgs;
 use crate::machine::RunOutcome;
 use crate::observe::live_metrics::LiveMetricsConfig;
 use crate::observe::measure::Measurer;
@@ -19,12 +19,9 @@ pub fn run(args: &RunArgs) -> i32 {
         eprintln!("ptiscope: error: {why}");
         return exit_code::USAGE;
     }
+    let backend = args.on.backend();
     let config = args.to_config(args.arch().embedded_image());
-    let target = match args.backend {
-        Backend::Kvm => crate::Target::Kvm,
-        Backend::Qemu => crate::Target::QemuTcg,
-    };
-    let mut resolved = match crate::preflight(&config, target) {
+    let mut resolved = match crate::preflight(&config, backend.target()) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("ptiscope: error: {e}");
@@ -67,9 +64,6 @@ pub fn run(args: &RunArgs) -> i32 {
     if let Some(f) = serial {
         resolved.config.serial_out = crate::SerialOut::Opened(std::sync::Arc::new(f));
     }
-    if args.backend == Backend::Qemu {
-        return run_qemu(&resolved, json.as_ref());
-    }
     let mut measurer = Measurer::new();
     if let (Some(ms), Some(file)) = (args.metrics_interval, metrics) {
         let queue = match &file {
@@ -91,12 +85,24 @@ pub fn run(args: &RunArgs) -> i32 {
             format: args.metrics_format,
         });
     }
-    match crate::run(&resolved, &mut measurer) {
-        Ok(outcome) => {
+    let ran = match backend.run_observed(&resolved, measurer) {
+        Ok(ran) => ran,
+        Err(e) => {
+            eprintln!("ptiscope: error: {e}");
+            return e.exit_code();
+        }
+    };
+    // What a run reports follows what observed it: the host (KVM's exits
+    // and statistics, the telemetry page), or only the guest's console.
+    let (outcome, observer) = ran.into_parts();
+    match observer {
+        None => run_console(backend.name(), &resolved, outcome, json.as_ref()),
+        Some(measurer) => {
             print_summary(&outcome);
             let mut summary =
                 measurer.summary(&outcome, crate::cli::compare::config_words(&outcome));
-            summary.environment = Some(environment("kvm", &config, "run", &summary.config));
+            summary.environment =
+                Some(environment(backend.name(), &config, "run", &summary.config));
             if !resolved
                 .guest
                 .workload
@@ -116,10 +122,6 @@ pub fn run(args: &RunArgs) -> i32 {
                 .cloned()
                 .collect();
             report(&mut summary, &outputs, json.as_ref(), outcome.exit_code())
-        }
-        Err(e) => {
-            eprintln!("ptiscope: error: {e}");
-            e.exit_code()
         }
     }
 }
@@ -162,61 +164,59 @@ fn report(
     exit
 }
 
-/// `run --backend qemu`: the guest under QEMU TCG, reported from its console.
-fn run_qemu(resolved: &crate::ResolvedRun, json: Option<&OutputFile>) -> i32 {
-    match crate::backend::qemu::run_resolved(resolved) {
-        Ok(outcome) => {
-            eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
-            let who = if resolved.config.qemu_plugin {
-                "[qemu-plugin] figures are host-observed (ptiscope's TCG plugin), the others guest-reported"
-            } else {
-                "every figure below is guest-reported (--no-plugin)"
-            };
-            eprintln!(
-                "  time: run {:.1} ms; entry={}; {who}",
-                outcome.run_time.as_secs_f64() * 1e3,
-                outcome.entry.map_or("-", |e| e.name()),
-            );
-            for f in outcome.faults() {
-                eprintln!("  guest reported: {}", escape_str(f));
-            }
-            let mut summary = match &resolved.linux {
-                Some(l) => crate::linux::summary(
-                    &outcome,
-                    l,
-                    crate::linux::host_observation(&outcome, l).as_ref(),
-                ),
-                None => crate::report::summary_from_result(
-                    &outcome,
-                    crate::cli::compare::config_words(&outcome),
-                ),
-            };
-            summary.environment = Some(environment(
-                "qemu",
-                &resolved.config,
-                "run",
-                &summary.config,
-            ));
-            let mut exit = outcome.exit_code();
-            // A Linux run's end in words: a panic, a kernel that never
-            // reached the init, an init that did not finish, PTI not as asked.
-            if let Some((code, msg)) = resolved.linux.as_ref().and_then(|l| {
-                crate::cli::linux::diagnose(
-                    &outcome,
-                    l,
-                    crate::linux::host_observation(&outcome, l).as_ref(),
-                )
-            }) {
-                eprintln!("ptiscope: error: {msg}");
-                exit = code;
-            }
-            report(&mut summary, &outcome.outputs, json, exit)
-        }
-        Err(e) => {
-            eprintln!("ptiscope: error: {e}");
-            e.exit_code()
-        }
+/// A run no host-side observer watched (`--backend qemu`: QEMU TCG),
+/// reported from the guest's console and the TCG plugin's counts.
+fn run_console(
+    backend: &str,
+    resolved: &crate::ResolvedRun,
+    outcome: RunOutcome,
+    json: Option<&OutputFile>,
+) -> i32 {
+    eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
+    let who = if resolved.config.qemu_plugin {
+        "[qemu-plugin] figures are host-observed (ptiscope's TCG plugin), the others guest-reported"
+    } else {
+        "every figure below is guest-reported (--no-plugin)"
+    };
+    eprintln!(
+        "  time: run {:.1} ms; entry={}; {who}",
+        outcome.run_time.as_secs_f64() * 1e3,
+        outcome.entry.map_or("-", |e| e.name()),
+    );
+    for f in outcome.faults() {
+        eprintln!("  guest reported: {}", escape_str(f));
     }
+    let mut summary = match &resolved.linux {
+        Some(l) => crate::linux::summary(
+            &outcome,
+            l,
+            crate::linux::host_observation(&outcome, l).as_ref(),
+        ),
+        None => crate::report::summary_from_result(
+            &outcome,
+            crate::cli::compare::config_words(&outcome),
+        ),
+    };
+    summary.environment = Some(environment(
+        backend,
+        &resolved.config,
+        "run",
+        &summary.config,
+    ));
+    let mut exit = outcome.exit_code();
+    // A Linux run's end in words: a panic, a kernel that never
+    // reached the init, an init that did not finish, PTI not as asked.
+    if let Some((code, msg)) = resolved.linux.as_ref().and_then(|l| {
+        crate::cli::linux::diagnose(
+            &outcome,
+            l,
+            crate::linux::host_observation(&outcome, l).as_ref(),
+        )
+    }) {
+        eprintln!("ptiscope: error: {msg}");
+        exit = code;
+    }
+    report(&mut summary, &outcome.outputs, json, exit)
 }
 
 /// The report's `environment` block for a run (docs/report-json.md).

@@ -118,16 +118,8 @@ impl Against {
         );
         for t in &self.sides {
             // As in the main table: metrics zero in every run stay in the JSON only.
-            let mut shown = t.clone();
-            shown.metrics.retain(|m| {
-                m.baseline
-                    .samples
-                    .iter()
-                    .chain(&m.compare.samples)
-                    .any(|&v| v != 0.0)
-            });
             out.push('\n');
-            out.push_str(&shown.render_confidence());
+            out.push_str(&super::nonzero_metrics(t).render_confidence());
         }
         out.push('\n');
         if self.environment_missing {

@@ -4,10 +4,14 @@
 use std::io::IsTerminal;
 
 use crate::cli::compare::side::rates;
-use crate::cli::Backend;
 use crate::report::RunSummary;
 
-pub(super) fn progress(total: u64, quiet: bool) -> indicatif::ProgressBar {
+pub use crate::experiment::RunsStop;
+
+/// A progress bar over `total` runs, drawn on a terminal unless `quiet`:
+/// at once with `now`, else hidden until the caller shows it (shared with
+/// `sweep`).
+pub(crate) fn progress(total: u64, quiet: bool, now: bool) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::with_draw_target(
         Some(total),
         indicatif::ProgressDrawTarget::hidden(),
@@ -18,23 +22,11 @@ pub(super) fn progress(total: u64, quiet: bool) -> indicatif::ProgressBar {
         ) {
             bar.set_style(style);
         }
+        if now {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
     }
     bar
-}
-
-/// How `--runs` ends.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunsStop {
-    /// `--runs N`: N runs per side.
-    Fixed,
-    /// `--runs auto`: the CI half-width reached the target on both sides.
-    TargetReached,
-    /// `--runs auto`: `--max-runs` reached first.
-    MaxRuns,
-    /// A signal or a failed run stopped the compare: the complete pairs
-    /// before it are reported, marked partial.
-    Partial,
 }
 
 /// What `--runs` did, for the text and the JSON (`runs`).
@@ -91,15 +83,6 @@ impl RunsReport {
                 self.per_side
             ),
         }
-    }
-}
-
-/// The time metric `--runs auto` watches: the host clock under KVM, the
-/// guest's RDTSC under QEMU (the only time figure there).
-pub(super) fn main_time_metric(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Kvm => "ns_per_call",
-        Backend::Qemu => "cycles_per_call",
     }
 }
 

@@ -2,15 +2,15 @@
 //! into a run configuration, settled by preflight, run and measured; and
 //! the compare table built from both sides' runs.
 
+use crate::backend::Backend;
 use crate::cli::exit_code::ExitCode;
-use crate::cli::{Backend, ExperimentOpts, TargetOpts};
+use crate::cli::{ExperimentOpts, TargetOpts};
 use crate::machine::loader::KernelSource;
 use crate::machine::RunOutcome;
-use crate::observe::measure::Measurer;
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
-use crate::preflight::{ResolvedRun, RunConfig, SerialOut, Target};
+use crate::preflight::{ResolvedRun, RunConfig, SerialOut};
 use crate::report::environment::GuestImage;
-use crate::report::{rate_name, summary_from_result};
+use crate::report::rate_name;
 use crate::report::{CompareTable, Metric, RunSummary};
 use ptiscope_devices::escape_str;
 
@@ -30,16 +30,6 @@ pub struct Side {
     pub label: String,
     /// The run every run of this side boots.
     pub run: ResolvedRun,
-}
-
-impl Backend {
-    /// Where preflight settles a run for this backend.
-    pub fn target(self) -> Target {
-        match self {
-            Backend::Kvm => Target::Kvm,
-            Backend::Qemu => Target::QemuTcg,
-        }
-    }
 }
 
 /// Errors in `--baseline`/`--compare` options.
@@ -113,9 +103,9 @@ pub fn parse_side(
     c.handle_signals = true;
     c.guest.workload = Some(exp.workload);
     c.guest.iterations = Some(exp.iterations);
-    c.qemu_args = target.qemu_arg.clone();
+    c.qemu_args = target.on.qemu_arg.clone();
     c.guest_kind = target.linux.guest_kind(target.arch);
-    c.qemu_plugin = !target.no_plugin;
+    c.qemu_plugin = !target.on.no_plugin;
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let Some((k, v)) = word.split_once('=') else {
             return Err(SideError::NotKeyValue {
@@ -189,58 +179,47 @@ pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
 
 pub use crate::cli::measured_error::MeasuredRunError;
 
-/// One measured run.
+/// One measured run on `backend`, of either guest kind: a Linux guest's
+/// summary is its own (`linux::summary`), the companion's the backend's.
 pub fn run_measured(
     resolved: &ResolvedRun,
-    backend: Backend,
+    backend: &dyn Backend,
 ) -> Result<(RunOutcome, RunSummary), MeasuredRunError> {
-    let mut m = Measurer::new();
-    let run = match backend {
-        Backend::Kvm => crate::machine::run(resolved, &mut m).map_err(MeasuredRunError::from),
-        Backend::Qemu => {
-            crate::backend::qemu::run_resolved(resolved).map_err(MeasuredRunError::from)
+    let ran = backend.run(resolved)?;
+    if let Some(l) = &resolved.linux {
+        let o = ran.outcome;
+        let host = crate::linux::host_observation(&o, l);
+        if let Some((code, message)) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
+            return Err(MeasuredRunError::Linux { code, message });
         }
-    };
-    match run {
-        Ok(o) => {
-            if let Some(l) = &resolved.linux {
-                let host = crate::linux::host_observation(&o, l);
-                if let Some((code, message)) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
-                    return Err(MeasuredRunError::Linux { code, message });
-                }
-                let s = crate::linux::summary(&o, l, host.as_ref());
-                return Ok((o, s));
-            }
-            let s = match backend {
-                Backend::Kvm => m.summary(&o, config_words(&o)),
-                Backend::Qemu => summary_from_result(&o, config_words(&o)),
-            };
-            if o.exit_code() == 0 && s.phase.is_none() {
-                return Err(MeasuredRunError::NoPhase {
-                    workload: resolved.guest.workload.map_or("-", Workload::name),
-                });
-            }
-            if o.exit_code() != 0 {
-                // Guest text: escaped before it reaches the terminal.
-                let mut msg = o.stop_description();
-                for f in o.faults() {
-                    msg.push_str(&format!("\n  guest reported: {}", escape_str(f)));
-                }
-                if !o.console_tail.is_empty() {
-                    msg.push_str("\n  last console lines:");
-                    for l in &o.console_tail {
-                        msg.push_str(&format!("\n    | {}", escape_str(l)));
-                    }
-                }
-                return Err(MeasuredRunError::GuestFailed {
-                    stop: Box::new(o.stop),
-                    report: msg,
-                });
-            }
-            Ok((o, s))
-        }
-        Err(e) => Err(e),
+        let s = crate::linux::summary(&o, l, host.as_ref());
+        return Ok((o, s));
     }
+    let s = ran.summary(config_words(&ran.outcome));
+    let o = ran.outcome;
+    if o.exit_code() == 0 && s.phase.is_none() {
+        return Err(MeasuredRunError::NoPhase {
+            workload: resolved.guest.workload.map_or("-", Workload::name),
+        });
+    }
+    if o.exit_code() != 0 {
+        // Guest text: escaped before it reaches the terminal.
+        let mut msg = o.stop_description();
+        for f in o.faults() {
+            msg.push_str(&format!("\n  guest reported: {}", escape_str(f)));
+        }
+        if !o.console_tail.is_empty() {
+            msg.push_str("\n  last console lines:");
+            for l in &o.console_tail {
+                msg.push_str(&format!("\n    | {}", escape_str(l)));
+            }
+        }
+        return Err(MeasuredRunError::GuestFailed {
+            stop: Box::new(o.stop),
+            report: msg,
+        });
+    }
+    Ok((o, s))
 }
 
 /// Per-call rates of a run: `(metric, value)` for every row with one.

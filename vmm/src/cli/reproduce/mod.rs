@@ -10,6 +10,9 @@
 //! the same unit (per call or per message), and each row's overhead is
 //! against its own baseline row, as the seed reported it.
 
+mod seeds;
+
+use seeds::cells;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -72,6 +75,24 @@ enum Guest {
 }
 
 impl Guest {
+    /// The 64-bit guests (the seeds that were measured on x86_64 only).
+    fn is_x86_64(self) -> bool {
+        !matches!(
+            self,
+            Guest::Linux("debian-686-pae") | Guest::Companion(Arch::I386)
+        )
+    }
+
+    /// Calls per run: `linux` under a Linux kernel (QEMU TCG, slow), else
+    /// `companion`.
+    fn calls(self, linux: u64, companion: u64) -> u64 {
+        if matches!(self, Guest::Linux(_)) {
+            linux
+        } else {
+            companion
+        }
+    }
+
     fn name(self) -> String {
         match self {
             Guest::Companion(Arch::X86_64) => "ptiscope guest (x86_64)".into(),
@@ -117,226 +138,6 @@ type Rate = (String, String, f64);
 
 const ROEDEL_MESSAGES: f64 = 20.0 * 400.0 * 100.0;
 
-/// The cells of a seed, for the guests asked.
-fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
-    let mut v: Vec<Cell> = Vec::new();
-    let mut push = |c: Cell| {
-        v.push(c);
-        v.len() - 1
-    };
-    let title;
-    match seed {
-        Seed::Roedel2018 => {
-            title = "Roedel 2018: perf bench sched messaging -g 20 (published: seconds, shown as ns per \
-                     message of its 800,000) against sched-messaging groups=1 loops=10 (4,000 messages) here"
-                .to_string();
-            // (kernel label, published processes, threads) per PTI state.
-            let published = [
-                ("32-bit PAE", [(0.28, 0.27), (0.44, 0.42)]),
-                ("64-bit", [(0.24, 0.25), (0.30, 0.31)]),
-            ];
-            for &g in guests {
-                for (bits, figures) in published {
-                    let matches = matches!(
-                        (g, bits),
-                        (Guest::Companion(Arch::I386), "32-bit PAE")
-                            | (Guest::Linux("debian-686-pae"), "32-bit PAE")
-                            | (Guest::Companion(Arch::X86_64), "64-bit")
-                            | (Guest::Linux("debian-amd64"), "64-bit")
-                    );
-                    if !matches {
-                        continue;
-                    }
-                    for (mode, col, column) in
-                        [("process", 0usize, "processes"), ("thread", 1, "threads")]
-                    {
-                        let mut base = None;
-                        for (pti, fig) in [("off", figures[0]), ("on", figures[1])] {
-                            let secs = if col == 0 { fig.0 } else { fig.1 };
-                            let i = push(Cell {
-                                guest: g,
-                                row: format!(
-                                    "{bits}, {}",
-                                    if pti == "on" { "PTI" } else { "no PTI" }
-                                ),
-                                column: column.into(),
-                                opts: Ok(format!(
-                                    "pti={pti},cmdline=groups=1 loops=10 mode={mode}"
-                                )),
-                                workload: Workload::SchedMessaging,
-                                iterations: 1,
-                                cpus: 1,
-                                published: Some(secs / ROEDEL_MESSAGES * 1e9),
-                                published_text: format!("{secs:.2} s"),
-                                baseline: base,
-                            });
-                            base = Some(i);
-                        }
-                    }
-                }
-            }
-        }
-        Seed::Tarreau2018 => {
-            title = "Tarreau 2018: 3 million getppid() (published: ms, shown as ns per call) against \
-                     getppid loops here (300,000 calls on the companion guest, 20,000 under Linux/TCG)"
-                .to_string();
-            for &g in guests {
-                let linux = matches!(g, Guest::Linux(_));
-                if g == Guest::Linux("debian-686-pae") || g == Guest::Companion(Arch::I386) {
-                    continue;
-                }
-                let iterations = if linux { 20_000 } else { 300_000 };
-                let rows: [(&str, Result<&str, &'static str>, Workload, f64); 3] = [
-                    ("PTI off at boot", Ok("pti=off"), Workload::Getppid, 215.0),
-                    (
-                        "PTI off for the process",
-                        if linux {
-                            Err("Linux has no per-process PTI opt-out (the 2018 prctl was not merged)")
-                        } else {
-                            Ok("pti=on,workload=nopti-getpid")
-                        },
-                        Workload::Getppid,
-                        230.0,
-                    ),
-                    ("PTI on", Ok("pti=on"), Workload::Getppid, 920.0),
-                ];
-                let mut base = None;
-                for (row, opts, workload, ms) in rows {
-                    let i = push(Cell {
-                        guest: g,
-                        row: row.into(),
-                        column: "getppid".into(),
-                        opts: opts.map(String::from),
-                        workload,
-                        iterations,
-                        cpus: 1,
-                        published: Some(ms * 1e6 / 3e6),
-                        published_text: format!("{ms:.0} ms"),
-                        baseline: base,
-                    });
-                    if base.is_none() {
-                        base = Some(i);
-                    }
-                }
-            }
-        }
-        Seed::Chartre2020 => {
-            title = "Chartre 2020: mmtests poundsyscall, T threads of getppid, pti vs nopti (published: \
-                     the overhead only, ~+150 % at 2-4 threads) against poundsyscall on 2 vCPUs here"
-                .to_string();
-            for &g in guests {
-                if g == Guest::Linux("debian-686-pae") || g == Guest::Companion(Arch::I386) {
-                    continue;
-                }
-                let iterations = if matches!(g, Guest::Linux(_)) {
-                    5_000
-                } else {
-                    100_000
-                };
-                for threads in [2u32, 4] {
-                    let mut base = None;
-                    for pti in ["off", "on"] {
-                        let i = push(Cell {
-                            guest: g,
-                            row: format!("{threads} threads, pti={pti}"),
-                            column: "poundsyscall".into(),
-                            opts: Ok(format!("pti={pti},cmdline=threads={threads}")),
-                            workload: Workload::Poundsyscall,
-                            iterations,
-                            cpus: 2,
-                            published: None,
-                            published_text: if pti == "on" {
-                                "~+150 %".into()
-                            } else {
-                                "baseline".into()
-                            },
-                            baseline: base,
-                        });
-                        base = Some(i);
-                    }
-                }
-            }
-        }
-        Seed::Petkov2015 => {
-            title = "Petkov 2015: cycles per getpid by raw SYSCALL (published: ~396.5 cycles, before \
-                     PTI existed) against getpid loops here; under TCG the TSC is QEMU's, not cycles"
-                .to_string();
-            for &g in guests {
-                if g == Guest::Linux("debian-686-pae") || g == Guest::Companion(Arch::I386) {
-                    continue;
-                }
-                let iterations = if matches!(g, Guest::Linux(_)) {
-                    20_000
-                } else {
-                    300_000
-                };
-                let base = push(Cell {
-                    guest: g,
-                    row: "getpid, pti=off".into(),
-                    column: "cycles".into(),
-                    opts: Ok("pti=off".into()),
-                    workload: Workload::Getpid,
-                    iterations,
-                    cpus: 1,
-                    published: Some(396.5),
-                    published_text: "396.5 cycles".into(),
-                    baseline: None,
-                });
-                push(Cell {
-                    guest: g,
-                    row: "getpid, pti=on".into(),
-                    column: "cycles".into(),
-                    opts: Ok("pti=on".into()),
-                    workload: Workload::Getpid,
-                    iterations,
-                    cpus: 1,
-                    published: None,
-                    published_text: "(no PTI in 2015)".into(),
-                    baseline: Some(base),
-                });
-            }
-        }
-        Seed::Gregg2018 => {
-            title = "Gregg 2018: KPTI overhead against working set (published: a figure, overhead \
-                     growing with the working set read between calls) against getppid with wss= here"
-                .to_string();
-            for &g in guests {
-                if g == Guest::Linux("debian-686-pae") || g == Guest::Companion(Arch::I386) {
-                    continue;
-                }
-                let iterations = if matches!(g, Guest::Linux(_)) {
-                    5_000
-                } else {
-                    100_000
-                };
-                for wss in ["0", "64K", "1M"] {
-                    let mut base = None;
-                    for pti in ["off", "on"] {
-                        let i = push(Cell {
-                            guest: g,
-                            row: format!("wss={wss}, pti={pti}"),
-                            column: "getppid".into(),
-                            opts: Ok(if wss == "0" {
-                                format!("pti={pti}")
-                            } else {
-                                format!("pti={pti},cmdline=wss={wss} stride=64")
-                            }),
-                            workload: Workload::Getppid,
-                            iterations,
-                            cpus: 1,
-                            published: None,
-                            published_text: "(figure)".into(),
-                            baseline: base,
-                        });
-                        base = Some(i);
-                    }
-                }
-            }
-        }
-    }
-    (title, v)
-}
-
 /// compare's arguments for a cell, through compare's own parser (its
 /// defaults, its checks).
 fn compare_args(cell: &Cell, backend: Backend, timeout: u64) -> Result<CompareArgs, String> {
@@ -344,13 +145,7 @@ fn compare_args(cell: &Cell, backend: Backend, timeout: u64) -> Result<CompareAr
         .iter()
         .map(|s| s.to_string())
         .collect();
-    argv.push(
-        match backend {
-            Backend::Kvm => "kvm",
-            Backend::Qemu => "qemu",
-        }
-        .into(),
-    );
+    argv.extend(clap::ValueEnum::to_possible_value(&backend).map(|v| v.get_name().to_owned()));
     argv.extend([
         "--workload".into(),
         cell.workload.to_string(),
@@ -388,19 +183,17 @@ fn measure_on(
     let args = compare_args(cell, backend, timeout).map_err(|e| (exit_code::USAGE, e))?;
     let spec = parse_side(opts, &args.exp, &args.target, args.arch().embedded_image())
         .map_err(|e| (exit_code::USAGE, e.to_string()))?;
+    let backend = args.target.on.backend();
     let resolved =
         preflight(&spec.config, backend.target()).map_err(|e| (e.exit_code(), e.to_string()))?;
     let (_, summary) =
-        run_measured(&resolved, backend).map_err(|e| (e.exit_code(), e.to_string()))?;
+        run_measured(&resolved, &*backend).map_err(|e| (e.exit_code(), e.to_string()))?;
     Ok((
         rates(&summary)
             .into_iter()
             .map(|(m, v)| (m.name, m.source.key().to_string(), v))
             .collect(),
-        match backend {
-            Backend::Kvm => "kvm",
-            Backend::Qemu => "qemu",
-        },
+        backend.name(),
     ))
 }
 
@@ -420,16 +213,16 @@ fn measure(cell: &Cell, runs: u32, timeout: u64) -> Measured {
     let mut samples: Vec<Vec<Rate>> = Vec::new();
     let mut backend = "";
     for _ in 0..runs {
-        let first = match cell.guest {
-            Guest::Linux(_) => Backend::Qemu,
-            Guest::Companion(_) => Backend::Kvm,
-        };
-        let r = match measure_on(cell, &opts, first, timeout) {
-            Err((_, msg)) if first == Backend::Kvm && preflight_refusal(&msg) => {
-                measure_on(cell, &opts, Backend::Qemu, timeout)
+        let tries = Backend::preference(matches!(cell.guest, Guest::Linux(_)));
+        let mut r = Err((exit_code::INTERNAL, "no backend to measure on".to_owned()));
+        for (i, &b) in tries.iter().enumerate() {
+            r = measure_on(cell, &opts, b, timeout);
+            // The next backend only where this host's KVM refuses the guest.
+            match &r {
+                Err((_, msg)) if i + 1 < tries.len() && preflight_refusal(msg) => {}
+                _ => break,
             }
-            r => r,
-        };
+        }
         match r {
             Ok((rates, b)) => {
                 samples.push(rates);

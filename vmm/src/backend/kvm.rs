@@ -1,0 +1,103 @@
+//! Our VMM on this host's KVM behind the [`Backend`] trait: the run is
+//! `machine::run`, observed from the host by a [`Measurer`].
+
+use super::{Backend, BackendError, Ran, Requested, TimeMetric};
+use crate::observe::measure::Measurer;
+use crate::preflight::host;
+use crate::spec::{ResolvedRun, Target};
+
+/// Our VMM on this host's KVM, observed from the host (exits, KVM
+/// statistics, the guest's telemetry page).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Kvm;
+
+impl Backend for Kvm {
+    fn name(&self) -> &'static str {
+        "kvm"
+    }
+
+    fn target(&self) -> Target {
+        Target::Kvm
+    }
+
+    fn run_observed(&self, resolved: &ResolvedRun, mut m: Measurer) -> Result<Ran, BackendError> {
+        let outcome = crate::machine::run(resolved, &mut m)?;
+        Ok(Ran {
+            outcome,
+            observer: Some(m),
+        })
+    }
+
+    fn time(&self) -> TimeMetric {
+        TimeMetric {
+            metric: "ns_per_call",
+            unit: "ns",
+            source: "host-clock",
+        }
+    }
+
+    fn refuse(&self, asked: &Requested) -> Option<String> {
+        if asked.no_irqchip && asked.cpus > 1 {
+            return Some(
+                "--cpus above 1 needs the in-kernel irqchip (the guest starts its other CPUs \
+                 by INIT/SIPI through the LAPIC): drop --no-irqchip"
+                    .into(),
+            );
+        }
+        if !asked.qemu_args.is_empty() {
+            return Some("--qemu-arg needs --backend qemu".into());
+        }
+        if asked.no_plugin {
+            return Some("--no-plugin needs --backend qemu".into());
+        }
+        None
+    }
+
+    fn describe(&self, run: &ResolvedRun) -> (Option<&'static str>, String) {
+        use crate::preflight::cmdline::EntryChoice;
+        let entry = match (run.config.guest.entry, run.guest.entry) {
+            (_, None) => "none (the workload runs no user code)".to_string(),
+            (EntryChoice::Auto, Some(e)) => {
+                let how = if run.entry_guessed {
+                    "guessed from the KVM module: the probe could not run"
+                } else {
+                    "from the probe"
+                };
+                format!("{e} (entry=auto, {how})")
+            }
+            (EntryChoice::Fixed(_), Some(e)) => e.to_string(),
+        };
+        (
+            Some(host::kvm_flavour().describe()),
+            format!("; entry {entry}"),
+        )
+    }
+
+    fn sweep_line(&self) -> (&'static str, String) {
+        ("KVM", host::kvm_flavour().describe().to_owned())
+    }
+
+    fn no_cross_checks(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn blind_spot(&self) -> Option<&'static str> {
+        (!host::kvm_flavour().sees_cr3_writes()).then_some(
+            "with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only",
+        )
+    }
+
+    fn omits_pcid(&self) -> Option<String> {
+        match host::pcid_usable() {
+            Some((true, _)) => None,
+            Some((false, detail)) => Some(format!(
+                "this host's vCPU has no usable PCID (probe: {detail})"
+            )),
+            None => Some("the PCID probe could not run".into()),
+        }
+    }
+
+    fn refill_unprobed(&self) -> Option<&'static str> {
+        None
+    }
+}

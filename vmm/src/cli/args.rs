@@ -1,0 +1,341 @@
+//! The options of the experiment commands (`compare`, `sweep` and
+//! poundsyscall's table share `ExperimentOpts` and `TargetOpts`), `--linux`,
+//! the guest flavour, and `--backend` with the one place its value becomes
+//! a [`crate::backend::Backend`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{parse_cpus, parse_mem, parse_timeout, RunArgs};
+use crate::machine::memory::DEFAULT_MEM_MIB;
+use crate::preflight::cmdline::Workload;
+
+/// Default iterations of one compare run: sized so that the default compare
+/// (5 runs per side, interleaved) takes about 10 s under kvm_pvm, where one
+/// getpid round trip costs 30-45 µs (kernel code is emulated).
+pub const DEFAULT_COMPARE_ITERATIONS: u64 = 20_000;
+/// Default runs per side.
+pub const DEFAULT_COMPARE_RUNS: u32 = 5;
+pub use crate::experiment::MIN_AUTO_RUNS;
+/// `--runs auto`: default `--max-runs`.
+pub const DEFAULT_MAX_RUNS: u32 = 20;
+/// `--runs auto`: default `--target-ci`, in % of the mean.
+pub const DEFAULT_TARGET_CI_PCT: f64 = 1.0;
+
+/// `--runs`: a fixed count per side, or until the confidence interval is narrow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    /// Exactly this many runs per side.
+    Fixed(u32),
+    /// Interleaved pairs until `--target-ci` or `--max-runs`.
+    Auto,
+}
+
+/// `--runs`: `auto` or a count in 1..=1000.
+pub fn parse_runs(s: &str) -> Result<Runs, String> {
+    let s = s.trim();
+    if s == "auto" {
+        return Ok(Runs::Auto);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if (1..=1000).contains(&n) => Ok(Runs::Fixed(n)),
+        _ => Err(format!(
+            "{s:?}: give a number of runs per side in 1..=1000, or `auto`"
+        )),
+    }
+}
+
+/// `--target-ci`: a percentage in (0, 100].
+pub fn parse_target_ci(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?}: give the confidence interval's half-width in % of the mean, in (0, 100]"
+        )),
+    }
+}
+
+/// A clap value parser for an option typed in the guest ABI: the accepted
+/// values (and `--help`'s list) are its names, parsed by its `FromStr`.
+pub fn abi_option<T>(
+    names: impl IntoIterator<Item = &'static str>,
+) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(names).try_map(|s| s.parse::<T>())
+}
+
+/// Options of `ptiscope compare` (and of the default comparison).
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Baseline configuration: comma-separated key=value options.
+    #[arg(long, value_name = "OPTS", default_value = "pti=off")]
+    pub baseline: String,
+    /// Compare configuration: comma-separated key=value options.
+    #[arg(long, value_name = "OPTS", default_value = "pti=on")]
+    pub compare: String,
+    /// Runs per configuration (baseline and compare runs are interleaved), or
+    /// `auto`: add run pairs until the main time metric's 95 % confidence
+    /// interval is within --target-ci of its mean on both sides, or
+    /// --max-runs is reached.
+    #[arg(long, value_name = "R|auto", default_value = "5", value_parser = parse_runs, allow_negative_numbers = true)]
+    pub runs: Runs,
+    /// With `--runs auto`: the most runs per side (default 20).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(MIN_AUTO_RUNS as i64..=1000))]
+    pub max_runs: Option<u32>,
+    /// With `--runs auto`: the target half-width of the 95 % confidence
+    /// interval of the main time metric's mean, in % of the mean (default 1).
+    #[arg(long, value_name = "PCT", value_parser = parse_target_ci)]
+    pub target_ci: Option<f64>,
+    /// Run K interleaved pairs first and discard them (warm-up).
+    #[arg(long, value_name = "K", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub warmup: u32,
+    /// Also compare this run with an earlier `compare --json` result (each
+    /// side with the earlier run's same side) and warn when the environments differ.
+    #[arg(long, value_name = "FILE.json")]
+    pub against: Option<PathBuf>,
+    /// What every run runs (shared with `sweep`).
+    #[command(flatten)]
+    pub exp: ExperimentOpts,
+    /// The result's files (shared with `sweep`).
+    #[command(flatten)]
+    pub out: OutputOpts,
+    /// Fail (exit 1) when this condition holds; repeatable.
+    #[arg(long = "fail-if", value_name = "COND")]
+    pub fail_if: Vec<String>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Also print the full mmtests compare-kernels table (Min, Amean,
+    /// Stddev, CoeffVar, Max, BAmean; negative % = worse) and the duration
+    /// table; --json and --csv always have every statistic.
+    #[arg(long)]
+    pub mmtests: bool,
+    /// Where the runs run (shared with `sweep`).
+    #[command(flatten)]
+    pub target: TargetOpts,
+}
+
+/// The files an experiment's result is written to (`compare`'s help text;
+/// `sweep` sets its own with `mut_arg`).
+#[derive(Debug, Clone, Args)]
+pub struct OutputOpts {
+    /// Write the comparison as JSON (schema ptiscope.compare/1, with the environment).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the comparison as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write the comparison as an SVG picture (compare relative to baseline, every run a dot).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+}
+
+impl OutputOpts {
+    /// `--json`, `--csv` and `--svg`, opened (created, checked writable, a
+    /// FIFO's reader waited for up to `timeout`) before the first boot: a
+    /// typo in a path must not cost a whole experiment.
+    pub fn open(
+        &self,
+        timeout: Duration,
+    ) -> Result<[Option<crate::output::OutputFile>; 3], crate::output::OpenError> {
+        crate::output::open_outputs(
+            [
+                ("--json", self.json.as_deref()),
+                ("--csv", self.csv.as_deref()),
+                ("--svg", self.svg.as_deref()),
+            ],
+            timeout,
+        )
+    }
+}
+
+/// The options of an experiment's runs that `compare` and `sweep` share
+/// (`compare`'s help text; `sweep` sets its own with `mut_arg`).
+#[derive(Debug, Clone, Args)]
+pub struct ExperimentOpts {
+    /// Workload for both sides (an OPTS `workload=` overrides it).
+    #[arg(long, value_name = "NAME", default_value = "getpid", value_parser = abi_option::<Workload>(Workload::NAMES.iter().copied()))]
+    pub workload: Workload,
+    /// Iterations per run for both sides (an OPTS `iterations=` overrides it).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_COMPARE_ITERATIONS, allow_negative_numbers = true)]
+    pub iterations: u64,
+    /// vCPUs of every run (1..=8); e.g. `--workload poundsyscall --cpus 2
+    /// --cmdline threads=2` (compare's `cmdline=` option passes threads=).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
+    pub cpus: u32,
+    /// Boot this PVH ELF64 kernel instead of the embedded guest.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Guest memory in MiB (16..=1024).
+    #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
+    pub mem: u64,
+    /// Stop a run after this many seconds.
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout, allow_negative_numbers = true)]
+    pub timeout: Duration,
+}
+
+/// Where an experiment's runs run: the guest and the backend (shared by
+/// `compare` and `sweep`, with `compare`'s help text).
+#[derive(Debug, Clone, Args)]
+pub struct TargetOpts {
+    /// Which embedded guest to compare (default x86_64; with `--kernel` the
+    /// image decides; with `--linux` it must match the image).
+    #[arg(long, value_enum, conflicts_with = "kernel")]
+    pub arch: Option<Arch>,
+    /// A Linux kernel as the guest.
+    #[command(flatten)]
+    pub linux: LinuxArgs,
+    /// The backend and its options.
+    #[command(flatten)]
+    pub on: BackendOpts,
+}
+
+/// `--backend` and the QEMU backend's options (shared by every command that
+/// boots a guest, with `compare`'s help text; `run` sets its own).
+#[derive(Debug, Clone, Args)]
+pub struct BackendOpts {
+    /// Where to run the guests: our VMM on KVM, or QEMU TCG (guest-reported figures only).
+    #[arg(long, value_enum, default_value = "kvm")]
+    pub backend: Backend,
+    /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
+    /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
+    /// TSC count instructions, so cycles per call become instructions per call.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
+    /// `[qemu-plugin]` rows; every figure is then guest-reported).
+    #[arg(long)]
+    pub no_plugin: bool,
+}
+
+impl BackendOpts {
+    /// `--backend` (with `--no-plugin`), the backend the runs run on.
+    pub fn backend(&self) -> Box<dyn crate::backend::Backend> {
+        self.backend.with_plugin(!self.no_plugin)
+    }
+
+    /// What the experiment commands ask of the backend (`--qemu-arg`; they
+    /// take `--no-plugin` as the QEMU backend's setting).
+    pub fn requested(&self) -> crate::backend::Requested<'_> {
+        crate::backend::Requested {
+            qemu_args: &self.qemu_arg,
+            ..Default::default()
+        }
+    }
+}
+
+/// `--linux` and `--append`: a real Linux kernel as the guest, with
+/// ptiscope's init (docs/linux-guests.md).
+#[derive(Debug, Clone, Default, Args)]
+pub struct LinuxArgs {
+    /// Boot this Linux kernel with ptiscope's init instead of ptiscope's own
+    /// guest: `debian-amd64` or `debian-686-pae` (fetched by `ptiscope linux
+    /// fetch`), or a path to a bzImage (x86_64 or i386) or a PVH vmlinux.
+    /// Needs `--backend qemu` on hosts without hardware KVM.
+    #[arg(long, value_name = "KERNEL", conflicts_with = "kernel")]
+    pub linux: Option<String>,
+    /// More Linux kernel command line (with `--linux`), e.g. `nosmt`.
+    #[arg(
+        long,
+        value_name = "TEXT",
+        requires = "linux",
+        allow_hyphen_values = true
+    )]
+    pub append: Option<String>,
+}
+
+impl LinuxArgs {
+    /// The guest kind these arguments choose; `arch` is `--arch` as given.
+    pub fn guest_kind(&self, arch: Option<Arch>) -> crate::linux::GuestKind {
+        match &self.linux {
+            None => crate::linux::GuestKind::Companion,
+            Some(k) => crate::linux::GuestKind::Linux(crate::linux::LinuxRequest {
+                kernel: k.clone(),
+                append: self.append.clone().unwrap_or_default(),
+                arch: arch.map(|a| match a {
+                    Arch::X86_64 => crate::linux::LinuxArch::X86_64,
+                    Arch::I386 => crate::linux::LinuxArch::I386,
+                }),
+            }),
+        }
+    }
+}
+
+impl RunArgs {
+    /// `--arch`, or x86_64.
+    pub fn arch(&self) -> Arch {
+        self.arch.unwrap_or(Arch::X86_64)
+    }
+}
+
+impl CompareArgs {
+    /// `--arch`, or x86_64.
+    pub fn arch(&self) -> Arch {
+        self.target.arch()
+    }
+}
+
+impl TargetOpts {
+    /// `--arch`, or x86_64.
+    pub fn arch(&self) -> Arch {
+        self.arch.unwrap_or(Arch::X86_64)
+    }
+}
+
+impl Backend {
+    /// The one place the `--backend` value becomes a backend: every other
+    /// difference between them is behind [`crate::backend::Backend`].
+    pub fn with_plugin(self, plugin: bool) -> Box<dyn crate::backend::Backend> {
+        match self {
+            Backend::Kvm => Box::new(crate::backend::Kvm),
+            Backend::Qemu => Box::new(crate::backend::Qemu { plugin }),
+        }
+    }
+
+    /// The backends `reproduce` measures a guest kind on, in order: Linux
+    /// under QEMU; the companion on KVM, under QEMU where this host's KVM
+    /// refuses it (e.g. 32-bit paging on kvm_pvm).
+    pub fn preference(linux: bool) -> &'static [Backend] {
+        if linux {
+            &[Backend::Qemu]
+        } else {
+            &[Backend::Kvm, Backend::Qemu]
+        }
+    }
+}
+
+/// Guest flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    /// 64-bit, 4-level paging.
+    #[value(name = "x86_64")]
+    X86_64,
+    /// 32-bit, PAE paging (3G/1G).
+    #[value(name = "i386")]
+    I386,
+}
+
+impl Arch {
+    /// The embedded guest image of this flavour.
+    pub fn embedded_image(self) -> &'static [u8] {
+        match self {
+            Arch::X86_64 => crate::GUEST_X86_64,
+            Arch::I386 => crate::GUEST_I386,
+        }
+    }
+}
+
+/// Where a guest runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// ptiscope's own VMM on /dev/kvm (host-observed and guest-reported figures).
+    Kvm,
+    /// QEMU TCG (`qemu-system-x86_64` / `qemu-system-i386`): guest-reported figures only.
+    Qemu,
+}

@@ -1,0 +1,89 @@
+//! Why `compare`, `sweep` or poundsyscall's table stopped without a
+//! result: one typed error the commands return, a leaf of `cli` so that
+//! `exit_code` maps it to a number without importing the commands.
+
+use std::path::PathBuf;
+
+use crate::cli::compare::SideError;
+use crate::cli::measured_error::MeasuredRunError;
+use crate::experiment::ExperimentError;
+use crate::output::OpenError;
+use crate::preflight::PreflightError;
+
+/// Why an experiment command stopped before its report.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// Options that do not go together, or a value the command refuses.
+    #[error("{0}")]
+    Usage(String),
+    /// `--baseline`/`--compare`/`--config` options that do not parse.
+    #[error("{prefix}{source}")]
+    Side {
+        /// What the options were given as (`--config `, or nothing).
+        prefix: &'static str,
+        /// What was wrong.
+        #[source]
+        source: SideError,
+    },
+    /// `--against FILE` cannot be read or is not a compare result.
+    #[error("--against {}: {message}", path.display())]
+    Against {
+        /// The file.
+        path: PathBuf,
+        /// Its exit code (no file, bad input, ...).
+        code: i32,
+        /// What was wrong.
+        message: String,
+    },
+    /// An output file cannot be opened.
+    #[error(transparent)]
+    Output(#[from] OpenError),
+    /// A side cannot be settled (image, entry, host limits).
+    #[error("{at}{source}")]
+    Settle {
+        /// Where in the plan (`pti=on at wss=64K: `, or nothing).
+        at: String,
+        /// Why.
+        #[source]
+        source: PreflightError,
+    },
+    /// A signal arrived before any run.
+    #[error("{} {what}; nothing ran", crate::machine::signals::describe(*.signal))]
+    Interrupted {
+        /// The signal.
+        signal: i32,
+        /// While doing what.
+        what: &'static str,
+    },
+    /// The experiment stopped without a result.
+    #[error("{run}{}", match &**.source {
+        ExperimentError::Run { source, .. } => format!(" failed: {source}"),
+        ExperimentError::Refused(why) => why.clone(),
+    })]
+    Experiment {
+        /// The failed run, named as the command names it (empty for a
+        /// refused sample, whose message says it all).
+        run: String,
+        /// Why.
+        #[source]
+        source: Box<ExperimentError<MeasuredRunError>>,
+    },
+    /// A run measured, but without the figure the report needs.
+    #[error("{0}")]
+    Missing(String),
+}
+
+impl From<PreflightError> for CommandError {
+    fn from(source: PreflightError) -> Self {
+        CommandError::Settle {
+            at: String::new(),
+            source,
+        }
+    }
+}
+
+impl From<SideError> for CommandError {
+    fn from(source: SideError) -> Self {
+        CommandError::Side { prefix: "", source }
+    }
+}

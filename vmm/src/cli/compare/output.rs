@@ -1,0 +1,184 @@
+//! The comparison's report from the runner's outcome: the answer, the
+//! tables, the notes, `--against`, the files and `--fail-if`.
+
+use super::durations::{render_durations, Durations};
+use super::{nonzero_metrics, Against, RunsReport, Side};
+use crate::backend::Backend;
+use crate::cli::exit_code;
+use crate::cli::CompareArgs;
+use crate::output::OutputFile;
+use crate::preflight::cmdline::Workload;
+use crate::report::{CompareTable, Condition};
+
+/// What the runs gave, ready to print and write.
+pub(super) struct Report<'a> {
+    pub table: &'a CompareTable,
+    pub dropped: &'a [String],
+    pub runs: &'a RunsReport,
+    pub durations: &'a [Durations; 2],
+    pub disagreements: &'a [String],
+    pub banner: Option<&'a str>,
+    pub seconds: f64,
+}
+
+/// Prints the report, writes the files and evaluates `--fail-if`; returns
+/// the exit code (0, [`exit_code::FAILED`] for a condition that holds,
+/// [`exit_code::CANT_CREATE`] for a file that cannot be written).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn print(
+    args: &CompareArgs,
+    backend: &dyn Backend,
+    base: &Side,
+    comp: &Side,
+    r: &Report,
+    earlier: Option<(std::path::PathBuf, CompareTable)>,
+    files: &[Option<OutputFile>; 3],
+    conditions: &[Condition],
+) -> i32 {
+    let table = r.table;
+    if let Some(b) = r.banner {
+        println!("{b}");
+    }
+    // The answer first, then the compact table; the mmtests table (the
+    // metrics non-zero somewhere) and the durations behind --mmtests.
+    let per = match base.run.guest.workload {
+        Some(Workload::SchedMessaging) => "message".to_owned(),
+        w => format!("{} call", w.map_or("-", Workload::name)),
+    };
+    print!("{}", crate::report::answer::render_answer(table, &per));
+    println!();
+    print!("{}", crate::report::answer::render_table(table));
+    if args.mmtests {
+        println!();
+        print!("{}", nonzero_metrics(table).render_text());
+        println!();
+        print!(
+            "{}",
+            render_durations(&base.label, &comp.label, r.durations)
+        );
+    }
+    println!();
+    println!(
+        "  {}; {} runs in {:.1} s",
+        r.runs.sentence(),
+        2 * (r.runs.per_side + args.warmup),
+        r.seconds
+    );
+    for d in r.dropped {
+        println!("  note: metric {d}, left out of the table");
+    }
+    if let Some(note) = backend.no_cross_checks() {
+        println!("  {note}");
+    } else if r.disagreements.is_empty() {
+        println!("  cross-checks (host-observed vs guest-reported): all agree in every run");
+    } else {
+        println!("  cross-checks that DISAGREE:");
+        for d in r.disagreements.iter().take(10) {
+            println!("    {d}");
+        }
+    }
+    if let Some(note) = backend.blind_spot() {
+        println!("  note: {note}");
+    }
+    let against = earlier.map(|(path, earlier)| {
+        let a = Against::new(&path, &earlier, table);
+        print!("{}", a.render_text());
+        for d in &a.environment_differences {
+            eprintln!("ptiscope compare: warning: --against: the environment differs: {d}");
+        }
+        if a.environment_missing {
+            eprintln!(
+                "ptiscope compare: warning: --against: {} records no environment; \
+                 cannot tell whether it came from the same host and build",
+                path.display()
+            );
+        }
+        a
+    });
+
+    let [json_file, csv_file, svg_file] = files;
+    let mut code = 0;
+    if let Some(f) = json_file {
+        let mut doc = json_text(table, r.durations, r.runs, against.as_ref());
+        if let Some(b) = r.banner {
+            doc = json_with_partial(doc, b);
+        }
+        code = code.max(write_file("compare", f, &doc));
+    }
+    if let Some(f) = svg_file {
+        let doc =
+            crate::cli::partial::svg_with_banner(crate::report::plot::compare_svg(table), r.banner);
+        code = code.max(write_file("compare", f, &doc));
+    }
+    if let Some(f) = csv_file {
+        let doc = crate::cli::partial::csv_with_banner(table.to_csv(), r.banner);
+        code = code.max(write_file("compare", f, &doc));
+    }
+    for c in conditions {
+        match c.evaluate(table) {
+            Ok(ev) if ev.triggered => {
+                eprintln!(
+                    "ptiscope compare: --fail-if {} holds (value {})",
+                    ev.condition, ev.value
+                );
+                code = code.max(exit_code::FAILED);
+            }
+            Ok(ev) => eprintln!(
+                "ptiscope compare: --fail-if {} does not hold (value {})",
+                ev.condition, ev.value
+            ),
+            Err(e) => {
+                eprintln!("ptiscope compare: --fail-if cannot be evaluated: {e}");
+                code = code.max(exit_code::FAILED);
+            }
+        }
+    }
+    code
+}
+
+/// A compare document with `"partial": {"reason": banner}`.
+fn json_with_partial(doc: String, banner: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(&doc) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert("partial".into(), serde_json::json!({ "reason": banner }));
+            serde_json::to_string_pretty(&m).unwrap_or(doc)
+        }
+        _ => doc,
+    }
+}
+
+fn json_text(
+    t: &CompareTable,
+    durations: &[Durations; 2],
+    runs: &RunsReport,
+    against: Option<&Against>,
+) -> String {
+    let mut v = t.to_json();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("answer".into(), crate::report::answer::to_json(t));
+        o.insert(
+            "durations".into(),
+            serde_json::json!({ "baseline": durations[0], "compare": durations[1] }),
+        );
+        o.insert(
+            "runs".into(),
+            serde_json::to_value(runs).unwrap_or_default(),
+        );
+        if let Some(a) = against {
+            o.insert("against".into(), a.to_json());
+        }
+    }
+    serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into())
+}
+
+/// Writes one output file; the exit code of the write (0 or
+/// [`exit_code::CANT_CREATE`], the error said on stderr under `command`).
+pub(crate) fn write_file(command: &str, f: &OutputFile, text: &str) -> i32 {
+    match f.write_document(text) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ptiscope {command}: {e}");
+            exit_code::CANT_CREATE
+        }
+    }
+}
