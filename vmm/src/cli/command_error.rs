@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 
 use crate::cli::compare::SideError;
+use crate::cli::exit_code::ExitCode;
 use crate::cli::measured_error::MeasuredRunError;
-use crate::experiment::ExperimentError;
+use crate::experiment::{ExperimentError, RunId};
 use crate::output::OpenError;
 use crate::preflight::PreflightError;
 
@@ -71,6 +72,34 @@ pub enum CommandError {
     /// A run measured, but without the figure the report needs.
     #[error("{0}")]
     Missing(String),
+}
+
+impl CommandError {
+    /// The experiment's error, its failed run named by `name`.
+    pub fn experiment(
+        source: ExperimentError<MeasuredRunError>,
+        name: impl Fn(&RunId) -> String,
+    ) -> Self {
+        CommandError::Experiment {
+            run: match &source {
+                ExperimentError::Run { run, .. } => name(run),
+                ExperimentError::Refused(_) => String::new(),
+            },
+            source: Box::new(source),
+        }
+    }
+}
+
+/// A command's exit code: `result`'s, or the error said on stderr as
+/// `ptiscope COMMAND: ...` and its code ([`crate::cli::exit_code`]'s).
+pub fn finish(command: &str, result: Result<i32, CommandError>) -> i32 {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ptiscope {command}: {e}");
+            e.exit_code()
+        }
+    }
 }
 
 impl From<PreflightError> for CommandError {

@@ -7,10 +7,9 @@
 //! and the CR3 writes per call follow. With a `threads=` on both sides the
 //! ordinary compare runs (one thread count, the full table, `--fail-if`).
 
-use crate::cli::command_error::CommandError;
+use crate::cli::command_error::{self, CommandError};
 use crate::cli::compare::side::{guest_image, parse_side, run_measured, SideSpec};
 use crate::cli::compare::{parse_sides, write_file};
-use crate::cli::exit_code::ExitCode;
 use crate::cli::{CompareArgs, Runs};
 use crate::experiment::{Experiment, ExperimentError, Failed, Outcome, RunCount, RunId, Silent};
 use crate::output::open_outputs;
@@ -94,13 +93,7 @@ fn diff_pct(base: f64, comp: f64) -> f64 {
 
 /// Runs the sweep; returns the exit status.
 pub fn run(args: &CompareArgs) -> i32 {
-    match pound(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("ptiscope compare: {e}");
-            e.exit_code()
-        }
-    }
+    command_error::finish("compare", pound(args))
 }
 
 /// The refusals, then one experiment per thread count (each its runs,
@@ -174,14 +167,10 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
             }) => Err(ExperimentError::Run { run, source: error }),
             other => other,
         };
-        let sides = failed.map_err(|source| CommandError::Experiment {
-            run: match &source {
-                ExperimentError::Run { run, .. } => {
-                    format!("{} threads={threads} run {}", run.label, run.number)
-                }
-                ExperimentError::Refused(_) => String::new(),
-            },
-            source: Box::new(source),
+        let sides = failed.map_err(|e| {
+            CommandError::experiment(e, |run| {
+                format!("{} threads={threads} run {}", run.label, run.number)
+            })
         })?;
         let [baseline, compare] = [&sides.runs[0], &sides.runs[1]].map(|r| Samples::of(r));
         counts.push(ThreadCount {

@@ -31,10 +31,10 @@ use runs::ci_pct;
 pub(crate) use runs::progress;
 
 use crate::backend::Backend;
-use crate::cli::command_error::CommandError;
+use crate::cli::command_error::{self, CommandError};
 use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT, MIN_AUTO_RUNS};
-use crate::experiment::{Experiment, ExperimentError, Progress, RunCount, RunId};
+use crate::experiment::{Experiment, Progress, RunCount, RunId};
 use crate::preflight::cmdline::Workload;
 use crate::preflight::preflight;
 use crate::report::environment::Environment;
@@ -45,13 +45,7 @@ pub fn run(args: &CompareArgs) -> i32 {
     if crate::cli::pound::wants_sweep(args) {
         return crate::cli::pound::run(args);
     }
-    match compare(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("ptiscope compare: {e}");
-            e.exit_code()
-        }
-    }
+    command_error::finish("compare", compare(args))
 }
 
 /// Both sides' options parsed (shared with poundsyscall's table).
@@ -175,13 +169,8 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         Runs::Fixed(n) if !id.warming => format!(" of {n}"),
         _ => String::new(),
     };
-    let outcome = result.map_err(|source| CommandError::Experiment {
-        run: match &source {
-            ExperimentError::Run { run, .. } => format!("{}{}", run.what(), of(run)),
-            ExperimentError::Refused(_) => String::new(),
-        },
-        source: Box::new(source),
-    })?;
+    let outcome = result
+        .map_err(|e| CommandError::experiment(e, |run| format!("{}{}", run.what(), of(run))))?;
     // A run failing after complete pairs: said now, the pairs reported.
     let partial = outcome.failed.as_ref().map(|f| {
         eprintln!(

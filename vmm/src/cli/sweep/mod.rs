@@ -6,8 +6,10 @@
 //! overhead against the baseline, the host's evidence and the derived
 //! refill cost per page (`report::sweep`).
 //!
-//! Size: the sweep command's grid, its interleaved runs and the outputs; the
-//! report itself is report/sweep.rs.
+//! Each cell is one experiment (`crate::experiment`), run a round of every
+//! cell at a time. Size: the command's options, refusals, header, runs and
+//! report assembly; the grid is `plan.rs`, what a run gives `figures.rs`,
+//! the report itself report/sweep.rs.
 
 mod figures;
 mod plan;
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::backend::Backend;
-use crate::cli::command_error::CommandError;
+use crate::cli::command_error::{self, CommandError};
 use crate::cli::compare::{parse_side, progress, run_measured, write_file};
 use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::measured_error::MeasuredRunError;
@@ -149,13 +151,7 @@ fn default_configs(args: &SweepArgs, backend: &dyn Backend) -> (Vec<String>, Vec
 
 /// Runs the sweep and prints it; returns the process exit code.
 pub fn run(args: &SweepArgs) -> i32 {
-    match sweep(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("ptiscope sweep: {e}");
-            e.exit_code()
-        }
-    }
+    command_error::finish("sweep", sweep(args))
 }
 
 /// Why one run of a cell gave no figures.
