@@ -244,26 +244,29 @@ exc_common:
      * fast path only moves RSP: to the task stack after the switch to the
      * kernel copy, back to the frame before the switch to the user copy. */
 
+    /* The registers the dispatch saves around the handler call: the
+     * argument registers the C ABI lets it clobber (rdi rsi rdx r8 r9 r10)
+     * and r11, which is user RFLAGS after SYSCALL. */
+    .macro PUSH_SAVED
+    .irp r, rdi, rsi, rdx, r8, r9, r10, r11
+    pushq %\r
+    .endr
+    .endm
+
+    .macro POP_SAVED
+    .irp r, r11, r10, r9, r8, rdx, rsi, rdi
+    popq %\r
+    .endr
+    .endm
+
     .macro SYSCALL_BODY
-    pushq %rdi
-    pushq %rsi
-    pushq %rdx
-    pushq %r8
-    pushq %r9
-    pushq %r10
-    pushq %r11
+    PUSH_SAVED
     incq %gs:CTR_SYSCALLS
     cmpq $TABLE_SIZE, %rax
     jae syscall_bad_nr
     movq %r10, %rcx                 /* 4th argument, C ABI */
     call *syscall_table(,%rax,8)
-    popq %r11
-    popq %r10
-    popq %r9
-    popq %r8
-    popq %rdx
-    popq %rsi
-    popq %rdi
+    POP_SAVED
     .endm
 
     /* int $n through a DPL3 gate, PTI off: TSS.RSP0 is the task stack. */
@@ -308,21 +311,9 @@ entry_int_pti_deferred:
     SYSCALL_BODY
     movq %gs:PCPU_ENTRY_FRAME, %rsp
     pushq %rax
-    pushq %rdi
-    pushq %rsi
-    pushq %rdx
-    pushq %r8
-    pushq %r9
-    pushq %r10
-    pushq %r11
+    PUSH_SAVED
     call pti_exit_to_user
-    popq %r11
-    popq %r10
-    popq %r9
-    popq %r8
-    popq %rdx
-    popq %rsi
-    popq %rdi
+    POP_SAVED
     popq %rax
     xorl %ecx, %ecx
     iretq
@@ -375,13 +366,7 @@ entry_syscall_pti_pcid:
 
 syscall_bad_nr:
     movq $ENOSYS, %rax
-    popq %r11
-    popq %r10
-    popq %r9
-    popq %r8
-    popq %rdx
-    popq %rsi
-    popq %rdi
+    POP_SAVED
     /* Back to user the slow, general way: the frame is on the task stack
      * for every entry but int with PTI, where it is on the entry stack. */
     jmp return_to_user_slow_from_entry_or_task
@@ -448,5 +433,7 @@ task_first_return:
     ENTRY_NMI %rax, %rcx, iretq
 
     EXCEPTION_STUBS .quad, 8
+    .purgem PUSH_SAVED
+    .purgem POP_SAVED
 "#,
 );
