@@ -21,20 +21,25 @@
 //! programs and the poundsyscall workers are written once for both
 //! flavours in arch/x86_shared/user.rs and instantiated here with this
 //! flavour's register names.
-use core::arch::global_asm;
-use ptiscope_abi::syscall as nr;
+use crate::arch::x86_shared::user::{messaging_asm, pound_asm, program_lookup, user_loop_asm};
+pub use crate::arch::x86_shared::user::{section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS};
 
-use crate::arch::x86_shared::user::{
-    init_program, messaging_asm, pound_asm, program_lookup, sys_macro,
-};
-pub use crate::arch::x86_shared::user::{
-    section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
-};
-
-global_asm!(
-    sys_macro!(),
-    init_program!(),
+user_loop_asm!(
     r#"
+
+    /* The workload's begin marker: phase_mark(begin). */
+    .macro PHASE_BEGIN kind
+    movl ${phase_mark}, %eax
+    movl ${begin}, %edi
+    SYS \kind
+    .endm
+
+    /* The TSC as one 64-bit value in rdx (rax clobbered). */
+    .macro RDTSC64
+    rdtsc
+    shlq $32, %rdx
+    orq %rax, %rdx
+    .endm
 
     .macro USER_PROGRAMS kind
     .balign 16
@@ -62,12 +67,8 @@ user_loop_\kind:
     SYS \kind
     movq %rax, %rbp                 /* the expected result */
     xorl %ebx, %ebx                 /* mismatches */
-    movl ${phase_mark}, %eax
-    movl ${begin}, %edi
-    SYS \kind
-    rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
+    PHASE_BEGIN \kind
+    RDTSC64
     movq %rdx, %r15
     testq %r12, %r12                /* iterations=0: an empty phase */
     jz 5f
@@ -121,21 +122,15 @@ user_loop_\kind:
     xorl %ebp, %ebp
     xorl %r8d, %r8d
     xorl %r10d, %r10d
-    movl ${phase_mark}, %eax
-    movl ${begin}, %edi
-    SYS \kind
-    rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
+    PHASE_BEGIN \kind
+    RDTSC64
     movq %rdx, %r15
     testq %r12, %r12
     jz 25f
     /* Each iteration: the reads, timed (RDTSC after LFENCE: the reads are
      * done), then the system call. */
 22: lfence
-    rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
+    RDTSC64
     movq %rdx, %r11
     movq 24(%rsp), %rdx
     movq %r9, %rcx
@@ -150,9 +145,7 @@ user_loop_\kind:
 26: decq %rcx
     jnz 23b
 24: lfence
-    rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
+    RDTSC64
     subq %r11, %rdx
     addq %rdx, 8(%rsp)
     cmpq 16(%rsp), %rdx
@@ -187,36 +180,15 @@ user_loop_\kind:
     USER_INIT \kind, q, rax, rbx, ebx, rdi
     .endm
 
-    .section .user.text, "ax"
+"#,
+    r#"
     USER_PROGRAMS 1
     USER_PROGRAMS 3
     USER_PROGRAMS 4
     USER_PROGRAMS 5
-    .purgem USER_PROGRAMS
-    .purgem USER_INIT
-    .purgem SYS
-    .previous
+    .purgem PHASE_BEGIN
+    .purgem RDTSC64
 "#,
-    nopti = const FLAG_NOPTI,
-    kread = const FLAG_KREAD,
-    wss = const FLAG_WSS,
-    base = const ptiscope_abi::workingset::BASE,
-    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
-    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
-    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
-    ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
-    ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
-    ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
-    ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
-    survived = const KREAD_SURVIVED,
-    arch_prctl = const nr::ARCH_PRCTL,
-    set_nopti = const nr::ARCH_SET_NOPTI,
-    phase_mark = const nr::PHASE_MARK,
-    begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    exit = const nr::EXIT,
-    wait = const nr::WAIT,
-    options(att_syntax)
 );
 
 /* sched-messaging (perf bench sched messaging, pipes), written once in

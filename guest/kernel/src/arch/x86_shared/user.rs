@@ -22,8 +22,9 @@
 //! syscall loop and its working-set variant, written for each register ABI
 //! (x86_32 passes the loop's parameters packed and keeps its state on the
 //! stack; the 64-bit cycle count is one register or two words), the
-//! `PHASE_END` macro and, on x86_32, the SYSENTER stub. The Rust side (flags,
-//! program addresses, the section) is shared below.
+//! `PHASE_END` macro and, on x86_32, the SYSENTER stub. Their asm block
+//! (`user_loop_asm!`: section, purges, operands) and the Rust side (flags,
+//! program addresses, the section) are shared below.
 
 /// Flags of `user_loop` (rbx on x86_64, ebx >> 16 on x86_32).
 pub const FLAG_NOPTI: u64 = 1;
@@ -208,6 +209,50 @@ user_pound_wss_\kind:
     };
 }
 pub(crate) use pound_wss_programs;
+
+/// `user_loop_asm!(programs, instances)`: the asm block of `user_loop` and
+/// `user_init`: `SYS`, `USER_INIT`, the flavour's `USER_PROGRAMS kind` macro
+/// (`programs`, which defines `user_loop_<kind>` and instantiates
+/// `USER_INIT`), then `instances` in `.user.text` (the flavour's
+/// `USER_PROGRAMS kind` lines and, on x86_32, the SYSENTER stub), with the
+/// operands both flavours' loops name (64-bit control-page words that
+/// x86_32 writes in halves are `{ctrl_…}+4` for the high word).
+macro_rules! user_loop_asm {
+    ($programs:expr, $instances:expr $(,)?) => {
+        core::arch::global_asm!(
+            $crate::arch::x86_shared::user::sys_macro!(),
+            $crate::arch::x86_shared::user::init_program!(),
+            $programs,
+            "    .section .user.text, \"ax\"",
+            $instances,
+            "    .purgem USER_PROGRAMS",
+            "    .purgem USER_INIT",
+            "    .purgem SYS",
+            "    .previous",
+            nopti = const $crate::arch::x86_shared::user::FLAG_NOPTI,
+            kread = const $crate::arch::x86_shared::user::FLAG_KREAD,
+            wss = const $crate::arch::x86_shared::user::FLAG_WSS,
+            base = const ptiscope_abi::workingset::BASE,
+            ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
+            ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
+            ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
+            ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
+            ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
+            ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
+            ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
+            survived = const $crate::arch::x86_shared::user::KREAD_SURVIVED,
+            arch_prctl = const ptiscope_abi::syscall::ARCH_PRCTL,
+            set_nopti = const ptiscope_abi::syscall::ARCH_SET_NOPTI,
+            phase_mark = const ptiscope_abi::syscall::PHASE_MARK,
+            begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
+            end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
+            exit = const ptiscope_abi::syscall::EXIT,
+            wait = const ptiscope_abi::syscall::WAIT,
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use user_loop_asm;
 
 /// A pointer to the `.user.text` symbol named `$name`.
 macro_rules! user_symbol {
