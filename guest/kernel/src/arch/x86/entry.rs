@@ -55,12 +55,7 @@ global_asm!(
     ENTRY_DATA 256, 32
     ENTRY_CPU_AREAS {cpu_areas}
 
-    .section .entry.text, "ax"
-    .code32
-
-    "#,
-    crate::arch::x86_shared::entry::exception_stub_list!(),
-    r#"
+    ENTRY_TEXT 32
 
     /* Common path of the fatal exceptions (as on x86_64): registers saved
      * on the stack the CPU chose (the entry stack from user mode with PTI),

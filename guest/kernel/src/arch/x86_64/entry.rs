@@ -167,12 +167,7 @@ ist_nmi_top:
 ist_mc_top:
     ENTRY_CPU_AREAS {cpu_areas}
 
-    .section .entry.text, "ax"
-    .code64
-
-    "#,
-    crate::arch::x86_shared::entry::exception_stub_list!(),
-    r#"
+    ENTRY_TEXT 64
 
     /* Common path of the fatal exceptions. Frame: vector, error code, then
      * what the CPU pushed. Registers are saved first (on the entry stack

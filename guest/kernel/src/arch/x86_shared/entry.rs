@@ -28,6 +28,8 @@
 /// * `EXC_NOERR n` / `EXC_ERR n`: exception stub `exc_n` (a zero error code
 ///   pushed where the CPU pushes none, then the vector; the push width is the
 ///   mode's), jumping to the flavour's `exc_common`;
+/// * `ENTRY_TEXT bits`: `.entry.text` in `.code<bits>`, starting with the
+///   32 exception stubs (the vectors' error-code kind is architectural);
 /// * `ENTRY_NMI ax, cx, iret`: the paranoid NMI stub `entry_nmi` on the
 ///   current stack (x86_64: its IST stack). It may arrive anywhere, even
 ///   between a CR3 switch and the stack switch, so it saves CR3, runs on the
@@ -132,6 +134,22 @@ entry_nmi:
     \iret
     .endm
 
+    /* The start of `.entry.text` and the 32 exception stubs (`exc_0` ..
+     * `exc_31`): EXC_ERR where the CPU pushes an error code (vectors 8,
+     * 10-14, 17, 21, 29, 30: the set bits of 0x60227d00), EXC_NOERR
+     * elsewhere. */
+    .macro ENTRY_TEXT bits
+    .section .entry.text, "ax"
+    .code\bits
+    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .if (0x60227d00 >> \n) & 1
+    EXC_ERR \n
+    .else
+    EXC_NOERR \n
+    .endif
+    .endr
+    .endm
+
     .macro EXCEPTION_STUBS word, align
     .section .rodata.exception_stubs, "a"
     .balign \align
@@ -164,6 +182,7 @@ macro_rules! entry_purge {
     .purgem SWITCH_TO_USER_CR3_NOPCID
     .purgem EXC_NOERR
     .purgem EXC_ERR
+    .purgem ENTRY_TEXT
     .purgem ENTRY_NMI
     .purgem EXCEPTION_STUBS
     .purgem COUNT
@@ -171,46 +190,3 @@ macro_rules! entry_purge {
     };
 }
 pub(crate) use entry_purge;
-
-/// The 32 exception vectors as invocations of the stub macros: `EXC_ERR n`
-/// where the CPU pushes an error code (8, 10-14, 17, 21, 29, 30), `EXC_NOERR
-/// n` elsewhere. Architectural, so written once.
-macro_rules! exception_stub_list {
-    () => {
-        "
-    EXC_NOERR 0
-    EXC_NOERR 1
-    EXC_NOERR 2
-    EXC_NOERR 3
-    EXC_NOERR 4
-    EXC_NOERR 5
-    EXC_NOERR 6
-    EXC_NOERR 7
-    EXC_ERR 8
-    EXC_NOERR 9
-    EXC_ERR 10
-    EXC_ERR 11
-    EXC_ERR 12
-    EXC_ERR 13
-    EXC_ERR 14
-    EXC_NOERR 15
-    EXC_NOERR 16
-    EXC_ERR 17
-    EXC_NOERR 18
-    EXC_NOERR 19
-    EXC_NOERR 20
-    EXC_ERR 21
-    EXC_NOERR 22
-    EXC_NOERR 23
-    EXC_NOERR 24
-    EXC_NOERR 25
-    EXC_NOERR 26
-    EXC_NOERR 27
-    EXC_NOERR 28
-    EXC_ERR 29
-    EXC_ERR 30
-    EXC_NOERR 31
-"
-    };
-}
-pub(crate) use exception_stub_list;
