@@ -1,16 +1,17 @@
 //! What the two flavours' entry areas (`arch/*/entry.rs`) share, written
 //! once as GAS macros whose parameters are the flavour's register names, as
-//! Linux shares `pti.c` between x86_32 and x86_64. The flavour supplies,
-//! before it splices these in:
+//! Linux shares `pti.c` between x86_32 and x86_64. Each flavour's entry
+//! area is one `entry_asm!` block, which sets the shared `CTR_*` counter
+//! offsets and `PCPU_*` words, splices these macros in and purges them at
+//! its end (`entry_purge!`); the flavour's part of the block supplies:
 //! * `COUNT ctr`: the 64-bit increment of counter `ctr` in this CPU's block
 //!   (x86_64: `incq %gs:ctr`; x86_32: `addl $1, %fs:ctr; adcl $0, %fs:ctr+4`);
-//! * the `CTR_*` counter offsets and `PTI_SWITCH_MASK` (the CR3 bits an
-//!   entry clears: bit 12, the user copy, and on x86_64 bit 11, the user PCID).
+//! * `PTI_SWITCH_MASK` (the CR3 bits an entry clears: bit 12, the user copy,
+//!   and on x86_64 bit 11, the user PCID) and its own symbols and stubs.
 //!
 //! The macros assemble exactly the instructions each flavour had when they
 //! were written twice (the per-call instruction counts are those of
-//! docs/guest.md); each flavour's asm block purges them at its end
-//! (`entry_purge!`).
+//! docs/guest.md).
 
 /// The shared entry macros:
 /// * `ENTRY_DATA idt_quads, gdt_quads`: the start of `.entry.data`, CPU 0's
@@ -190,3 +191,52 @@ macro_rules! entry_purge {
     };
 }
 pub(crate) use entry_purge;
+
+/// `entry_asm!(bodies…; extra operands)`: a flavour's entry asm block. Sets
+/// the counter offsets (`CTR_*`), the syscall table bounds and the per-CPU
+/// words both flavours' stubs read (`PCPU_*`, `PCPU_KERNEL + offset`), splices
+/// in [`entry_macros!`], then the flavour's `bodies` (its `COUNT`,
+/// `PTI_SWITCH_MASK`, own symbols and the stubs), then [`entry_purge!`]. The
+/// `extra operands` are the ones only the flavour names, each followed by a
+/// comma; `cpu_areas` is the size of `entry_cpu_areas`.
+macro_rules! entry_asm {
+    ($($body:expr),+ $(,)?; $($extra:tt)*) => {
+        core::arch::global_asm!(
+            r#"
+    .set CTR_CR3_ENTRY, {c_entry}
+    .set CTR_CR3_EXIT, {c_exit}
+    .set CTR_CR3_OTHER, {c_other}
+    .set CTR_TLB_FLUSH, {c_flush}
+    .set CTR_SYSCALLS, {c_syscalls}
+    .set CTR_EXCEPTIONS, {c_exceptions}
+    .set CTR_INTERRUPTS, {c_interrupts}
+    .set TABLE_SIZE, {table_size}
+    .set ENOSYS, {enosys}
+    .set PCPU_KSTACK_TOP, PCPU_KERNEL + {p_kstack}
+    .set PCPU_EXIT_PTI, PCPU_KERNEL + {p_exit_pti}
+    .set PCPU_ENTRY_FRAME, PCPU_KERNEL + {p_entry_frame}
+    .set PCPU_FAULT_STACK_TOP, PCPU_KERNEL + {p_fault}
+"#,
+            $crate::arch::x86_shared::entry::entry_macros!(),
+            $($body,)+
+            $crate::arch::x86_shared::entry::entry_purge!(),
+            c_entry = const ptiscope_abi::telemetry::Counter::Cr3Entry.offset_in_block(),
+            c_exit = const ptiscope_abi::telemetry::Counter::Cr3Exit.offset_in_block(),
+            c_other = const ptiscope_abi::telemetry::Counter::Cr3Other.offset_in_block(),
+            c_flush = const ptiscope_abi::telemetry::Counter::TlbFlushFull.offset_in_block(),
+            c_syscalls = const ptiscope_abi::telemetry::Counter::Syscalls.offset_in_block(),
+            c_exceptions = const ptiscope_abi::telemetry::Counter::Exceptions.offset_in_block(),
+            c_interrupts = const ptiscope_abi::telemetry::Counter::Interrupts.offset_in_block(),
+            table_size = const ptiscope_abi::syscall::TABLE_SIZE,
+            enosys = const ptiscope_abi::syscall::ENOSYS,
+            cpu_areas = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
+            p_kstack = const super::percpu::kernel::KSTACK_TOP,
+            p_exit_pti = const super::percpu::kernel::EXIT_PTI,
+            p_entry_frame = const super::percpu::kernel::ENTRY_FRAME,
+            p_fault = const super::percpu::kernel::FAULT_STACK_TOP,
+            $($extra)*
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use entry_asm;
