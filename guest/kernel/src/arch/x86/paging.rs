@@ -1,8 +1,9 @@
 //! CR3 writes from Rust code, and the PAE page tables of the kernel and of
 //! processes (built by `guest_core::pae`).
+use crate::arch::x86_shared::paging::{load_kernel_root, print_pti_line, PtiLine};
 use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
-use crate::{println, telemetry};
+use crate::telemetry;
 use core::arch::asm;
 use guest_core::cmdline::Config;
 use guest_core::pae::layout::cr3_value;
@@ -60,23 +61,15 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
     };
     if pti {
-        let pages = |(s, e): (u64, u64)| e.saturating_sub(s) / 4096;
-        println!(
-            "@pti user_copy_kernel_pages={} entry_area_pages={} deferred_switch_pages={} pti_switch={} global_text={} nx={}",
-            half.user_kernel_pages,
-            pages(spec.entry_area),
-            pages(spec.deferred_text),
-            if deferred { "deferred" } else { "asm" },
-            if config.pti_global_text { "on" } else { "off" },
-            nx as u8
-        );
+        print_pti_line(&PtiLine {
+            user_copy_kernel_pages: half.user_kernel_pages,
+            entry_area: spec.entry_area,
+            deferred_text: spec.deferred_text,
+            global_text: config.pti_global_text,
+            nx,
+        });
     }
-    // SAFETY: enabling global pages; the TLB is flushed by the CR3 write below.
-    unsafe { super::cpu::write_cr4(super::cpu::read_cr4() | super::cpu::CR4_PGE) };
-    write_cr3(cr3_value(root, false, 0, false), Cr3Reason::Other);
-    // The 32-bit boot code's CR3 load happened before counters existed.
-    telemetry::inc(Counter::Cr3Other);
-    telemetry::inc(Counter::TlbFlushFull);
+    load_kernel_root(cr3_value(root, false, 0, false));
     half
 }
 

@@ -1,8 +1,9 @@
 //! CR3 writes from Rust code: the one counted place besides the entry
 //! macros in entry.rs, which update the same counters.
+use crate::arch::x86_shared::paging::{load_kernel_root, print_pti_line, PtiLine};
 use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
-use crate::{println, telemetry};
+use crate::telemetry;
 use core::arch::asm;
 use guest_core::cmdline::Config;
 use guest_core::layout::{cr3_value, CR3_NOFLUSH};
@@ -71,26 +72,20 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         } else {
             pages(spec.deferred_text)
         };
-        println!(
-            "@pti user_copy_kernel_pages={} entry_area_pages={} deferred_switch_pages={} pti_switch={} global_text={} nx=1",
-            pages(spec.entry_area) + text_pages + deferred_extra,
-            pages(spec.entry_area),
-            pages(spec.deferred_text),
-            if deferred { "deferred" } else { "asm" },
-            if global_text.is_some() { "on" } else { "off" },
-        );
+        print_pti_line(&PtiLine {
+            user_copy_kernel_pages: pages(spec.entry_area) + text_pages + deferred_extra,
+            entry_area: spec.entry_area,
+            deferred_text: spec.deferred_text,
+            global_text: global_text.is_some(),
+            nx: true,
+        });
     }
     // A kernel-only address space: slot 511 only.
     let Some(root) = Frames.pair() else {
         panic!("out of memory for the kernel page tables")
     };
     DirectMap.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
-    // SAFETY: enabling global pages; the TLB is flushed by the CR3 write below.
-    unsafe { super::cpu::write_cr4(super::cpu::read_cr4() | super::cpu::CR4_PGE) };
-    write_cr3(cr3_value(root, false, 0, false), Cr3Reason::Other);
-    // The 32-bit boot code's CR3 load happened before counters existed.
-    telemetry::inc(Counter::Cr3Other);
-    telemetry::inc(Counter::TlbFlushFull);
+    load_kernel_root(cr3_value(root, false, 0, false));
     half
 }
 

@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod entry;
 pub mod exceptions;
 pub mod io;
+pub mod paging;
 pub mod percpu;
 pub mod sections;
 pub mod serial;
