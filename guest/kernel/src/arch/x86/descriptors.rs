@@ -119,27 +119,15 @@ pub fn init_gdt_tss_for(cpu: usize) {
             base as u16,
             (base >> 16) as u16,
         ];
-        asm!(
-            "lgdt [{ptr}]",
-            "push {cs}",
-            "lea {tmp}, [2f]",
-            "push {tmp}",
-            "retf",
-            "2:",
-            "mov ss, {kds:e}",
-            "mov ds, {uds:e}",
-            "mov es, {uds:e}",
-            "xor {tmp:e}, {tmp:e}",
-            "mov gs, {tmp:e}",
-            "ltr {tss:x}",
-            ptr = in(reg) ptr.as_ptr(),
-            cs = in(reg) KERNEL_CS as u32,
-            kds = in(reg) KERNEL_DS as u32,
-            uds = in(reg) USER_DS as u32,
-            tss = in(reg) TSS_SEL,
-            tmp = out(reg) _,
+        crate::arch::x86_shared::descriptors::load_gdt_tss(
+            ptr.as_ptr(),
+            KERNEL_CS,
+            KERNEL_DS,
+            USER_DS,
+            TSS_SEL,
         );
-        // Apart: one more register operand above is more than i386 has.
+        // FS, the per-CPU segment, apart: the shared load leaves it to the
+        // flavour.
         asm!("mov fs, {:e}", in(reg) PERCPU_SEL as u32, options(nostack, preserves_flags));
     }
 }

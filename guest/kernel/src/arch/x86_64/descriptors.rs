@@ -161,26 +161,15 @@ pub fn init_gdt_tss_for(cpu: usize) {
                 (base >> 48) as u16,
             ]
         };
-        asm!(
-            "lgdt [{ptr}]",
-            "push {cs}",
-            "lea {tmp}, [rip + 2f]",
-            "push {tmp}",
-            "retfq",
-            "2:",
-            "mov ds, {ds:e}",
-            "mov es, {ds:e}",
-            "mov ss, {ds:e}",
-            "xor {tmp:e}, {tmp:e}",
-            "mov fs, {tmp:e}",
-            "mov gs, {tmp:e}",
-            "ltr {tss:x}",
-            ptr = in(reg) ptr.as_ptr(),
-            cs = in(reg) KERNEL_CS as u64,
-            ds = in(reg) KERNEL_DS as u64,
-            tss = in(reg) TSS_SEL,
-            tmp = out(reg) _,
+        crate::arch::x86_shared::descriptors::load_gdt_tss(
+            ptr.as_ptr(),
+            KERNEL_CS,
+            KERNEL_DS,
+            KERNEL_DS,
+            TSS_SEL,
         );
+        // A null FS (its base is unused on x86_64).
+        asm!("mov fs, {:e}", in(reg) 0u32, options(nostack, preserves_flags));
     }
 }
 

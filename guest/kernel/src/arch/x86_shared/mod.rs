@@ -2,6 +2,7 @@
 pub mod boot;
 pub mod context;
 pub mod cpu;
+pub mod descriptors;
 pub mod entry;
 pub mod exceptions;
 pub mod io;
