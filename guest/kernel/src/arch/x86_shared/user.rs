@@ -362,6 +362,19 @@ pub fn section() -> (u64, u64) {
 macro_rules! messaging_programs {
     () => {
         r#"
+    /* A worker's stack frame: `bytes` reserved, the first `words` 32-bit
+     * slots zeroed (rep stosl), the parameter `lps` (loops) stored at
+     * `loops_off`; ebp = loops, eax = 0 and ecx = 0 after it. */
+    .macro MSG_FRAME sfx, sp, di, lps, bytes, words, loops_off
+    sub\sfx $\bytes, %\sp
+    movl %\lps, %ebp
+    mov\sfx %\sp, %\di
+    xorl %eax, %eax
+    movl $\words, %ecx
+    rep stosl
+    movl %ebp, \loops_off(%\sp)
+    .endm
+
     .macro MSG_PROGRAMS kind, sfx, sp, ax, di, cx, a0, a1, a2, p1, grp, idx, lps
     /* The parent: marks the phase, reaps every worker, sums their exit
      * statuses (mismatches), marks the end with (cycles, mismatches).
@@ -399,13 +412,7 @@ user_msg_parent_\kind:
     .balign 16
     .global user_msg_sender_\kind
 user_msg_sender_\kind:
-    sub\sfx $128, %\sp
-    movl %\lps, %ebp
-    mov\sfx %\sp, %\di
-    xorl %eax, %eax
-    movl $28, %ecx
-    rep stosl
-    movl %ebp, 112(%\sp)
+    MSG_FRAME \sfx, \sp, \di, \lps, 128, 28, 112
     movl %\grp, %eax
     shll $16, %eax
     orl %\idx, %eax
@@ -454,13 +461,7 @@ user_msg_sender_\kind:
     .balign 16
     .global user_msg_receiver_\kind
 user_msg_receiver_\kind:
-    sub\sfx $208, %\sp
-    movl %\lps, %ebp
-    mov\sfx %\sp, %\di
-    xorl %eax, %eax
-    movl $52, %ecx
-    rep stosl
-    movl %ebp, 204(%\sp)
+    MSG_FRAME \sfx, \sp, \di, \lps, 208, 52, 204
     imull ${group}, %ebp, %eax
     movl %eax, 196(%\sp)
     movl %\grp, %ebp
@@ -539,6 +540,7 @@ macro_rules! messaging_asm {
             "    .section .user.text.msg, \"ax\"",
             $instances,
             "    .purgem MSG_PROGRAMS",
+            "    .purgem MSG_FRAME",
             "    .purgem PHASE_END",
             "    .purgem SYS",
             "    .previous",
