@@ -10,6 +10,7 @@ use guest_core::pae::layout::cr3_value;
 use guest_core::pae::{build_kernel_half, build_kernel_only, KernelSpec};
 pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
 use guest_core::pte::PhysMem;
+use guest_core::workingset::{Range, Tables};
 use ptiscope_abi::telemetry::Counter;
 
 /// Why CR3 is written; each reason has its own counter.
@@ -102,16 +103,13 @@ pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Res
     if !pmd.present() {
         return Err(MapError::NotCanonical(va));
     }
-    guest_core::workingset::map_range_pae(
-        &mut DirectMap,
-        &mut Frames,
-        pmd.addr(),
+    let range = Range {
         va,
         phys,
         len,
         page,
-        nx,
-    )
+    };
+    guest_core::workingset::map_range_pae(&mut DirectMap, &mut Frames, pmd.addr(), range, nx)
 }
 
 /// Maps `[va, va + len)` of the kernel half (the kernel PMD, shared by
@@ -128,14 +126,16 @@ pub fn map_kernel_range(
     use guest_core::pte::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
     let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
     let global = if pti { 0 } else { GLOBAL };
-    guest_core::workingset::map_range_pae_flags(
+    guest_core::workingset::map_range_flags(
         &mut DirectMap,
         &mut Frames,
-        half.kernel_pmd,
-        va,
-        phys,
-        len,
-        4096,
+        Tables::PaePmd(half.kernel_pmd),
+        Range {
+            va,
+            phys,
+            len,
+            page: 4096,
+        },
         WRITABLE | nx | global,
         PRESENT | WRITABLE,
     )

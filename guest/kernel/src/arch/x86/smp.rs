@@ -88,14 +88,16 @@ pub fn init_bsp(cpus: usize, kernel_root: u64) {
             guest_core::pae::Pte(DirectMap.read(kernel_root, guest_core::pae::KERNEL_PDPT_SLOT))
                 .addr();
         let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
-        guest_core::workingset::map_range_pae_flags(
+        guest_core::workingset::map_range_flags(
             &mut DirectMap,
             &mut Frames,
-            kernel_pmd,
-            LAPIC_VA,
-            LAPIC_PHYS,
-            4096,
-            4096,
+            guest_core::workingset::Tables::PaePmd(kernel_pmd),
+            guest_core::workingset::Range {
+                va: LAPIC_VA,
+                phys: LAPIC_PHYS,
+                len: 4096,
+                page: 4096,
+            },
             WRITABLE | NO_CACHE | WRITE_THROUGH | nx,
             PRESENT | WRITABLE,
         )

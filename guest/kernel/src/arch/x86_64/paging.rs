@@ -11,6 +11,7 @@ use guest_core::paging::{
     build_kernel_half_global_text, FrameSource, KernelSpec, PhysMem, KERNEL_PML4_SLOT,
 };
 pub use guest_core::paging::{KernelHalf, MapError, UserSpec};
+use guest_core::workingset::{Range, Tables};
 use ptiscope_abi::telemetry::Counter;
 
 /// Why CR3 is written; each reason has its own counter.
@@ -108,15 +109,13 @@ pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapErro
 /// user, writable, NX, with `page`-sized leaves: the working set of `wss=`
 /// (see workingset.rs). Both copies share the user half below the PML4.
 pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
-    guest_core::workingset::map_range(
-        &mut DirectMap,
-        &mut Frames,
-        pair + 4096,
+    let range = Range {
         va,
         phys,
         len,
         page,
-    )
+    };
+    guest_core::workingset::map_range(&mut DirectMap, &mut Frames, pair + 4096, range)
 }
 
 /// Maps `[va, va + len)` of the kernel half (shared by every address space)
@@ -139,11 +138,13 @@ pub fn map_kernel_range(
     guest_core::workingset::map_range_flags(
         &mut DirectMap,
         &mut Frames,
-        root,
-        va,
-        phys,
-        len,
-        4096,
+        Tables::FourLevel(root),
+        Range {
+            va,
+            phys,
+            len,
+            page: 4096,
+        },
         WRITABLE | NO_EXECUTE | global,
         guest_core::paging::KERNEL_TABLE_FLAGS,
     )
