@@ -36,6 +36,18 @@ pub struct Range {
     pub page: u64,
 }
 
+impl Range {
+    /// The range of `len` bytes from `va` to `phys` with `page`-sized leaves.
+    pub const fn new(va: u64, phys: u64, len: u64, page: u64) -> Self {
+        Range {
+            va,
+            phys,
+            len,
+            page,
+        }
+    }
+}
+
 /// The page tables a range goes into.
 #[derive(Clone, Copy, Debug)]
 pub enum Tables {
@@ -210,18 +222,8 @@ mod tests {
             let root = frames.pair().unwrap();
             let va = 0x100_0000 - if page == SMALL { 4096 } else { 0 };
             let phys = 0x4000_0000;
-            map_range(
-                &mut mem,
-                &mut frames,
-                root,
-                Range {
-                    va,
-                    phys,
-                    len,
-                    page,
-                },
-            )
-            .unwrap();
+            let range = |len| Range::new(va, phys, len, page);
+            map_range(&mut mem, &mut frames, root, range(len)).unwrap();
             for off in (0..len).step_by(4096) {
                 let t = translate(&mem, root, va + off).unwrap();
                 assert_eq!(t.phys, phys + off, "{page} {off:#x}");
@@ -230,17 +232,7 @@ mod tests {
             assert!(translate(&mem, root, va + len).is_none());
             assert!(va == 0 || translate(&mem, root, va - 4096).is_none());
             assert_eq!(
-                map_range(
-                    &mut mem,
-                    &mut frames,
-                    root,
-                    Range {
-                        va,
-                        phys,
-                        len: page,
-                        page
-                    }
-                ),
+                map_range(&mut mem, &mut frames, root, range(page)),
                 Err(MapError::AlreadyMapped(va))
             );
         }
@@ -255,12 +247,7 @@ mod tests {
             let pmd = frames.frame().unwrap();
             mem.write(pdpt, 0, crate::pae::pdpte(pmd));
             let va = 0x100_0000;
-            let range = Range {
-                va,
-                phys: 0x80_0000,
-                len,
-                page,
-            };
+            let range = Range::new(va, 0x80_0000, len, page);
             map_range_pae(&mut mem, &mut frames, pmd, range, true).unwrap();
             for off in (0..len).step_by(4096) {
                 let t = crate::pae::translate(&mem, pdpt, va + off).unwrap();
@@ -269,19 +256,9 @@ mod tests {
         }
         let mut mem = Mem::default();
         let mut frames = Frames(0);
-        let across = Range {
-            va: 0x3fe0_0000,
-            phys: 0,
-            len: 4 << 20,
-            page: HUGE,
-        };
+        let across = Range::new(0x3fe0_0000, 0, 4 << 20, HUGE);
         assert!(map_range_pae(&mut mem, &mut frames, 0x1000, across, false).is_err());
-        let misaligned = Range {
-            va: 0x1000,
-            phys: 0,
-            len: 2 << 20,
-            page: HUGE,
-        };
+        let misaligned = Range::new(0x1000, 0, 2 << 20, HUGE);
         assert!(map_range(&mut mem, &mut frames, 0x1000, misaligned).is_err());
     }
 }

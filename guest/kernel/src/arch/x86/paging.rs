@@ -103,12 +103,7 @@ pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Res
     if !pmd.present() {
         return Err(MapError::NotCanonical(va));
     }
-    let range = Range {
-        va,
-        phys,
-        len,
-        page,
-    };
+    let range = Range::new(va, phys, len, page);
     guest_core::workingset::map_range_pae(&mut DirectMap, &mut Frames, pmd.addr(), range, nx)
 }
 
@@ -130,12 +125,7 @@ pub fn map_kernel_range(
         &mut DirectMap,
         &mut Frames,
         Tables::PaePmd(half.kernel_pmd),
-        Range {
-            va,
-            phys,
-            len,
-            page: 4096,
-        },
+        Range::new(va, phys, len, 4096),
         WRITABLE | nx | global,
         PRESENT | WRITABLE,
     )

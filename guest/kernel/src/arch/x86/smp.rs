@@ -92,12 +92,7 @@ pub fn init_bsp(cpus: usize, kernel_root: u64) {
             &mut DirectMap,
             &mut Frames,
             guest_core::workingset::Tables::PaePmd(kernel_pmd),
-            guest_core::workingset::Range {
-                va: LAPIC_VA,
-                phys: LAPIC_PHYS,
-                len: 4096,
-                page: 4096,
-            },
+            guest_core::workingset::Range::new(LAPIC_VA, LAPIC_PHYS, 4096, 4096),
             WRITABLE | NO_CACHE | WRITE_THROUGH | nx,
             PRESENT | WRITABLE,
         )

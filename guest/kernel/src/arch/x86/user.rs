@@ -223,10 +223,7 @@ user_sysenter_return:
     popl %ecx
     ret
 
-    USER_PROGRAMS 2
-    USER_PROGRAMS 3
-    USER_PROGRAMS 4
-    USER_PROGRAMS 5
+    FOR_ENTRIES 2, USER_PROGRAMS
     .purgem STORE64
 "#,
 );
@@ -248,10 +245,7 @@ messaging_asm!(
 
 "#,
     r#"
-    MSG_PROGRAMS 2, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
-    MSG_PROGRAMS 3, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
-    MSG_PROGRAMS 4, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
-    MSG_PROGRAMS 5, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
+    FOR_ENTRIES 2, MSG_PROGRAMS, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
 "#,
 );
 
@@ -260,14 +254,8 @@ messaging_asm!(
 // working set, edi arrives as the thread's index (saved before the count).
 pound_asm!(
     r#"
-    USER_POUND 2, l, eax, edi, edi, ebx, esi, ebx
-    USER_POUND 3, l, eax, edi, edi, ebx, esi, ebx
-    USER_POUND 4, l, eax, edi, edi, ebx, esi, ebx
-    USER_POUND 5, l, eax, edi, edi, ebx, esi, ebx
-    USER_POUND_WSS 2, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
-    USER_POUND_WSS 3, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
-    USER_POUND_WSS 4, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
-    USER_POUND_WSS 5, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
+    FOR_ENTRIES 2, USER_POUND, l, eax, edi, edi, ebx, esi, ebx
+    FOR_ENTRIES 2, USER_POUND_WSS, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
 "#,
 );
 

@@ -109,12 +109,7 @@ pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapErro
 /// user, writable, NX, with `page`-sized leaves: the working set of `wss=`
 /// (see workingset.rs). Both copies share the user half below the PML4.
 pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
-    let range = Range {
-        va,
-        phys,
-        len,
-        page,
-    };
+    let range = Range::new(va, phys, len, page);
     guest_core::workingset::map_range(&mut DirectMap, &mut Frames, pair + 4096, range)
 }
 
@@ -139,12 +134,7 @@ pub fn map_kernel_range(
         &mut DirectMap,
         &mut Frames,
         Tables::FourLevel(root),
-        Range {
-            va,
-            phys,
-            len,
-            page: 4096,
-        },
+        Range::new(va, phys, len, 4096),
         WRITABLE | NO_EXECUTE | global,
         guest_core::paging::KERNEL_TABLE_FLAGS,
     )

@@ -182,10 +182,7 @@ user_loop_\kind:
 
 "#,
     r#"
-    USER_PROGRAMS 1
-    USER_PROGRAMS 3
-    USER_PROGRAMS 4
-    USER_PROGRAMS 5
+    FOR_ENTRIES 1, USER_PROGRAMS
     .purgem PHASE_BEGIN
     .purgem RDTSC64
 "#,
@@ -209,10 +206,7 @@ messaging_asm!(
 
 "#,
     r#"
-    MSG_PROGRAMS 1, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
-    MSG_PROGRAMS 3, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
-    MSG_PROGRAMS 4, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
-    MSG_PROGRAMS 5, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
+    FOR_ENTRIES 1, MSG_PROGRAMS, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
 "#,
 );
 
@@ -222,14 +216,8 @@ messaging_asm!(
 // instruction.
 pound_asm!(
     r#"
-    USER_POUND 1, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 3, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 4, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 5, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND_WSS 1, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 3, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 4, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 5, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
+    FOR_ENTRIES 1, USER_POUND, q, rax, rbx, ebx, r12, r13, rdi
+    FOR_ENTRIES 1, USER_POUND_WSS, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
 "#,
 );
 

@@ -34,7 +34,9 @@ pub const FLAG_WSS: u64 = 4;
 pub const KREAD_SURVIVED: u64 = 77;
 
 /// `SYS kind`: the syscall instruction of entry method `kind` (the ABI
-/// entry code). Each asm block that splices it in purges it at its end.
+/// entry code), and `FOR_ENTRIES first, mac, args`, which instantiates a
+/// program macro for each of the flavour's entries. Each asm block that
+/// splices them in purges them at its end.
 macro_rules! sys_macro {
     () => {
         r#"
@@ -50,6 +52,18 @@ macro_rules! sys_macro {
     .else
     int $4
     .endif
+    .endm
+
+    /* `FOR_ENTRIES first, mac, args`: `mac kind, args` for each entry of
+     * the flavour, `first` (its fast entry) then 3, 4, 5. */
+    .macro FOR_ENTRIES first, mac, args:vararg
+    .irp kind, \first, 3, 4, 5
+    .ifb \args
+    \mac \kind
+    .else
+    \mac \kind, \args
+    .endif
+    .endr
     .endm
 "#
     };
@@ -228,6 +242,7 @@ macro_rules! user_loop_asm {
             "    .purgem USER_PROGRAMS",
             "    .purgem USER_INIT",
             "    .purgem SYS",
+            "    .purgem FOR_ENTRIES",
             "    .previous",
             nopti = const $crate::arch::x86_shared::user::FLAG_NOPTI,
             kread = const $crate::arch::x86_shared::user::FLAG_KREAD,
@@ -543,6 +558,7 @@ macro_rules! messaging_asm {
             "    .purgem MSG_FRAME",
             "    .purgem PHASE_END",
             "    .purgem SYS",
+            "    .purgem FOR_ENTRIES",
             "    .previous",
             phase_mark = const ptiscope_abi::syscall::PHASE_MARK,
             begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
@@ -577,6 +593,7 @@ macro_rules! pound_asm {
             "    .purgem USER_POUND",
             "    .purgem USER_POUND_WSS",
             "    .purgem SYS",
+            "    .purgem FOR_ENTRIES",
             "    .previous",
             getppid = const ptiscope_abi::syscall::GETPPID,
             exit = const ptiscope_abi::syscall::EXIT,
