@@ -1,5 +1,6 @@
 //! CR3 writes from Rust code, and the PAE page tables of the kernel and of
 //! processes (built by `guest_core::pae`).
+pub use crate::arch::x86_shared::paging::map_kernel_range;
 use crate::arch::x86_shared::paging::{load_kernel_root, print_pti_line, PtiLine};
 use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
@@ -107,26 +108,15 @@ pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Res
     guest_core::workingset::map_range_pae(&mut DirectMap, &mut Frames, pmd.addr(), range, nx)
 }
 
-/// Maps `[va, va + len)` of the kernel half (the kernel PMD, shared by
-/// every address space) to `[phys, phys + len)` with 4 KiB pages,
-/// kernel-only, writable, NX when the CPU has it, non-global with PTI and
-/// global without: the kernel working set of `kwss=`.
-pub fn map_kernel_range(
-    half: &KernelHalf,
-    va: u64,
-    phys: u64,
-    len: u64,
-    pti: bool,
-) -> Result<(), MapError> {
-    use guest_core::pte::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
+/// The kernel working set's tables, leaf and table flags (see
+/// `map_kernel_range`): the kernel PMD, shared by every address space;
+/// writable, NX when the CPU has it.
+pub fn kernel_range_tables(half: &KernelHalf) -> Result<(Tables, u64, u64), MapError> {
+    use guest_core::pte::flags::{NO_EXECUTE, PRESENT, WRITABLE};
     let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
-    let global = if pti { 0 } else { GLOBAL };
-    guest_core::workingset::map_range_flags(
-        &mut DirectMap,
-        &mut Frames,
+    Ok((
         Tables::PaePmd(half.kernel_pmd),
-        Range::new(va, phys, len, 4096),
-        WRITABLE | nx | global,
+        WRITABLE | nx,
         PRESENT | WRITABLE,
-    )
+    ))
 }

@@ -29,13 +29,7 @@ crate::arch::x86_shared::smp::smp_asm!(
 1:  movl %cr0, %eax
     orl $0x80010001, %eax           /* PG | WP | PE: loads the PDPTEs */
     movl %eax, %cr0
-    movl ({tp} + (tr_stack - ap_trampoline)), %esp
-    movl ({tp} + (tr_cpu - ap_trampoline)), %eax
-    movl ({tp} + (tr_entry - ap_trampoline)), %ecx
-    jmp *%ecx
-
-    AP_TRAMPOLINE_GDT {tp}, 0
-    AP_TRAMPOLINE_HANDOVER .long, 4
+    AP_TRAMPOLINE_END {tp}, l, ecx, esp, eax, 0, .long, 4
 
     .section .text.ap_start32, "ax"
     .code32

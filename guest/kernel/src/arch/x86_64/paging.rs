@@ -1,5 +1,6 @@
 //! CR3 writes from Rust code: the one counted place besides the entry
 //! macros in entry.rs, which update the same counters.
+pub use crate::arch::x86_shared::paging::map_kernel_range;
 use crate::arch::x86_shared::paging::{load_kernel_root, print_pti_line, PtiLine};
 use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
@@ -113,29 +114,14 @@ pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Res
     guest_core::workingset::map_range(&mut DirectMap, &mut Frames, pair + 4096, range)
 }
 
-/// Maps `[va, va + len)` of the kernel half (shared by every address space)
-/// to `[phys, phys + len)` with 4 KiB pages, kernel-only, writable, NX,
-/// non-global with PTI (so that the CR3 switches flush them, like the rest
-/// of the kernel) and global without: the kernel working set of `kwss=`.
-pub fn map_kernel_range(
-    half: &KernelHalf,
-    va: u64,
-    phys: u64,
-    len: u64,
-    pti: bool,
-) -> Result<(), MapError> {
-    use guest_core::paging::flags::{GLOBAL, NO_EXECUTE, WRITABLE};
-    // A scratch root whose slot 511 is the kernel half: the tables below it
-    // are the ones every address space shares.
+/// The kernel working set's tables, leaf and table flags (see
+/// `map_kernel_range`): a scratch root whose slot 511 is the kernel half,
+/// so that the tables below it are the ones every address space shares;
+/// writable, NX.
+pub fn kernel_range_tables(half: &KernelHalf) -> Result<(Tables, u64, u64), MapError> {
+    use guest_core::paging::flags::{NO_EXECUTE, WRITABLE};
     let root = Frames.frame().ok_or(MapError::OutOfFrames)?;
     DirectMap.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
-    let global = if pti { 0 } else { GLOBAL };
-    guest_core::workingset::map_range_flags(
-        &mut DirectMap,
-        &mut Frames,
-        Tables::FourLevel(root),
-        Range::new(va, phys, len, 4096),
-        WRITABLE | NO_EXECUTE | global,
-        guest_core::paging::KERNEL_TABLE_FLAGS,
-    )
+    let table_flags = guest_core::paging::KERNEL_TABLE_FLAGS;
+    Ok((Tables::FourLevel(root), WRITABLE | NO_EXECUTE, table_flags))
 }

@@ -35,13 +35,7 @@ crate::arch::x86_shared::smp::smp_asm!(
 
     .code64
 tr_long:
-    movq ({tp} + (tr_entry - ap_trampoline)), %rax
-    movq ({tp} + (tr_stack - ap_trampoline)), %rsp
-    movq ({tp} + (tr_cpu - ap_trampoline)), %rdi
-    jmp *%rax
-
-    AP_TRAMPOLINE_GDT {tp}, 1
-    AP_TRAMPOLINE_HANDOVER .quad, 8
+    AP_TRAMPOLINE_END {tp}, q, rax, rsp, rdi, 1, .quad, 8
 
     .section .text.ap_start64, "ax"
     .global ap_start64

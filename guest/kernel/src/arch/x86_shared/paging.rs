@@ -1,8 +1,9 @@
 //! What both flavours' paging.rs share: the switch from the boot page
-//! tables to the kernel-only root and the `@pti` line that describes the
-//! user copy's kernel part.
+//! tables to the kernel-only root, the `@pti` line that describes the
+//! user copy's kernel part, and mapping the kernel working set.
 use crate::arch::cpu;
-use crate::arch::paging::{write_cr3, Cr3Reason};
+use crate::arch::paging::{kernel_range_tables, write_cr3, Cr3Reason, KernelHalf, MapError};
+use crate::mm::{DirectMap, Frames};
 use crate::telemetry;
 use ptiscope_abi::telemetry::Counter;
 
@@ -40,4 +41,31 @@ pub fn print_pti_line(line: &PtiLine) {
         if line.global_text { "on" } else { "off" },
         line.nx as u8
     );
+}
+
+/// Maps `[va, va + len)` of the kernel half (shared by every address space)
+/// to `[phys, phys + len)` with 4 KiB pages, kernel-only, writable, NX
+/// where the CPU has it, non-global with PTI (so that the CR3 switches
+/// flush them, like the rest of the kernel) and global without: the kernel
+/// working set of `kwss=`. The flavour's `kernel_range_tables` names the
+/// tables below the kernel half and the leaf and table flags.
+pub fn map_kernel_range(
+    half: &KernelHalf,
+    va: u64,
+    phys: u64,
+    len: u64,
+    pti: bool,
+) -> Result<(), MapError> {
+    use guest_core::pte::flags::GLOBAL;
+    let (tables, leaf, table_flags) = kernel_range_tables(half)?;
+    let global = if pti { 0 } else { GLOBAL };
+    let range = guest_core::workingset::Range::new(va, phys, len, 4096);
+    guest_core::workingset::map_range_flags(
+        &mut DirectMap,
+        &mut Frames,
+        tables,
+        range,
+        leaf | global,
+        table_flags,
+    )
 }

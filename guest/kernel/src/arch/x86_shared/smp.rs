@@ -26,7 +26,10 @@ use ptiscope_abi::telemetry::Counter;
 /// * `AP_TRAMPOLINE_HANDOVER word, align`: the handover words the BSP
 ///   fills before each SIPI (`ap_trampoline_handover`: `tr_cr3`, `tr_efer`,
 ///   `tr_entry`, `tr_stack`, `tr_cpu`, each a `word`, the flavour's
-///   `ApHandover`) and `ap_trampoline_end`.
+///   `ApHandover`) and `ap_trampoline_end`;
+/// * `AP_TRAMPOLINE_END tp, sfx, entry, sp, cpu, long, word, align`: the
+///   jump to `ap_start*` (entry, stack and CPU index loaded from the
+///   handover words), then the GDT and the handover words.
 ///
 /// [`smp_asm!`] splices them into the flavour's asm block and purges them.
 macro_rules! ap_trampoline_macros {
@@ -77,6 +80,18 @@ tr_gdt_ptr:
     .long \tp + (tr_gdt - ap_trampoline)
     .endm
 
+    /* The trampoline's end: the jump to the flavour's `ap_start*` with the
+     * stack and the CPU index from the handover words (`sfx` the load's
+     * size, `entry sp cpu` the registers), its GDT and the handover words. */
+    .macro AP_TRAMPOLINE_END tp, sfx, entry, sp, cpu, long, word, align
+    mov\sfx (\tp + (tr_entry - ap_trampoline)), %\entry
+    mov\sfx (\tp + (tr_stack - ap_trampoline)), %\sp
+    mov\sfx (\tp + (tr_cpu - ap_trampoline)), %\cpu
+    jmp *%\entry
+    AP_TRAMPOLINE_GDT \tp, \long
+    AP_TRAMPOLINE_HANDOVER \word, \align
+    .endm
+
     .macro AP_TRAMPOLINE_HANDOVER word, align
     .balign \align
     /* Handed over by the BSP before each SIPI (ApHandover). */
@@ -116,6 +131,7 @@ entry_spurious:
     .purgem AP_TRAMPOLINE_START
     .purgem AP_TRAMPOLINE_GDT
     .purgem AP_TRAMPOLINE_HANDOVER
+    .purgem AP_TRAMPOLINE_END
 "
             ),
             tp = const $crate::arch::x86_shared::smp::TRAMPOLINE_PHYS,
