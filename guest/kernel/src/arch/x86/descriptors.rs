@@ -5,6 +5,7 @@
 //! is also what SYSENTER/SYSEXIT need: SYSENTER_CS = 0x60, SS = 0x68,
 //! SYSEXIT CS = 0x73, SS = 0x7b. As Linux, DS and ES hold USER_DS in kernel
 //! mode too (flat, DPL 3, usable at CPL 0), so entries reload no segment.
+use crate::arch::x86_shared::descriptors::load_gdt_tss;
 use core::arch::asm;
 use core::ptr::addr_of_mut;
 
@@ -113,19 +114,10 @@ pub fn init_gdt_tss_for(cpu: usize) {
         t[1] = stack_top as u32;
         t[2] = KERNEL_DS as u32;
         t[25] = ((TSS_WORDS * 4) as u32) << 16; // no I/O bitmap
-        let base = gdt.as_ptr() as u32;
-        let ptr: [u16; 3] = [
-            (GDT_ENTRIES * 8 - 1) as u16,
-            base as u16,
-            (base >> 16) as u16,
-        ];
-        crate::arch::x86_shared::descriptors::load_gdt_tss(
-            ptr.as_ptr(),
-            KERNEL_CS,
-            KERNEL_DS,
-            USER_DS,
-            TSS_SEL,
-        );
+        let (base, limit) = (gdt.as_ptr() as usize, (GDT_ENTRIES * 8 - 1) as u16);
+        // SS the kernel's data segment, DS/ES the flat user one (as Linux
+        // x86_32 keeps them).
+        load_gdt_tss(base, limit, KERNEL_CS, KERNEL_DS, USER_DS, TSS_SEL);
         // FS, the per-CPU segment, apart: the shared load leaves it to the
         // flavour.
         asm!("mov fs, {:e}", in(reg) PERCPU_SEL as u32, options(nostack, preserves_flags));

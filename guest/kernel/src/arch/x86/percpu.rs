@@ -45,7 +45,6 @@ pub mod kernel {
 // init_boot_cpu still finds a stack.
 crate::arch::x86_shared::percpu::percpu_asm!(
     r#"
-    PERCPU_RECORDS kernel_percpu, .data.kernel_percpu
     .fill {fault}, 1, 0
     .long fault_stack_top
     .fill {bytes} - {fault} - 4, 1, 0

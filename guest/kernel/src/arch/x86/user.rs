@@ -33,6 +33,27 @@ user_loop_asm!(
     movl %eax, \dst+4
     .endm
 
+    /* The cycles since the TSC saved at off(%esp): high word in esi, low
+     * word in ecx (edx:eax clobbered). */
+    .macro CYCLES_SINCE off
+    rdtsc
+    subl \off(%esp), %eax
+    sbbl \off+4(%esp), %edx
+    movl %edx, %esi                 /* cycles, high word */
+    movl %eax, %ecx                 /* cycles, low word */
+    .endm
+
+    /* The end marker, phase_mark(end, cycles_lo, mismatches, cycles_hi),
+     * with the mismatches at off(%esp); then ebx = the mismatches (the
+     * exit status). */
+    .macro MARK_END kind, off
+    movl \off(%esp), %edx           /* mismatches */
+    movl ${end}, %ebx
+    movl ${phase_mark}, %eax
+    SYS \kind
+    movl \off(%esp), %ebx
+    .endm
+
     .macro USER_PROGRAMS kind
     .balign 16
     .global user_loop_\kind
@@ -87,16 +108,8 @@ user_loop_\kind:
     incl 20(%esp)
 4:  decl %esi
     jnz 3b
-5:  rdtsc
-    subl 24(%esp), %eax
-    sbbl 28(%esp), %edx
-    movl %edx, %esi                 /* cycles, high word */
-    movl %eax, %ecx                 /* cycles, low word */
-    movl 20(%esp), %edx             /* mismatches */
-    movl ${end}, %ebx
-    movl ${phase_mark}, %eax
-    SYS \kind
-    movl 20(%esp), %ebx
+5:  CYCLES_SINCE 24
+    MARK_END \kind, 20
 8:  movl ${exit}, %eax
     SYS \kind
     ud2
@@ -184,21 +197,13 @@ user_loop_\kind:
     incl 68(%esp)
 27: decl 52(%esp)
     jnz 22b
-25: rdtsc
-    subl 72(%esp), %eax
-    sbbl 76(%esp), %edx
-    movl %edx, %esi                 /* cycles, high word */
-    movl %eax, %ecx                 /* cycles, low word */
+25: CYCLES_SINCE 72
     STORE64 0, {ctrl_touched}
     movl 8(%esp), %eax
     movl %eax, {ctrl_sum}
     STORE64 24, {ctrl_tcycles}
     STORE64 36, {ctrl_tmin}
-    movl 68(%esp), %edx             /* mismatches */
-    movl ${end}, %ebx
-    movl ${phase_mark}, %eax
-    SYS \kind
-    movl 68(%esp), %ebx
+    MARK_END \kind, 68
     jmp 8b
 
     USER_INIT \kind, l, eax, edi, edi, ebx
@@ -225,6 +230,8 @@ user_sysenter_return:
 
     FOR_ENTRIES 2, USER_PROGRAMS
     .purgem STORE64
+    .purgem CYCLES_SINCE
+    .purgem MARK_END
 "#,
 );
 

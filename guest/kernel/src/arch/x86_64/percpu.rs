@@ -59,7 +59,6 @@ pub mod entry {
 
 crate::arch::x86_shared::percpu::percpu_asm!(
     r#"
-    PERCPU_RECORDS kernel_percpu, .data.kernel_percpu
     .fill {bytes}, 1, 0
     PERCPU_RECORDS entry_percpu, .entry.data.percpu
     .fill {bytes}, 1, 0

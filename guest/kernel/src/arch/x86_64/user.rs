@@ -41,6 +41,17 @@ user_loop_asm!(
     orq %rax, %rdx
     .endm
 
+    /* The end marker, phase_mark(end, cycles (rdx), mismatches (rbx));
+     * then rdi = the mismatches (the exit status). */
+    .macro MARK_END kind
+    movq %rdx, %rsi                 /* cycles */
+    movq %rbx, %rdx                 /* mismatches */
+    movl ${phase_mark}, %eax
+    movl ${end}, %edi
+    SYS \kind
+    movq %rbx, %rdi
+    .endm
+
     .macro USER_PROGRAMS kind
     .balign 16
     .global user_loop_\kind
@@ -84,12 +95,7 @@ user_loop_\kind:
     shlq $32, %rdx
     orq %rax, %rdx
     subq %r15, %rdx
-    movq %rdx, %rsi                 /* cycles */
-    movq %rbx, %rdx                 /* mismatches */
-    movl ${phase_mark}, %eax
-    movl ${end}, %edi
-    SYS \kind
-    movq %rbx, %rdi
+    MARK_END \kind
 8:  movl ${exit}, %eax
     SYS \kind
     ud2
@@ -169,12 +175,7 @@ user_loop_\kind:
     movq %rax, {ctrl_tcycles}
     movq 16(%rsp), %rax
     movq %rax, {ctrl_tmin}
-    movq %rdx, %rsi                 /* cycles */
-    movq %rbx, %rdx                 /* mismatches */
-    movl ${phase_mark}, %eax
-    movl ${end}, %edi
-    SYS \kind
-    movq %rbx, %rdi
+    MARK_END \kind
     jmp 8b
 
     USER_INIT \kind, q, rax, rbx, ebx, rdi
@@ -185,6 +186,7 @@ user_loop_\kind:
     FOR_ENTRIES 1, USER_PROGRAMS
     .purgem PHASE_BEGIN
     .purgem RDTSC64
+    .purgem MARK_END
 "#,
 );
 

@@ -27,10 +27,11 @@ macro_rules! seg {
 }
 
 /// `percpu_asm!(body; extra operands)`: a flavour's asm block of per-CPU
-/// records: `PERCPU_RECORDS name, section` opens the 256-aligned global
-/// array `name` in `section`, which `body` fills (`{bytes}`: one
-/// `CPU_BLOCK_STRIDE` per CPU); the `extra operands`, each followed by a
-/// comma, are the ones only the flavour names.
+/// records: it opens `kernel_percpu` (in `.data.kernel_percpu`), which
+/// `body` fills (`{bytes}`: one `CPU_BLOCK_STRIDE` per CPU) and may go on
+/// with more records (`PERCPU_RECORDS name, section` opens the 256-aligned
+/// global array `name` in `section`); the `extra operands`, each followed
+/// by a comma, are the ones only the flavour names.
 macro_rules! percpu_asm {
     ($body:expr $(,)?; $($extra:tt)*) => {
         core::arch::global_asm!(
@@ -41,6 +42,7 @@ macro_rules! percpu_asm {
     .global \name
 \name:
     .endm
+    PERCPU_RECORDS kernel_percpu, .data.kernel_percpu
 "#,
             $body,
             "    .previous
