@@ -215,75 +215,64 @@ pub mod telemetry {
         pub const INT4: u32 = 5;
     }
 
-    /// Per-CPU counters: the index of each in a CPU's block of `u64`s.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    #[repr(usize)]
-    pub enum Counter {
+    /// `counters! { doc… Variant => "name", … }`: the [`Counter`] enum (each
+    /// variant's index in a block is its place in the list, from 0), its
+    /// number, [`Counter::ALL`] and [`Counter::name`], each counter written
+    /// once.
+    macro_rules! counters {
+        ($($(#[$doc:meta])* $v:ident => $name:literal,)+) => {
+            /// Per-CPU counters: the index of each in a CPU's block of `u64`s.
+            #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+            #[repr(usize)]
+            pub enum Counter {
+                $($(#[$doc])* $v,)+
+            }
+
+            impl Counter {
+                /// All counters in index order.
+                pub const ALL: [Counter; Self::COUNT] = [$(Counter::$v,)+];
+                /// Number of defined counters.
+                pub const COUNT: usize = [$(Counter::$v,)+].len();
+                /// Stable snake_case name used in reports and JSON.
+                pub const fn name(self) -> &'static str {
+                    match self {
+                        $(Counter::$v => $name,)+
+                    }
+                }
+            }
+        };
+    }
+
+    counters! {
         /// CR3 writes switching to the kernel copy on entry from user mode.
-        Cr3Entry = 0,
+        Cr3Entry => "cr3_writes_entry",
         /// CR3 writes switching to the user copy on exit to user mode.
-        Cr3Exit = 1,
+        Cr3Exit => "cr3_writes_exit",
         /// CR3 writes on a context switch to another address space.
-        Cr3ContextSwitch = 2,
+        Cr3ContextSwitch => "cr3_writes_context_switch",
         /// Any other CR3 write (boot, paranoid entries, explicit flushes).
-        Cr3Other = 3,
+        Cr3Other => "cr3_writes_other",
         /// CR3 writes with bit 63 (NOFLUSH) set; a subset of the four above.
-        Cr3NoFlush = 4,
+        Cr3NoFlush => "cr3_writes_noflush",
         /// Flushes of all non-global TLB entries (flushing CR3 writes and CR4.PGE toggles).
-        TlbFlushFull = 5,
+        TlbFlushFull => "tlb_flushes_full",
         /// INVLPG instructions executed.
-        Invlpg = 6,
+        Invlpg => "invlpg",
         /// INVPCID instructions executed.
-        Invpcid = 7,
+        Invpcid => "invpcid",
         /// System calls entered.
-        Syscalls = 8,
+        Syscalls => "syscalls",
         /// Hardware interrupts taken.
-        Interrupts = 9,
+        Interrupts => "interrupts",
         /// CPU exceptions taken (page faults included).
-        Exceptions = 10,
+        Exceptions => "exceptions",
         /// Page faults taken.
-        PageFaults = 11,
+        PageFaults => "page_faults",
         /// Context switches between tasks.
-        ContextSwitches = 12,
+        ContextSwitches => "context_switches",
     }
 
     impl Counter {
-        /// Number of defined counters.
-        pub const COUNT: usize = 13;
-        /// All counters in index order.
-        pub const ALL: [Counter; Self::COUNT] = [
-            Counter::Cr3Entry,
-            Counter::Cr3Exit,
-            Counter::Cr3ContextSwitch,
-            Counter::Cr3Other,
-            Counter::Cr3NoFlush,
-            Counter::TlbFlushFull,
-            Counter::Invlpg,
-            Counter::Invpcid,
-            Counter::Syscalls,
-            Counter::Interrupts,
-            Counter::Exceptions,
-            Counter::PageFaults,
-            Counter::ContextSwitches,
-        ];
-        /// Stable snake_case name used in reports and JSON.
-        pub const fn name(self) -> &'static str {
-            match self {
-                Counter::Cr3Entry => "cr3_writes_entry",
-                Counter::Cr3Exit => "cr3_writes_exit",
-                Counter::Cr3ContextSwitch => "cr3_writes_context_switch",
-                Counter::Cr3Other => "cr3_writes_other",
-                Counter::Cr3NoFlush => "cr3_writes_noflush",
-                Counter::TlbFlushFull => "tlb_flushes_full",
-                Counter::Invlpg => "invlpg",
-                Counter::Invpcid => "invpcid",
-                Counter::Syscalls => "syscalls",
-                Counter::Interrupts => "interrupts",
-                Counter::Exceptions => "exceptions",
-                Counter::PageFaults => "page_faults",
-                Counter::ContextSwitches => "context_switches",
-            }
-        }
         /// Byte offset of this counter inside a CPU block.
         pub const fn offset_in_block(self) -> usize {
             self as usize * 8
@@ -440,5 +429,17 @@ mod tests {
             }
         }
         assert_eq!(Counter::ContextSwitches.offset(1), 256 + 256 + 12 * 8);
+        // The block layout is ABI (the host reads counters by index): any
+        // change to this order needs a VERSION bump.
+        let mut order = [""; Counter::COUNT];
+        for (slot, c) in order.iter_mut().zip(Counter::ALL) {
+            *slot = c.name();
+        }
+        assert_eq!(
+            order.join(" "),
+            "cr3_writes_entry cr3_writes_exit cr3_writes_context_switch cr3_writes_other \
+             cr3_writes_noflush tlb_flushes_full invlpg invpcid syscalls interrupts exceptions \
+             page_faults context_switches"
+        );
     }
 }

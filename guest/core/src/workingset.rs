@@ -21,127 +21,135 @@ fn check(va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
     Ok(())
 }
 
-/// Maps `[va, va + len)` to `[phys, phys + len)` in the 4-level tree at
-/// `root` (x86_64) with `page`-sized leaves (4 KiB or 2 MiB), user and
-/// writable, NX; intermediate tables as user tables. Both copies of a PTI
-/// pair share the user half below the PML4, so `root` may be either.
+/// A physically contiguous range to map: `[va, va + len)` to `[phys,
+/// phys + len)` with `page`-sized leaves (4 KiB or 2 MiB), all aligned to
+/// `page`.
+#[derive(Clone, Copy, Debug)]
+pub struct Range {
+    /// First virtual address.
+    pub va: u64,
+    /// First physical address.
+    pub phys: u64,
+    /// Bytes to map.
+    pub len: u64,
+    /// Leaf size: 4096 or 2 MiB.
+    pub page: u64,
+}
+
+impl Range {
+    /// The range of `len` bytes from `va` to `phys` with `page`-sized leaves.
+    pub const fn new(va: u64, phys: u64, len: u64, page: u64) -> Self {
+        Range {
+            va,
+            phys,
+            len,
+            page,
+        }
+    }
+}
+
+/// The page tables a range goes into.
+#[derive(Clone, Copy, Debug)]
+pub enum Tables {
+    /// The 4-level tree at this root (x86_64). Both copies of a PTI pair
+    /// share the user half below the PML4, so the root may be either.
+    FourLevel(u64),
+    /// This x86_32 PAE PMD, which must cover the whole range (one GiB).
+    PaePmd(u64),
+}
+
+/// Maps `range` user and writable, NX, into the 4-level tree at `root`
+/// (x86_64); intermediate tables as user tables.
 pub fn map_range<M: PhysMem, F: FrameSource>(
     mem: &mut M,
     frames: &mut F,
     root: u64,
-    va: u64,
-    phys: u64,
-    len: u64,
-    page: u64,
+    range: Range,
 ) -> Result<(), MapError> {
     let leaf = USER | WRITABLE | NO_EXECUTE;
     map_range_flags(
         mem,
         frames,
-        root,
-        va,
-        phys,
-        len,
-        page,
+        Tables::FourLevel(root),
+        range,
         leaf,
         paging::TABLE_FLAGS,
     )
 }
 
-/// [`map_range`] with the leaves' and the intermediate tables' flags given:
-/// the kernel working set (`kwss=`) is mapped kernel-only.
-#[allow(clippy::too_many_arguments)]
-pub fn map_range_flags<M: PhysMem, F: FrameSource>(
-    mem: &mut M,
-    frames: &mut F,
-    root: u64,
-    va: u64,
-    phys: u64,
-    len: u64,
-    page: u64,
-    leaf: u64,
-    table_flags: u64,
-) -> Result<(), MapError> {
-    check(va, phys, len, page)?;
-    let mut off = 0;
-    while off < len {
-        let v = va + off;
-        if page == HUGE {
-            paging::map_2m(mem, frames, root, v, phys + off, leaf, table_flags)?;
-            off += HUGE;
-            continue;
-        }
-        // The first page of each page table through map_4k (it creates the
-        // tables), the rest of that table by direct writes.
-        paging::map_4k(mem, frames, root, v, phys + off, leaf, table_flags)?;
-        let [i4, i3, i2, i1] = paging::indices(v);
-        let pdpt = Pte(mem.read(root, i4)).addr();
-        let pd = Pte(mem.read(pdpt, i3)).addr();
-        let pt = Pte(mem.read(pd, i2)).addr();
-        off = fill_page_table(mem, pt, i1 + 1, va, phys, off + SMALL, len, leaf)?;
-    }
-    Ok(())
-}
-
-/// [`map_range`] for x86_32 PAE: into the PMD `pmd` (which must cover the
-/// whole range: one GiB), NX only if the CPU has it.
-#[allow(clippy::too_many_arguments)]
+/// [`map_range`] for x86_32 PAE: into the PMD `pmd`, NX only if the CPU
+/// has it.
 pub fn map_range_pae<M: PhysMem, F: FrameSource>(
     mem: &mut M,
     frames: &mut F,
     pmd: u64,
-    va: u64,
-    phys: u64,
-    len: u64,
-    page: u64,
+    range: Range,
     nx: bool,
 ) -> Result<(), MapError> {
     let leaf = USER | WRITABLE | if nx { NO_EXECUTE } else { 0 };
-    map_range_pae_flags(
-        mem,
-        frames,
-        pmd,
+    let tables = PRESENT | WRITABLE | USER;
+    map_range_flags(mem, frames, Tables::PaePmd(pmd), range, leaf, tables)
+}
+
+/// Maps `range` into `tables` with the leaves' and the intermediate
+/// tables' flags given (the kernel working set, `kwss=`, is mapped
+/// kernel-only). One table walk per page table: the first page of each
+/// through the builder (which creates the table), the rest of that table
+/// by direct writes.
+pub fn map_range_flags<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    tables: Tables,
+    range: Range,
+    leaf: u64,
+    table_flags: u64,
+) -> Result<(), MapError> {
+    let Range {
         va,
         phys,
         len,
         page,
-        leaf,
-        PRESENT | WRITABLE | USER,
-    )
-}
-
-/// [`map_range_pae`] with the leaves' and the page tables' flags given.
-#[allow(clippy::too_many_arguments)]
-pub fn map_range_pae_flags<M: PhysMem, F: FrameSource>(
-    mem: &mut M,
-    frames: &mut F,
-    pmd: u64,
-    va: u64,
-    phys: u64,
-    len: u64,
-    page: u64,
-    leaf: u64,
-    table_flags: u64,
-) -> Result<(), MapError> {
+    } = range;
     check(va, phys, len, page)?;
-    let end = va.checked_add(len).ok_or(MapError::NotCanonical(va))?;
-    if len > 0 && (va >> 30) != ((end - 1) >> 30) {
-        return Err(MapError::NotCanonical(end - 1));
+    if let Tables::PaePmd(_) = tables {
+        let end = va.checked_add(len).ok_or(MapError::NotCanonical(va))?;
+        if len > 0 && (va >> 30) != ((end - 1) >> 30) {
+            return Err(MapError::NotCanonical(end - 1));
+        }
     }
     let mut off = 0;
     while off < len {
         let v = va + off;
-        let [_, i2, i1] = crate::pae::indices(v);
         if page == HUGE {
-            if Pte(mem.read(pmd, i2)).present() {
-                return Err(MapError::AlreadyMapped(v));
+            match tables {
+                Tables::FourLevel(root) => {
+                    paging::map_2m(mem, frames, root, v, phys + off, leaf, table_flags)?
+                }
+                Tables::PaePmd(pmd) => {
+                    let i2 = crate::pae::indices(v)[1];
+                    if Pte(mem.read(pmd, i2)).present() {
+                        return Err(MapError::AlreadyMapped(v));
+                    }
+                    mem.write(pmd, i2, Pte::new(phys + off, leaf | PRESENT | HUGE_FLAG).0);
+                }
             }
-            mem.write(pmd, i2, Pte::new(phys + off, leaf | PRESENT | HUGE_FLAG).0);
             off += HUGE;
             continue;
         }
-        crate::pae::map_4k_in_pmd(mem, frames, pmd, v, phys + off, leaf, table_flags)?;
-        let pt = Pte(mem.read(pmd, i2)).addr();
+        let (pt, i1) = match tables {
+            Tables::FourLevel(root) => {
+                paging::map_4k(mem, frames, root, v, phys + off, leaf, table_flags)?;
+                let [i4, i3, i2, i1] = paging::indices(v);
+                let pdpt = Pte(mem.read(root, i4)).addr();
+                let pd = Pte(mem.read(pdpt, i3)).addr();
+                (Pte(mem.read(pd, i2)).addr(), i1)
+            }
+            Tables::PaePmd(pmd) => {
+                crate::pae::map_4k_in_pmd(mem, frames, pmd, v, phys + off, leaf, table_flags)?;
+                let [_, i2, i1] = crate::pae::indices(v);
+                (Pte(mem.read(pmd, i2)).addr(), i1)
+            }
+        };
         off = fill_page_table(mem, pt, i1 + 1, va, phys, off + SMALL, len, leaf)?;
     }
     Ok(())
@@ -214,7 +222,8 @@ mod tests {
             let root = frames.pair().unwrap();
             let va = 0x100_0000 - if page == SMALL { 4096 } else { 0 };
             let phys = 0x4000_0000;
-            map_range(&mut mem, &mut frames, root, va, phys, len, page).unwrap();
+            let range = |len| Range::new(va, phys, len, page);
+            map_range(&mut mem, &mut frames, root, range(len)).unwrap();
             for off in (0..len).step_by(4096) {
                 let t = translate(&mem, root, va + off).unwrap();
                 assert_eq!(t.phys, phys + off, "{page} {off:#x}");
@@ -223,7 +232,7 @@ mod tests {
             assert!(translate(&mem, root, va + len).is_none());
             assert!(va == 0 || translate(&mem, root, va - 4096).is_none());
             assert_eq!(
-                map_range(&mut mem, &mut frames, root, va, phys, page, page),
+                map_range(&mut mem, &mut frames, root, range(page)),
                 Err(MapError::AlreadyMapped(va))
             );
         }
@@ -238,7 +247,8 @@ mod tests {
             let pmd = frames.frame().unwrap();
             mem.write(pdpt, 0, crate::pae::pdpte(pmd));
             let va = 0x100_0000;
-            map_range_pae(&mut mem, &mut frames, pmd, va, 0x80_0000, len, page, true).unwrap();
+            let range = Range::new(va, 0x80_0000, len, page);
+            map_range_pae(&mut mem, &mut frames, pmd, range, true).unwrap();
             for off in (0..len).step_by(4096) {
                 let t = crate::pae::translate(&mem, pdpt, va + off).unwrap();
                 assert_eq!(t.phys, 0x80_0000 + off);
@@ -246,17 +256,9 @@ mod tests {
         }
         let mut mem = Mem::default();
         let mut frames = Frames(0);
-        assert!(map_range_pae(
-            &mut mem,
-            &mut frames,
-            0x1000,
-            0x3fe0_0000,
-            0,
-            4 << 20,
-            HUGE,
-            false
-        )
-        .is_err());
-        assert!(map_range(&mut mem, &mut frames, 0x1000, 0x1000, 0, 2 << 20, HUGE).is_err());
+        let across = Range::new(0x3fe0_0000, 0, 4 << 20, HUGE);
+        assert!(map_range_pae(&mut mem, &mut frames, 0x1000, across, false).is_err());
+        let misaligned = Range::new(0x1000, 0, 2 << 20, HUGE);
+        assert!(map_range(&mut mem, &mut frames, 0x1000, misaligned).is_err());
     }
 }

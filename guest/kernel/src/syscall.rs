@@ -68,36 +68,35 @@ extern "C" fn sys_read(fd: usize, buf: usize, len: usize, _: usize) -> isize {
 // (workload write-badfd) keeps its four-instruction path (mov, test, js,
 // ret) instead of paying for a Rust frame set up for the tail calls:
 // fd 1 → the console, other fds >= 0 → pipes, negative fds → -EBADF.
+/// The flavour's fd test of `sys_write`: eax/rax = -EBADF, then `1:` (the
+/// `ret`) for negative fds, the tail calls for fd 1 and the others.
 #[cfg(target_pointer_width = "64")]
-core::arch::global_asm!(
-    r#"
-    .section .text.sys_write, "ax"
-    .global sys_write
-sys_write:
+macro_rules! sys_write_dispatch {
+    () => {
+        "
     movq ${ebadf}, %rax
     testq %rdi, %rdi
     js 1f
-    cmpq $1, %rdi
-    jne {pipe}
-    jmp {console}
-1:  ret
-    .previous
-"#,
-    ebadf = const EBADF,
-    pipe = sym sys_write_pipe,
-    console = sym sys_write_console,
-    options(att_syntax)
-);
+    cmpq $1, %rdi"
+    };
+}
 #[cfg(target_pointer_width = "32")]
+macro_rules! sys_write_dispatch {
+    () => {
+        "
+    movl ${ebadf}, %eax
+    cmpl $0, 4(%esp)
+    jl 1f
+    cmpl $1, 4(%esp)"
+    };
+}
 core::arch::global_asm!(
     r#"
     .section .text.sys_write, "ax"
     .global sys_write
-sys_write:
-    movl ${ebadf}, %eax
-    cmpl $0, 4(%esp)
-    jl 1f
-    cmpl $1, 4(%esp)
+sys_write:"#,
+    sys_write_dispatch!(),
+    r#"
     jne {pipe}
     jmp {console}
 1:  ret

@@ -5,12 +5,8 @@
 //! kernel GiB (slot 3), plus `TELEMETRY_VA` → a zero page of the image.
 //! Enabling PAE paging takes a few dozen instructions and no loops.
 
-use core::arch::global_asm;
-
-global_asm!(
-    crate::arch::x86_shared::boot::boot_macros!(),
+crate::arch::x86_shared::boot::boot_asm!(
     r#"
-    PVH_ENTRY
     xorl %edi, %edi
     movl $0x80000000, %eax
     cpuid
@@ -70,12 +66,5 @@ start32_high:
     xorl %ebp, %ebp
     subl $12, %esp                  /* 16-byte aligned at the call */
     pushl %esi
-    call kmain
-    ud2
-
-    BOOT_STACK
-    .purgem PVH_ENTRY
-    .purgem BOOT_STACK
 "#,
-    options(att_syntax)
 );

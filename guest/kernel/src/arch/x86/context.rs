@@ -1,12 +1,7 @@
 //! Kernel context switch (callee-saved registers and ESP, cdecl) and a new
 //! task's first kernel stack.
-use core::arch::global_asm;
-
-global_asm!(
-    crate::arch::x86_shared::context::switch_stacks_macro!(),
+crate::arch::x86_shared::context::switch_to_asm!(
     r#"
-    .section .text.switch_to, "ax"
-    .global switch_to
     /* switch_to(save: *mut u64, next_esp: u64), cdecl: save at 4(%esp),
      * next_esp's low word at 8(%esp). Only the low word of *save is
      * written; the high word stays 0. */
@@ -14,23 +9,12 @@ switch_to:
     movl 4(%esp), %eax
     movl 8(%esp), %edx
     SWITCH_STACKS %esp, %eax, %edx, %ebp, %ebx, %esi, %edi
-    ret
-    .purgem SWITCH_STACKS
 "#,
-    options(att_syntax)
 );
 
 pub use crate::arch::x86_shared::context::switch_to;
 
-/// Initial user registers of a new task (the callee-saved ones, which the
-/// kernel preserves; user programs take their parameters there).
-#[derive(Clone, Copy, Default)]
-pub struct UserRegs {
-    pub ebx: u32,
-    pub esi: u32,
-    pub edi: u32,
-    pub ebp: u32,
-}
+crate::arch::x86_shared::context::user_regs!(u32: ebx, esi, edi, ebp);
 
 impl UserRegs {
     /// Initial registers of `user_loop` (see user.rs): ebx = syscall number

@@ -13,29 +13,16 @@ pub fn has_sep() -> bool {
     cpuid(1, 0).3 & (1 << 11) != 0
 }
 
-core::arch::global_asm!(
-    r#"
-    .section .text.rdmsr_safe, "ax"
-    /* rdmsr_safe_raw(msr, out) -> eax: 1 if read, 0 if it faulted (cdecl).
-     * On #GP at rdmsr_safe_insn the exception handler skips the RDMSR and
-     * clears esi (see exceptions.rs). */
-    .global rdmsr_safe_raw
-rdmsr_safe_raw:
-    pushl %esi
-    movl 8(%esp), %ecx
-    movl $1, %esi
-    .global rdmsr_safe_insn
-rdmsr_safe_insn:
-    rdmsr
-    movl 12(%esp), %ecx
+// rdmsr_safe_raw(msr, out), cdecl: msr at 8(%esp) and out at 12(%esp)
+// once esi is saved.
+crate::arch::x86_shared::cpu::rdmsr_safe_asm!(
+    "    pushl %esi
+    movl 8(%esp), %ecx",
+    "    movl 12(%esp), %ecx
     movl %eax, (%ecx)
     movl %edx, 4(%ecx)
     movl %esi, %eax
-    popl %esi
-    ret
-    .previous
-"#,
-    options(att_syntax)
+    popl %esi",
 );
 
 /// A #GP in the kernel (`fault=gp`): loading DS with a selector beyond the

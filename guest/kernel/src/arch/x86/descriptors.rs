@@ -5,6 +5,7 @@
 //! is also what SYSENTER/SYSEXIT need: SYSENTER_CS = 0x60, SS = 0x68,
 //! SYSEXIT CS = 0x73, SS = 0x7b. As Linux, DS and ES hold USER_DS in kernel
 //! mode too (flat, DPL 3, usable at CPL 0), so entries reload no segment.
+use crate::arch::x86_shared::descriptors::load_gdt_tss;
 use core::arch::asm;
 use core::ptr::addr_of_mut;
 
@@ -113,33 +114,12 @@ pub fn init_gdt_tss_for(cpu: usize) {
         t[1] = stack_top as u32;
         t[2] = KERNEL_DS as u32;
         t[25] = ((TSS_WORDS * 4) as u32) << 16; // no I/O bitmap
-        let base = gdt.as_ptr() as u32;
-        let ptr: [u16; 3] = [
-            (GDT_ENTRIES * 8 - 1) as u16,
-            base as u16,
-            (base >> 16) as u16,
-        ];
-        asm!(
-            "lgdt [{ptr}]",
-            "push {cs}",
-            "lea {tmp}, [2f]",
-            "push {tmp}",
-            "retf",
-            "2:",
-            "mov ss, {kds:e}",
-            "mov ds, {uds:e}",
-            "mov es, {uds:e}",
-            "xor {tmp:e}, {tmp:e}",
-            "mov gs, {tmp:e}",
-            "ltr {tss:x}",
-            ptr = in(reg) ptr.as_ptr(),
-            cs = in(reg) KERNEL_CS as u32,
-            kds = in(reg) KERNEL_DS as u32,
-            uds = in(reg) USER_DS as u32,
-            tss = in(reg) TSS_SEL,
-            tmp = out(reg) _,
-        );
-        // Apart: one more register operand above is more than i386 has.
+        let (base, limit) = (gdt.as_ptr() as usize, (GDT_ENTRIES * 8 - 1) as u16);
+        // SS the kernel's data segment, DS/ES the flat user one (as Linux
+        // x86_32 keeps them).
+        load_gdt_tss(base, limit, KERNEL_CS, KERNEL_DS, USER_DS, TSS_SEL);
+        // FS, the per-CPU segment, apart: the shared load leaves it to the
+        // flavour.
         asm!("mov fs, {:e}", in(reg) PERCPU_SEL as u32, options(nostack, preserves_flags));
     }
 }

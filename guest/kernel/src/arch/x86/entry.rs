@@ -18,29 +18,9 @@
 //! `__kernel_vsyscall`: it saves ecx, edx, ebp, puts the user ESP in ebp,
 //! and SYSEXIT returns to the fixed `user_sysenter_return`.
 
-use core::arch::global_asm;
-use ptiscope_abi::telemetry::Counter;
-
-const fn ctr(c: Counter) -> u32 {
-    c.offset_in_block() as u32
-}
-
-global_asm!(
+crate::arch::x86_shared::entry::entry_asm!(
     r#"
-    .set CTR_CR3_ENTRY, {c_entry}
-    .set CTR_CR3_EXIT, {c_exit}
-    .set CTR_CR3_OTHER, {c_other}
-    .set CTR_TLB_FLUSH, {c_flush}
-    .set CTR_SYSCALLS, {c_syscalls}
-    .set CTR_EXCEPTIONS, {c_exceptions}
-    .set CTR_INTERRUPTS, {c_interrupts}
-    .set TABLE_SIZE, {table_size}
-    .set ENOSYS, {enosys}
-    .set PCPU_KSTACK_TOP, PCPU_KERNEL + {p_kstack}
-    .set PCPU_EXIT_PTI, PCPU_KERNEL + {p_exit_pti}
-    .set PCPU_ENTRY_FRAME, PCPU_KERNEL + {p_entry_frame}
     .set PCPU_ENTRY_STACK_TOP, PCPU_KERNEL + {p_entry_top}
-    .set PCPU_FAULT_STACK_TOP, PCPU_KERNEL + {p_fault}
 
     .macro COUNT ctr
     addl $1, %fs:\ctr
@@ -49,18 +29,10 @@ global_asm!(
 
     .set PTI_SWITCH_MASK, 0x1000      /* CR3 user page-table bit (12) */
 
-    "#,
-    crate::arch::x86_shared::entry::entry_macros!(),
-    r#"
     ENTRY_DATA 256, 32
     ENTRY_CPU_AREAS {cpu_areas}
 
-    .section .entry.text, "ax"
-    .code32
-
-    "#,
-    crate::arch::x86_shared::entry::exception_stub_list!(),
-    r#"
+    ENTRY_TEXT 32
 
     /* Common path of the fatal exceptions (as on x86_64): registers saved
      * on the stack the CPU chose (the entry stack from user mode with PTI),
@@ -221,24 +193,6 @@ task_first_return:
     ENTRY_NMI %eax, %ecx, iret
 
     EXCEPTION_STUBS .long, 4
-    "#,
-    crate::arch::x86_shared::entry::entry_purge!(),
-    r#"
-"#,
-    c_entry = const ctr(Counter::Cr3Entry),
-    c_exit = const ctr(Counter::Cr3Exit),
-    c_other = const ctr(Counter::Cr3Other),
-    c_flush = const ctr(Counter::TlbFlushFull),
-    c_syscalls = const ctr(Counter::Syscalls),
-    c_exceptions = const ctr(Counter::Exceptions),
-    c_interrupts = const ctr(Counter::Interrupts),
-    table_size = const ptiscope_abi::syscall::TABLE_SIZE,
-    enosys = const ptiscope_abi::syscall::ENOSYS,
-    cpu_areas = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
-    p_kstack = const super::percpu::kernel::KSTACK_TOP,
-    p_exit_pti = const super::percpu::kernel::EXIT_PTI,
-    p_entry_frame = const super::percpu::kernel::ENTRY_FRAME,
+    "#;
     p_entry_top = const super::percpu::kernel::ENTRY_STACK_TOP,
-    p_fault = const super::percpu::kernel::FAULT_STACK_TOP,
-    options(att_syntax)
 );

@@ -1,14 +1,17 @@
 //! CR3 writes from Rust code, and the PAE page tables of the kernel and of
 //! processes (built by `guest_core::pae`).
+pub use crate::arch::x86_shared::paging::map_kernel_range;
+use crate::arch::x86_shared::paging::{load_kernel_root, print_pti_line, PtiLine};
 use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
-use crate::{println, telemetry};
+use crate::telemetry;
 use core::arch::asm;
 use guest_core::cmdline::Config;
 use guest_core::pae::layout::cr3_value;
 use guest_core::pae::{build_kernel_half, build_kernel_only, KernelSpec};
 pub use guest_core::pae::{KernelHalf, MapError, UserSpec};
 use guest_core::pte::PhysMem;
+use guest_core::workingset::{Range, Tables};
 use ptiscope_abi::telemetry::Counter;
 
 /// Why CR3 is written; each reason has its own counter.
@@ -60,23 +63,15 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
     };
     if pti {
-        let pages = |(s, e): (u64, u64)| e.saturating_sub(s) / 4096;
-        println!(
-            "@pti user_copy_kernel_pages={} entry_area_pages={} deferred_switch_pages={} pti_switch={} global_text={} nx={}",
-            half.user_kernel_pages,
-            pages(spec.entry_area),
-            pages(spec.deferred_text),
-            if deferred { "deferred" } else { "asm" },
-            if config.pti_global_text { "on" } else { "off" },
-            nx as u8
-        );
+        print_pti_line(&PtiLine {
+            user_copy_kernel_pages: half.user_kernel_pages,
+            entry_area: spec.entry_area,
+            deferred_text: spec.deferred_text,
+            global_text: config.pti_global_text,
+            nx,
+        });
     }
-    // SAFETY: enabling global pages; the TLB is flushed by the CR3 write below.
-    unsafe { super::cpu::write_cr4(super::cpu::read_cr4() | super::cpu::CR4_PGE) };
-    write_cr3(cr3_value(root, false, 0, false), Cr3Reason::Other);
-    // The 32-bit boot code's CR3 load happened before counters existed.
-    telemetry::inc(Counter::Cr3Other);
-    telemetry::inc(Counter::TlbFlushFull);
+    load_kernel_root(cr3_value(root, false, 0, false));
     half
 }
 
@@ -109,41 +104,19 @@ pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Res
     if !pmd.present() {
         return Err(MapError::NotCanonical(va));
     }
-    guest_core::workingset::map_range_pae(
-        &mut DirectMap,
-        &mut Frames,
-        pmd.addr(),
-        va,
-        phys,
-        len,
-        page,
-        nx,
-    )
+    let range = Range::new(va, phys, len, page);
+    guest_core::workingset::map_range_pae(&mut DirectMap, &mut Frames, pmd.addr(), range, nx)
 }
 
-/// Maps `[va, va + len)` of the kernel half (the kernel PMD, shared by
-/// every address space) to `[phys, phys + len)` with 4 KiB pages,
-/// kernel-only, writable, NX when the CPU has it, non-global with PTI and
-/// global without: the kernel working set of `kwss=`.
-pub fn map_kernel_range(
-    half: &KernelHalf,
-    va: u64,
-    phys: u64,
-    len: u64,
-    pti: bool,
-) -> Result<(), MapError> {
-    use guest_core::pte::flags::{GLOBAL, NO_EXECUTE, PRESENT, WRITABLE};
+/// The kernel working set's tables, leaf and table flags (see
+/// `map_kernel_range`): the kernel PMD, shared by every address space;
+/// writable, NX when the CPU has it.
+pub fn kernel_range_tables(half: &KernelHalf) -> Result<(Tables, u64, u64), MapError> {
+    use guest_core::pte::flags::{NO_EXECUTE, PRESENT, WRITABLE};
     let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
-    let global = if pti { 0 } else { GLOBAL };
-    guest_core::workingset::map_range_pae_flags(
-        &mut DirectMap,
-        &mut Frames,
-        half.kernel_pmd,
-        va,
-        phys,
-        len,
-        4096,
-        WRITABLE | nx | global,
+    Ok((
+        Tables::PaePmd(half.kernel_pmd),
+        WRITABLE | nx,
         PRESENT | WRITABLE,
-    )
+    ))
 }

@@ -16,8 +16,7 @@
 //! IRET keeps it; see descriptors.rs). The user programs are the kernel's
 //! own and never load FS.
 pub use crate::arch::x86_shared::percpu::*;
-use core::arch::global_asm;
-use ptiscope_abi::telemetry::{Counter, CPU_BLOCK_STRIDE, MAX_CPUS};
+use ptiscope_abi::telemetry::Counter;
 
 /// Words at the top of the entry stack that hold a task's state during an
 /// int syscall with PTI: the CPU's 5-word frame and the saved ecx, edx.
@@ -44,20 +43,13 @@ pub mod kernel {
 
 // CPU 0's fault stack is set statically so that a fault before
 // init_boot_cpu still finds a stack.
-global_asm!(
+crate::arch::x86_shared::percpu::percpu_asm!(
     r#"
-    .section .data.kernel_percpu, "aw"
-    .balign 256
-    .global kernel_percpu
-kernel_percpu:
     .fill {fault}, 1, 0
     .long fault_stack_top
     .fill {bytes} - {fault} - 4, 1, 0
-    .previous
-"#,
-    bytes = const MAX_CPUS * CPU_BLOCK_STRIDE,
+"#;
     fault = const kernel::FAULT_STACK_TOP,
-    options(att_syntax)
 );
 
 extern "C" {

@@ -15,12 +15,9 @@
 //! (LINT0) is masked (see [`lapic_enable`]).
 pub use crate::arch::x86_shared::smp::*;
 use crate::mm::{DirectMap, Frames};
-use core::arch::global_asm;
 use guest_core::pte::PhysMem;
-use ptiscope_abi::telemetry::Counter;
 
-global_asm!(
-    crate::arch::x86_shared::smp::ap_trampoline_macros!(),
+crate::arch::x86_shared::smp::smp_asm!(
     r#"
     AP_TRAMPOLINE_START {tp}
     movl ({tp} + (tr_efer - ap_trampoline)), %eax
@@ -32,23 +29,7 @@ global_asm!(
 1:  movl %cr0, %eax
     orl $0x80010001, %eax           /* PG | WP | PE: loads the PDPTEs */
     movl %eax, %cr0
-    movl ({tp} + (tr_stack - ap_trampoline)), %esp
-    movl ({tp} + (tr_cpu - ap_trampoline)), %eax
-    movl ({tp} + (tr_entry - ap_trampoline)), %ecx
-    jmp *%ecx
-
-    AP_TRAMPOLINE_GDT {tp}, 0
-    .balign 4
-    /* Handed over by the BSP before each SIPI (ApHandover). */
-    .global ap_trampoline_handover
-ap_trampoline_handover:
-tr_cr3:   .long 0
-tr_efer:  .long 0
-tr_entry: .long 0
-tr_stack: .long 0
-tr_cpu:   .long 0
-    .global ap_trampoline_end
-ap_trampoline_end:
+    AP_TRAMPOLINE_END {tp}, l, ecx, esp, eax, 0, .long, 4
 
     .section .text.ap_start32, "ax"
     .code32
@@ -71,18 +52,8 @@ entry_ipi:
     movl $0, {eoi}
     iret
 
-    .balign 16
-    .global entry_spurious
-entry_spurious:
-    iret
-    .previous
-    .purgem AP_TRAMPOLINE_START
-    .purgem AP_TRAMPOLINE_GDT
 "#,
-    tp = const TRAMPOLINE_PHYS,
-    ctr_interrupts = const Counter::Interrupts.offset_in_block(),
-    eoi = const LAPIC_VA + LAPIC_EOI,
-    options(att_syntax)
+    "iret",
 );
 
 extern "C" {
@@ -105,59 +76,45 @@ struct ApHandover {
 /// gates. Call once on the BSP after the kernel page tables are live, when
 /// `cpus > 1` (a one-CPU run touches no LAPIC).
 pub fn init_bsp(cpus: usize, kernel_root: u64) {
-    if !set_cpus(cpus) {
-        return;
-    }
-    use guest_core::pte::flags::{NO_CACHE, NO_EXECUTE, PRESENT, WRITABLE, WRITE_THROUGH};
-    let kernel_pmd =
-        guest_core::pae::Pte(DirectMap.read(kernel_root, guest_core::pae::KERNEL_PDPT_SLOT)).addr();
-    let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
-    if let Err(e) = guest_core::workingset::map_range_pae_flags(
-        &mut DirectMap,
-        &mut Frames,
-        kernel_pmd,
-        LAPIC_VA,
-        LAPIC_PHYS,
-        4096,
-        4096,
-        WRITABLE | NO_CACHE | WRITE_THROUGH | nx,
-        PRESENT | WRITABLE,
-    ) {
-        panic!("cannot map the local APIC: {e:?}");
-    }
-    install_gates_and_enable();
+    init_bsp_with(cpus, || {
+        use guest_core::pte::flags::{NO_CACHE, NO_EXECUTE, PRESENT, WRITABLE, WRITE_THROUGH};
+        let kernel_pmd =
+            guest_core::pae::Pte(DirectMap.read(kernel_root, guest_core::pae::KERNEL_PDPT_SLOT))
+                .addr();
+        let nx = if super::cpu::has_nx() { NO_EXECUTE } else { 0 };
+        guest_core::workingset::map_range_flags(
+            &mut DirectMap,
+            &mut Frames,
+            guest_core::workingset::Tables::PaePmd(kernel_pmd),
+            guest_core::workingset::Range::new(LAPIC_VA, LAPIC_PHYS, 4096, 4096),
+            WRITABLE | NO_CACHE | WRITE_THROUGH | nx,
+            PRESENT | WRITABLE,
+        )
+    });
 }
 
 /// Starts CPUs 1..cpus one after the other; returns how many are online.
 pub fn start_aps() -> usize {
-    let cpus = cpus();
-    if cpus <= 1 {
-        return 1;
-    }
-    copy_trampoline();
-    // The boot section is identity mapped: the symbol's value is physical.
-    let boot_cr3 = core::ptr::addr_of!(boot_pdpt) as u32;
-    let efer = if super::cpu::has_nx() {
-        // SAFETY: EFER exists where CPUID reports NX (the boot code set NXE).
-        (unsafe { super::cpu::rdmsr(MSR_EFER) } & EFER_NXE) as u32
-    } else {
-        0
-    };
-    for n in 1..cpus {
-        let handover = ApHandover {
+    let handovers = || {
+        // The boot section is identity mapped: the symbol's value is physical.
+        let boot_cr3 = core::ptr::addr_of!(boot_pdpt) as u32;
+        let efer = if super::cpu::has_nx() {
+            // SAFETY: EFER exists where CPUID reports NX (the boot code set NXE).
+            (unsafe { super::cpu::rdmsr(MSR_EFER) } & EFER_NXE) as u32
+        } else {
+            0
+        };
+        move |n: usize| ApHandover {
             cr3: boot_cr3,
             efer,
             entry: ap_start32 as *const () as u32,
             stack: ap_stack_top(n) as u32,
             cpu: n as u32,
-        };
-        // SAFETY: the trampoline was copied above; ApHandover is laid out as
-        // its handover words (five longs from tr_cr3).
-        if !unsafe { start_cpu(n, handover) } {
-            break;
         }
-    }
-    online()
+    };
+    // SAFETY: ApHandover is laid out as the trampoline's handover words
+    // (five longs from tr_cr3).
+    unsafe { start_aps_with(handovers) }
 }
 
 const MSR_EFER: u32 = 0xc000_0080;

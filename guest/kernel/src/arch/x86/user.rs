@@ -18,20 +18,41 @@
 //! sched-messaging programs and the poundsyscall worker are written once for
 //! both flavours in arch/x86_shared/user.rs and instantiated here with this
 //! flavour's register names.
-use core::arch::global_asm;
-use ptiscope_abi::syscall as nr;
+use crate::arch::x86_shared::user::{messaging_asm, pound_asm, program_lookup, user_loop_asm};
+pub use crate::arch::x86_shared::user::{section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS};
 
-use crate::arch::x86_shared::user::{
-    init_program, messaging_asm, pound_asm, program_lookup, sys_macro,
-};
-pub use crate::arch::x86_shared::user::{
-    section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
-};
-
-global_asm!(
-    sys_macro!(),
-    init_program!(),
+user_loop_asm!(
     r#"
+
+    /* The 64-bit word at off(%esp) to the control-page word at `dst`, in
+     * halves through eax. */
+    .macro STORE64 off, dst
+    movl \off(%esp), %eax
+    movl %eax, \dst
+    movl \off+4(%esp), %eax
+    movl %eax, \dst+4
+    .endm
+
+    /* The cycles since the TSC saved at off(%esp): high word in esi, low
+     * word in ecx (edx:eax clobbered). */
+    .macro CYCLES_SINCE off
+    rdtsc
+    subl \off(%esp), %eax
+    sbbl \off+4(%esp), %edx
+    movl %edx, %esi                 /* cycles, high word */
+    movl %eax, %ecx                 /* cycles, low word */
+    .endm
+
+    /* The end marker, phase_mark(end, cycles_lo, mismatches, cycles_hi),
+     * with the mismatches at off(%esp); then ebx = the mismatches (the
+     * exit status). */
+    .macro MARK_END kind, off
+    movl \off(%esp), %edx           /* mismatches */
+    movl ${end}, %ebx
+    movl ${phase_mark}, %eax
+    SYS \kind
+    movl \off(%esp), %ebx
+    .endm
 
     .macro USER_PROGRAMS kind
     .balign 16
@@ -87,16 +108,8 @@ user_loop_\kind:
     incl 20(%esp)
 4:  decl %esi
     jnz 3b
-5:  rdtsc
-    subl 24(%esp), %eax
-    sbbl 28(%esp), %edx
-    movl %edx, %esi                 /* cycles, high word */
-    movl %eax, %ecx                 /* cycles, low word */
-    movl 20(%esp), %edx             /* mismatches */
-    movl ${end}, %ebx
-    movl ${phase_mark}, %eax
-    SYS \kind
-    movl 20(%esp), %ebx
+5:  CYCLES_SINCE 24
+    MARK_END \kind, 20
 8:  movl ${exit}, %eax
     SYS \kind
     ud2
@@ -184,36 +197,20 @@ user_loop_\kind:
     incl 68(%esp)
 27: decl 52(%esp)
     jnz 22b
-25: rdtsc
-    subl 72(%esp), %eax
-    sbbl 76(%esp), %edx
-    movl %edx, %esi                 /* cycles, high word */
-    movl %eax, %ecx                 /* cycles, low word */
-    movl 0(%esp), %eax
-    movl %eax, {ctrl_touched}
-    movl 4(%esp), %eax
-    movl %eax, {ctrl_touched_hi}
+25: CYCLES_SINCE 72
+    STORE64 0, {ctrl_touched}
     movl 8(%esp), %eax
     movl %eax, {ctrl_sum}
-    movl 24(%esp), %eax
-    movl %eax, {ctrl_tcycles}
-    movl 28(%esp), %eax
-    movl %eax, {ctrl_tcycles_hi}
-    movl 36(%esp), %eax
-    movl %eax, {ctrl_tmin}
-    movl 40(%esp), %eax
-    movl %eax, {ctrl_tmin_hi}
-    movl 68(%esp), %edx             /* mismatches */
-    movl ${end}, %ebx
-    movl ${phase_mark}, %eax
-    SYS \kind
-    movl 68(%esp), %ebx
+    STORE64 24, {ctrl_tcycles}
+    STORE64 36, {ctrl_tmin}
+    MARK_END \kind, 68
     jmp 8b
 
     USER_INIT \kind, l, eax, edi, edi, ebx
     .endm
 
-    .section .user.text, "ax"
+"#,
+    r#"
     /* The SYSENTER call stub (Linux: the vDSO's __kernel_vsyscall): the
      * kernel returns with SYSEXIT to user_sysenter_return, ESP = ebp. */
     .balign 16
@@ -231,38 +228,11 @@ user_sysenter_return:
     popl %ecx
     ret
 
-    USER_PROGRAMS 2
-    USER_PROGRAMS 3
-    USER_PROGRAMS 4
-    USER_PROGRAMS 5
-    .purgem USER_PROGRAMS
-    .purgem USER_INIT
-    .purgem SYS
-    .previous
+    FOR_ENTRIES 2, USER_PROGRAMS
+    .purgem STORE64
+    .purgem CYCLES_SINCE
+    .purgem MARK_END
 "#,
-    nopti = const FLAG_NOPTI,
-    kread = const FLAG_KREAD,
-    wss = const FLAG_WSS,
-    base = const ptiscope_abi::workingset::BASE,
-    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
-    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
-    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
-    ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
-    ctrl_touched_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64 + 4,
-    ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
-    ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
-    ctrl_tcycles_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64 + 4,
-    ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
-    ctrl_tmin_hi = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64 + 4,
-    survived = const KREAD_SURVIVED,
-    arch_prctl = const nr::ARCH_PRCTL,
-    set_nopti = const nr::ARCH_SET_NOPTI,
-    phase_mark = const nr::PHASE_MARK,
-    begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    exit = const nr::EXIT,
-    wait = const nr::WAIT,
-    options(att_syntax)
 );
 
 /* sched-messaging (perf bench sched messaging, pipes), written once in
@@ -282,10 +252,7 @@ messaging_asm!(
 
 "#,
     r#"
-    MSG_PROGRAMS 2, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
-    MSG_PROGRAMS 3, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
-    MSG_PROGRAMS 4, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
-    MSG_PROGRAMS 5, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
+    FOR_ENTRIES 2, MSG_PROGRAMS, l, esp, eax, edi, ecx, ebx, ecx, edx, ecx, ebx, esi, edi
 "#,
 );
 
@@ -294,14 +261,8 @@ messaging_asm!(
 // working set, edi arrives as the thread's index (saved before the count).
 pound_asm!(
     r#"
-    USER_POUND 2, l, eax, edi, edi, ebx, esi, ebx
-    USER_POUND 3, l, eax, edi, edi, ebx, esi, ebx
-    USER_POUND 4, l, eax, edi, edi, ebx, esi, ebx
-    USER_POUND 5, l, eax, edi, edi, ebx, esi, ebx
-    USER_POUND_WSS 2, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
-    USER_POUND_WSS 3, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
-    USER_POUND_WSS 4, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
-    USER_POUND_WSS 5, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
+    FOR_ENTRIES 2, USER_POUND, l, eax, edi, edi, ebx, esi, ebx
+    FOR_ENTRIES 2, USER_POUND_WSS, l, esp, eax, edx, ebp, edi, edi, ebx, esi, edi, ebx
 "#,
 );
 

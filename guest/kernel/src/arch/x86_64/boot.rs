@@ -4,12 +4,8 @@
 //! 2 MiB pages), so entering long mode takes a few dozen instructions, which
 //! matters where kernel code is emulated.
 
-use core::arch::global_asm;
-
-global_asm!(
-    crate::arch::x86_shared::boot::boot_macros!(),
+crate::arch::x86_shared::boot::boot_asm!(
     r#"
-    PVH_ENTRY
     movl $0x80000001, %eax
     cpuid
     movl %edx, %edi                 /* extended features: NX is bit 20 */
@@ -91,12 +87,5 @@ start64_high:
     movq $boot_stack_top, %rsp
     xorl %ebp, %ebp
     movl %esi, %edi                 /* zero-extends the start_info GPA */
-    call kmain
-    ud2
-
-    BOOT_STACK
-    .purgem PVH_ENTRY
-    .purgem BOOT_STACK
 "#,
-    options(att_syntax)
 );

@@ -1,33 +1,15 @@
 //! Kernel context switch: callee-saved registers and RSP.
-use core::arch::global_asm;
-
-global_asm!(
-    crate::arch::x86_shared::context::switch_stacks_macro!(),
+crate::arch::x86_shared::context::switch_to_asm!(
     r#"
-    .section .text.switch_to, "ax"
-    .global switch_to
     /* switch_to(save: *mut u64 (rdi), next_rsp: u64 (rsi)) */
 switch_to:
     SWITCH_STACKS %rsp, %rdi, %rsi, %rbp, %rbx, %r12, %r13, %r14, %r15
-    ret
-    .purgem SWITCH_STACKS
 "#,
-    options(att_syntax)
 );
 
 pub use crate::arch::x86_shared::context::switch_to;
 
-/// Initial user registers of a new task (the callee-saved ones: the kernel
-/// preserves them, so user programs take their parameters there).
-#[derive(Clone, Copy, Default)]
-pub struct UserRegs {
-    pub rbx: u64,
-    pub rbp: u64,
-    pub r12: u64,
-    pub r13: u64,
-    pub r14: u64,
-    pub r15: u64,
-}
+crate::arch::x86_shared::context::user_regs!(u64: rbx, rbp, r12, r13, r14, r15);
 
 impl UserRegs {
     /// Initial registers of `user_loop` (see user.rs): rbx = flags,

@@ -14,29 +14,15 @@ pub fn has_pcid() -> bool {
     cpuid(1, 0).2 & (1 << 17) != 0
 }
 
-core::arch::global_asm!(
-    r#"
-    .section .text.rdmsr_safe, "ax"
-    /* rdmsr_safe_raw(msr: edi, out: rsi) -> eax: 1 if read, 0 if it faulted.
-     * On #GP at rdmsr_safe_insn the exception handler skips the RDMSR and
-     * clears esi (see exceptions.rs). */
-    .global rdmsr_safe_raw
-rdmsr_safe_raw:
-    movq %rsi, %r8
-    movl %edi, %ecx
-    movl $1, %esi
-    .global rdmsr_safe_insn
-rdmsr_safe_insn:
-    rdmsr
-    shlq $32, %rdx
+// rdmsr_safe_raw(msr: edi, out: rsi); out is kept in r8 (esi is the flag).
+crate::arch::x86_shared::cpu::rdmsr_safe_asm!(
+    "    movq %rsi, %r8
+    movl %edi, %ecx",
+    "    shlq $32, %rdx
     movl %eax, %eax
     orq %rdx, %rax
     movq %rax, (%r8)
-    movl %esi, %eax
-    ret
-    .previous
-"#,
-    options(att_syntax)
+    movl %esi, %eax",
 );
 
 /// A #GP in the kernel (`fault=gp`): a non-canonical access.

@@ -4,6 +4,7 @@
 //!
 //! Selectors follow Linux (`arch/x86/include/asm/segment.h`) so that
 //! SYSCALL/SYSRET work with STAR[47:32] = 0x10 and STAR[63:48] = 0x23.
+use crate::arch::x86_shared::descriptors::load_gdt_tss;
 use core::arch::asm;
 use core::ptr::addr_of_mut;
 
@@ -150,37 +151,10 @@ pub fn init_gdt_tss_for(cpu: usize) {
         t.iomap_base = core::mem::size_of::<Tss>() as u16; // no I/O bitmap
         t.rsp[0] = tbl.entry_stack_top;
 
-        let ptr: [u16; 5] = {
-            let base = gdt.as_ptr() as u64;
-            let lim = (GDT_ENTRIES * 8 - 1) as u16;
-            [
-                lim,
-                base as u16,
-                (base >> 16) as u16,
-                (base >> 32) as u16,
-                (base >> 48) as u16,
-            ]
-        };
-        asm!(
-            "lgdt [{ptr}]",
-            "push {cs}",
-            "lea {tmp}, [rip + 2f]",
-            "push {tmp}",
-            "retfq",
-            "2:",
-            "mov ds, {ds:e}",
-            "mov es, {ds:e}",
-            "mov ss, {ds:e}",
-            "xor {tmp:e}, {tmp:e}",
-            "mov fs, {tmp:e}",
-            "mov gs, {tmp:e}",
-            "ltr {tss:x}",
-            ptr = in(reg) ptr.as_ptr(),
-            cs = in(reg) KERNEL_CS as u64,
-            ds = in(reg) KERNEL_DS as u64,
-            tss = in(reg) TSS_SEL,
-            tmp = out(reg) _,
-        );
+        let (base, limit) = (gdt.as_ptr() as usize, (GDT_ENTRIES * 8 - 1) as u16);
+        load_gdt_tss(base, limit, KERNEL_CS, KERNEL_DS, KERNEL_DS, TSS_SEL);
+        // A null FS (its base is unused on x86_64).
+        asm!("mov fs, {:e}", in(reg) 0u32, options(nostack, preserves_flags));
     }
 }
 

@@ -19,39 +19,14 @@
 //! CPU 0's descriptor tables and stacks are the statics below; CPUs 1..7
 //! have theirs in `entry_cpu_areas` (one page each, see descriptors.rs).
 
-use super::percpu::{entry as pe, kernel as pk};
-use core::arch::global_asm;
-use ptiscope_abi::telemetry::Counter;
-
-/// Offset of counter `c` in a CPU's block: its GS-relative address.
-const fn ctr(c: Counter) -> usize {
-    c.offset_in_block()
-}
-
-/// The shared entry macros, prepended to every asm block that uses them.
-macro_rules! entry_asm {
-    ($($body:expr),* $(,)?) => {
-        global_asm!(
-            r#"
+crate::arch::x86_shared::entry::entry_asm!(
+    r#"
     /* Counters and per-CPU words: GS-relative (percpu.rs). */
-    .set CTR_CR3_ENTRY, {c_entry}
-    .set CTR_CR3_EXIT, {c_exit}
-    .set CTR_CR3_OTHER, {c_other}
     .set CTR_NOFLUSH, {c_noflush}
-    .set CTR_TLB_FLUSH, {c_flush}
-    .set CTR_SYSCALLS, {c_syscalls}
-    .set CTR_EXCEPTIONS, {c_exceptions}
-    .set CTR_INTERRUPTS, {c_interrupts}
-    .set PCPU_KSTACK_TOP, PCPU_KERNEL + {pk_kstack}
     .set PCPU_USER_FLUSH_PENDING, PCPU_KERNEL + {pk_flush}
-    .set PCPU_EXIT_PTI, PCPU_KERNEL + {pk_exit_pti}
     .set PCPU_FRAME_ON_ENTRY_STACK, PCPU_KERNEL + {pk_frame_on}
-    .set PCPU_ENTRY_FRAME, PCPU_KERNEL + {pk_entry_frame}
-    .set PCPU_FAULT_STACK_TOP, PCPU_KERNEL + {pk_fault}
     .set PCPU_SCRATCH_RSP, PCPU_ENTRY + {pe_rsp}
     .set PCPU_SCRATCH_RDI, PCPU_ENTRY + {pe_rdi}
-    .set TABLE_SIZE, {table_size}
-    .set ENOSYS, {enosys}
     .set USER_CS, {user_cs}
     .set USER_DS, {user_ds}
     .set PTI_SWITCH_MASK, 0x1800      /* CR3 user page-table bit (12) and user PCID bit (11) */
@@ -59,9 +34,6 @@ macro_rules! entry_asm {
     .macro COUNT ctr
     incq %gs:\ctr
     .endm
-"#,
-            crate::arch::x86_shared::entry::entry_macros!(),
-            r#"
 
     /* Entry from user mode: switch to the kernel copy. Kernel PCID entries
      * are never flushed on entry: with PCID the write carries NOFLUSH
@@ -121,40 +93,7 @@ macro_rules! entry_asm {
     SWITCH_TO_USER_CR3_NOPCID \scratch
     .endif
     .endm
-"#,
-            $($body,)*
-            ".purgem SWITCH_TO_KERNEL_CR3_SLOW",
-            ".purgem SWITCH_TO_KERNEL_CR3",
-            ".purgem SWITCH_TO_USER_CR3",
-            crate::arch::x86_shared::entry::entry_purge!(),
-            c_entry = const ctr(Counter::Cr3Entry),
-            c_exit = const ctr(Counter::Cr3Exit),
-            c_other = const ctr(Counter::Cr3Other),
-            c_noflush = const ctr(Counter::Cr3NoFlush),
-            c_flush = const ctr(Counter::TlbFlushFull),
-            c_syscalls = const ctr(Counter::Syscalls),
-            c_exceptions = const ctr(Counter::Exceptions),
-            c_interrupts = const ctr(Counter::Interrupts),
-            pk_kstack = const pk::KSTACK_TOP,
-            pk_flush = const pk::USER_FLUSH_PENDING,
-            pk_exit_pti = const pk::EXIT_PTI,
-            pk_frame_on = const pk::FRAME_ON_ENTRY_STACK,
-            pk_entry_frame = const pk::ENTRY_FRAME,
-            pk_fault = const pk::FAULT_STACK_TOP,
-            pe_rsp = const pe::SCRATCH_RSP,
-            pe_rdi = const pe::SCRATCH_RDI,
-            table_size = const ptiscope_abi::syscall::TABLE_SIZE,
-            enosys = const ptiscope_abi::syscall::ENOSYS,
-            cpu_areas = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
-            user_cs = const super::descriptors::USER_CS,
-            user_ds = const super::descriptors::USER_DS,
-            options(att_syntax)
-        );
-    };
-}
 
-entry_asm!(
-    r#"
     ENTRY_DATA 512, 10
     .skip 1024
     .global ist_df_top
@@ -167,12 +106,7 @@ ist_nmi_top:
 ist_mc_top:
     ENTRY_CPU_AREAS {cpu_areas}
 
-    .section .entry.text, "ax"
-    .code64
-
-    "#,
-    crate::arch::x86_shared::entry::exception_stub_list!(),
-    r#"
+    ENTRY_TEXT 64
 
     /* Common path of the fatal exceptions. Frame: vector, error code, then
      * what the CPU pushed. Registers are saved first (on the entry stack
@@ -244,26 +178,29 @@ exc_common:
      * fast path only moves RSP: to the task stack after the switch to the
      * kernel copy, back to the frame before the switch to the user copy. */
 
+    /* The registers the dispatch saves around the handler call: the
+     * argument registers the C ABI lets it clobber (rdi rsi rdx r8 r9 r10)
+     * and r11, which is user RFLAGS after SYSCALL. */
+    .macro PUSH_SAVED
+    .irp r, rdi, rsi, rdx, r8, r9, r10, r11
+    pushq %\r
+    .endr
+    .endm
+
+    .macro POP_SAVED
+    .irp r, r11, r10, r9, r8, rdx, rsi, rdi
+    popq %\r
+    .endr
+    .endm
+
     .macro SYSCALL_BODY
-    pushq %rdi
-    pushq %rsi
-    pushq %rdx
-    pushq %r8
-    pushq %r9
-    pushq %r10
-    pushq %r11
+    PUSH_SAVED
     incq %gs:CTR_SYSCALLS
     cmpq $TABLE_SIZE, %rax
     jae syscall_bad_nr
     movq %r10, %rcx                 /* 4th argument, C ABI */
     call *syscall_table(,%rax,8)
-    popq %r11
-    popq %r10
-    popq %r9
-    popq %r8
-    popq %rdx
-    popq %rsi
-    popq %rdi
+    POP_SAVED
     .endm
 
     /* int $n through a DPL3 gate, PTI off: TSS.RSP0 is the task stack. */
@@ -308,21 +245,9 @@ entry_int_pti_deferred:
     SYSCALL_BODY
     movq %gs:PCPU_ENTRY_FRAME, %rsp
     pushq %rax
-    pushq %rdi
-    pushq %rsi
-    pushq %rdx
-    pushq %r8
-    pushq %r9
-    pushq %r10
-    pushq %r11
+    PUSH_SAVED
     call pti_exit_to_user
-    popq %r11
-    popq %r10
-    popq %r9
-    popq %r8
-    popq %rdx
-    popq %rsi
-    popq %rdi
+    POP_SAVED
     popq %rax
     xorl %ecx, %ecx
     iretq
@@ -375,13 +300,7 @@ entry_syscall_pti_pcid:
 
 syscall_bad_nr:
     movq $ENOSYS, %rax
-    popq %r11
-    popq %r10
-    popq %r9
-    popq %r8
-    popq %rdx
-    popq %rsi
-    popq %rdi
+    POP_SAVED
     /* Back to user the slow, general way: the frame is on the task stack
      * for every entry but int with PTI, where it is on the entry stack. */
     jmp return_to_user_slow_from_entry_or_task
@@ -448,5 +367,17 @@ task_first_return:
     ENTRY_NMI %rax, %rcx, iretq
 
     EXCEPTION_STUBS .quad, 8
-"#,
+    .purgem PUSH_SAVED
+    .purgem POP_SAVED
+    .purgem SWITCH_TO_KERNEL_CR3_SLOW
+    .purgem SWITCH_TO_KERNEL_CR3
+    .purgem SWITCH_TO_USER_CR3
+"#;
+    c_noflush = const ptiscope_abi::telemetry::Counter::Cr3NoFlush.offset_in_block(),
+    pk_flush = const super::percpu::kernel::USER_FLUSH_PENDING,
+    pk_frame_on = const super::percpu::kernel::FRAME_ON_ENTRY_STACK,
+    pe_rsp = const super::percpu::entry::SCRATCH_RSP,
+    pe_rdi = const super::percpu::entry::SCRATCH_RDI,
+    user_cs = const super::descriptors::USER_CS,
+    user_ds = const super::descriptors::USER_DS,
 );

@@ -1,8 +1,10 @@
 //! CR3 writes from Rust code: the one counted place besides the entry
 //! macros in entry.rs, which update the same counters.
+pub use crate::arch::x86_shared::paging::map_kernel_range;
+use crate::arch::x86_shared::paging::{load_kernel_root, print_pti_line, PtiLine};
 use crate::arch::x86_shared::sections;
 use crate::mm::{DirectMap, Frames};
-use crate::{println, telemetry};
+use crate::telemetry;
 use core::arch::asm;
 use guest_core::cmdline::Config;
 use guest_core::layout::{cr3_value, CR3_NOFLUSH};
@@ -10,6 +12,7 @@ use guest_core::paging::{
     build_kernel_half_global_text, FrameSource, KernelSpec, PhysMem, KERNEL_PML4_SLOT,
 };
 pub use guest_core::paging::{KernelHalf, MapError, UserSpec};
+use guest_core::workingset::{Range, Tables};
 use ptiscope_abi::telemetry::Counter;
 
 /// Why CR3 is written; each reason has its own counter.
@@ -71,26 +74,20 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
         } else {
             pages(spec.deferred_text)
         };
-        println!(
-            "@pti user_copy_kernel_pages={} entry_area_pages={} deferred_switch_pages={} pti_switch={} global_text={} nx=1",
-            pages(spec.entry_area) + text_pages + deferred_extra,
-            pages(spec.entry_area),
-            pages(spec.deferred_text),
-            if deferred { "deferred" } else { "asm" },
-            if global_text.is_some() { "on" } else { "off" },
-        );
+        print_pti_line(&PtiLine {
+            user_copy_kernel_pages: pages(spec.entry_area) + text_pages + deferred_extra,
+            entry_area: spec.entry_area,
+            deferred_text: spec.deferred_text,
+            global_text: global_text.is_some(),
+            nx: true,
+        });
     }
     // A kernel-only address space: slot 511 only.
     let Some(root) = Frames.pair() else {
         panic!("out of memory for the kernel page tables")
     };
     DirectMap.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
-    // SAFETY: enabling global pages; the TLB is flushed by the CR3 write below.
-    unsafe { super::cpu::write_cr4(super::cpu::read_cr4() | super::cpu::CR4_PGE) };
-    write_cr3(cr3_value(root, false, 0, false), Cr3Reason::Other);
-    // The 32-bit boot code's CR3 load happened before counters existed.
-    telemetry::inc(Counter::Cr3Other);
-    telemetry::inc(Counter::TlbFlushFull);
+    load_kernel_root(cr3_value(root, false, 0, false));
     half
 }
 
@@ -113,43 +110,18 @@ pub fn map_user_stack_page(pair: u64, va: u64, frame: u64) -> Result<(), MapErro
 /// user, writable, NX, with `page`-sized leaves: the working set of `wss=`
 /// (see workingset.rs). Both copies share the user half below the PML4.
 pub fn map_user_range(pair: u64, va: u64, phys: u64, len: u64, page: u64) -> Result<(), MapError> {
-    guest_core::workingset::map_range(
-        &mut DirectMap,
-        &mut Frames,
-        pair + 4096,
-        va,
-        phys,
-        len,
-        page,
-    )
+    let range = Range::new(va, phys, len, page);
+    guest_core::workingset::map_range(&mut DirectMap, &mut Frames, pair + 4096, range)
 }
 
-/// Maps `[va, va + len)` of the kernel half (shared by every address space)
-/// to `[phys, phys + len)` with 4 KiB pages, kernel-only, writable, NX,
-/// non-global with PTI (so that the CR3 switches flush them, like the rest
-/// of the kernel) and global without: the kernel working set of `kwss=`.
-pub fn map_kernel_range(
-    half: &KernelHalf,
-    va: u64,
-    phys: u64,
-    len: u64,
-    pti: bool,
-) -> Result<(), MapError> {
-    use guest_core::paging::flags::{GLOBAL, NO_EXECUTE, WRITABLE};
-    // A scratch root whose slot 511 is the kernel half: the tables below it
-    // are the ones every address space shares.
+/// The kernel working set's tables, leaf and table flags (see
+/// `map_kernel_range`): a scratch root whose slot 511 is the kernel half,
+/// so that the tables below it are the ones every address space shares;
+/// writable, NX.
+pub fn kernel_range_tables(half: &KernelHalf) -> Result<(Tables, u64, u64), MapError> {
+    use guest_core::paging::flags::{NO_EXECUTE, WRITABLE};
     let root = Frames.frame().ok_or(MapError::OutOfFrames)?;
     DirectMap.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
-    let global = if pti { 0 } else { GLOBAL };
-    guest_core::workingset::map_range_flags(
-        &mut DirectMap,
-        &mut Frames,
-        root,
-        va,
-        phys,
-        len,
-        4096,
-        WRITABLE | NO_EXECUTE | global,
-        guest_core::paging::KERNEL_TABLE_FLAGS,
-    )
+    let table_flags = guest_core::paging::KERNEL_TABLE_FLAGS;
+    Ok((Tables::FourLevel(root), WRITABLE | NO_EXECUTE, table_flags))
 }

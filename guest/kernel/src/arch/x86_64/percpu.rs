@@ -24,8 +24,8 @@
 //! out). See docs/guest.md, "SMP".
 use super::cpu;
 pub use crate::arch::x86_shared::percpu::*;
-use core::arch::{asm, global_asm};
-use ptiscope_abi::telemetry::{Counter, CPU_BLOCK_STRIDE, MAX_CPUS};
+use core::arch::asm;
+use ptiscope_abi::telemetry::Counter;
 
 /// Words at the top of the entry stack that hold a task's user frame (the
 /// iret frame of an int entry with PTI); saved and restored per task.
@@ -57,22 +57,12 @@ pub mod entry {
     pub const SCRATCH_RDI: usize = 8;
 }
 
-global_asm!(
+crate::arch::x86_shared::percpu::percpu_asm!(
     r#"
-    .section .data.kernel_percpu, "aw"
-    .balign 256
-    .global kernel_percpu
-kernel_percpu:
     .fill {bytes}, 1, 0
-
-    .section .entry.data.percpu, "aw"
-    .balign 256
-    .global entry_percpu
-entry_percpu:
+    PERCPU_RECORDS entry_percpu, .entry.data.percpu
     .fill {bytes}, 1, 0
-    .previous
-"#,
-    bytes = const MAX_CPUS * CPU_BLOCK_STRIDE,
+"#;
 );
 
 extern "C" {

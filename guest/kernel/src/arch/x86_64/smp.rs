@@ -19,12 +19,9 @@
 use super::cpu;
 pub use crate::arch::x86_shared::smp::*;
 use crate::mm::{DirectMap, Frames};
-use core::arch::global_asm;
 use guest_core::paging::{map_4k, KERNEL_TABLE_FLAGS};
-use ptiscope_abi::telemetry::Counter;
 
-global_asm!(
-    crate::arch::x86_shared::smp::ap_trampoline_macros!(),
+crate::arch::x86_shared::smp::smp_asm!(
     r#"
     AP_TRAMPOLINE_START {tp}
     movl $0xc0000080, %ecx
@@ -38,23 +35,7 @@ global_asm!(
 
     .code64
 tr_long:
-    movq ({tp} + (tr_entry - ap_trampoline)), %rax
-    movq ({tp} + (tr_stack - ap_trampoline)), %rsp
-    movq ({tp} + (tr_cpu - ap_trampoline)), %rdi
-    jmp *%rax
-
-    AP_TRAMPOLINE_GDT {tp}, 1
-    .balign 8
-    /* Handed over by the BSP before each SIPI (ApHandover). */
-    .global ap_trampoline_handover
-ap_trampoline_handover:
-tr_cr3:   .quad 0
-tr_efer:  .quad 0
-tr_entry: .quad 0
-tr_stack: .quad 0
-tr_cpu:   .quad 0
-    .global ap_trampoline_end
-ap_trampoline_end:
+    AP_TRAMPOLINE_END {tp}, q, rax, rsp, rdi, 1, .quad, 8
 
     .section .text.ap_start64, "ax"
     .global ap_start64
@@ -79,18 +60,8 @@ entry_ipi:
     popq %rax
     iretq
 
-    .balign 16
-    .global entry_spurious
-entry_spurious:
-    iretq
-    .previous
-    .purgem AP_TRAMPOLINE_START
-    .purgem AP_TRAMPOLINE_GDT
 "#,
-    tp = const TRAMPOLINE_PHYS,
-    ctr_interrupts = const Counter::Interrupts.offset_in_block(),
-    eoi = const LAPIC_VA + LAPIC_EOI,
-    options(att_syntax)
+    "iretq",
 );
 
 extern "C" {
@@ -111,50 +82,38 @@ struct ApHandover {
 /// Call once on the BSP after the kernel page tables are live, when
 /// `cpus > 1` (a one-CPU run touches no LAPIC).
 pub fn init_bsp(cpus: usize, kernel_root: u64) {
-    if !set_cpus(cpus) {
-        return;
-    }
-    use guest_core::paging::flags::{NO_CACHE, NO_EXECUTE, WRITABLE, WRITE_THROUGH};
-    if let Err(e) = map_4k(
-        &mut DirectMap,
-        &mut Frames,
-        kernel_root,
-        LAPIC_VA,
-        LAPIC_PHYS,
-        WRITABLE | NO_CACHE | WRITE_THROUGH | NO_EXECUTE,
-        KERNEL_TABLE_FLAGS,
-    ) {
-        panic!("cannot map the local APIC: {e:?}");
-    }
-    install_gates_and_enable();
+    init_bsp_with(cpus, || {
+        use guest_core::paging::flags::{NO_CACHE, NO_EXECUTE, WRITABLE, WRITE_THROUGH};
+        map_4k(
+            &mut DirectMap,
+            &mut Frames,
+            kernel_root,
+            LAPIC_VA,
+            LAPIC_PHYS,
+            WRITABLE | NO_CACHE | WRITE_THROUGH | NO_EXECUTE,
+            KERNEL_TABLE_FLAGS,
+        )
+    });
 }
 
 /// Starts CPUs 1..cpus one after the other; returns how many are online.
 pub fn start_aps() -> usize {
-    let cpus = cpus();
-    if cpus <= 1 {
-        return 1;
-    }
-    copy_trampoline();
-    // The boot section is identity mapped: the symbol's value is physical.
-    let boot_cr3 = core::ptr::addr_of!(boot_pml4) as u64;
-    // SAFETY: EFER exists on every x86_64 CPU.
-    let efer = unsafe { cpu::rdmsr(cpu::MSR_EFER) } & (EFER_LME | EFER_NXE);
-    for n in 1..cpus {
-        let handover = ApHandover {
+    let handovers = || {
+        // The boot section is identity mapped: the symbol's value is physical.
+        let boot_cr3 = core::ptr::addr_of!(boot_pml4) as u64;
+        // SAFETY: EFER exists on every x86_64 CPU.
+        let efer = unsafe { cpu::rdmsr(cpu::MSR_EFER) } & (EFER_LME | EFER_NXE);
+        move |n: usize| ApHandover {
             cr3: boot_cr3,
             efer,
             entry: ap_start64 as *const () as u64,
             stack: ap_stack_top(n),
             cpu: n as u64,
-        };
-        // SAFETY: the trampoline was copied above; ApHandover is laid out as
-        // its handover words (five quads from tr_cr3).
-        if !unsafe { start_cpu(n, handover) } {
-            break;
         }
-    }
-    online()
+    };
+    // SAFETY: ApHandover is laid out as the trampoline's handover words
+    // (five quads from tr_cr3).
+    unsafe { start_aps_with(handovers) }
 }
 
 const EFER_LME: u64 = 1 << 8;

@@ -21,20 +21,36 @@
 //! programs and the poundsyscall workers are written once for both
 //! flavours in arch/x86_shared/user.rs and instantiated here with this
 //! flavour's register names.
-use core::arch::global_asm;
-use ptiscope_abi::syscall as nr;
+use crate::arch::x86_shared::user::{messaging_asm, pound_asm, program_lookup, user_loop_asm};
+pub use crate::arch::x86_shared::user::{section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS};
 
-use crate::arch::x86_shared::user::{
-    init_program, messaging_asm, pound_asm, program_lookup, sys_macro,
-};
-pub use crate::arch::x86_shared::user::{
-    section, FLAG_KREAD, FLAG_NOPTI, FLAG_WSS, KREAD_SURVIVED,
-};
-
-global_asm!(
-    sys_macro!(),
-    init_program!(),
+user_loop_asm!(
     r#"
+
+    /* The workload's begin marker: phase_mark(begin). */
+    .macro PHASE_BEGIN kind
+    movl ${phase_mark}, %eax
+    movl ${begin}, %edi
+    SYS \kind
+    .endm
+
+    /* The TSC as one 64-bit value in rdx (rax clobbered). */
+    .macro RDTSC64
+    rdtsc
+    shlq $32, %rdx
+    orq %rax, %rdx
+    .endm
+
+    /* The end marker, phase_mark(end, cycles (rdx), mismatches (rbx));
+     * then rdi = the mismatches (the exit status). */
+    .macro MARK_END kind
+    movq %rdx, %rsi                 /* cycles */
+    movq %rbx, %rdx                 /* mismatches */
+    movl ${phase_mark}, %eax
+    movl ${end}, %edi
+    SYS \kind
+    movq %rbx, %rdi
+    .endm
 
     .macro USER_PROGRAMS kind
     .balign 16
@@ -62,12 +78,8 @@ user_loop_\kind:
     SYS \kind
     movq %rax, %rbp                 /* the expected result */
     xorl %ebx, %ebx                 /* mismatches */
-    movl ${phase_mark}, %eax
-    movl ${begin}, %edi
-    SYS \kind
-    rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
+    PHASE_BEGIN \kind
+    RDTSC64
     movq %rdx, %r15
     testq %r12, %r12                /* iterations=0: an empty phase */
     jz 5f
@@ -83,12 +95,7 @@ user_loop_\kind:
     shlq $32, %rdx
     orq %rax, %rdx
     subq %r15, %rdx
-    movq %rdx, %rsi                 /* cycles */
-    movq %rbx, %rdx                 /* mismatches */
-    movl ${phase_mark}, %eax
-    movl ${end}, %edi
-    SYS \kind
-    movq %rbx, %rdi
+    MARK_END \kind
 8:  movl ${exit}, %eax
     SYS \kind
     ud2
@@ -121,21 +128,15 @@ user_loop_\kind:
     xorl %ebp, %ebp
     xorl %r8d, %r8d
     xorl %r10d, %r10d
-    movl ${phase_mark}, %eax
-    movl ${begin}, %edi
-    SYS \kind
-    rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
+    PHASE_BEGIN \kind
+    RDTSC64
     movq %rdx, %r15
     testq %r12, %r12
     jz 25f
     /* Each iteration: the reads, timed (RDTSC after LFENCE: the reads are
      * done), then the system call. */
 22: lfence
-    rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
+    RDTSC64
     movq %rdx, %r11
     movq 24(%rsp), %rdx
     movq %r9, %rcx
@@ -150,9 +151,7 @@ user_loop_\kind:
 26: decq %rcx
     jnz 23b
 24: lfence
-    rdtsc
-    shlq $32, %rdx
-    orq %rax, %rdx
+    RDTSC64
     subq %r11, %rdx
     addq %rdx, 8(%rsp)
     cmpq 16(%rsp), %rdx
@@ -176,47 +175,19 @@ user_loop_\kind:
     movq %rax, {ctrl_tcycles}
     movq 16(%rsp), %rax
     movq %rax, {ctrl_tmin}
-    movq %rdx, %rsi                 /* cycles */
-    movq %rbx, %rdx                 /* mismatches */
-    movl ${phase_mark}, %eax
-    movl ${end}, %edi
-    SYS \kind
-    movq %rbx, %rdi
+    MARK_END \kind
     jmp 8b
 
     USER_INIT \kind, q, rax, rbx, ebx, rdi
     .endm
 
-    .section .user.text, "ax"
-    USER_PROGRAMS 1
-    USER_PROGRAMS 3
-    USER_PROGRAMS 4
-    USER_PROGRAMS 5
-    .purgem USER_PROGRAMS
-    .purgem USER_INIT
-    .purgem SYS
-    .previous
 "#,
-    nopti = const FLAG_NOPTI,
-    kread = const FLAG_KREAD,
-    wss = const FLAG_WSS,
-    base = const ptiscope_abi::workingset::BASE,
-    ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
-    ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
-    ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
-    ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
-    ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
-    ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
-    ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
-    survived = const KREAD_SURVIVED,
-    arch_prctl = const nr::ARCH_PRCTL,
-    set_nopti = const nr::ARCH_SET_NOPTI,
-    phase_mark = const nr::PHASE_MARK,
-    begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
-    exit = const nr::EXIT,
-    wait = const nr::WAIT,
-    options(att_syntax)
+    r#"
+    FOR_ENTRIES 1, USER_PROGRAMS
+    .purgem PHASE_BEGIN
+    .purgem RDTSC64
+    .purgem MARK_END
+"#,
 );
 
 /* sched-messaging (perf bench sched messaging, pipes), written once in
@@ -237,10 +208,7 @@ messaging_asm!(
 
 "#,
     r#"
-    MSG_PROGRAMS 1, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
-    MSG_PROGRAMS 3, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
-    MSG_PROGRAMS 4, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
-    MSG_PROGRAMS 5, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
+    FOR_ENTRIES 1, MSG_PROGRAMS, q, rsp, rax, rdi, rcx, edi, esi, edx, rsi, r12d, r13d, r14d
 "#,
 );
 
@@ -250,14 +218,8 @@ messaging_asm!(
 // instruction.
 pound_asm!(
     r#"
-    USER_POUND 1, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 3, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 4, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND 5, q, rax, rbx, ebx, r12, r13, rdi
-    USER_POUND_WSS 1, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 3, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 4, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
-    USER_POUND_WSS 5, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
+    FOR_ENTRIES 1, USER_POUND, q, rax, rbx, ebx, r12, r13, rdi
+    FOR_ENTRIES 1, USER_POUND_WSS, q, rsp, rax, rdx, ebp, rbx, ebx, r12, r13, r14, rdi
 "#,
 );
 

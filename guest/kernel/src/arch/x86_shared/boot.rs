@@ -6,6 +6,11 @@
 //!   mode, paging off, interrupts off, `ebx` = GPA of `hvm_start_info`, kept
 //!   in `esi` for `kmain`); the flavour goes on to its paging mode;
 //! * `BOOT_STACK`: the 16 KiB boot stack (`boot_stack_top`) `kmain` runs on.
+//!
+//! `boot_asm!(body)` is the flavour's whole boot asm block: `PVH_ENTRY`,
+//! then `body` (the way to its paging mode, the boot tables, and the
+//! high-half start code up to `kmain`'s stack and argument), then the
+//! shared `call kmain`, the boot stack and the purges.
 
 /// The shared boot macros (see the module doc).
 macro_rules! boot_macros {
@@ -42,3 +47,23 @@ boot_stack_top:
     };
 }
 pub(crate) use boot_macros;
+
+/// The boot asm block of a flavour (see the module doc).
+macro_rules! boot_asm {
+    ($body:expr $(,)?) => {
+        core::arch::global_asm!(
+            $crate::arch::x86_shared::boot::boot_macros!(),
+            "    PVH_ENTRY",
+            $body,
+            r#"    call kmain
+    ud2
+
+    BOOT_STACK
+    .purgem PVH_ENTRY
+    .purgem BOOT_STACK
+"#,
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use boot_asm;

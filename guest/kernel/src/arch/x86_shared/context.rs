@@ -25,6 +25,38 @@ macro_rules! switch_stacks_macro {
 }
 pub(crate) use switch_stacks_macro;
 
+/// `switch_to_asm!(body)`: the flavour's `switch_to` in `.text.switch_to`:
+/// `body` loads `save` and `next` from its calling convention and invokes
+/// `SWITCH_STACKS`; then `ret`.
+macro_rules! switch_to_asm {
+    ($body:expr $(,)?) => {
+        core::arch::global_asm!(
+            $crate::arch::x86_shared::context::switch_stacks_macro!(),
+            "    .section .text.switch_to, \"ax\"
+    .global switch_to",
+            $body,
+            "    ret
+    .purgem SWITCH_STACKS",
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use switch_to_asm;
+
+/// `user_regs!(attrs… type: regs…)`: the flavour's `UserRegs`, the initial
+/// user registers of a new task (the callee-saved ones, which the kernel
+/// preserves; user programs take their parameters there), each a `type`.
+macro_rules! user_regs {
+    ($(#[$m:meta])* $t:ty: $($r:ident),+ $(,)?) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Default)]
+        pub struct UserRegs {
+            $(pub $r: $t,)+
+        }
+    };
+}
+pub(crate) use user_regs;
+
 extern "C" {
     /// Saves the current kernel context's stack pointer at `save` and
     /// resumes the one whose stack pointer is `next_rsp` (as left by a

@@ -107,3 +107,29 @@ pub fn halt_forever() -> ! {
 pub fn has_nx() -> bool {
     cpuid(0x8000_0000, 0).0 >= 0x8000_0001 && cpuid(0x8000_0001, 0).3 & (1 << 20) != 0
 }
+
+/// `rdmsr_safe_asm!(load, store)`: the flavour's `rdmsr_safe_raw(msr, out)
+/// -> eax` (1 if read, 0 if it faulted) in `.text.rdmsr_safe`: `load` puts
+/// the MSR number in ecx (and keeps `out` where `store` finds it), esi = 1,
+/// the RDMSR at `rdmsr_safe_insn` (on #GP there the exception handler skips
+/// it and clears esi, see exceptions.rs), `store` writes edx:eax to `out`
+/// and leaves esi in eax; then `ret`.
+macro_rules! rdmsr_safe_asm {
+    ($load:expr, $store:expr $(,)?) => {
+        core::arch::global_asm!(
+            "    .section .text.rdmsr_safe, \"ax\"
+    .global rdmsr_safe_raw
+rdmsr_safe_raw:",
+            $load,
+            "    movl $1, %esi
+    .global rdmsr_safe_insn
+rdmsr_safe_insn:
+    rdmsr",
+            $store,
+            "    ret
+    .previous",
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use rdmsr_safe_asm;

@@ -1,16 +1,17 @@
 //! What the two flavours' entry areas (`arch/*/entry.rs`) share, written
 //! once as GAS macros whose parameters are the flavour's register names, as
-//! Linux shares `pti.c` between x86_32 and x86_64. The flavour supplies,
-//! before it splices these in:
+//! Linux shares `pti.c` between x86_32 and x86_64. Each flavour's entry
+//! area is one `entry_asm!` block, which sets the shared `CTR_*` counter
+//! offsets and `PCPU_*` words, splices these macros in and purges them at
+//! its end (`entry_purge!`); the flavour's part of the block supplies:
 //! * `COUNT ctr`: the 64-bit increment of counter `ctr` in this CPU's block
 //!   (x86_64: `incq %gs:ctr`; x86_32: `addl $1, %fs:ctr; adcl $0, %fs:ctr+4`);
-//! * the `CTR_*` counter offsets and `PTI_SWITCH_MASK` (the CR3 bits an
-//!   entry clears: bit 12, the user copy, and on x86_64 bit 11, the user PCID).
+//! * `PTI_SWITCH_MASK` (the CR3 bits an entry clears: bit 12, the user copy,
+//!   and on x86_64 bit 11, the user PCID) and its own symbols and stubs.
 //!
 //! The macros assemble exactly the instructions each flavour had when they
 //! were written twice (the per-call instruction counts are those of
-//! docs/guest.md); each flavour's asm block purges them at its end
-//! (`entry_purge!`).
+//! docs/guest.md).
 
 /// The shared entry macros:
 /// * `ENTRY_DATA idt_quads, gdt_quads`: the start of `.entry.data`, CPU 0's
@@ -28,6 +29,8 @@
 /// * `EXC_NOERR n` / `EXC_ERR n`: exception stub `exc_n` (a zero error code
 ///   pushed where the CPU pushes none, then the vector; the push width is the
 ///   mode's), jumping to the flavour's `exc_common`;
+/// * `ENTRY_TEXT bits`: `.entry.text` in `.code<bits>`, starting with the
+///   32 exception stubs (the vectors' error-code kind is architectural);
 /// * `ENTRY_NMI ax, cx, iret`: the paranoid NMI stub `entry_nmi` on the
 ///   current stack (x86_64: its IST stack). It may arrive anywhere, even
 ///   between a CR3 switch and the stack switch, so it saves CR3, runs on the
@@ -132,6 +135,22 @@ entry_nmi:
     \iret
     .endm
 
+    /* The start of `.entry.text` and the 32 exception stubs (`exc_0` ..
+     * `exc_31`): EXC_ERR where the CPU pushes an error code (vectors 8,
+     * 10-14, 17, 21, 29, 30: the set bits of 0x60227d00), EXC_NOERR
+     * elsewhere. */
+    .macro ENTRY_TEXT bits
+    .section .entry.text, "ax"
+    .code\bits
+    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .if (0x60227d00 >> \n) & 1
+    EXC_ERR \n
+    .else
+    EXC_NOERR \n
+    .endif
+    .endr
+    .endm
+
     .macro EXCEPTION_STUBS word, align
     .section .rodata.exception_stubs, "a"
     .balign \align
@@ -164,6 +183,7 @@ macro_rules! entry_purge {
     .purgem SWITCH_TO_USER_CR3_NOPCID
     .purgem EXC_NOERR
     .purgem EXC_ERR
+    .purgem ENTRY_TEXT
     .purgem ENTRY_NMI
     .purgem EXCEPTION_STUBS
     .purgem COUNT
@@ -172,45 +192,51 @@ macro_rules! entry_purge {
 }
 pub(crate) use entry_purge;
 
-/// The 32 exception vectors as invocations of the stub macros: `EXC_ERR n`
-/// where the CPU pushes an error code (8, 10-14, 17, 21, 29, 30), `EXC_NOERR
-/// n` elsewhere. Architectural, so written once.
-macro_rules! exception_stub_list {
-    () => {
-        "
-    EXC_NOERR 0
-    EXC_NOERR 1
-    EXC_NOERR 2
-    EXC_NOERR 3
-    EXC_NOERR 4
-    EXC_NOERR 5
-    EXC_NOERR 6
-    EXC_NOERR 7
-    EXC_ERR 8
-    EXC_NOERR 9
-    EXC_ERR 10
-    EXC_ERR 11
-    EXC_ERR 12
-    EXC_ERR 13
-    EXC_ERR 14
-    EXC_NOERR 15
-    EXC_NOERR 16
-    EXC_ERR 17
-    EXC_NOERR 18
-    EXC_NOERR 19
-    EXC_NOERR 20
-    EXC_ERR 21
-    EXC_NOERR 22
-    EXC_NOERR 23
-    EXC_NOERR 24
-    EXC_NOERR 25
-    EXC_NOERR 26
-    EXC_NOERR 27
-    EXC_NOERR 28
-    EXC_ERR 29
-    EXC_ERR 30
-    EXC_NOERR 31
-"
+/// `entry_asm!(bodies…; extra operands)`: a flavour's entry asm block. Sets
+/// the counter offsets (`CTR_*`), the syscall table bounds and the per-CPU
+/// words both flavours' stubs read (`PCPU_*`, `PCPU_KERNEL + offset`), splices
+/// in [`entry_macros!`], then the flavour's `bodies` (its `COUNT`,
+/// `PTI_SWITCH_MASK`, own symbols and the stubs), then [`entry_purge!`]. The
+/// `extra operands` are the ones only the flavour names, each followed by a
+/// comma; `cpu_areas` is the size of `entry_cpu_areas`.
+macro_rules! entry_asm {
+    ($($body:expr),+ $(,)?; $($extra:tt)*) => {
+        core::arch::global_asm!(
+            r#"
+    .set CTR_CR3_ENTRY, {c_entry}
+    .set CTR_CR3_EXIT, {c_exit}
+    .set CTR_CR3_OTHER, {c_other}
+    .set CTR_TLB_FLUSH, {c_flush}
+    .set CTR_SYSCALLS, {c_syscalls}
+    .set CTR_EXCEPTIONS, {c_exceptions}
+    .set CTR_INTERRUPTS, {c_interrupts}
+    .set TABLE_SIZE, {table_size}
+    .set ENOSYS, {enosys}
+    .set PCPU_KSTACK_TOP, PCPU_KERNEL + {p_kstack}
+    .set PCPU_EXIT_PTI, PCPU_KERNEL + {p_exit_pti}
+    .set PCPU_ENTRY_FRAME, PCPU_KERNEL + {p_entry_frame}
+    .set PCPU_FAULT_STACK_TOP, PCPU_KERNEL + {p_fault}
+"#,
+            $crate::arch::x86_shared::entry::entry_macros!(),
+            $($body,)+
+            $crate::arch::x86_shared::entry::entry_purge!(),
+            c_entry = const ptiscope_abi::telemetry::Counter::Cr3Entry.offset_in_block(),
+            c_exit = const ptiscope_abi::telemetry::Counter::Cr3Exit.offset_in_block(),
+            c_other = const ptiscope_abi::telemetry::Counter::Cr3Other.offset_in_block(),
+            c_flush = const ptiscope_abi::telemetry::Counter::TlbFlushFull.offset_in_block(),
+            c_syscalls = const ptiscope_abi::telemetry::Counter::Syscalls.offset_in_block(),
+            c_exceptions = const ptiscope_abi::telemetry::Counter::Exceptions.offset_in_block(),
+            c_interrupts = const ptiscope_abi::telemetry::Counter::Interrupts.offset_in_block(),
+            table_size = const ptiscope_abi::syscall::TABLE_SIZE,
+            enosys = const ptiscope_abi::syscall::ENOSYS,
+            cpu_areas = const (ptiscope_abi::telemetry::MAX_CPUS - 1) * 4096,
+            p_kstack = const super::percpu::kernel::KSTACK_TOP,
+            p_exit_pti = const super::percpu::kernel::EXIT_PTI,
+            p_entry_frame = const super::percpu::kernel::ENTRY_FRAME,
+            p_fault = const super::percpu::kernel::FAULT_STACK_TOP,
+            $($extra)*
+            options(att_syntax)
+        );
     };
 }
-pub(crate) use exception_stub_list;
+pub(crate) use entry_asm;

@@ -2,9 +2,11 @@
 pub mod boot;
 pub mod context;
 pub mod cpu;
+pub mod descriptors;
 pub mod entry;
 pub mod exceptions;
 pub mod io;
+pub mod paging;
 pub mod percpu;
 pub mod sections;
 pub mod serial;

@@ -26,6 +26,35 @@ macro_rules! seg {
     };
 }
 
+/// `percpu_asm!(body; extra operands)`: a flavour's asm block of per-CPU
+/// records: it opens `kernel_percpu` (in `.data.kernel_percpu`), which
+/// `body` fills (`{bytes}`: one `CPU_BLOCK_STRIDE` per CPU) and may go on
+/// with more records (`PERCPU_RECORDS name, section` opens the 256-aligned
+/// global array `name` in `section`); the `extra operands`, each followed
+/// by a comma, are the ones only the flavour names.
+macro_rules! percpu_asm {
+    ($body:expr $(,)?; $($extra:tt)*) => {
+        core::arch::global_asm!(
+            r#"
+    .macro PERCPU_RECORDS name, section
+    .section \section, "aw"
+    .balign 256
+    .global \name
+\name:
+    .endm
+    PERCPU_RECORDS kernel_percpu, .data.kernel_percpu
+"#,
+            $body,
+            "    .previous
+    .purgem PERCPU_RECORDS",
+            bytes = const ptiscope_abi::telemetry::MAX_CPUS * ptiscope_abi::telemetry::CPU_BLOCK_STRIDE,
+            $($extra)*
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use percpu_asm;
+
 extern "C" {
     /// The records, one `CPU_BLOCK_STRIDE` apart (defined by the flavour).
     static mut kernel_percpu: [u8; MAX_CPUS * CPU_BLOCK_STRIDE];

@@ -1,10 +1,12 @@
 //! What both flavours' SMP code shares: the local APIC (xAPIC, MMIO) and
 //! its IPIs, the count of CPUs online, and starting an AP: copying the
 //! trampoline, INIT/SIPI with its retry, the AP's first Rust code. The
-//! trampoline's real-mode start and its GDT are GAS macros here
-//! ([`ap_trampoline_macros!`]); the rest of it (which brings an AP to its
-//! flavour's paging mode), its handover words and the per-CPU set-up stay in
-//! each flavour's `smp.rs`.
+//! trampoline's real-mode start, its GDT and its handover words are GAS
+//! macros here ([`ap_trampoline_macros!`], spliced in by [`smp_asm!`]), and
+//! the loops of `init_bsp` and `start_aps` are [`init_bsp_with`] and
+//! [`start_aps_with`]; the rest of the trampoline (which brings an AP to its
+//! flavour's paging mode), the handover record's values, the LAPIC mapping
+//! and `entry_ipi` stay in each flavour's `smp.rs`.
 use crate::arch::layout::TELEMETRY_VA;
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -20,9 +22,16 @@ use ptiscope_abi::telemetry::Counter;
 ///   from there (EFER, paging, its jump);
 /// * `AP_TRAMPOLINE_GDT tp, long`: the trampoline's GDT (null, 32-bit code
 ///   0x08, data 0x10, with `long` = 1 also 64-bit code 0x18) and its
-///   pointer `tr_gdt_ptr`.
+///   pointer `tr_gdt_ptr`;
+/// * `AP_TRAMPOLINE_HANDOVER word, align`: the handover words the BSP
+///   fills before each SIPI (`ap_trampoline_handover`: `tr_cr3`, `tr_efer`,
+///   `tr_entry`, `tr_stack`, `tr_cpu`, each a `word`, the flavour's
+///   `ApHandover`) and `ap_trampoline_end`;
+/// * `AP_TRAMPOLINE_END tp, sfx, entry, sp, cpu, long, word, align`: the
+///   jump to `ap_start*` (entry, stack and CPU index loaded from the
+///   handover words), then the GDT and the handover words.
 ///
-/// The flavour's asm block purges both at its end.
+/// [`smp_asm!`] splices them into the flavour's asm block and purges them.
 macro_rules! ap_trampoline_macros {
     () => {
         r#"
@@ -70,10 +79,70 @@ tr_gdt_ptr:
     .word tr_gdt_end - tr_gdt - 1
     .long \tp + (tr_gdt - ap_trampoline)
     .endm
+
+    /* The trampoline's end: the jump to the flavour's `ap_start*` with the
+     * stack and the CPU index from the handover words (`sfx` the load's
+     * size, `entry sp cpu` the registers), its GDT and the handover words. */
+    .macro AP_TRAMPOLINE_END tp, sfx, entry, sp, cpu, long, word, align
+    mov\sfx (\tp + (tr_entry - ap_trampoline)), %\entry
+    mov\sfx (\tp + (tr_stack - ap_trampoline)), %\sp
+    mov\sfx (\tp + (tr_cpu - ap_trampoline)), %\cpu
+    jmp *%\entry
+    AP_TRAMPOLINE_GDT \tp, \long
+    AP_TRAMPOLINE_HANDOVER \word, \align
+    .endm
+
+    .macro AP_TRAMPOLINE_HANDOVER word, align
+    .balign \align
+    /* Handed over by the BSP before each SIPI (ApHandover). */
+    .global ap_trampoline_handover
+ap_trampoline_handover:
+tr_cr3:   \word 0
+tr_efer:  \word 0
+tr_entry: \word 0
+tr_stack: \word 0
+tr_cpu:   \word 0
+    .global ap_trampoline_end
+ap_trampoline_end:
+    .endm
 "#
     };
 }
 pub(crate) use ap_trampoline_macros;
+
+/// `smp_asm!(body, iret)`: a flavour's SMP asm block: the trampoline
+/// macros, `body` (the trampoline from `AP_TRAMPOLINE_START tp`, `ap_start*`
+/// and `entry_ipi`, which may name `tp`, `ctr_interrupts` and `eoi`), then
+/// `entry_spurious` (a bare `iret`, the flavour's) and the purges.
+macro_rules! smp_asm {
+    ($body:expr, $iret:literal $(,)?) => {
+        core::arch::global_asm!(
+            $crate::arch::x86_shared::smp::ap_trampoline_macros!(),
+            $body,
+            concat!(
+                "
+    .balign 16
+    .global entry_spurious
+entry_spurious:
+    ",
+                $iret,
+                "
+    .previous
+    .purgem AP_TRAMPOLINE_START
+    .purgem AP_TRAMPOLINE_GDT
+    .purgem AP_TRAMPOLINE_HANDOVER
+    .purgem AP_TRAMPOLINE_END
+"
+            ),
+            tp = const $crate::arch::x86_shared::smp::TRAMPOLINE_PHYS,
+            ctr_interrupts = const ptiscope_abi::telemetry::Counter::Interrupts.offset_in_block(),
+            eoi = const $crate::arch::x86_shared::smp::LAPIC_VA
+                + $crate::arch::x86_shared::smp::LAPIC_EOI,
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use smp_asm;
 
 /// Physical page of the real-mode trampoline (SIPI vector 0x08).
 pub const TRAMPOLINE_PHYS: u64 = 0x8000;
@@ -257,6 +326,42 @@ pub unsafe fn start_cpu<H>(n: usize, handover: H) -> bool {
     }
     crate::println!("CPU {n} did not come online after INIT/SIPI");
     false
+}
+
+/// Starts CPUs 1..cpus one after the other (each flavour's `start_aps`);
+/// returns how many are online. After the trampoline is copied,
+/// `handovers()` gives the function that makes CPU `n`'s handover record.
+///
+/// # Safety
+/// `H` must be the flavour's handover record, as for [`start_cpu`].
+pub unsafe fn start_aps_with<H, F: Fn(usize) -> H>(handovers: impl FnOnce() -> F) -> usize {
+    let cpus = cpus();
+    if cpus <= 1 {
+        return 1;
+    }
+    copy_trampoline();
+    let handover = handovers();
+    for n in 1..cpus {
+        // SAFETY: the trampoline was copied above; the caller guarantees
+        // H's layout.
+        if !unsafe { start_cpu(n, handover(n)) } {
+            break;
+        }
+    }
+    online()
+}
+
+/// The common end of each flavour's `init_bsp`: when the run has more than
+/// one CPU (`set_cpus`), maps the LAPIC with `map_lapic` (the flavour's
+/// page tables), then installs the gates and enables the BSP's LAPIC.
+pub fn init_bsp_with<E: core::fmt::Debug>(cpus: usize, map_lapic: impl FnOnce() -> Result<(), E>) {
+    if !set_cpus(cpus) {
+        return;
+    }
+    if let Err(e) = map_lapic() {
+        panic!("cannot map the local APIC: {e:?}");
+    }
+    install_gates_and_enable();
 }
 
 /// An AP's first Rust code (called by the flavour's `ap_start*`), on the

@@ -22,8 +22,9 @@
 //! syscall loop and its working-set variant, written for each register ABI
 //! (x86_32 passes the loop's parameters packed and keeps its state on the
 //! stack; the 64-bit cycle count is one register or two words), the
-//! `PHASE_END` macro and, on x86_32, the SYSENTER stub. The Rust side (flags,
-//! program addresses, the section) is shared below.
+//! `PHASE_END` macro and, on x86_32, the SYSENTER stub. Their asm block
+//! (`user_loop_asm!`: section, purges, operands) and the Rust side (flags,
+//! program addresses, the section) are shared below.
 
 /// Flags of `user_loop` (rbx on x86_64, ebx >> 16 on x86_32).
 pub const FLAG_NOPTI: u64 = 1;
@@ -33,7 +34,9 @@ pub const FLAG_WSS: u64 = 4;
 pub const KREAD_SURVIVED: u64 = 77;
 
 /// `SYS kind`: the syscall instruction of entry method `kind` (the ABI
-/// entry code). Each asm block that splices it in purges it at its end.
+/// entry code), and `FOR_ENTRIES first, mac, args`, which instantiates a
+/// program macro for each of the flavour's entries. Each asm block that
+/// splices them in purges them at its end.
 macro_rules! sys_macro {
     () => {
         r#"
@@ -49,6 +52,18 @@ macro_rules! sys_macro {
     .else
     int $4
     .endif
+    .endm
+
+    /* `FOR_ENTRIES first, mac, args`: `mac kind, args` for each entry of
+     * the flavour, `first` (its fast entry) then 3, 4, 5. */
+    .macro FOR_ENTRIES first, mac, args:vararg
+    .irp kind, \first, 3, 4, 5
+    .ifb \args
+    \mac \kind
+    .else
+    \mac \kind, \args
+    .endif
+    .endr
     .endm
 "#
     };
@@ -209,6 +224,51 @@ user_pound_wss_\kind:
 }
 pub(crate) use pound_wss_programs;
 
+/// `user_loop_asm!(programs, instances)`: the asm block of `user_loop` and
+/// `user_init`: `SYS`, `USER_INIT`, the flavour's `USER_PROGRAMS kind` macro
+/// (`programs`, which defines `user_loop_<kind>` and instantiates
+/// `USER_INIT`), then `instances` in `.user.text` (the flavour's
+/// `USER_PROGRAMS kind` lines and, on x86_32, the SYSENTER stub), with the
+/// operands both flavours' loops name (64-bit control-page words that
+/// x86_32 writes in halves are `{ctrl_…}+4` for the high word).
+macro_rules! user_loop_asm {
+    ($programs:expr, $instances:expr $(,)?) => {
+        core::arch::global_asm!(
+            $crate::arch::x86_shared::user::sys_macro!(),
+            $crate::arch::x86_shared::user::init_program!(),
+            $programs,
+            "    .section .user.text, \"ax\"",
+            $instances,
+            "    .purgem USER_PROGRAMS",
+            "    .purgem USER_INIT",
+            "    .purgem SYS",
+            "    .purgem FOR_ENTRIES",
+            "    .previous",
+            nopti = const $crate::arch::x86_shared::user::FLAG_NOPTI,
+            kread = const $crate::arch::x86_shared::user::FLAG_KREAD,
+            wss = const $crate::arch::x86_shared::user::FLAG_WSS,
+            base = const ptiscope_abi::workingset::BASE,
+            ctrl_size = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SIZE as u64,
+            ctrl_stride = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::STRIDE as u64,
+            ctrl_touches = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHES as u64,
+            ctrl_touched = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::TOUCHED as u64,
+            ctrl_sum = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::SUM as u64,
+            ctrl_tcycles = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES as u64,
+            ctrl_tmin = const ptiscope_abi::workingset::control::VA + ptiscope_abi::workingset::control::READ_CYCLES_MIN as u64,
+            survived = const $crate::arch::x86_shared::user::KREAD_SURVIVED,
+            arch_prctl = const ptiscope_abi::syscall::ARCH_PRCTL,
+            set_nopti = const ptiscope_abi::syscall::ARCH_SET_NOPTI,
+            phase_mark = const ptiscope_abi::syscall::PHASE_MARK,
+            begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
+            end = const ptiscope_abi::phase::Marker::end(ptiscope_abi::phase::ID_WORKLOAD).encode(),
+            exit = const ptiscope_abi::syscall::EXIT,
+            wait = const ptiscope_abi::syscall::WAIT,
+            options(att_syntax)
+        );
+    };
+}
+pub(crate) use user_loop_asm;
+
 /// A pointer to the `.user.text` symbol named `$name`.
 macro_rules! user_symbol {
     ($name:expr) => {{
@@ -317,6 +377,19 @@ pub fn section() -> (u64, u64) {
 macro_rules! messaging_programs {
     () => {
         r#"
+    /* A worker's stack frame: `bytes` reserved, the first `words` 32-bit
+     * slots zeroed (rep stosl), the parameter `lps` (loops) stored at
+     * `loops_off`; ebp = loops, eax = 0 and ecx = 0 after it. */
+    .macro MSG_FRAME sfx, sp, di, lps, bytes, words, loops_off
+    sub\sfx $\bytes, %\sp
+    movl %\lps, %ebp
+    mov\sfx %\sp, %\di
+    xorl %eax, %eax
+    movl $\words, %ecx
+    rep stosl
+    movl %ebp, \loops_off(%\sp)
+    .endm
+
     .macro MSG_PROGRAMS kind, sfx, sp, ax, di, cx, a0, a1, a2, p1, grp, idx, lps
     /* The parent: marks the phase, reaps every worker, sums their exit
      * statuses (mismatches), marks the end with (cycles, mismatches).
@@ -354,13 +427,7 @@ user_msg_parent_\kind:
     .balign 16
     .global user_msg_sender_\kind
 user_msg_sender_\kind:
-    sub\sfx $128, %\sp
-    movl %\lps, %ebp
-    mov\sfx %\sp, %\di
-    xorl %eax, %eax
-    movl $28, %ecx
-    rep stosl
-    movl %ebp, 112(%\sp)
+    MSG_FRAME \sfx, \sp, \di, \lps, 128, 28, 112
     movl %\grp, %eax
     shll $16, %eax
     orl %\idx, %eax
@@ -409,13 +476,7 @@ user_msg_sender_\kind:
     .balign 16
     .global user_msg_receiver_\kind
 user_msg_receiver_\kind:
-    sub\sfx $208, %\sp
-    movl %\lps, %ebp
-    mov\sfx %\sp, %\di
-    xorl %eax, %eax
-    movl $52, %ecx
-    rep stosl
-    movl %ebp, 204(%\sp)
+    MSG_FRAME \sfx, \sp, \di, \lps, 208, 52, 204
     imull ${group}, %ebp, %eax
     movl %eax, 196(%\sp)
     movl %\grp, %ebp
@@ -494,8 +555,10 @@ macro_rules! messaging_asm {
             "    .section .user.text.msg, \"ax\"",
             $instances,
             "    .purgem MSG_PROGRAMS",
+            "    .purgem MSG_FRAME",
             "    .purgem PHASE_END",
             "    .purgem SYS",
+            "    .purgem FOR_ENTRIES",
             "    .previous",
             phase_mark = const ptiscope_abi::syscall::PHASE_MARK,
             begin = const ptiscope_abi::phase::Marker::begin(ptiscope_abi::phase::ID_WORKLOAD).encode(),
@@ -530,6 +593,7 @@ macro_rules! pound_asm {
             "    .purgem USER_POUND",
             "    .purgem USER_POUND_WSS",
             "    .purgem SYS",
+            "    .purgem FOR_ENTRIES",
             "    .previous",
             getppid = const ptiscope_abi::syscall::GETPPID,
             exit = const ptiscope_abi::syscall::EXIT,
