@@ -328,18 +328,32 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     println!("ptiscope reproduce {}", seed_name(args.seed));
     println!("  {title}");
     let started = std::time::Instant::now();
-    let measured: Vec<Measured> = cells
-        .iter()
-        .map(|c| {
-            eprintln!(
-                "ptiscope reproduce: {} / {} / {} ...",
-                c.guest.name(),
-                c.row,
-                c.column
-            );
-            measure(c, args.runs, args.timeout)
-        })
-        .collect();
+    let mut measured: Vec<Measured> = Vec::with_capacity(cells.len());
+    // A termination signal ends the reproduction: the cells measured so far
+    // are printed and written, the rest are named as not run.
+    let mut stopped_by: Option<(i32, String)> = None;
+    for c in &cells {
+        if let Some((code, why)) = &stopped_by {
+            measured.push(Measured {
+                error: Some((*code, format!("not run: {why}"))),
+                ..Default::default()
+            });
+            continue;
+        }
+        eprintln!(
+            "ptiscope reproduce: {} / {} / {} ...",
+            c.guest.name(),
+            c.row,
+            c.column
+        );
+        let m = measure(c, args.runs, args.timeout);
+        if let Some((code, _)) = &m.error {
+            if let Some(sig) = exit_code::terminating_signal(*code) {
+                stopped_by = Some((*code, crate::machine::signals::describe(sig)));
+            }
+        }
+        measured.push(m);
+    }
     let mut exit = 0;
     let mut json_rows = Vec::new();
     let mut current: Option<Guest> = None;
@@ -373,7 +387,9 @@ pub fn run(args: &ReproduceArgs) -> i32 {
                         exit = *code;
                     }
                 }
-                format!("n/a: {e}")
+                // The table keeps one line per cell; the whole message is in
+                // the JSON's `error`.
+                format!("n/a: {}", e.lines().next().unwrap_or_default())
             }
             (None, Some(v)) => format!("{v:.1} {}", m.unit),
             (None, None) => "n/a".into(),
@@ -411,6 +427,9 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         }));
     }
     println!();
+    if let Some((_, why)) = &stopped_by {
+        println!("  PARTIAL: {why}; the cells after it were not run");
+    }
     println!(
         "  {} cells in {:.1} s; runs per cell: {}. Under QEMU TCG every CR3 write flushes TCG's whole \
          software TLB, so time ratios there overstate hardware's; the exact figures are the CR3 \
@@ -425,6 +444,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             "seed": seed_name(args.seed),
             "title": title,
             "runs_per_cell": args.runs,
+            "partial": stopped_by.as_ref().map(|(_, why)| why.clone()),
             "rows": json_rows,
         });
         let text = serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "null".into());
