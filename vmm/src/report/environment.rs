@@ -4,7 +4,7 @@
 //!
 //! Host facts come from the kernel's own files (`uname`, `/proc/cpuinfo`,
 //! `/sys/devices/system/cpu/vulnerabilities/*`, `/sys/module/kvm_*`); what
-//! this KVM can run comes from the probe (`crate::preflight::host`, cached
+//! this KVM can run comes from the probe (`crate::probe::host`, cached
 //! per process); the ptiscope revision from `vmm/build.rs`
 //! (`PTISCOPE_GIT_REVISION`, absent outside a git checkout); the guest
 //! image is named by the SHA-256 of its bytes (`sha2` crate).
@@ -229,7 +229,7 @@ pub fn host() -> Host {
 
 /// The KVM module and its paging mode.
 pub fn kvm() -> Kvm {
-    use crate::preflight::host::{kvm_flavour, two_dimensional_paging, KvmFlavour};
+    use crate::probe::host::{kvm_flavour, two_dimensional_paging, KvmFlavour};
     let flavour = kvm_flavour();
     let module = match flavour {
         KvmFlavour::Pvm => Some("kvm_pvm"),
@@ -252,7 +252,7 @@ pub fn kvm() -> Kvm {
 
 /// The probe's findings (runs the probe guests once per process).
 pub fn probe_findings() -> ProbeFindings {
-    use crate::preflight::host;
+    use crate::probe::host;
     let entries = host::entry_findings();
     ProbeFindings {
         entries_working: entries

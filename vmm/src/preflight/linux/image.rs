@@ -6,33 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::machine::loader::{self, KernelSource, LoadError};
 
-/// A Linux kernel's architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinuxArch {
-    /// x86_64 (64-bit entry).
-    X86_64,
-    /// i386 (a 32-bit bzImage; 686-pae and the like).
-    I386,
-}
-
-impl LinuxArch {
-    /// The name `--arch` uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            LinuxArch::X86_64 => "x86_64",
-            LinuxArch::I386 => "i386",
-        }
-    }
-}
-
-/// The kind of image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageFormat {
-    /// A bzImage (Linux/x86 boot protocol; the setup header's "HdrS").
-    BzImage,
-    /// An ELF64 vmlinux with a PVH entry note.
-    PvhElf,
-}
+pub use crate::spec::linux::{ImageFormat, LinuxArch};
 
 /// A kernel image read and recognised.
 #[derive(Debug, Clone)]
