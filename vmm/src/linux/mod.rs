@@ -26,10 +26,10 @@
 use ptiscope_abi::options::{PtiMode, Workload};
 
 use crate::machine::RunOutcome;
-use crate::report::{Metric, RunSummary, Source};
 pub use crate::preflight::linux::{
     fetch, image, initramfs, kernel_path, known_path, LinuxError, BASE_CMDLINE, MAX_CMDLINE,
 };
+use crate::report::{Metric, RunSummary, Source};
 pub use crate::spec::linux::{GuestKind, LinuxGuest, LinuxRequest};
 pub use image::{ImageError, ImageFormat, KernelImage, LinuxArch};
 

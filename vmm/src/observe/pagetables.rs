@@ -921,7 +921,7 @@ pub struct Inspection {
     pub isolation: IsolationCheck,
 }
 
-/// A [`crate::PhaseObserver`] that walks the page tables at the first
+/// A [`crate::machine::PhaseObserver`] that walks the page tables at the first
 /// phase-begin marker.
 pub struct Inspector {
     paging: Paging,
@@ -989,7 +989,7 @@ impl Inspector {
     }
 }
 
-impl crate::PhaseObserver for Inspector {
+impl crate::machine::PhaseObserver for Inspector {
     fn on_phase(
         &mut self,
         marker: ptiscope_abi::phase::Marker,

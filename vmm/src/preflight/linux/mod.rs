@@ -174,8 +174,7 @@ pub fn settle(
             "--pcid is an option of ptiscope's guest; for Linux, --append nopcid (QEMU's TCG has \
              no PCID anyway)"
                 .into(),
-        )
-        .into());
+        ));
     }
     let path = kernel_path(&req.kernel)?;
     let image = image::read(&path)?;
@@ -186,12 +185,11 @@ pub fn settle(
                 path: name,
                 image: image.arch.name(),
                 asked: a.name(),
-            }
-            .into());
+            });
         }
     }
     if target == Target::Kvm {
-        return Err(LinuxError::Backend(kvm_refusal()).into());
+        return Err(LinuxError::Backend(kvm_refusal()));
     }
     let pti = asked.pti.unwrap_or(PtiMode::Auto);
     if pti == PtiMode::On && image.config_pti == Some(false) {
@@ -201,8 +199,7 @@ pub fn settle(
                 .config_path
                 .as_ref()
                 .map_or("-".into(), |p| p.display().to_string()),
-        }
-        .into());
+        });
     }
     let workload = asked.workload.unwrap_or(Workload::None);
     if workload == Workload::NoptiGetpid {
@@ -210,8 +207,7 @@ pub fn settle(
             "workload nopti-getpid opts a process out of ptiscope's own PTI (an arch_prctl Linux \
              does not have)"
                 .into(),
-        )
-        .into());
+        ));
     }
     let user_code = workload.runs_user_code();
     let entry = user_code
@@ -235,12 +231,12 @@ pub fn settle(
     let init_words = init.join(" ");
     // The init's parser, here: bad words stop the run before anything boots.
     if let Err(e) = guest_core::cmdline::parse(&init_parser_words(&init_words)) {
-        return Err(LinuxError::Option(format!("the init's command line: {e}")).into());
+        return Err(LinuxError::Option(format!("the init's command line: {e}")));
     }
     for w in init_words.split_whitespace() {
         if let Some(v) = w.strip_prefix("ipc=") {
             if v != "socket" && v != "pipe" {
-                return Err(LinuxError::Option(format!("ipc={v}: expected socket|pipe")).into());
+                return Err(LinuxError::Option(format!("ipc={v}: expected socket|pipe")));
             }
         }
     }
@@ -254,8 +250,7 @@ pub fn settle(
             "the Linux command line is {} bytes; x86 Linux takes at most {MAX_CMDLINE}: shorten \
              --append or --cmdline",
             cmdline.len()
-        ))
-        .into());
+        )));
     }
     let initramfs: Arc<[u8]> = initramfs::build(initramfs::init_for(image.arch)).into();
     let guest = ResolvedOptions {
