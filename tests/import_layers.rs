@@ -36,12 +36,10 @@ fn layers() -> Vec<BTreeSet<String>> {
                 rest.split([',', ';'])
                     .map(str::trim)
                     .filter(|w| !w.is_empty())
-                    .map(|w| {
-                        if w == "input" {
-                            "input".to_string()
-                        } else {
-                            format!("machine::{w}")
-                        }
+                    .map(|w| match w.strip_suffix(".rs") {
+                        // A top-level file of vmm/src (`input.rs`).
+                        Some(top) => top.to_string(),
+                        None => format!("machine::{w}"),
                     })
                     .collect()
             } else {

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
+use crate::x86::pte::{ADDR_MASK, GLOBAL, HUGE, NO_EXECUTE, PRESENT, USER, WRITABLE};
+
 /// The paging modes the guest flavours use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -139,14 +141,6 @@ const CLOCK_EVERY: u64 = 4096;
 
 /// Why a walk stopped early (internal: becomes [`Walk::incomplete`]).
 struct GaveUp(String);
-
-const PRESENT: u64 = 1 << 0;
-const WRITABLE: u64 = 1 << 1;
-const USER: u64 = 1 << 2;
-const HUGE: u64 = 1 << 7;
-const GLOBAL: u64 = 1 << 8;
-const NO_EXECUTE: u64 = 1 << 63;
-const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 
 struct Walker<'a, M: GuestMemory> {
     mem: &'a M,

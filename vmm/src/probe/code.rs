@@ -134,16 +134,7 @@ pub mod report {
 }
 
 /// Page-table entry bits.
-pub mod pte {
-    /// P: the entry is valid.
-    pub const PRESENT: u64 = 1 << 0;
-    /// R/W: writes allowed.
-    pub const WRITABLE: u64 = 1 << 1;
-    /// U/S: user-mode access allowed.
-    pub const USER: u64 = 1 << 2;
-    /// PS: a large leaf in a page directory.
-    pub const HUGE: u64 = 1 << 7;
-}
+pub use crate::x86::pte;
 
 /// An append-only x86 code buffer at a known guest address.
 ///

@@ -9,12 +9,7 @@ use super::code::{self, report, sel, Asm, HandlerExit};
 use super::entry::{Entry, EntryOutcome};
 use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError, EFER_SCE};
 
-const MSR_SYSENTER_CS: u32 = 0x174;
-const MSR_SYSENTER_ESP: u32 = 0x175;
-const MSR_SYSENTER_EIP: u32 = 0x176;
-const MSR_STAR: u32 = 0xc000_0081;
-const MSR_LSTAR: u32 = 0xc000_0082;
-const MSR_FMASK: u32 = 0xc000_0084;
+use crate::x86::msr;
 
 const RFLAGS_DF: u64 = 1 << 10;
 /// User RFLAGS: IOPL 3 (so `out` works at CPL3), DF set so that the SYSCALL
@@ -173,14 +168,14 @@ fn program(insn: &[u8], handler_exit: HandlerExit) -> Program {
     p.msrs = vec![
         // SYSCALL: CS 0x10/SS 0x18; SYSRET: CS 0x33/SS 0x2b (Linux layout).
         (
-            MSR_STAR,
+            msr::STAR,
             (u64::from(sel::USER_CS32) << 48) | (u64::from(sel::KERNEL_CS) << 32),
         ),
-        (MSR_LSTAR, code::SYSCALL_LANDING),
-        (MSR_FMASK, FMASK),
-        (MSR_SYSENTER_CS, u64::from(sel::KERNEL_CS)),
-        (MSR_SYSENTER_ESP, code::KERNEL_STACK_TOP),
-        (MSR_SYSENTER_EIP, code::SYSENTER_LANDING),
+        (msr::LSTAR, code::SYSCALL_LANDING),
+        (msr::FMASK, FMASK),
+        (msr::SYSENTER_CS, u64::from(sel::KERNEL_CS)),
+        (msr::SYSENTER_ESP, code::KERNEL_STACK_TOP),
+        (msr::SYSENTER_EIP, code::SYSENTER_LANDING),
     ];
     p
 }

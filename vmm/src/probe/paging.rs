@@ -8,13 +8,13 @@ use serde::Serialize;
 use super::code::{self, report, sel, Asm};
 use super::entry::vector_name;
 use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError};
+use crate::x86::{cr0, cr4, efer, msr};
 
-const MSR_EFER: u32 = 0xc000_0080;
-const CR0_PG: u32 = 1 << 31;
-const CR4_PSE: u32 = 1 << 4;
-const CR4_PAE: u32 = 1 << 5;
-const EFER_LME: u32 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
+// The bits as the 32-bit code's immediates.
+const CR0_PG: u32 = cr0::PG as u32;
+const CR4_PSE: u32 = cr4::PSE as u32;
+const CR4_PAE: u32 = cr4::PAE as u32;
+const EFER_LME: u32 = efer::LME as u32;
 
 /// Markers.
 const STAGE_START: u8 = 1;
@@ -93,7 +93,7 @@ fn kernel(mode: Mode) -> (Asm, Option<Asm>) {
     k.mov_eax_cr4().or_eax(cr4).mov_cr4_eax();
     k.mov_eax(cr3 as u32).mov_cr3_eax();
     if mode == Mode::Long {
-        k.mov_ecx(MSR_EFER).rdmsr().or_eax(EFER_LME).wrmsr();
+        k.mov_ecx(msr::EFER).rdmsr().or_eax(EFER_LME).wrmsr();
     }
     k.stage(STAGE_CR3_SET);
     k.mov_eax_cr0().or_eax(CR0_PG).mov_cr0_eax();
@@ -109,7 +109,7 @@ fn kernel(mode: Mode) -> (Asm, Option<Asm>) {
     let mut lm = Asm::new(lm_at);
     lm.stage(STAGE_LONG_MODE)
         .report_cs(report::LANDING_CS)
-        .mov_ecx(MSR_EFER)
+        .mov_ecx(msr::EFER)
         .rdmsr()
         .report_eax()
         .end(0);
@@ -150,7 +150,7 @@ fn classify(mode: Mode, t: &Trace) -> (PagingOutcome, String) {
                     stage >= STAGE_LONG_MODE
                         && t.last(report::LANDING_CS) == Some(u64::from(sel::KERNEL_CS))
                         && t.last(report::VALUE)
-                            .is_some_and(|efer| efer & EFER_LMA != 0)
+                            .is_some_and(|efer| efer & efer::LMA != 0)
                 }
                 _ => {
                     stage >= STAGE_PAGING_ON

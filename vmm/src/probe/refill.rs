@@ -66,9 +66,7 @@ const TIMES: u64 = code::USER_STACK_TOP - 0x1000;
 /// Where a gate handler goes (inside the kernel-code page, after the landings).
 const GATE_HANDLER: u64 = code::SYSENTER_LANDING + 0x100;
 
-const MSR_STAR: u32 = 0xc000_0081;
-const MSR_LSTAR: u32 = 0xc000_0082;
-const MSR_FMASK: u32 = 0xc000_0084;
+use crate::x86::msr;
 
 /// The verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,11 +275,11 @@ fn prepare(kit: &Kit, entry: Entry, pages: u32, h: Handler) -> Result<Config, St
         p.efer_extra = EFER_SCE;
         p.msrs = vec![
             (
-                MSR_STAR,
+                msr::STAR,
                 (u64::from(sel::USER_CS32) << 48) | (u64::from(sel::KERNEL_CS) << 32),
             ),
-            (MSR_LSTAR, code::SYSCALL_LANDING),
-            (MSR_FMASK, 0x700),
+            (msr::LSTAR, code::SYSCALL_LANDING),
+            (msr::FMASK, 0x700),
         ];
     }
     Ok(Config { vm, program: p })
