@@ -521,7 +521,7 @@ mod tests {
 
     fn facts(n: u32) -> Facts {
         Facts {
-            pae: Some(Some((n % 2 == 0, format!("facts {n}")))),
+            pae: Some(Some((n.is_multiple_of(2), format!("facts {n}")))),
             ..Facts::default()
         }
     }
