@@ -56,6 +56,16 @@ pub struct Access {
     pub global: bool,
 }
 
+impl Access {
+    /// What the root grants before any entry restricts it.
+    const ROOT: Access = Access {
+        writable: true,
+        user: true,
+        no_execute: false,
+        global: false,
+    };
+}
+
 impl fmt::Display for Access {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -135,6 +145,9 @@ impl Default for WalkLimits {
         }
     }
 }
+
+/// Under PAE, CR3 holds the PDPT's 32-byte-aligned address.
+const PAE_CR3_MASK: u64 = 0xffff_ffe0;
 
 /// Entries read between two looks at the clock (a read is tens of ns).
 const CLOCK_EVERY: u64 = 4096;
@@ -241,13 +254,7 @@ impl<M: GuestMemory> Walker<'_, M> {
 
     /// PAE: a 4-entry PDPT (only P and cache bits), then PDs and PTs of 512 entries.
     fn pae(&mut self) -> Result<(), GaveUp> {
-        let pdpt = self.cr3 & 0xffff_ffe0;
-        let all = Access {
-            writable: true,
-            user: true,
-            no_execute: false,
-            global: false,
-        };
+        let pdpt = self.cr3 & PAE_CR3_MASK;
         for index in 0..4u64 {
             let Some(entry) = self.read_entry(pdpt, index)? else {
                 return Ok(());
@@ -255,7 +262,7 @@ impl<M: GuestMemory> Walker<'_, M> {
             if entry & PRESENT == 0 {
                 continue;
             }
-            self.table(entry & ADDR_MASK, 2, index << 30, all)?;
+            self.table(entry & ADDR_MASK, 2, index << 30, Access::ROOT)?;
         }
         Ok(())
     }
@@ -285,7 +292,7 @@ pub fn walk_with_limits<M: GuestMemory>(
 ) -> Result<Walk, WalkError> {
     let root = match paging {
         Paging::FourLevel => cr3 & ADDR_MASK,
-        Paging::Pae => cr3 & 0xffff_ffe0,
+        Paging::Pae => cr3 & PAE_CR3_MASK,
     };
     if mem.read_obj::<u64>(GuestAddress(root)).is_err() {
         return Err(WalkError::RootOutsideMemory { cr3 });
@@ -299,15 +306,7 @@ pub fn walk_with_limits<M: GuestMemory>(
         out: Walk::default(),
     };
     let finished = match paging {
-        Paging::FourLevel => {
-            let all = Access {
-                writable: true,
-                user: true,
-                no_execute: false,
-                global: false,
-            };
-            walker.table(root, 4, 0, all)
-        }
+        Paging::FourLevel => walker.table(root, 4, 0, Access::ROOT),
         Paging::Pae => walker.pae(),
     };
     if let Err(GaveUp(why)) = finished {
