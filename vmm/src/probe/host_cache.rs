@@ -6,8 +6,10 @@
 //! same ptiscope binary. Probing them costs a default `run` more than the
 //! guest itself (a dozen probe VMs, the refill probe some hundreds of ms),
 //! so the first process after a boot writes them to
-//! `$XDG_CACHE_HOME/ptiscope/host-facts.json` (else `~/.cache/...`) and the
-//! next ones read them back.
+//! `$XDG_CACHE_HOME/ptiscope/host-facts.v2.json` (else `~/.cache/...`) and
+//! the next ones read them back. The name carries the format: ptiscope
+//! binaries of the one-key format (`host-facts.json`) on the same host keep
+//! their own file instead of rewriting this one in turn.
 //!
 //! The file holds the facts under up to [`MAX_KEYS`] keys (the KVM device,
 //! boot id, `uname`, the first CPU's vendor/family/model/stepping/microcode,
@@ -230,7 +232,7 @@ fn mode() -> Mode {
     }
 }
 
-/// `$XDG_CACHE_HOME/ptiscope/host-facts.json`, else `$HOME/.cache/...`
+/// `$XDG_CACHE_HOME/ptiscope/host-facts.v2.json`, else `$HOME/.cache/...`
 /// (absolute paths only, as the XDG spec says); `None` without either.
 fn path() -> Option<PathBuf> {
     let abs = |v: Option<std::ffi::OsString>| {
@@ -239,7 +241,10 @@ fn path() -> Option<PathBuf> {
     };
     let base = abs(std::env::var_os("XDG_CACHE_HOME"))
         .or_else(|| abs(std::env::var_os("HOME")).map(|h| h.join(".cache")))?;
-    Some(base.join("ptiscope").join("host-facts.json"))
+    Some(
+        base.join("ptiscope")
+            .join(format!("host-facts.v{FORMAT}.json")),
+    )
 }
 
 /// What the facts depend on, as one string: the host's boot, kernel, CPU,
