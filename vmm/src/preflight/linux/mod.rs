@@ -129,8 +129,8 @@ fn kvm_refusal() -> String {
         );
     }
     why.push(
-        "the VMM's own Linux path (bzImage loading, the 8250 serial, a Linux exit path) is not \
-         built yet"
+        "the VMM boots a 64-bit bzImage but does not yet hand it ptiscope's init as an initrd, \
+         so a Linux workload cannot run under it on any host yet"
             .to_string(),
     );
     format!(
