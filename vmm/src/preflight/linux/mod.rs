@@ -112,32 +112,59 @@ pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
     }
 }
 
-/// Why this host's KVM (through the VMM) cannot run a Linux workload, if
-/// it cannot: from the probe's findings.
-fn kvm_refusal() -> String {
-    let mut why = Vec::new();
-    if let Err(e) = host::check_entry(Entry::Syscall) {
-        why.push(format!(
-            "Linux x86_64 userspace enters the kernel by SYSCALL: {e}"
-        ));
-    }
-    if matches!(host::kvm_flavour(), host::KvmFlavour::Pvm) {
-        why.push(
-            "kvm_pvm emulates guest CPL0 code and lacks instructions Linux runs there \
-             (CMPXCHG16B, XRSTOR: Debian's kernel stops in early boot)"
-                .to_string(),
-        );
-    }
-    why.push(
-        "the VMM boots a 64-bit bzImage but does not yet hand it ptiscope's init as an initrd, \
-         so a Linux workload cannot run under it on any host yet"
-            .to_string(),
+/// Why this host's KVM (through the VMM) cannot run a Linux workload,
+/// from the probe's findings and the image.
+fn kvm_refusal(image: &image::KernelImage) -> String {
+    let why = kvm_refusal_reasons(
+        host::check_entry(Entry::Syscall),
+        host::kvm_flavour(),
+        image.arch,
+        image.format,
     );
     format!(
         "--linux with --backend kvm: this host cannot run a Linux workload under the VMM ({}); \
          use --backend qemu",
         why.join("; ")
     )
+}
+
+/// The reasons behind [`kvm_refusal`]: what the probe found (`syscall`:
+/// whether user SYSCALL reaches the kernel; the KVM flavour), what the VMM
+/// boots (64-bit bzImages), and what it lacks on every host (the initrd).
+fn kvm_refusal_reasons(
+    syscall: Result<(), String>,
+    flavour: host::KvmFlavour,
+    arch: LinuxArch,
+    format: image::ImageFormat,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    if let Err(e) = syscall {
+        why.push(format!(
+            "Linux x86_64 userspace enters the kernel by SYSCALL: {e}"
+        ));
+    }
+    if flavour == host::KvmFlavour::Pvm {
+        why.push(
+            "kvm_pvm emulates guest CPL0 code and lacks instructions Linux runs there \
+             (CMPXCHG16B, XRSTOR: Debian's kernel stops in early boot)"
+                .to_string(),
+        );
+    }
+    match (arch, format) {
+        (LinuxArch::I386, _) => why.push(
+            "the VMM boots 64-bit kernels only (an i386 bzImage has no 64-bit entry)".to_string(),
+        ),
+        (_, image::ImageFormat::PvhElf) => why.push(
+            "a PVH vmlinux gets no initramfs from the VMM's PVH boot; give the bzImage".to_string(),
+        ),
+        _ => {}
+    }
+    why.push(
+        "the VMM boots a 64-bit bzImage but does not yet hand it ptiscope's init as an initrd, \
+         so a Linux workload cannot run under it on any host yet"
+            .to_string(),
+    );
+    why
 }
 
 /// The entry the init's measured calls use.
@@ -189,7 +216,7 @@ pub fn settle(
         }
     }
     if target == Target::Kvm {
-        return Err(LinuxError::Backend(kvm_refusal()));
+        return Err(LinuxError::Backend(kvm_refusal(&image)));
     }
     let pti = asked.pti.unwrap_or(PtiMode::Auto);
     if pti == PtiMode::On && image.config_pti == Some(false) {
@@ -299,5 +326,29 @@ mod tests {
         );
         assert!(entry_for(LinuxArch::X86_64, Fixed(Entry::Int3)).is_err());
         assert!(entry_for(LinuxArch::X86_64, Fixed(Entry::Sysenter)).is_err());
+    }
+
+    #[test]
+    fn the_vmm_refuses_linux_with_the_reasons_of_the_host_and_the_image() {
+        use host::KvmFlavour::{Hardware, Pvm};
+        use image::ImageFormat::{BzImage, PvhElf};
+        let initrd = |w: &[String]| w.last().is_some_and(|r| r.contains("initrd"));
+        // kvm_pvm: no user SYSCALL, CPL0 instructions missing, and the initrd.
+        let w = kvm_refusal_reasons(Err("broken".into()), Pvm, LinuxArch::X86_64, BzImage);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(
+            w[0].contains("SYSCALL: broken") && w[1].contains("CMPXCHG16B"),
+            "{w:?}"
+        );
+        assert!(initrd(&w), "{w:?}");
+        // Hardware KVM with a 64-bit bzImage: only what the VMM lacks.
+        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::X86_64, BzImage);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(initrd(&w), "{w:?}");
+        // What the VMM cannot boot at all.
+        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::I386, BzImage);
+        assert!(w[0].contains("64-bit kernels only"), "{w:?}");
+        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::X86_64, PvhElf);
+        assert!(w[0].contains("PVH vmlinux"), "{w:?}");
     }
 }
