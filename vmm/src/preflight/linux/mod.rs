@@ -138,7 +138,9 @@ fn kvm_refusal_reasons(
     format: image::ImageFormat,
 ) -> Vec<String> {
     let mut why = Vec::new();
-    if let Err(e) = syscall {
+    // An i386 kernel's userspace would enter by int $0x80 or SYSENTER, but
+    // the VMM cannot boot it at all (below).
+    if let (Err(e), LinuxArch::X86_64) = (syscall, arch) {
         why.push(format!(
             "Linux x86_64 userspace enters the kernel by SYSCALL: {e}"
         ));
@@ -346,8 +348,12 @@ mod tests {
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(initrd(&w), "{w:?}");
         // What the VMM cannot boot at all.
-        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::I386, BzImage);
-        assert!(w[0].contains("64-bit kernels only"), "{w:?}");
+        let w = kvm_refusal_reasons(Err("broken".into()), Pvm, LinuxArch::I386, BzImage);
+        assert!(
+            w[0].contains("CMPXCHG16B"),
+            "no SYSCALL reason for i386: {w:?}"
+        );
+        assert!(w[1].contains("64-bit kernels only"), "{w:?}");
         let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::X86_64, PvhElf);
         assert!(w[0].contains("PVH vmlinux"), "{w:?}");
     }
