@@ -21,6 +21,7 @@ pub mod probe;
 pub mod report;
 pub mod sandbox;
 pub mod spec;
+pub mod x86;
 
 pub use machine::{run, NoObserver, PhaseObserver, RunError, RunOutcome, StopReason};
 pub use preflight::{preflight, PreflightError};

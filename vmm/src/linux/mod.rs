@@ -5,10 +5,13 @@
 //! `--linux PATH` to a bzImage or PVH vmlinux) with an initramfs packed in
 //! memory around ptiscope's static init (`linux-init/`), which runs the
 //! workload between the companion guest's phase markers and prints the same
-//! `@result` line. [`preflight`] is the one place a Linux guest is settled:
-//! the image read and recognised, `--arch` checked against it, the entry and
-//! the command line written, the PTI request checked against the kernel's
-//! configuration; the QEMU backend then boots it ([`crate::backend::qemu`]).
+//! `@result` line. The run is settled below the report layer, in
+//! [`crate::preflight::linux`] (the image read and recognised, `--arch`
+//! checked against it, the entry and the command line written, the PTI
+//! request checked against the kernel's configuration; its items are
+//! re-exported here under their old paths); the QEMU backend then boots it
+//! ([`crate::backend::qemu`]). This module is what comes after: the PTI
+//! checks, how far the kernel got, and the run's summary.
 //!
 //! PTI is checked twice: the init reads the kernel log (the
 //! `@linux ... pti=` line, [`guest_pti`]), and a host observer's count of
@@ -17,333 +20,18 @@
 //! plugin, or KVM's tlb_flush under shadow paging). Until such an observer
 //! exists the host half is reported as not available, never as agreement.
 //!
-//! Size: a Linux run's whole life past the CLI in one place (settling it,
-//! the PTI checks, how it ended, its summary); about 170 lines are tests.
+//! It sits above `report` (its summary is a `RunSummary`) and below
+//! `backend` and `cli`; nothing below `report` imports it.
 
-pub mod fetch;
-pub mod image;
-pub mod initramfs;
-
-use std::path::PathBuf;
-use std::sync::Arc;
-
-use ptiscope_abi::options::{Entry, PtiMode, Workload};
+use ptiscope_abi::options::{PtiMode, Workload};
 
 use crate::machine::RunOutcome;
-use crate::preflight::cmdline::EntryChoice;
-use crate::preflight::{ResolvedRun, RunConfig, Target};
+pub use crate::preflight::linux::{
+    fetch, image, initramfs, kernel_path, known_path, LinuxError, BASE_CMDLINE, MAX_CMDLINE,
+};
 use crate::report::{Metric, RunSummary, Source};
+pub use crate::spec::linux::{GuestKind, LinuxGuest, LinuxRequest};
 pub use image::{ImageError, ImageFormat, KernelImage, LinuxArch};
-
-/// Which guest a run boots: the one place the kind is chosen (preflight
-/// resolves it; the backends look at [`ResolvedRun::linux`]).
-#[derive(Debug, Clone, Default)]
-pub enum GuestKind {
-    /// ptiscope's own guest kernel (embedded, or `--kernel FILE`).
-    #[default]
-    Companion,
-    /// A Linux kernel with ptiscope's init.
-    Linux(LinuxRequest),
-}
-
-/// What `--linux`, `--append` and `--arch` asked for.
-#[derive(Debug, Clone)]
-pub struct LinuxRequest {
-    /// A known name (`debian-amd64`, `debian-686-pae`) or a path.
-    pub kernel: String,
-    /// More kernel command line (`--append`).
-    pub append: String,
-    /// `--arch`, if given: the image must be of it.
-    pub arch: Option<LinuxArch>,
-}
-
-/// A Linux guest, settled.
-#[derive(Debug, Clone)]
-pub struct LinuxGuest {
-    /// The kernel file.
-    pub path: PathBuf,
-    /// The image's architecture.
-    pub arch: LinuxArch,
-    /// bzImage or PVH ELF.
-    pub format: ImageFormat,
-    /// The setup header's version string.
-    pub version: Option<String>,
-    /// `CONFIG_PAGE_TABLE_ISOLATION` from a configuration beside the image.
-    pub config_pti: Option<bool>,
-    /// The newc initramfs with the init.
-    pub initramfs: Arc<[u8]>,
-    /// The init's words of the command line (its parser's keys).
-    pub init_words: String,
-    /// What PTI the run asked for.
-    pub pti: PtiMode,
-}
-
-/// The kernel command line every Linux run starts with: the console on the
-/// first serial port, boot messages kept out of it (the kernel log still
-/// has them), an immediate reboot on panic, which `-no-reboot` turns into
-/// QEMU's exit, and no timer check: under TCG on a loaded host Linux's
-/// IO-APIC timer test sometimes sees no tick in time and panics ("IO-APIC +
-/// timer doesn't work!").
-pub const BASE_CMDLINE: &str = "console=ttyS0 quiet panic=-1 no_timer_check";
-
-/// Longest kernel command line (x86's COMMAND_LINE_SIZE is 2048 with its NUL).
-pub const MAX_CMDLINE: usize = 2047;
-
-/// Errors settling a Linux guest.
-#[derive(Debug, thiserror::Error)]
-pub enum LinuxError {
-    /// A known name whose kernel is not in the cache.
-    #[error(
-        "--linux {name}: not fetched yet ({path} is missing); run `ptiscope linux fetch` \
-         (it uses apt-get download; see docs/linux-guests.md)"
-    )]
-    NotFetched {
-        /// The name.
-        name: String,
-        /// Where it would be.
-        path: PathBuf,
-    },
-    /// No cache directory for a known name.
-    #[error("--linux {0}: no cache directory (set PTISCOPE_LINUX_CACHE)")]
-    NoCache(String),
-    /// The image is not a kernel, or not readable.
-    #[error(transparent)]
-    Image(#[from] ImageError),
-    /// `--arch` and the image disagree.
-    #[error(
-        "{path} is an {image} kernel but --arch {asked} was given: drop --arch (it follows the \
-         image) or give a kernel of that architecture"
-    )]
-    ArchMismatch {
-        /// The kernel.
-        path: String,
-        /// The image's architecture.
-        image: &'static str,
-        /// `--arch`.
-        asked: &'static str,
-    },
-    /// The backend cannot run a Linux userspace here.
-    #[error("{0}")]
-    Backend(String),
-    /// A ptiscope option that means nothing to a Linux guest, or a bad value.
-    #[error("{0}")]
-    Option(String),
-    /// pti=on for a kernel built without PTI.
-    #[error(
-        "{path}: pti=on was asked, but its configuration ({config}) has no \
-         CONFIG_PAGE_TABLE_ISOLATION=y: this kernel cannot isolate page tables, so there is no \
-         PTI cost to measure"
-    )]
-    NoPti {
-        /// The kernel.
-        path: String,
-        /// The configuration file.
-        config: String,
-    },
-}
-
-/// Where a known kernel lives in the cache.
-pub fn known_path(name: &str) -> Option<Result<PathBuf, LinuxError>> {
-    fetch::KNOWN.iter().find(|k| k.name == name)?;
-    Some(
-        fetch::cache_dir()
-            .map(|d| d.join(name).join("vmlinuz"))
-            .ok_or_else(|| LinuxError::NoCache(name.into())),
-    )
-}
-
-/// The kernel a `--linux` value names: a known name's cached image, else a path.
-pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
-    match known_path(spec) {
-        Some(Ok(p)) if !p.exists() => Err(LinuxError::NotFetched {
-            name: spec.into(),
-            path: p,
-        }),
-        Some(r) => r,
-        None => Ok(PathBuf::from(spec)),
-    }
-}
-
-/// Why this host's KVM (through the VMM) cannot run a Linux workload, if
-/// it cannot: from the probe's findings.
-fn kvm_refusal() -> String {
-    use crate::preflight::host;
-    let mut why = Vec::new();
-    if let Err(e) = host::check_entry(Entry::Syscall) {
-        why.push(format!(
-            "Linux x86_64 userspace enters the kernel by SYSCALL: {e}"
-        ));
-    }
-    if matches!(host::kvm_flavour(), host::KvmFlavour::Pvm) {
-        why.push(
-            "kvm_pvm emulates guest CPL0 code and lacks instructions Linux runs there \
-             (CMPXCHG16B, XRSTOR: Debian's kernel stops in early boot)"
-                .to_string(),
-        );
-    }
-    why.push(
-        "the VMM's own Linux path (bzImage loading, the 8250 serial, a Linux exit path) is not \
-         built yet"
-            .to_string(),
-    );
-    format!(
-        "--linux with --backend kvm: this host cannot run a Linux workload under the VMM ({}); \
-         use --backend qemu",
-        why.join("; ")
-    )
-}
-
-/// The entry the init's measured calls use.
-fn entry_for(arch: LinuxArch, asked: EntryChoice) -> Result<Entry, LinuxError> {
-    match (arch, asked) {
-        (LinuxArch::X86_64, EntryChoice::Auto | EntryChoice::Fixed(Entry::Syscall)) => {
-            Ok(Entry::Syscall)
-        }
-        // The vDSO's __kernel_vsyscall: SYSENTER on this CPU model.
-        (LinuxArch::I386, EntryChoice::Auto | EntryChoice::Fixed(Entry::Sysenter)) => {
-            Ok(Entry::Sysenter)
-        }
-        (LinuxArch::I386, EntryChoice::Fixed(Entry::Int80)) => Ok(Entry::Int80),
-        (a, EntryChoice::Fixed(e)) => Err(LinuxError::Option(format!(
-            "entry={e} is not a Linux {} system-call entry the init has (x86_64: syscall; \
-             i386: int80, or sysenter through the vDSO's __kernel_vsyscall)",
-            a.name()
-        ))),
-    }
-}
-
-/// Settles a Linux run for `target`.
-pub fn preflight(
-    config: &RunConfig,
-    req: &LinuxRequest,
-    target: Target,
-) -> Result<ResolvedRun, crate::preflight::PreflightError> {
-    let layout = crate::machine::memory::MemoryLayout::new(config.mem_mib)?;
-    let asked = config.guest.absorb_extra()?;
-    if asked.pcid.is_some() {
-        return Err(LinuxError::Option(
-            "--pcid is an option of ptiscope's guest; for Linux, --append nopcid (QEMU's TCG has \
-             no PCID anyway)"
-                .into(),
-        )
-        .into());
-    }
-    let path = kernel_path(&req.kernel)?;
-    let image = image::read(&path).map_err(LinuxError::from)?;
-    let name = path.display().to_string();
-    if let Some(a) = req.arch {
-        if a != image.arch {
-            return Err(LinuxError::ArchMismatch {
-                path: name,
-                image: image.arch.name(),
-                asked: a.name(),
-            }
-            .into());
-        }
-    }
-    if target == Target::Kvm {
-        return Err(LinuxError::Backend(kvm_refusal()).into());
-    }
-    let pti = asked.pti.unwrap_or(PtiMode::Auto);
-    if pti == PtiMode::On && image.config_pti == Some(false) {
-        return Err(LinuxError::NoPti {
-            path: name,
-            config: image
-                .config_path
-                .as_ref()
-                .map_or("-".into(), |p| p.display().to_string()),
-        }
-        .into());
-    }
-    let workload = asked.workload.unwrap_or(Workload::None);
-    if workload == Workload::NoptiGetpid {
-        return Err(LinuxError::Option(
-            "workload nopti-getpid opts a process out of ptiscope's own PTI (an arch_prctl Linux \
-             does not have)"
-                .into(),
-        )
-        .into());
-    }
-    let user_code = workload.runs_user_code();
-    let entry = user_code
-        .then(|| entry_for(image.arch, asked.entry))
-        .transpose()?;
-    let mut init = Vec::new();
-    if pti != PtiMode::Auto {
-        init.push(format!("pti={pti}"));
-    }
-    if let Some(e) = entry {
-        init.push(format!("entry={e}"));
-    }
-    init.push(format!("workload={workload}"));
-    if let Some(n) = asked.iterations {
-        init.push(format!("iterations={n}"));
-    }
-    let extra = asked.extra.trim();
-    if !extra.is_empty() {
-        init.push(extra.to_string());
-    }
-    let init_words = init.join(" ");
-    // The init's parser, here: bad words stop the run before anything boots.
-    let parsed: String = init_words
-        .split_whitespace()
-        .filter(|w| !w.starts_with("ipc="))
-        .collect::<Vec<_>>()
-        .join(" ");
-    if let Err(e) = guest_core::cmdline::parse(&parsed) {
-        return Err(LinuxError::Option(format!("the init's command line: {e}")).into());
-    }
-    for w in init_words.split_whitespace() {
-        if let Some(v) = w.strip_prefix("ipc=") {
-            if v != "socket" && v != "pipe" {
-                return Err(LinuxError::Option(format!("ipc={v}: expected socket|pipe")).into());
-            }
-        }
-    }
-    let mut cmdline = format!("{BASE_CMDLINE} {init_words}");
-    if !req.append.trim().is_empty() {
-        cmdline = format!("{cmdline} {}", req.append.trim());
-    }
-    // x86's COMMAND_LINE_SIZE: a longer line would be cut by the kernel.
-    if cmdline.len() > MAX_CMDLINE {
-        return Err(LinuxError::Option(format!(
-            "the Linux command line is {} bytes; x86 Linux takes at most {MAX_CMDLINE}: shorten \
-             --append or --cmdline",
-            cmdline.len()
-        ))
-        .into());
-    }
-    let initramfs: Arc<[u8]> = initramfs::build(initramfs::init_for(image.arch)).into();
-    let guest = crate::preflight::cmdline::ResolvedOptions {
-        pti: asked.pti,
-        pcid: None,
-        entry,
-        workload: asked.workload,
-        iterations: asked.iterations,
-        extra: asked.extra.clone(),
-    };
-    let mut config = config.clone();
-    config.kernel = crate::machine::loader::KernelSource::Path(path.clone());
-    Ok(ResolvedRun {
-        config,
-        layout,
-        image_name: name,
-        guest,
-        cmdline,
-        entry_guessed: false,
-        linux: Some(Arc::new(LinuxGuest {
-            path,
-            arch: image.arch,
-            format: image.format,
-            version: image.version,
-            config_pti: image.config_pti,
-            initramfs,
-            init_words,
-            pti,
-        })),
-        image: image.bytes.into(),
-    })
-}
 
 /// What the init read from the kernel log: `Some(true)` when it has
 /// "Kernel/User page tables isolation: enabled" (its `@linux` line).
@@ -369,19 +57,6 @@ pub struct HostPhaseObservation {
     pub cr3_writes: u64,
     /// Kernel-mode instructions in the phase, if counted.
     pub kernel_instructions: Option<u64>,
-}
-
-impl LinuxGuest {
-    /// The init's options as its parser reads them (`ipc=` is the init's own).
-    fn asked(&self) -> Option<guest_core::cmdline::Config> {
-        let parsed: String = self
-            .init_words
-            .split_whitespace()
-            .filter(|w| !w.starts_with("ipc="))
-            .collect::<Vec<_>>()
-            .join(" ");
-        guest_core::cmdline::parse(&parsed).ok()
-    }
 }
 
 /// The QEMU plugin's view of a Linux run's phase (between the init's two
@@ -646,7 +321,7 @@ mod tests {
             format: ImageFormat::BzImage,
             version: None,
             config_pti: None,
-            initramfs: Arc::from(&b""[..]),
+            initramfs: std::sync::Arc::from(&b""[..]),
             init_words: format!("pti={pti} workload=getppid iterations=10"),
             pti,
         }
@@ -687,18 +362,5 @@ mod tests {
             "{:?}",
             s.notes
         );
-    }
-
-    #[test]
-    fn entries_follow_the_kernel() {
-        use EntryChoice::*;
-        assert_eq!(entry_for(LinuxArch::X86_64, Auto).unwrap(), Entry::Syscall);
-        assert_eq!(entry_for(LinuxArch::I386, Auto).unwrap(), Entry::Sysenter);
-        assert_eq!(
-            entry_for(LinuxArch::I386, Fixed(Entry::Int80)).unwrap(),
-            Entry::Int80
-        );
-        assert!(entry_for(LinuxArch::X86_64, Fixed(Entry::Int3)).is_err());
-        assert!(entry_for(LinuxArch::X86_64, Fixed(Entry::Sysenter)).is_err());
     }
 }

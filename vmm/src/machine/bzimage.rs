@@ -40,11 +40,16 @@ const _: () = assert!(GDT_ADDR + 8 * GDT_ENTRIES as u64 <= ZERO_PAGE_ADDR);
 const _: () = assert!(ZERO_PAGE_ADDR + 4096 <= PML4_ADDR);
 const _: () = assert!(PD_ADDR + 4096 <= CMDLINE_ADDR);
 
-const HDRS_MAGIC: u32 = 0x5372_6448;
-const SETUP_HEADER_OFFSET: usize = 0x1f1;
+/// The setup header's `header` field: "HdrS".
+pub const HDRS_MAGIC: u32 = 0x5372_6448;
+/// The setup header's `boot_flag`: the boot sector's 0x55 0xaa.
+pub const BOOT_FLAG: u16 = 0xaa55;
+/// Where the setup header starts in the image.
+pub const SETUP_HEADER_OFFSET: usize = 0x1f1;
 /// Boot protocol 2.12: `xloadflags` (XLF_KERNEL_64) exists.
-const MIN_PROTOCOL: u16 = 0x020c;
-const XLF_KERNEL_64: u16 = 1;
+pub const MIN_PROTOCOL: u16 = 0x020c;
+/// `xloadflags` bit 0: the kernel has a 64-bit entry point at 0x200.
+pub const XLF_KERNEL_64: u16 = 1;
 const LOADFLAGS_LOADED_HIGH: u8 = 1;
 const LOADFLAGS_CAN_USE_HEAP: u8 = 0x80;
 /// `type_of_loader` 0xff: a boot loader without an assigned ID.
@@ -141,15 +146,20 @@ pub struct LoadedBzImage {
     pub end: u64,
 }
 
-fn header_of(image: &[u8]) -> Result<setup_header, BzImageError> {
+/// The image's setup header as the bytes say (any bytes are a value:
+/// check `header` against [`HDRS_MAGIC`]); `None` if the image is too short
+/// to hold one. `preflight::linux::image` recognises kernels with it too.
+pub fn setup_header_of(image: &[u8]) -> Option<setup_header> {
     let size = std::mem::size_of::<setup_header>();
-    let bytes = image
-        .get(SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + size)
-        .ok_or(BzImageError::TooShort(image.len()))?;
+    let bytes = image.get(SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + size)?;
     let mut hdr = setup_header::default();
     // setup_header is plain old data (ByteValued): any bytes are a value.
     vm_memory::ByteValued::as_mut_slice(&mut hdr).copy_from_slice(bytes);
-    Ok(hdr)
+    Some(hdr)
+}
+
+fn header_of(image: &[u8]) -> Result<setup_header, BzImageError> {
+    setup_header_of(image).ok_or(BzImageError::TooShort(image.len()))
 }
 
 /// Checks the image's header against the image and `layout`, then loads it

@@ -12,15 +12,9 @@ use crate::machine::msr::{MsrAnswers, MsrTrapError};
 pub use crate::machine::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
 use crate::machine::segments::{set_flat, FlatSelectors};
 use crate::spec::cmdline::CpuVuln;
+use crate::x86::{cr0, cr4, efer};
 /// CPUID.(EAX=7,ECX=0):EDX bit 29: IA32_ARCH_CAPABILITIES exists.
 const CPUID_7_EDX_ARCH_CAPABILITIES: u32 = 1 << 29;
-
-const CR0_PE: u64 = 1 << 0;
-const CR0_ET: u64 = 1 << 4;
-const CR0_PG: u64 = 1 << 31;
-const CR4_PAE: u64 = 1 << 5;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
 
 /// Errors setting up the vCPU.
 #[derive(Debug, thiserror::Error)]
@@ -293,7 +287,7 @@ pub fn pvh_sregs(sregs: &mut kvm_sregs) {
         },
         false,
     );
-    sregs.cr0 = CR0_PE | CR0_ET;
+    sregs.cr0 = cr0::PE | cr0::ET;
     sregs.cr3 = 0;
     sregs.cr4 = 0;
     sregs.efer = 0;
@@ -315,10 +309,10 @@ pub fn linux64_sregs(sregs: &mut kvm_sregs, cr3: u64) {
     );
     sregs.gdt.base = GDT_ADDR;
     sregs.gdt.limit = GDT_LIMIT;
-    sregs.cr0 = CR0_PE | CR0_ET | CR0_PG;
+    sregs.cr0 = cr0::PE | cr0::ET | cr0::PG;
     sregs.cr3 = cr3;
-    sregs.cr4 = CR4_PAE;
-    sregs.efer = EFER_LME | EFER_LMA;
+    sregs.cr4 = cr4::PAE;
+    sregs.efer = efer::LME | efer::LMA;
 }
 
 /// Registers at the moment the VM stopped, for crash reports.
@@ -368,10 +362,10 @@ impl RegsSnapshot {
     /// True if the guest was in, or entering, paging outside long mode
     /// (32-bit legacy or PAE paging), which some KVMs (kvm_pvm) refuse.
     pub fn looks_like_32bit_paging(&self) -> bool {
-        let pg = self.cr0 & CR0_PG != 0;
-        let pae = self.cr4 & CR4_PAE != 0;
-        let lme = self.efer & EFER_LME != 0;
-        let lma = self.efer & EFER_LMA != 0;
+        let pg = self.cr0 & cr0::PG != 0;
+        let pae = self.cr4 & cr4::PAE != 0;
+        let lme = self.efer & efer::LME != 0;
+        let lma = self.efer & efer::LMA != 0;
         (pg && !lma) || (pae && !lme)
     }
 }
@@ -409,7 +403,7 @@ mod tests {
         linux64_sregs(&mut s, 0x9000);
         assert_eq!((s.cs.selector, s.cs.l, s.cs.db), (0x10, 1, 0));
         assert_eq!((s.ds.selector, s.ss.selector), (0x18, 0x18));
-        assert_eq!((s.cr3, s.efer), (0x9000, EFER_LME | EFER_LMA));
+        assert_eq!((s.cr3, s.efer), (0x9000, efer::LME | efer::LMA));
         let snap = RegsSnapshot {
             cr0: s.cr0,
             cr4: s.cr4,
@@ -436,20 +430,20 @@ mod tests {
     #[test]
     fn detects_32bit_paging() {
         let long = RegsSnapshot {
-            cr0: CR0_PE | CR0_PG,
-            cr4: CR4_PAE,
-            efer: EFER_LME | EFER_LMA,
+            cr0: cr0::PE | cr0::PG,
+            cr4: cr4::PAE,
+            efer: efer::LME | efer::LMA,
             ..Default::default()
         };
         assert!(!long.looks_like_32bit_paging());
         let pae = RegsSnapshot {
-            cr0: CR0_PE,
-            cr4: CR4_PAE,
+            cr0: cr0::PE,
+            cr4: cr4::PAE,
             ..Default::default()
         };
         assert!(pae.looks_like_32bit_paging());
         let legacy = RegsSnapshot {
-            cr0: CR0_PE | CR0_PG,
+            cr0: cr0::PE | cr0::PG,
             ..Default::default()
         };
         assert!(legacy.looks_like_32bit_paging());

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
+use crate::x86::pte::{ADDR_MASK, GLOBAL, HUGE, NO_EXECUTE, PRESENT, USER, WRITABLE};
+
 /// The paging modes the guest flavours use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -52,6 +54,16 @@ pub struct Access {
     pub no_execute: bool,
     /// Global (G on the leaf): survives CR3 writes in the TLB.
     pub global: bool,
+}
+
+impl Access {
+    /// What the root grants before any entry restricts it.
+    const ROOT: Access = Access {
+        writable: true,
+        user: true,
+        no_execute: false,
+        global: false,
+    };
 }
 
 impl fmt::Display for Access {
@@ -134,19 +146,14 @@ impl Default for WalkLimits {
     }
 }
 
+/// Under PAE, CR3 holds the PDPT's 32-byte-aligned address.
+const PAE_CR3_MASK: u64 = 0xffff_ffe0;
+
 /// Entries read between two looks at the clock (a read is tens of ns).
 const CLOCK_EVERY: u64 = 4096;
 
 /// Why a walk stopped early (internal: becomes [`Walk::incomplete`]).
 struct GaveUp(String);
-
-const PRESENT: u64 = 1 << 0;
-const WRITABLE: u64 = 1 << 1;
-const USER: u64 = 1 << 2;
-const HUGE: u64 = 1 << 7;
-const GLOBAL: u64 = 1 << 8;
-const NO_EXECUTE: u64 = 1 << 63;
-const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 
 struct Walker<'a, M: GuestMemory> {
     mem: &'a M,
@@ -247,13 +254,7 @@ impl<M: GuestMemory> Walker<'_, M> {
 
     /// PAE: a 4-entry PDPT (only P and cache bits), then PDs and PTs of 512 entries.
     fn pae(&mut self) -> Result<(), GaveUp> {
-        let pdpt = self.cr3 & 0xffff_ffe0;
-        let all = Access {
-            writable: true,
-            user: true,
-            no_execute: false,
-            global: false,
-        };
+        let pdpt = self.cr3 & PAE_CR3_MASK;
         for index in 0..4u64 {
             let Some(entry) = self.read_entry(pdpt, index)? else {
                 return Ok(());
@@ -261,7 +262,7 @@ impl<M: GuestMemory> Walker<'_, M> {
             if entry & PRESENT == 0 {
                 continue;
             }
-            self.table(entry & ADDR_MASK, 2, index << 30, all)?;
+            self.table(entry & ADDR_MASK, 2, index << 30, Access::ROOT)?;
         }
         Ok(())
     }
@@ -291,7 +292,7 @@ pub fn walk_with_limits<M: GuestMemory>(
 ) -> Result<Walk, WalkError> {
     let root = match paging {
         Paging::FourLevel => cr3 & ADDR_MASK,
-        Paging::Pae => cr3 & 0xffff_ffe0,
+        Paging::Pae => cr3 & PAE_CR3_MASK,
     };
     if mem.read_obj::<u64>(GuestAddress(root)).is_err() {
         return Err(WalkError::RootOutsideMemory { cr3 });
@@ -305,15 +306,7 @@ pub fn walk_with_limits<M: GuestMemory>(
         out: Walk::default(),
     };
     let finished = match paging {
-        Paging::FourLevel => {
-            let all = Access {
-                writable: true,
-                user: true,
-                no_execute: false,
-                global: false,
-            };
-            walker.table(root, 4, 0, all)
-        }
+        Paging::FourLevel => walker.table(root, 4, 0, Access::ROOT),
         Paging::Pae => walker.pae(),
     };
     if let Err(GaveUp(why)) = finished {
@@ -921,7 +914,7 @@ pub struct Inspection {
     pub isolation: IsolationCheck,
 }
 
-/// A [`crate::PhaseObserver`] that walks the page tables at the first
+/// A [`crate::machine::PhaseObserver`] that walks the page tables at the first
 /// phase-begin marker.
 pub struct Inspector {
     paging: Paging,
@@ -989,7 +982,7 @@ impl Inspector {
     }
 }
 
-impl crate::PhaseObserver for Inspector {
+impl crate::machine::PhaseObserver for Inspector {
     fn on_phase(
         &mut self,
         marker: ptiscope_abi::phase::Marker,

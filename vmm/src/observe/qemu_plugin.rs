@@ -391,9 +391,7 @@ impl PluginReport {
     /// any other pattern is refused rather than guessed at. Counts between
     /// the two are exact: each snapshot is taken at the instruction itself.
     pub fn companion_phase(&self) -> Result<PluginPhase, PhaseError> {
-        if self.dropped_marks > 0 {
-            return Err(PhaseError::Dropped(self.dropped_marks));
-        }
+        self.complete()?;
         let m = &self.marks;
         let (begin, end) = match m.len() {
             2 | 3 => (&m[0], &m[1]),
@@ -404,6 +402,21 @@ impl PluginReport {
         if !distinct {
             return Err(PhaseError::Pattern(m.len()));
         }
+        Self::phase(begin, end)
+    }
+}
+
+impl PluginReport {
+    /// Refuses a file whose marks were dropped (a phase could be missing).
+    fn complete(&self) -> Result<(), PhaseError> {
+        match self.dropped_marks {
+            0 => Ok(()),
+            n => Err(PhaseError::Dropped(n)),
+        }
+    }
+
+    /// The phase from `begin` to `end`; its counts must not go backwards.
+    fn phase(begin: &Mark, end: &Mark) -> Result<PluginPhase, PhaseError> {
         let delta = begin
             .counts
             .delta_to(&end.counts)
@@ -414,9 +427,7 @@ impl PluginReport {
             delta,
         })
     }
-}
 
-impl PluginReport {
     /// ptiscope's Linux init's measured phase, from a plugin run with
     /// `umark=0x600` ([`LINUX_MARK_PORT`]): snapshots are taken only at a
     /// user-mode `mov edx, 0x600; out dx, eax` pair, which the init executes
@@ -425,24 +436,14 @@ impl PluginReport {
     /// snapshots must be exactly `[begin, end]` at two addresses; anything
     /// else is refused rather than guessed at.
     pub fn linux_phase(&self) -> Result<PluginPhase, PhaseError> {
-        if self.dropped_marks > 0 {
-            return Err(PhaseError::Dropped(self.dropped_marks));
-        }
+        self.complete()?;
         let [begin, end] = self.marks.as_slice() else {
             return Err(PhaseError::LinuxPattern(self.marks.len()));
         };
         if begin.pc == end.pc {
             return Err(PhaseError::LinuxPattern(2));
         }
-        let delta = begin
-            .counts
-            .delta_to(&end.counts)
-            .ok_or(PhaseError::Backwards)?;
-        Ok(PluginPhase {
-            begin: begin.clone(),
-            end: end.clone(),
-            delta,
-        })
+        Self::phase(begin, end)
     }
 }
 
@@ -499,7 +500,8 @@ pub fn ranges_arg(ranges: &[Range]) -> String {
 mod tests {
     use super::*;
 
-    fn file(marks: &[(u64, u64, [u64; 12])], totals: [u64; 12]) -> String {
+    /// A plugin file with a mark (its pc and counts) per entry of `marks`.
+    fn file(marks: &[(u64, [u64; 12])], totals: [u64; 12]) -> String {
         let fields: Vec<&str> = PluginCounter::ALL.iter().map(|c| c.field()).collect();
         let mut s = format!(
             "ptiscope-tcg-plugin version=1 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
@@ -511,7 +513,7 @@ mod tests {
                 c.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
             )
         };
-        for (i, (pc, _, c)) in marks.iter().enumerate() {
+        for (i, (pc, c)) in marks.iter().enumerate() {
             s.push_str(&format!("mark seq={i} vcpu=0 pc={pc:#x}\n"));
             s.push_str(&line(*c));
         }
@@ -521,6 +523,11 @@ mod tests {
         s
     }
 
+    /// [`file`] parsed.
+    fn report(marks: &[(u64, [u64; 12])], totals: [u64; 12]) -> PluginReport {
+        PluginReport::parse(file(marks, totals).as_bytes()).unwrap()
+    }
+
     fn c(kernel: u64, cr3: u64) -> [u64; 12] {
         let mut a = [0; 12];
         a[0] = kernel;
@@ -528,17 +535,20 @@ mod tests {
         a
     }
 
+    /// Kernel and user addresses of the marks.
+    const K1: u64 = 0xc000_1000;
+    const K2: u64 = 0xc000_2000;
+    const U1: u64 = 0x40_1000;
+    const U2: u64 = 0x40_1040;
+
     #[test]
     fn parses_a_phase() {
-        let f = file(
-            &[
-                (0xc000_1000, 0, c(100, 10)),
-                (0xc000_2000, 0, c(500, 12)),
-                (0xc000_3000, 0, c(600, 13)),
-            ],
-            c(700, 13),
-        );
-        let r = PluginReport::parse(f.as_bytes()).unwrap();
+        let marks = [
+            (K1, c(100, 10)),
+            (K2, c(500, 12)),
+            (0xc000_3000, c(600, 13)),
+        ];
+        let r = report(&marks, c(700, 13));
         assert_eq!(r.kernel, vec![(0, 0x3f_ffff), (0xc000_0000, 0xffff_ffff)]);
         assert_eq!(r.totals.total().get(PluginCounter::KernelInsns), 700);
         let p = r.companion_phase().unwrap();
@@ -548,60 +558,40 @@ mod tests {
 
     #[test]
     fn refuses_other_marker_patterns() {
-        let one = file(&[(0xc000_1000, 0, c(1, 1))], c(2, 2));
-        let r = PluginReport::parse(one.as_bytes()).unwrap();
-        assert_eq!(r.companion_phase(), Err(PhaseError::Pattern(1)));
-        let same_pc = file(
-            &[(0xc000_1000, 0, c(1, 1)), (0xc000_1000, 0, c(2, 2))],
-            c(2, 2),
-        );
-        let r = PluginReport::parse(same_pc.as_bytes()).unwrap();
-        assert_eq!(r.companion_phase(), Err(PhaseError::Pattern(2)));
-        let back = file(
-            &[(0xc000_1000, 0, c(5, 1)), (0xc000_2000, 0, c(2, 2))],
-            c(9, 2),
-        );
-        let r = PluginReport::parse(back.as_bytes()).unwrap();
-        assert_eq!(r.companion_phase(), Err(PhaseError::Backwards));
+        for (marks, want) in [
+            (vec![(K1, c(1, 1))], PhaseError::Pattern(1)),
+            (vec![(K1, c(1, 1)), (K1, c(2, 2))], PhaseError::Pattern(2)),
+            (vec![(K1, c(5, 1)), (K2, c(2, 2))], PhaseError::Backwards),
+        ] {
+            assert_eq!(
+                report(&marks, c(9, 2)).companion_phase(),
+                Err(want),
+                "{marks:?}"
+            );
+        }
     }
 
     #[test]
     fn the_linux_phase_is_exactly_two_user_marks() {
-        let two = file(
-            &[(0x40_1000, 0, c(100, 10)), (0x40_1040, 0, c(700, 2010))],
-            c(900, 2012),
-        );
-        let p = PluginReport::parse(two.as_bytes())
-            .unwrap()
+        let p = report(&[(U1, c(100, 10)), (U2, c(700, 2010))], c(900, 2012))
             .linux_phase()
             .unwrap();
         assert_eq!(p.delta.total().get(PluginCounter::Cr3Writes), 2000);
         assert_eq!(p.delta.total().get(PluginCounter::KernelInsns), 600);
-        // The companion's [begin, end, exit] is not the init's pattern.
-        let three = file(
-            &[
-                (0x40_1000, 0, c(1, 1)),
-                (0x40_1040, 0, c(2, 2)),
-                (0x40_1080, 0, c(3, 3)),
-            ],
-            c(3, 3),
-        );
-        let r = PluginReport::parse(three.as_bytes()).unwrap();
-        assert_eq!(r.linux_phase(), Err(PhaseError::LinuxPattern(3)));
-        let same_pc = file(&[(0x40_1000, 0, c(1, 1)), (0x40_1000, 0, c(2, 2))], c(2, 2));
-        let r = PluginReport::parse(same_pc.as_bytes()).unwrap();
-        assert_eq!(r.linux_phase(), Err(PhaseError::LinuxPattern(2)));
-        let none = file(&[], c(2, 2));
-        let r = PluginReport::parse(none.as_bytes()).unwrap();
-        assert_eq!(r.linux_phase(), Err(PhaseError::LinuxPattern(0)));
+        for (marks, want) in [
+            // The companion's [begin, end, exit] is not the init's pattern.
+            (vec![(U1, c(1, 1)), (U2, c(2, 2)), (0x40_1080, c(3, 3))], 3),
+            (vec![(U1, c(1, 1)), (U1, c(2, 2))], 2),
+            (vec![], 0),
+        ] {
+            let got = report(&marks, c(3, 3)).linux_phase();
+            assert_eq!(got, Err(PhaseError::LinuxPattern(want)), "{marks:?}");
+        }
     }
 
     #[test]
     fn hostile_files_are_errors_not_panics() {
-        let good = file(
-            &[(0xc000_1000, 0, c(1, 1)), (0xc000_2000, 0, c(2, 2))],
-            c(3, 3),
-        );
+        let good = file(&[(K1, c(1, 1)), (K2, c(2, 2))], c(3, 3));
         assert!(PluginReport::parse(good.as_bytes()).is_ok());
         // Every truncation of a good file is refused (never a panic).
         for cut in 0..good.len() - 1 {

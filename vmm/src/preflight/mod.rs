@@ -7,6 +7,10 @@
 //! guest command line written. `run`, `compare`, `pagetables` and `sweep`
 //! all go through it once per configuration; the VM layer
 //! ([`crate::machine`]) takes only a `ResolvedRun` and never asks the probe.
+//! A Linux guest (`--linux`) is settled by [`linux::settle`], with its own
+//! error type ([`linux::LinuxError`]) that [`PreflightError::Linux`] wraps.
+
+pub mod linux;
 
 use std::sync::Arc;
 
@@ -75,7 +79,7 @@ pub enum PreflightError {
     },
     /// A Linux guest (`--linux`) could not be settled.
     #[error(transparent)]
-    Linux(#[from] crate::linux::LinuxError),
+    Linux(#[from] linux::LinuxError),
 }
 
 /// `entry=auto` under QEMU: TCG delivers every entry, so the native one of
@@ -133,11 +137,11 @@ pub fn preflight_with_image(
     target: Target,
     image: Option<Arc<[u8]>>,
 ) -> Result<ResolvedRun, PreflightError> {
-    if let crate::linux::GuestKind::Linux(req) = &config.guest_kind {
-        return crate::linux::preflight(config, req, target);
-    }
     let layout = MemoryLayout::new(config.mem_mib)?;
     let asked = config.guest.absorb_extra()?;
+    if let crate::spec::linux::GuestKind::Linux(req) = &config.guest_kind {
+        return Ok(linux::settle(config, req, target, layout, asked)?);
+    }
     // The guest's own image, page tables and stacks take a few MiB; the
     // guest checks the exact figure and refuses with its own message.
     let wss = asked

@@ -76,6 +76,23 @@ const _: () = assert!(STUBS + 256 * STUB_LEN <= COMMON_HANDLER);
 /// Bytes per handler stub: `mov al, v` (2) + `jmp rel32` (5).
 const STUB_LEN: u64 = 7;
 
+/// FMASK as Linux sets it, minus what does not matter here: TF, IF, DF.
+pub const SYSCALL_FMASK: u64 = 0x700;
+
+/// The MSRs a probe's SYSCALL needs (with EFER.SCE): STAR with SYSCALL's
+/// CS 0x10/SS 0x18 and SYSRET's CS 0x33/SS 0x2b (Linux's layout), LSTAR at
+/// [`SYSCALL_LANDING`], FMASK [`SYSCALL_FMASK`].
+pub fn syscall_msrs() -> [(u32, u64); 3] {
+    [
+        (
+            crate::x86::msr::STAR,
+            (u64::from(sel::USER_CS32) << 48) | (u64::from(sel::KERNEL_CS) << 32),
+        ),
+        (crate::x86::msr::LSTAR, SYSCALL_LANDING),
+        (crate::x86::msr::FMASK, SYSCALL_FMASK),
+    ]
+}
+
 /// GDT selectors (Linux's x86_64 layout, so that STAR works as Linux sets it).
 pub mod sel {
     /// Flat 32-bit kernel code (the protected-mode probes start here).
@@ -134,16 +151,7 @@ pub mod report {
 }
 
 /// Page-table entry bits.
-pub mod pte {
-    /// P: the entry is valid.
-    pub const PRESENT: u64 = 1 << 0;
-    /// R/W: writes allowed.
-    pub const WRITABLE: u64 = 1 << 1;
-    /// U/S: user-mode access allowed.
-    pub const USER: u64 = 1 << 2;
-    /// PS: a large leaf in a page directory.
-    pub const HUGE: u64 = 1 << 7;
-}
+pub use crate::x86::pte;
 
 /// An append-only x86 code buffer at a known guest address.
 ///

@@ -8,7 +8,7 @@ use super::code::{self, report, sel, Asm};
 use super::entry::vector_name;
 use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError};
 
-const CR4_PCIDE: u32 = 1 << 17;
+const CR4_PCIDE: u32 = crate::x86::cr4::PCIDE as u32;
 const CPUID1_ECX_PCID: u64 = 1 << 17;
 const CPUID7_EDX_ARCH_CAPS: u64 = 1 << 29;
 pub use crate::machine::msr::{

@@ -9,19 +9,13 @@ use super::code::{self, report, sel, Asm, HandlerExit};
 use super::entry::{Entry, EntryOutcome};
 use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError, EFER_SCE};
 
-const MSR_SYSENTER_CS: u32 = 0x174;
-const MSR_SYSENTER_ESP: u32 = 0x175;
-const MSR_SYSENTER_EIP: u32 = 0x176;
-const MSR_STAR: u32 = 0xc000_0081;
-const MSR_LSTAR: u32 = 0xc000_0082;
-const MSR_FMASK: u32 = 0xc000_0084;
+use crate::x86::msr;
 
 const RFLAGS_DF: u64 = 1 << 10;
 /// User RFLAGS: IOPL 3 (so `out` works at CPL3), DF set so that the SYSCALL
 /// landing can tell whether FMASK (which clears DF) was applied; IF off.
 const USER_RFLAGS: u32 = 0x3002 | RFLAGS_DF as u32;
-/// FMASK as Linux sets it, minus what does not matter here: TF, IF, DF.
-const FMASK: u64 = 0x700;
+use code::SYSCALL_FMASK as FMASK;
 
 /// Markers of the entry programs.
 const STAGE_IN_USER: u8 = 1;
@@ -170,18 +164,12 @@ fn program(insn: &[u8], handler_exit: HandlerExit) -> Program {
     p.extra.push(user_code(insn));
     p.extra.extend(landings());
     p.efer_extra = EFER_SCE;
-    p.msrs = vec![
-        // SYSCALL: CS 0x10/SS 0x18; SYSRET: CS 0x33/SS 0x2b (Linux layout).
-        (
-            MSR_STAR,
-            (u64::from(sel::USER_CS32) << 48) | (u64::from(sel::KERNEL_CS) << 32),
-        ),
-        (MSR_LSTAR, code::SYSCALL_LANDING),
-        (MSR_FMASK, FMASK),
-        (MSR_SYSENTER_CS, u64::from(sel::KERNEL_CS)),
-        (MSR_SYSENTER_ESP, code::KERNEL_STACK_TOP),
-        (MSR_SYSENTER_EIP, code::SYSENTER_LANDING),
-    ];
+    p.msrs = code::syscall_msrs().to_vec();
+    p.msrs.extend([
+        (msr::SYSENTER_CS, u64::from(sel::KERNEL_CS)),
+        (msr::SYSENTER_ESP, code::KERNEL_STACK_TOP),
+        (msr::SYSENTER_EIP, code::SYSENTER_LANDING),
+    ]);
     p
 }
 

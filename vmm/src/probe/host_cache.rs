@@ -6,16 +6,26 @@
 //! same ptiscope binary. Probing them costs a default `run` more than the
 //! guest itself (a dozen probe VMs, the refill probe some hundreds of ms),
 //! so the first process after a boot writes them to
-//! `$XDG_CACHE_HOME/ptiscope/host-facts.json` (else `~/.cache/...`) and the
-//! next ones read them back.
+//! `$XDG_CACHE_HOME/ptiscope/host-facts.v2.json` (else `~/.cache/...`) and
+//! the next ones read them back. The name carries the format: ptiscope
+//! binaries of the one-key format (`host-facts.json`) on the same host keep
+//! their own file instead of rewriting this one in turn.
 //!
-//! The file is hostile input: read bounded (regular file, 64 KiB, 1 s),
-//! parsed strictly, every string and list bounded, every entry name one
-//! the guest knows, every figure finite; a file that fails any check, or
-//! whose key (the KVM device, boot id, `uname`, the first CPU's vendor/family/
-//! model/stepping/microcode, the KVM modules and their parameters, ptiscope's version,
-//! revision and executable) differs from this process's, is ignored and
-//! probed afresh. `PTISCOPE_HOST_CACHE=off` neither reads nor writes it,
+//! The file holds the facts under up to [`MAX_KEYS`] keys (the KVM device,
+//! boot id, `uname`, the first CPU's vendor/family/model/stepping/microcode,
+//! the KVM modules and their parameters, ptiscope's version, revision and
+//! executable), the most recently written last; writing a ninth drops the
+//! oldest. So the `ptiscope` binary and the test binaries, whose keys differ
+//! (each executable is its own), keep their facts side by side instead of
+//! overwriting each other's. A process uses only the facts under its own key;
+//! without them it probes afresh. Two processes writing at the same moment:
+//! the later rename wins, and the other's facts are probed again next time.
+//!
+//! The file is hostile input: read bounded (regular file, 256 KiB, 1 s),
+//! parsed strictly, at most [`MAX_KEYS`] keys, every key, string and list
+//! bounded, every entry name one the guest knows, every figure finite; a
+//! file that fails any check is ignored as a whole (and rewritten with this
+//! process's facts alone). `PTISCOPE_HOST_CACHE=off` neither reads nor writes it,
 //! `PTISCOPE_HOST_CACHE=refresh` probes afresh and rewrites it, and
 //! `ptiscope probe` always measures and rewrites it.
 
@@ -27,12 +37,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::probe::{self, Entry, RefillProbe, RefillVerdict};
 
-/// The cache file's format; a file of another format is ignored.
-const FORMAT: u32 = 1;
+/// The cache file's format; a file of another format is ignored (format 1
+/// held one key).
+const FORMAT: u32 = 2;
+/// Most keys the file holds (the oldest written is dropped first).
+pub const MAX_KEYS: usize = 8;
 /// Longest cache file read.
-const MAX_BYTES: u64 = 64 * 1024;
+const MAX_BYTES: u64 = 256 * 1024;
 /// Longest string kept from the file.
 const MAX_STRING: usize = 4096;
+/// Longest key kept (a host's is about 1 KiB, mostly KVM's parameters).
+const MAX_KEY: usize = 16 * 1024;
 
 /// The entry probe's findings as the file holds them: (entry name, outcome,
 /// reaches CPL0) per entry, or why the probe could not run.
@@ -144,13 +159,36 @@ impl CachedRefill {
     }
 }
 
-/// The file: its format, the key it was written under, the facts.
+/// The file: its format and the facts per key, oldest written first.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
     format: u32,
+    hosts: Vec<Keyed>,
+}
+
+/// The facts written under one key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Keyed {
     key: String,
     facts: Facts,
+}
+
+impl File {
+    /// Whether the file is within bounds: its format, at most
+    /// [`MAX_KEYS`] distinct keys of bounded length, valid facts under each.
+    fn valid(&self) -> bool {
+        let keys: std::collections::HashSet<&str> =
+            self.hosts.iter().map(|h| h.key.as_str()).collect();
+        self.format == FORMAT
+            && self.hosts.len() <= MAX_KEYS
+            && keys.len() == self.hosts.len()
+            && self
+                .hosts
+                .iter()
+                .all(|h| h.key.len() <= MAX_KEY && h.facts.valid())
+    }
 }
 
 impl Facts {
@@ -194,7 +232,7 @@ fn mode() -> Mode {
     }
 }
 
-/// `$XDG_CACHE_HOME/ptiscope/host-facts.json`, else `$HOME/.cache/...`
+/// `$XDG_CACHE_HOME/ptiscope/host-facts.v2.json`, else `$HOME/.cache/...`
 /// (absolute paths only, as the XDG spec says); `None` without either.
 fn path() -> Option<PathBuf> {
     let abs = |v: Option<std::ffi::OsString>| {
@@ -203,7 +241,10 @@ fn path() -> Option<PathBuf> {
     };
     let base = abs(std::env::var_os("XDG_CACHE_HOME"))
         .or_else(|| abs(std::env::var_os("HOME")).map(|h| h.join(".cache")))?;
-    Some(base.join("ptiscope").join("host-facts.json"))
+    Some(
+        base.join("ptiscope")
+            .join(format!("host-facts.v{FORMAT}.json")),
+    )
 }
 
 /// What the facts depend on, as one string: the host's boot, kernel, CPU,
@@ -273,15 +314,16 @@ pub fn key() -> String {
     k
 }
 
-/// Reads and checks the file; `None` (with the reason logged) when it is
-/// absent, unreadable, malformed, out of bounds or written under another key.
-fn load(path: &std::path::Path, key: &str) -> Option<Facts> {
+/// Reads and checks the file: every key's facts, oldest written first;
+/// empty (with the reason logged) when it is absent, unreadable, malformed,
+/// of another format or out of bounds.
+fn load_all(path: &std::path::Path) -> Vec<Keyed> {
     let bytes =
         match crate::input::read_regular("host cache", path, MAX_BYTES, Duration::from_secs(1)) {
             Ok(b) => b,
             Err(e) => {
                 log::debug!("host facts cache not used: {e}");
-                return None;
+                return Vec::new();
             }
         };
     let file: File = match serde_json::from_slice(&bytes) {
@@ -291,36 +333,53 @@ fn load(path: &std::path::Path, key: &str) -> Option<Facts> {
                 "host facts cache {} is malformed ({e}); probing afresh",
                 path.display()
             );
-            return None;
+            return Vec::new();
         }
     };
-    if file.format != FORMAT || file.key != key {
-        log::debug!(
-            "host facts cache {} is for another host state",
-            path.display()
-        );
-        return None;
-    }
-    if !file.facts.valid() {
+    if !file.valid() {
         log::warn!(
-            "host facts cache {} holds out-of-bounds values; probing afresh",
+            "host facts cache {} is of another format or holds out-of-bounds values; probing \
+             afresh",
             path.display()
         );
-        return None;
+        return Vec::new();
     }
-    Some(file.facts)
+    file.hosts
 }
 
-/// Writes the file (a temporary file renamed into place, so that a reader
-/// never sees half of it). Failing is not an error: the next process probes.
+/// The facts the file holds under `key`; `None` when it holds none (or
+/// cannot be used, [`load_all`]).
+fn load(path: &std::path::Path, key: &str) -> Option<Facts> {
+    let found = load_all(path).into_iter().find(|h| h.key == key);
+    if found.is_none() {
+        log::debug!(
+            "host facts cache {} has no facts for this host state",
+            path.display()
+        );
+    }
+    found.map(|h| h.facts)
+}
+
+/// Writes `facts` under `key`, keeping the other keys the file holds now
+/// (read again here: another process may have written since) and dropping
+/// the oldest beyond [`MAX_KEYS`]; a temporary file is renamed into place,
+/// so that a reader never sees half of it. Failing is not an error: the
+/// next process probes.
 fn store(path: &std::path::Path, key: &str, facts: &Facts) {
+    let mut hosts = load_all(path);
+    hosts.retain(|h| h.key != key);
+    hosts.push(Keyed {
+        key: key.to_owned(),
+        facts: facts.clone(),
+    });
+    let excess = hosts.len().saturating_sub(MAX_KEYS);
+    hosts.drain(..excess);
     let write = || -> std::io::Result<()> {
         let dir = path.parent().ok_or(std::io::ErrorKind::NotFound)?;
         std::fs::create_dir_all(dir)?;
         let text = serde_json::to_vec_pretty(&File {
             format: FORMAT,
-            key: key.to_owned(),
-            facts: facts.clone(),
+            hosts,
         })
         .map_err(std::io::Error::other)?;
         let tmp = dir.join(format!(".host-facts.{}.tmp", std::process::id()));
@@ -431,10 +490,110 @@ mod tests {
         store(&path, "key A", &facts);
         assert_eq!(load(&path, "key A"), Some(facts));
         assert_eq!(load(&path, "key B"), None);
-        std::fs::write(&path, b"{\"format\": 1, \"key\": \"key A\", \"facts\": 7}").unwrap();
+        std::fs::write(
+            &path,
+            b"{\"format\": 2, \"hosts\": [{\"key\": \"key A\", \"facts\": 7}]}",
+        )
+        .unwrap();
         assert_eq!(load(&path, "key A"), None, "malformed");
+        std::fs::write(&path, b"{\"format\": 1, \"key\": \"key A\", \"facts\": {}}").unwrap();
+        assert_eq!(load(&path, "key A"), None, "the one-key format");
         std::fs::write(&path, vec![b' '; MAX_BYTES as usize + 1]).unwrap();
         assert_eq!(load(&path, "key A"), None, "too long");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A scratch cache file, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir = std::env::temp_dir()
+                .join(format!("ptiscope-host-cache-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            Scratch(dir)
+        }
+        fn path(&self) -> PathBuf {
+            self.0.join("host-facts.json")
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn facts(n: u32) -> Facts {
+        Facts {
+            pae: Some(Some((n.is_multiple_of(2), format!("facts {n}")))),
+            ..Facts::default()
+        }
+    }
+
+    #[test]
+    fn keys_live_side_by_side_and_the_oldest_is_dropped() {
+        let scratch = Scratch::new("keys");
+        let path = scratch.path();
+        // The binary and a test binary in turn: neither loses its facts.
+        store(&path, "ptiscope", &facts(0));
+        store(&path, "test binary", &facts(1));
+        store(&path, "ptiscope", &facts(2));
+        assert_eq!(load(&path, "ptiscope"), Some(facts(2)));
+        assert_eq!(load(&path, "test binary"), Some(facts(1)));
+        // Rewriting a key moves it to the end: "test binary" is now oldest.
+        let keys = |p: &std::path::Path| -> Vec<String> {
+            load_all(p).into_iter().map(|h| h.key).collect()
+        };
+        assert_eq!(keys(&path), ["test binary", "ptiscope"]);
+        for n in 0..MAX_KEYS as u32 - 1 {
+            store(&path, &format!("other {n}"), &facts(n));
+        }
+        assert_eq!(load_all(&path).len(), MAX_KEYS);
+        assert_eq!(load(&path, "test binary"), None, "the oldest was dropped");
+        assert_eq!(load(&path, "ptiscope"), Some(facts(2)));
+        assert_eq!(load(&path, "other 6"), Some(facts(6)));
+    }
+
+    #[test]
+    fn a_file_out_of_bounds_is_ignored_as_a_whole() {
+        let scratch = Scratch::new("bounds");
+        let path = scratch.path();
+        let write = |hosts: Vec<Keyed>| {
+            let text = serde_json::to_vec(&File {
+                format: FORMAT,
+                hosts,
+            })
+            .unwrap();
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, text).unwrap();
+        };
+        let keyed = |k: &str, f: Facts| Keyed {
+            key: k.into(),
+            facts: f,
+        };
+        // Too many keys, a key twice, an overlong key, bad facts under
+        // another key: none of the file is used, not even "mine".
+        let many: Vec<Keyed> = (0..=MAX_KEYS)
+            .map(|n| keyed(&format!("k{n}"), facts(1)))
+            .chain([keyed("mine", facts(0))])
+            .collect();
+        let mut bad = facts(0);
+        bad.pcid = Some(Some((true, "x".repeat(MAX_STRING + 1))));
+        for hosts in [
+            many,
+            vec![keyed("mine", facts(0)), keyed("mine", facts(1))],
+            vec![
+                keyed(&"k".repeat(MAX_KEY + 1), facts(1)),
+                keyed("mine", facts(0)),
+            ],
+            vec![keyed("other", bad), keyed("mine", facts(0))],
+        ] {
+            write(hosts);
+            assert_eq!(load(&path, "mine"), None);
+            // Storing replaces such a file with this process's facts alone.
+            store(&path, "mine", &facts(4));
+            assert_eq!(load_all(&path), vec![keyed("mine", facts(4))]);
+        }
     }
 }

@@ -8,13 +8,7 @@ use serde::Serialize;
 use super::code::{self, report, sel, Asm};
 use super::entry::vector_name;
 use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError};
-
-const MSR_EFER: u32 = 0xc000_0080;
-const CR0_PG: u32 = 1 << 31;
-const CR4_PSE: u32 = 1 << 4;
-const CR4_PAE: u32 = 1 << 5;
-const EFER_LME: u32 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
+use crate::x86::{cr0, cr4, efer, msr};
 
 /// Markers.
 const STAGE_START: u8 = 1;
@@ -85,18 +79,21 @@ pub enum Mode {
 fn kernel(mode: Mode) -> (Asm, Option<Asm>) {
     let mut k = Asm::new(code::KERNEL_CODE);
     k.stage(STAGE_START);
-    let (cr4, cr3) = match mode {
-        Mode::Long => (CR4_PAE, code::PML4),
-        Mode::Pae => (CR4_PAE, code::PAE_PDPT),
-        Mode::Legacy => (CR4_PSE, code::LEGACY_PD),
+    let (cr4_bit, cr3) = match mode {
+        Mode::Long => (cr4::PAE, code::PML4),
+        Mode::Pae => (cr4::PAE, code::PAE_PDPT),
+        Mode::Legacy => (cr4::PSE, code::LEGACY_PD),
     };
-    k.mov_eax_cr4().or_eax(cr4).mov_cr4_eax();
+    k.mov_eax_cr4().or_eax(cr4_bit as u32).mov_cr4_eax();
     k.mov_eax(cr3 as u32).mov_cr3_eax();
     if mode == Mode::Long {
-        k.mov_ecx(MSR_EFER).rdmsr().or_eax(EFER_LME).wrmsr();
+        k.mov_ecx(msr::EFER)
+            .rdmsr()
+            .or_eax(efer::LME as u32)
+            .wrmsr();
     }
     k.stage(STAGE_CR3_SET);
-    k.mov_eax_cr0().or_eax(CR0_PG).mov_cr0_eax();
+    k.mov_eax_cr0().or_eax(cr0::PG as u32).mov_cr0_eax();
     k.stage(STAGE_PAGING_ON);
     if mode != Mode::Long {
         // Still running, with paging: report CR0 and stop.
@@ -109,7 +106,7 @@ fn kernel(mode: Mode) -> (Asm, Option<Asm>) {
     let mut lm = Asm::new(lm_at);
     lm.stage(STAGE_LONG_MODE)
         .report_cs(report::LANDING_CS)
-        .mov_ecx(MSR_EFER)
+        .mov_ecx(msr::EFER)
         .rdmsr()
         .report_eax()
         .end(0);
@@ -150,12 +147,11 @@ fn classify(mode: Mode, t: &Trace) -> (PagingOutcome, String) {
                     stage >= STAGE_LONG_MODE
                         && t.last(report::LANDING_CS) == Some(u64::from(sel::KERNEL_CS))
                         && t.last(report::VALUE)
-                            .is_some_and(|efer| efer & EFER_LMA != 0)
+                            .is_some_and(|efer| efer & efer::LMA != 0)
                 }
                 _ => {
                     stage >= STAGE_PAGING_ON
-                        && t.last(report::VALUE)
-                            .is_some_and(|cr0| cr0 & u64::from(CR0_PG) != 0)
+                        && t.last(report::VALUE).is_some_and(|v| v & cr0::PG != 0)
                 }
             };
             if ok {

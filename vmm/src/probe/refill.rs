@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::code::{self, pte, sel, Asm};
+use super::code::{self, pte, Asm};
 use super::entries::kernel_prologue;
 use super::entry::Entry;
 use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, EFER_SCE};
@@ -65,10 +65,6 @@ const WS_SLOT: usize = PAGES as usize * 0x1000 + 2 * 0x1000;
 const TIMES: u64 = code::USER_STACK_TOP - 0x1000;
 /// Where a gate handler goes (inside the kernel-code page, after the landings).
 const GATE_HANDLER: u64 = code::SYSENTER_LANDING + 0x100;
-
-const MSR_STAR: u32 = 0xc000_0081;
-const MSR_LSTAR: u32 = 0xc000_0082;
-const MSR_FMASK: u32 = 0xc000_0084;
 
 /// The verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,14 +271,7 @@ fn prepare(kit: &Kit, entry: Entry, pages: u32, h: Handler) -> Result<Config, St
         p.gate_overrides.push((vector, GATE_HANDLER));
     } else {
         p.efer_extra = EFER_SCE;
-        p.msrs = vec![
-            (
-                MSR_STAR,
-                (u64::from(sel::USER_CS32) << 48) | (u64::from(sel::KERNEL_CS) << 32),
-            ),
-            (MSR_LSTAR, code::SYSCALL_LANDING),
-            (MSR_FMASK, 0x700),
-        ];
+        p.msrs = code::syscall_msrs().to_vec();
     }
     Ok(Config { vm, program: p })
 }

@@ -157,9 +157,7 @@ pub struct ProbeVm {
     pub rdmsr_exits: u32,
 }
 
-pub const EFER_SCE: u64 = 1 << 0;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
+pub use crate::x86::efer::SCE as EFER_SCE;
 
 impl ProbeVm {
     /// A VM with RAM at [0, MEM_SIZE) and vCPU 0 with the supported CPUID.
@@ -274,7 +272,7 @@ impl ProbeVm {
                 sregs.cr0 = 0x8005_0033;
                 sregs.cr3 = code::PML4;
                 sregs.cr4 = 0x20; // PAE
-                sregs.efer = EFER_LME | EFER_LMA | p.efer_extra;
+                sregs.efer = crate::x86::efer::LME | crate::x86::efer::LMA | p.efer_extra;
             }
         }
         self.vcpu

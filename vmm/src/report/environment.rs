@@ -4,7 +4,7 @@
 //!
 //! Host facts come from the kernel's own files (`uname`, `/proc/cpuinfo`,
 //! `/sys/devices/system/cpu/vulnerabilities/*`, `/sys/module/kvm_*`); what
-//! this KVM can run comes from the probe (`crate::preflight::host`, cached
+//! this KVM can run comes from the probe (`crate::probe::host`, cached
 //! per process); the ptiscope revision from `vmm/build.rs`
 //! (`PTISCOPE_GIT_REVISION`, absent outside a git checkout); the guest
 //! image is named by the SHA-256 of its bytes (`sha2` crate).
@@ -229,7 +229,7 @@ pub fn host() -> Host {
 
 /// The KVM module and its paging mode.
 pub fn kvm() -> Kvm {
-    use crate::preflight::host::{kvm_flavour, two_dimensional_paging, KvmFlavour};
+    use crate::probe::host::{kvm_flavour, two_dimensional_paging, KvmFlavour};
     let flavour = kvm_flavour();
     let module = match flavour {
         KvmFlavour::Pvm => Some("kvm_pvm"),
@@ -252,7 +252,7 @@ pub fn kvm() -> Kvm {
 
 /// The probe's findings (runs the probe guests once per process).
 pub fn probe_findings() -> ProbeFindings {
-    use crate::preflight::host;
+    use crate::probe::host;
     let entries = host::entry_findings();
     ProbeFindings {
         entries_working: entries
@@ -272,7 +272,6 @@ impl Host {
     /// `MODEL (family F model M stepping S, microcode U), N CPUs`, `?` for
     /// what is unknown.
     fn cpu_identity(&self) -> String {
-        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
         let num = |v: Option<u32>| v.map_or("?".to_owned(), |v| v.to_string());
         format!(
             "{} (family {} model {} stepping {}, microcode {}), {} CPUs",
@@ -338,7 +337,6 @@ impl Environment {
     /// A few header lines for text reports.
     pub fn render_text(&self) -> String {
         let h = &self.host;
-        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
         let flags = h.flag_words();
         let mut out = format!(
             "  host:      {}\n  cpu:       {}; {}\n",
@@ -350,11 +348,6 @@ impl Environment {
         out +=
             &format!("  host CPU bugs: meltdown: {meltdown}; not \"Not affected\": {affected}\n");
         let p = &self.probe;
-        let yes_no = |v: Option<bool>| match v {
-            Some(true) => "yes",
-            Some(false) => "no",
-            None => "?",
-        };
         out += &format!(
             "  kvm:       {} ({} paging); probe: entries {}, PCID {}, 32-bit PAE paging {}, \
              CR3-write refill {}\n",
@@ -389,15 +382,9 @@ impl Environment {
     /// the build and guest image; four lines.
     pub fn render_header(&self, kvm: Option<&str>) -> String {
         let h = &self.host;
-        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
         let flags = h.flag_words();
         let (affected, meltdown) = h.bugs();
         let p = &self.probe;
-        let yes_no = |v: Option<bool>| match v {
-            Some(true) => "yes",
-            Some(false) => "no",
-            None => "?",
-        };
         let kvm = kvm.map_or_else(
             || {
                 format!(
@@ -464,6 +451,20 @@ impl Environment {
 }
 
 /// Leaf values of a JSON value by dotted path (arrays as one value).
+/// An optional fact as text: `?` when unknown.
+fn opt(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "?".into())
+}
+
+/// A probe's yes/no finding: `?` when it did not run.
+fn yes_no(v: Option<bool>) -> &'static str {
+    match v {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "?",
+    }
+}
+
 fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
     match v {
         serde_json::Value::Object(o) => {

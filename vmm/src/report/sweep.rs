@@ -496,8 +496,38 @@ fn crossing_on(pts: &[(f64, f64)], threshold: f64) -> (Option<f64>, String) {
     }
 }
 
+/// A sweep report around `cells` for the unit tests (this module's and
+/// the SVG's): one run of `getpid` at pti=off and pti=on.
+#[cfg(test)]
+pub(crate) fn fixture(cells: Vec<Cell>) -> SweepReport {
+    SweepReport {
+        schema: SCHEMA.into(),
+        host: "h".into(),
+        backend: "kvm".into(),
+        workload: "getpid".into(),
+        iterations: 1,
+        cpus: 1,
+        runs: 1,
+        stride: 4096,
+        wss_pages: "4k".into(),
+        time_metric: "ns_per_call".into(),
+        time_unit: "ns".into(),
+        time_source: "host-clock".into(),
+        configs: vec!["pti=off".into(), "pti=on".into()],
+        omitted: vec![],
+        cells,
+        crossings: vec![],
+        cr3_write_refill: RefillVisibility::Visible {
+            probe_ns_per_page: Some(8.5),
+        },
+        seconds: 0.0,
+        environment: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fixture as report;
     use super::*;
 
     fn cc(config: &str, median: f64) -> CellConfig {
@@ -536,32 +566,6 @@ mod tests {
             iterations: 1,
             syscall_rate: None,
             configs: vec![cc("pti=off", base), cc("pti=on", pti)],
-        }
-    }
-
-    fn report(cells: Vec<Cell>) -> SweepReport {
-        SweepReport {
-            schema: SCHEMA.into(),
-            host: "h".into(),
-            backend: "kvm".into(),
-            workload: "getpid".into(),
-            iterations: 1,
-            cpus: 1,
-            runs: 1,
-            stride: 4096,
-            wss_pages: "4k".into(),
-            time_metric: "ns_per_call".into(),
-            time_unit: "ns".into(),
-            time_source: "host-clock".into(),
-            configs: vec!["pti=off".into(), "pti=on".into()],
-            omitted: vec![],
-            cells,
-            crossings: vec![],
-            cr3_write_refill: RefillVisibility::Visible {
-                probe_ns_per_page: Some(8.5),
-            },
-            seconds: 0.0,
-            environment: None,
         }
     }
 

@@ -560,7 +560,7 @@ fn refill_bars(r: &SweepReport, body: &mut String, mut y0: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::sweep::{Cell, CellConfig, SCHEMA};
+    use crate::report::sweep::{Cell, CellConfig};
 
     fn config(name: &str, samples: &[f64], reads: f64) -> CellConfig {
         CellConfig {
@@ -633,31 +633,19 @@ mod tests {
             }
         }
         let mut r = SweepReport {
-            schema: SCHEMA.into(),
             host: "Linux 6.18, AMD EPYC, 2 CPUs".into(),
-            backend: "kvm".into(),
-            workload: "getpid".into(),
             iterations: 1000,
-            cpus: 1,
             runs: 3,
-            stride: 4096,
-            wss_pages: "4k".into(),
-            time_metric: "ns_per_call".into(),
-            time_unit: "ns".into(),
-            time_source: "host-clock".into(),
             configs: vec![
                 "pti=off".into(),
                 "pti=on".into(),
                 "pti=on,cmdline=pti_global_text=on".into(),
             ],
-            omitted: vec![],
-            cells,
-            crossings: vec![],
             seconds: 1.0,
-            environment: None,
             cr3_write_refill: crate::report::sweep::RefillVisibility::Unknown {
                 reason: "a unit-test fixture".into(),
             },
+            ..crate::report::sweep::fixture(cells)
         };
         r.derive();
         r

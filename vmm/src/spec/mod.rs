@@ -1,11 +1,15 @@
 //! What a run is, as data: what the user asked ([`request`]: `RunConfig`),
 //! the guest's options and the command line written from them
 //! ([`cmdline`]), and a run with everything settled ([`ResolvedRun`],
-//! made by [`crate::preflight`](mod@crate::preflight)) for a [`Target`].
+//! made by [`crate::preflight`](mod@crate::preflight)) for a [`Target`],
+//! and a Linux guest as data ([`linux`]: the guest kind, the `--linux`
+//! request, the settled Linux guest).
 //! A leaf: the machine layer, the backends and the CLI all read it; it
-//! imports only the machine layer's leaves (memory layout, image source).
+//! imports only the machine layer's leaves (memory layout, image source)
+//! and `output`'s `SerialOut`.
 
 pub mod cmdline;
+pub mod linux;
 pub mod request;
 
 use std::sync::Arc;
@@ -48,7 +52,7 @@ pub struct ResolvedRun {
     pub entry_guessed: bool,
     /// A Linux guest (`--linux`): the kernel settled, its initramfs packed;
     /// `None` for ptiscope's own guest.
-    pub linux: Option<Arc<crate::linux::LinuxGuest>>,
+    pub linux: Option<Arc<linux::LinuxGuest>>,
 }
 
 impl ResolvedRun {

@@ -47,7 +47,7 @@ pub struct RunConfig {
     pub cpus: u32,
     /// Which guest: ptiscope's own kernel, or a Linux kernel with
     /// ptiscope's init (`--linux`), settled by [`crate::preflight::preflight`].
-    pub guest_kind: crate::linux::GuestKind,
+    pub guest_kind: crate::spec::linux::GuestKind,
 }
 
 impl RunConfig {
@@ -66,7 +66,7 @@ impl RunConfig {
             qemu_plugin: true,
             irqchip: true,
             cpus: 1,
-            guest_kind: crate::linux::GuestKind::Companion,
+            guest_kind: crate::spec::linux::GuestKind::Companion,
         }
     }
 }

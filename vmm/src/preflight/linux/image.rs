@@ -4,35 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::machine::bzimage;
 use crate::machine::loader::{self, KernelSource, LoadError};
 
-/// A Linux kernel's architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinuxArch {
-    /// x86_64 (64-bit entry).
-    X86_64,
-    /// i386 (a 32-bit bzImage; 686-pae and the like).
-    I386,
-}
-
-impl LinuxArch {
-    /// The name `--arch` uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            LinuxArch::X86_64 => "x86_64",
-            LinuxArch::I386 => "i386",
-        }
-    }
-}
-
-/// The kind of image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageFormat {
-    /// A bzImage (Linux/x86 boot protocol; the setup header's "HdrS").
-    BzImage,
-    /// An ELF64 vmlinux with a PVH entry note.
-    PvhElf,
-}
+pub use crate::spec::linux::{ImageFormat, LinuxArch};
 
 /// A kernel image read and recognised.
 #[derive(Debug, Clone)]
@@ -90,47 +65,35 @@ pub enum ImageError {
     },
 }
 
-const HDRS_OFFSET: usize = 0x202;
-const PROTOCOL_OFFSET: usize = 0x206;
-const KERNEL_VERSION_OFFSET: usize = 0x20e;
-const XLOADFLAGS_OFFSET: usize = 0x236;
-/// xloadflags bit 0: the kernel has a 64-bit entry point at 0x200.
-const XLF_KERNEL_64: u16 = 1;
 /// Largest kernel configuration read.
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
-
-fn u16_at(b: &[u8], off: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(off..off + 2)?.try_into().ok()?))
-}
 
 /// Recognises `bytes` (read from `path`).
 pub fn recognise(path: &Path, bytes: Vec<u8>) -> Result<KernelImage, ImageError> {
     let name = path.display().to_string();
-    if bytes.get(HDRS_OFFSET..HDRS_OFFSET + 4) == Some(b"HdrS")
-        && bytes.get(0x1fe..0x200) == Some(&[0x55, 0xaa])
-    {
-        let version = u16_at(&bytes, PROTOCOL_OFFSET).unwrap_or(0);
-        if version < 0x020c {
+    // The header the VMM's bzImage loader reads, with its constants.
+    let header = bzimage::setup_header_of(&bytes)
+        .filter(|h| ({ h.header }, { h.boot_flag }) == (bzimage::HDRS_MAGIC, bzimage::BOOT_FLAG));
+    if let Some(h) = header {
+        let version = h.version;
+        if version < bzimage::MIN_PROTOCOL {
             return Err(ImageError::OldProtocol {
                 path: name,
                 version,
             });
         }
-        let xl = u16_at(&bytes, XLOADFLAGS_OFFSET).unwrap_or(0);
-        let arch = if xl & XLF_KERNEL_64 != 0 {
+        let arch = if h.xloadflags & bzimage::XLF_KERNEL_64 != 0 {
             LinuxArch::X86_64
         } else {
             LinuxArch::I386
         };
-        let kv = u16_at(&bytes, KERNEL_VERSION_OFFSET)
-            .filter(|&p| p != 0)
-            .and_then(|p| {
-                let start = p as usize + 0x200;
-                let rest = bytes.get(start..(start + 256).min(bytes.len()))?;
-                let end = rest.iter().position(|&c| c == 0)?;
-                let s = std::str::from_utf8(&rest[..end]).ok()?;
-                s.chars().all(|c| !c.is_control()).then(|| s.to_string())
-            });
+        let kv = Some(h.kernel_version).filter(|&p| p != 0).and_then(|p| {
+            let start = p as usize + 0x200;
+            let rest = bytes.get(start..(start + 256).min(bytes.len()))?;
+            let end = rest.iter().position(|&c| c == 0)?;
+            let s = std::str::from_utf8(&rest[..end]).ok()?;
+            s.chars().all(|c| !c.is_control()).then(|| s.to_string())
+        });
         let (config_pti, config_path) = config_beside(path, kv.as_deref());
         return Ok(KernelImage {
             bytes,
@@ -234,15 +197,20 @@ mod tests {
     use super::*;
 
     fn bz(xloadflags: u16, protocol: u16) -> Vec<u8> {
+        use bzimage::SETUP_HEADER_OFFSET as AT;
+        use linux_loader::loader::bootparam::setup_header;
         let mut b = vec![0u8; 0x1000];
-        b[0x1fe] = 0x55;
-        b[0x1ff] = 0xaa;
-        b[HDRS_OFFSET..HDRS_OFFSET + 4].copy_from_slice(b"HdrS");
-        b[PROTOCOL_OFFSET..PROTOCOL_OFFSET + 2].copy_from_slice(&protocol.to_le_bytes());
-        b[XLOADFLAGS_OFFSET..XLOADFLAGS_OFFSET + 2].copy_from_slice(&xloadflags.to_le_bytes());
-        // kernel_version points at 0x400 (+0x200).
-        b[KERNEL_VERSION_OFFSET..KERNEL_VERSION_OFFSET + 2]
-            .copy_from_slice(&0x200u16.to_le_bytes());
+        let h = setup_header {
+            boot_flag: bzimage::BOOT_FLAG,
+            header: bzimage::HDRS_MAGIC,
+            version: protocol,
+            xloadflags,
+            // kernel_version points at 0x400 (+0x200).
+            kernel_version: 0x200,
+            ..Default::default()
+        };
+        let h = vm_memory::ByteValued::as_slice(&h);
+        b[AT..AT + h.len()].copy_from_slice(h);
         b[0x400..0x40c].copy_from_slice(b"6.1.0-test \0");
         b
     }
@@ -250,7 +218,7 @@ mod tests {
     #[test]
     fn bzimage_arch_comes_from_xloadflags() {
         let p = Path::new("/nonexistent/vmlinuz");
-        let k = recognise(p, bz(XLF_KERNEL_64 | 2, 0x020f)).unwrap();
+        let k = recognise(p, bz(bzimage::XLF_KERNEL_64 | 2, 0x020f)).unwrap();
         assert_eq!(
             (k.format, k.arch),
             (ImageFormat::BzImage, LinuxArch::X86_64)

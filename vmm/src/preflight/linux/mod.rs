@@ -1,0 +1,360 @@
+//! A `--linux` run settled: the one place a Linux guest is made
+//! ([`settle`], which [`preflight`](super::preflight) calls for
+//! [`GuestKind::Linux`](crate::spec::linux::GuestKind::Linux)): the kernel
+//! named (a known name's cached image, [`fetch`], or a path), read and
+//! recognised ([`image`]), `--arch` checked against it, the entry and the
+//! command line written, the PTI request checked against the kernel's
+//! configuration, the initramfs packed around the init ([`initramfs`]).
+//! Its refusals are [`LinuxError`], which [`PreflightError`](super::PreflightError)
+//! wraps. What happens to the run later (its checks and summary) is
+//! [`crate::linux`], above the report layer.
+
+pub mod fetch;
+pub mod image;
+pub mod initramfs;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ptiscope_abi::options::{Entry, PtiMode, Workload};
+
+use crate::machine::loader::KernelSource;
+use crate::machine::memory::MemoryLayout;
+use crate::probe::host;
+use crate::spec::cmdline::{EntryChoice, GuestOptions, ResolvedOptions};
+use crate::spec::linux::{init_parser_words, LinuxArch, LinuxGuest, LinuxRequest};
+use crate::spec::{ResolvedRun, RunConfig, Target};
+use image::ImageError;
+
+/// The kernel command line every Linux run starts with: the console on the
+/// first serial port, boot messages kept out of it (the kernel log still
+/// has them), an immediate reboot on panic, which `-no-reboot` turns into
+/// QEMU's exit, and no timer check: under TCG on a loaded host Linux's
+/// IO-APIC timer test sometimes sees no tick in time and panics ("IO-APIC +
+/// timer doesn't work!").
+pub const BASE_CMDLINE: &str = "console=ttyS0 quiet panic=-1 no_timer_check";
+
+/// Longest kernel command line (x86's COMMAND_LINE_SIZE is 2048 with its NUL).
+pub const MAX_CMDLINE: usize = 2047;
+
+/// Errors settling a Linux guest.
+#[derive(Debug, thiserror::Error)]
+pub enum LinuxError {
+    /// A known name whose kernel is not in the cache.
+    #[error(
+        "--linux {name}: not fetched yet ({path} is missing); run `ptiscope linux fetch` \
+         (it uses apt-get download; see docs/linux-guests.md)"
+    )]
+    NotFetched {
+        /// The name.
+        name: String,
+        /// Where it would be.
+        path: PathBuf,
+    },
+    /// No cache directory for a known name.
+    #[error("--linux {0}: no cache directory (set PTISCOPE_LINUX_CACHE)")]
+    NoCache(String),
+    /// The image is not a kernel, or not readable.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// `--arch` and the image disagree.
+    #[error(
+        "{path} is an {image} kernel but --arch {asked} was given: drop --arch (it follows the \
+         image) or give a kernel of that architecture"
+    )]
+    ArchMismatch {
+        /// The kernel.
+        path: String,
+        /// The image's architecture.
+        image: &'static str,
+        /// `--arch`.
+        asked: &'static str,
+    },
+    /// The backend cannot run a Linux userspace here.
+    #[error("{0}")]
+    Backend(String),
+    /// A ptiscope option that means nothing to a Linux guest, or a bad value.
+    #[error("{0}")]
+    Option(String),
+    /// pti=on for a kernel built without PTI.
+    #[error(
+        "{path}: pti=on was asked, but its configuration ({config}) has no \
+         CONFIG_PAGE_TABLE_ISOLATION=y: this kernel cannot isolate page tables, so there is no \
+         PTI cost to measure"
+    )]
+    NoPti {
+        /// The kernel.
+        path: String,
+        /// The configuration file.
+        config: String,
+    },
+}
+
+/// Where a known kernel lives in the cache.
+pub fn known_path(name: &str) -> Option<Result<PathBuf, LinuxError>> {
+    fetch::KNOWN.iter().find(|k| k.name == name)?;
+    Some(
+        fetch::cache_dir()
+            .map(|d| d.join(name).join("vmlinuz"))
+            .ok_or_else(|| LinuxError::NoCache(name.into())),
+    )
+}
+
+/// The kernel a `--linux` value names: a known name's cached image, else a path.
+pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
+    match known_path(spec) {
+        Some(Ok(p)) if !p.exists() => Err(LinuxError::NotFetched {
+            name: spec.into(),
+            path: p,
+        }),
+        Some(r) => r,
+        None => Ok(PathBuf::from(spec)),
+    }
+}
+
+/// Why this host's KVM (through the VMM) cannot run a Linux workload,
+/// from the probe's findings and the image.
+fn kvm_refusal(image: &image::KernelImage) -> String {
+    let why = kvm_refusal_reasons(
+        host::check_entry(Entry::Syscall),
+        host::kvm_flavour(),
+        image.arch,
+        image.format,
+    );
+    format!(
+        "--linux with --backend kvm: this host cannot run a Linux workload under the VMM ({}); \
+         use --backend qemu",
+        why.join("; ")
+    )
+}
+
+/// The reasons behind [`kvm_refusal`]: what the probe found (`syscall`:
+/// whether user SYSCALL reaches the kernel; the KVM flavour), what the VMM
+/// boots (64-bit bzImages), and what it lacks on every host (the initrd).
+fn kvm_refusal_reasons(
+    syscall: Result<(), String>,
+    flavour: host::KvmFlavour,
+    arch: LinuxArch,
+    format: image::ImageFormat,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    // An i386 kernel's userspace would enter by int $0x80 or SYSENTER, but
+    // the VMM cannot boot it at all (below).
+    if let (Err(e), LinuxArch::X86_64) = (syscall, arch) {
+        why.push(format!(
+            "Linux x86_64 userspace enters the kernel by SYSCALL: {e}"
+        ));
+    }
+    if flavour == host::KvmFlavour::Pvm {
+        why.push(
+            "kvm_pvm emulates guest CPL0 code and lacks instructions Linux runs there \
+             (CMPXCHG16B, XRSTOR: Debian's kernel stops in early boot)"
+                .to_string(),
+        );
+    }
+    match (arch, format) {
+        (LinuxArch::I386, _) => why.push(
+            "the VMM boots 64-bit kernels only (an i386 bzImage has no 64-bit entry)".to_string(),
+        ),
+        (_, image::ImageFormat::PvhElf) => why.push(
+            "a PVH vmlinux gets no initramfs from the VMM's PVH boot; give the bzImage".to_string(),
+        ),
+        _ => {}
+    }
+    why.push(
+        "the VMM boots a 64-bit bzImage but does not yet hand it ptiscope's init as an initrd, \
+         so a Linux workload cannot run under it on any host yet"
+            .to_string(),
+    );
+    why
+}
+
+/// The entry the init's measured calls use.
+fn entry_for(arch: LinuxArch, asked: EntryChoice) -> Result<Entry, LinuxError> {
+    match (arch, asked) {
+        (LinuxArch::X86_64, EntryChoice::Auto | EntryChoice::Fixed(Entry::Syscall)) => {
+            Ok(Entry::Syscall)
+        }
+        // The vDSO's __kernel_vsyscall: SYSENTER on this CPU model.
+        (LinuxArch::I386, EntryChoice::Auto | EntryChoice::Fixed(Entry::Sysenter)) => {
+            Ok(Entry::Sysenter)
+        }
+        (LinuxArch::I386, EntryChoice::Fixed(Entry::Int80)) => Ok(Entry::Int80),
+        (a, EntryChoice::Fixed(e)) => Err(LinuxError::Option(format!(
+            "entry={e} is not a Linux {} system-call entry the init has (x86_64: syscall; \
+             i386: int80, or sysenter through the vDSO's __kernel_vsyscall)",
+            a.name()
+        ))),
+    }
+}
+
+/// Settles a Linux run for `target`: `layout` and `asked` are what
+/// [`preflight`](super::preflight) made of `--mem` and the guest options
+/// (for either kind of guest, before the kinds part).
+pub fn settle(
+    config: &RunConfig,
+    req: &LinuxRequest,
+    target: Target,
+    layout: MemoryLayout,
+    asked: GuestOptions,
+) -> Result<ResolvedRun, LinuxError> {
+    if asked.pcid.is_some() {
+        return Err(LinuxError::Option(
+            "--pcid is an option of ptiscope's guest; for Linux, --append nopcid (QEMU's TCG has \
+             no PCID anyway)"
+                .into(),
+        ));
+    }
+    let path = kernel_path(&req.kernel)?;
+    let image = image::read(&path)?;
+    let name = path.display().to_string();
+    if let Some(a) = req.arch {
+        if a != image.arch {
+            return Err(LinuxError::ArchMismatch {
+                path: name,
+                image: image.arch.name(),
+                asked: a.name(),
+            });
+        }
+    }
+    if target == Target::Kvm {
+        return Err(LinuxError::Backend(kvm_refusal(&image)));
+    }
+    let pti = asked.pti.unwrap_or(PtiMode::Auto);
+    if pti == PtiMode::On && image.config_pti == Some(false) {
+        return Err(LinuxError::NoPti {
+            path: name,
+            config: image
+                .config_path
+                .as_ref()
+                .map_or("-".into(), |p| p.display().to_string()),
+        });
+    }
+    let workload = asked.workload.unwrap_or(Workload::None);
+    if workload == Workload::NoptiGetpid {
+        return Err(LinuxError::Option(
+            "workload nopti-getpid opts a process out of ptiscope's own PTI (an arch_prctl Linux \
+             does not have)"
+                .into(),
+        ));
+    }
+    let user_code = workload.runs_user_code();
+    let entry = user_code
+        .then(|| entry_for(image.arch, asked.entry))
+        .transpose()?;
+    let mut init = Vec::new();
+    if pti != PtiMode::Auto {
+        init.push(format!("pti={pti}"));
+    }
+    if let Some(e) = entry {
+        init.push(format!("entry={e}"));
+    }
+    init.push(format!("workload={workload}"));
+    if let Some(n) = asked.iterations {
+        init.push(format!("iterations={n}"));
+    }
+    let extra = asked.extra.trim();
+    if !extra.is_empty() {
+        init.push(extra.to_string());
+    }
+    let init_words = init.join(" ");
+    // The init's parser, here: bad words stop the run before anything boots.
+    if let Err(e) = guest_core::cmdline::parse(&init_parser_words(&init_words)) {
+        return Err(LinuxError::Option(format!("the init's command line: {e}")));
+    }
+    for w in init_words.split_whitespace() {
+        if let Some(v) = w.strip_prefix("ipc=") {
+            if v != "socket" && v != "pipe" {
+                return Err(LinuxError::Option(format!("ipc={v}: expected socket|pipe")));
+            }
+        }
+    }
+    let mut cmdline = format!("{BASE_CMDLINE} {init_words}");
+    if !req.append.trim().is_empty() {
+        cmdline = format!("{cmdline} {}", req.append.trim());
+    }
+    // x86's COMMAND_LINE_SIZE: a longer line would be cut by the kernel.
+    if cmdline.len() > MAX_CMDLINE {
+        return Err(LinuxError::Option(format!(
+            "the Linux command line is {} bytes; x86 Linux takes at most {MAX_CMDLINE}: shorten \
+             --append or --cmdline",
+            cmdline.len()
+        )));
+    }
+    let initramfs: Arc<[u8]> = initramfs::build(initramfs::init_for(image.arch)).into();
+    let guest = ResolvedOptions {
+        pti: asked.pti,
+        pcid: None,
+        entry,
+        workload: asked.workload,
+        iterations: asked.iterations,
+        extra: asked.extra.clone(),
+    };
+    let mut config = config.clone();
+    config.kernel = KernelSource::Path(path.clone());
+    Ok(ResolvedRun {
+        config,
+        layout,
+        image_name: name,
+        guest,
+        cmdline,
+        entry_guessed: false,
+        linux: Some(Arc::new(LinuxGuest {
+            path,
+            arch: image.arch,
+            format: image.format,
+            version: image.version,
+            config_pti: image.config_pti,
+            initramfs,
+            init_words,
+            pti,
+        })),
+        image: image.bytes.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_follow_the_kernel() {
+        use EntryChoice::*;
+        assert_eq!(entry_for(LinuxArch::X86_64, Auto).unwrap(), Entry::Syscall);
+        assert_eq!(entry_for(LinuxArch::I386, Auto).unwrap(), Entry::Sysenter);
+        assert_eq!(
+            entry_for(LinuxArch::I386, Fixed(Entry::Int80)).unwrap(),
+            Entry::Int80
+        );
+        assert!(entry_for(LinuxArch::X86_64, Fixed(Entry::Int3)).is_err());
+        assert!(entry_for(LinuxArch::X86_64, Fixed(Entry::Sysenter)).is_err());
+    }
+
+    #[test]
+    fn the_vmm_refuses_linux_with_the_reasons_of_the_host_and_the_image() {
+        use host::KvmFlavour::{Hardware, Pvm};
+        use image::ImageFormat::{BzImage, PvhElf};
+        let initrd = |w: &[String]| w.last().is_some_and(|r| r.contains("initrd"));
+        // kvm_pvm: no user SYSCALL, CPL0 instructions missing, and the initrd.
+        let w = kvm_refusal_reasons(Err("broken".into()), Pvm, LinuxArch::X86_64, BzImage);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(
+            w[0].contains("SYSCALL: broken") && w[1].contains("CMPXCHG16B"),
+            "{w:?}"
+        );
+        assert!(initrd(&w), "{w:?}");
+        // Hardware KVM with a 64-bit bzImage: only what the VMM lacks.
+        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::X86_64, BzImage);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(initrd(&w), "{w:?}");
+        // What the VMM cannot boot at all.
+        let w = kvm_refusal_reasons(Err("broken".into()), Pvm, LinuxArch::I386, BzImage);
+        assert!(
+            w[0].contains("CMPXCHG16B"),
+            "no SYSCALL reason for i386: {w:?}"
+        );
+        assert!(w[1].contains("64-bit kernels only"), "{w:?}");
+        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::X86_64, PvhElf);
+        assert!(w[0].contains("PVH vmlinux"), "{w:?}");
+    }
+}

@@ -1,0 +1,98 @@
+//! A Linux guest as data: which kind of guest a run boots ([`GuestKind`]),
+//! what `--linux`, `--append` and `--arch` asked for ([`LinuxRequest`]),
+//! and the guest once settled ([`LinuxGuest`], made by
+//! `preflight::linux::settle`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ptiscope_abi::options::PtiMode;
+
+/// A Linux kernel's architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinuxArch {
+    /// x86_64 (64-bit entry).
+    X86_64,
+    /// i386 (a 32-bit bzImage; 686-pae and the like).
+    I386,
+}
+
+impl LinuxArch {
+    /// The name `--arch` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinuxArch::X86_64 => "x86_64",
+            LinuxArch::I386 => "i386",
+        }
+    }
+}
+
+/// The kind of image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// A bzImage (Linux/x86 boot protocol; the setup header's "HdrS").
+    BzImage,
+    /// An ELF64 vmlinux with a PVH entry note.
+    PvhElf,
+}
+
+/// Which guest a run boots: the one place the kind is chosen (preflight
+/// resolves it; the backends look at [`ResolvedRun::linux`](super::ResolvedRun::linux)).
+#[derive(Debug, Clone, Default)]
+pub enum GuestKind {
+    /// ptiscope's own guest kernel (embedded, or `--kernel FILE`).
+    #[default]
+    Companion,
+    /// A Linux kernel with ptiscope's init.
+    Linux(LinuxRequest),
+}
+
+/// What `--linux`, `--append` and `--arch` asked for.
+#[derive(Debug, Clone)]
+pub struct LinuxRequest {
+    /// A known name (`debian-amd64`, `debian-686-pae`) or a path.
+    pub kernel: String,
+    /// More kernel command line (`--append`).
+    pub append: String,
+    /// `--arch`, if given: the image must be of it.
+    pub arch: Option<LinuxArch>,
+}
+
+/// A Linux guest, settled.
+#[derive(Debug, Clone)]
+pub struct LinuxGuest {
+    /// The kernel file.
+    pub path: PathBuf,
+    /// The image's architecture.
+    pub arch: LinuxArch,
+    /// bzImage or PVH ELF.
+    pub format: ImageFormat,
+    /// The setup header's version string.
+    pub version: Option<String>,
+    /// `CONFIG_PAGE_TABLE_ISOLATION` from a configuration beside the image.
+    pub config_pti: Option<bool>,
+    /// The newc initramfs with the init.
+    pub initramfs: Arc<[u8]>,
+    /// The init's words of the command line (its parser's keys).
+    pub init_words: String,
+    /// What PTI the run asked for.
+    pub pti: PtiMode,
+}
+
+impl LinuxGuest {
+    /// The init's options as its parser reads them (`ipc=` is the init's
+    /// own word, which the parser does not know).
+    pub fn asked(&self) -> Option<guest_core::cmdline::Config> {
+        guest_core::cmdline::parse(&init_parser_words(&self.init_words)).ok()
+    }
+}
+
+/// The init's words without `ipc=`, which only the init reads: what the
+/// guest's command-line parser is given.
+pub fn init_parser_words(init_words: &str) -> String {
+    init_words
+        .split_whitespace()
+        .filter(|w| !w.starts_with("ipc="))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
