@@ -146,3 +146,39 @@ pub fn diagnose(
         other => Some((other.exit_code(), format!("{other}{}", tail()))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::exit_code;
+    use crate::linux::tests::{guest, obs, outcome};
+    use ptiscope_abi::options::PtiMode;
+
+    #[test]
+    fn diagnose_names_each_end_and_takes_the_host_observation() {
+        use crate::machine::StopReason;
+        let ok_lines = [
+            "@linux release=6.1 arch=x86_64 pti=on asked_pti=on",
+            "@result workload=getppid iterations=10 cycles=1 ns=1 pti=on",
+        ];
+        let g = guest(PtiMode::On);
+        let done = outcome(StopReason::GuestExit { status: 0 }, &ok_lines, &[]);
+        assert_eq!(diagnose(&done, &g, None), None);
+        assert_eq!(diagnose(&done, &g, Some(&obs(10, 20))), None);
+        // The host saw no CR3 writes although the log says PTI is on.
+        let (code, msg) = diagnose(&done, &g, Some(&obs(10, 0))).unwrap();
+        assert_eq!(code, exit_code::VM_ERROR);
+        assert!(msg.contains("disagree"), "{msg}");
+        // Status 0 without a result line is not a success.
+        let bare = outcome(StopReason::GuestExit { status: 0 }, &ok_lines[..1], &[]);
+        assert!(diagnose(&bare, &g, None).unwrap().1.contains("no @result"));
+        let panic = outcome(
+            StopReason::Shutdown { regs: None },
+            &[],
+            &["[ 0.03] Kernel panic - not syncing: VFS: Unable to mount root fs"],
+        );
+        let (code, msg) = diagnose(&panic, &g, None).unwrap();
+        assert_eq!(code, exit_code::LINUX_PANIC);
+        assert!(msg.contains("Unable to mount root fs"), "{msg}");
+    }
+}
