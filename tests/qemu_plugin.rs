@@ -10,17 +10,6 @@ use common::*;
 use ptiscope_abi::phase::{Marker, ID_WORKLOAD};
 use serde_json::Value;
 
-/// True if `binary` can load ptiscope's plugin; else prints why not.
-fn plugin_or_skip(test: &str, binary: &str) -> bool {
-    match ptiscope::backend::qemu::plugin_for(binary) {
-        Ok(_) => true,
-        Err(e) => {
-            ptiscope::test_support::skip(test, &format!("no usable QEMU plugin: {e}"));
-            false
-        }
-    }
-}
-
 fn binary(arch: &str) -> &'static str {
     if arch == "i386" {
         "qemu-system-i386"
@@ -45,7 +34,7 @@ fn run_json(name: &str, args: &[&str]) -> (Value, String) {
         .unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v: Value = read_json(&json);
     let _ = std::fs::remove_dir_all(&dir);
     (v, err)
 }

@@ -66,6 +66,28 @@ pub fn check_two_threads(
     syscalls
 }
 
+/// Checks the console of sched-messaging with `groups=1 loops=2` and PTI
+/// on over two CPUs: every message (20 senders x 20 receivers x 2 loops)
+/// delivered and none wrong; the syscalls counted (a write and a read per
+/// message, the 40 workers' exits, the parent's 41 waits, the end
+/// marker), each with a CR3 write on entry and on exit; and a wake-up that
+/// crossed the CPUs (an IPI in `@smp`).
+pub fn check_messaging_across_cpus(console: &str, what: &str) {
+    let r = result_line(console);
+    let messages = 20 * 20 * 2;
+    assert_eq!(num(&r, "iterations"), messages, "{what}: {r:?}");
+    assert_eq!(num(&r, "mismatches"), 0, "{what}: {r:?}");
+    let syscalls = 2 * messages + 40 + 41 + 1;
+    assert_eq!(num(&r, "syscalls"), syscalls, "{what}: {r:?}");
+    assert_eq!(num(&r, "cr3_entry"), syscalls, "{what}: {r:?}");
+    assert_eq!(num(&r, "cr3_exit"), syscalls, "{what}: {r:?}");
+    let smp = machine_line(console, "@smp");
+    assert!(
+        num(&smp, "ipis_sent") > 0,
+        "{what}: no cross-CPU wake-up: {smp:?}"
+    );
+}
+
 /// `ptiscope run --pti PTI --workload getpid --iterations N`; the caller
 /// adds the rest.
 pub fn run_getpid(pti: &str, iterations: u32) -> Command {
@@ -84,17 +106,150 @@ pub fn json_or_null(path: &Path) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
-/// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
-pub fn qemu_i386_or_skip(test: &str) -> bool {
-    if Command::new("qemu-system-i386")
+/// `Some(value)`, or `None` after printing why `test` skips: the error
+/// is the reason.
+pub fn ok_or_skip<T, E: std::fmt::Display>(test: &str, r: Result<T, E>) -> Option<T> {
+    r.map_err(|e| ptiscope::test_support::skip(test, &e.to_string()))
+        .ok()
+}
+
+/// True if `binary` (a QEMU system emulator) starts; otherwise prints why
+/// `test` is skipped.
+pub fn qemu_or_skip(test: &str, binary: &str) -> bool {
+    let starts = Command::new(binary)
         .arg("--version")
         .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip(test, "qemu-system-i386 is not installed");
+        .is_ok_and(|o| o.status.success());
+    if !starts {
+        ptiscope::test_support::skip(test, &format!("{binary} is not installed"));
+    }
+    starts
+}
+
+/// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
+pub fn qemu_i386_or_skip(test: &str) -> bool {
+    qemu_or_skip(test, "qemu-system-i386")
+}
+
+/// True if `binary` is installed and loads ptiscope's TCG plugin (what a
+/// `--backend qemu` run loads unless given `--no-plugin`); otherwise prints
+/// why `test` is skipped. The library's own check comes first (`-plugin`
+/// in `-help`, a plugin API this QEMU version takes, the plugin file),
+/// then a trial load into a machine that runs nothing: a QEMU whose
+/// plugin loader fails (built without it, or refusing ptiscope's plugin)
+/// is found here, not half-way through a test. Once per binary and
+/// process.
+pub fn plugin_or_skip(test: &str, binary: &str) -> bool {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashMap<String, Result<(), String>>>> = Mutex::new(None);
+    if !qemu_or_skip(test, binary) {
         return false;
     }
-    true
+    let found = SEEN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .entry(binary.to_string())
+        .or_insert_with(|| plugin_loads(binary))
+        .clone();
+    ok_or_skip(
+        test,
+        found.map_err(|e| format!("no usable QEMU plugin: {e}")),
+    )
+    .is_some()
+}
+
+/// Loads ptiscope's plugin into `binary -M none` and quits through the
+/// monitor: Ok if QEMU accepted it.
+fn plugin_loads(binary: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let (plugin, _api) = ptiscope::backend::qemu::plugin_for(binary).map_err(|e| e.to_string())?;
+    let counts = std::env::temp_dir().join(format!(
+        "ptiscope-test-{}-plugin-trial-{binary}",
+        std::process::id()
+    ));
+    let mut child = Command::new(binary)
+        .args([
+            "-M",
+            "none",
+            "-accel",
+            "tcg",
+            "-display",
+            "none",
+            "-nodefaults",
+        ])
+        .args(["-no-user-config", "-monitor", "stdio", "-plugin"])
+        .arg(format!(
+            "{},out={},kernel=0-1000",
+            plugin.display(),
+            counts.display()
+        ))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{binary} did not start: {e}"))?;
+    // If QEMU refused the plugin it has exited already; the write may fail.
+    let _ = child.stdin.take().map(|mut i| i.write_all(b"quit\n"));
+    let out = wait_output_within(child, std::time::Duration::from_secs(30))
+        .map_err(|e| format!("{binary} with the plugin: {e}"))?;
+    let _ = std::fs::remove_file(&counts);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{binary} -plugin {} failed ({}): {}",
+            plugin.display(),
+            out.status,
+            stderr(&out).trim()
+        ))
+    }
+}
+
+/// Waits for `child` to end, at most `deadline`: its output (stdout and
+/// stderr, where piped, read while it runs), or, after killing it so that
+/// nothing outlives the test, an error saying it hung.
+pub fn wait_output_within(
+    mut child: std::process::Child,
+    deadline: std::time::Duration,
+) -> Result<Output, String> {
+    fn drain<R: std::io::Read + Send + 'static>(
+        pipe: Option<R>,
+    ) -> Option<std::thread::JoinHandle<Vec<u8>>> {
+        pipe.map(|mut p| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = p.read_to_end(&mut bytes);
+                bytes
+            })
+        })
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child
+            .try_wait()
+            .map_err(|e| format!("waiting for it: {e}"))?
+        {
+            break s;
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("still running after {deadline:?} (killed)"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let joined = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
+        h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+    };
+    Ok(Output {
+        status,
+        stdout: joined(out),
+        stderr: joined(err),
+    })
 }
 
 /// `ptiscope run --arch i386 --backend qemu --timeout SECS`: the embedded
@@ -108,17 +263,15 @@ pub fn run_i386_qemu(timeout_secs: u32) -> Command {
 
 /// True if /dev/kvm can be opened; otherwise prints why the test is skipped.
 pub fn kvm_or_skip(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
+    let kvm = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => true,
-        Err(e) => {
-            ptiscope::test_support::skip(test, &format!("/dev/kvm is not usable here ({e})"));
-            false
-        }
-    }
+        .open("/dev/kvm");
+    ok_or_skip(
+        test,
+        kvm.map_err(|e| format!("/dev/kvm is not usable here ({e})")),
+    )
+    .is_some()
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -134,6 +287,95 @@ pub fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ptiscope-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A [`scratch`] directory that is removed when dropped, unless the test
+/// is failing (then it is left to be looked at).
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        Scratch(scratch(name))
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A KVM test's set-up: its [`Scratch`] directory `name`, or `None` after
+/// printing why `test` is skipped (no usable /dev/kvm).
+pub fn kvm_scratch_or_skip(test: &str, name: &str) -> Option<Scratch> {
+    kvm_or_skip(test).then(|| Scratch::new(name))
+}
+
+/// The JSON document at `path`; panics, naming it, if it is missing or
+/// not JSON.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
+/// Polls `file` every 200 ms until it contains `needle` (its text then),
+/// `child` has ended or `bound` has passed (`None`).
+pub fn wait_for_text(
+    child: &mut std::process::Child,
+    file: &Path,
+    needle: &str,
+    bound: std::time::Duration,
+) -> Option<String> {
+    let start = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if text.contains(needle) {
+            return Some(text);
+        }
+        if child.try_wait().unwrap().is_some() || start.elapsed() > bound {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The smallest sweep grid: two working sets (none and 64 KiB), one pass
+/// over each, one run per cell.
+pub const TWO_CELLS: [&str; 6] = ["--wss", "0,64K", "--touches", "1x", "--runs", "1"];
+
+/// The metric `name` of a `compare --json` document; panics if it is not
+/// in the table.
+pub fn compare_metric<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["metrics"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == name))
+        .unwrap_or_else(|| panic!("no metric {name} in the table: {v}"))
+}
+
+/// A compare metric's arithmetic means: (baseline, compare).
+pub fn ameans(m: &serde_json::Value) -> (f64, f64) {
+    let amean = |side: &str| {
+        m[side]["amean"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {side} amean: {m}"))
+    };
+    (amean("baseline"), amean("compare"))
 }
 
 /// Completes a PVH image: the Xen PHYS32_ENTRY note (entry `entry`) at
@@ -207,6 +449,62 @@ pub fn write_pvh_elf32(path: &Path, paddr: u32, code: &[u8]) {
     f[ph + 4..ph + 8].copy_from_slice(&0x180u32.to_le_bytes());
     f[ph + 16..ph + 20].copy_from_slice(&20u32.to_le_bytes());
     finish_pvh(f, paddr, code, path);
+}
+
+/// `ptiscope run ARGS` under KVM: its output, or `None` after printing
+/// why `test` is skipped (no usable /dev/kvm).
+pub fn kvm_run_or_skip(test: &str, args: &[&str]) -> Option<Output> {
+    kvm_or_skip(test).then(|| ptiscope().arg("run").args(args).output().unwrap())
+}
+
+/// `ptiscope run --timeout SECS --kernel ELF` under KVM of a minimal PVH
+/// image (ELF32 if `elf32`, else ELF64) whose 32-bit entry at 1 MiB runs
+/// `code`: its output, or `None` after printing why `test` is skipped.
+pub fn kvm_run_code_or_skip(test: &str, elf32: bool, code: &[u8], secs: &str) -> Option<Output> {
+    if !kvm_or_skip(test) {
+        return None;
+    }
+    let dir = Scratch::new(&test.replace(' ', "-"));
+    let elf = dir.join("guest.elf");
+    if elf32 {
+        write_pvh_elf32(&elf, 0x10_0000, code);
+    } else {
+        write_pvh_elf(&elf, 0x10_0000, code);
+    }
+    let o = ptiscope()
+        .args(["run", "--timeout", secs, "--kernel"])
+        .arg(&elf)
+        .output()
+        .unwrap();
+    Some(o)
+}
+
+/// `ptiscope ARGS` is refused: it ends with `code` (not a panic) and
+/// its stderr has every one of `wants`. Returns the stderr.
+pub fn assert_refused(args: &[&str], code: i32, wants: &[&str]) -> String {
+    let o = ptiscope().args(args).output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    for want in wants {
+        assert!(err.contains(want), "{args:?}: no {want:?} in: {err}");
+    }
+    err
+}
+
+/// Spawns `cmd` with `--json JSON --csv CSV`, stdin empty and its stdout
+/// and stderr piped (for [`interrupt`]).
+pub fn spawn_writing(cmd: &mut Command, json: &Path, csv: &Path) -> std::process::Child {
+    use std::process::Stdio;
+    cmd.arg("--json")
+        .arg(json)
+        .arg("--csv")
+        .arg(csv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// What `ptiscope probe --json` found for 32-bit PAE paging on this host.
