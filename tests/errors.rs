@@ -168,12 +168,7 @@ fn options_of_the_other_backend_are_refused() {
 
 #[test]
 fn a_qemu_that_fails_to_start_is_not_a_guest_success() {
-    if std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip("qemu start failure", "qemu-system-x86_64 is not installed");
+    if !qemu_or_skip("qemu start failure", "qemu-system-x86_64") {
         return;
     }
     // QEMU exits 1 on a bad option: the same code as a guest's status 0
@@ -256,34 +251,18 @@ fn an_entry_in_cmdline_is_the_entry_not_a_repeated_key() {
 
 /// Runs ptiscope with a deadline: a hang is a failure, not a stuck test.
 fn run_within(args: &[&str], deadline: std::time::Duration) -> (Option<i32>, String) {
-    use std::io::Read;
-    let mut child = ptiscope()
+    let child = ptiscope()
         .arg("run")
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let started = std::time::Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            assert!(!err.contains("panicked"), "{err}");
-            return (status.code(), err);
-        }
-        if started.elapsed() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("ptiscope run {args:?} still running after {deadline:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let o = wait_output_within(child, deadline)
+        .unwrap_or_else(|e| panic!("ptiscope run {args:?}: {e}"));
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{err}");
+    (o.status.code(), err)
 }
 
 /// `--kernel /dev/zero` used to read until memory ran out (the size cap
@@ -434,15 +413,8 @@ fn more_vcpus_than_kvm_recommends_is_a_host_limit() {
 /// An argument QEMU refuses ends the run with 81 and QEMU's own message.
 #[test]
 fn a_qemu_argument_qemu_refuses_is_81_with_its_message() {
-    let qemu = std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !qemu {
-        ptiscope::test_support::skip(
-            "a_qemu_argument_qemu_refuses_is_81_with_its_message",
-            "qemu-system-x86_64 is not installed",
-        );
+    let test = "a_qemu_argument_qemu_refuses_is_81_with_its_message";
+    if !qemu_or_skip(test, "qemu-system-x86_64") {
         return;
     }
     let o = ptiscope()

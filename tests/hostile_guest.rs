@@ -52,13 +52,12 @@ const HOSTILE: &[u8] = b"title\x1b]0;pwned\x07 clip\x1b]52;c;aGk=\x07 csi\x9b2J 
 
 #[test]
 fn guest_escape_sequences_reach_the_terminal_escaped_and_files_raw() {
-    if !kvm_or_skip("guest escape sequences") {
+    let Some(dir) = kvm_scratch_or_skip("guest escape sequences", "escapes") else {
         return;
-    }
-    let dir = scratch("escapes");
+    };
     let elf = dir.join("escapes.elf");
     guest(&elf, &[], HOSTILE, &SPIN);
-    let o = run_image(&elf, "0.5").output().unwrap();
+    let o = run_image(&elf, "0.5", None);
     let (out, err) = (stdout(&o), stderr(&o));
     assert_eq!(o.status.code(), Some(124), "{err}");
     for (name, text) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
@@ -74,26 +73,24 @@ fn guest_escape_sequences_reach_the_terminal_escaped_and_files_raw() {
 
     // --serial-out is a file: the guest's bytes, unchanged.
     let file = dir.join("console.raw");
-    let o = run_image(&elf, "0.5")
-        .arg("--serial-out")
-        .arg(&file)
-        .output()
-        .unwrap();
+    let o = run_image(&elf, "0.5", Some(("--serial-out", &file)));
     assert_eq!(o.status.code(), Some(124), "{}", stderr(&o));
     assert_eq!(std::fs::read(&file).unwrap(), HOSTILE);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The `rows` entry named `name` of a run summary's JSON.
 /// `ptiscope run` of the guest image `elf` in 16 MiB, stopped after
-/// `timeout` seconds; the caller adds the rest.
-fn run_image(elf: &Path, timeout: &str) -> std::process::Command {
+/// `timeout` seconds, with an output option (`--json PATH`, ...) if given.
+fn run_image(elf: &Path, timeout: &str, output: Option<(&str, &Path)>) -> std::process::Output {
     let mut c = ptiscope();
     c.args(["run", "--mem", "16", "--timeout", timeout, "--kernel"])
         .arg(elf);
-    c
+    if let Some((option, path)) = output {
+        c.arg(option).arg(path);
+    }
+    c.output().unwrap()
 }
 
+/// The `rows` entry named `name` of a run summary's JSON.
 fn row<'a>(v: &'a Value, name: &str) -> &'a Value {
     v["rows"]
         .as_array()
@@ -105,13 +102,12 @@ fn row<'a>(v: &'a Value, name: &str) -> &'a Value {
 
 #[test]
 fn a_spoofed_iteration_count_does_not_change_host_rates() {
-    if !kvm_or_skip("spoofed iterations") {
-        return;
-    }
     // The VMM asks for 1000 getpid calls; the guest marks a phase, claims
     // it ran 1, and exits. Host-observed rates divide by the 1000 asked
     // (+ the marker call), and a cross-check says the guest disagrees.
-    let dir = scratch("spoof");
+    let Some(dir) = kvm_scratch_or_skip("spoofed iterations", "spoof") else {
+        return;
+    };
     let elf = dir.join("spoof.elf");
     guest(
         &elf,
@@ -138,7 +134,7 @@ fn a_spoofed_iteration_count_does_not_change_host_rates() {
         .unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v: Value = read_json(&json);
     assert_eq!(v["iterations"], 1001, "{v}");
     for name in ["vmm_exits", "elapsed"] {
         let r = row(&v, name);
@@ -166,23 +162,17 @@ fn a_spoofed_iteration_count_does_not_change_host_rates() {
         err.contains("requested_iterations [vmm] 1,000 vs iterations [guest] 1: DISAGREE"),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_guest_that_never_initialised_its_telemetry_is_not_called_valid() {
-    if !kvm_or_skip("uninitialised telemetry") {
+    let Some(dir) = kvm_scratch_or_skip("uninitialised telemetry", "notelemetry") else {
         return;
-    }
-    let dir = scratch("notelemetry");
+    };
     let elf = dir.join("quiet.elf");
     guest(&elf, &[], b"hello\n", &EXIT_0);
     let json = dir.join("run.json");
-    let o = run_image(&elf, "5")
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
+    let o = run_image(&elf, "5", Some(("--json", &json)));
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(!err.contains("guest telemetry: valid"), "{err}");
@@ -190,8 +180,7 @@ fn a_guest_that_never_initialised_its_telemetry_is_not_called_valid() {
         err.contains("guest telemetry: none (the guest never initialised its page)"),
         "{err}"
     );
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v: Value = read_json(&json);
     assert_eq!(v["telemetry_initialized"], false, "{v}");
     assert!(v["telemetry_valid"].is_null(), "{v}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -253,8 +253,7 @@ fn host_walk_finds_no_kernel_mapping_outside_the_entry_area_in_the_user_copy() {
 /// returns (QEMU exit code, console).
 fn qemu_tcg(append: &str) -> Option<(Option<i32>, String)> {
     let qemu = "qemu-system-x86_64";
-    if Command::new(qemu).arg("--version").output().is_err() {
-        ptiscope::test_support::skip("PCID under QEMU", &format!("{qemu} is not installed"));
+    if !qemu_or_skip("PCID under QEMU", qemu) {
         return None;
     }
     let elf = scratch("pti-qemu").join("guest.elf");
@@ -343,8 +342,7 @@ fn ptiscope_pagetables_reports_isolation_from_the_host_walk() {
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let verdict = if isolated { "ISOLATED" } else { "NOT isolated" };
         assert!(stdout(&o).contains(verdict), "{}", stdout(&o));
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let v = read_json(&json);
         let outside = v["isolation"]["outside_entry_area"].as_array().unwrap();
         assert_eq!(outside.is_empty(), isolated, "pti={pti}: {outside:?}");
         assert_eq!(v["user_cr3"].is_null(), !isolated);

@@ -7,10 +7,10 @@ use common::*;
 
 #[test]
 fn run_json_has_the_environment_block() {
-    if !kvm_or_skip("run_json_environment") {
+    let Some(dir) = kvm_scratch_or_skip("run_json_environment", "run-environment") else {
         return;
-    }
-    let json = scratch("run-environment").join("run.json");
+    };
+    let json = dir.join("run.json");
     let o = ptiscope()
         .args([
             "run",
@@ -26,8 +26,7 @@ fn run_json_has_the_environment_block() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     assert_eq!(v["schema"], "ptiscope.run/1");
     let env = &v["environment"];
     assert_eq!(env["backend"], "kvm");
@@ -78,10 +77,10 @@ fn run_json_has_the_environment_block() {
 /// block, and the last block holds the run's final figures.
 #[test]
 fn openmetrics_stream() {
-    if !kvm_or_skip("openmetrics_stream") {
+    let Some(dir) = kvm_scratch_or_skip("openmetrics_stream", "openmetrics") else {
         return;
-    }
-    let out = scratch("openmetrics").join("metrics.txt");
+    };
+    let out = dir.join("metrics.txt");
     let o = ptiscope()
         .args(["run", "--workload", "getpid", "--iterations", "3000"])
         .args([
@@ -159,8 +158,7 @@ fn probe_and_pagetables_json_have_the_environment_block() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     let env = &v["environment"];
     assert_eq!(
         env["guest_image"]["sha256"],

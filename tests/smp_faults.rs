@@ -109,15 +109,8 @@ fn every_fault_on_every_vcpu_stops_the_vm_in_time_kvm() {
 
 #[test]
 fn every_fault_on_every_vcpu_stops_the_vm_in_time_qemu() {
-    let ok = std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        ptiscope::test_support::skip(
-            "every_fault_on_every_vcpu_stops_the_vm_in_time_qemu",
-            "qemu-system-x86_64 is not installed",
-        );
+    let test = "every_fault_on_every_vcpu_stops_the_vm_in_time_qemu";
+    if !qemu_or_skip(test, "qemu-system-x86_64") {
         return;
     }
     // QEMU reports the guest's status, not which vCPU wrote it.

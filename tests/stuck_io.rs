@@ -275,17 +275,6 @@ fn sighup_stops_a_kvm_run_like_sigterm() {
     assert!(err.contains("stopped by SIGHUP"), "{err}");
 }
 
-fn qemu_or_skip(test: &str) -> bool {
-    let ok = std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        ptiscope::test_support::skip(test, "qemu-system-x86_64 is not installed");
-    }
-    ok
-}
-
 /// Children of `pid` (from /proc), with their command names.
 fn children_of(pid: u32) -> Vec<(u32, String)> {
     let mut out = Vec::new();
@@ -366,7 +355,7 @@ fn assert_gone_soon(pid: u32, comm: &str, what: &str) {
 
 #[test]
 fn qemu_dies_with_a_sigkilled_ptiscope() {
-    if !qemu_or_skip("qemu sigkill") {
+    if !qemu_or_skip("qemu sigkill", "qemu-system-x86_64") {
         return;
     }
     let (mut child, qemu, comm) = hanging_qemu("qemu sigkill");
@@ -389,7 +378,7 @@ fn qemu_dies_with_a_sigkilled_ptiscope() {
 
 #[test]
 fn sighup_stops_a_qemu_run_and_its_qemu() {
-    if !qemu_or_skip("qemu sighup") {
+    if !qemu_or_skip("qemu sighup", "qemu-system-x86_64") {
         return;
     }
     let (mut child, qemu, comm) = hanging_qemu("qemu sighup");
