@@ -249,28 +249,12 @@ fn an_entry_in_cmdline_is_the_entry_not_a_repeated_key() {
     }
 }
 
-/// Runs ptiscope with a deadline: a hang is a failure, not a stuck test.
-fn run_within(args: &[&str], deadline: std::time::Duration) -> (Option<i32>, String) {
-    let child = ptiscope()
-        .arg("run")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let o = wait_output_within(child, deadline)
-        .unwrap_or_else(|e| panic!("ptiscope run {args:?}: {e}"));
-    let err = stderr(&o);
-    assert!(!err.contains("panicked"), "{err}");
-    (o.status.code(), err)
-}
-
 /// `--kernel /dev/zero` used to read until memory ran out (the size cap
 /// looked at the file's metadata, 0 for a device): devices are refused.
 #[test]
 fn a_device_as_kernel_is_refused_at_once() {
     let (code, err) = run_within(
-        &["--kernel", "/dev/zero"],
+        &["run", "--kernel", "/dev/zero"],
         std::time::Duration::from_secs(10),
     );
     assert_eq!(code, Some(66), "{err}");
@@ -291,7 +275,7 @@ fn a_fifo_as_kernel_is_refused_without_waiting_for_a_writer() {
     // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let (code, err) = run_within(
-        &["--kernel", fifo.to_str().unwrap()],
+        &["run", "--kernel", fifo.to_str().unwrap()],
         std::time::Duration::from_secs(10),
     );
     assert_eq!(code, Some(66), "{err}");

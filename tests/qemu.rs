@@ -3,44 +3,16 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 
 #[test]
 fn embedded_guest_boots_under_qemu_microvm() {
-    let qemu = "qemu-system-x86_64";
-    if !qemu_or_skip("embedded_guest_boots_under_qemu_microvm", qemu) {
+    let test = "embedded_guest_boots_under_qemu_microvm";
+    let Some(o) = qemu_microvm_guest(test, &[], Duration::from_secs(60)) else {
         return;
-    }
-    let elf = scratch("qemu").join("guest.elf");
-    std::fs::write(&elf, ptiscope::GUEST_X86_64).unwrap();
-    let child = Command::new(qemu)
-        .args([
-            "-M",
-            "microvm",
-            "-accel",
-            "tcg",
-            "-m",
-            "128",
-            "-nodefaults",
-            "-no-user-config",
-            "-nographic",
-            "-serial",
-            "stdio",
-            "-device",
-            "isa-debug-exit,iobase=0xf4,iosize=4",
-            "-kernel",
-        ])
-        .arg(&elf)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let o = wait_output_within(child, Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("QEMU did not stop: {e}"));
+    };
     let (status, out, err) = (o.status, stdout(&o), stderr(&o));
     let banner = out
         .lines()

@@ -261,6 +261,73 @@ pub fn run_i386_qemu(timeout_secs: u32) -> Command {
     c
 }
 
+/// Waits for a ptiscope `child` whose stderr is piped, at most `limit`:
+/// its exit code and stderr. Fails the test (`what` names the run) if it
+/// is still running then (it is killed) or it panicked.
+pub fn code_and_stderr_within(
+    child: std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> (Option<i32>, String) {
+    let o = wait_output_within(child, limit).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    (o.status.code(), err)
+}
+
+/// `ptiscope ARGS` (stdin empty, stdout discarded) with a deadline: a hang
+/// is a failure, not a stuck test. Its exit code and stderr.
+pub fn run_within(args: &[&str], limit: std::time::Duration) -> (Option<i32>, String) {
+    use std::process::Stdio;
+    let child = ptiscope()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    code_and_stderr_within(child, limit, &format!("ptiscope {args:?}"))
+}
+
+/// Boots the embedded x86_64 guest straight under `qemu-system-x86_64 -M
+/// microvm -accel tcg` (no ptiscope: the independent check that the image
+/// is standard), console on stdout, with `extra` QEMU arguments; waits at
+/// most `limit`. QEMU's output (its exit code is isa-debug-exit's, the
+/// guest status `(s << 1) | 1`), or `None` after printing why `test` is
+/// skipped (no QEMU).
+pub fn qemu_microvm_guest(
+    test: &str,
+    extra: &[&str],
+    limit: std::time::Duration,
+) -> Option<Output> {
+    use std::process::Stdio;
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let qemu = "qemu-system-x86_64";
+    if !qemu_or_skip(test, qemu) {
+        return None;
+    }
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = Scratch::new(&format!("microvm-{n}"));
+    let elf = dir.join("guest.elf");
+    std::fs::write(&elf, ptiscope::GUEST_X86_64).unwrap();
+    let child = Command::new(qemu)
+        .args(["-M", "microvm", "-accel", "tcg", "-m", "128"])
+        .args(["-nodefaults", "-no-user-config", "-nographic"])
+        .args(["-serial", "stdio"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .args(extra)
+        .arg("-kernel")
+        .arg(&elf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_output_within(child, limit)
+        .unwrap_or_else(|e| panic!("{test}: QEMU did not stop: {e}"));
+    Some(o)
+}
+
 /// True if /dev/kvm can be opened; otherwise prints why the test is skipped.
 pub fn kvm_or_skip(test: &str) -> bool {
     let kvm = std::fs::OpenOptions::new()
