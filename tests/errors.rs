@@ -80,28 +80,22 @@ fn command_line_too_long() {
     assert!(err.contains("at most 4095 fit"), "{err}");
 }
 
+/// No KVM device, or a file that is not one: 69, saying which.
 #[test]
-fn no_kvm_device() {
-    let o = ptiscope()
-        .env("PTISCOPE_KVM_DEVICE", "/nonexistent/kvm")
-        .arg("run")
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(69), "{err}");
-    assert!(err.contains("KVM is not available on this host"), "{err}");
-}
-
-#[test]
-fn a_file_that_is_not_kvm() {
-    let o = ptiscope()
-        .env("PTISCOPE_KVM_DEVICE", "/dev/null")
-        .arg("run")
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(69), "{err}");
-    assert!(err.contains("is not a usable KVM device"), "{err}");
+fn no_kvm_device_or_a_file_that_is_not_kvm() {
+    for (device, want) in [
+        ("/nonexistent/kvm", "KVM is not available on this host"),
+        ("/dev/null", "is not a usable KVM device"),
+    ] {
+        let o = ptiscope()
+            .env("PTISCOPE_KVM_DEVICE", device)
+            .arg("run")
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(69), "{device}: {err}");
+        assert!(err.contains(want), "{device}: {err}");
+    }
 }
 
 #[test]

@@ -372,88 +372,63 @@ fn fake_bzimage(path: &Path, x86_64: bool) {
 /// no fetched kernel needed).
 #[test]
 fn bad_linux_images_and_options_are_refused_before_boot() {
-    let dir = scratch("linux-bad");
+    let dir = Scratch::new("linux-bad");
     let not_kernel = dir.join("notes.txt");
     std::fs::write(&not_kernel, "just some text\n").unwrap();
-    let run = |args: &[&str]| ptiscope().arg("run").args(args).output().unwrap();
-    let p = |p: &Path| p.to_str().unwrap().to_string();
-
-    let o = run(&["--backend", "qemu", "--linux", &p(&not_kernel)]);
-    assert_eq!(o.status.code(), Some(65), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("is not a Linux kernel"),
-        "{}",
-        stderr(&o)
-    );
-
-    let o = run(&["--backend", "qemu", "--linux", &p(&dir.join("missing"))]);
-    assert_eq!(o.status.code(), Some(66), "{}", stderr(&o));
-
-    let o = run(&["--backend", "qemu", "--linux", "/dev/zero"]);
-    assert_eq!(o.status.code(), Some(66), "{}", stderr(&o));
-    assert!(stderr(&o).contains("character device"), "{}", stderr(&o));
-
     let i386 = dir.join("bzImage-i386");
     fake_bzimage(&i386, false);
-    let o = run(&[
-        "--backend",
-        "qemu",
-        "--linux",
-        &p(&i386),
-        "--arch",
-        "x86_64",
-    ]);
-    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("is an i386 kernel but --arch x86_64"),
-        "{}",
-        stderr(&o)
-    );
-
-    // A kernel whose configuration has no PTI, asked for pti=on.
+    // A kernel whose configuration has no PTI.
     let nopti = dir.join("nopti");
     std::fs::create_dir_all(&nopti).unwrap();
-    fake_bzimage(&nopti.join("vmlinuz"), true);
+    let x64 = nopti.join("vmlinuz");
+    fake_bzimage(&x64, true);
     std::fs::write(
         nopti.join("config"),
         "CONFIG_X86_64=y\n# CONFIG_PAGE_TABLE_ISOLATION is not set\n",
     )
     .unwrap();
-    let o = run(&[
-        "--backend",
-        "qemu",
-        "--linux",
-        &p(&nopti.join("vmlinuz")),
-        "--pti",
-        "on",
-    ]);
-    assert_eq!(o.status.code(), Some(6), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("CONFIG_PAGE_TABLE_ISOLATION"),
-        "{}",
-        stderr(&o)
-    );
-
-    // An option of ptiscope's own guest, and an entry Linux x86_64 has not.
-    let x64 = nopti.join("vmlinuz");
-    let o = run(&[
-        "--backend",
-        "qemu",
-        "--linux",
-        &p(&x64),
-        "--entry",
-        "int3",
-        "--workload",
-        "getpid",
-    ]);
-    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-    let o = run(&["--backend", "qemu", "--linux", &p(&x64), "--pcid", "on"]);
-    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-
-    let long = "x".repeat(3000);
-    let o = run(&["--backend", "qemu", "--linux", &p(&x64), "--append", &long]);
-    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-    assert!(stderr(&o).contains("at most 2047"), "{}", stderr(&o));
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    let (not_kernel, missing) = (p(&not_kernel), p(&dir.join("missing")));
+    let (i386, x64, long) = (p(&i386), p(&x64), "x".repeat(3000));
+    // (after `run --backend qemu`, exit code, what stderr says)
+    for (args, code, wants) in [
+        (
+            vec!["--linux", &not_kernel],
+            65,
+            &["is not a Linux kernel"][..],
+        ),
+        (vec!["--linux", &missing], 66, &[]),
+        (vec!["--linux", "/dev/zero"], 66, &["character device"]),
+        (
+            vec!["--linux", &i386, "--arch", "x86_64"],
+            64,
+            &["is an i386 kernel but --arch x86_64"],
+        ),
+        // Asked for pti=on.
+        (
+            vec!["--linux", &x64, "--pti", "on"],
+            6,
+            &["CONFIG_PAGE_TABLE_ISOLATION"],
+        ),
+        // An option of ptiscope's own guest, and an entry Linux x86_64 has not.
+        (
+            vec!["--linux", &x64, "--entry", "int3", "--workload", "getpid"],
+            64,
+            &[],
+        ),
+        (vec!["--linux", &x64, "--pcid", "on"], 64, &[]),
+        (
+            vec!["--linux", &x64, "--append", &long],
+            64,
+            &["at most 2047"],
+        ),
+    ] {
+        assert_refused(
+            &[&["run", "--backend", "qemu"][..], &args].concat(),
+            code,
+            wants,
+        );
+    }
 
     // An unfetched known name says how to fetch it.
     let o = ptiscope()
@@ -467,7 +442,6 @@ fn bad_linux_images_and_options_are_refused_before_boot() {
         "{}",
         stderr(&o)
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Under the VMM (`--backend kvm`) a Linux run is refused, with the probe's

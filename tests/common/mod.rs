@@ -445,77 +445,69 @@ pub fn ameans(m: &serde_json::Value) -> (f64, f64) {
     (amean("baseline"), amean("compare"))
 }
 
-/// Completes a PVH image: the Xen PHYS32_ENTRY note (entry `entry`) at
-/// 0x180, `code` at file offset 0x200; writes it to `path`.
-fn finish_pvh(mut f: Vec<u8>, entry: u32, code: &[u8], path: &Path) {
+/// Writes to `path` a minimal PVH ELF (ELF64 for x86_64 or ELF32 for
+/// i386) loaded at `paddr`, whose 32-bit entry (the Xen PHYS32_ENTRY note
+/// at file offset 0x180) runs `code` (at file offset 0x200).
+fn write_pvh(path: &Path, elf64: bool, paddr: u64, code: &[u8]) {
+    assert!(code.len() <= 0x100);
+    let mut f = vec![0u8; 0x300];
+    let mut put = |at: usize, size: usize, v: u64| {
+        f[at..at + size].copy_from_slice(&v.to_le_bytes()[..size]);
+    };
+    // Word size, where the program headers start, their size, and where
+    // the ELF header's own size fields are.
+    let (w, phoff, phentsize, sizes) = if elf64 {
+        (8, 64, 56, 52)
+    } else {
+        (4, 52, 32, 40)
+    };
+    put(0, 4, u64::from(u32::from_le_bytes(*b"\x7fELF")));
+    put(4, 1, if elf64 { 2 } else { 1 }); // ELFCLASS64 / ELFCLASS32
+    put(5, 1, 1); // little endian
+    put(6, 1, 1); // EV_CURRENT
+    put(16, 2, 2); // ET_EXEC
+    put(18, 2, if elf64 { 62 } else { 3 }); // EM_X86_64 / EM_386
+    if !elf64 {
+        put(20, 4, 1); // e_version
+    }
+    put(24, w, paddr); // e_entry
+    put(24 + w, w, phoff as u64); // e_phoff
+    put(sizes, 2, phoff as u64); // e_ehsize
+    put(sizes + 2, 2, phentsize as u64);
+    put(sizes + 4, 2, 2); // e_phnum
+                          // Program headers: p_type, then p_offset, p_vaddr, p_paddr, p_filesz
+                          // and p_memsz one word apart (after ELF64's p_flags).
+    let word = |ph: usize, i: usize| ph + w * (i + 1);
+    let load = phoff;
+    put(load, 4, 1); // PT_LOAD
+    if elf64 {
+        put(load + 4, 4, 7); // p_flags: RWX
+    }
+    for (i, v) in [0x200, paddr, paddr, 0x100, 0x1000].into_iter().enumerate() {
+        put(word(load, i), w, v);
+    }
+    let note = phoff + phentsize;
+    put(note, 4, 4); // PT_NOTE
+    put(word(note, 0), w, 0x180); // p_offset
+    put(word(note, 3), w, 20); // p_filesz
     let n = 0x180;
-    f[n..n + 4].copy_from_slice(&4u32.to_le_bytes()); // namesz
-    f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes()); // descsz
-    f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes()); // XEN_ELFNOTE_PHYS32_ENTRY
-    f[n + 12..n + 16].copy_from_slice(b"Xen\0");
-    f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+    put(n, 4, 4); // namesz
+    put(n + 4, 4, 4); // descsz
+    put(n + 8, 4, 18); // XEN_ELFNOTE_PHYS32_ENTRY
+    put(n + 12, 4, u64::from(u32::from_le_bytes(*b"Xen\0")));
+    put(n + 16, 4, paddr); // the entry
     f[0x200..0x200 + code.len()].copy_from_slice(code);
     std::fs::write(path, f).unwrap();
 }
 
 /// Writes a minimal PVH ELF64 whose 32-bit entry runs `code`, loaded at `paddr`.
 pub fn write_pvh_elf(path: &Path, paddr: u64, code: &[u8]) {
-    assert!(code.len() <= 0x100);
-    let mut f = vec![0u8; 0x300];
-    f[..4].copy_from_slice(b"\x7fELF");
-    f[4] = 2; // ELFCLASS64
-    f[5] = 1; // little endian
-    f[6] = 1;
-    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
-    f[24..32].copy_from_slice(&paddr.to_le_bytes());
-    f[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
-    f[52..54].copy_from_slice(&64u16.to_le_bytes());
-    f[54..56].copy_from_slice(&56u16.to_le_bytes());
-    f[56..58].copy_from_slice(&2u16.to_le_bytes());
-    let ph = 64; // PT_LOAD
-    f[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes());
-    f[ph + 4..ph + 8].copy_from_slice(&7u32.to_le_bytes());
-    f[ph + 8..ph + 16].copy_from_slice(&0x200u64.to_le_bytes());
-    f[ph + 16..ph + 24].copy_from_slice(&paddr.to_le_bytes());
-    f[ph + 24..ph + 32].copy_from_slice(&paddr.to_le_bytes());
-    f[ph + 32..ph + 40].copy_from_slice(&0x100u64.to_le_bytes());
-    f[ph + 40..ph + 48].copy_from_slice(&0x1000u64.to_le_bytes());
-    let ph = 64 + 56; // PT_NOTE
-    f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
-    f[ph + 8..ph + 16].copy_from_slice(&0x180u64.to_le_bytes());
-    f[ph + 32..ph + 40].copy_from_slice(&20u64.to_le_bytes());
-    finish_pvh(f, paddr as u32, code, path);
+    write_pvh(path, true, paddr, code);
 }
 
 /// Writes a minimal PVH ELF32 (i386) whose 32-bit entry runs `code`, loaded at `paddr`.
 pub fn write_pvh_elf32(path: &Path, paddr: u32, code: &[u8]) {
-    assert!(code.len() <= 0x100);
-    let mut f = vec![0u8; 0x300];
-    f[..4].copy_from_slice(b"\x7fELF");
-    f[4] = 1; // ELFCLASS32
-    f[5] = 1; // little endian
-    f[6] = 1;
-    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    f[18..20].copy_from_slice(&3u16.to_le_bytes()); // EM_386
-    f[20..24].copy_from_slice(&1u32.to_le_bytes());
-    f[24..28].copy_from_slice(&paddr.to_le_bytes());
-    f[28..32].copy_from_slice(&52u32.to_le_bytes()); // e_phoff
-    f[40..42].copy_from_slice(&52u16.to_le_bytes());
-    f[42..44].copy_from_slice(&32u16.to_le_bytes());
-    f[44..46].copy_from_slice(&2u16.to_le_bytes());
-    let ph = 52; // PT_LOAD
-    f[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes());
-    f[ph + 4..ph + 8].copy_from_slice(&0x200u32.to_le_bytes());
-    f[ph + 8..ph + 12].copy_from_slice(&paddr.to_le_bytes());
-    f[ph + 12..ph + 16].copy_from_slice(&paddr.to_le_bytes());
-    f[ph + 16..ph + 20].copy_from_slice(&0x100u32.to_le_bytes());
-    f[ph + 20..ph + 24].copy_from_slice(&0x1000u32.to_le_bytes());
-    let ph = 52 + 32; // PT_NOTE
-    f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
-    f[ph + 4..ph + 8].copy_from_slice(&0x180u32.to_le_bytes());
-    f[ph + 16..ph + 20].copy_from_slice(&20u32.to_le_bytes());
-    finish_pvh(f, paddr, code, path);
+    write_pvh(path, false, u64::from(paddr), code);
 }
 
 /// `ptiscope run ARGS` under KVM: its output, or `None` after printing
