@@ -12,26 +12,6 @@ use serde_json::Value;
 
 const PADDR: u32 = 0x100000;
 
-/// 32-bit code that prints `text` (placed right after the code) to COM1 in
-/// one `rep outsb`. `code_len` is the length of all the code before the
-/// text, this piece included.
-fn print(text_at: u32, len: u32) -> Vec<u8> {
-    let mut c = vec![0xfc, 0xbe]; // cld; mov esi, imm32
-    c.extend_from_slice(&text_at.to_le_bytes());
-    c.push(0xb9); // mov ecx, imm32
-    c.extend_from_slice(&len.to_le_bytes());
-    c.extend([0x66, 0xba, 0xf8, 0x03, 0xf3, 0x6e]); // mov dx, 0x3f8; rep outsb
-    c
-}
-
-/// `mov eax, marker; mov dx, PHASE; out dx, eax`
-fn mark(m: Marker) -> Vec<u8> {
-    let mut c = vec![0xb8];
-    c.extend_from_slice(&m.encode().to_le_bytes());
-    c.extend([0x66, 0xba, 0x00, 0x06, 0xef]);
-    c
-}
-
 /// `xor eax, eax; out 0xf4, eax; hlt`: exit status 0.
 const EXIT_0: [u8; 5] = [0x31, 0xc0, 0xe7, 0xf4, 0xf4];
 /// `jmp $`: spin until --timeout.
@@ -39,13 +19,11 @@ const SPIN: [u8; 2] = [0xeb, 0xfe];
 
 /// A guest that runs `before`, prints `text`, runs `after`.
 fn guest(path: &Path, before: &[u8], text: &[u8], after: &[u8]) {
-    let print_len = print(0, 0).len();
-    let text_at = PADDR + (before.len() + print_len + after.len()) as u32;
-    let mut code = before.to_vec();
-    code.extend(print(text_at, text.len() as u32));
-    code.extend_from_slice(after);
-    code.extend_from_slice(text);
-    write_pvh_elf(path, u64::from(PADDR), &code);
+    write_pvh_elf(
+        path,
+        u64::from(PADDR),
+        &print_code(PADDR, before, text, after),
+    );
 }
 
 const HOSTILE: &[u8] = b"title\x1b]0;pwned\x07 clip\x1b]52;c;aGk=\x07 csi\x9b2J end\n";
@@ -90,16 +68,6 @@ fn run_image(elf: &Path, timeout: &str, output: Option<(&str, &Path)>) -> std::p
     c.output().unwrap()
 }
 
-/// The `rows` entry named `name` of a run summary's JSON.
-fn row<'a>(v: &'a Value, name: &str) -> &'a Value {
-    v["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == name)
-        .unwrap_or_else(|| panic!("no row {name} in {v}"))
-}
-
 #[test]
 fn a_spoofed_iteration_count_does_not_change_host_rates() {
     // The VMM asks for 1000 getpid calls; the guest marks a phase, claims
@@ -111,9 +79,9 @@ fn a_spoofed_iteration_count_does_not_change_host_rates() {
     let elf = dir.join("spoof.elf");
     guest(
         &elf,
-        &mark(Marker::begin(ID_WORKLOAD)),
+        &mark_code(Marker::begin(ID_WORKLOAD)),
         b"@result workload=getpid iterations=1 cycles=5000\n",
-        &[mark(Marker::end(ID_WORKLOAD)), EXIT_0.to_vec()].concat(),
+        &[mark_code(Marker::end(ID_WORKLOAD)), EXIT_0.to_vec()].concat(),
     );
     let json = dir.join("run.json");
     let o = ptiscope()
@@ -137,7 +105,7 @@ fn a_spoofed_iteration_count_does_not_change_host_rates() {
     let v: Value = read_json(&json);
     assert_eq!(v["iterations"], 1001, "{v}");
     for name in ["vmm_exits", "elapsed"] {
-        let r = row(&v, name);
+        let r = the_row(&v, name);
         let total = r["total"].as_f64().unwrap();
         let per = r["per_iteration"].as_f64().unwrap();
         assert!(
@@ -146,7 +114,7 @@ fn a_spoofed_iteration_count_does_not_change_host_rates() {
         );
     }
     // The guest's own figure stays the guest's, over the N the VMM asked for.
-    let cycles = row(&v, "cycles");
+    let cycles = the_row(&v, "cycles");
     assert_eq!(cycles["source"], "guest", "{cycles}");
     assert_eq!(cycles["per_iteration"].as_f64(), Some(5.0), "{cycles}");
     let check = v["cross_checks"]

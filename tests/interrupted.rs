@@ -11,10 +11,10 @@ use common::*;
 
 #[test]
 fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
-    if !kvm_or_skip("sigint_stops_a_compare_and_keeps_its_complete_pairs") {
+    let test = "sigint_stops_a_compare_and_keeps_its_complete_pairs";
+    let Some(dir) = kvm_scratch_or_skip(test, "compare-sigint") else {
         return;
-    }
-    let dir = scratch("compare-sigint");
+    };
     let json = dir.join("c.json");
     let csv = dir.join("c.csv");
     let child = spawn_writing(
@@ -40,7 +40,6 @@ fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
     assert!(std::fs::read_to_string(&csv)
         .unwrap()
         .starts_with("# PARTIAL: "));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -50,15 +50,7 @@ fn backend_qemu_runs_the_workload_and_reports_guest_figures() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("backend qemu"), "{}", stderr(&o));
     let v = read_json(&json);
-    let row = |name: &str| {
-        v["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} row in {v}"))
-            .clone()
-    };
+    let row = |name: &str| the_row(&v, name);
     assert_eq!(v["iterations"], 101, "N + the end-marker call");
     assert_eq!(row("cr3_writes")["total"], 202.0);
     assert_eq!(row("cr3_writes")["source"], "guest");

@@ -62,16 +62,11 @@ fn poundsyscall_two_threads_run_on_both_vcpus_with_two_cr3_writes_per_call() {
         // The exits rise per call only where each entry exits to KVM
         // (kvm_pvm, whose guest kernel runs emulated); hardware KVM runs
         // the syscalls without exits.
-        let pvm = v["environment"]["kvm"]["module"] == "kvm_pvm";
-        if !pvm {
-            ptiscope::test_support::skip(
-                "poundsyscall: per-vCPU KVM exits per call",
-                &format!(
-                    "only kvm_pvm exits on every guest entry; this KVM is {}",
-                    v["environment"]["kvm"]["module"]
-                ),
-            );
-        }
+        let pvm = ran_on_kvm_pvm(
+            &v,
+            "poundsyscall: per-vCPU KVM exits per call",
+            "only kvm_pvm exits on every guest entry",
+        );
         for cpu in 0..2 {
             let exits = row(&v, &format!("kvm_exits_vcpu{cpu}")).expect("per-vCPU KVM exits");
             assert!(!pvm || exits >= CALLS as f64, "vCPU {cpu}: {exits} exits");

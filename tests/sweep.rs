@@ -90,16 +90,11 @@ fn a_small_sweep_has_every_cell_and_output() {
     assert_eq!(cell(&v, 65536, "1x")["touches"], 16);
     // Every JSON report records where it came from.
     assert!(v["environment"]["host"].is_object(), "{}", v["environment"]);
-    let pvm = v["environment"]["kvm"]["module"] == "kvm_pvm";
-    if !pvm {
-        ptiscope::test_support::skip(
-            "sweep outputs: one KVM tlb_flush per call with PTI",
-            &format!(
-                "that is kvm_pvm's shadow MMU; this KVM is {} ({} paging)",
-                v["environment"]["kvm"]["module"], v["environment"]["kvm"]["paging"]
-            ),
-        );
-    }
+    let pvm = ran_on_kvm_pvm(
+        &v,
+        "sweep outputs: one KVM tlb_flush per call with PTI",
+        "that is kvm_pvm's shadow MMU",
+    );
     for c in v["cells"].as_array().unwrap() {
         let configs = c["configs"].as_array().unwrap();
         assert_eq!(configs.len(), 3);

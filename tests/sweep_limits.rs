@@ -79,10 +79,10 @@ fn repeated_touches_run_once() {
 
 #[test]
 fn sigint_stops_a_sweep_soon_and_keeps_what_it_has() {
-    if !kvm_or_skip("sigint_stops_a_sweep_soon_and_keeps_what_it_has") {
+    let test = "sigint_stops_a_sweep_soon_and_keeps_what_it_has";
+    let Some(dir) = kvm_scratch_or_skip(test, "sweep-sigint") else {
         return;
-    }
-    let dir = scratch("sweep-sigint");
+    };
     let json = dir.join("s.json");
     let csv = dir.join("s.csv");
     std::fs::write(&json, "earlier result\n").unwrap();
@@ -124,5 +124,4 @@ fn sigint_stops_a_sweep_soon_and_keeps_what_it_has() {
         .filter(|n| n != "s.json" && n != "s.csv")
         .collect();
     assert!(left.is_empty(), "{left:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

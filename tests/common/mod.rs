@@ -500,6 +500,33 @@ fn write_pvh(path: &Path, elf64: bool, paddr: u64, code: &[u8]) {
     std::fs::write(path, f).unwrap();
 }
 
+/// 32-bit code for a minimal PVH image: `mov eax, marker; mov dx, PHASE;
+/// out dx, eax`, the phase-marker port write.
+pub fn mark_code(m: ptiscope_abi::phase::Marker) -> Vec<u8> {
+    let mut c = vec![0xb8];
+    c.extend_from_slice(&m.encode().to_le_bytes());
+    c.extend([0x66, 0xba, 0x00, 0x06, 0xef]);
+    c
+}
+
+/// 32-bit code loaded at `paddr` that runs `before`, prints `text` to
+/// COM1 in one `rep outsb`, then runs `after` (`text` is placed after
+/// it).
+pub fn print_code(paddr: u32, before: &[u8], text: &[u8], after: &[u8]) -> Vec<u8> {
+    const PRINT_LEN: usize = 17;
+    let text_at = paddr + (before.len() + PRINT_LEN + after.len()) as u32;
+    let mut c = before.to_vec();
+    c.extend([0xfc, 0xbe]); // cld; mov esi, imm32
+    c.extend_from_slice(&text_at.to_le_bytes());
+    c.push(0xb9); // mov ecx, imm32
+    c.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    c.extend([0x66, 0xba, 0xf8, 0x03, 0xf3, 0x6e]); // mov dx, 0x3f8; rep outsb
+    assert_eq!(c.len(), before.len() + PRINT_LEN);
+    c.extend_from_slice(after);
+    c.extend_from_slice(text);
+    c
+}
+
 /// Writes a minimal PVH ELF64 whose 32-bit entry runs `code`, loaded at `paddr`.
 pub fn write_pvh_elf(path: &Path, paddr: u64, code: &[u8]) {
     write_pvh(path, true, paddr, code);
@@ -603,6 +630,30 @@ pub fn num(r: &std::collections::HashMap<String, String>, key: &str) -> u64 {
 /// The row `name` of a run summary JSON (`ptiscope run --json`: `rows[]`).
 pub fn summary_row<'a>(v: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
     v["rows"].as_array()?.iter().find(|r| r["name"] == name)
+}
+
+/// The row `name` of a run summary JSON; panics naming it if there is
+/// none.
+pub fn the_row<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    summary_row(v, name).unwrap_or_else(|| panic!("no row {name} in {v}"))
+}
+
+/// True if the run whose JSON is `v` ran on kvm_pvm (a software KVM
+/// whose shadow MMU and emulated guest kernel give exact host counts);
+/// otherwise prints that `what` was not checked and why.
+pub fn ran_on_kvm_pvm(v: &serde_json::Value, what: &str, why: &str) -> bool {
+    let kvm = &v["environment"]["kvm"];
+    let pvm = kvm["module"] == "kvm_pvm";
+    if !pvm {
+        ptiscope::test_support::skip(
+            what,
+            &format!(
+                "{why}; this KVM is {} ({} paging)",
+                kvm["module"], kvm["paging"]
+            ),
+        );
+    }
+    pvm
 }
 
 /// A summary row's phase total; panics naming the row if there is none.
