@@ -8,13 +8,9 @@ use common::*;
 
 #[test]
 fn embedded_guest_boots_prints_banner_and_exits_0() {
-    if !kvm_or_skip("embedded_guest_boots") {
+    let Some(o) = kvm_run_or_skip("embedded_guest_boots", &["--timeout", "20"]) else {
         return;
-    }
-    let o = ptiscope()
-        .args(["run", "--timeout", "20"])
-        .output()
-        .unwrap();
+    };
     let (out, err) = (stdout(&o), stderr(&o));
     assert!(
         out.lines()
@@ -36,13 +32,10 @@ fn embedded_guest_boots_prints_banner_and_exits_0() {
 
 #[test]
 fn guest_fault_is_reported_with_its_vector() {
-    if !kvm_or_skip("guest_fault_is_reported") {
+    let args = ["--cmdline", "fault=pf", "--timeout", "20"];
+    let Some(o) = kvm_run_or_skip("guest_fault_is_reported", &args) else {
         return;
-    }
-    let o = ptiscope()
-        .args(["run", "--cmdline", "fault=pf", "--timeout", "20"])
-        .output()
-        .unwrap();
+    };
     let err = stderr(&o);
     assert_eq!(
         o.status.code(),
@@ -87,21 +80,11 @@ fn timeout_stops_a_guest_halted_for_ever() {
 
 #[test]
 fn without_the_irqchip_a_halt_reaches_the_vmm_and_stops_the_run() {
-    if !kvm_or_skip("no_irqchip_halt") {
-        return;
-    }
     let start = Instant::now();
-    let o = ptiscope()
-        .args([
-            "run",
-            "--no-irqchip",
-            "--timeout",
-            "20",
-            "--cmdline",
-            "fault=halt",
-        ])
-        .output()
-        .unwrap();
+    let args = ["--no-irqchip", "--timeout", "20", "--cmdline", "fault=halt"];
+    let Some(o) = kvm_run_or_skip("no_irqchip_halt", &args) else {
+        return;
+    };
     let err = stderr(&o);
     // KVM_EXIT_HLT: nothing can wake the guest, so no timeout is needed.
     assert_eq!(o.status.code(), Some(81), "{err}");
@@ -134,15 +117,12 @@ fn sigterm_stops_the_vm_cleanly() {
 
 #[test]
 fn serial_out_writes_the_console_to_a_file() {
-    if !kvm_or_skip("serial_out") {
+    let dir = Scratch::new("serial");
+    let file = dir.join("console.txt");
+    let args = ["--timeout", "20", "--serial-out", file.to_str().unwrap()];
+    let Some(o) = kvm_run_or_skip("serial_out", &args) else {
         return;
-    }
-    let file = scratch("serial").join("console.txt");
-    let o = ptiscope()
-        .args(["run", "--timeout", "20", "--serial-out"])
-        .arg(&file)
-        .output()
-        .unwrap();
+    };
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!stdout(&o).contains(ptiscope_abi::BANNER_PREFIX));
     let text = std::fs::read_to_string(&file).unwrap();
@@ -151,17 +131,10 @@ fn serial_out_writes_the_console_to_a_file() {
 
 #[test]
 fn triple_fault_is_reported_with_registers() {
-    if !kvm_or_skip("triple_fault") {
-        return;
-    }
     // ud2 with no IDT (IDTR base 0 over zeroed memory): #UD, #GP, #DF, shutdown.
-    let elf = scratch("triple").join("ud2.elf");
-    write_pvh_elf(&elf, 0x100000, &[0x0f, 0x0b]);
-    let o = ptiscope()
-        .args(["run", "--timeout", "5", "--kernel"])
-        .arg(&elf)
-        .output()
-        .unwrap();
+    let Some(o) = kvm_run_code_or_skip("triple_fault", false, &[0x0f, 0x0b], "5") else {
+        return;
+    };
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(80), "{err}");
     assert!(err.contains("triple fault (KVM_EXIT_SHUTDOWN)"), "{err}");
@@ -173,21 +146,14 @@ fn triple_fault_is_reported_with_registers() {
 
 #[test]
 fn unknown_port_flood_is_logged_once_and_not_fatal() {
-    if !kvm_or_skip("unknown_port_flood") {
-        return;
-    }
     // mov ecx, 2000; 1: out 0x80, al; dec ecx; jnz 1b; mov eax, 7; out 0xf4, eax; hlt
     let code = [
         0xb9, 0xd0, 0x07, 0x00, 0x00, 0xe6, 0x80, 0x49, 0x75, 0xfb, 0xb8, 0x07, 0x00, 0x00, 0x00,
         0xe7, 0xf4, 0xf4,
     ];
-    let elf = scratch("flood").join("flood.elf");
-    write_pvh_elf(&elf, 0x100000, &code);
-    let o = ptiscope()
-        .args(["run", "--timeout", "10", "--kernel"])
-        .arg(&elf)
-        .output()
-        .unwrap();
+    let Some(o) = kvm_run_code_or_skip("unknown_port_flood", false, &code, "10") else {
+        return;
+    };
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(7), "{err}");
     assert_eq!(err.matches("unknown address 0x80").count(), 1, "{err}");
@@ -196,18 +162,11 @@ fn unknown_port_flood_is_logged_once_and_not_fatal() {
 
 #[test]
 fn kvm_internal_error_or_triple_fault_is_reported() {
-    if !kvm_or_skip("internal_error") {
-        return;
-    }
     // int3 at CPL0: kvm_pvm's emulator gives up (KVM_EXIT_INTERNAL_ERROR with
     // the instruction bytes); hardware KVM delivers #BP and triple-faults.
-    let elf = scratch("interr").join("int3.elf");
-    write_pvh_elf(&elf, 0x100000, &[0xcc]);
-    let o = ptiscope()
-        .args(["run", "--timeout", "5", "--kernel"])
-        .arg(&elf)
-        .output()
-        .unwrap();
+    let Some(o) = kvm_run_code_or_skip("internal_error", false, &[0xcc], "5") else {
+        return;
+    };
     let err = stderr(&o);
     match o.status.code() {
         Some(81) => assert!(err.contains("KVM_EXIT_INTERNAL_ERROR"), "{err}"),

@@ -194,8 +194,7 @@ fn default_compare_marks_significance_and_prints_confidence_intervals() {
         .unwrap();
     let (out, err) = (stdout(&o), stderr(&o));
     assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     let t = CompareTable::from_json(v.clone()).unwrap();
     for m in &t.metrics {
         let sig = m.significance.expect("significance in every metric");
@@ -312,8 +311,7 @@ fn runs_auto_stops_and_says_how_many_runs() {
             name,
         );
         assert_eq!(code, Some(0), "{out}\n{err}");
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        let v = read_json(&json);
         (out, v)
     };
     // 0.0001 % of the mean: host-clock times never agree that well.
@@ -362,8 +360,7 @@ fn against_an_earlier_result_names_environment_differences() {
     }
     let (code, out, err, earlier) = compare(&[], "against-earlier");
     assert_eq!(code, Some(0), "{out}\n{err}");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&earlier).unwrap()).unwrap();
+    let mut v = read_json(&earlier);
     v["environment"]["host"]["microcode"] = "0xdeadbeef".into();
     std::fs::write(&earlier, serde_json::to_string(&v).unwrap()).unwrap();
     let (code, out, err, now) = compare(&["--against", earlier.to_str().unwrap()], "against-now");
@@ -374,8 +371,7 @@ fn against_an_earlier_result_names_environment_differences() {
         ),
         "{err}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&now).unwrap()).unwrap();
+    let v = read_json(&now);
     assert_eq!(
         v["against"]["baseline"]["baseline"]["label"],
         "earlier pti=off"

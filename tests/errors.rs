@@ -80,28 +80,22 @@ fn command_line_too_long() {
     assert!(err.contains("at most 4095 fit"), "{err}");
 }
 
+/// No KVM device, or a file that is not one: 69, saying which.
 #[test]
-fn no_kvm_device() {
-    let o = ptiscope()
-        .env("PTISCOPE_KVM_DEVICE", "/nonexistent/kvm")
-        .arg("run")
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(69), "{err}");
-    assert!(err.contains("KVM is not available on this host"), "{err}");
-}
-
-#[test]
-fn a_file_that_is_not_kvm() {
-    let o = ptiscope()
-        .env("PTISCOPE_KVM_DEVICE", "/dev/null")
-        .arg("run")
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(69), "{err}");
-    assert!(err.contains("is not a usable KVM device"), "{err}");
+fn no_kvm_device_or_a_file_that_is_not_kvm() {
+    for (device, want) in [
+        ("/nonexistent/kvm", "KVM is not available on this host"),
+        ("/dev/null", "is not a usable KVM device"),
+    ] {
+        let o = ptiscope()
+            .env("PTISCOPE_KVM_DEVICE", device)
+            .arg("run")
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(69), "{device}: {err}");
+        assert!(err.contains(want), "{device}: {err}");
+    }
 }
 
 #[test]
@@ -168,12 +162,7 @@ fn options_of_the_other_backend_are_refused() {
 
 #[test]
 fn a_qemu_that_fails_to_start_is_not_a_guest_success() {
-    if std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip("qemu start failure", "qemu-system-x86_64 is not installed");
+    if !qemu_or_skip("qemu start failure", "qemu-system-x86_64") {
         return;
     }
     // QEMU exits 1 on a bad option: the same code as a guest's status 0
@@ -254,44 +243,12 @@ fn an_entry_in_cmdline_is_the_entry_not_a_repeated_key() {
     }
 }
 
-/// Runs ptiscope with a deadline: a hang is a failure, not a stuck test.
-fn run_within(args: &[&str], deadline: std::time::Duration) -> (Option<i32>, String) {
-    use std::io::Read;
-    let mut child = ptiscope()
-        .arg("run")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            assert!(!err.contains("panicked"), "{err}");
-            return (status.code(), err);
-        }
-        if started.elapsed() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("ptiscope run {args:?} still running after {deadline:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 /// `--kernel /dev/zero` used to read until memory ran out (the size cap
 /// looked at the file's metadata, 0 for a device): devices are refused.
 #[test]
 fn a_device_as_kernel_is_refused_at_once() {
     let (code, err) = run_within(
-        &["--kernel", "/dev/zero"],
+        &["run", "--kernel", "/dev/zero"],
         std::time::Duration::from_secs(10),
     );
     assert_eq!(code, Some(66), "{err}");
@@ -312,7 +269,7 @@ fn a_fifo_as_kernel_is_refused_without_waiting_for_a_writer() {
     // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let (code, err) = run_within(
-        &["--kernel", fifo.to_str().unwrap()],
+        &["run", "--kernel", fifo.to_str().unwrap()],
         std::time::Duration::from_secs(10),
     );
     assert_eq!(code, Some(66), "{err}");
@@ -434,15 +391,8 @@ fn more_vcpus_than_kvm_recommends_is_a_host_limit() {
 /// An argument QEMU refuses ends the run with 81 and QEMU's own message.
 #[test]
 fn a_qemu_argument_qemu_refuses_is_81_with_its_message() {
-    let qemu = std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !qemu {
-        ptiscope::test_support::skip(
-            "a_qemu_argument_qemu_refuses_is_81_with_its_message",
-            "qemu-system-x86_64 is not installed",
-        );
+    let test = "a_qemu_argument_qemu_refuses_is_81_with_its_message";
+    if !qemu_or_skip(test, "qemu-system-x86_64") {
         return;
     }
     let o = ptiscope()

@@ -17,7 +17,7 @@ fn walk(extra: &str) -> (serde_json::Value, String) {
         .unwrap();
     let out = stdout(&o) + &stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
-    let v = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     (v, out)
 }
 

@@ -12,26 +12,6 @@ use serde_json::Value;
 
 const PADDR: u32 = 0x100000;
 
-/// 32-bit code that prints `text` (placed right after the code) to COM1 in
-/// one `rep outsb`. `code_len` is the length of all the code before the
-/// text, this piece included.
-fn print(text_at: u32, len: u32) -> Vec<u8> {
-    let mut c = vec![0xfc, 0xbe]; // cld; mov esi, imm32
-    c.extend_from_slice(&text_at.to_le_bytes());
-    c.push(0xb9); // mov ecx, imm32
-    c.extend_from_slice(&len.to_le_bytes());
-    c.extend([0x66, 0xba, 0xf8, 0x03, 0xf3, 0x6e]); // mov dx, 0x3f8; rep outsb
-    c
-}
-
-/// `mov eax, marker; mov dx, PHASE; out dx, eax`
-fn mark(m: Marker) -> Vec<u8> {
-    let mut c = vec![0xb8];
-    c.extend_from_slice(&m.encode().to_le_bytes());
-    c.extend([0x66, 0xba, 0x00, 0x06, 0xef]);
-    c
-}
-
 /// `xor eax, eax; out 0xf4, eax; hlt`: exit status 0.
 const EXIT_0: [u8; 5] = [0x31, 0xc0, 0xe7, 0xf4, 0xf4];
 /// `jmp $`: spin until --timeout.
@@ -39,26 +19,23 @@ const SPIN: [u8; 2] = [0xeb, 0xfe];
 
 /// A guest that runs `before`, prints `text`, runs `after`.
 fn guest(path: &Path, before: &[u8], text: &[u8], after: &[u8]) {
-    let print_len = print(0, 0).len();
-    let text_at = PADDR + (before.len() + print_len + after.len()) as u32;
-    let mut code = before.to_vec();
-    code.extend(print(text_at, text.len() as u32));
-    code.extend_from_slice(after);
-    code.extend_from_slice(text);
-    write_pvh_elf(path, u64::from(PADDR), &code);
+    write_pvh_elf(
+        path,
+        u64::from(PADDR),
+        &print_code(PADDR, before, text, after),
+    );
 }
 
 const HOSTILE: &[u8] = b"title\x1b]0;pwned\x07 clip\x1b]52;c;aGk=\x07 csi\x9b2J end\n";
 
 #[test]
 fn guest_escape_sequences_reach_the_terminal_escaped_and_files_raw() {
-    if !kvm_or_skip("guest escape sequences") {
+    let Some(dir) = kvm_scratch_or_skip("guest escape sequences", "escapes") else {
         return;
-    }
-    let dir = scratch("escapes");
+    };
     let elf = dir.join("escapes.elf");
     guest(&elf, &[], HOSTILE, &SPIN);
-    let o = run_image(&elf, "0.5").output().unwrap();
+    let o = run_image(&elf, "0.5", None);
     let (out, err) = (stdout(&o), stderr(&o));
     assert_eq!(o.status.code(), Some(124), "{err}");
     for (name, text) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
@@ -74,50 +51,37 @@ fn guest_escape_sequences_reach_the_terminal_escaped_and_files_raw() {
 
     // --serial-out is a file: the guest's bytes, unchanged.
     let file = dir.join("console.raw");
-    let o = run_image(&elf, "0.5")
-        .arg("--serial-out")
-        .arg(&file)
-        .output()
-        .unwrap();
+    let o = run_image(&elf, "0.5", Some(("--serial-out", &file)));
     assert_eq!(o.status.code(), Some(124), "{}", stderr(&o));
     assert_eq!(std::fs::read(&file).unwrap(), HOSTILE);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The `rows` entry named `name` of a run summary's JSON.
 /// `ptiscope run` of the guest image `elf` in 16 MiB, stopped after
-/// `timeout` seconds; the caller adds the rest.
-fn run_image(elf: &Path, timeout: &str) -> std::process::Command {
+/// `timeout` seconds, with an output option (`--json PATH`, ...) if given.
+fn run_image(elf: &Path, timeout: &str, output: Option<(&str, &Path)>) -> std::process::Output {
     let mut c = ptiscope();
     c.args(["run", "--mem", "16", "--timeout", timeout, "--kernel"])
         .arg(elf);
-    c
-}
-
-fn row<'a>(v: &'a Value, name: &str) -> &'a Value {
-    v["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == name)
-        .unwrap_or_else(|| panic!("no row {name} in {v}"))
+    if let Some((option, path)) = output {
+        c.arg(option).arg(path);
+    }
+    c.output().unwrap()
 }
 
 #[test]
 fn a_spoofed_iteration_count_does_not_change_host_rates() {
-    if !kvm_or_skip("spoofed iterations") {
-        return;
-    }
     // The VMM asks for 1000 getpid calls; the guest marks a phase, claims
     // it ran 1, and exits. Host-observed rates divide by the 1000 asked
     // (+ the marker call), and a cross-check says the guest disagrees.
-    let dir = scratch("spoof");
+    let Some(dir) = kvm_scratch_or_skip("spoofed iterations", "spoof") else {
+        return;
+    };
     let elf = dir.join("spoof.elf");
     guest(
         &elf,
-        &mark(Marker::begin(ID_WORKLOAD)),
+        &mark_code(Marker::begin(ID_WORKLOAD)),
         b"@result workload=getpid iterations=1 cycles=5000\n",
-        &[mark(Marker::end(ID_WORKLOAD)), EXIT_0.to_vec()].concat(),
+        &[mark_code(Marker::end(ID_WORKLOAD)), EXIT_0.to_vec()].concat(),
     );
     let json = dir.join("run.json");
     let o = ptiscope()
@@ -138,10 +102,10 @@ fn a_spoofed_iteration_count_does_not_change_host_rates() {
         .unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v: Value = read_json(&json);
     assert_eq!(v["iterations"], 1001, "{v}");
     for name in ["vmm_exits", "elapsed"] {
-        let r = row(&v, name);
+        let r = the_row(&v, name);
         let total = r["total"].as_f64().unwrap();
         let per = r["per_iteration"].as_f64().unwrap();
         assert!(
@@ -150,7 +114,7 @@ fn a_spoofed_iteration_count_does_not_change_host_rates() {
         );
     }
     // The guest's own figure stays the guest's, over the N the VMM asked for.
-    let cycles = row(&v, "cycles");
+    let cycles = the_row(&v, "cycles");
     assert_eq!(cycles["source"], "guest", "{cycles}");
     assert_eq!(cycles["per_iteration"].as_f64(), Some(5.0), "{cycles}");
     let check = v["cross_checks"]
@@ -166,23 +130,17 @@ fn a_spoofed_iteration_count_does_not_change_host_rates() {
         err.contains("requested_iterations [vmm] 1,000 vs iterations [guest] 1: DISAGREE"),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_guest_that_never_initialised_its_telemetry_is_not_called_valid() {
-    if !kvm_or_skip("uninitialised telemetry") {
+    let Some(dir) = kvm_scratch_or_skip("uninitialised telemetry", "notelemetry") else {
         return;
-    }
-    let dir = scratch("notelemetry");
+    };
     let elf = dir.join("quiet.elf");
     guest(&elf, &[], b"hello\n", &EXIT_0);
     let json = dir.join("run.json");
-    let o = run_image(&elf, "5")
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
+    let o = run_image(&elf, "5", Some(("--json", &json)));
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(!err.contains("guest telemetry: valid"), "{err}");
@@ -190,8 +148,7 @@ fn a_guest_that_never_initialised_its_telemetry_is_not_called_valid() {
         err.contains("guest telemetry: none (the guest never initialised its page)"),
         "{err}"
     );
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v: Value = read_json(&json);
     assert_eq!(v["telemetry_initialized"], false, "{v}");
     assert!(v["telemetry_valid"].is_null(), "{v}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

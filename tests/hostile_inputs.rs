@@ -6,37 +6,9 @@
 
 mod common;
 
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-
-/// Runs ptiscope with `args`, killing it (and failing) after `limit`.
-fn run_within(args: &[&str], limit: Duration) -> (Option<i32>, String) {
-    let start = Instant::now();
-    let mut child = ptiscope()
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            use std::io::Read;
-            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-            assert!(!err.contains("panicked"), "{args:?}: {err}");
-            return (status.code(), err);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{args:?}: still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn mkfifo(path: &std::path::Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();

@@ -5,30 +5,25 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 
 #[test]
 fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
-    if !kvm_or_skip("sigint_stops_a_compare_and_keeps_its_complete_pairs") {
+    let test = "sigint_stops_a_compare_and_keeps_its_complete_pairs";
+    let Some(dir) = kvm_scratch_or_skip(test, "compare-sigint") else {
         return;
-    }
-    let dir = scratch("compare-sigint");
+    };
     let json = dir.join("c.json");
     let csv = dir.join("c.csv");
-    let child = ptiscope()
-        .args(["compare", "--baseline", "pti=off", "--compare", "pti=on"])
-        .args(["--runs", "100", "--iterations", "20", "--quiet", "--json"])
-        .arg(&json)
-        .arg("--csv")
-        .arg(&csv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_writing(
+        ptiscope()
+            .args(["compare", "--baseline", "pti=off", "--compare", "pti=on"])
+            .args(["--runs", "100", "--iterations", "20", "--quiet"]),
+        &json,
+        &csv,
+    );
     std::thread::sleep(Duration::from_secs(4));
     assert!(!json.exists(), "--json appeared before the compare ended");
     let (text, _) = interrupt(child);
@@ -36,8 +31,7 @@ fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
         text.contains("PARTIAL: interrupted by SIGINT during "),
         "{text}"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     assert_eq!(v["schema"], "ptiscope.compare/1");
     assert_eq!(v["runs"]["stopped"], "partial", "{}", v["runs"]);
     let per_side = v["runs"]["per_side"].as_u64().unwrap();
@@ -46,7 +40,6 @@ fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
     assert!(std::fs::read_to_string(&csv)
         .unwrap()
         .starts_with("# PARTIAL: "));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -85,10 +78,7 @@ fn two_outputs_given_one_file_are_refused() {
         vec!["sweep", "--json", f, "--svg", f],
         vec!["run", "--json", f, "--serial-out", f],
     ] {
-        let out = ptiscope().args(&args).output().unwrap();
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
-        assert!(err.contains("are the same file"), "{args:?}: {err}");
+        assert_refused(&args, 64, &["are the same file"]);
     }
     // /dev/null may take several.
     let out = ptiscope()

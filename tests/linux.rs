@@ -3,7 +3,9 @@
 //! input (not a kernel, the wrong --arch, a kernel without PTI, a panic, a
 //! timeout) ends with its documented exit code and a message naming the
 //! cause. The tests that need a kernel skip, saying so, where none has been
-//! fetched; the bad-image tests need none.
+//! fetched; those that boot it under QEMU also skip, saying so, where QEMU
+//! is missing or cannot load ptiscope's TCG plugin (every such run loads
+//! it); the bad-image tests need none.
 //!
 //! Every boot is small (a few thousand calls): TCG boots Linux in a few
 //! seconds and runs its kernel code slowly.
@@ -11,14 +13,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
-/// A fetched kernel's path, or `None` after printing why the test skips.
+/// A fetched kernel's path, or `None` after printing why the test skips:
+/// `qemu` is missing or cannot load ptiscope's TCG plugin (every run here
+/// loads it), or the kernel is not fetched.
 fn kernel_or_skip(test: &str, name: &str, qemu: &str) -> Option<PathBuf> {
-    if Command::new(qemu).arg("--version").output().is_err() {
-        ptiscope::test_support::skip(test, &format!("{qemu} is not installed"));
+    if !plugin_or_skip(test, qemu) {
         return None;
     }
     cached_kernel_or_skip(test, name)
@@ -76,8 +79,7 @@ fn compare_getppid(test: &str, (name, qemu): (&str, &str)) {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}\n{}", stdout(&o), stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     let words = |side: &str| -> Vec<String> {
         v[side]["config"]
             .as_array()
@@ -90,16 +92,8 @@ fn compare_getppid(test: &str, (name, qemu): (&str, &str)) {
     assert!(b.contains(&"pti=off".to_string()), "{b:?}");
     assert!(c.contains(&"pti=on".to_string()), "{c:?}");
     assert!(b.iter().any(|w| w.starts_with("release=6.")), "{b:?}");
-    let m = v["metrics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "cycles_per_call")
-        .expect("cycles_per_call in the table");
-    let (base, comp) = (
-        m["baseline"]["amean"].as_f64().unwrap(),
-        m["compare"]["amean"].as_f64().unwrap(),
-    );
+    let m = compare_metric(&v, "cycles_per_call");
+    let (base, comp) = ameans(m);
     assert!(base > 0.0 && comp > 0.0, "{m}");
     // Host-observed (ptiscope's TCG plugin, between the init's two marker
     // writes): MOV-to-CR3 per getppid ~0 with pti=off and ~2 with pti=on
@@ -109,17 +103,9 @@ fn compare_getppid(test: &str, (name, qemu): (&str, &str)) {
     // few hundredths per call at 3000 calls; 0.1 is far above that and
     // far below the 2 that separate the sides.
     let amean = |name: &str| -> (f64, f64) {
-        let m = v["metrics"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["name"] == name)
-            .unwrap_or_else(|| panic!("{name} in the table: {}", stderr(&o)));
+        let m = compare_metric(&v, name);
         assert_eq!(m["source"], "qemu_plugin", "{m}");
-        (
-            m["baseline"]["amean"].as_f64().unwrap(),
-            m["compare"]["amean"].as_f64().unwrap(),
-        )
+        ameans(m)
     };
     let (off, on) = amean("insn_mov_cr3_per_call");
     assert!(off < 0.1, "pti=off: {off} CR3 writes per call");
@@ -166,16 +152,8 @@ fn sweep_runs_on_debian_amd64() {
             "--workload",
             "getppid",
         ])
-        .args([
-            "--iterations",
-            "500",
-            "--wss",
-            "0,64K",
-            "--touches",
-            "1x",
-            "--runs",
-            "1",
-        ])
+        .args(["--iterations", "500"])
+        .args(TWO_CELLS)
         .args(["--quiet", "--timeout", "120"])
         .output()
         .unwrap();
@@ -394,88 +372,63 @@ fn fake_bzimage(path: &Path, x86_64: bool) {
 /// no fetched kernel needed).
 #[test]
 fn bad_linux_images_and_options_are_refused_before_boot() {
-    let dir = scratch("linux-bad");
+    let dir = Scratch::new("linux-bad");
     let not_kernel = dir.join("notes.txt");
     std::fs::write(&not_kernel, "just some text\n").unwrap();
-    let run = |args: &[&str]| ptiscope().arg("run").args(args).output().unwrap();
-    let p = |p: &Path| p.to_str().unwrap().to_string();
-
-    let o = run(&["--backend", "qemu", "--linux", &p(&not_kernel)]);
-    assert_eq!(o.status.code(), Some(65), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("is not a Linux kernel"),
-        "{}",
-        stderr(&o)
-    );
-
-    let o = run(&["--backend", "qemu", "--linux", &p(&dir.join("missing"))]);
-    assert_eq!(o.status.code(), Some(66), "{}", stderr(&o));
-
-    let o = run(&["--backend", "qemu", "--linux", "/dev/zero"]);
-    assert_eq!(o.status.code(), Some(66), "{}", stderr(&o));
-    assert!(stderr(&o).contains("character device"), "{}", stderr(&o));
-
     let i386 = dir.join("bzImage-i386");
     fake_bzimage(&i386, false);
-    let o = run(&[
-        "--backend",
-        "qemu",
-        "--linux",
-        &p(&i386),
-        "--arch",
-        "x86_64",
-    ]);
-    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("is an i386 kernel but --arch x86_64"),
-        "{}",
-        stderr(&o)
-    );
-
-    // A kernel whose configuration has no PTI, asked for pti=on.
+    // A kernel whose configuration has no PTI.
     let nopti = dir.join("nopti");
     std::fs::create_dir_all(&nopti).unwrap();
-    fake_bzimage(&nopti.join("vmlinuz"), true);
+    let x64 = nopti.join("vmlinuz");
+    fake_bzimage(&x64, true);
     std::fs::write(
         nopti.join("config"),
         "CONFIG_X86_64=y\n# CONFIG_PAGE_TABLE_ISOLATION is not set\n",
     )
     .unwrap();
-    let o = run(&[
-        "--backend",
-        "qemu",
-        "--linux",
-        &p(&nopti.join("vmlinuz")),
-        "--pti",
-        "on",
-    ]);
-    assert_eq!(o.status.code(), Some(6), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("CONFIG_PAGE_TABLE_ISOLATION"),
-        "{}",
-        stderr(&o)
-    );
-
-    // An option of ptiscope's own guest, and an entry Linux x86_64 has not.
-    let x64 = nopti.join("vmlinuz");
-    let o = run(&[
-        "--backend",
-        "qemu",
-        "--linux",
-        &p(&x64),
-        "--entry",
-        "int3",
-        "--workload",
-        "getpid",
-    ]);
-    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-    let o = run(&["--backend", "qemu", "--linux", &p(&x64), "--pcid", "on"]);
-    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-
-    let long = "x".repeat(3000);
-    let o = run(&["--backend", "qemu", "--linux", &p(&x64), "--append", &long]);
-    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
-    assert!(stderr(&o).contains("at most 2047"), "{}", stderr(&o));
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    let (not_kernel, missing) = (p(&not_kernel), p(&dir.join("missing")));
+    let (i386, x64, long) = (p(&i386), p(&x64), "x".repeat(3000));
+    // (after `run --backend qemu`, exit code, what stderr says)
+    for (args, code, wants) in [
+        (
+            vec!["--linux", &not_kernel],
+            65,
+            &["is not a Linux kernel"][..],
+        ),
+        (vec!["--linux", &missing], 66, &[]),
+        (vec!["--linux", "/dev/zero"], 66, &["character device"]),
+        (
+            vec!["--linux", &i386, "--arch", "x86_64"],
+            64,
+            &["is an i386 kernel but --arch x86_64"],
+        ),
+        // Asked for pti=on.
+        (
+            vec!["--linux", &x64, "--pti", "on"],
+            6,
+            &["CONFIG_PAGE_TABLE_ISOLATION"],
+        ),
+        // An option of ptiscope's own guest, and an entry Linux x86_64 has not.
+        (
+            vec!["--linux", &x64, "--entry", "int3", "--workload", "getpid"],
+            64,
+            &[],
+        ),
+        (vec!["--linux", &x64, "--pcid", "on"], 64, &[]),
+        (
+            vec!["--linux", &x64, "--append", &long],
+            64,
+            &["at most 2047"],
+        ),
+    ] {
+        assert_refused(
+            &[&["run", "--backend", "qemu"][..], &args].concat(),
+            code,
+            wants,
+        );
+    }
 
     // An unfetched known name says how to fetch it.
     let o = ptiscope()
@@ -489,7 +442,6 @@ fn bad_linux_images_and_options_are_refused_before_boot() {
         "{}",
         stderr(&o)
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Under the VMM (`--backend kvm`) a Linux run is refused, with the probe's
@@ -592,7 +544,8 @@ fn the_vmm_boots_debian_vmlinux_to_its_first_console_lines() {
     if !kvm_or_skip(test) {
         return;
     }
-    let Some(bz) = kernel_or_skip(test, AMD64.0, AMD64.1) else {
+    // The VMM boots it: no QEMU needed.
+    let Some(bz) = cached_kernel_or_skip(test, AMD64.0) else {
         return;
     };
     let bytes = std::fs::read(&bz).unwrap();
@@ -600,12 +553,30 @@ fn the_vmm_boots_debian_vmlinux_to_its_first_console_lines() {
         ptiscope::test_support::skip(test, "the cached bzImage is not LZ4-compressed");
         return;
     };
-    let dir = scratch(test);
-    let (elf, serial) = (dir.join("vmlinux"), dir.join("serial.log"));
+    let dir = Scratch::new(test);
+    let elf = dir.join("vmlinux");
     std::fs::write(&elf, vmlinux).unwrap();
+    let (banner, out) = boot_to_banner(test, &elf, &dir, 240);
+    banner.unwrap_or_else(|console| panic!("{console}\nstderr:\n{}", stderr(&out)));
+}
+
+/// `ptiscope run --kernel IMAGE` with Linux's console on the serial port
+/// into DIR/serial.log, until Linux's banner is there, the run ends or
+/// `bound_s` have passed; then SIGTERM. Linux's banner line (or, if none
+/// came, a failure message with the console) and the VMM's output; says on
+/// stderr how long `test` waited for the banner.
+fn boot_to_banner(
+    test: &str,
+    image: &Path,
+    dir: &Path,
+    bound_s: u64,
+) -> (Result<String, String>, std::process::Output) {
+    let serial = dir.join("serial.log");
     let mut child = ptiscope()
-        .args(["run", "--mem", "256", "--timeout", "240", "--kernel"])
-        .arg(&elf)
+        .args(["run", "--mem", "256", "--timeout"])
+        .arg((bound_s + 60).to_string())
+        .arg("--kernel")
+        .arg(image)
         .args([
             "--cmdline",
             "console=ttyS0 earlyprintk=serial,ttyS0",
@@ -613,35 +584,29 @@ fn the_vmm_boots_debian_vmlinux_to_its_first_console_lines() {
         ])
         .arg(&serial)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let start = std::time::Instant::now();
-    let seen = loop {
-        let text = std::fs::read_to_string(&serial).unwrap_or_default();
-        if text.contains("Linux version 6.") {
-            break Some(text);
-        }
-        if child.try_wait().unwrap().is_some() || start.elapsed().as_secs() > 240 {
-            break None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
+    let banner = "Linux version 6.";
+    let seen = wait_for_text(&mut child, &serial, banner, Duration::from_secs(bound_s));
+    let secs = start.elapsed().as_secs_f64();
     // SAFETY: kill(2) of our own child by its pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().unwrap();
-    let text = seen.unwrap_or_else(|| {
-        panic!(
-            "no Linux banner on the VMM's console (ended {status:?}):\n{}",
+    let out = child.wait_with_output().unwrap();
+    let line = match seen {
+        Some(text) => {
+            let line = text.lines().find(|l| l.contains(banner)).unwrap_or("");
+            eprintln!("{test}: Linux's banner after {secs:.1} s: {line}");
+            Ok(line.to_string())
+        }
+        None => Err(format!(
+            "no Linux banner on the VMM's console within {bound_s} s (ended {:?}):\n{}",
+            out.status,
             std::fs::read_to_string(&serial).unwrap_or_default()
-        )
-    });
-    eprintln!(
-        "{test}: Linux's banner after {:.1} s: {}",
-        start.elapsed().as_secs_f64(),
-        text.lines().next().unwrap_or("")
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+        )),
+    };
+    (line, out)
 }
 
 /// `reproduce tarreau-2018 --no-companion`: the seed's rows for Linux beside
@@ -663,8 +628,7 @@ fn reproduce_tarreau_on_debian_amd64() {
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
     assert!(out.contains("920 ms"), "{out}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     assert_eq!(v["seed"], "tarreau-2018");
     let rows: Vec<&serde_json::Value> = v["rows"]
         .as_array()
@@ -742,56 +706,13 @@ fn the_vmm_boots_the_debian_bzimage_to_its_banner() {
     let Some(bz) = cached_kernel_or_skip(test, AMD64.0) else {
         return;
     };
-    let dir = scratch(test);
-    let serial = dir.join("serial.log");
-    let mut child = ptiscope()
-        .args(["run", "--mem", "256", "--timeout"])
-        .arg((BOUND_S + 60).to_string())
-        .arg("--kernel")
-        .arg(&bz)
-        .args([
-            "--cmdline",
-            "console=ttyS0 earlyprintk=serial,ttyS0",
-            "--serial-out",
-        ])
-        .arg(&serial)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    let seen = loop {
-        let text = std::fs::read_to_string(&serial).unwrap_or_default();
-        if text.contains("Linux version 6.") {
-            break Some(text);
-        }
-        if child.try_wait().unwrap().is_some() || start.elapsed().as_secs() > BOUND_S {
-            break None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
-    let secs = start.elapsed().as_secs_f64();
-    // SAFETY: kill(2) of our own child by its pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
-    let text = seen.unwrap_or_else(|| {
-        panic!(
-            "no Linux banner on the VMM's console within {BOUND_S} s (ended {:?}):\n{}\nstderr:\n{}",
-            out.status,
-            std::fs::read_to_string(&serial).unwrap_or_default(),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let dir = Scratch::new(test);
+    let (banner, out) = boot_to_banner(test, &bz, &dir, BOUND_S);
+    banner.unwrap_or_else(|console| panic!("{console}\nstderr:\n{}", stderr(&out)));
     assert_eq!(
         out.status.code(),
         Some(143),
         "SIGTERM should stop the VM cleanly with 128 + 15; stderr:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr(&out)
     );
-    let banner = text
-        .lines()
-        .find(|l| l.contains("Linux version 6."))
-        .unwrap_or("");
-    eprintln!("{test}: Linux's banner after {secs:.1} s: {banner}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

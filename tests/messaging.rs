@@ -78,8 +78,7 @@ fn x86_64_delivers_every_message_with_the_expected_cr3_writes_as_processes_and_t
             check(&r, pti, mode, &what);
             // The host's report: per-message rates, and KVM's flushes agree
             // with the guest's CR3 switches (exits and context switches).
-            let v: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            let v = read_json(&json);
             assert_eq!(v["iteration_name"], "message", "{what}");
             assert_eq!(
                 v["iterations"].as_u64(),

@@ -8,18 +8,11 @@ use common::*;
 
 #[test]
 fn an_elf32_pvh_image_boots_or_is_refused_with_the_host_limitation_named() {
-    if !kvm_or_skip("ELF32 boot or refusal") {
-        return;
-    }
     // xor eax, eax; out 0xf4, eax; cli; hlt
     let code = [0x31, 0xc0, 0xe7, 0xf4, 0xfa, 0xf4];
-    let elf = scratch("pae").join("tiny32.elf");
-    write_pvh_elf32(&elf, 0x10_0000, &code);
-    let o = ptiscope()
-        .args(["run", "--timeout", "5", "--kernel"])
-        .arg(&elf)
-        .output()
-        .unwrap();
+    let Some(o) = kvm_run_code_or_skip("ELF32 boot or refusal", true, &code, "5") else {
+        return;
+    };
     let err = stderr(&o);
     if host_pae_paging_works() {
         assert_eq!(o.status.code(), Some(0), "{err}");
@@ -42,13 +35,10 @@ fn i386_qemu(args: &[&str]) -> Option<(Option<i32>, String)> {
 
 #[test]
 fn the_embedded_i386_guest_is_refused_here_or_boots_under_kvm() {
-    if !kvm_or_skip("embedded i386 guest under KVM") {
+    let args = ["--arch", "i386", "--timeout", "20"];
+    let Some(o) = kvm_run_or_skip("embedded i386 guest under KVM", &args) else {
         return;
-    }
-    let o = ptiscope()
-        .args(["run", "--arch", "i386", "--timeout", "20"])
-        .output()
-        .unwrap();
+    };
     if host_pae_paging_works() {
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         assert!(stdout(&o).contains("ptiscope guest i386"));

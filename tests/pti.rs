@@ -12,8 +12,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use ptiscope::machine::loader::KernelSource;
@@ -252,40 +251,12 @@ fn host_walk_finds_no_kernel_mapping_outside_the_entry_area_in_the_user_copy() {
 /// Boots the guest ELF under QEMU TCG with `-cpu max` (SYSCALL; PCID where this TCG has it) and
 /// returns (QEMU exit code, console).
 fn qemu_tcg(append: &str) -> Option<(Option<i32>, String)> {
-    let qemu = "qemu-system-x86_64";
-    if Command::new(qemu).arg("--version").output().is_err() {
-        ptiscope::test_support::skip("PCID under QEMU", &format!("{qemu} is not installed"));
-        return None;
-    }
-    let elf = scratch("pti-qemu").join("guest.elf");
-    std::fs::write(&elf, ptiscope::GUEST_X86_64).unwrap();
-    let mut child = Command::new(qemu)
-        .args(["-M", "microvm", "-accel", "tcg", "-cpu", "max", "-m", "128"])
-        .args([
-            "-nodefaults",
-            "-no-user-config",
-            "-nographic",
-            "-serial",
-            "stdio",
-        ])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4", "-kernel"])
-        .arg(&elf)
-        .args(["-append", append])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("QEMU did not stop within 120 s ({append})");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    Some((out.status.code(), stdout(&out) + &stderr(&out)))
+    let o = qemu_microvm_guest(
+        "PCID under QEMU",
+        &["-cpu", "max", "-append", append],
+        Duration::from_secs(120),
+    )?;
+    Some((o.status.code(), stdout(&o) + &stderr(&o)))
 }
 
 #[test]
@@ -343,8 +314,7 @@ fn ptiscope_pagetables_reports_isolation_from_the_host_walk() {
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let verdict = if isolated { "ISOLATED" } else { "NOT isolated" };
         assert!(stdout(&o).contains(verdict), "{}", stdout(&o));
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let v = read_json(&json);
         let outside = v["isolation"]["outside_entry_area"].as_array().unwrap();
         assert_eq!(outside.is_empty(), isolated, "pti={pti}: {outside:?}");
         assert_eq!(v["user_cr3"].is_null(), !isolated);

@@ -8,7 +8,6 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
 
 #[test]
 fn deferred_switch_still_switches_twice_per_call() {
@@ -95,7 +94,7 @@ fn compare_reports_exposure_beside_cost() {
         .output()
         .expect("run ptiscope");
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     let text = v.to_string();
     let amean = |metric: &str, side: &str| -> Option<f64> {
         v["metrics"]

@@ -3,72 +3,17 @@
 
 mod common;
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
 #[test]
 fn embedded_guest_boots_under_qemu_microvm() {
-    let qemu = "qemu-system-x86_64";
-    if Command::new(qemu).arg("--version").output().is_err() {
-        ptiscope::test_support::skip(
-            "embedded_guest_boots_under_qemu_microvm",
-            &format!("{qemu} is not installed"),
-        );
+    let test = "embedded_guest_boots_under_qemu_microvm";
+    let Some(o) = qemu_microvm_guest(test, &[], Duration::from_secs(60)) else {
         return;
-    }
-    let elf = scratch("qemu").join("guest.elf");
-    std::fs::write(&elf, ptiscope::GUEST_X86_64).unwrap();
-    let mut child = Command::new(qemu)
-        .args([
-            "-M",
-            "microvm",
-            "-accel",
-            "tcg",
-            "-m",
-            "128",
-            "-nodefaults",
-            "-no-user-config",
-            "-nographic",
-            "-serial",
-            "stdio",
-            "-device",
-            "isa-debug-exit,iobase=0xf4,iosize=4",
-            "-kernel",
-        ])
-        .arg(&elf)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("QEMU did not stop within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
     };
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, out, err) = (o.status, stdout(&o), stderr(&o));
     let banner = out
         .lines()
         .find(|l| l.contains(ptiscope_abi::BANNER_PREFIX))
@@ -92,12 +37,7 @@ fn embedded_guest_boots_under_qemu_microvm() {
 
 #[test]
 fn backend_qemu_runs_the_workload_and_reports_guest_figures() {
-    if Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip("backend qemu", "qemu-system-x86_64 is not installed");
+    if !qemu_or_skip("backend qemu", "qemu-system-x86_64") {
         return;
     }
     let json = scratch("backend-qemu").join("run.json");
@@ -109,17 +49,8 @@ fn backend_qemu_runs_the_workload_and_reports_guest_figures() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("backend qemu"), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let row = |name: &str| {
-        v["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} row in {v}"))
-            .clone()
-    };
+    let v = read_json(&json);
+    let row = |name: &str| the_row(&v, name);
     assert_eq!(v["iterations"], 101, "N + the end-marker call");
     assert_eq!(row("cr3_writes")["total"], 202.0);
     assert_eq!(row("cr3_writes")["source"], "guest");

@@ -10,17 +10,6 @@ use common::*;
 use ptiscope_abi::phase::{Marker, ID_WORKLOAD};
 use serde_json::Value;
 
-/// True if `binary` can load ptiscope's plugin; else prints why not.
-fn plugin_or_skip(test: &str, binary: &str) -> bool {
-    match ptiscope::backend::qemu::plugin_for(binary) {
-        Ok(_) => true,
-        Err(e) => {
-            ptiscope::test_support::skip(test, &format!("no usable QEMU plugin: {e}"));
-            false
-        }
-    }
-}
-
 fn binary(arch: &str) -> &'static str {
     if arch == "i386" {
         "qemu-system-i386"
@@ -34,7 +23,7 @@ fn run_json(name: &str, args: &[&str]) -> (Value, String) {
     // Tests run in parallel in one process: one directory per call.
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = scratch(&format!("{name}-{n}"));
+    let dir = Scratch::new(&format!("{name}-{n}"));
     let json = dir.join("run.json");
     let o = ptiscope()
         .args(["run", "--backend", "qemu", "--timeout", "120"])
@@ -45,9 +34,7 @@ fn run_json(name: &str, args: &[&str]) -> (Value, String) {
         .unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
-    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    (v, err)
+    (read_json(&json), err)
 }
 
 fn check<'a>(v: &'a Value, host_metric: &str) -> &'a Value {
@@ -229,14 +216,6 @@ fn poundsyscall_with_two_cpus_gives_per_vcpu_rows() {
     }
 }
 
-/// `mov eax, marker; mov dx, PHASE; out dx, eax`
-fn mark(m: Marker) -> Vec<u8> {
-    let mut c = vec![0xb8];
-    c.extend_from_slice(&m.encode().to_le_bytes());
-    c.extend([0x66, 0xba, 0x00, 0x06, 0xef]);
-    c
-}
-
 #[test]
 fn a_guest_that_misreports_its_cr3_writes_is_caught() {
     if !plugin_or_skip("misreported CR3 writes", "qemu-system-i386") {
@@ -246,21 +225,13 @@ fn a_guest_that_misreports_its_cr3_writes_is_caught() {
     // writes CR3 twice, ends the phase, and claims it wrote none.
     const PADDR: u32 = 0x100000;
     let text = b"@result workload=getpid iterations=1000 cycles=5000 cr3_writes=0\n";
-    let mut code = mark(Marker::begin(ID_WORKLOAD));
+    let mut before = mark_code(Marker::begin(ID_WORKLOAD));
     // mov eax, cr3; mov cr3, eax; mov cr3, eax
-    code.extend([0x0f, 0x20, 0xd8, 0x0f, 0x22, 0xd8, 0x0f, 0x22, 0xd8]);
-    code.extend(mark(Marker::end(ID_WORKLOAD)));
-    let print_len = 17;
+    before.extend([0x0f, 0x20, 0xd8, 0x0f, 0x22, 0xd8, 0x0f, 0x22, 0xd8]);
+    before.extend(mark_code(Marker::end(ID_WORKLOAD)));
     let exit = [0x31, 0xc0, 0xe7, 0xf4, 0xf4]; // xor eax,eax; out 0xf4,eax; hlt
-    let text_at = PADDR + (code.len() + print_len + exit.len()) as u32;
-    code.extend([0xfc, 0xbe]); // cld; mov esi, imm32
-    code.extend_from_slice(&text_at.to_le_bytes());
-    code.push(0xb9); // mov ecx, imm32
-    code.extend_from_slice(&(text.len() as u32).to_le_bytes());
-    code.extend([0x66, 0xba, 0xf8, 0x03, 0xf3, 0x6e]); // mov dx, 0x3f8; rep outsb
-    code.extend(exit);
-    code.extend_from_slice(text);
-    let dir = scratch("plugin-liar");
+    let code = print_code(PADDR, &before, text, &exit);
+    let dir = Scratch::new("plugin-liar");
     let elf = dir.join("liar.elf");
     write_pvh_elf32(&elf, PADDR, &code);
     // QEMU divides by the PT_NOTE's p_align (0 in the minimal ELF: SIGFPE).
@@ -286,7 +257,6 @@ fn a_guest_that_misreports_its_cr3_writes_is_caught() {
         err.contains("insn_mov_cr3 [qemu-plugin] 2 vs cr3_writes [guest] 0: DISAGREE"),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -31,9 +31,7 @@ fn run_two_cpus(test: &str, args: &[&str]) -> (String, Value) {
         out.status,
         stderr(&out)
     );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
-        .expect("valid json");
-    (console, v)
+    (console, read_json(&json))
 }
 
 #[test]
@@ -64,16 +62,11 @@ fn poundsyscall_two_threads_run_on_both_vcpus_with_two_cr3_writes_per_call() {
         // The exits rise per call only where each entry exits to KVM
         // (kvm_pvm, whose guest kernel runs emulated); hardware KVM runs
         // the syscalls without exits.
-        let pvm = v["environment"]["kvm"]["module"] == "kvm_pvm";
-        if !pvm {
-            ptiscope::test_support::skip(
-                "poundsyscall: per-vCPU KVM exits per call",
-                &format!(
-                    "only kvm_pvm exits on every guest entry; this KVM is {}",
-                    v["environment"]["kvm"]["module"]
-                ),
-            );
-        }
+        let pvm = ran_on_kvm_pvm(
+            &v,
+            "poundsyscall: per-vCPU KVM exits per call",
+            "only kvm_pvm exits on every guest entry",
+        );
         for cpu in 0..2 {
             let exits = row(&v, &format!("kvm_exits_vcpu{cpu}")).expect("per-vCPU KVM exits");
             assert!(!pvm || exits >= CALLS as f64, "vCPU {cpu}: {exits} exits");
@@ -100,20 +93,11 @@ fn sched_messaging_across_two_cpus_loses_no_message() {
             "groups=1 loops=2",
         ],
     );
-    let r = result_line(&console);
-    let messages = 20 * 20 * 2;
-    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
-    assert_eq!(num(&r, "iterations"), messages, "{r:?}");
-    assert_eq!(num(&r, "syscalls"), 2 * messages + 40 + 41 + 1, "{r:?}");
+    check_messaging_across_cpus(&console, "sched-messaging on two vCPUs");
     for cpu in 0..2 {
         let sys = row(&v, &format!("syscalls_cpu{cpu}")).expect("per-CPU syscalls");
         assert!(sys > 0.0, "CPU {cpu} ran no task");
     }
-    let ipis = machine_line(&console, "@smp");
-    assert!(
-        num(&ipis, "ipis_sent") > 0,
-        "no cross-CPU wake-up: {ipis:?}"
-    );
 }
 
 #[test]
@@ -123,20 +107,13 @@ fn bad_cpu_counts_are_usage_errors() {
         (&["run", "--cpus", "9"][..], "1..=8"),
         (&["run", "--cpus", "2", "--no-irqchip"][..], "irqchip"),
     ] {
-        let out = ptiscope().args(args).output().expect("run ptiscope");
-        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
-        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+        assert_refused(args, 64, &[want]);
     }
 }
 
 #[test]
 fn two_cpus_boot_under_qemu_smp_with_syscall_entry() {
-    if std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip("qemu smp", "qemu-system-x86_64 is not installed");
+    if !qemu_or_skip("qemu smp", "qemu-system-x86_64") {
         return;
     }
     let out = ptiscope()
@@ -164,11 +141,7 @@ fn two_cpus_boot_under_qemu_smp_with_syscall_entry() {
     let console = stdout(&out);
     assert!(out.status.success(), "{console}\n{}", stderr(&out));
     assert!(console.contains("smp: 2 of 2 CPUs online"), "{console}");
-    let r = result_line(&console);
-    assert_eq!(num(&r, "mismatches"), 0, "{r:?}");
-    assert_eq!(num(&r, "syscalls"), 200 + 2 + 3 + 1, "{r:?}");
-    assert_eq!(num(&r, "cr3_entry"), num(&r, "syscalls"), "{r:?}");
-    assert_eq!(num(&r, "cr3_exit"), num(&r, "syscalls"), "{r:?}");
+    check_two_threads(&result_line(&console), 100, "on", "qemu smp");
 }
 
 #[test]
@@ -279,7 +252,7 @@ fn compare_poundsyscall_prints_the_per_thread_count_table() {
     for t in 1..=4 {
         assert!(text.contains(&format!("Amean  elapsed-{t}")), "{text}");
     }
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     assert!(v["environment"]["host"].is_object(), "{}", v["environment"]);
     let counts = v["thread_counts"].as_array().expect("thread counts");
     assert_eq!(counts.len(), 4, "T = 1..=2 x 2 vCPUs");

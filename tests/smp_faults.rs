@@ -18,45 +18,24 @@ const TIMEOUT_S: u64 = 3;
 /// took longer than `--timeout` + 2 s (killing it at twice that).
 fn run_bounded(args: &[&str], what: &str) -> (Option<i32>, String, String) {
     let start = Instant::now();
-    let mut child = ptiscope()
+    let child = ptiscope()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Drain stdout/stderr on threads so a chatty guest never blocks it.
-    let mut out_pipe = child.stdout.take().unwrap();
-    let mut err_pipe = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut out_pipe, &mut s);
-        s
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut err_pipe, &mut s);
-        s
-    });
+    // Its stdout and stderr are drained while it runs, so a chatty guest
+    // never blocks it.
     let limit = Duration::from_secs(TIMEOUT_S + 2);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > limit * 2 {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after {:?}", limit * 2);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let o = wait_output_within(child, limit * 2).unwrap_or_else(|e| panic!("{what}: {e}"));
     let took = start.elapsed();
-    let (out, err) = (out_t.join().unwrap(), err_t.join().unwrap());
+    let (out, err) = (stdout(&o), stderr(&o));
     assert!(
         took <= limit,
         "{what}: took {took:?}, more than --timeout + 2 s\n{err}"
     );
-    (status.code(), out, err)
+    (o.status.code(), out, err)
 }
 
 fn check_every_fault_on_every_vcpu(backend: &[&str], name_the_vcpu: bool) {
@@ -109,15 +88,8 @@ fn every_fault_on_every_vcpu_stops_the_vm_in_time_kvm() {
 
 #[test]
 fn every_fault_on_every_vcpu_stops_the_vm_in_time_qemu() {
-    let ok = std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        ptiscope::test_support::skip(
-            "every_fault_on_every_vcpu_stops_the_vm_in_time_qemu",
-            "qemu-system-x86_64 is not installed",
-        );
+    let test = "every_fault_on_every_vcpu_stops_the_vm_in_time_qemu";
+    if !qemu_or_skip(test, "qemu-system-x86_64") {
         return;
     }
     // QEMU reports the guest's status, not which vCPU wrote it.

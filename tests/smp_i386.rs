@@ -15,12 +15,7 @@ const CALLS: u64 = 300;
 /// `ptiscope run --arch i386 --backend qemu --cpus 2 ARGS`: (exit code,
 /// console), or None (with the reason printed) without qemu-system-i386.
 fn run_i386_two_cpus(test: &str, args: &[&str]) -> Option<(Option<i32>, String)> {
-    if std::process::Command::new("qemu-system-i386")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip(test, "qemu-system-i386 is not installed");
+    if !qemu_i386_or_skip(test) {
         return None;
     }
     let o = ptiscope()
@@ -107,20 +102,8 @@ fn sched_messaging_across_two_cpus_loses_no_message() {
             return;
         };
         assert_eq!(code, Some(0), "{what}:\n{out}");
-        let r = result_line(&out);
-        let messages = 20 * 20 * 2;
-        assert_eq!(num(&r, "iterations"), messages, "{what}: {r:?}");
-        assert_eq!(num(&r, "mismatches"), 0, "{what}: {r:?}");
-        let syscalls = 2 * messages + 40 + 41 + 1;
-        assert_eq!(num(&r, "syscalls"), syscalls, "{what}: {r:?}");
-        assert_eq!(num(&r, "cr3_entry"), syscalls, "{what}: {r:?}");
-        assert_eq!(num(&r, "cr3_exit"), syscalls, "{what}: {r:?}");
         // Workers alternate between the CPUs: pipe wake-ups cross them.
-        let smp = machine_line(&out, "@smp");
-        assert!(
-            num(&smp, "ipis_sent") > 0,
-            "{what}: no cross-CPU wake-up: {smp:?}"
-        );
+        check_messaging_across_cpus(&out, &what);
     }
 }
 

@@ -42,28 +42,6 @@ impl Drop for Fifo {
     }
 }
 
-/// Waits for `child` at most `limit`; kills it (and fails) past that.
-fn wait_within(child: &mut Child, limit: Duration, what: &str) -> (Option<i32>, String) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                use std::io::Read;
-                let _ = e.read_to_string(&mut err);
-            }
-            assert!(!err.contains("panicked"), "{what}: {err}");
-            return (status.code(), err);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn spawn(args: &[&str]) -> Child {
     ptiscope()
         .args(args)
@@ -96,7 +74,7 @@ fn a_metrics_reader_that_stops_reading_costs_dropped_lines_not_a_hang() {
     let _json_reader = json.stalled_reader();
     let timeout = 1.0;
     let start = Instant::now();
-    let mut child = spawn(&[
+    let child = spawn(&[
         "run",
         "--cmdline",
         "fault=hang",
@@ -111,7 +89,7 @@ fn a_metrics_reader_that_stops_reading_costs_dropped_lines_not_a_hang() {
         "--json",
         json.0.to_str().unwrap(),
     ]);
-    let (code, err) = wait_within(&mut child, Duration::from_secs(10), "stalled metrics");
+    let (code, err) = code_and_stderr_within(child, Duration::from_secs(10), "stalled metrics");
     let took = start.elapsed().as_secs_f64();
     assert_eq!(code, Some(124), "{err}");
     assert!(took < timeout + 2.0, "took {took:.2} s: {err}");
@@ -156,7 +134,7 @@ fn a_console_fifo_that_stops_reading_does_not_block_the_vcpu() {
     write_chatty_guest(&elf);
     let _reader = fifo.stalled_reader();
     let start = Instant::now();
-    let mut child = spawn(&[
+    let child = spawn(&[
         "run",
         "--kernel",
         elf.to_str().unwrap(),
@@ -167,7 +145,7 @@ fn a_console_fifo_that_stops_reading_does_not_block_the_vcpu() {
         "--serial-out",
         fifo.0.to_str().unwrap(),
     ]);
-    let (code, err) = wait_within(&mut child, Duration::from_secs(30), "stalled console");
+    let (code, err) = code_and_stderr_within(child, Duration::from_secs(30), "stalled console");
     assert_eq!(code, Some(0), "{err}");
     assert!(start.elapsed() < Duration::from_secs(8), "{err}");
     assert!(
@@ -185,8 +163,8 @@ fn a_fifo_nobody_opens_is_refused_after_the_timeout() {
             args.extend(["--metrics-interval", "10"]);
         }
         let start = Instant::now();
-        let mut child = spawn(&args);
-        let (code, err) = wait_within(&mut child, Duration::from_secs(10), opt);
+        let child = spawn(&args);
+        let (code, err) = code_and_stderr_within(child, Duration::from_secs(10), opt);
         assert_eq!(code, Some(73), "{opt}: {err}");
         assert!(err.contains("no reader opened it"), "{opt}: {err}");
         assert!(err.contains(opt), "{opt}: {err}");
@@ -204,8 +182,8 @@ fn compare_opens_its_outputs_before_the_first_run() {
         ("--svg", "/nonexistent-dir/ptiscope.svg"),
     ] {
         let start = Instant::now();
-        let mut child = spawn(&["compare", "--runs", "1", "--timeout", "0.5", opt, path]);
-        let (code, err) = wait_within(&mut child, Duration::from_secs(10), opt);
+        let child = spawn(&["compare", "--runs", "1", "--timeout", "0.5", opt, path]);
+        let (code, err) = code_and_stderr_within(child, Duration::from_secs(10), opt);
         assert_eq!(code, Some(73), "{opt}: {err}");
         assert!(err.contains(opt), "{opt}: {err}");
         assert!(!err.contains("run 1"), "no run was started: {err}");
@@ -216,10 +194,10 @@ fn compare_opens_its_outputs_before_the_first_run() {
 #[test]
 fn waiting_for_a_fifo_reader_ends_on_sigint() {
     let fifo = Fifo::new("fifo-sigint");
-    let mut child = spawn(&["run", "--timeout", "60", "--json", fifo.0.to_str().unwrap()]);
+    let child = spawn(&["run", "--timeout", "60", "--json", fifo.0.to_str().unwrap()]);
     std::thread::sleep(Duration::from_millis(500));
     signal(&child, libc::SIGINT);
-    let (code, err) = wait_within(&mut child, Duration::from_secs(3), "fifo sigint");
+    let (code, err) = code_and_stderr_within(child, Duration::from_secs(3), "fifo sigint");
     assert_eq!(code, Some(130), "{err}");
     assert!(
         err.contains("interrupted by SIGINT while waiting for a reader"),
@@ -251,8 +229,8 @@ fn an_output_device_that_fails_writes_is_exit_73() {
             "/dev/full",
         ];
         args.extend_from_slice(extra);
-        let mut child = spawn(&args);
-        let (code, err) = wait_within(&mut child, Duration::from_secs(20), opt);
+        let child = spawn(&args);
+        let (code, err) = code_and_stderr_within(child, Duration::from_secs(20), opt);
         assert_eq!(code, Some(73), "{opt}: {err}");
         assert!(err.contains("No space left on device"), "{opt}: {err}");
         assert!(
@@ -267,23 +245,12 @@ fn sighup_stops_a_kvm_run_like_sigterm() {
     if !kvm_or_skip("sighup kvm") {
         return;
     }
-    let mut child = spawn(&["run", "--cmdline", "fault=hang", "--timeout", "30"]);
+    let child = spawn(&["run", "--cmdline", "fault=hang", "--timeout", "30"]);
     std::thread::sleep(Duration::from_millis(700));
     signal(&child, libc::SIGHUP);
-    let (code, err) = wait_within(&mut child, Duration::from_secs(5), "sighup kvm");
+    let (code, err) = code_and_stderr_within(child, Duration::from_secs(5), "sighup kvm");
     assert_eq!(code, Some(129), "{err}");
     assert!(err.contains("stopped by SIGHUP"), "{err}");
-}
-
-fn qemu_or_skip(test: &str) -> bool {
-    let ok = std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        ptiscope::test_support::skip(test, "qemu-system-x86_64 is not installed");
-    }
-    ok
 }
 
 /// Children of `pid` (from /proc), with their command names.
@@ -366,7 +333,7 @@ fn assert_gone_soon(pid: u32, comm: &str, what: &str) {
 
 #[test]
 fn qemu_dies_with_a_sigkilled_ptiscope() {
-    if !qemu_or_skip("qemu sigkill") {
+    if !qemu_or_skip("qemu sigkill", "qemu-system-x86_64") {
         return;
     }
     let (mut child, qemu, comm) = hanging_qemu("qemu sigkill");
@@ -389,13 +356,13 @@ fn qemu_dies_with_a_sigkilled_ptiscope() {
 
 #[test]
 fn sighup_stops_a_qemu_run_and_its_qemu() {
-    if !qemu_or_skip("qemu sighup") {
+    if !qemu_or_skip("qemu sighup", "qemu-system-x86_64") {
         return;
     }
-    let (mut child, qemu, comm) = hanging_qemu("qemu sighup");
+    let (child, qemu, comm) = hanging_qemu("qemu sighup");
     std::thread::sleep(Duration::from_millis(300));
     signal(&child, libc::SIGHUP);
-    let (code, err) = wait_within(&mut child, Duration::from_secs(5), "qemu sighup");
+    let (code, err) = code_and_stderr_within(child, Duration::from_secs(5), "qemu sighup");
     assert_eq!(code, Some(129), "{err}");
     assert!(err.contains("stopped by SIGHUP"), "{err}");
     assert_gone_soon(qemu, &comm, "after SIGHUP");
@@ -415,7 +382,7 @@ fn a_closed_stdout_is_not_an_output_failure() {
         .spawn()
         .unwrap();
     drop(child.stdout.take());
-    let (code, err) = wait_within(&mut child, Duration::from_secs(20), "closed stdout");
+    let (code, err) = code_and_stderr_within(child, Duration::from_secs(20), "closed stdout");
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("guest exited with status 0"), "{err}");
 }

@@ -31,6 +31,14 @@ fn sweep(args: &[&str], dir: &std::path::Path) -> (Option<i32>, Value, String) {
     (o.status.code(), v, stdout(&o) + &stderr(&o))
 }
 
+/// A [`sweep`] of the [`TWO_CELLS`] grid and `args`, in its turn, in the
+/// scratch directory `name`.
+fn two_cell_sweep(name: &str, args: &[&str]) -> (Option<i32>, Value, String) {
+    let _turn = turn();
+    let dir = Scratch::new(name);
+    sweep(&[&TWO_CELLS[..], args].concat(), &dir)
+}
+
 fn cell<'a>(v: &'a Value, wss: u64, spec: &str) -> &'a Value {
     v["cells"]
         .as_array()
@@ -82,16 +90,11 @@ fn a_small_sweep_has_every_cell_and_output() {
     assert_eq!(cell(&v, 65536, "1x")["touches"], 16);
     // Every JSON report records where it came from.
     assert!(v["environment"]["host"].is_object(), "{}", v["environment"]);
-    let pvm = v["environment"]["kvm"]["module"] == "kvm_pvm";
-    if !pvm {
-        ptiscope::test_support::skip(
-            "sweep outputs: one KVM tlb_flush per call with PTI",
-            &format!(
-                "that is kvm_pvm's shadow MMU; this KVM is {} ({} paging)",
-                v["environment"]["kvm"]["module"], v["environment"]["kvm"]["paging"]
-            ),
-        );
-    }
+    let pvm = ran_on_kvm_pvm(
+        &v,
+        "sweep outputs: one KVM tlb_flush per call with PTI",
+        "that is kvm_pvm's shadow MMU",
+    );
     for c in v["cells"].as_array().unwrap() {
         let configs = c["configs"].as_array().unwrap();
         assert_eq!(configs.len(), 3);
@@ -307,20 +310,13 @@ fn poundsyscall_sweeps_with_one_thread_per_vcpu() {
     if !kvm_or_skip("poundsyscall sweep") {
         return;
     }
-    let _turn = turn();
-    let dir = scratch("sweep-pound");
-    let (code, v, out) = sweep(
+    let (code, v, out) = two_cell_sweep(
+        "sweep-pound",
         &[
             "--workload",
             "poundsyscall",
             "--cpus",
             "2",
-            "--wss",
-            "0,64K",
-            "--touches",
-            "1x",
-            "--runs",
-            "1",
             "--iterations",
             "200",
             "--config",
@@ -328,7 +324,6 @@ fn poundsyscall_sweeps_with_one_thread_per_vcpu() {
             "--config",
             "pti=on",
         ],
-        &dir,
     );
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(
@@ -344,7 +339,6 @@ fn poundsyscall_sweeps_with_one_thread_per_vcpu() {
         assert!(cr3(0) < 0.01 && (2.0..2.05).contains(&cr3(1)), "{c}");
         assert!(configs[1]["median"].as_f64().unwrap() > 0.0, "{c}");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -361,44 +355,27 @@ fn bad_sweep_usage_is_refused() {
         (vec!["--cpus", "9"], "--cpus"),
         (vec!["--wss", "64M", "--mem", "64"], "--mem"),
     ] {
-        let o = ptiscope().arg("sweep").args(&args).output().unwrap();
-        let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(64), "{args:?}: {err}");
-        assert!(err.contains(what), "{args:?}: {err}");
-        assert!(!err.contains("panicked"), "{err}");
+        assert_refused(&[&["sweep"][..], &args].concat(), 64, &[what]);
     }
 }
 
 #[test]
 fn the_i386_flavour_sweeps_under_qemu() {
-    if std::process::Command::new("qemu-system-i386")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip("i386 sweep", "qemu-system-i386 is not installed");
+    if !qemu_i386_or_skip("i386 sweep") {
         return;
     }
-    let _turn = turn();
-    let dir = scratch("sweep-i386");
-    let (code, v, out) = sweep(
+    let (code, v, out) = two_cell_sweep(
+        "sweep-i386",
         &[
             "--arch",
             "i386",
             "--backend",
             "qemu",
-            "--wss",
-            "0,64K",
-            "--touches",
-            "1x",
-            "--runs",
-            "1",
             "--iterations",
             "50",
             "--timeout",
             "120",
         ],
-        &dir,
     );
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(v["time_metric"], "cycles_per_call");
@@ -421,5 +398,4 @@ fn the_i386_flavour_sweeps_under_qemu() {
         .unwrap()
         .iter()
         .all(|c| c["syscall_rate"].is_null()));
-    let _ = std::fs::remove_dir_all(dir);
 }

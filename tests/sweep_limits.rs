@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -17,50 +16,45 @@ fn grid(n: usize, f: impl Fn(usize) -> String) -> String {
 
 #[test]
 fn a_grid_over_the_cell_limit_is_refused_at_once() {
-    let wss = grid(1000, |i| ((i + 1) * 4096).to_string());
+    let (wss1000, wss100) = (
+        grid(1000, |i| ((i + 1) * 4096).to_string()),
+        grid(100, |i| ((i + 1) * 4096).to_string()),
+    );
     let touches = grid(1000, |i| (i + 1).to_string());
-    let start = Instant::now();
-    let out = ptiscope()
-        .args(["sweep", "--wss", &wss, "--touches", &touches])
-        .args(["--runs", "100", "--iterations", "1"])
-        .output()
-        .unwrap();
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(64), "{err}");
-    assert!(
-        err.contains("1000000 cells") && err.contains("at most 1024 cells (the sweep cell limit)"),
-        "{err}"
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        start.elapsed()
-    );
-    // The run limit: within the cell limit, but too many runs.
-    let wss = grid(100, |i| ((i + 1) * 4096).to_string());
-    let out = ptiscope()
-        .args(["sweep", "--wss", &wss, "--touches", "1,2,3,4,5,6,7,8,9,10"])
-        .args(["--config", "pti=off", "--config", "pti=on"])
-        .args(["--runs", "100", "--iterations", "1"])
-        .output()
-        .unwrap();
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(64), "{err}");
-    assert!(
-        err.contains("200000 runs") && err.contains("the sweep run limit"),
-        "{err}"
-    );
+    let runs = ["--runs", "100", "--iterations", "1"];
+    for (grid, wants) in [
+        (
+            vec!["--wss", wss1000.as_str(), "--touches", touches.as_str()],
+            ["1000000 cells", "at most 1024 cells (the sweep cell limit)"],
+        ),
+        // The run limit: within the cell limit, but too many runs.
+        (
+            vec![
+                "--wss",
+                wss100.as_str(),
+                "--touches",
+                "1,2,3,4,5,6,7,8,9,10",
+            ]
+            .into_iter()
+            .chain(["--config", "pti=off", "--config", "pti=on"])
+            .collect(),
+            ["200000 runs", "the sweep run limit"],
+        ),
+    ] {
+        let start = Instant::now();
+        assert_refused(&[&["sweep"][..], &grid, &runs].concat(), 64, &wants);
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(10), "{took:?}");
+    }
 }
 
 #[test]
 fn an_empty_config_is_refused() {
-    let out = ptiscope()
-        .args(["sweep", "--config", "", "--config", "pti=on"])
-        .output()
-        .unwrap();
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(64), "{err}");
-    assert!(err.contains("--config '': an empty configuration"), "{err}");
+    assert_refused(
+        &["sweep", "--config", "", "--config", "pti=on"],
+        64,
+        &["--config '': an empty configuration"],
+    );
 }
 
 #[test]
@@ -78,43 +72,36 @@ fn repeated_touches_run_once() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     assert_eq!(v["cells"].as_array().unwrap().len(), 1, "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn sigint_stops_a_sweep_soon_and_keeps_what_it_has() {
-    if !kvm_or_skip("sigint_stops_a_sweep_soon_and_keeps_what_it_has") {
+    let test = "sigint_stops_a_sweep_soon_and_keeps_what_it_has";
+    let Some(dir) = kvm_scratch_or_skip(test, "sweep-sigint") else {
         return;
-    }
-    let dir = scratch("sweep-sigint");
+    };
     let json = dir.join("s.json");
     let csv = dir.join("s.csv");
     std::fs::write(&json, "earlier result\n").unwrap();
     // Many short runs: the first cells finish within a few seconds.
-    let child = ptiscope()
-        .args(["sweep", "--wss", "0,64K,128K,256K", "--touches", "1x"])
-        .args(["--config", "pti=off", "--config", "pti=on"])
-        .args(["--runs", "100", "--iterations", "20", "--quiet"])
-        .arg("--json")
-        .arg(&json)
-        .arg("--csv")
-        .arg(&csv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_writing(
+        ptiscope()
+            .args(["sweep", "--wss", "0,64K,128K,256K", "--touches", "1x"])
+            .args(["--config", "pti=off", "--config", "pti=on"])
+            .args(["--runs", "100", "--iterations", "20", "--quiet"]),
+        &json,
+        &csv,
+    );
     // Until the previous result would be overwritten, it must still be there.
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(std::fs::read_to_string(&json).unwrap(), "earlier result\n");
     let (text, err) = interrupt(child);
     assert!(err.contains("interrupted by SIGINT"), "{err}");
     assert!(text.contains("PARTIAL: interrupted by SIGINT"), "{text}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     assert_eq!(v["schema"], "ptiscope.sweep/1");
     let p = &v["partial"];
     assert!(p["reason"].as_str().unwrap().contains("SIGINT"), "{p}");
@@ -137,5 +124,4 @@ fn sigint_stops_a_sweep_soon_and_keeps_what_it_has() {
         .filter(|n| n != "s.json" && n != "s.csv")
         .collect();
     assert!(left.is_empty(), "{left:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -48,12 +48,26 @@ fn run_json(
     (o.status.code(), r, v, out)
 }
 
+/// [`run_json`] of `--pti PTI --workload WORKLOAD --iterations N
+/// --cmdline CMDLINE`.
+fn run_loop(
+    dir: &Path,
+    name: &str,
+    pti: &str,
+    workload: &str,
+    n: u64,
+    cmdline: &str,
+) -> (Option<i32>, HashMap<String, String>, Value, String) {
+    let n = n.to_string();
+    let args = ["--pti", pti, "--workload", workload, "--iterations", &n];
+    run_json(&[&args[..], &["--cmdline", cmdline]].concat(), dir, name)
+}
+
 #[test]
 fn the_loop_reads_touches_words_per_iteration() {
-    if !kvm_or_skip("working set touches") {
+    let Some(dir) = kvm_scratch_or_skip("working set touches", "wss-touches") else {
         return;
-    }
-    let dir = scratch("wss-touches");
+    };
     const N: u64 = 300;
     // (extra command line, reads per iteration)
     for (extra, touches) in [
@@ -65,20 +79,7 @@ fn the_loop_reads_touches_words_per_iteration() {
         ("wss=64K touches=0", 0),
     ] {
         for workload in ["getpid", "write-badfd"] {
-            let (code, r, _, out) = run_json(
-                &[
-                    "--pti",
-                    "on",
-                    "--workload",
-                    workload,
-                    "--iterations",
-                    &N.to_string(),
-                    "--cmdline",
-                    extra,
-                ],
-                &dir,
-                "touches",
-            );
+            let (code, r, _, out) = run_loop(&dir, "touches", "on", workload, N, extra);
             assert_eq!(code, Some(0), "{extra} {workload}:\n{out}");
             assert_eq!(num(&r, "touches"), touches, "{extra}: {r:?}");
             assert_eq!(num(&r, "touched"), N * touches, "{extra}: {r:?}");
@@ -91,33 +92,19 @@ fn the_loop_reads_touches_words_per_iteration() {
             assert_eq!(num(&r, "cr3_writes"), 2 * N + 2, "{extra}: {r:?}");
         }
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn exact_counts_and_kvm_flushes_do_not_change_with_the_working_set() {
-    if !kvm_or_skip("working set counts") {
+    let Some(dir) = kvm_scratch_or_skip("working set counts", "wss-counts") else {
         return;
-    }
-    let dir = scratch("wss-counts");
+    };
     const N: u64 = 1000;
     for pti in ["on", "off"] {
         let mut seen: Vec<(String, f64, f64, f64, f64)> = Vec::new();
         for wss in ["0", "1M", "4M"] {
-            let (code, r, v, out) = run_json(
-                &[
-                    "--pti",
-                    pti,
-                    "--workload",
-                    "getppid",
-                    "--iterations",
-                    &N.to_string(),
-                    "--cmdline",
-                    &format!("wss={wss}"),
-                ],
-                &dir,
-                "counts",
-            );
+            let (code, r, v, out) =
+                run_loop(&dir, "counts", pti, "getppid", N, &format!("wss={wss}"));
             assert_eq!(code, Some(0), "pti={pti} wss={wss}:\n{out}");
             let cr3 = if pti == "on" { 2 * N + 2 } else { 0 };
             assert_eq!(num(&r, "syscalls"), N + 1, "pti={pti} wss={wss}: {r:?}");
@@ -152,15 +139,13 @@ fn exact_counts_and_kvm_flushes_do_not_change_with_the_working_set() {
             );
         }
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn poundsyscall_threads_each_read_the_working_set() {
-    if !kvm_or_skip("poundsyscall working set") {
+    let Some(dir) = kvm_scratch_or_skip("poundsyscall working set", "wss-pound") else {
         return;
-    }
-    let dir = scratch("wss-pound");
+    };
     const N: u64 = 200;
     let pound = |pti: &str, threads: u64, extra: &str| {
         let cmdline = format!("threads={threads} {extra}");
@@ -212,7 +197,6 @@ fn poundsyscall_threads_each_read_the_working_set() {
             );
         }
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The host-side allowance of the run's tlb_flush cross-check (KVM's own
@@ -227,10 +211,9 @@ fn flush_allowance(v: &Value) -> f64 {
 
 #[test]
 fn each_call_reads_the_kernel_working_set() {
-    if !kvm_or_skip("kernel working set") {
+    let Some(dir) = kvm_scratch_or_skip("kernel working set", "kwss") else {
         return;
-    }
-    let dir = scratch("kwss");
+    };
     const N: u64 = 300;
     // Kernel instructions per call (KVM's insn_emulation where kernel code
     // is emulated, else not reported) with and without PTI, per kwss.
@@ -242,20 +225,7 @@ fn each_call_reads_the_kernel_working_set() {
             } else {
                 format!("kwss={kwss}")
             };
-            let (code, r, v, out) = run_json(
-                &[
-                    "--pti",
-                    pti,
-                    "--workload",
-                    "getppid",
-                    "--iterations",
-                    &N.to_string(),
-                    "--cmdline",
-                    &extra,
-                ],
-                &dir,
-                "kwss",
-            );
+            let (code, r, v, out) = run_loop(&dir, "kwss", pti, "getppid", N, &extra);
             assert_eq!(code, Some(0), "kwss={kwss} pti={pti}:\n{out}");
             assert_eq!(num(&r, "syscalls"), N + 1, "{r:?}");
             let cr3 = if pti == "on" { 2 * N + 2 } else { 0 };
@@ -299,7 +269,6 @@ fn each_call_reads_the_kernel_working_set() {
             assert!((d - d0).abs() < 0.5, "PTI delta {d} at kwss={kwss} vs {d0}");
         }
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -318,14 +287,11 @@ fn bad_working_set_values_are_refused_before_boot() {
         ("kwss=64K", "none", "syscall loop"),
         ("kwss=64K", "poundsyscall", "single-task syscall loop"),
     ] {
-        let o = ptiscope()
-            .args(["run", "--workload", workload, "--cmdline", extra])
-            .output()
-            .unwrap();
-        let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(64), "{extra}: {err}");
-        assert!(err.contains(what), "{extra}: {err}");
-        assert!(!err.contains("panicked"), "{err}");
+        assert_refused(
+            &["run", "--workload", workload, "--cmdline", extra],
+            64,
+            &[what],
+        );
     }
     // The same words in a compare side.
     let o = ptiscope()

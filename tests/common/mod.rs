@@ -66,6 +66,28 @@ pub fn check_two_threads(
     syscalls
 }
 
+/// Checks the console of sched-messaging with `groups=1 loops=2` and PTI
+/// on over two CPUs: every message (20 senders x 20 receivers x 2 loops)
+/// delivered and none wrong; the syscalls counted (a write and a read per
+/// message, the 40 workers' exits, the parent's 41 waits, the end
+/// marker), each with a CR3 write on entry and on exit; and a wake-up that
+/// crossed the CPUs (an IPI in `@smp`).
+pub fn check_messaging_across_cpus(console: &str, what: &str) {
+    let r = result_line(console);
+    let messages = 20 * 20 * 2;
+    assert_eq!(num(&r, "iterations"), messages, "{what}: {r:?}");
+    assert_eq!(num(&r, "mismatches"), 0, "{what}: {r:?}");
+    let syscalls = 2 * messages + 40 + 41 + 1;
+    assert_eq!(num(&r, "syscalls"), syscalls, "{what}: {r:?}");
+    assert_eq!(num(&r, "cr3_entry"), syscalls, "{what}: {r:?}");
+    assert_eq!(num(&r, "cr3_exit"), syscalls, "{what}: {r:?}");
+    let smp = machine_line(console, "@smp");
+    assert!(
+        num(&smp, "ipis_sent") > 0,
+        "{what}: no cross-CPU wake-up: {smp:?}"
+    );
+}
+
 /// `ptiscope run --pti PTI --workload getpid --iterations N`; the caller
 /// adds the rest.
 pub fn run_getpid(pti: &str, iterations: u32) -> Command {
@@ -84,17 +106,150 @@ pub fn json_or_null(path: &Path) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
-/// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
-pub fn qemu_i386_or_skip(test: &str) -> bool {
-    if Command::new("qemu-system-i386")
+/// `Some(value)`, or `None` after printing why `test` skips: the error
+/// is the reason.
+pub fn ok_or_skip<T, E: std::fmt::Display>(test: &str, r: Result<T, E>) -> Option<T> {
+    r.map_err(|e| ptiscope::test_support::skip(test, &e.to_string()))
+        .ok()
+}
+
+/// True if `binary` (a QEMU system emulator) starts; otherwise prints why
+/// `test` is skipped.
+pub fn qemu_or_skip(test: &str, binary: &str) -> bool {
+    let starts = Command::new(binary)
         .arg("--version")
         .output()
-        .is_err()
-    {
-        ptiscope::test_support::skip(test, "qemu-system-i386 is not installed");
+        .is_ok_and(|o| o.status.success());
+    if !starts {
+        ptiscope::test_support::skip(test, &format!("{binary} is not installed"));
+    }
+    starts
+}
+
+/// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
+pub fn qemu_i386_or_skip(test: &str) -> bool {
+    qemu_or_skip(test, "qemu-system-i386")
+}
+
+/// True if `binary` is installed and loads ptiscope's TCG plugin (what a
+/// `--backend qemu` run loads unless given `--no-plugin`); otherwise prints
+/// why `test` is skipped. The library's own check comes first (`-plugin`
+/// in `-help`, a plugin API this QEMU version takes, the plugin file),
+/// then a trial load into a machine that runs nothing: a QEMU whose
+/// plugin loader fails (built without it, or refusing ptiscope's plugin)
+/// is found here, not half-way through a test. Once per binary and
+/// process.
+pub fn plugin_or_skip(test: &str, binary: &str) -> bool {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashMap<String, Result<(), String>>>> = Mutex::new(None);
+    if !qemu_or_skip(test, binary) {
         return false;
     }
-    true
+    let found = SEEN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .entry(binary.to_string())
+        .or_insert_with(|| plugin_loads(binary))
+        .clone();
+    ok_or_skip(
+        test,
+        found.map_err(|e| format!("no usable QEMU plugin: {e}")),
+    )
+    .is_some()
+}
+
+/// Loads ptiscope's plugin into `binary -M none` and quits through the
+/// monitor: Ok if QEMU accepted it.
+fn plugin_loads(binary: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let (plugin, _api) = ptiscope::backend::qemu::plugin_for(binary).map_err(|e| e.to_string())?;
+    let counts = std::env::temp_dir().join(format!(
+        "ptiscope-test-{}-plugin-trial-{binary}",
+        std::process::id()
+    ));
+    let mut child = Command::new(binary)
+        .args([
+            "-M",
+            "none",
+            "-accel",
+            "tcg",
+            "-display",
+            "none",
+            "-nodefaults",
+        ])
+        .args(["-no-user-config", "-monitor", "stdio", "-plugin"])
+        .arg(format!(
+            "{},out={},kernel=0-1000",
+            plugin.display(),
+            counts.display()
+        ))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{binary} did not start: {e}"))?;
+    // If QEMU refused the plugin it has exited already; the write may fail.
+    let _ = child.stdin.take().map(|mut i| i.write_all(b"quit\n"));
+    let out = wait_output_within(child, std::time::Duration::from_secs(30))
+        .map_err(|e| format!("{binary} with the plugin: {e}"))?;
+    let _ = std::fs::remove_file(&counts);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{binary} -plugin {} failed ({}): {}",
+            plugin.display(),
+            out.status,
+            stderr(&out).trim()
+        ))
+    }
+}
+
+/// Waits for `child` to end, at most `deadline`: its output (stdout and
+/// stderr, where piped, read while it runs), or, after killing it so that
+/// nothing outlives the test, an error saying it hung.
+pub fn wait_output_within(
+    mut child: std::process::Child,
+    deadline: std::time::Duration,
+) -> Result<Output, String> {
+    fn drain<R: std::io::Read + Send + 'static>(
+        pipe: Option<R>,
+    ) -> Option<std::thread::JoinHandle<Vec<u8>>> {
+        pipe.map(|mut p| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = p.read_to_end(&mut bytes);
+                bytes
+            })
+        })
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child
+            .try_wait()
+            .map_err(|e| format!("waiting for it: {e}"))?
+        {
+            break s;
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("still running after {deadline:?} (killed)"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let joined = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
+        h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+    };
+    Ok(Output {
+        status,
+        stdout: joined(out),
+        stderr: joined(err),
+    })
 }
 
 /// `ptiscope run --arch i386 --backend qemu --timeout SECS`: the embedded
@@ -106,19 +261,84 @@ pub fn run_i386_qemu(timeout_secs: u32) -> Command {
     c
 }
 
+/// Waits for a ptiscope `child` whose stderr is piped, at most `limit`:
+/// its exit code and stderr. Fails the test (`what` names the run) if it
+/// is still running then (it is killed) or it panicked.
+pub fn code_and_stderr_within(
+    child: std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> (Option<i32>, String) {
+    let o = wait_output_within(child, limit).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    (o.status.code(), err)
+}
+
+/// `ptiscope ARGS` (stdin empty, stdout discarded) with a deadline: a hang
+/// is a failure, not a stuck test. Its exit code and stderr.
+pub fn run_within(args: &[&str], limit: std::time::Duration) -> (Option<i32>, String) {
+    use std::process::Stdio;
+    let child = ptiscope()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    code_and_stderr_within(child, limit, &format!("ptiscope {args:?}"))
+}
+
+/// Boots the embedded x86_64 guest straight under `qemu-system-x86_64 -M
+/// microvm -accel tcg` (no ptiscope: the independent check that the image
+/// is standard), console on stdout, with `extra` QEMU arguments; waits at
+/// most `limit`. QEMU's output (its exit code is isa-debug-exit's, the
+/// guest status `(s << 1) | 1`), or `None` after printing why `test` is
+/// skipped (no QEMU).
+pub fn qemu_microvm_guest(
+    test: &str,
+    extra: &[&str],
+    limit: std::time::Duration,
+) -> Option<Output> {
+    use std::process::Stdio;
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let qemu = "qemu-system-x86_64";
+    if !qemu_or_skip(test, qemu) {
+        return None;
+    }
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = Scratch::new(&format!("microvm-{n}"));
+    let elf = dir.join("guest.elf");
+    std::fs::write(&elf, ptiscope::GUEST_X86_64).unwrap();
+    let child = Command::new(qemu)
+        .args(["-M", "microvm", "-accel", "tcg", "-m", "128"])
+        .args(["-nodefaults", "-no-user-config", "-nographic"])
+        .args(["-serial", "stdio"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .args(extra)
+        .arg("-kernel")
+        .arg(&elf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_output_within(child, limit)
+        .unwrap_or_else(|e| panic!("{test}: QEMU did not stop: {e}"));
+    Some(o)
+}
+
 /// True if /dev/kvm can be opened; otherwise prints why the test is skipped.
 pub fn kvm_or_skip(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
+    let kvm = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => true,
-        Err(e) => {
-            ptiscope::test_support::skip(test, &format!("/dev/kvm is not usable here ({e})"));
-            false
-        }
-    }
+        .open("/dev/kvm");
+    ok_or_skip(
+        test,
+        kvm.map_err(|e| format!("/dev/kvm is not usable here ({e})")),
+    )
+    .is_some()
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -136,77 +356,241 @@ pub fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// Completes a PVH image: the Xen PHYS32_ENTRY note (entry `entry`) at
-/// 0x180, `code` at file offset 0x200; writes it to `path`.
-fn finish_pvh(mut f: Vec<u8>, entry: u32, code: &[u8], path: &Path) {
+/// A [`scratch`] directory that is removed when dropped, unless the test
+/// is failing (then it is left to be looked at).
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        Scratch(scratch(name))
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A KVM test's set-up: its [`Scratch`] directory `name`, or `None` after
+/// printing why `test` is skipped (no usable /dev/kvm).
+pub fn kvm_scratch_or_skip(test: &str, name: &str) -> Option<Scratch> {
+    kvm_or_skip(test).then(|| Scratch::new(name))
+}
+
+/// The JSON document at `path`; panics, naming it, if it is missing or
+/// not JSON.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
+/// Polls `file` every 200 ms until it contains `needle` (its text then),
+/// `child` has ended or `bound` has passed (`None`).
+pub fn wait_for_text(
+    child: &mut std::process::Child,
+    file: &Path,
+    needle: &str,
+    bound: std::time::Duration,
+) -> Option<String> {
+    let start = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if text.contains(needle) {
+            return Some(text);
+        }
+        if child.try_wait().unwrap().is_some() || start.elapsed() > bound {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The smallest sweep grid: two working sets (none and 64 KiB), one pass
+/// over each, one run per cell.
+pub const TWO_CELLS: [&str; 6] = ["--wss", "0,64K", "--touches", "1x", "--runs", "1"];
+
+/// The metric `name` of a `compare --json` document; panics if it is not
+/// in the table.
+pub fn compare_metric<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["metrics"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == name))
+        .unwrap_or_else(|| panic!("no metric {name} in the table: {v}"))
+}
+
+/// A compare metric's arithmetic means: (baseline, compare).
+pub fn ameans(m: &serde_json::Value) -> (f64, f64) {
+    let amean = |side: &str| {
+        m[side]["amean"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {side} amean: {m}"))
+    };
+    (amean("baseline"), amean("compare"))
+}
+
+/// Writes to `path` a minimal PVH ELF (ELF64 for x86_64 or ELF32 for
+/// i386) loaded at `paddr`, whose 32-bit entry (the Xen PHYS32_ENTRY note
+/// at file offset 0x180) runs `code` (at file offset 0x200).
+fn write_pvh(path: &Path, elf64: bool, paddr: u64, code: &[u8]) {
+    assert!(code.len() <= 0x100);
+    let mut f = vec![0u8; 0x300];
+    let mut put = |at: usize, size: usize, v: u64| {
+        f[at..at + size].copy_from_slice(&v.to_le_bytes()[..size]);
+    };
+    // Word size, where the program headers start, their size, and where
+    // the ELF header's own size fields are.
+    let (w, phoff, phentsize, sizes) = if elf64 {
+        (8, 64, 56, 52)
+    } else {
+        (4, 52, 32, 40)
+    };
+    put(0, 4, u64::from(u32::from_le_bytes(*b"\x7fELF")));
+    put(4, 1, if elf64 { 2 } else { 1 }); // ELFCLASS64 / ELFCLASS32
+    put(5, 1, 1); // little endian
+    put(6, 1, 1); // EV_CURRENT
+    put(16, 2, 2); // ET_EXEC
+    put(18, 2, if elf64 { 62 } else { 3 }); // EM_X86_64 / EM_386
+    if !elf64 {
+        put(20, 4, 1); // e_version
+    }
+    put(24, w, paddr); // e_entry
+    put(24 + w, w, phoff as u64); // e_phoff
+    put(sizes, 2, phoff as u64); // e_ehsize
+    put(sizes + 2, 2, phentsize as u64);
+    put(sizes + 4, 2, 2); // e_phnum
+                          // Program headers: p_type, then p_offset, p_vaddr, p_paddr, p_filesz
+                          // and p_memsz one word apart (after ELF64's p_flags).
+    let word = |ph: usize, i: usize| ph + w * (i + 1);
+    let load = phoff;
+    put(load, 4, 1); // PT_LOAD
+    if elf64 {
+        put(load + 4, 4, 7); // p_flags: RWX
+    }
+    for (i, v) in [0x200, paddr, paddr, 0x100, 0x1000].into_iter().enumerate() {
+        put(word(load, i), w, v);
+    }
+    let note = phoff + phentsize;
+    put(note, 4, 4); // PT_NOTE
+    put(word(note, 0), w, 0x180); // p_offset
+    put(word(note, 3), w, 20); // p_filesz
     let n = 0x180;
-    f[n..n + 4].copy_from_slice(&4u32.to_le_bytes()); // namesz
-    f[n + 4..n + 8].copy_from_slice(&4u32.to_le_bytes()); // descsz
-    f[n + 8..n + 12].copy_from_slice(&18u32.to_le_bytes()); // XEN_ELFNOTE_PHYS32_ENTRY
-    f[n + 12..n + 16].copy_from_slice(b"Xen\0");
-    f[n + 16..n + 20].copy_from_slice(&entry.to_le_bytes());
+    put(n, 4, 4); // namesz
+    put(n + 4, 4, 4); // descsz
+    put(n + 8, 4, 18); // XEN_ELFNOTE_PHYS32_ENTRY
+    put(n + 12, 4, u64::from(u32::from_le_bytes(*b"Xen\0")));
+    put(n + 16, 4, paddr); // the entry
     f[0x200..0x200 + code.len()].copy_from_slice(code);
     std::fs::write(path, f).unwrap();
 }
 
+/// 32-bit code for a minimal PVH image: `mov eax, marker; mov dx, PHASE;
+/// out dx, eax`, the phase-marker port write.
+pub fn mark_code(m: ptiscope_abi::phase::Marker) -> Vec<u8> {
+    let mut c = vec![0xb8];
+    c.extend_from_slice(&m.encode().to_le_bytes());
+    c.extend([0x66, 0xba, 0x00, 0x06, 0xef]);
+    c
+}
+
+/// 32-bit code loaded at `paddr` that runs `before`, prints `text` to
+/// COM1 in one `rep outsb`, then runs `after` (`text` is placed after
+/// it).
+pub fn print_code(paddr: u32, before: &[u8], text: &[u8], after: &[u8]) -> Vec<u8> {
+    const PRINT_LEN: usize = 17;
+    let text_at = paddr + (before.len() + PRINT_LEN + after.len()) as u32;
+    let mut c = before.to_vec();
+    c.extend([0xfc, 0xbe]); // cld; mov esi, imm32
+    c.extend_from_slice(&text_at.to_le_bytes());
+    c.push(0xb9); // mov ecx, imm32
+    c.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    c.extend([0x66, 0xba, 0xf8, 0x03, 0xf3, 0x6e]); // mov dx, 0x3f8; rep outsb
+    assert_eq!(c.len(), before.len() + PRINT_LEN);
+    c.extend_from_slice(after);
+    c.extend_from_slice(text);
+    c
+}
+
 /// Writes a minimal PVH ELF64 whose 32-bit entry runs `code`, loaded at `paddr`.
 pub fn write_pvh_elf(path: &Path, paddr: u64, code: &[u8]) {
-    assert!(code.len() <= 0x100);
-    let mut f = vec![0u8; 0x300];
-    f[..4].copy_from_slice(b"\x7fELF");
-    f[4] = 2; // ELFCLASS64
-    f[5] = 1; // little endian
-    f[6] = 1;
-    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
-    f[24..32].copy_from_slice(&paddr.to_le_bytes());
-    f[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
-    f[52..54].copy_from_slice(&64u16.to_le_bytes());
-    f[54..56].copy_from_slice(&56u16.to_le_bytes());
-    f[56..58].copy_from_slice(&2u16.to_le_bytes());
-    let ph = 64; // PT_LOAD
-    f[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes());
-    f[ph + 4..ph + 8].copy_from_slice(&7u32.to_le_bytes());
-    f[ph + 8..ph + 16].copy_from_slice(&0x200u64.to_le_bytes());
-    f[ph + 16..ph + 24].copy_from_slice(&paddr.to_le_bytes());
-    f[ph + 24..ph + 32].copy_from_slice(&paddr.to_le_bytes());
-    f[ph + 32..ph + 40].copy_from_slice(&0x100u64.to_le_bytes());
-    f[ph + 40..ph + 48].copy_from_slice(&0x1000u64.to_le_bytes());
-    let ph = 64 + 56; // PT_NOTE
-    f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
-    f[ph + 8..ph + 16].copy_from_slice(&0x180u64.to_le_bytes());
-    f[ph + 32..ph + 40].copy_from_slice(&20u64.to_le_bytes());
-    finish_pvh(f, paddr as u32, code, path);
+    write_pvh(path, true, paddr, code);
 }
 
 /// Writes a minimal PVH ELF32 (i386) whose 32-bit entry runs `code`, loaded at `paddr`.
 pub fn write_pvh_elf32(path: &Path, paddr: u32, code: &[u8]) {
-    assert!(code.len() <= 0x100);
-    let mut f = vec![0u8; 0x300];
-    f[..4].copy_from_slice(b"\x7fELF");
-    f[4] = 1; // ELFCLASS32
-    f[5] = 1; // little endian
-    f[6] = 1;
-    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    f[18..20].copy_from_slice(&3u16.to_le_bytes()); // EM_386
-    f[20..24].copy_from_slice(&1u32.to_le_bytes());
-    f[24..28].copy_from_slice(&paddr.to_le_bytes());
-    f[28..32].copy_from_slice(&52u32.to_le_bytes()); // e_phoff
-    f[40..42].copy_from_slice(&52u16.to_le_bytes());
-    f[42..44].copy_from_slice(&32u16.to_le_bytes());
-    f[44..46].copy_from_slice(&2u16.to_le_bytes());
-    let ph = 52; // PT_LOAD
-    f[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes());
-    f[ph + 4..ph + 8].copy_from_slice(&0x200u32.to_le_bytes());
-    f[ph + 8..ph + 12].copy_from_slice(&paddr.to_le_bytes());
-    f[ph + 12..ph + 16].copy_from_slice(&paddr.to_le_bytes());
-    f[ph + 16..ph + 20].copy_from_slice(&0x100u32.to_le_bytes());
-    f[ph + 20..ph + 24].copy_from_slice(&0x1000u32.to_le_bytes());
-    let ph = 52 + 32; // PT_NOTE
-    f[ph..ph + 4].copy_from_slice(&4u32.to_le_bytes());
-    f[ph + 4..ph + 8].copy_from_slice(&0x180u32.to_le_bytes());
-    f[ph + 16..ph + 20].copy_from_slice(&20u32.to_le_bytes());
-    finish_pvh(f, paddr, code, path);
+    write_pvh(path, false, u64::from(paddr), code);
+}
+
+/// `ptiscope run ARGS` under KVM: its output, or `None` after printing
+/// why `test` is skipped (no usable /dev/kvm).
+pub fn kvm_run_or_skip(test: &str, args: &[&str]) -> Option<Output> {
+    kvm_or_skip(test).then(|| ptiscope().arg("run").args(args).output().unwrap())
+}
+
+/// `ptiscope run --timeout SECS --kernel ELF` under KVM of a minimal PVH
+/// image (ELF32 if `elf32`, else ELF64) whose 32-bit entry at 1 MiB runs
+/// `code`: its output, or `None` after printing why `test` is skipped.
+pub fn kvm_run_code_or_skip(test: &str, elf32: bool, code: &[u8], secs: &str) -> Option<Output> {
+    if !kvm_or_skip(test) {
+        return None;
+    }
+    let dir = Scratch::new(&test.replace(' ', "-"));
+    let elf = dir.join("guest.elf");
+    if elf32 {
+        write_pvh_elf32(&elf, 0x10_0000, code);
+    } else {
+        write_pvh_elf(&elf, 0x10_0000, code);
+    }
+    let o = ptiscope()
+        .args(["run", "--timeout", secs, "--kernel"])
+        .arg(&elf)
+        .output()
+        .unwrap();
+    Some(o)
+}
+
+/// `ptiscope ARGS` is refused: it ends with `code` (not a panic) and
+/// its stderr has every one of `wants`. Returns the stderr.
+pub fn assert_refused(args: &[&str], code: i32, wants: &[&str]) -> String {
+    let o = ptiscope().args(args).output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    for want in wants {
+        assert!(err.contains(want), "{args:?}: no {want:?} in: {err}");
+    }
+    err
+}
+
+/// Spawns `cmd` with `--json JSON --csv CSV`, stdin empty and its stdout
+/// and stderr piped (for [`interrupt`]).
+pub fn spawn_writing(cmd: &mut Command, json: &Path, csv: &Path) -> std::process::Child {
+    use std::process::Stdio;
+    cmd.arg("--json")
+        .arg(json)
+        .arg("--csv")
+        .arg(csv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// What `ptiscope probe --json` found for 32-bit PAE paging on this host.
@@ -246,6 +630,30 @@ pub fn num(r: &std::collections::HashMap<String, String>, key: &str) -> u64 {
 /// The row `name` of a run summary JSON (`ptiscope run --json`: `rows[]`).
 pub fn summary_row<'a>(v: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
     v["rows"].as_array()?.iter().find(|r| r["name"] == name)
+}
+
+/// The row `name` of a run summary JSON; panics naming it if there is
+/// none.
+pub fn the_row<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    summary_row(v, name).unwrap_or_else(|| panic!("no row {name} in {v}"))
+}
+
+/// True if the run whose JSON is `v` ran on kvm_pvm (a software KVM
+/// whose shadow MMU and emulated guest kernel give exact host counts);
+/// otherwise prints that `what` was not checked and why.
+pub fn ran_on_kvm_pvm(v: &serde_json::Value, what: &str, why: &str) -> bool {
+    let kvm = &v["environment"]["kvm"];
+    let pvm = kvm["module"] == "kvm_pvm";
+    if !pvm {
+        ptiscope::test_support::skip(
+            what,
+            &format!(
+                "{why}; this KVM is {} ({} paging)",
+                kvm["module"], kvm["paging"]
+            ),
+        );
+    }
+    pvm
 }
 
 /// A summary row's phase total; panics naming the row if there is none.
