@@ -89,6 +89,32 @@ impl PhysMem for DirectMap {
         // SAFETY: as for `read`.
         unsafe { ((v as usize as *mut u64).add(index & 511)).write_volatile(value) }
     }
+    /// The run in one tight loop (a load, a test and a store per entry),
+    /// the table's address translated once.
+    fn fill(
+        &mut self,
+        table: u64,
+        index: usize,
+        count: usize,
+        first: u64,
+        step: u64,
+    ) -> Result<(), usize> {
+        let v = phys_to_virt(table).expect("page tables are allocated inside the direct map");
+        let base = v as usize as *mut u64;
+        let mut value = first;
+        for i in index.min(512)..index.saturating_add(count).min(512) {
+            // SAFETY: `table` is a page-table frame inside the direct map, i < 512.
+            let entry = unsafe { base.add(i) };
+            // SAFETY: as above.
+            if unsafe { entry.read_volatile() } & guest_core::pte::flags::PRESENT != 0 {
+                return Err(i);
+            }
+            // SAFETY: as above.
+            unsafe { entry.write_volatile(value) };
+            value = value.wrapping_add(step);
+        }
+        Ok(())
+    }
 }
 
 /// `count` contiguous zeroed frames, for kernel stacks.
