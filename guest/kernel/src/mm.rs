@@ -24,6 +24,14 @@ impl<T> Global<T> {
 }
 
 static FRAMES: Global<Option<FrameAllocator>> = Global::new(None);
+/// The memory map plus the telemetry page, as the frame allocator gets it.
+static ALL_REGIONS: Global<[MemRegion; crate::pvh::MEMMAP_MAX + 1]> = Global::new(
+    [MemRegion {
+        base: 0,
+        size: 0,
+        kind: 0,
+    }; crate::pvh::MEMMAP_MAX + 1],
+);
 
 extern "C" {
     static __image_end_phys: u8;
@@ -38,7 +46,10 @@ pub fn image_end_phys() -> u64 {
 /// the direct map, minus the telemetry page: our VMM reserves it in the
 /// map, but under QEMU `telemetry=` may well point into RAM.
 pub fn init(map: &[MemRegion], telemetry: Option<u64>) -> &'static FrameAllocator {
-    let mut all = [MemRegion::default(); crate::pvh::MEMMAP_MAX + 1];
+    // In .bss, not zeroed on the stack (each emulated instruction counts
+    // on kvm_pvm).
+    // SAFETY: boot, one CPU, called once; nothing else uses ALL_REGIONS.
+    let all = unsafe { ALL_REGIONS.get() };
     let n = map.len().min(crate::pvh::MEMMAP_MAX);
     all[..n].copy_from_slice(&map[..n]);
     let mut len = n;
