@@ -8,7 +8,12 @@
 //!
 //! The default `run` reads the probe's host facts from its per-boot cache
 //! (the first `ptiscope` process after a host boot probes and writes it;
-//! this benchmark warms it once before timing). The row `host cache off`
+//! this benchmark warms it once before timing). Each ptiscope binary timed
+//! here gets a cache directory of its own for the benchmark
+//! (`XDG_CACHE_HOME`, removed afterwards): the cache file is keyed by the
+//! binary, so another ptiscope build run on the same host meanwhile (or the
+//! `--before` binary, interleaved) would otherwise replace it and make
+//! some "warm" runs probe the host again (~0.5 s each). The row `host cache off`
 //! (`PTISCOPE_HOST_CACHE=off`) is a run that probes everything itself, as
 //! the first run after a boot does; `--before PATH` adds another ptiscope
 //! binary (an earlier build) to the same interleaved runs.
@@ -56,6 +61,7 @@ pub fn run(ptiscope: &Path, args: &BootArgs) -> Result<Report, String> {
             kernel.display()
         ));
     }
+    let caches = CacheDirs::new()?;
     let run_with = |binary: &Path, extra: &[&str], cache: Option<&str>| {
         let mut cmd = Command::new(binary);
         cmd.arg("run")
@@ -63,15 +69,19 @@ pub fn run(ptiscope: &Path, args: &BootArgs) -> Result<Report, String> {
             .arg("--kernel")
             .arg(&kernel)
             .arg("--mem")
-            .arg(args.mem.to_string());
+            .arg(args.mem.to_string())
+            .env("XDG_CACHE_HOME", caches.dir(binary == ptiscope));
         if let Some(v) = cache {
             cmd.env("PTISCOPE_HOST_CACHE", v);
         }
         measure::run(&mut cmd)
     };
-    // Warm the host facts cache (what every run after the first one of a
+    // Warm the host facts caches (what every run after the first one of a
     // host boot finds), untimed.
     checked(run_with(ptiscope, &[], None), "ptiscope (warm-up)", 0)?;
+    if let Some(b) = &args.before {
+        checked(run_with(b, &[], None), "--before ptiscope (warm-up)", 0)?;
+    }
     let mut ours = Vec::new();
     let mut lean = Vec::new();
     let mut cold = Vec::new();
@@ -187,6 +197,36 @@ pub fn run(ptiscope: &Path, args: &BootArgs) -> Result<Report, String> {
         "target_met_no_irqchip": lean_ratio <= TARGET_RATIO,
     });
     Ok(Report { text, json })
+}
+
+/// The benchmark's private host-facts cache directories, one per binary
+/// timed, removed when dropped.
+struct CacheDirs(PathBuf);
+
+impl CacheDirs {
+    fn new() -> Result<CacheDirs, String> {
+        let root = std::env::temp_dir().join(format!("ptiscope-bench-boot-{}", std::process::id()));
+        for sub in ["ours", "before"] {
+            std::fs::create_dir_all(root.join(sub)).map_err(|e| {
+                format!(
+                    "cannot create the benchmark's cache directory {}: {e}",
+                    root.display()
+                )
+            })?;
+        }
+        Ok(CacheDirs(root))
+    }
+
+    /// The `XDG_CACHE_HOME` of the binary under test, or of `--before`.
+    fn dir(&self, ours: bool) -> PathBuf {
+        self.0.join(if ours { "ours" } else { "before" })
+    }
+}
+
+impl Drop for CacheDirs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn checked(sample: std::io::Result<Sample>, who: &str, expected: i32) -> Result<Sample, String> {

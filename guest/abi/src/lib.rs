@@ -30,6 +30,19 @@ pub mod port {
     pub const PHASE: u16 = 0x600;
     /// Width in bytes of the phase-marker port.
     pub const PHASE_LEN: u16 = 4;
+    /// ptiscope's console-line port (the VMM's own, no PC device): a 32-bit
+    /// `in` reads [`CONSOLE_LINE_MAGIC`] where the VMM has it (elsewhere
+    /// an unclaimed port reads all ones); a 32-bit `out` of the
+    /// guest-physical address (below 4 GiB) of a line record — a `u32`
+    /// length, at most [`CONSOLE_LINE_MAX`], then that many bytes — writes
+    /// the bytes to COM1 as if the guest had written them to its THR one by
+    /// one. One exit per line instead of one per byte where `rep outsb`
+    /// exits per byte (kvm_pvm).
+    pub const CONSOLE_LINE: u16 = 0x6e0;
+    /// What a 32-bit read of [`CONSOLE_LINE`] gives under ptiscope ("PCNL").
+    pub const CONSOLE_LINE_MAGIC: u32 = 0x4c4e_4350;
+    /// Longest line record, in bytes after the length.
+    pub const CONSOLE_LINE_MAX: usize = 1020;
 }
 
 /// Statuses the guest writes to [`port::EXIT`]. The VMM exits with the same code.

@@ -9,7 +9,8 @@
 //! paging ([`paging`], layout in [`layout`]) and x86_32's PAE ([`pae`]), the
 //! mapping of the `wss=`/`kwss=` working sets
 //! ([`workingset`]), and the pipe ring buffer and message format of
-//! `workload=sched-messaging` ([`pipe`]).
+//! `workload=sched-messaging` ([`pipe`]), and integers as text without
+//! `core::fmt` for the boot lines ([`numfmt`]).
 #![warn(missing_docs)]
 #![no_std]
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ mod both_modes;
 pub mod cmdline;
 pub mod layout;
 pub mod memmap;
+pub mod numfmt;
 pub mod pae;
 pub mod paging;
 pub mod pipe;

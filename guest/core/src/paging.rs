@@ -117,6 +117,58 @@ pub fn map_2m<M: PhysMem, F: FrameSource>(
     Ok(())
 }
 
+/// Maps `[va, va + len)` to `[phys, phys + len)` with leaves of `page`
+/// bytes (4 KiB, or 2 MiB with PS) and `leaf_flags` in the tree rooted at
+/// `root`: what [`map_4k`] or [`map_2m`] page after page would do (the same
+/// tables and entries, [`MapError::AlreadyMapped`] for the first page found
+/// mapped, the pages before it left mapped), but each table of leaves is
+/// found or created once and its run of entries written by
+/// [`PhysMem::fill`]. The kernel half's direct map used to be 64 calls of
+/// `map_2m` (128 MiB), most of the boot's emulated instructions.
+#[allow(clippy::too_many_arguments)]
+pub fn map_run<M: PhysMem, F: FrameSource>(
+    mem: &mut M,
+    frames: &mut F,
+    root: u64,
+    va: u64,
+    phys: u64,
+    len: u64,
+    page: u64,
+    leaf_flags: u64,
+    table_flags: u64,
+) -> Result<(), MapError> {
+    let huge = match page {
+        4096 => 0,
+        p if p == 2 << 20 => HUGE,
+        _ => return Err(MapError::Misaligned(va)),
+    };
+    if !va.is_multiple_of(page) || !phys.is_multiple_of(page) || !len.is_multiple_of(page) {
+        return Err(MapError::Misaligned(va));
+    }
+    let mut off = 0;
+    while off < len {
+        let v = va.checked_add(off).ok_or(MapError::NotCanonical(va))?;
+        // A run never leaves its table, so it stays in v's canonical half.
+        if !is_canonical(v) {
+            return Err(MapError::NotCanonical(v));
+        }
+        let [i4, i3, i2, i1] = indices(v);
+        let pdpt = next_table(mem, frames, root, i4, table_flags, v)?;
+        let pd = next_table(mem, frames, pdpt, i3, table_flags, v)?;
+        let (table, index) = if huge != 0 {
+            (pd, i2)
+        } else {
+            (next_table(mem, frames, pd, i2, table_flags, v)?, i1)
+        };
+        let count = ((ENTRIES - index) as u64).min((len - off) / page);
+        let first = Pte::new(phys + off, leaf_flags | PRESENT | huge).0;
+        mem.fill(table, index, count as usize, first, page)
+            .map_err(|i| MapError::AlreadyMapped(v + (i - index) as u64 * page))?;
+        off += count * page;
+    }
+    Ok(())
+}
+
 /// Walks the tree rooted at `root` for `va`, as the MMU would.
 pub fn translate<M: PhysMem>(mem: &M, root: u64, va: u64) -> Option<Translation> {
     if !is_canonical(va) {
@@ -249,17 +301,18 @@ pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
         }
         pa = 2 << 20;
     }
-    while pa < spec.direct_map {
-        map_2m(
+    if pa < spec.direct_map {
+        map_run(
             mem,
             frames,
             root,
             KERNEL_BASE + pa,
             pa,
+            spec.direct_map - pa,
+            2 << 20,
             WRITABLE | global,
             KERNEL_TABLE_FLAGS,
         )?;
-        pa += 2 << 20;
     }
     map_4k(
         mem,
@@ -273,24 +326,27 @@ pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
     let kernel_pml4e = mem.read(root, KERNEL_PML4_SLOT);
     let user_pml4e = if spec.pti {
         let uroot = frames.frame().ok_or(MapError::OutOfFrames)?;
+        // The entry area: its text read-only and executable, the rest
+        // writable and NX.
         let (start, end) = spec.entry_area;
-        let mut pa = start;
-        while pa < end {
-            let perm = if pa < spec.entry_text_end {
-                0
-            } else {
-                WRITABLE | NO_EXECUTE
-            };
-            map_4k(
-                mem,
-                frames,
-                uroot,
-                KERNEL_BASE + pa,
-                pa,
-                perm | GLOBAL,
-                KERNEL_TABLE_FLAGS,
-            )?;
-            pa += 4096;
+        let text_end = spec
+            .entry_text_end
+            .next_multiple_of(4096)
+            .clamp(start, end.max(start));
+        for (s, e, perm) in [(start, text_end, 0), (text_end, end, WRITABLE | NO_EXECUTE)] {
+            if s < e {
+                map_run(
+                    mem,
+                    frames,
+                    uroot,
+                    KERNEL_BASE + s,
+                    s,
+                    e - s,
+                    4096,
+                    perm | GLOBAL,
+                    KERNEL_TABLE_FLAGS,
+                )?;
+            }
         }
         // Kernel text the user copy also maps, read-only and global: all of
         // it with pti_global_text, and with pti_switch=deferred the page of
@@ -476,6 +532,89 @@ mod tests {
         let half = build_kernel_half(&mut m, &mut f, &spec(pti)).unwrap();
         let pair = build_address_space(&mut m, &mut f, &half, &user()).unwrap();
         (m, f, half, pair)
+    }
+
+    /// `map_run` against `map_4k`/`map_2m` page by page: the same tables
+    /// (frames handed out in the same order) and entries, across a table
+    /// boundary; and the same error at the first page already mapped.
+    #[test]
+    fn map_run_equals_page_by_page() {
+        for (page, va, phys, pages) in [
+            (4096u64, KERNEL_BASE + 0x1f_c000, 0x1f_c000u64, 9u64),
+            (2 << 20, KERNEL_BASE + (506 << 21), 506 << 21, 10),
+            (2 << 20, KERNEL_BASE, 0, 64),
+        ] {
+            let (mut a, mut fa) = (FakeMem::default(), bump());
+            let (mut b, mut fb) = (FakeMem::default(), bump());
+            let (ra, rb) = (fa.frame().unwrap(), fb.frame().unwrap());
+            let leaf = WRITABLE | NO_EXECUTE;
+            map_run(
+                &mut a,
+                &mut fa,
+                ra,
+                va,
+                phys,
+                pages * page,
+                page,
+                leaf,
+                KERNEL_TABLE_FLAGS,
+            )
+            .unwrap();
+            for i in 0..pages {
+                let (v, p) = (va + i * page, phys + i * page);
+                if page == 4096 {
+                    map_4k(&mut b, &mut fb, rb, v, p, leaf, KERNEL_TABLE_FLAGS).unwrap();
+                } else {
+                    map_2m(&mut b, &mut fb, rb, v, p, leaf, KERNEL_TABLE_FLAGS).unwrap();
+                }
+            }
+            assert_eq!(a, b, "page {page:#x} from {va:#x}");
+            assert_eq!(fa.handed, fb.handed);
+            if phys < 3 * page {
+                continue;
+            }
+            // Once more over a range whose fourth page is now mapped.
+            let start = va - 3 * page;
+            let err = map_run(
+                &mut a,
+                &mut fa,
+                ra,
+                start,
+                phys - 3 * page,
+                6 * page,
+                page,
+                leaf,
+                KERNEL_TABLE_FLAGS,
+            );
+            assert_eq!(err, Err(MapError::AlreadyMapped(va)));
+            assert!(
+                translate(&a, ra, start).is_some(),
+                "the pages before it are mapped"
+            );
+        }
+        let (mut m, mut f) = (FakeMem::default(), bump());
+        let root = f.frame().unwrap();
+        for (va, phys, len, page) in [
+            (KERNEL_BASE + 4096, 0, 2 << 20, 2 << 20),
+            (KERNEL_BASE, 0x1800, 4096, 4096),
+            (KERNEL_BASE, 0, 0x1800, 4096),
+            (KERNEL_BASE, 0, 8192, 8192),
+        ] {
+            let r = map_run(
+                &mut m,
+                &mut f,
+                root,
+                va,
+                phys,
+                len,
+                page,
+                0,
+                KERNEL_TABLE_FLAGS,
+            );
+            assert_eq!(r, Err(MapError::Misaligned(va)));
+        }
+        let r = map_run(&mut m, &mut f, root, 1 << 47, 0, 4096, 4096, 0, TABLE_FLAGS);
+        assert_eq!(r, Err(MapError::NotCanonical(1 << 47)));
     }
 
     #[test]

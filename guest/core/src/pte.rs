@@ -73,6 +73,31 @@ pub trait PhysMem {
     fn read(&self, table: u64, index: usize) -> u64;
     /// Writes the 64-bit entry `index` of the table at physical address `table`.
     fn write(&mut self, table: u64, index: usize, value: u64);
+    /// Writes the run of leaves `first`, `first + step`, ... into entries
+    /// `index..index + count` of `table` (`index + count` at most 512),
+    /// stopping at the first entry already present: its index is the error,
+    /// and nothing from it on is written. The builders map long runs of
+    /// pages through it; an implementation may write the run in a tighter
+    /// loop than `read`/`write` per entry (the guest's direct map does: each
+    /// emulated instruction counts on software-KVM hosts).
+    fn fill(
+        &mut self,
+        table: u64,
+        index: usize,
+        count: usize,
+        first: u64,
+        step: u64,
+    ) -> Result<(), usize> {
+        let mut value = first;
+        for i in index..index + count {
+            if Pte(self.read(table, i)).present() {
+                return Err(i);
+            }
+            self.write(table, i, value);
+            value = value.wrapping_add(step);
+        }
+        Ok(())
+    }
 }
 
 /// Source of zeroed physical frames.

@@ -40,24 +40,21 @@ fn bad_cmdline(why: impl core::fmt::Display) -> ! {
     stop(exit_status::BAD_CMDLINE)
 }
 
-/// `0x...` or `none`.
-struct Hex(Option<u64>);
-impl core::fmt::Display for Hex {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self.0 {
-            Some(v) => write!(f, "{v:#x}"),
-            None => f.write_str("none"),
-        }
-    }
-}
-
 #[no_mangle]
 extern "C" fn kmain(start_info: usize) -> ! {
     arch::descriptors::init_gdt_tss();
     // Per-CPU data (GS) before anything counts or prints (the console lock
     // asks which CPU this is).
     arch::smp::init_boot_cpu();
-    println!("{} {} {}", ptiscope_abi::BANNER_PREFIX, arch::NAME, VERSION);
+    // The boot lines are written without core::fmt (console::Line): the
+    // same text for a fraction of the emulated instructions.
+    console::Line::start()
+        .str(ptiscope_abi::BANNER_PREFIX)
+        .str(" ")
+        .str(arch::NAME)
+        .str(" ")
+        .str(VERSION)
+        .str("\n");
     arch::descriptors::init_idt();
 
     let info = match pvh::StartInfo::read(start_info as u64) {
@@ -77,19 +74,38 @@ extern "C" fn kmain(start_info: usize) -> ! {
         PtiMode::Off => false,
         PtiMode::Auto => !rdcl_no,
     };
-    println!(
-        "config: pti={} ({} requested, rdcl_no={}, arch_capabilities={}) pcid={} entry={} workload={} iterations={} telemetry={:#x} fault={}",
-        if pti { "on" } else { "off" },
-        match config.pti { PtiMode::On => "on", PtiMode::Off => "off", PtiMode::Auto => "auto" },
-        rdcl_no as u8,
-        Hex(arch_caps),
-        if config.pcid { "on" } else { "off" },
-        config.entry.name(),
-        config.workload.name(),
-        config.iterations,
-        config.telemetry.unwrap_or(0),
-        config.fault.map_or("none", |f| f.name()),
-    );
+    {
+        let on_off = |b: bool| if b { "on" } else { "off" };
+        let mut line = console::Line::start();
+        line.str("config: pti=")
+            .str(on_off(pti))
+            .str(" (")
+            .str(match config.pti {
+                PtiMode::On => "on",
+                PtiMode::Off => "off",
+                PtiMode::Auto => "auto",
+            })
+            .str(" requested, rdcl_no=")
+            .dec(rdcl_no as u64)
+            .str(", arch_capabilities=");
+        match arch_caps {
+            Some(v) => line.hex(v),
+            None => line.str("none"),
+        };
+        line.str(") pcid=")
+            .str(on_off(config.pcid))
+            .str(" entry=")
+            .str(config.entry.name())
+            .str(" workload=")
+            .str(config.workload.name())
+            .str(" iterations=")
+            .dec(config.iterations)
+            .str(" telemetry=")
+            .hex(config.telemetry.unwrap_or(0))
+            .str(" fault=")
+            .str(config.fault.map_or("none", |f| f.name()))
+            .str("\n");
+    }
 
     let map = info.memmap();
     let ram: u64 = map
@@ -98,13 +114,16 @@ extern "C" fn kmain(start_info: usize) -> ! {
         .map(|r| r.size)
         .sum();
     let frames = mm::init(map, config.telemetry);
-    println!(
-        "memory: {} map entries, {} KiB RAM, {} KiB allocatable above the image end {:#x}",
-        map.len(),
-        ram >> 10,
-        frames.free_bytes() >> 10,
-        mm::image_end_phys()
-    );
+    console::Line::start()
+        .str("memory: ")
+        .dec(map.len() as u64)
+        .str(" map entries, ")
+        .dec(ram >> 10)
+        .str(" KiB RAM, ")
+        .dec(frames.free_bytes() >> 10)
+        .str(" KiB allocatable above the image end ")
+        .hex(mm::image_end_phys())
+        .str("\n");
 
     if let Some(why) = arch::unsupported(&config) {
         println!("{why}");
@@ -158,7 +177,7 @@ extern "C" fn kmain(start_info: usize) -> ! {
         cpu::halt_forever()
     }
     if config.workload == Workload::None && config.fault != Some(Fault::Kread) {
-        println!("workload none: nothing to run");
+        console::Line::start().str("workload none: nothing to run\n");
         stop(exit_status::SUCCESS)
     }
     if config.workload == Workload::SchedMessaging && config.fault.is_none() {

@@ -24,6 +24,14 @@ impl<T> Global<T> {
 }
 
 static FRAMES: Global<Option<FrameAllocator>> = Global::new(None);
+/// The memory map plus the telemetry page, as the frame allocator gets it.
+static ALL_REGIONS: Global<[MemRegion; crate::pvh::MEMMAP_MAX + 1]> = Global::new(
+    [MemRegion {
+        base: 0,
+        size: 0,
+        kind: 0,
+    }; crate::pvh::MEMMAP_MAX + 1],
+);
 
 extern "C" {
     static __image_end_phys: u8;
@@ -38,7 +46,10 @@ pub fn image_end_phys() -> u64 {
 /// the direct map, minus the telemetry page: our VMM reserves it in the
 /// map, but under QEMU `telemetry=` may well point into RAM.
 pub fn init(map: &[MemRegion], telemetry: Option<u64>) -> &'static FrameAllocator {
-    let mut all = [MemRegion::default(); crate::pvh::MEMMAP_MAX + 1];
+    // In .bss, not zeroed on the stack (each emulated instruction counts
+    // on kvm_pvm).
+    // SAFETY: boot, one CPU, called once; nothing else uses ALL_REGIONS.
+    let all = unsafe { ALL_REGIONS.get() };
     let n = map.len().min(crate::pvh::MEMMAP_MAX);
     all[..n].copy_from_slice(&map[..n]);
     let mut len = n;
@@ -88,6 +99,32 @@ impl PhysMem for DirectMap {
         let v = phys_to_virt(table).expect("page tables are allocated inside the direct map");
         // SAFETY: as for `read`.
         unsafe { ((v as usize as *mut u64).add(index & 511)).write_volatile(value) }
+    }
+    /// The run in one tight loop (a load, a test and a store per entry),
+    /// the table's address translated once.
+    fn fill(
+        &mut self,
+        table: u64,
+        index: usize,
+        count: usize,
+        first: u64,
+        step: u64,
+    ) -> Result<(), usize> {
+        let v = phys_to_virt(table).expect("page tables are allocated inside the direct map");
+        let base = v as usize as *mut u64;
+        let mut value = first;
+        for i in index.min(512)..index.saturating_add(count).min(512) {
+            // SAFETY: `table` is a page-table frame inside the direct map, i < 512.
+            let entry = unsafe { base.add(i) };
+            // SAFETY: as above.
+            if unsafe { entry.read_volatile() } & guest_core::pte::flags::PRESENT != 0 {
+                return Err(i);
+            }
+            // SAFETY: as above.
+            unsafe { entry.write_volatile(value) };
+            value = value.wrapping_add(step);
+        }
+        Ok(())
     }
 }
 

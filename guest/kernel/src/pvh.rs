@@ -1,5 +1,6 @@
 //! The PVH `hvm_start_info` handed over in `ebx` (Xen's arch-x86/hvm/start_info.h).
 use crate::arch::layout::phys_to_virt;
+use crate::mm::Global;
 use guest_core::memmap::MemRegion;
 
 const MAGIC: u32 = 0x336e_c578;
@@ -34,9 +35,17 @@ struct RawMemmapEntry {
 
 pub struct StartInfo {
     pub cmdline: &'static str,
-    pub memmap: [MemRegion; MEMMAP_MAX],
-    pub memmap_len: usize,
+    pub memmap: &'static [MemRegion],
 }
+
+const NO_REGION: MemRegion = MemRegion {
+    base: 0,
+    size: 0,
+    kind: 0,
+};
+/// The memory map as read, in .bss: neither zeroed on the stack nor moved
+/// with the `StartInfo` (each emulated instruction counts on kvm_pvm).
+static MEMMAP: Global<[MemRegion; MEMMAP_MAX]> = Global::new([NO_REGION; MEMMAP_MAX]);
 
 #[derive(Debug)]
 pub enum StartInfoError {
@@ -89,7 +98,9 @@ impl StartInfo {
             let len = bytes.iter().position(|&b| b == 0).unwrap_or(CMDLINE_MAX);
             core::str::from_utf8(&bytes[..len]).map_err(|_| StartInfoError::CmdlineNotUtf8)?
         };
-        let mut memmap = [MemRegion::default(); MEMMAP_MAX];
+        // SAFETY: boot, one CPU: kmain reads the start info once, before
+        // anything else could look at MEMMAP.
+        let memmap = unsafe { MEMMAP.get() };
         let mut memmap_len = 0;
         if raw.version >= 1 && raw.memmap_paddr != 0 {
             let n = (raw.memmap_entries as usize).min(MEMMAP_MAX);
@@ -105,12 +116,11 @@ impl StartInfo {
         }
         Ok(StartInfo {
             cmdline,
-            memmap,
-            memmap_len,
+            memmap: &memmap[..memmap_len],
         })
     }
 
-    pub fn memmap(&self) -> &[MemRegion] {
-        &self.memmap[..self.memmap_len]
+    pub fn memmap(&self) -> &'static [MemRegion] {
+        self.memmap
     }
 }

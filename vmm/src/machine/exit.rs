@@ -6,6 +6,8 @@ use ptiscope_abi::phase::Marker;
 use ptiscope_abi::port;
 use ptiscope_devices::{DeviceEvent, PioBus, UnknownAccesses};
 
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
 use crate::machine::msr::MsrAnswers;
 
 /// Devices the exit counts distinguish.
@@ -182,6 +184,9 @@ pub enum GuestStop {
 pub struct DispatchCtx<'a> {
     /// The devices that port I/O goes to.
     pub bus: &'a PioBus,
+    /// Guest memory, where the console-line records are read (None: the
+    /// console-line port is not offered and reads all ones).
+    pub mem: Option<&'a GuestMemoryMmap>,
     /// Where accesses no device claims are logged and counted.
     pub unknown: &'a mut UnknownAccesses,
     /// This vCPU's exit counts, bumped by each dispatch.
@@ -190,11 +195,57 @@ pub struct DispatchCtx<'a> {
     pub msrs: &'a MsrAnswers,
 }
 
+/// A console-line record ([`port::CONSOLE_LINE`]): its bytes go to COM1's
+/// THR one by one, exactly as the guest's own `outb`s would (the serial
+/// device's output, recorder and interrupts alike). The record is hostile
+/// input: a write that is not 32 bits, a record outside guest memory or
+/// longer than [`port::CONSOLE_LINE_MAX`] is logged as an unknown access
+/// and ignored.
+fn console_line(data: &[u8], ctx: &mut DispatchCtx<'_>) {
+    let record = <[u8; 4]>::try_from(data)
+        .ok()
+        .map(|a| u64::from(u32::from_le_bytes(a)));
+    let mut bytes = [0u8; port::CONSOLE_LINE_MAX];
+    let line = record.zip(ctx.mem).and_then(|(gpa, mem)| {
+        let mut len = [0u8; 4];
+        mem.read_slice(&mut len, GuestAddress(gpa)).ok()?;
+        let line = bytes.get_mut(..u32::from_le_bytes(len) as usize)?;
+        mem.read_slice(line, GuestAddress(gpa + 4)).ok()?;
+        Some(&*line)
+    });
+    let Some(line) = line else {
+        ctx.unknown.record(
+            "console-line record",
+            record.unwrap_or(u64::from(port::CONSOLE_LINE)),
+            data.len(),
+        );
+        return;
+    };
+    for b in line {
+        ctx.bus.write(port::SERIAL_COM1, std::slice::from_ref(b));
+    }
+}
+
 /// Maps one exit to an action. Guest-controlled values never make this
 /// fail: unknown ports and MMIO are logged once per address and ignored
 /// (reads see all ones, as on an empty ISA bus).
 pub fn dispatch(exit: VcpuExit<'_>, ctx: &mut DispatchCtx<'_>) -> ExitAction {
     match exit {
+        VcpuExit::IoOut(port::CONSOLE_LINE, data) => {
+            ctx.counts.io_out.bump(DeviceKind::Serial);
+            console_line(data, ctx);
+            ExitAction::Continue
+        }
+        VcpuExit::IoIn(port::CONSOLE_LINE, data) => {
+            ctx.counts.io_in.bump(DeviceKind::Serial);
+            // Only a 32-bit read finds the port; else it reads as unclaimed.
+            if data.len() == 4 && ctx.mem.is_some() {
+                data.copy_from_slice(&port::CONSOLE_LINE_MAGIC.to_le_bytes());
+            } else {
+                data.fill(0xff);
+            }
+            ExitAction::Continue
+        }
         VcpuExit::IoOut(p, data) => {
             let kind = DeviceKind::of_base(ctx.bus.device_base(p));
             ctx.counts.io_out.bump(kind);
@@ -315,6 +366,7 @@ mod tests {
         let msrs = MsrAnswers::default();
         let mut ctx = DispatchCtx {
             bus: &bus,
+            mem: None,
             unknown: &mut unknown,
             counts: &mut counts,
             msrs: &msrs,
@@ -363,5 +415,66 @@ mod tests {
         assert_eq!(counts.io_in.unknown, 1);
         assert_eq!(counts.total(), 9);
         assert_eq!(unknown.distinct(), 2);
+    }
+
+    /// A console-line record reaches COM1 as the same bytes written to THR;
+    /// a bad record (too long, outside memory, not 32 bits) is ignored and
+    /// logged; the port reads the magic only where guest memory is offered.
+    #[test]
+    fn console_lines_go_to_com1_and_bad_records_are_ignored() {
+        use ptiscope_devices::{EventFdTrigger, SerialDevice};
+        use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+        let mut bus = bus();
+        let irq = EventFdTrigger(EventFd::new(EFD_NONBLOCK).unwrap());
+        let (serial, recorder) = SerialDevice::with_output(irq, None);
+        bus.insert(
+            port::SERIAL_COM1,
+            port::SERIAL_LEN,
+            Arc::new(Mutex::new(serial)),
+        )
+        .unwrap();
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let line = b"@result workload=none\n";
+        mem.write_slice(&(line.len() as u32).to_le_bytes(), GuestAddress(0x1000))
+            .unwrap();
+        mem.write_slice(line, GuestAddress(0x1004)).unwrap();
+        let too_long = (port::CONSOLE_LINE_MAX as u32 + 1).to_le_bytes();
+        mem.write_slice(&too_long, GuestAddress(0x2000)).unwrap();
+        let (mut unknown, mut counts, msrs) = (
+            UnknownAccesses::new(),
+            ExitCounts::default(),
+            MsrAnswers::default(),
+        );
+        let mut ctx = DispatchCtx {
+            bus: &bus,
+            mem: Some(&mem),
+            unknown: &mut unknown,
+            counts: &mut counts,
+            msrs: &msrs,
+        };
+        let mut d = [0u8; 4];
+        dispatch(VcpuExit::IoIn(port::CONSOLE_LINE, &mut d), &mut ctx);
+        assert_eq!(u32::from_le_bytes(d), port::CONSOLE_LINE_MAGIC);
+        for gpa in [0x1000u32, 0x2000, 0xfffe, 0xffff_fff0] {
+            let out = VcpuExit::IoOut(port::CONSOLE_LINE, &gpa.to_le_bytes()[..]);
+            assert_eq!(dispatch(out, &mut ctx), ExitAction::Continue);
+        }
+        dispatch(VcpuExit::IoOut(port::CONSOLE_LINE, &[0, 0x10]), &mut ctx);
+        assert_eq!(counts.io_out.serial, 5);
+        assert_eq!(counts.io_in.serial, 1);
+        assert_eq!(unknown.distinct(), 4, "each bad record logged");
+        let rec = recorder.lock().unwrap();
+        assert_eq!(rec.machine_lines(), ["@result workload=none"]);
+
+        let (mut unknown, mut counts) = (UnknownAccesses::new(), ExitCounts::default());
+        let mut ctx = DispatchCtx {
+            bus: &bus,
+            mem: None,
+            unknown: &mut unknown,
+            counts: &mut counts,
+            msrs: &msrs,
+        };
+        dispatch(VcpuExit::IoIn(port::CONSOLE_LINE, &mut d), &mut ctx);
+        assert_eq!(d, [0xff; 4]);
     }
 }

@@ -156,6 +156,7 @@ impl Vcpu {
                     exit,
                     &mut DispatchCtx {
                         bus: env.bus,
+                        mem: Some(env.mem),
                         unknown: &mut unknown,
                         counts: &mut exits,
                         msrs: env.msrs,
