@@ -109,7 +109,8 @@ fn sigterm_stops_the_vm_cleanly() {
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let start = Instant::now();
     let o = child.wait_with_output().unwrap();
-    assert!(start.elapsed() < Duration::from_secs(3));
+    // Well before its --timeout 20: the signal ended it.
+    assert!(start.elapsed() < HANG_SLACK);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(143), "{err}");
     assert!(err.contains("stopped by SIGTERM"), "{err}");

@@ -15,7 +15,7 @@ use common::*;
 const TIMEOUT_S: u64 = 3;
 
 /// Runs `args`; returns the exit code, stdout and stderr and fails if it
-/// took longer than `--timeout` + 2 s (killing it at twice that).
+/// took longer than `--timeout` + the hang slack (killing it at twice that).
 fn run_bounded(args: &[&str], what: &str) -> (Option<i32>, String, String) {
     let start = Instant::now();
     let child = ptiscope()
@@ -27,13 +27,13 @@ fn run_bounded(args: &[&str], what: &str) -> (Option<i32>, String, String) {
         .unwrap();
     // Its stdout and stderr are drained while it runs, so a chatty guest
     // never blocks it.
-    let limit = Duration::from_secs(TIMEOUT_S + 2);
+    let limit = Duration::from_secs(TIMEOUT_S) + HANG_SLACK;
     let o = wait_output_within(child, limit * 2).unwrap_or_else(|e| panic!("{what}: {e}"));
     let took = start.elapsed();
     let (out, err) = (stdout(&o), stderr(&o));
     assert!(
         took <= limit,
-        "{what}: took {took:?}, more than --timeout + 2 s\n{err}"
+        "{what}: took {took:?}, more than --timeout + {HANG_SLACK:?}\n{err}"
     );
     (o.status.code(), out, err)
 }
