@@ -97,3 +97,38 @@ fn two_outputs_given_one_file_are_refused() {
     assert_ne!(out.status.code(), Some(64), "{}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn sigint_ends_a_reproduction_and_names_the_cells_not_run() {
+    let test = "sigint_ends_a_reproduction_and_names_the_cells_not_run";
+    let Some(dir) = kvm_scratch_or_skip(test, "reproduce-sigint") else {
+        return;
+    };
+    let json = dir.join("r.json");
+    let child = ptiscope()
+        .args(["reproduce", "tarreau-2018", "--no-linux", "--json"])
+        .arg(&json)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its first cell (300,000 getppid calls) is still running.
+    std::thread::sleep(Duration::from_secs(2));
+    let (text, _) = interrupt(child);
+    assert!(text.contains("PARTIAL: "), "{text}");
+    let v = read_json(&json);
+    assert_eq!(v["schema"], "ptiscope.reproduce/1");
+    assert!(v["partial"].as_str().unwrap().contains("SIGINT"), "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    let not_run = rows
+        .iter()
+        .filter(|r| {
+            r["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("not run"))
+        })
+        .count();
+    // Every cell is in the document; the ones after the signal say so.
+    assert!(rows.len() >= 2 && not_run >= 1, "{v}");
+}
