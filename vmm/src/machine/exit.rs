@@ -358,19 +358,35 @@ mod tests {
         b
     }
 
+    /// What a dispatch context borrows besides the bus and memory.
+    #[derive(Default)]
+    struct Tallies {
+        unknown: UnknownAccesses,
+        counts: ExitCounts,
+        msrs: MsrAnswers,
+    }
+
+    impl Tallies {
+        fn ctx<'a>(
+            &'a mut self,
+            bus: &'a PioBus,
+            mem: Option<&'a GuestMemoryMmap>,
+        ) -> DispatchCtx<'a> {
+            DispatchCtx {
+                bus,
+                mem,
+                unknown: &mut self.unknown,
+                counts: &mut self.counts,
+                msrs: &self.msrs,
+            }
+        }
+    }
+
     #[test]
     fn every_exit_maps_to_an_action_and_is_counted() {
         let bus = bus();
-        let mut unknown = UnknownAccesses::new();
-        let mut counts = ExitCounts::default();
-        let msrs = MsrAnswers::default();
-        let mut ctx = DispatchCtx {
-            bus: &bus,
-            mem: None,
-            unknown: &mut unknown,
-            counts: &mut counts,
-            msrs: &msrs,
-        };
+        let mut t = Tallies::default();
+        let mut ctx = t.ctx(&bus, None);
         assert_eq!(
             dispatch(VcpuExit::IoOut(port::EXIT, &[3, 0, 0, 0]), &mut ctx),
             ExitAction::Stop(GuestStop::GuestExit(3))
@@ -409,12 +425,12 @@ mod tests {
             dispatch(VcpuExit::Unknown, &mut ctx),
             ExitAction::Stop(GuestStop::Unexpected(_))
         ));
-        assert_eq!(counts.io_out.exit, 1);
-        assert_eq!(counts.io_out.phase, 2);
-        assert_eq!(counts.invalid_phase_markers, 1);
-        assert_eq!(counts.io_in.unknown, 1);
-        assert_eq!(counts.total(), 9);
-        assert_eq!(unknown.distinct(), 2);
+        assert_eq!(t.counts.io_out.exit, 1);
+        assert_eq!(t.counts.io_out.phase, 2);
+        assert_eq!(t.counts.invalid_phase_markers, 1);
+        assert_eq!(t.counts.io_in.unknown, 1);
+        assert_eq!(t.counts.total(), 9);
+        assert_eq!(t.unknown.distinct(), 2);
     }
 
     /// A console-line record reaches COM1 as the same bytes written to THR;
@@ -440,18 +456,8 @@ mod tests {
         mem.write_slice(line, GuestAddress(0x1004)).unwrap();
         let too_long = (port::CONSOLE_LINE_MAX as u32 + 1).to_le_bytes();
         mem.write_slice(&too_long, GuestAddress(0x2000)).unwrap();
-        let (mut unknown, mut counts, msrs) = (
-            UnknownAccesses::new(),
-            ExitCounts::default(),
-            MsrAnswers::default(),
-        );
-        let mut ctx = DispatchCtx {
-            bus: &bus,
-            mem: Some(&mem),
-            unknown: &mut unknown,
-            counts: &mut counts,
-            msrs: &msrs,
-        };
+        let mut t = Tallies::default();
+        let mut ctx = t.ctx(&bus, Some(&mem));
         let mut d = [0u8; 4];
         dispatch(VcpuExit::IoIn(port::CONSOLE_LINE, &mut d), &mut ctx);
         assert_eq!(u32::from_le_bytes(d), port::CONSOLE_LINE_MAGIC);
@@ -460,20 +466,14 @@ mod tests {
             assert_eq!(dispatch(out, &mut ctx), ExitAction::Continue);
         }
         dispatch(VcpuExit::IoOut(port::CONSOLE_LINE, &[0, 0x10]), &mut ctx);
-        assert_eq!(counts.io_out.serial, 5);
-        assert_eq!(counts.io_in.serial, 1);
-        assert_eq!(unknown.distinct(), 4, "each bad record logged");
+        assert_eq!(t.counts.io_out.serial, 5);
+        assert_eq!(t.counts.io_in.serial, 1);
+        assert_eq!(t.unknown.distinct(), 4, "each bad record logged");
         let rec = recorder.lock().unwrap();
         assert_eq!(rec.machine_lines(), ["@result workload=none"]);
 
-        let (mut unknown, mut counts) = (UnknownAccesses::new(), ExitCounts::default());
-        let mut ctx = DispatchCtx {
-            bus: &bus,
-            mem: None,
-            unknown: &mut unknown,
-            counts: &mut counts,
-            msrs: &msrs,
-        };
+        let mut t = Tallies::default();
+        let mut ctx = t.ctx(&bus, None);
         dispatch(VcpuExit::IoIn(port::CONSOLE_LINE, &mut d), &mut ctx);
         assert_eq!(d, [0xff; 4]);
     }
