@@ -182,22 +182,26 @@ pub fn load_idt() {
     }
 }
 
-/// Writes IDT gate `vector`: a 64-bit interrupt gate (IF cleared on entry)
-/// to `handler`, callable from user mode with `int n` if `dpl` is 3.
-pub fn set_gate(vector: u8, handler: u64, dpl: u8, ist: u8) {
+/// IDT gate descriptor: a 64-bit interrupt gate (IF cleared on entry) to
+/// `handler`, callable from user mode with `int n` if `dpl` is 3.
+const fn gate(handler: u64, dpl: u8, ist: u8) -> [u64; 2] {
     let lo = handler & 0xffff
         | (KERNEL_CS as u64) << 16
         | (ist as u64 & 7) << 32
         | (0x8e | (dpl as u64 & 3) << 5) << 40
         | (handler >> 16 & 0xffff) << 48;
-    let hi = handler >> 32;
-    // SAFETY: single CPU with interrupts off; the gate is written whole
-    // before any user code could raise the vector.
-    unsafe { (*addr_of_mut!(entry_idt))[vector as usize] = [lo, hi] }
+    [lo, handler >> 32]
 }
 
-/// The low quadword of gate `vector`'s descriptor without the handler's
-/// address: its selector, IST slot and type (interrupt gate, DPL 0).
+/// Writes IDT gate `vector`: [`gate`]`(handler, dpl, ist)`.
+pub fn set_gate(vector: u8, handler: u64, dpl: u8, ist: u8) {
+    // SAFETY: single CPU with interrupts off; the gate is written whole
+    // before any user code could raise the vector.
+    unsafe { (*addr_of_mut!(entry_idt))[vector as usize] = gate(handler, dpl, ist) }
+}
+
+/// The low quadword of exception `vector`'s gate without the handler's
+/// address (its selector, IST slot and type: [`gate`] of handler 0, DPL 0).
 const fn gate_attrs(vector: u8) -> u64 {
     let ist = match vector {
         2 => IST_NMI,
@@ -205,7 +209,7 @@ const fn gate_attrs(vector: u8) -> u64 {
         18 => IST_MC,
         _ => 0,
     };
-    (KERNEL_CS as u64) << 16 | (ist as u64) << 32 | 0x8e << 40
+    gate(0, 0, ist)[0]
 }
 
 /// [`gate_attrs`] of the 32 exception vectors, computed at build time.
@@ -220,9 +224,10 @@ static EXCEPTION_GATE_ATTRS: [u64; 32] = {
 };
 
 /// Fills the 32 exception gates and loads the IDT. The loop only splits
-/// each stub's address into the gate (the rest of the gate comes from
-/// [`EXCEPTION_GATE_ATTRS`]): a dozen emulated instructions per gate on
-/// software-KVM hosts, where [`set_gate`]'s per-vector match cost twice that.
+/// each stub's address into the gate as [`gate`] does (the rest of the gate
+/// comes from [`EXCEPTION_GATE_ATTRS`]): a dozen emulated instructions per
+/// gate on software-KVM hosts, where [`set_gate`] with a per-vector match
+/// cost twice that.
 pub fn init_idt() {
     // SAFETY: single CPU with interrupts off, before any vector can be
     // raised; the stub table is immutable data emitted by entry.rs.
