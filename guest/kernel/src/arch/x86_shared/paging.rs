@@ -28,19 +28,30 @@ pub struct PtiLine {
     pub nx: bool,
 }
 
-/// Prints the `@pti` line (the VMM and the tests read it).
+/// Prints the `@pti` line (the VMM and the tests read it), through
+/// `console::Line` rather than `core::fmt`: the same text for a fraction
+/// of the emulated instructions.
 pub fn print_pti_line(line: &PtiLine) {
     let pages = |(s, e): (u64, u64)| e.saturating_sub(s) / 4096;
     let deferred = line.deferred_text.1 > line.deferred_text.0;
-    crate::println!(
-        "@pti user_copy_kernel_pages={} entry_area_pages={} deferred_switch_pages={} pti_switch={} global_text={} nx={}",
-        line.user_copy_kernel_pages,
-        pages(line.entry_area),
-        pages(line.deferred_text),
-        if deferred { "deferred" } else { "asm" },
-        if line.global_text { "on" } else { "off" },
-        line.nx as u8
-    );
+    crate::console::Line::start()
+        .str("@pti user_copy_kernel_pages=")
+        .dec(line.user_copy_kernel_pages)
+        .str(" entry_area_pages=")
+        .dec(pages(line.entry_area))
+        .str(" deferred_switch_pages=")
+        .dec(pages(line.deferred_text))
+        .str(if deferred {
+            " pti_switch=deferred global_text="
+        } else {
+            " pti_switch=asm global_text="
+        })
+        .str(if line.global_text {
+            "on nx="
+        } else {
+            "off nx="
+        })
+        .str(if line.nx { "1\n" } else { "0\n" });
 }
 
 /// Maps `[va, va + len)` of the kernel half (shared by every address space)
