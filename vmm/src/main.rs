@@ -28,7 +28,7 @@ fn main() -> ExitCode {
     ptiscope::sandbox::set_enabled(!cli.no_seccomp);
     match cli.command {
         Some(Command::Run(args)) => code(ptiscope::cli::run::run(&args)),
-        Some(Command::Compare(args)) => code(ptiscope::cli::compare::run(&args)),
+        Some(Command::Compare(args)) => code(ptiscope::cli::compare_command(&args)),
         Some(Command::Sweep(args)) => code(ptiscope::cli::sweep::run(&args)),
         Some(Command::Probe(args)) => code(ptiscope::cli::probe::run(&args)),
         Some(Command::Pagetables(args)) => code(ptiscope::cli::pagetables::run(&args)),
@@ -39,7 +39,7 @@ fn main() -> ExitCode {
             Ok(Cli {
                 command: Some(Command::Compare(args)),
                 ..
-            }) => code(ptiscope::cli::compare::run(&args)),
+            }) => code(ptiscope::cli::compare_command(&args)),
             _ => code(exit_code::INTERNAL),
         },
     }

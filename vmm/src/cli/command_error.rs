@@ -4,12 +4,41 @@
 
 use std::path::PathBuf;
 
-use crate::cli::compare::SideError;
-use crate::cli::exit_code::ExitCode;
 use crate::cli::measured_error::MeasuredRunError;
 use crate::experiment::{ExperimentError, RunId};
 use crate::output::OpenError;
 use crate::preflight::PreflightError;
+
+/// Errors in `--baseline`/`--compare` options.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SideError {
+    /// A word of the options (`opts`) without `=`.
+    #[error("{opts:?}: {word:?} is not key=value")]
+    NotKeyValue {
+        /// The side's options as given.
+        opts: String,
+        /// The offending word.
+        word: String,
+    },
+    /// A key compare does not know.
+    #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline pti_switch)")]
+    UnknownKey {
+        /// The side's options as given.
+        opts: String,
+        /// The unknown key.
+        key: String,
+    },
+    /// A known key with a value it does not take.
+    #[error("{opts:?}: bad value for {key}: {why}")]
+    BadValue {
+        /// The side's options as given.
+        opts: String,
+        /// The key.
+        key: String,
+        /// What was wrong and what it takes.
+        why: String,
+    },
+}
 
 /// Why an experiment command stopped before its report.
 #[derive(Debug, thiserror::Error)]
@@ -86,18 +115,6 @@ impl CommandError {
                 ExperimentError::Refused(_) => String::new(),
             },
             source: Box::new(source),
-        }
-    }
-}
-
-/// A command's exit code: `result`'s, or the error said on stderr as
-/// `ptiscope COMMAND: ...` and its code ([`crate::cli::exit_code`]'s).
-pub fn finish(command: &str, result: Result<i32, CommandError>) -> i32 {
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("ptiscope {command}: {e}");
-            e.exit_code()
         }
     }
 }

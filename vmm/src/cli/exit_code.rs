@@ -59,6 +59,18 @@ pub fn failed_run(code: i32) -> i32 {
     }
 }
 
+/// A command's exit code: `result`'s, or the error said on stderr as
+/// `ptiscope COMMAND: ...` and its code.
+pub fn finish(command: &str, result: Result<i32, CommandError>) -> i32 {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ptiscope {command}: {e}");
+            e.exit_code()
+        }
+    }
+}
+
 /// The signal that ended a run whose exit code is `code` (128 + a
 /// termination signal), if one did.
 pub fn terminating_signal(code: i32) -> Option<i32> {

@@ -280,6 +280,17 @@ pub struct ProbeArgs {
     pub json: bool,
 }
 
+/// `ptiscope compare`: poundsyscall's table per thread count when the sides
+/// ask for several (`threads=1,2,4`), else the comparison. Chosen here,
+/// above both commands, because the table reuses compare's side parsing.
+pub fn compare_command(args: &CompareArgs) -> i32 {
+    if pound::wants_sweep(args) {
+        pound::run(args)
+    } else {
+        compare::run(args)
+    }
+}
+
 /// `--mem`: a number of MiB within the bounds, with messages naming them.
 pub fn parse_mem(s: &str) -> Result<u64, String> {
     let mib: u64 = match s.trim().parse::<i128>() {

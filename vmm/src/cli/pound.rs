@@ -7,9 +7,10 @@
 //! and the CR3 writes per call follow. With a `threads=` on both sides the
 //! ordinary compare runs (one thread count, the full table, `--fail-if`).
 
-use crate::cli::command_error::{self, CommandError};
+use crate::cli::command_error::CommandError;
 use crate::cli::compare::side::{guest_image, parse_side, run_measured, SideSpec};
 use crate::cli::compare::{parse_sides, write_file};
+use crate::cli::exit_code;
 use crate::cli::{CompareArgs, Runs};
 use crate::experiment::{Experiment, ExperimentError, Failed, Outcome, RunCount, RunId, Silent};
 use crate::output::open_outputs;
@@ -93,7 +94,7 @@ fn diff_pct(base: f64, comp: f64) -> f64 {
 
 /// Runs the sweep; returns the exit status.
 pub fn run(args: &CompareArgs) -> i32 {
-    command_error::finish("compare", pound(args))
+    exit_code::finish("compare", pound(args))
 }
 
 /// The refusals, then one experiment per thread count (each its runs,

@@ -31,7 +31,7 @@ use runs::ci_pct;
 pub(crate) use runs::progress;
 
 use crate::backend::Backend;
-use crate::cli::command_error::{self, CommandError};
+use crate::cli::command_error::CommandError;
 use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT, MIN_AUTO_RUNS};
 use crate::experiment::{Experiment, Progress, RunCount, RunId};
@@ -41,11 +41,10 @@ use crate::report::environment::Environment;
 use crate::report::{CompareTable, Condition, RunSummary};
 
 /// Runs the comparison and prints it; returns the process exit code.
+/// (`ptiscope compare` with poundsyscall's thread counts is
+/// [`crate::cli::pound::run`]; [`crate::cli::compare_command`] chooses.)
 pub fn run(args: &CompareArgs) -> i32 {
-    if crate::cli::pound::wants_sweep(args) {
-        return crate::cli::pound::run(args);
-    }
-    command_error::finish("compare", compare(args))
+    exit_code::finish("compare", compare(args))
 }
 
 /// Both sides' options parsed (shared with poundsyscall's table).

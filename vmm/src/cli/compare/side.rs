@@ -32,36 +32,7 @@ pub struct Side {
     pub run: ResolvedRun,
 }
 
-/// Errors in `--baseline`/`--compare` options.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SideError {
-    /// A word of the options (`opts`) without `=`.
-    #[error("{opts:?}: {word:?} is not key=value")]
-    NotKeyValue {
-        /// The side's options as given.
-        opts: String,
-        /// The offending word.
-        word: String,
-    },
-    /// A key compare does not know.
-    #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline pti_switch)")]
-    UnknownKey {
-        /// The side's options as given.
-        opts: String,
-        /// The unknown key.
-        key: String,
-    },
-    /// A known key with a value it does not take.
-    #[error("{opts:?}: bad value for {key}: {why}")]
-    BadValue {
-        /// The side's options as given.
-        opts: String,
-        /// The key.
-        key: String,
-        /// What was wrong and what it takes.
-        why: String,
-    },
-}
+pub use crate::cli::command_error::SideError;
 
 fn enum_value<T: clap::ValueEnum>(v: &str) -> Result<T, String> {
     T::from_str(v, false).map_err(|_| {

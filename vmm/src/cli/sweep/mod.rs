@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::backend::Backend;
-use crate::cli::command_error::{self, CommandError};
+use crate::cli::command_error::CommandError;
 use crate::cli::compare::{parse_side, progress, run_measured, write_file};
 use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::measured_error::MeasuredRunError;
@@ -151,7 +151,7 @@ fn default_configs(args: &SweepArgs, backend: &dyn Backend) -> (Vec<String>, Vec
 
 /// Runs the sweep and prints it; returns the process exit code.
 pub fn run(args: &SweepArgs) -> i32 {
-    command_error::finish("sweep", sweep(args))
+    exit_code::finish("sweep", sweep(args))
 }
 
 /// Why one run of a cell gave no figures.
