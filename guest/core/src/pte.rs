@@ -88,16 +88,29 @@ pub trait PhysMem {
         first: u64,
         step: u64,
     ) -> Result<(), usize> {
-        let mut value = first;
-        for i in index..index + count {
-            if Pte(self.read(table, i)).present() {
-                return Err(i);
-            }
-            self.write(table, i, value);
-            value = value.wrapping_add(step);
-        }
-        Ok(())
+        fill_checked(self, table, index..index + count, first, step)
     }
+}
+
+/// [`PhysMem::fill`]'s contract entry by entry over `entries` of `table`:
+/// each one checked for presence, then written (`first`, `first + step`,
+/// ...). The default `fill`, and what a faster one falls back to.
+pub fn fill_checked<M: PhysMem + ?Sized>(
+    mem: &mut M,
+    table: u64,
+    entries: core::ops::Range<usize>,
+    first: u64,
+    step: u64,
+) -> Result<(), usize> {
+    let mut value = first;
+    for i in entries {
+        if Pte(mem.read(table, i)).present() {
+            return Err(i);
+        }
+        mem.write(table, i, value);
+        value = value.wrapping_add(step);
+    }
+    Ok(())
 }
 
 /// Source of zeroed physical frames.

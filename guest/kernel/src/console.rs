@@ -9,7 +9,7 @@
 //! instead of one per byte where `rep outsb` exits per byte (kvm_pvm,
 //! ~10 µs each: most of a default boot's time). Elsewhere the bytes go to
 //! COM1 itself.
-use crate::mm::Global;
+use crate::global::Global;
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use ptiscope_abi::port::{CONSOLE_LINE, CONSOLE_LINE_MAGIC, CONSOLE_LINE_MAX};

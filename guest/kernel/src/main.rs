@@ -9,6 +9,7 @@
 
 mod arch;
 mod console;
+mod global;
 mod mm;
 mod pipe;
 mod pvh;

@@ -1,27 +1,9 @@
 //! Physical memory: the frame allocator and access to page tables through
 //! the direct map.
 use crate::arch::layout::{phys_to_virt, DIRECT_MAP_SIZE};
-use core::cell::UnsafeCell;
+use crate::global::Global;
 use guest_core::memmap::{FrameAllocator, MemRegion};
 use guest_core::pte::{FrameSource, PhysMem};
-
-/// A cell for boot-initialised kernel state. There is one CPU and no
-/// interrupt handler touches these, so accesses never overlap.
-pub struct Global<T>(UnsafeCell<T>);
-// SAFETY: one CPU, no preemption; see the type's comment.
-unsafe impl<T> Sync for Global<T> {}
-impl<T> Global<T> {
-    pub const fn new(v: T) -> Self {
-        Global(UnsafeCell::new(v))
-    }
-    /// # Safety
-    /// No other reference to the value may be live.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn get(&self) -> &mut T {
-        // SAFETY: delegated to the caller.
-        unsafe { &mut *self.0.get() }
-    }
-}
 
 static FRAMES: Global<Option<FrameAllocator>> = Global::new(None);
 /// The memory map plus the telemetry page, as the frame allocator gets it.
@@ -125,18 +107,9 @@ impl PhysMem for DirectMap {
             unsafe { base.add(i).write_volatile(value) };
             value = value.wrapping_add(step);
         }
-        for i in zero_end..to {
-            // SAFETY: as above, i < 512.
-            let entry = unsafe { base.add(i) };
-            // SAFETY: as above.
-            if unsafe { entry.read_volatile() } & guest_core::pte::flags::PRESENT != 0 {
-                return Err(i);
-            }
-            // SAFETY: as above.
-            unsafe { entry.write_volatile(value) };
-            value = value.wrapping_add(step);
-        }
-        Ok(())
+        // From the first nonzero entry on (rare: the runs go into fresh
+        // tables), entry by entry.
+        guest_core::pte::fill_checked(self, table, zero_end..to, value, step)
     }
 }
 

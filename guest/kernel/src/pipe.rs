@@ -5,7 +5,8 @@
 //! `PIPE_BUF` bytes blocks until all of it fits (atomic, as Linux). Tasks
 //! reach pipes through their descriptor range (`task::PipeFds`).
 use crate::arch::layout::phys_to_virt;
-use crate::mm::{Frames, Global};
+use crate::global::Global;
+use crate::mm::Frames;
 use crate::task::{lock, WaitQueue, MAX_TASKS};
 use crate::uaccess::user_range_ok;
 use guest_core::pipe::{Ring, PIPE_BUF, PIPE_SIZE};

@@ -1,6 +1,6 @@
 //! The PVH `hvm_start_info` handed over in `ebx` (Xen's arch-x86/hvm/start_info.h).
 use crate::arch::layout::phys_to_virt;
-use crate::mm::Global;
+use crate::global::Global;
 use guest_core::memmap::MemRegion;
 
 const MAGIC: u32 = 0x336e_c578;

@@ -1,7 +1,7 @@
 //! The system call table. Entry stubs (entry.rs) index `syscall_table` by
 //! rax and call the handler with the C ABI: (rdi, rsi, rdx, r10).
 use crate::arch::x86_shared::io::outl;
-use crate::mm::Global;
+use crate::global::Global;
 use crate::task::lock;
 use crate::telemetry::{self, Snapshot};
 use crate::uaccess::user_range_ok;

@@ -22,7 +22,8 @@
 //! word per page of it and then performs the loop's own system call: the
 //! kernel half's TLB refill after each entry's CR3 switch.
 use crate::arch::layout::phys_to_virt;
-use crate::mm::{Frames, Global};
+use crate::global::Global;
+use crate::mm::Frames;
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use guest_core::cmdline::{Config, Workload};
 use guest_core::pte::FrameSource;
