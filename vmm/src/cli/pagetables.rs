@@ -3,7 +3,6 @@
 //! give the isolation verdict.
 
 use crate::cli::exit_code::{self, ExitCode as _};
-use crate::cli::run::environment;
 use crate::cli::PagetablesArgs;
 use crate::output::open_document;
 use crate::run_vm;
@@ -92,7 +91,11 @@ pub fn run(args: &PagetablesArgs) -> i32 {
         let mut value = serde_json::to_value(&inspection).unwrap_or_default();
         if let Some(o) = value.as_object_mut() {
             let options = crate::cli::compare::config_words(&outcome);
-            let env = environment("kvm", &config, "pagetables", &options);
+            let env = crate::report::Environment::collect(
+                "kvm",
+                crate::cli::compare::guest_image_of(&config.kernel, Some(&image)),
+                [("pagetables".to_owned(), options)].into(),
+            );
             o.insert(
                 "environment".into(),
                 serde_json::to_value(env).unwrap_or_default(),

@@ -8,7 +8,7 @@
 //! ordinary compare runs (one thread count, the full table, `--fail-if`).
 
 use crate::cli::command_error::CommandError;
-use crate::cli::compare::side::{guest_image, parse_side, run_measured, SideSpec};
+use crate::cli::compare::side::{guest_image_of, parse_side, run_measured, SideSpec};
 use crate::cli::compare::{parse_sides, write_file};
 use crate::cli::exit_code;
 use crate::cli::{CompareArgs, Runs};
@@ -144,6 +144,8 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     println!();
 
     let mut counts: Vec<ThreadCount> = Vec::new();
+    // The baseline's image as preflight read it, hashed for the environment.
+    let mut booted: Option<std::sync::Arc<[u8]>> = None;
     for threads in 1..=max_threads {
         let with_threads = |spec: &SideSpec| {
             let mut c = spec.config.clone();
@@ -153,6 +155,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
             preflight(&c, backend.target())
         };
         let resolved = [with_threads(&base)?, with_threads(&comp)?];
+        booted.get_or_insert_with(|| resolved[0].image.clone());
         let outcome = Experiment::new(vec![base.label.clone(), comp.label.clone()]).run(
             0,
             RunCount::Fixed(runs),
@@ -184,7 +187,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     if let Some(f) = &json_file {
         let environment = Environment::collect(
             backend.name(),
-            guest_image(&base.config.kernel),
+            guest_image_of(&base.config.kernel, booted.as_deref()),
             [
                 ("baseline".to_owned(), vec![base.label.clone()]),
                 ("compare".to_owned(), vec![comp.label.clone()]),

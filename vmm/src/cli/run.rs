@@ -101,8 +101,12 @@ pub fn run(args: &RunArgs) -> i32 {
             print_summary(&outcome);
             let mut summary =
                 measurer.summary(&outcome, crate::cli::compare::config_words(&outcome));
-            summary.environment =
-                Some(environment(backend.name(), &config, "run", &summary.config));
+            summary.environment = Some(environment(
+                backend.name(),
+                &resolved,
+                "run",
+                &summary.config,
+            ));
             if !resolved
                 .guest
                 .workload
@@ -197,12 +201,7 @@ fn run_console(
             crate::cli::compare::config_words(&outcome),
         ),
     };
-    summary.environment = Some(environment(
-        backend,
-        &resolved.config,
-        "run",
-        &summary.config,
-    ));
+    summary.environment = Some(environment(backend, resolved, "run", &summary.config));
     let mut exit = outcome.exit_code();
     // A Linux run's end in words: a panic, a kernel that never
     // reached the init, an init that did not finish, PTI not as asked.
@@ -219,17 +218,18 @@ fn run_console(
     report(&mut summary, &outcome.outputs, json, exit)
 }
 
-/// The report's `environment` block for a run (docs/report-json.md).
-/// `options` are recorded under `key` (`run`, `pagetables`).
+/// The report's `environment` block for a run (docs/report-json.md): the
+/// image named and hashed is the one the run booted (read once, at
+/// preflight), not the file read again.
 pub fn environment(
     backend: &str,
-    config: &crate::RunConfig,
+    run: &crate::spec::ResolvedRun,
     key: &str,
     options: &[String],
 ) -> crate::report::Environment {
     crate::report::Environment::collect(
         backend,
-        crate::cli::compare::guest_image(&config.kernel),
+        crate::cli::compare::guest_image_of(&run.config.kernel, Some(&run.image)),
         [(key.to_owned(), options.to_vec())].into(),
     )
 }
