@@ -166,6 +166,20 @@ pub fn configure_ap(
     configure_cpu(kvm, vm, vcpu, cpu_vuln, mask)
 }
 
+/// KVM_GET_SUPPORTED_CPUID, asked once per process: the answer depends on
+/// the host CPU and the KVM module only, and asking costs ~0.3 ms here (KVM
+/// executes CPUID for every leaf, and CPUID traps when the host is itself a
+/// guest); every vCPU of every run of a `compare` gets the same table.
+/// A failure is not kept: the next vCPU asks again.
+pub fn supported_cpuid(kvm: &Kvm) -> Result<kvm_bindings::CpuId, kvm_ioctls::Error> {
+    static SUPPORTED: std::sync::OnceLock<kvm_bindings::CpuId> = std::sync::OnceLock::new();
+    if let Some(c) = SUPPORTED.get() {
+        return Ok(c.clone());
+    }
+    let cpuid = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)?;
+    Ok(SUPPORTED.get_or_init(|| cpuid).clone())
+}
+
 /// What every vCPU gets: CPUID, ARCH_CAPABILITIES, the FPU's reset state.
 fn configure_cpu(
     kvm: &Kvm,
@@ -175,9 +189,7 @@ fn configure_cpu(
     mask: CpuidMask,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
     // Without CPUID set, the guest's EFER write (long mode) #GPs on some KVMs.
-    let mut cpuid = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(VcpuSetupError::GetCpuid)?;
+    let mut cpuid = supported_cpuid(kvm).map_err(VcpuSetupError::GetCpuid)?;
     if cpu_vuln != CpuVuln::Host {
         // Enumerate the MSR so a guest that checks CPUID first (as Linux
         // does) reads it. Some KVMs (kvm_pvm) replace leaf 7 with the host's

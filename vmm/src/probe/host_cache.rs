@@ -418,6 +418,12 @@ fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> T {
     f(state)
 }
 
+/// Reads the key and the cache file now, so that the first [`cached`]
+/// finds them (a caller on another thread blocks until they are read).
+pub fn warm() {
+    with_state(|_| ());
+}
+
 /// The cached value `get` picks out of the facts, or, if there is none,
 /// `probe`'s answer, which `put` records and the file keeps.
 pub fn cached<T>(

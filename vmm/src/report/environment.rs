@@ -204,8 +204,21 @@ fn uname() -> Option<String> {
     ))
 }
 
-/// The host facts (no probe; cheap).
+/// The host facts (no probe), read once per process: what they describe
+/// (kernel, CPU, the kernel's view of the CPU's bugs) does not change while
+/// it runs. [`warm_host`] reads them early, on another thread.
 pub fn host() -> Host {
+    HOST.get_or_init(read_host).clone()
+}
+
+static HOST: std::sync::OnceLock<Host> = std::sync::OnceLock::new();
+
+/// Reads [`host`]'s facts now (a caller on another thread waits for them).
+pub fn warm_host() {
+    HOST.get_or_init(read_host);
+}
+
+fn read_host() -> Host {
     let mut h = Host {
         kernel: uname(),
         ..Host::default()
