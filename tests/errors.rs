@@ -162,7 +162,7 @@ fn options_of_the_other_backend_are_refused() {
 
 #[test]
 fn a_qemu_that_fails_to_start_is_not_a_guest_success() {
-    if !qemu_or_skip("qemu start failure", "qemu-system-x86_64") {
+    if !plugin_or_skip("qemu start failure", "qemu-system-x86_64") {
         return;
     }
     // QEMU exits 1 on a bad option: the same code as a guest's status 0
@@ -392,7 +392,7 @@ fn more_vcpus_than_kvm_recommends_is_a_host_limit() {
 #[test]
 fn a_qemu_argument_qemu_refuses_is_81_with_its_message() {
     let test = "a_qemu_argument_qemu_refuses_is_81_with_its_message";
-    if !qemu_or_skip(test, "qemu-system-x86_64") {
+    if !plugin_or_skip(test, "qemu-system-x86_64") {
         return;
     }
     let o = ptiscope()

@@ -37,7 +37,7 @@ fn embedded_guest_boots_under_qemu_microvm() {
 
 #[test]
 fn backend_qemu_runs_the_workload_and_reports_guest_figures() {
-    if !qemu_or_skip("backend qemu", "qemu-system-x86_64") {
+    if !plugin_or_skip("backend qemu", "qemu-system-x86_64") {
         return;
     }
     let json = scratch("backend-qemu").join("run.json");

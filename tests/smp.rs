@@ -113,7 +113,7 @@ fn bad_cpu_counts_are_usage_errors() {
 
 #[test]
 fn two_cpus_boot_under_qemu_smp_with_syscall_entry() {
-    if !qemu_or_skip("qemu smp", "qemu-system-x86_64") {
+    if !plugin_or_skip("qemu smp", "qemu-system-x86_64") {
         return;
     }
     let out = ptiscope()

@@ -89,7 +89,7 @@ fn every_fault_on_every_vcpu_stops_the_vm_in_time_kvm() {
 #[test]
 fn every_fault_on_every_vcpu_stops_the_vm_in_time_qemu() {
     let test = "every_fault_on_every_vcpu_stops_the_vm_in_time_qemu";
-    if !qemu_or_skip(test, "qemu-system-x86_64") {
+    if !plugin_or_skip(test, "qemu-system-x86_64") {
         return;
     }
     // QEMU reports the guest's status, not which vCPU wrote it.

@@ -340,7 +340,7 @@ fn assert_gone_soon(pid: u32, comm: &str, what: &str) {
 
 #[test]
 fn qemu_dies_with_a_sigkilled_ptiscope() {
-    if !qemu_or_skip("qemu sigkill", "qemu-system-x86_64") {
+    if !plugin_or_skip("qemu sigkill", "qemu-system-x86_64") {
         return;
     }
     let (mut child, qemu, comm) = hanging_qemu("qemu sigkill");
@@ -363,7 +363,7 @@ fn qemu_dies_with_a_sigkilled_ptiscope() {
 
 #[test]
 fn sighup_stops_a_qemu_run_and_its_qemu() {
-    if !qemu_or_skip("qemu sighup", "qemu-system-x86_64") {
+    if !plugin_or_skip("qemu sighup", "qemu-system-x86_64") {
         return;
     }
     let (child, qemu, comm) = hanging_qemu("qemu sighup");

@@ -132,9 +132,11 @@ pub fn qemu_or_skip(test: &str, binary: &str) -> bool {
     starts
 }
 
-/// True if qemu-system-i386 starts; otherwise prints why `test` is skipped.
+/// True if qemu-system-i386 starts and loads ptiscope's TCG plugin (what a
+/// `--backend qemu` run without `--no-plugin` needs); otherwise prints why
+/// `test` is skipped.
 pub fn qemu_i386_or_skip(test: &str) -> bool {
-    qemu_or_skip(test, "qemu-system-i386")
+    plugin_or_skip(test, "qemu-system-i386")
 }
 
 /// True if `binary` is installed and loads ptiscope's TCG plugin (what a
