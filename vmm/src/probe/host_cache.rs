@@ -249,6 +249,10 @@ fn path() -> Option<PathBuf> {
 
 /// What the facts depend on, as one string: the host's boot, kernel, CPU,
 /// microcode, KVM modules and their parameters, and this ptiscope binary.
+/// Every process reads it before its first boot (on the `host-facts`
+/// thread), so it is read cheaply: one `read` per file, the parameters
+/// opened relative to their directory (a sysfs path walk costs more than
+/// the read), and of /proc/cpuinfo only the first CPU's block.
 pub fn key() -> String {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     // The device the probes open (`PTISCOPE_KVM_DEVICE` may name another).
@@ -262,7 +266,7 @@ pub fn key() -> String {
         k.push('\n');
     }
     // The first CPU's identity (every CPU of a host runs the same microcode).
-    let cpuinfo = read("/proc/cpuinfo");
+    let cpuinfo = first_cpu_block();
     for line in cpuinfo.lines().take_while(|l| !l.trim().is_empty()) {
         let name = line.split(':').next().unwrap_or("").trim();
         if matches!(
@@ -275,22 +279,26 @@ pub fn key() -> String {
     }
     for module in ["kvm", "kvm_pvm", "kvm_intel", "kvm_amd"] {
         let dir = PathBuf::from("/sys/module").join(module);
-        if !dir.exists() {
+        let Ok(params) = std::fs::File::open(dir.join("parameters")) else {
+            if dir.exists() {
+                // A module without parameters is still part of the key.
+                k.push_str(module);
+                k.push('\n');
+            }
             continue;
-        }
+        };
         k.push_str(module);
         k.push('\n');
-        let mut params: Vec<_> = std::fs::read_dir(dir.join("parameters"))
+        let mut names: Vec<_> = std::fs::read_dir(dir.join("parameters"))
             .into_iter()
             .flatten()
             .flatten()
-            .map(|e| e.path())
+            .map(|e| e.file_name())
             .collect();
-        params.sort();
-        for p in params {
-            let v = std::fs::read_to_string(&p).unwrap_or_default();
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-            k.push_str(&format!("{}={}\n", name.unwrap_or_default(), v.trim()));
+        names.sort();
+        for name in names {
+            let v = read_attribute(&params, &name).unwrap_or_default();
+            k.push_str(&format!("{}={}\n", name.to_string_lossy(), v.trim()));
         }
     }
     k.push_str(&format!(
@@ -312,6 +320,51 @@ pub fn key() -> String {
         ));
     }
     k
+}
+
+/// /proc/cpuinfo up to the end of its first CPU's block: the kernel
+/// formats a block per CPU as it is read, so a host of many CPUs is not
+/// asked for all of them (nor, for each, its current frequency).
+fn first_cpu_block() -> String {
+    use std::io::Read;
+    let mut text = Vec::new();
+    if let Ok(f) = std::fs::File::open("/proc/cpuinfo") {
+        let mut f = f.take(64 * 1024);
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = f.read(&mut chunk) {
+            text.extend_from_slice(&chunk[..n]);
+            if text.windows(2).any(|w| w == b"\n\n") {
+                break;
+            }
+        }
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// One sysfs attribute of the directory `dir`, read with one `read` (an
+/// attribute's text is at most a page).
+fn read_attribute(dir: &std::fs::File, name: &std::ffi::OsStr) -> Option<String> {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let cname = std::ffi::CString::new(name.as_bytes()).ok()?;
+    // SAFETY: `dir` is an open directory descriptor and `cname` a
+    // NUL-terminated name; openat returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            cname.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let mut page = [0u8; 4096];
+    let n = file.read(&mut page).ok()?;
+    Some(String::from_utf8_lossy(&page[..n]).into_owned())
 }
 
 /// Reads and checks the file: every key's facts, oldest written first;
@@ -535,6 +588,41 @@ mod tests {
             pae: Some(Some((n.is_multiple_of(2), format!("facts {n}")))),
             ..Facts::default()
         }
+    }
+
+    /// The key's one-read, directory-relative reads say what plain whole-file
+    /// reads say (the key of a host must not depend on how it was read).
+    #[test]
+    fn the_keys_cheap_reads_match_plain_reads() {
+        let mut plain = String::new();
+        for module in ["kvm", "kvm_pvm", "kvm_intel", "kvm_amd"] {
+            let dir = PathBuf::from("/sys/module").join(module);
+            if !dir.exists() {
+                continue;
+            }
+            plain.push_str(&format!("{module}\n"));
+            let mut params: Vec<_> = std::fs::read_dir(dir.join("parameters"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            params.sort();
+            for p in params {
+                let v = std::fs::read_to_string(&p).unwrap_or_default();
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                plain.push_str(&format!("{name}={}\n", v.trim()));
+            }
+        }
+        assert!(key().contains(&plain), "{}\n---\n{plain}", key());
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let first: Vec<&str> = cpuinfo
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .collect();
+        let block = first_cpu_block();
+        let got: Vec<&str> = block.lines().take_while(|l| !l.trim().is_empty()).collect();
+        assert_eq!(got, first);
     }
 
     #[test]
