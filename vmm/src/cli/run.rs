@@ -85,6 +85,9 @@ pub fn run(args: &RunArgs) -> i32 {
             format: args.metrics_format,
         });
     }
+    // The report's environment block is collected while the guest runs (the
+    // image's SHA-256 is most of it; the main thread only waits meanwhile).
+    let environment = Pending::start(backend.name(), &resolved);
     let ran = match backend.run_observed(&resolved, measurer) {
         Ok(ran) => ran,
         Err(e) => {
@@ -96,17 +99,12 @@ pub fn run(args: &RunArgs) -> i32 {
     // and statistics, the telemetry page), or only the guest's console.
     let (outcome, observer) = ran.into_parts();
     match observer {
-        None => run_console(backend.name(), &resolved, outcome, json.as_ref()),
+        None => run_console(&resolved, outcome, environment, json.as_ref()),
         Some(measurer) => {
             print_summary(&outcome);
             let mut summary =
                 measurer.summary(&outcome, crate::cli::compare::config_words(&outcome));
-            summary.environment = Some(environment(
-                backend.name(),
-                &resolved,
-                "run",
-                &summary.config,
-            ));
+            summary.environment = Some(environment.finish("run", &summary.config));
             if !resolved
                 .guest
                 .workload
@@ -125,7 +123,13 @@ pub fn run(args: &RunArgs) -> i32 {
                 .chain(measurer.live_output())
                 .cloned()
                 .collect();
-            report(&mut summary, &outputs, json.as_ref(), outcome.exit_code())
+            // KVM destroys the VM when its last descriptor closes (the
+            // measurer's stats fds), ~0.5 ms here: on another thread, while
+            // the report is written.
+            let teardown = std::thread::spawn(move || drop(measurer));
+            let code = report(&mut summary, &outputs, json.as_ref(), outcome.exit_code());
+            let _ = teardown.join();
+            code
         }
     }
 }
@@ -171,9 +175,9 @@ fn report(
 /// A run no host-side observer watched (`--backend qemu`: QEMU TCG),
 /// reported from the guest's console and the TCG plugin's counts.
 fn run_console(
-    backend: &str,
     resolved: &crate::ResolvedRun,
     outcome: RunOutcome,
+    environment: Pending,
     json: Option<&OutputFile>,
 ) -> i32 {
     eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
@@ -201,7 +205,7 @@ fn run_console(
             crate::cli::compare::config_words(&outcome),
         ),
     };
-    summary.environment = Some(environment(backend, resolved, "run", &summary.config));
+    summary.environment = Some(environment.finish("run", &summary.config));
     let mut exit = outcome.exit_code();
     // A Linux run's end in words: a panic, a kernel that never
     // reached the init, an init that did not finish, PTI not as asked.
@@ -218,19 +222,59 @@ fn run_console(
     report(&mut summary, &outcome.outputs, json, exit)
 }
 
-/// The report's `environment` block for a run (docs/report-json.md): the
-/// image named and hashed is the one the run booted (read once, at
-/// preflight), not the file read again.
-pub fn environment(
-    backend: &str,
-    run: &crate::spec::ResolvedRun,
-    key: &str,
-    options: &[String],
+/// The report's `environment` block for a run (docs/report-json.md), being
+/// collected on a thread of its own: the image named and hashed is the one
+/// the run booted (read once, at preflight), not the file read again.
+pub struct Pending {
+    collecting: std::thread::JoinHandle<crate::report::Environment>,
+    /// What the thread was given, to collect again should it have failed.
+    of: (
+        String,
+        crate::machine::loader::KernelSource,
+        std::sync::Arc<[u8]>,
+    ),
+}
+
+impl Pending {
+    /// Starts collecting `run`'s environment under `backend`. What the probe
+    /// found is settled first, here: a fact not yet known would otherwise be
+    /// probed (probe VMs) beside the measured guest.
+    pub fn start(backend: &str, run: &crate::spec::ResolvedRun) -> Pending {
+        let _ = crate::report::environment::probe_findings();
+        let of = (
+            backend.to_owned(),
+            run.config.kernel.clone(),
+            run.image.clone(),
+        );
+        let given = of.clone();
+        Pending {
+            collecting: std::thread::spawn(move || collect_environment(&given)),
+            of,
+        }
+    }
+
+    /// The environment, with the run's options under `key`.
+    pub fn finish(self, key: &str, options: &[String]) -> crate::report::Environment {
+        let mut env = match self.collecting.join() {
+            Ok(env) => env,
+            Err(_) => collect_environment(&self.of),
+        };
+        env.options = [(key.to_owned(), options.to_vec())].into();
+        env
+    }
+}
+
+fn collect_environment(
+    (backend, kernel, image): &(
+        String,
+        crate::machine::loader::KernelSource,
+        std::sync::Arc<[u8]>,
+    ),
 ) -> crate::report::Environment {
     crate::report::Environment::collect(
         backend,
-        crate::cli::compare::guest_image_of(&run.config.kernel, Some(&run.image)),
-        [(key.to_owned(), options.to_vec())].into(),
+        crate::cli::compare::guest_image_of(kernel, Some(image)),
+        Default::default(),
     )
 }
 
