@@ -1,6 +1,8 @@
 //! Files ptiscope reads (`--kernel` images, `compare --against`, anything
 //! added later) are read through [`read_regular`]: only regular files, at
-//! most a cap of bytes *actually read* (not what the metadata claims), within
+//! most a cap of bytes *actually read* (the metadata's size can say too
+//! little: procfs says 0; a file that says more than the cap is refused
+//! without reading it), within
 //! a time limit, and a termination signal (blocked for the whole process,
 //! see `machine::signals`) ends the read at once. A FIFO without a writer,
 //! `/dev/zero`, `/dev/urandom` or a huge file therefore ends with a message,
@@ -131,6 +133,16 @@ pub fn read_regular(
             kind,
         });
     }
+    // A regular file that says it is over the cap is refused without
+    // reading it (a 100 GB sparse file took seconds to read up to the cap);
+    // one that says less is still counted as read.
+    if meta.len() > max_bytes {
+        return Err(InputError::TooLarge {
+            what,
+            path: path.to_path_buf(),
+            max: max_bytes,
+        });
+    }
     let deadline = Instant::now() + time_limit;
     // The metadata's size is a hint only (procfs says 0; a file may grow):
     // it saves the doubling copies, the cap still counts bytes read. Each
@@ -194,6 +206,24 @@ mod tests {
         assert_eq!(got, b"hello");
         let e = read_regular("--against", &p, 4, READ_TIME_LIMIT).unwrap_err();
         assert!(matches!(e, InputError::TooLarge { max: 4, .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_cap_counts_what_is_read_and_what_a_file_says_it_holds() {
+        // procfs says 0 bytes: what is read is counted.
+        let status = Path::new("/proc/self/status");
+        let e = read_regular("--against", status, 10, READ_TIME_LIMIT).unwrap_err();
+        assert!(matches!(e, InputError::TooLarge { max: 10, .. }), "{e}");
+        let whole = read_regular("--against", status, 1 << 20, READ_TIME_LIMIT).unwrap();
+        assert!(whole.starts_with(b"Name:"), "{whole:?}");
+        // A sparse file of 1 TiB is refused from what it says it holds
+        // (reading it up to a cap of 1 GiB would take seconds).
+        let d = dir("sparse");
+        let p = d.join("sparse");
+        std::fs::File::create(&p).unwrap().set_len(1 << 40).unwrap();
+        let e = read_regular("--kernel", &p, 1 << 30, READ_TIME_LIMIT).unwrap_err();
+        assert!(matches!(e, InputError::TooLarge { .. }), "{e}");
         let _ = std::fs::remove_dir_all(&d);
     }
 

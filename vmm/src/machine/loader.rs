@@ -230,8 +230,9 @@ pub fn read_image(src: &KernelSource) -> Result<std::borrow::Cow<'static, [u8]>,
 
 /// Reads a kernel image file through [`crate::input::read_regular`]: only
 /// regular files (a FIFO would block until a writer comes, `/dev/zero` never
-/// ends), at most [`MAX_IMAGE_BYTES`] counted as read (not the metadata's
-/// size, which procfs files or a growing file get wrong), within
+/// ends), at most [`MAX_IMAGE_BYTES`] counted as read (the metadata's size
+/// can say too little, as procfs files or a growing file do; one that says
+/// more is refused unread), within
 /// [`crate::input::READ_TIME_LIMIT`], and a termination signal ends it.
 fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
     use crate::input::{read_regular, InputError, READ_TIME_LIMIT};
