@@ -86,6 +86,29 @@ pub fn per_iteration(v: &serde_json::Value, name: &str) -> Option<f64> {
         .and_then(|r| r["per_iteration"].as_f64())
 }
 
+/// A distribution-free 95 % confidence interval of the median of `values`
+/// (independent draws of one distribution): the order statistics
+/// `x(k)` and `x(n+1-k)` for the largest `k` with P(Binomial(n, 1/2) < k)
+/// at most 2.5 %. `None` below 6 values, where no such `k` exists.
+pub fn median_ci95(values: &[f64]) -> Option<(f64, f64)> {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    // P(B < k) for k = 1, 2, ...: the sum of C(n, i) / 2^n for i < k.
+    let mut below = 0.0;
+    let mut term = 0.5f64.powi(n as i32); // C(n, 0) / 2^n
+    let mut k = 0;
+    for i in 0..n {
+        if below + term > 0.025 {
+            break;
+        }
+        below += term;
+        k = i + 1;
+        term *= (n - i) as f64 / (i + 1) as f64;
+    }
+    (k >= 1 && 2 * k <= n).then(|| (v[k - 1], v[n - k]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +127,19 @@ mod tests {
         assert!(s.max_rss_kib > 0);
         let s = run(Command::new("sh").args(["-c", "exit 3"])).expect("spawn sh");
         assert_eq!(s.code, Some(3));
+    }
+
+    #[test]
+    fn the_median_interval_takes_the_order_statistics_of_the_binomial() {
+        // n = 15: P(B <= 3) = 0.0176 and P(B <= 4) = 0.0592, so k = 4 and
+        // the interval is [x(4), x(12)] (the textbook table's 4th and 12th).
+        let v: Vec<f64> = (1..=15).map(f64::from).collect();
+        assert_eq!(median_ci95(&v), Some((4.0, 12.0)));
+        // n = 6: P(B = 0) = 1/64 = 0.0156: [x(1), x(6)].
+        assert_eq!(
+            median_ci95(&[6.0, 1.0, 5.0, 2.0, 4.0, 3.0]),
+            Some((1.0, 6.0))
+        );
+        assert_eq!(median_ci95(&[1.0, 2.0, 3.0, 4.0, 5.0]), None);
     }
 }
