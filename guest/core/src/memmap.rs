@@ -77,15 +77,25 @@ impl FrameAllocator {
             next: 0,
             allocated: 0,
         };
-        for r in map.iter().filter(|r| r.kind == E820_RAM) {
+        // Plain loops over the map, not iterator adapters: the guest builds
+        // this at boot, where each instruction is emulated on software-KVM
+        // hosts.
+        for r in map {
+            if r.kind != E820_RAM {
+                continue;
+            }
             let mut start = align_up(r.base.max(floor), FRAME_SIZE);
             let mut end = r.end().min(ceiling) & !(FRAME_SIZE - 1);
             // A reserved region overlapping RAM wins (maps can overlap).
-            for o in map.iter().filter(|o| o.kind != E820_RAM) {
-                if o.base <= start && o.end() > start {
-                    start = align_up(o.end(), FRAME_SIZE);
+            for o in map {
+                if o.kind == E820_RAM {
+                    continue;
                 }
-                if o.base < end && o.end() >= end {
+                let o_end = o.end();
+                if o.base <= start && o_end > start {
+                    start = align_up(o_end, FRAME_SIZE);
+                }
+                if o.base < end && o_end >= end {
                     end = o.base & !(FRAME_SIZE - 1);
                 }
             }

@@ -102,6 +102,18 @@ impl PhysMem for DirectMap {
         // `from <= to <= 512`.
         let zero_end = unsafe { zero_prefix_end(base, from, to) };
         let mut value = first;
+        let mut from = from;
+        // Entries of `LEAVES_2M` (PTI's direct map) are copied from it with
+        // one `rep movs`, the rest written one by one.
+        let start = (first >> 21) as usize;
+        if step == 2 << 20 && start < LEAVES_2M.len() && LEAVES_2M[start] == first {
+            let n = (zero_end - from).min(LEAVES_2M.len() - start);
+            // SAFETY: entries `from..from + n` of the table (from + n <=
+            // zero_end <= 512) and of `LEAVES_2M` (start + n <= its length).
+            unsafe { copy_entries(base.add(from), LEAVES_2M.as_ptr().add(start), n) };
+            value = value.wrapping_add(step.wrapping_mul(n as u64));
+            from += n;
+        }
         for i in from..zero_end {
             // SAFETY: as above, i < 512.
             unsafe { base.add(i).write_volatile(value) };
@@ -111,6 +123,42 @@ impl PhysMem for DirectMap {
         // tables), entry by entry.
         guest_core::pte::fill_checked(self, table, zero_end..to, value, step)
     }
+}
+
+/// Entry `i` maps `i` × 2 MiB, present and writable, not global: what the
+/// direct map's 2 MiB entries are with PTI, for its first 128 MiB (our
+/// VMM's default memory; built at compile time, and kept small: the image
+/// is what the VMM reads and loads).
+static LEAVES_2M: [u64; 64] = {
+    use guest_core::pte::flags::{HUGE, PRESENT, WRITABLE};
+    let mut t = [0; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = (i as u64) << 21 | PRESENT | WRITABLE | HUGE;
+        i += 1;
+    }
+    t
+};
+
+/// Copies `n` page-table entries from `src` to `dst` with one `rep movs`
+/// (of machine words: two per entry on x86_32).
+///
+/// # Safety
+/// `dst` and `src` valid for `n` entries, not overlapping.
+unsafe fn copy_entries(dst: *mut u64, src: *const u64, n: usize) {
+    // SAFETY: delegated to the caller (DF is clear in kernel code).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::asm!("rep movsq", inout("rdi") dst => _, inout("rsi") src => _,
+                         inout("rcx") n => _, options(nostack, preserves_flags))
+    };
+    // SAFETY: as above (esi is reserved by LLVM on x86: swapped around it).
+    #[cfg(target_arch = "x86")]
+    unsafe {
+        core::arch::asm!("xchg esi, {s}", "rep movsd", "xchg esi, {s}", s = inout(reg) src => _,
+                         inout("edi") dst => _, inout("ecx") n * 2 => _,
+                         options(nostack, preserves_flags))
+    };
 }
 
 /// The index of the first nonzero entry of `base[from..to]`, or `to` if
