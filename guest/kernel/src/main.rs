@@ -109,11 +109,14 @@ extern "C" fn kmain(start_info: usize) -> ! {
     }
 
     let map = info.memmap();
-    let ram: u64 = map
-        .iter()
-        .filter(|r| r.kind == guest_core::memmap::E820_RAM)
-        .map(|r| r.size)
-        .sum();
+    // The RAM and the end of the highest region in one pass over the map.
+    let (mut ram, mut mem_end) = (0u64, 0u64);
+    for r in map {
+        if r.kind == guest_core::memmap::E820_RAM {
+            ram += r.size;
+        }
+        mem_end = mem_end.max(r.end());
+    }
     let frames = mm::init(map, config.telemetry);
     console::Line::start()
         .str("memory: ")
@@ -135,11 +138,9 @@ extern "C" fn kmain(start_info: usize) -> ! {
     // Map only as much of the first GiB as there is memory: each 2 MiB entry
     // costs a few dozen emulated instructions on software-KVM hosts, and the
     // full GiB (512 entries) used to be most of the boot time.
-    let mem_end = map
-        .iter()
-        .map(|r| r.base.saturating_add(r.size))
-        .max()
-        .unwrap_or(arch::layout::DIRECT_MAP_SIZE);
+    if map.is_empty() {
+        mem_end = arch::layout::DIRECT_MAP_SIZE;
+    }
     let direct_map = mem_end
         .next_multiple_of(2 << 20)
         .min(arch::layout::DIRECT_MAP_SIZE);

@@ -5,15 +5,8 @@ use crate::global::Global;
 use guest_core::memmap::{FrameAllocator, MemRegion};
 use guest_core::pte::{FrameSource, PhysMem};
 
-static FRAMES: Global<Option<FrameAllocator>> = Global::new(None);
-/// The memory map plus the telemetry page, as the frame allocator gets it.
-static ALL_REGIONS: Global<[MemRegion; crate::pvh::MEMMAP_MAX + 1]> = Global::new(
-    [MemRegion {
-        base: 0,
-        size: 0,
-        kind: 0,
-    }; crate::pvh::MEMMAP_MAX + 1],
-);
+/// Empty (every allocation fails) until [`init`].
+static FRAMES: Global<FrameAllocator> = Global::new(FrameAllocator::EMPTY);
 
 extern "C" {
     static __image_end_phys: u8;
@@ -28,29 +21,16 @@ pub fn image_end_phys() -> u64 {
 /// the direct map, minus the telemetry page: our VMM reserves it in the
 /// map, but under QEMU `telemetry=` may well point into RAM.
 pub fn init(map: &[MemRegion], telemetry: Option<u64>) -> &'static FrameAllocator {
-    // In .bss, not zeroed on the stack (each emulated instruction counts
-    // on kvm_pvm).
-    // SAFETY: boot, one CPU, called once; nothing else uses ALL_REGIONS.
-    let all = unsafe { ALL_REGIONS.get() };
-    let n = map.len().min(crate::pvh::MEMMAP_MAX);
-    all[..n].copy_from_slice(&map[..n]);
-    let mut len = n;
-    if let Some(t) = telemetry {
-        all[len] = MemRegion {
-            base: t,
-            size: 4096,
-            kind: guest_core::memmap::E820_RESERVED,
-        };
-        len += 1;
-    }
+    let telemetry = telemetry.map(|t| MemRegion {
+        base: t,
+        size: 4096,
+        kind: guest_core::memmap::E820_RESERVED,
+    });
     // SAFETY: boot, one CPU, no other reference to FRAMES exists yet.
     let f = unsafe { FRAMES.get() };
-    *f = Some(FrameAllocator::new(
-        &all[..len],
-        image_end_phys(),
-        DIRECT_MAP_SIZE,
-    ));
-    f.as_ref().expect("just set")
+    // Built in place (each emulated instruction counts on kvm_pvm).
+    f.rebuild(map, telemetry, image_end_phys(), DIRECT_MAP_SIZE);
+    f
 }
 
 /// Frames for page tables and stacks: zero, because the allocator never
@@ -60,11 +40,11 @@ pub struct Frames;
 impl FrameSource for Frames {
     fn frame(&mut self) -> Option<u64> {
         // SAFETY: one CPU; the reference does not outlive this call.
-        unsafe { FRAMES.get() }.as_mut()?.alloc()
+        unsafe { FRAMES.get() }.alloc()
     }
     fn pair(&mut self) -> Option<u64> {
         // SAFETY: as above.
-        unsafe { FRAMES.get() }.as_mut()?.alloc_contiguous(2, 8192)
+        unsafe { FRAMES.get() }.alloc_contiguous(2, 8192)
     }
 }
 
@@ -196,24 +176,18 @@ unsafe fn zero_prefix_end(base: *mut u64, from: usize, to: usize) -> usize {
 /// `count` contiguous zeroed frames, for kernel stacks.
 pub fn alloc_contiguous(count: u64) -> Option<u64> {
     // SAFETY: one CPU; the reference does not outlive this call.
-    unsafe { FRAMES.get() }
-        .as_mut()?
-        .alloc_contiguous(count, 4096)
+    unsafe { FRAMES.get() }.alloc_contiguous(count, 4096)
 }
 
 /// `count` contiguous zeroed frames starting at a multiple of `align` (a
 /// power of two): the working set of `wss=` (2 MiB aligned for 2 MiB pages).
 pub fn alloc_aligned(count: u64, align: u64) -> Option<u64> {
     // SAFETY: one CPU; the reference does not outlive this call.
-    unsafe { FRAMES.get() }
-        .as_mut()?
-        .alloc_contiguous(count, align)
+    unsafe { FRAMES.get() }.alloc_contiguous(count, align)
 }
 
 /// Bytes the frame allocator can still hand out (ignoring alignment losses).
 pub fn free_bytes() -> u64 {
     // SAFETY: as above.
-    unsafe { FRAMES.get() }
-        .as_ref()
-        .map_or(0, |f| f.free_bytes())
+    unsafe { FRAMES.get() }.free_bytes()
 }
