@@ -238,12 +238,32 @@ pub fn parse_number(s: &str) -> Option<u64> {
     Some(v)
 }
 
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+/// Index of the first `=` of `word`, if any: eight bytes per step (the
+/// lowest zero byte of `x ^ "===..."` flagged by the borrow trick is exact,
+/// as in [`find_control`]).
+fn find_eq(word: &[u8]) -> Option<usize> {
+    let mut pos = 0;
+    while let Some(chunk) = word.get(pos..pos + 8) {
+        let mut w = [0; 8];
+        w.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(w) ^ (ONES * b'=' as u64);
+        let zero = x.wrapping_sub(ONES) & !x & (ONES * 0x80);
+        if zero != 0 {
+            return Some(pos + (zero.trailing_zeros() / 8) as usize);
+        }
+        pos += 8;
+    }
+    let tail = word.get(pos..)?;
+    tail.iter().position(|&b| b == b'=').map(|i| pos + i)
+}
+
 /// Index of the first byte of `bytes[pos..]` at or below `b' '` (NUL,
 /// whitespace or another control byte), or `bytes.len()`: eight bytes per
 /// step (the lowest byte flagged by the borrow trick is exact: a borrow only
 /// runs upwards, from a byte that is below).
 fn find_control(bytes: &[u8], mut pos: usize) -> usize {
-    const ONES: u64 = 0x0101_0101_0101_0101;
     while let Some(chunk) = bytes.get(pos..pos + 8) {
         let mut w = [0; 8];
         w.copy_from_slice(chunk);
@@ -301,7 +321,7 @@ impl<'a> Iterator for Words<'a> {
         // Every split is at an ASCII byte or the end, so at char
         // boundaries: `get` never fails (and brings no panic path in).
         let word = self.line.get(start..end)?;
-        Some(match word.as_bytes().iter().position(|&b| b == b'=') {
+        Some(match find_eq(word.as_bytes()) {
             Some(e) => Ok((word.get(..e)?, word.get(e + 1..)?)),
             None => Err(word),
         })
