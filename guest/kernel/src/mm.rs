@@ -83,14 +83,15 @@ impl PhysMem for DirectMap {
         let zero_end = unsafe { zero_prefix_end(base, from, to) };
         let mut value = first;
         let mut from = from;
-        // Entries of `LEAVES_2M` (PTI's direct map) are copied from it with
+        // Entries of `LEAVES_2M` (the direct map's) are copied from it with
         // one `rep movs`, the rest written one by one.
         let start = (first >> 21) as usize;
-        if step == 2 << 20 && start < LEAVES_2M.len() && LEAVES_2M[start] == first {
-            let n = (zero_end - from).min(LEAVES_2M.len() - start);
+        let leaves = &LEAVES_2M[(first & guest_core::pte::flags::GLOBAL != 0) as usize];
+        if step == 2 << 20 && start < leaves.len() && leaves[start] == first {
+            let n = (zero_end - from).min(leaves.len() - start);
             // SAFETY: entries `from..from + n` of the table (from + n <=
-            // zero_end <= 512) and of `LEAVES_2M` (start + n <= its length).
-            unsafe { copy_entries(base.add(from), LEAVES_2M.as_ptr().add(start), n) };
+            // zero_end <= 512) and of `leaves` (start + n <= its length).
+            unsafe { copy_entries(base.add(from), leaves.as_ptr().add(start), n) };
             value = value.wrapping_add(step.wrapping_mul(n as u64));
             from += n;
         }
@@ -105,16 +106,20 @@ impl PhysMem for DirectMap {
     }
 }
 
-/// Entry `i` maps `i` × 2 MiB, present and writable, not global: what the
-/// direct map's 2 MiB entries are with PTI, for its first 128 MiB (our
-/// VMM's default memory; built at compile time, and kept small: the image
-/// is what the VMM reads and loads).
-static LEAVES_2M: [u64; 64] = {
-    use guest_core::pte::flags::{HUGE, PRESENT, WRITABLE};
-    let mut t = [0; 64];
+/// Entry `i` maps `i` × 2 MiB, present and writable: what the direct
+/// map's 2 MiB entries are, non-global with PTI (`[0]`) and global without
+/// (`[1]`), for its first 128 MiB (our VMM's default memory; built at
+/// compile time, and kept small: the image is what the VMM reads and
+/// loads). In `.data`, where the image's last page has room (`.rodata`'s
+/// has not), so the image keeps its size.
+#[link_section = ".data.leaves_2m"]
+static LEAVES_2M: [[u64; 64]; 2] = {
+    use guest_core::pte::flags::{GLOBAL, HUGE, PRESENT, WRITABLE};
+    let mut t = [[0; 64]; 2];
     let mut i = 0;
     while i < 64 {
-        t[i] = (i as u64) << 21 | PRESENT | WRITABLE | HUGE;
+        t[0][i] = (i as u64) << 21 | PRESENT | WRITABLE | HUGE;
+        t[1][i] = t[0][i] | GLOBAL;
         i += 1;
     }
     t
