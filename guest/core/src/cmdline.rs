@@ -173,16 +173,159 @@ fn expected(key: &str) -> &'static str {
     }
 }
 
-/// Parses a decimal or `0x` hexadecimal number.
-pub fn parse_number(s: &str) -> Option<u64> {
-    let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => (hex, 16),
-        None => (s, 10),
-    };
-    if digits.is_empty() {
-        return None;
+/// The value of each byte as a digit (`0`-`9`, `a`-`f`, `A`-`F`), 255 for
+/// any other byte.
+const DIGITS: [u8; 256] = {
+    let mut t = [255; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
     }
-    u64::from_str_radix(digits, radix).ok()
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Parses a decimal or `0x` hexadecimal number, as `u64::from_str_radix`
+/// does after the prefix (a leading `+` allowed, no overflow), in one pass
+/// over the digits: the guest parses at boot, where each instruction is
+/// emulated on software-KVM hosts, and `from_str_radix` costs about twice
+/// as many per digit.
+pub fn parse_number(s: &str) -> Option<u64> {
+    let (digits, hex) = match s.as_bytes() {
+        [b'0', b'x' | b'X', rest @ ..] => (rest, true),
+        all => (all, false),
+    };
+    let digits = match digits {
+        [b'+', rest @ ..] if !rest.is_empty() => rest,
+        [] => return None,
+        d => d,
+    };
+    let mut v: u64 = 0;
+    if hex {
+        // At most 16 digits after leading zeros: the shifts cannot overflow.
+        let mut digits = digits;
+        while let [b'0', rest @ ..] = digits {
+            if digits.len() <= 16 {
+                break;
+            }
+            digits = rest;
+        }
+        if digits.len() > 16 {
+            return None;
+        }
+        for &c in digits {
+            let d = DIGITS[c as usize];
+            if d >= 16 {
+                return None;
+            }
+            v = v << 4 | d as u64;
+        }
+    } else {
+        for &c in digits {
+            let d = DIGITS[c as usize];
+            if d >= 10 {
+                return None;
+            }
+            v = v.checked_mul(10)?.checked_add(d as u64)?;
+        }
+    }
+    Some(v)
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+/// Index of the first `=` of `word`, if any: eight bytes per step (the
+/// lowest zero byte of `x ^ "===..."` flagged by the borrow trick is exact,
+/// as in [`find_control`]).
+fn find_eq(word: &[u8]) -> Option<usize> {
+    let mut pos = 0;
+    while let Some(chunk) = word.get(pos..pos + 8) {
+        let mut w = [0; 8];
+        w.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(w) ^ (ONES * b'=' as u64);
+        let zero = x.wrapping_sub(ONES) & !x & (ONES * 0x80);
+        if zero != 0 {
+            return Some(pos + (zero.trailing_zeros() / 8) as usize);
+        }
+        pos += 8;
+    }
+    let tail = word.get(pos..)?;
+    tail.iter().position(|&b| b == b'=').map(|i| pos + i)
+}
+
+/// Index of the first byte of `bytes[pos..]` at or below `b' '` (NUL,
+/// whitespace or another control byte), or `bytes.len()`: eight bytes per
+/// step (the lowest byte flagged by the borrow trick is exact: a borrow only
+/// runs upwards, from a byte that is below).
+fn find_control(bytes: &[u8], mut pos: usize) -> usize {
+    while let Some(chunk) = bytes.get(pos..pos + 8) {
+        let mut w = [0; 8];
+        w.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(w);
+        let below = x.wrapping_sub(ONES * 0x21) & !x & (ONES * 0x80);
+        if below != 0 {
+            return pos + (below.trailing_zeros() / 8) as usize;
+        }
+        pos += 8;
+    }
+    while let Some(&b) = bytes.get(pos) {
+        if b <= b' ' {
+            break;
+        }
+        pos += 1;
+    }
+    pos
+}
+
+/// The `key=value` words of a command line: split on ASCII whitespace, up
+/// to the first NUL, each split at its first `=` (`Err(word)` if it has
+/// none), as `split('\0')`, `split_ascii_whitespace` and `split_once('=')`
+/// would, with a few instructions per eight bytes.
+struct Words<'a> {
+    line: &'a str,
+    pos: usize,
+}
+
+impl<'a> Iterator for Words<'a> {
+    type Item = Result<(&'a str, &'a str), &'a str>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let bytes = self.line.as_bytes();
+        let mut pos = self.pos;
+        let start = loop {
+            match bytes.get(pos) {
+                None | Some(0) => {
+                    self.pos = pos;
+                    return None;
+                }
+                Some(b) if b.is_ascii_whitespace() => pos += 1,
+                Some(_) => break pos,
+            }
+        };
+        // The word ends at NUL or whitespace; other control bytes are part
+        // of it.
+        let mut end = find_control(bytes, pos);
+        while let Some(&b) = bytes.get(end) {
+            if b == 0 || b.is_ascii_whitespace() {
+                break;
+            }
+            end = find_control(bytes, end + 1);
+        }
+        self.pos = end;
+        // Every split is at an ASCII byte or the end, so at char
+        // boundaries: `get` never fails (and brings no panic path in).
+        let word = self.line.get(start..end)?;
+        Some(match find_eq(word.as_bytes()) {
+            Some(e) => Ok((word.get(..e)?, word.get(e + 1..)?)),
+            None => Err(word),
+        })
+    }
 }
 
 fn on_off(v: &str) -> Option<bool> {
@@ -195,7 +338,6 @@ fn on_off(v: &str) -> Option<bool> {
 
 /// Parses a command line. Words are separated by ASCII whitespace; NUL ends it.
 pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
-    let line = line.split('\0').next().unwrap_or("");
     let mut c = Config::default();
     // The words of the working-set keys, for the checks across keys.
     let mut wss_word = None;
@@ -203,10 +345,8 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
     let mut kwss_word = None;
     // One bit per key, to reject repeats (a typo'd repeat would silently win).
     let mut seen = 0u32;
-    for word in line.split_ascii_whitespace() {
-        let (key, value) = word
-            .split_once('=')
-            .ok_or(CmdlineError::NotKeyValue(word))?;
+    for word in (Words { line, pos: 0 }) {
+        let (key, value) = word.map_err(CmdlineError::NotKeyValue)?;
         let bad = CmdlineError::BadValue { key, value };
         let bit = match key {
             keys::PTI => {
@@ -372,6 +512,114 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError<'_>> {
 mod tests {
     use super::*;
     use std::string::ToString;
+
+    /// The hand-written scanners give what the `core` functions they
+    /// replace gave (`from_str_radix`; `split('\0')`,
+    /// `split_ascii_whitespace`, `split_once('=')`).
+    #[test]
+    fn scanners_match_core() {
+        fn reference_number(s: &str) -> Option<u64> {
+            let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+                Some(hex) => (hex, 16),
+                None => (s, 10),
+            };
+            if digits.is_empty() {
+                return None;
+            }
+            u64::from_str_radix(digits, radix).ok()
+        }
+        let mut numbers: std::vec::Vec<std::string::String> = [
+            "",
+            "0",
+            "00",
+            "+",
+            "+0",
+            "++1",
+            "-1",
+            "0x",
+            "0X",
+            "0x+",
+            "0x+f",
+            "0x-1",
+            "0xg",
+            "0XFf",
+            "0x7fff000",
+            "4096",
+            "18446744073709551615",
+            "18446744073709551616",
+            "0xffffffffffffffff",
+            "0x10000000000000000",
+            "0x0000000000000000001",
+            "1a",
+            "a1",
+            " 1",
+            "1 ",
+            "0b1",
+            "0o7",
+            "\u{e9}",
+            "9\u{e9}",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        numbers
+            .extend((0..200u64).map(|i| std::format!("{}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15))));
+        numbers.extend(
+            (0..200u64).map(|i| std::format!("{:#x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15))),
+        );
+        for n in &numbers {
+            assert_eq!(parse_number(n), reference_number(n), "{n:?}");
+        }
+        // Random lines over an alphabet of separators, near-separators
+        // and word bytes (a fixed LCG: the same lines every run).
+        let alphabet = [
+            "a", "b", "=", " ", "\t", "\n", "\r", "\x0c", "\x0b", "\x01", "\0", "\u{e9}", "0",
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut lines: std::vec::Vec<std::string::String> = std::vec::Vec::new();
+        for _ in 0..3000 {
+            let mut l = std::string::String::new();
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            for _ in 0..(seed >> 58) {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                l.push_str(alphabet[(seed >> 33) as usize % alphabet.len()]);
+            }
+            lines.push(l);
+        }
+        for line in lines.iter().map(|l| l.as_str()).chain([
+            "",
+            " ",
+            "a=b",
+            "  a=b \t c=d\n",
+            "a=b\x0bc=d",
+            "a==b =c d= e",
+            "word",
+            "a=b word c=d",
+            "a=b\0c=d",
+            "a\0=b",
+            "\0",
+            "x=\u{e9} \u{e9}=y",
+            "\r\x0ca=1\x0c\rb=2\x01c=3",
+            "entry=int3 telemetry=0x7fff000",
+            "pti=on pcid=on entry=syscall workload=getppid iterations=0x10 telemetry=0x7fff000",
+            "a_long_key_name=a_long_value_string\x1f_with_a_control_byte x=y\tz=w",
+            "12345678=9abcdef0\u{e9}\u{e9}\u{e9}\u{e9} k=v\0 not=read",
+        ]) {
+            let words: std::vec::Vec<_> = (Words { line, pos: 0 }).collect();
+            let reference: std::vec::Vec<_> = line
+                .split('\0')
+                .next()
+                .unwrap_or("")
+                .split_ascii_whitespace()
+                .map(|w| w.split_once('=').ok_or(w))
+                .collect();
+            assert_eq!(words, reference, "{line:?}");
+        }
+    }
 
     #[test]
     fn cpus_and_threads() {

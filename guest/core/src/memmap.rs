@@ -65,47 +65,88 @@ pub struct FrameAllocator {
 }
 
 impl FrameAllocator {
+    /// An allocator with no memory (every allocation fails).
+    pub const EMPTY: FrameAllocator = FrameAllocator {
+        ranges: [(0, 0); MAX_REGIONS],
+        count: 0,
+        current: 0,
+        next: 0,
+        allocated: 0,
+    };
+
     /// Builds the allocator from a memory map: RAM regions, clipped to
     /// `[floor, ceiling)` (e.g. above the kernel image, below the end of the
     /// direct map), minus any non-RAM region overlapping them. Regions beyond
     /// [`MAX_REGIONS`] are ignored.
     pub fn new(map: &[MemRegion], floor: u64, ceiling: u64) -> Self {
-        let mut a = FrameAllocator {
-            ranges: [(0, 0); MAX_REGIONS],
-            count: 0,
-            current: 0,
-            next: 0,
-            allocated: 0,
+        let mut a = Self::EMPTY;
+        a.rebuild(map, None, floor, ceiling);
+        a
+    }
+
+    /// [`FrameAllocator::new`] in place, with `extra` (e.g. a page the
+    /// map does not list) excluded as if the map reserved it: the guest
+    /// builds its allocator in a static at boot, where each instruction is
+    /// emulated on software-KVM hosts, so nothing is copied (neither the
+    /// map nor the allocator) and the loops are plain ones over the map.
+    pub fn rebuild(
+        &mut self,
+        map: &[MemRegion],
+        extra: Option<MemRegion>,
+        floor: u64,
+        ceiling: u64,
+    ) {
+        // Only `ranges[..count]` is ever read: the rest need not be cleared.
+        self.count = 0;
+        self.current = 0;
+        self.next = 0;
+        self.allocated = 0;
+        // A reserved region overlapping RAM wins (maps can overlap).
+        let clip = |o: &MemRegion, start: &mut u64, end: &mut u64| {
+            let o_end = o.end();
+            // Most do not touch the RAM region at all: two compares. (A
+            // range already empty stays empty: start only grows, end only
+            // shrinks.)
+            if o.base >= *end || o_end <= *start {
+                return;
+            }
+            if o.base <= *start {
+                *start = align_up(o_end, FRAME_SIZE);
+            }
+            if o_end >= *end {
+                *end = o.base & !(FRAME_SIZE - 1);
+            }
         };
-        for r in map.iter().filter(|r| r.kind == E820_RAM) {
+        for r in map {
+            if r.kind != E820_RAM {
+                continue;
+            }
             let mut start = align_up(r.base.max(floor), FRAME_SIZE);
             let mut end = r.end().min(ceiling) & !(FRAME_SIZE - 1);
-            // A reserved region overlapping RAM wins (maps can overlap).
-            for o in map.iter().filter(|o| o.kind != E820_RAM) {
-                if o.base <= start && o.end() > start {
-                    start = align_up(o.end(), FRAME_SIZE);
-                }
-                if o.base < end && o.end() >= end {
-                    end = o.base & !(FRAME_SIZE - 1);
+            for o in map {
+                if o.kind != E820_RAM {
+                    clip(o, &mut start, &mut end);
                 }
             }
-            if start < end && a.count < MAX_REGIONS {
-                a.ranges[a.count] = (start, end);
-                a.count += 1;
+            if let Some(o) = &extra {
+                clip(o, &mut start, &mut end);
+            }
+            if start < end && self.count < MAX_REGIONS {
+                self.ranges[self.count] = (start, end);
+                self.count += 1;
             }
         }
         // Insertion sort: the map is tiny and need not be sorted.
-        for i in 1..a.count {
+        for i in 1..self.count {
             let mut j = i;
-            while j > 0 && a.ranges[j - 1].0 > a.ranges[j].0 {
-                a.ranges.swap(j - 1, j);
+            while j > 0 && self.ranges[j - 1].0 > self.ranges[j].0 {
+                self.ranges.swap(j - 1, j);
                 j -= 1;
             }
         }
-        if a.count > 0 {
-            a.next = a.ranges[0].0;
+        if self.count > 0 {
+            self.next = self.ranges[0].0;
         }
-        a
     }
 
     /// Allocates `count` contiguous frames aligned to `align` bytes (a power
@@ -197,6 +238,83 @@ mod tests {
                 kind: E820_RESERVED,
             },
         ]
+    }
+
+    /// The allocator's ranges are those of the straightforward
+    /// formulation (every non-RAM region tested against every RAM one) on
+    /// random maps of overlapping regions.
+    #[test]
+    fn ranges_match_the_plain_formulation() {
+        fn plain(map: &[MemRegion], floor: u64, ceiling: u64) -> std::vec::Vec<(u64, u64)> {
+            let mut out = std::vec::Vec::new();
+            for r in map.iter().filter(|r| r.kind == E820_RAM) {
+                let mut start = align_up(r.base.max(floor), FRAME_SIZE);
+                let mut end = r.end().min(ceiling) & !(FRAME_SIZE - 1);
+                for o in map.iter().filter(|o| o.kind != E820_RAM) {
+                    if o.base <= start && o.end() > start {
+                        start = align_up(o.end(), FRAME_SIZE);
+                    }
+                    if o.base < end && o.end() >= end {
+                        end = o.base & !(FRAME_SIZE - 1);
+                    }
+                }
+                if start < end && out.len() < MAX_REGIONS {
+                    out.push((start, end));
+                }
+            }
+            out.sort_by_key(|r| r.0);
+            out
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for _ in 0..20000 {
+            let map: std::vec::Vec<MemRegion> = (0..1 + next(6))
+                .map(|_| MemRegion {
+                    base: next(64) * 0x800,
+                    size: next(64) * 0x800,
+                    kind: if next(2) == 0 {
+                        E820_RAM
+                    } else {
+                        1 + next(4) as u32
+                    },
+                })
+                .collect();
+            let (floor, ceiling) = (next(16) * 0x1000, next(40) * 0x1000);
+            let a = FrameAllocator::new(&map, floor, ceiling);
+            assert_eq!(
+                a.ranges(),
+                &plain(&map, floor, ceiling)[..],
+                "{map:?} {floor:#x} {ceiling:#x}"
+            );
+        }
+    }
+
+    /// An extra reserved region excludes what it would in the map, and a
+    /// rebuild forgets what the allocator held.
+    #[test]
+    fn rebuild_with_extra_equals_new_with_it_in_the_map() {
+        let map = vmm_map();
+        let telemetry = MemRegion {
+            base: 64 << 20,
+            size: 4096,
+            kind: E820_RESERVED,
+        };
+        let mut with = std::vec::Vec::from(map);
+        with.push(telemetry);
+        let expected = FrameAllocator::new(&with, 0x13d000, 1 << 30);
+        let mut a = FrameAllocator::new(&map, 0, 1 << 30);
+        a.alloc().unwrap();
+        a.rebuild(&map, Some(telemetry), 0x13d000, 1 << 30);
+        assert_eq!(a.ranges(), expected.ranges());
+        assert_eq!(a.allocated(), 0);
+        assert_eq!(a.free_bytes(), expected.free_bytes());
+        assert_eq!(a.alloc(), Some(0x13d000));
+        assert_eq!(FrameAllocator::EMPTY.clone().alloc(), None);
     }
 
     #[test]

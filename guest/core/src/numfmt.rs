@@ -3,17 +3,33 @@
 //! costs hundreds of them per formatted line. The output is exactly that of
 //! `{}` and `{:#x}` (unit tests compare them).
 
-/// `v` in decimal, as `{}` writes it: the digits at the end of `buf`.
+/// "00" to "99": [`format_dec`] writes two digits per division.
+const DEC_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+/// `v` in decimal, as `{}` writes it: the digits at the end of `buf`, two
+/// per step (half the divisions of digit by digit: each instruction is
+/// emulated on software-KVM hosts).
 pub fn format_dec(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            return &buf[i..];
-        }
+    while v >= 100 {
+        let r = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DEC_PAIRS[r..r + 2]);
     }
+    if v >= 10 {
+        let r = v as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DEC_PAIRS[r..r + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + v as u8;
+    }
+    &buf[i..]
 }
 
 /// `v` in lower-case hexadecimal with `0x`, as `{:#x}` writes it.
@@ -48,12 +64,18 @@ mod tests {
             99,
             100,
             0x7fff000,
+            0x13d000,
+            0xab,
+            0x100,
+            0x1ff,
+            130684,
             u64::MAX,
             u64::MAX - 1
         ];
         values.extend((0..64).map(|b| 1u64 << b));
         values.extend((1..20).map(|e| 10u64.pow(e) - 1));
         values.extend((1..20).map(|e| 10u64.pow(e)));
+        values.extend((0..5000).map(|i| i * 7919 + (i << 40)));
         for v in values {
             let (mut d, mut h) = ([0; 20], [0; 18]);
             assert_eq!(format_dec(v, &mut d), format!("{v}").as_bytes(), "{v}");

@@ -137,12 +137,13 @@ pub fn map_run<M: PhysMem, F: FrameSource>(
     leaf_flags: u64,
     table_flags: u64,
 ) -> Result<(), MapError> {
-    let huge = match page {
-        4096 => 0,
-        p if p == 2 << 20 => HUGE,
+    // Shifts and masks, not divisions: `page` is a power of two.
+    let (huge, shift) = match page {
+        4096 => (0, 12),
+        p if p == 2 << 20 => (HUGE, 21),
         _ => return Err(MapError::Misaligned(va)),
     };
-    if !va.is_multiple_of(page) || !phys.is_multiple_of(page) || !len.is_multiple_of(page) {
+    if (va | phys | len) & (page - 1) != 0 {
         return Err(MapError::Misaligned(va));
     }
     let mut off = 0;
@@ -160,7 +161,7 @@ pub fn map_run<M: PhysMem, F: FrameSource>(
         } else {
             (next_table(mem, frames, pd, i2, table_flags, v)?, i1)
         };
-        let count = ((ENTRIES - index) as u64).min((len - off) / page);
+        let count = ((ENTRIES - index) as u64).min((len - off) >> shift);
         let first = Pte::new(phys + off, leaf_flags | PRESENT | huge).0;
         mem.fill(table, index, count as usize, first, page)
             .map_err(|i| MapError::AlreadyMapped(v + (i - index) as u64 * page))?;

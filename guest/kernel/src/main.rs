@@ -26,6 +26,45 @@ use ptiscope_abi::{exit_status, port, telemetry::flags};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The banner line, joined at compile time: one piece for the console.
+const BANNER: &str = {
+    const PARTS: [&str; 6] = [
+        ptiscope_abi::BANNER_PREFIX,
+        " ",
+        arch::NAME,
+        " ",
+        VERSION,
+        "\n",
+    ];
+    const LEN: usize = {
+        let (mut n, mut i) = (0, 0);
+        while i < PARTS.len() {
+            n += PARTS[i].len();
+            i += 1;
+        }
+        n
+    };
+    const BYTES: [u8; LEN] = {
+        let mut b = [0; LEN];
+        let (mut n, mut i) = (0, 0);
+        while i < PARTS.len() {
+            let part = PARTS[i].as_bytes();
+            let mut j = 0;
+            while j < part.len() {
+                b[n] = part[j];
+                n += 1;
+                j += 1;
+            }
+            i += 1;
+        }
+        b
+    };
+    match core::str::from_utf8(&BYTES) {
+        Ok(s) => s,
+        Err(_) => panic!("the banner's parts are UTF-8"),
+    }
+};
+
 /// Writes `status` to the exit device and stops this CPU for good.
 pub fn stop(status: u32) -> ! {
     arch::x86_shared::io::outl(port::EXIT, status);
@@ -47,15 +86,10 @@ extern "C" fn kmain(start_info: usize) -> ! {
     // Per-CPU data (GS) before anything counts or prints (the console lock
     // asks which CPU this is).
     arch::smp::init_boot_cpu();
-    // The boot lines are written without core::fmt (console::Line): the
-    // same text for a fraction of the emulated instructions.
-    console::Line::start()
-        .str(ptiscope_abi::BANNER_PREFIX)
-        .str(" ")
-        .str(arch::NAME)
-        .str(" ")
-        .str(VERSION)
-        .str("\n");
+    // The boot lines are written without core::fmt (console::Line), in as
+    // few pieces as the text allows: the same text for a fraction of the
+    // emulated instructions.
+    console::Line::start().str(BANNER);
     arch::descriptors::init_idt();
 
     let info = match pvh::StartInfo::read(start_info as u64) {
@@ -76,44 +110,56 @@ extern "C" fn kmain(start_info: usize) -> ! {
         PtiMode::Auto => !rdcl_no,
     };
     {
-        let on_off = |b: bool| if b { "on" } else { "off" };
+        // Constant neighbours joined: each piece costs a dozen emulated
+        // instructions on software-KVM hosts.
         let mut line = console::Line::start();
-        line.str("config: pti=")
-            .str(on_off(pti))
-            .str(" (")
-            .str(match config.pti {
-                PtiMode::On => "on",
-                PtiMode::Off => "off",
-                PtiMode::Auto => "auto",
-            })
-            .str(" requested, rdcl_no=")
-            .dec(rdcl_no as u64)
-            .str(", arch_capabilities=");
+        line.str(if pti {
+            "config: pti=on ("
+        } else {
+            "config: pti=off ("
+        })
+        .str(match config.pti {
+            PtiMode::On => "on",
+            PtiMode::Off => "off",
+            PtiMode::Auto => "auto",
+        })
+        .str(" requested, rdcl_no=")
+        .str(if rdcl_no {
+            "1, arch_capabilities="
+        } else {
+            "0, arch_capabilities="
+        });
         match arch_caps {
             Some(v) => line.hex(v),
             None => line.str("none"),
         };
-        line.str(") pcid=")
-            .str(on_off(config.pcid))
-            .str(" entry=")
-            .str(config.entry.name())
-            .str(" workload=")
-            .str(config.workload.name())
-            .str(" iterations=")
-            .dec(config.iterations)
-            .str(" telemetry=")
-            .hex(config.telemetry.unwrap_or(0))
-            .str(" fault=")
-            .str(config.fault.map_or("none", |f| f.name()))
-            .str("\n");
+        line.str(if config.pcid {
+            ") pcid=on entry="
+        } else {
+            ") pcid=off entry="
+        })
+        .str(config.entry.name())
+        .str(" workload=")
+        .str(config.workload.name())
+        .str(" iterations=")
+        .dec(config.iterations)
+        .str(" telemetry=")
+        .hex(config.telemetry.unwrap_or(0));
+        match config.fault {
+            Some(f) => line.str(" fault=").str(f.name()).str("\n"),
+            None => line.str(" fault=none\n"),
+        };
     }
 
     let map = info.memmap();
-    let ram: u64 = map
-        .iter()
-        .filter(|r| r.kind == guest_core::memmap::E820_RAM)
-        .map(|r| r.size)
-        .sum();
+    // The RAM and the end of the highest region in one pass over the map.
+    let (mut ram, mut mem_end) = (0u64, 0u64);
+    for r in map {
+        if r.kind == guest_core::memmap::E820_RAM {
+            ram += r.size;
+        }
+        mem_end = mem_end.max(r.end());
+    }
     let frames = mm::init(map, config.telemetry);
     console::Line::start()
         .str("memory: ")
@@ -135,11 +181,9 @@ extern "C" fn kmain(start_info: usize) -> ! {
     // Map only as much of the first GiB as there is memory: each 2 MiB entry
     // costs a few dozen emulated instructions on software-KVM hosts, and the
     // full GiB (512 entries) used to be most of the boot time.
-    let mem_end = map
-        .iter()
-        .map(|r| r.base.saturating_add(r.size))
-        .max()
-        .unwrap_or(arch::layout::DIRECT_MAP_SIZE);
+    if map.is_empty() {
+        mem_end = arch::layout::DIRECT_MAP_SIZE;
+    }
     let direct_map = mem_end
         .next_multiple_of(2 << 20)
         .min(arch::layout::DIRECT_MAP_SIZE);

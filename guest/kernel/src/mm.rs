@@ -5,15 +5,8 @@ use crate::global::Global;
 use guest_core::memmap::{FrameAllocator, MemRegion};
 use guest_core::pte::{FrameSource, PhysMem};
 
-static FRAMES: Global<Option<FrameAllocator>> = Global::new(None);
-/// The memory map plus the telemetry page, as the frame allocator gets it.
-static ALL_REGIONS: Global<[MemRegion; crate::pvh::MEMMAP_MAX + 1]> = Global::new(
-    [MemRegion {
-        base: 0,
-        size: 0,
-        kind: 0,
-    }; crate::pvh::MEMMAP_MAX + 1],
-);
+/// Empty (every allocation fails) until [`init`].
+static FRAMES: Global<FrameAllocator> = Global::new(FrameAllocator::EMPTY);
 
 extern "C" {
     static __image_end_phys: u8;
@@ -28,29 +21,16 @@ pub fn image_end_phys() -> u64 {
 /// the direct map, minus the telemetry page: our VMM reserves it in the
 /// map, but under QEMU `telemetry=` may well point into RAM.
 pub fn init(map: &[MemRegion], telemetry: Option<u64>) -> &'static FrameAllocator {
-    // In .bss, not zeroed on the stack (each emulated instruction counts
-    // on kvm_pvm).
-    // SAFETY: boot, one CPU, called once; nothing else uses ALL_REGIONS.
-    let all = unsafe { ALL_REGIONS.get() };
-    let n = map.len().min(crate::pvh::MEMMAP_MAX);
-    all[..n].copy_from_slice(&map[..n]);
-    let mut len = n;
-    if let Some(t) = telemetry {
-        all[len] = MemRegion {
-            base: t,
-            size: 4096,
-            kind: guest_core::memmap::E820_RESERVED,
-        };
-        len += 1;
-    }
+    let telemetry = telemetry.map(|t| MemRegion {
+        base: t,
+        size: 4096,
+        kind: guest_core::memmap::E820_RESERVED,
+    });
     // SAFETY: boot, one CPU, no other reference to FRAMES exists yet.
     let f = unsafe { FRAMES.get() };
-    *f = Some(FrameAllocator::new(
-        &all[..len],
-        image_end_phys(),
-        DIRECT_MAP_SIZE,
-    ));
-    f.as_ref().expect("just set")
+    // Built in place (each emulated instruction counts on kvm_pvm).
+    f.rebuild(map, telemetry, image_end_phys(), DIRECT_MAP_SIZE);
+    f
 }
 
 /// Frames for page tables and stacks: zero, because the allocator never
@@ -60,11 +40,11 @@ pub struct Frames;
 impl FrameSource for Frames {
     fn frame(&mut self) -> Option<u64> {
         // SAFETY: one CPU; the reference does not outlive this call.
-        unsafe { FRAMES.get() }.as_mut()?.alloc()
+        unsafe { FRAMES.get() }.alloc()
     }
     fn pair(&mut self) -> Option<u64> {
         // SAFETY: as above.
-        unsafe { FRAMES.get() }.as_mut()?.alloc_contiguous(2, 8192)
+        unsafe { FRAMES.get() }.alloc_contiguous(2, 8192)
     }
 }
 
@@ -102,6 +82,19 @@ impl PhysMem for DirectMap {
         // `from <= to <= 512`.
         let zero_end = unsafe { zero_prefix_end(base, from, to) };
         let mut value = first;
+        let mut from = from;
+        // Entries of `LEAVES_2M` (the direct map's) are copied from it with
+        // one `rep movs`, the rest written one by one.
+        let start = (first >> 21) as usize;
+        let leaves = &LEAVES_2M[(first & guest_core::pte::flags::GLOBAL != 0) as usize];
+        if step == 2 << 20 && start < leaves.len() && leaves[start] == first {
+            let n = (zero_end - from).min(leaves.len() - start);
+            // SAFETY: entries `from..from + n` of the table (from + n <=
+            // zero_end <= 512) and of `leaves` (start + n <= its length).
+            unsafe { copy_entries(base.add(from), leaves.as_ptr().add(start), n) };
+            value = value.wrapping_add(step.wrapping_mul(n as u64));
+            from += n;
+        }
         for i in from..zero_end {
             // SAFETY: as above, i < 512.
             unsafe { base.add(i).write_volatile(value) };
@@ -111,6 +104,46 @@ impl PhysMem for DirectMap {
         // tables), entry by entry.
         guest_core::pte::fill_checked(self, table, zero_end..to, value, step)
     }
+}
+
+/// Entry `i` maps `i` × 2 MiB, present and writable: what the direct
+/// map's 2 MiB entries are, non-global with PTI (`[0]`) and global without
+/// (`[1]`), for its first 128 MiB (our VMM's default memory; built at
+/// compile time, and kept small: the image is what the VMM reads and
+/// loads). In `.data`, where the image's last page has room (`.rodata`'s
+/// has not), so the image keeps its size.
+#[link_section = ".data.leaves_2m"]
+static LEAVES_2M: [[u64; 64]; 2] = {
+    use guest_core::pte::flags::{GLOBAL, HUGE, PRESENT, WRITABLE};
+    let mut t = [[0; 64]; 2];
+    let mut i = 0;
+    while i < 64 {
+        t[0][i] = (i as u64) << 21 | PRESENT | WRITABLE | HUGE;
+        t[1][i] = t[0][i] | GLOBAL;
+        i += 1;
+    }
+    t
+};
+
+/// Copies `n` page-table entries from `src` to `dst` with one `rep movs`
+/// (of machine words: two per entry on x86_32).
+///
+/// # Safety
+/// `dst` and `src` valid for `n` entries, not overlapping.
+unsafe fn copy_entries(dst: *mut u64, src: *const u64, n: usize) {
+    // SAFETY: delegated to the caller (DF is clear in kernel code).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::asm!("rep movsq", inout("rdi") dst => _, inout("rsi") src => _,
+                         inout("rcx") n => _, options(nostack, preserves_flags))
+    };
+    // SAFETY: as above (esi is reserved by LLVM on x86: swapped around it).
+    #[cfg(target_arch = "x86")]
+    unsafe {
+        core::arch::asm!("xchg esi, {s}", "rep movsd", "xchg esi, {s}", s = inout(reg) src => _,
+                         inout("edi") dst => _, inout("ecx") n * 2 => _,
+                         options(nostack, preserves_flags))
+    };
 }
 
 /// The index of the first nonzero entry of `base[from..to]`, or `to` if
@@ -148,24 +181,18 @@ unsafe fn zero_prefix_end(base: *mut u64, from: usize, to: usize) -> usize {
 /// `count` contiguous zeroed frames, for kernel stacks.
 pub fn alloc_contiguous(count: u64) -> Option<u64> {
     // SAFETY: one CPU; the reference does not outlive this call.
-    unsafe { FRAMES.get() }
-        .as_mut()?
-        .alloc_contiguous(count, 4096)
+    unsafe { FRAMES.get() }.alloc_contiguous(count, 4096)
 }
 
 /// `count` contiguous zeroed frames starting at a multiple of `align` (a
 /// power of two): the working set of `wss=` (2 MiB aligned for 2 MiB pages).
 pub fn alloc_aligned(count: u64, align: u64) -> Option<u64> {
     // SAFETY: one CPU; the reference does not outlive this call.
-    unsafe { FRAMES.get() }
-        .as_mut()?
-        .alloc_contiguous(count, align)
+    unsafe { FRAMES.get() }.alloc_contiguous(count, align)
 }
 
 /// Bytes the frame allocator can still hand out (ignoring alignment losses).
 pub fn free_bytes() -> u64 {
     // SAFETY: as above.
-    unsafe { FRAMES.get() }
-        .as_ref()
-        .map_or(0, |f| f.free_bytes())
+    unsafe { FRAMES.get() }.free_bytes()
 }

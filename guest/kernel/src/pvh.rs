@@ -78,6 +78,31 @@ fn read_phys<T: Copy>(phys: u64) -> Result<T, StartInfoError> {
     Ok(unsafe { core::ptr::read_unaligned(v as usize as *const T) })
 }
 
+/// The length of the NUL-terminated string at the start of `bytes` (all
+/// of `bytes` if it has no NUL): one `repne scasb`, where a byte loop costs
+/// four emulated instructions per byte on software-KVM hosts.
+fn nul_len(bytes: &[u8]) -> usize {
+    let len = bytes.len();
+    let left: usize;
+    // SAFETY: reads `bytes` only (DF is clear in kernel code).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::asm!("repne scasb", in("al") 0u8, inout("rdi") bytes.as_ptr() => _,
+                         inout("rcx") len => left, options(nostack, readonly))
+    };
+    // SAFETY: as above.
+    #[cfg(target_arch = "x86")]
+    unsafe {
+        core::arch::asm!("repne scasb", in("al") 0u8, inout("edi") bytes.as_ptr() => _,
+                         inout("ecx") len => left, options(nostack, readonly))
+    };
+    // The scan stopped after byte `len - left - 1`: the NUL, or the last.
+    match (len - left).checked_sub(1) {
+        Some(last) if bytes[last] == 0 => last,
+        _ => len,
+    }
+}
+
 impl StartInfo {
     /// Parses the structure at `phys`. Bounds are checked: the VMM is trusted
     /// to hand over sane data, but a broken one must not crash us silently.
@@ -95,17 +120,34 @@ impl StartInfo {
             // SAFETY: [base, base + CMDLINE_MAX) is in the direct map (checked).
             let bytes =
                 unsafe { core::slice::from_raw_parts(v as usize as *const u8, CMDLINE_MAX) };
-            let len = bytes.iter().position(|&b| b == 0).unwrap_or(CMDLINE_MAX);
-            core::str::from_utf8(&bytes[..len]).map_err(|_| StartInfoError::CmdlineNotUtf8)?
+            let bytes = &bytes[..nul_len(bytes)];
+            if bytes.is_ascii() {
+                // SAFETY: ASCII is UTF-8.
+                unsafe { core::str::from_utf8_unchecked(bytes) }
+            } else {
+                core::str::from_utf8(bytes).map_err(|_| StartInfoError::CmdlineNotUtf8)?
+            }
         };
         // SAFETY: boot, one CPU: kmain reads the start info once, before
         // anything else could look at MEMMAP.
         let memmap = unsafe { MEMMAP.get() };
         let mut memmap_len = 0;
-        if raw.version >= 1 && raw.memmap_paddr != 0 {
+        if raw.version >= 1 && raw.memmap_paddr != 0 && raw.memmap_entries != 0 {
             let n = (raw.memmap_entries as usize).min(MEMMAP_MAX);
-            for (i, slot) in memmap.iter_mut().enumerate().take(n) {
-                let e: RawMemmapEntry = read_phys(raw.memmap_paddr + i as u64 * 24)?;
+            // The table's bounds checked once, not per entry.
+            let table = raw.memmap_paddr;
+            let size = (n * core::mem::size_of::<RawMemmapEntry>()) as u64;
+            let end = table
+                .checked_add(size)
+                .ok_or(StartInfoError::Unreachable(table))?;
+            let v = phys_to_virt(table).ok_or(StartInfoError::Unreachable(table))?;
+            phys_to_virt(end).ok_or(StartInfoError::Unreachable(end))?;
+            let entries = v as usize as *const RawMemmapEntry;
+            for (i, slot) in memmap[..n].iter_mut().enumerate() {
+                // SAFETY: entry i < n lies in [table, end), which the
+                // direct map covers (checked above); plain data, read
+                // unaligned.
+                let e = unsafe { entries.add(i).read_unaligned() };
                 *slot = MemRegion {
                     base: e.addr,
                     size: e.size,

@@ -33,8 +33,6 @@ extern "C" {
     static mut entry_tss: [u32; TSS_WORDS];
     static mut entry_idt: [u64; 256];
     static entry_stack_top: u8;
-    static exception_stubs: [u32; 32];
-    static entry_nmi: u8;
 }
 
 /// Bytes of an AP's entry stack (TSS.ESP0 and SYSENTER_ESP with PTI).
@@ -148,15 +146,10 @@ pub fn set_gate(vector: u8, handler: u64, dpl: u8, _ist: u8) {
     unsafe { (*addr_of_mut!(entry_idt))[vector as usize] = gate }
 }
 
-/// Fills the 32 exception gates and loads the IDT.
+/// Loads the IDT. Its 32 exception gates are written at link time
+/// (entry.rs: `ENTRY_DATA`, `EXC_GATE`), NMI's to its paranoid stub (not
+/// fatal: it saves and restores CR3 and returns).
 pub fn init_idt() {
-    for v in 0..32u8 {
-        // SAFETY: the stub table is immutable data emitted by entry.rs.
-        let stub = unsafe { exception_stubs[v as usize] };
-        set_gate(v, stub as u64, 0, 0);
-    }
-    // NMI is not fatal: its paranoid stub saves and restores CR3 and returns.
-    set_gate(2, core::ptr::addr_of!(entry_nmi) as u64, 0, 0);
     load_idt();
 }
 

@@ -29,7 +29,15 @@ crate::arch::x86_shared::entry::entry_asm!(
 
     .set PTI_SWITCH_MASK, 0x1000      /* CR3 user page-table bit (12) */
 
-    ENTRY_DATA 256, 32
+    /* A 32-bit interrupt gate (descriptors::set_gate) to the handler
+     * whose address is lo16 | hi16 << 16. */
+    .macro EXC_GATE n, lo16, hi16
+    .word \lo16, {kernel_cs}
+    .byte 0, 0x8e
+    .word \hi16
+    .endm
+
+    ENTRY_DATA 256, 32, 1
     ENTRY_CPU_AREAS {cpu_areas}
 
     ENTRY_TEXT 32
@@ -192,7 +200,8 @@ task_first_return:
     /* NMI: on the current stack (x86 has no IST). */
     ENTRY_NMI %eax, %ecx, iret
 
-    EXCEPTION_STUBS .long, 4
+    FAULT_STACK
     "#;
     p_entry_top = const super::percpu::kernel::ENTRY_STACK_TOP,
+    kernel_cs = const super::descriptors::KERNEL_CS,
 );

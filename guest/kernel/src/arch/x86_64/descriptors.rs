@@ -42,10 +42,6 @@ extern "C" {
     static ist_df_top: u8;
     static ist_nmi_top: u8;
     static ist_mc_top: u8;
-    /// Addresses of the 32 exception stubs (entry.rs).
-    static exception_stubs: [u64; 32];
-    /// Code label in entry.rs; only its address is used.
-    static entry_nmi: u8;
 }
 
 /// The entry area of CPUs 1..7: one page each.
@@ -200,48 +196,11 @@ pub fn set_gate(vector: u8, handler: u64, dpl: u8, ist: u8) {
     unsafe { (*addr_of_mut!(entry_idt))[vector as usize] = gate(handler, dpl, ist) }
 }
 
-/// The low quadword of exception `vector`'s gate without the handler's
-/// address (its selector, IST slot and type: [`gate`] of handler 0, DPL 0).
-const fn gate_attrs(vector: u8) -> u64 {
-    let ist = match vector {
-        2 => IST_NMI,
-        8 => IST_DF,
-        18 => IST_MC,
-        _ => 0,
-    };
-    gate(0, 0, ist)[0]
-}
-
-/// [`gate_attrs`] of the 32 exception vectors, computed at build time.
-static EXCEPTION_GATE_ATTRS: [u64; 32] = {
-    let mut a = [0; 32];
-    let mut v = 0;
-    while v < 32 {
-        a[v] = gate_attrs(v as u8);
-        v += 1;
-    }
-    a
-};
-
-/// Fills the 32 exception gates and loads the IDT. The loop only splits
-/// each stub's address into the gate as [`gate`] does (the rest of the gate
-/// comes from [`EXCEPTION_GATE_ATTRS`]): a dozen emulated instructions per
-/// gate on software-KVM hosts, where [`set_gate`] with a per-vector match
-/// cost twice that.
+/// Loads the IDT. Its 32 exception gates are written at link time
+/// (entry.rs: `ENTRY_DATA`, `EXC_GATE`; the linker script splits the
+/// handlers' addresses into the gates' pieces), NMI's to its paranoid stub
+/// (it is not fatal: it saves and restores CR3 and returns): no loop at
+/// boot, where each instruction is emulated on software-KVM hosts.
 pub fn init_idt() {
-    // SAFETY: single CPU with interrupts off, before any vector can be
-    // raised; the stub table is immutable data emitted by entry.rs.
-    unsafe {
-        let idt = &mut *addr_of_mut!(entry_idt);
-        for v in 0..32 {
-            let handler = exception_stubs[v];
-            idt[v] = [
-                handler & 0xffff | (handler & 0xffff_0000) << 32 | EXCEPTION_GATE_ATTRS[v],
-                handler >> 32,
-            ];
-        }
-    }
-    // NMI is not fatal: its paranoid stub saves and restores CR3 and returns.
-    set_gate(2, core::ptr::addr_of!(entry_nmi) as u64, 0, IST_NMI);
     load_idt();
 }

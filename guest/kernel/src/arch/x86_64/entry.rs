@@ -94,7 +94,25 @@ crate::arch::x86_shared::entry::entry_asm!(
     .endif
     .endm
 
-    ENTRY_DATA 512, 10
+    /* A 64-bit interrupt gate (descriptors::gate) to the handler whose
+     * address is lo16 | hi16 << 16 | __idt_hi32 << 32. */
+    .macro EXC_GATE n, lo16, hi16
+    .word \lo16, {kernel_cs}
+    .if \n == 2
+    .byte {ist_nmi}
+    .elseif \n == 8
+    .byte {ist_df}
+    .elseif \n == 18
+    .byte {ist_mc}
+    .else
+    .byte 0
+    .endif
+    .byte 0x8e
+    .word \hi16
+    .long __idt_hi32, 0
+    .endm
+
+    ENTRY_DATA 512, 10, 2
     .skip 1024
     .global ist_df_top
 ist_df_top:
@@ -366,7 +384,7 @@ task_first_return:
     /* NMI: paranoid entry, on its IST stack. */
     ENTRY_NMI %rax, %rcx, iretq
 
-    EXCEPTION_STUBS .quad, 8
+    FAULT_STACK
     .purgem PUSH_SAVED
     .purgem POP_SAVED
     .purgem SWITCH_TO_KERNEL_CR3_SLOW
@@ -379,5 +397,9 @@ task_first_return:
     pe_rsp = const super::percpu::entry::SCRATCH_RSP,
     pe_rdi = const super::percpu::entry::SCRATCH_RDI,
     user_cs = const super::descriptors::USER_CS,
+    kernel_cs = const super::descriptors::KERNEL_CS,
+    ist_nmi = const super::descriptors::IST_NMI,
+    ist_df = const super::descriptors::IST_DF,
+    ist_mc = const super::descriptors::IST_MC,
     user_ds = const super::descriptors::USER_DS,
 );

@@ -4,6 +4,9 @@
 //! area is one `entry_asm!` block, which sets the shared `CTR_*` counter
 //! offsets and `PCPU_*` words, splices these macros in and purges them at
 //! its end (`entry_purge!`); the flavour's part of the block supplies:
+//! * `EXC_GATE n, lo16, hi16`: exception `n`'s IDT gate, its handler's
+//!   address given as its low 16 bits and the next 16 (x86_64: the top 32
+//!   bits are the linker script's `__idt_hi32`), with `n`'s IST slot;
 //! * `COUNT ctr`: the 64-bit increment of counter `ctr` in this CPU's block
 //!   (x86_64: `incq %gs:ctr`; x86_32: `addl $1, %fs:ctr; adcl $0, %fs:ctr+4`);
 //! * `PTI_SWITCH_MASK` (the CR3 bits an entry clears: bit 12, the user copy,
@@ -14,9 +17,13 @@
 //! docs/guest.md).
 
 /// The shared entry macros:
-/// * `ENTRY_DATA idt_quads, gdt_quads`: the start of `.entry.data`, CPU 0's
-///   part of the entry area: IDT, GDT, TSS, the PCID flag and the 2 KiB
-///   entry stack (`entry_stack_top`; x86_64 puts its IST stacks after it);
+/// * `ENTRY_DATA idt_quads, gdt_quads, gate_quads`: the start of
+///   `.entry.data`, CPU 0's part of the entry area: IDT (its 32 exception
+///   gates, of `gate_quads` quadwords each, written at link time by the
+///   flavour's `EXC_GATE` from the address pieces the linker script
+///   defines: no set-up loop at boot), GDT, TSS, the PCID flag and the
+///   2 KiB entry stack (`entry_stack_top`; x86_64 puts its IST stacks
+///   after it);
 /// * `ENTRY_CPU_AREAS bytes`: CPUs 1..7's parts of the entry area, one page
 ///   each (`descriptors::ApArea`: GDT, TSS, entry stack, on x86_64 the IST
 ///   stacks), like Linux's per-CPU `cpu_entry_area`; mapped in the user copy
@@ -37,18 +44,29 @@
 ///   kernel copy if the user copy was loaded and restores CR3 before
 ///   returning (Linux: `SAVE_AND_SWITCH_TO_KERNEL_CR3`, `RESTORE_CR3`); both
 ///   writes are counted as "other" while the counters are still mapped;
-/// * `EXCEPTION_STUBS word, align`: the table of the 32 stub addresses
-///   (`.long` or `.quad`) and CPU 0's 16 KiB fault stack (APs get theirs
-///   from the frame allocator).
+/// * `FAULT_STACK`: CPU 0's 16 KiB fault stack (APs get theirs from the
+///   frame allocator).
 macro_rules! entry_macros {
     () => {
         r#"
-    .macro ENTRY_DATA idt_quads, gdt_quads
+    .macro ENTRY_DATA idt_quads, gdt_quads, gate_quads
     .section .entry.data, "aw"
     .balign 4096
     .global entry_idt
 entry_idt:
-    .fill \idt_quads, 8, 0
+    /* The 32 exception gates, written at link time by the flavour's
+     * EXC_GATE from pieces of the handlers' addresses that the linker
+     * script computes: a stub's is the start of the entry text (where
+     * ENTRY_TEXT puts exc_0) plus its offset there, NMI's is entry_nmi's.
+     * The other gates are set at run time (descriptors::set_gate). */
+    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .if \n == 2
+    EXC_GATE \n, __idt_nmi_lo16, __idt_nmi_hi16
+    .else
+    EXC_GATE \n, __idt_stubs_lo16 + (exc_\n - exc_0), __idt_stubs_hi16
+    .endif
+    .endr
+    .fill \idt_quads - 32 * \gate_quads, 8, 0
     .global entry_gdt
 entry_gdt:
     .fill \gdt_quads, 8, 0
@@ -151,15 +169,7 @@ entry_nmi:
     .endr
     .endm
 
-    .macro EXCEPTION_STUBS word, align
-    .section .rodata.exception_stubs, "a"
-    .balign \align
-    .global exception_stubs
-exception_stubs:
-    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
-    \word exc_\n
-    .endr
-
+    .macro FAULT_STACK
     .section .bss.fault_stack, "aw", @nobits
     .balign 16
     .skip 16384
@@ -185,7 +195,8 @@ macro_rules! entry_purge {
     .purgem EXC_ERR
     .purgem ENTRY_TEXT
     .purgem ENTRY_NMI
-    .purgem EXCEPTION_STUBS
+    .purgem FAULT_STACK
+    .purgem EXC_GATE
     .purgem COUNT
 "#
     };
