@@ -11,9 +11,15 @@ use std::time::{Duration, Instant};
 use common::*;
 
 /// The `Seccomp:` mode (0 none, 2 filter) of each thread of `pid`, by name,
-/// once the vCPU thread has been confined (it is confined just before its
-/// first KVM_RUN, a moment after it starts), or after `deadline`.
-fn seccomp_modes(pid: u32, deadline: Duration) -> HashMap<String, u32> {
+/// once `settled` says the threads are where the test looks (each confines
+/// itself a moment after it starts: the vCPU thread just before its first
+/// KVM_RUN, the metrics thread after opening its stats), or after
+/// `deadline`.
+fn seccomp_modes(
+    pid: u32,
+    deadline: Duration,
+    settled: fn(&HashMap<String, u32>) -> bool,
+) -> HashMap<String, u32> {
     let started = Instant::now();
     loop {
         let mut modes = HashMap::new();
@@ -31,8 +37,7 @@ fn seccomp_modes(pid: u32, deadline: Duration) -> HashMap<String, u32> {
                 }
             }
         }
-        let settled = modes.get("vcpu0") == Some(&2) && modes.contains_key("metrics");
-        if settled || started.elapsed() > deadline {
+        if settled(&modes) || started.elapsed() > deadline {
             return modes;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -40,8 +45,13 @@ fn seccomp_modes(pid: u32, deadline: Duration) -> HashMap<String, u32> {
 }
 
 /// Runs a long workload with the metrics thread on, reads the threads'
-/// seccomp modes while it runs, then stops it with SIGTERM.
-fn modes_of_a_run(extra: &[&str]) -> HashMap<String, u32> {
+/// seccomp modes while it runs (once `settled`, and again `linger` later:
+/// a filter, once set, stays), then stops it with SIGTERM.
+fn modes_of_a_run(
+    extra: &[&str],
+    settled: fn(&HashMap<String, u32>) -> bool,
+    linger: Duration,
+) -> HashMap<String, u32> {
     let child = ptiscope()
         .args(extra)
         .args([
@@ -61,7 +71,11 @@ fn modes_of_a_run(extra: &[&str]) -> HashMap<String, u32> {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let modes = seccomp_modes(child.id(), Duration::from_secs(5));
+    let mut modes = seccomp_modes(child.id(), Duration::from_secs(5), settled);
+    if !linger.is_zero() {
+        std::thread::sleep(linger);
+        modes = seccomp_modes(child.id(), Duration::ZERO, |_| true);
+    }
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let o = child.wait_with_output().unwrap();
@@ -76,7 +90,13 @@ fn vcpu_and_metrics_threads_run_under_seccomp_by_default() {
     if !kvm_or_skip("seccomp threads") {
         return;
     }
-    let modes = modes_of_a_run(&[]);
+    // Both confined (a look between a thread's start and its filter saw
+    // the metrics thread unconfined once).
+    let modes = modes_of_a_run(
+        &[],
+        |m| m.get("vcpu0") == Some(&2) && m.get("metrics") == Some(&2),
+        Duration::ZERO,
+    );
     assert_eq!(modes.get("vcpu0"), Some(&2), "{modes:?}");
     assert_eq!(modes.get("metrics"), Some(&2), "{modes:?}");
     // The main thread builds VMs and writes reports: not confined (documented).
@@ -91,7 +111,13 @@ fn no_seccomp_leaves_every_thread_unconfined() {
     if !kvm_or_skip("--no-seccomp") {
         return;
     }
-    let modes = modes_of_a_run(&["--no-seccomp"]);
+    // Both started, and looked at again a second later, long past the
+    // moment they would have confined themselves (milliseconds).
+    let modes = modes_of_a_run(
+        &["--no-seccomp"],
+        |m| m.contains_key("vcpu0") && m.contains_key("metrics"),
+        Duration::from_secs(1),
+    );
     assert!(modes.contains_key("vcpu0"), "{modes:?}");
     assert!(modes.values().all(|&m| m == 0), "{modes:?}");
 }
