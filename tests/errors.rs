@@ -434,3 +434,44 @@ fn bzimage_the_vmm_cannot_boot() {
         assert!(err.contains(what), "{name}: {err}");
     }
 }
+
+/// `ptiscope compare | head -1`: once the reader is gone, the next line
+/// ends the process quietly with 141, as SIGPIPE ends other tools (not
+/// Rust's panic and backtrace from `println!`); likewise for stderr.
+#[test]
+fn a_closed_stdout_or_stderr_ends_the_process_quietly_with_141() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    if !kvm_or_skip("closed stdout") {
+        return;
+    }
+    // Runs of a second each: the table comes long after the header.
+    let mut child = ptiscope()
+        .args(["compare", "--runs", "1", "--iterations", "20000"])
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("ptiscope compare"), "{first}");
+    // The reader is dropped here, as head's end closes the pipe.
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // stderr closed before the run writes its summary there.
+    let mut child = ptiscope()
+        .args(["run", "--workload", "getpid", "--iterations", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(141));
+}

@@ -9,6 +9,7 @@ use ptiscope::cli::exit_code;
 use ptiscope::cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    quiet_on_a_closed_stdout();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_target(false)
         .init();
@@ -48,6 +49,26 @@ fn main() -> ExitCode {
             _ => code(exit_code::INTERNAL),
         },
     }
+}
+
+/// A closed stdout or stderr (`ptiscope compare | head`) ends the process
+/// as SIGPIPE ends other Unix tools: quietly, with exit status 141 (128 +
+/// SIGPIPE), not with Rust's panic and backtrace from `print!`. SIGPIPE
+/// itself stays ignored (Rust's default), so that a `--serial-out` or
+/// `--metrics-out` FIFO whose reader goes away is an output error the run
+/// reports (exit 73), not the end of the run.
+fn quiet_on_a_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info.payload_as_str().unwrap_or("");
+        let closed = (msg.starts_with("failed printing to stdout")
+            || msg.starts_with("failed printing to stderr"))
+            && msg.contains(&format!("(os error {})", libc::EPIPE));
+        if closed {
+            std::process::exit(exit_code::CLOSED_STDOUT);
+        }
+        default(info);
+    }));
 }
 
 fn code(c: i32) -> ExitCode {

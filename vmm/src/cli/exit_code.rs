@@ -46,6 +46,9 @@ pub const SIGHUP: i32 = 129;
 pub const SIGINT: i32 = 130;
 /// SIGTERM (128 + 15).
 pub const SIGTERM: i32 = 143;
+/// stdout or stderr was closed under us (`ptiscope compare | head`): the
+/// process ends as SIGPIPE would end it (128 + 13), quietly.
+pub const CLOSED_STDOUT: i32 = 141;
 /// A `--fail-if` held, or a measured run failed with a status that maps to 0.
 pub const FAILED: i32 = 1;
 
