@@ -225,15 +225,7 @@ fn run_console(
 /// The report's `environment` block for a run (docs/report-json.md), being
 /// collected on a thread of its own: the image named and hashed is the one
 /// the run booted (read once, at preflight), not the file read again.
-pub struct Pending {
-    collecting: std::thread::JoinHandle<crate::report::Environment>,
-    /// What the thread was given, to collect again should it have failed.
-    of: (
-        String,
-        crate::machine::loader::KernelSource,
-        std::sync::Arc<[u8]>,
-    ),
-}
+pub struct Pending(std::thread::JoinHandle<crate::report::Environment>);
 
 impl Pending {
     /// Starts collecting `run`'s environment under `backend`. What the probe
@@ -241,41 +233,30 @@ impl Pending {
     /// probed (probe VMs) beside the measured guest.
     pub fn start(backend: &str, run: &crate::spec::ResolvedRun) -> Pending {
         let _ = crate::report::environment::probe_findings();
-        let of = (
+        let (backend, kernel, image) = (
             backend.to_owned(),
             run.config.kernel.clone(),
             run.image.clone(),
         );
-        let given = of.clone();
-        Pending {
-            collecting: std::thread::spawn(move || collect_environment(&given)),
-            of,
-        }
+        Pending(std::thread::spawn(move || {
+            crate::report::Environment::collect(
+                &backend,
+                crate::cli::compare::guest_image_of(&kernel, Some(&image)),
+                Default::default(),
+            )
+        }))
     }
 
-    /// The environment, with the run's options under `key`.
+    /// The environment, with the run's options under `key` (a panic while
+    /// collecting it goes on here, where it would have happened before).
     pub fn finish(self, key: &str, options: &[String]) -> crate::report::Environment {
-        let mut env = match self.collecting.join() {
-            Ok(env) => env,
-            Err(_) => collect_environment(&self.of),
-        };
+        let mut env = self
+            .0
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         env.options = [(key.to_owned(), options.to_vec())].into();
         env
     }
-}
-
-fn collect_environment(
-    (backend, kernel, image): &(
-        String,
-        crate::machine::loader::KernelSource,
-        std::sync::Arc<[u8]>,
-    ),
-) -> crate::report::Environment {
-    crate::report::Environment::collect(
-        backend,
-        crate::cli::compare::guest_image_of(kernel, Some(image)),
-        Default::default(),
-    )
 }
 
 fn print_summary(o: &RunOutcome) {

@@ -16,8 +16,8 @@ pub(crate) mod side;
 pub use against::Against;
 pub use runs::{RunsReport, RunsStop};
 pub use side::{
-    build_table, config_words, guest_image, guest_image_of, parse_side, rates, run_measured, Side,
-    SideError, SideSpec,
+    build_table, config_words, guest_image_of, parse_side, rates, run_measured, Side, SideError,
+    SideSpec,
 };
 
 use std::collections::BTreeMap;

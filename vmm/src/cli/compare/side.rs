@@ -248,14 +248,8 @@ pub fn build_table(
     (t, dropped)
 }
 
-/// The image a configuration boots, named and hashed for the environment.
-pub fn guest_image(kernel: &KernelSource) -> GuestImage {
-    let bytes = crate::machine::loader::read_image(kernel).ok();
-    guest_image_of(kernel, bytes.as_deref())
-}
-
-/// [`guest_image`] of an image already read (the one a resolved run boots,
-/// so the hash is of what ran, not of the file read again).
+/// The image a run booted, named and hashed for the environment: the bytes
+/// preflight read (so the hash is of what ran, not of the file read again).
 pub fn guest_image_of(kernel: &KernelSource, bytes: Option<&[u8]>) -> GuestImage {
     let name = match kernel {
         KernelSource::Embedded(b) if std::ptr::eq(*b, crate::GUEST_I386) => {
