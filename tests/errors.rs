@@ -421,17 +421,29 @@ fn bzimage_the_vmm_cannot_boot() {
         b[0x211] = 1; // LOADED_HIGH
         b[0x236..0x238].copy_from_slice(&xloadflags.to_le_bytes());
         b[0x238..0x23c].copy_from_slice(&2047u32.to_le_bytes());
+        // 1024 bytes of setup (with setup_sects 1), 3072 of kernel.
+        b[0x1f4..0x1f8].copy_from_slice(&(3072u32 / 16).to_le_bytes());
+        b[0x24c..0x250].copy_from_slice(&64u32.to_le_bytes());
         b
     };
+    let cut = |len: usize| bz(1, 1)[..len].to_vec();
     for (name, image, what) in [
         ("i386", bz(0, 1), "has no 64-bit entry"),
-        ("setup", bz(1, 100), "past the file's 4096 bytes"),
+        ("setup", bz(1, 100), "setup_sects 100"),
+        ("setup-past", bz(1, 10), "truncated"),
+        ("cut-header", cut(0x220), "truncated"),
+        ("cut-setup", cut(1000), "truncated"),
+        ("cut-kernel", cut(4095), "truncated"),
     ] {
         let f = dir.join(name);
         std::fs::write(&f, image).unwrap();
-        let (code, err) = run(&["--kernel", f.to_str().unwrap()]);
-        assert_eq!(code, Some(65), "{name}: {err}");
-        assert!(err.contains(what), "{name}: {err}");
+        // Both backends refuse it before anything boots (no QEMU started).
+        for backend in ["kvm", "qemu"] {
+            let (code, err) = run(&["--backend", backend, "--kernel", f.to_str().unwrap()]);
+            assert_eq!(code, Some(65), "{name} {backend}: {err}");
+            assert!(err.contains(what), "{name} {backend}: {err}");
+            assert!(!err.contains("KVM_EXIT"), "{name} {backend}: {err}");
+        }
     }
 }
 

@@ -365,6 +365,11 @@ fn fake_bzimage(path: &Path, x86_64: bool) {
     b[0x236..0x238].copy_from_slice(&(x86_64 as u16 | 2).to_le_bytes());
     b[0x20e..0x210].copy_from_slice(&0x200u16.to_le_bytes());
     b[0x400..0x40b].copy_from_slice(b"6.1.0-fake\0");
+    // A header that agrees with the file's length (checked before boot):
+    // setup_sects 0 (4), so 0xa00 bytes of setup, then 0x600 of kernel
+    // holding a 0x100-byte payload.
+    b[0x1f4..0x1f8].copy_from_slice(&0x60u32.to_le_bytes());
+    b[0x24c..0x250].copy_from_slice(&0x100u32.to_le_bytes());
     std::fs::write(path, b).unwrap();
 }
 

@@ -32,6 +32,22 @@ fn main() -> ExitCode {
         }
     };
     ptiscope::sandbox::set_enabled(!cli.no_seccomp);
+    let status = command(cli);
+    // A termination signal that came after the command's last look at
+    // signals (just after its last run ended, while its report was
+    // written) is not swallowed: the command's output is complete, and the
+    // process ends as that signal asked, with 128 + it.
+    if let Some(signal) = ptiscope::machine::signals::wait_termination(Default::default()) {
+        eprintln!(
+            "ptiscope: {} after the command finished (its output is complete)",
+            ptiscope::machine::signals::describe(signal)
+        );
+        return code(128 + signal);
+    }
+    status
+}
+
+fn command(cli: Cli) -> ExitCode {
     match cli.command {
         Some(Command::Run(args)) => code(ptiscope::cli::run::run(&args)),
         Some(Command::Compare(args)) => code(ptiscope::cli::compare_command(&args)),

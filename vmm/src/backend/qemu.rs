@@ -264,15 +264,126 @@ impl ImageFd {
     }
 }
 
-/// The QEMU child, killed and reaped on drop unless it already ended.
+/// How long QEMU gets to quit on SIGTERM (it then removes the sockets it
+/// listens on) before SIGKILL.
+const QEMU_STOP_GRACE: Duration = Duration::from_millis(500);
+
+/// The QEMU child, stopped and reaped on drop unless it already ended:
+/// SIGTERM first, so that QEMU cleans up after itself (a `--qemu-arg`
+/// socket's file), SIGKILL after [`QEMU_STOP_GRACE`].
 struct Child(std::process::Child);
 
 impl Drop for Child {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
+            // SAFETY: kill(2) on our own child's pid, not yet reaped (so
+            // not reused); no memory is involved.
+            unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+            let until = Instant::now() + QEMU_STOP_GRACE;
+            while Instant::now() < until {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
             let _ = self.0.kill();
             let _ = self.0.wait();
         }
+    }
+}
+
+/// The Unix socket paths a `--qemu-arg` may make QEMU listen on
+/// (`unix:PATH` of a character device, `path=PATH` of `-chardev socket`).
+fn socket_paths(args: &[String]) -> Vec<std::path::PathBuf> {
+    let mut paths = Vec::new();
+    for arg in args {
+        let socket_chardev = arg.starts_with("socket,");
+        for part in arg.split(',') {
+            let p = part
+                .strip_prefix("unix:")
+                .or_else(|| part.strip_prefix("path=").filter(|_| socket_chardev));
+            if let Some(p) = p.filter(|p| !p.is_empty()) {
+                paths.push(std::path::PathBuf::from(p));
+            }
+        }
+    }
+    paths
+}
+
+/// Removes the sockets QEMU made for `--qemu-arg`s: the paths of
+/// [`socket_paths`] that did not exist before it started and are sockets
+/// now (QEMU leaves them behind when the guest ends it through
+/// isa-debug-exit, which exits without QEMU's cleanup).
+fn remove_new_sockets(fresh: &[std::path::PathBuf]) {
+    use std::os::unix::fs::FileTypeExt;
+    for p in fresh {
+        if std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket()) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// What marks a Linux kernel panic on its console.
+const PANIC_MARK: &[u8] = b"Kernel panic - not syncing";
+
+/// Keeps the first console line that says the kernel panicked, however
+/// much the console says after it (a panic's backtrace scrolls it out of
+/// the recorder's tail): bounded, one line of at most
+/// [`ptiscope_devices::console::MAX_LINE_BYTES`] at a time.
+#[derive(Default)]
+struct PanicScan {
+    line: Vec<u8>,
+    first: Option<String>,
+}
+
+impl PanicScan {
+    fn feed(&mut self, bytes: &[u8]) {
+        if self.first.is_some() {
+            return;
+        }
+        for &b in bytes {
+            match b {
+                b'\n' => {
+                    self.end_line();
+                    if self.first.is_some() {
+                        return;
+                    }
+                }
+                b'\r' => {}
+                _ if self.line.len() < ptiscope_devices::console::MAX_LINE_BYTES => {
+                    self.line.push(b)
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn end_line(&mut self) {
+        if self.line.windows(PANIC_MARK.len()).any(|w| w == PANIC_MARK) {
+            // Escaped as the recorder escapes the lines it keeps.
+            let mut safe = Vec::with_capacity(self.line.len());
+            ptiscope_devices::console::escape_for_terminal(&self.line, &mut safe);
+            self.first = Some(String::from_utf8_lossy(&safe).into_owned());
+        }
+        self.line.clear();
+    }
+
+    /// The first panic line, the unfinished last line included.
+    fn finish(mut self) -> Option<String> {
+        if self.first.is_none() {
+            self.end_line();
+        }
+        self.first
+    }
+}
+
+/// The console tail of a run, with the first panic line at its head when
+/// it scrolled out of the tail (so that a panic is found wherever it was).
+fn tail_with_panic(tail: Vec<String>, panic: Option<String>) -> Vec<String> {
+    let marked = |l: &String| l.contains("Kernel panic - not syncing");
+    match panic {
+        Some(p) if !tail.iter().any(marked) => std::iter::once(p).chain(tail).collect(),
+        _ => tail,
     }
 }
 
@@ -418,6 +529,11 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
             Ok(())
         });
     }
+    // Sockets a --qemu-arg names that QEMU will make: removed when it ends.
+    let fresh_sockets: Vec<_> = socket_paths(&config.qemu_args)
+        .into_iter()
+        .filter(|p| std::fs::symlink_metadata(p).is_err())
+        .collect();
     let mut child = Child(cmd.spawn().map_err(|source| QemuError::Spawn {
         binary: binary.to_string(),
         source,
@@ -431,10 +547,13 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let mut stderr = child.0.stderr.take();
     let reader = std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
+        let mut panic = PanicScan::default();
         while let Some(Ok(n @ 1..)) = stdout.as_mut().map(|s| s.read(&mut buf)) {
+            panic.feed(&buf[..n]);
             let _ = std::io::Write::write_all(&mut sink, &buf[..n]);
         }
         sink.flush_out();
+        panic.finish()
     });
     let err_reader = std::thread::spawn(move || {
         let mut s = String::new();
@@ -472,12 +591,13 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     };
     // Stops QEMU if it is still running (timeout, signal).
     drop(child);
+    remove_new_sockets(&fresh_sockets);
     drop(image_fd);
     drop(initrd_fd);
     let run_time = run_start.elapsed();
     // QEMU is gone, so its stdout ends: the reader only forwards what is
     // left into the console queue, which never blocks.
-    let _ = reader.join();
+    let panic_line = reader.join().ok().flatten();
     let qemu_stderr = err_reader.join().unwrap_or_default();
     let outputs: Vec<_> = console_queue
         .map(|q| q.finish_by(Instant::now() + DRAIN_GRACE))
@@ -503,7 +623,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
                 status: (c as u32) >> 1,
             },
             // With -no-reboot, a guest reset (triple fault) ends QEMU with 0.
-            Some(0) if guest_ran => StopReason::Shutdown { regs: None },
+            Some(0) if guest_ran => StopReason::Reset,
             code => {
                 use std::os::unix::process::ExitStatusExt;
                 let how = match (code, s.signal()) {
@@ -538,7 +658,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         exits: ExitCounts::default(),
         machine_lines: rec.machine_lines().to_vec(),
         banner: rec.banner().map(str::to_string),
-        console_tail: rec.tail().map(str::to_string).collect(),
+        console_tail: tail_with_panic(rec.tail().map(str::to_string).collect(), panic_line),
         console_bytes: stats.bytes,
         dropped_machine_lines: stats.dropped_machine_lines,
         phases: Vec::new(),
@@ -556,6 +676,50 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A panic line is kept wherever it is in the console: split across
+    /// reads, followed by any number of lines, at the very end without a
+    /// newline; only the first is kept, escaped; other text is no panic.
+    #[test]
+    fn the_first_panic_line_is_found_anywhere_in_the_console() {
+        let panic = b"[ 1.0] Kernel panic - not syncing: System is deadlocked on memory\r\n";
+        let mut console = b"[ 0.0] Linux version 6.1\r\n".to_vec();
+        console.extend_from_slice(panic);
+        for i in 0..5000 {
+            console.extend_from_slice(format!("[ 1.1] backtrace line {i}\r\n").as_bytes());
+        }
+        console.extend_from_slice(b"[ 2.0] Kernel panic - not syncing: a second one\r\n");
+        for chunk in [1usize, 7, 4096] {
+            let mut scan = PanicScan::default();
+            for c in console.chunks(chunk) {
+                scan.feed(c);
+            }
+            assert_eq!(
+                scan.finish().as_deref(),
+                Some("[ 1.0] Kernel panic - not syncing: System is deadlocked on memory"),
+                "{chunk}"
+            );
+        }
+        let mut last = PanicScan::default();
+        last.feed(b"ok\n\x1b[31mKernel panic - not syncing: no newline");
+        assert_eq!(
+            last.finish().as_deref(),
+            Some("\\x1b[31mKernel panic - not syncing: no newline")
+        );
+        let mut none = PanicScan::default();
+        none.feed(b"Kernel panic\nnot syncing\n");
+        assert_eq!(none.finish(), None);
+        // The tail gets it at its head only when it scrolled out.
+        let tail = vec!["a".to_string(), "b".to_string()];
+        let p = Some("Kernel panic - not syncing: x".to_string());
+        assert_eq!(
+            tail_with_panic(tail.clone(), p.clone())[0],
+            p.clone().unwrap()
+        );
+        let with = vec!["Kernel panic - not syncing: x".to_string()];
+        assert_eq!(tail_with_panic(with.clone(), p), with);
+        assert_eq!(tail_with_panic(tail.clone(), None), tail);
+    }
 
     #[test]
     fn qemu_versions_and_plugin_api() {

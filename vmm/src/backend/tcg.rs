@@ -50,6 +50,82 @@ pub fn enables_kvm(args: &[String]) -> Option<String> {
     None
 }
 
+/// The QEMU options ptiscope sets itself (`backend::qemu::run_resolved`),
+/// which a `--qemu-arg` would silently replace or contradict, each with
+/// what ptiscope gives it and the ptiscope option to use instead.
+const SET_BY_PTISCOPE: [(&str, &str); 9] = [
+    ("kernel", "the guest image (--kernel, --linux)"),
+    ("append", "the command line (--cmdline, --append)"),
+    ("initrd", "ptiscope's init for --linux"),
+    ("m", "the guest memory (--mem)"),
+    ("smp", "the vCPUs (--cpus)"),
+    ("cpu", "-cpu max, which the guest's checks assume"),
+    (
+        "plugin",
+        "ptiscope's TCG plugin (--no-plugin leaves it out)",
+    ),
+    (
+        "serial",
+        "-serial stdio, the guest's console (--serial-out)",
+    ),
+    (
+        "daemonize",
+        "a QEMU in the foreground, which it waits for and stops",
+    ),
+];
+
+/// Options whose value is a character device: `stdio` there would share
+/// the guest's console (QEMU's stdout) and read ptiscope's closed stdin.
+const CHARDEV_OPTIONS: [&str; 6] = ["monitor", "qmp", "qmp-pretty", "chardev", "mon", "parallel"];
+
+/// The first `--qemu-arg` that would replace or contradict what ptiscope
+/// gives QEMU (an option from [`SET_BY_PTISCOPE`], `-M`/`-machine` with a
+/// machine type, `-nographic`, a character device on `stdio`), as a
+/// refusal naming it; `None` if none does.
+pub fn overrides(args: &[String]) -> Option<String> {
+    for (i, arg) in args.iter().enumerate() {
+        let Some(name) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            continue;
+        };
+        let next = args.get(i + 1).map(String::as_str).unwrap_or("");
+        let shown = |a: &str| ptiscope_devices::escape_str(a);
+        if let Some((_, what)) = SET_BY_PTISCOPE.iter().find(|(o, _)| *o == name) {
+            return Some(format!(
+                "--qemu-arg {}: ptiscope sets -{name} itself ({what}); drop that --qemu-arg",
+                shown(arg)
+            ));
+        }
+        if name == "M" || name == "machine" {
+            let first = next.split(',').next().unwrap_or("");
+            if !first.is_empty() && (!first.contains('=') || first.starts_with("type=")) {
+                return Some(format!(
+                    "--qemu-arg {} {}: ptiscope chooses the machine type (microvm for the \
+                     64-bit companion guest, pc otherwise); give only properties \
+                     (-machine KEY=VALUE)",
+                    shown(arg),
+                    shown(next)
+                ));
+            }
+        }
+        if name == "nographic" {
+            return Some(format!(
+                "--qemu-arg {}: it puts QEMU's monitor on stdio, which is the guest's console \
+                 here; drop it (ptiscope already runs QEMU without a display)",
+                shown(arg)
+            ));
+        }
+        if CHARDEV_OPTIONS.contains(&name) && next.split([',', ':']).any(|p| p == "stdio") {
+            return Some(format!(
+                "--qemu-arg {} {}: QEMU's stdio is the guest's console here (and its stdin is \
+                 closed); use another character device, e.g. unix:PATH,server=on,wait=off",
+                shown(arg),
+                shown(next)
+            ));
+        }
+    }
+    None
+}
+
 impl Backend for Qemu {
     fn name(&self) -> &'static str {
         "qemu"
@@ -92,16 +168,18 @@ impl Backend for Qemu {
         if asked.no_irqchip {
             return Some("--no-irqchip is a KVM setting: not with --backend qemu".into());
         }
+        // KVM acceleration first: its message says what to do (--no-plugin).
         if self.plugin {
             if let Some(arg) = enables_kvm(asked.qemu_args) {
                 return Some(format!(
-                    "--qemu-arg {arg} turns on KVM acceleration, under which ptiscope's TCG \
+                    "--qemu-arg {} turns on KVM acceleration, under which ptiscope's TCG \
                      plugin counts nothing (TCG plugins see only TCG-translated code): \
-                     add --no-plugin, or drop that --qemu-arg"
+                     add --no-plugin, or drop that --qemu-arg",
+                    ptiscope_devices::escape_str(&arg)
                 ));
             }
         }
-        None
+        overrides(asked.qemu_args)
     }
 
     fn describe(&self, run: &ResolvedRun) -> (Option<&'static str>, String) {
@@ -158,7 +236,52 @@ impl Backend for Qemu {
 
 #[cfg(test)]
 mod tests {
-    use super::enables_kvm;
+    use super::{enables_kvm, overrides};
+
+    /// Every option ptiscope sets, in either spelling, is refused naming
+    /// it; stdio character devices and machine types too; properties and
+    /// options ptiscope leaves alone pass.
+    #[test]
+    fn qemu_args_that_replace_what_ptiscope_sets_are_refused() {
+        for v in [
+            &["-kernel", "/boot/vmlinuz"][..],
+            &["--append", "init=/bin/sh"],
+            &["-initrd", "/tmp/x"],
+            &["-m", "2G"],
+            &["-smp", "4"],
+            &["-cpu", "qemu64"],
+            &["-plugin", "file=x.so"],
+            &["-serial", "unix:/tmp/s,server=on,wait=off"],
+            &["-daemonize"],
+            &["-M", "q35"],
+            &["-machine", "type=pc,accel=tcg"],
+            &["-nographic"],
+            &["-monitor", "stdio"],
+            &["-qmp", "stdio"],
+            &["-chardev", "stdio,id=c0"],
+            &["-icount", "shift=0", "-kernel", "x"],
+        ] {
+            let why = overrides(&words(v)).unwrap_or_else(|| panic!("{v:?} accepted"));
+            assert!(why.starts_with("--qemu-arg "), "{why}");
+        }
+        for v in [
+            &[][..],
+            &["-icount", "shift=0,align=off"],
+            &["-machine", "accel=tcg"],
+            &["-M", "accel=tcg:kvm"],
+            &["-monitor", "unix:/tmp/m,server=on,wait=off"],
+            &["-d", "int"],
+            &["-name", "kernel"],
+            &["-accel", "kvm"],
+        ] {
+            assert_eq!(overrides(&words(v)), None, "{v:?}");
+        }
+        // The refusal is escaped: a --qemu-arg is user text.
+        let why = overrides(&words(&["-kernel\x1b]0;x\x07"])).unwrap_or_default();
+        assert_eq!(why, "");
+        let why = overrides(&words(&["-M", "q35\x1b[2J"])).unwrap();
+        assert!(!why.contains('\x1b') && why.contains("\\x1b"), "{why}");
+    }
 
     fn words(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()

@@ -97,7 +97,7 @@ impl ExitCode for StopReason {
             }
             StopReason::Timeout { .. } => TIMEOUT,
             StopReason::Signal { signal } => 128 + signal,
-            StopReason::Shutdown { .. } => TRIPLE_FAULT,
+            StopReason::Shutdown { .. } | StopReason::Reset => TRIPLE_FAULT,
             _ => VM_ERROR,
         }
     }
@@ -153,6 +153,11 @@ impl ExitCode for RunError {
 impl ExitCode for crate::linux::LinuxError {
     fn exit_code(&self) -> i32 {
         use crate::linux::{ImageError, LinuxError};
+        // A termination signal while the kernel image was read ends the
+        // command as the signal would, as it does for `--kernel`.
+        if let Some(signal) = self.signal() {
+            return 128 + signal;
+        }
         match self {
             LinuxError::NotFetched { .. } => NO_IMAGE,
             LinuxError::NoCache(_) => NO_IMAGE,
@@ -252,5 +257,50 @@ mod tests {
         assert_eq!(failed_run(0), FAILED);
         assert_eq!(failed_run(TIMEOUT), TIMEOUT);
         assert_eq!(failed_run(SIGINT), SIGINT);
+    }
+
+    /// QEMU's reset (a triple fault it does not tell apart from a reboot)
+    /// is a triple fault's exit code, in words that never name KVM.
+    #[test]
+    fn a_reset_under_qemu_is_80_and_names_no_kvm_exit() {
+        assert_eq!(StopReason::Reset.exit_code(), TRIPLE_FAULT);
+        let text = StopReason::Reset.to_string();
+        assert!(!text.contains("KVM") && text.contains("QEMU TCG"), "{text}");
+    }
+
+    /// A termination signal while an image is read ends every command with
+    /// 128 + the signal, whichever reader was reading (the companion's
+    /// `--kernel`, a `--linux` kernel) and however the error reached the
+    /// command (preflight, a QEMU run, a settled side of compare or sweep).
+    #[test]
+    fn a_signal_while_an_image_is_read_ends_with_128_plus_it_everywhere() {
+        use crate::linux::{ImageError, LinuxError};
+        for signal in crate::machine::signals::TERMINATION_SIGNALS {
+            let load = || LoadError::Interrupted(signal);
+            let linux = || LinuxError::Image(ImageError::Read(load()));
+            let preflights = [PreflightError::Load(load()), PreflightError::Linux(linux())];
+            for p in preflights {
+                assert_eq!(p.exit_code(), 128 + signal, "{p}");
+                let settle = CommandError::Settle {
+                    at: String::new(),
+                    source: p,
+                };
+                assert_eq!(settle.exit_code(), 128 + signal, "{settle}");
+                assert_eq!(terminating_signal(settle.exit_code()), Some(signal));
+            }
+            let qemu = QemuError::Preflight(PreflightError::Linux(linux()));
+            assert_eq!(qemu.exit_code(), 128 + signal, "{qemu}");
+            let measured = MeasuredRunError::Qemu(qemu);
+            assert_eq!(measured.exit_code(), 128 + signal, "{measured}");
+            assert_eq!(RunError::Load(load()).exit_code(), 128 + signal);
+            assert_eq!(linux().signal(), Some(signal));
+        }
+        // Other image errors keep their codes.
+        let missing = LinuxError::Image(ImageError::Read(LoadError::Read {
+            path: "/x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        }));
+        assert_eq!(missing.exit_code(), NO_IMAGE);
+        assert_eq!(missing.signal(), None);
     }
 }

@@ -6,6 +6,7 @@ use crate::linux::{
     check_pti, fetch, guest_pti, init_started, kernel_panic, HostPhaseObservation, LinuxGuest,
 };
 use crate::machine::RunOutcome;
+use ptiscope_devices::escape_str;
 
 /// Runs a `ptiscope linux` command; returns the exit code.
 pub fn run(cmd: &LinuxCommand) -> i32 {
@@ -15,26 +16,49 @@ pub fn run(cmd: &LinuxCommand) -> i32 {
                 eprintln!("ptiscope linux fetch: {}", fetch::FetchError::NoCache);
                 return exit_code::USAGE;
             };
-            let mut failed = false;
+            let mut failed = None;
             for known in fetch::KNOWN
                 .iter()
                 .filter(|k| args.only.as_deref().is_none_or(|o| o == k.name))
             {
-                let mut say = |s: &str| eprintln!("ptiscope linux fetch: {s}");
+                let mut say = |s: &str| eprintln!("ptiscope linux fetch: {}", escape_str(s));
                 match fetch::fetch(known, &cache, &mut say) {
                     Ok(path) => println!("{} {}", known.name, path.display()),
                     Err(e) => {
-                        eprintln!("ptiscope linux fetch: {}: {e}", known.name);
-                        failed = true;
+                        eprintln!(
+                            "ptiscope linux fetch: {}: {}",
+                            known.name,
+                            escape_str(&e.to_string())
+                        );
+                        let code = fetch_exit_code(&e);
+                        // A signal ends the whole fetch: the kernels after
+                        // this one are not tried.
+                        if e.signal().is_some() {
+                            return code;
+                        }
+                        failed.get_or_insert(code);
                     }
                 }
             }
-            if failed {
-                exit_code::KVM_UNAVAILABLE
-            } else {
-                0
-            }
+            failed.unwrap_or(0)
         }
+    }
+}
+
+/// The exit code of a failed fetch (docs/running.md): 128 + a signal that
+/// stopped it, 73 for a cache that cannot be made or written, 69 for a
+/// package source that cannot give the kernel (apt-get, apt-cache, dpkg
+/// failing or missing, no i386 packages, no kernel in the package).
+pub fn fetch_exit_code(e: &fetch::FetchError) -> i32 {
+    use fetch::FetchError;
+    match e {
+        FetchError::Interrupted(signal) => 128 + signal,
+        FetchError::NoCache => exit_code::USAGE,
+        FetchError::CacheNotDirectory { .. } | FetchError::Io { .. } => exit_code::CANT_CREATE,
+        FetchError::Tool { .. }
+        | FetchError::NoImagePackage(_)
+        | FetchError::NoI386
+        | FetchError::NoKernel(_) => exit_code::KVM_UNAVAILABLE,
     }
 }
 
@@ -131,7 +155,7 @@ pub fn diagnose(
                 )
             },
         )),
-        StopReason::Shutdown { .. } => Some((
+        StopReason::Shutdown { .. } | StopReason::Reset => Some((
             exit_code::TRIPLE_FAULT,
             format!(
                 "the Linux guest reset or powered off without the init's exit status ({}){}",
@@ -173,7 +197,7 @@ mod tests {
         let bare = outcome(StopReason::GuestExit { status: 0 }, &ok_lines[..1], &[]);
         assert!(diagnose(&bare, &g, None).unwrap().1.contains("no @result"));
         let panic = outcome(
-            StopReason::Shutdown { regs: None },
+            StopReason::Reset,
             &[],
             &["[ 0.03] Kernel panic - not syncing: VFS: Unable to mount root fs"],
         );

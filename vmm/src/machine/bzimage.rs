@@ -62,7 +62,7 @@ const E820_MAX_ZEROPAGE: usize = 128;
 #[derive(Debug, thiserror::Error)]
 pub enum BzImageError {
     /// Too short to hold a setup header.
-    #[error("too short for a bzImage setup header ({0} bytes)")]
+    #[error("truncated: {0} bytes are too short for a bzImage setup header")]
     TooShort(usize),
     /// A boot protocol before 2.12.
     #[error("bzImage boot protocol {0:#x} is older than 2.12 (Linux 3.8)")]
@@ -85,6 +85,43 @@ pub enum BzImageError {
         offset: usize,
         /// The file length.
         len: usize,
+    },
+    /// `setup_sects` beyond what any Linux build writes.
+    #[error(
+        "setup_sects {0} is not a bzImage's: Linux's real-mode setup is at most \
+         {MAX_SETUP_SECTS} sectors (the header is corrupt or this is not a Linux kernel)"
+    )]
+    AbsurdSetup(u8),
+    /// `syssize` 0: no protected-mode kernel.
+    #[error("syssize is 0: the header says there is no protected-mode kernel after the setup")]
+    NoKernel,
+    /// The file is shorter than its header says.
+    #[error(
+        "truncated: the header says {need} bytes (setup {setup:#x} + syssize {kernel:#x}), \
+         the file has {len}; the image was cut short (an interrupted copy or download?)"
+    )]
+    Truncated {
+        /// Bytes the header says the image has.
+        need: u64,
+        /// The setup part (boot sector and real-mode setup).
+        setup: u64,
+        /// The protected-mode kernel (`syssize` × 16).
+        kernel: u64,
+        /// The file's length.
+        len: usize,
+    },
+    /// The compressed payload lies outside the protected-mode kernel.
+    #[error(
+        "payload_offset {offset:#x} + payload_length {length:#x} lies past the protected-mode \
+         kernel's {kernel:#x} bytes (syssize): the header is corrupt"
+    )]
+    PayloadOutside {
+        /// `payload_offset`.
+        offset: u32,
+        /// `payload_length`.
+        length: u32,
+        /// The protected-mode kernel's size.
+        kernel: u64,
     },
     /// The kernel (or the memory it decompresses into) does not fit in guest RAM.
     #[error(
@@ -158,6 +195,56 @@ pub fn setup_header_of(image: &[u8]) -> Option<setup_header> {
     Some(hdr)
 }
 
+/// Most real-mode setup sectors a Linux build writes
+/// (`arch/x86/boot/tools/build.c`'s `SETUP_SECT_MAX`).
+pub const MAX_SETUP_SECTS: u8 = 64;
+/// Boot protocol 2.08: `payload_offset` and `payload_length` exist.
+const PAYLOAD_PROTOCOL: u16 = 0x0208;
+
+/// Checks a bzImage's lengths against its own header before anything
+/// boots (either backend): `setup_sects` (0 means 4) within what Linux
+/// writes, `syssize` (16-byte units, a 32-bit field since protocol 2.04)
+/// not 0, the file at least setup + syssize long (a signed kernel may be
+/// longer: the signature is appended), and the compressed payload inside
+/// the protected-mode kernel. A truncated image otherwise starts and
+/// triple-faults inside the decompressor, or waits for the timeout.
+pub fn check_lengths(hdr: &setup_header, len: usize) -> Result<(), BzImageError> {
+    if hdr.setup_sects > MAX_SETUP_SECTS {
+        return Err(BzImageError::AbsurdSetup(hdr.setup_sects));
+    }
+    let sects = if hdr.setup_sects == 0 {
+        4
+    } else {
+        hdr.setup_sects
+    };
+    let setup = (u64::from(sects) + 1) * 512;
+    let kernel = u64::from(hdr.syssize) * 16;
+    if kernel == 0 {
+        return Err(BzImageError::NoKernel);
+    }
+    let need = setup + kernel;
+    if (len as u64) < need {
+        return Err(BzImageError::Truncated {
+            need,
+            setup,
+            kernel,
+            len,
+        });
+    }
+    let version = hdr.version;
+    if version >= PAYLOAD_PROTOCOL {
+        let (offset, length) = (hdr.payload_offset, hdr.payload_length);
+        if length == 0 || u64::from(offset) + u64::from(length) > kernel {
+            return Err(BzImageError::PayloadOutside {
+                offset,
+                length,
+                kernel,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn header_of(image: &[u8]) -> Result<setup_header, BzImageError> {
     setup_header_of(image).ok_or(BzImageError::TooShort(image.len()))
 }
@@ -183,6 +270,7 @@ pub fn load(
     if hdr.loadflags & LOADFLAGS_LOADED_HIGH == 0 {
         return Err(BzImageError::NotLoadedHigh);
     }
+    check_lengths(&hdr, image.len())?;
     let sects = if hdr.setup_sects == 0 {
         4
     } else {
@@ -350,6 +438,10 @@ mod tests {
         b[0x236..0x238].copy_from_slice(&XLF_KERNEL_64.to_le_bytes());
         b[0x238..0x23c].copy_from_slice(&2047u32.to_le_bytes()); // cmdline_size
         b[0x260..0x264].copy_from_slice(&0x40_0000u32.to_le_bytes()); // init_size
+        let syssize = payload.div_ceil(16) as u32;
+        b[0x1f4..0x1f8].copy_from_slice(&syssize.to_le_bytes());
+        b[0x24c..0x250].copy_from_slice(&(payload as u32).to_le_bytes()); // payload_length
+        b.resize(1024 + syssize as usize * 16, 0);
         b[1024] = 0xf4;
         b
     }
@@ -400,11 +492,27 @@ mod tests {
             Err(BzImageError::OldProtocol(0x204))
         ));
         let mut past = image(16);
+        past[0x1f1] = 60;
+        assert!(matches!(
+            load(&mem, &layout, &past),
+            Err(BzImageError::Truncated { .. })
+        ));
         past[0x1f1] = 200;
         assert!(matches!(
             load(&mem, &layout, &past),
-            Err(BzImageError::SetupPastEnd { .. })
+            Err(BzImageError::AbsurdSetup(200))
         ));
+        // Cut anywhere after the header: truncated, never loaded.
+        let whole = image(4096);
+        for len in [0x300, 1024, 1025, 3000, whole.len() - 1] {
+            assert!(
+                matches!(
+                    load(&mem, &layout, &whole[..len]),
+                    Err(BzImageError::Truncated { .. })
+                ),
+                "{len}"
+            );
+        }
         let mut huge = image(16);
         huge[0x260..0x264].copy_from_slice(&0xffff_0000u32.to_le_bytes());
         assert!(matches!(

@@ -47,6 +47,10 @@ pub enum StopReason {
         /// The vCPU's registers at the stop (None: they could not be read).
         regs: Option<RegsSnapshot>,
     },
+    /// `--backend qemu`: the guest reset the machine (a triple fault, or a
+    /// reboot) and QEMU, started with `-no-reboot`, exited on it. QEMU
+    /// says which of the two it was to nobody, and gives no registers.
+    Reset,
     /// KVM_EXIT_INTERNAL_ERROR: KVM could not handle an exit itself (e.g.
     /// an instruction its emulator does not know).
     InternalError {
@@ -122,6 +126,11 @@ impl std::fmt::Display for StopReason {
             StopReason::Signal { signal } => {
                 write!(f, "{}", crate::machine::signals::describe(*signal))
             }
+            StopReason::Reset => write!(
+                f,
+                "guest triple fault or reset under QEMU TCG (QEMU exited on it, -no-reboot); \
+                 QEMU gives no registers"
+            ),
             StopReason::Shutdown { regs: r } => {
                 write!(f, "guest triple fault (KVM_EXIT_SHUTDOWN)")?;
                 regs(f, r)?;

@@ -214,6 +214,9 @@ pub fn preflight_with_image(
     let mut entry_guessed = false;
     match target {
         Target::QemuTcg => {
+            // QEMU reads PVH notes its own way: an image it would enter
+            // elsewhere than the VMM is refused before it starts.
+            loader::check_qemu_pvh_note(&image, &image_name)?;
             if auto {
                 guest.entry = Some(native_entry(elf32));
             }

@@ -7,10 +7,21 @@
 //! inside the cache, and only its `boot/` files are unpacked
 //! (`dpkg-deb --fsys-tarfile | tar -x ./boot`): `vmlinuz-RELEASE` becomes
 //! `NAME/vmlinuz`, `config-RELEASE` `NAME/config`, and `NAME/release` says
-//! which. The scratch directory is removed whatever happens.
+//! which. The scratch directory is removed whatever happens that ptiscope
+//! sees (an error, SIGINT, SIGTERM, SIGHUP); one a SIGKILL left behind
+//! (`.fetch-NAME-PID` of a process that no longer exists) is removed by the
+//! next fetch.
+//!
+//! The tools run in a process group of their own, waited for with an eye
+//! on the termination signals ptiscope blocks: a signal stops the whole
+//! group (apt-get, and dpkg-deb and tar behind `sh`) and ends the fetch
+//! with 128 + the signal, at once.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::machine::signals;
 
 /// A kernel ptiscope knows by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +87,22 @@ pub enum FetchError {
     /// The package held no kernel.
     #[error("{0} holds no boot/vmlinuz-*")]
     NoKernel(String),
+    /// The cache path (or a directory above it) exists but is not a
+    /// directory.
+    #[error(
+        "the kernel cache {cache} cannot be used: {blocker} exists and is not a directory; \
+         remove it or set PTISCOPE_LINUX_CACHE to a directory"
+    )]
+    CacheNotDirectory {
+        /// The cache directory asked for.
+        cache: PathBuf,
+        /// The path in the way.
+        blocker: PathBuf,
+    },
+    /// A termination signal stopped the fetch (its number); the tools were
+    /// stopped and the scratch directory removed.
+    #[error("{}; the fetch was stopped and its scratch directory removed", signals::describe(*.0))]
+    Interrupted(i32),
     /// A file operation in the cache failed.
     #[error("{what} {path}: {source}")]
     Io {
@@ -89,26 +116,148 @@ pub enum FetchError {
     },
 }
 
+impl FetchError {
+    /// The termination signal that stopped the fetch, if one did.
+    pub fn signal(&self) -> Option<i32> {
+        match self {
+            FetchError::Interrupted(signal) => Some(*signal),
+            _ => None,
+        }
+    }
+}
+
+/// How often a running tool is looked at between two waits for a signal.
+const POLL: Duration = Duration::from_millis(20);
+/// How long a tool stopped by SIGTERM gets before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_millis(500);
+
+/// Stops a tool's process group: SIGTERM, then SIGKILL after
+/// [`STOP_GRACE`]; the child is reaped.
+fn stop_group(child: &mut std::process::Child) {
+    let pgid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) on our child's own process group (its pid, set by
+    // `process_group(0)`); no memory is involved.
+    unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    let until = std::time::Instant::now() + STOP_GRACE;
+    while std::time::Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: as above; the group's other members (dpkg-deb, tar behind
+    // `sh`) may outlive its leader.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+/// Runs a tool to its end and returns its stdout; a termination signal
+/// meanwhile stops it (its whole process group) and is returned as
+/// [`FetchError::Interrupted`].
 fn tool(cmd: &mut Command) -> Result<String, FetchError> {
+    use std::io::Read;
     let what = format!("{cmd:?}").replace('"', "");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| FetchError::Tool {
-            what: what.clone(),
-            detail: e.to_string(),
-        })?;
-    if !out.status.success() {
+    let spawn_err = |e: std::io::Error| FetchError::Tool {
+        what: what.clone(),
+        detail: e.to_string(),
+    };
+    // A signal that came before the tool started ends the fetch too.
+    if let Some(signal) = signals::wait_termination(Duration::ZERO) {
+        return Err(FetchError::Interrupted(signal));
+    }
+    // Its own process group: a signal stops the tool's children as well,
+    // and a Ctrl-C at the terminal reaches ptiscope only, which stops the
+    // group and cleans up (the standard library gives the child an empty
+    // signal mask, so the tools themselves take signals normally).
+    let mut child = {
+        use std::os::unix::process::CommandExt;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(spawn_err)?
+    };
+    // The pipes are drained on threads so that a chatty tool never blocks.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                // At most 1 MiB kept; the rest is read and dropped.
+                let _ = (&mut p).take(1 << 20).read_to_end(&mut buf);
+                let _ = std::io::copy(&mut p, &mut std::io::sink());
+            }
+            buf
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => {
+                stop_group(&mut child);
+                return Err(spawn_err(e));
+            }
+        }
+        if let Some(signal) = signals::wait_termination(POLL) {
+            stop_group(&mut child);
+            let _ = (out.join(), err.join());
+            return Err(FetchError::Interrupted(signal));
+        }
+    };
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    if !status.success() {
         return Err(FetchError::Tool {
             what,
-            detail: format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
+            detail: format!("{}: {}", status, String::from_utf8_lossy(&stderr).trim()),
         });
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(String::from_utf8_lossy(&stdout).into_owned())
+}
+
+/// The first path from `cache` upwards that exists and is not a directory
+/// (a file given as the cache, or a file where one of its parents should
+/// be), if there is one.
+fn not_a_directory(cache: &Path) -> Option<PathBuf> {
+    cache
+        .ancestors()
+        .find_map(|p| match std::fs::metadata(p) {
+            Ok(m) => Some((!m.is_dir()).then(|| p.to_path_buf())),
+            Err(_) => None,
+        })
+        .flatten()
+}
+
+/// Removes the scratch directories (`.fetch-NAME-PID`) that fetches
+/// stopped by SIGKILL left in `cache`: those whose process no longer
+/// exists. A scratch directory of a fetch still running is left alone.
+pub fn remove_stale_scratch(cache: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return removed;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(".fetch-"))
+            .and_then(|n| n.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<libc::pid_t>().ok())
+            .filter(|&p| p > 0)
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && std::fs::remove_dir_all(e.path()).is_ok() {
+            removed.push(e.path());
+        }
+    }
+    removed
 }
 
 /// The versioned image package a metapackage depends on.
@@ -180,12 +329,24 @@ pub fn fetch(
             p.to_string()
         }
     };
+    if let Some(blocker) = not_a_directory(cache) {
+        return Err(FetchError::CacheNotDirectory {
+            cache: cache.to_path_buf(),
+            blocker,
+        });
+    }
     let package = resolve_metapackage(&qualify(known.metapackage))?;
     say(&format!(
         "{}: {} -> {package}",
         known.name, known.metapackage
     ));
     std::fs::create_dir_all(cache).map_err(io("creating", cache))?;
+    for stale in remove_stale_scratch(cache) {
+        say(&format!(
+            "removed {}, left by a fetch that was killed",
+            stale.display()
+        ));
+    }
     let scratch = Scratch(cache.join(format!(".fetch-{}-{}", known.name, std::process::id())));
     let _ = std::fs::remove_dir_all(&scratch.0);
     std::fs::create_dir_all(scratch.0.join("x")).map_err(io("creating", &scratch.0))?;

@@ -55,6 +55,17 @@ pub enum ImageError {
         /// Why not.
         why: String,
     },
+    /// A bzImage whose header disagrees with the file (truncated, an absurd
+    /// setup size, a payload outside the kernel): refused before any boot,
+    /// on either backend.
+    #[error("{path}: {source}")]
+    BadBzImage {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        #[source]
+        source: bzimage::BzImageError,
+    },
     /// A bzImage whose boot protocol is too old to say its architecture.
     #[error("{path}: bzImage boot protocol {version:#x} is older than 2.12 (Linux 3.8): too old")]
     OldProtocol {
@@ -74,6 +85,14 @@ pub fn recognise(path: &Path, bytes: Vec<u8>) -> Result<KernelImage, ImageError>
     // The header the VMM's bzImage loader reads, with its constants.
     let header = bzimage::setup_header_of(&bytes)
         .filter(|h| ({ h.header }, { h.boot_flag }) == (bzimage::HDRS_MAGIC, bzimage::BOOT_FLAG));
+    // The boot sector's signature and "HdrS", but too short for the rest
+    // of the header: a bzImage cut short, not some other file.
+    if header.is_none() && bzimage::is_bzimage(&bytes) {
+        return Err(ImageError::BadBzImage {
+            path: name,
+            source: bzimage::BzImageError::TooShort(bytes.len()),
+        });
+    }
     if let Some(h) = header {
         let version = h.version;
         if version < bzimage::MIN_PROTOCOL {
@@ -81,6 +100,11 @@ pub fn recognise(path: &Path, bytes: Vec<u8>) -> Result<KernelImage, ImageError>
                 path: name,
                 version,
             });
+        }
+        // The file against its own header: a truncated or corrupt image is
+        // refused here, not left to fault inside the emulator.
+        if let Err(source) = bzimage::check_lengths(&h, bytes.len()) {
+            return Err(ImageError::BadBzImage { path: name, source });
         }
         let arch = if h.xloadflags & bzimage::XLF_KERNEL_64 != 0 {
             LinuxArch::X86_64
@@ -171,25 +195,32 @@ fn config_beside(path: &Path, version: Option<&str>) -> (Option<bool>, Option<Pa
         candidates.push(dir.join(format!("config-{release}")));
     }
     for c in candidates {
-        if let Ok(text) = read_config(&c) {
-            let pti = text
-                .lines()
-                .any(|l| l.trim() == "CONFIG_PAGE_TABLE_ISOLATION=y");
-            return (Some(pti), Some(c));
+        if let Ok(bytes) = read_config(&c) {
+            return (Some(config_has_pti(&bytes)), Some(c));
         }
     }
     (None, None)
 }
 
-fn read_config(path: &Path) -> std::io::Result<String> {
+/// Whether a kernel configuration sets `CONFIG_PAGE_TABLE_ISOLATION=y`,
+/// read as bytes: a configuration is ASCII by convention only (a comment
+/// or a string option may hold any byte), and one that is not UTF-8 is
+/// still this kernel's configuration, not an absent one.
+fn config_has_pti(config: &[u8]) -> bool {
+    config
+        .split(|&b| b == b'\n')
+        .any(|l| l.trim_ascii() == b"CONFIG_PAGE_TABLE_ISOLATION=y")
+}
+
+fn read_config(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let f = std::fs::File::open(path)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
-    let mut s = String::new();
-    f.take(MAX_CONFIG_BYTES).read_to_string(&mut s)?;
-    Ok(s)
+    let mut bytes = Vec::new();
+    f.take(MAX_CONFIG_BYTES).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -207,6 +238,9 @@ mod tests {
             xloadflags,
             // kernel_version points at 0x400 (+0x200).
             kernel_version: 0x200,
+            // setup_sects 0 (4): 0xa00 bytes of setup, then 0x600 of kernel.
+            syssize: 0x60,
+            payload_length: 0x100,
             ..Default::default()
         };
         let h = vm_memory::ByteValued::as_slice(&h);
@@ -246,5 +280,73 @@ mod tests {
         }
         let e = recognise(p, crate::GUEST_I386.to_vec()).unwrap_err();
         assert!(e.to_string().contains("ELF32"), "{e}");
+    }
+
+    /// A configuration is read as bytes: one with bytes that are not UTF-8
+    /// still says whether the kernel has PTI (it is never "absent").
+    #[test]
+    fn a_configuration_that_is_not_utf8_is_still_read() {
+        let d = std::env::temp_dir().join(format!("ptiscope-config-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let k = d.join("vmlinuz");
+        for (text, pti) in [
+            (
+                &b"# \xff\xfe latin-1 \xe9\nCONFIG_PAGE_TABLE_ISOLATION=y\r\n"[..],
+                true,
+            ),
+            (
+                &b"CONFIG_X=\"\xc3\x28\"\n# CONFIG_PAGE_TABLE_ISOLATION is not set\n"[..],
+                false,
+            ),
+            (&b"\x80\x81\x82"[..], false),
+        ] {
+            std::fs::write(d.join("config"), text).unwrap();
+            let (got, path) = config_beside(&k, None);
+            assert_eq!(got, Some(pti), "{text:?}");
+            assert_eq!(path, Some(d.join("config")));
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Every cut of a bzImage shorter than its header says is refused as
+    /// truncated, and every header that contradicts itself is refused
+    /// naming the field, before any boot.
+    #[test]
+    fn a_bzimage_is_checked_against_its_own_header() {
+        let p = Path::new("/k/vmlinuz");
+        let whole = bz(bzimage::XLF_KERNEL_64 | 2, 0x020f);
+        assert!(recognise(p, whole.clone()).is_ok());
+        // Longer is fine (a signed kernel carries its signature at the end).
+        let mut signed = whole.clone();
+        signed.extend_from_slice(&[0xa5; 700]);
+        assert!(recognise(p, signed).is_ok());
+        // Every length from just past the header to one byte short.
+        for len in (0x270..whole.len()).step_by(7).chain([whole.len() - 1]) {
+            let e = recognise(p, whole[..len].to_vec()).unwrap_err();
+            assert!(
+                matches!(e, ImageError::BadBzImage { .. }) && e.to_string().contains("truncated"),
+                "{len}: {e}"
+            );
+        }
+        let field = |at: usize, bytes: &[u8]| {
+            let mut b = whole.clone();
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+            recognise(p, b).unwrap_err().to_string()
+        };
+        for sects in [65u8, 100, 255] {
+            let e = field(0x1f1, &[sects]);
+            assert!(e.contains(&format!("setup_sects {sects}")), "{e}");
+        }
+        // A setup size that is legal but leaves the kernel past the end.
+        assert!(field(0x1f1, &[6]).contains("truncated"));
+        assert!(field(0x1f4, &0u32.to_le_bytes()).contains("syssize is 0"));
+        assert!(field(0x1f4, &u32::MAX.to_le_bytes()).contains("truncated"));
+        for (off, len) in [(0x600u32, 1u32), (0, 0x601), (u32::MAX, u32::MAX), (0, 0)] {
+            let mut b = whole.clone();
+            b[0x248..0x24c].copy_from_slice(&off.to_le_bytes());
+            b[0x24c..0x250].copy_from_slice(&len.to_le_bytes());
+            let e = recognise(p, b).unwrap_err().to_string();
+            assert!(e.contains("payload_offset"), "{off:#x}+{len:#x}: {e}");
+        }
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use ptiscope_abi::options::{Entry, PtiMode, Workload};
 
-use crate::machine::loader::KernelSource;
+use crate::machine::loader::{self, KernelSource, LoadError};
 use crate::machine::memory::MemoryLayout;
 use crate::probe::host;
 use crate::spec::cmdline::{EntryChoice, GuestOptions, ResolvedOptions};
@@ -33,6 +33,46 @@ use image::ImageError;
 /// IO-APIC timer test sometimes sees no tick in time and panics ("IO-APIC +
 /// timer doesn't work!").
 pub const BASE_CMDLINE: &str = "console=ttyS0 quiet panic=-1 no_timer_check";
+
+/// The `key=` words ptiscope's init reads from the whole kernel command
+/// line (`linux-init/src/main.rs`: the companion guest's keys it takes, and
+/// its own `ipc`), each with the option that sets it. One of them in
+/// `--append` would reach the init beside the one ptiscope wrote (the init
+/// then stops: "key given twice", after the whole boot), so it is refused
+/// before anything boots.
+pub const INIT_KEYS: [(&str, &str); 13] = {
+    use ptiscope_abi::cmdline as k;
+    [
+        (k::PTI, "--pti"),
+        (k::ENTRY, "--entry"),
+        (k::WORKLOAD, "--workload"),
+        (k::ITERATIONS, "--iterations"),
+        (k::GROUPS, "--cmdline groups=G"),
+        (k::LOOPS, "--cmdline loops=L"),
+        (k::MODE, "--cmdline mode=process|thread"),
+        (k::WSS, "--cmdline wss=SIZE"),
+        (k::STRIDE, "--cmdline stride=N"),
+        (k::TOUCHES, "--cmdline touches=N"),
+        (k::CPUS, "--cpus"),
+        (k::THREADS, "--cmdline threads=N"),
+        ("ipc", "--cmdline ipc=socket|pipe"),
+    ]
+};
+
+/// The first `--append` word whose key the init owns, refused with the
+/// option to use instead.
+fn append_refusal(append: &str) -> Option<String> {
+    append.split_whitespace().find_map(|w| {
+        let key = w.split_once('=')?.0;
+        let (_, option) = INIT_KEYS.iter().find(|(k, _)| *k == key)?;
+        Some(format!(
+            "--append {}: `{key}=` is read by ptiscope's init, which gets its own from ptiscope's \
+             options: use {option} instead (--append is for the kernel's own parameters, e.g. \
+             nopti, mitigations=off)",
+            ptiscope_devices::escape_str(w)
+        ))
+    })
+}
 
 /// Longest kernel command line (x86's COMMAND_LINE_SIZE is 2048 with its NUL).
 pub const MAX_CMDLINE: usize = 2047;
@@ -88,6 +128,17 @@ pub enum LinuxError {
         /// The configuration file.
         config: String,
     },
+}
+
+impl LinuxError {
+    /// The termination signal that stopped the kernel image's read, if one
+    /// did (the command then ends with 128 + it, as a signal during a run).
+    pub fn signal(&self) -> Option<i32> {
+        match self {
+            LinuxError::Image(ImageError::Read(LoadError::Interrupted(signal))) => Some(*signal),
+            _ => None,
+        }
+    }
 }
 
 /// Where a known kernel lives in the cache.
@@ -205,6 +256,10 @@ pub fn settle(
                 .into(),
         ));
     }
+    // Before the image is read: a contradictory command line costs nothing.
+    if let Some(why) = append_refusal(&req.append) {
+        return Err(LinuxError::Option(why));
+    }
     let path = kernel_path(&req.kernel)?;
     let image = image::read(&path)?;
     let name = path.display().to_string();
@@ -219,6 +274,16 @@ pub fn settle(
     }
     if target == Target::Kvm {
         return Err(LinuxError::Backend(kvm_refusal(&image)));
+    }
+    // QEMU must enter a PVH vmlinux where its note says (it reads the
+    // notes aligned to the segment's p_align).
+    if image.format == image::ImageFormat::PvhElf {
+        loader::check_qemu_pvh_note(&image.bytes, &name).map_err(|e| {
+            LinuxError::Image(ImageError::BadElf {
+                path: name.clone(),
+                why: e.to_string(),
+            })
+        })?;
     }
     let pti = asked.pti.unwrap_or(PtiMode::Auto);
     if pti == PtiMode::On && image.config_pti == Some(false) {
@@ -316,6 +381,49 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keys refused in `--append` are exactly those the init reads:
+    /// taken from its source, so a key added there is refused here too.
+    #[test]
+    fn append_refuses_every_key_the_init_reads_and_only_those() {
+        let src = include_str!("../../../../linux-init/src/main.rs");
+        let list = src
+            .split("fn is_guest_key")
+            .nth(1)
+            .and_then(|r| r.split(".contains").next())
+            .expect("linux-init's is_guest_key");
+        let mut read: Vec<String> = list
+            .split("k::")
+            .skip(1)
+            .map(|t| t.split(',').next().unwrap().trim().to_lowercase())
+            .collect();
+        assert!(src.contains("key == keys::IPC"), "the init's own ipc= key");
+        read.push("ipc".into());
+        read.sort();
+        let mut refused: Vec<String> = INIT_KEYS.iter().map(|(k, _)| k.to_string()).collect();
+        refused.sort();
+        assert_eq!(read, refused);
+        for (key, option) in INIT_KEYS {
+            let why = append_refusal(&format!("nopti {key}=1 quiet")).unwrap();
+            assert!(
+                why.contains(option) && why.contains(&format!("{key}=1")),
+                "{why}"
+            );
+        }
+        for ok in [
+            "",
+            "nopti",
+            "pti",
+            "mitigations=off panic=1 oops=panic mem=16M",
+            "ptiscope=1",
+            "xpti=1",
+        ] {
+            assert_eq!(append_refusal(ok), None, "{ok}");
+        }
+        // Escaped in the message.
+        let why = append_refusal("pti=\x1b[31m").unwrap();
+        assert!(!why.contains('\x1b') && why.contains("\\x1b"), "{why}");
+    }
 
     #[test]
     fn entries_follow_the_kernel() {
