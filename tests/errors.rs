@@ -160,6 +160,73 @@ fn options_of_the_other_backend_are_refused() {
     }
 }
 
+/// A `--qemu-arg` that would replace what ptiscope gives QEMU (the image,
+/// the command line, the initrd, memory, vCPUs, CPU, plugin, console,
+/// machine type) or put a device on the console's stdio is refused before
+/// QEMU starts, on every command that takes it, naming it; its text is
+/// escaped in the message.
+#[test]
+fn qemu_args_that_override_ptiscope_are_refused_before_boot() {
+    for qemu in [
+        &["-kernel", "/boot/vmlinuz"][..],
+        &["-append", "init=/bin/sh"],
+        &["-initrd", "/tmp/x"],
+        &["-m", "4G"],
+        &["--smp", "2"],
+        &["-serial", "unix:/tmp/ptiscope-test.sock,server=on,wait=off"],
+        &["-monitor", "stdio"],
+        &["-chardev", "stdio,id=x"],
+        &["-nographic"],
+        &["-M", "q35"],
+        &["-machine", "pc\x1b[2J"],
+        &["-daemonize"],
+    ] {
+        let words: Vec<String> = qemu.iter().map(|w| format!("--qemu-arg={w}")).collect();
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        for command in [&["run"][..], &["compare", "--runs", "1"], &["sweep"]] {
+            let o = ptiscope()
+                .args(command)
+                .args(["--backend", "qemu"])
+                .args(&words)
+                .output()
+                .unwrap();
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(64), "{command:?} {qemu:?}: {err}");
+            assert!(err.contains("--qemu-arg"), "{command:?} {qemu:?}: {err}");
+            assert!(!err.contains('\x1b'), "raw escape: {err}");
+        }
+    }
+}
+
+/// Text from the user (a `--linux` or `--kernel` path) reaches the
+/// terminal escaped in error messages, as the guest's console does.
+#[test]
+fn user_text_in_error_messages_is_escaped() {
+    let bad = "/nonexistent/\x1b]0;owned\x07\x1b[31mkernel";
+    for args in [
+        &["run", "--backend", "qemu", "--linux", bad][..],
+        &["run", "--kernel", bad],
+        &[
+            "compare",
+            "--runs",
+            "1",
+            "--backend",
+            "qemu",
+            "--linux",
+            bad,
+        ],
+    ] {
+        let o = ptiscope().args(args).output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(66), "{args:?}: {err}");
+        assert!(
+            !err.contains('\x1b') && !err.contains('\x07'),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("\\x1b]0;owned"), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn a_qemu_that_fails_to_start_is_not_a_guest_success() {
     if !plugin_or_skip("qemu start failure", "qemu-system-x86_64") {

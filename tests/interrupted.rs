@@ -70,6 +70,39 @@ fn an_earlier_json_survives_a_run_that_never_writes_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A run that fails (the guest faults) writes no `--json`: an earlier
+/// result survives, as it survives a failed compare; nothing is left.
+#[test]
+fn an_earlier_json_survives_a_run_that_fails() {
+    let test = "an_earlier_json_survives_a_run_that_fails";
+    if !qemu_or_skip(test, "qemu-system-x86_64") {
+        return;
+    }
+    let dir = scratch("json-survives-failure");
+    let json = dir.join("r.json");
+    std::fs::write(&json, "{\"earlier\": true}\n").unwrap();
+    let out = ptiscope()
+        .args(["run", "--backend", "qemu", "--no-plugin", "--timeout", "60"])
+        .args(["--workload", "getpid", "--cmdline", "fault=ud", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not written: the run failed"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&json).unwrap(),
+        "{\"earlier\": true}\n"
+    );
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["r.json"], "a temporary file was left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn two_outputs_given_one_file_are_refused() {
     let dir = scratch("same-path");

@@ -286,6 +286,26 @@ fn linux_failures_end_with_their_code_and_cause() {
     assert_eq!(o.status.code(), Some(3), "{}\n{err}", stdout(&o));
     assert!(err.contains("panicked"), "{err}");
 
+    // A panic followed by a long backtrace (far more than the console
+    // tail): found wherever it is, exit 3, never called a reset; and a
+    // reset under QEMU is never named after KVM.
+    let o = linux_run(
+        AMD64.0,
+        &[
+            "--workload",
+            "getppid",
+            "--append",
+            &format!("panic=1 oops=panic mem=16M {marker}"),
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{}\n{err}", stdout(&o));
+    assert!(
+        err.contains("panicked") && err.contains("Kernel panic - not syncing"),
+        "{err}"
+    );
+    assert!(!err.contains("KVM_EXIT"), "{err}");
+
     let o = ptiscope()
         .args([
             "run",
@@ -427,6 +447,32 @@ fn bad_linux_images_and_options_are_refused_before_boot() {
             64,
             &["at most 2047"],
         ),
+        // Words the init reads: refused before boot, naming the option.
+        (
+            vec!["--linux", &x64, "--append", "nopti pti=on"],
+            64,
+            &["--append pti=on", "use --pti"],
+        ),
+        (
+            vec!["--linux", &x64, "--append", "iterations=5"],
+            64,
+            &["use --iterations"],
+        ),
+        (
+            vec!["--linux", &x64, "--append", "quiet workload=getpid"],
+            64,
+            &["use --workload"],
+        ),
+        (
+            vec!["--linux", &x64, "--append", "ipc=pipe"],
+            64,
+            &["--cmdline ipc="],
+        ),
+        (
+            vec!["--linux", &x64, "--append", "threads=2 -- entry=int80"],
+            64,
+            &["threads=2"],
+        ),
     ] {
         assert_refused(
             &[&["run", "--backend", "qemu"][..], &args].concat(),
@@ -447,6 +493,106 @@ fn bad_linux_images_and_options_are_refused_before_boot() {
         "{}",
         stderr(&o)
     );
+}
+
+/// A bzImage is checked against its own header before anything boots, on
+/// both backends: cut short anywhere (Debian's kernel cut to 64 KiB, 1 MiB
+/// and 7 MiB, where it is fetched; the fake one everywhere), or with an
+/// absurd setup size, it is refused (65) saying what is wrong, never
+/// booted into a triple fault or a timeout.
+#[test]
+fn truncated_and_corrupt_bzimages_are_refused_before_boot() {
+    let dir = Scratch::new("linux-truncated");
+    let fake = dir.join("fake");
+    fake_bzimage(&fake, true);
+    let mut images: Vec<(Vec<u8>, &str)> = Vec::new();
+    let whole = std::fs::read(&fake).unwrap();
+    for len in [0x210, 0x300, 0xa00, 0xfff] {
+        images.push((whole[..len].to_vec(), "truncated"));
+    }
+    let mut absurd = whole.clone();
+    absurd[0x1f1] = 200;
+    images.push((absurd, "setup_sects 200"));
+    if let Some(k) = cached_kernel_or_skip(
+        "truncated_and_corrupt_bzimages_are_refused_before_boot (Debian's kernel cut)",
+        AMD64.0,
+    ) {
+        let debian = std::fs::read(k).unwrap();
+        for len in [64 << 10, 1 << 20, 7 << 20] {
+            images.push((debian[..len.min(debian.len() - 1)].to_vec(), "truncated"));
+        }
+        let mut absurd = debian.clone();
+        absurd[0x1f1] = 0xff;
+        images.push((absurd, "setup_sects 255"));
+    }
+    for (i, (bytes, what)) in images.into_iter().enumerate() {
+        let f = dir.join(format!("bz{i}"));
+        std::fs::write(&f, &bytes).unwrap();
+        for backend in ["qemu", "kvm"] {
+            let (code, err) = run_within(
+                &[
+                    "run",
+                    "--backend",
+                    backend,
+                    "--linux",
+                    f.to_str().unwrap(),
+                    "--workload",
+                    "getppid",
+                ],
+                HANG_SLACK,
+            );
+            assert_eq!(
+                code,
+                Some(65),
+                "{i} ({} bytes) {backend}: {err}",
+                bytes.len()
+            );
+            assert!(err.contains(what), "{i} {backend}: {err}");
+            assert!(!err.contains("KVM_EXIT"), "{i} {backend}: {err}");
+        }
+    }
+}
+
+/// A PVH vmlinux whose note segment's p_align makes QEMU read its notes
+/// elsewhere (QEMU aligns note fields to p_align, linux-loader to 4) is
+/// refused before QEMU starts (65), naming the alignment; QEMU would
+/// otherwise triple-fault in its PVH option ROM, or crash on p_align 0.
+#[test]
+fn a_pvh_note_qemu_would_misread_is_refused_before_boot() {
+    let dir = Scratch::new("linux-pvh-align");
+    let elf = dir.join("vmlinux");
+    // The minimal PVH ELF64 (its PT_NOTE has p_align 0).
+    write_pvh_elf(&elf, 0x10_0000, &[0xf4]);
+    let bytes = std::fs::read(&elf).unwrap();
+    // Its second program header's p_align (ELF64: at +48).
+    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+    let at = phoff + 56 + 48;
+    for (align, says) in [
+        (0u64, "p_align 0x0"),
+        (0x1000, "p_align 0x1000"),
+        (8, "p_align 0x8"),
+    ] {
+        let mut b = bytes.clone();
+        b[at..at + 8].copy_from_slice(&align.to_le_bytes());
+        std::fs::write(&elf, &b).unwrap();
+        for args in [
+            &["run", "--backend", "qemu", "--linux", elf.to_str().unwrap()][..],
+            &[
+                "run",
+                "--backend",
+                "qemu",
+                "--kernel",
+                elf.to_str().unwrap(),
+            ],
+        ] {
+            let (code, err) = run_within(args, HANG_SLACK);
+            assert_eq!(code, Some(65), "{align:#x} {args:?}: {err}");
+            assert!(
+                err.contains(says) && err.contains("QEMU"),
+                "{args:?}: {err}"
+            );
+        }
+    }
 }
 
 /// Under the VMM (`--backend kvm`) a Linux run is refused, with the probe's

@@ -62,13 +62,26 @@ pub fn failed_run(code: i32) -> i32 {
     }
 }
 
+/// A message for the terminal: every line of `text` through
+/// [`ptiscope_devices::escape_str`] (control bytes, ESC above all, shown as
+/// `\xNN`), its line breaks kept. Errors carry user text (paths,
+/// `--qemu-arg`, `--linux`) and guest or QEMU text.
+pub fn escape_message(text: &str) -> String {
+    text.split('\n')
+        .map(ptiscope_devices::escape_str)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A command's exit code: `result`'s, or the error said on stderr as
 /// `ptiscope COMMAND: ...` and its code.
 pub fn finish(command: &str, result: Result<i32, CommandError>) -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ptiscope {command}: {e}");
+            // Errors carry user text (paths, --qemu-arg, --linux) and
+            // guest or QEMU text: escaped before the terminal sees them.
+            eprintln!("ptiscope {command}: {}", escape_message(&e.to_string()));
             e.exit_code()
         }
     }
@@ -257,6 +270,14 @@ mod tests {
         assert_eq!(failed_run(0), FAILED);
         assert_eq!(failed_run(TIMEOUT), TIMEOUT);
         assert_eq!(failed_run(SIGINT), SIGINT);
+    }
+
+    #[test]
+    fn messages_are_escaped_line_by_line() {
+        assert_eq!(
+            escape_message("a \x1b[2J b\n  c\x07\r\n"),
+            "a \\x1b[2J b\n  c\\x07\n"
+        );
     }
 
     /// QEMU's reset (a triple fault it does not tell apart from a reboot)

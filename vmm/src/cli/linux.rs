@@ -28,7 +28,7 @@ pub fn run(cmd: &LinuxCommand) -> i32 {
                         eprintln!(
                             "ptiscope linux fetch: {}: {}",
                             known.name,
-                            escape_str(&e.to_string())
+                            exit_code::escape_message(&e.to_string())
                         );
                         let code = fetch_exit_code(&e);
                         // A signal ends the whole fetch: the kernels after

@@ -16,7 +16,7 @@ use ptiscope_devices::escape_str;
 /// `--json`; returns the process exit code.
 pub fn run(args: &RunArgs) -> i32 {
     if let Some(why) = args.backend_mismatch() {
-        eprintln!("ptiscope: error: {why}");
+        eprintln!("ptiscope: error: {}", exit_code::escape_message(&why));
         return exit_code::USAGE;
     }
     let backend = args.on.backend();
@@ -24,7 +24,10 @@ pub fn run(args: &RunArgs) -> i32 {
     let mut resolved = match crate::preflight(&config, backend.target()) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("ptiscope: error: {e}");
+            eprintln!(
+                "ptiscope: error: {}",
+                exit_code::escape_message(&e.to_string())
+            );
             return e.exit_code();
         }
     };
@@ -57,7 +60,10 @@ pub fn run(args: &RunArgs) -> i32 {
     let (serial, metrics, json) = match opened {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("ptiscope: error: {e}");
+            eprintln!(
+                "ptiscope: error: {}",
+                exit_code::escape_message(&e.to_string())
+            );
             return e.exit_code();
         }
     };
@@ -91,7 +97,10 @@ pub fn run(args: &RunArgs) -> i32 {
     let ran = match backend.run_observed(&resolved, measurer) {
         Ok(ran) => ran,
         Err(e) => {
-            eprintln!("ptiscope: error: {e}");
+            eprintln!(
+                "ptiscope: error: {}",
+                exit_code::escape_message(&e.to_string())
+            );
             return e.exit_code();
         }
     };
@@ -154,15 +163,26 @@ fn report(
     }
     // One write: stderr is unbuffered, and the summary is many lines.
     eprint!("\n{}", summary.render_text());
-    if let Some(f) = json {
-        let text =
-            serde_json::to_string_pretty(&summary.to_json()).unwrap_or_else(|_| "null".into());
-        if let Err(e) = f.write_document(&text) {
-            failed.push(e);
+    // A failed run writes no document: an earlier result at the path
+    // survives it, as it survives a failed compare or sweep (the summary
+    // above says what the run got).
+    match json {
+        Some(f) if exit != 0 => eprintln!(
+            "ptiscope: --json {} not written: the run failed (exit {exit}); an earlier file \
+             there is kept",
+            escape_str(&f.path().display().to_string())
+        ),
+        Some(f) => {
+            let text =
+                serde_json::to_string_pretty(&summary.to_json()).unwrap_or_else(|_| "null".into());
+            if let Err(e) = f.write_document(&text) {
+                failed.push(e);
+            }
         }
+        None => {}
     }
     for f in &failed {
-        eprintln!("ptiscope: error: {f}");
+        eprintln!("ptiscope: error: {}", exit_code::escape_message(f));
     }
     // A failed run keeps its own status (the guest's, 124, 128 + signal);
     // the output error is printed either way.
