@@ -198,6 +198,42 @@ fn qemu_args_that_override_ptiscope_are_refused_before_boot() {
     }
 }
 
+/// A Unix socket QEMU makes for a `--qemu-arg` (here its monitor) is gone
+/// once the run ends, however it ended: the guest's own exit (QEMU then
+/// exits without its cleanup) and the timeout (QEMU stopped).
+#[test]
+fn a_socket_qemu_makes_for_a_qemu_arg_is_removed_when_the_run_ends() {
+    let test = "a_socket_qemu_makes_for_a_qemu_arg_is_removed_when_the_run_ends";
+    if !qemu_or_skip(test, "qemu-system-x86_64") {
+        return;
+    }
+    let dir = Scratch::new("qemu-socket");
+    for (name, cmdline, timeout, code) in [
+        ("exit", "workload=none", "60", 0),
+        ("timeout", "fault=hang", "2", 124),
+    ] {
+        let sock = dir.join(format!("mon-{name}.sock"));
+        let monitor = format!("--qemu-arg=unix:{},server=on,wait=off", sock.display());
+        let (got, err) = run_within(
+            &[
+                "run",
+                "--backend",
+                "qemu",
+                "--no-plugin",
+                "--timeout",
+                timeout,
+                "--cmdline",
+                cmdline,
+                "--qemu-arg=-monitor",
+                &monitor,
+            ],
+            HANG_SLACK * 7,
+        );
+        assert_eq!(got, Some(code), "{name}: {err}");
+        assert!(!sock.exists(), "{name}: {} left behind", sock.display());
+    }
+}
+
 /// Text from the user (a `--linux` or `--kernel` path) reaches the
 /// terminal escaped in error messages, as the guest's console does.
 #[test]

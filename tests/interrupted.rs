@@ -103,6 +103,40 @@ fn an_earlier_json_survives_a_run_that_fails() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A termination signal no part of the command looked at (here: pending
+/// from the start, blocked across exec, on a command with nothing to
+/// interrupt) is not swallowed: the process ends with 128 + the signal
+/// once the command is done, and says so.
+#[test]
+fn a_signal_the_command_never_looked_at_still_ends_it_with_128_plus_it() {
+    use std::os::unix::process::CommandExt;
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // A fetch that stops at once, before any tool (its cache is a file).
+        let file = scratch("pending-signal").join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let mut cmd = ptiscope();
+        cmd.args(["linux", "fetch", "--only", "debian-amd64"])
+            .env("PTISCOPE_LINUX_CACHE", &file);
+        // SAFETY: runs in the forked child before exec; sigprocmask and
+        // raise are async-signal-safe and touch only the child's state.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, signal);
+                libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                // Pending, and still pending after exec.
+                libc::raise(signal);
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(128 + signal), "{err}");
+        assert!(err.contains("after the command finished"), "{err}");
+    }
+}
+
 #[test]
 fn two_outputs_given_one_file_are_refused() {
     let dir = scratch("same-path");
