@@ -103,13 +103,120 @@ fn an_earlier_json_survives_a_run_that_fails() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `cmd`, started with `signal` already pending (blocked across exec):
+/// the first place the command looks at signals takes it.
+fn with_pending(cmd: &mut std::process::Command, signal: i32) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec; sigprocmask, getpid
+    // and kill are async-signal-safe and touch only the child's state.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, signal);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            // Process-directed, as a kill(1) from the user is: whichever
+            // thread looks first takes it.
+            libc::kill(libc::getpid(), signal);
+            Ok(())
+        })
+    }
+}
+
+/// A signal while the kernel image is read (the first thing `--linux` and
+/// `--kernel` runs do with a file) ends run, compare and sweep with
+/// 128 + the signal, naming it, for either backend, nothing booted.
+#[test]
+fn a_signal_while_the_image_is_read_ends_every_command_with_128_plus_it() {
+    let dir = scratch("signal-reading");
+    let image = dir.join("vmlinuz");
+    // Any regular file: the read is interrupted before its bytes matter.
+    std::fs::write(&image, vec![0u8; 4096]).unwrap();
+    let image = image.to_str().unwrap();
+    for (signal, command) in [
+        (
+            libc::SIGTERM,
+            &["run", "--backend", "qemu", "--linux", image][..],
+        ),
+        (libc::SIGINT, &["run", "--kernel", image]),
+        (
+            libc::SIGHUP,
+            &["run", "--backend", "qemu", "--kernel", image],
+        ),
+        (
+            libc::SIGTERM,
+            &[
+                "compare",
+                "--runs",
+                "1",
+                "--backend",
+                "qemu",
+                "--linux",
+                image,
+            ],
+        ),
+        (libc::SIGINT, &["compare", "--runs", "1", "--kernel", image]),
+        (
+            libc::SIGTERM,
+            &["sweep", "--backend", "qemu", "--linux", image],
+        ),
+        (libc::SIGHUP, &["sweep", "--kernel", image]),
+    ] {
+        let out = with_pending(ptiscope().args(command), signal)
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(128 + signal), "{command:?}: {err}");
+        // Named (sweep may take it while checking its grid, just before).
+        let name = match signal {
+            libc::SIGTERM => "SIGTERM",
+            libc::SIGINT => "SIGINT",
+            _ => "SIGHUP",
+        };
+        assert!(err.contains(name), "{command:?}: {err}");
+        if command[0] != "sweep" {
+            assert!(err.contains("while reading"), "{command:?}: {err}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `reproduce`: a signal while a Linux cell's kernel is read stops the
+/// reproduction there: the later cells are not run, the PARTIAL line is
+/// printed, the exit status is 128 + the signal.
+#[test]
+fn a_signal_while_a_cell_image_is_read_ends_a_reproduction_partial() {
+    let test = "a_signal_while_a_cell_image_is_read_ends_a_reproduction_partial";
+    let fetched = ptiscope::linux::known_path("debian-amd64")
+        .and_then(Result::ok)
+        .is_some_and(|p| p.is_file());
+    if !fetched {
+        ptiscope::test_support::skip(test, "debian-amd64 is not fetched");
+        return;
+    }
+    let out = with_pending(
+        ptiscope().args(["reproduce", "tarreau-2018", "--no-companion"]),
+        libc::SIGTERM,
+    )
+    .output()
+    .unwrap();
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(143), "{text}\n{err}");
+    assert!(text.contains("PARTIAL: stopped by SIGTERM"), "{text}");
+    assert!(text.contains("not run: stopped by SIGTERM"), "{text}");
+    assert_eq!(
+        err.matches("ptiscope reproduce: Linux").count(),
+        1,
+        "a cell after the signal was measured: {err}"
+    );
+}
+
 /// A termination signal no part of the command looked at (here: pending
 /// from the start, blocked across exec, on a command with nothing to
 /// interrupt) is not swallowed: the process ends with 128 + the signal
 /// once the command is done, and says so.
 #[test]
 fn a_signal_the_command_never_looked_at_still_ends_it_with_128_plus_it() {
-    use std::os::unix::process::CommandExt;
     for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         // A fetch that stops at once, before any tool (its cache is a file).
         let file = scratch("pending-signal").join("a-file");
@@ -117,19 +224,7 @@ fn a_signal_the_command_never_looked_at_still_ends_it_with_128_plus_it() {
         let mut cmd = ptiscope();
         cmd.args(["linux", "fetch", "--only", "debian-amd64"])
             .env("PTISCOPE_LINUX_CACHE", &file);
-        // SAFETY: runs in the forked child before exec; sigprocmask and
-        // raise are async-signal-safe and touch only the child's state.
-        unsafe {
-            cmd.pre_exec(move || {
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                libc::sigaddset(&mut set, signal);
-                libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-                // Pending, and still pending after exec.
-                libc::raise(signal);
-                Ok(())
-            });
-        }
+        with_pending(&mut cmd, signal);
         let out = cmd.output().unwrap();
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(128 + signal), "{err}");

@@ -4,7 +4,10 @@
 //! little: procfs says 0; a file that says more than the cap is refused
 //! without reading it), within
 //! a time limit, and a termination signal (blocked for the whole process,
-//! see `machine::signals`) ends the read at once. A FIFO without a writer,
+//! see `machine::signals`) ends the read at once. The signal is left
+//! pending, not taken: a reader whose caller shrugs the error off (the
+//! host-facts cache, read on a thread of its own at start-up) must not
+//! swallow the user's SIGTERM; whoever ends the command takes it. A FIFO without a writer,
 //! `/dev/zero`, `/dev/urandom` or a huge file therefore ends with a message,
 //! never a hang or an exhausted memory.
 
@@ -88,6 +91,24 @@ impl InputError {
     }
 }
 
+/// The termination signal pending for the process (or this thread), if
+/// one is: looked at, not taken (see the module's documentation).
+fn pending_termination() -> Option<i32> {
+    // SAFETY: sigset_t is plain data, initialised by sigpending; the
+    // pointer is valid for the call.
+    let pending = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        if libc::sigpending(&mut set) != 0 {
+            return None;
+        }
+        set
+    };
+    signals::TERMINATION_SIGNALS
+        .into_iter()
+        // SAFETY: a valid, initialised set.
+        .find(|&s| unsafe { libc::sigismember(&pending, s) } == 1)
+}
+
 /// What a file that is not regular is, for messages.
 fn not_regular(kind: std::fs::FileType) -> Option<&'static str> {
     if kind.is_dir() {
@@ -151,7 +172,7 @@ pub fn read_regular(
     // byte past the cap, so a file over it is refused without reading on.
     let mut bytes = Vec::with_capacity(meta.len().min(max_bytes) as usize);
     loop {
-        if let Some(signal) = signals::wait_termination(Duration::ZERO) {
+        if let Some(signal) = pending_termination() {
             return Err(InputError::Interrupted {
                 what,
                 path: path.to_path_buf(),
@@ -224,6 +245,37 @@ mod tests {
         std::fs::File::create(&p).unwrap().set_len(1 << 40).unwrap();
         let e = read_regular("--kernel", &p, 1 << 30, READ_TIME_LIMIT).unwrap_err();
         assert!(matches!(e, InputError::TooLarge { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A pending termination signal ends a read and stays pending (a
+    /// caller that ignores the error must not swallow it).
+    #[test]
+    fn a_pending_signal_ends_the_read_and_is_left_for_the_command() {
+        let d = dir("pending");
+        let p = d.join("f");
+        std::fs::write(&p, b"x").unwrap();
+        // On a thread of its own, with SIGHUP blocked and raised there
+        // (thread-directed: the test harness's other threads never see it).
+        std::thread::spawn(move || {
+            signals::block_termination_signals();
+            // SAFETY: raising a blocked signal only makes it pending.
+            unsafe { libc::raise(libc::SIGHUP) };
+            for _ in 0..2 {
+                let e = read_regular("--kernel", &p, 16, READ_TIME_LIMIT).unwrap_err();
+                assert_eq!(e.signal(), Some(libc::SIGHUP), "{e}");
+            }
+            assert_eq!(
+                signals::wait_termination(Duration::ZERO),
+                Some(libc::SIGHUP)
+            );
+            assert_eq!(
+                read_regular("--kernel", &p, 16, READ_TIME_LIMIT).unwrap(),
+                b"x"
+            );
+        })
+        .join()
+        .unwrap();
         let _ = std::fs::remove_dir_all(&d);
     }
 

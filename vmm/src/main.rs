@@ -37,11 +37,15 @@ fn main() -> ExitCode {
     // signals (just after its last run ended, while its report was
     // written) is not swallowed: the command's output is complete, and the
     // process ends as that signal asked, with 128 + it.
+    // (A command that ended on the signal, e.g. while reading an image,
+    // which leaves it pending, has said so already.)
     if let Some(signal) = ptiscope::machine::signals::wait_termination(Default::default()) {
-        eprintln!(
-            "ptiscope: {} after the command finished (its output is complete)",
-            ptiscope::machine::signals::describe(signal)
-        );
+        if status != code(128 + signal) {
+            eprintln!(
+                "ptiscope: {} after the command finished (its output is complete)",
+                ptiscope::machine::signals::describe(signal)
+            );
+        }
         return code(128 + signal);
     }
     status
