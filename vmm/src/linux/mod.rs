@@ -152,7 +152,9 @@ pub fn check_pti(
     })
 }
 
-/// The last console line that says the kernel panicked, if one does.
+/// The first console line that says the kernel panicked, if one does (the
+/// QEMU backend keeps it at the head of the tail when the console went on
+/// after it: a panic is found wherever it was).
 pub fn kernel_panic(outcome: &RunOutcome) -> Option<&str> {
     outcome
         .console_tail

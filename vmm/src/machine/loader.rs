@@ -16,8 +16,10 @@
 //! take any PVH ELF32 that QEMU would boot.
 //!
 //! Size: two image formats (ELF64 through linux-loader, ELF32 on the object
-//! crate), their checks as a dry run of the load, and capped reading; about
-//! 260 of its lines are tests of hostile images.
+//! crate), their checks as a dry run of the load, QEMU's own reading of PVH
+//! notes (`check_qemu_pvh_note`: QEMU aligns note fields to the segment's
+//! `p_align`, linux-loader to 4), and capped reading; about 320 of its
+//! lines are tests of hostile images.
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
