@@ -62,7 +62,14 @@ fn without_the_plugin_kvm_acceleration_is_qemus_business() {
         let (code, _, err) = ptiscope_err(&args);
         assert_eq!(code, Some(64), "{args:?}: {err}");
         assert!(!err.contains("KVM acceleration"), "{args:?}: {err}");
-        assert!(err.contains("bad value for pti"), "{args:?}: {err}");
+        // A spelling that also names a machine type (`q35,accel=kvm`)
+        // replaces ptiscope's: refused as such before the sides are read.
+        let names_machine = accel.iter().any(|a| a.contains("q35"));
+        if names_machine {
+            assert!(err.contains("machine type"), "{args:?}: {err}");
+        } else {
+            assert!(err.contains("bad value for pti"), "{args:?}: {err}");
+        }
     }
     // Other QEMU options are not acceleration.
     let (code, _, err) = ptiscope_err(&[
