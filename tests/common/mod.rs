@@ -121,15 +121,35 @@ pub fn ok_or_skip<T, E: std::fmt::Display>(test: &str, r: Result<T, E>) -> Optio
 
 /// True if `binary` (a QEMU system emulator) starts; otherwise prints why
 /// `test` is skipped.
+/// The first time a test binary uses a QEMU, it prints which one (the
+/// version line), so that a log names the QEMU the tests ran, not only the
+/// one installed when the log began.
 pub fn qemu_or_skip(test: &str, binary: &str) -> bool {
-    let starts = Command::new(binary)
+    let version = Command::new(binary)
         .arg("--version")
         .output()
-        .is_ok_and(|o| o.status.success());
-    if !starts {
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        });
+    let Some(version) = version else {
         ptiscope::test_support::skip(test, &format!("{binary} is not installed"));
+        return false;
+    };
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if !said.iter().any(|b| b == binary) {
+        said.push(binary.to_string());
+        // Straight to the stderr descriptor: `eprintln!` is captured.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "QEMU: tests use {binary}: {version}");
     }
-    starts
+    true
 }
 
 /// True if qemu-system-i386 starts and loads ptiscope's TCG plugin (what a

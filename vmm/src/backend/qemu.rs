@@ -192,6 +192,33 @@ pub fn find_plugin(api: u32) -> Result<std::path::PathBuf, String> {
         })
 }
 
+/// QEMU's `-accel` value for a run with `cpus` vCPUs and, if the plugin
+/// is loaded, its API version.
+///
+/// With the plugin and several vCPUs, QEMU before 9.0 (plugin API 1) runs
+/// them all in turn on one TCG thread (`thread=single`): a snapshot then
+/// sees every vCPU between two of its blocks, so in-phase per-vCPU counts
+/// are exact. From QEMU 9.0 (API 2) that mode attributes every callback to
+/// the wrong vCPU: without `CF_PARALLEL` QEMU compiles the *translating*
+/// vCPU's index into the block as a constant (`gen_cpu_index` in
+/// `accel/tcg/plugin-gen.c`), and the round-robin thread shares blocks
+/// between vCPUs, so all of vCPU 1's system calls land on vCPU 0. There the
+/// plugin needs one thread per vCPU (`thread=multi`), where QEMU loads the
+/// index at run time. A snapshot then reads the other vCPUs' counters while
+/// they run, so their counts at a marker are exact only to within the
+/// blocks they have in flight; the guest's measured work lies wholly
+/// between its markers (poundsyscall's threads start after the begin
+/// marker and are reaped before the end marker), so the counts of that
+/// work are whole (tests/qemu_plugin.rs checks them against the guest's own
+/// counts on both QEMUs; the idle loop around them may differ by a block).
+pub fn tcg_accel(plugin_api: Option<u32>, cpus: u32) -> &'static str {
+    match plugin_api {
+        Some(1) if cpus > 1 => "tcg,thread=single",
+        Some(_) if cpus > 1 => "tcg,thread=multi",
+        _ => "tcg",
+    }
+}
+
 /// The plugin this QEMU can load, checked before anything boots.
 pub fn plugin_for(binary: &str) -> Result<(std::path::PathBuf, u32), QemuError> {
     let s = qemu_support(binary)?;
@@ -435,12 +462,12 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     // The plugin is checked before QEMU starts: a QEMU too old or built
     // without plugins is said so, and nothing boots.
     let plugin = if config.qemu_plugin {
-        let (path, _api) = plugin_for(binary)?;
-        Some((path, OutFd::new()?))
+        let (path, api) = plugin_for(binary)?;
+        Some((path, api, OutFd::new()?))
     } else {
         None
     };
-    let plugin_raw = plugin.as_ref().map(|(_, f)| f.0.as_raw_fd());
+    let plugin_raw = plugin.as_ref().map(|(_, _, f)| f.0.as_raw_fd());
     // Linux 6.1 under QEMU 7.2's microvm never gets a working timer in TCG
     // (it stops after "tsc: Marking TSC unstable"): Linux guests boot on pc.
     let machine = if loader::is_elf32(image) || linux.is_some() {
@@ -449,14 +476,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         "microvm"
     };
     let mut cmd = Command::new(binary);
-    // With the plugin and several vCPUs, one TCG thread runs them all in
-    // turn: a snapshot then sees every vCPU between two of its blocks, so
-    // in-phase per-vCPU counts are exact (MTTCG would race them).
-    let accel = if plugin.is_some() && config.cpus > 1 {
-        "tcg,thread=single"
-    } else {
-        "tcg"
-    };
+    let accel = tcg_accel(plugin.as_ref().map(|(_, api, _)| *api), config.cpus);
     cmd.args(["-M", machine, "-accel", accel, "-cpu", "max"])
         .args(["-m", &format!("{}M", config.mem_mib)])
         .args(["-smp", &config.cpus.to_string()])
@@ -472,7 +492,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     if let Some(fd) = initrd_raw {
         cmd.arg("-initrd").arg(format!("/proc/self/fd/{fd}"));
     }
-    if let (Some((path, _)), Some(fd)) = (&plugin, plugin_raw) {
+    if let (Some((path, _, _)), Some(fd)) = (&plugin, plugin_raw) {
         // A Linux guest: kernel = the architecture's kernel half, and the
         // init's user-mode marker pair (`umark=`) instead of kernel-mode
         // markers (Linux's own `out dx, eax` are PCI configuration writes).
@@ -646,7 +666,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     };
     let qemu_plugin = match plugin {
         None => PluginOutput::Off,
-        Some((_, mut f)) => match f.read() {
+        Some((_, _, mut f)) => match f.read() {
             Ok(b) if b.is_empty() => PluginOutput::Missing(
                 "the plugin wrote nothing (QEMU did not exit normally: timeout or signal?)".into(),
             ),
@@ -725,6 +745,17 @@ mod tests {
         let with = vec!["Kernel panic - not syncing: x".to_string()];
         assert_eq!(tail_with_panic(with.clone(), p), with);
         assert_eq!(tail_with_panic(tail.clone(), None), tail);
+    }
+
+    #[test]
+    fn several_vcpus_with_plugin_api_2_get_a_thread_each() {
+        // API 1 (QEMU < 9): one round-robin thread, exact snapshots.
+        assert_eq!(tcg_accel(Some(1), 2), "tcg,thread=single");
+        // API 2 (QEMU >= 9): round-robin would attribute every callback to
+        // the translating vCPU.
+        assert_eq!(tcg_accel(Some(2), 2), "tcg,thread=multi");
+        assert_eq!(tcg_accel(Some(2), 1), "tcg");
+        assert_eq!(tcg_accel(None, 4), "tcg");
     }
 
     #[test]
