@@ -220,7 +220,8 @@ fn pti_costs_the_4m_working_set_a_refill_per_call() {
     // Only where the host makes user code walk its pages in again after a
     // guest CR3 write (the probe's cr3_write_refill) is there a refill to see.
     let (verdict, probe) = sweep_verdict(v);
-    if verdict != "visible" {
+    // `disputed`: the probe saw no refill but the sweep's own reads did.
+    if verdict != "visible" && verdict != "disputed" {
         ptiscope::test_support::skip(
             "PTI refill grows with the working set",
             &format!(
@@ -246,14 +247,16 @@ fn pti_costs_the_4m_working_set_a_refill_per_call() {
 }
 
 /// Below this many cycles per page of direct growth the guest's reads
-/// clearly pay no refill (the hidden host: 0-0.4 typically); above
-/// [`CLEARLY_VISIBLE`] they clearly do (Intel hosts: 5-6). In between the
-/// direct measurement decides nothing and the check skips, saying so: on a
-/// busy 2-core AMD host one side's fewest read cycles was once seen 2.1
-/// cycles per page apart with no refill at all (7618 vs 5460 per call), so
-/// the visible bound sits above that noise and below the Intel figure.
+/// clearly pay no refill (the hidden host: 0-0.4 typically, 1.0-1.4 on an
+/// AMD EPYC family 25 host); above the sweep's own bound
+/// (`RefillVisibility::DIRECT_VISIBLE_CYCLES_PER_PAGE`, 4) they clearly do
+/// (Intel hosts: 5-6). In between the direct measurement decides nothing
+/// and the check skips, saying so: on a busy 2-core AMD host one side's
+/// fewest read cycles was once seen 2.1 cycles per page apart with no
+/// refill at all (7618 vs 5460 per call).
 const CLEARLY_HIDDEN: f64 = 1.0;
-const CLEARLY_VISIBLE: f64 = 4.0;
+const CLEARLY_VISIBLE: f64 =
+    ptiscope::report::sweep::RefillVisibility::DIRECT_VISIBLE_CYCLES_PER_PAGE;
 
 #[test]
 fn the_probes_refill_verdict_agrees_with_the_guests_own_reads() {
@@ -264,7 +267,7 @@ fn the_probes_refill_verdict_agrees_with_the_guests_own_reads() {
     assert_eq!(*code, Some(0), "{out}");
     let (verdict, probe) = sweep_verdict(v);
     assert!(
-        ["visible", "not_visible", "unknown"].contains(&verdict.as_str()),
+        ["visible", "not_visible", "disputed", "unknown"].contains(&verdict.as_str()),
         "the sweep carries the probe's verdict: {probe}"
     );
     if verdict == "unknown" {
@@ -286,10 +289,36 @@ fn the_probes_refill_verdict_agrees_with_the_guests_own_reads() {
             "no growth, yet the probe says visible: {seen}"
         );
     } else if per_page >= CLEARLY_VISIBLE {
-        assert_eq!(
-            verdict, "visible",
-            "growth, yet the probe says not visible: {seen}"
+        // Where the probe missed a growth this clear, the sweep says so
+        // (`disputed`) and shows its figures instead of hiding them; a
+        // growth inside the runs' spread is not clear, and the check skips.
+        let c4 = cell(v, 4 << 20, "1x");
+        let spread = |i: usize| c4["configs"][i]["read_cycles_min_spread"].as_f64();
+        let clear = match (spread(0), spread(1)) {
+            (Some(a), Some(b)) => (on - off) > a + b,
+            _ => true,
+        };
+        if !clear {
+            ptiscope::test_support::skip(
+                "refill verdict against the guest's reads",
+                &format!("the direct growth is inside the runs' spread ({seen})"),
+            );
+            return;
+        }
+        assert!(
+            verdict == "visible" || verdict == "disputed",
+            "growth, yet the sweep hides it: {seen}"
         );
+        if verdict == "disputed" {
+            assert!(
+                out.contains("refill per page: disputed"),
+                "a disputed verdict is named in the text:\n{out}"
+            );
+            ptiscope::test_support::skip(
+                "the probe's own refill verdict",
+                &format!("the probe missed a refill the real guest's reads show; the sweep names the dispute ({seen})"),
+            );
+        }
     } else {
         ptiscope::test_support::skip(
             "refill verdict against the guest's reads",

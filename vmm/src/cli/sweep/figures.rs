@@ -50,6 +50,15 @@ pub(super) fn describe_refill(v: &rs::RefillVisibility) -> String {
             rs::RefillVisibility::HIDDEN,
             ns(probe_ns_per_page)
         ),
+        rs::RefillVisibility::Disputed {
+            probe_ns_per_page,
+            direct_cycles_per_page,
+            ..
+        } => format!(
+            "disputed: the probe saw {} ns/page, this sweep's own reads {direct_cycles_per_page:.2} \
+             cycles/page more with PTI",
+            ns(probe_ns_per_page)
+        ),
         rs::RefillVisibility::Unknown { reason } => format!("unknown ({reason})"),
     }
 }
