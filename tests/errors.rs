@@ -261,6 +261,25 @@ fn user_text_in_error_messages_is_escaped() {
         );
         assert!(err.contains("\\x1b]0;owned"), "{args:?}: {err}");
     }
+    // Every command that names a path it could not use, whatever its
+    // option: each refuses before booting anything.
+    for (args, code) in [
+        (&["pagetables", "--kernel", bad][..], 66),
+        (&["sweep", "--kernel", bad], 66),
+        (&["compare", "--runs", "1", "--against", bad], 64),
+        (&["compare", "--runs", "1", "--kernel", bad], 66),
+        (&["run", "--json", bad], 73),
+        (&["compare", "--runs", "1", "--json", bad], 73),
+    ] {
+        let o = ptiscope().args(args).output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(
+            !err.contains('\x1b') && !err.contains('\x07'),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("\\x1b]0;owned"), "{args:?}: {err}");
+    }
 }
 
 #[test]

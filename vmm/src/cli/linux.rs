@@ -13,7 +13,7 @@ pub fn run(cmd: &LinuxCommand) -> i32 {
     match cmd {
         LinuxCommand::Fetch(args) => {
             let Some(cache) = fetch::cache_dir() else {
-                eprintln!("ptiscope linux fetch: {}", fetch::FetchError::NoCache);
+                say!("ptiscope linux fetch: {}", fetch::FetchError::NoCache);
                 return exit_code::USAGE;
             };
             let mut failed = None;
@@ -21,11 +21,11 @@ pub fn run(cmd: &LinuxCommand) -> i32 {
                 .iter()
                 .filter(|k| args.only.as_deref().is_none_or(|o| o == k.name))
             {
-                let mut say = |s: &str| eprintln!("ptiscope linux fetch: {}", escape_str(s));
+                let mut say = |s: &str| say!("ptiscope linux fetch: {}", escape_str(s));
                 match fetch::fetch(known, &cache, &mut say) {
                     Ok(path) => println!("{} {}", known.name, path.display()),
                     Err(e) => {
-                        eprintln!(
+                        say!(
                             "ptiscope linux fetch: {}: {}",
                             known.name,
                             exit_code::escape_message(&e.to_string())

@@ -4,6 +4,15 @@
 //! (the experiment commands' shared options are `args.rs`), and the value
 //! parsers they share; about 130 lines are tests.
 
+/// `eprintln!` for lines that carry text from the user, a file, QEMU or
+/// the guest: every line escaped ([`exit_code::escape_message`]), so that
+/// no terminal escape or control byte in that text reaches the terminal.
+macro_rules! say {
+    ($($t:tt)*) => {
+        eprintln!("{}", $crate::cli::exit_code::escape_message(&format!($($t)*)))
+    };
+}
+
 mod args;
 mod command_error;
 pub mod compare;

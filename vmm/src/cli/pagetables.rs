@@ -20,14 +20,14 @@ pub fn run(args: &PagetablesArgs) -> i32 {
     let image = match loader::read_image(&kernel) {
         Ok(i) => i,
         Err(e) => {
-            eprintln!("ptiscope: error: {e}");
+            say!("ptiscope: error: {e}");
             return exit_code::NO_IMAGE;
         }
     };
     let entry_area = match EntryArea::from_elf(&image) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("ptiscope: error: {}: {e}", kernel.describe());
+            say!("ptiscope: error: {}: {e}", kernel.describe());
             return exit_code::BAD_IMAGE;
         }
     };
@@ -54,7 +54,7 @@ pub fn run(args: &PagetablesArgs) -> i32 {
     {
         Ok(j) => j,
         Err(e) => {
-            eprintln!("ptiscope: error: {e}");
+            say!("ptiscope: error: {e}");
             return e.exit_code();
         }
     };
@@ -63,18 +63,18 @@ pub fn run(args: &PagetablesArgs) -> i32 {
     let outcome = match run_vm(&config, &mut inspector) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("ptiscope: error: {e}");
+            say!("ptiscope: error: {e}");
             return e.exit_code();
         }
     };
     let inspection = match inspector.result {
         Some(Ok(i)) => i,
         Some(Err(e)) => {
-            eprintln!("ptiscope: error: the page-table walk failed: {e}");
+            say!("ptiscope: error: the page-table walk failed: {e}");
             return exit_code::VM_ERROR;
         }
         None => {
-            eprintln!(
+            say!(
                 "ptiscope: error: the guest marked no phase, so there was no moment to walk its tables ({})",
                 outcome.stop_description()
             );
@@ -103,7 +103,7 @@ pub fn run(args: &PagetablesArgs) -> i32 {
         }
         let text = serde_json::to_string_pretty(&value).unwrap_or_else(|_| "null".into());
         if let Err(e) = f.write_document(&text) {
-            eprintln!("ptiscope: error: {e}");
+            say!("ptiscope: error: {e}");
             return exit_code::CANT_CREATE;
         }
     }

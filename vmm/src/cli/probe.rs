@@ -82,7 +82,7 @@ pub fn run(args: &ProbeArgs) -> i32 {
                 match serde_json::to_string_pretty(&value) {
                     Ok(s) => println!("{s}"),
                     Err(e) => {
-                        eprintln!("ptiscope: error: serializing the probe report: {e}");
+                        say!("ptiscope: error: serializing the probe report: {e}");
                         return exit_code::INTERNAL;
                     }
                 }
@@ -93,7 +93,7 @@ pub fn run(args: &ProbeArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("ptiscope: error: {e}");
+            say!("ptiscope: error: {e}");
             eprint!("{qemu_text}");
             exit_code::KVM_UNAVAILABLE
         }

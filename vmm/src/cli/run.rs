@@ -16,7 +16,7 @@ use ptiscope_devices::escape_str;
 /// `--json`; returns the process exit code.
 pub fn run(args: &RunArgs) -> i32 {
     if let Some(why) = args.backend_mismatch() {
-        eprintln!("ptiscope: error: {}", exit_code::escape_message(&why));
+        say!("ptiscope: error: {}", exit_code::escape_message(&why));
         return exit_code::USAGE;
     }
     let backend = args.on.backend();
@@ -24,7 +24,7 @@ pub fn run(args: &RunArgs) -> i32 {
     let mut resolved = match crate::preflight(&config, backend.target()) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!(
+            say!(
                 "ptiscope: error: {}",
                 exit_code::escape_message(&e.to_string())
             );
@@ -60,7 +60,7 @@ pub fn run(args: &RunArgs) -> i32 {
     let (serial, metrics, json) = match opened {
         Ok(o) => o,
         Err(e) => {
-            eprintln!(
+            say!(
                 "ptiscope: error: {}",
                 exit_code::escape_message(&e.to_string())
             );
@@ -81,7 +81,7 @@ pub fn run(args: &RunArgs) -> i32 {
         let out = match queue {
             Ok(q) => q,
             Err(e) => {
-                eprintln!("ptiscope: error: cannot start the --metrics-out writer: {e}");
+                say!("ptiscope: error: cannot start the --metrics-out writer: {e}");
                 return exit_code::INTERNAL;
             }
         };
@@ -97,7 +97,7 @@ pub fn run(args: &RunArgs) -> i32 {
     let ran = match backend.run_observed(&resolved, measurer) {
         Ok(ran) => ran,
         Err(e) => {
-            eprintln!(
+            say!(
                 "ptiscope: error: {}",
                 exit_code::escape_message(&e.to_string())
             );
@@ -167,7 +167,7 @@ fn report(
     // survives it, as it survives a failed compare or sweep (the summary
     // above says what the run got).
     match json {
-        Some(f) if exit != 0 => eprintln!(
+        Some(f) if exit != 0 => say!(
             "ptiscope: --json {} not written: the run failed (exit {exit}); an earlier file \
              there is kept",
             escape_str(&f.path().display().to_string())
@@ -182,7 +182,7 @@ fn report(
         None => {}
     }
     for f in &failed {
-        eprintln!("ptiscope: error: {}", exit_code::escape_message(f));
+        say!("ptiscope: error: {}", exit_code::escape_message(f));
     }
     // A failed run keeps its own status (the guest's, 124, 128 + signal);
     // the output error is printed either way.
@@ -200,19 +200,19 @@ fn run_console(
     environment: Pending,
     json: Option<&OutputFile>,
 ) -> i32 {
-    eprintln!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
+    say!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
     let who = if resolved.config.qemu_plugin {
         "[qemu-plugin] figures are host-observed (ptiscope's TCG plugin), the others guest-reported"
     } else {
         "every figure below is guest-reported (--no-plugin)"
     };
-    eprintln!(
+    say!(
         "  time: run {:.1} ms; entry={}; {who}",
         outcome.run_time.as_secs_f64() * 1e3,
         outcome.entry.map_or("-", |e| e.name()),
     );
     for f in outcome.faults() {
-        eprintln!("  guest reported: {}", escape_str(f));
+        say!("  guest reported: {}", escape_str(f));
     }
     let mut summary = match &resolved.linux {
         Some(l) => crate::linux::summary(
@@ -236,7 +236,7 @@ fn run_console(
             crate::linux::host_observation(&outcome, l).as_ref(),
         )
     }) {
-        eprintln!("ptiscope: error: {msg}");
+        say!("ptiscope: error: {msg}");
         exit = code;
     }
     report(&mut summary, &outcome.outputs, json, exit)
@@ -281,8 +281,8 @@ impl Pending {
 
 fn print_summary(o: &RunOutcome) {
     let e = &o.exits;
-    eprintln!("ptiscope: {}", o.stop_description());
-    eprintln!(
+    say!("ptiscope: {}", o.stop_description());
+    say!(
         "  time: run {:.1} ms, setup {:.1} ms; entry={} mem={} MiB; MSR 0x10a as KVM or the VMM answers it {} (the guest prints what it read)",
         o.run_time.as_secs_f64() * 1e3,
         o.setup_time.as_secs_f64() * 1e3,
@@ -291,7 +291,7 @@ fn print_summary(o: &RunOutcome) {
         o.arch_capabilities
             .map_or("absent".to_string(), |v| format!("{v:#x}")),
     );
-    eprintln!(
+    say!(
         "  userspace exits: {} (port out: serial {} exit {} phase {} unknown {}; port in: serial {} unknown {}; \
          mmio r/w {}/{}; hlt {}; intr {}; shutdown {}; internal error {}; fail entry {}; other {})",
         e.total(),
@@ -312,7 +312,7 @@ fn print_summary(o: &RunOutcome) {
     );
     if o.vcpus.len() > 1 {
         for v in &o.vcpus {
-            eprintln!(
+            say!(
                 "  vCPU {}: {} userspace exits; {}",
                 v.index,
                 v.exits.total(),
@@ -325,7 +325,7 @@ fn print_summary(o: &RunOutcome) {
         }
     }
     if !o.phases.is_empty() || e.invalid_phase_markers > 0 {
-        eprintln!(
+        say!(
             "  phase markers: {} ({} invalid)",
             o.phases.len() as u64 + o.dropped_phase_events,
             e.invalid_phase_markers
@@ -333,10 +333,10 @@ fn print_summary(o: &RunOutcome) {
     }
     // Guest text: escaped before it reaches the terminal.
     for f in o.faults() {
-        eprintln!("  guest reported: {}", escape_str(f));
+        say!("  guest reported: {}", escape_str(f));
     }
     if let Some(p) = o.machine_lines.iter().find(|l| l.starts_with("@panic")) {
-        eprintln!("  guest reported: {}", escape_str(p));
+        say!("  guest reported: {}", escape_str(p));
     }
     if matches!(
         o.stop,
@@ -347,9 +347,9 @@ fn print_summary(o: &RunOutcome) {
             | StopReason::Timeout { .. }
     ) && !o.console_tail.is_empty()
     {
-        eprintln!("  last console lines:");
+        say!("  last console lines:");
         for l in &o.console_tail {
-            eprintln!("    | {}", escape_str(l));
+            say!("    | {}", escape_str(l));
         }
     }
 }

@@ -172,7 +172,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         .map_err(|e| CommandError::experiment(e, |run| format!("{}{}", run.what(), of(run))))?;
     // A run failing after complete pairs: said now, the pairs reported.
     let partial = outcome.failed.as_ref().map(|f| {
-        eprintln!(
+        say!(
             "ptiscope compare: {}{} failed: {}",
             f.run.what(),
             of(&f.run),
@@ -346,7 +346,7 @@ impl Progress<RunSummary> for Watcher<'_> {
         let what = run.what();
         if !s.telemetry_valid() {
             self.bar.suspend(|| {
-                eprintln!(
+                say!(
                     "ptiscope compare: warning: {what}: guest telemetry invalid: {}",
                     s.telemetry_problems.join("; ")
                 )

@@ -84,10 +84,10 @@ pub(super) fn print(
         let a = Against::new(&path, &earlier, table);
         print!("{}", a.render_text());
         for d in &a.environment_differences {
-            eprintln!("ptiscope compare: warning: --against: the environment differs: {d}");
+            say!("ptiscope compare: warning: --against: the environment differs: {d}");
         }
         if a.environment_missing {
-            eprintln!(
+            say!(
                 "ptiscope compare: warning: --against: {} records no environment; \
                  cannot tell whether it came from the same host and build",
                 path.display()
@@ -117,18 +117,20 @@ pub(super) fn print(
     for c in conditions {
         match c.evaluate(table) {
             Ok(ev) if ev.triggered => {
-                eprintln!(
+                say!(
                     "ptiscope compare: --fail-if {} holds (value {})",
-                    ev.condition, ev.value
+                    ev.condition,
+                    ev.value
                 );
                 code = code.max(exit_code::FAILED);
             }
-            Ok(ev) => eprintln!(
+            Ok(ev) => say!(
                 "ptiscope compare: --fail-if {} does not hold (value {})",
-                ev.condition, ev.value
+                ev.condition,
+                ev.value
             ),
             Err(e) => {
-                eprintln!("ptiscope compare: --fail-if cannot be evaluated: {e}");
+                say!("ptiscope compare: --fail-if cannot be evaluated: {e}");
                 code = code.max(exit_code::FAILED);
             }
         }
@@ -177,7 +179,7 @@ pub(crate) fn write_file(command: &str, f: &OutputFile, text: &str) -> i32 {
     match f.write_document(text) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("ptiscope {command}: {e}");
+            say!("ptiscope {command}: {e}");
             exit_code::CANT_CREATE
         }
     }

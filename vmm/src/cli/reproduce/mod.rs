@@ -300,7 +300,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         for k in ["debian-amd64", "debian-686-pae"] {
             match crate::linux::known_path(k) {
                 Some(Ok(p)) if p.is_file() => guests.push(Guest::Linux(k)),
-                _ => eprintln!(
+                _ => say!(
                     "ptiscope reproduce: {k} is not fetched: its rows are left out (run `ptiscope linux fetch`)"
                 ),
             }
@@ -313,7 +313,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             match crate::output::open_document("--json", p, Duration::from_secs(args.timeout)) {
                 Ok(f) => Some(f),
                 Err(e) => {
-                    eprintln!("ptiscope reproduce: {e}");
+                    say!("ptiscope reproduce: {e}");
                     return e.exit_code();
                 }
             }
@@ -322,7 +322,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     };
     let (title, cells) = cells(args.seed, &guests);
     if cells.is_empty() {
-        eprintln!("ptiscope reproduce: no guest to measure (every kernel left out)");
+        say!("ptiscope reproduce: no guest to measure (every kernel left out)");
         return exit_code::USAGE;
     }
     println!("ptiscope reproduce {}", seed_name(args.seed));
@@ -340,7 +340,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             });
             continue;
         }
-        eprintln!(
+        say!(
             "ptiscope reproduce: {} / {} / {} ...",
             c.guest.name(),
             c.row,
@@ -389,7 +389,10 @@ pub fn run(args: &ReproduceArgs) -> i32 {
                 }
                 // The table keeps one line per cell; the whole message is in
                 // the JSON's `error`.
-                format!("n/a: {}", e.lines().next().unwrap_or_default())
+                format!(
+                    "n/a: {}",
+                    ptiscope_devices::escape_str(e.lines().next().unwrap_or_default())
+                )
             }
             (None, Some(v)) => format!("{v:.1} {}", m.unit),
             (None, None) => "n/a".into(),
@@ -449,7 +452,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         });
         let text = serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "null".into());
         if let Err(e) = f.write_document(&text) {
-            eprintln!("ptiscope reproduce: {e}");
+            say!("ptiscope reproduce: {e}");
             return exit_code::CANT_CREATE;
         }
     }

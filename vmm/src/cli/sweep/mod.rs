@@ -373,7 +373,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
     let done = counter.done;
     bar.finish_and_clear();
     if let Some((_, why)) = &stopped {
-        eprintln!("ptiscope sweep: {why}");
+        say!("ptiscope sweep: {why}");
     }
     // The banner and the outputs take the reason's first line (a failed
     // run's message goes on with its console tail, printed above).
