@@ -178,7 +178,7 @@ fn deferred_switch_on_i386_still_switches_twice_per_call_on_two_cpus() {
         "exactly one page more than the entry area: {pti:?}"
     );
 
-    // SYSENTER has no deferred variant: refused (guest status UNSUPPORTED).
+    // The same on SYSENTER: its exit's switch from Rust too.
     let Some((code, out)) = run_i386_two_cpus(
         what,
         &[
@@ -186,15 +186,26 @@ fn deferred_switch_on_i386_still_switches_twice_per_call_on_two_cpus() {
             "on",
             "--entry",
             "sysenter",
+            "--workload",
+            "poundsyscall",
+            "--iterations",
+            &CALLS.to_string(),
             "--cmdline",
-            "pti_switch=deferred",
+            "threads=2 pti_switch=deferred",
         ],
     ) else {
         return;
     };
-    assert_ne!(code, Some(0), "{out}");
-    assert!(
-        out.contains("pti_switch=deferred is built for the int entries"),
-        "{out}"
+    assert_eq!(code, Some(0), "sysenter:\n{out}");
+    let r = result_line(&out);
+    assert_eq!(num(&r, "syscalls"), syscalls, "sysenter: {r:?}");
+    assert_eq!(
+        (num(&r, "cr3_entry"), num(&r, "cr3_exit")),
+        (syscalls, syscalls),
+        "sysenter: {r:?}"
     );
+    assert_eq!(num(&r, "mismatches"), 0, "sysenter: {r:?}");
+    let pti = machine_line(&out, "@pti");
+    assert_eq!(pti["pti_switch"], "deferred", "sysenter: {pti:?}");
+    assert_eq!(num(&pti, "deferred_switch_pages"), 1, "sysenter: {pti:?}");
 }

@@ -170,6 +170,27 @@ entry_sysenter_pti:
     movl $user_sysenter_return, %edx
     sysexit
 
+    /* pti_switch=deferred on SYSENTER: as entry_sysenter_pti, the exit's
+     * switch done by pti_exit_to_user, called on the entry stack (below
+     * where an int entry's frame would be: SYSENTER leaves it unused); ecx
+     * and edx are set for SYSEXIT after the call, so only the result is
+     * saved around it. */
+    .balign 16
+    .global entry_sysenter_pti_deferred
+entry_sysenter_pti_deferred:
+    pushl %edx
+    SWITCH_TO_KERNEL_CR3_NOPCID %edx
+    popl %edx
+    movl %fs:PCPU_KSTACK_TOP, %esp
+    SYSCALL_BODY
+    movl %fs:PCPU_ENTRY_FRAME, %esp
+    pushl %eax
+    call pti_exit_to_user
+    popl %eax
+    movl %ebp, %ecx
+    movl $user_sysenter_return, %edx
+    sysexit
+
     /* First return of a new task (switch_to "returns" here, ESP at an iret
      * frame on the task stack; ebx esi edi ebp hold the initial user
      * registers). With PTI the frame is copied to the entry stack first. */

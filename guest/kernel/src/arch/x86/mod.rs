@@ -32,11 +32,6 @@ pub fn unsupported(config: &guest_core::cmdline::Config) -> Option<&'static str>
     if config.entry == Entry::Syscall {
         return Some("entry=syscall is not available on the 32-bit guest (32-bit SYSCALL is AMD-only); use entry=sysenter or an int entry");
     }
-    if config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred
-        && config.entry == Entry::Sysenter
-    {
-        return Some("pti_switch=deferred is built for the int entries (entry=int80|int3|int4)");
-    }
     if config.entry == Entry::Sysenter && !cpu::has_sep() {
         return Some("entry=sysenter but this CPU has no SYSENTER (CPUID.1:EDX[11] clear)");
     }

@@ -13,7 +13,8 @@ use guest_core::layout::PTI_USER_PGTABLE_BIT;
 use ptiscope_abi::telemetry::Counter;
 
 /// Counted switch to the user copy of the current address space. Called
-/// only by `entry_int_pti_deferred`, with interrupts off, on the entry stack.
+/// only by `entry_int_pti_deferred` and `entry_sysenter_pti_deferred`, with
+/// interrupts off, on the entry stack.
 #[no_mangle]
 #[link_section = ".text.pti_deferred"]
 pub extern "C" fn pti_exit_to_user() {

@@ -13,12 +13,13 @@ extern "C" {
     static entry_sysenter_off: u8;
     static entry_sysenter_pti: u8;
     static entry_int_pti_deferred: u8;
+    static entry_sysenter_pti_deferred: u8;
 }
 
 /// `pti_switch=deferred` chosen (set once at boot, before any task runs).
 static DEFERRED: AtomicBool = AtomicBool::new(false);
 
-/// Selects the deferred exit switch for the int entries with PTI.
+/// Selects the deferred exit switch for the entries with PTI.
 pub fn set_deferred(on: bool) {
     DEFERRED.store(on, Ordering::Relaxed);
 }
@@ -56,7 +57,9 @@ pub fn install(entry: Entry, mode: u64, kstack_top: u64) -> bool {
             pti
         }
         None => {
-            let stub = if pti {
+            let stub = if pti && DEFERRED.load(Ordering::Relaxed) {
+                core::ptr::addr_of!(entry_sysenter_pti_deferred)
+            } else if pti {
                 core::ptr::addr_of!(entry_sysenter_pti)
             } else {
                 core::ptr::addr_of!(entry_sysenter_off)

@@ -316,6 +316,47 @@ entry_syscall_pti:
 entry_syscall_pti_pcid:
     ENTRY_SYSCALL 1, 1
 
+    /* pti_switch=deferred on the SYSCALL path (the 2020 RFC's own case:
+     * Linux's 64-bit SYSCALL entry). Entry as ENTRY_SYSCALL 1, 0; on the
+     * SYSRET exit the kernel->user switch is pti_exit_to_user's, called on
+     * the entry stack (the task stack is not mapped in the user copy, and
+     * the Rust code's epilogue runs after its CR3 write) with the user RSP
+     * kept in the entry area. It saves what the call may clobber, rcx (the
+     * user RIP) included: that is part of its cost. The rare SYSRET-unsafe
+     * exit takes the general path, with the assembly switch. */
+    .balign 16
+    .global entry_syscall_pti_deferred
+entry_syscall_pti_deferred:
+    movq %rsp, %gs:PCPU_SCRATCH_RSP
+    SWITCH_TO_KERNEL_CR3 %rsp, 0
+    movq %gs:PCPU_KSTACK_TOP, %rsp
+    pushq $USER_DS
+    pushq %gs:PCPU_SCRATCH_RSP
+    pushq %r11
+    pushq $USER_CS
+    pushq %rcx
+    SYSCALL_BODY
+    movq (%rsp), %rcx
+    movq 16(%rsp), %r11
+    btq $47, %rcx
+    jc return_to_user_slow
+    testl $0x10100, %r11d
+    jnz return_to_user_slow
+    movq %rdi, %gs:PCPU_SCRATCH_RDI
+    movq 24(%rsp), %rdi             /* the user RSP, into the entry area */
+    movq %rdi, %gs:PCPU_SCRATCH_RSP
+    movq %gs:PCPU_ENTRY_FRAME, %rsp
+    movq %gs:PCPU_SCRATCH_RDI, %rdi
+    pushq %rax
+    pushq %rcx
+    PUSH_SAVED
+    call pti_exit_to_user
+    POP_SAVED
+    popq %rcx
+    popq %rax
+    movq %gs:PCPU_SCRATCH_RSP, %rsp
+    sysretq
+
 syscall_bad_nr:
     movq $ENOSYS, %rax
     POP_SAVED

@@ -27,10 +27,8 @@ pub fn unsupported(config: &guest_core::cmdline::Config) -> Option<&'static str>
     if config.entry == guest_core::cmdline::Entry::Sysenter {
         return Some("entry=sysenter is not available in 64-bit mode on this guest (64-bit SYSENTER is Intel-only); use entry=syscall or an int entry");
     }
-    if config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred
-        && (config.pcid || config.entry == guest_core::cmdline::Entry::Syscall)
-    {
-        return Some("pti_switch=deferred is built for the int entries without PCID (entry=int3|int4|int80, pcid=off)");
+    if config.pti_switch == guest_core::cmdline::PtiSwitch::Deferred && config.pcid {
+        return Some("pti_switch=deferred is built without PCID (pcid=off)");
     }
     if config.pcid && !cpu::has_pcid() {
         return Some("pcid=on but this CPU has no PCID (CPUID.1:ECX[17] clear)");

@@ -16,7 +16,8 @@ use ptiscope_abi::telemetry::Counter;
 
 /// Counted switch to the user copy of the current address space (no PCID:
 /// the mode is refused with `pcid=on`). Called only by
-/// `entry_int_pti_deferred`, with interrupts off, on the entry stack.
+/// `entry_int_pti_deferred` and `entry_syscall_pti_deferred`, with
+/// interrupts off, on the entry stack.
 #[no_mangle]
 #[link_section = ".text.pti_deferred"]
 pub extern "C" fn pti_exit_to_user() {

@@ -15,12 +15,13 @@ extern "C" {
     static entry_syscall_off: u8;
     static entry_syscall_pti: u8;
     static entry_syscall_pti_pcid: u8;
+    static entry_syscall_pti_deferred: u8;
 }
 
 /// `pti_switch=deferred` chosen (set once at boot, before any task runs).
 static DEFERRED: AtomicBool = AtomicBool::new(false);
 
-/// Selects the deferred exit switch for the int entries with PTI.
+/// Selects the deferred exit switch for the entries with PTI (no PCID).
 pub fn set_deferred(on: bool) {
     DEFERRED.store(on, Ordering::Relaxed);
 }
@@ -52,13 +53,19 @@ pub fn install(entry: Entry, mode: u64, kstack_top: u64) -> bool {
     } else {
         kstack_top
     });
+    let deferred = DEFERRED.load(Ordering::Relaxed);
     let stub = match entry {
+        Entry::Syscall if deferred => [
+            core::ptr::addr_of!(entry_syscall_off) as u64,
+            core::ptr::addr_of!(entry_syscall_pti_deferred) as u64,
+            core::ptr::addr_of!(entry_syscall_pti_pcid) as u64,
+        ],
         Entry::Syscall => [
             core::ptr::addr_of!(entry_syscall_off) as u64,
             core::ptr::addr_of!(entry_syscall_pti) as u64,
             core::ptr::addr_of!(entry_syscall_pti_pcid) as u64,
         ],
-        _ if DEFERRED.load(Ordering::Relaxed) => [
+        _ if deferred => [
             core::ptr::addr_of!(entry_int_off) as u64,
             core::ptr::addr_of!(entry_int_pti_deferred) as u64,
             core::ptr::addr_of!(entry_int_pti_pcid) as u64,
