@@ -371,6 +371,20 @@ impl RegsSnapshot {
         })
     }
 
+    /// True if these are the vCPU's reset values, not a guest's: what
+    /// KVM gives after a triple fault on AMD SVM, where the VMCB is
+    /// undefined after the SHUTDOWN intercept and KVM reinitialises the
+    /// vCPU before userspace sees the exit.
+    pub fn is_reset_state(&self) -> bool {
+        // The architectural INIT/RESET values: CS selector 0xf000, RIP
+        // 0xfff0, CR0 with only ET (and possibly CD/NW), no paging, no
+        // long mode. No guest of ptiscope's runs there at a fault.
+        self.rip == 0xfff0
+            && self.cs == 0xf000
+            && self.cr0 & (cr0::PG | cr0::PE) == 0
+            && self.efer & (efer::LME | efer::LMA) == 0
+    }
+
     /// True if the guest was in, or entering, paging outside long mode
     /// (32-bit legacy or PAE paging), which some KVMs (kvm_pvm) refuse.
     pub fn looks_like_32bit_paging(&self) -> bool {
@@ -437,6 +451,33 @@ mod tests {
         assert_eq!(c.as_slice()[1].ecx, 0xffff_ffff);
         CpuidMask::default().apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
+    }
+
+    #[test]
+    fn svm_reset_state_after_a_shutdown_is_not_presented_as_the_fault() {
+        // What KVM on AMD (nested kvm_amd) returned after a triple fault.
+        let reset = RegsSnapshot {
+            rip: 0xfff0,
+            cs: 0xf000,
+            cr0: 0x10,
+            rflags: 2,
+            ..Default::default()
+        };
+        assert!(reset.is_reset_state());
+        let text = crate::machine::outcome::StopReason::Shutdown { regs: Some(reset) }.to_string();
+        assert!(text.contains("faulting registers are lost"), "{text}");
+        assert!(!text.contains("registers: rip"), "{text}");
+        // A guest's own state (a fault in long mode) is printed as such.
+        let guest = RegsSnapshot {
+            rip: 0xffff_8000_0010_0000,
+            cs: 0x10,
+            cr0: cr0::PE | cr0::PG,
+            efer: efer::LME | efer::LMA,
+            ..Default::default()
+        };
+        assert!(!guest.is_reset_state());
+        let text = crate::machine::outcome::StopReason::Shutdown { regs: Some(guest) }.to_string();
+        assert!(text.contains("registers: "), "{text}");
     }
 
     #[test]

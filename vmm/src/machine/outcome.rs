@@ -131,6 +131,14 @@ impl std::fmt::Display for StopReason {
                 "guest triple fault or reset under QEMU TCG (QEMU exited on it, -no-reboot); \
                  QEMU gives no registers"
             ),
+            StopReason::Shutdown { regs: Some(r) } if r.is_reset_state() => write!(
+                f,
+                "guest triple fault (KVM_EXIT_SHUTDOWN); the faulting registers are lost: this \
+                 KVM reset the vCPU before reporting the shutdown (as AMD SVM does: rip=0xfff0 \
+                 cs=0xf000 cr0={:#x} are the reset values, not the guest's); the guest's console \
+                 and fault report above say where it was",
+                r.cr0
+            ),
             StopReason::Shutdown { regs: r } => {
                 write!(f, "guest triple fault (KVM_EXIT_SHUTDOWN)")?;
                 regs(f, r)?;
