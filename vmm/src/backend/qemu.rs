@@ -477,7 +477,8 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     };
     let mut cmd = Command::new(binary);
     let accel = tcg_accel(plugin.as_ref().map(|(_, api, _)| *api), config.cpus);
-    cmd.args(["-M", machine, "-accel", accel, "-cpu", "max"])
+    let cpu_model = config.qemu_cpu.as_deref().unwrap_or("max");
+    cmd.args(["-M", machine, "-accel", accel, "-cpu", cpu_model])
         .args(["-m", &format!("{}M", config.mem_mib)])
         .args(["-smp", &config.cpus.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none"])

@@ -133,6 +133,8 @@ const COMPARE_HELP: &str = "\
 Options for --baseline/--compare (comma-separated key=value):
   pti=on|off|auto  pcid=on|off  entry=auto|syscall|sysenter|int80|int3|int4
   workload=NAME  iterations=N  cpu_vuln=meltdown|none|host  mem=MiB  cmdline=TEXT
+  pti_switch=asm|deferred  linux=KERNEL  append=TEXT (Linux command line)
+  cpu=MODEL (QEMU's CPU model, --backend qemu)
 
 Output: the header, then what the compare side cost per call (compare -
 baseline, + = more with it: each figure's source, its difference with the 95 %
@@ -404,6 +406,7 @@ impl RunArgs {
             console_input: true,
             handle_signals: true,
             qemu_args: self.on.qemu_arg.clone(),
+            qemu_cpu: None,
             qemu_plugin: !self.on.no_plugin,
             irqchip: !self.no_irqchip,
             cpus: self.cpus,
@@ -420,6 +423,74 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn compare_sides_take_a_kernel_a_command_line_and_a_cpu_model() {
+        let sides = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["ptiscope", "compare"][..], args].concat()).unwrap();
+            let Some(Command::Compare(a)) = cli.command else {
+                panic!("not compare")
+            };
+            crate::cli::compare::parse_sides(&a).map_err(|e| e.to_string())
+        };
+        let linux = |c: &RunConfig| match &c.guest_kind {
+            crate::linux::GuestKind::Linux(r) => (r.kernel.clone(), r.append.clone()),
+            crate::linux::GuestKind::Companion => panic!("not a Linux side"),
+        };
+        let (b, c) = sides(&[
+            "--backend",
+            "qemu",
+            "--baseline",
+            "linux=debian-amd64",
+            "--compare",
+            "append=pti=on nosmt,linux=/k/bzImage,cpu=Skylake-Client-v4",
+        ])
+        .unwrap();
+        assert_eq!(linux(&b.config), ("debian-amd64".into(), String::new()));
+        // `pti=` in append= is the side's pti=; other words stay Linux's,
+        // even when linux= comes after them.
+        assert_eq!(linux(&c.config), ("/k/bzImage".into(), "nosmt".into()));
+        assert_eq!(c.config.guest.pti, Some(PtiMode::On));
+        assert_eq!(c.config.qemu_cpu.as_deref(), Some("Skylake-Client-v4"));
+        assert_eq!(b.config.qemu_cpu, None);
+        // --linux and --append give both sides a kernel; a side adds to them.
+        let (b, c) = sides(&[
+            "--backend",
+            "qemu",
+            "--linux",
+            "debian-686-pae",
+            "--append",
+            "quiet",
+            "--compare",
+            "append=mitigations=off",
+        ])
+        .unwrap();
+        assert_eq!(linux(&b.config), ("debian-686-pae".into(), "quiet".into()));
+        assert_eq!(
+            linux(&c.config),
+            ("debian-686-pae".into(), "quiet mitigations=off".into())
+        );
+        // Refused, each naming why: append= without a Linux guest, cpu=
+        // off QEMU, a model name that is not one, an empty linux=.
+        for (args, why) in [
+            (
+                &["--backend", "qemu", "--compare", "append=nosmt"][..],
+                "Linux kernel command line",
+            ),
+            (&["--compare", "cpu=max"], "needs --backend qemu"),
+            (
+                &["--backend", "qemu", "--compare", "cpu=max;rm"],
+                "not a CPU model name",
+            ),
+            (
+                &["--backend", "qemu", "--compare", "linux="],
+                "names no kernel",
+            ),
+        ] {
+            let e = sides(args).unwrap_err();
+            assert!(e.contains(why), "{args:?}: {e}");
+        }
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub struct RunConfig {
     pub handle_signals: bool,
     /// Extra arguments for QEMU (`--backend qemu` only), e.g. `-icount shift=0`.
     pub qemu_args: Vec<String>,
+    /// `--backend qemu`: QEMU's emulated CPU model (`cpu=` in a compare
+    /// side), instead of `max`; e.g. an Intel model whose bug list makes
+    /// Linux choose its mitigations by itself.
+    pub qemu_cpu: Option<String>,
     /// `--backend qemu`: load ptiscope's TCG plugin (host-observed counts;
     /// `--no-plugin` turns it off).
     pub qemu_plugin: bool,
@@ -63,6 +67,7 @@ impl RunConfig {
             console_input: false,
             handle_signals: false,
             qemu_args: Vec::new(),
+            qemu_cpu: None,
             qemu_plugin: true,
             irqchip: true,
             cpus: 1,

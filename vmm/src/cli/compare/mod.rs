@@ -36,7 +36,7 @@ use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT, MIN_AUTO_RUNS};
 use crate::experiment::{Experiment, Progress, RunCount, RunId};
 use crate::preflight::cmdline::Workload;
-use crate::preflight::preflight;
+use crate::preflight::{preflight, ResolvedRun};
 use crate::report::environment::Environment;
 use crate::report::{CompareTable, Condition, RunSummary};
 
@@ -253,19 +253,46 @@ fn print_header(
     count: RunCount,
     watched: &str,
 ) -> Environment {
-    match &base.run.linux {
-        Some(l) => println!(
-            "ptiscope compare: what PTI costs in Linux ({}, {}) on this host",
+    let differences = side_differences(&base.run, &comp.run);
+    let linux_name = |l: &crate::linux::LinuxGuest| {
+        format!(
+            "Linux ({}, {})",
             l.arch.name(),
             l.version.as_deref().unwrap_or("version unknown")
+        )
+    };
+    let two_images = base.run.image != comp.run.image;
+    match (&base.run.linux, &comp.run.linux) {
+        (Some(b), Some(c)) if two_images => println!(
+            "{}",
+            crate::cli::exit_code::escape_message(&format!(
+                "ptiscope compare: two kernels on this host: {} against {}",
+                linux_name(b),
+                linux_name(c)
+            ))
         ),
-        None => println!("ptiscope compare: what PTI costs in the ptiscope guest on this host"),
+        (Some(l), _) => println!(
+            "{}",
+            crate::cli::exit_code::escape_message(&format!(
+                "ptiscope compare: what PTI costs in {} on this host",
+                linux_name(l)
+            ))
+        ),
+        (None, _) => {
+            println!("ptiscope compare: what PTI costs in the ptiscope guest on this host")
+        }
     }
     // Probed once per process (the entry probe also resolves entry=auto).
+    // What differs between the sides goes into the environment too, so
+    // that `--against` and readers of the JSON see it.
+    let mut extra = BTreeMap::new();
+    if !differences.is_empty() {
+        extra.insert("sides_differ".to_owned(), differences.clone());
+    }
     let environment = Environment::collect(
         backend.name(),
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.image)),
-        BTreeMap::new(),
+        extra,
     );
     let (kvm_line, entry_text) = backend.describe(&base.run);
     print!("{}", environment.render_header(kvm_line));
@@ -301,8 +328,78 @@ fn print_header(
         "  sides:     baseline {}, compare {}",
         base.label, comp.label
     );
+    for d in &differences {
+        // Paths and command-line words from the user: escaped.
+        println!(
+            "{}",
+            crate::cli::exit_code::escape_message(&format!("  differs:   {d}"))
+        );
+    }
     println!();
     environment
+}
+
+/// What differs between the two sides' settled runs, one line per kind:
+/// the guest image, the command line the guest boots with, QEMU's CPU
+/// model, vCPUs and memory. Empty when the sides boot the same thing.
+pub(crate) fn side_differences(base: &ResolvedRun, comp: &ResolvedRun) -> Vec<String> {
+    let mut out = Vec::new();
+    let image = |r: &ResolvedRun| {
+        let g = side::guest_image_of(&r.config.kernel, Some(&r.image));
+        let release = r
+            .linux
+            .as_ref()
+            .and_then(|l| l.version.as_deref())
+            .and_then(|v| v.split_whitespace().next())
+            .map(|v| format!(" (Linux {v})"))
+            .unwrap_or_default();
+        let sha = g.sha256.clone().unwrap_or_default();
+        let text = format!("{}{release} sha256 {:.16}", g.name, sha);
+        (sha, text)
+    };
+    let (b, c) = (image(base), image(comp));
+    if b.0 != c.0 {
+        out.push(format!("guest image: {} vs {}", b.1, c.1));
+    }
+    let words = |r: &ResolvedRun| -> Vec<String> {
+        r.cmdline
+            .split_whitespace()
+            .filter(|w| !w.starts_with("telemetry="))
+            .map(str::to_string)
+            .collect()
+    };
+    let (bw, cw) = (words(base), words(comp));
+    let only = |a: &[String], b: &[String]| -> Vec<String> {
+        a.iter().filter(|w| !b.contains(w)).cloned().collect()
+    };
+    let (gone, added) = (only(&bw, &cw), only(&cw, &bw));
+    if !gone.is_empty() || !added.is_empty() {
+        let mut parts = Vec::new();
+        if !gone.is_empty() {
+            parts.push(format!("baseline only: {}", gone.join(" ")));
+        }
+        if !added.is_empty() {
+            parts.push(format!("compare only: {}", added.join(" ")));
+        }
+        out.push(format!("command line: {}", parts.join("; ")));
+    }
+    let cpu = |r: &ResolvedRun| r.config.qemu_cpu.clone().unwrap_or_else(|| "max".into());
+    if base.config.qemu_cpu != comp.config.qemu_cpu {
+        out.push(format!("QEMU CPU model: {} vs {}", cpu(base), cpu(comp)));
+    }
+    if base.config.cpus != comp.config.cpus {
+        out.push(format!(
+            "vCPUs: {} vs {}",
+            base.config.cpus, comp.config.cpus
+        ));
+    }
+    if base.config.mem_mib != comp.config.mem_mib {
+        out.push(format!(
+            "memory: {} vs {} MiB",
+            base.config.mem_mib, comp.config.mem_mib
+        ));
+    }
+    out
 }
 
 /// What compare does while the runs run: the progress bar, each side's CPU

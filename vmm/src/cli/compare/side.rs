@@ -5,6 +5,7 @@
 use crate::backend::Backend;
 use crate::cli::exit_code::ExitCode;
 use crate::cli::{ExperimentOpts, TargetOpts};
+use crate::linux::GuestKind;
 use crate::machine::loader::KernelSource;
 use crate::machine::RunOutcome;
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
@@ -77,6 +78,9 @@ pub fn parse_side(
     c.qemu_args = target.on.qemu_arg.clone();
     c.guest_kind = target.linux.guest_kind(target.arch);
     c.qemu_plugin = !target.on.no_plugin;
+    // `append=` words, applied once the side's guest is known (a `linux=`
+    // may come after them).
+    let mut append: Vec<String> = Vec::new();
     for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let Some((k, v)) = word.split_once('=') else {
             return Err(SideError::NotKeyValue {
@@ -123,11 +127,85 @@ pub fn parse_side(
                     .trim()
                     .to_string();
             }
+            // A Linux kernel for this side (a known name or a path), as
+            // `--linux` gives one to both.
+            "linux" => {
+                if v.trim().is_empty() {
+                    return Err(bad(
+                        "names no kernel (debian-amd64, debian-686-pae or a path)".into(),
+                    ));
+                }
+                let append = match &c.guest_kind {
+                    GuestKind::Linux(r) => r.append.clone(),
+                    GuestKind::Companion => target.linux.append.clone().unwrap_or_default(),
+                };
+                c.guest_kind = GuestKind::Linux(crate::linux::LinuxRequest {
+                    kernel: v.trim().to_string(),
+                    append,
+                    arch: target.arch.map(|a| match a {
+                        crate::cli::Arch::X86_64 => crate::linux::LinuxArch::X86_64,
+                        crate::cli::Arch::I386 => crate::linux::LinuxArch::I386,
+                    }),
+                });
+            }
+            // More Linux kernel command line for this side. `pti=` there
+            // is Linux's own parameter, which is what this side's `pti=`
+            // sets: taken as that.
+            "append" => {
+                for w in v.split_whitespace() {
+                    match w.split_once('=') {
+                        Some(("pti", p)) => {
+                            c.guest.pti = Some(
+                                abi_value::<PtiMode>(p, PtiMode::NAMES.iter().copied())
+                                    .map_err(bad)?,
+                            )
+                        }
+                        _ => append.push(w.to_string()),
+                    }
+                }
+            }
+            // QEMU's emulated CPU model for this side (`-cpu`).
+            "cpu" => {
+                if target.on.backend != crate::cli::Backend::Qemu {
+                    return Err(bad(
+                        "chooses QEMU's emulated CPU model: it needs --backend qemu".into(),
+                    ));
+                }
+                let model_ok = !v.is_empty()
+                    && v.len() <= 128
+                    && v.chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || "-_.+=,".contains(ch));
+                if !model_ok {
+                    return Err(bad(format!(
+                        "{v:?} is not a CPU model name (letters, digits and -_.+= only; \
+                         `qemu-system-x86_64 -cpu help` lists them)"
+                    )));
+                }
+                c.qemu_cpu = Some(v.to_string());
+            }
             other => {
                 return Err(SideError::UnknownKey {
                     opts: opts.into(),
                     key: other.into(),
                 })
+            }
+        }
+    }
+    if !append.is_empty() {
+        match &mut c.guest_kind {
+            GuestKind::Linux(r) => {
+                r.append = format!("{} {}", r.append, append.join(" "))
+                    .trim()
+                    .to_string();
+            }
+            GuestKind::Companion => {
+                return Err(SideError::BadValue {
+                    opts: opts.into(),
+                    key: "append".into(),
+                    why: "is Linux kernel command line: give the side a Linux guest \
+                          (linux=debian-amd64, or --linux); ptiscope's own guest takes cmdline="
+                        .into(),
+                });
             }
         }
     }

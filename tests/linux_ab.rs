@@ -1,0 +1,153 @@
+//! A kernel engineer's A/B under QEMU TCG: compare sides that differ in
+//! more than `pti=` — the kernel (`linux=`), its command line (`append=`)
+//! — with the header saying exactly what differs.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+
+/// Both Debian kernels, or `None` after printing why the test skips.
+fn kernels_or_skip(test: &str) -> Option<(PathBuf, PathBuf)> {
+    if !plugin_or_skip(test, "qemu-system-x86_64") || !plugin_or_skip(test, "qemu-system-i386") {
+        return None;
+    }
+    let known = |name: &str| match ptiscope::linux::known_path(name) {
+        Some(Ok(p)) if p.is_file() => Some(p),
+        _ => {
+            ptiscope::test_support::skip(
+                test,
+                &format!("{name} is not fetched: run `ptiscope linux fetch` (apt-get download)"),
+            );
+            None
+        }
+    };
+    Some((known("debian-amd64")?, known("debian-686-pae")?))
+}
+
+fn compare(args: &[&str], json: &std::path::Path) -> (bool, String, serde_json::Value) {
+    let o = ptiscope()
+        .args(["compare", "--backend", "qemu", "--runs", "1"])
+        .args([
+            "--workload",
+            "getppid",
+            "--iterations",
+            "300",
+            "--timeout",
+            "120",
+        ])
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("run ptiscope");
+    let text = stdout(&o) + &stderr(&o);
+    let v = if o.status.success() {
+        read_json(json)
+    } else {
+        serde_json::Value::Null
+    };
+    (o.status.success(), text, v)
+}
+
+fn amean(v: &serde_json::Value, metric: &str, side: &str) -> f64 {
+    v["metrics"]
+        .as_array()
+        .and_then(|a| a.iter().find(|m| m["name"] == metric))
+        .and_then(|m| m[side]["amean"].as_f64())
+        .unwrap_or_else(|| panic!("no {metric} for {side} in {v}"))
+}
+
+#[test]
+fn sides_differ_in_kernel_and_command_line_and_the_header_says_how() {
+    let test = "linux A/B sides";
+    let Some(_) = kernels_or_skip(test) else {
+        return;
+    };
+    let dir = scratch("linux-ab");
+
+    // One kernel, its command line differing by Linux's own `pti=on`.
+    let (ok, text, v) = compare(
+        &[
+            "--baseline",
+            "linux=debian-amd64",
+            "--compare",
+            "linux=debian-amd64,append=pti=on",
+        ],
+        &dir.join("append.json"),
+    );
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("differs:   command line: compare only: pti=on"),
+        "{text}"
+    );
+    assert!(!text.contains("differs:   guest image"), "{text}");
+    assert_eq!(
+        amean(&v, "insn_mov_cr3_per_call", "baseline"),
+        0.0,
+        "{text}"
+    );
+    let on = amean(&v, "insn_mov_cr3_per_call", "compare");
+    assert!(
+        (1.99..2.1).contains(&on),
+        "about 2 CR3 writes per call with pti=on: {on}\n{text}"
+    );
+    assert_eq!(
+        v["environment"]["options"]["sides_differ"][0], "command line: compare only: pti=on",
+        "{text}"
+    );
+
+    // Two kernels: 64-bit SYSCALL against 32-bit PAE SYSENTER.
+    let (ok, text, v) = compare(
+        &[
+            "--baseline",
+            "linux=debian-amd64",
+            "--compare",
+            "linux=debian-686-pae",
+        ],
+        &dir.join("kernels.json"),
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("two kernels on this host"), "{text}");
+    assert!(
+        text.contains("differs:   guest image:") && text.contains("686-pae"),
+        "{text}"
+    );
+    assert_eq!(
+        amean(&v, "insn_syscall_per_call", "baseline"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        amean(&v, "insn_sysenter_per_call", "compare"),
+        1.0,
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A side's `append=` needs a Linux side; `cpu=` needs QEMU: refused
+/// before anything boots, with 64 and the reason.
+#[test]
+fn side_options_that_cannot_apply_are_refused_before_boot() {
+    for (args, why) in [
+        (
+            &["--backend", "qemu", "--compare", "append=nosmt"][..],
+            "Linux kernel command line",
+        ),
+        (
+            &["--compare", "pti=on,cpu=Skylake-Client"],
+            "needs --backend qemu",
+        ),
+    ] {
+        let o = ptiscope()
+            .arg("compare")
+            .args(args)
+            .output()
+            .expect("run ptiscope");
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+}
