@@ -32,7 +32,7 @@ use crate::machine::exit::ExitCounts;
 use crate::machine::loader;
 use crate::machine::{PluginOutput, RunOutcome, StopReason};
 use crate::output::{OpenError, DRAIN_GRACE};
-use crate::preflight::{PreflightError, ResolvedRun, RunConfig, Target};
+use crate::preflight::{PreflightError, ResolvedRun};
 
 /// Errors of a QEMU-backed run.
 #[derive(Debug, thiserror::Error)]
@@ -425,12 +425,6 @@ fn tail_with_panic(tail: Vec<String>, panic: Option<String>) -> Vec<String> {
 /// `sigtimedwait` so that a QEMU run stops as cleanly as a KVM one.
 fn pending_termination() -> Option<i32> {
     crate::machine::signals::wait_termination(Duration::ZERO)
-}
-
-/// Settles `config` for QEMU ([`crate::preflight::preflight`]) and runs it.
-pub fn run_qemu(config: &RunConfig) -> Result<RunOutcome, QemuError> {
-    let resolved = crate::preflight::preflight(config, Target::QemuTcg)?;
-    run_resolved(&resolved)
 }
 
 /// Boots a run resolved for [`Target::QemuTcg`] under QEMU and waits for it
