@@ -82,6 +82,21 @@ pub enum PreflightError {
     Linux(#[from] linux::LinuxError),
 }
 
+impl PreflightError {
+    /// Whether this is the host's KVM refusing what another backend can run
+    /// (32-bit paging, an entry or PCID the probe found missing, a Linux
+    /// userspace): a reason to try the next backend, not bad input.
+    pub fn host_kvm_refuses(&self) -> bool {
+        matches!(
+            self,
+            PreflightError::PaePagingRefused { .. }
+                | PreflightError::EntryRefused(_)
+                | PreflightError::PcidUnusable { .. }
+                | PreflightError::Linux(linux::LinuxError::Backend(_))
+        )
+    }
+}
+
 /// `entry=auto` under QEMU: TCG delivers every entry, so the native one of
 /// each flavour (SYSCALL on x86_64, SYSENTER on i386).
 fn native_entry(elf32: bool) -> Entry {

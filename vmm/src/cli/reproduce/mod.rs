@@ -173,21 +173,44 @@ fn compare_args(cell: &Cell, backend: Backend, timeout: u64) -> Result<CompareAr
     }
 }
 
+/// Why one run of a cell did not give figures: its exit code and message,
+/// and whether it was the host's KVM refusing the guest before boot (then
+/// the next backend is tried).
+struct CellError {
+    code: i32,
+    message: String,
+    host_kvm_refuses: bool,
+}
+
+impl CellError {
+    fn new(code: i32, message: String) -> Self {
+        CellError {
+            code,
+            message,
+            host_kvm_refuses: false,
+        }
+    }
+}
+
 /// The figures of one run of `cell` on `backend`.
 fn measure_on(
     cell: &Cell,
     opts: &str,
     backend: Backend,
     timeout: u64,
-) -> Result<(Vec<Rate>, &'static str), (i32, String)> {
-    let args = compare_args(cell, backend, timeout).map_err(|e| (exit_code::USAGE, e))?;
+) -> Result<(Vec<Rate>, &'static str), CellError> {
+    let args =
+        compare_args(cell, backend, timeout).map_err(|e| CellError::new(exit_code::USAGE, e))?;
     let spec = parse_side(opts, &args.exp, &args.target, args.arch().embedded_image())
-        .map_err(|e| (exit_code::USAGE, e.to_string()))?;
+        .map_err(|e| CellError::new(exit_code::USAGE, e.to_string()))?;
     let backend = args.target.on.backend();
-    let resolved =
-        preflight(&spec.config, backend.target()).map_err(|e| (e.exit_code(), e.to_string()))?;
-    let (_, summary) =
-        run_measured(&resolved, &*backend).map_err(|e| (e.exit_code(), e.to_string()))?;
+    let resolved = preflight(&spec.config, backend.target()).map_err(|e| CellError {
+        code: e.exit_code(),
+        message: e.to_string(),
+        host_kvm_refuses: e.host_kvm_refuses(),
+    })?;
+    let (_, summary) = run_measured(&resolved, &*backend)
+        .map_err(|e| CellError::new(e.exit_code(), e.to_string()))?;
     Ok((
         rates(&summary)
             .into_iter()
@@ -214,15 +237,19 @@ fn measure(cell: &Cell, runs: u32, timeout: u64) -> Measured {
     let mut backend = "";
     for _ in 0..runs {
         let tries = Backend::preference(matches!(cell.guest, Guest::Linux(_)));
-        let mut r = Err((exit_code::INTERNAL, "no backend to measure on".to_owned()));
+        let mut r = Err(CellError::new(
+            exit_code::INTERNAL,
+            "no backend to measure on".to_owned(),
+        ));
         for (i, &b) in tries.iter().enumerate() {
             r = measure_on(cell, &opts, b, timeout);
             // The next backend only where this host's KVM refuses the guest.
             match &r {
-                Err((_, msg)) if i + 1 < tries.len() && preflight_refusal(msg) => {}
+                Err(e) if i + 1 < tries.len() && e.host_kvm_refuses => {}
                 _ => break,
             }
         }
+        let r = r.map_err(|e| (e.code, e.message));
         match r {
             Ok((rates, b)) => {
                 samples.push(rates);
@@ -281,12 +308,6 @@ fn measure(cell: &Cell, runs: u32, timeout: u64) -> Measured {
         backend,
         error: None,
     }
-}
-
-/// Whether a KVM-backend error is a refusal before boot that QEMU does not
-/// have (this host's KVM cannot run the flavour or the entry).
-fn preflight_refusal(msg: &str) -> bool {
-    msg.contains("refuses 32-bit paging") || msg.contains("probe:")
 }
 
 /// Runs the seed and prints its table; returns the process exit code.
