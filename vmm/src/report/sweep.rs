@@ -182,10 +182,13 @@ impl RefillVisibility {
     pub const HIDDEN: &'static str = "refill hidden by this host: probe";
 
     /// Direct growth of the guest's fewest read cycles, per page, that
-    /// counts as a refill the probe missed. The hosts seen: 0-0.4 on AMD
-    /// EPYC under kvm_pvm (once 2.1 on a busy machine, with no refill),
-    /// 5-6 on Intel Xeon under kvm_pvm, where the refill shows.
-    pub const DIRECT_VISIBLE_CYCLES_PER_PAGE: f64 = 4.0;
+    /// counts as a refill the probe missed. The hosts seen: 0-1.6 on AMD
+    /// EPYC under kvm_pvm, where the probe sees no refill, but 2.1 and
+    /// 4.59 on a busy machine; 5-6 on Intel Xeon under kvm_pvm, where the
+    /// refill shows, and 5.86 on a CI host whose probe saw none. The
+    /// direct reading cannot tell those apart below this bound, so only a
+    /// growth beyond everything noise has given disputes the probe.
+    pub const DIRECT_VISIBLE_CYCLES_PER_PAGE: f64 = 8.0;
 
     /// Whether the host hides the refill (the per-page figures are not PTI's).
     pub fn hidden(&self) -> bool {
@@ -741,9 +744,10 @@ mod tests {
             c[0].read_cycles_min_spread = Some(spread);
             c[1].read_cycles_min_spread = Some(spread);
         };
-        // The CI host's figures: 14112 vs 8110 cycles for 1024 pages.
+        // 9.5 cycles per page more with PTI (the CI host's 5.86 is below
+        // the bound: noise has reached 4.59 on a busy host).
         r.cr3_write_refill = probe.clone();
-        reads(&mut r, 8110.0, 14112.0, 300.0);
+        reads(&mut r, 8110.0, 8110.0 + 9.5 * 1024.0, 300.0);
         r.derive();
         match &r.cr3_write_refill {
             RefillVisibility::Disputed {
@@ -752,20 +756,24 @@ mod tests {
                 config,
                 ..
             } => {
-                assert!((direct_cycles_per_page - 6002.0 / 1024.0).abs() < 1e-9);
+                assert!((direct_cycles_per_page - 9.5).abs() < 1e-9);
                 assert_eq!((*wss, config.as_str()), (4 << 20, "pti=on"));
             }
             v => panic!("not disputed: {v:?}"),
         }
         assert!(!r.cr3_write_refill.hidden());
         let t = text(&r);
-        assert!(t.contains("disputed") && t.contains("5.86"), "{t}");
+        assert!(t.contains("disputed") && t.contains("9.50"), "{t}");
         assert!(!t.contains("hidden |"), "{t}");
         let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
         assert_eq!(j["cr3_write_refill"]["verdict"], "disputed");
         // Below the bound (this AMD host: 1-1.4 cycles/page), or inside
         // the runs' spread, the probe's verdict stands.
-        for (on, spread) in [(8110.0 + 1.4 * 1024.0, 10.0), (14112.0, 3100.0)] {
+        for (on, spread) in [
+            (8110.0 + 1.4 * 1024.0, 10.0),
+            (14112.0, 300.0),
+            (8110.0 + 9.5 * 1024.0, 5000.0),
+        ] {
             r.cr3_write_refill = probe.clone();
             reads(&mut r, 8110.0, on, spread);
             r.derive();
