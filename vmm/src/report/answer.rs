@@ -4,9 +4,15 @@
 //!
 //! ```text
 //! pti=on - pti=off per getpid call (+ = more with pti=on; means of 5 + 5 runs, 95 % CI):
-//!   [host-clock] time                 +35835.89 ns  (+46.4 %)   CI [+23233.95, +48437.83]  mmtests: significant; Welch p 0.0004
-//!   [guest]      CR3 writes                     +2  0 -> 2      exact in every run         exact, differ
+//!   [guest]      CR3 writes                   +2  0 -> 2      exact in every run         exact, differ
+//!   [host-clock] time [kvm_pvm emulated] +35835.89 ns  (+46.4 %)   CI [+23233.95, +48437.83]  significant, p 0.0004
+//!   time here: kvm_pvm: guest kernel code emulated; not what hardware would take, so the counts lead
 //! ```
+//!
+//! One verdict per line (Welch's test at 95 %, whose p and CI are the ones
+//! printed beside it; or exactness, with neither); counts compared as
+//! integers; every time labelled with what it is on this backend
+//! ([`TimeBasis`]).
 //!
 //! One sign convention everywhere: a difference is compare minus baseline,
 //! so `+` means the compare side (with PTI) spends more. The mmtests table,
@@ -14,9 +20,10 @@
 
 use serde::Serialize;
 
-use super::compare::{CompareTable, MetricComparison};
+use super::compare::{fig, fig_signed, CompareTable, MetricComparison};
 use super::metric::Source;
-use super::stats::{self, Verdict};
+use super::stats::{self, Rule, Verdict};
+use super::time_basis::{is_time, TimeBasis};
 
 /// The headline metrics, in the order shown, with their names for people.
 /// The first time metric present is the one shown (one view of one time).
@@ -51,37 +58,45 @@ pub struct AnswerLine {
     pub compare: f64,
     /// `compare - baseline`: positive = more with the compare configuration.
     pub delta: f64,
-    /// `delta` in % of the baseline's mean; `None` when the baseline is 0.
+    /// `delta` in % of the baseline's mean; `None` when the baseline is 0
+    /// or prints as 0.00 (a percentage of a near-zero rate says nothing).
     pub delta_pct: Option<f64>,
     /// The 95 % confidence interval of `delta` (Welch: Student's t with the
     /// Welch–Satterthwaite degrees of freedom); `None` when both sides are
     /// exact (no spread: the difference is exact) or a side has one run.
+    /// It excludes 0 exactly when the verdict is `significant`.
     pub delta_ci95: Option<[f64; 2]>,
-    /// Both sides had the same value in every run.
+    /// Both sides had the same value in every run (counts: the same
+    /// integer rate, compared as integers).
     pub exact: bool,
-    /// The verdict (mmtests' rule, or exactness).
+    /// The one verdict: exactness, or Welch's test at 95 %.
     pub verdict: Verdict,
-    /// Welch's two-sided p-value, where defined.
+    /// How the verdict was reached (`exact`, `welch95`, `none`).
+    pub rule: Option<Rule>,
+    /// Welch's two-sided p-value, where defined (never for exact sides).
     pub welch_p: Option<f64>,
+    /// For a count: how many runs of each side (baseline, compare) differ
+    /// from that side's most common value; `None` for a measured quantity.
+    pub runs_differing: Option<[usize; 2]>,
+    /// For a time: what it measures on this backend (`hardware`,
+    /// `kvm_pvm`, `qemu_tcg`, `unknown`); `None` for a count.
+    pub time_basis: Option<&'static str>,
 }
 
 /// The 95 % CI of the difference of two samples' means (Welch).
 pub fn delta_ci95(baseline: &[f64], compare: &[f64]) -> Option<[f64; 2]> {
-    let w = stats::welch_t_test(baseline, compare)?;
-    let (nb, nc) = (baseline.len() as f64, compare.len() as f64);
-    let se = (stats::sample_stddev(baseline)?.powi(2) / nb
-        + stats::sample_stddev(compare)?.powi(2) / nc)
-        .sqrt();
-    let t = stats::t_quantile(0.975, w.df)?;
-    let d = stats::amean(compare)? - stats::amean(baseline)?;
-    Some([d - t * se, d + t * se])
+    stats::welch_t_test(baseline, compare)?.delta_ci95
 }
 
-fn line(m: &MetricComparison, what: &str) -> AnswerLine {
+fn line(m: &MetricComparison, what: &str, basis: TimeBasis) -> AnswerLine {
     let sig = m
         .significance
-        .unwrap_or_else(|| stats::significance(&m.baseline.samples, &m.compare.samples));
+        .unwrap_or_else(|| stats::significance_of(&m.baseline, &m.compare));
     let exact = matches!(sig.verdict, Verdict::ExactEqual | Verdict::ExactDifferent);
+    let runs_differing = match (m.baseline.runs_differing(), m.compare.runs_differing()) {
+        (Some(b), Some(c)) => Some([b, c]),
+        _ => None,
+    };
     AnswerLine {
         metric: m.metric.name.clone(),
         what: what.to_owned(),
@@ -90,20 +105,28 @@ fn line(m: &MetricComparison, what: &str) -> AnswerLine {
         baseline: m.baseline.amean,
         compare: m.compare.amean,
         delta: m.compare.amean - m.baseline.amean,
-        delta_pct: m.delta_pct.amean,
+        delta_pct: m.delta_pct.amean.filter(|_| !stats::near_zero(m.baseline.amean)),
+        // The interval of the test that gave the verdict: never for a
+        // constant, and never one that contradicts it.
         delta_ci95: if exact {
             None
         } else {
-            delta_ci95(&m.baseline.samples, &m.compare.samples)
+            sig.welch.and_then(|w| w.delta_ci95)
         },
         exact,
         verdict: sig.verdict,
+        rule: sig.rule,
         welch_p: sig.welch.map(|w| w.p_value),
+        runs_differing,
+        time_basis: is_time(&m.metric.unit).then(|| basis.key()),
     }
 }
 
-/// The answer's lines: the headline metrics the table has, one time metric.
+/// The answer's lines: the headline metrics the table has, one time
+/// metric. Where times are not the hardware's (kvm_pvm, TCG, unknown) the
+/// counts lead and the time comes last.
 pub fn answer(t: &CompareTable) -> Vec<AnswerLine> {
+    let basis = TimeBasis::of(t.environment.as_ref());
     let mut out: Vec<AnswerLine> = Vec::new();
     for (name, what) in HEADLINE {
         if out.iter().any(|l| l.what == what) {
@@ -114,8 +137,12 @@ pub fn answer(t: &CompareTable) -> Vec<AnswerLine> {
             if what != "time" && m.baseline.amean == 0.0 && m.compare.amean == 0.0 {
                 continue;
             }
-            out.push(line(m, what));
+            out.push(line(m, what, basis));
         }
+    }
+    if !basis.is_hardware() {
+        // Stable: the counts keep their order, the time goes last.
+        out.sort_by_key(|l| l.time_basis.is_some());
     }
     out
 }
@@ -127,12 +154,13 @@ fn source_tag(key: &str) -> &'static str {
         .map_or("?", Source::tag)
 }
 
-/// A figure with two decimals, or none when it is a whole number.
+/// A figure for people: whole numbers plain, else [`fig`] (two decimals,
+/// or three significant digits where two decimals would show 0.00).
 fn num(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 {
         format!("{v:.0}")
     } else {
-        format!("{v:.2}")
+        fig(v)
     }
 }
 
@@ -140,23 +168,16 @@ fn signed(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 {
         format!("{v:+.0}")
     } else {
-        format!("{v:+.2}")
+        fig_signed(v)
     }
 }
 
-/// The verdict, naming its rule: mmtests' (|difference| > both sides'
-/// qnorm(0.975) x stddev summed) with Welch's p beside it, or exactness.
+/// The one verdict, with the p-value it was reached by: `significant, p
+/// 0.0004` (Welch's test), `exact, differ`, ...
 fn verdict_text(v: Verdict, p: Option<f64>) -> String {
     match (v, p) {
         (Verdict::Significant | Verdict::NotSignificant, Some(p)) => {
-            format!(
-                "mmtests: {}; Welch p {}",
-                v.word(),
-                super::compare::p_text(p)
-            )
-        }
-        (Verdict::Significant | Verdict::NotSignificant, None) => {
-            format!("mmtests: {}", v.word())
+            format!("{}, p {}", v.word(), super::compare::p_text(p))
         }
         _ => v.word().to_owned(),
     }
@@ -173,11 +194,63 @@ fn source_words(s: Source) -> &'static str {
     }
 }
 
+/// `what` as shown: a time carries its basis (`time [kvm_pvm emulated]`).
+fn shown_what(l: &AnswerLine, basis: TimeBasis) -> String {
+    if l.time_basis.is_some() {
+        format!("{} [{}]", l.what, basis.tag())
+    } else {
+        l.what.clone()
+    }
+}
+
+/// `k of n runs differ` for a side of a count, or `exact`.
+fn spread_words(s: &stats::Summary) -> String {
+    match s.runs_differing() {
+        Some(0) => format!("{} in every run", num(s.amean)),
+        Some(k) => format!(
+            "{}..{}, {k} of {} runs differ",
+            num(s.min),
+            num(s.max),
+            s.n()
+        ),
+        None => num(s.amean),
+    }
+}
+
+/// Why KVM's TLB flushes per call are not the guest's CR3 writes per call
+/// (as `run` says in its cross-check), where both are in the answer.
+fn tlb_note(t: &CompareTable) -> Option<String> {
+    let kvm = t.metric("tlb_flush_per_call")?;
+    let cr3 = t.metric("cr3_writes_per_call")?;
+    if kvm.metric.source != Source::Kvm {
+        return None;
+    }
+    let env = t.environment.as_ref()?;
+    let (k, c) = (num(kvm.compare.amean), num(cr3.compare.amean));
+    let label = &t.compare.label;
+    Some(match env.kvm.module.as_deref() {
+        Some("kvm_pvm") => format!(
+            "[kvm] TLB flushes {k}/call beside [guest] CR3 writes {c}/call with {label}: kvm_pvm's \
+             shadow MMU flushes once per kernel->user CR3 round trip (and per context switch), \
+             not per write; the rest are KVM's own flushes (preemption, page faults); `ptiscope \
+             run` cross-checks it per run"
+        ),
+        _ if !env.kvm.sees_cr3_writes => format!(
+            "[kvm] TLB flushes {k}/call are KVM's own: with EPT/NPT KVM does not intercept guest \
+             CR3 writes ([guest] {c}/call with {label})"
+        ),
+        _ => return None,
+    })
+}
+
 /// The answer block: a heading with the sign convention, then one line per
-/// headline metric: `[source] what  difference (% of baseline)  CI  verdict`.
+/// headline metric: `[source] what  difference (% of baseline)  CI  verdict`,
+/// then what the time is on this backend, the spread of counts that
+/// differ between runs, and why KVM's flushes are not the guest's writes.
 /// `per` names what a rate is per (`getpid call`, `message`).
 pub fn render_answer(t: &CompareTable, per: &str) -> String {
     let lines = answer(t);
+    let basis = TimeBasis::of(t.environment.as_ref());
     let (b, c) = (&t.baseline.label, &t.compare.label);
     let n = |m: &MetricComparison| (m.baseline.n(), m.compare.n());
     let (nb, nc) = t.metrics.first().map_or((0, 0), n);
@@ -188,7 +261,11 @@ pub fn render_answer(t: &CompareTable, per: &str) -> String {
         .map(|l| source_tag(l.source).len() + 2)
         .max()
         .unwrap_or(0);
-    let what_w = lines.iter().map(|l| l.what.len()).max().unwrap_or(0);
+    let what_w = lines
+        .iter()
+        .map(|l| shown_what(l, basis).len())
+        .max()
+        .unwrap_or(0);
     for l in &lines {
         let unit = l.unit.split('/').next().unwrap_or("");
         // Counts read as a plain number; a time keeps its unit.
@@ -218,9 +295,35 @@ pub fn render_answer(t: &CompareTable, per: &str) -> String {
         out.push_str(&format!(
             "  {:<tag_w$} {:<what_w$} {diff:>13}  {pct:<11} {ci:<26} {}\n",
             format!("[{}]", source_tag(l.source)),
-            l.what,
+            shown_what(l, basis),
             verdict_text(l.verdict, l.welch_p),
         ));
+    }
+    if lines.iter().any(|l| l.time_basis.is_some()) {
+        out.push_str(&format!(
+            "  time here: {}{}\n",
+            basis.label(),
+            if basis.is_hardware() {
+                String::new()
+            } else {
+                "; not what hardware would take, so the counts lead".to_owned()
+            }
+        ));
+    }
+    for l in &lines {
+        if l.runs_differing.is_some_and(|[b, c]| b + c > 0) {
+            if let Some(m) = t.metric(&l.metric) {
+                out.push_str(&format!(
+                    "  {} not exact: {b} {}; {c} {}\n",
+                    l.what,
+                    spread_words(&m.baseline),
+                    spread_words(&m.compare),
+                ));
+            }
+        }
+    }
+    if let Some(note) = tlb_note(t).filter(|_| lines.iter().any(|l| l.what == "TLB flushes")) {
+        out.push_str(&format!("  note: {note}\n"));
     }
     out
 }
@@ -244,17 +347,25 @@ fn left_out(t: &CompareTable, m: &MetricComparison) -> bool {
 /// then one line naming what was left out (all of it is in --json/--csv and
 /// behind --mmtests).
 pub fn render_table(t: &CompareTable) -> String {
+    let basis = TimeBasis::of(t.environment.as_ref());
     let shown: Vec<&MetricComparison> = t.metrics.iter().filter(|m| !left_out(t, m)).collect();
+    let label = |m: &MetricComparison| {
+        let time = if is_time(&m.metric.unit) {
+            format!(" [{}]", basis.tag())
+        } else {
+            String::new()
+        };
+        format!("[{}] {}{time}", m.metric.source.tag(), m.metric.name)
+    };
     let name_w = shown
         .iter()
-        .map(|m| m.metric.name.len() + source_tag(m.metric.source.key()).len() + 3)
+        .map(|m| label(m).chars().count())
         .max()
         .unwrap_or(0)
-        .max(20);
+        .max(22);
     let cell = |s: &stats::Summary| match s.ci95 {
-        Some(ci) if ci.half_width == 0.0 => format!("{:>12}   exact    ", num(s.amean)),
-        Some(ci) => format!("{:>12.2} ± {:<9.2}", s.amean, ci.half_width),
-        None => format!("{:>12.2}   (1 run)  ", s.amean),
+        Some(ci) => format!("{:>12} ± {:<9}", fig(s.amean), fig(ci.half_width)),
+        None => format!("{:>12}   (1 run)  ", fig(s.amean)),
     };
     let mut out = format!(
         "{:<name_w$} {:>12}{:12} {:>12}{:12} {}\n",
@@ -263,8 +374,16 @@ pub fn render_table(t: &CompareTable) -> String {
     for m in &shown {
         let sig = m
             .significance
-            .unwrap_or_else(|| stats::significance(&m.baseline.samples, &m.compare.samples));
+            .unwrap_or_else(|| stats::significance_of(&m.baseline, &m.compare));
         let both_exact = matches!(sig.verdict, Verdict::ExactEqual | Verdict::ExactDifferent);
+        // An exact side is shown once, as its value: no interval.
+        let side = |s: &stats::Summary| {
+            if both_exact || s.exact() {
+                format!("{:>12}   exact    ", num(s.amean))
+            } else {
+                cell(s)
+            }
+        };
         let (bc, cc) = if both_exact {
             // Shown once as exact: the verdict says it.
             (
@@ -272,11 +391,13 @@ pub fn render_table(t: &CompareTable) -> String {
                 format!("{:>12}{:12}", num(m.compare.amean), ""),
             )
         } else {
-            (cell(&m.baseline), cell(&m.compare))
+            (side(&m.baseline), side(&m.compare))
         };
+        let pad = name_w.saturating_sub(label(m).chars().count());
         out.push_str(&format!(
-            "{:<name_w$} {bc} {cc} {}\n",
-            format!("[{}] {}", m.metric.source.tag(), m.metric.name),
+            "{}{} {bc} {cc} {}\n",
+            label(m),
+            " ".repeat(pad),
             verdict_text(sig.verdict, sig.welch.map(|w| w.p_value)),
         ));
     }
@@ -303,6 +424,13 @@ pub fn render_table(t: &CompareTable) -> String {
     if !also.is_empty() {
         out.push_str(&format!("also: {}\n", also.join("; ")));
     }
+    if shown.iter().any(|m| is_time(&m.metric.unit)) {
+        out.push_str(&format!("times [{}]: {}\n", basis.tag(), basis.label()));
+    }
+    out.push_str(
+        "verdict: Welch's t-test, significant when p < 0.05 (the difference's 95 % CI \
+         excludes 0); exact: every run the same (counts compared as integers), no test\n",
+    );
     let used: Vec<String> = Source::ALL
         .into_iter()
         .filter(|s| t.metrics.iter().any(|m| m.metric.source == *s))

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use super::csv_field;
 use super::environment::Environment;
 use super::metric::{Metric, Source};
-use super::stats::{self, Significance, Stat, Summary, SummaryError};
+use super::time_basis::{is_time, TimeBasis};
+use super::stats::{self, CountRuns, Significance, Stat, Summary, SummaryError};
 
 /// Schema id written into the JSON; bump on incompatible changes.
 pub const SCHEMA: &str = "ptiscope.compare/1";
@@ -166,12 +167,55 @@ impl CompareTable {
         }
     }
 
-    /// Adds a metric with its per-run samples on each side.
+    /// Adds a metric with its per-run samples on each side (a measured
+    /// quantity; counts go through [`CompareTable::add_counts`]).
     pub fn add(
         &mut self,
         metric: Metric,
         baseline: &[f64],
         compare: &[f64],
+    ) -> Result<&MetricComparison, CompareError> {
+        let summarise = |side, s: &[f64]| {
+            Summary::new(s, metric.lower_is_better).map_err(|source| CompareError::BadSamples {
+                metric: metric.name.clone(),
+                side,
+                source,
+            })
+        };
+        let b = summarise("baseline", baseline)?;
+        let c = summarise("compare", compare)?;
+        self.add_summaries(metric, b, c)
+    }
+
+    /// Adds a count with each side's per-run integer totals and calls: its
+    /// samples are the per-call rates, its exactness the integers'.
+    pub fn add_counts(
+        &mut self,
+        metric: Metric,
+        baseline: CountRuns,
+        compare: CountRuns,
+    ) -> Result<&MetricComparison, CompareError> {
+        let summarise = |side, c: CountRuns| {
+            Summary::from_counts(c, metric.lower_is_better).map_err(|source| {
+                CompareError::BadSamples {
+                    metric: metric.name.clone(),
+                    side,
+                    source,
+                }
+            })
+        };
+        let b = summarise("baseline", baseline)?;
+        let c = summarise("compare", compare)?;
+        self.add_summaries(metric, b, c)
+    }
+
+    /// Adds a metric from each side's summary (e.g. taken from another
+    /// table, counts and all).
+    pub fn add_summaries(
+        &mut self,
+        metric: Metric,
+        b: Summary,
+        c: Summary,
     ) -> Result<&MetricComparison, CompareError> {
         let valid_name = !metric.name.is_empty()
             && metric
@@ -184,15 +228,6 @@ impl CompareTable {
         if self.metric(&metric.name).is_some() {
             return Err(CompareError::Duplicate(metric.name));
         }
-        let summarise = |side, s: &[f64]| {
-            Summary::new(s, metric.lower_is_better).map_err(|source| CompareError::BadSamples {
-                metric: metric.name.clone(),
-                side,
-                source,
-            })
-        };
-        let b = summarise("baseline", baseline)?;
-        let c = summarise("compare", compare)?;
         let diff_pct = StatValues::from_fn(|s| {
             stats::diff_pct(
                 c.get(s)?,
@@ -201,7 +236,7 @@ impl CompareTable {
             )
         });
         let delta_pct = StatValues::from_fn(|s| stats::delta_pct(c.get(s)?, b.get(s)?));
-        let significance = Some(stats::significance(&b.samples, &c.samples));
+        let significance = Some(stats::significance_of(&b, &c));
         self.metrics.push(MetricComparison {
             metric,
             baseline: b,
@@ -255,10 +290,17 @@ impl CompareTable {
                 // (mmtests prints it too), unless the value is undefined.
                 let base = m.baseline.get(stat);
                 out.push_str(&cell(base, base.map(|_| 0.0), false));
-                // mmtests marks only the row of its comparison statistic, the mean.
+                // Marked only on the row of the comparison statistic, the
+                // mean, as mmtests does; but by the one verdict every
+                // other line prints (Welch, or exactness), not a second.
                 let marked =
                     stat == Stat::Amean && m.significance.is_some_and(|s| s.verdict.marked());
-                out.push_str(&cell(m.compare.get(stat), m.diff_pct.get(stat), marked));
+                // A percentage of a rate that prints as 0.00 says nothing.
+                let diff = m
+                    .diff_pct
+                    .get(stat)
+                    .filter(|_| !base.is_some_and(stats::near_zero) || base == Some(0.0));
+                out.push_str(&cell(m.compare.get(stat), diff, marked));
                 out.push('\n');
             }
         }
@@ -266,17 +308,19 @@ impl CompareTable {
         out.push_str(&self.render_confidence());
         out.push('\n');
         out.push_str(&format!(
-            "runs: {} {}, {} {}; % difference: positive = compare better, negative = worse; \
-             *  x.xx%* on an Amean row: significant (mmtests: |difference| > both sides' \
-             qnorm(0.975) x stddev summed; exact counters: they differ)\n",
+            "runs: {} {}, {} {}; % difference: positive = compare better, negative = worse, \
+             n/a where the baseline is 0 or prints as 0.00; *  x.xx%* on an Amean row: the \
+             verdict (Welch's t-test: p < 0.05, the difference's 95 % CI excludes 0; exact \
+             counters: they differ)\n",
             self.baseline.label,
             self.metrics.first().map_or(0, |m| m.baseline.n()),
             self.compare.label,
             self.metrics.first().map_or(0, |m| m.compare.n()),
         ));
+        let basis = TimeBasis::of(self.environment.as_ref());
         for m in &self.metrics {
             out.push_str(&format!(
-                "{:<name_w$}  {} ({}; {})\n",
+                "{:<name_w$}  {} ({}; {}{})\n",
                 m.metric.name,
                 m.metric.unit,
                 m.metric.source.tag(),
@@ -284,6 +328,11 @@ impl CompareTable {
                     "lower is better"
                 } else {
                     "higher is better"
+                },
+                if is_time(&m.metric.unit) {
+                    format!("; time: {}", basis.label())
+                } else {
+                    String::new()
                 }
             ));
         }
@@ -298,7 +347,8 @@ impl CompareTable {
     }
 
     /// Per metric: each side's mean with its 95 % confidence interval
-    /// (Student's t), Welch's two-sided p-value and the verdict.
+    /// (Student's t), Welch's two-sided p-value, the one verdict, and
+    /// mmtests' ratio under its own name (a number, not a second verdict).
     pub fn render_confidence(&self) -> String {
         let name_w = self
             .metrics
@@ -306,32 +356,40 @@ impl CompareTable {
             .map(|m| m.metric.name.len())
             .max()
             .unwrap_or(0)
-            .max(6);
+            .max(12);
         // Labels over the means (the 12 columns at each cell's left).
         let label = |l: &str| format!("{:<CI_W$}", format!("{l:>12}"));
         let mut out = format!(
-            "{:<name_w$} {} {}  {:<10} {}\n",
+            "{:<name_w$} {} {}  {:<10} {:<16} {}\n",
             "mean, 95% CI",
             label(&self.baseline.label),
             label(&self.compare.label),
             "Welch p",
-            "verdict (mmtests' rule)",
+            "verdict",
+            "mmtests cidiff",
         );
         for m in &self.metrics {
-            let (p, verdict) = match m.significance {
+            let (p, verdict, cidiff) = match m.significance {
                 Some(s) => (
                     s.welch.map_or("-".to_owned(), |w| p_text(w.p_value)),
                     s.verdict.word(),
+                    s.mmtests.map_or("-".to_owned(), |x| format!("{:.2}", x.ratio)),
                 ),
-                None => ("-".to_owned(), "-"),
+                None => ("-".to_owned(), "-", "-".to_owned()),
             };
             out.push_str(&format!(
-                "{:<name_w$} {} {}  {p:<10} {verdict}\n",
+                "{:<name_w$} {} {}  {p:<10} {verdict:<16} {cidiff}\n",
                 m.metric.name,
                 ci_cell(&m.baseline),
                 ci_cell(&m.compare),
             ));
         }
+        out.push_str(
+            "verdict: Welch's t-test, significant when p < 0.05 (the difference's 95 % CI \
+             excludes 0); exact: every run the same value (counts compared as integers), no \
+             test. mmtests cidiff: mmtests' ratio of the difference to both sides' \
+             qnorm(0.975) x stddev summed (mmtests marks |cidiff| > 1)\n",
+        );
         out
     }
 
@@ -349,24 +407,27 @@ impl CompareTable {
 
     /// CSV: one line per metric and statistic. Columns:
     /// `metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct,`
-    /// `baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict`; the last
-    /// five (the mean's 95 % CI half-widths and the significance) only on
-    /// the `amean` line; undefined values are empty cells.
+    /// `baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict,rule`; the
+    /// last six (the mean's 95 % CI half-widths and the significance) only
+    /// on the `amean` line; undefined values are empty cells.
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
             "metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct,\
-             baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict\n",
+             baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict,rule\n",
         );
         let num = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
         for m in &self.metrics {
             for stat in Stat::ALL {
                 let sig = m.significance.filter(|_| stat == Stat::Amean);
-                let verdict = sig.map_or(String::new(), |s| {
-                    serde_json::to_value(s.verdict)
-                        .ok()
+                let key = |v: serde_json::Result<serde_json::Value>| {
+                    v.ok()
                         .and_then(|v| v.as_str().map(str::to_owned))
                         .unwrap_or_default()
-                });
+                };
+                let verdict = sig.map_or(String::new(), |s| key(serde_json::to_value(s.verdict)));
+                let rule = sig
+                    .and_then(|s| s.rule)
+                    .map_or(String::new(), |r| key(serde_json::to_value(r)));
                 let amean_only = |v: Option<f64>| num(v.filter(|_| stat == Stat::Amean));
                 let fields = [
                     csv_field(&m.metric.name),
@@ -383,6 +444,7 @@ impl CompareTable {
                     num(sig.and_then(|s| s.welch).map(|w| w.p_value)),
                     num(sig.and_then(|s| s.mmtests).map(|m| m.ratio)),
                     verdict,
+                    rule,
                 ];
                 out.push_str(&fields.join(","));
                 out.push('\n');
@@ -404,31 +466,66 @@ fn cell(value: Option<f64>, diff: Option<f64>, marked: bool) -> String {
 /// Width of a confidence cell: `%12.2f ± %9.2f (%6.2f%)`.
 const CI_W: usize = 12 + 3 + 9 + 2 + 7 + 1;
 
+/// A figure with two decimals; one that would print as 0.00 but is not 0
+/// with three significant digits instead (`0.00123`), so that a printed
+/// line never shows `0.00 ± 0.00` beside a verdict about its difference.
+pub(crate) fn fig(v: f64) -> String {
+    if v == 0.0 || !stats::near_zero(v) {
+        return format!("{v:.2}");
+    }
+    let decimals = (-v.abs().log10()).floor() as usize + 3;
+    if decimals > 12 {
+        format!("{v:.2e}")
+    } else {
+        format!("{v:.decimals$}")
+    }
+}
+
+/// [`fig`] with its sign always shown.
+pub(crate) fn fig_signed(v: f64) -> String {
+    let f = fig(v);
+    if f.starts_with('-') {
+        f
+    } else {
+        format!("+{f}")
+    }
+}
+
 /// `mean ± half-width (relative %)`, `mean   exact`, or the mean alone;
 /// the means of all rows in one column.
 fn ci_cell(s: &Summary) -> String {
     let text = match s.ci95 {
-        Some(ci) if ci.half_width == 0.0 => format!("{:>12.2}   exact", s.amean),
+        _ if s.exact() => format!("{:>12}   exact", fig(s.amean)),
         Some(ci) => {
+            // No percentage of a mean that prints as 0.00.
             let rel = ci
                 .relative_pct
+                .filter(|_| !stats::near_zero(s.amean))
                 .map_or_else(|| format!("{:>7}", "n/a"), |r| format!("{r:>6.2}%"));
-            format!("{:>12.2} ± {:>9.2} ({rel})", s.amean, ci.half_width)
+            format!("{:>12} ± {:>9} ({rel})", fig(s.amean), fig(ci.half_width))
         }
-        None => format!("{:>12.2}   (1 run)", s.amean),
+        None => format!("{:>12}   (1 run)", fig(s.amean)),
     };
     // `±` is one column but two bytes: pad by characters.
     let pad = CI_W.saturating_sub(text.chars().count());
     format!("{text}{}", " ".repeat(pad))
 }
 
-/// A p-value for people: four decimals, or `<0.0001`.
+/// A p-value for people: four decimals, or `<0.0001`; near 0.05 as many
+/// more as it takes for the printed value to fall on the same side of 0.05
+/// as the verdict (0.04996 is not printed "0.0500").
 pub fn p_text(p: f64) -> String {
     if p < 1e-4 {
-        "<0.0001".to_owned()
-    } else {
-        format!("{p:.4}")
+        return "<0.0001".to_owned();
     }
+    for decimals in 4..=17 {
+        let text = format!("{p:.decimals$}");
+        let shown: f64 = text.parse().unwrap_or(p);
+        if (shown < 0.05) == (p < 0.05) && (shown != 0.05 || p == 0.05) {
+            return text;
+        }
+    }
+    format!("{p}")
 }
 
 #[cfg(test)]

@@ -262,11 +262,21 @@ fn print_header(
         None => println!("ptiscope compare: what PTI costs in the ptiscope guest on this host"),
     }
     // Probed once per process (the entry probe also resolves entry=auto).
-    let environment = Environment::collect(
+    let mut environment = Environment::collect(
         backend.name(),
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.image)),
         BTreeMap::new(),
     );
+    // A Linux guest is named by its release (pictures say which kernel's
+    // PTI they show, not only the host's); the companion by its image hash.
+    environment.guest_kernel = base.run.linux.as_ref().map(|l| {
+        let release = l
+            .version
+            .as_deref()
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap_or("version unknown");
+        format!("Linux {release} ({})", l.arch.name())
+    });
     let (kvm_line, entry_text) = backend.describe(&base.run);
     print!("{}", environment.render_header(kvm_line));
     let runs_text = match count {
