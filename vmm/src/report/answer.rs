@@ -59,7 +59,8 @@ pub struct AnswerLine {
     /// `compare - baseline`: positive = more with the compare configuration.
     pub delta: f64,
     /// `delta` in % of the baseline's mean; `None` when the baseline is 0
-    /// or prints as 0.00 (a percentage of a near-zero rate says nothing).
+    /// or is near zero (below 0.05: a percentage of a near-zero rate says
+    /// nothing; [`stats::NEAR_ZERO`]).
     pub delta_pct: Option<f64>,
     /// The 95 % confidence interval of `delta` (Welch: Student's t with the
     /// Welch–Satterthwaite degrees of freedom); `None` when both sides are
@@ -105,7 +106,10 @@ fn line(m: &MetricComparison, what: &str, basis: TimeBasis) -> AnswerLine {
         baseline: m.baseline.amean,
         compare: m.compare.amean,
         delta: m.compare.amean - m.baseline.amean,
-        delta_pct: m.delta_pct.amean.filter(|_| !stats::near_zero(m.baseline.amean)),
+        delta_pct: m
+            .delta_pct
+            .amean
+            .filter(|_| !stats::near_zero(m.baseline.amean)),
         // The interval of the test that gave the verdict: never for a
         // constant, and never one that contradicts it.
         delta_ci95: if exact {
@@ -484,7 +488,18 @@ mod tests {
             &[0.0; 5],
         )
         .unwrap();
+        t.environment = Some(env("kvm", "kvm_intel"));
         t
+    }
+
+    fn env(backend: &str, module: &str) -> crate::report::Environment {
+        let mut e = crate::report::Environment {
+            backend: backend.into(),
+            ..Default::default()
+        };
+        e.kvm.module = Some(module.into());
+        e.kvm.sees_cr3_writes = module == "kvm_pvm";
+        e
     }
 
     #[test]
@@ -494,6 +509,7 @@ mod tests {
         // One time metric; the all-zero counter is left out.
         let names: Vec<&str> = a.iter().map(|l| l.metric.as_str()).collect();
         assert_eq!(names, ["ns_per_call", "cr3_writes_per_call"]);
+        assert_eq!(a[0].time_basis, Some("hardware"));
         let ns = &a[0];
         // 40.82 - 30.30 = +10.52: positive = more with the compare side.
         assert!((ns.delta - 10.52).abs() < 1e-9, "{ns:?}");
@@ -517,7 +533,9 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("pti=on - pti=off per getpid call (+ = more with pti=on"));
         assert!(
-            lines[1].trim_start().starts_with("[host-clock] time"),
+            lines[1]
+                .trim_start()
+                .starts_with("[host-clock] time [hardware]"),
             "{text}"
         );
         assert!(
@@ -525,7 +543,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            lines[1].contains("CI [+") && lines[1].contains("mmtests: significant; Welch p"),
+            lines[1].contains("CI [+") && lines[1].ends_with("significant, p <0.0001"),
             "{text}"
         );
         assert!(
@@ -536,11 +554,19 @@ mod tests {
             lines[2].contains("0 -> 2") && lines[2].ends_with("exact, differ"),
             "{text}"
         );
+        assert!(
+            lines[3].starts_with("  time here: hardware"),
+            "the time says what it is: {text}"
+        );
         let table = render_table(&t);
         // One time metric, the exact counter shown once, the zero one counted.
         let rows: Vec<&str> = table.lines().filter(|l| l.starts_with('[')).collect();
         assert_eq!(rows.len(), 2, "{table}");
         assert!(rows[0].contains("30.30 ± 0.86"), "{table}");
+        assert!(
+            rows[0].starts_with("[host-clock] ns_per_call [hardware]"),
+            "{table}"
+        );
         assert!(
             !rows[1].contains('±') && rows[1].ends_with("exact, differ"),
             "{table}"
@@ -549,5 +575,110 @@ mod tests {
             table.contains("cycles_per_call (the same time) in --mmtests, --json, --csv; 1 more"),
             "{table}"
         );
+    }
+
+    /// Under kvm_pvm (and TCG, and where the basis is unknown) the counts
+    /// lead and the time says it is not hardware time, in the answer, the
+    /// JSON and the table; a KVM flush count beside the guest's CR3 writes
+    /// is explained.
+    #[test]
+    fn where_times_are_not_hardware_the_counts_lead() {
+        let mut t = table();
+        t.add(
+            Metric::new("tlb_flush_per_call", "count/call", Source::Kvm),
+            &[0.01, 0.012, 0.011, 0.01, 0.01],
+            &[1.01, 1.012, 1.011, 1.01, 1.01],
+        )
+        .unwrap();
+        t.environment = Some(env("kvm", "kvm_pvm"));
+        let a = answer(&t);
+        let names: Vec<&str> = a.iter().map(|l| l.metric.as_str()).collect();
+        assert_eq!(
+            names,
+            ["cr3_writes_per_call", "tlb_flush_per_call", "ns_per_call"]
+        );
+        assert_eq!(a[2].time_basis, Some("kvm_pvm"));
+        assert_eq!(a[0].time_basis, None);
+        let text = render_answer(&t, "getpid call");
+        assert!(
+            text.contains("time [kvm_pvm emulated]")
+                && text.contains(
+                    "time here: kvm_pvm: guest kernel code emulated; not what hardware would \
+                     take, so the counts lead"
+                ),
+            "{text}"
+        );
+        assert!(
+            text.contains("note: [kvm] TLB flushes 1.01/call beside [guest] CR3 writes 2/call")
+                && text.contains("once per kernel->user CR3 round trip"),
+            "{text}"
+        );
+        // A near-zero baseline (0.0106 flushes per call) gets no percentage.
+        let tlb = &a[1];
+        assert_eq!(tlb.delta_pct, None, "{tlb:?}");
+        assert!(render_table(&t).contains("times [kvm_pvm emulated]: kvm_pvm: guest kernel"));
+        t.environment = Some(env("qemu", "kvm_pvm"));
+        let text = render_answer(&t, "getpid call");
+        assert!(
+            text.contains("time [TCG]")
+                && text.contains("QEMU TCG: every CR3 write flushes the soft TLB"),
+            "{text}"
+        );
+        t.environment = None;
+        assert!(render_answer(&t, "x").contains("time [basis unknown]"));
+    }
+
+    /// Property over seeded random samples: the printed answer line has one
+    /// verdict word, and it agrees with the p and the CI printed beside it
+    /// (significant == p < 0.05 == the CI's printed bounds exclude 0).
+    #[test]
+    fn the_printed_verdict_agrees_with_the_printed_p_and_ci() {
+        let mut rng = crate::report::stats::tests::Rng(0x00c0_ffee_2026_0026);
+        let mut seen = [0usize; 2];
+        for _ in 0..3000 {
+            let (na, nb) = (2 + (rng.next() % 8) as usize, 2 + (rng.next() % 8) as usize);
+            let scale = 10f64.powi((rng.next() % 7) as i32 - 3);
+            let (sda, sdb) = (scale * rng.unit() * 3.0, scale * rng.unit() * 3.0);
+            let base = rng.samples(na, 10.0 * scale, sda);
+            let shift = scale * (rng.unit() * 4.0 - 2.0);
+            let comp = rng.samples(nb, 10.0 * scale + shift, sdb);
+            let mut t = CompareTable::new(side("a"), side("b"));
+            t.add(
+                Metric::new("ns_per_call", "ns/call", Source::HostClock),
+                &base,
+                &comp,
+            )
+            .unwrap();
+            t.environment = Some(env("kvm", "kvm_amd"));
+            let text = render_answer(&t, "call");
+            let l = text.lines().nth(1).unwrap();
+            let words = [
+                "not significant",
+                "significant",
+                "exact, equal",
+                "exact, differ",
+            ];
+            let found: Vec<&str> = words
+                .iter()
+                .copied()
+                .filter(|w| l.contains(&format!("  {w}")) || l.contains(&format!(" {w},")))
+                .collect();
+            assert!(!found.is_empty(), "a verdict: {l}");
+            if found.iter().any(|w| w.starts_with("exact")) {
+                assert!(!l.contains("CI [") && !l.contains(", p "), "{l}");
+                continue;
+            }
+            let significant = !l.contains("not significant");
+            let p = l.rsplit(", p ").next().unwrap();
+            let p_below = p == "<0.0001" || p.parse::<f64>().unwrap() < 0.05;
+            let ci = l.split("CI [").nth(1).unwrap().split(']').next().unwrap();
+            let (lo, hi) = ci.split_once(", ").unwrap();
+            let (lo, hi): (f64, f64) = (lo.parse().unwrap(), hi.parse().unwrap());
+            let excludes = lo > 0.0 || hi < 0.0;
+            assert_eq!(significant, p_below, "{l}");
+            assert_eq!(significant, excludes, "{l}");
+            seen[usize::from(significant)] += 1;
+        }
+        assert!(seen[0] > 100 && seen[1] > 100, "{seen:?}");
     }
 }

@@ -1,7 +1,7 @@
 //! A compare table as a picture, under a title naming the workload, the
 //! host, the guest kernel, the runs and what the times are on this backend:
 //!
-//! 1. the metrics whose baseline mean does not print as 0.00, relative to
+//! 1. the metrics whose baseline mean is not near zero (0.05), relative to
 //!    it (100 %), on an axis fitted to the data with round ticks: a bar from
 //!    100 % to the compare side's mean (red: more with the compare side,
 //!    green: less; the only meaning of colour here), the compare mean's
@@ -11,7 +11,7 @@
 //! 2. the counters that differ and start at (near) zero (CR3 writes 0 -> 2,
 //!    TLB flushes 0 -> 1), drawn as paired bars on a count axis (outline:
 //!    baseline, filled grey: compare), each with its value;
-//! 3. rates near zero on both sides (both print as 0.00), listed as values
+//! 3. rates near zero on both sides (below 0.05), listed as values
 //!    only: a percentage or a bar of them would say nothing.
 //!
 //! Plain SVG written by hand (a few dozen elements; the tests render it
@@ -145,12 +145,12 @@ fn subtitle(table: &CompareTable) -> (String, String, String) {
 }
 
 /// Whether `m` goes in the counter panel: a count whose baseline is zero
-/// or prints as 0.00 and whose compare side does not (no ratio to draw).
+/// or near it (below 0.05) and whose compare side is not (no ratio to draw).
 fn counter_row(m: &MetricComparison) -> bool {
     m.metric.unit.starts_with("count") && near_zero(m.baseline.amean) && !near_zero(m.compare.amean)
 }
 
-/// Whether `m` is listed as values only: both sides print as 0.00, and
+/// Whether `m` is listed as values only: both sides near zero, and
 /// one is not 0.
 fn near_zero_row(m: &MetricComparison) -> bool {
     near_zero(m.baseline.amean)
@@ -176,8 +176,7 @@ pub fn compare_svg(table: &CompareTable) -> String {
         .collect();
     let counters: Vec<&MetricComparison> =
         table.metrics.iter().filter(|m| counter_row(m)).collect();
-    let small: Vec<&MetricComparison> =
-        table.metrics.iter().filter(|m| near_zero_row(m)).collect();
+    let small: Vec<&MetricComparison> = table.metrics.iter().filter(|m| near_zero_row(m)).collect();
     let rel = |m: &MetricComparison, v: f64| v / m.baseline.amean * 100.0;
     let mut lo = 100.0f64;
     let mut hi = 100.0f64;

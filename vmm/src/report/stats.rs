@@ -362,11 +362,13 @@ fn all_equal(v: &[f64]) -> bool {
     v.first().is_some_and(|f| v.iter().all(|x| x == f))
 }
 
-/// Below this a per-call figure prints as 0.00 with two decimals: a
-/// percentage of it, or a bar scaled to it, says nothing.
-pub const NEAR_ZERO: f64 = 0.005;
+/// Below this a per-call figure is near zero: it prints as 0.00 or 0.0x
+/// with two decimals, an event in fewer than one call of twenty. A
+/// percentage of it (0.0012 -> 0.0113 is "+838 %"), or a bar scaled to it,
+/// says nothing about the call; its values are shown instead.
+pub const NEAR_ZERO: f64 = 0.05;
 
-/// Whether `v` would print as 0.00 (0 itself included).
+/// Whether `v` is near zero (0 itself included).
 pub fn near_zero(v: f64) -> bool {
     v.abs() < NEAR_ZERO
 }
@@ -729,7 +731,7 @@ pub fn significance_of(baseline: &Summary, compare: &Summary) -> Significance {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn close(a: f64, b: f64) -> bool {
@@ -964,7 +966,11 @@ mod tests {
         let s = significance(&base, &base.map(|x| x + 2.0));
         assert_eq!(s.verdict, Verdict::Significant);
         assert_eq!(s.rule, Some(Rule::Welch95));
-        assert!(near(s.welch.unwrap().p_value, 0.002_077_337_711_226_867_6, 1e-9));
+        assert!(near(
+            s.welch.unwrap().p_value,
+            0.002_077_337_711_226_867_6,
+            1e-9
+        ));
         assert!(!s.mmtests.unwrap().significant);
         // The n = 5 pair of the Welch test: p = 0.2617, not significant.
         assert_eq!(
@@ -981,7 +987,10 @@ mod tests {
         assert_eq!(v(&[2.0], &[3.0]), Verdict::Undefined);
         assert!(Verdict::ExactDifferent.marked() && !Verdict::ExactEqual.marked());
         let s = significance(&[0.0, 0.0], &[0.5, 0.5]);
-        assert_eq!((s.welch, s.mmtests, s.rule), (None, None, Some(Rule::Exact)));
+        assert_eq!(
+            (s.welch, s.mmtests, s.rule),
+            (None, None, Some(Rule::Exact))
+        );
     }
 
     /// The `--runs auto` case of the issue: a constant rate's float mean
@@ -1021,7 +1030,10 @@ mod tests {
         );
         assert!(sa.exact() && sb.exact());
         let s = significance_of(&sa, &sb);
-        assert_eq!((s.verdict, s.welch, s.mmtests), (Verdict::ExactEqual, None, None));
+        assert_eq!(
+            (s.verdict, s.welch, s.mmtests),
+            (Verdict::ExactEqual, None, None)
+        );
         assert_eq!(sa.ci95.unwrap().half_width, 0.0);
         // One more instruction in one run: exact against it no longer.
         let d = c(&[2939, 2940, 2939, 2939], &[113, 113, 113, 113]);
@@ -1087,16 +1099,26 @@ mod tests {
             let b = rng.samples(nb, 100.0 * scale + shift, sdb);
             let s = significance(&a, &b);
             let Some(w) = s.welch else {
-                assert!(matches!(s.verdict, Verdict::ExactEqual | Verdict::ExactDifferent));
+                assert!(matches!(
+                    s.verdict,
+                    Verdict::ExactEqual | Verdict::ExactDifferent
+                ));
                 continue;
             };
             let [lo, hi] = w.delta_ci95.expect("an interval with a test");
             let excludes = lo > 0.0 || hi < 0.0;
             let significant = s.verdict == Verdict::Significant;
             assert_eq!(significant, w.p_value < 0.05, "{a:?} {b:?}");
-            assert_eq!(significant, excludes, "{a:?} {b:?} p {} [{lo}, {hi}]", w.p_value);
+            assert_eq!(
+                significant, excludes,
+                "{a:?} {b:?} p {} [{lo}, {hi}]",
+                w.p_value
+            );
             seen[usize::from(significant)] += 1;
         }
-        assert!(seen[0] > 1000 && seen[1] > 1000, "both verdicts exercised: {seen:?}");
+        assert!(
+            seen[0] > 1000 && seen[1] > 1000,
+            "both verdicts exercised: {seen:?}"
+        );
     }
 }

@@ -215,9 +215,10 @@ pub fn rates(s: &RunSummary) -> Vec<(Metric, f64)> {
 /// rate is that total over the run's calls. `None` for anything else (a
 /// time, a size, a rate over another divisor).
 pub fn count_of(s: &RunSummary, rate: &str) -> Option<(u64, u64)> {
-    let r = s.rows.iter().find(|r| {
-        r.metric.unit == "count" && rate_name(&r.metric.name, &r.metric.unit) == rate
-    })?;
+    let r = s
+        .rows
+        .iter()
+        .find(|r| r.metric.unit == "count" && rate_name(&r.metric.name, &r.metric.unit) == rate)?;
     // Whole, non-negative and exactly representable (below 2^53).
     let whole = r.total.fract() == 0.0 && (0.0..9.007_199_254_740_992e15).contains(&r.total);
     let calls = s.iterations;
