@@ -6,7 +6,7 @@
 //!    data span three decades or fewer), one curve per working set and compare configuration.
 //!    Colour means the working set and nothing else in the figure; the
 //!    configuration is the marker's shape and the line's dash; a filled
-//!    marker is an overhead significant by mmtests' rule, a hollow one is
+//!    marker is an overhead significant by Welch's t-test (95 %), a hollow one is
 //!    not. The legend shows every colour, shape and fill.
 //! 2. Per compare configuration, a heat map of overhead over (working set,
 //!    reads per call) in grey (darker = more), each cell labelled with its
@@ -308,7 +308,7 @@ pub fn svg(r: &SweepReport) -> String {
             r#"<text x="{lx}" y="{ly}" font-size="12" font-weight="bold">fill</text>"#
         ));
         for (filled, what) in [
-            (true, "significant (mmtests' rule)"),
+            (true, "significant (Welch, p < 0.05)"),
             (false, "not significant"),
         ] {
             ly += 20.0;
