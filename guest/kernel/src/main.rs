@@ -146,8 +146,7 @@ extern "C" fn kmain(start_info: usize) -> ! {
         if config.workload != Workload::None {
             line.str(" iterations=").dec(config.iterations);
         }
-        line.str(" telemetry=")
-        .hex(config.telemetry.unwrap_or(0));
+        line.str(" telemetry=").hex(config.telemetry.unwrap_or(0));
         match config.fault {
             Some(f) => line.str(" fault=").str(f.name()).str("\n"),
             None => line.str(" fault=none\n"),

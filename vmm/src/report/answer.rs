@@ -211,12 +211,15 @@ fn shown_what(l: &AnswerLine, basis: TimeBasis) -> String {
 fn spread_words(s: &stats::Summary) -> String {
     match s.runs_differing() {
         Some(0) => format!("{} in every run", num(s.amean)),
-        Some(k) => format!(
-            "{}..{}, {k} of {} runs differ",
-            num(s.min),
-            num(s.max),
-            s.n()
-        ),
+        Some(k) => {
+            // As many decimals as it takes for the two ends to differ
+            // (1.0195..1.0205, not 1.02..1.02).
+            let (lo, hi) = (2..=9)
+                .map(|d| (format!("{:.d$}", s.min), format!("{:.d$}", s.max)))
+                .find(|(a, b)| a != b)
+                .unwrap_or_else(|| (s.min.to_string(), s.max.to_string()));
+            format!("{lo}..{hi}, {k} of {} runs differ", s.n())
+        }
         None => num(s.amean),
     }
 }
