@@ -308,7 +308,7 @@ pub fn svg(r: &SweepReport) -> String {
             r#"<text x="{lx}" y="{ly}" font-size="12" font-weight="bold">fill</text>"#
         ));
         for (filled, what) in [
-            (true, "significant (Welch, p < 0.05)"),
+            (true, "significant (Welch, p &lt; 0.05)"),
             (false, "not significant"),
         ] {
             ly += 20.0;
