@@ -506,3 +506,67 @@ fn against_an_earlier_result_names_environment_differences() {
         stderr(&o)
     );
 }
+
+/// A Linux compare under QEMU TCG: its picture names the guest kernel (the
+/// Debian release, not only the host's kernel) and says its times are
+/// TCG's; the answer labels the time and puts the counts first.
+#[test]
+fn a_linux_compare_names_its_guest_kernel_and_tcg_times() {
+    let test = "a_linux_compare_names_its_guest_kernel_and_tcg_times";
+    if !qemu_or_skip(test, "qemu-system-x86_64") {
+        return;
+    }
+    let kernel = match ptiscope::linux::known_path("debian-amd64") {
+        Some(Ok(p)) if p.is_file() => p,
+        _ => {
+            ptiscope::test_support::skip(
+                test,
+                "debian-amd64 is not fetched: run `ptiscope linux fetch` (apt-get download)",
+            );
+            return;
+        }
+    };
+    let dir = scratch(test);
+    let (json, svg) = (dir.join("c.json"), dir.join("c.svg"));
+    let o = ptiscope()
+        .args(["compare", "--backend", "qemu", "--no-plugin", "--linux"])
+        .arg(&kernel)
+        .args([
+            "--workload",
+            "getppid",
+            "--iterations",
+            "1000",
+            "--runs",
+            "2",
+        ])
+        .args(["--timeout", "120", "--quiet", "--json"])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
+    let v = read_json(&json);
+    assert_eq!(v["time_basis"]["key"], "qemu_tcg", "{}", v["time_basis"]);
+    let guest = v["environment"]["guest_kernel"].as_str().unwrap();
+    assert!(guest.starts_with("Linux 6."), "{guest}");
+    assert!(
+        out.contains("time [TCG]")
+            && out.contains("time here: QEMU TCG: every CR3 write flushes the soft TLB"),
+        "{out}"
+    );
+    let answer = v["answer"].as_array().unwrap();
+    assert!(
+        answer.last().is_some_and(|a| !a["time_basis"].is_null()),
+        "TCG time: the counts lead: {answer:?}"
+    );
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.contains(&format!(
+            "guest {guest}; times: QEMU TCG: every CR3 write flushes the soft TLB"
+        )),
+        "{picture}"
+    );
+    assert!(picture.contains(">host Linux "), "the host named too");
+}
