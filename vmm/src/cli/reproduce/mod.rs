@@ -365,13 +365,24 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         if current != Some(c.guest) {
             current = Some(c.guest);
             println!();
+            // What its times are on the backend it ran on (kvm_pvm's
+            // emulated kernel, TCG), beside the guest's name.
+            let basis = (!m.backend.is_empty()).then(|| {
+                let env = crate::report::Environment {
+                    backend: m.backend.to_owned(),
+                    kvm: crate::report::environment::kvm(),
+                    ..Default::default()
+                };
+                crate::report::time_basis::TimeBasis::of(Some(&env)).label()
+            });
             println!(
-                "{} ({})",
+                "{} ({}{})",
                 c.guest.name(),
-                if m.backend.is_empty() { "-" } else { m.backend }
+                if m.backend.is_empty() { "-" } else { m.backend },
+                basis.map_or(String::new(), |b| format!("; times: {b}"))
             );
             println!(
-                "  {:<26} {:<12} {:>14} {:>18}   {:>18} {:>10}   {:>9}",
+                "  {:<26} {:<12} {:>14} {:>18}   {:>22} {:>10}   {:>9}",
                 "row", "column", "published", "published, per", "here", "vs base", "CR3/call"
             );
         }
@@ -410,7 +421,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             (None, None) => "n/a".into(),
         };
         println!(
-            "  {:<26} {:<12} {:>14} {:>18}   {:>18} {:>10}   {:>9}",
+            "  {:<26} {:<12} {:>14} {:>18}   {:>22} {:>10}   {:>9}",
             c.row,
             c.column,
             match pub_vs {
