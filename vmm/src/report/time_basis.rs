@@ -95,14 +95,16 @@ pub fn guest_kernel(env: Option<&Environment>) -> String {
         return k.clone();
     }
     let image = &e.guest_image;
-    format!(
-        "ptiscope guest ({}, sha256 {})",
-        image.name,
-        image
-            .sha256
-            .as_deref()
-            .map_or("?", |s| &s[..s.len().min(12)])
-    )
+    let hash = image
+        .sha256
+        .as_deref()
+        .map_or("?", |s| &s[..s.len().min(12)]);
+    if image.name.starts_with("embedded ") {
+        format!("ptiscope guest ({}, sha256 {hash})", image.name)
+    } else {
+        // A --kernel or --linux path: the file's name says what it is.
+        format!("{} (sha256 {hash})", image.name)
+    }
 }
 
 #[cfg(test)]
@@ -165,5 +167,11 @@ mod tests {
         e.guest_kernel = Some("Linux 6.1.0-57-cloud-amd64 (amd64)".into());
         assert_eq!(guest_kernel(Some(&e)), "Linux 6.1.0-57-cloud-amd64 (amd64)");
         assert_eq!(guest_kernel(None), "guest not recorded");
+        e.guest_kernel = None;
+        e.guest_image.name = "/k/vmlinuz-6.1.0-57-cloud-amd64".into();
+        assert_eq!(
+            guest_kernel(Some(&e)),
+            "/k/vmlinuz-6.1.0-57-cloud-amd64 (sha256 0123456789ab)"
+        );
     }
 }
