@@ -431,6 +431,30 @@ pub fn render_table(t: &CompareTable) -> String {
     if !also.is_empty() {
         out.push_str(&format!("also: {}\n", also.join("; ")));
     }
+    // Counts that are not one value in every run: how many runs differed.
+    let varying: Vec<String> = shown
+        .iter()
+        .filter_map(|m| {
+            let sides = [
+                (&t.baseline.label, &m.baseline),
+                (&t.compare.label, &m.compare),
+            ];
+            let words: Vec<String> = sides
+                .iter()
+                .filter_map(|(label, s)| {
+                    let k = s.runs_differing().filter(|&k| k > 0)?;
+                    Some(format!("{label} {k} of {}", s.n()))
+                })
+                .collect();
+            (!words.is_empty()).then(|| format!("{} ({})", m.metric.name, words.join(", ")))
+        })
+        .collect();
+    if !varying.is_empty() {
+        out.push_str(&format!(
+            "counts not the same in every run (runs that differ from the most common value): {}\n",
+            varying.join("; ")
+        ));
+    }
     if shown.iter().any(|m| is_time(&m.metric.unit)) {
         out.push_str(&format!("times [{}]: {}\n", basis.tag(), basis.label()));
     }
@@ -620,6 +644,26 @@ mod tests {
         let tlb = &a[1];
         assert_eq!(tlb.delta_pct, None, "{tlb:?}");
         assert!(render_table(&t).contains("times [kvm_pvm emulated]: kvm_pvm: guest kernel"));
+        // A count that differs between runs: its spread and how many runs.
+        t.add_counts(
+            Metric::new("kvm_exits_per_call", "count/call", Source::Kvm),
+            crate::report::stats::CountRuns::new(vec![201, 202, 201], vec![100; 3]).unwrap(),
+            crate::report::stats::CountRuns::new(vec![203; 3], vec![100; 3]).unwrap(),
+        )
+        .unwrap();
+        let text = render_answer(&t, "getpid call");
+        assert!(
+            text.contains("VM exits not exact: pti=off 2.01..2.02, 1 of 3 runs differ; pti=on 2.03 in every run"),
+            "{text}"
+        );
+        assert!(
+            render_table(&t).contains(
+                "counts not the same in every run (runs that differ from the most common value): \
+                 kvm_exits_per_call (pti=off 1 of 3)"
+            ),
+            "{}",
+            render_table(&t)
+        );
         t.environment = Some(env("qemu", "kvm_pvm"));
         let text = render_answer(&t, "getpid call");
         assert!(
