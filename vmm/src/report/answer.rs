@@ -300,7 +300,7 @@ pub fn render_answer(t: &CompareTable, per: &str) -> String {
             )
         };
         out.push_str(&format!(
-            "  {:<tag_w$} {:<what_w$} {diff:>13}  {pct:<14} {ci:<26} {}\n",
+            "  {:<tag_w$} {:<what_w$} {diff:>16}  {pct:<14} {ci:<26} {}\n",
             format!("[{}]", source_tag(l.source)),
             shown_what(l, basis),
             verdict_text(l.verdict, l.welch_p),
