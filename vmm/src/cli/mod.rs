@@ -82,7 +82,8 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
     /// Run a baseline and a compare configuration, repeated and interleaved,
-    /// and print the mmtests compare-kernels table.
+    /// and print what the compare side costs per call (`--mmtests`: the
+    /// mmtests compare-kernels table).
     #[command(after_help = COMPARE_HELP)]
     Compare(CompareArgs),
     /// PTI's overhead over a grid of working sets and syscall rates (the
