@@ -13,6 +13,107 @@ fn compare(extra: &[&str], name: &str) -> (Option<i32>, String, String, std::pat
 }
 
 /// `compare --iterations 200 --quiet --json FILE` and `extra` (no `--runs`).
+/// What every compare must hold (issue 26): a count whose runs all have
+/// the same per-call rational (checked here on the JSON's integers) is
+/// exact, with no t, p or CI; every answer line's one verdict agrees with
+/// its p and its CI, in the JSON and in the printed line; the time says
+/// what it is on this host's backend, and where that is not hardware the
+/// counts lead.
+fn check_exact_counts_and_one_verdict(v: &serde_json::Value, out: &str) {
+    let ints = |x: &serde_json::Value| -> Vec<u128> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|n| u128::from(n.as_u64().unwrap()))
+            .collect()
+    };
+    let mut counts_seen = 0;
+    for m in v["metrics"].as_array().unwrap() {
+        let sides = [&m["baseline"]["counts"], &m["compare"]["counts"]];
+        if sides.iter().any(|c| c.is_null()) {
+            continue;
+        }
+        counts_seen += 1;
+        let exact = sides.iter().all(|c| {
+            let (k, n) = (ints(&c["counts"]), ints(&c["calls"]));
+            (0..k.len()).all(|i| k[i] * n[0] == k[0] * n[i])
+        });
+        let sig = &m["significance"];
+        if exact {
+            assert!(
+                sig["verdict"].as_str().unwrap().starts_with("exact_"),
+                "{}: {sig}",
+                m["name"]
+            );
+            assert!(sig["welch"].is_null() && sig["mmtests"].is_null(), "{sig}");
+        }
+    }
+    assert!(counts_seen > 3, "counts carried as integers: {counts_seen}");
+    let answer = v["answer"].as_array().unwrap();
+    for a in answer {
+        let verdict = a["verdict"].as_str().unwrap();
+        if a["exact"] == true {
+            assert!(a["delta_ci95"].is_null() && a["welch_p"].is_null(), "{a}");
+            continue;
+        }
+        let Some(p) = a["welch_p"].as_f64() else {
+            continue;
+        };
+        let ci = a["delta_ci95"].as_array().unwrap();
+        let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
+        let significant = verdict == "significant";
+        assert_eq!(significant, p < 0.05, "{a}");
+        assert_eq!(significant, lo > 0.0 || hi < 0.0, "{a}");
+    }
+    // The printed answer lines: one verdict word each, beside its p.
+    let block: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.contains(" per getpid call (+ = more with"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  ["))
+        .collect();
+    assert_eq!(block.len(), answer.len(), "{out}");
+    for l in &block {
+        let words = [
+            "not significant",
+            "significant",
+            "exact, differ",
+            "exact, equal",
+        ];
+        let n = words
+            .iter()
+            .filter(|w| l.ends_with(*w) || l.contains(&format!("{w}, p ")))
+            .count();
+        // "not significant" also contains "significant": one of them or
+        // both for that one verdict.
+        assert!(n == 1 || (n == 2 && l.contains("not significant")), "{l}");
+        assert!(
+            !l.contains("mmtests"),
+            "mmtests' rule is not a second verdict: {l}"
+        );
+    }
+    let module = v["environment"]["kvm"]["module"].as_str().unwrap_or("");
+    let key = v["time_basis"]["key"].as_str().unwrap();
+    let expected = match module {
+        "kvm_pvm" => "kvm_pvm",
+        "kvm_intel" | "kvm_amd" => "hardware",
+        _ => "unknown",
+    };
+    assert_eq!(key, expected, "{}", v["time_basis"]);
+    let label = v["time_basis"]["label"].as_str().unwrap();
+    assert!(out.contains(&format!("time here: {label}")), "{out}");
+    let times: Vec<usize> = answer
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| !a["time_basis"].is_null())
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(times.len(), 1, "one time line");
+    if key != "hardware" {
+        assert_eq!(times[0], answer.len() - 1, "the counts lead: {answer:?}");
+    }
+}
+
 fn compare_with(extra: &[&str], name: &str) -> (Option<i32>, String, String, std::path::PathBuf) {
     let dir = scratch(name);
     let json = dir.join("compare.json");
@@ -195,12 +296,14 @@ fn default_compare_marks_significance_and_prints_confidence_intervals() {
     let (out, err) = (stdout(&o), stderr(&o));
     assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
     let v = read_json(&json);
+    check_exact_counts_and_one_verdict(&v, &out);
     let t = CompareTable::from_json(v.clone()).unwrap();
     for m in &t.metrics {
         let sig = m.significance.expect("significance in every metric");
         assert_eq!(m.baseline.n(), 5);
-        // The JSON's numbers are the library's on the JSON's samples.
-        let again = ptiscope::report::stats::significance(&m.baseline.samples, &m.compare.samples);
+        // The JSON's numbers are the library's on the JSON's summaries
+        // (a count's integers included).
+        let again = ptiscope::report::stats::significance_of(&m.baseline, &m.compare);
         assert_eq!(sig.verdict, again.verdict, "{}", m.metric.name);
         // (through JSON text a float may come back one ulp off)
         let ci = ptiscope::report::stats::mean_ci95(&m.baseline.samples).unwrap();
@@ -315,7 +418,8 @@ fn runs_auto_stops_and_says_how_many_runs() {
         (out, v)
     };
     // 0.0001 % of the mean: host-clock times never agree that well.
-    let (_, v) = run("0.0001", "3", "auto-max");
+    let (out, v) = run("0.0001", "3", "auto-max");
+    check_exact_counts_and_one_verdict(&v, &out);
     assert_eq!(v["runs"]["stopped"], "max_runs");
     assert_eq!(v["runs"]["warmup"], 1);
     assert_eq!(v["runs"]["per_side"], 3);
@@ -327,7 +431,8 @@ fn runs_auto_stops_and_says_how_many_runs() {
         3
     );
 
-    let (_, v) = run("50", "6", "auto-target");
+    let (out, v) = run("50", "6", "auto-target");
+    check_exact_counts_and_one_verdict(&v, &out);
     let r = &v["runs"];
     let n = r["per_side"].as_u64().unwrap();
     assert!((3..=6).contains(&n), "{r}");
@@ -400,4 +505,68 @@ fn against_an_earlier_result_names_environment_differences() {
         "{}",
         stderr(&o)
     );
+}
+
+/// A Linux compare under QEMU TCG: its picture names the guest kernel (the
+/// Debian release, not only the host's kernel) and says its times are
+/// TCG's; the answer labels the time and puts the counts first.
+#[test]
+fn a_linux_compare_names_its_guest_kernel_and_tcg_times() {
+    let test = "a_linux_compare_names_its_guest_kernel_and_tcg_times";
+    if !qemu_or_skip(test, "qemu-system-x86_64") {
+        return;
+    }
+    let kernel = match ptiscope::linux::known_path("debian-amd64") {
+        Some(Ok(p)) if p.is_file() => p,
+        _ => {
+            ptiscope::test_support::skip(
+                test,
+                "debian-amd64 is not fetched: run `ptiscope linux fetch` (apt-get download)",
+            );
+            return;
+        }
+    };
+    let dir = scratch(test);
+    let (json, svg) = (dir.join("c.json"), dir.join("c.svg"));
+    let o = ptiscope()
+        .args(["compare", "--backend", "qemu", "--no-plugin", "--linux"])
+        .arg(&kernel)
+        .args([
+            "--workload",
+            "getppid",
+            "--iterations",
+            "1000",
+            "--runs",
+            "2",
+        ])
+        .args(["--timeout", "120", "--quiet", "--json"])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
+    let v = read_json(&json);
+    assert_eq!(v["time_basis"]["key"], "qemu_tcg", "{}", v["time_basis"]);
+    let guest = v["environment"]["guest_kernel"].as_str().unwrap();
+    assert!(guest.starts_with("Linux 6."), "{guest}");
+    assert!(
+        out.contains("time [TCG]")
+            && out.contains("time here: QEMU TCG: every CR3 write flushes the soft TLB"),
+        "{out}"
+    );
+    let answer = v["answer"].as_array().unwrap();
+    assert!(
+        answer.last().is_some_and(|a| !a["time_basis"].is_null()),
+        "TCG time: the counts lead: {answer:?}"
+    );
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.contains(&format!(
+            "guest {guest}; times: QEMU TCG: every CR3 write flushes the soft TLB"
+        )),
+        "{picture}"
+    );
+    assert!(picture.contains(">host Linux "), "the host named too");
 }

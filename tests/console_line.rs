@@ -27,6 +27,15 @@ fn console_lines_cost_one_exit_each() {
         "console: {text}"
     );
     assert!(text.contains("\nconfig: pti="), "console: {text}");
+    // workload=none measures nothing: its config line claims no iterations.
+    let config = text
+        .lines()
+        .find(|l| l.starts_with("config: "))
+        .unwrap_or_default();
+    assert!(
+        config.contains(" workload=none ") && !config.contains("iterations="),
+        "{config}"
+    );
     assert!(
         text.ends_with("workload none: nothing to run\n"),
         "console: {text}"

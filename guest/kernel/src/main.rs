@@ -140,11 +140,13 @@ extern "C" fn kmain(start_info: usize) -> ! {
         })
         .str(config.entry.name())
         .str(" workload=")
-        .str(config.workload.name())
-        .str(" iterations=")
-        .dec(config.iterations)
-        .str(" telemetry=")
-        .hex(config.telemetry.unwrap_or(0));
+        .str(config.workload.name());
+        // workload=none runs no loop: an iteration count here would claim
+        // a measurement that does not happen.
+        if config.workload != Workload::None {
+            line.str(" iterations=").dec(config.iterations);
+        }
+        line.str(" telemetry=").hex(config.telemetry.unwrap_or(0));
         match config.fault {
             Some(f) => line.str(" fault=").str(f.name()).str("\n"),
             None => line.str(" fault=none\n"),

@@ -169,7 +169,8 @@ pub struct ExperimentOpts {
     /// --cmdline threads=2` (compare's `cmdline=` option passes threads=).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_cpus)]
     pub cpus: u32,
-    /// Boot this PVH ELF64 kernel instead of the embedded guest.
+    /// Boot this PVH kernel instead of the embedded guest: an ELF64, or an
+    /// ELF32 (a 32-bit guest such as i386), with a Xen PVH entry note.
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
     /// Guest memory in MiB (16..=1024).
@@ -200,7 +201,9 @@ pub struct TargetOpts {
 /// boots a guest, with `compare`'s help text; `run` sets its own).
 #[derive(Debug, Clone, Args)]
 pub struct BackendOpts {
-    /// Where to run the guests: our VMM on KVM, or QEMU TCG (guest-reported figures only).
+    /// Where to run the guests: our VMM on KVM, or QEMU TCG (software emulation:
+    /// ptiscope's TCG plugin's `[qemu-plugin]` rows are host-observed, the
+    /// rest guest-reported; `--no-plugin`: all guest-reported).
     #[arg(long, value_enum, default_value = "kvm")]
     pub backend: Backend,
     /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
@@ -336,6 +339,7 @@ impl Arch {
 pub enum Backend {
     /// ptiscope's own VMM on /dev/kvm (host-observed and guest-reported figures).
     Kvm,
-    /// QEMU TCG (`qemu-system-x86_64` / `qemu-system-i386`): guest-reported figures only.
+    /// QEMU TCG (`qemu-system-x86_64` / `qemu-system-i386`): the TCG plugin's
+    /// `[qemu-plugin]` rows host-observed, the rest guest-reported.
     Qemu,
 }

@@ -46,7 +46,8 @@ Exit status of `ptiscope run`:
          6 unsupported on this CPU; statuses above 63 are reported as 63)
   64     bad usage or option value (--mem, --pti, --timeout below 1 ms,
          --cmdline too long, ...)
-  65     kernel image is not a bootable PVH ELF64 for this memory size
+  65     kernel image is not a bootable PVH ELF (64- or 32-bit) for this
+         memory size
   66     kernel image missing or unreadable
   69     /dev/kvm missing or not accessible, or this KVM cannot do what was
          asked (e.g. --cpu-vuln none where KVM refuses RDCL_NO)
@@ -90,7 +91,8 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
     /// Run a baseline and a compare configuration, repeated and interleaved,
-    /// and print the mmtests compare-kernels table.
+    /// and print what the compare side costs per call (`--mmtests`: the
+    /// mmtests compare-kernels table).
     #[command(after_help = COMPARE_HELP)]
     Compare(CompareArgs),
     /// PTI's overhead over a grid of working sets and syscall rates (the
@@ -102,7 +104,8 @@ pub enum Command {
     /// Walk the guest's page tables from the host and check what the user
     /// copy maps: the host's own proof of isolation.
     Pagetables(PagetablesArgs),
-    /// Real Linux kernels as guests: `ptiscope linux fetch` gets Debian's.
+    /// Real Linux kernels as guests: `ptiscope linux fetch` downloads Debian's
+    /// amd64 and 686-pae kernels.
     #[command(subcommand)]
     Linux(LinuxCommand),
     /// One published PTI table (docs/seeds.md) measured here, beside the
@@ -181,9 +184,11 @@ otherwise the exit status of the run that failed (see `ptiscope run --help`).";
 /// Options of `ptiscope run`.
 #[derive(Debug, Args)]
 #[command(mut_arg("backend", |a| a.help("Where to run the guest: our VMM on KVM, or QEMU's TCG (software \
-    emulation: slower, and every figure is guest-reported) for what this host's KVM cannot run")))]
+    emulation: slower; the TCG plugin's [qemu-plugin] rows are host-observed, the rest guest-reported) \
+    for what this host's KVM cannot run")))]
 pub struct RunArgs {
-    /// Boot this PVH ELF64 kernel instead of the embedded guest.
+    /// Boot this PVH kernel instead of the embedded guest: an ELF64, or an
+    /// ELF32 (a 32-bit guest such as i386), with a Xen PVH entry note.
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
     /// Extra text appended to the guest command line.

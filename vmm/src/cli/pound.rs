@@ -134,6 +134,16 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     let max_threads = 2 * args.exp.cpus;
     println!("ptiscope compare: poundsyscall (mmtests) per thread count on this host");
     println!("  host:      {}", host::describe_host());
+    // What the elapsed seconds below are on this backend.
+    let env = crate::report::Environment {
+        backend: backend.name().to_owned(),
+        kvm: crate::report::environment::kvm(),
+        ..Default::default()
+    };
+    println!(
+        "  times:     {}",
+        crate::report::time_basis::TimeBasis::of(Some(&env)).label()
+    );
     println!(
         "  workload:  T threads x {} getppid calls each, T = 1..={max_threads} (2 x {} vCPUs), \
          {} runs per side and T, interleaved",

@@ -11,19 +11,21 @@
 //! being 0.00 %. Negative differences are worse (see `stats.rs`).
 //!
 //! On the Amean row a significant difference is printed as `*  x.xx%*`
-//! instead of `(  x.xx%)`, mmtests' marker and rule (`stats.rs` cites where
-//! in mmtests). A block with each side's mean and 95 % confidence interval,
-//! Welch's p-value and the verdict follows the table.
+//! instead of `(  x.xx%)`: mmtests' marker, set by the one verdict every
+//! other line prints (Welch at 95 %, or exactness; `stats.rs`), not by a
+//! second rule. A block with each side's mean and 95 % confidence interval,
+//! Welch's p-value, the one verdict and mmtests' ratio follows the table.
 //!
 //! Size: the mmtests table model with its text, JSON and CSV forms, which
-//! must stay in step; about 210 lines are tests.
+//! must stay in step; about 290 lines are tests.
 
 use serde::{Deserialize, Serialize};
 
 use super::csv_field;
 use super::environment::Environment;
 use super::metric::{Metric, Source};
-use super::stats::{self, Significance, Stat, Summary, SummaryError};
+use super::stats::{self, CountRuns, Significance, Stat, Summary, SummaryError};
+use super::time_basis::{is_time, TimeBasis};
 
 /// Schema id written into the JSON; bump on incompatible changes.
 pub const SCHEMA: &str = "ptiscope.compare/1";
@@ -166,12 +168,55 @@ impl CompareTable {
         }
     }
 
-    /// Adds a metric with its per-run samples on each side.
+    /// Adds a metric with its per-run samples on each side (a measured
+    /// quantity; counts go through [`CompareTable::add_counts`]).
     pub fn add(
         &mut self,
         metric: Metric,
         baseline: &[f64],
         compare: &[f64],
+    ) -> Result<&MetricComparison, CompareError> {
+        let summarise = |side, s: &[f64]| {
+            Summary::new(s, metric.lower_is_better).map_err(|source| CompareError::BadSamples {
+                metric: metric.name.clone(),
+                side,
+                source,
+            })
+        };
+        let b = summarise("baseline", baseline)?;
+        let c = summarise("compare", compare)?;
+        self.add_summaries(metric, b, c)
+    }
+
+    /// Adds a count with each side's per-run integer totals and calls: its
+    /// samples are the per-call rates, its exactness the integers'.
+    pub fn add_counts(
+        &mut self,
+        metric: Metric,
+        baseline: CountRuns,
+        compare: CountRuns,
+    ) -> Result<&MetricComparison, CompareError> {
+        let summarise = |side, c: CountRuns| {
+            Summary::from_counts(c, metric.lower_is_better).map_err(|source| {
+                CompareError::BadSamples {
+                    metric: metric.name.clone(),
+                    side,
+                    source,
+                }
+            })
+        };
+        let b = summarise("baseline", baseline)?;
+        let c = summarise("compare", compare)?;
+        self.add_summaries(metric, b, c)
+    }
+
+    /// Adds a metric from each side's summary (e.g. taken from another
+    /// table, counts and all).
+    pub fn add_summaries(
+        &mut self,
+        metric: Metric,
+        b: Summary,
+        c: Summary,
     ) -> Result<&MetricComparison, CompareError> {
         let valid_name = !metric.name.is_empty()
             && metric
@@ -184,15 +229,6 @@ impl CompareTable {
         if self.metric(&metric.name).is_some() {
             return Err(CompareError::Duplicate(metric.name));
         }
-        let summarise = |side, s: &[f64]| {
-            Summary::new(s, metric.lower_is_better).map_err(|source| CompareError::BadSamples {
-                metric: metric.name.clone(),
-                side,
-                source,
-            })
-        };
-        let b = summarise("baseline", baseline)?;
-        let c = summarise("compare", compare)?;
         let diff_pct = StatValues::from_fn(|s| {
             stats::diff_pct(
                 c.get(s)?,
@@ -201,7 +237,7 @@ impl CompareTable {
             )
         });
         let delta_pct = StatValues::from_fn(|s| stats::delta_pct(c.get(s)?, b.get(s)?));
-        let significance = Some(stats::significance(&b.samples, &c.samples));
+        let significance = Some(stats::significance_of(&b, &c));
         self.metrics.push(MetricComparison {
             metric,
             baseline: b,
@@ -255,10 +291,17 @@ impl CompareTable {
                 // (mmtests prints it too), unless the value is undefined.
                 let base = m.baseline.get(stat);
                 out.push_str(&cell(base, base.map(|_| 0.0), false));
-                // mmtests marks only the row of its comparison statistic, the mean.
+                // Marked only on the row of the comparison statistic, the
+                // mean, as mmtests does; but by the one verdict every
+                // other line prints (Welch, or exactness), not a second.
                 let marked =
                     stat == Stat::Amean && m.significance.is_some_and(|s| s.verdict.marked());
-                out.push_str(&cell(m.compare.get(stat), m.diff_pct.get(stat), marked));
+                // A percentage of a near-zero rate says nothing (stats::NEAR_ZERO).
+                let diff = m
+                    .diff_pct
+                    .get(stat)
+                    .filter(|_| !base.is_some_and(stats::near_zero) || base == Some(0.0));
+                out.push_str(&cell(m.compare.get(stat), diff, marked));
                 out.push('\n');
             }
         }
@@ -266,17 +309,19 @@ impl CompareTable {
         out.push_str(&self.render_confidence());
         out.push('\n');
         out.push_str(&format!(
-            "runs: {} {}, {} {}; % difference: positive = compare better, negative = worse; \
-             *  x.xx%* on an Amean row: significant (mmtests: |difference| > both sides' \
-             qnorm(0.975) x stddev summed; exact counters: they differ)\n",
+            "runs: {} {}, {} {}; % difference: positive = compare better, negative = worse, \
+             n/a where the baseline is 0 or near it (below 0.05); *  x.xx%* on an Amean row: the \
+             verdict (Welch's t-test: p < 0.05, the difference's 95 % CI excludes 0; exact \
+             counters: they differ)\n",
             self.baseline.label,
             self.metrics.first().map_or(0, |m| m.baseline.n()),
             self.compare.label,
             self.metrics.first().map_or(0, |m| m.compare.n()),
         ));
+        let basis = TimeBasis::of(self.environment.as_ref());
         for m in &self.metrics {
             out.push_str(&format!(
-                "{:<name_w$}  {} ({}; {})\n",
+                "{:<name_w$}  {} ({}; {}{})\n",
                 m.metric.name,
                 m.metric.unit,
                 m.metric.source.tag(),
@@ -284,6 +329,11 @@ impl CompareTable {
                     "lower is better"
                 } else {
                     "higher is better"
+                },
+                if is_time(&m.metric.unit) {
+                    format!("; time: {}", basis.label())
+                } else {
+                    String::new()
                 }
             ));
         }
@@ -298,7 +348,8 @@ impl CompareTable {
     }
 
     /// Per metric: each side's mean with its 95 % confidence interval
-    /// (Student's t), Welch's two-sided p-value and the verdict.
+    /// (Student's t), Welch's two-sided p-value, the one verdict, and
+    /// mmtests' ratio under its own name (a number, not a second verdict).
     pub fn render_confidence(&self) -> String {
         let name_w = self
             .metrics
@@ -306,32 +357,41 @@ impl CompareTable {
             .map(|m| m.metric.name.len())
             .max()
             .unwrap_or(0)
-            .max(6);
+            .max(12);
         // Labels over the means (the 12 columns at each cell's left).
         let label = |l: &str| format!("{:<CI_W$}", format!("{l:>12}"));
         let mut out = format!(
-            "{:<name_w$} {} {}  {:<10} {}\n",
+            "{:<name_w$} {} {}  {:<10} {:<16} {}\n",
             "mean, 95% CI",
             label(&self.baseline.label),
             label(&self.compare.label),
             "Welch p",
-            "verdict (mmtests' rule)",
+            "verdict",
+            "mmtests cidiff",
         );
         for m in &self.metrics {
-            let (p, verdict) = match m.significance {
+            let (p, verdict, cidiff) = match m.significance {
                 Some(s) => (
                     s.welch.map_or("-".to_owned(), |w| p_text(w.p_value)),
                     s.verdict.word(),
+                    s.mmtests
+                        .map_or("-".to_owned(), |x| format!("{:.2}", x.ratio)),
                 ),
-                None => ("-".to_owned(), "-"),
+                None => ("-".to_owned(), "-", "-".to_owned()),
             };
             out.push_str(&format!(
-                "{:<name_w$} {} {}  {p:<10} {verdict}\n",
+                "{:<name_w$} {} {}  {p:<10} {verdict:<16} {cidiff}\n",
                 m.metric.name,
                 ci_cell(&m.baseline),
                 ci_cell(&m.compare),
             ));
         }
+        out.push_str(
+            "verdict: Welch's t-test, significant when p < 0.05 (the difference's 95 % CI \
+             excludes 0); exact: every run the same value (counts compared as integers), no \
+             test. mmtests cidiff: mmtests' ratio of the difference to both sides' \
+             qnorm(0.975) x stddev summed (mmtests marks |cidiff| > 1)\n",
+        );
         out
     }
 
@@ -349,24 +409,27 @@ impl CompareTable {
 
     /// CSV: one line per metric and statistic. Columns:
     /// `metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct,`
-    /// `baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict`; the last
-    /// five (the mean's 95 % CI half-widths and the significance) only on
-    /// the `amean` line; undefined values are empty cells.
+    /// `baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict,rule`; the
+    /// last six (the mean's 95 % CI half-widths and the significance) only
+    /// on the `amean` line; undefined values are empty cells.
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
             "metric,unit,source,lower_is_better,stat,baseline,compare,diff_pct,delta_pct,\
-             baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict\n",
+             baseline_ci95,compare_ci95,welch_p,mmtests_ratio,verdict,rule\n",
         );
         let num = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
         for m in &self.metrics {
             for stat in Stat::ALL {
                 let sig = m.significance.filter(|_| stat == Stat::Amean);
-                let verdict = sig.map_or(String::new(), |s| {
-                    serde_json::to_value(s.verdict)
-                        .ok()
+                let key = |v: serde_json::Result<serde_json::Value>| {
+                    v.ok()
                         .and_then(|v| v.as_str().map(str::to_owned))
                         .unwrap_or_default()
-                });
+                };
+                let verdict = sig.map_or(String::new(), |s| key(serde_json::to_value(s.verdict)));
+                let rule = sig
+                    .and_then(|s| s.rule)
+                    .map_or(String::new(), |r| key(serde_json::to_value(r)));
                 let amean_only = |v: Option<f64>| num(v.filter(|_| stat == Stat::Amean));
                 let fields = [
                     csv_field(&m.metric.name),
@@ -383,6 +446,7 @@ impl CompareTable {
                     num(sig.and_then(|s| s.welch).map(|w| w.p_value)),
                     num(sig.and_then(|s| s.mmtests).map(|m| m.ratio)),
                     verdict,
+                    rule,
                 ];
                 out.push_str(&fields.join(","));
                 out.push('\n');
@@ -404,36 +468,72 @@ fn cell(value: Option<f64>, diff: Option<f64>, marked: bool) -> String {
 /// Width of a confidence cell: `%12.2f ± %9.2f (%6.2f%)`.
 const CI_W: usize = 12 + 3 + 9 + 2 + 7 + 1;
 
+/// A figure with two decimals; one below 0.1 (not 0) with three
+/// significant digits instead (`0.00123`, `0.0113`), so that a printed
+/// line never shows `0.00 ± 0.00` beside a verdict about its difference.
+pub(crate) fn fig(v: f64) -> String {
+    if v == 0.0 || v.abs() >= 0.1 || !v.is_finite() {
+        return format!("{v:.2}");
+    }
+    let decimals = (-v.abs().log10()).floor() as usize + 3;
+    if decimals > 12 {
+        format!("{v:.2e}")
+    } else {
+        format!("{v:.decimals$}")
+    }
+}
+
+/// [`fig`] with its sign always shown.
+pub(crate) fn fig_signed(v: f64) -> String {
+    let f = fig(v);
+    if f.starts_with('-') {
+        f
+    } else {
+        format!("+{f}")
+    }
+}
+
 /// `mean ± half-width (relative %)`, `mean   exact`, or the mean alone;
 /// the means of all rows in one column.
 fn ci_cell(s: &Summary) -> String {
     let text = match s.ci95 {
-        Some(ci) if ci.half_width == 0.0 => format!("{:>12.2}   exact", s.amean),
+        _ if s.exact() => format!("{:>12}   exact", fig(s.amean)),
         Some(ci) => {
+            // No percentage of a near-zero mean.
             let rel = ci
                 .relative_pct
+                .filter(|_| !stats::near_zero(s.amean))
                 .map_or_else(|| format!("{:>7}", "n/a"), |r| format!("{r:>6.2}%"));
-            format!("{:>12.2} ± {:>9.2} ({rel})", s.amean, ci.half_width)
+            format!("{:>12} ± {:>9} ({rel})", fig(s.amean), fig(ci.half_width))
         }
-        None => format!("{:>12.2}   (1 run)", s.amean),
+        None => format!("{:>12}   (1 run)", fig(s.amean)),
     };
     // `±` is one column but two bytes: pad by characters.
     let pad = CI_W.saturating_sub(text.chars().count());
     format!("{text}{}", " ".repeat(pad))
 }
 
-/// A p-value for people: four decimals, or `<0.0001`.
+/// A p-value for people: four decimals, or `<0.0001`; near 0.05 as many
+/// more as it takes for the printed value to fall on the same side of 0.05
+/// as the verdict (0.04996 is not printed "0.0500").
 pub fn p_text(p: f64) -> String {
     if p < 1e-4 {
-        "<0.0001".to_owned()
-    } else {
-        format!("{p:.4}")
+        return "<0.0001".to_owned();
     }
+    for decimals in 4..=17 {
+        let text = format!("{p:.decimals$}");
+        let shown: f64 = text.parse().unwrap_or(p);
+        if (shown < 0.05) == (p < 0.05) && (shown != 0.05 || p == 0.05) {
+            return text;
+        }
+    }
+    format!("{p}")
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::report::stats::Verdict;
 
     fn side(label: &str) -> Side {
         Side {
@@ -530,13 +630,14 @@ pub(crate) mod tests {
             .unwrap();
         assert!(row.contains("30.30 ±      0.86 (  2.82%)"), "{row}");
         assert!(row.contains("30.82 ±      0.83 (  2.71%)"), "{row}");
-        assert!(row.ends_with("0.2617     not significant"), "{row}");
+        // One verdict (Welch's), mmtests' ratio beside it as a number.
+        assert!(row.ends_with("0.2617     not significant  0.19"), "{row}");
         let row = text
             .lines()
             .find(|l| l.starts_with("cr3_writes_per_call "))
             .unwrap();
         assert!(row.contains("2.00   exact"), "{row}");
-        assert!(row.ends_with("-          exact, equal"), "{row}");
+        assert!(row.ends_with("-          exact, equal     -"), "{row}");
         let v = t.to_json();
         assert_eq!(
             v["metrics"][0]["significance"]["verdict"],
@@ -559,6 +660,84 @@ pub(crate) mod tests {
         let back = CompareTable::from_json(old).unwrap();
         assert_eq!(back.metrics[0].significance, None);
         assert!(back.render_text().contains("ns_per_call"));
+    }
+
+    /// A count added as integers: exact over different totals and run
+    /// numbers, shown once as exact, with no p; a near-zero rate shows
+    /// its digits and no percentage; p-values near 0.05 print on their
+    /// side of it.
+    #[test]
+    fn counts_near_zero_rates_and_p_at_the_line() {
+        let mut t = CompareTable::new(side("pti=off"), side("pti=on"));
+        // 2939/113 = 5878/226: the issue's 26.008849557522122, 3 runs
+        // against 7 (what --runs auto gives).
+        t.add_counts(
+            Metric::new(
+                "kernel_instructions_per_call",
+                "count/call",
+                Source::QemuPlugin,
+            ),
+            CountRuns::new(vec![2939, 5878, 2939], vec![113, 226, 113]).unwrap(),
+            CountRuns::new(vec![293_900; 7], vec![11_300; 7]).unwrap(),
+        )
+        .unwrap();
+        t.add(
+            Metric::new("insn_iret_per_call", "count/call", Source::QemuPlugin),
+            &[0.0012, 0.0011, 0.0013],
+            &[0.0113, 0.0112, 0.0114],
+        )
+        .unwrap();
+        let m = t.metric("kernel_instructions_per_call").unwrap();
+        let sig = m.significance.unwrap();
+        assert_eq!(sig.verdict, Verdict::ExactEqual);
+        assert_eq!((sig.welch, sig.mmtests), (None, None));
+        assert_eq!(m.baseline.amean, m.compare.amean);
+        let text = t.render_text_with(&[Stat::Amean]);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("kernel_instructions_per_call "))
+            .unwrap();
+        assert_eq!(row.matches("26.01   exact").count(), 2, "{row}");
+        assert!(
+            !row.contains('±') && row.contains(" -  "),
+            "no CI, no p: {row}"
+        );
+        let amean = text
+            .lines()
+            .find(|l| l.starts_with("Amean insn_iret"))
+            .unwrap();
+        assert!(
+            amean.ends_with("0.01 *     n/a*"),
+            "no % of 0.0012: {amean}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("insn_iret_per_call "))
+            .unwrap();
+        assert!(
+            row.contains("0.00120 ±") && row.contains("0.0113 ±"),
+            "{row}"
+        );
+        assert!(
+            row.contains("(    n/a)"),
+            "no relative % of a near-zero mean: {row}"
+        );
+        let v = t.to_json();
+        assert_eq!(v["metrics"][0]["baseline"]["counts"]["calls"][1], 226);
+        assert_eq!(v["metrics"][0]["significance"]["rule"], "exact");
+        let back = CompareTable::from_json(v).unwrap();
+        assert_eq!(back.metrics[0].baseline.counts, m.baseline.counts);
+
+        assert_eq!(p_text(0.049_996), "0.049996");
+        assert_eq!(p_text(0.050_000_4), "0.0500004");
+        assert_eq!(p_text(0.05), "0.0500");
+        assert_eq!(p_text(0.2617), "0.2617");
+        assert_eq!(p_text(0.000_01), "<0.0001");
+        assert_eq!(fig(0.0012), "0.00120");
+        assert_eq!(fig(-0.000_456), "-0.000456");
+        assert_eq!(fig(0.0), "0.00");
+        assert_eq!(fig(12.5), "12.50");
+        assert_eq!(fig_signed(0.0012), "+0.00120");
     }
 
     #[test]
@@ -603,9 +782,9 @@ pub(crate) mod tests {
         assert!((field(10) - 57.135_167_370_257_67).abs() < 1e-9);
         assert!((field(11) - 1.976_578_999_274_445e-5).abs() < 1e-11);
         assert!((field(12) - 10.364_621_939_240_829).abs() < 1e-9);
-        assert_eq!(amean[13], "significant");
+        assert_eq!((amean[13], amean[14]), ("significant", "welch95"));
         assert!(
-            lines[1].ends_with(",,,,,"),
+            lines[1].ends_with(",,,,,,"),
             "only the amean line: {}",
             lines[1]
         );
@@ -613,9 +792,9 @@ pub(crate) mod tests {
             .iter()
             .any(|l| l.starts_with("cr3_writes_per_call,count/call,guest,true,amean,0,2,,")));
         // One sample: stddev undefined -> empty cells; unit with a comma quoted.
-        assert!(lines.contains(&"odd_unit,\"a,b\",kvm,true,stddev,,,,,,,,,"));
+        assert!(lines.contains(&"odd_unit,\"a,b\",kvm,true,stddev,,,,,,,,,,"));
         // One run: no CI, no test; the verdict says so.
-        assert!(lines.contains(&"odd_unit,\"a,b\",kvm,true,amean,1,1,0,0,,,,,undefined"));
+        assert!(lines.contains(&"odd_unit,\"a,b\",kvm,true,amean,1,1,0,0,,,,,undefined,none"));
     }
 
     #[test]

@@ -112,6 +112,12 @@ pub struct Environment {
     /// The options of each side (`baseline`, `compare`) or of the run
     /// (`run`), as `key=value` words.
     pub options: BTreeMap<String, Vec<String>>,
+    /// The guest kernel in words where the image alone does not say it: a
+    /// Linux guest's release (`Linux 6.1.0-... (amd64)`); `None` for the
+    /// companion guest (named by its image and hash) and in documents
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_kernel: Option<String>,
 }
 
 /// This build's version and revision.
@@ -344,6 +350,7 @@ impl Environment {
             ptiscope: build(),
             guest_image,
             options,
+            guest_kernel: None,
         }
     }
 

@@ -18,6 +18,7 @@ pub mod stats;
 pub mod sweep;
 pub mod sweep_svg;
 pub mod threshold;
+pub mod time_basis;
 
 pub use compare::{CompareError, CompareTable, MetricComparison};
 pub use environment::Environment;

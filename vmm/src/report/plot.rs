@@ -1,21 +1,25 @@
 //! A compare table as a picture, under a title naming the workload, the
-//! host and the runs:
+//! host, the guest kernel, the runs and what the times are on this backend:
 //!
-//! 1. the metrics with a non-zero baseline, relative to the baseline's mean
-//!    (100 %), on an axis fitted to the data with round ticks: a bar from
+//! 1. the metrics whose baseline mean is not near zero (0.05), relative to
+//!    it (100 %), on an axis fitted to the data with round ticks: a bar from
 //!    100 % to the compare side's mean (red: more with the compare side,
 //!    green: less; the only meaning of colour here), the compare mean's
 //!    95 % CI as a black line, every run as a dot (hollow: baseline, filled:
-//!    compare), `*` where significant;
-//! 2. the counters that differ and start at zero or are exact (CR3 writes
-//!    0 -> 2, TLB flushes 0 -> 1), drawn as paired bars on a count axis
-//!    (outline: baseline, filled grey: compare), each with its value.
+//!    compare), `*` where the verdict (Welch at 95 %, or exact) says
+//!    significant; a time's name carries its basis (`[kvm_pvm emulated]`);
+//! 2. the counters that differ and start at (near) zero (CR3 writes 0 -> 2,
+//!    TLB flushes 0 -> 1), drawn as paired bars on a count axis (outline:
+//!    baseline, filled grey: compare), each with its value;
+//! 3. rates near zero on both sides (below 0.05), listed as values
+//!    only: a percentage or a bar of them would say nothing.
 //!
 //! Plain SVG written by hand (a few dozen elements; the tests render it
 //! with resvg so a picture that does not render fails).
 
-use super::compare::{CompareTable, MetricComparison};
-use super::stats::Verdict;
+use super::compare::{fig, CompareTable, MetricComparison};
+use super::stats::{near_zero, Verdict};
+use super::time_basis::{guest_kernel, is_time, TimeBasis};
 
 const ROW_H: f64 = 34.0;
 const LEFT: f64 = 300.0;
@@ -87,17 +91,18 @@ pub(crate) fn text_on(rgb: (u8, u8, u8)) -> &'static str {
     }
 }
 
-/// A figure for a label: whole numbers plain, else two decimals.
+/// A figure for a label: whole numbers plain, else [`fig`].
 fn num(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 {
         format!("{v:.0}")
     } else {
-        format!("{v:.2}")
+        fig(v)
     }
 }
 
-/// The workload, host and runs, for the title.
-fn subtitle(table: &CompareTable) -> (String, String) {
+/// The title's second and third lines: workload; host and runs; guest
+/// kernel and what the times are.
+fn subtitle(table: &CompareTable) -> (String, String, String) {
     let workload = table
         .baseline
         .config
@@ -109,7 +114,8 @@ fn subtitle(table: &CompareTable) -> (String, String) {
         .metrics
         .first()
         .map_or((0, 0), |m| (m.baseline.n(), m.compare.n()));
-    let host = table.environment.as_ref().map_or_else(
+    let env = table.environment.as_ref();
+    let host = env.map_or_else(
         || "host not recorded".to_owned(),
         |e| {
             let kernel = e.host.kernel.as_deref().unwrap_or("?");
@@ -120,30 +126,48 @@ fn subtitle(table: &CompareTable) -> (String, String) {
                 format!("backend {} (TCG)", e.backend)
             };
             format!(
-                "{kernel}, {}, {} CPUs; {backend}",
+                "host {kernel}, {}, {} CPUs; {backend}",
                 e.host.cpu_model.as_deref().unwrap_or("?"),
                 e.host.cpus,
             )
         },
     );
-    (workload, format!("{host}; {nb} + {nc} runs, interleaved"))
+    let guest = format!(
+        "guest {}; times: {}",
+        guest_kernel(env),
+        TimeBasis::of(env).label()
+    );
+    (
+        workload,
+        format!("{host}; {nb} + {nc} runs, interleaved"),
+        guest,
+    )
 }
 
-/// Whether `m` goes in the counter panel: a count that is zero in the
-/// baseline and not with the compare side (no ratio to draw).
+/// Whether `m` goes in the counter panel: a count whose baseline is zero
+/// or near it (below 0.05) and whose compare side is not (no ratio to draw).
 fn counter_row(m: &MetricComparison) -> bool {
-    m.metric.unit.starts_with("count") && m.baseline.amean == 0.0 && m.compare.amean != 0.0
+    m.metric.unit.starts_with("count") && near_zero(m.baseline.amean) && !near_zero(m.compare.amean)
+}
+
+/// Whether `m` is listed as values only: both sides near zero, and
+/// one is not 0.
+fn near_zero_row(m: &MetricComparison) -> bool {
+    near_zero(m.baseline.amean)
+        && near_zero(m.compare.amean)
+        && (m.baseline.amean != 0.0 || m.compare.amean != 0.0)
 }
 
 /// The SVG of `table`.
 pub fn compare_svg(table: &CompareTable) -> String {
-    let (workload, host) = subtitle(table);
+    let (workload, host, guest) = subtitle(table);
+    let basis = TimeBasis::of(table.environment.as_ref());
     let time_views = super::answer::OTHER_TIME_VIEWS;
     let time_shown = time_views.into_iter().find(|n| table.metric(n).is_some());
     let ratio_rows: Vec<&MetricComparison> = table
         .metrics
         .iter()
-        .filter(|m| m.baseline.amean > 0.0 && m.baseline.amean.is_finite())
+        .filter(|m| !near_zero(m.baseline.amean) && m.baseline.amean.is_finite())
         .filter(|m| {
             !time_views.contains(&m.metric.name.as_str())
                 || Some(m.metric.name.as_str()) == time_shown
@@ -152,6 +176,7 @@ pub fn compare_svg(table: &CompareTable) -> String {
         .collect();
     let counters: Vec<&MetricComparison> =
         table.metrics.iter().filter(|m| counter_row(m)).collect();
+    let small: Vec<&MetricComparison> = table.metrics.iter().filter(|m| near_zero_row(m)).collect();
     let rel = |m: &MetricComparison, v: f64| v / m.baseline.amean * 100.0;
     let mut lo = 100.0f64;
     let mut hi = 100.0f64;
@@ -166,10 +191,16 @@ pub fn compare_svg(table: &CompareTable) -> String {
     let ticks = nice_ticks(lo, hi, 6);
     let (a0, a1) = (ticks[0], *ticks.last().unwrap_or(&hi));
     let x = |pct: f64| LEFT + (pct.clamp(a0, a1) - a0) / (a1 - a0) * PLOT_W;
-    let top = 118.0;
+    let top = 136.0;
     let panel1_h = ROW_H * ratio_rows.len() as f64;
     let counter_top = top + panel1_h + 96.0;
-    let height = counter_top + 30.0 + ROW_H * counters.len() as f64 + 40.0;
+    let small_top = counter_top + 30.0 + ROW_H * counters.len() as f64 + 20.0;
+    let small_h = if small.is_empty() {
+        0.0
+    } else {
+        24.0 + 18.0 * small.len() as f64
+    };
+    let height = small_top + small_h + 20.0;
     let width = (LEFT + PLOT_W + 150.0).max(900.0);
     let (b, c) = (esc(&table.baseline.label), esc(&table.compare.label));
 
@@ -178,12 +209,14 @@ pub fn compare_svg(table: &CompareTable) -> String {
          viewBox=\"0 0 {width} {height}\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
          <text x=\"16\" y=\"24\" font-size=\"16\" font-weight=\"bold\">What {c} costs against {b}, per {} call</text>\n\
-         <text x=\"16\" y=\"44\" fill=\"#333\">{}</text>\n",
+         <text x=\"16\" y=\"44\" fill=\"#333\">{}</text>\n\
+         <text x=\"16\" y=\"62\" fill=\"#333\">{}</text>\n",
         esc(&workload),
         esc(&host),
+        esc(&guest),
     );
     // Legend of panel 1.
-    let ly = 66.0;
+    let ly = 84.0;
     s += &format!(
         "<rect x=\"16\" y=\"{0}\" width=\"18\" height=\"10\" fill=\"#d62728\" opacity=\"0.7\"/>\
          <text x=\"38\" y=\"{1}\">more with {c}</text>\
@@ -192,7 +225,7 @@ pub fn compare_svg(table: &CompareTable) -> String {
          <circle cx=\"226\" cy=\"{2}\" r=\"3\" fill=\"white\" stroke=\"#000\"/><text x=\"234\" y=\"{1}\">a {b} run</text>\
          <circle cx=\"338\" cy=\"{2}\" r=\"3\" fill=\"#000\"/><text x=\"346\" y=\"{1}\">a {c} run</text>\
          <line x1=\"440\" y1=\"{2}\" x2=\"470\" y2=\"{2}\" stroke=\"#000\" stroke-width=\"3\"/>\
-         <text x=\"476\" y=\"{1}\">95 % CI of the {c} mean (arrow: beyond the axis); * significant</text>\n",
+         <text x=\"476\" y=\"{1}\">95 % CI of the {c} mean (arrow: beyond the axis); * Welch p &lt; 0.05</text>\n",
         ly - 9.0,
         ly,
         ly - 4.0,
@@ -223,12 +256,18 @@ pub fn compare_svg(table: &CompareTable) -> String {
         } else {
             "#2ca02c"
         };
+        let time = if is_time(&m.metric.unit) {
+            format!(" [{}]", basis.tag())
+        } else {
+            String::new()
+        };
         s += &format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{} [{}]</text>\n",
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{} [{}]{}</text>\n",
             LEFT - 8.0,
             mid + 4.0,
             esc(&m.metric.name),
-            m.metric.source.tag()
+            m.metric.source.tag(),
+            esc(&time),
         );
         let (x0, x1) = (x(100.0).min(x(mean)), x(100.0).max(x(mean)));
         s += &format!(
@@ -351,6 +390,25 @@ pub fn compare_svg(table: &CompareTable) -> String {
             );
         }
     }
+    if !small.is_empty() {
+        s += &format!(
+            "<text x=\"16\" y=\"{small_top}\" font-size=\"13\" font-weight=\"bold\">near zero on \
+             both sides (no percentage, no bar: {b} → {c})</text>\n"
+        );
+        for (i, m) in small.iter().enumerate() {
+            s += &format!(
+                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{} [{}]</text>\
+                 <text x=\"{LEFT}\" y=\"{:.1}\">{} → {}</text>\n",
+                LEFT - 8.0,
+                small_top + 22.0 + 18.0 * i as f64,
+                esc(&m.metric.name),
+                m.metric.source.tag(),
+                small_top + 22.0 + 18.0 * i as f64,
+                num(m.baseline.amean),
+                num(m.compare.amean),
+            );
+        }
+    }
     s += "</svg>\n";
     s
 }
@@ -402,11 +460,39 @@ mod tests {
             &[2.0, 2.0],
         )
         .unwrap();
+        // A ratio of two near-zero rates (the issue's 838 % bar): listed
+        // with its values, no percentage, no bar.
+        t.add(
+            Metric::new("insn_iret_per_call", "count/call", Source::QemuPlugin),
+            &[0.0012, 0.0013],
+            &[0.0113, 0.0112],
+        )
+        .unwrap();
+        let mut e = crate::report::Environment {
+            backend: "qemu".into(),
+            ..Default::default()
+        };
+        e.host.kernel = Some("Linux 6.18.44-fc #1 SMP x86_64".into());
+        e.guest_kernel = Some("Linux 6.1.0-57-cloud-amd64 (amd64)".into());
+        t.environment = Some(e);
         let svg = compare_svg(&t);
+        assert!(svg.contains("host Linux 6.18.44-fc,"), "{svg}");
+        assert!(
+            svg.contains(
+                "guest Linux 6.1.0-57-cloud-amd64 (amd64); times: QEMU TCG: every CR3 write \
+                 flushes the soft TLB"
+            ),
+            "{svg}"
+        );
+        assert!(svg.contains("ns_per_call [host-clock] [TCG]<"), "{svg}");
+        assert!(svg.contains(">0.00125 → 0.0112<"), "{svg}");
+        assert!(
+            !svg.contains("838") && !svg.contains("insn_iret_per_call [qemu-plugin]</text><rect")
+        );
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("per getpid call"), "the workload in the title");
         // 145 / 105 = 138.1 % of the baseline's mean; significant by
-        // mmtests' rule (40 / (2 * 1.96 * 7.07) = 1.44 > 1): marked.
+        // Welch's test (t = 40 / 7.07 = 5.66, df 2, p = 0.030): marked.
         assert!(svg.contains(">138.1% *<"), "{svg}");
         // The counter is drawn: two bars and its values.
         assert!(svg.contains(">0 → 2 exact<"), "{svg}");

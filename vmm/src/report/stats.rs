@@ -24,7 +24,18 @@
 //!   quantile with n − 1 degrees of freedom times the standard error
 //!   (`t(0.975, n-1) * s / sqrt(n)`), right for small n where the normal
 //!   quantile would be too narrow.
-//! - [`welch_t_test`]: Welch's unequal-variances t-test, two-sided p-value.
+//! - [`welch_t_test`]: Welch's unequal-variances t-test, two-sided p-value,
+//!   and the 95 % confidence interval of the difference of the means from
+//!   the same t distribution. It gives the one verdict every line prints
+//!   ([`significance_of`]): significant when p < 0.05, which is when that
+//!   interval excludes 0 (the same statement about the same |t|).
+//! - Counters that are whole numbers in each run ([`CountRuns`]: a count and
+//!   the calls it is per) are compared as integers: a side is exact when
+//!   every run has the same per-call rational (`count_i * calls_j ==
+//!   count_j * calls_i`), and two exact sides are equal or differ by the same
+//!   integer comparison, with no interval, t or p (a float mean of identical
+//!   rates can differ from them in the last bit, which once made a constant
+//!   26.0088495575221 "differ" with t = 1.47e16).
 //! - [`mmtests_significance`]: mmtests' own rule, which compare-kernels uses
 //!   to print a difference as `*  x.xx%*` instead of `(  x.xx%)`. From
 //!   gormanm/mmtests `bin/lib/MMTests/Stat.pm` (`calc_meanci`: the interval
@@ -34,12 +45,15 @@
 //!   difference when that sum is 0), `Compare.pm` (`_generateComparisonTable`:
 //!   significant when |cidiff| > 1; `_generateRenderTable`: only the Amean
 //!   row is marked) and `PrintGeneric.pm` (`printRow` replaces the format's
-//!   parentheses by `*`).
+//!   parentheses by `*`). Reported under its own name (`mmtests`, its
+//!   ratio `cidiff`) beside the verdict, never as a second verdict.
 //!
 //! The quantiles and the t distribution come from the `statrs` crate.
 //!
-//! Size: under 500 lines of code; the rest are tests against reference values
-//! (SciPy, mmtests).
+//! Size: about 730 lines with the doc comments (the mmtests statistics,
+//! inference and the integer counts belong together: exactness decides
+//! which inference runs); the rest are tests against reference values
+//! (SciPy, mmtests, closed forms) and seeded properties.
 
 use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
@@ -147,6 +161,86 @@ pub struct Summary {
     /// than two samples. Absent in documents written before it existed.
     #[serde(default)]
     pub ci95: Option<MeanCi>,
+    /// The per-run integer counts behind `samples` when the metric is a
+    /// count (each sample is `counts[i] / calls[i]`); exactness is decided
+    /// on them. Absent for measured quantities (times) and in documents
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<CountRuns>,
+}
+
+/// The integer totals of a count over the runs of one side: each run's
+/// count and the calls it is per. Per-call rates are rationals of these;
+/// they are compared as such, never as floats.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountRuns {
+    /// Each run's count over its measured phase, in run order.
+    pub counts: Vec<u64>,
+    /// Each run's calls (the divisor of its rate), in run order; never 0.
+    pub calls: Vec<u64>,
+}
+
+impl CountRuns {
+    /// The runs' counts and calls; `None` when the lengths differ, there
+    /// are no runs, or a run has no calls (no rate).
+    pub fn new(counts: Vec<u64>, calls: Vec<u64>) -> Option<Self> {
+        (counts.len() == calls.len() && !counts.is_empty() && calls.iter().all(|&c| c > 0))
+            .then_some(CountRuns { counts, calls })
+    }
+
+    /// Number of runs.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether there are no runs (never, for a value `new` made).
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// Run `i`'s count and calls.
+    fn run(&self, i: usize) -> (u64, u64) {
+        (self.counts[i], self.calls[i])
+    }
+
+    /// Each run's rate as a float: `count / calls`, one correctly rounded
+    /// division, so equal rationals give the same float.
+    pub fn rates(&self) -> Vec<f64> {
+        (0..self.len())
+            .map(|i| self.counts[i] as f64 / self.calls[i] as f64)
+            .collect()
+    }
+
+    /// Whether every run has the same per-call rate (integer comparison).
+    pub fn exact(&self) -> bool {
+        (1..self.len()).all(|i| same_rate(self.run(0), self.run(i)))
+    }
+
+    /// How many runs have a rate other than the most common one (0 when
+    /// exact).
+    pub fn runs_differing(&self) -> usize {
+        let most = (0..self.len())
+            .map(|i| {
+                (0..self.len())
+                    .filter(|&j| same_rate(self.run(i), self.run(j)))
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        self.len() - most
+    }
+
+    /// Whether this side's first run has the same rate as `other`'s (for
+    /// two exact sides: whether they are equal).
+    pub fn same_rate_as(&self, other: &CountRuns) -> bool {
+        !self.is_empty() && !other.is_empty() && same_rate(self.run(0), other.run(0))
+    }
+}
+
+/// `a.0 / a.1 == b.0 / b.1` for positive divisors, exactly: cross products
+/// in 128 bits cannot overflow.
+fn same_rate(a: (u64, u64), b: (u64, u64)) -> bool {
+    u128::from(a.0) * u128::from(b.1) == u128::from(b.0) * u128::from(a.1)
 }
 
 /// Why samples cannot be summarised.
@@ -176,10 +270,7 @@ impl Summary {
         }
         let n = samples.len();
         let amean = mean(samples);
-        let stddev = (n > 1).then(|| {
-            let ss: f64 = samples.iter().map(|x| (x - amean).powi(2)).sum();
-            (ss / (n - 1) as f64).sqrt()
-        });
+        let stddev = sample_stddev(samples);
         let coeffvar = match stddev {
             Some(sd) if amean != 0.0 => Some(sd * 100.0 / amean),
             Some(0.0) => Some(0.0),
@@ -210,7 +301,16 @@ impl Summary {
             bamean95: best_mean(95),
             bamean99: best_mean(99),
             ci95: mean_ci95(samples),
+            counts: None,
         })
+    }
+
+    /// Summarises a count's runs: the samples are the per-call rates, and
+    /// exactness is the integers' ([`CountRuns::exact`]).
+    pub fn from_counts(counts: CountRuns, lower_is_better: bool) -> Result<Self, SummaryError> {
+        let mut s = Summary::new(&counts.rates(), lower_is_better)?;
+        s.counts = Some(counts);
+        Ok(s)
     }
 
     /// Number of samples.
@@ -218,10 +318,21 @@ impl Summary {
         self.samples.len()
     }
 
-    /// Whether every sample is the same value (an exact counter, such as
-    /// CR3 writes per call): there is no noise to infer about.
+    /// Whether every run gave the same value (an exact counter, such as
+    /// CR3 writes per call), over two runs at least: there is no noise to
+    /// infer about. A count's integers decide, not the floats.
     pub fn exact(&self) -> bool {
-        self.stddev == Some(0.0)
+        self.n() > 1
+            && self
+                .counts
+                .as_ref()
+                .map_or(self.stddev == Some(0.0), CountRuns::exact)
+    }
+
+    /// How many runs differ from the most common value: a count's runs by
+    /// integer comparison, `None` for a measured quantity.
+    pub fn runs_differing(&self) -> Option<usize> {
+        self.counts.as_ref().map(CountRuns::runs_differing)
     }
 
     /// The value of one statistic (`None` where undefined).
@@ -239,8 +350,29 @@ impl Summary {
     }
 }
 
+/// The mean; identical samples give that very value (a sum divided back
+/// can be off by one in the last bit, and a constant must stay constant).
 fn mean(v: &[f64]) -> f64 {
+    if all_equal(v) {
+        return v[0];
+    }
     v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// Whether `v` is non-empty and all its values are the same float.
+fn all_equal(v: &[f64]) -> bool {
+    v.first().is_some_and(|f| v.iter().all(|x| x == f))
+}
+
+/// Below this a per-call figure is near zero: it prints as 0.00 or 0.0x
+/// with two decimals, an event in fewer than one call of twenty. A
+/// percentage of it (0.0012 -> 0.0113 is "+838 %"), or a bar scaled to it,
+/// says nothing about the call; its values are shown instead.
+pub const NEAR_ZERO: f64 = 0.05;
+
+/// Whether `v` is near zero (0 itself included).
+pub fn near_zero(v: f64) -> bool {
+    v.abs() < NEAR_ZERO
 }
 
 /// mmtests-style % difference of `compare` against `base`: positive = better.
@@ -284,6 +416,9 @@ pub fn amean(v: &[f64]) -> Option<f64> {
 pub fn sample_stddev(v: &[f64]) -> Option<f64> {
     if v.len() < 2 {
         return None;
+    }
+    if all_equal(v) {
+        return Some(0.0);
     }
     let m = mean(v);
     let ss: f64 = v.iter().map(|x| (x - m).powi(2)).sum();
@@ -366,6 +501,20 @@ pub struct WelchTest {
     /// Two-sided p-value: the probability of a |t| at least this large if
     /// both samples came from populations with the same mean.
     pub p_value: f64,
+    /// The 95 % confidence interval of `mean_b - mean_a`: the difference
+    /// ± `t(0.975, df)` x its standard error. It excludes 0 exactly when
+    /// `p_value < 0.05` (see [`WelchTest::significant`]). Absent in
+    /// documents written before it existed.
+    #[serde(default)]
+    pub delta_ci95: Option<[f64; 2]>,
+}
+
+impl WelchTest {
+    /// The one verdict: p < 0.05. The interval is made to agree with it
+    /// (see [`welch_t_test`]), so no printed line can contradict itself.
+    pub fn significant(&self) -> bool {
+        self.p_value < 0.05
+    }
 }
 
 /// Welch's t-test of `b` against `a`; `None` when a side has fewer than two
@@ -382,12 +531,42 @@ pub fn welch_t_test(a: &[f64], b: &[f64]) -> Option<WelchTest> {
     if se2 == 0.0 {
         return None;
     }
-    let t = (mean(b) - mean(a)) / se2.sqrt();
+    let d = mean(b) - mean(a);
+    let se = se2.sqrt();
+    let t = d / se;
     let df = se2.powi(2) / (va.powi(2) / (na - 1.0) + vb.powi(2) / (nb - 1.0));
     let dist = StudentsT::new(0.0, 1.0, df).ok()?;
     // sf, not 1 - cdf: keeps precision for large |t|.
     let p_value = (2.0 * dist.sf(t.abs())).min(1.0);
-    Some(WelchTest { t, df, p_value })
+    let delta_ci95 = t_quantile(0.975, df).map(|q| {
+        let (lo, hi) = (d - q * se, d + q * se);
+        // p comes from the cdf, the interval from its inverse: at
+        // |t| = t(0.975, df) to within rounding they can fall on either
+        // side of the line. The verdict is p's; the interval's bound
+        // nearest 0 is set on 0's side the verdict says (a shift of a
+        // few ulps), so the two never contradict.
+        let excludes = lo > 0.0 || hi < 0.0;
+        if (p_value < 0.05) != excludes {
+            let near = if d > 0.0 { lo } else { hi };
+            debug_assert!(
+                near.abs() <= 1e-6 * (hi - lo),
+                "Welch p {p_value} and CI [{lo}, {hi}] disagree beyond rounding"
+            );
+        }
+        match (p_value < 0.05, excludes) {
+            (true, false) if d > 0.0 => [f64::MIN_POSITIVE, hi],
+            (true, false) if d < 0.0 => [lo, -f64::MIN_POSITIVE],
+            (false, true) if d > 0.0 => [0.0, hi],
+            (false, true) => [lo, 0.0],
+            _ => [lo, hi],
+        }
+    });
+    Some(WelchTest {
+        t,
+        df,
+        p_value,
+        delta_ci95,
+    })
 }
 
 /// mmtests' significance of a difference of means (see the module doc).
@@ -429,13 +608,13 @@ pub fn mmtests_significance(baseline: &[f64], compare: &[f64]) -> Option<Mmtests
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// Both sides exact (no variance) and equal.
+    /// Both sides exact (every run the same value) and equal.
     ExactEqual,
     /// Both sides exact and different: a certain difference.
     ExactDifferent,
-    /// mmtests' rule holds: the difference exceeds both intervals.
+    /// Welch: p < 0.05, the 95 % CI of the difference excludes 0.
     Significant,
-    /// mmtests' rule does not hold.
+    /// Welch: p >= 0.05, the 95 % CI of the difference includes 0.
     NotSignificant,
     /// A side has fewer than two samples: no variance, no inference.
     Undefined,
@@ -459,48 +638,102 @@ impl Verdict {
     }
 }
 
+/// The rule a verdict was reached by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rule {
+    /// Both sides exact: compared as values (counts as integers).
+    Exact,
+    /// Welch's t-test at 95 %: p < 0.05, equivalently the difference's
+    /// 95 % CI excludes 0.
+    Welch95,
+    /// No rule applies (a side with one run).
+    None,
+}
+
 /// The inference about one metric's baseline-vs-compare difference.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Significance {
-    /// What can be said about the difference.
+    /// The one verdict (by `rule`).
     pub verdict: Verdict,
     /// Welch's t-test; `None` when undefined (a side with one sample, or
-    /// both sides exact).
+    /// both sides exact: a constant gets no t, p or CI).
     pub welch: Option<WelchTest>,
-    /// mmtests' rule; `None` when a side has one sample.
+    /// mmtests' rule, under its own name and never the verdict; `None`
+    /// when a side has one sample or both sides are exact.
     pub mmtests: Option<MmtestsSignificance>,
+    /// How the verdict was reached; absent in documents written before it
+    /// existed (their verdict was mmtests' rule).
+    #[serde(default)]
+    pub rule: Option<Rule>,
 }
 
-/// Significance of `compare` against `baseline`. Exact counters (zero
-/// variance on both sides) are reported as exact rather than pushed through
-/// mmtests' zero-width fallback, which calls a difference significant only
-/// when it exceeds 1 in the metric's unit (right for small integer counts,
-/// wrong for per-call rates such as 0 vs 0.5 flushes per call).
+/// Significance of `compare` against `baseline`, from plain samples (no
+/// integer counts: exactness is equality of the floats).
 pub fn significance(baseline: &[f64], compare: &[f64]) -> Significance {
-    let mmtests = mmtests_significance(baseline, compare);
-    let welch = welch_t_test(baseline, compare);
-    let exact = |v: &[f64]| sample_stddev(v) == Some(0.0);
-    let verdict = match mmtests {
-        None => Verdict::Undefined,
-        Some(_) if exact(baseline) && exact(compare) => {
-            if mean(baseline) == mean(compare) {
+    match (Summary::new(baseline, true), Summary::new(compare, true)) {
+        (Ok(b), Ok(c)) => significance_of(&b, &c),
+        _ => Significance {
+            verdict: Verdict::Undefined,
+            welch: None,
+            mmtests: None,
+            rule: Some(Rule::None),
+        },
+    }
+}
+
+/// Significance of `compare` against `baseline`. Two exact sides (counts:
+/// by their integers) are equal or differ, with no test; otherwise Welch's
+/// test gives the verdict, and mmtests' rule is computed beside it. The
+/// old zero-width fallback of mmtests (a difference above 1 in the metric's
+/// unit) is not used: it called 0 vs 0.5 flushes per call the same.
+pub fn significance_of(baseline: &Summary, compare: &Summary) -> Significance {
+    let undefined = Significance {
+        verdict: Verdict::Undefined,
+        welch: None,
+        mmtests: None,
+        rule: Some(Rule::None),
+    };
+    if baseline.n() < 2 || compare.n() < 2 {
+        return undefined;
+    }
+    if baseline.exact() && compare.exact() {
+        let equal = match (&baseline.counts, &compare.counts) {
+            (Some(b), Some(c)) => b.same_rate_as(c),
+            _ => baseline.amean == compare.amean,
+        };
+        return Significance {
+            verdict: if equal {
                 Verdict::ExactEqual
             } else {
                 Verdict::ExactDifferent
-            }
-        }
-        Some(m) if m.significant => Verdict::Significant,
-        Some(_) => Verdict::NotSignificant,
-    };
-    Significance {
-        verdict,
-        welch,
-        mmtests,
+            },
+            welch: None,
+            mmtests: None,
+            rule: Some(Rule::Exact),
+        };
+    }
+    let mmtests = mmtests_significance(&baseline.samples, &compare.samples);
+    match welch_t_test(&baseline.samples, &compare.samples) {
+        Some(w) => Significance {
+            verdict: if w.significant() {
+                Verdict::Significant
+            } else {
+                Verdict::NotSignificant
+            },
+            welch: Some(w),
+            mmtests,
+            rule: Some(Rule::Welch95),
+        },
+        None => Significance {
+            mmtests,
+            ..undefined
+        },
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn close(a: f64, b: f64) -> bool {
@@ -728,15 +961,166 @@ mod tests {
         let base = [100.0, 101.0, 99.0, 100.0, 100.0];
         let v = |a: &[f64], b: &[f64]| significance(a, b).verdict;
         assert_eq!(v(&base, &base.map(|x| x + 3.0)), Verdict::Significant);
-        assert_eq!(v(&base, &base.map(|x| x + 2.0)), Verdict::NotSignificant);
-        // Exact counters: reported as exact, not through mmtests' fallback
-        // (which would call 0 vs 0.5 per call not significant).
+        // +2: mmtests' rule says no (ratio 0.72), Welch says yes (t =
+        // 2 / sqrt(0.2) = 4.472, df 8; p = 0.0020773377112268676 from the
+        // closed form of Student's t for even df): the verdict is Welch's,
+        // mmtests' ratio is kept beside it under its own name.
+        let s = significance(&base, &base.map(|x| x + 2.0));
+        assert_eq!(s.verdict, Verdict::Significant);
+        assert_eq!(s.rule, Some(Rule::Welch95));
+        assert!(near(
+            s.welch.unwrap().p_value,
+            0.002_077_337_711_226_867_6,
+            1e-9
+        ));
+        assert!(!s.mmtests.unwrap().significant);
+        // The n = 5 pair of the Welch test: p = 0.2617, not significant.
+        assert_eq!(
+            v(
+                &[30.1, 29.5, 31.2, 30.8, 29.9],
+                &[30.6, 31.0, 30.2, 31.9, 30.4]
+            ),
+            Verdict::NotSignificant
+        );
+        // Exact values: equal or not, with no test (no t, p, CI or
+        // mmtests ratio for a constant).
         assert_eq!(v(&[0.0, 0.0], &[0.5, 0.5]), Verdict::ExactDifferent);
         assert_eq!(v(&[2.0, 2.0, 2.0], &[2.0, 2.0]), Verdict::ExactEqual);
         assert_eq!(v(&[2.0], &[3.0]), Verdict::Undefined);
         assert!(Verdict::ExactDifferent.marked() && !Verdict::ExactEqual.marked());
         let s = significance(&[0.0, 0.0], &[0.5, 0.5]);
+        assert_eq!(
+            (s.welch, s.mmtests, s.rule),
+            (None, None, Some(Rule::Exact))
+        );
+    }
+
+    /// The `--runs auto` case of the issue: a constant rate's float mean
+    /// over a different number of runs must stay that constant.
+    #[test]
+    fn identical_samples_have_their_own_mean_and_no_spread() {
+        for x in [26.008_849_557_522_122, 0.1, 1.0 / 3.0, 2939.0 / 113.0] {
+            for n in 1..40 {
+                let v = vec![x; n];
+                assert_eq!(mean(&v), x, "{x} x {n}");
+                assert_eq!(sample_stddev(&v), (n > 1).then_some(0.0));
+                assert_eq!(mean_ci95(&v).map(|c| c.half_width), (n > 1).then_some(0.0));
+            }
+        }
+        let a = Summary::new(&[2939.0 / 113.0; 3], true).unwrap();
+        let b = Summary::new(&[2939.0 / 113.0; 17], true).unwrap();
+        let s = significance_of(&a, &b);
+        assert_eq!(s.verdict, Verdict::ExactEqual);
         assert_eq!(s.welch, None);
-        assert_eq!(s.mmtests.unwrap().ratio, 0.5);
+    }
+
+    /// Counts are carried as integers: the same rational rate over
+    /// different totals is exact, and a run that differs is counted.
+    #[test]
+    fn counts_are_compared_as_integers() {
+        let c = |counts: &[u64], calls: &[u64]| {
+            CountRuns::new(counts.to_vec(), calls.to_vec()).unwrap()
+        };
+        // 2939/113 = 5878/226 = 26.00884955752212...
+        let a = c(&[2939, 5878, 2939], &[113, 226, 113]);
+        assert!(a.exact() && a.runs_differing() == 0);
+        assert!(a.rates().iter().all(|&r| r == a.rates()[0]));
+        let b = c(&[293_900; 7], &[11_300; 7]);
+        let (sa, sb) = (
+            Summary::from_counts(a.clone(), true).unwrap(),
+            Summary::from_counts(b, true).unwrap(),
+        );
+        assert!(sa.exact() && sb.exact());
+        let s = significance_of(&sa, &sb);
+        assert_eq!(
+            (s.verdict, s.welch, s.mmtests),
+            (Verdict::ExactEqual, None, None)
+        );
+        assert_eq!(sa.ci95.unwrap().half_width, 0.0);
+        // One more instruction in one run: exact against it no longer.
+        let d = c(&[2939, 2940, 2939, 2939], &[113, 113, 113, 113]);
+        assert!(!d.exact());
+        assert_eq!(d.runs_differing(), 1);
+        let sd = Summary::from_counts(d, true).unwrap();
+        assert_eq!(sd.runs_differing(), Some(1));
+        let s = significance_of(&sa, &sd);
+        assert_eq!(s.rule, Some(Rule::Welch95));
+        assert!(s.welch.is_some());
+        // Two exact sides that differ by one count in 10^6 calls.
+        let e = c(&[2_000_001, 2_000_001], &[1_000_000, 1_000_000]);
+        let f = c(&[2_000_000, 4_000_000], &[1_000_000, 2_000_000]);
+        let s = significance_of(
+            &Summary::from_counts(e, true).unwrap(),
+            &Summary::from_counts(f, true).unwrap(),
+        );
+        assert_eq!(s.verdict, Verdict::ExactDifferent);
+        assert_eq!(CountRuns::new(vec![1], vec![0]), None, "no calls, no rate");
+        assert_eq!(CountRuns::new(vec![1, 2], vec![1]), None);
+        assert!(!same_rate((u64::MAX, 1), (u64::MAX, 2)));
+        assert!(same_rate((u64::MAX, u64::MAX), (1, 1)));
+    }
+
+    /// A small seeded generator (xorshift64*), so the property below is
+    /// reproducible without a dependency.
+    pub(crate) struct Rng(pub u64);
+
+    impl Rng {
+        pub(crate) fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        /// Uniform in [0, 1).
+        pub(crate) fn unit(&mut self) -> f64 {
+            (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        }
+
+        /// `n` samples around `mean` with spread `sd` (a sum of uniforms).
+        pub(crate) fn samples(&mut self, n: usize, mean: f64, sd: f64) -> Vec<f64> {
+            (0..n)
+                .map(|_| mean + sd * ((0..4).map(|_| self.unit()).sum::<f64>() - 2.0))
+                .collect()
+        }
+    }
+
+    /// Property: for any two samples the verdict, Welch's p and the
+    /// difference's 95 % CI say the same thing: significant == p < 0.05
+    /// == the CI excludes 0.
+    #[test]
+    fn verdict_p_and_interval_never_disagree() {
+        let mut rng = Rng(0x5eed_1234_abcd_0001);
+        let mut seen = [0usize; 2];
+        for _ in 0..20_000 {
+            let (na, nb) = (2 + (rng.next() % 9) as usize, 2 + (rng.next() % 9) as usize);
+            let scale = 10f64.powi((rng.next() % 9) as i32 - 4);
+            let (sda, sdb) = (scale * rng.unit() * 3.0, scale * rng.unit() * 3.0);
+            let a = rng.samples(na, 100.0 * scale, sda);
+            let shift = scale * (rng.unit() * 4.0 - 2.0);
+            let b = rng.samples(nb, 100.0 * scale + shift, sdb);
+            let s = significance(&a, &b);
+            let Some(w) = s.welch else {
+                assert!(matches!(
+                    s.verdict,
+                    Verdict::ExactEqual | Verdict::ExactDifferent
+                ));
+                continue;
+            };
+            let [lo, hi] = w.delta_ci95.expect("an interval with a test");
+            let excludes = lo > 0.0 || hi < 0.0;
+            let significant = s.verdict == Verdict::Significant;
+            assert_eq!(significant, w.p_value < 0.05, "{a:?} {b:?}");
+            assert_eq!(
+                significant, excludes,
+                "{a:?} {b:?} p {} [{lo}, {hi}]",
+                w.p_value
+            );
+            seen[usize::from(significant)] += 1;
+        }
+        assert!(
+            seen[0] > 1000 && seen[1] > 1000,
+            "both verdicts exercised: {seen:?}"
+        );
     }
 }

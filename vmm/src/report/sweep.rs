@@ -383,10 +383,10 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// Whether `compare` differs significantly from `baseline`, by the rule
-/// `compare` marks its table with ([`crate::report::stats::significance`]:
-/// mmtests' confidence-interval rule, exact counters as exact). `None` when
-/// a side has fewer than two runs.
+/// Whether `compare` differs significantly from `baseline`, by the one
+/// verdict `compare` prints ([`crate::report::stats::significance`]:
+/// Welch's t-test at 95 %, exact values as exact). `None` when a side has
+/// fewer than two runs.
 pub fn significance(baseline: &[f64], compare: &[f64]) -> Option<bool> {
     use crate::report::stats::{self, Verdict};
     match stats::significance(baseline, compare).verdict {

@@ -1,12 +1,12 @@
 //! A sweep as a picture, in three panels under one title (workload, host,
-//! runs):
+//! guest kernel, what its times are, runs):
 //!
 //! 1. Gregg's plot: overhead % against the baseline's syscall rate on a log
 //!    axis fitted to the data (decades, with 2 and 5 between them when the
 //!    data span three decades or fewer), one curve per working set and compare configuration.
 //!    Colour means the working set and nothing else in the figure; the
 //!    configuration is the marker's shape and the line's dash; a filled
-//!    marker is an overhead significant by mmtests' rule, a hollow one is
+//!    marker is an overhead significant by Welch's t-test (95 %), a hollow one is
 //!    not. The legend shows every colour, shape and fill.
 //! 2. Per compare configuration, a heat map of overhead over (working set,
 //!    reads per call) in grey (darker = more), each cell labelled with its
@@ -145,9 +145,13 @@ pub fn svg(r: &SweepReport) -> String {
         r.workload, r.runs
     );
     body.push_str(&format!(
-        r##"<text x="20" y="24" font-size="16" font-weight="bold">{}</text><text x="20" y="42" font-size="12" fill="#333">host: {}</text>"##,
+        r##"<text x="20" y="24" font-size="16" font-weight="bold">{}</text><text x="20" y="42" font-size="11" fill="#333">host: {}; guest: {}; times: {}</text>"##,
         esc(&title),
-        esc(&r.host)
+        esc(&r.host),
+        // The guest kernel and what its times are (a picture pasted
+        // elsewhere must not read as the host kernel's PTI on hardware).
+        esc(&crate::report::time_basis::guest_kernel(r.environment.as_ref())),
+        esc(crate::report::time_basis::TimeBasis::of(r.environment.as_ref()).label()),
     ));
     body.push_str(&format!(
         r##"<text x="20" y="58" font-size="12" fill="#333">overhead = (config - {}) / {} time per call ({} [{}]); syscall rate = 1 / {} time per call; colour = working set</text>"##,
@@ -308,7 +312,7 @@ pub fn svg(r: &SweepReport) -> String {
             r#"<text x="{lx}" y="{ly}" font-size="12" font-weight="bold">fill</text>"#
         ));
         for (filled, what) in [
-            (true, "significant (mmtests' rule)"),
+            (true, "significant (Welch, p &lt; 0.05)"),
             (false, "not significant"),
         ] {
             ly += 20.0;
@@ -657,7 +661,15 @@ mod tests {
         let s = svg(&r);
         // Title: workload, host, runs.
         assert!(s.contains("getpid, 3 runs per cell"), "{s}");
-        assert!(s.contains("host: Linux 6.18, AMD EPYC, 2 CPUs"), "{s}");
+        assert!(
+            s.contains("host: Linux 6.18, AMD EPYC, 2 CPUs; guest: "),
+            "{s}"
+        );
+        // No environment in the fixture: the guest and the basis say so.
+        assert!(
+            s.contains("guest: guest not recorded; times: unknown"),
+            "{s}"
+        );
         // One curve per working set and compare configuration with 2+ points.
         assert_eq!(s.matches("<polyline").count(), 3 * 2, "{s}");
         for w in [

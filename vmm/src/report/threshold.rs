@@ -16,7 +16,7 @@
 //! `compare - baseline`; `delta_pct` is the plain relative change in %
 //! (positive = grew); `diff_pct` is the mmtests-style % (negative = worse).
 //! `welch_p` is Welch's two-sided p-value of the means and `significant` is
-//! 1 where the table marks the difference (mmtests' rule, or exact values
+//! 1 where the table marks the difference (Welch's test at 95 %, or exact values
 //! that differ), else 0; both are about the means, so they take no statistic.
 //! A condition that holds means *fail*. Examples:
 //! - `cr3_writes_per_call!=2` — Amean CR3 writes per call of the compare runs is not exactly 2;
@@ -46,7 +46,7 @@ pub enum Field {
     DiffPct,
     /// Welch's two-sided p-value of the two sides' means.
     WelchP,
-    /// 1 where the difference of the means is significant (mmtests' rule,
+    /// 1 where the difference of the means is significant (Welch at 95 %,
     /// or exact values that differ), else 0.
     Significant,
 }

@@ -83,13 +83,21 @@ impl Against {
             for m in &now.metrics {
                 if let Some(e) = earlier.metric(&m.metric.name) {
                     let (e, n) = if label == "baseline" {
-                        (&e.baseline.samples, &m.baseline.samples)
+                        (&e.baseline, &m.baseline)
                     } else {
-                        (&e.compare.samples, &m.compare.samples)
+                        (&e.compare, &m.compare)
                     };
-                    // Both come from valid tables: this cannot fail but
-                    // for a hand-edited file, where the metric is skipped.
-                    let _ = t.add(m.metric.clone(), e, n);
+                    // A count's integers come along (exactness is theirs);
+                    // an earlier document without them is compared by its
+                    // samples. Both come from valid tables: this cannot
+                    // fail but for a hand-edited file, where the metric is
+                    // skipped.
+                    let _ = match (&e.counts, &n.counts) {
+                        (Some(_), Some(_)) => {
+                            t.add_summaries(m.metric.clone(), e.clone(), n.clone())
+                        }
+                        _ => t.add(m.metric.clone(), &e.samples, &n.samples),
+                    };
                 }
             }
             t

@@ -289,11 +289,26 @@ fn print_header(
     if !differences.is_empty() {
         extra.insert("sides_differ".to_owned(), differences.clone());
     }
-    let environment = Environment::collect(
+    let mut environment = Environment::collect(
         backend.name(),
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.image)),
         extra,
     );
+    // A Linux guest is named by its release (pictures say which kernel's
+    // PTI they show, not only the host's); the companion by its image hash.
+    let release_of = |l: &crate::linux::LinuxGuest| {
+        let release = l
+            .version
+            .as_deref()
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap_or("version unknown");
+        format!("Linux {release} ({})", l.arch.name())
+    };
+    environment.guest_kernel = match (&base.run.linux, &comp.run.linux) {
+        // Two kernels: a picture names both.
+        (Some(b), Some(c)) if two_images => Some(format!("{} vs {}", release_of(b), release_of(c))),
+        (b, _) => b.as_deref().map(release_of),
+    };
     let (kvm_line, entry_text) = backend.describe(&base.run);
     print!("{}", environment.render_header(kvm_line));
     let runs_text = match count {

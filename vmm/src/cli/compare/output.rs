@@ -158,6 +158,12 @@ fn json_text(
     let mut v = t.to_json();
     if let Some(o) = v.as_object_mut() {
         o.insert("answer".into(), crate::report::answer::to_json(t));
+        // What the times are on this backend (the answer's time lines carry it too).
+        let basis = crate::report::time_basis::TimeBasis::of(t.environment.as_ref());
+        o.insert(
+            "time_basis".into(),
+            serde_json::json!({ "key": basis.key(), "label": basis.label() }),
+        );
         o.insert(
             "durations".into(),
             serde_json::json!({ "baseline": durations[0], "compare": durations[1] }),

@@ -12,6 +12,7 @@ use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload}
 use crate::preflight::{ResolvedRun, RunConfig, SerialOut};
 use crate::report::environment::GuestImage;
 use crate::report::rate_name;
+use crate::report::stats::CountRuns;
 use crate::report::{CompareTable, Metric, RunSummary};
 use ptiscope_devices::escape_str;
 
@@ -287,6 +288,22 @@ pub fn rates(s: &RunSummary) -> Vec<(Metric, f64)> {
         .collect()
 }
 
+/// The integer count and calls behind rate `rate_name` of a run, where
+/// the rate is one: a `count` row whose total is a whole number and whose
+/// rate is that total over the run's calls. `None` for anything else (a
+/// time, a size, a rate over another divisor).
+pub fn count_of(s: &RunSummary, rate: &str) -> Option<(u64, u64)> {
+    let r = s
+        .rows
+        .iter()
+        .find(|r| r.metric.unit == "count" && rate_name(&r.metric.name, &r.metric.unit) == rate)?;
+    // Whole, non-negative and exactly representable (below 2^53).
+    let whole = r.total.fract() == 0.0 && (0.0..9.007_199_254_740_992e15).contains(&r.total);
+    let calls = s.iterations;
+    let rate_is_total_over_calls = r.per_iteration == Some(r.total / calls as f64);
+    (whole && calls > 0 && rate_is_total_over_calls).then_some((r.total as u64, calls))
+}
+
 /// The table from the runs of both sides: every rate present in every run.
 pub fn build_table(
     baseline: (&str, &[RunSummary]),
@@ -301,8 +318,23 @@ pub fn build_table(
     let Some(first) = baseline.1.first() else {
         return (t, dropped);
     };
-    let all: Vec<&RunSummary> = baseline.1.iter().chain(compare.1.iter()).collect();
     for (metric, _) in rates(first) {
+        // A count is carried as each run's integers, compared as such.
+        let counts = |runs: &[RunSummary]| -> Option<CountRuns> {
+            let (c, n): (Vec<u64>, Vec<u64>) = runs
+                .iter()
+                .map(|r| count_of(r, &metric.name))
+                .collect::<Option<Vec<_>>>()?
+                .into_iter()
+                .unzip();
+            CountRuns::new(c, n)
+        };
+        if let (Some(b), Some(c)) = (counts(baseline.1), counts(compare.1)) {
+            if let Err(e) = t.add_counts(metric.clone(), b, c) {
+                dropped.push(format!("{}: {e}", metric.name));
+            }
+            continue;
+        }
         let samples = |runs: &[RunSummary]| -> Option<Vec<f64>> {
             runs.iter()
                 .map(|r| {
@@ -322,7 +354,6 @@ pub fn build_table(
             _ => dropped.push(format!("{}: missing in some runs", metric.name)),
         }
     }
-    let _ = all;
     (t, dropped)
 }
 

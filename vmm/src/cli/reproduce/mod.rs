@@ -116,6 +116,9 @@ struct Cell {
     cpus: u32,
     /// The published figure in this cell's unit, and as published.
     published: Option<f64>,
+    /// The unit of `published` (`ns/call`, `ns/message`, `cycles/call`);
+    /// empty where nothing is published.
+    published_unit: &'static str,
     published_text: String,
     /// The index (in the seed's cells) of the row this one's overhead is against.
     baseline: Option<usize>,
@@ -378,18 +381,30 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     let mut exit = 0;
     let mut json_rows = Vec::new();
     let mut current: Option<Guest> = None;
+    let mut unlike_units = false;
     for (i, (c, m)) in cells.iter().zip(&measured).enumerate() {
         if current != Some(c.guest) {
             current = Some(c.guest);
             println!();
+            // What its times are on the backend it ran on (kvm_pvm's
+            // emulated kernel, TCG), beside the guest's name.
+            let basis = (!m.backend.is_empty()).then(|| {
+                let env = crate::report::Environment {
+                    backend: m.backend.to_owned(),
+                    kvm: crate::report::environment::kvm(),
+                    ..Default::default()
+                };
+                crate::report::time_basis::TimeBasis::of(Some(&env)).label()
+            });
             println!(
-                "{} ({})",
+                "{} ({}{})",
                 c.guest.name(),
-                if m.backend.is_empty() { "-" } else { m.backend }
+                if m.backend.is_empty() { "-" } else { m.backend },
+                basis.map_or(String::new(), |b| format!("; times: {b}"))
             );
             println!(
-                "  {:<26} {:<12} {:>14} {:>10}   {:>14} {:>10}   {:>9}",
-                "row", "column", "published", "(per unit)", "here", "vs base", "CR3/call"
+                "  {:<26} {:<12} {:>14} {:>18}   {:>22} {:>10}   {:>9}",
+                "row", "column", "published", "published, per", "here", "vs base", "CR3/call"
             );
         }
         let base_value = c.baseline.and_then(|b| measured[b].value);
@@ -415,18 +430,30 @@ pub fn run(args: &ReproduceArgs) -> i32 {
                     ptiscope_devices::escape_str(e.lines().next().unwrap_or_default())
                 )
             }
-            (None, Some(v)) => format!("{v:.1} {}", m.unit),
+            (None, Some(v)) => {
+                let per = c.published_unit.split('/').nth(1).unwrap_or("call");
+                // A figure in another unit than the published one (the
+                // i386 companion's cycles beside published ns) is marked:
+                // only the overheads compare.
+                let other = !c.published_unit.is_empty()
+                    && c.published_unit.split('/').next() != Some(m.unit.as_str());
+                if other {
+                    unlike_units = true;
+                }
+                format!("{v:.1} {}/{per}{}", m.unit, if other { " ≠" } else { "" })
+            }
             (None, None) => "n/a".into(),
         };
         println!(
-            "  {:<26} {:<12} {:>14} {:>10}   {:>14} {:>10}   {:>9}",
+            "  {:<26} {:<12} {:>14} {:>18}   {:>22} {:>10}   {:>9}",
             c.row,
             c.column,
             match pub_vs {
                 Some(p) => format!("{} ({p:+.0}%)", c.published_text),
                 None => c.published_text.clone(),
             },
-            c.published.map_or("-".into(), |p| format!("{p:.1}")),
+            c.published
+                .map_or("-".into(), |p| format!("{p:.1} {}", c.published_unit)),
             here,
             vs.map_or("-".into(), |v| format!("{v:+.1}%")),
             m.cr3_per_call.map_or("-".into(), |v| format!("{v:.2}")),
@@ -438,6 +465,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             "column": c.column,
             "published": c.published_text,
             "published_per_unit": c.published,
+            "published_unit": c.published_unit,
             "published_vs_baseline_pct": pub_vs,
             "here": m.value,
             "unit": m.unit,
@@ -451,6 +479,12 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         }));
     }
     println!();
+    if unlike_units {
+        println!(
+            "  ≠: measured in another unit than the published figure (e.g. cycles beside \
+             published ns): not comparable as values; only the overheads (vs base) are"
+        );
+    }
     if let Some((_, why)) = &stopped_by {
         println!("  PARTIAL: {why}; the cells after it were not run");
     }

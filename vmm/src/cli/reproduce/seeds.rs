@@ -56,6 +56,7 @@ pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
                                 iterations: 1,
                                 cpus: 1,
                                 published: Some(secs / ROEDEL_MESSAGES * 1e9),
+                                published_unit: "ns/message",
                                 published_text: format!("{secs:.2} s"),
                                 baseline: base,
                             });
@@ -97,6 +98,7 @@ pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
                         iterations,
                         cpus: 1,
                         published: Some(ms * 1e6 / 3e6),
+                        published_unit: "ns/call",
                         published_text: format!("{ms:.0} ms"),
                         baseline: base,
                     });
@@ -124,6 +126,7 @@ pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
                             iterations,
                             cpus: 2,
                             published: None,
+                            published_unit: "",
                             published_text: if pti == "on" {
                                 "~+150 %".into()
                             } else {
@@ -151,6 +154,7 @@ pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
                     iterations,
                     cpus: 1,
                     published: Some(396.5),
+                    published_unit: "cycles/call",
                     published_text: "396.5 cycles".into(),
                     baseline: None,
                 });
@@ -163,6 +167,7 @@ pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
                     iterations,
                     cpus: 1,
                     published: None,
+                    published_unit: "",
                     published_text: "(no PTI in 2015)".into(),
                     baseline: Some(base),
                 });
@@ -190,6 +195,7 @@ pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
                             iterations,
                             cpus: 1,
                             published: None,
+                            published_unit: "",
                             published_text: "(figure)".into(),
                             baseline: base,
                         });

@@ -71,7 +71,7 @@ pub fn text(r: &SweepReport) -> String {
     let _ = writeln!(
         s,
         "{unit} per call [{}], median of {} runs per cell; ovh = overhead against {}, * where \
-         significant (mmtests' rule); refill per page derived, noise = inside the run-to-run spread",
+         significant (Welch, p < 0.05); refill per page derived, noise = inside the run-to-run spread",
         r.time_source,
         r.runs,
         r.configs.first().map_or("-".into(), |c| column_name(c)),
