@@ -48,6 +48,16 @@ pub const KNOWN: [Known; 2] = [
     },
 ];
 
+/// The kernel modules `--backend nested` loads into its inner Linux, in
+/// load order: (path under `lib/modules/RELEASE/kernel/`, file name kept
+/// in `NAME/modules/`). Debian's cloud kernel has no ccp.ko, and its
+/// kvm-amd loads without it.
+pub const KVM_MODULES: [(&str, &str); 3] = [
+    ("virt/lib/irqbypass.ko", "irqbypass.ko"),
+    ("arch/x86/kvm/kvm.ko", "kvm.ko"),
+    ("arch/x86/kvm/kvm-amd.ko", "kvm-amd.ko"),
+];
+
 /// The cache: `$PTISCOPE_LINUX_CACHE`, else `$XDG_CACHE_HOME/ptiscope/linux`,
 /// else `$HOME/.cache/ptiscope/linux`.
 pub fn cache_dir() -> Option<PathBuf> {
@@ -360,12 +370,24 @@ pub fn fetch(
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .ok_or_else(|| FetchError::NoKernel(package.clone()))?;
-    // Only boot/: the modules are most of the package.
+    // Only boot/ and the few modules `--backend nested` loads (KVM_MODULES,
+    // x86_64 only): the other modules are most of the package.
     let x = scratch.0.join("x");
-    let script = "dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\" ./boot";
+    let wildcards = if foreign {
+        ""
+    } else {
+        " --wildcards ./boot './lib/modules/*/kernel/arch/x86/kvm/kvm.ko' \
+         './lib/modules/*/kernel/arch/x86/kvm/kvm-amd.ko' \
+         './lib/modules/*/kernel/virt/lib/irqbypass.ko'"
+    };
+    let script = if foreign {
+        "dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\" ./boot".to_string()
+    } else {
+        format!("dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\"{wildcards}")
+    };
     tool(
         Command::new("sh")
-            .args(["-c", script, "sh"])
+            .args(["-c", &script, "sh"])
             .arg(&deb)
             .arg(&x),
     )?;
@@ -391,6 +413,16 @@ pub fn fetch(
     let config = boot.join(format!("config-{release}"));
     if config.is_file() {
         std::fs::rename(&config, staged.join("config")).map_err(io("moving", &config))?;
+    }
+    // The KVM modules (if this package has them) beside the kernel: `NAME/modules/*.ko`.
+    let modules = x.join("lib/modules").join(&release).join("kernel");
+    for (rel, name) in KVM_MODULES {
+        let from = modules.join(rel);
+        if from.is_file() {
+            let dir = staged.join("modules");
+            std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+            std::fs::rename(&from, dir.join(name)).map_err(io("moving", &from))?;
+        }
     }
     std::fs::write(staged.join("release"), format!("{release}\n{package}\n"))
         .map_err(io("writing", &staged))?;
