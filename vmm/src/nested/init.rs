@@ -91,6 +91,8 @@ fn setup(steps: &mut Vec<String>) -> Result<(), String> {
     mount("proc", "/proc", "proc")?;
     mount("sysfs", "/sys", "sysfs")?;
     mount("tmpfs", "/tmp", "tmpfs")?;
+    // Where the jobs' output files are redirected (nested::cli::rewrite).
+    std::fs::create_dir_all("/tmp/out").map_err(|e| format!("creating /tmp/out: {e}"))?;
     for (name, params) in MODULES {
         let path = format!("{MODULE_DIR}/{name}");
         load_module(&path, params).map_err(|e| {
