@@ -4,10 +4,11 @@
 //! For each flavour the metapackage (`linux-image-cloud-amd64`,
 //! `linux-image-686-pae:i386`) is resolved to its versioned image with
 //! `apt-cache depends`, that package is downloaded into a scratch directory
-//! inside the cache, and only its `boot/` files are unpacked
-//! (`dpkg-deb --fsys-tarfile | tar -x ./boot`): `vmlinuz-RELEASE` becomes
-//! `NAME/vmlinuz`, `config-RELEASE` `NAME/config`, and `NAME/release` says
-//! which. The scratch directory is removed whatever happens that ptiscope
+//! inside the cache, and only its `boot/` files (and, for the x86_64 kernel,
+//! the KVM modules `--backend nested` loads, [`KVM_MODULES`]) are unpacked
+//! (`dpkg-deb --fsys-tarfile | tar -x ./boot ...`): `vmlinuz-RELEASE` becomes
+//! `NAME/vmlinuz`, `config-RELEASE` `NAME/config`, the modules
+//! `NAME/modules/*.ko`, and `NAME/release` says which. The scratch directory is removed whatever happens that ptiscope
 //! sees (an error, SIGINT, SIGTERM, SIGHUP); one a SIGKILL left behind
 //! (`.fetch-NAME-PID` of a process that no longer exists) is removed by the
 //! next fetch.
