@@ -105,6 +105,13 @@ fn the_hardware_kvm_paths_run_on_nested_kvm_amd_in_one_boot() {
         // 8: an inner command that hangs: stopped at its bound.
         json!({"argv": ["run", "--workload", "getpid", "--iterations", "4000000000", "--timeout", "600"],
                "timeout_secs": 4.0}),
+        // 9, 10: pti=auto follows ARCH_CAPABILITIES as this KVM gives it
+        // (RDCL_NO set: off), and as the VMM overrides it (meltdown: on).
+        run_job("auto", &["--pti", "auto"]),
+        run_job(
+            "auto-meltdown",
+            &["--pti", "auto", "--cpu-vuln", "meltdown"],
+        ),
     ];
     let req = s.join("request.json");
     std::fs::write(&req, json!({ "jobs": jobs }).to_string()).unwrap();
@@ -232,6 +239,18 @@ fn the_hardware_kvm_paths_run_on_nested_kvm_amd_in_one_boot() {
         "{}",
         j[8]
     );
+
+    // pti=auto from ARCH_CAPABILITIES.RDCL_NO: the nested KVM's value (set:
+    // no PTI), and the VMM's `--cpu-vuln meltdown` (cleared: PTI).
+    for (i, cr3) in [(9, 0.0), (10, 2.0)] {
+        assert_eq!(status(&j[i], "pti=auto"), 0, "{}", j[i]["stderr"]);
+        assert_eq!(
+            row_per_call(&file(&j[i], "pti=auto"), "cr3_writes"),
+            cr3,
+            "{}",
+            j[i]["stdout"]
+        );
+    }
 }
 
 #[test]
@@ -277,6 +296,8 @@ fn compare_backend_nested_prints_syscall_pti_off_against_on_and_copies_its_json_
         "{out}"
     );
     assert!(out.contains("entry syscall"), "{out}");
+    // Under nested paging the CR3 counts are the guest's word, and the report says so.
+    assert!(out.contains("KVM does not see guest CR3 writes"), "{out}");
     let v = read_json(&json);
     assert_eq!(v["environment"]["backend"], "nested", "{v}");
     assert_eq!(v["environment"]["kvm"]["module"], "kvm_amd");
@@ -325,6 +346,26 @@ fn nested_faults_end_with_the_cause_named_and_nothing_left_running() {
         stderr(&o).contains("cannot start qemu-system-x86_64"),
         "{}",
         stderr(&o)
+    );
+    // A module that fails to load: the inner Linux says which, and why.
+    let real = ptiscope::nested::boot::find_kernel().unwrap();
+    let k = s.join("cache/debian-amd64");
+    std::fs::create_dir_all(k.join("modules")).unwrap();
+    std::os::unix::fs::symlink(&real.vmlinuz, k.join("vmlinuz")).unwrap();
+    for m in &real.modules[..2] {
+        std::os::unix::fs::symlink(m, k.join("modules").join(m.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(k.join("modules/kvm-amd.ko"), b"not a module").unwrap();
+    let o = ptiscope()
+        .env("PTISCOPE_LINUX_CACHE", s.join("cache"))
+        .args(["probe", "--backend", "nested"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains("could not set up KVM") && err.contains("kvm-amd.ko"),
+        "{err}"
     );
     // SIGINT while the inner Linux boots: 130 at once, QEMU gone.
     let log = s.join("stderr");

@@ -428,7 +428,11 @@ pub fn run(
         .args(["-append", &cmdline])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::piped())
+        // Its own process group: a Ctrl-C at the terminal reaches ptiscope
+        // only, which stops QEMU and says why (rather than QEMU ending
+        // first and looking like a crash).
+        .process_group(0);
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: runs in the forked child before exec, calling only
     // async-signal-safe functions (prctl, getppid, fcntl).
@@ -490,6 +494,10 @@ pub fn run(
             });
         }
     };
+    // A signal that came as QEMU ended is still the cause.
+    if let Some(s) = signals::wait_termination(Duration::ZERO) {
+        return Err(NestedError::Interrupted(s));
+    }
     let qemu_stderr = stderr.join().unwrap_or_default();
     let port = read_back(&mut result_fd, 256 << 20);
     let decoded = frame::decode(&port).and_then(|p| {

@@ -154,7 +154,10 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         (Backend::Nested, _) => {}
         _ => return None,
     }
-    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let raw: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let inner = match rewrite(&raw, json_is_flag) {
         Ok(i) => i,
         Err(e) => {
