@@ -112,6 +112,20 @@ fn the_hardware_kvm_paths_run_on_nested_kvm_amd_in_one_boot() {
             "auto-meltdown",
             &["--pti", "auto", "--cpu-vuln", "meltdown"],
         ),
+        // 11: SMP i386 under KVM: the APs' trampoline sets PGE with PAE too.
+        run_job(
+            "pound",
+            &[
+                "--arch",
+                "i386",
+                "--pti",
+                "on",
+                "--cpus",
+                "2",
+                "--cmdline",
+                "threads=2",
+            ],
+        ),
     ];
     let req = s.join("request.json");
     std::fs::write(&req, json!({ "jobs": jobs }).to_string()).unwrap();
@@ -239,6 +253,15 @@ fn the_hardware_kvm_paths_run_on_nested_kvm_amd_in_one_boot() {
         "{}",
         j[8]
     );
+
+    // SMP i386 under KVM: both CPUs ran their thread's calls by SYSENTER.
+    assert_eq!(status(&j[11], "i386 pound"), 0, "{}", j[11]["stderr"]);
+    let v = file(&j[11], "i386 pound");
+    assert!(config_has(&v, "entry=sysenter"), "{}", v["config"]);
+    for cpu in 0..2 {
+        let sys = row_total(&v, &format!("syscalls_cpu{cpu}"));
+        assert!(sys >= CALLS as f64, "i386 CPU {cpu}: {sys} syscalls");
+    }
 
     // pti=auto from ARCH_CAPABILITIES.RDCL_NO: the nested KVM's value (set:
     // no PTI), and the VMM's `--cpu-vuln meltdown` (cleared: PTI).
