@@ -10,6 +10,7 @@ mod compare;
 mod flavours;
 mod linux;
 mod measure;
+mod nested;
 mod plugin;
 mod syscall;
 mod telemetry;
@@ -51,6 +52,9 @@ enum Bench {
     /// Linux guest cost: `ptiscope run --backend qemu --linux` against bare QEMU booting the
     /// same kernel, initramfs and plugin, interleaved; wall-time ratio (target <= 1.1).
     Linux(linux::LinuxArgs),
+    /// `--backend nested` cost: the default compare on kvm_amd inside QEMU TCG (boot
+    /// included) beside the same compare under `--backend qemu`; target under 60 s.
+    Nested(nested::NestedArgs),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
         Bench::Flavours(args) => flavours::run(&ptiscope, &args),
         Bench::Plugin(args) => plugin::run(&ptiscope, &args),
         Bench::Linux(args) => linux::run(&ptiscope, &args),
+        Bench::Nested(args) => nested::run(&ptiscope, &args),
     };
     match result {
         Ok(report) => {

@@ -14,6 +14,7 @@ pub mod experiment;
 pub mod input;
 pub mod linux;
 pub mod machine;
+pub mod nested;
 pub mod observe;
 pub mod output;
 pub mod preflight;

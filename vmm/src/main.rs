@@ -9,6 +9,10 @@ use ptiscope::cli::exit_code;
 use ptiscope::cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    // PID 1 of `--backend nested`'s inner Linux: ptiscope is its init.
+    if std::process::id() == 1 && std::env::var_os(ptiscope::nested::INIT_ENV).is_some() {
+        ptiscope::nested::init::main();
+    }
     quiet_on_a_closed_stdout();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_target(false)
@@ -52,6 +56,10 @@ fn main() -> ExitCode {
 }
 
 fn command(cli: Cli) -> ExitCode {
+    // `--backend nested`: the whole command runs inside QEMU TCG's KVM.
+    if let Some(status) = ptiscope::nested::cli::intercept(&cli) {
+        return code(status);
+    }
     match cli.command {
         Some(Command::Run(args)) => code(ptiscope::cli::run::run(&args)),
         Some(Command::Compare(args)) => code(ptiscope::cli::compare_command(&args)),
@@ -60,6 +68,7 @@ fn command(cli: Cli) -> ExitCode {
         Some(Command::Pagetables(args)) => code(ptiscope::cli::pagetables::run(&args)),
         Some(Command::Linux(cmd)) => code(ptiscope::cli::linux::run(&cmd)),
         Some(Command::Reproduce(args)) => code(ptiscope::cli::reproduce::run(&args)),
+        Some(Command::NestedBatch(args)) => code(ptiscope::nested::cli::batch(&args)),
         // No command: the README's main job, the default comparison.
         None => match Cli::try_parse_from(["ptiscope", "compare"]) {
             Ok(Cli {

@@ -58,7 +58,10 @@ impl Backend for Kvm {
         let entry = match (run.config.guest.entry, run.guest.entry) {
             (_, None) => "none (the workload runs no user code)".to_string(),
             (EntryChoice::Auto, Some(e)) => {
-                let how = if run.entry_guessed {
+                let how = if crate::machine::loader::is_elf32(&run.image) {
+                    // probe::host::choose_auto_entry: not from the long-mode probe.
+                    "the i386 guest's own: SYSENTER works in 32-bit mode on Intel and AMD"
+                } else if run.entry_guessed {
                     "guessed from the KVM module: the probe could not run"
                 } else {
                     "from the probe"

@@ -298,6 +298,10 @@ impl Backend {
         match self {
             Backend::Kvm => Box::new(crate::backend::Kvm),
             Backend::Qemu => Box::new(crate::backend::Qemu { plugin }),
+            // The nested backend runs the whole command inside its inner
+            // Linux (crate::nested::cli::intercept, before any command
+            // starts), where it is `--backend kvm`: no run reaches here with it.
+            Backend::Nested => Box::new(crate::backend::Kvm),
         }
     }
 
@@ -342,4 +346,7 @@ pub enum Backend {
     /// QEMU TCG (`qemu-system-x86_64` / `qemu-system-i386`): the TCG plugin's
     /// `[qemu-plugin]` rows host-observed, the rest guest-reported.
     Qemu,
+    /// ptiscope's VMM on a real KVM (kvm_amd, nested paging) inside QEMU TCG
+    /// (docs/kvm-hosts.md): real KVM exits and semantics, emulated time.
+    Nested,
 }

@@ -111,6 +111,9 @@ pub enum Command {
     /// One published PTI table (docs/seeds.md) measured here, beside the
     /// published figures, on the companion guest and the Linux kernels.
     Reproduce(reproduce::ReproduceArgs),
+    /// `--backend nested`'s batch: many inner commands in one boot (tests).
+    #[command(hide = true)]
+    NestedBatch(crate::nested::cli::BatchArgs),
 }
 
 /// `ptiscope linux ...`.
@@ -286,6 +289,9 @@ pub struct PagetablesArgs {
     /// Write the walk and the verdict as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// `kvm`: this host's KVM; `nested`: kvm_amd inside QEMU TCG.
+    #[arg(long, value_enum, default_value = "kvm")]
+    pub backend: Backend,
 }
 
 /// Options of `ptiscope probe`.
@@ -294,6 +300,9 @@ pub struct ProbeArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// `kvm`: this host's KVM; `nested`: kvm_amd inside QEMU TCG.
+    #[arg(long, value_enum, default_value = "kvm")]
+    pub backend: Backend,
 }
 
 /// `ptiscope compare`: poundsyscall's table per thread count when the sides

@@ -252,7 +252,9 @@ impl Pending {
     /// found is settled first, here: a fact not yet known would otherwise be
     /// probed (probe VMs) beside the measured guest.
     pub fn start(backend: &str, run: &crate::spec::ResolvedRun) -> Pending {
-        let _ = crate::report::environment::probe_findings();
+        let _ = crate::report::environment::probe_findings(crate::machine::loader::is_elf32(
+            &run.image,
+        ));
         let (backend, kernel, image) = (
             backend.to_owned(),
             run.config.kernel.clone(),

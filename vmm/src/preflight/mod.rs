@@ -260,11 +260,11 @@ pub fn preflight_with_image(
                 }
             }
             if auto {
-                let (e, guessed) = host::resolve_entry();
+                let (e, guessed) = host::resolve_entry(elf32);
                 guest.entry = Some(e);
                 entry_guessed = guessed;
             } else if let EntryChoice::Fixed(e) = asked.entry {
-                host::check_entry(e).map_err(PreflightError::EntryRefused)?;
+                host::check_entry(elf32, e).map_err(PreflightError::EntryRefused)?;
             }
             if guest.pcid == Some(Switch::On) {
                 if let Some((false, detail)) = host::pcid_usable() {

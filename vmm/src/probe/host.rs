@@ -30,6 +30,7 @@ impl KvmFlavour {
             KvmFlavour::Pvm => {
                 "kvm_pvm (software virtualizer, shadow paging: KVM sees guest CR3 writes)"
             }
+            KvmFlavour::Hardware if crate::nested::inside() => crate::nested::KVM_DESCRIPTION,
             KvmFlavour::Hardware => match two_dimensional_paging() {
                 Some(true) => "hardware KVM with EPT/NPT (KVM does not see guest CR3 writes)",
                 Some(false) => "hardware KVM with shadow paging (KVM sees guest CR3 writes)",
@@ -138,56 +139,85 @@ pub fn entry_findings() -> &'static EntryFindings {
     })
 }
 
-/// Resolves `--entry auto` to the entry the host can deliver: the probe's
-/// preferred working entry (SYSCALL where it really reaches CPL0, else
-/// `int $0x80`, `int3`, `int $4`). If the probe cannot run, falls back to
-/// the flavour heuristic (`int3` on kvm_pvm, `syscall` elsewhere) and says
-/// so; the flag is true then (the entry was guessed, not found).
-pub fn resolve_entry() -> (Entry, bool) {
+/// Resolves `--entry auto` for a guest of the given width (`elf32`: the
+/// i386 flavour) from the entry probe. See [`choose_auto_entry`]; the flag
+/// is true when the entry was guessed, not found.
+pub fn resolve_entry(elf32: bool) -> (Entry, bool) {
     let f = entry_findings();
-    let e = match f.working() {
-        Some(w) => match probe::preferred_entry(&w) {
-            Some(e) => return (e, false),
-            None => {
-                let e = heuristic_entry();
-                log::warn!(
-                    "entry=auto: the probe found no entry that reaches CPL0 from user mode; trying {e}"
-                );
-                e
-            }
-        },
-        None => {
-            let e = heuristic_entry();
-            log::warn!(
-                "entry=auto: probing the host's entries failed ({}); assuming {e} from the KVM module",
-                f.outcomes.as_ref().err().map_or("", String::as_str)
-            );
-            e
+    let working = f.working();
+    let (e, guessed) = choose_auto_entry(elf32, working.as_deref(), heuristic_entry());
+    if guessed {
+        match &f.outcomes {
+            Ok(_) => log::warn!(
+                "entry=auto: the probe found no entry that reaches CPL0 from user mode; trying {e}"
+            ),
+            Err(why) => log::warn!(
+                "entry=auto: probing the host's entries failed ({why}); assuming {e} from the KVM module"
+            ),
         }
-    };
-    (e, true)
+    }
+    (e, guessed)
 }
 
-/// Refuses an explicit entry the probe found does not work here. `Ok` when
-/// it works, or when the probe could not run (the guest then says what happens).
-pub fn check_entry(entry: Entry) -> Result<(), String> {
-    let pe = entry;
-    let f = entry_findings();
-    let Ok(outcomes) = &f.outcomes else {
-        return Ok(());
-    };
-    let mine: Vec<&(probe::Entry, String, bool)> =
-        outcomes.iter().filter(|(e, _, _)| *e == pe).collect();
-    if mine.is_empty() || mine.iter().any(|(_, _, w)| *w) {
-        return Ok(());
+/// `entry=auto` for a guest width, over the long-mode probe's working
+/// entries (`None`: the probe could not run) and the flavour heuristic.
+///
+/// The 64-bit guest takes the probe's preferred working entry (SYSCALL
+/// where it really reaches CPL0, else `int $0x80`, `int3`, `int $4`).
+/// The i386 guest runs in 32-bit legacy mode, which the long-mode probe
+/// does not test: there SYSCALL is AMD-only (the guest exits 6 on Intel)
+/// and SYSENTER works on both vendors (AMD #UDs it only in long mode, which
+/// is what the probe saw), so its entry is SYSENTER, its native one,
+/// whatever the long-mode probe found.
+pub fn choose_auto_entry(
+    elf32: bool,
+    working: Option<&[Entry]>,
+    heuristic: Entry,
+) -> (Entry, bool) {
+    if elf32 {
+        return (Entry::Sysenter, false);
     }
-    let working: Vec<&str> = f
-        .working()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|e| e.name())
+    match working.and_then(probe::preferred_entry) {
+        Some(e) => (e, false),
+        None => (heuristic, true),
+    }
+}
+
+/// Refuses an explicit entry the probe found does not work here for a
+/// guest of this width. `Ok` when it works, or when the probe could not
+/// run (the guest then says what happens). See [`refuse_entry`].
+pub fn check_entry(elf32: bool, entry: Entry) -> Result<(), String> {
+    match &entry_findings().outcomes {
+        Ok(outcomes) => refuse_entry(elf32, entry, outcomes).map_or(Ok(()), Err),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Why an explicit entry is refused, from the long-mode probe's outcomes
+/// (entry, what happened, whether it reached CPL0). The probe's guests run
+/// in long mode, so its verdicts bind the 64-bit guest only: the i386 guest
+/// (32-bit legacy mode) is never refused from them (SYSENTER #UDs in long
+/// mode on AMD and works in legacy mode; 32-bit SYSCALL on Intel is the
+/// guest's own exit 6, with its message).
+pub fn refuse_entry(
+    elf32: bool,
+    entry: Entry,
+    outcomes: &[(Entry, String, bool)],
+) -> Option<String> {
+    if elf32 {
+        return None;
+    }
+    let mine: Vec<&(Entry, String, bool)> =
+        outcomes.iter().filter(|(e, _, _)| *e == entry).collect();
+    if mine.is_empty() || mine.iter().any(|(_, _, w)| *w) {
+        return None;
+    }
+    let working: Vec<&str> = outcomes
+        .iter()
+        .filter(|(_, _, w)| *w)
+        .map(|(e, _, _)| e.name())
         .collect();
-    Err(format!(
+    Some(format!(
         "--entry {entry}: this host's KVM does not deliver it from user mode to the kernel \
          (probe: {}); entries that work here: {} (or use --entry auto)",
         mine[0].1,
@@ -299,4 +329,132 @@ pub fn describe_host() -> String {
         .unwrap_or_else(|| "unknown CPU".into());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!("Linux {release}, {cpu}, {cpus} CPUs")
+}
+
+#[cfg(test)]
+mod entry_choice_tests {
+    use super::*;
+
+    /// The long-mode probe's outcomes as each KVM gives them: (entry, works).
+    fn host(rows: &[(Entry, bool)]) -> Vec<(Entry, String, bool)> {
+        rows.iter()
+            .map(|&(e, w)| {
+                (
+                    e,
+                    if w {
+                        "delivered at CPL0".into()
+                    } else {
+                        "#UD".into()
+                    },
+                    w,
+                )
+            })
+            .collect()
+    }
+
+    fn working(o: &[(Entry, String, bool)]) -> Vec<Entry> {
+        o.iter().filter(|r| r.2).map(|r| r.0).collect()
+    }
+
+    /// kvm_pvm: SYSCALL stays at CPL3, SYSENTER #UDs, the INTs work.
+    fn kvm_pvm() -> Vec<(Entry, String, bool)> {
+        use Entry::*;
+        host(&[
+            (Syscall, false),
+            (Sysenter, false),
+            (Int80, true),
+            (Int3, true),
+            (Int4, true),
+        ])
+    }
+    /// kvm_amd (nested in QEMU TCG, and AMD hardware): SYSENTER #UDs in long mode.
+    fn amd() -> Vec<(Entry, String, bool)> {
+        use Entry::*;
+        host(&[
+            (Syscall, true),
+            (Sysenter, false),
+            (Int80, true),
+            (Int3, true),
+            (Int4, true),
+        ])
+    }
+    /// kvm_intel: SYSENTER works in long mode too.
+    fn intel() -> Vec<(Entry, String, bool)> {
+        use Entry::*;
+        host(&[
+            (Syscall, true),
+            (Sysenter, true),
+            (Int80, true),
+            (Int3, true),
+            (Int4, true),
+        ])
+    }
+
+    #[test]
+    fn auto_for_the_64_bit_guest_follows_the_long_mode_probe() {
+        assert_eq!(
+            choose_auto_entry(false, Some(&working(&kvm_pvm())), Entry::Int3),
+            (Entry::Int80, false)
+        );
+        assert_eq!(
+            choose_auto_entry(false, Some(&working(&amd())), Entry::Syscall),
+            (Entry::Syscall, false)
+        );
+        assert_eq!(
+            choose_auto_entry(false, Some(&working(&intel())), Entry::Syscall),
+            (Entry::Syscall, false)
+        );
+        // No probe: the flavour heuristic, said to be a guess.
+        assert_eq!(
+            choose_auto_entry(false, None, Entry::Int3),
+            (Entry::Int3, true)
+        );
+        assert_eq!(
+            choose_auto_entry(false, Some(&[]), Entry::Syscall),
+            (Entry::Syscall, true)
+        );
+    }
+
+    #[test]
+    fn auto_for_the_i386_guest_is_sysenter_on_every_host() {
+        // Never SYSCALL from a 64-bit probe (32-bit SYSCALL is AMD-only:
+        // the guest exited 6 on nested kvm_amd's `entry=syscall` pick).
+        for (name, o) in [
+            ("kvm_pvm", kvm_pvm()),
+            ("kvm_amd", amd()),
+            ("kvm_intel", intel()),
+        ] {
+            assert_eq!(
+                choose_auto_entry(true, Some(&working(&o)), Entry::Syscall),
+                (Entry::Sysenter, false),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            choose_auto_entry(true, None, Entry::Syscall),
+            (Entry::Sysenter, false)
+        );
+    }
+
+    #[test]
+    fn explicit_entries_are_refused_from_the_probe_of_their_width_only() {
+        // AMD (nested or hardware): SYSENTER #UDs in long mode: refused for
+        // the 64-bit guest, accepted for the i386 one (legacy mode).
+        let msg = refuse_entry(false, Entry::Sysenter, &amd()).expect("refused for x86_64");
+        assert!(
+            msg.contains("--entry sysenter")
+                && msg.contains("#UD")
+                && msg.contains("syscall, int80"),
+            "{msg}"
+        );
+        assert_eq!(refuse_entry(true, Entry::Sysenter, &amd()), None);
+        assert_eq!(refuse_entry(false, Entry::Syscall, &amd()), None);
+        // Intel: both work in long mode.
+        assert_eq!(refuse_entry(false, Entry::Sysenter, &intel()), None);
+        assert_eq!(refuse_entry(true, Entry::Sysenter, &intel()), None);
+        // kvm_pvm: SYSCALL is refused for the 64-bit guest.
+        assert!(refuse_entry(false, Entry::Syscall, &kvm_pvm()).is_some());
+        assert_eq!(refuse_entry(false, Entry::Int80, &kvm_pvm()), None);
+        assert_eq!(refuse_entry(true, Entry::Int80, &kvm_pvm()), None);
+    }
 }

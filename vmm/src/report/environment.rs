@@ -92,6 +92,10 @@ pub struct GuestImage {
     pub sha256: Option<String>,
     /// Size of the image, bytes (0 if unreadable).
     pub bytes: u64,
+    /// Whether it is an ELF32 image (the i386 guest): `entry=auto` is
+    /// chosen per guest width.
+    #[serde(default)]
+    pub elf32: bool,
 }
 
 /// Everything a report records about where it came from.
@@ -144,6 +148,7 @@ impl GuestImage {
             name: name.into(),
             sha256: bytes.map(sha256_hex),
             bytes: bytes.map_or(0, |b| b.len() as u64),
+            elf32: bytes.is_some_and(crate::machine::loader::is_elf32),
         }
     }
 }
@@ -270,7 +275,7 @@ pub fn kvm() -> Kvm {
 }
 
 /// The probe's findings (runs the probe guests once per process).
-pub fn probe_findings() -> ProbeFindings {
+pub fn probe_findings(elf32: bool) -> ProbeFindings {
     use crate::probe::host;
     let entries = host::entry_findings();
     ProbeFindings {
@@ -279,7 +284,7 @@ pub fn probe_findings() -> ProbeFindings {
             .map(|w| w.into_iter().map(|e| e.name().to_owned()).collect()),
         entry_auto: entries
             .working()
-            .map(|_| host::resolve_entry().0.to_string()),
+            .map(|_| host::resolve_entry(elf32).0.to_string()),
         pcid_usable: host::pcid_usable().map(|(usable, _)| usable),
         pae_paging_usable: host::pae_paging_usable().map(|(usable, _)| usable),
         cr3_write_refill: Some(host::cr3_write_refill().verdict),
@@ -345,8 +350,13 @@ impl Environment {
         Environment {
             host: host(),
             kvm: kvm(),
-            backend: backend.to_owned(),
-            probe: probe_findings(),
+            // Inside `--backend nested` the inner `kvm` is the nested one.
+            backend: if crate::nested::inside() {
+                "nested".to_owned()
+            } else {
+                backend.to_owned()
+            },
+            probe: probe_findings(guest_image.elf32),
             ptiscope: build(),
             guest_image,
             options,

@@ -4,10 +4,11 @@
 //! For each flavour the metapackage (`linux-image-cloud-amd64`,
 //! `linux-image-686-pae:i386`) is resolved to its versioned image with
 //! `apt-cache depends`, that package is downloaded into a scratch directory
-//! inside the cache, and only its `boot/` files are unpacked
-//! (`dpkg-deb --fsys-tarfile | tar -x ./boot`): `vmlinuz-RELEASE` becomes
-//! `NAME/vmlinuz`, `config-RELEASE` `NAME/config`, and `NAME/release` says
-//! which. The scratch directory is removed whatever happens that ptiscope
+//! inside the cache, and only its `boot/` files (and, for the x86_64 kernel,
+//! the KVM modules `--backend nested` loads, [`KVM_MODULES`]) are unpacked
+//! (`dpkg-deb --fsys-tarfile | tar -x ./boot ...`): `vmlinuz-RELEASE` becomes
+//! `NAME/vmlinuz`, `config-RELEASE` `NAME/config`, the modules
+//! `NAME/modules/*.ko`, and `NAME/release` says which. The scratch directory is removed whatever happens that ptiscope
 //! sees (an error, SIGINT, SIGTERM, SIGHUP); one a SIGKILL left behind
 //! (`.fetch-NAME-PID` of a process that no longer exists) is removed by the
 //! next fetch.
@@ -46,6 +47,16 @@ pub const KNOWN: [Known; 2] = [
         metapackage: "linux-image-686-pae",
         debian_arch: "i386",
     },
+];
+
+/// The kernel modules `--backend nested` loads into its inner Linux, in
+/// load order: (path under `lib/modules/RELEASE/kernel/`, file name kept
+/// in `NAME/modules/`). Debian's cloud kernel has no ccp.ko, and its
+/// kvm-amd loads without it.
+pub const KVM_MODULES: [(&str, &str); 3] = [
+    ("virt/lib/irqbypass.ko", "irqbypass.ko"),
+    ("arch/x86/kvm/kvm.ko", "kvm.ko"),
+    ("arch/x86/kvm/kvm-amd.ko", "kvm-amd.ko"),
 ];
 
 /// The cache: `$PTISCOPE_LINUX_CACHE`, else `$XDG_CACHE_HOME/ptiscope/linux`,
@@ -360,12 +371,24 @@ pub fn fetch(
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .ok_or_else(|| FetchError::NoKernel(package.clone()))?;
-    // Only boot/: the modules are most of the package.
+    // Only boot/ and the few modules `--backend nested` loads (KVM_MODULES,
+    // x86_64 only): the other modules are most of the package.
     let x = scratch.0.join("x");
-    let script = "dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\" ./boot";
+    let wildcards = if foreign {
+        ""
+    } else {
+        " --wildcards ./boot './lib/modules/*/kernel/arch/x86/kvm/kvm.ko' \
+         './lib/modules/*/kernel/arch/x86/kvm/kvm-amd.ko' \
+         './lib/modules/*/kernel/virt/lib/irqbypass.ko'"
+    };
+    let script = if foreign {
+        "dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\" ./boot".to_string()
+    } else {
+        format!("dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\"{wildcards}")
+    };
     tool(
         Command::new("sh")
-            .args(["-c", script, "sh"])
+            .args(["-c", &script, "sh"])
             .arg(&deb)
             .arg(&x),
     )?;
@@ -391,6 +414,16 @@ pub fn fetch(
     let config = boot.join(format!("config-{release}"));
     if config.is_file() {
         std::fs::rename(&config, staged.join("config")).map_err(io("moving", &config))?;
+    }
+    // The KVM modules (if this package has them) beside the kernel: `NAME/modules/*.ko`.
+    let modules = x.join("lib/modules").join(&release).join("kernel");
+    for (rel, name) in KVM_MODULES {
+        let from = modules.join(rel);
+        if from.is_file() {
+            let dir = staged.join("modules");
+            std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+            std::fs::rename(&from, dir.join(name)).map_err(io("moving", &from))?;
+        }
     }
     std::fs::write(staged.join("release"), format!("{release}\n{package}\n"))
         .map_err(io("writing", &staged))?;

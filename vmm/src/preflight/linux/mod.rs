@@ -167,7 +167,7 @@ pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
 /// from the probe's findings and the image.
 fn kvm_refusal(image: &image::KernelImage) -> String {
     let why = kvm_refusal_reasons(
-        host::check_entry(Entry::Syscall),
+        host::check_entry(false, Entry::Syscall),
         host::kvm_flavour(),
         image.arch,
         image.format,

@@ -18,7 +18,13 @@ crate::arch::x86_shared::boot::boot_asm!(
 1:  movl $boot_pdpt, %eax
     movl %eax, %cr3                 /* counted later as Cr3Other (paging::setup_kernel_tables) */
     movl %cr4, %eax
-    orl $0x20, %eax                 /* PAE */
+    /* PAE, and PGE now rather than later: a CR4.PGE write with paging on
+     * makes KVM reload the PDPTEs (load_pdptrs), and under kvm_amd nested
+     * in QEMU TCG the PDPTE it reads back has bit 5 (accessed, reserved in
+     * a PDPTE) set by QEMU's nested page walker: a #GP. Set before CR0.PG,
+     * no later CR4 write changes a PDPTR bit (load_kernel_root's and
+     * ap_setup's write the same PGE). */
+    orl $0xa0, %eax                 /* PAE | PGE */
     movl %eax, %cr4
     btl $20, %edi
     jnc 2f

@@ -104,12 +104,25 @@ pub fn start_aps() -> usize {
         } else {
             0
         };
-        move |n: usize| ApHandover {
-            cr3: boot_cr3,
-            efer,
-            entry: ap_start32 as *const () as u32,
-            stack: ap_stack_top(n) as u32,
-            cpu: n as u32,
+        move |n: usize| {
+            // Each AP's CR0.PG write makes KVM load the PDPTEs (load_pdptrs),
+            // which #GPs (a triple fault this early) on a reserved bit. Under
+            // kvm_amd nested in QEMU TCG, QEMU's page walker sets bit 5
+            // (accessed; reserved in a PAE PDPTE) in the entries the BSP and
+            // the APs before walked: cleared before every SIPI (a no-op elsewhere).
+            for slot in 0..4 {
+                let e = DirectMap.read(boot_cr3 as u64, slot);
+                if e & PDPTE_ACCESSED != 0 {
+                    DirectMap.write(boot_cr3 as u64, slot, e & !PDPTE_ACCESSED);
+                }
+            }
+            ApHandover {
+                cr3: boot_cr3,
+                efer,
+                entry: ap_start32 as *const () as u32,
+                stack: ap_stack_top(n) as u32,
+                cpu: n as u32,
+            }
         }
     };
     // SAFETY: ApHandover is laid out as the trampoline's handover words
@@ -118,4 +131,6 @@ pub fn start_aps() -> usize {
 }
 
 const MSR_EFER: u32 = 0xc000_0080;
+/// Bit 5 of a PDPTE: reserved under PAE paging (an accessed bit elsewhere).
+const PDPTE_ACCESSED: u64 = 1 << 5;
 const EFER_NXE: u64 = 1 << 11;

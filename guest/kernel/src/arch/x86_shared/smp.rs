@@ -60,7 +60,7 @@ tr_pm32:
     movl (\tp + (tr_cr3 - ap_trampoline)), %eax
     movl %eax, %cr3
     movl %cr4, %eax
-    orl $0x20, %eax                 /* PAE */
+    orl $0xa0, %eax                 /* PAE | PGE: before paging, see x86/boot.rs */
     movl %eax, %cr4
     .endm
 
@@ -422,7 +422,7 @@ pub fn install_gates_and_enable() {
 pub fn ap_setup(kernel_cr3: u64, cr4: u64) {
     // SAFETY: the same CR4 bits the BSP runs with (x86_64: PGE, PCIDE only
     // if the BSP checked the CPU has it, and CR3's PCID bits are 0 here;
-    // x86_32: PAE, already set by the trampoline, and PGE).
+    // x86_32: PAE and PGE, already set by the trampoline).
     unsafe { crate::arch::cpu::write_cr4(cr4) };
     crate::arch::paging::write_cr3(kernel_cr3, crate::arch::paging::Cr3Reason::Other);
     // The trampoline's load of the boot tables happened before the per-CPU

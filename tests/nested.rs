@@ -1,0 +1,433 @@
+//! `--backend nested`: the hardware-KVM half of the VMM (SYSCALL from user
+//! mode, exact 0 -> 2 CR3 writes per call, the probe's verdicts on a normal
+//! KVM, SMP, page-table isolation, the 32-bit PAE guest) on kvm_amd with
+//! nested paging inside QEMU TCG. The checks share ONE boot
+//! (`ptiscope nested-batch`): a boot and its jobs take 20-60 s of TCG here.
+//! The CLI path (`compare --backend nested`: arguments rewritten, the
+//! `--json` copied back) has a boot of its own; the faults (no kernel, no
+//! QEMU, SIGINT) cost no boot or a short one. Skipped, with the reason,
+//! without a fetched kernel that kept its KVM modules or without QEMU.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+/// True if a nested session can run here; otherwise prints why `test` is skipped.
+fn nested_or_skip(test: &str) -> bool {
+    if let Err(e) = ptiscope::nested::boot::find_kernel() {
+        ptiscope::test_support::skip(test, &e.to_string());
+        return false;
+    }
+    qemu_or_skip(test, "qemu-system-x86_64")
+}
+
+const CALLS: u64 = 2000;
+
+/// An inner `run` of getpid (poundsyscall for `pound`) with a JSON summary at `/tmp/out/NAME.json`.
+fn run_job(name: &str, extra: &[&str]) -> Value {
+    let workload = if name == "pound" {
+        "poundsyscall"
+    } else {
+        "getpid"
+    };
+    let mut argv: Vec<String> = [
+        "run",
+        "--workload",
+        workload,
+        "--iterations",
+        &CALLS.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    argv.push(format!("--json=/tmp/out/{name}.json"));
+    json!({"argv": argv, "collect": [format!("/tmp/out/{name}.json")], "timeout_secs": 120.0})
+}
+
+/// The collected JSON file of a job result.
+fn file(job: &Value, what: &str) -> Value {
+    let files = job["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no files: {job}"));
+    let text = files
+        .first()
+        .and_then(|f| f[1].as_str())
+        .unwrap_or_else(|| panic!("{what}: the inner command wrote no file: {job}"));
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: {e}: {text}"))
+}
+
+fn status(job: &Value, what: &str) -> i64 {
+    job["status"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{what}: {job}"))
+}
+
+fn config_has(v: &Value, word: &str) -> bool {
+    v["config"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|w| w == word))
+}
+
+#[test]
+fn the_hardware_kvm_paths_run_on_nested_kvm_amd_in_one_boot() {
+    let test = "nested kvm_amd batch";
+    if !nested_or_skip(test) {
+        return;
+    }
+    let s = Scratch::new("nested-batch");
+    let jobs = vec![
+        // 0: the probe's verdicts on a normal KVM.
+        json!({"argv": ["probe", "--json"], "timeout_secs": 300.0}),
+        // 1, 2: SYSCALL from user mode, pti off and on: exactly 0 and 2 CR3 writes per call.
+        run_job("off", &["--pti", "off", "--entry", "syscall"]),
+        run_job("on", &["--pti", "on"]),
+        // 3: isolation walked from the host.
+        json!({"argv": ["pagetables", "--pti", "on", "--json=/tmp/out/pt.json"],
+               "collect": ["/tmp/out/pt.json"], "timeout_secs": 120.0}),
+        // 4: poundsyscall on 2 vCPUs.
+        run_job(
+            "pound",
+            &["--pti", "on", "--cpus", "2", "--cmdline", "threads=2"],
+        ),
+        // 5, 6: the 32-bit PAE guest: entry=auto is SYSENTER, an explicit
+        // SYSENTER is not refused from the long-mode probe's #UD.
+        run_job("i386", &["--arch", "i386", "--pti", "on"]),
+        run_job(
+            "i386-sysenter",
+            &["--arch", "i386", "--pti", "off", "--entry", "sysenter"],
+        ),
+        // 7: an inner command that fails: its status and message come back.
+        json!({"argv": ["run", "--pti", "sideways"], "timeout_secs": 60.0}),
+        // 8: an inner command that hangs: stopped at its bound.
+        json!({"argv": ["run", "--workload", "getpid", "--iterations", "4000000000", "--timeout", "600"],
+               "timeout_secs": 4.0}),
+        // 9, 10: pti=auto follows ARCH_CAPABILITIES as this KVM gives it
+        // (RDCL_NO set: off), and as the VMM overrides it (meltdown: on).
+        run_job("auto", &["--pti", "auto"]),
+        run_job(
+            "auto-meltdown",
+            &["--pti", "auto", "--cpu-vuln", "meltdown"],
+        ),
+        // 11: SMP i386 under KVM: the APs' trampoline sets PGE with PAE too.
+        run_job(
+            "pound",
+            &[
+                "--arch",
+                "i386",
+                "--pti",
+                "on",
+                "--cpus",
+                "2",
+                "--cmdline",
+                "threads=2",
+            ],
+        ),
+    ];
+    let req = s.join("request.json");
+    std::fs::write(&req, json!({ "jobs": jobs }).to_string()).unwrap();
+    let start = Instant::now();
+    let o = ptiscope()
+        .args(["nested-batch", "--cpus", "2"])
+        .arg(&req)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
+        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "nested batch: {} jobs in one boot, {:.1} s\n",
+            jobs.len(),
+            start.elapsed().as_secs_f64()
+        )
+        .as_bytes(),
+    );
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let j = r["jobs"].as_array().expect("jobs");
+    assert_eq!(j.len(), jobs.len(), "{r}");
+    let setup = r["setup"].to_string();
+    assert!(setup.contains("kvm-amd.ko npt=1"), "{setup}");
+
+    // Probe: user SYSCALL reaches CPL0, 32-bit PAE paging works, SYSENTER
+    // #UDs in long mode (AMD), and entry=auto for x86_64 is syscall.
+    assert_eq!(status(&j[0], "probe"), 0, "{}", j[0]["stderr"]);
+    let p: Value = serde_json::from_str(j[0]["stdout"].as_str().unwrap()).unwrap();
+    let entry = |name: &str| {
+        p["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["entry"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        entry("syscall")["outcome"]["outcome"],
+        "delivered_cpl0",
+        "{p}"
+    );
+    assert_eq!(entry("sysenter")["outcome"]["vector"], 6, "{p}");
+    assert_eq!(p["paging"]["pae"]["outcome"]["result"], "works", "{p}");
+    assert_eq!(p["best_entry"], "syscall", "{p}");
+    assert_eq!(p["environment"]["kvm"]["module"], "kvm_amd", "{p}");
+    assert_eq!(p["environment"]["kvm"]["paging"], "npt", "{p}");
+
+    // pti off / on with SYSCALL: exact CR3 writes per call.
+    for (i, pti, cr3) in [(1, "off", 0.0), (2, "on", 2.0)] {
+        let what = format!("run pti={pti}");
+        assert_eq!(status(&j[i], &what), 0, "{what}: {}", j[i]["stderr"]);
+        let v = file(&j[i], &what);
+        assert!(
+            config_has(&v, "entry=syscall"),
+            "{what}: entry=auto picks syscall: {}",
+            v["config"]
+        );
+        assert_eq!(row_per_call(&v, "cr3_writes"), cr3, "{what}");
+        assert_eq!(row_per_call(&v, "syscalls"), 1.0, "{what}");
+        assert_eq!(v["environment"]["backend"], "nested", "{what}");
+        assert!(
+            summary_row(&v, "kvm_exits").is_some(),
+            "{what}: the inner KVM's exits: {v}"
+        );
+    }
+
+    // Page tables: the user copy maps the entry area only.
+    assert_eq!(status(&j[3], "pagetables"), 0, "{}", j[3]["stderr"]);
+    let pt = file(&j[3], "pagetables");
+    assert!(
+        pt["isolation"]["outside_entry_area"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{pt}"
+    );
+    assert!(
+        pt["isolation"]["kernel_bytes_mapped"].as_u64().unwrap() > 0,
+        "{pt}"
+    );
+
+    // poundsyscall: both vCPUs ran their thread's calls.
+    assert_eq!(status(&j[4], "pound"), 0, "{}", j[4]["stderr"]);
+    let v = file(&j[4], "pound");
+    assert!(config_has(&v, "entry=syscall"), "{}", v["config"]);
+    for cpu in 0..2 {
+        let sys = row_total(&v, &format!("syscalls_cpu{cpu}"));
+        assert!(sys >= CALLS as f64, "CPU {cpu}: {sys} syscalls: {v}");
+    }
+
+    // The i386 PAE guest under KVM: SYSENTER by entry=auto, 2 CR3 writes per call.
+    assert_eq!(status(&j[5], "i386"), 0, "{}", j[5]["stderr"]);
+    let v = file(&j[5], "i386");
+    assert!(config_has(&v, "entry=sysenter"), "{}", v["config"]);
+    assert_eq!(row_per_call(&v, "cr3_writes"), 2.0);
+    assert_eq!(v["environment"]["guest_image"]["elf32"], true);
+    assert_eq!(
+        status(&j[6], "i386 --entry sysenter"),
+        0,
+        "{}",
+        j[6]["stderr"]
+    );
+    assert_eq!(
+        row_per_call(&file(&j[6], "i386 sysenter"), "cr3_writes"),
+        0.0
+    );
+
+    // Faults inside: the inner command's own status and message.
+    assert_eq!(status(&j[7], "bad --pti"), 64, "{}", j[7]);
+    assert!(
+        j[7]["stderr"].as_str().unwrap().contains("sideways"),
+        "{}",
+        j[7]
+    );
+    assert_eq!(status(&j[8], "hang"), 124, "{}", j[8]);
+    assert!(
+        j[8]["stderr"].as_str().unwrap().contains("past its bound"),
+        "{}",
+        j[8]
+    );
+
+    // SMP i386 under KVM: both CPUs ran their thread's calls by SYSENTER.
+    assert_eq!(status(&j[11], "i386 pound"), 0, "{}", j[11]["stderr"]);
+    let v = file(&j[11], "i386 pound");
+    assert!(config_has(&v, "entry=sysenter"), "{}", v["config"]);
+    for cpu in 0..2 {
+        let sys = row_total(&v, &format!("syscalls_cpu{cpu}"));
+        assert!(sys >= CALLS as f64, "i386 CPU {cpu}: {sys} syscalls");
+    }
+
+    // pti=auto from ARCH_CAPABILITIES.RDCL_NO: the nested KVM's value (set:
+    // no PTI), and the VMM's `--cpu-vuln meltdown` (cleared: PTI).
+    for (i, cr3) in [(9, 0.0), (10, 2.0)] {
+        assert_eq!(status(&j[i], "pti=auto"), 0, "{}", j[i]["stderr"]);
+        assert_eq!(
+            row_per_call(&file(&j[i], "pti=auto"), "cr3_writes"),
+            cr3,
+            "{}",
+            j[i]["stdout"]
+        );
+    }
+}
+
+#[test]
+fn compare_backend_nested_prints_syscall_pti_off_against_on_and_copies_its_json_back() {
+    let test = "compare --backend nested";
+    if !nested_or_skip(test) {
+        return;
+    }
+    let s = Scratch::new("nested-compare");
+    let json = s.join("c.json");
+    let start = Instant::now();
+    let o = ptiscope()
+        .args([
+            "compare",
+            "--backend",
+            "nested",
+            "--runs",
+            "2",
+            "--iterations",
+            "2000",
+            "--quiet",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (out, err) = (stdout(&o), stderr(&o));
+    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
+        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "compare --backend nested: {:.1} s\n",
+            start.elapsed().as_secs_f64()
+        )
+        .as_bytes(),
+    );
+    assert!(
+        out.contains("kvm_amd with nested paging, inside QEMU TCG"),
+        "{out}"
+    );
+    assert!(out.contains("entry syscall"), "{out}");
+    // Under nested paging the CR3 counts are the guest's word, and the report says so.
+    assert!(out.contains("KVM does not see guest CR3 writes"), "{out}");
+    let v = read_json(&json);
+    assert_eq!(v["environment"]["backend"], "nested", "{v}");
+    assert_eq!(v["environment"]["kvm"]["module"], "kvm_amd");
+    let (off, on) = ameans(compare_metric(&v, "cr3_writes_per_call"));
+    assert_eq!((off, on), (0.0, 2.0));
+}
+
+#[test]
+fn nested_faults_end_with_the_cause_named_and_nothing_left_running() {
+    let test = "nested faults";
+    // No kernel: the fetch is named (no QEMU needed).
+    let s = Scratch::new("nested-faults");
+    let o = ptiscope()
+        .env("PTISCOPE_LINUX_CACHE", &*s)
+        .args(["run", "--backend", "nested"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ptiscope linux fetch --only debian-amd64"),
+        "{}",
+        stderr(&o)
+    );
+    // Sweep is refused, plainly.
+    let o = ptiscope()
+        .args(["sweep", "--backend", "nested"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not supported for sweep"),
+        "{}",
+        stderr(&o)
+    );
+    if !nested_or_skip(test) {
+        return;
+    }
+    // No QEMU.
+    let o = ptiscope()
+        .env("PTISCOPE_NESTED_QEMU", "/nonexistent/qemu-system-x86_64")
+        .args(["probe", "--backend", "nested"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot start qemu-system-x86_64"),
+        "{}",
+        stderr(&o)
+    );
+    // A module that fails to load: the inner Linux says which, and why.
+    let real = ptiscope::nested::boot::find_kernel().unwrap();
+    let k = s.join("cache/debian-amd64");
+    std::fs::create_dir_all(k.join("modules")).unwrap();
+    std::os::unix::fs::symlink(&real.vmlinuz, k.join("vmlinuz")).unwrap();
+    for m in &real.modules[..2] {
+        std::os::unix::fs::symlink(m, k.join("modules").join(m.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(k.join("modules/kvm-amd.ko"), b"not a module").unwrap();
+    let o = ptiscope()
+        .env("PTISCOPE_LINUX_CACHE", s.join("cache"))
+        .args(["probe", "--backend", "nested"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains("could not set up KVM") && err.contains("kvm-amd.ko"),
+        "{err}"
+    );
+    // SIGINT while the inner Linux boots: 130 at once, QEMU gone.
+    let log = s.join("stderr");
+    let mut child = ptiscope()
+        .args(["probe", "--backend", "nested"])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_text(&mut child, &log, "booting Linux", Duration::from_secs(60))
+        .expect("the boot began");
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = child.id() as i32;
+    let qemu: Vec<i32> = children_of(pid);
+    assert!(!qemu.is_empty(), "QEMU runs under ptiscope");
+    let _ = interrupt(child);
+    for q in qemu {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{q}")).exists(),
+            "QEMU {q} left running"
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("QEMU was stopped"), "{text}");
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .is_some_and(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                        == Some(pid)
+                })
+        })
+        .collect()
+}

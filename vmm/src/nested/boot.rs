@@ -1,0 +1,597 @@
+//! The outer half of `--backend nested`: finds the fetched kernel and its
+//! KVM modules, packs the initramfs in memory (ptiscope, the shared
+//! libraries it maps and their loader, the modules, the request and the
+//! jobs' input files), boots it under QEMU TCG, and reads the framed
+//! response back from the result port.
+//!
+//! Everything QEMU reads or writes is a memfd (`/proc/self/fd/N`): nothing
+//! is written to the file system, so nothing is left behind however
+//! ptiscope ends. QEMU dies with ptiscope (`PR_SET_PDEATHSIG`), and is
+//! stopped (SIGTERM, then SIGKILL) at the deadline, on SIGINT/SIGTERM/SIGHUP
+//! and on any error.
+
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{frame, init, Request, Response, INIT_ENV};
+use crate::cli::exit_code;
+use crate::machine::signals;
+
+/// How long the inner Linux gets to boot, load the modules and power off
+/// around its jobs (it takes 3-10 s here; QEMU 10 under load, more).
+pub const BOOT_ALLOWANCE: Duration = Duration::from_secs(120);
+
+/// Why a nested session gave no response.
+#[derive(Debug, thiserror::Error)]
+pub enum NestedError {
+    /// No fetched kernel, or it has no KVM modules.
+    #[error("{0}")]
+    NoKernel(String),
+    /// QEMU could not be started.
+    #[error(
+        "cannot start qemu-system-x86_64: {0} (install QEMU: `apt-get install qemu-system-x86`)"
+    )]
+    NoQemu(std::io::Error),
+    /// The inner Linux could not set up KVM.
+    #[error("the inner Linux could not set up KVM: {0}")]
+    Setup(String),
+    /// QEMU ended without a response.
+    #[error(
+        "QEMU ended ({how}) without a result from the inner ptiscope: {why}{}",
+        tail_text(console)
+    )]
+    NoResponse {
+        /// How QEMU ended.
+        how: String,
+        /// What was wrong with the result port.
+        why: String,
+        /// The console's last lines.
+        console: Vec<String>,
+    },
+    /// The deadline passed.
+    #[error("the nested session ran past its deadline of {secs:.0} s (boot allowance {boot} s + the inner commands' bounds) and was stopped{}", tail_text(console))]
+    Timeout {
+        /// The deadline.
+        secs: f64,
+        /// The boot allowance.
+        boot: u64,
+        /// The console's last lines.
+        console: Vec<String>,
+    },
+    /// A termination signal stopped it.
+    #[error("{}; QEMU was stopped", signals::describe(*.0))]
+    Interrupted(i32),
+    /// An I/O step failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn tail_text(console: &[String]) -> String {
+    if console.is_empty() {
+        String::new()
+    } else {
+        format!("\ninner console (last lines):\n  {}", console.join("\n  "))
+    }
+}
+
+impl NestedError {
+    /// The exit status this error ends the command with.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            NestedError::NoKernel(_) | NestedError::NoQemu(_) | NestedError::Setup(_) => {
+                exit_code::KVM_UNAVAILABLE
+            }
+            NestedError::Timeout { .. } => exit_code::TIMEOUT,
+            NestedError::Interrupted(s) => 128 + s,
+            NestedError::NoResponse { .. } | NestedError::Io { .. } => exit_code::INTERNAL,
+        }
+    }
+}
+
+/// The fetched kernel and its modules.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    /// vmlinuz.
+    pub vmlinuz: PathBuf,
+    /// The module files, in load order.
+    pub modules: Vec<PathBuf>,
+}
+
+/// The `debian-amd64` kernel of the cache, with the modules
+/// [`init::MODULES`] names; an error saying how to get them.
+pub fn find_kernel() -> Result<Kernel, NestedError> {
+    let dir = crate::preflight::linux::fetch::cache_dir()
+        .map(|d| d.join("debian-amd64"))
+        .ok_or_else(|| {
+            NestedError::NoKernel(
+                "no kernel cache can be named (set PTISCOPE_LINUX_CACHE or HOME)".into(),
+            )
+        })?;
+    kernel_in(&dir)
+}
+
+/// The kernel and modules in `dir` (`vmlinuz`, `modules/*.ko`).
+pub fn kernel_in(dir: &Path) -> Result<Kernel, NestedError> {
+    let vmlinuz = dir.join("vmlinuz");
+    let fetch =
+        "run `ptiscope linux fetch --only debian-amd64` (it keeps the kernel's KVM modules)";
+    if !vmlinuz.is_file() {
+        return Err(NestedError::NoKernel(format!(
+            "--backend nested boots Debian's cloud kernel, and {} is missing: {fetch}",
+            vmlinuz.display()
+        )));
+    }
+    let modules: Vec<PathBuf> = init::MODULES
+        .iter()
+        .map(|(name, _)| dir.join("modules").join(name))
+        .collect();
+    let missing: Vec<String> = modules
+        .iter()
+        .filter(|m| !m.is_file())
+        .map(|m| m.display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(NestedError::NoKernel(format!(
+            "the kernel in {} has no KVM modules ({} missing; a fetch by an older ptiscope kept \
+             none): {fetch}",
+            dir.display(),
+            missing.join(", ")
+        )));
+    }
+    Ok(Kernel { vmlinuz, modules })
+}
+
+const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+const S_IFCHR: u32 = 0o020000;
+
+/// A newc cpio archive built in memory, with every parent directory.
+#[derive(Default)]
+struct Cpio {
+    out: Vec<u8>,
+    ino: u32,
+    dirs: std::collections::BTreeSet<String>,
+}
+
+impl Cpio {
+    fn entry(&mut self, name: &str, mode: u32, rdev: (u32, u32), data: &[u8]) {
+        self.ino += 1;
+        let fields: [u32; 13] = [
+            self.ino,
+            mode,
+            0,
+            0,
+            if mode & S_IFDIR != 0 { 2 } else { 1 },
+            0,
+            data.len() as u32,
+            0,
+            0,
+            rdev.0,
+            rdev.1,
+            name.len() as u32 + 1,
+            0,
+        ];
+        self.out.extend_from_slice(b"070701");
+        for f in fields {
+            self.out.extend_from_slice(format!("{f:08X}").as_bytes());
+        }
+        self.out.extend_from_slice(name.as_bytes());
+        self.out.push(0);
+        self.pad();
+        self.out.extend_from_slice(data);
+        self.pad();
+    }
+
+    fn pad(&mut self) {
+        while !self.out.len().is_multiple_of(4) {
+            self.out.push(0);
+        }
+    }
+
+    fn dir(&mut self, path: &str) {
+        let path = path.trim_matches('/');
+        if path.is_empty() || self.dirs.contains(path) {
+            return;
+        }
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            self.dir(parent);
+        }
+        self.dirs.insert(path.to_string());
+        self.entry(path, S_IFDIR | 0o755, (0, 0), &[]);
+    }
+
+    fn file(&mut self, path: &str, mode: u32, data: &[u8]) {
+        let path = path.trim_start_matches('/');
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            self.dir(parent);
+        }
+        self.entry(path, S_IFREG | mode, (0, 0), data);
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.entry("TRAILER!!!", 0, (0, 0), &[]);
+        self.out
+    }
+}
+
+/// The shared objects this process maps (from /proc/self/maps).
+fn mapped_libraries() -> Vec<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut libs: Vec<PathBuf> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.starts_with('/') && (p.ends_with(".so") || p.contains(".so.")))
+        .map(PathBuf::from)
+        .collect();
+    libs.sort();
+    libs.dedup();
+    libs
+}
+
+/// The ELF64 program interpreter (`PT_INTERP`) of an executable, if it has one.
+fn interpreter(exe: &[u8]) -> Option<String> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(exe.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(exe.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(exe.get(o..o + 8)?.try_into().ok()?));
+    if exe.get(..5)? != b"\x7fELF\x02" {
+        return None;
+    }
+    let phoff = u64_at(0x20)? as usize;
+    let (phentsize, phnum) = (u16_at(0x36)? as usize, u16_at(0x38)? as usize);
+    (0..phnum).find_map(|i| {
+        let ph = phoff + i * phentsize;
+        if u32_at(ph)? != 3 {
+            return None;
+        }
+        let (off, size) = (u64_at(ph + 8)? as usize, u64_at(ph + 32)? as usize);
+        let bytes = exe.get(off..off + size)?;
+        Some(
+            String::from_utf8_lossy(bytes)
+                .trim_end_matches('\0')
+                .to_string(),
+        )
+    })
+}
+
+/// The initramfs: ptiscope as `/init` with its libraries and loader, the
+/// modules, the request, and `inputs` (inner path, content).
+pub fn initramfs(
+    kernel: &Kernel,
+    request: &Request,
+    inputs: &[(String, Vec<u8>)],
+) -> Result<(Vec<u8>, Vec<String>), NestedError> {
+    let io = |what: String| move |source| NestedError::Io { what, source };
+    let exe = std::fs::read("/proc/self/exe").map_err(io("reading /proc/self/exe".into()))?;
+    let mut a = Cpio::default();
+    for d in ["dev", "proc", "sys", "tmp", "nested"] {
+        a.dir(d);
+    }
+    a.entry("dev/console", S_IFCHR | 0o600, (5, 1), &[]);
+    a.file("init", 0o755, &exe);
+    let mut lib_dirs = Vec::new();
+    for lib in mapped_libraries() {
+        let bytes = std::fs::read(&lib).map_err(io(format!("reading {}", lib.display())))?;
+        a.file(&lib.to_string_lossy(), 0o755, &bytes);
+        if let Some(d) = lib.parent().map(|d| d.to_string_lossy().into_owned()) {
+            if !lib_dirs.contains(&d) {
+                lib_dirs.push(d);
+            }
+        }
+    }
+    if let Some(interp) = interpreter(&exe) {
+        let bytes = std::fs::read(&interp).map_err(io(format!("reading {interp}")))?;
+        a.file(&interp, 0o755, &bytes);
+    }
+    for (m, (name, _)) in kernel.modules.iter().zip(init::MODULES) {
+        let bytes = std::fs::read(m).map_err(io(format!("reading {}", m.display())))?;
+        a.file(&format!("{}/{name}", init::MODULE_DIR), 0o644, &bytes);
+    }
+    let req = serde_json::to_vec(request).unwrap_or_default();
+    a.file(init::REQUEST_PATH, 0o644, &req);
+    for (path, bytes) in inputs {
+        a.file(path, 0o644, bytes);
+    }
+    Ok((a.finish(), lib_dirs))
+}
+
+/// An anonymous memory file QEMU reads or writes through `/proc/self/fd/N`.
+fn memfd(name: &std::ffi::CStr, content: &[u8]) -> Result<std::fs::File, NestedError> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(NestedError::Io {
+            what: "creating an in-memory file".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.write_all(content).map_err(|source| NestedError::Io {
+        what: "writing an in-memory file".into(),
+        source,
+    })?;
+    Ok(f)
+}
+
+fn read_back(f: &mut std::fs::File, limit: u64) -> Vec<u8> {
+    let mut buf = Vec::new();
+    if f.seek(std::io::SeekFrom::Start(0)).is_ok() {
+        let _ = f.take(limit).read_to_end(&mut buf);
+    }
+    buf
+}
+
+/// The last `n` lines of a console, escaped for the terminal.
+fn console_tail(bytes: &[u8], n: usize) -> Vec<String> {
+    let mut safe = Vec::new();
+    ptiscope_devices::console::escape_for_terminal(bytes, &mut safe);
+    let text = String::from_utf8_lossy(&safe).replace('\r', "");
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// Stops QEMU (SIGTERM, SIGKILL after half a second) and reaps it, unless
+/// it already ended.
+struct Qemu(std::process::Child);
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+            let until = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < until {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// The QEMU binary (`$PTISCOPE_NESTED_QEMU` for a test that names a missing one).
+fn qemu_binary() -> String {
+    std::env::var("PTISCOPE_NESTED_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
+}
+
+/// Boots the inner Linux with `request` and returns its response: vCPUs
+/// `cpus` (at least 2), the deadline the boot allowance plus the jobs'
+/// bounds. `progress` hears each stage.
+pub fn run(
+    request: &Request,
+    inputs: &[(String, Vec<u8>)],
+    cpus: u32,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Response, NestedError> {
+    let kernel = find_kernel()?;
+    if let Some(s) = signals::wait_termination(Duration::ZERO) {
+        return Err(NestedError::Interrupted(s));
+    }
+    let (initrd, lib_dirs) = initramfs(&kernel, request, inputs)?;
+    let vmlinuz = std::fs::read(&kernel.vmlinuz).map_err(|source| NestedError::Io {
+        what: format!("reading {}", kernel.vmlinuz.display()),
+        source,
+    })?;
+    let kernel_fd = memfd(c"ptiscope-nested-kernel", &vmlinuz)?;
+    let initrd_fd = memfd(c"ptiscope-nested-initrd", &initrd)?;
+    drop(initrd);
+    let mut console_fd = memfd(c"ptiscope-nested-console", &[])?;
+    let mut result_fd = memfd(c"ptiscope-nested-result", &[])?;
+    let fds = [
+        kernel_fd.as_raw_fd(),
+        initrd_fd.as_raw_fd(),
+        console_fd.as_raw_fd(),
+        result_fd.as_raw_fd(),
+    ];
+    let cmdline = format!(
+        "console=ttyS0 quiet loglevel=4 panic=-1 {INIT_ENV}=1 LD_LIBRARY_PATH={}",
+        lib_dirs.join(":")
+    );
+    let cpus = cpus.max(2);
+    let mut cmd = Command::new(qemu_binary());
+    // thread=single: MTTCG (`thread=multi`) stalled one two-vCPU boot in
+    // seven here; round-robin never did.
+    cmd.args(["-accel", "tcg,thread=single", "-M", "q35", "-cpu", "max"])
+        .args(["-smp", &cpus.to_string(), "-m", "2G"])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
+        .arg("-kernel")
+        .arg(format!("/proc/self/fd/{}", fds[0]))
+        .arg("-initrd")
+        .arg(format!("/proc/self/fd/{}", fds[1]))
+        .arg("-serial")
+        .arg(format!("file:/proc/self/fd/{}", fds[2]))
+        .arg("-serial")
+        .arg(format!("file:/proc/self/fd/{}", fds[3]))
+        .args(["-append", &cmdline])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        // Its own process group: a Ctrl-C at the terminal reaches ptiscope
+        // only, which stops QEMU and says why (rather than QEMU ending
+        // first and looking like a crash).
+        .process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: runs in the forked child before exec, calling only
+    // async-signal-safe functions (prctl, getppid, fcntl).
+    unsafe {
+        cmd.pre_exec(move || {
+            // QEMU dies with ptiscope, however ptiscope ends.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("ptiscope exited while starting QEMU"));
+            }
+            for fd in fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let bounds: f64 = request.jobs.iter().map(|j| j.timeout_secs).sum();
+    let deadline = BOOT_ALLOWANCE + Duration::from_secs_f64(bounds);
+    progress(&format!(
+        "booting Linux with KVM (kvm_amd, nested paging) under QEMU TCG, {} job(s), deadline {:.0} s",
+        request.jobs.len(),
+        deadline.as_secs_f64()
+    ));
+    let start = Instant::now();
+    let mut qemu = Qemu(cmd.spawn().map_err(NestedError::NoQemu)?);
+    let stderr = qemu.0.stderr.take();
+    let stderr = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut e) = stderr {
+            let _ = (&mut e).take(64 << 10).read_to_end(&mut buf);
+        }
+        String::from_utf8_lossy(&buf).trim().to_string()
+    });
+    let status = loop {
+        match qemu.0.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) => {}
+            Err(source) => {
+                return Err(NestedError::Io {
+                    what: "waiting for QEMU".into(),
+                    source,
+                })
+            }
+        }
+        if let Some(s) = signals::wait_termination(Duration::from_millis(50)) {
+            drop(qemu);
+            return Err(NestedError::Interrupted(s));
+        }
+        if start.elapsed() >= deadline {
+            drop(qemu);
+            return Err(NestedError::Timeout {
+                secs: deadline.as_secs_f64(),
+                boot: BOOT_ALLOWANCE.as_secs(),
+                console: console_tail(&read_back(&mut console_fd, 1 << 20), 12),
+            });
+        }
+    };
+    // A signal that came as QEMU ended is still the cause.
+    if let Some(s) = signals::wait_termination(Duration::ZERO) {
+        return Err(NestedError::Interrupted(s));
+    }
+    let qemu_stderr = stderr.join().unwrap_or_default();
+    let port = read_back(&mut result_fd, 256 << 20);
+    let decoded = frame::decode(&port).and_then(|p| {
+        serde_json::from_slice::<Response>(&p)
+            .map_err(|e| format!("the result does not parse: {e}"))
+    });
+    match decoded {
+        Ok(r) => {
+            progress(&format!(
+                "the nested session took {:.1} s",
+                start.elapsed().as_secs_f64()
+            ));
+            match &r.setup_error {
+                Some(e) => Err(NestedError::Setup(e.clone())),
+                None => Ok(r),
+            }
+        }
+        Err(why) => {
+            use std::os::unix::process::ExitStatusExt;
+            let how = match (status.code(), status.signal()) {
+                (Some(c), _) => format!("exit {c}"),
+                (None, Some(s)) => format!("killed by signal {s}"),
+                _ => status.to_string(),
+            };
+            let why = if qemu_stderr.is_empty() {
+                why
+            } else {
+                format!("{why}; QEMU said: {qemu_stderr}")
+            };
+            Err(NestedError::NoResponse {
+                how,
+                why,
+                console: console_tail(&read_back(&mut console_fd, 1 << 20), 12),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_kernel_or_module_names_the_fetch() {
+        let dir = std::env::temp_dir().join(format!("ptiscope-nested-k-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("modules")).unwrap();
+        let e = kernel_in(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("vmlinuz is missing") && e.contains("linux fetch"),
+            "{e}"
+        );
+        std::fs::write(dir.join("vmlinuz"), b"x").unwrap();
+        std::fs::write(dir.join("modules/kvm.ko"), b"x").unwrap();
+        let e = kernel_in(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("no KVM modules") && e.contains("kvm-amd.ko"),
+            "{e}"
+        );
+        assert!(!e.contains("/kvm.ko,"), "kvm.ko is there: {e}");
+        std::fs::write(dir.join("modules/kvm-amd.ko"), b"x").unwrap();
+        std::fs::write(dir.join("modules/irqbypass.ko"), b"x").unwrap();
+        let k = kernel_in(&dir).unwrap();
+        let names: Vec<_> = k
+            .modules
+            .iter()
+            .map(|m| m.file_name().unwrap().to_owned())
+            .collect();
+        assert_eq!(names, ["irqbypass.ko", "kvm.ko", "kvm-amd.ko"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn this_test_binary_names_its_loader_and_libraries() {
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        // A dynamically linked test binary (the usual glibc build).
+        if let Some(i) = interpreter(&exe) {
+            assert!(i.contains("ld-linux"), "{i}");
+            assert!(mapped_libraries()
+                .iter()
+                .any(|l| l.to_string_lossy().contains("libc")));
+        }
+    }
+
+    #[test]
+    fn the_archive_has_every_parent_directory_once() {
+        let mut a = Cpio::default();
+        a.file("/usr/lib/x/libc.so.6", 0o755, b"abc");
+        a.file("/usr/lib/x/libm.so.6", 0o755, b"abcd");
+        let out = a.finish();
+        assert_eq!(out.len() % 4, 0);
+        let text = String::from_utf8_lossy(&out);
+        assert_eq!(text.matches("usr/lib/x\0").count(), 1);
+        assert_eq!(text.matches("usr\0").count(), 1);
+        assert!(text.contains("TRAILER!!!"));
+    }
+}

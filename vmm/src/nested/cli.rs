@@ -1,0 +1,316 @@
+//! The command line of `--backend nested`: which commands take it, the
+//! inner command's arguments (the user's own, `--backend kvm` in place of
+//! `nested`, output files redirected inside and copied back, input files
+//! packed into the initramfs), its bound, and the hidden `nested-batch`
+//! command the tests use to run many checks in one boot.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{boot, Job, Request};
+
+/// `eprintln!` for lines that carry user or file text: escaped line by line.
+macro_rules! say {
+    ($($t:tt)*) => {
+        eprintln!("{}", $crate::cli::exit_code::escape_message(&format!($($t)*)))
+    };
+}
+use crate::cli::exit_code;
+use crate::cli::{Backend, Cli, Command, Runs};
+
+/// Options that name a file the inner command writes.
+const OUTPUT_OPTS: [&str; 5] = ["--json", "--csv", "--svg", "--serial-out", "--metrics-out"];
+/// Options that name a file the inner command reads.
+const INPUT_OPTS: [&str; 2] = ["--kernel", "--against"];
+/// Options `--backend nested` does not take, with why.
+const REFUSED_OPTS: [(&str, &str); 3] = [
+    (
+        "--linux",
+        "a Linux guest inside the nested KVM is not supported yet",
+    ),
+    ("--qemu-arg", "--qemu-arg is for --backend qemu"),
+    ("--no-plugin", "--no-plugin is for --backend qemu"),
+];
+
+/// The inner command: its arguments, the files it writes (inner path,
+/// the user's path) and the files it reads (inner path, content).
+#[derive(Debug, Default, PartialEq)]
+pub struct Inner {
+    /// The arguments after `ptiscope`.
+    pub argv: Vec<String>,
+    /// (inner path, outer path) of each output file.
+    pub outputs: Vec<(String, PathBuf)>,
+    /// (inner path, content) of each input file.
+    pub inputs: Vec<(String, Vec<u8>)>,
+}
+
+/// Rewrites the user's arguments for the inner ptiscope. `json_is_flag`:
+/// the command's `--json` takes no file (`probe`).
+pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
+    let mut inner = Inner::default();
+    let mut it = raw.iter().peekable();
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        if let Some((_, why)) = REFUSED_OPTS.iter().find(|(o, _)| *o == name) {
+            return Err(format!("--backend nested: {why}"));
+        }
+        let takes_file = (OUTPUT_OPTS.contains(&name) && !(json_is_flag && name == "--json"))
+            || INPUT_OPTS.contains(&name);
+        if name == "--backend" {
+            let v = inline.or_else(|| it.next().cloned()).unwrap_or_default();
+            let v = if v == "nested" { "kvm".to_string() } else { v };
+            inner.argv.push(format!("--backend={v}"));
+        } else if takes_file {
+            let Some(v) = inline.or_else(|| it.next().cloned()) else {
+                inner.argv.push(arg.clone());
+                continue;
+            };
+            let n = inner.outputs.len() + inner.inputs.len();
+            let leaf = std::path::Path::new(&v)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "file".into());
+            if OUTPUT_OPTS.contains(&name) {
+                let path = format!("/tmp/out/{n}-{leaf}");
+                inner.outputs.push((path.clone(), PathBuf::from(&v)));
+                inner.argv.push(format!("{name}={path}"));
+            } else {
+                let bytes = std::fs::read(&v).map_err(|e| format!("{name} {v}: {e}"))?;
+                let path = format!("/nested/in/{n}-{leaf}");
+                inner.inputs.push((path.clone(), bytes));
+                inner.argv.push(format!("{name}={path}"));
+            }
+        } else {
+            inner.argv.push(arg.clone());
+        }
+    }
+    Ok(inner)
+}
+
+/// Runs `cli`'s command under `--backend nested` if it asks for it: the
+/// exit status, or `None` when the command runs here as usual.
+pub fn intercept(cli: &Cli) -> Option<i32> {
+    let (backend, name, bound, cpus, json_is_flag, quiet) = match &cli.command {
+        Some(Command::Run(a)) => (
+            a.on.backend,
+            "run",
+            a.timeout + Duration::from_secs(60),
+            a.cpus,
+            false,
+            false,
+        ),
+        Some(Command::Compare(a)) => {
+            let runs = match a.runs {
+                Runs::Fixed(n) => n,
+                Runs::Auto => a.max_runs.unwrap_or(crate::cli::DEFAULT_MAX_RUNS),
+            };
+            let sides = 2 * (runs + a.warmup) + 2;
+            (
+                a.target.on.backend,
+                "compare",
+                a.exp.timeout * sides + Duration::from_secs(120),
+                a.exp.cpus,
+                false,
+                a.quiet,
+            )
+        }
+        Some(Command::Sweep(a)) => (
+            a.target.on.backend,
+            "sweep",
+            Duration::ZERO,
+            1,
+            false,
+            false,
+        ),
+        Some(Command::Probe(a)) => (a.backend, "probe", Duration::from_secs(300), 1, true, false),
+        Some(Command::Pagetables(a)) => (
+            a.backend,
+            "pagetables",
+            Duration::from_secs(120),
+            1,
+            false,
+            false,
+        ),
+        _ => return None,
+    };
+    match (backend, name) {
+        (Backend::Nested, "sweep") => {
+            eprintln!(
+                "ptiscope {name}: --backend nested is not supported for sweep (its grid of runs would \
+                 take hours of emulated time); use run, compare, probe or pagetables"
+            );
+            return Some(exit_code::USAGE);
+        }
+        (Backend::Qemu, "probe" | "pagetables") => {
+            eprintln!(
+                "ptiscope {name}: --backend qemu has no KVM to {name}: use --backend kvm (this host's) \
+                 or --backend nested (kvm_amd inside QEMU TCG)"
+            );
+            return Some(exit_code::USAGE);
+        }
+        (Backend::Nested, _) => {}
+        _ => return None,
+    }
+    let raw: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let inner = match rewrite(&raw, json_is_flag) {
+        Ok(i) => i,
+        Err(e) => {
+            say!("ptiscope {name}: {e}");
+            return Some(exit_code::USAGE);
+        }
+    };
+    for (_, outer) in &inner.outputs {
+        let parent = outer.parent().filter(|p| !p.as_os_str().is_empty());
+        if parent.is_some_and(|p| !p.is_dir()) {
+            say!(
+                "ptiscope {name}: cannot write {}: its directory does not exist",
+                outer.display()
+            );
+            return Some(exit_code::CANT_CREATE);
+        }
+    }
+    let request = Request {
+        jobs: vec![Job {
+            argv: inner.argv.clone(),
+            collect: inner.outputs.iter().map(|(i, _)| i.clone()).collect(),
+            timeout_secs: bound.as_secs_f64(),
+        }],
+    };
+    let mut progress = |m: &str| {
+        if !quiet {
+            eprintln!("ptiscope {name}: {m}");
+        }
+    };
+    let response = match boot::run(&request, &inner.inputs, cpus, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            say!("ptiscope {name} --backend nested: {e}");
+            return Some(e.exit_code());
+        }
+    };
+    let Some(job) = response.jobs.first() else {
+        eprintln!("ptiscope {name} --backend nested: the inner Linux ran no command");
+        return Some(exit_code::INTERNAL);
+    };
+    print!("{}", job.stdout);
+    eprint!("{}", job.stderr);
+    for (inner_path, outer) in &inner.outputs {
+        if let Some((_, content)) = job.files.iter().find(|(p, _)| p == inner_path) {
+            if let Err(e) = std::fs::write(outer, content) {
+                say!("ptiscope {name}: writing {}: {e}", outer.display());
+                return Some(exit_code::CANT_CREATE);
+            }
+        }
+    }
+    Some(job.status)
+}
+
+/// `ptiscope nested-batch [--cpus N] REQUEST.json`: runs a request's jobs
+/// in one boot and prints the response as JSON (the tests' batch).
+#[derive(Debug, clap::Args)]
+pub struct BatchArgs {
+    /// vCPUs of the inner Linux (at least 2).
+    #[arg(long, default_value_t = 2)]
+    pub cpus: u32,
+    /// The request (schema: `nested::Request`).
+    pub request: PathBuf,
+}
+
+/// Runs `nested-batch`.
+pub fn batch(args: &BatchArgs) -> i32 {
+    let request: Request = match std::fs::read(&args.request)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            say!("ptiscope nested-batch: {}: {e}", args.request.display());
+            return exit_code::USAGE;
+        }
+    };
+    match boot::run(&request, &[], args.cpus, &mut |m| {
+        eprintln!("ptiscope nested-batch: {m}")
+    }) {
+        Ok(r) => {
+            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            0
+        }
+        Err(e) => {
+            say!("ptiscope nested-batch: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn the_inner_command_runs_on_kvm_with_its_files_redirected() {
+        let i = rewrite(
+            &s(&[
+                "compare",
+                "--backend",
+                "nested",
+                "--json",
+                "/x/r.json",
+                "--csv=out.csv",
+                "--runs",
+                "2",
+            ]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            i.argv,
+            s(&[
+                "compare",
+                "--backend=kvm",
+                "--json=/tmp/out/0-r.json",
+                "--csv=/tmp/out/1-out.csv",
+                "--runs",
+                "2"
+            ])
+        );
+        assert_eq!(
+            i.outputs,
+            vec![
+                ("/tmp/out/0-r.json".to_string(), PathBuf::from("/x/r.json")),
+                ("/tmp/out/1-out.csv".to_string(), PathBuf::from("out.csv"))
+            ]
+        );
+        // probe's --json is a flag.
+        let i = rewrite(&s(&["probe", "--backend=nested", "--json"]), true).unwrap();
+        assert_eq!(i.argv, s(&["probe", "--backend=kvm", "--json"]));
+        assert!(i.outputs.is_empty());
+    }
+
+    #[test]
+    fn options_for_other_backends_are_refused_by_name() {
+        let e = rewrite(
+            &s(&["run", "--backend", "nested", "--linux", "debian-amd64"]),
+            false,
+        )
+        .unwrap_err();
+        assert!(e.contains("Linux guest"), "{e}");
+        let e = rewrite(
+            &s(&["run", "--backend", "nested", "--qemu-arg=-icount"]),
+            false,
+        )
+        .unwrap_err();
+        assert!(e.contains("--qemu-arg"), "{e}");
+        let e = rewrite(&s(&["run", "--kernel", "/nonexistent/k.elf"]), false).unwrap_err();
+        assert!(e.contains("/nonexistent/k.elf"), "{e}");
+    }
+}

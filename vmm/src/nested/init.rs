@@ -1,0 +1,280 @@
+//! ptiscope as the init of `--backend nested`'s inner Linux (PID 1): mounts
+//! /dev, /proc, /sys and /tmp, loads the KVM modules, runs the jobs of
+//! `/nested/request.json` with stdin from /dev/null, sends the results
+//! back framed on ttyS1, and powers the machine off. Whatever fails, it
+//! still sends a response (with `setup_error`) and powers off: the outer
+//! ptiscope never waits for a machine that has nothing more to say.
+
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{frame, JobResult, Request, Response, INIT_ENV, INNER_ENV};
+
+/// Where the request lies in the initramfs.
+pub const REQUEST_PATH: &str = "/nested/request.json";
+/// Where the modules lie, loaded in [`MODULES`]' order.
+pub const MODULE_DIR: &str = "/nested/modules";
+/// The modules and their parameters, in load order (kvm-amd's `npt=1`:
+/// with shadow paging, QEMU's SVM hands a guest reading CR3 a value that is
+/// not its own).
+pub const MODULES: [(&str, &str); 3] = [
+    ("irqbypass.ko", ""),
+    ("kvm.ko", ""),
+    ("kvm-amd.ko", "npt=1"),
+];
+/// The result port.
+const RESULT_TTY: &str = "/dev/ttyS1";
+
+fn cstr(s: &str) -> CString {
+    CString::new(s).unwrap_or_default()
+}
+
+fn mount(source: &str, target: &str, fstype: &str) -> Result<(), String> {
+    let _ = std::fs::create_dir_all(target);
+    // SAFETY: NUL-terminated strings that outlive the call; no data argument.
+    let r = unsafe {
+        libc::mount(
+            cstr(source).as_ptr(),
+            cstr(target).as_ptr(),
+            cstr(fstype).as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            return Err(format!("mounting {fstype} on {target}: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// Loads one module file with `finit_module`; an already loaded one is fine.
+fn load_module(path: &str, params: &str) -> Result<(), String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("opening {path}: {e}"))?;
+    let params = cstr(params);
+    // SAFETY: finit_module(2) on an open descriptor, a NUL-terminated
+    // parameter string and no flags.
+    let r = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(format!("loading {path}: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// The kernel log's lines that name kvm or SVM (why a module refused).
+fn kvm_log_lines() -> String {
+    let mut buf = vec![0u8; 1 << 16];
+    // SAFETY: syslog(2) SYSLOG_ACTION_READ_ALL (3) into a buffer we own of the given length.
+    let n = unsafe { libc::klogctl(3, buf.as_mut_ptr().cast(), buf.len() as libc::c_int) };
+    if n <= 0 {
+        return String::new();
+    }
+    String::from_utf8_lossy(&buf[..n as usize])
+        .lines()
+        .filter(|l| l.contains("kvm") || l.contains("SVM") || l.contains("svm"))
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Sets up KVM: the setup's steps, or why it failed.
+fn setup(steps: &mut Vec<String>) -> Result<(), String> {
+    mount("devtmpfs", "/dev", "devtmpfs")?;
+    mount("proc", "/proc", "proc")?;
+    mount("sysfs", "/sys", "sysfs")?;
+    mount("tmpfs", "/tmp", "tmpfs")?;
+    // Where the jobs' output files are redirected (nested::cli::rewrite).
+    std::fs::create_dir_all("/tmp/out").map_err(|e| format!("creating /tmp/out: {e}"))?;
+    for (name, params) in MODULES {
+        let path = format!("{MODULE_DIR}/{name}");
+        load_module(&path, params).map_err(|e| {
+            let log = kvm_log_lines();
+            if log.is_empty() {
+                e
+            } else {
+                format!("{e} (kernel log: {log})")
+            }
+        })?;
+        steps.push(format!("loaded {name} {params}").trim_end().to_string());
+    }
+    if !std::path::Path::new("/dev/kvm").exists() {
+        // devtmpfs makes it; a kernel without devtmpfs gets the node made here.
+        // SAFETY: mknod(2) of a character device (misc 10:232, KVM's) at a NUL-terminated path.
+        let r = unsafe {
+            libc::mknod(
+                c"/dev/kvm".as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(10, 232),
+            )
+        };
+        if r != 0 {
+            return Err(format!(
+                "no /dev/kvm after loading the modules, and mknod failed: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        steps.push("made /dev/kvm (10:232)".into());
+    }
+    let npt = std::fs::read_to_string("/sys/module/kvm_amd/parameters/npt").unwrap_or_default();
+    if npt.trim() != "1" && npt.trim() != "Y" {
+        return Err(format!(
+            "kvm_amd runs without nested paging (npt={}): ptiscope's guests need it under QEMU's SVM",
+            npt.trim()
+        ));
+    }
+    steps.push("kvm_amd npt=1 (nested paging)".into());
+    Ok(())
+}
+
+/// Runs one job: `/init ARGS` (ptiscope itself), stdin from /dev/null,
+/// stopped at its bound.
+fn run_job(job: &super::Job) -> JobResult {
+    let start = Instant::now();
+    let child = Command::new("/init")
+        .args(&job.argv)
+        .env_remove(INIT_ENV)
+        .env(INNER_ENV, "1")
+        .env("HOME", "/tmp")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            return JobResult {
+                status: 70,
+                stderr: format!("ptiscope (nested init): cannot start the inner ptiscope: {e}"),
+                ..Default::default()
+            }
+        }
+    };
+    let drain = |p: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = p {
+                let _ = (&mut p).take(16 << 20).read_to_end(&mut buf);
+                let _ = std::io::copy(&mut p, &mut std::io::sink());
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let bound = Duration::from_secs_f64(job.timeout_secs.max(1.0));
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if start.elapsed() >= bound => {
+                let _ = child.kill();
+                timed_out = true;
+                break child.wait().ok();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => break None,
+        }
+    };
+    let stdout = out.join().unwrap_or_default();
+    let mut stderr = err.join().unwrap_or_default();
+    let status = if timed_out {
+        stderr.push_str(&format!(
+            "ptiscope (nested init): the inner command ran past its bound of {:.0} s and was stopped\n",
+            bound.as_secs_f64()
+        ));
+        crate::cli::exit_code::TIMEOUT
+    } else {
+        use std::os::unix::process::ExitStatusExt;
+        match status {
+            Some(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
+            None => 70,
+        }
+    };
+    let files = job
+        .collect
+        .iter()
+        .filter_map(|p| {
+            std::fs::read(p)
+                .ok()
+                .map(|b| (p.clone(), String::from_utf8_lossy(&b).into_owned()))
+        })
+        .collect();
+    JobResult {
+        status,
+        stdout,
+        stderr,
+        files,
+        secs: start.elapsed().as_secs_f64(),
+    }
+}
+
+/// Writes the framed response to ttyS1 (raw mode: no newline translation)
+/// and waits until the port has sent it.
+fn send(response: &Response) {
+    let payload = serde_json::to_vec(response).unwrap_or_default();
+    let framed = frame::encode(&payload);
+    let Ok(mut tty) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags_noctty()
+        .open(RESULT_TTY)
+    else {
+        eprintln!("ptiscope (nested init): cannot open {RESULT_TTY}");
+        return;
+    };
+    let fd = tty.as_raw_fd();
+    // SAFETY: termios calls on an open tty descriptor with a struct we own.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        if libc::tcgetattr(fd, &mut t) == 0 {
+            libc::cfmakeraw(&mut t);
+            libc::tcsetattr(fd, libc::TCSANOW, &t);
+        }
+    }
+    let _ = std::io::Write::write_all(&mut tty, &framed);
+    // SAFETY: waits until the tty has transmitted what was written.
+    unsafe { libc::tcdrain(fd) };
+}
+
+trait NoCtty {
+    fn custom_flags_noctty(&mut self) -> &mut Self;
+}
+impl NoCtty for std::fs::OpenOptions {
+    fn custom_flags_noctty(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NOCTTY)
+    }
+}
+
+/// PID 1's whole life: never returns.
+pub fn main() -> ! {
+    let mut response = Response::default();
+    match setup(&mut response.setup) {
+        Err(e) => response.setup_error = Some(e),
+        Ok(()) => {
+            let request: Result<Request, String> = std::fs::read(REQUEST_PATH)
+                .map_err(|e| format!("reading {REQUEST_PATH}: {e}"))
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()));
+            match request {
+                Err(e) => response.setup_error = Some(format!("the request: {e}")),
+                Ok(r) => response.jobs = r.jobs.iter().map(run_job).collect(),
+            }
+        }
+    }
+    send(&response);
+    // SAFETY: sync(2) and reboot(2): the machine powers off (QEMU exits).
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_POWER_OFF);
+    }
+    // reboot failed (not PID 1?): nothing else to do.
+    std::process::exit(70)
+}

@@ -1,0 +1,179 @@
+//! `--backend nested`: ptiscope's own VMM on a real KVM (kvm_amd with
+//! nested paging) inside QEMU TCG, which emulates AMD SVM.
+//!
+//! No machine of this project has a hardware KVM (`/dev/kvm` here is
+//! kvm_pvm), so the half of the VMM that a workstation's KVM runs (SYSCALL
+//! from user mode, the 32-bit PAE guest, SMP and the probe's verdicts on a
+//! normal KVM) would otherwise never run. Here it does: the outer ptiscope
+//! ([`boot`]) boots the kernel `ptiscope linux fetch` keeps
+//! (`debian-amd64`, with its `kvm.ko`, `kvm-amd.ko` and `irqbypass.ko`)
+//! under `qemu-system-x86_64 -accel tcg -cpu max` with an initramfs built
+//! in memory around ptiscope itself (the running binary, the shared
+//! libraries it maps and their loader); ptiscope is that Linux's init
+//! ([`init`]): it loads the modules (`kvm-amd npt=1`: shadow paging breaks
+//! every guest that reads CR3 under QEMU's SVM), runs the inner command(s)
+//! on the real `/dev/kvm`, and sends their results back over the second
+//! serial port (ttyS1), framed with their length and SHA-256 ([`frame`]),
+//! never scraped from the console. One boot serves every job of a batch
+//! (all the runs of a compare; the tests' many checks).
+//!
+//! What is real there: KVM's exits, its checks of guest state, its
+//! statistics. What is not: time (QEMU's TCG clock, not a CPU's).
+
+pub mod boot;
+pub mod cli;
+pub mod init;
+
+use serde::{Deserialize, Serialize};
+
+/// Set (on the inner kernel's command line, which hands it to init's
+/// environment) in the initramfs's init only: ptiscope then acts as init.
+pub const INIT_ENV: &str = "PTISCOPE_NESTED_INIT";
+/// Set for the inner commands: their reports say what this KVM is.
+pub const INNER_ENV: &str = "PTISCOPE_NESTED_INNER";
+
+/// What the environment of an inner report says this KVM is.
+pub const KVM_DESCRIPTION: &str = "kvm_amd with nested paging, inside QEMU TCG: real KVM exits \
+     and semantics, emulated time (KVM does not see guest CR3 writes)";
+
+/// Whether this process is an inner command of `--backend nested`.
+pub fn inside() -> bool {
+    std::env::var_os(INNER_ENV).is_some()
+}
+
+/// One inner command: its arguments (after `ptiscope`) and the files it
+/// writes that come back.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Job {
+    /// The arguments, `--backend kvm` already in place of `nested`.
+    pub argv: Vec<String>,
+    /// Files (inner paths) whose content comes back after the command.
+    #[serde(default)]
+    pub collect: Vec<String>,
+    /// The command's own bound, in seconds (the init stops it after that).
+    pub timeout_secs: f64,
+}
+
+/// What the init is asked to do: the jobs, in order.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Request {
+    /// The inner commands.
+    pub jobs: Vec<Job>,
+}
+
+/// How one inner command ended.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct JobResult {
+    /// Its exit status (124 when the init stopped it at its bound; 128 +
+    /// N when a signal N ended it).
+    pub status: i32,
+    /// Its standard output (UTF-8, lossy).
+    pub stdout: String,
+    /// Its standard error (UTF-8, lossy).
+    pub stderr: String,
+    /// The collected files that exist: (inner path, content).
+    pub files: Vec<(String, String)>,
+    /// Its wall time inside (TCG time), seconds.
+    pub secs: f64,
+}
+
+/// What the init sends back.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Response {
+    /// Why the inner KVM could not be set up (a module that failed to load,
+    /// no /dev/kvm): no job ran then.
+    pub setup_error: Option<String>,
+    /// What the init did to set up KVM (one line per step), for the reports.
+    pub setup: Vec<String>,
+    /// One result per job, in order.
+    pub jobs: Vec<JobResult>,
+}
+
+/// The frame around a response on ttyS1: a header line with the payload's
+/// length and SHA-256, the payload, an end line.
+pub mod frame {
+    use sha2::{Digest, Sha256};
+
+    const MAGIC: &str = "@@PTISCOPE-NESTED";
+    const END: &[u8] = b"\n@@PTISCOPE-NESTED-END\n";
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The framed payload.
+    pub fn encode(payload: &[u8]) -> Vec<u8> {
+        let mut out = format!(
+            "\n{MAGIC} len={} sha256={}\n",
+            payload.len(),
+            hex(&Sha256::digest(payload))
+        )
+        .into_bytes();
+        out.extend_from_slice(payload);
+        out.extend_from_slice(END);
+        out
+    }
+
+    /// The payload of the last whole frame in `bytes`, checked; `Err` says
+    /// what is wrong (no frame, a short one, a checksum that differs).
+    pub fn decode(bytes: &[u8]) -> Result<Vec<u8>, String> {
+        let magic = format!("\n{MAGIC} len=").into_bytes();
+        let Some(at) = bytes
+            .windows(magic.len())
+            .rposition(|w| w == magic.as_slice())
+        else {
+            return Err("no result frame on the result port".into());
+        };
+        let rest = &bytes[at + magic.len()..];
+        let nl = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or("the result frame's header is cut short")?;
+        let header = String::from_utf8_lossy(&rest[..nl]).into_owned();
+        let (len, sum) = header
+            .split_once(" sha256=")
+            .ok_or_else(|| format!("a malformed frame header: {header:?}"))?;
+        let len: usize = len
+            .parse()
+            .map_err(|_| format!("a malformed frame length: {len:?}"))?;
+        let body = &rest[nl + 1..];
+        if body.len() < len {
+            return Err(format!(
+                "the result frame is cut short: {} of {len} bytes",
+                body.len()
+            ));
+        }
+        let payload = &body[..len];
+        let got = hex(&Sha256::digest(payload));
+        if got != sum {
+            return Err(format!(
+                "the result frame's checksum differs (sent {sum}, got {got}): the port garbled it"
+            ));
+        }
+        Ok(payload.to_vec())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_frame_round_trips_and_damage_is_named() {
+            let payload = b"{\"jobs\":[]}\n\r\x00binary";
+            let mut port = b"noise before\n".to_vec();
+            port.extend(encode(payload));
+            assert_eq!(decode(&port).unwrap(), payload);
+            // Cut short.
+            let cut = &port[..port.len() - END.len() - 3];
+            assert!(decode(cut).unwrap_err().contains("cut short"));
+            // One byte changed.
+            let mut bad = port.clone();
+            let n = bad.len() - END.len() - 1;
+            bad[n] ^= 1;
+            assert!(decode(&bad).unwrap_err().contains("checksum"));
+            assert!(decode(b"console only")
+                .unwrap_err()
+                .contains("no result frame"));
+        }
+    }
+}
