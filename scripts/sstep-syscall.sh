@@ -16,8 +16,10 @@
 #
 # How: `ptiscope run --backend qemu --no-plugin --linux KERNEL --workload
 # getppid` with a loop too long to end, QEMU's gdbstub on a local port
-# (`--qemu-arg -gdb`). After the boot (SSTEP_BOOT_SECONDS, default 20)
-# gdb attaches, which stops the guest, and
+# (`--qemu-arg -gdb`). gdb attaches (which stops the guest) as soon as the
+# port is open, and again every half second while the boot goes on: it
+# goes on only from a stop in user mode that reaches a getppid within 200
+# steps (the loop's), else it detaches and lets the guest run. Then it
 # single-steps: first to the init's next system-call instruction with
 # getppid's number in (e)ax, then through the call, one instruction per
 # step, until the vCPU is back at a user address. Every step at a kernel
@@ -68,19 +70,13 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
     --workload getppid --iterations 4000000000 --timeout 600 \
     --qemu-arg=-gdb --qemu-arg="tcp:127.0.0.1:$port" >"$work/out" 2>&1 &
 run_pid=$!
-# The console reaches --serial-out only when the run ends, so the loop's
-# start cannot be seen from here: wait for the boot (a few seconds under
-# TCG), then attach; the gdb part checks that it caught the loop (a
-# getppid within 200000 steps), else it exits 3.
-sleep "${SSTEP_BOOT_SECONDS:-20}"
-kill -0 "$run_pid" 2>/dev/null || { cat "$work/out" >&2; echo "sstep-syscall: the run ended before its loop" >&2; exit 3; }
-
 cat >"$work/sstep.py" <<'EOF'
-import gdb, os, sys
+import gdb, os, sys, time
 
 ARCH = os.environ["SSTEP_ARCH"]
 NR = int(os.environ["SSTEP_NR"])
 CALLS = int(os.environ["SSTEP_CALLS"])
+PORT = int(os.environ["SSTEP_PORT"])
 KERNEL_FROM = 0xffff800000000000 if ARCH == "amd64" else 0xc0000000
 # The system-call instructions the init may use.
 ENTRIES = {b"\x0f\x05": "syscall", b"\x0f\x34": "sysenter", b"\xcd\x80": "int80"}
@@ -111,30 +107,55 @@ def is_rep_string(b):
 def step():
     gdb.execute("stepi", to_string=True)
 
-gdb.execute("maintenance packet Qqemu.sstep=0x7", to_string=True)
-reply = gdb.execute("maintenance packet qqemu.sstep", to_string=True)
-if "0x7" not in reply and "received: \"7\"" not in reply:
-    print("sstep: QEMU did not confirm sstep flags 0x7: " + reply.strip())
-    sys.exit(3)
-
-counts = []
-steps_to_find = 0
-while len(counts) < CALLS:
-    # To the next getppid instruction of the init (user mode).
+def attach(deadline):
     while True:
+        try:
+            gdb.execute("target remote 127.0.0.1:%d" % PORT, to_string=True)
+            break
+        except gdb.error:
+            if time.time() > deadline:
+                print("sstep: cannot attach to QEMU's gdbstub on port %d" % PORT)
+                sys.exit(3)
+            time.sleep(0.5)
+    # QEMU's default, set explicitly: single steps with interrupts and
+    # timers masked.
+    gdb.execute("maintenance packet Qqemu.sstep=0x7", to_string=True)
+    reply = gdb.execute("maintenance packet qqemu.sstep", to_string=True)
+    if "0x7" not in reply:
+        print("sstep: QEMU did not confirm sstep flags 0x7: " + reply.strip())
+        sys.exit(3)
+
+def to_getppid(limit):
+    """Steps to the next user-mode system-call instruction with getppid's
+    number in (e)ax; False if there is none within `limit` steps."""
+    for _ in range(limit):
         p = pc()
         if p < KERNEL_FROM:
             b = code(p, 2)
             if b in ENTRIES and ax() == NR:
-                break
-            if b[:1] == b"\xf4":
-                print("sstep: the vCPU is halted, not in the loop")
-                sys.exit(3)
+                return True
+        if code(p, 1) == b"\xf4":
+            return False
         step()
-        steps_to_find += 1
-        if steps_to_find > 200000:
-            print("sstep: no getppid within 200000 steps")
-            sys.exit(3)
+    return False
+
+deadline = time.time() + 300
+attach(deadline)
+# Caught in kernel mode (the boot, a kernel thread, the call itself) or
+# not in the loop: let the guest run a little and look again.
+while not (pc() < KERNEL_FROM and to_getppid(200)):
+    if time.time() > deadline:
+        print("sstep: the guest's getppid loop was not caught within 300 s")
+        sys.exit(3)
+    gdb.execute("detach", to_string=True)
+    time.sleep(0.5)
+    attach(deadline)
+
+counts = []
+while len(counts) < CALLS:
+    if not to_getppid(3000):
+        print("sstep: no next getppid within 3000 steps")
+        sys.exit(3)
     entry = ENTRIES[code(pc(), 2)]
     step()
     n, last = 0, None
@@ -153,9 +174,8 @@ sys.exit(0 if len(set(counts)) == 1 else 1)
 EOF
 
 set +e
-SSTEP_ARCH=$arch SSTEP_NR=$nr SSTEP_CALLS=$calls gdb -nx -batch -q \
+SSTEP_ARCH=$arch SSTEP_NR=$nr SSTEP_CALLS=$calls SSTEP_PORT=$port gdb -nx -batch -q \
     -ex "set pagination off" -ex "set confirm off" \
-    -ex "target remote 127.0.0.1:$port" \
     -x "$work/sstep.py" >"$work/gdb" 2>&1
 rc=$?
 set -e

@@ -41,9 +41,13 @@
 //! System calls apart from everything else: per vCPU the plugin follows
 //! the mode of each block it sees run (kernel or user, by address). A
 //! user-to-kernel switch right after a SYSCALL, SYSENTER or INT n executed
-//! in user mode starts a call; the next kernel-to-user switch ends it. A
-//! call during which an IRET returned to kernel code (the end of an
-//! interrupt or exception taken in kernel mode) is set apart whole, and
+//! in user mode starts a call; the next kernel-to-user switch ends it, or
+//! a SYSRET/SYSEXIT after which kernel code runs at once (an interrupt
+//! delivered right after the return, before any user instruction). A
+//! call in which an IRET was followed by kernel code (the end of an
+//! interrupt or exception taken in kernel mode, or, indistinguishably
+//! without reading the stack, an IRET to user mode interrupted at once)
+//! is set apart whole, and
 //! so is every kernel instruction not inside a call (interrupts and
 //! exceptions taken from user mode, boot, idle, kernel threads): those go
 //! to `kernel_insns_other` (a subset of `kernel_insns`) and the set-apart
@@ -115,6 +119,8 @@ struct Track {
     entry_pending: AtomicBool,
     /// An IRET just ran in kernel mode.
     iret_pending: AtomicBool,
+    /// A SYSRET or SYSEXIT just ran (in kernel mode).
+    sysret_pending: AtomicBool,
     /// `kernel_insns` when the current call began.
     call_start: AtomicU64,
     /// The address of the last instruction of the last block that ran.
@@ -137,6 +143,7 @@ impl Track {
             state: AtomicU8::new(IN_OTHER),
             entry_pending: AtomicBool::new(false),
             iret_pending: AtomicBool::new(false),
+            sysret_pending: AtomicBool::new(false),
             call_start: AtomicU64::new(0),
             last_pc: AtomicU64::new(u64::MAX),
         }
@@ -238,8 +245,16 @@ fn block_start(c: &VcpuCounters, t: &Track, kernel: bool) {
     let prev = t.prev_kernel.swap(kernel, Ordering::Relaxed);
     let entry = t.entry_pending.swap(false, Ordering::Relaxed);
     let iret = t.iret_pending.swap(false, Ordering::Relaxed);
+    let sysret = t.sysret_pending.swap(false, Ordering::Relaxed);
     let state = t.state.load(Ordering::Relaxed);
     let now = |f: usize| c.0[f].load(Ordering::Relaxed);
+    let end_call = || {
+        if state == IN_DISTURBED_CALL {
+            let start = t.call_start.load(Ordering::Relaxed);
+            c.add(KERNEL_INSNS_OTHER, now(KERNEL_INSNS).wrapping_sub(start));
+            c.add(CALLS_OTHER, 1);
+        }
+    };
     match (prev, kernel) {
         (false, true) if entry => {
             t.call_start.store(now(KERNEL_INSNS), Ordering::Relaxed);
@@ -248,17 +263,25 @@ fn block_start(c: &VcpuCounters, t: &Track, kernel: bool) {
         // Kernel mode entered without a system-call instruction: an
         // interrupt or exception taken from user mode.
         (false, true) => t.state.store(IN_OTHER, Ordering::Relaxed),
-        // An IRET that went back to kernel code ended an interrupt or
-        // exception taken inside the call.
+        // A SYSRET/SYSEXIT returned to user mode, but an interrupt came
+        // before the first user instruction (TCG delivers one pending
+        // while the exit path ran with interrupts off right after the
+        // return): the call ended at the return, the rest is the
+        // interrupt's, taken from user mode.
+        (true, true) if sysret && matches!(state, IN_CALL | IN_DISTURBED_CALL) => {
+            end_call();
+            t.state.store(IN_OTHER, Ordering::Relaxed);
+        }
+        // An IRET followed by kernel code: either it went back to kernel
+        // code, ending an interrupt or exception taken inside the call, or
+        // it returned to user mode and an interrupt came before the first
+        // user instruction (as above). The plugin cannot tell which (it
+        // cannot read the stack), so the call is set apart either way.
         (true, true) if iret && state == IN_CALL => {
             t.state.store(IN_DISTURBED_CALL, Ordering::Relaxed)
         }
         (true, false) => {
-            if state == IN_DISTURBED_CALL {
-                let start = t.call_start.load(Ordering::Relaxed);
-                c.add(KERNEL_INSNS_OTHER, now(KERNEL_INSNS).wrapping_sub(start));
-                c.add(CALLS_OTHER, 1);
-            }
+            end_call();
             t.state.store(IN_USER, Ordering::Relaxed);
         }
         _ => {}
@@ -266,7 +289,9 @@ fn block_start(c: &VcpuCounters, t: &Track, kernel: bool) {
 }
 
 extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
-    let Some((_, c, t)) = counters(vcpu) else { return };
+    let Some((_, c, t)) = counters(vcpu) else {
+        return;
+    };
     // SAFETY: `udata` is a leaked `Box<Block>` made at translation; it
     // lives as long as the process.
     let b = unsafe { &*(udata as *const Block) };
@@ -286,7 +311,9 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
 }
 
 extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
-    let Some((s, c, t)) = counters(vcpu) else { return };
+    let Some((s, c, t)) = counters(vcpu) else {
+        return;
+    };
     // SAFETY: `udata` is a leaked `Box<Special>` made at translation.
     let sp = unsafe { &*(udata as *const Special) };
     match sp.kind {
@@ -294,6 +321,7 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
             t.entry_pending.store(true, Ordering::Relaxed)
         }
         Kind::Iret if sp.kernel_mode => t.iret_pending.store(true, Ordering::Relaxed),
+        Kind::Sysret | Kind::Sysexit => t.sysret_pending.store(true, Ordering::Relaxed),
         _ => {}
     }
     if sp.kind == Kind::Out32 {
