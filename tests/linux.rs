@@ -134,6 +134,119 @@ fn compare_getppid_pti_off_on_debian_686_pae() {
     compare_getppid("compare_getppid_pti_off_on_debian_686_pae", I686);
 }
 
+/// The plugin's kernel instructions per getppid are one system call's,
+/// to the instruction: equal to what another observer counts, QEMU's
+/// gdbstub single-stepping the same kernel's getppid with interrupts and
+/// timers masked (`scripts/sstep-syscall.sh`, no plugin loaded). The
+/// plugin sets apart calls an interrupt or exception fell into, and
+/// counts the kernel's other work (timer ticks taken from user mode)
+/// apart, in `kernel_instructions_other`: the per-call figure is exact
+/// however many ticks land in the phase. Skips where gdb is missing.
+fn per_call_is_one_single_stepped_call(
+    test: &str,
+    (name, qemu): (&str, &str),
+    entry: &str,
+    pti: &str,
+) {
+    let Some(_) = kernel_or_skip(test, name, qemu) else {
+        return;
+    };
+    let gdb = std::process::Command::new("gdb")
+        .args(["-nx", "-batch", "-ex", "python print(1)"])
+        .output();
+    if !gdb.is_ok_and(|o| o.status.success()) {
+        ptiscope::test_support::skip(
+            test,
+            "gdb with Python is not installed (the single-stepping observer)",
+        );
+        return;
+    }
+    let json = scratch(test).join("run.json");
+    let o = ptiscope()
+        .args([
+            "run",
+            "--backend",
+            "qemu",
+            "--linux",
+            name,
+            "--timeout",
+            "120",
+        ])
+        .args([
+            "--workload",
+            "getppid",
+            "--iterations",
+            "2000",
+            "--pti",
+            pti,
+            "--entry",
+            entry,
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}\n{}", stdout(&o), stderr(&o));
+    let v = read_json(&json);
+    let row = the_row(&v, "kernel_instructions");
+    assert_eq!(row["source"], "qemu_plugin", "{row}");
+    let plugin = row["per_iteration"].as_f64().unwrap();
+    let other = the_row(&v, "kernel_instructions_other")["total"]
+        .as_f64()
+        .unwrap();
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sstep-syscall.sh");
+    let s = std::process::Command::new(&script)
+        .args([name, entry, pti, "2"])
+        .env("PTISCOPE", env!("CARGO_BIN_EXE_ptiscope"))
+        .output()
+        .unwrap();
+    let out = stdout(&s);
+    assert_eq!(s.status.code(), Some(0), "{out}\n{}", stderr(&s));
+    let stepped: Vec<f64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("sstep kernel_instructions="))
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(stepped.len(), 2, "{out}");
+    assert_eq!(
+        plugin, stepped[0],
+        "{name} entry={entry} pti={pti}: the plugin's {plugin} kernel instructions per call \
+         (and {other} set apart) against {} single-stepped",
+        stepped[0]
+    );
+}
+
+#[test]
+fn per_call_is_one_single_stepped_call_amd64_syscall_pti_off() {
+    per_call_is_one_single_stepped_call("per_call_amd64_syscall_pti_off", AMD64, "syscall", "off");
+}
+
+#[test]
+fn per_call_is_one_single_stepped_call_amd64_syscall_pti_on() {
+    per_call_is_one_single_stepped_call("per_call_amd64_syscall_pti_on", AMD64, "syscall", "on");
+}
+
+#[test]
+fn per_call_is_one_single_stepped_call_686_pae_sysenter_pti_off() {
+    per_call_is_one_single_stepped_call("per_call_686_sysenter_pti_off", I686, "sysenter", "off");
+}
+
+#[test]
+fn per_call_is_one_single_stepped_call_686_pae_sysenter_pti_on() {
+    per_call_is_one_single_stepped_call("per_call_686_sysenter_pti_on", I686, "sysenter", "on");
+}
+
+#[test]
+fn per_call_is_one_single_stepped_call_686_pae_int80_pti_off() {
+    per_call_is_one_single_stepped_call("per_call_686_int80_pti_off", I686, "int80", "off");
+}
+
+#[test]
+fn per_call_is_one_single_stepped_call_686_pae_int80_pti_on() {
+    per_call_is_one_single_stepped_call("per_call_686_int80_pti_on", I686, "int80", "on");
+}
+
 /// `sweep --linux`: pti=off against pti=on over two working sets (the
 /// companion guest's pti_global_text configuration left out, saying why).
 #[test]

@@ -342,3 +342,100 @@ fn an_old_qemu_or_one_without_plugins_is_said_before_booting() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A REP string instruction counts once, however many iterations it runs:
+/// TCG executes one iteration per run of a block that starts at the
+/// instruction (it jumps back to itself), so counting per block run would
+/// count each iteration. A minimal PVH image, run by QEMU itself with the
+/// plugin and no ptiscope in between, executes between its two marker
+/// writes: `out` (the begin marker), `mov ecx, 1000; rep stosb` (the REP at
+/// the end of a block), `mov ecx, 1000; jmp; rep stosd` (a block that
+/// starts with it), `mov ecx, 0; jmp; rep stosb` (no iteration), `mov
+/// eax, END; mov dx, 0x600`: 11 instructions, not the 2011 that a count
+/// per block run gives (each 1000-iteration REP's block runs 1001 times,
+/// the last to find ECX zero).
+#[test]
+fn a_rep_string_instruction_counts_once() {
+    use ptiscope::observe::qemu_plugin::{PluginCounter, PluginReport};
+    for binary in ["qemu-system-i386", "qemu-system-x86_64"] {
+        let test = format!("rep counts once ({binary})");
+        if !plugin_or_skip(&test, binary) {
+            continue;
+        }
+        let (plugin, _) = ptiscope::backend::qemu::plugin_for(binary).unwrap();
+        let mut code = vec![0xfc, 0xbf, 0x00, 0x00, 0x20, 0x00]; // cld; mov edi, 0x200000
+        code.extend(mark_code(Marker::begin(ID_WORKLOAD)));
+        code.extend([0xb9, 0xe8, 0x03, 0x00, 0x00, 0xf3, 0xaa]); // mov ecx, 1000; rep stosb
+        code.extend([0xb9, 0xe8, 0x03, 0x00, 0x00, 0xeb, 0x00, 0xf3, 0xab]); // ...; jmp $+2; rep stosd
+        code.extend([0xb9, 0x00, 0x00, 0x00, 0x00, 0xeb, 0x00, 0xf3, 0xaa]); // ecx = 0
+        code.extend(mark_code(Marker::end(ID_WORKLOAD)));
+        // The exit-status write: out dx, eax to isa-debug-exit; QEMU exits 1.
+        code.extend([
+            0x31, 0xc0, 0xba, 0xf4, 0x00, 0x00, 0x00, 0xef, 0xf4, 0xeb, 0xfd,
+        ]);
+        let dir = Scratch::new(&format!("rep-once-{binary}"));
+        let elf = dir.join("guest.elf");
+        write_pvh_elf32(&elf, 0x10_0000, &code);
+        note_align_4(&elf);
+        let out = dir.join("plugin.txt");
+        let mut child = std::process::Command::new(binary)
+            .args(["-M", "pc", "-accel", "tcg", "-m", "64", "-display", "none"])
+            .args(["-nodefaults", "-no-reboot", "-serial", "none"])
+            .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+            .arg("-kernel")
+            .arg(&elf)
+            .arg("-plugin")
+            .arg(format!(
+                "{},out={},kernel=0x100000-0x1fffff,marks=0x100000-0x1fffff",
+                plugin.display(),
+                out.display()
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let limit = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > limit {
+                let _ = child.kill();
+                panic!("{binary} did not exit within 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        // isa-debug-exit: (0 << 1) | 1.
+        assert_eq!(status.code(), Some(1), "{binary}: {err}");
+        let report = PluginReport::parse(&std::fs::read(&out).unwrap()).unwrap();
+        let phase = report.companion_phase().unwrap().delta.total();
+        assert_eq!(
+            (
+                phase.get(PluginCounter::KernelInsns),
+                phase.get(PluginCounter::UserInsns)
+            ),
+            (11, 0),
+            "{binary}: {phase:?}"
+        );
+    }
+}
+
+/// Gives the PT_NOTE segments of an ELF32 `p_align` 4: QEMU's ELF loader
+/// divides by it (the shared PVH helper writes 0, which ptiscope refuses
+/// for that reason; this test runs QEMU without ptiscope).
+fn note_align_4(elf: &std::path::Path) {
+    let mut f = std::fs::read(elf).unwrap();
+    let u16_at = |f: &[u8], o: usize| u16::from_le_bytes([f[o], f[o + 1]]) as usize;
+    let u32_at = |f: &[u8], o: usize| u32::from_le_bytes(f[o..o + 4].try_into().unwrap());
+    assert_eq!(f[4], 1, "not an ELF32");
+    let (phoff, phentsize, phnum) = (u32_at(&f, 28) as usize, u16_at(&f, 42), u16_at(&f, 44));
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        if u32_at(&f, ph) == 4 {
+            f[ph + 28..ph + 32].copy_from_slice(&4u32.to_le_bytes());
+        }
+    }
+    std::fs::write(elf, f).unwrap();
+}

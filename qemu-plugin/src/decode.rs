@@ -44,6 +44,26 @@ pub fn is_mov_edx_imm(bytes: &[u8], port: u32) -> bool {
     matches!(bytes, [0xba, a, b, c, d] if u32::from_le_bytes([*a, *b, *c, *d]) == port)
 }
 
+/// Whether `bytes` is a string instruction with a REP/REPE/REPNE prefix
+/// (`F3`/`F2` before MOVS, CMPS, STOS, LODS, SCAS, INS or OUTS): the
+/// instructions that TCG executes one iteration at a time, jumping back to
+/// the same instruction (a new block starting at it) for the next one.
+/// `rep ret`, `pause` (`F3 90`) and the like are not looped and are not it.
+pub fn is_rep_string(bytes: &[u8]) -> bool {
+    let mut rep = false;
+    let mut i = 0;
+    while i < bytes.len() && i < 15 {
+        let b = bytes[i];
+        if b == 0xf3 || b == 0xf2 {
+            rep = true;
+        } else if !(is_legacy_prefix(b) || ((0x40..=0x4f).contains(&b) && i + 1 < bytes.len())) {
+            break;
+        }
+        i += 1;
+    }
+    rep && matches!(bytes.get(i), Some(0xa4..=0xa7 | 0xaa..=0xaf | 0x6c..=0x6f))
+}
+
 /// The kind of one instruction (`bytes` is exactly that instruction), or
 /// `None` if the plugin does not look at it.
 pub fn classify(bytes: &[u8]) -> Option<Kind> {
@@ -143,6 +163,23 @@ mod tests {
         assert_eq!(classify(&[0xef]), Some(Kind::Out32));
         assert_eq!(classify(&[0x66, 0xef]), None);
         assert_eq!(classify(&[0xee]), None);
+    }
+
+    #[test]
+    fn rep_string_instructions() {
+        // rep movsb, rep stosq (REX.W), repe cmpsb, rep insb, rep outsd
+        assert!(is_rep_string(&[0xf3, 0xa4]));
+        assert!(is_rep_string(&[0xf3, 0x48, 0xab]));
+        assert!(is_rep_string(&[0xf3, 0xa6]));
+        assert!(is_rep_string(&[0xf2, 0xae]));
+        assert!(is_rep_string(&[0xf3, 0x6c]));
+        assert!(is_rep_string(&[0x66, 0xf3, 0x6f]));
+        // movsb without rep, rep ret, pause, a lone prefix
+        assert!(!is_rep_string(&[0xa4]));
+        assert!(!is_rep_string(&[0xf3, 0xc3]));
+        assert!(!is_rep_string(&[0xf3, 0x90]));
+        assert!(!is_rep_string(&[0xf3]));
+        assert!(!is_rep_string(&[]));
     }
 
     #[test]

@@ -38,6 +38,29 @@
 //! `ioperm`; API version 1 cannot read registers, so the port is read from
 //! the instruction bytes.
 //!
+//! System calls apart from everything else: per vCPU the plugin follows
+//! the mode of each block it sees run (kernel or user, by address). A
+//! user-to-kernel switch right after a SYSCALL, SYSENTER or INT n executed
+//! in user mode starts a call; the next kernel-to-user switch ends it, or
+//! a SYSRET/SYSEXIT after which kernel code runs at once (an interrupt
+//! delivered right after the return, before any user instruction). A
+//! call in which an IRET was followed by kernel code (the end of an
+//! interrupt or exception taken in kernel mode, or, indistinguishably
+//! without reading the stack, an IRET to user mode interrupted at once)
+//! is set apart whole, and
+//! so is every kernel instruction not inside a call (interrupts and
+//! exceptions taken from user mode, boot, idle, kernel threads): those go
+//! to `kernel_insns_other` (a subset of `kernel_insns`) and the set-apart
+//! calls to `calls_other`, so that `kernel_insns - kernel_insns_other`
+//! over `syscalls - calls_other` is the path length of one undisturbed
+//! call.
+//!
+//! A REP string instruction counts once: TCG runs one iteration per
+//! execution of a block that starts at the instruction (it jumps back to
+//! itself), so a block starting with a REP string instruction that
+//! directly follows a block ending at that same instruction is the same
+//! instruction's next iteration and does not count it again.
+//!
 //! Licence: GPL-2.0-or-later (QEMU plugins must be).
 
 pub mod decode;
@@ -45,7 +68,7 @@ pub mod ffi;
 pub mod output;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use decode::Kind;
@@ -85,6 +108,48 @@ impl VcpuCounters {
     }
 }
 
+/// Where one vCPU is, for telling system calls from everything else.
+/// Written only by that vCPU's thread (Relaxed atomics: one writer).
+struct Track {
+    /// The mode of the last block that ran (boot starts in kernel mode).
+    prev_kernel: AtomicBool,
+    /// One of the `IN_*` values.
+    state: AtomicU8,
+    /// A SYSCALL/SYSENTER/INT n just ran in user mode.
+    entry_pending: AtomicBool,
+    /// An IRET just ran in kernel mode.
+    iret_pending: AtomicBool,
+    /// A SYSRET or SYSEXIT just ran (in kernel mode).
+    sysret_pending: AtomicBool,
+    /// `kernel_insns` when the current call began.
+    call_start: AtomicU64,
+    /// The address of the last instruction of the last block that ran.
+    last_pc: AtomicU64,
+}
+
+/// In user mode.
+const IN_USER: u8 = 0;
+/// In a system call, undisturbed so far.
+const IN_CALL: u8 = 1;
+/// In a system call during which an interrupt or exception was taken.
+const IN_DISTURBED_CALL: u8 = 2;
+/// In kernel mode outside any system call.
+const IN_OTHER: u8 = 3;
+
+impl Track {
+    fn new() -> Track {
+        Track {
+            prev_kernel: AtomicBool::new(true),
+            state: AtomicU8::new(IN_OTHER),
+            entry_pending: AtomicBool::new(false),
+            iret_pending: AtomicBool::new(false),
+            sysret_pending: AtomicBool::new(false),
+            call_start: AtomicU64::new(0),
+            last_pc: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
 struct State {
     api: ffi::Api,
     out: String,
@@ -94,6 +159,7 @@ struct State {
     /// `umark=PORT`: snapshots at user-mode `mov edx, PORT; out dx, eax`.
     user_mark_port: Option<u32>,
     vcpus: Vec<VcpuCounters>,
+    tracks: Vec<Track>,
     /// vCPUs QEMU said the machine has (`-smp`).
     smp_vcpus: usize,
     marks: Mutex<(Vec<Mark>, u64)>,
@@ -110,6 +176,20 @@ struct Segment {
     user: u64,
 }
 
+/// The user data of a block's callback.
+struct Block {
+    /// The first segment (up to the first counted instruction).
+    seg: Segment,
+    /// Whether its first instruction is at a kernel address.
+    kernel_mode: bool,
+    /// Its first instruction's address.
+    pc: u64,
+    /// Its last instruction's address.
+    last_pc: u64,
+    /// Whether its first instruction is a REP string instruction.
+    rep_first: bool,
+}
+
 /// The user data of a counted instruction's callback.
 struct Special {
     kind: Kind,
@@ -117,6 +197,8 @@ struct Special {
     /// A marker: without `umark`, a kernel-mode `out dx, eax` inside the
     /// marker ranges; with it, a user-mode `mov edx, PORT; out dx, eax`.
     snapshot: bool,
+    /// Whether it is at a kernel address.
+    kernel_mode: bool,
     seg: Segment,
 }
 
@@ -136,38 +218,118 @@ fn field_of(kind: Kind) -> usize {
     }
 }
 
-fn counters(vcpu: c_uint) -> Option<(&'static State, &'static VcpuCounters)> {
+fn counters(vcpu: c_uint) -> Option<(&'static State, &'static VcpuCounters, &'static Track)> {
     let s = STATE.get()?;
-    Some((s, s.vcpus.get(vcpu as usize)?))
+    Some((s, s.vcpus.get(vcpu as usize)?, s.tracks.get(vcpu as usize)?))
 }
 
-fn add_segment(c: &VcpuCounters, seg: &Segment) {
+fn add_segment(c: &VcpuCounters, t: &Track, seg: &Segment) {
+    use output::field::*;
     if seg.kernel != 0 {
-        c.add(output::field::KERNEL_INSNS, seg.kernel);
+        c.add(KERNEL_INSNS, seg.kernel);
+        // Outside a call kernel instructions are set apart at once; a
+        // call's are set apart (or not) when it ends.
+        if t.state.load(Ordering::Relaxed) == IN_OTHER {
+            c.add(KERNEL_INSNS_OTHER, seg.kernel);
+        }
     }
     if seg.user != 0 {
-        c.add(output::field::USER_INSNS, seg.user);
+        c.add(USER_INSNS, seg.user);
+    }
+}
+
+/// A block of mode `kernel` starts running: follows the vCPU's mode
+/// switches (module comment).
+fn block_start(c: &VcpuCounters, t: &Track, kernel: bool) {
+    use output::field::*;
+    let prev = t.prev_kernel.swap(kernel, Ordering::Relaxed);
+    let entry = t.entry_pending.swap(false, Ordering::Relaxed);
+    let iret = t.iret_pending.swap(false, Ordering::Relaxed);
+    let sysret = t.sysret_pending.swap(false, Ordering::Relaxed);
+    let state = t.state.load(Ordering::Relaxed);
+    let now = |f: usize| c.0[f].load(Ordering::Relaxed);
+    let end_call = || {
+        if state == IN_DISTURBED_CALL {
+            let start = t.call_start.load(Ordering::Relaxed);
+            c.add(KERNEL_INSNS_OTHER, now(KERNEL_INSNS).wrapping_sub(start));
+            c.add(CALLS_OTHER, 1);
+        }
+    };
+    match (prev, kernel) {
+        (false, true) if entry => {
+            t.call_start.store(now(KERNEL_INSNS), Ordering::Relaxed);
+            t.state.store(IN_CALL, Ordering::Relaxed);
+        }
+        // Kernel mode entered without a system-call instruction: an
+        // interrupt or exception taken from user mode.
+        (false, true) => t.state.store(IN_OTHER, Ordering::Relaxed),
+        // A SYSRET/SYSEXIT returned to user mode, but an interrupt came
+        // before the first user instruction (TCG delivers one pending
+        // while the exit path ran with interrupts off right after the
+        // return): the call ended at the return, the rest is the
+        // interrupt's, taken from user mode.
+        (true, true) if sysret && matches!(state, IN_CALL | IN_DISTURBED_CALL) => {
+            end_call();
+            t.state.store(IN_OTHER, Ordering::Relaxed);
+        }
+        // An IRET followed by kernel code: either it went back to kernel
+        // code, ending an interrupt or exception taken inside the call, or
+        // it returned to user mode and an interrupt came before the first
+        // user instruction (as above). The plugin cannot tell which (it
+        // cannot read the stack), so the call is set apart either way.
+        (true, true) if iret && state == IN_CALL => {
+            t.state.store(IN_DISTURBED_CALL, Ordering::Relaxed)
+        }
+        (true, false) => {
+            end_call();
+            t.state.store(IN_USER, Ordering::Relaxed);
+        }
+        _ => {}
     }
 }
 
 extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
-    let Some((_, c)) = counters(vcpu) else { return };
-    // SAFETY: `udata` is a leaked `Box<Segment>` made at translation; it
+    let Some((_, c, t)) = counters(vcpu) else {
+        return;
+    };
+    // SAFETY: `udata` is a leaked `Box<Block>` made at translation; it
     // lives as long as the process.
-    let seg = unsafe { &*(udata as *const Segment) };
-    add_segment(c, seg);
+    let b = unsafe { &*(udata as *const Block) };
+    block_start(c, t, b.kernel_mode);
+    let mut seg = b.seg;
+    // The next iteration of the REP string instruction the last block
+    // ended with: the same instruction, already counted.
+    if b.rep_first && t.last_pc.load(Ordering::Relaxed) == b.pc {
+        if b.kernel_mode {
+            seg.kernel = seg.kernel.saturating_sub(1);
+        } else {
+            seg.user = seg.user.saturating_sub(1);
+        }
+    }
+    t.last_pc.store(b.last_pc, Ordering::Relaxed);
+    add_segment(c, t, &seg);
 }
 
 extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
-    let Some((s, c)) = counters(vcpu) else { return };
+    let Some((s, c, t)) = counters(vcpu) else {
+        return;
+    };
     // SAFETY: `udata` is a leaked `Box<Special>` made at translation.
     let sp = unsafe { &*(udata as *const Special) };
+    match sp.kind {
+        Kind::Syscall | Kind::Sysenter | Kind::IntN if !sp.kernel_mode => {
+            t.entry_pending.store(true, Ordering::Relaxed)
+        }
+        Kind::Iret if sp.kernel_mode => t.iret_pending.store(true, Ordering::Relaxed),
+        Kind::Sysret | Kind::Sysexit => t.sysret_pending.store(true, Ordering::Relaxed),
+        _ => {}
+    }
     if sp.kind == Kind::Out32 {
         if !sp.snapshot {
             // Not a marker: a user-mode OUT of the companion guest faults
             // (IOPL 0), and OUTs outside the marker ranges are firmware's
             // (or, with `umark`, Linux's) PCI accesses.
-            add_segment(c, &sp.seg);
+            add_segment(c, t, &sp.seg);
             return;
         }
         let seq = s.seq.fetch_add(1, Ordering::Relaxed);
@@ -185,7 +347,7 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
         }
     }
     c.add(field_of(sp.kind), 1);
-    add_segment(c, &sp.seg);
+    add_segment(c, t, &sp.seg);
 }
 
 extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
@@ -196,6 +358,13 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
     let n = unsafe { (api.tb_n_insns)(tb) };
     let in_kernel = |pc: u64| s.kernel.iter().any(|&(lo, hi)| pc >= lo && pc <= hi);
     let mut first = Segment::default();
+    let mut block = Block {
+        seg: Segment::default(),
+        kernel_mode: false,
+        pc: 0,
+        last_pc: 0,
+        rep_first: false,
+    };
     let mut current: Option<(*mut ffi::Insn, Box<Special>)> = None;
     let mut pending: Vec<(*mut ffi::Insn, Box<Special>)> = Vec::new();
     let mut buf = [0u8; 16];
@@ -212,6 +381,12 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
         let kernel_mode = in_kernel(pc);
         // SAFETY: `insn` belongs to `tb`, in its translation callback.
         let bytes = unsafe { api.insn_bytes(insn, &mut buf) };
+        if i == 0 {
+            block.kernel_mode = kernel_mode;
+            block.pc = pc;
+            block.rep_first = decode::is_rep_string(bytes);
+        }
+        block.last_pc = pc;
         let port_mov = after_port_mov;
         after_port_mov = s
             .user_mark_port
@@ -231,6 +406,7 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
                     kind,
                     pc,
                     snapshot,
+                    kernel_mode,
                     seg: Segment::default(),
                 }),
             ));
@@ -248,8 +424,12 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
     if let Some(prev) = current.take() {
         pending.push(prev);
     }
-    if first.kernel + first.user > 0 {
-        let udata = Box::into_raw(Box::new(first)) as *mut c_void;
+    // Every block gets its callback, even one that starts with a counted
+    // instruction (an empty first segment): mode switches are followed
+    // at block starts.
+    if n > 0 {
+        block.seg = first;
+        let udata = Box::into_raw(Box::new(block)) as *mut c_void;
         // SAFETY: `tb` is being translated; `udata` is never freed (a block
         // can run until the process ends).
         unsafe { (api.register_tb_exec)(tb, on_tb_exec, ffi::CB_NO_REGS, udata) };
@@ -385,6 +565,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
         vcpus: (0..n)
             .map(|_| VcpuCounters(std::array::from_fn(|_| AtomicU64::new(0))))
             .collect(),
+        tracks: (0..n).map(|_| Track::new()).collect(),
         smp_vcpus,
         marks: Mutex::new((Vec::new(), 0)),
         seq: AtomicU64::new(0),

@@ -2,7 +2,7 @@
 //! "The QEMU plugin's file"). Line based, ASCII:
 //!
 //! ```text
-//! ptiscope-tcg-plugin version=1 api=1 vcpus=2
+//! ptiscope-tcg-plugin version=2 api=1 vcpus=2
 //! kernel 0x0-0x3fffff:0xc0000000-0xffffffff
 //! fields kernel_insns user_insns cr3_writes ...
 //! mark seq=0 vcpu=0 pc=0xc0101234
@@ -16,10 +16,10 @@
 //! ```
 
 /// Version of this format.
-pub const FORMAT_VERSION: u64 = 1;
+pub const FORMAT_VERSION: u64 = 2;
 
 /// Counter names, in file order.
-pub const FIELDS: [&str; 12] = [
+pub const FIELDS: [&str; 14] = [
     "kernel_insns",
     "user_insns",
     "cr3_writes",
@@ -32,6 +32,8 @@ pub const FIELDS: [&str; 12] = [
     "sysexit",
     "iret",
     "markers",
+    "kernel_insns_other",
+    "calls_other",
 ];
 
 /// Indices into [`FIELDS`].
@@ -60,6 +62,14 @@ pub mod field {
     pub const IRET: usize = 10;
     /// Kernel-mode OUT DX, EAX (marker candidates).
     pub const MARKERS: usize = 11;
+    /// The subset of `KERNEL_INSNS` set apart from system calls: kernel
+    /// instructions entered without a system-call instruction (interrupts
+    /// and exceptions taken from user mode, boot, idle, kernel threads)
+    /// and the whole of every call during which an interrupt or exception
+    /// was taken.
+    pub const KERNEL_INSNS_OTHER: usize = 12;
+    /// System calls whose instructions went to `KERNEL_INSNS_OTHER`.
+    pub const CALLS_OTHER: usize = 13;
 }
 
 /// One vCPU's counters.
@@ -145,15 +155,15 @@ mod tests {
                 seq: 0,
                 vcpu: 0,
                 pc: 0xc010_0000,
-                counts: vec![Counts([1; 12])],
+                counts: vec![Counts([1; 14])],
             }],
             dropped_marks: 0,
-            totals: vec![Counts([2; 12])],
+            totals: vec![Counts([2; 14])],
         };
         let t = r.render();
-        assert!(t.starts_with("ptiscope-tcg-plugin version=1 api=1 vcpus=1\n"));
+        assert!(t.starts_with("ptiscope-tcg-plugin version=2 api=1 vcpus=1\n"));
         assert!(t.contains("kernel 0x0-0x3fffff:0xc0000000-0xffffffff\n"));
         assert!(t.contains("mark seq=0 vcpu=0 pc=0xc0100000\ncounts 0 1 1 1"));
-        assert!(t.ends_with("totals\ncounts 0 2 2 2 2 2 2 2 2 2 2 2 2\ndropped_marks 0\nend\n"));
+        assert!(t.ends_with("totals\ncounts 0 2 2 2 2 2 2 2 2 2 2 2 2 2 2\ndropped_marks 0\nend\n"));
     }
 }

@@ -10,7 +10,7 @@
 //! phase among the snapshots.
 
 /// The format version this parser reads.
-pub const FORMAT_VERSION: u64 = 1;
+pub const FORMAT_VERSION: u64 = 2;
 /// Largest file accepted.
 pub const MAX_FILE_BYTES: usize = 4 << 20;
 /// Most vCPUs accepted.
@@ -45,11 +45,20 @@ pub enum PluginCounter {
     Iret,
     /// Kernel-mode `out dx, eax` in the marker ranges.
     Markers,
+    /// The subset of [`PluginCounter::KernelInsns`] set apart from system
+    /// calls: kernel instructions outside any call (interrupts and
+    /// exceptions taken from user mode, boot, idle, kernel threads) and
+    /// the whole of every call during which an interrupt or exception was
+    /// taken (one that an IRET back to kernel code ended).
+    KernelInsnsOther,
+    /// System calls whose instructions went to
+    /// [`PluginCounter::KernelInsnsOther`].
+    CallsOther,
 }
 
 impl PluginCounter {
     /// Every counter, in the file's `fields` order.
-    pub const ALL: [PluginCounter; 12] = [
+    pub const ALL: [PluginCounter; 14] = [
         PluginCounter::KernelInsns,
         PluginCounter::UserInsns,
         PluginCounter::Cr3Writes,
@@ -62,6 +71,8 @@ impl PluginCounter {
         PluginCounter::Sysexit,
         PluginCounter::Iret,
         PluginCounter::Markers,
+        PluginCounter::KernelInsnsOther,
+        PluginCounter::CallsOther,
     ];
 
     /// The field name in the file.
@@ -79,13 +90,18 @@ impl PluginCounter {
             PluginCounter::Sysexit => "sysexit",
             PluginCounter::Iret => "iret",
             PluginCounter::Markers => "markers",
+            PluginCounter::KernelInsnsOther => "kernel_insns_other",
+            PluginCounter::CallsOther => "calls_other",
         }
     }
 }
 
 /// One vCPU's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts([u64; 12]);
+pub struct Counts([u64; N_COUNTERS]);
+
+/// Counters per vCPU in the file.
+pub const N_COUNTERS: usize = PluginCounter::ALL.len();
 
 impl Counts {
     /// One counter.
@@ -94,7 +110,7 @@ impl Counts {
     }
     /// `later - self`, counter by counter; `None` if any went backwards.
     pub fn delta_to(&self, later: &Counts) -> Option<Counts> {
-        let mut d = [0u64; 12];
+        let mut d = [0u64; N_COUNTERS];
         for (i, v) in d.iter_mut().enumerate() {
             *v = later.0[i].checked_sub(self.0[i])?;
         }
@@ -105,6 +121,12 @@ impl Counts {
         self.get(PluginCounter::Syscall)
             .saturating_add(self.get(PluginCounter::Sysenter))
             .saturating_add(self.get(PluginCounter::Int))
+    }
+    /// Kernel instructions of the system calls not set apart (those during
+    /// which no interrupt or exception was taken).
+    pub fn call_kernel_insns(&self) -> u64 {
+        self.get(PluginCounter::KernelInsns)
+            .saturating_sub(self.get(PluginCounter::KernelInsnsOther))
     }
     /// Returns: SYSRET + SYSEXIT + IRET.
     pub fn syscall_returns(&self) -> u64 {
@@ -121,7 +143,7 @@ pub struct VcpuCounts(pub Vec<Counts>);
 impl VcpuCounts {
     /// The sum over vCPUs.
     pub fn total(&self) -> Counts {
-        let mut t = [0u64; 12];
+        let mut t = [0u64; N_COUNTERS];
         for c in &self.0 {
             for (i, v) in t.iter_mut().enumerate() {
                 *v = v.saturating_add(c.0[i]);
@@ -316,7 +338,7 @@ impl PluginReport {
                 if t.next() != Some("counts") || t.next() != Some(i.to_string().as_str()) {
                     return Err(bad(n, format!("expected `counts {i} ...`")));
                 }
-                let mut c = [0u64; 12];
+                let mut c = [0u64; N_COUNTERS];
                 for slot in c.iter_mut() {
                     *slot = num(n, t.next().ok_or_else(|| bad(n, "too few counters"))?)?;
                 }
@@ -501,13 +523,13 @@ mod tests {
     use super::*;
 
     /// A plugin file with a mark (its pc and counts) per entry of `marks`.
-    fn file(marks: &[(u64, [u64; 12])], totals: [u64; 12]) -> String {
+    fn file(marks: &[(u64, [u64; N_COUNTERS])], totals: [u64; N_COUNTERS]) -> String {
         let fields: Vec<&str> = PluginCounter::ALL.iter().map(|c| c.field()).collect();
         let mut s = format!(
-            "ptiscope-tcg-plugin version=1 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
+            "ptiscope-tcg-plugin version=2 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
             fields.join(" ")
         );
-        let line = |c: [u64; 12]| {
+        let line = |c: [u64; N_COUNTERS]| {
             format!(
                 "counts 0 {}\n",
                 c.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
@@ -524,12 +546,12 @@ mod tests {
     }
 
     /// [`file`] parsed.
-    fn report(marks: &[(u64, [u64; 12])], totals: [u64; 12]) -> PluginReport {
+    fn report(marks: &[(u64, [u64; N_COUNTERS])], totals: [u64; N_COUNTERS]) -> PluginReport {
         PluginReport::parse(file(marks, totals).as_bytes()).unwrap()
     }
 
-    fn c(kernel: u64, cr3: u64) -> [u64; 12] {
-        let mut a = [0; 12];
+    fn c(kernel: u64, cr3: u64) -> [u64; N_COUNTERS] {
+        let mut a = [0; N_COUNTERS];
         a[0] = kernel;
         a[2] = cr3;
         a
@@ -601,7 +623,7 @@ mod tests {
             );
         }
         for (from, to) in [
-            ("version=1", "version=2"),
+            ("version=2", "version=1"),
             ("vcpus=1", "vcpus=0"),
             ("vcpus=1", "vcpus=65"),
             ("vcpus=1", "vcpus=2"),
