@@ -28,7 +28,7 @@ fn kernels_or_skip(test: &str) -> Option<(PathBuf, PathBuf)> {
 
 fn compare(args: &[&str], json: &std::path::Path) -> (bool, String, serde_json::Value) {
     let o = ptiscope()
-        .args(["compare", "--backend", "qemu", "--runs", "1"])
+        .args(["compare", "--backend", "qemu"])
         .args([
             "--workload",
             "getppid",
@@ -51,6 +51,26 @@ fn compare(args: &[&str], json: &std::path::Path) -> (bool, String, serde_json::
     (o.status.success(), text, v)
 }
 
+/// A metric's per-run samples on one side.
+fn samples(v: &serde_json::Value, metric: &str, side: &str) -> Vec<f64> {
+    v["metrics"]
+        .as_array()
+        .and_then(|a| a.iter().find(|m| m["name"] == metric))
+        .and_then(|m| m[side]["samples"].as_array())
+        .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+        .unwrap_or_else(|| panic!("no {metric} samples for {side} in {v}"))
+}
+
+/// The metric's value, the same in every run of the side.
+fn identical(v: &serde_json::Value, metric: &str, side: &str) -> f64 {
+    let s = samples(v, metric, side);
+    assert!(
+        s.len() >= 2 && s.iter().all(|x| *x == s[0]),
+        "{metric} {side} not identical in every run: {s:?}"
+    );
+    s[0]
+}
+
 fn amean(v: &serde_json::Value, metric: &str, side: &str) -> f64 {
     v["metrics"]
         .as_array()
@@ -67,15 +87,55 @@ fn sides_differ_in_kernel_and_command_line_and_the_header_says_how() {
     };
     let dir = scratch("linux-ab");
 
-    // One kernel, its command line differing by Linux's own `pti=on`.
+    // A kernel against itself: nothing differs, and the calls' own counts
+    // are identical in every run, so their differences are exactly zero.
     let (ok, text, v) = compare(
         &[
+            "--runs",
+            "2",
+            "--baseline",
+            "linux=debian-amd64",
+            "--compare",
+            "linux=debian-amd64",
+        ],
+        &dir.join("self.json"),
+    );
+    assert!(ok, "{text}");
+    assert!(!text.contains("differs:"), "{text}");
+    for metric in [
+        "kernel_instructions_per_call",
+        "user_instructions_per_call",
+        "insn_mov_cr3_calls_per_call",
+    ] {
+        assert_eq!(
+            identical(&v, metric, "baseline"),
+            identical(&v, metric, "compare"),
+            "{metric}: {text}"
+        );
+    }
+
+    // One kernel, its command line differing by Linux's own `pti=on`:
+    // the PTI increment per call is identical in every run.
+    let (ok, text, v) = compare(
+        &[
+            "--runs",
+            "2",
             "--baseline",
             "linux=debian-amd64",
             "--compare",
             "linux=debian-amd64,append=pti=on",
         ],
         &dir.join("append.json"),
+    );
+    assert_eq!(
+        identical(&v, "insn_mov_cr3_calls_per_call", "baseline"),
+        0.0
+    );
+    assert_eq!(identical(&v, "insn_mov_cr3_calls_per_call", "compare"), 2.0);
+    assert!(
+        identical(&v, "kernel_instructions_per_call", "compare")
+            > identical(&v, "kernel_instructions_per_call", "baseline"),
+        "{text}"
     );
     assert!(ok, "{text}");
     assert!(
@@ -101,6 +161,8 @@ fn sides_differ_in_kernel_and_command_line_and_the_header_says_how() {
     // Two kernels: 64-bit SYSCALL against 32-bit PAE SYSENTER.
     let (ok, text, v) = compare(
         &[
+            "--runs",
+            "1",
             "--baseline",
             "linux=debian-amd64",
             "--compare",

@@ -123,6 +123,8 @@ struct Track {
     sysret_pending: AtomicBool,
     /// `kernel_insns` when the current call began.
     call_start: AtomicU64,
+    /// `cr3_writes` when the current call began.
+    call_start_cr3: AtomicU64,
     /// The address of the last instruction of the last block that ran.
     last_pc: AtomicU64,
 }
@@ -145,6 +147,7 @@ impl Track {
             iret_pending: AtomicBool::new(false),
             sysret_pending: AtomicBool::new(false),
             call_start: AtomicU64::new(0),
+            call_start_cr3: AtomicU64::new(0),
             last_pc: AtomicU64::new(u64::MAX),
         }
     }
@@ -252,12 +255,15 @@ fn block_start(c: &VcpuCounters, t: &Track, kernel: bool) {
         if state == IN_DISTURBED_CALL {
             let start = t.call_start.load(Ordering::Relaxed);
             c.add(KERNEL_INSNS_OTHER, now(KERNEL_INSNS).wrapping_sub(start));
+            let start_cr3 = t.call_start_cr3.load(Ordering::Relaxed);
+            c.add(CR3_WRITES_OTHER, now(CR3_WRITES).wrapping_sub(start_cr3));
             c.add(CALLS_OTHER, 1);
         }
     };
     match (prev, kernel) {
         (false, true) if entry => {
             t.call_start.store(now(KERNEL_INSNS), Ordering::Relaxed);
+            t.call_start_cr3.store(now(CR3_WRITES), Ordering::Relaxed);
             t.state.store(IN_CALL, Ordering::Relaxed);
         }
         // Kernel mode entered without a system-call instruction: an
@@ -347,6 +353,11 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
         }
     }
     c.add(field_of(sp.kind), 1);
+    // A CR3 write outside any call is set apart at once, as its
+    // instructions are; a call's are set apart (or not) when it ends.
+    if sp.kind == Kind::Cr3Write && t.state.load(Ordering::Relaxed) == IN_OTHER {
+        c.add(output::field::CR3_WRITES_OTHER, 1);
+    }
     add_segment(c, t, &sp.seg);
 }
 

@@ -350,3 +350,15 @@ pub enum Backend {
     /// (docs/kvm-hosts.md): real KVM exits and semantics, emulated time.
     Nested,
 }
+
+/// `ptiscope nested-batch [--cpus N] REQUEST.json`: runs a request's jobs
+/// in one boot of `--backend nested` and prints the response as JSON (the
+/// tests' batch; `nested::cli::batch` runs it).
+#[derive(Debug, clap::Args)]
+pub struct NestedBatchArgs {
+    /// vCPUs of the inner Linux (at least 2).
+    #[arg(long, default_value_t = 2)]
+    pub cpus: u32,
+    /// The request (schema: `nested::Request`).
+    pub request: std::path::PathBuf,
+}

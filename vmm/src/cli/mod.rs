@@ -113,7 +113,7 @@ pub enum Command {
     Reproduce(reproduce::ReproduceArgs),
     /// `--backend nested`'s batch: many inner commands in one boot (tests).
     #[command(hide = true)]
-    NestedBatch(crate::nested::cli::BatchArgs),
+    NestedBatch(NestedBatchArgs),
 }
 
 /// `ptiscope linux ...`.

@@ -211,19 +211,8 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
     Some(job.status)
 }
 
-/// `ptiscope nested-batch [--cpus N] REQUEST.json`: runs a request's jobs
-/// in one boot and prints the response as JSON (the tests' batch).
-#[derive(Debug, clap::Args)]
-pub struct BatchArgs {
-    /// vCPUs of the inner Linux (at least 2).
-    #[arg(long, default_value_t = 2)]
-    pub cpus: u32,
-    /// The request (schema: `nested::Request`).
-    pub request: PathBuf,
-}
-
-/// Runs `nested-batch`.
-pub fn batch(args: &BatchArgs) -> i32 {
+/// Runs `nested-batch` ([`crate::cli::NestedBatchArgs`]).
+pub fn batch(args: &crate::cli::NestedBatchArgs) -> i32 {
     let request: Request = match std::fs::read(&args.request)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))

@@ -29,17 +29,7 @@ use serde::{Deserialize, Serialize};
 /// Set (on the inner kernel's command line, which hands it to init's
 /// environment) in the initramfs's init only: ptiscope then acts as init.
 pub const INIT_ENV: &str = "PTISCOPE_NESTED_INIT";
-/// Set for the inner commands: their reports say what this KVM is.
-pub const INNER_ENV: &str = "PTISCOPE_NESTED_INNER";
-
-/// What the environment of an inner report says this KVM is.
-pub const KVM_DESCRIPTION: &str = "kvm_amd with nested paging, inside QEMU TCG: real KVM exits \
-     and semantics, emulated time (KVM does not see guest CR3 writes)";
-
-/// Whether this process is an inner command of `--backend nested`.
-pub fn inside() -> bool {
-    std::env::var_os(INNER_ENV).is_some()
-}
+pub use crate::spec::nested::{inside, INNER_ENV, KVM_DESCRIPTION};
 
 /// One inner command: its arguments (after `ptiscope`) and the files it
 /// writes that come back.

@@ -54,11 +54,14 @@ pub enum PluginCounter {
     /// System calls whose instructions went to
     /// [`PluginCounter::KernelInsnsOther`].
     CallsOther,
+    /// The subset of [`PluginCounter::Cr3Writes`] set apart from system
+    /// calls by the same rule as [`PluginCounter::KernelInsnsOther`].
+    Cr3WritesOther,
 }
 
 impl PluginCounter {
     /// Every counter, in the file's `fields` order.
-    pub const ALL: [PluginCounter; 14] = [
+    pub const ALL: [PluginCounter; 15] = [
         PluginCounter::KernelInsns,
         PluginCounter::UserInsns,
         PluginCounter::Cr3Writes,
@@ -73,6 +76,7 @@ impl PluginCounter {
         PluginCounter::Markers,
         PluginCounter::KernelInsnsOther,
         PluginCounter::CallsOther,
+        PluginCounter::Cr3WritesOther,
     ];
 
     /// The field name in the file.
@@ -92,6 +96,7 @@ impl PluginCounter {
             PluginCounter::Markers => "markers",
             PluginCounter::KernelInsnsOther => "kernel_insns_other",
             PluginCounter::CallsOther => "calls_other",
+            PluginCounter::Cr3WritesOther => "cr3_writes_other",
         }
     }
 }
@@ -127,6 +132,11 @@ impl Counts {
     pub fn call_kernel_insns(&self) -> u64 {
         self.get(PluginCounter::KernelInsns)
             .saturating_sub(self.get(PluginCounter::KernelInsnsOther))
+    }
+    /// CR3 writes of the system calls not set apart.
+    pub fn call_cr3_writes(&self) -> u64 {
+        self.get(PluginCounter::Cr3Writes)
+            .saturating_sub(self.get(PluginCounter::Cr3WritesOther))
     }
     /// Returns: SYSRET + SYSEXIT + IRET.
     pub fn syscall_returns(&self) -> u64 {

@@ -30,7 +30,9 @@ impl KvmFlavour {
             KvmFlavour::Pvm => {
                 "kvm_pvm (software virtualizer, shadow paging: KVM sees guest CR3 writes)"
             }
-            KvmFlavour::Hardware if crate::nested::inside() => crate::nested::KVM_DESCRIPTION,
+            KvmFlavour::Hardware if crate::spec::nested::inside() => {
+                crate::spec::nested::KVM_DESCRIPTION
+            }
             KvmFlavour::Hardware => match two_dimensional_paging() {
                 Some(true) => "hardware KVM with EPT/NPT (KVM does not see guest CR3 writes)",
                 Some(false) => "hardware KVM with shadow paging (KVM sees guest CR3 writes)",

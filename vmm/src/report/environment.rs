@@ -351,7 +351,7 @@ impl Environment {
             host: host(),
             kvm: kvm(),
             // Inside `--backend nested` the inner `kvm` is the nested one.
-            backend: if crate::nested::inside() {
+            backend: if crate::spec::nested::inside() {
                 "nested".to_owned()
             } else {
                 backend.to_owned()

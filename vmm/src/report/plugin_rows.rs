@@ -19,7 +19,7 @@ use crate::report::{CrossCheck, Metric, RunSummary, Source};
 /// everything else the kernel executed is `kernel_instructions_other`, and
 /// the calls set apart are `syscalls_set_apart` (docs/telemetry-abi.md,
 /// "System calls apart from everything else").
-fn rows(c: &Counts) -> [(&'static str, u64); 15] {
+fn rows(c: &Counts) -> [(&'static str, u64); 16] {
     use PluginCounter::*;
     [
         ("kernel_instructions", c.call_kernel_insns()),
@@ -27,6 +27,7 @@ fn rows(c: &Counts) -> [(&'static str, u64); 15] {
         ("syscalls_set_apart", c.get(CallsOther)),
         ("user_instructions", c.get(UserInsns)),
         ("insn_mov_cr3", c.get(Cr3Writes)),
+        ("insn_mov_cr3_calls", c.call_cr3_writes()),
         ("insn_invlpg", c.get(Invlpg)),
         ("insn_invpcid", c.get(Invpcid)),
         ("insn_syscall", c.get(Syscall)),
@@ -154,16 +155,19 @@ fn phase_rows(
     for (name, v) in rows(&total) {
         s.push(Metric::new(name, "count", Source::QemuPlugin), v as f64);
     }
-    // The calls set apart are not in `kernel_instructions`: its per-call
-    // rate divides by the calls that are, so that it is one call's path.
+    // The calls set apart are not in `kernel_instructions` nor in
+    // `insn_mov_cr3_calls`: their per-call rates divide by the calls that
+    // are, so that each is one call's own (the same in every call of a loop;
+    // `insn_mov_cr3` keeps every CR3 write of the phase, interrupts' too).
     let apart = total.get(PluginCounter::CallsOther);
     let calls = s.iterations;
-    if let Some(r) = s
-        .rows
-        .iter_mut()
-        .find(|r| r.metric.name == "kernel_instructions")
-        .filter(|_| guest_phased && apart > 0)
-    {
+    for r in s.rows.iter_mut().filter(|r| {
+        matches!(
+            r.metric.name.as_str(),
+            "kernel_instructions" | "insn_mov_cr3_calls"
+        ) && guest_phased
+            && apart > 0
+    }) {
         r.per_iteration = (calls > apart).then(|| r.total / (calls - apart) as f64);
     }
     if counts.0.len() > 1 {

@@ -10,6 +10,7 @@
 
 pub mod cmdline;
 pub mod linux;
+pub mod nested;
 pub mod request;
 
 use std::sync::Arc;
