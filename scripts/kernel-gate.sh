@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A CI gate on a kernel patch's system-call path (docs/ci-gate.md): boots
+# BEFORE and AFTER (bzImages, or debian-amd64 / debian-686-pae) under QEMU
+# TCG with ptiscope's init, counts the kernel instructions of one getppid
+# with ptiscope's TCG plugin (exact: the same in every run), and fails when
+# AFTER's path is more than MAX_GROWTH instructions longer.
+#
+#   scripts/kernel-gate.sh BEFORE AFTER [MAX_GROWTH] [-- more compare options]
+#
+# Exit status: 0 the gate holds; 1 the path grew by more than MAX_GROWTH;
+# anything else is ptiscope's own (docs/running.md), e.g. 69 without QEMU.
+set -euo pipefail
+if [ $# -lt 2 ]; then
+    echo "usage: $0 BEFORE AFTER [MAX_GROWTH] [-- more compare options]" >&2
+    exit 64
+fi
+before=$1 after=$2 max=${3:-0}
+shift 2
+[ $# -gt 0 ] && [ "$1" != "--" ] && shift
+[ $# -gt 0 ] && [ "$1" = "--" ] && shift
+case $max in
+    ''|*[!0-9]*) echo "$0: MAX_GROWTH must be a whole number of instructions, not '$max'" >&2; exit 64 ;;
+esac
+ptiscope=${PTISCOPE:-ptiscope}
+out=${GATE_JSON:-kernel-gate.json}
+exec "$ptiscope" compare --backend qemu --workload getppid --iterations 2000 --runs 2 \
+    --baseline "linux=$before" --compare "linux=$after" \
+    --fail-if "kernel_instructions_per_call.delta>$max" \
+    --json "$out" "$@"
