@@ -132,6 +132,9 @@ struct Measured {
     metric: String,
     cr3_per_call: Option<f64>,
     cr3_source: &'static str,
+    /// Kernel instructions per call (the plugin's: one call's own path;
+    /// kvm_pvm's emulated instructions), where the backend counts them.
+    kernel_insns_per_call: Option<f64>,
     backend: &'static str,
     error: Option<(i32, String)>,
 }
@@ -295,19 +298,24 @@ fn measure(cell: &Cell, runs: u32, timeout: u64) -> Measured {
         .iter()
         .find_map(|(n, u)| mean(n).map(|(v, _)| (Some(v), u.to_string(), n.to_string())))
         .unwrap_or((None, String::new(), String::new()));
-    let (cr3, src) = match mean("insn_mov_cr3_per_call") {
-        Some((v, _)) => (Some(v), "qemu-plugin"),
-        None => match mean("cr3_writes_per_call") {
-            Some((v, _)) => (Some(v), "guest"),
-            None => (None, ""),
-        },
-    };
+    let kernel_insns_per_call = mean("kernel_instructions_per_call").map(|(v, _)| v);
+    // The calls' own CR3 writes where the plugin has them (exact), else
+    // the phase's, else the guest's count.
+    let (cr3, src) =
+        match mean("insn_mov_cr3_calls_per_call").or_else(|| mean("insn_mov_cr3_per_call")) {
+            Some((v, _)) => (Some(v), "qemu-plugin"),
+            None => match mean("cr3_writes_per_call") {
+                Some((v, _)) => (Some(v), "guest"),
+                None => (None, ""),
+            },
+        };
     Measured {
         value,
         unit,
         metric,
         cr3_per_call: cr3,
         cr3_source: src,
+        kernel_insns_per_call,
         backend,
         error: None,
     }
@@ -403,8 +411,15 @@ pub fn run(args: &ReproduceArgs) -> i32 {
                 basis.map_or(String::new(), |b| format!("; times: {b}"))
             );
             println!(
-                "  {:<26} {:<12} {:>14} {:>18}   {:>22} {:>10}   {:>9}",
-                "row", "column", "published", "published, per", "here", "vs base", "CR3/call"
+                "  {:<26} {:<12} {:>14} {:>18}   {:>22} {:>10}   {:>9} {:>11}",
+                "row",
+                "column",
+                "published",
+                "published, per",
+                "here",
+                "vs base",
+                "CR3/call",
+                "kinsns/call"
             );
         }
         let base_value = c.baseline.and_then(|b| measured[b].value);
@@ -445,7 +460,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             (None, None) => "n/a".into(),
         };
         println!(
-            "  {:<26} {:<12} {:>14} {:>18}   {:>22} {:>10}   {:>9}",
+            "  {:<26} {:<12} {:>14} {:>18}   {:>22} {:>10}   {:>9} {:>11}",
             c.row,
             c.column,
             match pub_vs {
@@ -457,6 +472,12 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             here,
             vs.map_or("-".into(), |v| format!("{v:+.1}%")),
             m.cr3_per_call.map_or("-".into(), |v| format!("{v:.2}")),
+            m.kernel_insns_per_call
+                .map_or("-".into(), |v| if v.fract() == 0.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v:.2}")
+                }),
         );
         json_rows.push(serde_json::json!({
             "guest": c.guest.name(),
@@ -474,6 +495,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             "baseline_row": c.baseline,
             "cr3_writes_per_call": m.cr3_per_call,
             "cr3_source": m.cr3_source,
+            "kernel_instructions_per_call": m.kernel_insns_per_call,
             "error": m.error.as_ref().map(|(_, e)| e.clone()),
             "index": i,
         }));
@@ -491,7 +513,8 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     println!(
         "  {} cells in {:.1} s; runs per cell: {}. Under QEMU TCG every CR3 write flushes TCG's whole \
          software TLB, so time ratios there overstate hardware's; the exact figures are the CR3 \
-         writes (and kernel instructions) per call.",
+         writes and kernel instructions per call (kinsns/call: one call's own path under the \
+         plugin, docs/telemetry-abi.md; kvm_pvm's emulated instructions on KVM).",
         cells.len(),
         started.elapsed().as_secs_f64(),
         args.runs
