@@ -157,39 +157,38 @@ entry_sysenter_off:
 
     /* PTI: SYSENTER_ESP is the per-CPU entry stack, one word of it used to
      * free a scratch register for the switch. */
-    .balign 16
-    .global entry_sysenter_pti
-entry_sysenter_pti:
+    .macro ENTRY_SYSENTER_PTI deferred
     pushl %edx
     SWITCH_TO_KERNEL_CR3_NOPCID %edx
     popl %edx
     movl %fs:PCPU_KSTACK_TOP, %esp
     SYSCALL_BODY
-    SWITCH_TO_USER_CR3_NOPCID %edx
-    movl %ebp, %ecx
-    movl $user_sysenter_return, %edx
-    sysexit
-
-    /* pti_switch=deferred on SYSENTER: as entry_sysenter_pti, the exit's
-     * switch done by pti_exit_to_user, called on the entry stack (below
-     * where an int entry's frame would be: SYSENTER leaves it unused); ecx
-     * and edx are set for SYSEXIT after the call, so only the result is
-     * saved around it. */
-    .balign 16
-    .global entry_sysenter_pti_deferred
-entry_sysenter_pti_deferred:
-    pushl %edx
-    SWITCH_TO_KERNEL_CR3_NOPCID %edx
-    popl %edx
-    movl %fs:PCPU_KSTACK_TOP, %esp
-    SYSCALL_BODY
+    .if \deferred
+    /* pti_switch=deferred: the exit's switch done by pti_exit_to_user,
+     * called on the entry stack (below where an int entry's frame would
+     * be: SYSENTER leaves it unused); ecx and edx are set for SYSEXIT
+     * after the call, so only the result is saved around it. */
     movl %fs:PCPU_ENTRY_FRAME, %esp
     pushl %eax
     call pti_exit_to_user
     popl %eax
+    .else
+    SWITCH_TO_USER_CR3_NOPCID %edx
+    .endif
     movl %ebp, %ecx
     movl $user_sysenter_return, %edx
     sysexit
+    .endm
+
+    .balign 16
+    .global entry_sysenter_pti
+entry_sysenter_pti:
+    ENTRY_SYSENTER_PTI 0
+
+    .balign 16
+    .global entry_sysenter_pti_deferred
+entry_sysenter_pti_deferred:
+    ENTRY_SYSENTER_PTI 1
 
     /* First return of a new task (switch_to "returns" here, ESP at an iret
      * frame on the task stack; ebx esi edi ebp hold the initial user

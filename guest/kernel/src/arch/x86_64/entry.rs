@@ -275,7 +275,7 @@ entry_int_pti_deferred:
      * share the dispatch; the exit prefers SYSRETQ when it is safe: RIP
      * canonical (it came from SYSCALL and is never changed, so only bit 47
      * can be wrong, right after the last user page) and no TF/RF in RFLAGS. */
-    .macro ENTRY_SYSCALL pti, pcid
+    .macro ENTRY_SYSCALL pti, pcid, deferred=0
     movq %rsp, %gs:PCPU_SCRATCH_RSP
     .if \pti
     SWITCH_TO_KERNEL_CR3 %rsp, \pcid
@@ -293,11 +293,30 @@ entry_int_pti_deferred:
     jc 95f
     testl $0x10100, %r11d
     jnz 95f
+    .if \deferred
+    /* pti_switch=deferred: the user RSP into the entry area (the task
+     * stack is not mapped in the user copy), then pti_exit_to_user on the
+     * entry stack, saving what the call may clobber (rcx: the user RIP). */
+    movq %rdi, %gs:PCPU_SCRATCH_RDI
+    movq 24(%rsp), %rdi
+    movq %rdi, %gs:PCPU_SCRATCH_RSP
+    movq %gs:PCPU_ENTRY_FRAME, %rsp
+    movq %gs:PCPU_SCRATCH_RDI, %rdi
+    pushq %rax
+    pushq %rcx
+    PUSH_SAVED
+    call pti_exit_to_user
+    POP_SAVED
+    popq %rcx
+    popq %rax
+    movq %gs:PCPU_SCRATCH_RSP, %rsp
+    .else
     movq 24(%rsp), %rsp
     .if \pti
     movq %rdi, %gs:PCPU_SCRATCH_RDI
     SWITCH_TO_USER_CR3 %rdi, \pcid
     movq %gs:PCPU_SCRATCH_RDI, %rdi
+    .endif
     .endif
     sysretq
 95: jmp return_to_user_slow
@@ -317,45 +336,14 @@ entry_syscall_pti_pcid:
     ENTRY_SYSCALL 1, 1
 
     /* pti_switch=deferred on the SYSCALL path (the 2020 RFC's own case:
-     * Linux's 64-bit SYSCALL entry). Entry as ENTRY_SYSCALL 1, 0; on the
-     * SYSRET exit the kernel->user switch is pti_exit_to_user's, called on
-     * the entry stack (the task stack is not mapped in the user copy, and
-     * the Rust code's epilogue runs after its CR3 write) with the user RSP
-     * kept in the entry area. It saves what the call may clobber, rcx (the
-     * user RIP) included: that is part of its cost. The rare SYSRET-unsafe
-     * exit takes the general path, with the assembly switch. */
+     * Linux's 64-bit SYSCALL entry): on the SYSRET exit the kernel->user
+     * switch is pti_exit_to_user's, called on the entry stack (its
+     * epilogue runs after its CR3 write). The rare SYSRET-unsafe exit
+     * takes the general path, with the assembly switch. */
     .balign 16
     .global entry_syscall_pti_deferred
 entry_syscall_pti_deferred:
-    movq %rsp, %gs:PCPU_SCRATCH_RSP
-    SWITCH_TO_KERNEL_CR3 %rsp, 0
-    movq %gs:PCPU_KSTACK_TOP, %rsp
-    pushq $USER_DS
-    pushq %gs:PCPU_SCRATCH_RSP
-    pushq %r11
-    pushq $USER_CS
-    pushq %rcx
-    SYSCALL_BODY
-    movq (%rsp), %rcx
-    movq 16(%rsp), %r11
-    btq $47, %rcx
-    jc return_to_user_slow
-    testl $0x10100, %r11d
-    jnz return_to_user_slow
-    movq %rdi, %gs:PCPU_SCRATCH_RDI
-    movq 24(%rsp), %rdi             /* the user RSP, into the entry area */
-    movq %rdi, %gs:PCPU_SCRATCH_RSP
-    movq %gs:PCPU_ENTRY_FRAME, %rsp
-    movq %gs:PCPU_SCRATCH_RDI, %rdi
-    pushq %rax
-    pushq %rcx
-    PUSH_SAVED
-    call pti_exit_to_user
-    POP_SAVED
-    popq %rcx
-    popq %rax
-    movq %gs:PCPU_SCRATCH_RSP, %rsp
-    sysretq
+    ENTRY_SYSCALL 1, 0, 1
 
 syscall_bad_nr:
     movq $ENOSYS, %rax
