@@ -219,6 +219,37 @@ pub fn tcg_accel(plugin_api: Option<u32>, cpus: u32) -> &'static str {
     }
 }
 
+/// Makes a QEMU child die with ptiscope, however ptiscope ends (a SIGKILL,
+/// a panic, an exit that runs no code of ours), and inherit exactly `fds`
+/// besides its standard streams (their close-on-exec flag cleared in the
+/// child). The nested backend starts its QEMU the same way.
+pub fn die_with_ptiscope_inheriting(cmd: &mut Command, fds: Vec<libc::c_int>) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (prctl, getppid, fcntl), touching
+    // no memory of the parent's other threads (`fds` was moved in before
+    // the fork).
+    unsafe {
+        cmd.pre_exec(move || {
+            // QEMU dies with the thread that spawned it (the main thread of
+            // `run`/`compare`).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // ptiscope died before the prctl: the signal will never come.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("ptiscope exited while starting QEMU"));
+            }
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The plugin this QEMU can load, checked before anything boots.
 pub fn plugin_for(binary: &str) -> Result<(std::path::PathBuf, u32), QemuError> {
     let s = qemu_support(binary)?;
@@ -519,37 +550,13 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (prctl, getppid, fcntl), touching
-    // no memory of the parent's other threads.
-    unsafe {
-        cmd.pre_exec(move || {
-            // QEMU dies with the thread that spawned it (this one, the main
-            // thread of `run`/`compare`): SIGKILL of ptiscope, a panic, any
-            // exit that runs no code of ours still stops QEMU.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // ptiscope died before the prctl: the signal will never come.
-            if libc::getppid() != parent {
-                return Err(std::io::Error::other("ptiscope exited while starting QEMU"));
-            }
-            // The image's descriptor (a Linux guest's initramfs, the
-            // plugin's file) are the only things QEMU inherits.
-            for fd in std::iter::once(image_raw).chain(initrd_raw) {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if let Some(fd) = plugin_raw {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    // The image's descriptor (a Linux guest's initramfs, the plugin's
+    // file) are the only things QEMU inherits.
+    let inherited: Vec<libc::c_int> = std::iter::once(image_raw)
+        .chain(initrd_raw)
+        .chain(plugin_raw)
+        .collect();
+    die_with_ptiscope_inheriting(&mut cmd, inherited);
     // Sockets a --qemu-arg names that QEMU will make: removed when it ends.
     let fresh_sockets: Vec<_> = socket_paths(&config.qemu_args)
         .into_iter()

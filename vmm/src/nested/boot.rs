@@ -433,26 +433,8 @@ pub fn run(
         // only, which stops QEMU and says why (rather than QEMU ending
         // first and looking like a crash).
         .process_group(0);
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: runs in the forked child before exec, calling only
-    // async-signal-safe functions (prctl, getppid, fcntl).
-    unsafe {
-        cmd.pre_exec(move || {
-            // QEMU dies with ptiscope, however ptiscope ends.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                return Err(std::io::Error::other("ptiscope exited while starting QEMU"));
-            }
-            for fd in fds {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    // QEMU dies with ptiscope, and inherits only these descriptors.
+    crate::backend::qemu::die_with_ptiscope_inheriting(&mut cmd, fds.to_vec());
     let bounds: f64 = request.jobs.iter().map(|j| j.timeout_secs).sum();
     let deadline = BOOT_ALLOWANCE + Duration::from_secs_f64(bounds);
     progress(&format!(
