@@ -117,14 +117,21 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
                 a.quiet,
             )
         }
-        Some(Command::Sweep(a)) => (
-            a.target.on.backend,
-            "sweep",
-            Duration::ZERO,
-            1,
-            false,
-            false,
-        ),
+        Some(Command::Sweep(a)) => {
+            // Every run of the grid is bounded by --timeout: the session's
+            // bound is that many runs (an upper bound: wss=0 is one cell).
+            let count = |list: &str| list.split(',').filter(|w| !w.trim().is_empty()).count();
+            let cells = count(&a.wss).max(1) * count(&a.touches).max(1) + 1;
+            let runs = cells as u32 * (a.configs.len().max(2) as u32) * a.runs.max(1);
+            (
+                a.target.on.backend,
+                "sweep",
+                a.exp.timeout * runs + Duration::from_secs(120),
+                a.exp.cpus,
+                false,
+                a.quiet,
+            )
+        }
         Some(Command::Probe(a)) => (a.backend, "probe", Duration::from_secs(300), 1, true, false),
         Some(Command::Pagetables(a)) => (
             a.backend,
@@ -137,13 +144,6 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         _ => return None,
     };
     match (backend, name) {
-        (Backend::Nested, "sweep") => {
-            eprintln!(
-                "ptiscope {name}: --backend nested is not supported for sweep (its grid of runs would \
-                 take hours of emulated time); use run, compare, probe or pagetables"
-            );
-            return Some(exit_code::USAGE);
-        }
         (Backend::Qemu, "probe" | "pagetables") => {
             eprintln!(
                 "ptiscope {name}: --backend qemu has no KVM to {name}: use --backend kvm (this host's) \
