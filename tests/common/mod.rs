@@ -684,6 +684,24 @@ pub fn ran_on_kvm_pvm(v: &serde_json::Value, what: &str, why: &str) -> bool {
     pvm
 }
 
+/// True if this host's KVM is kvm_pvm (where every guest kernel entry
+/// exits to KVM and kernel code is emulated), for checks of a stream that
+/// carries no environment block; otherwise prints that `what` was not
+/// checked and why. The tests run on the host their ptiscope runs on.
+pub fn host_is_kvm_pvm(what: &str, why: &str) -> bool {
+    let pvm = Path::new("/sys/module/kvm_pvm").exists();
+    if !pvm {
+        ptiscope::test_support::skip(
+            what,
+            &format!(
+                "{why}; this KVM is {}",
+                ptiscope::probe::host::kvm_flavour().describe()
+            ),
+        );
+    }
+    pvm
+}
+
 /// A summary row's phase total; panics naming the row if there is none.
 pub fn row_total(v: &serde_json::Value, name: &str) -> f64 {
     summary_row(v, name)
