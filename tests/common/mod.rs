@@ -46,6 +46,36 @@ pub fn interrupt(mut child: std::process::Child) -> (String, String) {
     (text, err)
 }
 
+/// Reads `child`'s piped stderr until a line for which `marker` is true
+/// (a test then acts at a point the run itself reached, not after a
+/// fixed sleep that a slower host overruns); panics with what it printed if
+/// the stream ends first. Returns the lines read and a thread that drains
+/// the rest of stderr.
+pub fn stderr_until(
+    child: &mut std::process::Child,
+    marker: impl Fn(&str) -> bool,
+) -> (String, std::thread::JoinHandle<String>) {
+    use std::io::{BufRead, Read};
+    let mut r = std::io::BufReader::new(child.stderr.take().expect("stderr is piped"));
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 {
+            panic!("stderr ended before the marker line:\n{seen}");
+        }
+        seen.push_str(&line);
+        if marker(&line) {
+            break;
+        }
+    }
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    });
+    (seen, rest)
+}
+
 /// Checks the `@result` of `poundsyscall` with `threads=2` of `calls`
 /// getppid each: every call made and answered rightly, the syscalls
 /// counted (2 x `calls` getppid, an exit per thread, the parent's waits,
