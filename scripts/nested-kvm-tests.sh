@@ -62,8 +62,15 @@ echo "nested-kvm-tests.sh: built in $((built - started)) s; running ${#bins[@]} 
 
 args=()
 for a in "${harness[@]}"; do args+=("--arg=$a"); done
+log=$(mktemp)
+trap 'rm -f "$msgs" "$log"' EXIT
 status=0
 "$ptiscope" nested-exec --place "$ptiscope" --cwd "$PWD/vmm" --env RUST_BACKTRACE=1 \
-    "${args[@]}" "${bins[@]}" || status=$?
+    "${args[@]}" "${bins[@]}" | tee "$log" || status=$?
+# Totals as scripts/test.sh counts them: a test that printed "SKIP <test>:"
+# is counted as skipped, not passed.
+skipped=$(grep '^SKIP ' "$log" | sed 's/^SKIP \([^:]*\):.*/\1/' | sort -u | wc -l)
+awk -v s="$skipped" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "nested-kvm-tests.sh: %d passed, %d failed, %d skipped (inside the nested KVM)\n", p - s, f, s }' "$log" >&2
 echo "nested-kvm-tests.sh: the nested session took $(( $(date +%s) - built )) s (build $((built - started)) s)" >&2
 exit "$status"

@@ -366,7 +366,7 @@ fn default_compare_marks_significance_and_prints_confidence_intervals() {
         .as_str()
         .unwrap()
         .starts_with("Linux "));
-    assert_eq!(env["backend"], "kvm");
+    assert_eq!(env["backend"], kvm_backend_name());
     assert!(
         env["kvm"]["module"].as_str().unwrap().starts_with("kvm_"),
         "{env}"

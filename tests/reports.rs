@@ -29,14 +29,7 @@ fn run_json_has_the_environment_block() {
     let v = read_json(&json);
     assert_eq!(v["schema"], "ptiscope.run/1");
     let env = &v["environment"];
-    // Inside `--backend nested` (scripts/nested-kvm-tests.sh) the reports
-    // say so: the KVM is real, its clock is TCG's.
-    let backend = if ptiscope::nested::inside() {
-        "nested"
-    } else {
-        "kvm"
-    };
-    assert_eq!(env["backend"], backend);
+    assert_eq!(env["backend"], kvm_backend_name());
     assert!(env["host"]["cpus"].as_u64().unwrap() >= 1, "{env}");
     assert!(env["host"]["vulnerabilities"].is_object(), "{env}");
     assert!(env["kvm"]["module"].as_str().is_some(), "{env}");

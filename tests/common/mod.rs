@@ -732,6 +732,18 @@ pub fn host_is_kvm_pvm(what: &str, why: &str) -> bool {
     pvm
 }
 
+/// The `environment.backend` a `--backend kvm` report made by this test
+/// process says: `nested` inside `--backend nested`
+/// (scripts/nested-kvm-tests.sh: the KVM is real, its clock is TCG's),
+/// else `kvm`.
+pub fn kvm_backend_name() -> &'static str {
+    if ptiscope::nested::inside() {
+        "nested"
+    } else {
+        "kvm"
+    }
+}
+
 /// A summary row's phase total; panics naming the row if there is none.
 pub fn row_total(v: &serde_json::Value, name: &str) -> f64 {
     summary_row(v, name)
