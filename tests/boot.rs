@@ -139,10 +139,25 @@ fn triple_fault_is_reported_with_registers() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(80), "{err}");
     assert!(err.contains("triple fault (KVM_EXIT_SHUTDOWN)"), "{err}");
-    assert!(
-        err.contains("cr0=0x11") && err.contains("efer=0x0"),
-        "{err}"
-    );
+    if shutdown_resets_the_vcpu() {
+        // SVM: the report says the registers are lost, never presents
+        // the reset state as the fault's.
+        assert!(err.contains("the faulting registers are lost"), "{err}");
+        assert!(!err.contains("cr0=0x11"), "{err}");
+    } else {
+        assert!(
+            err.contains("cr0=0x11") && err.contains("efer=0x0"),
+            "{err}"
+        );
+    }
+}
+
+/// True where KVM resets the vCPU before it reports a triple fault (AMD
+/// SVM: the VMCB is undefined after a SHUTDOWN intercept, kvm_amd
+/// reinitialises it), so no faulting registers can be reported; kvm_pvm
+/// and kvm_intel keep them.
+fn shutdown_resets_the_vcpu() -> bool {
+    std::path::Path::new("/sys/module/kvm_amd").exists()
 }
 
 #[test]
@@ -174,5 +189,9 @@ fn kvm_internal_error_or_triple_fault_is_reported() {
         Some(80) => assert!(err.contains("KVM_EXIT_SHUTDOWN"), "{err}"),
         c => panic!("exit {c:?}: {err}"),
     }
-    assert!(err.contains("rip=0x100000"), "{err}");
+    if o.status.code() == Some(80) && shutdown_resets_the_vcpu() {
+        assert!(err.contains("the faulting registers are lost"), "{err}");
+    } else {
+        assert!(err.contains("rip=0x100000"), "{err}");
+    }
 }

@@ -95,6 +95,7 @@ fn check_exact_counts_and_one_verdict(v: &serde_json::Value, out: &str) {
     let module = v["environment"]["kvm"]["module"].as_str().unwrap_or("");
     let key = v["time_basis"]["key"].as_str().unwrap();
     let expected = match module {
+        _ if v["environment"]["backend"] == "nested" => "nested_tcg",
         "kvm_pvm" => "kvm_pvm",
         "kvm_intel" | "kvm_amd" => "hardware",
         _ => "unknown",
@@ -365,7 +366,7 @@ fn default_compare_marks_significance_and_prints_confidence_intervals() {
         .as_str()
         .unwrap()
         .starts_with("Linux "));
-    assert_eq!(env["backend"], "kvm");
+    assert_eq!(env["backend"], kvm_backend_name());
     assert!(
         env["kvm"]["module"].as_str().unwrap().starts_with("kvm_"),
         "{env}"

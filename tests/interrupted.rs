@@ -17,16 +17,27 @@ fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
     };
     let json = dir.join("c.json");
     let csv = dir.join("c.csv");
+    // What one pair takes here, start-up included (the compare prints no
+    // progress to a pipe to wait for): ~0.2 s on kvm_pvm, seconds under a
+    // nested KVM in QEMU TCG, where the probe runs at TCG's speed.
+    let start = std::time::Instant::now();
+    let one = ptiscope()
+        .args(["compare", "--baseline", "pti=off", "--compare", "pti=on"])
+        .args(["--runs", "1", "--iterations", "20", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(one.status.code(), Some(0), "{}", stderr(&one));
+    let pair = start.elapsed();
     let child = spawn_writing(
         ptiscope()
             .args(["compare", "--baseline", "pti=off", "--compare", "pti=on"])
-            // 1000 pairs take ~40 s here: far more than the 4 s before
-            // the signal, however fast a boot gets.
+            // 1000 pairs take ~40 s on kvm_pvm: far more than the wait
+            // before the signal, which is a few pairs' time.
             .args(["--runs", "1000", "--iterations", "20", "--quiet"]),
         &json,
         &csv,
     );
-    std::thread::sleep(Duration::from_secs(4));
+    std::thread::sleep((4 * pair).max(Duration::from_secs(2)));
     assert!(!json.exists(), "--json appeared before the compare ended");
     let (text, _) = interrupt(child);
     assert!(
@@ -269,7 +280,7 @@ fn sigint_ends_a_reproduction_and_names_the_cells_not_run() {
         return;
     };
     let json = dir.join("r.json");
-    let child = ptiscope()
+    let mut child = ptiscope()
         .args(["reproduce", "tarreau-2018", "--no-linux", "--json"])
         .arg(&json)
         .stdin(std::process::Stdio::null())
@@ -277,9 +288,11 @@ fn sigint_ends_a_reproduction_and_names_the_cells_not_run() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Its first cell (300,000 getppid calls) is still running.
-    std::thread::sleep(Duration::from_secs(2));
+    // Signalled as its first cell (300,000 getppid calls: ~15 s on
+    // kvm_pvm, ~0.3 s on a nested KVM) starts: the later ones are not run.
+    let (_, rest) = stderr_until(&mut child, |l| l.starts_with("ptiscope reproduce: "));
     let (text, _) = interrupt(child);
+    let _ = rest.join();
     assert!(text.contains("PARTIAL: "), "{text}");
     let v = read_json(&json);
     assert_eq!(v["schema"], "ptiscope.reproduce/1");

@@ -307,11 +307,26 @@ fn live_metrics_report_every_vcpu() {
     for s in &samples {
         assert_eq!(s["kvm_vcpu"].as_array().map(Vec::len), Some(2), "{s}");
     }
-    // Both threads make system calls (two exits each) on their own vCPU.
-    assert!(
-        exits(0) > 300.0 && exits(1) > 300.0,
-        "{} {}",
-        exits(0),
-        exits(1)
-    );
+    // Both threads make system calls (two exits each on kvm_pvm) on their
+    // own vCPU.
+    if host_is_kvm_pvm(
+        "live_metrics_report_every_vcpu: 2 KVM exits per call on each vCPU",
+        "only kvm_pvm exits on every guest kernel entry and return",
+    ) {
+        assert!(
+            exits(0) > 300.0 && exits(1) > 300.0,
+            "{} {}",
+            exits(0),
+            exits(1)
+        );
+    } else {
+        // Both vCPUs ran (each exited to KVM at least once: the AP's
+        // start-up, its halts), and their exits are reported apart.
+        assert!(
+            exits(0) > 0.0 && exits(1) > 0.0,
+            "{} {}",
+            exits(0),
+            exits(1)
+        );
+    }
 }

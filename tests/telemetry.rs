@@ -291,7 +291,18 @@ fn live_metrics_stream_json_lines() {
         .iter()
         .filter_map(|l| l["kvm_vcpu"][0]["exits"].as_u64())
         .sum();
-    assert!(exits >= 4000, "{exits}");
+    if host_is_kvm_pvm(
+        "live_metrics: 2 KVM exits per call",
+        "only kvm_pvm exits on every guest kernel entry and return",
+    ) {
+        assert!(exits >= 4000, "{exits}");
+    } else {
+        // Every line still carries vCPU 0's exits counter.
+        assert!(
+            lines.iter().all(|l| l["kvm_vcpu"][0]["exits"].is_u64()),
+            "{text}"
+        );
+    }
 }
 
 #[test]

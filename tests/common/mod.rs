@@ -46,6 +46,36 @@ pub fn interrupt(mut child: std::process::Child) -> (String, String) {
     (text, err)
 }
 
+/// Reads `child`'s piped stderr until a line for which `marker` is true
+/// (a test then acts at a point the run itself reached, not after a
+/// fixed sleep that a slower host overruns); panics with what it printed if
+/// the stream ends first. Returns the lines read and a thread that drains
+/// the rest of stderr.
+pub fn stderr_until(
+    child: &mut std::process::Child,
+    marker: impl Fn(&str) -> bool,
+) -> (String, std::thread::JoinHandle<String>) {
+    use std::io::{BufRead, Read};
+    let mut r = std::io::BufReader::new(child.stderr.take().expect("stderr is piped"));
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 {
+            panic!("stderr ended before the marker line:\n{seen}");
+        }
+        seen.push_str(&line);
+        if marker(&line) {
+            break;
+        }
+    }
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    });
+    (seen, rest)
+}
+
 /// Checks the `@result` of `poundsyscall` with `threads=2` of `calls`
 /// getppid each: every call made and answered rightly, the syscalls
 /// counted (2 x `calls` getppid, an exit per thread, the parent's waits,
@@ -682,6 +712,36 @@ pub fn ran_on_kvm_pvm(v: &serde_json::Value, what: &str, why: &str) -> bool {
         );
     }
     pvm
+}
+
+/// True if this host's KVM is kvm_pvm (where every guest kernel entry
+/// exits to KVM and kernel code is emulated), for checks of a stream that
+/// carries no environment block; otherwise prints that `what` was not
+/// checked and why. The tests run on the host their ptiscope runs on.
+pub fn host_is_kvm_pvm(what: &str, why: &str) -> bool {
+    let pvm = Path::new("/sys/module/kvm_pvm").exists();
+    if !pvm {
+        ptiscope::test_support::skip(
+            what,
+            &format!(
+                "{why}; this KVM is {}",
+                ptiscope::probe::host::kvm_flavour().describe()
+            ),
+        );
+    }
+    pvm
+}
+
+/// The `environment.backend` a `--backend kvm` report made by this test
+/// process says: `nested` inside `--backend nested`
+/// (scripts/nested-kvm-tests.sh: the KVM is real, its clock is TCG's),
+/// else `kvm`.
+pub fn kvm_backend_name() -> &'static str {
+    if ptiscope::nested::inside() {
+        "nested"
+    } else {
+        "kvm"
+    }
 }
 
 /// A summary row's phase total; panics naming the row if there is none.

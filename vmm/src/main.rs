@@ -69,6 +69,7 @@ fn command(cli: Cli) -> ExitCode {
         Some(Command::Linux(cmd)) => code(ptiscope::cli::linux::run(&cmd)),
         Some(Command::Reproduce(args)) => code(ptiscope::cli::reproduce::run(&args)),
         Some(Command::NestedBatch(args)) => code(ptiscope::nested::cli::batch(&args)),
+        Some(Command::NestedExec(args)) => code(ptiscope::nested::cli::exec(&args)),
         // No command: the README's main job, the default comparison.
         None => match Cli::try_parse_from(["ptiscope", "compare"]) {
             Ok(Cli {

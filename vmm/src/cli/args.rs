@@ -362,3 +362,42 @@ pub struct NestedBatchArgs {
     /// The request (schema: `nested::Request`).
     pub request: std::path::PathBuf,
 }
+
+/// `ptiscope nested-exec [OPTIONS] EXE...`: runs executables of this host
+/// (the KVM test binaries, `scripts/nested-kvm-tests.sh`) one after the
+/// other inside one nested boot, on its real KVM, and prints what each
+/// wrote. Each lies inside at its own absolute path, with the libraries
+/// `ldd` names for it; `--place` puts further files at their own paths (the
+/// `ptiscope` binary the tests were compiled to run).
+#[derive(Debug, clap::Args)]
+pub struct NestedExecArgs {
+    /// vCPUs of the inner Linux (at least 2).
+    #[arg(long, default_value_t = 2)]
+    pub cpus: u32,
+    /// Memory of the inner Linux in MiB: the initramfs with every
+    /// executable is unpacked into it.
+    #[arg(long, default_value_t = 6144)]
+    pub memory_mib: u32,
+    /// Each executable's bound in seconds (the init stops it after that).
+    #[arg(long, default_value_t = 900.0)]
+    pub timeout: f64,
+    /// A further file of this host placed at the same absolute path inside,
+    /// executable (repeatable).
+    #[arg(long)]
+    pub place: Vec<std::path::PathBuf>,
+    /// NAME=VALUE set for every executable (repeatable).
+    #[arg(long)]
+    pub env: Vec<String>,
+    /// The executables' working directory inside (made there).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// An argument given to every executable (repeatable; `--arg=--nocapture`).
+    #[arg(long = "arg", allow_hyphen_values = true)]
+    pub args: Vec<String>,
+    /// Writes the inner response (every job's status, output and time) as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// The executables, each one job, in this order.
+    #[arg(required = true)]
+    pub exes: Vec<std::path::PathBuf>,
+}

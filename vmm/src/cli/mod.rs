@@ -114,6 +114,10 @@ pub enum Command {
     /// `--backend nested`'s batch: many inner commands in one boot (tests).
     #[command(hide = true)]
     NestedBatch(NestedBatchArgs),
+    /// Runs host executables (the KVM test binaries) inside one nested boot
+    /// (scripts/nested-kvm-tests.sh).
+    #[command(hide = true)]
+    NestedExec(NestedExecArgs),
 }
 
 /// `ptiscope linux ...`.

@@ -263,12 +263,76 @@ fn interpreter(exe: &[u8]) -> Option<String> {
     })
 }
 
+/// What a session carries beyond ptiscope and the jobs' input files:
+/// executables of the host (the test binaries of `nested-exec`), the
+/// shared libraries they need, and the inner machine's memory.
+#[derive(Debug, Clone, Default)]
+pub struct Extra {
+    /// (inner path, content) of each executable, packed with mode 0755.
+    pub executables: Vec<(String, Vec<u8>)>,
+    /// Host shared libraries packed at their own paths (beyond those
+    /// ptiscope maps).
+    pub libraries: Vec<PathBuf>,
+    /// The inner machine's memory in MiB (0: 2048). The initramfs is
+    /// unpacked into it, so a session carrying many test binaries needs more.
+    pub memory_mib: u32,
+}
+
+/// The shared libraries and loader an executable of this host needs, as
+/// `ldd` resolves them; an error naming the ones it cannot find.
+pub fn needed_libraries(exe: &Path) -> Result<Vec<PathBuf>, String> {
+    let out = Command::new("ldd")
+        .arg(exe)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| {
+            format!(
+                "cannot run ldd on {}: {e} (it comes with glibc)",
+                exe.display()
+            )
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.contains("not a dynamic executable") || text.contains("statically linked") {
+        return Ok(Vec::new());
+    }
+    if !out.status.success() {
+        return Err(format!(
+            "ldd {}: {}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)`, the loader
+        // as `/lib64/ld-linux-x86-64.so.2 (0x...)`, the vDSO without a path.
+        let target = line.split_once("=>").map_or(line, |(_, t)| t).trim();
+        if target.starts_with("not found") {
+            return Err(format!(
+                "{} needs {} which ldd cannot find here",
+                exe.display(),
+                line.trim()
+            ));
+        }
+        if let Some(path) = target
+            .split_whitespace()
+            .next()
+            .filter(|p| p.starts_with('/'))
+        {
+            libs.push(PathBuf::from(path));
+        }
+    }
+    Ok(libs)
+}
+
 /// The initramfs: ptiscope as `/init` with its libraries and loader, the
-/// modules, the request, and `inputs` (inner path, content).
+/// modules, the request, `inputs` (inner path, content) and `extra`'s
+/// executables and libraries.
 pub fn initramfs(
     kernel: &Kernel,
     request: &Request,
     inputs: &[(String, Vec<u8>)],
+    extra: &Extra,
 ) -> Result<(Vec<u8>, Vec<String>), NestedError> {
     let io = |what: String| move |source| NestedError::Io { what, source };
     let exe = std::fs::read("/proc/self/exe").map_err(io("reading /proc/self/exe".into()))?;
@@ -279,7 +343,13 @@ pub fn initramfs(
     a.entry("dev/console", S_IFCHR | 0o600, (5, 1), &[]);
     a.file("init", 0o755, &exe);
     let mut lib_dirs = Vec::new();
-    for lib in mapped_libraries() {
+    let mut libs = mapped_libraries();
+    for l in &extra.libraries {
+        if !libs.contains(l) {
+            libs.push(l.clone());
+        }
+    }
+    for lib in libs {
         let bytes = std::fs::read(&lib).map_err(io(format!("reading {}", lib.display())))?;
         a.file(&lib.to_string_lossy(), 0o755, &bytes);
         if let Some(d) = lib.parent().map(|d| d.to_string_lossy().into_owned()) {
@@ -300,6 +370,9 @@ pub fn initramfs(
     a.file(init::REQUEST_PATH, 0o644, &req);
     for (path, bytes) in inputs {
         a.file(path, 0o644, bytes);
+    }
+    for (path, bytes) in &extra.executables {
+        a.file(path, 0o755, bytes);
     }
     Ok((a.finish(), lib_dirs))
 }
@@ -380,11 +453,22 @@ pub fn run(
     cpus: u32,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Response, NestedError> {
+    run_with(request, inputs, &Extra::default(), cpus, progress)
+}
+
+/// [`run`] with `extra`'s executables, libraries and memory.
+pub fn run_with(
+    request: &Request,
+    inputs: &[(String, Vec<u8>)],
+    extra: &Extra,
+    cpus: u32,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Response, NestedError> {
     let kernel = find_kernel()?;
     if let Some(s) = signals::wait_termination(Duration::ZERO) {
         return Err(NestedError::Interrupted(s));
     }
-    let (initrd, lib_dirs) = initramfs(&kernel, request, inputs)?;
+    let (initrd, lib_dirs) = initramfs(&kernel, request, inputs, extra)?;
     let vmlinuz = std::fs::read(&kernel.vmlinuz).map_err(|source| NestedError::Io {
         what: format!("reading {}", kernel.vmlinuz.display()),
         source,
@@ -409,7 +493,15 @@ pub fn run(
     // thread=single: MTTCG (`thread=multi`) stalled one two-vCPU boot in
     // seven here; round-robin never did.
     cmd.args(["-accel", "tcg,thread=single", "-M", "q35", "-cpu", "max"])
-        .args(["-smp", &cpus.to_string(), "-m", "2G"])
+        .args(["-smp", &cpus.to_string(), "-m"])
+        .arg(format!(
+            "{}M",
+            if extra.memory_mib == 0 {
+                2048
+            } else {
+                extra.memory_mib
+            }
+        ))
         .args([
             "-nodefaults",
             "-no-user-config",

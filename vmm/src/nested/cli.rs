@@ -180,6 +180,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             argv: inner.argv.clone(),
             collect: inner.outputs.iter().map(|(i, _)| i.clone()).collect(),
             timeout_secs: bound.as_secs_f64(),
+            ..Default::default()
         }],
     };
     let mut progress = |m: &str| {
@@ -235,6 +236,117 @@ pub fn batch(args: &crate::cli::NestedBatchArgs) -> i32 {
             e.exit_code()
         }
     }
+}
+
+/// Runs `nested-exec` ([`crate::cli::NestedExecArgs`]): 0 when every executable exited 0, 1 when one did
+/// not, else why the session failed.
+pub fn exec(args: &crate::cli::NestedExecArgs) -> i32 {
+    let mut extra = boot::Extra {
+        memory_mib: args.memory_mib,
+        ..Default::default()
+    };
+    let mut jobs = Vec::new();
+    let env: Vec<(String, String)> = match args
+        .env
+        .iter()
+        .map(|e| {
+            e.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| format!("--env {e}: give NAME=VALUE"))
+        })
+        .collect::<Result<_, _>>()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            say!("ptiscope nested-exec: {e}");
+            return exit_code::USAGE;
+        }
+    };
+    for (n, path) in args.exes.iter().chain(&args.place).enumerate() {
+        let abs = match std::path::absolute(path) {
+            Ok(p) => p,
+            Err(e) => {
+                say!("ptiscope nested-exec: {}: {e}", path.display());
+                return exit_code::USAGE;
+            }
+        };
+        let bytes = match std::fs::read(&abs) {
+            Ok(b) => b,
+            Err(e) => {
+                say!("ptiscope nested-exec: reading {}: {e}", abs.display());
+                return exit_code::NO_IMAGE;
+            }
+        };
+        match boot::needed_libraries(&abs) {
+            Ok(libs) => {
+                for l in libs {
+                    if !extra.libraries.contains(&l) {
+                        extra.libraries.push(l);
+                    }
+                }
+            }
+            Err(e) => {
+                say!("ptiscope nested-exec: {e}");
+                return exit_code::NO_IMAGE;
+            }
+        }
+        let inner = abs.to_string_lossy().into_owned();
+        if n < args.exes.len() {
+            jobs.push(Job {
+                argv: args.args.clone(),
+                timeout_secs: args.timeout,
+                exe: Some(inner.clone()),
+                env: env.clone(),
+                cwd: args.cwd.clone(),
+                ..Default::default()
+            });
+        }
+        extra.executables.push((inner, bytes));
+    }
+    let request = Request { jobs };
+    let response = match boot::run_with(&request, &[], &extra, args.cpus, &mut |m| {
+        eprintln!("ptiscope nested-exec: {m}")
+    }) {
+        Ok(r) => r,
+        Err(e) => {
+            say!("ptiscope nested-exec: {e}");
+            return e.exit_code();
+        }
+    };
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&response).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            say!("ptiscope nested-exec: writing {}: {e}", path.display());
+            return exit_code::CANT_CREATE;
+        }
+    }
+    let mut failed = Vec::new();
+    for (exe, job) in args.exes.iter().zip(&response.jobs) {
+        let name = exe
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        println!(
+            "==== {name}: exit {} after {:.1} s (TCG time)",
+            job.status, job.secs
+        );
+        print!("{}", job.stdout);
+        if !job.stderr.is_empty() {
+            println!("---- {name}: stderr");
+            print!("{}", job.stderr);
+        }
+        if job.status != 0 {
+            failed.push(format!("{name} (exit {})", job.status));
+        }
+    }
+    println!(
+        "==== nested-exec: {} of {} executables exited 0{}{}",
+        response.jobs.len() - failed.len(),
+        args.exes.len(),
+        if failed.is_empty() { "" } else { "; not: " },
+        failed.join(", ")
+    );
+    i32::from(!failed.is_empty() || response.jobs.len() != args.exes.len())
 }
 
 #[cfg(test)]

@@ -134,25 +134,32 @@ fn setup(steps: &mut Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs one job: `/init ARGS` (ptiscope itself), stdin from /dev/null,
-/// stopped at its bound.
+/// Runs one job: `/init ARGS` (ptiscope itself) or the job's own
+/// executable, stdin from /dev/null, stopped at its bound.
 fn run_job(job: &super::Job) -> JobResult {
     let start = Instant::now();
-    let child = Command::new("/init")
-        .args(&job.argv)
+    let exe = job.exe.as_deref().unwrap_or("/init");
+    let mut cmd = Command::new(exe);
+    cmd.args(&job.argv)
         .env_remove(INIT_ENV)
         .env(INNER_ENV, "1")
         .env("HOME", "/tmp")
+        .envs(job.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
+        .stderr(Stdio::piped());
+    if let Some(dir) = &job.cwd {
+        // A test binary runs where cargo would run it (its package); the
+        // directory need not hold anything.
+        let _ = std::fs::create_dir_all(dir);
+        cmd.current_dir(dir);
+    }
+    let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             return JobResult {
                 status: 70,
-                stderr: format!("ptiscope (nested init): cannot start the inner ptiscope: {e}"),
+                stderr: format!("ptiscope (nested init): cannot start {exe}: {e}"),
                 ..Default::default()
             }
         }

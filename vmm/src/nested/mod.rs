@@ -42,6 +42,17 @@ pub struct Job {
     pub collect: Vec<String>,
     /// The command's own bound, in seconds (the init stops it after that).
     pub timeout_secs: f64,
+    /// An executable (its inner path) to run in place of ptiscope itself,
+    /// with `argv` as its arguments: `nested-exec` runs the KVM test
+    /// binaries this way. `None`: the inner ptiscope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
+    /// Environment (name, value) set for the command, over the init's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
+    /// Its working directory (made if missing); `/` when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
 }
 
 /// What the init is asked to do: the jobs, in order.

@@ -166,7 +166,11 @@ impl Measurer {
         if let Some(v) = kvm_exits {
             s.push(Metric::new("kvm_exits", "count", Source::Kvm), v as f64);
         }
-        let insn = kvm("insn_emulation");
+        // insn_emulation is the kernel's instruction count only where KVM
+        // emulates guest kernel code (kvm_pvm); a hardware-assisted KVM has
+        // the same stat but counts only the odd instruction it emulates (an
+        // MMIO access), ~0, which is no kernel path length: no row there.
+        let insn = kvm("insn_emulation").filter(|_| flavour == KvmFlavour::Pvm);
         if let Some(v) = insn {
             s.push(
                 Metric::new("kernel_instructions", "count", Source::Kvm),
@@ -334,8 +338,8 @@ impl Measurer {
             s.notes.push(format!("KVM stats fd not available: {e}"));
         } else if insn.is_none() {
             s.notes.push(
-                "this KVM has no insn_emulation stat (hardware-assisted: kernel code is not emulated), \
-                 so kernel instructions are not counted"
+                "kernel_instructions: not counted by this KVM (hardware-assisted: guest kernel code \
+                 runs natively, and KVM's insn_emulation counts only what it emulates)"
                     .into(),
             );
         }
@@ -382,6 +386,10 @@ impl Measurer {
                 ("tlb_flush", "tlb_flush"),
                 ("halt_exits", "kvm_halt_exits"),
             ] {
+                // As the whole-run row: kernel instructions on kvm_pvm only.
+                if stat == "insn_emulation" && kvm_flavour() != KvmFlavour::Pvm {
+                    continue;
+                }
                 if let Some(v) = kvm_vcpu_delta(a, b, i, stat) {
                     s.push(
                         Metric::new(format!("{row}_vcpu{i}"), "count", Source::Kvm),

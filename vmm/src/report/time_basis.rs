@@ -22,6 +22,9 @@ pub enum TimeBasis {
     /// QEMU TCG: all guest code is translated; a CR3 write flushes the
     /// emulator's soft TLB.
     QemuTcg,
+    /// `--backend nested`: a real KVM (kvm_amd, nested paging) inside QEMU
+    /// TCG: KVM's exits and semantics are real, its clock is TCG's.
+    NestedTcg,
     /// Not recorded (a document without an environment, or a KVM module
     /// ptiscope could not name).
     Unknown,
@@ -35,18 +38,21 @@ impl TimeBasis {
         };
         match (e.backend.as_str(), e.kvm.module.as_deref()) {
             ("qemu", _) => TimeBasis::QemuTcg,
+            ("nested", _) => TimeBasis::NestedTcg,
             ("kvm", Some("kvm_pvm")) => TimeBasis::KvmPvm,
             ("kvm", Some("kvm_intel" | "kvm_amd")) => TimeBasis::Hardware,
             _ => TimeBasis::Unknown,
         }
     }
 
-    /// Machine key, as in the JSON: `hardware`, `kvm_pvm`, `qemu_tcg`, `unknown`.
+    /// Machine key, as in the JSON: `hardware`, `kvm_pvm`, `qemu_tcg`,
+    /// `nested_tcg`, `unknown`.
     pub fn key(self) -> &'static str {
         match self {
             TimeBasis::Hardware => "hardware",
             TimeBasis::KvmPvm => "kvm_pvm",
             TimeBasis::QemuTcg => "qemu_tcg",
+            TimeBasis::NestedTcg => "nested_tcg",
             TimeBasis::Unknown => "unknown",
         }
     }
@@ -57,6 +63,7 @@ impl TimeBasis {
             TimeBasis::Hardware => "hardware (KVM, guest code on the CPU)",
             TimeBasis::KvmPvm => "kvm_pvm: guest kernel code emulated",
             TimeBasis::QemuTcg => "QEMU TCG: every CR3 write flushes the soft TLB",
+            TimeBasis::NestedTcg => "nested KVM inside QEMU TCG: emulated time",
             TimeBasis::Unknown => "unknown (backend or KVM module not recorded)",
         }
     }
@@ -67,6 +74,7 @@ impl TimeBasis {
             TimeBasis::Hardware => "hardware",
             TimeBasis::KvmPvm => "kvm_pvm emulated",
             TimeBasis::QemuTcg => "TCG",
+            TimeBasis::NestedTcg => "nested TCG",
             TimeBasis::Unknown => "basis unknown",
         }
     }
@@ -128,6 +136,8 @@ mod tests {
         assert_eq!(of("kvm", Some("kvm_pvm")), TimeBasis::KvmPvm);
         assert_eq!(of("qemu", None), TimeBasis::QemuTcg);
         assert_eq!(of("qemu", Some("kvm_pvm")), TimeBasis::QemuTcg);
+        assert_eq!(of("nested", Some("kvm_amd")), TimeBasis::NestedTcg);
+        assert!(!TimeBasis::NestedTcg.is_hardware());
         assert_eq!(of("kvm", None), TimeBasis::Unknown);
         assert_eq!(TimeBasis::of(None), TimeBasis::Unknown);
         assert!(TimeBasis::Hardware.is_hardware() && !TimeBasis::KvmPvm.is_hardware());
