@@ -246,6 +246,10 @@ pub static AP_ENTRY: AtomicUsize = AtomicUsize::new(0);
 /// `fault_cpu=`: CPU index << 8 | (the `Fault` + 1); 0 for none.
 pub static AP_FAULT: AtomicUsize = AtomicUsize::new(0);
 
+/// The workload's start, set by its begin marker ([`Sched::kick_other_cpus`]):
+/// until then the other CPUs leave their queued tasks waiting.
+static GO: AtomicBool = AtomicBool::new(false);
+
 /// An AP's entry into the kernel proper: it joins and idles.
 pub fn ap_enter(cpu: usize) -> ! {
     smp::ap_setup(AP_KERNEL_CR3.load(Relaxed), AP_CR4.load(Relaxed));
@@ -424,6 +428,7 @@ impl Sched {
     /// Wakes every other CPU that has queued work (the workload's start:
     /// tasks spawned on other CPUs wait in their queues until then).
     pub fn kick_other_cpus(&self) {
+        GO.store(true, Ordering::Release);
         for cpu in 0..MAX_CPUS {
             if self.rq_len[cpu] > 0 {
                 smp::wake_cpu(cpu);
@@ -609,7 +614,12 @@ impl Sched {
     /// this CPU has nothing left to run), or wait for a wake-up IPI.
     /// Called and returns with the lock held.
     fn idle_once(&mut self, cpu: usize) {
-        if let Some(next) = self.dequeue(cpu) {
+        // The other CPUs take nothing from their queues before the "go":
+        // an AP that reaches its idle loop only after the tasks were queued
+        // (or wakes early) would otherwise start them before the phase
+        // begins, and their calls would fall outside it.
+        let may_run = cpu == 0 || GO.load(Ordering::Acquire);
+        if let Some(next) = may_run.then(|| self.dequeue(cpu)).flatten() {
             self.switch(next);
             return;
         }
