@@ -74,12 +74,20 @@ pub struct VcpuMsrs {
     pub answers: MsrAnswers,
 }
 
-/// CPUID features the VMM hides from the guest.
+/// CPUID bits the VMM changes from what KVM supports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuidMask {
     /// Clear CPUID.1:ECX[13] (CX16): kvm_pvm's emulator lacks `lock
     /// cmpxchg16b` at CPL0, which Linux uses once it sees the bit.
     pub hide_cx16: bool,
+    /// Set CPUID.1:ECX[31] (a hypervisor is present) for a Linux guest, as
+    /// Firecracker and cloud-hypervisor do: only then does Linux read
+    /// KVM's paravirtual leaves (0x40000000 "KVMKVMKVM", 0x40000001, which
+    /// KVM_GET_SUPPORTED_CPUID already lists) and use kvm-clock. Without
+    /// it Linux calibrates the TSC against the PIT, fails under nested
+    /// KVM ("tsc: Marking TSC unstable due to could not calculate TSC
+    /// khz") and spins on the timer ports.
+    pub hypervisor: bool,
 }
 
 impl CpuidMask {
@@ -89,6 +97,7 @@ impl CpuidMask {
         CpuidMask {
             hide_cx16: linux
                 && crate::probe::host::kvm_flavour() == crate::probe::host::KvmFlavour::Pvm,
+            hypervisor: linux,
         }
     }
 
@@ -97,12 +106,17 @@ impl CpuidMask {
             if self.hide_cx16 && e.function == 1 {
                 e.ecx &= !CPUID_1_ECX_CX16;
             }
+            if self.hypervisor && e.function == 1 {
+                e.ecx |= CPUID_1_ECX_HYPERVISOR;
+            }
         }
     }
 }
 
 /// CPUID.1:ECX bit 13: CMPXCHG16B.
 const CPUID_1_ECX_CX16: u32 = 1 << 13;
+/// CPUID.1:ECX bit 31: running under a hypervisor.
+const CPUID_1_ECX_HYPERVISOR: u32 = 1 << 31;
 
 /// How the boot vCPU starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -446,11 +460,27 @@ mod tests {
         c.as_mut_slice()[0].ecx = 0xffff_ffff;
         c.as_mut_slice()[1].function = 7;
         c.as_mut_slice()[1].ecx = 0xffff_ffff;
-        CpuidMask { hide_cx16: true }.apply(&mut c);
+        CpuidMask {
+            hide_cx16: true,
+            hypervisor: false,
+        }
+        .apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
         assert_eq!(c.as_slice()[1].ecx, 0xffff_ffff);
         CpuidMask::default().apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
+    }
+
+    #[test]
+    fn a_linux_guest_sees_the_hypervisor_bit() {
+        let mut c = kvm_bindings::CpuId::new(1).unwrap();
+        c.as_mut_slice()[0].function = 1;
+        CpuidMask {
+            hide_cx16: false,
+            hypervisor: true,
+        }
+        .apply(&mut c);
+        assert_eq!(c.as_slice()[0].ecx, 1 << 31);
     }
 
     #[test]
