@@ -34,11 +34,11 @@ use image::ImageError;
 /// timer doesn't work!").
 pub const BASE_CMDLINE: &str = "console=ttyS0 quiet panic=-1 no_timer_check";
 
-/// More command line for a Linux guest on ptiscope's VMM, which has no
-/// CMOS RTC: unclaimed ports read all ones, so the RTC driver's probe sees
+/// More command line for a Linux guest on ptiscope's VMM: the VMM has no
+/// CMOS RTC; unclaimed ports read all ones, so the RTC driver's probe sees
 /// its update-in-progress bit set forever and polls ports 0x70/0x71 (every
-/// read an exit to the VMM) until it gives up, 12 s of a boot under
-/// `--backend nested`; not starting the driver skips that.
+/// read an exit to the VMM, 40,000 of them) until it gives up, 12 s of a
+/// boot under `--backend nested`; not starting the driver skips that.
 pub const VMM_CMDLINE: &str = "initcall_blacklist=cmos_init";
 
 /// The `key=` words ptiscope's init reads from the whole kernel command
