@@ -711,27 +711,41 @@ fn a_pvh_note_qemu_would_misread_is_refused_before_boot() {
     }
 }
 
-/// Under the VMM (`--backend kvm`) a Linux run is refused, with the probe's
-/// reasons where it found some, and a pointer to QEMU (the VMM's own Linux
-/// path is not built; on kvm_pvm no Linux userspace could run anyway).
+/// Under the VMM (`--backend kvm`) a Linux run is refused where it cannot
+/// run: on kvm_pvm with the probe's reasons and a pointer to QEMU, and on
+/// any host with more than one vCPU (the VMM writes no MADT). On a
+/// hardware KVM one vCPU would boot the (fake) kernel, so only the `--cpus`
+/// refusal is checked there.
 #[test]
-fn the_vmm_backend_refuses_linux_and_points_to_qemu() {
+fn the_vmm_backend_refuses_linux_where_it_cannot_run_and_points_to_qemu() {
     let dir = scratch("linux-kvm");
     let k = dir.join("bzImage");
     fake_bzimage(&k, true);
-    let o = ptiscope()
-        .args([
-            "run",
-            "--linux",
-            k.to_str().unwrap(),
-            "--workload",
-            "getppid",
-        ])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(69), "{err}");
-    assert!(err.contains("--backend qemu"), "{err}");
+    let pvm = ptiscope::probe::host::kvm_flavour() == ptiscope::probe::host::KvmFlavour::Pvm;
+    let cpus: &[&str] = if pvm { &["1", "2"] } else { &["2"] };
+    for n in cpus {
+        let o = ptiscope()
+            .args([
+                "run",
+                "--linux",
+                k.to_str().unwrap(),
+                "--workload",
+                "getppid",
+                "--cpus",
+                n,
+            ])
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(69), "--cpus {n}: {err}");
+        assert!(err.contains("--backend qemu"), "{err}");
+        if pvm {
+            assert!(err.contains("kvm_pvm"), "{err}");
+        }
+        if *n == "2" {
+            assert!(err.contains("MADT"), "{err}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -111,13 +111,24 @@ pub fn run(args: &RunArgs) -> i32 {
         None => run_console(&resolved, outcome, environment, json.as_ref()),
         Some(measurer) => {
             print_summary(&outcome);
-            let mut summary =
+            let vmm_summary =
                 measurer.summary(&outcome, crate::cli::compare::config_words(&outcome));
+            // A Linux guest on the VMM: the init's summary (its @result
+            // line, the kernel log's PTI state) with the VMM's host rows.
+            let (mut summary, linux_end) = match &resolved.linux {
+                Some(l) => {
+                    let mut s = crate::linux::summary(&outcome, l, None);
+                    crate::linux::add_vmm_rows(&mut s, &vmm_summary);
+                    (s, crate::cli::linux::diagnose(&outcome, l, None))
+                }
+                None => (vmm_summary, None),
+            };
             summary.environment = Some(environment.finish("run", &summary.config));
-            if !resolved
-                .guest
-                .workload
-                .is_some_and(crate::preflight::cmdline::Workload::runs_user_code)
+            if resolved.linux.is_none()
+                && !resolved
+                    .guest
+                    .workload
+                    .is_some_and(crate::preflight::cmdline::Workload::runs_user_code)
             {
                 summary.notes.insert(
                     0,
@@ -136,7 +147,12 @@ pub fn run(args: &RunArgs) -> i32 {
             // measurer's stats fds), ~0.5 ms here: on another thread, while
             // the report is written.
             let teardown = std::thread::spawn(move || drop(measurer));
-            let code = report(&mut summary, &outputs, json.as_ref(), outcome.exit_code());
+            let mut exit = outcome.exit_code();
+            if let Some((code, msg)) = linux_end {
+                say!("ptiscope: error: {msg}");
+                exit = code;
+            }
+            let code = report(&mut summary, &outputs, json.as_ref(), exit);
             let _ = teardown.join();
             code
         }

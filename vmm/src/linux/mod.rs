@@ -262,6 +262,46 @@ pub fn summary(
     s
 }
 
+/// A Linux run on ptiscope's VMM (`--backend kvm`, and inside
+/// `--backend nested`): `s` is the run's own summary ([`summary`]) and
+/// `vmm` the host-side observer's (the KVM stats fds, the VMM's exits and
+/// the host clock around the init's phase markers), whose host rows are
+/// added here with the Linux run's own divisor. The guest's rows (the
+/// telemetry page) are not taken: a Linux guest has none.
+pub fn add_vmm_rows(s: &mut RunSummary, vmm: &RunSummary) {
+    for r in &vmm.rows {
+        if matches!(
+            r.metric.source,
+            Source::Kvm | Source::Vmm | Source::HostClock
+        ) {
+            s.push(r.metric.clone(), r.total);
+        }
+    }
+    if let Some(n) = s.notes.iter_mut().find(|n| n.starts_with("Linux guest (")) {
+        *n = n
+            .replace(
+                "under QEMU TCG with ptiscope's init",
+                "on ptiscope's VMM (KVM) with ptiscope's init",
+            )
+            .replace(
+                "[qemu-plugin] ones counted by ptiscope's TCG plugin",
+                "[kvm] ones KVM's stats fds, [vmm] the VMM's exits to user space, [host-clock] \
+                 the host's clock (hardware time on a hardware KVM host; under --backend nested \
+                 the KVM is emulated by QEMU TCG, so every time is emulated time)",
+            );
+    }
+    for n in &mut s.notes {
+        if n.contains("no host-side check (CR3 writes per system call seen by the QEMU plugin)") {
+            *n = n.replace(
+                "no host-side check (CR3 writes per system call seen by the QEMU plugin): the \
+                 plugin was off or saw no phase (see its note)",
+                "no host-side CR3 count: under nested paging (NPT/EPT) KVM does not intercept \
+                 the guest's CR3 writes, so the kernel log's PTI state is the check",
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -69,7 +69,11 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
     let loaded = loader::load_bytes(&mem, &run.layout, &run.image_name, &run.image)?;
     let entry_state = match &loaded.bzimage {
         Some(k) => {
-            bzimage::write_boot_params(&mem, &run.layout, k, &run.cmdline, None)
+            // A `--linux` run's initramfs (ptiscope's init) is the initrd:
+            // boot_params' ramdisk_image/ramdisk_size, below the image's
+            // initrd_addr_max, in RAM the E820 map gives the guest.
+            let initrd = run.linux.as_ref().map(|l| &l.initramfs[..]);
+            bzimage::write_boot_params(&mem, &run.layout, k, &run.cmdline, initrd)
                 .map_err(|e| LoadError::BzImage(run.image_name.clone(), e))?;
             EntryState::Linux64 {
                 cr3: bzimage::PML4_ADDR,
@@ -83,7 +87,7 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
     };
     let cpu = (
         config.cpu_vuln,
-        CpuidMask::for_kernel(loaded.bzimage.is_some()),
+        CpuidMask::for_kernel(loaded.bzimage.is_some() || run.linux.is_some()),
     );
     let chip = match (
         config.irqchip,
@@ -201,7 +205,18 @@ fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, chip: IrqChip) -> Result<VmFd, Ru
             vm.enable_cap(&cap)
                 .map_err(vm_err("KVM_ENABLE_CAP(KVM_CAP_SPLIT_IRQCHIP)"))?;
         }
-        IrqChip::Full => vm.create_irq_chip().map_err(vm_err("KVM_CREATE_IRQCHIP"))?,
+        IrqChip::Full => {
+            vm.create_irq_chip().map_err(vm_err("KVM_CREATE_IRQCHIP"))?;
+            // The i8254 in the kernel beside the PIC and IOAPIC: Linux
+            // calibrates the LAPIC timer against it and its IO-APIC timer
+            // check routes IRQ 0 from it; without one, ports 0x40-0x43 exit
+            // to the VMM (unclaimed) on every read of a loop that never ends.
+            let pit = kvm_bindings::kvm_pit_config {
+                flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY,
+                ..Default::default()
+            };
+            vm.create_pit2(pit).map_err(vm_err("KVM_CREATE_PIT2"))?;
+        }
     }
     Ok(vm)
 }

@@ -74,12 +74,20 @@ pub struct VcpuMsrs {
     pub answers: MsrAnswers,
 }
 
-/// CPUID features the VMM hides from the guest.
+/// CPUID bits the VMM changes from what KVM supports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuidMask {
     /// Clear CPUID.1:ECX[13] (CX16): kvm_pvm's emulator lacks `lock
     /// cmpxchg16b` at CPL0, which Linux uses once it sees the bit.
     pub hide_cx16: bool,
+    /// Set CPUID.1:ECX[31] (a hypervisor is present) for a Linux guest, as
+    /// Firecracker and cloud-hypervisor do: only then does Linux read
+    /// KVM's paravirtual leaves (0x40000000 "KVMKVMKVM", 0x40000001, which
+    /// KVM_GET_SUPPORTED_CPUID already lists) and use kvm-clock. Without
+    /// it Linux calibrates the TSC against the PIT, fails under nested
+    /// KVM ("tsc: Marking TSC unstable due to could not calculate TSC
+    /// khz") and spins on the timer ports.
+    pub hypervisor: bool,
 }
 
 impl CpuidMask {
@@ -89,6 +97,7 @@ impl CpuidMask {
         CpuidMask {
             hide_cx16: linux
                 && crate::probe::host::kvm_flavour() == crate::probe::host::KvmFlavour::Pvm,
+            hypervisor: linux,
         }
     }
 
@@ -97,12 +106,66 @@ impl CpuidMask {
             if self.hide_cx16 && e.function == 1 {
                 e.ecx &= !CPUID_1_ECX_CX16;
             }
+            if self.hypervisor && e.function == 1 {
+                e.ecx |= CPUID_1_ECX_HYPERVISOR;
+            }
+        }
+        if self.hypervisor {
+            consistent_xsave_leaf(cpuid);
+        }
+    }
+}
+
+/// Leaf 0xD as the rest of CPUID says: an XSAVE component whose feature
+/// bit is clear (AVX in CPUID.1:ECX[28], PKU in CPUID.7.0:ECX[3]) is
+/// dropped from 0xD.0's EAX with its sub-leaf, and 0xD.0's ECX (the
+/// largest area) recomputed. A KVM nested in QEMU TCG listed AVX and PKRU
+/// there without the feature bits; Linux then warned "XSAVE consistency
+/// problem: size 2696 != kernel_size 576" and turned XSAVE off.
+fn consistent_xsave_leaf(cpuid: &mut kvm_bindings::CpuId) {
+    let find = |c: &kvm_bindings::CpuId, f: u32, i: u32| {
+        c.as_slice()
+            .iter()
+            .find(|e| e.function == f && e.index == i)
+            .copied()
+    };
+    let avx = find(cpuid, 1, 0).is_some_and(|e| e.ecx & (1 << 28) != 0);
+    let pku = find(cpuid, 7, 0).is_some_and(|e| e.ecx & (1 << 3) != 0);
+    let mut drop_mask = 0u32;
+    if !avx {
+        drop_mask |= 1 << 2;
+    }
+    if !pku {
+        drop_mask |= 1 << 9;
+    }
+    let Some(leaf0) = find(cpuid, 0xd, 0) else {
+        return;
+    };
+    let kept = leaf0.eax & !drop_mask;
+    // The legacy area and the XSAVE header: 512 + 64 bytes.
+    let mut max = 576u32;
+    for e in cpuid.as_slice() {
+        if e.function == 0xd && e.index >= 2 && e.index < 32 && kept & (1 << e.index) != 0 {
+            max = max.max(e.ebx.saturating_add(e.eax));
+        }
+    }
+    for e in cpuid.as_mut_slice() {
+        if e.function != 0xd {
+            continue;
+        }
+        if e.index == 0 {
+            e.eax = kept;
+            e.ecx = max;
+        } else if e.index >= 2 && e.index < 32 && drop_mask & (1 << e.index) != 0 {
+            (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0);
         }
     }
 }
 
 /// CPUID.1:ECX bit 13: CMPXCHG16B.
 const CPUID_1_ECX_CX16: u32 = 1 << 13;
+/// CPUID.1:ECX bit 31: running under a hypervisor.
+const CPUID_1_ECX_HYPERVISOR: u32 = 1 << 31;
 
 /// How the boot vCPU starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -446,11 +509,55 @@ mod tests {
         c.as_mut_slice()[0].ecx = 0xffff_ffff;
         c.as_mut_slice()[1].function = 7;
         c.as_mut_slice()[1].ecx = 0xffff_ffff;
-        CpuidMask { hide_cx16: true }.apply(&mut c);
+        CpuidMask {
+            hide_cx16: true,
+            hypervisor: false,
+        }
+        .apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
         assert_eq!(c.as_slice()[1].ecx, 0xffff_ffff);
         CpuidMask::default().apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
+    }
+
+    #[test]
+    fn xsave_components_without_their_feature_bit_leave_leaf_0xd() {
+        let mut c = kvm_bindings::CpuId::new(5).unwrap();
+        let set = |c: &mut kvm_bindings::CpuId, n: usize, f, i, r: [u32; 4]| {
+            let e = &mut c.as_mut_slice()[n];
+            (e.function, e.index) = (f, i);
+            (e.eax, e.ebx, e.ecx, e.edx) = (r[0], r[1], r[2], r[3]);
+        };
+        // No AVX, no PKU; leaf 0xD lists both (as nested under TCG).
+        set(&mut c, 0, 1, 0, [0, 0, 0, 0]);
+        set(&mut c, 1, 7, 0, [0, 0, 0, 0]);
+        set(&mut c, 2, 0xd, 0, [0x207, 0x240, 0xa88, 0]);
+        set(&mut c, 3, 0xd, 2, [0x100, 0x240, 0, 0]);
+        set(&mut c, 4, 0xd, 9, [8, 0xa80, 0, 0]);
+        consistent_xsave_leaf(&mut c);
+        let s = c.as_slice();
+        assert_eq!((s[2].eax, s[2].ecx), (3, 576));
+        assert_eq!((s[3].eax, s[3].ebx), (0, 0));
+        assert_eq!((s[4].eax, s[4].ebx), (0, 0));
+        // With AVX: its component stays, the area ends after it.
+        set(&mut c, 0, 1, 0, [0, 0, 1 << 28, 0]);
+        set(&mut c, 2, 0xd, 0, [0x207, 0x240, 0xa88, 0]);
+        set(&mut c, 3, 0xd, 2, [0x100, 0x240, 0, 0]);
+        consistent_xsave_leaf(&mut c);
+        let s = c.as_slice();
+        assert_eq!((s[2].eax, s[2].ecx), (7, 0x340));
+    }
+
+    #[test]
+    fn a_linux_guest_sees_the_hypervisor_bit() {
+        let mut c = kvm_bindings::CpuId::new(1).unwrap();
+        c.as_mut_slice()[0].function = 1;
+        CpuidMask {
+            hide_cx16: false,
+            hypervisor: true,
+        }
+        .apply(&mut c);
+        assert_eq!(c.as_slice()[0].ecx, 1 << 31);
     }
 
     #[test]

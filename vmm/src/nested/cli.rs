@@ -23,11 +23,7 @@ const OUTPUT_OPTS: [&str; 5] = ["--json", "--csv", "--svg", "--serial-out", "--m
 /// Options that name a file the inner command reads.
 const INPUT_OPTS: [&str; 2] = ["--kernel", "--against"];
 /// Options `--backend nested` does not take, with why.
-const REFUSED_OPTS: [(&str, &str); 3] = [
-    (
-        "--linux",
-        "a Linux guest inside the nested KVM is not supported yet",
-    ),
+const REFUSED_OPTS: [(&str, &str); 2] = [
     ("--qemu-arg", "--qemu-arg is for --backend qemu"),
     ("--no-plugin", "--no-plugin is for --backend qemu"),
 ];
@@ -63,6 +59,14 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
             let v = inline.or_else(|| it.next().cloned()).unwrap_or_default();
             let v = if v == "nested" { "kvm".to_string() } else { v };
             inner.argv.push(format!("--backend={v}"));
+        } else if name == "--linux" {
+            let Some(v) = inline.or_else(|| it.next().cloned()) else {
+                inner.argv.push(arg.clone());
+                continue;
+            };
+            let n = inner.outputs.len() + inner.inputs.len();
+            let kernel = pack_linux(&v, n, &mut inner.inputs)?;
+            inner.argv.push(format!("--linux={kernel}"));
         } else if takes_file {
             let Some(v) = inline.or_else(|| it.next().cloned()) else {
                 inner.argv.push(arg.clone());
@@ -88,6 +92,63 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
         }
     }
     Ok(inner)
+}
+
+/// Packs `--linux VALUE`'s kernel (a known name's cached image, or a
+/// path) into `inputs` under `/nested/in/N-linux/`, with the `config`
+/// beside it (the inner preflight reads CONFIG_PAGE_TABLE_ISOLATION
+/// there), and returns the packed kernel's inner path: the inner ptiscope
+/// boots it on its VMM (`--backend kvm`).
+fn pack_linux(v: &str, n: usize, inputs: &mut Vec<(String, Vec<u8>)>) -> Result<String, String> {
+    let path = crate::preflight::linux::kernel_path(v).map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(&path).map_err(|e| format!("--linux {v}: {e}"))?;
+    let dir = format!("/nested/in/{n}-linux");
+    let leaf = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "vmlinuz".into());
+    if let Some(config) = path
+        .parent()
+        .map(|d| d.join("config"))
+        .and_then(|c| std::fs::read(c).ok())
+    {
+        inputs.push((format!("{dir}/config"), config));
+    }
+    let kernel = format!("{dir}/{leaf}");
+    inputs.push((kernel.clone(), bytes));
+    Ok(kernel)
+}
+
+/// The batch's jobs with each `--linux VALUE` packed (once per value) and
+/// named by its packed path, and the files to pack.
+fn pack_batch_linux(request: &mut Request) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut inputs = Vec::new();
+    let mut packed: Vec<(String, String)> = Vec::new();
+    for job in &mut request.jobs {
+        let mut argv = Vec::with_capacity(job.argv.len());
+        let mut it = std::mem::take(&mut job.argv).into_iter();
+        while let Some(a) = it.next() {
+            let v = match a.strip_prefix("--linux=") {
+                Some(v) => v.to_string(),
+                None if a == "--linux" => it.next().unwrap_or_default(),
+                None => {
+                    argv.push(a);
+                    continue;
+                }
+            };
+            let inner = match packed.iter().find(|(k, _)| *k == v) {
+                Some((_, p)) => p.clone(),
+                None => {
+                    let p = pack_linux(&v, packed.len(), &mut inputs)?;
+                    packed.push((v, p.clone()));
+                    p
+                }
+            };
+            argv.push(format!("--linux={inner}"));
+        }
+        job.argv = argv;
+    }
+    Ok(inputs)
 }
 
 /// Runs `cli`'s command under `--backend nested` if it asks for it: the
@@ -214,7 +275,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
 
 /// Runs `nested-batch` ([`crate::cli::NestedBatchArgs`]).
 pub fn batch(args: &crate::cli::NestedBatchArgs) -> i32 {
-    let request: Request = match std::fs::read(&args.request)
+    let mut request: Request = match std::fs::read(&args.request)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
     {
@@ -224,7 +285,14 @@ pub fn batch(args: &crate::cli::NestedBatchArgs) -> i32 {
             return exit_code::USAGE;
         }
     };
-    match boot::run(&request, &[], args.cpus, &mut |m| {
+    let inputs = match pack_batch_linux(&mut request) {
+        Ok(i) => i,
+        Err(e) => {
+            say!("ptiscope nested-batch: {e}");
+            return exit_code::NO_IMAGE;
+        }
+    };
+    match boot::run(&request, &inputs, args.cpus, &mut |m| {
         eprintln!("ptiscope nested-batch: {m}")
     }) {
         Ok(r) => {
@@ -400,12 +468,6 @@ mod tests {
     #[test]
     fn options_for_other_backends_are_refused_by_name() {
         let e = rewrite(
-            &s(&["run", "--backend", "nested", "--linux", "debian-amd64"]),
-            false,
-        )
-        .unwrap_err();
-        assert!(e.contains("Linux guest"), "{e}");
-        let e = rewrite(
             &s(&["run", "--backend", "nested", "--qemu-arg=-icount"]),
             false,
         )
@@ -413,5 +475,49 @@ mod tests {
         assert!(e.contains("--qemu-arg"), "{e}");
         let e = rewrite(&s(&["run", "--kernel", "/nonexistent/k.elf"]), false).unwrap_err();
         assert!(e.contains("/nonexistent/k.elf"), "{e}");
+        let e = rewrite(&s(&["run", "--linux", "/nonexistent/bzImage"]), false).unwrap_err();
+        assert!(e.contains("/nonexistent/bzImage"), "{e}");
+    }
+
+    /// `--linux` packs the kernel with the configuration beside it and
+    /// names the packed copy to the inner command.
+    #[test]
+    fn a_linux_kernel_is_packed_with_its_configuration() {
+        let d = std::env::temp_dir().join(format!("ptiscope-nested-linux-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vmlinuz"), b"kernel").unwrap();
+        std::fs::write(d.join("config"), b"CONFIG_PAGE_TABLE_ISOLATION=y\n").unwrap();
+        let k = d.join("vmlinuz").display().to_string();
+        let i = rewrite(
+            &s(&[
+                "run",
+                "--backend=nested",
+                "--linux",
+                &k,
+                "--workload=getppid",
+            ]),
+            false,
+        )
+        .unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(
+            i.argv,
+            s(&[
+                "run",
+                "--backend=kvm",
+                "--linux=/nested/in/0-linux/vmlinuz",
+                "--workload=getppid"
+            ])
+        );
+        assert_eq!(
+            i.inputs,
+            vec![
+                (
+                    "/nested/in/0-linux/config".to_string(),
+                    b"CONFIG_PAGE_TABLE_ISOLATION=y\n".to_vec()
+                ),
+                ("/nested/in/0-linux/vmlinuz".to_string(), b"kernel".to_vec())
+            ]
+        );
     }
 }

@@ -237,12 +237,15 @@ pub fn run_measured(
 ) -> Result<(RunOutcome, RunSummary), MeasuredRunError> {
     let ran = backend.run(resolved)?;
     if let Some(l) = &resolved.linux {
-        let o = ran.outcome;
+        let (o, observer) = ran.into_parts();
         let host = crate::linux::host_observation(&o, l);
         if let Some((code, message)) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
             return Err(MeasuredRunError::Linux { code, message });
         }
-        let s = crate::linux::summary(&o, l, host.as_ref());
+        let mut s = crate::linux::summary(&o, l, host.as_ref());
+        if let Some(m) = observer {
+            crate::linux::add_vmm_rows(&mut s, &m.summary(&o, Vec::new()));
+        }
         return Ok((o, s));
     }
     let s = ran.summary(config_words(&ran.outcome));
