@@ -14,10 +14,11 @@ if [ $# -lt 2 ]; then
     echo "usage: $0 BEFORE AFTER [MAX_GROWTH] [-- more compare options]" >&2
     exit 64
 fi
-before=$1 after=$2 max=${3:-0}
+before=$1 after=$2
 shift 2
-[ $# -gt 0 ] && [ "$1" != "--" ] && shift
-[ $# -gt 0 ] && [ "$1" = "--" ] && shift
+max=0
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then max=$1; shift; fi
+if [ $# -gt 0 ] && [ "$1" = "--" ]; then shift; fi
 case $max in
     ''|*[!0-9]*) echo "$0: MAX_GROWTH must be a whole number of instructions, not '$max'" >&2; exit 64 ;;
 esac

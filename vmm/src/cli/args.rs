@@ -261,10 +261,7 @@ impl LinuxArgs {
             Some(k) => crate::linux::GuestKind::Linux(crate::linux::LinuxRequest {
                 kernel: k.clone(),
                 append: self.append.clone().unwrap_or_default(),
-                arch: arch.map(|a| match a {
-                    Arch::X86_64 => crate::linux::LinuxArch::X86_64,
-                    Arch::I386 => crate::linux::LinuxArch::I386,
-                }),
+                arch: arch.map(Arch::linux_arch),
             }),
         }
     }
@@ -326,6 +323,16 @@ pub enum Arch {
     /// 32-bit, PAE paging (3G/1G).
     #[value(name = "i386")]
     I386,
+}
+
+impl Arch {
+    /// The Linux architecture a `--linux` image of this flavour must have.
+    pub fn linux_arch(self) -> crate::linux::LinuxArch {
+        match self {
+            Arch::X86_64 => crate::linux::LinuxArch::X86_64,
+            Arch::I386 => crate::linux::LinuxArch::I386,
+        }
+    }
 }
 
 impl Arch {

@@ -359,22 +359,22 @@ fn print_header(
 /// model, vCPUs and memory. Empty when the sides boot the same thing.
 pub(crate) fn side_differences(base: &ResolvedRun, comp: &ResolvedRun) -> Vec<String> {
     let mut out = Vec::new();
-    let image = |r: &ResolvedRun| {
-        let g = side::guest_image_of(&r.config.kernel, Some(&r.image));
-        let release = r
-            .linux
-            .as_ref()
-            .and_then(|l| l.version.as_deref())
-            .and_then(|v| v.split_whitespace().next())
-            .map(|v| format!(" (Linux {v})"))
-            .unwrap_or_default();
-        let sha = g.sha256.clone().unwrap_or_default();
-        let text = format!("{}{release} sha256 {:.16}", g.name, sha);
-        (sha, text)
-    };
-    let (b, c) = (image(base), image(comp));
-    if b.0 != c.0 {
-        out.push(format!("guest image: {} vs {}", b.1, c.1));
+    // Compared as bytes (the same shared image is equal at once); hashed
+    // for the text only when they differ.
+    if base.image != comp.image {
+        let image = |r: &ResolvedRun| {
+            let g = side::guest_image_of(&r.config.kernel, Some(&r.image));
+            let release = r
+                .linux
+                .as_ref()
+                .and_then(|l| l.version.as_deref())
+                .and_then(|v| v.split_whitespace().next())
+                .map(|v| format!(" (Linux {v})"))
+                .unwrap_or_default();
+            let sha = g.sha256.unwrap_or_default();
+            format!("{}{release} sha256 {sha:.16}", g.name)
+        };
+        out.push(format!("guest image: {} vs {}", image(base), image(comp)));
     }
     let words = |r: &ResolvedRun| -> Vec<String> {
         r.cmdline

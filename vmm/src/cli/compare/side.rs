@@ -143,10 +143,7 @@ pub fn parse_side(
                 c.guest_kind = GuestKind::Linux(crate::linux::LinuxRequest {
                     kernel: v.trim().to_string(),
                     append,
-                    arch: target.arch.map(|a| match a {
-                        crate::cli::Arch::X86_64 => crate::linux::LinuxArch::X86_64,
-                        crate::cli::Arch::I386 => crate::linux::LinuxArch::I386,
-                    }),
+                    arch: target.arch.map(crate::cli::Arch::linux_arch),
                 });
             }
             // More Linux kernel command line for this side. `pti=` there
@@ -175,7 +172,7 @@ pub fn parse_side(
                 let model_ok = !v.is_empty()
                     && v.len() <= 128
                     && v.chars()
-                        .all(|ch| ch.is_ascii_alphanumeric() || "-_.+=,".contains(ch));
+                        .all(|ch| ch.is_ascii_alphanumeric() || "-_.+=".contains(ch));
                 if !model_ok {
                     return Err(bad(format!(
                         "{v:?} is not a CPU model name (letters, digits and -_.+= only; \
