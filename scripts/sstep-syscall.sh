@@ -11,8 +11,12 @@
 #     CALLS   consecutive getppid calls to step (default 3)
 #
 # Prints one line per call, `sstep kernel_instructions=N entry=... pti=...`,
-# and exits 0 when every call gave the same count; 1 when they differ,
-# 2 on bad usage, 3 when the guest could not be caught in its loop.
+# then `sstep majority kernel_instructions=N calls=M/CALLS` when more than
+# half the calls gave the same count, and, for every call that went
+# another way, `sstep-diverged ...` with the step at which its path left
+# a call with the most common count and the addresses around it. Exits 0 when every call
+# gave the same count; 1 when they differ, 2 on bad usage, 3 when the
+# guest could not be caught in its loop.
 #
 # How: `ptiscope run --backend qemu --no-plugin --linux KERNEL --workload
 # getppid` with a loop too long to end, QEMU's gdbstub on a local port
@@ -151,26 +155,50 @@ while not (pc() < KERNEL_FROM and to_getppid(200)):
     time.sleep(0.5)
     attach(deadline)
 
-counts = []
+counts, traces = [], []
 while len(counts) < CALLS:
     if not to_getppid(3000):
         print("sstep: no next getppid within 3000 steps")
         sys.exit(3)
     entry = ENTRIES[code(pc(), 2)]
     step()
-    n, last = 0, None
+    n, last, trace, again = 0, None, [], []
     while pc() >= KERNEL_FROM:
         p = pc()
-        if not (p == last and is_rep_string(code(p))):
+        rep = p == last and is_rep_string(code(p))
+        if not rep:
             n += 1
+        if p == last and not rep:
+            # A step that stopped where the last one did without a REP
+            # there: say so (it is counted, as an instruction executed).
+            again.append(p)
+        trace.append(p)
         last = p
         step()
         if n > 100000:
             print("sstep: the call did not return within 100000 instructions")
             sys.exit(3)
     counts.append(n)
-    print("sstep kernel_instructions=%d entry=%s returned_to=%#x" % (n, entry, pc()))
-sys.exit(0 if len(set(counts)) == 1 else 1)
+    traces.append(trace)
+    print("sstep kernel_instructions=%d entry=%s returned_to=%#x%s" % (n, entry, pc(),
+          "".join(" stopped_twice_at=%#x" % a for a in again)))
+best = max(set(counts), key=counts.count)
+if counts.count(best) * 2 > len(counts):
+    print("sstep majority kernel_instructions=%d calls=%d/%d" % (best, counts.count(best), len(counts)))
+if len(set(counts)) == 1:
+    sys.exit(0)
+# Say where each call that went another way left the path of a call with
+# the most common count: the step at which they part, addresses around it.
+ref = counts.index(best)
+for i, t in enumerate(traces):
+    if counts[i] == best:
+        continue
+    a = traces[ref]
+    k = next((j for j in range(min(len(a), len(t))) if a[j] != t[j]), min(len(a), len(t)))
+    show = lambda t: " ".join("%#x" % x for x in t[max(0, k - 3):k + 4])
+    print("sstep-diverged call %d (%d) left call %d (%d) at step %d: call %d %s | call %d %s"
+          % (i + 1, counts[i], ref + 1, best, k, ref + 1, show(a), i + 1, show(t)))
+sys.exit(1)
 EOF
 
 set +e
@@ -179,7 +207,7 @@ SSTEP_ARCH=$arch SSTEP_NR=$nr SSTEP_CALLS=$calls SSTEP_PORT=$port gdb -nx -batch
     -x "$work/sstep.py" >"$work/gdb" 2>&1
 rc=$?
 set -e
-grep '^sstep' "$work/gdb" | sed "s/\$/ kernel=$kernel pti=$pti/"
+{ grep '^sstep' "$work/gdb" || true; } | sed "s/\$/ kernel=$kernel pti=$pti/"
 if [ $rc -ne 0 ] && ! grep -q '^sstep kernel_instructions' "$work/gdb"; then
     cat "$work/gdb" >&2
 fi

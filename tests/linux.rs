@@ -197,23 +197,44 @@ fn per_call_is_one_single_stepped_call(
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/sstep-syscall.sh");
     let s = std::process::Command::new(&script)
-        .args([name, entry, pti, "2"])
+        .args([name, entry, pti, "3"])
         .env("PTISCOPE", env!("CARGO_BIN_EXE_ptiscope"))
         .output()
         .unwrap();
     let out = stdout(&s);
-    assert_eq!(s.status.code(), Some(0), "{out}\n{}", stderr(&s));
+    // Exit 1 says the three calls did not all take the same path; the
+    // figure compared is then the count most of them gave, and the calls
+    // that went another way are shown (`sstep-diverged`, where they left).
+    // The first call follows the guest's free run (the others follow a
+    // call made under the observer, interrupts masked), and on one CI host
+    // it took one instruction more in 2 of 6 kernels.
+    assert!(
+        matches!(s.status.code(), Some(0 | 1)),
+        "{out}\n{}",
+        stderr(&s)
+    );
     let stepped: Vec<f64> = out
         .lines()
         .filter_map(|l| l.strip_prefix("sstep kernel_instructions="))
         .map(|l| l.split(' ').next().unwrap().parse().unwrap())
         .collect();
-    assert_eq!(stepped.len(), 2, "{out}");
+    assert_eq!(stepped.len(), 3, "{out}");
+    let majority: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("sstep majority kernel_instructions="))
+        .unwrap_or_else(|| panic!("no two of three single-stepped calls agree:\n{out}"))
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    if s.status.code() == Some(1) {
+        eprintln!("{test}: the single-stepped calls differ:\n{out}");
+    }
     assert_eq!(
-        plugin, stepped[0],
+        plugin, majority,
         "{name} entry={entry} pti={pti}: the plugin's {plugin} kernel instructions per call \
-         (and {other} set apart) against {} single-stepped",
-        stepped[0]
+         (and {other} set apart) against {majority} single-stepped\n{out}"
     );
 }
 
