@@ -21,6 +21,7 @@ pub mod preflight;
 pub mod probe;
 pub mod report;
 pub mod sandbox;
+pub mod signals;
 pub mod spec;
 pub mod x86;
 

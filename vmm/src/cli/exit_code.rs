@@ -91,7 +91,7 @@ pub fn finish(command: &str, result: Result<i32, CommandError>) -> i32 {
 /// termination signal), if one did.
 pub fn terminating_signal(code: i32) -> Option<i32> {
     let sig = code - 128;
-    crate::machine::signals::TERMINATION_SIGNALS
+    crate::signals::TERMINATION_SIGNALS
         .contains(&sig)
         .then_some(sig)
 }
@@ -296,7 +296,7 @@ mod tests {
     #[test]
     fn a_signal_while_an_image_is_read_ends_with_128_plus_it_everywhere() {
         use crate::linux::{ImageError, LinuxError};
-        for signal in crate::machine::signals::TERMINATION_SIGNALS {
+        for signal in crate::signals::TERMINATION_SIGNALS {
             let load = || LoadError::Interrupted(signal);
             let linux = || LinuxError::Image(ImageError::Read(load()));
             let preflights = [PreflightError::Load(load()), PreflightError::Linux(linux())];

@@ -22,7 +22,6 @@ pub mod memory;
 pub mod msr;
 mod outcome;
 pub(crate) mod segments;
-pub mod signals;
 mod stop;
 mod vcpu;
 mod watchdog;
@@ -45,9 +44,9 @@ use crate::machine::kvm::KvmOpenError;
 use crate::machine::loader::LoadError;
 use crate::machine::memory::{MemoryError, MemoryLayout};
 pub use crate::machine::outcome::{PhaseEvent, PluginOutput, RunOutcome, StopReason, VcpuOutcome};
-use crate::machine::signals::{SignalError, TerminationSignals};
 use crate::machine::stop::StopState;
 use crate::machine::vcpu::{SharedObserver, Vcpu, VcpuEnv};
+use crate::signals::{SignalError, TerminationSignals};
 use crate::spec::ResolvedRun;
 
 /// What the phase observer may look at, on the vCPU thread, at an exit.
@@ -191,7 +190,7 @@ pub fn run(
     );
     let mut em: EventManager<Control> = EventManager::new().map_err(RunError::EventLoop)?;
     let control_id = em.add_subscriber(control);
-    signals::install_kick_handler()?;
+    crate::signals::install_kick_handler()?;
     let setup_time = setup_start.elapsed();
 
     let count = built.vcpus.len();

@@ -16,10 +16,10 @@ use crate::machine::exit::{dispatch, DispatchCtx, ExitAction, ExitCounts, GuestS
 use crate::machine::memory::MemoryLayout;
 use crate::machine::msr::MsrAnswers;
 use crate::machine::outcome::{PhaseEvent, StopReason};
-use crate::machine::signals::{KickableVcpu, SignalError};
 use crate::machine::stop::StopState;
 use crate::machine::{PhaseObserver, VmContext};
 use crate::sandbox::{self, SandboxError, ThreadKind};
+use crate::signals::{KickableVcpu, SignalError};
 
 /// Phase events kept per run; more are counted, not stored.
 pub const MAX_PHASE_EVENTS: usize = 1 << 16;

@@ -180,11 +180,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         );
         let code = exit_code::failed_run(f.error.exit_code());
         let reason = match exit_code::terminating_signal(code) {
-            Some(sig) => format!(
-                "{} during {}",
-                crate::machine::signals::describe(sig),
-                f.run.what()
-            ),
+            Some(sig) => format!("{} during {}", crate::signals::describe(sig), f.run.what()),
             None => format!("{} failed", f.run.what()),
         };
         (code, reason)

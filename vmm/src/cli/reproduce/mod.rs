@@ -381,7 +381,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         let m = measure(c, args.runs, args.timeout);
         if let Some((code, _)) = &m.error {
             if let Some(sig) = exit_code::terminating_signal(*code) {
-                stopped_by = Some((*code, crate::machine::signals::describe(sig)));
+                stopped_by = Some((*code, crate::signals::describe(sig)));
             }
         }
         measured.push(m);

@@ -26,11 +26,11 @@ use crate::cli::measured_error::MeasuredRunError;
 use crate::cli::partial::{csv_with_banner, svg_with_banner};
 use crate::cli::{abi_option, Arch, ExperimentOpts, OutputOpts, TargetOpts};
 use crate::experiment::{Experiment, ExperimentError, Progress, RunId};
-use crate::machine::signals;
 use crate::output::OutputFile;
 use crate::preflight::cmdline::Workload;
 use crate::preflight::{host, PreflightError};
 use crate::report::sweep::{self as rs, Cell, CellConfig, Omitted, SweepReport};
+use crate::signals;
 use ptiscope_abi::options::WssPages;
 
 use figures::{
