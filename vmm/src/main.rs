@@ -20,11 +20,11 @@ fn main() -> ExitCode {
     // Before any thread exists, so that every thread inherits the mask and
     // SIGINT/SIGTERM arrive through the VMM's signalfd (a clean stop).
     ptiscope::signals::block_termination_signals();
-    // The host facts are read meanwhile (ptiscope::warm_host_facts); a
-    // command that needs none never waits for them.
+    // The host facts are read meanwhile (ptiscope::cli::warm_host_facts);
+    // a command that needs none never waits for them.
     let _ = std::thread::Builder::new()
         .name("host-facts".into())
-        .spawn(ptiscope::warm_host_facts);
+        .spawn(ptiscope::cli::warm_host_facts);
 
     let cli = match Cli::try_parse() {
         Ok(c) => c,

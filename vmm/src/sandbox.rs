@@ -259,6 +259,25 @@ pub fn confine(kind: ThreadKind) -> Result<(), SandboxError> {
     })
 }
 
+/// The vCPU threads' filter, for the caller of `machine::run` to hand to
+/// them ([`crate::machine::HostSide::vcpu_filter`]); `None` when
+/// `--no-seccomp` turned the filters off. Compiled here, on the caller's
+/// thread, with the SIGSYS handler installed and the C library settled
+/// (both process-wide) before any vCPU thread applies it.
+pub fn vcpu_filter() -> Result<Option<std::sync::Arc<BpfProgram>>, SandboxError> {
+    if !enabled() {
+        return Ok(None);
+    }
+    let kind = ThreadKind::Vcpu;
+    let program = filter(kind).map_err(|source| SandboxError::Build {
+        thread: kind.name(),
+        source,
+    })?;
+    install_sigsys_handler()?;
+    settle_c_library();
+    Ok(Some(std::sync::Arc::new(program)))
+}
+
 /// Settles, once per process and before the first filter is applied, the
 /// C library's allocator decisions that would otherwise make it open a
 /// file from whichever thread frees or allocates at the wrong moment; a

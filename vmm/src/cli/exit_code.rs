@@ -188,6 +188,7 @@ impl ExitCode for RunVmError {
         match self {
             RunVmError::Preflight(e) => e.exit_code(),
             RunVmError::Run(e) => e.exit_code(),
+            RunVmError::Sandbox(_) => INTERNAL,
         }
     }
 }
@@ -197,6 +198,7 @@ impl ExitCode for MeasuredRunError {
         match self {
             MeasuredRunError::Kvm(e) => e.exit_code(),
             MeasuredRunError::Qemu(e) => e.exit_code(),
+            MeasuredRunError::Sandbox(_) => INTERNAL,
             MeasuredRunError::NoPhase { .. } => VM_ERROR,
             MeasuredRunError::GuestFailed { stop, .. } => stop.exit_code(),
             MeasuredRunError::Linux { code, .. } => *code,
@@ -243,6 +245,7 @@ impl ExitCode for crate::backend::BackendError {
         match self {
             crate::backend::BackendError::Kvm(e) => e.exit_code(),
             crate::backend::BackendError::Qemu(e) => e.exit_code(),
+            crate::backend::BackendError::Sandbox(_) => INTERNAL,
         }
     }
 }

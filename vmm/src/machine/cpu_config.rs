@@ -93,10 +93,9 @@ pub struct CpuidMask {
 impl CpuidMask {
     /// The default: for a Linux kernel (a bzImage) on kvm_pvm, hide CX16;
     /// otherwise hide nothing (the companion guest never uses CMPXCHG16B).
-    pub fn for_kernel(linux: bool) -> Self {
+    pub fn for_kernel(linux: bool, flavour: crate::machine::kvm::KvmFlavour) -> Self {
         CpuidMask {
-            hide_cx16: linux
-                && crate::probe::host::kvm_flavour() == crate::probe::host::KvmFlavour::Pvm,
+            hide_cx16: linux && flavour == crate::machine::kvm::KvmFlavour::Pvm,
             hypervisor: linux,
         }
     }

@@ -26,13 +26,14 @@ mod stop;
 mod vcpu;
 mod watchdog;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, SubscriberOps};
 use kvm_ioctls::{VcpuFd, VmFd};
 use ptiscope_abi::phase::Marker;
 use ptiscope_devices::ConsoleRecorder;
+use seccompiler::BpfProgram;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -40,7 +41,7 @@ use crate::machine::boot_params::BootParamsError;
 use crate::machine::control::{stdin_is_interactive, Control};
 use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::exit::ExitCounts;
-use crate::machine::kvm::KvmOpenError;
+use crate::machine::kvm::{KvmFlavour, KvmOpenError};
 use crate::machine::loader::LoadError;
 use crate::machine::memory::{MemoryError, MemoryLayout};
 pub use crate::machine::outcome::{PhaseEvent, PluginOutput, RunOutcome, StopReason, VcpuOutcome};
@@ -160,14 +161,30 @@ pub enum RunError {
     VcpuThreadPanicked(usize),
 }
 
+/// What a run's caller settles about the host and hands to [`run`]: the
+/// machine reads no host fact and picks no policy of its own (the CLI
+/// gathers the facts, `sandbox` compiles the filter), as Firecracker's
+/// `Vcpu::start_threaded` is handed its seccomp filter.
+#[derive(Debug, Clone, Default)]
+pub struct HostSide {
+    /// Which KVM backs /dev/kvm (on kvm_pvm a Linux guest's CPUID hides
+    /// CMPXCHG16B, see [`cpu_config::CpuidMask`]).
+    pub kvm: KvmFlavour,
+    /// The seccomp filter every vCPU thread applies just before its first
+    /// KVM_RUN (`None`: unconfined, `--no-seccomp`). Its SIGSYS handler is
+    /// the caller's to install before the run.
+    pub vcpu_filter: Option<Arc<BpfProgram>>,
+}
+
 /// Boots the resolved run and runs it until it stops. See the module docs.
 pub fn run(
     run: &ResolvedRun,
+    host: &HostSide,
     observer: &mut (dyn PhaseObserver + Send),
 ) -> Result<RunOutcome, RunError> {
     let setup_start = Instant::now();
     let config = &run.config;
-    let mut built = builder::build(run)?;
+    let mut built = builder::build(run, host.kvm)?;
 
     // Host events.
     let done_evt = EventFd::new(EFD_NONBLOCK).map_err(|source| RunError::Host {
@@ -204,12 +221,13 @@ pub fn run(
         let mut handles = Vec::with_capacity(count);
         for (index, vcpu) in vcpus.into_iter().enumerate() {
             let (observer, stop) = (&observer, &stop_state);
-            let (vm, mem, bus, msrs, layout) = (
+            let (vm, mem, bus, msrs, layout, filter) = (
                 &built.vm,
                 &built.mem,
                 &built.bus,
                 &built.msr_answers,
                 &run.layout,
+                host.vcpu_filter.as_deref(),
             );
             let spawned = std::thread::Builder::new()
                 .name(format!("vcpu{index}"))
@@ -223,6 +241,7 @@ pub fn run(
                         layout,
                         bus,
                         msrs,
+                        filter,
                     };
                     vcpu.run(&env, observer)
                 });

@@ -210,11 +210,14 @@ fn measure_on(
     let spec = parse_side(opts, &args.exp, &args.target, args.arch().embedded_image())
         .map_err(|e| CellError::new(exit_code::USAGE, e.to_string()))?;
     let backend = args.target.on.backend();
-    let resolved = preflight(&spec.config, backend.target()).map_err(|e| CellError {
-        code: e.exit_code(),
-        message: e.to_string(),
-        host_kvm_refuses: e.host_kvm_refuses(),
-    })?;
+    let resolved =
+        preflight(&spec.config, backend.target(), &crate::cli::host_facts()).map_err(|e| {
+            CellError {
+                code: e.exit_code(),
+                message: e.to_string(),
+                host_kvm_refuses: e.host_kvm_refuses(),
+            }
+        })?;
     let (_, summary) = run_measured(&resolved, &*backend)
         .map_err(|e| CellError::new(e.exit_code(), e.to_string()))?;
     Ok((
@@ -399,7 +402,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             let basis = (!m.backend.is_empty()).then(|| {
                 let env = crate::report::Environment {
                     backend: m.backend.to_owned(),
-                    kvm: crate::report::environment::kvm(),
+                    kvm: crate::report::environment::kvm(&crate::cli::host_facts()),
                     ..Default::default()
                 };
                 crate::report::time_basis::TimeBasis::of(Some(&env)).label()
