@@ -6,7 +6,9 @@
 //! - the vCPU thread, from just before its first `KVM_RUN` (after the
 //!   observers' `on_start`, which opens KVM stats fds and may start the
 //!   metrics thread): it handles every exit (port I/O to the devices, phase
-//!   markers, page-table walks and telemetry reads of guest memory);
+//!   markers, page-table walks and telemetry reads of guest memory). Its
+//!   filter is compiled here ([`vcpu_filter`]) and handed to the thread by
+//!   whoever calls `machine::run`, which applies what it is given;
 //! - the live-metrics thread, from its first instruction: it reads stats fds
 //!   and guest memory (the telemetry page) and writes `--metrics-out`.
 //!
