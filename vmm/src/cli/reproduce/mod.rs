@@ -550,8 +550,8 @@ mod tests {
     use super::*;
 
     /// A cell's options are what compare's own parser makes of the same
-    /// words (its defaults where the cell says nothing), for every guest
-    /// kind and backend a seed uses.
+    /// words (its defaults where the cell says nothing), for every cell of
+    /// every seed, on each backend.
     #[test]
     fn a_cells_options_are_what_compares_parser_gives_for_its_words() {
         use clap::Parser as _;
@@ -560,8 +560,17 @@ mod tests {
             Guest::Companion(Arch::I386),
             Guest::Linux("debian-amd64"),
         ];
-        let (_, cells) = cells(Seed::Chartre2020, &guests);
-        for cell in &cells {
+        let every_cell: Vec<Cell> = [
+            Seed::Roedel2018,
+            Seed::Tarreau2018,
+            Seed::Chartre2020,
+            Seed::Petkov2015,
+            Seed::Gregg2018,
+        ]
+        .into_iter()
+        .flat_map(|seed| cells(seed, &guests).1)
+        .collect();
+        for cell in &every_cell {
             for backend in [Backend::Kvm, Backend::Qemu] {
                 let timeout = Duration::from_secs(7);
                 let (exp, target) = cell_options(cell, backend, timeout);
