@@ -59,6 +59,7 @@ pub fn run_vm(
     let host = machine::HostSide {
         kvm: facts.kvm_flavour(),
         vcpu_filter: sandbox::vcpu_filter()?,
+        supported_cpuid: facts.supported_cpuid(),
     };
     Ok(run(&resolved, &host, observer)?)
 }

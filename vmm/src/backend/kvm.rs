@@ -42,6 +42,7 @@ impl Backend for Kvm {
         let host = HostSide {
             kvm: self.facts.kvm_flavour(),
             vcpu_filter: crate::sandbox::vcpu_filter()?,
+            supported_cpuid: self.facts.supported_cpuid(),
         };
         let outcome = crate::machine::run(resolved, &host, &mut m)?;
         Ok(Ran {

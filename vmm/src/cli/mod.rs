@@ -328,10 +328,9 @@ pub fn host_facts() -> Arc<HostFacts> {
 /// first waits for it (each is behind a lock or a `OnceLock`). It runs
 /// unconfined by seccomp and ends once they are read.
 pub fn warm_host_facts() {
-    host_facts().warm();
-    if let Ok(kvm) = crate::machine::kvm::open_kvm() {
-        let _ = crate::machine::cpu_config::supported_cpuid(&kvm);
-    }
+    let facts = host_facts();
+    facts.warm();
+    let _ = facts.supported_cpuid();
     crate::report::environment::warm_host();
 }
 

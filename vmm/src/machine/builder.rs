@@ -19,9 +19,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::machine::boot_params;
 use crate::machine::bzimage;
 use crate::machine::cpu_config::{self, CpuidMask, EntryState};
-use crate::machine::kvm::{open_kvm, KvmFlavour};
+use crate::machine::kvm::open_kvm;
 use crate::machine::loader::{self, LoadError};
 use crate::machine::msr::MsrAnswers;
+use crate::machine::HostSide;
 use crate::machine::RunError;
 use crate::spec::ResolvedRun;
 
@@ -61,8 +62,8 @@ fn vm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> RunError {
     move |source| RunError::VmSetup { what, source }
 }
 
-/// Builds the VM for `run` on a KVM of the given flavour.
-pub fn build(run: &ResolvedRun, flavour: KvmFlavour) -> Result<BuiltVm, RunError> {
+/// Builds the VM for `run` on the host its caller describes.
+pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
     let config = &run.config;
     let kvm = open_kvm()?;
     let mem = run.layout.create_guest_memory()?;
@@ -87,7 +88,8 @@ pub fn build(run: &ResolvedRun, flavour: KvmFlavour) -> Result<BuiltVm, RunError
     };
     let cpu = (
         config.cpu_vuln,
-        CpuidMask::for_kernel(loaded.bzimage.is_some() || run.linux.is_some(), flavour),
+        CpuidMask::for_kernel(loaded.bzimage.is_some() || run.linux.is_some(), host.kvm),
+        host.supported_cpuid.as_ref(),
     );
     let chip = match (
         config.irqchip,

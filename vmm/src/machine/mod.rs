@@ -174,6 +174,9 @@ pub struct HostSide {
     /// KVM_RUN (`None`: unconfined, `--no-seccomp`). Its SIGSYS handler is
     /// the caller's to install before the run.
     pub vcpu_filter: Option<Arc<BpfProgram>>,
+    /// KVM's supported CPUID table, which every vCPU starts from
+    /// ([`cpu_config::supported_cpuid`]; `None`: each vCPU asks KVM).
+    pub supported_cpuid: Option<kvm_bindings::CpuId>,
 }
 
 /// Boots the resolved run and runs it until it stops. See the module docs.
@@ -184,7 +187,7 @@ pub fn run(
 ) -> Result<RunOutcome, RunError> {
     let setup_start = Instant::now();
     let config = &run.config;
-    let mut built = builder::build(run, host.kvm)?;
+    let mut built = builder::build(run, host)?;
 
     // Host events.
     let done_evt = EventFd::new(EFD_NONBLOCK).map_err(|source| RunError::Host {

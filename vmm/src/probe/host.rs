@@ -71,6 +71,7 @@ pub struct HostFacts {
     pcid: OnceLock<Option<(bool, String)>>,
     pae: OnceLock<Option<(bool, String)>>,
     refill: OnceLock<probe::RefillProbe>,
+    cpuid: OnceLock<kvm_bindings::CpuId>,
 }
 
 impl HostFacts {
@@ -86,6 +87,7 @@ impl HostFacts {
             pcid: OnceLock::new(),
             pae: OnceLock::new(),
             refill: OnceLock::new(),
+            cpuid: OnceLock::new(),
         }
     }
 
@@ -94,6 +96,19 @@ impl HostFacts {
     /// probed fact finds them.
     pub fn warm(&self) {
         self.cache.warm();
+    }
+
+    /// KVM's supported CPUID table (KVM_GET_SUPPORTED_CPUID), asked once
+    /// and handed to every run (`machine::HostSide`); `None` while KVM
+    /// cannot be opened or refuses (a failure is not kept: the next caller
+    /// asks again, and the run's vCPUs ask KVM themselves).
+    pub fn supported_cpuid(&self) -> Option<kvm_bindings::CpuId> {
+        if let Some(table) = self.cpuid.get() {
+            return Some(table.clone());
+        }
+        let kvm = crate::machine::kvm::open_kvm().ok()?;
+        let table = crate::machine::cpu_config::supported_cpuid(&kvm).ok()?;
+        Some(self.cpuid.get_or_init(|| table).clone())
     }
 
     /// Which KVM implementation backs /dev/kvm.
