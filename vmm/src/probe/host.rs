@@ -5,7 +5,9 @@
 //!
 //! They are one value, [`HostFacts`], made once at the top of a process
 //! (the CLI's) and handed to whatever needs a fact: preflight, the KVM
-//! backend, the environment block. Nothing below keeps facts of its own.
+//! backend, the environment block. Nothing below probes or keeps these
+//! facts itself (the environment block's description of the host kernel
+//! and CPU is its own, read once by `report::environment`).
 //! The cheap facts (which KVM module, how it pages) are read when the value
 //! is made; the probed ones come from the probe ([`crate::probe`]), run at
 //! most once per value, and kept once per boot of the host in a cache file
