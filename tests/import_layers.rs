@@ -430,6 +430,57 @@ fn imports_point_downwards_only() {
     }
 }
 
+/// What the order must keep, whatever else the doc's block says, so that an
+/// import running up cannot be made legal by moving a line: the machine
+/// sits below the host facts (`probe`) and the seccomp filters (`sandbox`),
+/// which its caller hands it, and below `observe`, whose `Measurer` it
+/// reports to through a trait; `input` and `output` use no module of the
+/// machine, and the signals they wait on sit in the bottom layer.
+#[test]
+fn the_machine_is_handed_host_facts_and_filters_from_above() {
+    let layers = layers();
+    let layer_of = |n: &str| {
+        layers
+            .iter()
+            .position(|l| l.contains(n))
+            .unwrap_or_else(|| panic!("the doc's layer block does not place {n}"))
+    };
+    for above in ["probe", "sandbox", "observe", "preflight"] {
+        assert!(
+            layer_of(above) < layer_of("machine"),
+            "docs/architecture.md must keep {above} above machine: machine is handed what \
+             {above} makes, it never asks for it"
+        );
+    }
+    assert_eq!(
+        layer_of("signals"),
+        layers.len() - 1,
+        "signals belongs to the bottom layer (input, output and the machine use it)"
+    );
+    let (g, _) = graph(&layers);
+    for user in ["input", "output"] {
+        let into_machine: Vec<String> = g
+            .get(user)
+            .into_iter()
+            .flatten()
+            .filter(|(to, _)| *to == "machine" || to.starts_with("machine::"))
+            .map(|(to, files)| format!("{to} in {files:?}"))
+            .collect();
+        assert!(
+            into_machine.is_empty(),
+            "{user} imports the machine: {into_machine:?}"
+        );
+    }
+    let machine_core = g.get("machine").cloned().unwrap_or_default();
+    for host_side in ["probe", "sandbox", "observe", "preflight", "report", "cli"] {
+        assert!(
+            !machine_core.contains_key(host_side),
+            "machine imports {host_side} ({:?}): hand it what it needs from there instead",
+            machine_core[host_side]
+        );
+    }
+}
+
 #[test]
 fn the_scanner_sees_imports_and_skips_comments_strings_and_tests() {
     let layers = layers();

@@ -7,7 +7,7 @@ mod common;
 use ptiscope::machine::loader::KernelSource;
 use ptiscope::machine::VmContext;
 use ptiscope::SerialOut;
-use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
+use ptiscope::{run_vm, HostFacts, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::Marker;
 
 #[derive(Default)]
@@ -54,9 +54,12 @@ fn phase_markers_reach_the_observer_and_vms_can_be_run_repeatedly() {
     config.serial_out = SerialOut::Discard;
     config.mem_mib = 16;
 
+    // One set of host facts for every round, as a process gathers them once.
+    let facts = HostFacts::read();
     for round in 0..3 {
         let mut obs = Recorder::default();
-        let out = run_vm(&config, &mut obs).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let out =
+            run_vm(&config, &facts, &mut obs).unwrap_or_else(|e| panic!("round {round}: {e}"));
         assert_eq!(
             out.stop,
             StopReason::GuestExit { status: 0 },

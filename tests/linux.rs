@@ -742,7 +742,8 @@ fn the_vmm_backend_refuses_linux_where_it_cannot_run_and_points_to_qemu() {
     let dir = scratch("linux-kvm");
     let k = dir.join("bzImage");
     fake_bzimage(&k, true);
-    let pvm = ptiscope::probe::host::kvm_flavour() == ptiscope::probe::host::KvmFlavour::Pvm;
+    let pvm =
+        ptiscope::machine::kvm::KvmFlavour::detect() == ptiscope::machine::kvm::KvmFlavour::Pvm;
     let cpus: &[&str] = if pvm { &["1", "2"] } else { &["2"] };
     for n in cpus {
         let o = ptiscope()

@@ -19,7 +19,7 @@ use ptiscope::machine::loader::KernelSource;
 use ptiscope::machine::VmContext;
 use ptiscope::observe::pagetables::{self, EntryArea, Paging, Walk};
 use ptiscope::SerialOut;
-use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
+use ptiscope::{run_vm, HostFacts, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::{Edge, Marker};
 
 /// Runs the embedded guest under KVM and returns (exit code, stdout).
@@ -168,7 +168,7 @@ fn walk_workload_tables(pti: &str) -> TableWalker {
     config.timeout = Duration::from_secs(30);
     config.guest.extra = format!("pti={pti} workload=getpid iterations=10");
     let mut walker = TableWalker::default();
-    let out = run_vm(&config, &mut walker).expect("run the guest");
+    let out = run_vm(&config, &HostFacts::read(), &mut walker).expect("run the guest");
     assert_eq!(
         out.stop,
         StopReason::GuestExit { status: 0 },

@@ -11,7 +11,7 @@ use ptiscope::machine::loader::KernelSource;
 use ptiscope::machine::VmContext;
 use ptiscope::observe::kvm_stats::{self, KvmStats, StatsSnapshot};
 use ptiscope::SerialOut;
-use ptiscope::{run_vm, PhaseObserver, RunConfig, StopReason};
+use ptiscope::{run_vm, HostFacts, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::Marker;
 use ptiscope_abi::telemetry as abi;
 use serde_json::Value;
@@ -86,7 +86,7 @@ fn kvm_stats_fd_against_a_live_guest() {
     let elf = scratch("stats").join("pio.elf");
     write_pvh_elf(&elf, 0x100000, &code);
     let mut obs = StatsRecorder::default();
-    let out = run_vm(&config_for(&elf), &mut obs).expect("run");
+    let out = run_vm(&config_for(&elf), &HostFacts::read(), &mut obs).expect("run");
     assert_eq!(out.stop, StopReason::GuestExit { status: 0 });
     let Some(vcpu) = &obs.vcpu else {
         ptiscope::test_support::skip(

@@ -63,8 +63,11 @@ fn bare_command(args: &LinuxArgs) -> Result<(Command, Vec<std::path::PathBuf>), 
         return Err("internal: not a run command".into());
     };
     let config = run.to_config(ptiscope::GUEST_X86_64);
-    let resolved = ptiscope::preflight::preflight(&config, ptiscope::preflight::Target::QemuTcg)
-        .map_err(|e| e.to_string())?;
+    // Under QEMU preflight reads no host fact: nothing is probed.
+    let facts = ptiscope::HostFacts::read();
+    let resolved =
+        ptiscope::preflight::preflight(&config, ptiscope::preflight::Target::QemuTcg, &facts)
+            .map_err(|e| e.to_string())?;
     let linux = resolved.linux.as_ref().ok_or("not a Linux run")?;
     let i386 = linux.arch == ptiscope::linux::LinuxArch::I386;
     let binary = if i386 {

@@ -725,7 +725,7 @@ pub fn host_is_kvm_pvm(what: &str, why: &str) -> bool {
             what,
             &format!(
                 "{why}; this KVM is {}",
-                ptiscope::probe::host::kvm_flavour().describe()
+                ptiscope::HostFacts::read().describe_kvm()
             ),
         );
     }

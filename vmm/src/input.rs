@@ -4,7 +4,7 @@
 //! little: procfs says 0; a file that says more than the cap is refused
 //! without reading it), within
 //! a time limit, and a termination signal (blocked for the whole process,
-//! see `machine::signals`) ends the read at once. The signal is left
+//! see `signals`) ends the read at once. The signal is left
 //! pending, not taken: a reader whose caller shrugs the error off (the
 //! host-facts cache, read on a thread of its own at start-up) must not
 //! swallow the user's SIGTERM; whoever ends the command takes it. A FIFO without a writer,
@@ -16,7 +16,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::machine::signals;
+use crate::signals;
 
 /// Bytes read per `read(2)` between two looks at the clock and at signals.
 const STEP: usize = 1 << 20;

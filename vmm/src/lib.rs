@@ -21,11 +21,13 @@ pub mod preflight;
 pub mod probe;
 pub mod report;
 pub mod sandbox;
+pub mod signals;
 pub mod spec;
 pub mod x86;
 
 pub use machine::{run, NoObserver, PhaseObserver, RunError, RunOutcome, StopReason};
 pub use preflight::{preflight, PreflightError};
+pub use probe::host::HostFacts;
 pub use spec::{ResolvedRun, RunConfig, SerialOut, Target};
 
 /// Errors of [`run_vm`]: the request could not be settled, or the VM could
@@ -35,35 +37,31 @@ pub enum RunVmError {
     /// The request could not be resolved ([`preflight()`]).
     #[error(transparent)]
     Preflight(#[from] PreflightError),
+    /// The vCPU threads' seccomp filter could not be made ready.
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::SandboxError),
     /// The VM could not be built or run ([`machine::run`]).
     #[error(transparent)]
     Run(#[from] RunError),
 }
 
-/// Settles `config` for this host's KVM ([`preflight()`]) and runs it
-/// ([`machine::run`]): the one-call entry point of the library.
+/// Settles `config` for this host's KVM, as `facts` describe it
+/// ([`preflight()`]), and runs it ([`machine::run`]) with the vCPU threads
+/// confined ([`sandbox::vcpu_filter`]): the one-call entry point of the
+/// library. One [`HostFacts`] serves any number of runs (its probes run
+/// once).
 pub fn run_vm(
     config: &RunConfig,
+    facts: &HostFacts,
     observer: &mut (dyn PhaseObserver + Send),
 ) -> Result<RunOutcome, RunVmError> {
-    let resolved = preflight(config, Target::Kvm)?;
-    Ok(run(&resolved, observer)?)
-}
-
-/// Reads, on a thread of its own, the host facts a measuring command needs
-/// before and after its first boot: the probe cache's key and file (~40
-/// sysfs files), KVM's supported CPUID table, and the environment block's
-/// CPU and vulnerability facts. `main` starts it before parsing the
-/// arguments, so the reads overlap the parsing, the image read and the VM's
-/// set-up instead of adding ~1 ms to a 14 ms run; whoever needs a fact
-/// first waits for it (each is behind a lock or a `OnceLock`). It runs
-/// unconfined by seccomp and ends once they are read.
-pub fn warm_host_facts() {
-    probe::host_cache::warm();
-    if let Ok(kvm) = machine::kvm::open_kvm() {
-        let _ = machine::cpu_config::supported_cpuid(&kvm);
-    }
-    report::environment::warm_host();
+    let resolved = preflight(config, Target::Kvm, facts)?;
+    let host = machine::HostSide {
+        kvm: facts.kvm_flavour(),
+        vcpu_filter: sandbox::vcpu_filter()?,
+        supported_cpuid: facts.supported_cpuid(),
+    };
+    Ok(run(&resolved, &host, observer)?)
 }
 
 /// The embedded default guest image, x86_64 flavour (built by `vmm/build.rs`).

@@ -19,12 +19,12 @@ fn main() -> ExitCode {
         .init();
     // Before any thread exists, so that every thread inherits the mask and
     // SIGINT/SIGTERM arrive through the VMM's signalfd (a clean stop).
-    ptiscope::machine::signals::block_termination_signals();
-    // The host facts are read meanwhile (ptiscope::warm_host_facts); a
-    // command that needs none never waits for them.
+    ptiscope::signals::block_termination_signals();
+    // The host facts are read meanwhile (ptiscope::cli::warm_host_facts);
+    // a command that needs none never waits for them.
     let _ = std::thread::Builder::new()
         .name("host-facts".into())
-        .spawn(ptiscope::warm_host_facts);
+        .spawn(ptiscope::cli::warm_host_facts);
 
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -43,11 +43,11 @@ fn main() -> ExitCode {
     // process ends as that signal asked, with 128 + it.
     // (A command that ended on the signal, e.g. while reading an image,
     // which leaves it pending, has said so already.)
-    if let Some(signal) = ptiscope::machine::signals::wait_termination(Default::default()) {
+    if let Some(signal) = ptiscope::signals::wait_termination(Default::default()) {
         if status != code(128 + signal) {
             eprintln!(
                 "ptiscope: {} after the command finished (its output is complete)",
-                ptiscope::machine::signals::describe(signal)
+                ptiscope::signals::describe(signal)
             );
         }
         return code(128 + signal);

@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::machine::signals;
+use crate::signals;
 
 mod console;
 mod queue;

@@ -6,7 +6,9 @@
 //! - the vCPU thread, from just before its first `KVM_RUN` (after the
 //!   observers' `on_start`, which opens KVM stats fds and may start the
 //!   metrics thread): it handles every exit (port I/O to the devices, phase
-//!   markers, page-table walks and telemetry reads of guest memory);
+//!   markers, page-table walks and telemetry reads of guest memory). Its
+//!   filter is compiled here ([`vcpu_filter`]) and handed to the thread by
+//!   whoever calls `machine::run`, which applies what it is given;
 //! - the live-metrics thread, from its first instruction: it reads stats fds
 //!   and guest memory (the telemetry page) and writes `--metrics-out`.
 //!
@@ -257,6 +259,25 @@ pub fn confine(kind: ThreadKind) -> Result<(), SandboxError> {
         thread: kind.name(),
         source,
     })
+}
+
+/// The vCPU threads' filter, for the caller of `machine::run` to hand to
+/// them ([`crate::machine::HostSide::vcpu_filter`]); `None` when
+/// `--no-seccomp` turned the filters off. Compiled here, on the caller's
+/// thread, with the SIGSYS handler installed and the C library settled
+/// (both process-wide) before any vCPU thread applies it.
+pub fn vcpu_filter() -> Result<Option<std::sync::Arc<BpfProgram>>, SandboxError> {
+    if !enabled() {
+        return Ok(None);
+    }
+    let kind = ThreadKind::Vcpu;
+    let program = filter(kind).map_err(|source| SandboxError::Build {
+        thread: kind.name(),
+        source,
+    })?;
+    install_sigsys_handler()?;
+    settle_c_library();
+    Ok(Some(std::sync::Arc::new(program)))
 }
 
 /// Settles, once per process and before the first filter is applied, the

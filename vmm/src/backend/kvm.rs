@@ -1,15 +1,29 @@
 //! Our VMM on this host's KVM behind the [`Backend`] trait: the run is
 //! `machine::run`, observed from the host by a [`Measurer`].
 
+use std::sync::Arc;
+
 use super::{Backend, BackendError, Ran, Requested, TimeMetric};
-use crate::observe::measure::Measurer;
-use crate::preflight::host;
+use crate::machine::HostSide;
+use crate::observe::measure::{Measurer, ObservedKvm};
+use crate::probe::host::HostFacts;
 use crate::spec::{ResolvedRun, Target};
 
 /// Our VMM on this host's KVM, observed from the host (exits, KVM
-/// statistics, the guest's telemetry page).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Kvm;
+/// statistics, the guest's telemetry page). It holds the host facts its
+/// caller gathered: what it hands `machine::run` and what it says about
+/// this KVM come from them.
+#[derive(Debug, Clone)]
+pub struct Kvm {
+    facts: Arc<HostFacts>,
+}
+
+impl Kvm {
+    /// The backend on the KVM `facts` describe.
+    pub fn new(facts: Arc<HostFacts>) -> Self {
+        Kvm { facts }
+    }
+}
 
 impl Backend for Kvm {
     fn name(&self) -> &'static str {
@@ -21,7 +35,16 @@ impl Backend for Kvm {
     }
 
     fn run_observed(&self, resolved: &ResolvedRun, mut m: Measurer) -> Result<Ran, BackendError> {
-        let outcome = crate::machine::run(resolved, &mut m)?;
+        m.on_kvm(ObservedKvm {
+            flavour: self.facts.kvm_flavour(),
+            sees_cr3_writes: self.facts.sees_cr3_writes(),
+        });
+        let host = HostSide {
+            kvm: self.facts.kvm_flavour(),
+            vcpu_filter: crate::sandbox::vcpu_filter()?,
+            supported_cpuid: self.facts.supported_cpuid(),
+        };
+        let outcome = crate::machine::run(resolved, &host, &mut m)?;
         Ok(Ran {
             outcome,
             observer: Some(m),
@@ -70,14 +93,11 @@ impl Backend for Kvm {
             }
             (EntryChoice::Fixed(_), Some(e)) => e.to_string(),
         };
-        (
-            Some(host::kvm_flavour().describe()),
-            format!("; entry {entry}"),
-        )
+        (Some(self.facts.describe_kvm()), format!("; entry {entry}"))
     }
 
     fn sweep_line(&self) -> (&'static str, String) {
-        ("KVM", host::kvm_flavour().describe().to_owned())
+        ("KVM", self.facts.describe_kvm().to_owned())
     }
 
     fn no_cross_checks(&self) -> Option<&'static str> {
@@ -85,13 +105,13 @@ impl Backend for Kvm {
     }
 
     fn blind_spot(&self) -> Option<&'static str> {
-        (!host::kvm_flavour().sees_cr3_writes()).then_some(
+        (!self.facts.sees_cr3_writes()).then_some(
             "with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only",
         )
     }
 
     fn omits_pcid(&self) -> Option<String> {
-        match host::pcid_usable() {
+        match self.facts.pcid_usable() {
             Some((true, _)) => None,
             Some((false, detail)) => Some(format!(
                 "this host's vCPU has no usable PCID (probe: {detail})"

@@ -72,6 +72,9 @@ pub enum BackendError {
     /// QEMU could not be started or failed.
     #[error(transparent)]
     Qemu(#[from] qemu::QemuError),
+    /// The vCPU threads' seccomp filter could not be made ready.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
 }
 
 /// The options a backend may refuse (what the command line asked for that

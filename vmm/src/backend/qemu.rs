@@ -455,7 +455,7 @@ fn tail_with_panic(tail: Vec<String>, panic: Option<String>) -> Vec<String> {
 /// for the KVM backend's signalfd; here they are taken with a zero-timeout
 /// `sigtimedwait` so that a QEMU run stops as cleanly as a KVM one.
 fn pending_termination() -> Option<i32> {
-    crate::machine::signals::wait_termination(Duration::ZERO)
+    crate::signals::wait_termination(Duration::ZERO)
 }
 
 /// Boots a run resolved for [`Target::QemuTcg`] under QEMU and waits for it

@@ -293,12 +293,12 @@ impl Backend {
     /// difference between them is behind [`crate::backend::Backend`].
     pub fn with_plugin(self, plugin: bool) -> Box<dyn crate::backend::Backend> {
         match self {
-            Backend::Kvm => Box::new(crate::backend::Kvm),
+            Backend::Kvm => Box::new(crate::backend::Kvm::new(super::host_facts())),
             Backend::Qemu => Box::new(crate::backend::Qemu { plugin }),
             // The nested backend runs the whole command inside its inner
             // Linux (crate::nested::cli::intercept, before any command
             // starts), where it is `--backend kvm`: no run reaches here with it.
-            Backend::Nested => Box::new(crate::backend::Kvm),
+            Backend::Nested => Box::new(crate::backend::Kvm::new(super::host_facts())),
         }
     }
 

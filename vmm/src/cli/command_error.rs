@@ -78,7 +78,7 @@ pub enum CommandError {
         source: PreflightError,
     },
     /// A signal arrived before any run.
-    #[error("{} {what}; nothing ran", crate::machine::signals::describe(*.signal))]
+    #[error("{} {what}; nothing ran", crate::signals::describe(*.signal))]
     Interrupted {
         /// The signal.
         signal: i32,

@@ -91,7 +91,7 @@ pub fn finish(command: &str, result: Result<i32, CommandError>) -> i32 {
 /// termination signal), if one did.
 pub fn terminating_signal(code: i32) -> Option<i32> {
     let sig = code - 128;
-    crate::machine::signals::TERMINATION_SIGNALS
+    crate::signals::TERMINATION_SIGNALS
         .contains(&sig)
         .then_some(sig)
 }
@@ -188,6 +188,7 @@ impl ExitCode for RunVmError {
         match self {
             RunVmError::Preflight(e) => e.exit_code(),
             RunVmError::Run(e) => e.exit_code(),
+            RunVmError::Sandbox(_) => INTERNAL,
         }
     }
 }
@@ -197,6 +198,7 @@ impl ExitCode for MeasuredRunError {
         match self {
             MeasuredRunError::Kvm(e) => e.exit_code(),
             MeasuredRunError::Qemu(e) => e.exit_code(),
+            MeasuredRunError::Sandbox(_) => INTERNAL,
             MeasuredRunError::NoPhase { .. } => VM_ERROR,
             MeasuredRunError::GuestFailed { stop, .. } => stop.exit_code(),
             MeasuredRunError::Linux { code, .. } => *code,
@@ -243,6 +245,7 @@ impl ExitCode for crate::backend::BackendError {
         match self {
             crate::backend::BackendError::Kvm(e) => e.exit_code(),
             crate::backend::BackendError::Qemu(e) => e.exit_code(),
+            crate::backend::BackendError::Sandbox(_) => INTERNAL,
         }
     }
 }
@@ -296,7 +299,7 @@ mod tests {
     #[test]
     fn a_signal_while_an_image_is_read_ends_with_128_plus_it_everywhere() {
         use crate::linux::{ImageError, LinuxError};
-        for signal in crate::machine::signals::TERMINATION_SIGNALS {
+        for signal in crate::signals::TERMINATION_SIGNALS {
             let load = || LoadError::Interrupted(signal);
             let linux = || LinuxError::Image(ImageError::Read(load()));
             let preflights = [PreflightError::Load(load()), PreflightError::Linux(linux())];

@@ -15,6 +15,9 @@ pub enum MeasuredRunError {
     /// QEMU could not be started or failed.
     #[error(transparent)]
     Qemu(#[from] QemuError),
+    /// The vCPU threads' seccomp filter could not be made ready.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
     /// The guest ran to a clean exit without marking a workload phase.
     #[error(
         "the guest marked no workload phase, so there is nothing to compare \
@@ -49,6 +52,7 @@ impl From<crate::backend::BackendError> for MeasuredRunError {
         match e {
             crate::backend::BackendError::Kvm(e) => MeasuredRunError::Kvm(e),
             crate::backend::BackendError::Qemu(e) => MeasuredRunError::Qemu(e),
+            crate::backend::BackendError::Sandbox(e) => MeasuredRunError::Sandbox(e),
         }
     }
 }

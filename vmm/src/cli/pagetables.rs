@@ -60,7 +60,7 @@ pub fn run(args: &PagetablesArgs) -> i32 {
     };
     let mut inspector = Inspector::new(paging, entry_area)
         .with_deferred_text(EntryArea::deferred_switch_text(&image));
-    let outcome = match run_vm(&config, &mut inspector) {
+    let outcome = match run_vm(&config, &crate::cli::host_facts(), &mut inspector) {
         Ok(o) => o,
         Err(e) => {
             say!("ptiscope: error: {e}");
@@ -92,6 +92,7 @@ pub fn run(args: &PagetablesArgs) -> i32 {
         if let Some(o) = value.as_object_mut() {
             let options = crate::cli::compare::config_words(&outcome);
             let env = crate::report::Environment::collect(
+                &crate::cli::host_facts(),
                 "kvm",
                 crate::cli::compare::guest_image_of(&config.kernel, Some(&image)),
                 [("pagetables".to_owned(), options)].into(),

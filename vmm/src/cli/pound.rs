@@ -15,7 +15,8 @@ use crate::cli::{CompareArgs, Runs};
 use crate::experiment::{Experiment, ExperimentError, Failed, Outcome, RunCount, RunId, Silent};
 use crate::output::open_outputs;
 use crate::preflight::cmdline::Workload;
-use crate::preflight::{host, preflight};
+use crate::preflight::preflight;
+use crate::probe::host;
 use crate::report::environment::Environment;
 use crate::report::RunSummary;
 use ptiscope_abi::cmdline::THREADS;
@@ -137,7 +138,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     // What the elapsed seconds below are on this backend.
     let env = crate::report::Environment {
         backend: backend.name().to_owned(),
-        kvm: crate::report::environment::kvm(),
+        kvm: crate::report::environment::kvm(&crate::cli::host_facts()),
         ..Default::default()
     };
     println!(
@@ -162,7 +163,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
             c.guest.extra = format!("{} threads={threads}", c.guest.extra)
                 .trim()
                 .to_string();
-            preflight(&c, backend.target())
+            preflight(&c, backend.target(), &crate::cli::host_facts())
         };
         let resolved = [with_threads(&base)?, with_threads(&comp)?];
         booted.get_or_insert_with(|| resolved[0].image.clone());
@@ -196,6 +197,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     print!("{}", render(&base.label, &comp.label, &counts));
     if let Some(f) = &json_file {
         let environment = Environment::collect(
+            &crate::cli::host_facts(),
             backend.name(),
             guest_image_of(&base.config.kernel, booted.as_deref()),
             [

@@ -59,13 +59,14 @@ pub fn run(args: &ProbeArgs) -> i32 {
             // The environment block below carries the refill verdict: the
             // one just measured, not a second measurement; the host facts
             // cache keeps what was just measured.
-            crate::preflight::host::remember_report(&report);
+            crate::cli::host_facts().remember_report(&report);
             if args.json {
                 // Every JSON report records where it came from; the probe's
                 // own findings are the report itself, the block adds the rest.
                 let mut value = serde_json::to_value(&report).unwrap_or_default();
                 if let Some(o) = value.as_object_mut() {
                     let env = crate::report::Environment::collect(
+                        &crate::cli::host_facts(),
                         "kvm",
                         crate::report::environment::GuestImage::new(
                             "none (the probe's own tiny guests)",

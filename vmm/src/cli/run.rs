@@ -19,9 +19,10 @@ pub fn run(args: &RunArgs) -> i32 {
         say!("ptiscope: error: {}", exit_code::escape_message(&why));
         return exit_code::USAGE;
     }
+    let facts = super::host_facts();
     let backend = args.on.backend();
     let config = args.to_config(args.arch().embedded_image());
-    let mut resolved = match crate::preflight(&config, backend.target()) {
+    let mut resolved = match crate::preflight(&config, backend.target(), &facts) {
         Ok(r) => r,
         Err(e) => {
             say!(
@@ -93,7 +94,7 @@ pub fn run(args: &RunArgs) -> i32 {
     }
     // The report's environment block is collected while the guest runs (the
     // image's SHA-256 is most of it; the main thread only waits meanwhile).
-    let environment = Pending::start(backend.name(), &resolved);
+    let environment = Pending::start(facts.clone(), backend.name(), &resolved);
     let ran = match backend.run_observed(&resolved, measurer) {
         Ok(ran) => ran,
         Err(e) => {
@@ -267,10 +268,15 @@ impl Pending {
     /// Starts collecting `run`'s environment under `backend`. What the probe
     /// found is settled first, here: a fact not yet known would otherwise be
     /// probed (probe VMs) beside the measured guest.
-    pub fn start(backend: &str, run: &crate::spec::ResolvedRun) -> Pending {
-        let _ = crate::report::environment::probe_findings(crate::machine::loader::is_elf32(
-            &run.image,
-        ));
+    pub fn start(
+        facts: std::sync::Arc<crate::probe::host::HostFacts>,
+        backend: &str,
+        run: &crate::spec::ResolvedRun,
+    ) -> Pending {
+        let _ = crate::report::environment::probe_findings(
+            &facts,
+            crate::machine::loader::is_elf32(&run.image),
+        );
         let (backend, kernel, image) = (
             backend.to_owned(),
             run.config.kernel.clone(),
@@ -278,6 +284,7 @@ impl Pending {
         );
         Pending(std::thread::spawn(move || {
             crate::report::Environment::collect(
+                &facts,
                 &backend,
                 crate::cli::compare::guest_image_of(&kernel, Some(&image)),
                 Default::default(),

@@ -22,6 +22,7 @@ use crate::machine::cpu_config::{self, CpuidMask, EntryState};
 use crate::machine::kvm::open_kvm;
 use crate::machine::loader::{self, LoadError};
 use crate::machine::msr::MsrAnswers;
+use crate::machine::HostSide;
 use crate::machine::RunError;
 use crate::spec::ResolvedRun;
 
@@ -61,8 +62,8 @@ fn vm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> RunError {
     move |source| RunError::VmSetup { what, source }
 }
 
-/// Builds the VM for `run`.
-pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
+/// Builds the VM for `run` on the host its caller describes.
+pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
     let config = &run.config;
     let kvm = open_kvm()?;
     let mem = run.layout.create_guest_memory()?;
@@ -87,7 +88,8 @@ pub fn build(run: &ResolvedRun) -> Result<BuiltVm, RunError> {
     };
     let cpu = (
         config.cpu_vuln,
-        CpuidMask::for_kernel(loaded.bzimage.is_some() || run.linux.is_some()),
+        CpuidMask::for_kernel(loaded.bzimage.is_some() || run.linux.is_some(), host.kvm),
+        host.supported_cpuid.as_ref(),
     );
     let chip = match (
         config.irqchip,

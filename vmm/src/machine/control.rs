@@ -10,7 +10,7 @@ use ptiscope_devices::SerialDevice;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::machine::signals::TerminationSignals;
+use crate::signals::TerminationSignals;
 
 const TOKEN_DONE: u32 = 1;
 const TOKEN_SIGNAL: u32 = 2;

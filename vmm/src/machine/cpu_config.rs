@@ -93,10 +93,9 @@ pub struct CpuidMask {
 impl CpuidMask {
     /// The default: for a Linux kernel (a bzImage) on kvm_pvm, hide CX16;
     /// otherwise hide nothing (the companion guest never uses CMPXCHG16B).
-    pub fn for_kernel(linux: bool) -> Self {
+    pub fn for_kernel(linux: bool, flavour: crate::machine::kvm::KvmFlavour) -> Self {
         CpuidMask {
-            hide_cx16: linux
-                && crate::probe::host::kvm_flavour() == crate::probe::host::KvmFlavour::Pvm,
+            hide_cx16: linux && flavour == crate::machine::kvm::KvmFlavour::Pvm,
             hypervisor: linux,
         }
     }
@@ -182,6 +181,11 @@ pub enum EntryState {
     },
 }
 
+/// What every vCPU of a run gets alike: the CPU's vulnerabilities as the
+/// guest sees them, the CPUID mask, and KVM's supported CPUID table if the
+/// run's caller has it (`None`: each vCPU asks KVM).
+pub type CpuSetup<'a> = (CpuVuln, CpuidMask, Option<&'a kvm_bindings::CpuId>);
+
 /// Sets CPUID (less `mask`), ARCH_CAPABILITIES (per `cpu_vuln`) and the
 /// entry state `how`.
 pub fn configure(
@@ -190,9 +194,9 @@ pub fn configure(
     vcpu: &VcpuFd,
     entry: u64,
     how: EntryState,
-    (cpu_vuln, mask): (CpuVuln, CpuidMask),
+    cpu: CpuSetup<'_>,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
-    let msrs = configure_cpu(kvm, vm, vcpu, cpu_vuln, mask)?;
+    let msrs = configure_cpu(kvm, vm, vcpu, cpu)?;
 
     let mut sregs = vcpu.get_sregs().map_err(VcpuSetupError::GetSregs)?;
     let mut regs = kvm_regs {
@@ -224,23 +228,19 @@ pub fn configure_ap(
     kvm: &Kvm,
     vm: &VmFd,
     vcpu: &VcpuFd,
-    (cpu_vuln, mask): (CpuVuln, CpuidMask),
+    cpu: CpuSetup<'_>,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
-    configure_cpu(kvm, vm, vcpu, cpu_vuln, mask)
+    configure_cpu(kvm, vm, vcpu, cpu)
 }
 
-/// KVM_GET_SUPPORTED_CPUID, asked once per process: the answer depends on
-/// the host CPU and the KVM module only, and asking costs ~0.3 ms here (KVM
-/// executes CPUID for every leaf, and CPUID traps when the host is itself a
-/// guest); every vCPU of every run of a `compare` gets the same table.
-/// A failure is not kept: the next vCPU asks again.
+/// KVM_GET_SUPPORTED_CPUID. The answer depends on the host CPU and the KVM
+/// module only, and asking costs ~0.3 ms here (KVM executes CPUID for every
+/// leaf, and CPUID traps when the host is itself a guest), so the host
+/// facts keep it (`probe::host::HostFacts::supported_cpuid`) and a run's
+/// caller hands it over ([`crate::machine::HostSide`]): every vCPU of every
+/// run of a `compare` gets the same table without asking.
 pub fn supported_cpuid(kvm: &Kvm) -> Result<kvm_bindings::CpuId, kvm_ioctls::Error> {
-    static SUPPORTED: std::sync::OnceLock<kvm_bindings::CpuId> = std::sync::OnceLock::new();
-    if let Some(c) = SUPPORTED.get() {
-        return Ok(c.clone());
-    }
-    let cpuid = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)?;
-    Ok(SUPPORTED.get_or_init(|| cpuid).clone())
+    kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
 }
 
 /// What every vCPU gets: CPUID, ARCH_CAPABILITIES, the FPU's reset state.
@@ -248,11 +248,13 @@ fn configure_cpu(
     kvm: &Kvm,
     vm: &VmFd,
     vcpu: &VcpuFd,
-    cpu_vuln: CpuVuln,
-    mask: CpuidMask,
+    (cpu_vuln, mask, supported): CpuSetup<'_>,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
     // Without CPUID set, the guest's EFER write (long mode) #GPs on some KVMs.
-    let mut cpuid = supported_cpuid(kvm).map_err(VcpuSetupError::GetCpuid)?;
+    let mut cpuid = match supported {
+        Some(table) => table.clone(),
+        None => supported_cpuid(kvm).map_err(VcpuSetupError::GetCpuid)?,
+    };
     if cpu_vuln != CpuVuln::Host {
         // Enumerate the MSR so a guest that checks CPUID first (as Linux
         // does) reads it. Some KVMs (kvm_pvm) replace leaf 7 with the host's

@@ -44,6 +44,31 @@ pub enum KvmOpenError {
     },
 }
 
+/// Which KVM implementation backs /dev/kvm. Read from the loaded modules
+/// by the host facts (`probe::host::HostFacts`) once, and handed to a run by
+/// its caller: the VM builder hides CMPXCHG16B from a Linux guest on
+/// kvm_pvm, the report reads kvm_pvm's emulated instructions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvmFlavour {
+    /// `kvm_pvm`: a software virtualizer (no guest SYSCALL, no 32-bit paging, no PCID).
+    Pvm,
+    /// Hardware-assisted KVM (kvm_intel / kvm_amd) or anything else.
+    #[default]
+    Hardware,
+}
+
+impl KvmFlavour {
+    /// The flavour of the loaded KVM modules (`/sys/module/kvm_pvm`).
+    pub fn detect() -> KvmFlavour {
+        if std::path::Path::new("/sys/module/kvm_pvm").exists() {
+            KvmFlavour::Pvm
+        } else {
+            KvmFlavour::Hardware
+        }
+    }
+}
+
 /// The KVM device path (`PTISCOPE_KVM_DEVICE` overrides it, for tests of the
 /// error paths and for hosts with an unusual device node).
 pub fn kvm_device_path() -> String {

@@ -76,7 +76,7 @@ pub enum LoadError {
         source: std::io::Error,
     },
     /// A termination signal arrived while the image was read (its number).
-    #[error("{} while reading the kernel image", crate::machine::signals::describe(*.0))]
+    #[error("{} while reading the kernel image", crate::signals::describe(*.0))]
     Interrupted(i32),
     /// The image is over [`MAX_IMAGE_BYTES`] (its name).
     #[error("kernel image {0} is larger than {MAX_IMAGE_BYTES} bytes")]

@@ -22,18 +22,18 @@ pub mod memory;
 pub mod msr;
 mod outcome;
 pub(crate) mod segments;
-pub mod signals;
 mod stop;
 mod vcpu;
 mod watchdog;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, SubscriberOps};
 use kvm_ioctls::{VcpuFd, VmFd};
 use ptiscope_abi::phase::Marker;
 use ptiscope_devices::ConsoleRecorder;
+use seccompiler::BpfProgram;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -41,13 +41,13 @@ use crate::machine::boot_params::BootParamsError;
 use crate::machine::control::{stdin_is_interactive, Control};
 use crate::machine::cpu_config::VcpuSetupError;
 use crate::machine::exit::ExitCounts;
-use crate::machine::kvm::KvmOpenError;
+use crate::machine::kvm::{KvmFlavour, KvmOpenError};
 use crate::machine::loader::LoadError;
 use crate::machine::memory::{MemoryError, MemoryLayout};
 pub use crate::machine::outcome::{PhaseEvent, PluginOutput, RunOutcome, StopReason, VcpuOutcome};
-use crate::machine::signals::{SignalError, TerminationSignals};
 use crate::machine::stop::StopState;
 use crate::machine::vcpu::{SharedObserver, Vcpu, VcpuEnv};
+use crate::signals::{SignalError, TerminationSignals};
 use crate::spec::ResolvedRun;
 
 /// What the phase observer may look at, on the vCPU thread, at an exit.
@@ -161,14 +161,33 @@ pub enum RunError {
     VcpuThreadPanicked(usize),
 }
 
+/// What a run's caller settles about the host and hands to [`run`]: the
+/// machine reads no host fact and picks no policy of its own (the CLI
+/// gathers the facts, `sandbox` compiles the filter), as Firecracker's
+/// `Vcpu::start_threaded` is handed its seccomp filter.
+#[derive(Debug, Clone, Default)]
+pub struct HostSide {
+    /// Which KVM backs /dev/kvm (on kvm_pvm a Linux guest's CPUID hides
+    /// CMPXCHG16B, see [`cpu_config::CpuidMask`]).
+    pub kvm: KvmFlavour,
+    /// The seccomp filter every vCPU thread applies just before its first
+    /// KVM_RUN (`None`: unconfined, `--no-seccomp`). Its SIGSYS handler is
+    /// the caller's to install before the run.
+    pub vcpu_filter: Option<Arc<BpfProgram>>,
+    /// KVM's supported CPUID table, which every vCPU starts from
+    /// ([`cpu_config::supported_cpuid`]; `None`: each vCPU asks KVM).
+    pub supported_cpuid: Option<kvm_bindings::CpuId>,
+}
+
 /// Boots the resolved run and runs it until it stops. See the module docs.
 pub fn run(
     run: &ResolvedRun,
+    host: &HostSide,
     observer: &mut (dyn PhaseObserver + Send),
 ) -> Result<RunOutcome, RunError> {
     let setup_start = Instant::now();
     let config = &run.config;
-    let mut built = builder::build(run)?;
+    let mut built = builder::build(run, host)?;
 
     // Host events.
     let done_evt = EventFd::new(EFD_NONBLOCK).map_err(|source| RunError::Host {
@@ -191,7 +210,7 @@ pub fn run(
     );
     let mut em: EventManager<Control> = EventManager::new().map_err(RunError::EventLoop)?;
     let control_id = em.add_subscriber(control);
-    signals::install_kick_handler()?;
+    crate::signals::install_kick_handler()?;
     let setup_time = setup_start.elapsed();
 
     let count = built.vcpus.len();
@@ -205,12 +224,13 @@ pub fn run(
         let mut handles = Vec::with_capacity(count);
         for (index, vcpu) in vcpus.into_iter().enumerate() {
             let (observer, stop) = (&observer, &stop_state);
-            let (vm, mem, bus, msrs, layout) = (
+            let (vm, mem, bus, msrs, layout, filter) = (
                 &built.vm,
                 &built.mem,
                 &built.bus,
                 &built.msr_answers,
                 &run.layout,
+                host.vcpu_filter.as_deref(),
             );
             let spawned = std::thread::Builder::new()
                 .name(format!("vcpu{index}"))
@@ -224,6 +244,7 @@ pub fn run(
                         layout,
                         bus,
                         msrs,
+                        filter,
                     };
                     vcpu.run(&env, observer)
                 });

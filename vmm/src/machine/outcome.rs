@@ -124,7 +124,7 @@ impl std::fmt::Display for StopReason {
                 write!(f, "timeout: the guest was stopped after {after_ms} ms")
             }
             StopReason::Signal { signal } => {
-                write!(f, "{}", crate::machine::signals::describe(*signal))
+                write!(f, "{}", crate::signals::describe(*signal))
             }
             StopReason::Reset => write!(
                 f,

@@ -16,10 +16,9 @@ use crate::machine::exit::{dispatch, DispatchCtx, ExitAction, ExitCounts, GuestS
 use crate::machine::memory::MemoryLayout;
 use crate::machine::msr::MsrAnswers;
 use crate::machine::outcome::{PhaseEvent, StopReason};
-use crate::machine::signals::{KickableVcpu, SignalError};
 use crate::machine::stop::StopState;
 use crate::machine::{PhaseObserver, VmContext};
-use crate::sandbox::{self, SandboxError, ThreadKind};
+use crate::signals::{KickableVcpu, SignalError};
 
 /// Phase events kept per run; more are counted, not stored.
 pub const MAX_PHASE_EVENTS: usize = 1 << 16;
@@ -42,6 +41,9 @@ pub struct VcpuEnv<'a> {
     pub bus: &'a PioBus,
     /// The answers to trapped RDMSRs.
     pub msrs: &'a MsrAnswers,
+    /// The seccomp filter the thread applies before its first KVM_RUN
+    /// (the run's caller's, [`crate::machine::HostSide`]).
+    pub filter: Option<&'a seccompiler::BpfProgram>,
 }
 
 /// Errors that end a vCPU thread before or outside the guest's own stop.
@@ -50,9 +52,12 @@ pub enum VcpuRunError {
     /// The thread could not register its vCPU for kicks.
     #[error(transparent)]
     Signal(#[from] SignalError),
-    /// The thread's seccomp filter could not be applied.
-    #[error(transparent)]
-    Sandbox(#[from] SandboxError),
+    /// The kernel refused the thread's seccomp filter.
+    #[error(
+        "applying the seccomp filter to the vCPU thread: {0} \
+         (a kernel without seccomp-bpf? `--no-seccomp` runs without it)"
+    )]
+    Seccomp(#[source] seccompiler::Error),
 }
 
 /// The observer as the vCPU threads share it: each locks it for a call.
@@ -146,7 +151,9 @@ impl Vcpu {
         }
         // Set-up is done (on_start opened its stats fds): from here the
         // thread handles what the guest does, under its seccomp filter.
-        sandbox::confine(ThreadKind::Vcpu)?;
+        if let Some(filter) = env.filter {
+            seccompiler::apply_filter(filter).map_err(VcpuRunError::Seccomp)?;
+        }
         let stop = loop {
             if env.stop.killed() {
                 break None;

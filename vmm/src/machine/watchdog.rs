@@ -9,8 +9,8 @@ use event_manager::{EventManager, SubscriberId, SubscriberOps};
 
 use crate::machine::control::Control;
 use crate::machine::outcome::StopReason;
-use crate::machine::signals;
 use crate::machine::stop::StopState;
+use crate::signals;
 
 /// Waits for a vCPU thread to finish (any of them), the timeout (counted
 /// from this call), or a termination signal; records in `stop` why it

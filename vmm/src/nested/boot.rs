@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::{frame, init, Request, Response, INIT_ENV};
 use crate::cli::exit_code;
-use crate::machine::signals;
+use crate::signals;
 
 /// How long the inner Linux gets to boot, load the modules and power off
 /// around its jobs (it takes 3-10 s here; QEMU 10 under load, more).

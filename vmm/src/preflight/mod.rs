@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::machine::kvm::{self, KvmOpenError};
 use crate::machine::loader::{self, LoadError};
 use crate::machine::memory::{MemoryError, MemoryLayout};
-pub use crate::probe::host;
+use crate::probe::host::HostFacts;
 pub use crate::spec::{cmdline, request, ResolvedRun, RunConfig, SerialOut, Target, MAX_CPUS};
 use cmdline::{CmdlineError, Entry, EntryChoice, ResolvedOptions, Switch};
 
@@ -139,9 +139,15 @@ fn working_set_advice(config: &RunConfig, image: Option<&[u8]>, wss: u64) -> Str
 }
 
 /// Settles `config` for `target`. Bad input is reported before KVM is
-/// touched, so that it reads the same on hosts without KVM.
-pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, PreflightError> {
-    preflight_with_image(config, target, None)
+/// touched, so that it reads the same on hosts without KVM. Under KVM the
+/// host's limits come from `facts` (the caller's, gathered once); their
+/// probes run here, before any VM of the run exists.
+pub fn preflight(
+    config: &RunConfig,
+    target: Target,
+    facts: &HostFacts,
+) -> Result<ResolvedRun, PreflightError> {
+    preflight_with_image(config, target, facts, None)
 }
 
 /// [`preflight`] with the image already read (`Some`: an earlier
@@ -150,12 +156,13 @@ pub fn preflight(config: &RunConfig, target: Target) -> Result<ResolvedRun, Pref
 pub fn preflight_with_image(
     config: &RunConfig,
     target: Target,
+    facts: &HostFacts,
     image: Option<Arc<[u8]>>,
 ) -> Result<ResolvedRun, PreflightError> {
     let layout = MemoryLayout::new(config.mem_mib)?;
     let asked = config.guest.absorb_extra()?;
     if let crate::spec::linux::GuestKind::Linux(req) = &config.guest_kind {
-        return Ok(linux::settle(config, req, target, layout, asked)?);
+        return Ok(linux::settle(config, req, target, facts, layout, asked)?);
     }
     // The guest's own image, page tables and stacks take a few MiB; the
     // guest checks the exact figure and refuses with its own message.
@@ -252,7 +259,7 @@ pub fn preflight_with_image(
             // some KVMs (kvm_pvm) refuse with a #GP the guest cannot
             // survive: say so before booting rather than report a triple fault.
             if elf32 {
-                if let Some((false, detail)) = host::pae_paging_usable() {
+                if let Some((false, detail)) = facts.pae_paging_usable() {
                     return Err(PreflightError::PaePagingRefused {
                         image: image_name,
                         detail,
@@ -260,21 +267,23 @@ pub fn preflight_with_image(
                 }
             }
             if auto {
-                let (e, guessed) = host::resolve_entry(elf32);
+                let (e, guessed) = facts.resolve_entry(elf32);
                 guest.entry = Some(e);
                 entry_guessed = guessed;
             } else if let EntryChoice::Fixed(e) = asked.entry {
-                host::check_entry(elf32, e).map_err(PreflightError::EntryRefused)?;
+                facts
+                    .check_entry(elf32, e)
+                    .map_err(PreflightError::EntryRefused)?;
             }
             if guest.pcid == Some(Switch::On) {
-                if let Some((false, detail)) = host::pcid_usable() {
+                if let Some((false, detail)) = facts.pcid_usable() {
                     return Err(PreflightError::PcidUnusable { detail });
                 }
             }
             // The report's environment block carries the refill verdict:
             // probe it now (once per process, a few hundred ms), before any
             // VM of the run exists, never beside or after the run's threads.
-            let _ = host::cr3_write_refill();
+            let _ = facts.cr3_write_refill();
         }
     }
     let mut cmdline = cmdline::build(&guest, layout.telemetry_addr())?;

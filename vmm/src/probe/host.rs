@@ -1,68 +1,29 @@
 //! What this host's KVM can deliver, as far as the VMM's defaults care:
 //! `entry=auto`, refusing an `--entry` or `--pcid on` the host cannot
 //! run before the guest boots, and whether a guest CR3 write costs user
-//! code a TLB refill here (what `sweep` and the reports say about it). The answers come from the probe
-//! ([`crate::probe`]), run once per process, and kept once per boot of the
-//! host in a cache file ([`crate::probe::host_cache`]): a process whose host
-//! state matches the file's key runs no probe VM for them.
+//! code a TLB refill here (what `sweep` and the reports say about it).
+//!
+//! They are one value, [`HostFacts`], made once at the top of a process
+//! (the CLI's) and handed to whatever needs a fact: preflight, the KVM
+//! backend, the environment block. Nothing below probes or keeps these
+//! facts itself (the environment block's description of the host kernel
+//! and CPU is its own, read once by `report::environment`).
+//! The cheap facts (which KVM module, how it pages) are read when the value
+//! is made; the probed ones come from the probe ([`crate::probe`]), run at
+//! most once per value, and kept once per boot of the host in a cache file
+//! ([`crate::probe::host_cache`]): a process whose host state matches the
+//! file's key runs no probe VM for them.
 
-use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::machine::kvm::KvmFlavour;
 use crate::probe::host_cache::{self, CachedRefill};
 use crate::probe::{self, ProbeOptions};
 use ptiscope_abi::options::Entry;
 
-/// Which KVM implementation backs /dev/kvm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KvmFlavour {
-    /// `kvm_pvm`: a software virtualizer (no guest SYSCALL, no 32-bit paging, no PCID).
-    Pvm,
-    /// Hardware-assisted KVM (kvm_intel / kvm_amd) or anything else.
-    Hardware,
-}
-
-impl KvmFlavour {
-    /// One line for reports, saying whether KVM sees guest CR3 writes.
-    pub fn describe(self) -> &'static str {
-        match self {
-            KvmFlavour::Pvm => {
-                "kvm_pvm (software virtualizer, shadow paging: KVM sees guest CR3 writes)"
-            }
-            KvmFlavour::Hardware if crate::spec::nested::inside() => {
-                crate::spec::nested::KVM_DESCRIPTION
-            }
-            KvmFlavour::Hardware => match two_dimensional_paging() {
-                Some(true) => "hardware KVM with EPT/NPT (KVM does not see guest CR3 writes)",
-                Some(false) => "hardware KVM with shadow paging (KVM sees guest CR3 writes)",
-                None => "hardware KVM (kvm_intel / kvm_amd)",
-            },
-        }
-    }
-
-    /// Whether KVM intercepts guest CR3 writes (shadow paging), so that its
-    /// `tlb_flush` stat follows them. With EPT/NPT the host cannot see them.
-    pub fn sees_cr3_writes(self) -> bool {
-        match self {
-            KvmFlavour::Pvm => true,
-            KvmFlavour::Hardware => two_dimensional_paging() == Some(false),
-        }
-    }
-}
-
-/// Detects the KVM flavour from the loaded modules.
-pub fn kvm_flavour() -> KvmFlavour {
-    if Path::new("/sys/module/kvm_pvm").exists() {
-        KvmFlavour::Pvm
-    } else {
-        KvmFlavour::Hardware
-    }
-}
-
 /// EPT (kvm_intel) or NPT (kvm_amd) in use, from the module parameters;
 /// `None` if neither module is loaded.
-pub fn two_dimensional_paging() -> Option<bool> {
+fn two_dimensional_paging() -> Option<bool> {
     for p in [
         "/sys/module/kvm_intel/parameters/ept",
         "/sys/module/kvm_amd/parameters/npt",
@@ -73,14 +34,6 @@ pub fn two_dimensional_paging() -> Option<bool> {
         }
     }
     None
-}
-
-/// The flavour heuristic, used only when the probe cannot run.
-fn heuristic_entry() -> Entry {
-    match kvm_flavour() {
-        KvmFlavour::Pvm => Entry::Int3,
-        KvmFlavour::Hardware => Entry::Syscall,
-    }
 }
 
 /// The entry probe's findings: which entries reach CPL0 from user mode,
@@ -104,61 +57,250 @@ impl EntryFindings {
     }
 }
 
-/// The entry probe, run once per process.
-pub fn entry_findings() -> &'static EntryFindings {
-    static FINDINGS: OnceLock<EntryFindings> = OnceLock::new();
-    FINDINGS.get_or_init(|| {
-        let outcomes = host_cache::cached(
-            |f| {
-                let cached = f.entries.clone()?;
-                Some(cached.map(|v| {
-                    v.into_iter()
-                        .filter_map(|(e, d, w)| Some((e.parse().ok()?, d, w)))
-                        .collect()
-                }))
-            },
-            || {
-                probe::probe_entries(&ProbeOptions::default())
-                    .map(|v| {
-                        v.into_iter()
-                            .map(|(e, o)| {
-                                let works = o.works();
-                                (e, o.to_string(), works)
-                            })
-                            .collect()
-                    })
-                    .map_err(|e| e.to_string())
-            },
-            |f, v: &Result<Vec<(probe::Entry, String, bool)>, String>| {
-                f.entries = Some(v.clone().map(|v| {
-                    v.into_iter()
-                        .map(|(e, d, w)| (e.name().to_owned(), d, w))
-                        .collect()
-                }));
-            },
-        );
-        EntryFindings { outcomes }
-    })
+/// The host facts the VMM acts on, gathered once per process by its top
+/// (the CLI) and passed down by reference. The probed facts are measured
+/// (or read from the cache file) at their first use, so that a command that
+/// needs none (a QEMU run) boots no probe VM; a caller that must not have a
+/// probe VM run beside its guest asks for them before the boot.
+#[derive(Debug)]
+pub struct HostFacts {
+    kvm: KvmFlavour,
+    two_dimensional_paging: Option<bool>,
+    /// Inside `--backend nested`: the KVM is the nested kvm_amd.
+    nested: bool,
+    cache: host_cache::Cache,
+    entries: OnceLock<EntryFindings>,
+    pcid: OnceLock<Option<(bool, String)>>,
+    pae: OnceLock<Option<(bool, String)>>,
+    refill: OnceLock<probe::RefillProbe>,
+    cpuid: OnceLock<kvm_bindings::CpuId>,
 }
 
-/// Resolves `--entry auto` for a guest of the given width (`elf32`: the
-/// i386 flavour) from the entry probe. See [`choose_auto_entry`]; the flag
-/// is true when the entry was guessed, not found.
-pub fn resolve_entry(elf32: bool) -> (Entry, bool) {
-    let f = entry_findings();
-    let working = f.working();
-    let (e, guessed) = choose_auto_entry(elf32, working.as_deref(), heuristic_entry());
-    if guessed {
-        match &f.outcomes {
-            Ok(_) => log::warn!(
-                "entry=auto: the probe found no entry that reaches CPL0 from user mode; trying {e}"
-            ),
-            Err(why) => log::warn!(
-                "entry=auto: probing the host's entries failed ({why}); assuming {e} from the KVM module"
-            ),
+impl HostFacts {
+    /// Reads the cheap facts (the KVM modules loaded and their paging);
+    /// the probed ones wait for their first use.
+    pub fn read() -> HostFacts {
+        HostFacts {
+            kvm: KvmFlavour::detect(),
+            two_dimensional_paging: two_dimensional_paging(),
+            nested: crate::spec::nested::inside(),
+            cache: host_cache::Cache::default(),
+            entries: OnceLock::new(),
+            pcid: OnceLock::new(),
+            pae: OnceLock::new(),
+            refill: OnceLock::new(),
+            cpuid: OnceLock::new(),
         }
     }
-    (e, guessed)
+
+    /// Reads the cache file's key and the file now (`main` does it on a
+    /// thread of its own while it parses the arguments), so that the first
+    /// probed fact finds them.
+    pub fn warm(&self) {
+        self.cache.warm();
+    }
+
+    /// KVM's supported CPUID table (KVM_GET_SUPPORTED_CPUID), asked once
+    /// and handed to every run (`machine::HostSide`); `None` while KVM
+    /// cannot be opened or refuses (a failure is not kept: the next caller
+    /// asks again, and the run's vCPUs ask KVM themselves).
+    pub fn supported_cpuid(&self) -> Option<kvm_bindings::CpuId> {
+        if let Some(table) = self.cpuid.get() {
+            return Some(table.clone());
+        }
+        let kvm = crate::machine::kvm::open_kvm().ok()?;
+        let table = crate::machine::cpu_config::supported_cpuid(&kvm).ok()?;
+        Some(self.cpuid.get_or_init(|| table).clone())
+    }
+
+    /// Which KVM implementation backs /dev/kvm.
+    pub fn kvm_flavour(&self) -> KvmFlavour {
+        self.kvm
+    }
+
+    /// EPT (kvm_intel) or NPT (kvm_amd) in use; `None` if neither module
+    /// is loaded.
+    pub fn two_dimensional_paging(&self) -> Option<bool> {
+        self.two_dimensional_paging
+    }
+
+    /// One line for reports, saying whether KVM sees guest CR3 writes.
+    pub fn describe_kvm(&self) -> &'static str {
+        match self.kvm {
+            KvmFlavour::Pvm => {
+                "kvm_pvm (software virtualizer, shadow paging: KVM sees guest CR3 writes)"
+            }
+            KvmFlavour::Hardware if self.nested => crate::spec::nested::KVM_DESCRIPTION,
+            KvmFlavour::Hardware => match self.two_dimensional_paging {
+                Some(true) => "hardware KVM with EPT/NPT (KVM does not see guest CR3 writes)",
+                Some(false) => "hardware KVM with shadow paging (KVM sees guest CR3 writes)",
+                None => "hardware KVM (kvm_intel / kvm_amd)",
+            },
+        }
+    }
+
+    /// Whether KVM intercepts guest CR3 writes (shadow paging), so that its
+    /// `tlb_flush` stat follows them. With EPT/NPT the host cannot see them.
+    pub fn sees_cr3_writes(&self) -> bool {
+        match self.kvm {
+            KvmFlavour::Pvm => true,
+            KvmFlavour::Hardware => self.two_dimensional_paging == Some(false),
+        }
+    }
+
+    /// The flavour heuristic, used only when the probe cannot run.
+    fn heuristic_entry(&self) -> Entry {
+        match self.kvm {
+            KvmFlavour::Pvm => Entry::Int3,
+            KvmFlavour::Hardware => Entry::Syscall,
+        }
+    }
+
+    /// The entry probe, run at its first use.
+    pub fn entry_findings(&self) -> &EntryFindings {
+        self.entries.get_or_init(|| {
+            let outcomes = self.cache.cached(
+                |f| {
+                    let cached = f.entries.clone()?;
+                    Some(cached.map(|v| {
+                        v.into_iter()
+                            .filter_map(|(e, d, w)| Some((e.parse().ok()?, d, w)))
+                            .collect()
+                    }))
+                },
+                || {
+                    probe::probe_entries(&ProbeOptions::default())
+                        .map(|v| {
+                            v.into_iter()
+                                .map(|(e, o)| {
+                                    let works = o.works();
+                                    (e, o.to_string(), works)
+                                })
+                                .collect()
+                        })
+                        .map_err(|e| e.to_string())
+                },
+                |f, v: &Result<Vec<(probe::Entry, String, bool)>, String>| {
+                    f.entries = Some(v.clone().map(|v| {
+                        v.into_iter()
+                            .map(|(e, d, w)| (e.name().to_owned(), d, w))
+                            .collect()
+                    }));
+                },
+            );
+            EntryFindings { outcomes }
+        })
+    }
+
+    /// Resolves `--entry auto` for a guest of the given width (`elf32`:
+    /// the i386 flavour) from the entry probe. See [`choose_auto_entry`];
+    /// the flag is true when the entry was guessed, not found.
+    pub fn resolve_entry(&self, elf32: bool) -> (Entry, bool) {
+        let f = self.entry_findings();
+        let working = f.working();
+        let (e, guessed) = choose_auto_entry(elf32, working.as_deref(), self.heuristic_entry());
+        if guessed {
+            match &f.outcomes {
+                Ok(_) => log::warn!(
+                    "entry=auto: the probe found no entry that reaches CPL0 from user mode; trying {e}"
+                ),
+                Err(why) => log::warn!(
+                    "entry=auto: probing the host's entries failed ({why}); assuming {e} from the KVM module"
+                ),
+            }
+        }
+        (e, guessed)
+    }
+
+    /// Refuses an explicit entry the probe found does not work here for a
+    /// guest of this width. `Ok` when it works, or when the probe could not
+    /// run (the guest then says what happens). See [`refuse_entry`].
+    pub fn check_entry(&self, elf32: bool, entry: Entry) -> Result<(), String> {
+        match &self.entry_findings().outcomes {
+            Ok(outcomes) => refuse_entry(elf32, entry, outcomes).map_or(Ok(()), Err),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Whether the vCPU can use PCID (probe, run at its first use); `None`
+    /// if the probe could not run.
+    pub fn pcid_usable(&self) -> Option<(bool, String)> {
+        self.pcid
+            .get_or_init(|| {
+                self.cache.cached(
+                    |f| f.pcid.clone(),
+                    || {
+                        probe::probe_pcid(&ProbeOptions::default())
+                            .ok()
+                            .map(|p| (p.usable(), p.detail))
+                    },
+                    |f, v| f.pcid = Some(v.clone()),
+                )
+            })
+            .clone()
+    }
+
+    /// Whether a guest CR3 write costs user code a TLB refill on this host
+    /// (the refill probe, some hundreds of milliseconds, run at its first
+    /// use). If the probe cannot run, the verdict is `unmeasured` with the
+    /// reason.
+    pub fn cr3_write_refill(&self) -> &probe::RefillProbe {
+        self.refill.get_or_init(|| {
+            self.cache.cached(
+                |f| f.refill.as_ref().and_then(CachedRefill::to_probe),
+                || {
+                    probe::probe_cr3_write_refill(&ProbeOptions::default()).unwrap_or_else(|e| {
+                        probe::RefillProbe::unmeasured(
+                            None,
+                            format!("the probe could not run: {e}"),
+                        )
+                    })
+                },
+                |f, v| f.refill = Some(CachedRefill::from(v)),
+            )
+        })
+    }
+
+    /// Records what the full probe (`ptiscope probe`) just measured, here
+    /// (a refill verdict already settled stays) and in the host facts
+    /// cache, replacing what it held: `ptiscope probe` refreshes it.
+    pub fn remember_report(&self, r: &probe::ProbeReport) {
+        let _ = self.refill.set(r.cr3_write_refill.clone());
+        let entries: Vec<(String, String, bool)> = r
+            .entries
+            .iter()
+            .filter_map(|e| {
+                Some((
+                    e.entry?.name().to_owned(),
+                    e.outcome.to_string(),
+                    e.outcome.works(),
+                ))
+            })
+            .collect();
+        self.cache.record(|f| {
+            f.entries = Some(Ok(entries));
+            f.pcid = Some(Some((r.pcid.usable(), r.pcid.detail.clone())));
+            f.pae = Some(Some((
+                r.paging.pae.outcome.works(),
+                format!("{}; {}", r.paging.pae.outcome, r.paging.pae.detail),
+            )));
+            f.refill = Some(CachedRefill::from(&r.cr3_write_refill));
+        });
+    }
+
+    /// Whether the vCPU can enable 32-bit PAE paging (probe, run at its
+    /// first use); `None` if the probe could not run.
+    pub fn pae_paging_usable(&self) -> Option<(bool, String)> {
+        self.pae
+            .get_or_init(|| {
+                self.cache.cached(
+                    |f| f.pae.clone(),
+                    || probe::probe_pae_paging(&ProbeOptions::default()).ok(),
+                    |f, v| f.pae = Some(v.clone()),
+                )
+            })
+            .clone()
+    }
 }
 
 /// `entry=auto` for a guest width, over the long-mode probe's working
@@ -182,16 +324,6 @@ pub fn choose_auto_entry(
     match working.and_then(probe::preferred_entry) {
         Some(e) => (e, false),
         None => (heuristic, true),
-    }
-}
-
-/// Refuses an explicit entry the probe found does not work here for a
-/// guest of this width. `Ok` when it works, or when the probe could not
-/// run (the guest then says what happens). See [`refuse_entry`].
-pub fn check_entry(elf32: bool, entry: Entry) -> Result<(), String> {
-    match &entry_findings().outcomes {
-        Ok(outcomes) => refuse_entry(elf32, entry, outcomes).map_or(Ok(()), Err),
-        Err(_) => Ok(()),
     }
 }
 
@@ -229,90 +361,6 @@ pub fn refuse_entry(
             working.join(", ")
         }
     ))
-}
-
-/// Whether the vCPU can use PCID (probe, run once per process); `None` if
-/// the probe could not run.
-pub fn pcid_usable() -> Option<(bool, String)> {
-    static PCID: OnceLock<Option<(bool, String)>> = OnceLock::new();
-    PCID.get_or_init(|| {
-        host_cache::cached(
-            |f| f.pcid.clone(),
-            || {
-                probe::probe_pcid(&ProbeOptions::default())
-                    .ok()
-                    .map(|p| (p.usable(), p.detail))
-            },
-            |f, v| f.pcid = Some(v.clone()),
-        )
-    })
-    .clone()
-}
-
-static REFILL: OnceLock<probe::RefillProbe> = OnceLock::new();
-
-/// Whether a guest CR3 write costs user code a TLB refill on this host
-/// (the refill probe, some hundreds of milliseconds, run once per process).
-/// If the probe cannot run, the verdict is `unmeasured` with the reason.
-pub fn cr3_write_refill() -> &'static probe::RefillProbe {
-    REFILL.get_or_init(|| {
-        host_cache::cached(
-            |f| f.refill.as_ref().and_then(CachedRefill::to_probe),
-            || {
-                probe::probe_cr3_write_refill(&ProbeOptions::default()).unwrap_or_else(|e| {
-                    probe::RefillProbe::unmeasured(None, format!("the probe could not run: {e}"))
-                })
-            },
-            |f, v| f.refill = Some(CachedRefill::from(v)),
-        )
-    })
-}
-
-/// Records a refill verdict measured elsewhere in this process (the full
-/// `ptiscope probe`), so that [`cr3_write_refill`] does not measure again.
-/// A verdict already cached stays.
-pub fn remember_cr3_write_refill(r: &probe::RefillProbe) {
-    let _ = REFILL.set(r.clone());
-}
-
-/// Records what the full probe (`ptiscope probe`) just measured in the
-/// host facts cache, replacing what it held: `ptiscope probe` refreshes it.
-pub fn remember_report(r: &probe::ProbeReport) {
-    remember_cr3_write_refill(&r.cr3_write_refill);
-    let entries: Vec<(String, String, bool)> = r
-        .entries
-        .iter()
-        .filter_map(|e| {
-            Some((
-                e.entry?.name().to_owned(),
-                e.outcome.to_string(),
-                e.outcome.works(),
-            ))
-        })
-        .collect();
-    host_cache::record(|f| {
-        f.entries = Some(Ok(entries));
-        f.pcid = Some(Some((r.pcid.usable(), r.pcid.detail.clone())));
-        f.pae = Some(Some((
-            r.paging.pae.outcome.works(),
-            format!("{}; {}", r.paging.pae.outcome, r.paging.pae.detail),
-        )));
-        f.refill = Some(CachedRefill::from(&r.cr3_write_refill));
-    });
-}
-
-/// Whether the vCPU can enable 32-bit PAE paging (probe, run once per
-/// process); `None` if the probe could not run.
-pub fn pae_paging_usable() -> Option<(bool, String)> {
-    static PAE: OnceLock<Option<(bool, String)>> = OnceLock::new();
-    PAE.get_or_init(|| {
-        host_cache::cached(
-            |f| f.pae.clone(),
-            || probe::probe_pae_paging(&ProbeOptions::default()).ok(),
-            |f, v| f.pae = Some(v.clone()),
-        )
-    })
-    .clone()
 }
 
 /// `uname -sr` and the host CPU model, for report headers.

@@ -454,53 +454,70 @@ struct State {
     facts: Facts,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
-
-fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> T {
-    let mut guard = STATE.lock().unwrap_or_else(|p| p.into_inner());
-    let state = guard.get_or_insert_with(|| {
-        let mode = mode();
-        let path = if mode == Mode::Off { None } else { path() };
-        let key = if path.is_some() { key() } else { String::new() };
-        let facts = match (&path, mode) {
-            (Some(p), Mode::Use) => load(p, &key).unwrap_or_default(),
-            _ => Facts::default(),
-        };
-        State { key, path, facts }
-    });
-    f(state)
+/// The cache as one [`HostFacts`](crate::probe::host::HostFacts) value
+/// holds it: the key and the file are read at the first use (or by
+/// [`Cache::warm`], on another thread), then kept here, and every fact
+/// probed afterwards is written back.
+#[derive(Default)]
+pub struct Cache {
+    state: Mutex<Option<State>>,
 }
 
-/// Reads the key and the cache file now, so that the first [`cached`]
-/// finds them (a caller on another thread blocks until they are read).
-pub fn warm() {
-    with_state(|_| ());
-}
-
-/// The cached value `get` picks out of the facts, or, if there is none,
-/// `probe`'s answer, which `put` records and the file keeps.
-pub fn cached<T>(
-    get: impl FnOnce(&Facts) -> Option<T>,
-    probe: impl FnOnce() -> T,
-    put: impl FnOnce(&mut Facts, &T),
-) -> T {
-    if let Some(v) = with_state(|s| get(&s.facts)) {
-        return v;
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").finish_non_exhaustive()
     }
-    // Probe outside the lock: the probes run VMs, some hundreds of ms.
-    let v = probe();
-    record(|f| put(f, &v));
-    v
 }
 
-/// Records a fact measured in this process and rewrites the file.
-pub fn record(put: impl FnOnce(&mut Facts)) {
-    with_state(|s| {
-        put(&mut s.facts);
-        if let Some(p) = &s.path {
-            store(p, &s.key, &s.facts);
+impl Cache {
+    fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let state = guard.get_or_insert_with(|| {
+            let mode = mode();
+            let path = if mode == Mode::Off { None } else { path() };
+            let key = if path.is_some() { key() } else { String::new() };
+            let facts = match (&path, mode) {
+                (Some(p), Mode::Use) => load(p, &key).unwrap_or_default(),
+                _ => Facts::default(),
+            };
+            State { key, path, facts }
+        });
+        f(state)
+    }
+
+    /// Reads the key and the cache file now, so that the first
+    /// [`Cache::cached`] finds them (a caller on another thread blocks
+    /// until they are read).
+    pub fn warm(&self) {
+        self.with_state(|_| ());
+    }
+
+    /// The cached value `get` picks out of the facts, or, if there is none,
+    /// `probe`'s answer, which `put` records and the file keeps.
+    pub fn cached<T>(
+        &self,
+        get: impl FnOnce(&Facts) -> Option<T>,
+        probe: impl FnOnce() -> T,
+        put: impl FnOnce(&mut Facts, &T),
+    ) -> T {
+        if let Some(v) = self.with_state(|s| get(&s.facts)) {
+            return v;
         }
-    });
+        // Probe outside the lock: the probes run VMs, some hundreds of ms.
+        let v = probe();
+        self.record(|f| put(f, &v));
+        v
+    }
+
+    /// Records a fact measured in this process and rewrites the file.
+    pub fn record(&self, put: impl FnOnce(&mut Facts)) {
+        self.with_state(|s| {
+            put(&mut s.facts);
+            if let Some(p) = &s.path {
+                store(p, &s.key, &s.facts);
+            }
+        });
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::code::{self, sel, Asm, HandlerExit, MEM_SIZE};
 use crate::machine::segments::{set_flat, FlatSelectors};
-use crate::machine::signals::{kick, KickRegistration};
+use crate::signals::{kick, KickRegistration};
 
 mod trace;
 pub use trace::{Stop, Trace};
@@ -66,7 +66,7 @@ pub enum VmError {
     WriteMemory(String),
     /// The vCPU kick signal handler could not be installed.
     #[error("cannot install the vCPU kick signal handler: {0}")]
-    Kick(#[source] crate::machine::signals::SignalError),
+    Kick(#[source] crate::signals::SignalError),
     /// KVM_RUN failed.
     #[error("KVM_RUN failed: {0}")]
     Run(#[source] kvm_ioctls::Error),

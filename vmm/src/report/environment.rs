@@ -4,8 +4,8 @@
 //!
 //! Host facts come from the kernel's own files (`uname`, `/proc/cpuinfo`,
 //! `/sys/devices/system/cpu/vulnerabilities/*`, `/sys/module/kvm_*`); what
-//! this KVM can run comes from the probe (`crate::probe::host`, cached
-//! per process); the ptiscope revision from `vmm/build.rs`
+//! this KVM can run comes from the probe, through the host facts the
+//! caller hands over (`crate::probe::host::HostFacts`); the ptiscope revision from `vmm/build.rs`
 //! (`PTISCOPE_GIT_REVISION`, absent outside a git checkout); the guest
 //! image is named by the SHA-256 of its bytes (`sha2` crate).
 
@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::machine::kvm::KvmFlavour;
+use crate::probe::host::HostFacts;
 
 /// The host: kernel, CPU, and the kernel's own view of its CPU bugs.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -251,17 +254,16 @@ fn read_host() -> Host {
     h
 }
 
-/// The KVM module and its paging mode.
-pub fn kvm() -> Kvm {
-    use crate::probe::host::{kvm_flavour, two_dimensional_paging, KvmFlavour};
-    let flavour = kvm_flavour();
+/// The KVM module and its paging mode, as `facts` have them.
+pub fn kvm(facts: &HostFacts) -> Kvm {
+    let flavour = facts.kvm_flavour();
     let module = match flavour {
         KvmFlavour::Pvm => Some("kvm_pvm"),
         KvmFlavour::Hardware => ["kvm_intel", "kvm_amd"]
             .into_iter()
             .find(|m| std::path::Path::new("/sys/module").join(m).exists()),
     };
-    let paging = match (flavour, two_dimensional_paging(), module) {
+    let paging = match (flavour, facts.two_dimensional_paging(), module) {
         (KvmFlavour::Pvm, _, _) | (_, Some(false), _) => Some("shadow"),
         (_, Some(true), Some("kvm_amd")) => Some("npt"),
         (_, Some(true), _) => Some("ept"),
@@ -270,24 +272,25 @@ pub fn kvm() -> Kvm {
     Kvm {
         module: module.map(str::to_owned),
         paging: paging.map(str::to_owned),
-        sees_cr3_writes: flavour.sees_cr3_writes(),
+        sees_cr3_writes: facts.sees_cr3_writes(),
     }
 }
 
-/// The probe's findings (runs the probe guests once per process).
-pub fn probe_findings(elf32: bool) -> ProbeFindings {
-    use crate::probe::host;
-    let entries = host::entry_findings();
+/// The probe's findings in `facts` (the probe guests run there at the first
+/// use of each; a caller that must not have one run beside its guest asks
+/// before the boot).
+pub fn probe_findings(facts: &HostFacts, elf32: bool) -> ProbeFindings {
+    let entries = facts.entry_findings();
     ProbeFindings {
         entries_working: entries
             .working()
             .map(|w| w.into_iter().map(|e| e.name().to_owned()).collect()),
         entry_auto: entries
             .working()
-            .map(|_| host::resolve_entry(elf32).0.to_string()),
-        pcid_usable: host::pcid_usable().map(|(usable, _)| usable),
-        pae_paging_usable: host::pae_paging_usable().map(|(usable, _)| usable),
-        cr3_write_refill: Some(host::cr3_write_refill().verdict),
+            .map(|_| facts.resolve_entry(elf32).0.to_string()),
+        pcid_usable: facts.pcid_usable().map(|(usable, _)| usable),
+        pae_paging_usable: facts.pae_paging_usable().map(|(usable, _)| usable),
+        cr3_write_refill: Some(facts.cr3_write_refill().verdict),
         error: entries.outcomes.as_ref().err().cloned(),
     }
 }
@@ -340,23 +343,24 @@ impl Host {
 }
 
 impl Environment {
-    /// Collects everything: host, KVM, probe (cached), build, the image hash
-    /// and the given options.
+    /// Collects everything: host, KVM and probe (from `facts`), build, the
+    /// image hash and the given options.
     pub fn collect(
+        facts: &HostFacts,
         backend: &str,
         guest_image: GuestImage,
         options: BTreeMap<String, Vec<String>>,
     ) -> Self {
         Environment {
             host: host(),
-            kvm: kvm(),
+            kvm: kvm(facts),
             // Inside `--backend nested` the inner `kvm` is the nested one.
             backend: if crate::spec::nested::inside() {
                 "nested".to_owned()
             } else {
                 backend.to_owned()
             },
-            probe: probe_findings(guest_image.elf32),
+            probe: probe_findings(facts, guest_image.elf32),
             ptiscope: build(),
             guest_image,
             options,

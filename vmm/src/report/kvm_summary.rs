@@ -8,11 +8,11 @@ use ptiscope_abi::telemetry::Counter;
 use super::guest_result::{
     iterations_check, phase_divisor, requested, result_fields, working_set_rows, NO_REQUESTED_COUNT,
 };
+use crate::machine::kvm::KvmFlavour;
 use crate::machine::kvm_stats::{self, StatsSnapshot};
 use crate::machine::RunOutcome;
 use crate::observe::measure::{Measurer, Snapshot};
 use crate::observe::telemetry::{self, TelemetryError, TelemetrySnapshot};
-use crate::probe::host::{kvm_flavour, KvmFlavour};
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
 use crate::spec::cmdline::Workload;
 
@@ -160,7 +160,7 @@ impl Measurer {
         };
 
         // Host-observed: KVM.
-        let flavour = kvm_flavour();
+        let flavour = self.kvm.flavour;
         let kvm = |name| kvm_vcpus_delta(a, b, name);
         let kvm_exits = kvm("exits");
         if let Some(v) = kvm_exits {
@@ -267,7 +267,7 @@ impl Measurer {
         // whose page-table set-up makes KVM flush for reasons of its own.
         if let (Some(d), true, true) = (guest.as_ref(), valid, phased.is_some()) {
             let cr3 = d.cr3_writes() as f64;
-            match (tlb_flush, flavour.sees_cr3_writes()) {
+            match (tlb_flush, self.kvm.sees_cr3_writes) {
                 // kvm_pvm's shadow MMU flushes once per kernel/user CR3 round
                 // trip (measured: N getpid calls with PTI give 2N CR3 writes
                 // and N tlb_flush), so the guest's exit-to-user switches are
@@ -387,7 +387,7 @@ impl Measurer {
                 ("halt_exits", "kvm_halt_exits"),
             ] {
                 // As the whole-run row: kernel instructions on kvm_pvm only.
-                if stat == "insn_emulation" && kvm_flavour() != KvmFlavour::Pvm {
+                if stat == "insn_emulation" && self.kvm.flavour != KvmFlavour::Pvm {
                     continue;
                 }
                 if let Some(v) = kvm_vcpu_delta(a, b, i, stat) {
@@ -421,7 +421,7 @@ impl Measurer {
             }
             if let (true, KvmFlavour::Pvm, Some(t)) = (
                 phased,
-                kvm_flavour(),
+                self.kvm.flavour,
                 kvm_vcpu_delta(a, b, cpu, "tlb_flush"),
             ) {
                 let preempted = kvm_vcpu_delta(a, b, cpu, "preemption_other").unwrap_or(0)

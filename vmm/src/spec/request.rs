@@ -28,7 +28,7 @@ pub struct RunConfig {
     /// Forward host stdin to the guest serial (only if stdin is a terminal, pipe or socket).
     pub console_input: bool,
     /// Stop cleanly on SIGINT/SIGTERM/SIGHUP. The process must have blocked them
-    /// ([`crate::machine::signals::block_termination_signals`]) for this to take effect.
+    /// ([`crate::signals::block_termination_signals`]) for this to take effect.
     pub handle_signals: bool,
     /// Extra arguments for QEMU (`--backend qemu` only), e.g. `-icount shift=0`.
     pub qemu_args: Vec<String>,

@@ -123,7 +123,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
     // Settle both sides once (image read, entry resolved, host limits
     // checked): every run of a side then boots the same resolved run.
     let settle = |spec: SideSpec| {
-        preflight(&spec.config, backend.target()).map(|run| Side {
+        preflight(&spec.config, backend.target(), &crate::cli::host_facts()).map(|run| Side {
             label: spec.label,
             run,
         })
@@ -180,11 +180,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         );
         let code = exit_code::failed_run(f.error.exit_code());
         let reason = match exit_code::terminating_signal(code) {
-            Some(sig) => format!(
-                "{} during {}",
-                crate::machine::signals::describe(sig),
-                f.run.what()
-            ),
+            Some(sig) => format!("{} during {}", crate::signals::describe(sig), f.run.what()),
             None => format!("{} failed", f.run.what()),
         };
         (code, reason)
@@ -290,6 +286,7 @@ fn print_header(
         extra.insert("sides_differ".to_owned(), differences.clone());
     }
     let mut environment = Environment::collect(
+        &crate::cli::host_facts(),
         backend.name(),
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.image)),
         extra,

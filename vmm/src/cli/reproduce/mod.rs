@@ -16,12 +16,12 @@ use seeds::cells;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser as _;
 use ptiscope_abi::options::Workload;
 
 use super::compare::{parse_side, rates, run_measured};
 use super::exit_code::{self, ExitCode as _};
-use super::{Arch, Backend, Cli, Command, CompareArgs};
+use super::{Arch, Backend, BackendOpts, ExperimentOpts, LinuxArgs, TargetOpts};
+use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::preflight::preflight;
 
 /// The seeds.
@@ -60,8 +60,8 @@ pub struct ReproduceArgs {
     #[arg(long)]
     pub no_companion: bool,
     /// Timeout of each run, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
-    pub timeout: u64,
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = super::parse_timeout)]
+    pub timeout: Duration,
     /// Also write the table as JSON (`ptiscope.reproduce/1`).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -144,39 +144,36 @@ type Rate = (String, String, f64);
 
 const ROEDEL_MESSAGES: f64 = 20.0 * 400.0 * 100.0;
 
-/// compare's arguments for a cell, through compare's own parser (its
-/// defaults, its checks).
-fn compare_args(cell: &Cell, backend: Backend, timeout: u64) -> Result<CompareArgs, String> {
-    let mut argv: Vec<String> = ["ptiscope", "compare", "--backend"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    argv.extend(clap::ValueEnum::to_possible_value(&backend).map(|v| v.get_name().to_owned()));
-    argv.extend([
-        "--workload".into(),
-        cell.workload.to_string(),
-        "--iterations".into(),
-        cell.iterations.to_string(),
-        "--cpus".into(),
-        cell.cpus.to_string(),
-        "--timeout".into(),
-        timeout.to_string(),
-        "--runs".into(),
-        "1".into(),
-    ]);
-    match cell.guest {
-        Guest::Companion(Arch::I386) => argv.extend(["--arch".into(), "i386".into()]),
-        Guest::Companion(Arch::X86_64) => {}
-        Guest::Linux(k) => argv.extend(["--linux".into(), k.into()]),
-    }
-    match Cli::try_parse_from(&argv) {
-        Ok(Cli {
-            command: Some(Command::Compare(a)),
-            ..
-        }) => Ok(a),
-        Ok(_) => Err("internal: not a compare command".into()),
-        Err(e) => Err(e.to_string()),
-    }
+/// compare's options for a cell, as compare's own structs (its defaults
+/// where the seed says nothing: the embedded guest's memory size, the
+/// QEMU plugin on); `parse_side` and `preflight` make the checks.
+fn cell_options(cell: &Cell, backend: Backend, timeout: Duration) -> (ExperimentOpts, TargetOpts) {
+    let exp = ExperimentOpts {
+        workload: cell.workload,
+        iterations: cell.iterations,
+        cpus: cell.cpus,
+        kernel: None,
+        mem: DEFAULT_MEM_MIB,
+        timeout,
+    };
+    let (arch, linux) = match cell.guest {
+        Guest::Companion(Arch::I386) => (Some(Arch::I386), None),
+        Guest::Companion(Arch::X86_64) => (None, None),
+        Guest::Linux(k) => (None, Some(k.to_owned())),
+    };
+    let target = TargetOpts {
+        arch,
+        linux: LinuxArgs {
+            linux,
+            append: None,
+        },
+        on: BackendOpts {
+            backend,
+            qemu_arg: Vec::new(),
+            no_plugin: false,
+        },
+    };
+    (exp, target)
 }
 
 /// Why one run of a cell did not give figures: its exit code and message,
@@ -203,18 +200,21 @@ fn measure_on(
     cell: &Cell,
     opts: &str,
     backend: Backend,
-    timeout: u64,
+    timeout: Duration,
 ) -> Result<(Vec<Rate>, &'static str), CellError> {
-    let args =
-        compare_args(cell, backend, timeout).map_err(|e| CellError::new(exit_code::USAGE, e))?;
-    let spec = parse_side(opts, &args.exp, &args.target, args.arch().embedded_image())
+    let (exp, target) = cell_options(cell, backend, timeout);
+    let embedded = target.arch.unwrap_or(Arch::X86_64).embedded_image();
+    let spec = parse_side(opts, &exp, &target, embedded)
         .map_err(|e| CellError::new(exit_code::USAGE, e.to_string()))?;
-    let backend = args.target.on.backend();
-    let resolved = preflight(&spec.config, backend.target()).map_err(|e| CellError {
-        code: e.exit_code(),
-        message: e.to_string(),
-        host_kvm_refuses: e.host_kvm_refuses(),
-    })?;
+    let backend = target.on.backend();
+    let resolved =
+        preflight(&spec.config, backend.target(), &crate::cli::host_facts()).map_err(|e| {
+            CellError {
+                code: e.exit_code(),
+                message: e.to_string(),
+                host_kvm_refuses: e.host_kvm_refuses(),
+            }
+        })?;
     let (_, summary) = run_measured(&resolved, &*backend)
         .map_err(|e| CellError::new(e.exit_code(), e.to_string()))?;
     Ok((
@@ -229,7 +229,7 @@ fn measure_on(
 /// Measures a cell `runs` times: the companion on KVM (under QEMU where
 /// this host's KVM refuses it, e.g. 32-bit paging on kvm_pvm), Linux under
 /// QEMU.
-fn measure(cell: &Cell, runs: u32, timeout: u64) -> Measured {
+fn measure(cell: &Cell, runs: u32, timeout: Duration) -> Measured {
     let opts = match &cell.opts {
         Ok(o) => o.clone(),
         Err(why) => {
@@ -341,15 +341,13 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     // The output is opened before the first boot: a bad path must not
     // cost the runs.
     let json_file = match &args.json {
-        Some(p) => {
-            match crate::output::open_document("--json", p, Duration::from_secs(args.timeout)) {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    say!("ptiscope reproduce: {e}");
-                    return e.exit_code();
-                }
+        Some(p) => match crate::output::open_document("--json", p, args.timeout) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                say!("ptiscope reproduce: {e}");
+                return e.exit_code();
             }
-        }
+        },
         None => None,
     };
     let (title, cells) = cells(args.seed, &guests);
@@ -381,7 +379,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         let m = measure(c, args.runs, args.timeout);
         if let Some((code, _)) = &m.error {
             if let Some(sig) = exit_code::terminating_signal(*code) {
-                stopped_by = Some((*code, crate::machine::signals::describe(sig)));
+                stopped_by = Some((*code, crate::signals::describe(sig)));
             }
         }
         measured.push(m);
@@ -399,7 +397,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             let basis = (!m.backend.is_empty()).then(|| {
                 let env = crate::report::Environment {
                     backend: m.backend.to_owned(),
-                    kvm: crate::report::environment::kvm(),
+                    kvm: crate::report::environment::kvm(&crate::cli::host_facts()),
                     ..Default::default()
                 };
                 crate::report::time_basis::TimeBasis::of(Some(&env)).label()
@@ -550,6 +548,71 @@ fn seed_name(s: Seed) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cell's options are what compare's own parser makes of the same
+    /// words (its defaults where the cell says nothing), for every cell of
+    /// every seed, on each backend.
+    #[test]
+    fn a_cells_options_are_what_compares_parser_gives_for_its_words() {
+        use clap::Parser as _;
+        let guests = [
+            Guest::Companion(Arch::X86_64),
+            Guest::Companion(Arch::I386),
+            Guest::Linux("debian-amd64"),
+        ];
+        let every_cell: Vec<Cell> = [
+            Seed::Roedel2018,
+            Seed::Tarreau2018,
+            Seed::Chartre2020,
+            Seed::Petkov2015,
+            Seed::Gregg2018,
+        ]
+        .into_iter()
+        .flat_map(|seed| cells(seed, &guests).1)
+        .collect();
+        for cell in &every_cell {
+            for backend in [Backend::Kvm, Backend::Qemu] {
+                let timeout = Duration::from_secs(7);
+                let (exp, target) = cell_options(cell, backend, timeout);
+                let mut argv: Vec<String> = vec!["ptiscope".into(), "compare".into()];
+                argv.extend(
+                    [
+                        "--backend",
+                        if backend == Backend::Kvm {
+                            "kvm"
+                        } else {
+                            "qemu"
+                        },
+                        "--workload",
+                        &cell.workload.to_string(),
+                        "--iterations",
+                        &cell.iterations.to_string(),
+                        "--cpus",
+                        &cell.cpus.to_string(),
+                        "--timeout",
+                        "7",
+                    ]
+                    .map(String::from),
+                );
+                match cell.guest {
+                    Guest::Companion(Arch::I386) => argv.extend(["--arch".into(), "i386".into()]),
+                    Guest::Companion(Arch::X86_64) => {}
+                    Guest::Linux(k) => argv.extend(["--linux".into(), k.into()]),
+                }
+                let Some(super::super::Command::Compare(parsed)) =
+                    super::super::Cli::try_parse_from(&argv).unwrap().command
+                else {
+                    panic!("{argv:?} is not a compare command");
+                };
+                assert_eq!(format!("{exp:?}"), format!("{:?}", parsed.exp), "{argv:?}");
+                assert_eq!(
+                    format!("{target:?}"),
+                    format!("{:?}", parsed.target),
+                    "{argv:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn roedels_table_has_its_four_rows_per_column_each_against_its_own_baseline() {

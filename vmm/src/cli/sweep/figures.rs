@@ -4,7 +4,7 @@
 use crate::backend::Backend;
 use crate::cli::compare::rates;
 use crate::preflight::cmdline::Workload;
-use crate::preflight::{host, preflight_with_image, PreflightError, ResolvedRun};
+use crate::preflight::{preflight_with_image, PreflightError, ResolvedRun};
 use crate::report::sweep as rs;
 use crate::report::RunSummary;
 
@@ -20,7 +20,7 @@ pub(super) fn refill_visibility(backend: &dyn Backend) -> rs::RefillVisibility {
             reason: reason.into(),
         };
     }
-    let p = host::cr3_write_refill();
+    let p = crate::cli::host_facts().cr3_write_refill().clone();
     match p.verdict {
         RefillVerdict::Visible => rs::RefillVisibility::Visible {
             probe_ns_per_page: p.ns_per_page,
@@ -101,7 +101,12 @@ impl Preparer {
                 .trim()
                 .to_string();
         }
-        let resolved = preflight_with_image(&config, self.target, self.image.clone())?;
+        let resolved = preflight_with_image(
+            &config,
+            self.target,
+            &crate::cli::host_facts(),
+            self.image.clone(),
+        )?;
         if self.image.is_none() {
             self.image = Some(resolved.image.clone());
         }

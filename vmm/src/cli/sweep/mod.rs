@@ -26,11 +26,12 @@ use crate::cli::measured_error::MeasuredRunError;
 use crate::cli::partial::{csv_with_banner, svg_with_banner};
 use crate::cli::{abi_option, Arch, ExperimentOpts, OutputOpts, TargetOpts};
 use crate::experiment::{Experiment, ExperimentError, Progress, RunId};
-use crate::machine::signals;
 use crate::output::OutputFile;
 use crate::preflight::cmdline::Workload;
-use crate::preflight::{host, PreflightError};
+use crate::preflight::PreflightError;
+use crate::probe::host;
 use crate::report::sweep::{self as rs, Cell, CellConfig, Omitted, SweepReport};
+use crate::signals;
 use ptiscope_abi::options::WssPages;
 
 use figures::{
@@ -400,6 +401,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
         cr3_write_refill,
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
+            &crate::cli::host_facts(),
             backend.name(),
             crate::cli::compare::guest_image_of(
                 &match (&args.exp.kernel, &args.target.linux.linux) {

@@ -22,6 +22,7 @@ use ptiscope_abi::phase::{Edge, Marker, ID_WARMUP, ID_WORKLOAD};
 use vm_memory::GuestAddress;
 
 use crate::machine::exit::ExitCounts;
+use crate::machine::kvm::KvmFlavour;
 use crate::machine::kvm_stats::{KvmStats, StatsSnapshot};
 use crate::machine::{PhaseObserver, VmContext};
 use crate::observe::live_metrics::{LiveMetrics, LiveMetricsConfig};
@@ -51,8 +52,21 @@ pub struct Snapshot {
     pub tsc: Option<u64>,
 }
 
+/// The KVM a measured run ran on, as its summary reads it: the KVM
+/// backend hands it over from the host facts ([`Measurer::on_kvm`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObservedKvm {
+    /// Which KVM (kvm_pvm's `insn_emulation` counts the guest kernel's
+    /// instructions).
+    pub flavour: KvmFlavour,
+    /// Whether KVM's `tlb_flush` follows guest CR3 writes (shadow paging).
+    pub sees_cr3_writes: bool,
+}
+
 /// The observer. Create one per run.
 pub struct Measurer {
+    /// The KVM the run runs on.
+    pub(crate) kvm: ObservedKvm,
     phase_id: u16,
     vm_stats: Option<KvmStats>,
     /// One per vCPU, by index.
@@ -90,6 +104,7 @@ impl Measurer {
     /// Measures the workload phase.
     pub fn new() -> Self {
         Measurer {
+            kvm: ObservedKvm::default(),
             phase_id: ID_WORKLOAD,
             vm_stats: None,
             vcpu_stats: Vec::new(),
@@ -107,6 +122,12 @@ impl Measurer {
             live_error: None,
             live_output: None,
         }
+    }
+
+    /// Says which KVM the run runs on (the KVM backend does, before the
+    /// boot), for the summary's KVM rows and cross-checks.
+    pub fn on_kvm(&mut self, kvm: ObservedKvm) {
+        self.kvm = kvm;
     }
 
     /// Also stream live metrics (`--metrics-interval`) while the guest runs.

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::machine::signals;
+use crate::signals;
 
 /// A kernel ptiscope knows by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,9 +18,10 @@ use std::sync::Arc;
 
 use ptiscope_abi::options::{Entry, PtiMode, Workload};
 
+use crate::machine::kvm::KvmFlavour;
 use crate::machine::loader::{self, KernelSource, LoadError};
 use crate::machine::memory::MemoryLayout;
-use crate::probe::host;
+use crate::probe::host::HostFacts;
 use crate::spec::cmdline::{EntryChoice, GuestOptions, ResolvedOptions};
 use crate::spec::linux::{init_parser_words, LinuxArch, LinuxGuest, LinuxRequest};
 use crate::spec::{ResolvedRun, RunConfig, Target};
@@ -172,10 +173,10 @@ pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
 
 /// Why this host's KVM (through the VMM) cannot run this Linux workload,
 /// from the probe's findings and the image; `None`: it can.
-fn kvm_refusal(image: &image::KernelImage, cpus: u32) -> Option<String> {
+fn kvm_refusal(facts: &HostFacts, image: &image::KernelImage, cpus: u32) -> Option<String> {
     let why = kvm_refusal_reasons(
-        host::check_entry(false, Entry::Syscall),
-        host::kvm_flavour(),
+        facts.check_entry(false, Entry::Syscall),
+        facts.kvm_flavour(),
         image.arch,
         image.format,
         cpus,
@@ -195,7 +196,7 @@ fn kvm_refusal(image: &image::KernelImage, cpus: u32) -> Option<String> {
 /// describes to the guest (one CPU: it writes no ACPI MADT or MP table).
 fn kvm_refusal_reasons(
     syscall: Result<(), String>,
-    flavour: host::KvmFlavour,
+    flavour: KvmFlavour,
     arch: LinuxArch,
     format: image::ImageFormat,
     cpus: u32,
@@ -208,7 +209,7 @@ fn kvm_refusal_reasons(
             "Linux x86_64 userspace enters the kernel by SYSCALL: {e}"
         ));
     }
-    if flavour == host::KvmFlavour::Pvm {
+    if flavour == KvmFlavour::Pvm {
         why.push(
             "kvm_pvm emulates guest CPL0 code and lacks instructions Linux runs there \
              (CMPXCHG16B, XRSTOR: Debian's kernel stops in early boot)"
@@ -259,6 +260,7 @@ pub fn settle(
     config: &RunConfig,
     req: &LinuxRequest,
     target: Target,
+    facts: &HostFacts,
     layout: MemoryLayout,
     asked: GuestOptions,
 ) -> Result<ResolvedRun, LinuxError> {
@@ -286,7 +288,7 @@ pub fn settle(
         }
     }
     if target == Target::Kvm {
-        if let Some(why) = kvm_refusal(&image, config.cpus) {
+        if let Some(why) = kvm_refusal(facts, &image, config.cpus) {
             return Err(LinuxError::Backend(why));
         }
     }
@@ -458,8 +460,8 @@ mod tests {
 
     #[test]
     fn the_vmm_refuses_linux_only_for_the_reasons_of_the_host_and_the_image() {
-        use host::KvmFlavour::{Hardware, Pvm};
         use image::ImageFormat::{BzImage, PvhElf};
+        use KvmFlavour::{Hardware, Pvm};
         // kvm_pvm: no user SYSCALL, CPL0 instructions missing.
         let w = kvm_refusal_reasons(Err("broken".into()), Pvm, LinuxArch::X86_64, BzImage, 1);
         assert_eq!(w.len(), 2, "{w:?}");
