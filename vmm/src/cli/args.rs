@@ -363,7 +363,8 @@ pub enum Backend {
 /// tests' batch; `nested::cli::batch` runs it).
 #[derive(Debug, clap::Args)]
 pub struct NestedBatchArgs {
-    /// vCPUs of the inner Linux (at least 2).
+    /// vCPUs of the inner Linux (what the inner guests need: 2 for a
+    /// two-vCPU guest).
     #[arg(long, default_value_t = 2)]
     pub cpus: u32,
     /// The request (schema: `nested::Request`).
@@ -378,7 +379,8 @@ pub struct NestedBatchArgs {
 /// `ptiscope` binary the tests were compiled to run).
 #[derive(Debug, clap::Args)]
 pub struct NestedExecArgs {
-    /// vCPUs of the inner Linux (at least 2).
+    /// vCPUs of the inner Linux (what the inner guests need: 2 for a
+    /// two-vCPU guest).
     #[arg(long, default_value_t = 2)]
     pub cpus: u32,
     /// Memory of the inner Linux in MiB: the initramfs with every
