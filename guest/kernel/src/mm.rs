@@ -1,7 +1,7 @@
 //! Physical memory: the frame allocator and access to page tables through
 //! the direct map.
 use crate::arch::layout::{phys_to_virt, DIRECT_MAP_SIZE};
-use crate::sync::SpinLock;
+use crate::sync::{SpinGuard, SpinLock};
 use guest_core::memmap::{FrameAllocator, MemRegion};
 use guest_core::pte::{FrameSource, PhysMem};
 
@@ -44,6 +44,25 @@ impl FrameSource for Frames {
     }
     fn pair(&mut self) -> Option<u64> {
         FRAMES.lock().alloc_contiguous(2, 8192)
+    }
+}
+
+/// The frame allocator, locked for a series of allocations (a page-table
+/// build): one lock where [`Frames`] takes it per frame (each emulated
+/// instruction counts on software-KVM hosts).
+pub struct LockedFrames(SpinGuard<'static, FrameAllocator>);
+
+/// Locks the frame allocator until the result is dropped.
+pub fn lock_frames() -> LockedFrames {
+    LockedFrames(FRAMES.lock())
+}
+
+impl FrameSource for LockedFrames {
+    fn frame(&mut self) -> Option<u64> {
+        self.0.alloc()
+    }
+    fn pair(&mut self) -> Option<u64> {
+        self.0.alloc_contiguous(2, 8192)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::arch::cpu;
 use crate::arch::layout::cr3_value;
 use crate::arch::paging::{nx, write_cr3, Cr3Reason, KernelHalf, MapError, Mode, UserSpec};
 use crate::arch::x86_shared::sections;
-use crate::mm::{DirectMap, Frames};
+use crate::mm::{lock_frames, DirectMap, Frames};
 use crate::telemetry;
 use guest_core::cmdline::Config;
 use guest_core::pte::flags::{GLOBAL, NO_EXECUTE, USER, WRITABLE};
@@ -46,8 +46,10 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
     };
     let deferred = spec.deferred_text.1 > spec.deferred_text.0;
     crate::arch::sysentry::set_deferred(deferred);
-    let half = pti::build_kernel_half::<Mode, _, _>(&mut DirectMap, &mut Frames, &spec)
-        .and_then(|half| Ok((half, Mode::kernel_only(&mut DirectMap, &mut Frames, &half)?)));
+    let mut frames = lock_frames();
+    let half = pti::build_kernel_half::<Mode, _, _>(&mut DirectMap, &mut frames, &spec)
+        .and_then(|half| Ok((half, Mode::kernel_only(&mut DirectMap, &mut frames, &half)?)));
+    drop(frames);
     let (half, root) = match half {
         Ok(h) => h,
         Err(e) => panic!("cannot build the kernel page tables: {e:?}"),
@@ -67,7 +69,7 @@ pub fn setup_kernel_tables(config: &Config, pti: bool, direct_map: u64) -> Kerne
 
 /// A process's address space for `user`, the kernel half shared.
 pub fn new_address_space(half: &KernelHalf, user: &UserSpec) -> Result<u64, MapError> {
-    pti::build_address_space::<Mode, _, _>(&mut DirectMap, &mut Frames, half, user, nx())
+    pti::build_address_space::<Mode, _, _>(&mut DirectMap, &mut lock_frames(), half, user, nx())
 }
 
 /// `arch_prctl(ARCH_SET_NOPTI, 1)` on the page tables of `pair`.
