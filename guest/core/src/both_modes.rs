@@ -1,11 +1,11 @@
 //! Tests of what holds for both paging modes, x86_64's 4-level tables
-//! ([`crate::paging`]) and x86_32's PAE tables ([`crate::pae`]): written once
-//! over the two builders' functions. (The builders have no trait over them:
-//! the kernel's flavour code calls its own builder, and the only code written
-//! for both is this test.)
+//! ([`crate::paging::FourLevel`]) and x86_32's PAE tables
+//! ([`crate::pae::Pae`]): written once, as the builders are
+//! ([`crate::pti`], generic over [`PagingMode`]).
 
 use crate::layout::{DirectMap, USER_STACK_TOP, USER_TEXT_BASE};
 use crate::pte::{FrameSource, PhysMem, Translation, UserSpec};
+use crate::pti::{KernelSpec, PagingMode};
 use std::collections::BTreeMap;
 
 #[derive(Default)]
@@ -46,20 +46,38 @@ fn user() -> UserSpec {
     }
 }
 
-/// One mode's functions, as the check below needs them.
-struct Mode<H> {
+/// What the check needs of a mode besides [`PagingMode`]: its layout and
+/// its walk.
+struct Mode {
     name: &'static str,
     direct_map: DirectMap,
     cr3_value: fn(u64, bool, u64, bool) -> u64,
     translate: fn(&FakeMem, u64, u64) -> Option<Translation>,
-    opt_out: fn(&mut FakeMem, u64, &H),
-    opt_in: fn(&mut FakeMem, u64, &H),
 }
 
-/// With PTI the user copy of `pair` maps the user half and the entry
-/// area but no other kernel data; the kernel copy maps both; opting out
-/// of PTI makes the copies alike, opting back in restores the isolation.
-fn isolation_holds<H>(m: &Mode<H>, mem: &mut FakeMem, pair: u64, half: &H) {
+/// Builds a kernel half and a process with PTI in mode `P` (one spec for
+/// both modes), then checks that the user copy maps the user half and the
+/// entry area but no other kernel data, the kernel copy both; that opting
+/// out of PTI makes the copies alike and opting back in restores the
+/// isolation.
+fn isolation_holds<P: PagingMode>(m: &Mode) {
+    let (mut mem, mut frames) = (FakeMem::default(), Bump(0x20_0000));
+    let spec = KernelSpec {
+        pti: true,
+        entry_area: ENTRY,
+        entry_text_end: ENTRY_TEXT_END,
+        text: (0x10_5000, 0x11_0000),
+        global_text: false,
+        nx: true,
+        telemetry: TELEMETRY,
+        direct_map: 64 << 20,
+        deferred_text: (0, 0),
+    };
+    let half = crate::pti::build_kernel_half::<P, _, _>(&mut mem, &mut frames, &spec).unwrap();
+    let pair =
+        crate::pti::build_address_space::<P, _, _>(&mut mem, &mut frames, &half, &user(), true)
+            .unwrap();
+    let mem = &mut mem;
     let (name, tr) = (m.name, m.translate);
     let kernel_root = (m.cr3_value)(pair, false, 0, false) & !0xfff;
     let user_root = (m.cr3_value)(pair, true, 0, false) & !0xfff;
@@ -73,65 +91,24 @@ fn isolation_holds<H>(m: &Mode<H>, mem: &mut FakeMem, pair: u64, half: &H) {
     }
     assert!(tr(mem, kernel_root, kdata).is_some(), "{name}");
     assert!(tr(mem, user_root, kdata).is_none(), "{name}");
-    (m.opt_out)(mem, pair, half);
+    P::opt_out_of_pti(mem, pair, &half);
     assert!(tr(mem, user_root, kdata).is_some(), "{name}");
-    (m.opt_in)(mem, pair, half);
+    P::opt_in_to_pti(mem, pair, &half);
     assert!(tr(mem, user_root, kdata).is_none(), "{name}");
 }
 
 #[test]
 fn both_modes_isolate_alike() {
-    let (mut mem, mut frames) = (FakeMem::default(), Bump(0x20_0000));
-    let half = crate::paging::build_kernel_half(
-        &mut mem,
-        &mut frames,
-        &crate::paging::KernelSpec {
-            pti: true,
-            entry_area: ENTRY,
-            entry_text_end: ENTRY_TEXT_END,
-            telemetry: TELEMETRY,
-            direct_map: 64 << 20,
-            deferred_text: (0, 0),
-        },
-    )
-    .unwrap();
-    let pair = crate::paging::build_address_space(&mut mem, &mut frames, &half, &user()).unwrap();
-    let four_level = Mode {
+    isolation_holds::<crate::paging::FourLevel>(&Mode {
         name: "4-level",
         direct_map: crate::layout::DIRECT_MAP,
         cr3_value: crate::layout::cr3_value,
         translate: crate::paging::translate::<FakeMem>,
-        opt_out: crate::paging::opt_out_of_pti::<FakeMem>,
-        opt_in: crate::paging::opt_in_to_pti::<FakeMem>,
-    };
-    isolation_holds(&four_level, &mut mem, pair, &half);
-
-    let (mut mem, mut frames) = (FakeMem::default(), Bump(0x20_0000));
-    let half = crate::pae::build_kernel_half(
-        &mut mem,
-        &mut frames,
-        &crate::pae::KernelSpec {
-            pti: true,
-            entry_area: ENTRY,
-            entry_text_end: ENTRY_TEXT_END,
-            text: (0x10_5000, 0x11_0000),
-            global_text: false,
-            nx: true,
-            telemetry: TELEMETRY,
-            direct_map: 64 << 20,
-            deferred_text: (0, 0),
-        },
-    )
-    .unwrap();
-    let pair =
-        crate::pae::build_address_space(&mut mem, &mut frames, &half, &user(), true).unwrap();
-    let pae = Mode {
+    });
+    isolation_holds::<crate::pae::Pae>(&Mode {
         name: "PAE",
         direct_map: crate::pae::layout::DIRECT_MAP,
         cr3_value: crate::pae::layout::cr3_value,
         translate: crate::pae::translate::<FakeMem>,
-        opt_out: crate::pae::opt_out_of_pti::<FakeMem>,
-        opt_in: crate::pae::opt_in_to_pti::<FakeMem>,
-    };
-    isolation_holds(&pae, &mut mem, pair, &half);
+    });
 }

@@ -5,8 +5,9 @@
 //! unchanged by the bare-metal kernel (both flavours): the command-line parser
 //! ([`cmdline`]), E820 memory-map handling and the physical frame allocator
 //! ([`memmap`]), the page-table entry encoding both paging modes share
-//! ([`pte`]) and the builders of the PTI page-table pair for x86_64's 4-level
-//! paging ([`paging`], layout in [`layout`]) and x86_32's PAE ([`pae`]), the
+//! ([`pte`]), the PTI page-table pair written once over both paging modes
+//! ([`pti`]) and the modes themselves: x86_64's 4-level paging ([`paging`],
+//! layout in [`layout`]) and x86_32's PAE ([`pae`]), the
 //! mapping of the `wss=`/`kwss=` working sets
 //! ([`workingset`]), and the pipe ring buffer and message format of
 //! `workload=sched-messaging` ([`pipe`]), and integers as text without
@@ -29,4 +30,5 @@ pub mod pae;
 pub mod paging;
 pub mod pipe;
 pub mod pte;
+pub mod pti;
 pub mod workingset;

@@ -31,8 +31,10 @@
 //! [`PhysMem`]/[`FrameSource`] abstractions are shared with x86_64
 //! (`crate::pte`).
 
-use crate::pte::{flags::*, Translation, ADDR_MASK, KERNEL_TABLE_FLAGS, TABLE_FLAGS};
+use crate::pte::{flags::*, Translation, ADDR_MASK};
 pub use crate::pte::{FrameSource, MapError, PhysMem, Pte, UserSpec};
+use crate::pti::PagingMode;
+use crate::workingset::Tables;
 
 /// Virtual layout of the PAE flavour.
 pub mod layout {
@@ -245,115 +247,28 @@ impl KernelHalf {
     };
 }
 
-/// Builds the kernel GiB. The first 2 MiB (boot section and kernel image)
-/// are mapped with 4 KiB pages so that, with PTI, the entry area and (with
-/// `global_text`) the text can be global while the rest is not; the rest of
-/// the direct map uses 2 MiB pages, global unless PTI is on.
+/// Builds the kernel GiB ([`crate::pti::build_kernel_half`]). The first 2
+/// MiB (boot section and kernel image) are mapped with 4 KiB pages so that,
+/// with PTI, the entry area and (with `global_text`) the text can be global
+/// while the rest is not; the rest of the direct map uses 2 MiB pages,
+/// global unless PTI is on.
 pub fn build_kernel_half<M: PhysMem, F: FrameSource>(
     mem: &mut M,
     frames: &mut F,
     spec: &KernelSpec,
 ) -> Result<KernelHalf, MapError> {
-    let nx = if spec.nx { NO_EXECUTE } else { 0 };
-    let global_all = if spec.pti { 0 } else { GLOBAL };
-    let in_range = |pa: u64, (s, e): (u64, u64)| pa >= s && pa < e;
-    let text_global = spec.pti && spec.global_text;
-    let kpmd = frames.frame().ok_or(MapError::OutOfFrames)?;
-    // First 2 MiB: one page table, entries written directly.
-    let pt = frames.frame().ok_or(MapError::OutOfFrames)?;
-    mem.write(kpmd, 0, Pte::new(pt, KERNEL_TABLE_FLAGS).0);
-    for i in 0..512u64 {
-        let pa = i * 4096;
-        let global = if in_range(pa, spec.entry_area) || (text_global && in_range(pa, spec.text)) {
-            GLOBAL
-        } else {
-            global_all
-        };
-        mem.write(pt, i as usize, Pte::new(pa, PRESENT | WRITABLE | global).0);
-    }
-    let mut pa = 2 << 20;
-    while pa < spec.direct_map {
-        let i = indices(KERNEL_BASE + pa)[1];
-        mem.write(
-            kpmd,
-            i,
-            Pte::new(pa, PRESENT | WRITABLE | HUGE | global_all).0,
-        );
-        pa += 2 << 20;
-    }
-    map_4k_in_pmd(
-        mem,
-        frames,
-        kpmd,
-        TELEMETRY_VA,
-        spec.telemetry,
-        WRITABLE | nx | global_all,
-        KERNEL_TABLE_FLAGS,
-    )?;
-    if !spec.pti {
-        return Ok(KernelHalf {
-            kernel_pmd: kpmd,
-            user_pmd: kpmd,
-            pti: false,
-            user_kernel_pages: 0,
-        });
-    }
-    let upmd = frames.frame().ok_or(MapError::OutOfFrames)?;
-    let mut pages = 0;
-    let (start, end) = spec.entry_area;
-    let mut pa = start;
-    while pa < end {
-        let perm = if pa < spec.entry_text_end {
-            0
-        } else {
-            WRITABLE | nx
-        };
-        map_4k_in_pmd(
-            mem,
-            frames,
-            upmd,
-            KERNEL_BASE + pa,
-            pa,
-            perm | GLOBAL,
-            KERNEL_TABLE_FLAGS,
-        )?;
-        pa += 4096;
-        pages += 1;
-    }
-    // Kernel text the user copy also maps, read-only and global: all of it
-    // with pti_global_text, and with pti_switch=deferred the page of the
-    // function whose epilogue runs on the user copy. A page already mapped
-    // (entry area, or text covering the deferred page) is skipped.
-    let text_ranges = [
-        if spec.global_text { spec.text } else { (0, 0) },
-        spec.deferred_text,
-    ];
-    for (i, &(start, end)) in text_ranges.iter().enumerate() {
-        let mut pa = start;
-        while pa < end {
-            let mapped =
-                in_range(pa, spec.entry_area) || text_ranges[..i].iter().any(|&r| in_range(pa, r));
-            if !mapped {
-                map_4k_in_pmd(
-                    mem,
-                    frames,
-                    upmd,
-                    KERNEL_BASE + pa,
-                    pa,
-                    GLOBAL,
-                    KERNEL_TABLE_FLAGS,
-                )?;
-                pages += 1;
-            }
-            pa += 4096;
-        }
-    }
-    Ok(KernelHalf {
-        kernel_pmd: kpmd,
-        user_pmd: upmd,
-        pti: true,
-        user_kernel_pages: pages,
-    })
+    let spec = crate::pti::KernelSpec {
+        pti: spec.pti,
+        entry_area: spec.entry_area,
+        entry_text_end: spec.entry_text_end,
+        text: spec.text,
+        global_text: spec.global_text,
+        nx: spec.nx,
+        telemetry: spec.telemetry,
+        direct_map: spec.direct_map,
+        deferred_text: spec.deferred_text,
+    };
+    crate::pti::build_kernel_half::<Pae, M, F>(mem, frames, &spec)
 }
 
 /// A kernel-only page table (the user slots empty), for kmain before any
@@ -363,10 +278,7 @@ pub fn build_kernel_only<M: PhysMem, F: FrameSource>(
     frames: &mut F,
     half: &KernelHalf,
 ) -> Result<u64, MapError> {
-    let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
-    mem.write(pair, KERNEL_PDPT_SLOT, pdpte(half.kernel_pmd));
-    mem.write(pair + 4096, KERNEL_PDPT_SLOT, pdpte(half.user_pmd));
-    Ok(pair)
+    Pae::kernel_only(mem, frames, half)
 }
 
 /// Builds a process's PDPT pair and returns its physical address. The
@@ -378,19 +290,7 @@ pub fn build_address_space<M: PhysMem, F: FrameSource>(
     user: &UserSpec,
     nx: bool,
 ) -> Result<u64, MapError> {
-    use layout::{USER_STACK_TOP, USER_TEXT_BASE};
-    let nx = if nx { NO_EXECUTE } else { 0 };
-    let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
-    let slot = indices(USER_TEXT_BASE)[0];
-    let upmd = pmd_of(mem, frames, pair, slot)?;
-    debug_assert_eq!(indices(USER_STACK_TOP - 4096)[0], slot);
-    for (va, phys, flags) in user.leaves(nx) {
-        map_4k_in_pmd(mem, frames, upmd, va, phys, flags, TABLE_FLAGS)?;
-    }
-    mem.write(pair + 4096, slot, pdpte(upmd));
-    mem.write(pair, KERNEL_PDPT_SLOT, pdpte(half.kernel_pmd));
-    mem.write(pair + 4096, KERNEL_PDPT_SLOT, pdpte(half.user_pmd));
-    Ok(pair)
+    crate::pti::build_address_space::<Pae, M, F>(mem, frames, half, user, nx)
 }
 
 /// Maps one more user stack page (user, writable, NX when the CPU has it)
@@ -404,36 +304,180 @@ pub fn map_user_stack_page<M: PhysMem, F: FrameSource>(
     phys: u64,
     nx: bool,
 ) -> Result<(), MapError> {
-    use layout::{USER_STACK_TOP, USER_TEXT_BASE};
-    let slot = indices(USER_TEXT_BASE)[0];
-    if !(USER_TEXT_BASE..USER_STACK_TOP).contains(&va) {
-        return Err(MapError::NotCanonical(va));
-    }
-    let e = Pte(mem.read(pair, slot));
-    if !e.present() {
-        return Err(MapError::NotCanonical(va));
-    }
-    let nx = if nx { NO_EXECUTE } else { 0 };
-    map_4k_in_pmd(
-        mem,
-        frames,
-        e.addr(),
-        va,
-        phys,
-        USER | WRITABLE | nx,
-        TABLE_FLAGS,
-    )
+    crate::pti::map_user_stack_page::<Pae, M, F>(mem, frames, pair, va, phys, nx)
 }
 
 /// Opts an address space out of PTI: the user copy's kernel slot becomes
 /// the kernel copy's, so both copies map everything.
 pub fn opt_out_of_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
-    mem.write(pair + 4096, KERNEL_PDPT_SLOT, pdpte(half.kernel_pmd));
+    Pae::opt_out_of_pti(mem, pair, half)
 }
 
 /// Undoes [`opt_out_of_pti`].
 pub fn opt_in_to_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
-    mem.write(pair + 4096, KERNEL_PDPT_SLOT, pdpte(half.user_pmd));
+    Pae::opt_in_to_pti(mem, pair, half)
+}
+
+/// x86_32's PAE paging as a [`PagingMode`]: a half table is a PMD (the
+/// kernel GiB's, PDPT slot 3); a process's user table is its user PMD
+/// (slot 0), pointed at by both copies. PDPTEs carry only the present bit:
+/// unlike 4-level paging, the kernel copy cannot mark the user half NX at
+/// the top (Linux x86_32 does not poison it either).
+pub struct Pae;
+
+impl PagingMode for Pae {
+    type Half = KernelHalf;
+    const KERNEL_BASE: u64 = KERNEL_BASE;
+    const TELEMETRY_VA: u64 = TELEMETRY_VA;
+    const SMALL_FIRST_2M: bool = true;
+
+    fn map_4k<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        table: u64,
+        va: u64,
+        phys: u64,
+        leaf_flags: u64,
+        table_flags: u64,
+    ) -> Result<(), MapError> {
+        map_4k_in_pmd(mem, frames, table, va, phys, leaf_flags, table_flags)
+    }
+
+    /// Page by page for 4 KiB leaves; 2 MiB ones are entries of the PMD
+    /// itself, written as one run. The range must stay in the PMD's GiB.
+    fn map_run<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        table: u64,
+        va: u64,
+        phys: u64,
+        len: u64,
+        page: u64,
+        leaf_flags: u64,
+        table_flags: u64,
+    ) -> Result<(), MapError> {
+        if (page != 4096 && page != 2 << 20) || (va | phys | len) & (page - 1) != 0 {
+            return Err(MapError::Misaligned(va));
+        }
+        let end = va.checked_add(len).ok_or(MapError::NotCanonical(va))?;
+        if end > 1 << 32 || (len > 0 && va >> 30 != (end - 1) >> 30) {
+            return Err(MapError::NotCanonical(end.wrapping_sub(1)));
+        }
+        if page == 4096 {
+            let mut off = 0;
+            while off < len {
+                map_4k_in_pmd(
+                    mem,
+                    frames,
+                    table,
+                    va + off,
+                    phys + off,
+                    leaf_flags,
+                    table_flags,
+                )?;
+                off += 4096;
+            }
+            return Ok(());
+        }
+        let index = indices(va)[1];
+        let first = Pte::new(phys, leaf_flags | PRESENT | HUGE).0;
+        mem.fill(table, index, (len >> 21) as usize, first, page)
+            .map_err(|i| MapError::AlreadyMapped(va + (i - index) as u64 * page))
+    }
+
+    fn page_table<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        table: u64,
+        va: u64,
+        table_flags: u64,
+    ) -> Result<u64, MapError> {
+        let i2 = indices(va)[1];
+        let e = Pte(mem.read(table, i2));
+        if e.present() {
+            if e.huge() {
+                return Err(MapError::AlreadyMapped(va));
+            }
+            return Ok(e.addr());
+        }
+        let pt = frames.frame().ok_or(MapError::OutOfFrames)?;
+        mem.write(table, i2, Pte::new(pt, table_flags).0);
+        Ok(pt)
+    }
+
+    fn half<M: PhysMem>(_: &M, kernel: u64, user: Option<(u64, u64)>) -> KernelHalf {
+        match user {
+            Some((table, pages)) => KernelHalf {
+                kernel_pmd: kernel,
+                user_pmd: table,
+                pti: true,
+                user_kernel_pages: pages,
+            },
+            None => KernelHalf {
+                kernel_pmd: kernel,
+                user_pmd: kernel,
+                pti: false,
+                user_kernel_pages: 0,
+            },
+        }
+    }
+
+    fn kernel_only<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        half: &KernelHalf,
+    ) -> Result<u64, MapError> {
+        let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
+        mem.write(pair, KERNEL_PDPT_SLOT, pdpte(half.kernel_pmd));
+        mem.write(pair + 4096, KERNEL_PDPT_SLOT, pdpte(half.user_pmd));
+        Ok(pair)
+    }
+
+    /// The user PMD, hung in the kernel copy's slot 0 (both user pages and
+    /// stack live in its GiB).
+    fn new_user_table<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        pair: u64,
+    ) -> Result<u64, MapError> {
+        use layout::{USER_STACK_TOP, USER_TEXT_BASE};
+        let slot = indices(USER_TEXT_BASE)[0];
+        debug_assert_eq!(indices(USER_STACK_TOP - 4096)[0], slot);
+        pmd_of(mem, frames, pair, slot)
+    }
+
+    fn user_table<M: PhysMem>(mem: &M, pair: u64) -> Option<u64> {
+        let slot = indices(layout::USER_TEXT_BASE)[0];
+        let e = Pte(mem.read(pair, slot));
+        e.present().then_some(e.addr())
+    }
+
+    fn install<M: PhysMem>(mem: &mut M, pair: u64, user_table: u64, half: &KernelHalf) {
+        let slot = indices(layout::USER_TEXT_BASE)[0];
+        mem.write(pair + 4096, slot, pdpte(user_table));
+        mem.write(pair, KERNEL_PDPT_SLOT, pdpte(half.kernel_pmd));
+        mem.write(pair + 4096, KERNEL_PDPT_SLOT, pdpte(half.user_pmd));
+    }
+
+    fn opt_out_of_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
+        mem.write(pair + 4096, KERNEL_PDPT_SLOT, pdpte(half.kernel_pmd));
+    }
+
+    fn opt_in_to_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
+        mem.write(pair + 4096, KERNEL_PDPT_SLOT, pdpte(half.user_pmd));
+    }
+
+    fn tables(user_table: u64) -> Tables {
+        Tables::PaePmd(user_table)
+    }
+
+    fn kernel_tables<M: PhysMem, F: FrameSource>(
+        _: &mut M,
+        _: &mut F,
+        half: &KernelHalf,
+    ) -> Result<Tables, MapError> {
+        Ok(Tables::PaePmd(half.kernel_pmd))
+    }
 }
 
 #[cfg(test)]

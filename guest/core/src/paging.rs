@@ -12,7 +12,9 @@
 //! kernel copy maps everything; that of the user copy maps only the entry
 //! area with 4 KiB global pages, at the same virtual addresses.
 
-use crate::layout::{KERNEL_BASE, TELEMETRY_VA, USER_STACK_TOP, USER_TEXT_BASE};
+use crate::layout::{KERNEL_BASE, TELEMETRY_VA};
+use crate::pti::PagingMode;
+use crate::workingset::Tables;
 
 pub use crate::pte::{
     flags, FrameSource, MapError, PhysMem, Pte, Translation, UserSpec, ADDR_MASK,
@@ -234,6 +236,8 @@ pub struct KernelHalf {
     pub user_pml4e: u64,
     /// Whether PTI is on (the user copy maps only the entry area).
     pub pti: bool,
+    /// 4 KiB kernel pages the user copy maps (0 without PTI).
+    pub user_kernel_pages: u64,
 }
 
 impl KernelHalf {
@@ -242,11 +246,13 @@ impl KernelHalf {
         kernel_pml4e: 0,
         user_pml4e: 0,
         pti: false,
+        user_kernel_pages: 0,
     };
 }
 
-/// Builds the kernel half. The direct map uses 2 MiB pages, global unless
-/// PTI is on; the user copy maps the entry area with 4 KiB global pages.
+/// Builds the kernel half ([`crate::pti::build_kernel_half`]). The direct
+/// map uses 2 MiB pages, global unless PTI is on; the user copy maps the
+/// entry area with 4 KiB global pages.
 pub fn build_kernel_half<M: PhysMem, F: FrameSource>(
     mem: &mut M,
     frames: &mut F,
@@ -268,120 +274,18 @@ pub fn build_kernel_half_global_text<M: PhysMem, F: FrameSource>(
     spec: &KernelSpec,
     global_text: Option<(u64, u64)>,
 ) -> Result<KernelHalf, MapError> {
-    let global = if spec.pti { 0 } else { GLOBAL };
-    let text = global_text.filter(|_| spec.pti).unwrap_or((0, 0));
-    let text_global = text.0 < text.1;
-    let in_range = |pa: u64, (s, e): (u64, u64)| pa >= s && pa < e;
-    // A scratch PML4 root: only its slot 511 is kept.
-    let root = frames.frame().ok_or(MapError::OutOfFrames)?;
-    let mut pa = 0;
-    if text_global && spec.direct_map > 0 {
-        // The first page through map_4k (it creates the tables), the other
-        // 511 written straight into its page table.
-        map_4k(
-            mem,
-            frames,
-            root,
-            KERNEL_BASE,
-            0,
-            WRITABLE,
-            KERNEL_TABLE_FLAGS,
-        )?;
-        let [i4, i3, i2, _] = indices(KERNEL_BASE);
-        let pdpt = Pte(mem.read(root, i4)).addr();
-        let pd = Pte(mem.read(pdpt, i3)).addr();
-        let pt = Pte(mem.read(pd, i2)).addr();
-        for i in 0..ENTRIES as u64 {
-            let pa = i * 4096;
-            let g = if in_range(pa, spec.entry_area) || in_range(pa, text) {
-                GLOBAL
-            } else {
-                0
-            };
-            mem.write(pt, i as usize, Pte::new(pa, PRESENT | WRITABLE | g).0);
-        }
-        pa = 2 << 20;
-    }
-    if pa < spec.direct_map {
-        map_run(
-            mem,
-            frames,
-            root,
-            KERNEL_BASE + pa,
-            pa,
-            spec.direct_map - pa,
-            2 << 20,
-            WRITABLE | global,
-            KERNEL_TABLE_FLAGS,
-        )?;
-    }
-    map_4k(
-        mem,
-        frames,
-        root,
-        TELEMETRY_VA,
-        spec.telemetry,
-        WRITABLE | NO_EXECUTE | global,
-        KERNEL_TABLE_FLAGS,
-    )?;
-    let kernel_pml4e = mem.read(root, KERNEL_PML4_SLOT);
-    let user_pml4e = if spec.pti {
-        let uroot = frames.frame().ok_or(MapError::OutOfFrames)?;
-        // The entry area: its text read-only and executable, the rest
-        // writable and NX.
-        let (start, end) = spec.entry_area;
-        let text_end = spec
-            .entry_text_end
-            .next_multiple_of(4096)
-            .clamp(start, end.max(start));
-        for (s, e, perm) in [(start, text_end, 0), (text_end, end, WRITABLE | NO_EXECUTE)] {
-            if s < e {
-                map_run(
-                    mem,
-                    frames,
-                    uroot,
-                    KERNEL_BASE + s,
-                    s,
-                    e - s,
-                    4096,
-                    perm | GLOBAL,
-                    KERNEL_TABLE_FLAGS,
-                )?;
-            }
-        }
-        // Kernel text the user copy also maps, read-only and global: all of
-        // it with pti_global_text, and with pti_switch=deferred the page of
-        // the Rust function that switches CR3 on the way out. A page already
-        // mapped (entry area, or text covering the deferred page) is skipped.
-        let text_ranges = [if text_global { text } else { (0, 0) }, spec.deferred_text];
-        for (i, &(start, end)) in text_ranges.iter().enumerate() {
-            let mut pa = start;
-            while pa < end {
-                let mapped = in_range(pa, spec.entry_area)
-                    || text_ranges[..i].iter().any(|&r| in_range(pa, r));
-                if !mapped {
-                    map_4k(
-                        mem,
-                        frames,
-                        uroot,
-                        KERNEL_BASE + pa,
-                        pa,
-                        GLOBAL,
-                        KERNEL_TABLE_FLAGS,
-                    )?;
-                }
-                pa += 4096;
-            }
-        }
-        mem.read(uroot, KERNEL_PML4_SLOT)
-    } else {
-        kernel_pml4e
-    };
-    Ok(KernelHalf {
-        kernel_pml4e,
-        user_pml4e,
+    let spec = crate::pti::KernelSpec {
         pti: spec.pti,
-    })
+        entry_area: spec.entry_area,
+        entry_text_end: spec.entry_text_end,
+        text: global_text.unwrap_or((0, 0)),
+        global_text: global_text.is_some(),
+        nx: true,
+        telemetry: spec.telemetry,
+        direct_map: spec.direct_map,
+        deferred_text: spec.deferred_text,
+    };
+    crate::pti::build_kernel_half::<FourLevel, M, F>(mem, frames, &spec)
 }
 
 /// Builds a process's PML4 pair and returns its physical address. With PTI,
@@ -392,21 +296,7 @@ pub fn build_address_space<M: PhysMem, F: FrameSource>(
     half: &KernelHalf,
     user: &UserSpec,
 ) -> Result<u64, MapError> {
-    let pair = frames.pair().ok_or(MapError::OutOfFrames)?;
-    for (va, phys, flags) in user.leaves(NO_EXECUTE) {
-        map_4k(mem, frames, pair, va, phys, flags, TABLE_FLAGS)?;
-    }
-    let user_slot = mem.read(pair, USER_PML4_SLOT);
-    let (kernel_user_slot, user_kernel_slot) = if half.pti {
-        (user_slot | NO_EXECUTE, half.user_pml4e)
-    } else {
-        (user_slot, half.kernel_pml4e)
-    };
-    mem.write(pair, USER_PML4_SLOT, kernel_user_slot);
-    mem.write(pair, KERNEL_PML4_SLOT, half.kernel_pml4e);
-    mem.write(pair + 4096, USER_PML4_SLOT, user_slot);
-    mem.write(pair + 4096, KERNEL_PML4_SLOT, user_kernel_slot);
-    Ok(pair)
+    crate::pti::build_address_space::<FourLevel, M, F>(mem, frames, half, user, true)
 }
 
 /// Maps one more user stack page (user, writable, NX) at `va` into the
@@ -420,18 +310,7 @@ pub fn map_user_stack_page<M: PhysMem, F: FrameSource>(
     va: u64,
     phys: u64,
 ) -> Result<(), MapError> {
-    if !(USER_TEXT_BASE..USER_STACK_TOP).contains(&va) {
-        return Err(MapError::NotCanonical(va));
-    }
-    map_4k(
-        mem,
-        frames,
-        pair + 4096,
-        va,
-        phys,
-        USER | WRITABLE | NO_EXECUTE,
-        TABLE_FLAGS,
-    )
+    crate::pti::map_user_stack_page::<FourLevel, M, F>(mem, frames, pair, va, phys, true)
 }
 
 /// Opts an address space out of PTI (`arch_prctl(ARCH_SET_NOPTI, 1)`): the
@@ -439,24 +318,166 @@ pub fn map_user_stack_page<M: PhysMem, F: FrameSource>(
 /// in user mode) and the user copy becomes a full copy of the kernel copy, so
 /// that the one exit still taken through the PTI path lands on a full map.
 pub fn opt_out_of_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
-    let user_slot = mem.read(pair + 4096, USER_PML4_SLOT);
-    mem.write(pair, USER_PML4_SLOT, user_slot);
-    mem.write(pair + 4096, KERNEL_PML4_SLOT, half.kernel_pml4e);
+    FourLevel::opt_out_of_pti(mem, pair, half)
 }
 
 /// Undoes [`opt_out_of_pti`]: NX back on the kernel copy's user slot and
 /// the user copy's kernel half back to the entry area only.
 pub fn opt_in_to_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
-    let user_slot = mem.read(pair + 4096, USER_PML4_SLOT);
-    if half.pti {
-        mem.write(pair, USER_PML4_SLOT, user_slot | NO_EXECUTE);
+    FourLevel::opt_in_to_pti(mem, pair, half)
+}
+
+/// x86_64's 4-level paging as a [`PagingMode`]: a half table is a scratch
+/// PML4 whose slot 511 is kept; a process's user table is its kernel
+/// copy's PML4 (slot 0, shared with the user copy below the PML4). With
+/// PTI the kernel copy's user slot carries NX, so a missed switch back to
+/// the user copy faults instead of running user code with kernel mappings.
+pub struct FourLevel;
+
+impl PagingMode for FourLevel {
+    type Half = KernelHalf;
+    const KERNEL_BASE: u64 = KERNEL_BASE;
+    const TELEMETRY_VA: u64 = TELEMETRY_VA;
+    const SMALL_FIRST_2M: bool = false;
+
+    fn map_4k<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        table: u64,
+        va: u64,
+        phys: u64,
+        leaf_flags: u64,
+        table_flags: u64,
+    ) -> Result<(), MapError> {
+        map_4k(mem, frames, table, va, phys, leaf_flags, table_flags)
     }
-    mem.write(pair + 4096, KERNEL_PML4_SLOT, half.user_pml4e);
+
+    fn map_run<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        table: u64,
+        va: u64,
+        phys: u64,
+        len: u64,
+        page: u64,
+        leaf_flags: u64,
+        table_flags: u64,
+    ) -> Result<(), MapError> {
+        map_run(
+            mem,
+            frames,
+            table,
+            va,
+            phys,
+            len,
+            page,
+            leaf_flags,
+            table_flags,
+        )
+    }
+
+    fn page_table<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        table: u64,
+        va: u64,
+        table_flags: u64,
+    ) -> Result<u64, MapError> {
+        if !is_canonical(va) {
+            return Err(MapError::NotCanonical(va));
+        }
+        let [i4, i3, i2, _] = indices(va);
+        let pdpt = next_table(mem, frames, table, i4, table_flags, va)?;
+        let pd = next_table(mem, frames, pdpt, i3, table_flags, va)?;
+        next_table(mem, frames, pd, i2, table_flags, va)
+    }
+
+    fn half<M: PhysMem>(mem: &M, kernel: u64, user: Option<(u64, u64)>) -> KernelHalf {
+        let kernel_pml4e = mem.read(kernel, KERNEL_PML4_SLOT);
+        match user {
+            Some((table, pages)) => KernelHalf {
+                kernel_pml4e,
+                user_pml4e: mem.read(table, KERNEL_PML4_SLOT),
+                pti: true,
+                user_kernel_pages: pages,
+            },
+            None => KernelHalf {
+                kernel_pml4e,
+                user_pml4e: kernel_pml4e,
+                pti: false,
+                user_kernel_pages: 0,
+            },
+        }
+    }
+
+    fn kernel_only<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        half: &KernelHalf,
+    ) -> Result<u64, MapError> {
+        let root = frames.pair().ok_or(MapError::OutOfFrames)?;
+        mem.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
+        Ok(root)
+    }
+
+    fn new_user_table<M: PhysMem, F: FrameSource>(
+        _: &mut M,
+        _: &mut F,
+        pair: u64,
+    ) -> Result<u64, MapError> {
+        Ok(pair)
+    }
+
+    fn user_table<M: PhysMem>(_: &M, pair: u64) -> Option<u64> {
+        Some(pair + 4096)
+    }
+
+    fn install<M: PhysMem>(mem: &mut M, pair: u64, user_table: u64, half: &KernelHalf) {
+        let user_slot = mem.read(user_table, USER_PML4_SLOT);
+        let (kernel_user_slot, user_kernel_slot) = if half.pti {
+            (user_slot | NO_EXECUTE, half.user_pml4e)
+        } else {
+            (user_slot, half.kernel_pml4e)
+        };
+        mem.write(pair, USER_PML4_SLOT, kernel_user_slot);
+        mem.write(pair, KERNEL_PML4_SLOT, half.kernel_pml4e);
+        mem.write(pair + 4096, USER_PML4_SLOT, user_slot);
+        mem.write(pair + 4096, KERNEL_PML4_SLOT, user_kernel_slot);
+    }
+
+    fn opt_out_of_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
+        let user_slot = mem.read(pair + 4096, USER_PML4_SLOT);
+        mem.write(pair, USER_PML4_SLOT, user_slot);
+        mem.write(pair + 4096, KERNEL_PML4_SLOT, half.kernel_pml4e);
+    }
+
+    fn opt_in_to_pti<M: PhysMem>(mem: &mut M, pair: u64, half: &KernelHalf) {
+        let user_slot = mem.read(pair + 4096, USER_PML4_SLOT);
+        if half.pti {
+            mem.write(pair, USER_PML4_SLOT, user_slot | NO_EXECUTE);
+        }
+        mem.write(pair + 4096, KERNEL_PML4_SLOT, half.user_pml4e);
+    }
+
+    fn tables(user_table: u64) -> Tables {
+        Tables::FourLevel(user_table)
+    }
+
+    fn kernel_tables<M: PhysMem, F: FrameSource>(
+        mem: &mut M,
+        frames: &mut F,
+        half: &KernelHalf,
+    ) -> Result<Tables, MapError> {
+        let root = frames.frame().ok_or(MapError::OutOfFrames)?;
+        mem.write(root, KERNEL_PML4_SLOT, half.kernel_pml4e);
+        Ok(Tables::FourLevel(root))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{USER_STACK_TOP, USER_TEXT_BASE};
     use std::collections::BTreeMap;
     use std::vec::Vec;
 

@@ -9,16 +9,13 @@
 //! instead of one per byte where `rep outsb` exits per byte (kvm_pvm,
 //! ~10 µs each: most of a default boot's time). Elsewhere the bytes go to
 //! COM1 itself.
-use crate::global::Global;
+use core::cell::UnsafeCell;
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use ptiscope_abi::port::{CONSOLE_LINE, CONSOLE_LINE_MAGIC, CONSOLE_LINE_MAX};
 
-/// 0 free, else the owning CPU + 1.
-static OWNER: AtomicUsize = AtomicUsize::new(0);
-
 /// The console-line port: 0 not asked yet, `usize::MAX` absent, else the
-/// physical address of [`RECORD`].
+/// physical address of the console's record.
 static LINE_PORT: AtomicUsize = AtomicUsize::new(0);
 
 /// A console-line record, as the VMM reads it.
@@ -28,13 +25,43 @@ struct Record {
     bytes: [u8; CONSOLE_LINE_MAX],
 }
 
-/// The line being gathered; only touched under the console lock.
-static RECORD: Global<Record> = Global::new(Record {
-    len: 0,
-    bytes: [0; CONSOLE_LINE_MAX],
-});
+/// The console lock and the record it owns.
+struct Console {
+    /// 0 free, else the owning CPU + 1.
+    owner: AtomicUsize,
+    /// The line being gathered.
+    record: UnsafeCell<Record>,
+}
 
-/// The physical address of [`RECORD`] if the VMM has the console-line port
+// SAFETY: the record is touched only by the CPU that holds `owner` (taken
+// with Acquire, given back with Release by `Line`). On that CPU a nested
+// line (a fault or panic report in the middle of a line) takes the record
+// over from the outer line, which never resumes: both end in `stop`.
+unsafe impl Sync for Console {}
+
+impl Console {
+    /// The record.
+    ///
+    /// # Safety
+    /// This CPU holds the console lock, and no other reference to the
+    /// record is live.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    unsafe fn record(&self) -> &mut Record {
+        // SAFETY: delegated to the caller.
+        unsafe { &mut *self.record.get() }
+    }
+}
+
+static CONSOLE: Console = Console {
+    owner: AtomicUsize::new(0),
+    record: UnsafeCell::new(Record {
+        len: 0,
+        bytes: [0; CONSOLE_LINE_MAX],
+    }),
+};
+
+/// The physical address of the record if the VMM has the console-line port
 /// (asked once: a 32-bit `in` reads its magic).
 fn line_port() -> Option<u32> {
     match LINE_PORT.load(Ordering::Relaxed) {
@@ -49,7 +76,7 @@ fn line_port() -> Option<u32> {
                          options(nomem, nostack, preserves_flags))
     };
     let end = core::mem::size_of::<Record>() as u64;
-    let phys = crate::arch::layout::virt_to_phys(core::ptr::addr_of!(RECORD) as usize as u64)
+    let phys = crate::arch::layout::virt_to_phys(CONSOLE.record.get() as usize as u64)
         .filter(|&p| magic == CONSOLE_LINE_MAGIC && p + end <= u32::MAX as u64);
     LINE_PORT.store(phys.map_or(usize::MAX, |p| p as usize), Ordering::Relaxed);
     phys.map(|p| p as u32)
@@ -58,7 +85,7 @@ fn line_port() -> Option<u32> {
 /// Hands the gathered bytes to the VMM (one exit), if there are any.
 fn flush(phys: u32) {
     // SAFETY: under the console lock, on this CPU; no other reference lives.
-    let r = unsafe { RECORD.get() };
+    let r = unsafe { CONSOLE.record() };
     if r.len != 0 {
         // Not `io::outl`, which is `nomem`: the VMM reads the record, so
         // the stores into it must happen before the `out` (a `nomem` one
@@ -100,7 +127,7 @@ unsafe fn copy_bytes(dst: *mut u8, src: *const u8, n: usize) {
 #[inline(always)]
 fn gather(phys: u32, bytes: &[u8]) {
     // SAFETY: as in `flush`; the reference ends before `gather_split` runs.
-    let r = unsafe { RECORD.get() };
+    let r = unsafe { CONSOLE.record() };
     let len = r.len as usize;
     if len < CONSOLE_LINE_MAX && bytes.len() < CONSOLE_LINE_MAX - len {
         // SAFETY: `len + bytes.len() < CONSOLE_LINE_MAX`: the copy stays
@@ -119,7 +146,7 @@ fn gather(phys: u32, bytes: &[u8]) {
 fn gather_split(phys: u32, mut bytes: &[u8]) {
     while !bytes.is_empty() {
         // SAFETY: as in `flush`; the reference ends before `flush` runs.
-        let r = unsafe { RECORD.get() };
+        let r = unsafe { CONSOLE.record() };
         let len = (r.len as usize).min(CONSOLE_LINE_MAX);
         let n = bytes.len().min(CONSOLE_LINE_MAX - len);
         // SAFETY: `len + n <= CONSOLE_LINE_MAX`: the copy stays inside the
@@ -155,9 +182,10 @@ impl Line {
     /// Takes the console lock (re-entrant on this CPU).
     pub fn start() -> Line {
         let me = crate::arch::percpu::cpu() + 1;
-        let nested = OWNER.load(Ordering::Relaxed) == me;
+        let nested = CONSOLE.owner.load(Ordering::Relaxed) == me;
         if !nested {
-            while OWNER
+            while CONSOLE
+                .owner
                 .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
@@ -218,7 +246,7 @@ impl Drop for Line {
             flush(phys);
         }
         if !self.nested {
-            OWNER.store(0, Ordering::Release);
+            CONSOLE.owner.store(0, Ordering::Release);
         }
     }
 }

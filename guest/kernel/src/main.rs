@@ -9,10 +9,10 @@
 
 mod arch;
 mod console;
-mod global;
 mod mm;
 mod pipe;
 mod pvh;
+mod sync;
 mod syscall;
 mod task;
 mod telemetry;
@@ -162,14 +162,14 @@ extern "C" fn kmain(start_info: usize) -> ! {
         }
         mem_end = mem_end.max(r.end());
     }
-    let frames = mm::init(map, config.telemetry);
+    mm::init(map, config.telemetry);
     console::Line::start()
         .str("memory: ")
         .dec(map.len() as u64)
         .str(" map entries, ")
         .dec(ram >> 10)
         .str(" KiB RAM, ")
-        .dec(frames.free_bytes() >> 10)
+        .dec(mm::free_bytes() >> 10)
         .str(" KiB allocatable above the image end ")
         .hex(mm::image_end_phys())
         .str("\n");
@@ -305,7 +305,7 @@ fn run_pound(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
             .unwrap_or_else(|e| panic!("cannot create poundsyscall thread {i}: {e:?}"));
         s.pin(t, i % cpus);
     }
-    task::Sched::run(s);
+    s.run();
     report(config, pti, pcid)
 }
 
@@ -348,7 +348,11 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
     for g in 0..config.groups {
         let mut first = None;
         for _ in 0..GROUP_SIZE {
-            let p = pipe::create().unwrap_or_else(|| panic!("cannot create a pipe"));
+            let p = s
+                .with_pipes()
+                .1
+                .create()
+                .unwrap_or_else(|| panic!("cannot create a pipe"));
             first.get_or_insert(p);
         }
         let first = first.expect("a group has pipes");
@@ -385,7 +389,7 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
             s.pin(t, worker % cpus);
         }
     }
-    task::Sched::run(s);
+    s.run();
     report(config, pti, pcid)
 }
 
@@ -447,14 +451,14 @@ fn run_workload(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! {
         config,
         pair.unwrap_or_else(|| panic!("the workload process vanished")),
     );
-    task::Sched::run(s);
+    s.run();
     report(config, pti, pcid)
 }
 
 /// `fault=kread fault_cpu=N`: the processes `pids` (init, then the user
 /// program that reads kernel memory; both just spawned, queued on CPU 0)
 /// move to CPU N, which is woken to run them; CPU 0 idles in
-/// [`task::Sched::run`] meanwhile. The fault then stops the VM from CPU N.
+/// [`task::SchedGuard::run`] meanwhile. The fault then stops the VM from CPU N.
 fn pin_kread_program(s: &mut task::SchedGuard, pids: [u64; 2], cpu: usize) {
     println!("CPU {cpu} runs the user program that raises fault=kread");
     // The most recently queued first (`pin` moves the tail of a queue).
@@ -486,7 +490,8 @@ fn setup_working_set(config: &Config, pair: u64) {
 
 fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     use ptiscope_abi::telemetry::Counter as C;
-    // SAFETY: all tasks are done; nothing else touches the result.
+    // SAFETY: every task has exited (run() saw that under the scheduler
+    // lock, after their last writes): no other reference to the result.
     let r = unsafe { syscall::RESULT.get() };
     let status = r.exit_status.unwrap_or(-1);
     if config.fault == Some(Fault::Kread) {
@@ -510,8 +515,7 @@ fn report(config: &Config, pti: bool, pcid: bool) -> ! {
     };
     // An empty phase (iterations=0) has no per-call figure: report 0.
     let tenths = r.cycles.saturating_mul(10).checked_div(n).unwrap_or(0);
-    // SAFETY: no task runs any more.
-    let nopti = unsafe { task::sched() }.tasks.iter().any(|t| t.nopti);
+    let nopti = task::lock().tasks.iter().any(|t| t.nopti);
     let wss = workingset::result(config);
     println!(
         "{}workload={} iterations={n} cycles={} cycles_per_call={}.{} syscalls={} cr3_writes={cr3} \

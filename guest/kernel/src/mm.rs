@@ -1,12 +1,14 @@
 //! Physical memory: the frame allocator and access to page tables through
 //! the direct map.
 use crate::arch::layout::{phys_to_virt, DIRECT_MAP_SIZE};
-use crate::global::Global;
+use crate::sync::{SpinGuard, SpinLock};
 use guest_core::memmap::{FrameAllocator, MemRegion};
 use guest_core::pte::{FrameSource, PhysMem};
 
-/// Empty (every allocation fails) until [`init`].
-static FRAMES: Global<FrameAllocator> = Global::new(FrameAllocator::EMPTY);
+/// Empty (every allocation fails) until [`init`]. Locked: the APs allocate
+/// their stacks while coming up, the scheduler its tasks' (under its own
+/// lock, taken first: this one never waits for it).
+static FRAMES: SpinLock<FrameAllocator> = SpinLock::new(FrameAllocator::EMPTY);
 
 extern "C" {
     static __image_end_phys: u8;
@@ -20,17 +22,16 @@ pub fn image_end_phys() -> u64 {
 /// Sets up the frame allocator over RAM above the kernel image and inside
 /// the direct map, minus the telemetry page: our VMM reserves it in the
 /// map, but under QEMU `telemetry=` may well point into RAM.
-pub fn init(map: &[MemRegion], telemetry: Option<u64>) -> &'static FrameAllocator {
+pub fn init(map: &[MemRegion], telemetry: Option<u64>) {
     let telemetry = telemetry.map(|t| MemRegion {
         base: t,
         size: 4096,
         kind: guest_core::memmap::E820_RESERVED,
     });
-    // SAFETY: boot, one CPU, no other reference to FRAMES exists yet.
-    let f = unsafe { FRAMES.get() };
     // Built in place (each emulated instruction counts on kvm_pvm).
-    f.rebuild(map, telemetry, image_end_phys(), DIRECT_MAP_SIZE);
-    f
+    FRAMES
+        .lock()
+        .rebuild(map, telemetry, image_end_phys(), DIRECT_MAP_SIZE);
 }
 
 /// Frames for page tables and stacks: zero, because the allocator never
@@ -39,12 +40,29 @@ pub struct Frames;
 
 impl FrameSource for Frames {
     fn frame(&mut self) -> Option<u64> {
-        // SAFETY: one CPU; the reference does not outlive this call.
-        unsafe { FRAMES.get() }.alloc()
+        FRAMES.lock().alloc()
     }
     fn pair(&mut self) -> Option<u64> {
-        // SAFETY: as above.
-        unsafe { FRAMES.get() }.alloc_contiguous(2, 8192)
+        FRAMES.lock().alloc_contiguous(2, 8192)
+    }
+}
+
+/// The frame allocator, locked for a series of allocations (a page-table
+/// build): one lock where [`Frames`] takes it per frame (each emulated
+/// instruction counts on software-KVM hosts).
+pub struct LockedFrames(SpinGuard<'static, FrameAllocator>);
+
+/// Locks the frame allocator until the result is dropped.
+pub fn lock_frames() -> LockedFrames {
+    LockedFrames(FRAMES.lock())
+}
+
+impl FrameSource for LockedFrames {
+    fn frame(&mut self) -> Option<u64> {
+        self.0.alloc()
+    }
+    fn pair(&mut self) -> Option<u64> {
+        self.0.alloc_contiguous(2, 8192)
     }
 }
 
@@ -180,19 +198,16 @@ unsafe fn zero_prefix_end(base: *mut u64, from: usize, to: usize) -> usize {
 
 /// `count` contiguous zeroed frames, for kernel stacks.
 pub fn alloc_contiguous(count: u64) -> Option<u64> {
-    // SAFETY: one CPU; the reference does not outlive this call.
-    unsafe { FRAMES.get() }.alloc_contiguous(count, 4096)
+    FRAMES.lock().alloc_contiguous(count, 4096)
 }
 
 /// `count` contiguous zeroed frames starting at a multiple of `align` (a
 /// power of two): the working set of `wss=` (2 MiB aligned for 2 MiB pages).
 pub fn alloc_aligned(count: u64, align: u64) -> Option<u64> {
-    // SAFETY: one CPU; the reference does not outlive this call.
-    unsafe { FRAMES.get() }.alloc_contiguous(count, align)
+    FRAMES.lock().alloc_contiguous(count, align)
 }
 
 /// Bytes the frame allocator can still hand out (ignoring alignment losses).
 pub fn free_bytes() -> u64 {
-    // SAFETY: as above.
-    unsafe { FRAMES.get() }.free_bytes()
+    FRAMES.lock().free_bytes()
 }

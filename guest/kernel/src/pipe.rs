@@ -5,9 +5,9 @@
 //! `PIPE_BUF` bytes blocks until all of it fits (atomic, as Linux). Tasks
 //! reach pipes through their descriptor range (`task::PipeFds`).
 use crate::arch::layout::phys_to_virt;
-use crate::global::Global;
 use crate::mm::Frames;
-use crate::task::{lock, WaitQueue, MAX_TASKS};
+use crate::sync::LockedBy;
+use crate::task::{lock, SchedLock, WaitQueue, MAX_TASKS};
 use crate::uaccess::user_range_ok;
 use guest_core::pipe::{Ring, PIPE_BUF, PIPE_SIZE};
 use guest_core::pte::FrameSource;
@@ -25,39 +25,44 @@ struct Pipe {
     writers: WaitQueue,
 }
 
-struct Pipes {
+/// The pipe table. Its readers and writers block on the pipes' wait
+/// queues, which link tasks of the scheduler's table.
+pub struct Pipes {
     pipes: [Pipe; MAX_PIPES],
     count: usize,
 }
 
-static PIPES: Global<Pipes> = Global::new(Pipes {
-    pipes: [Pipe {
-        ring: Ring::EMPTY,
-        buf: 0,
-        readers: WaitQueue::EMPTY,
-        writers: WaitQueue::EMPTY,
-    }; MAX_PIPES],
-    count: 0,
-});
+impl Pipes {
+    pub const EMPTY: Pipes = Pipes {
+        pipes: [Pipe {
+            ring: Ring::EMPTY,
+            buf: 0,
+            readers: WaitQueue::EMPTY,
+            writers: WaitQueue::EMPTY,
+        }; MAX_PIPES],
+        count: 0,
+    };
 
-/// Creates a pipe; returns its index (consecutive from 0).
-pub fn create() -> Option<u16> {
-    // SAFETY: one CPU; no other reference to PIPES is live here.
-    let p = unsafe { PIPES.get() };
-    if p.count == MAX_PIPES {
-        return None;
+    /// Creates a pipe; returns its index (consecutive from 0).
+    pub fn create(&mut self) -> Option<u16> {
+        if self.count == MAX_PIPES {
+            return None;
+        }
+        let frame = Frames.frame()?;
+        self.pipes[self.count].buf = phys_to_virt(frame)? as usize;
+        self.count += 1;
+        Some((self.count - 1) as u16)
     }
-    let frame = Frames.frame()?;
-    p.pipes[p.count].buf = phys_to_virt(frame)? as usize;
-    p.count += 1;
-    Some((p.count - 1) as u16)
 }
+
+/// The pipes, under the scheduler lock (`task::SchedGuard::with_pipes`).
+pub static PIPES: LockedBy<SchedLock, Pipes> = LockedBy::new(Pipes::EMPTY);
 
 impl Pipe {
     fn buffer(&self) -> &'static mut [u8; PIPE_SIZE] {
-        // SAFETY: `buf` is this pipe's own frame in the direct map; the ring
-        // is only touched by the running task, with no reference kept
-        // across a task switch.
+        // SAFETY: `buf` is this pipe's own frame in the direct map; it is
+        // touched only through its `Pipe`, under the scheduler lock that
+        // guards the table, and the caller keeps no reference across a switch.
         unsafe { &mut *(self.buf as *mut [u8; PIPE_SIZE]) }
     }
 }
@@ -80,9 +85,10 @@ pub fn read(fd: usize, buf: usize, len: usize) -> isize {
     }
     let mut s = lock();
     loop {
-        // SAFETY: the pipes are guarded by the scheduler lock (held here
-        // and re-taken after every block); the reference is re-taken too.
-        let pipes = unsafe { PIPES.get() };
+        // Under the scheduler lock, which owns the pipes (held here and
+        // taken again after every block); the references end before
+        // `schedule`, which gives the lock back while other tasks run.
+        let (sched, pipes) = s.with_pipes();
         let pipe = &mut pipes.pipes[i];
         if !pipe.ring.is_empty() {
             // SAFETY: a writable user range of the current address space
@@ -92,15 +98,15 @@ pub fn read(fd: usize, buf: usize, len: usize) -> isize {
             // Room for one more message: wake one writer; an empty pipe
             // wakes them all (they re-check and block again if need be).
             if pipe.ring.is_empty() {
-                while s.wake_one(&mut pipe.writers) {}
+                while sched.wake_one(&mut pipe.writers) {}
             } else {
-                s.wake_one(&mut pipe.writers);
+                sched.wake_one(&mut pipe.writers);
             }
             return n as isize;
         }
-        // Queue first, then switch: no reference into PIPES lives across
-        // the switch (other tasks use the pipe meanwhile).
-        s.add_waiter(&mut pipe.readers);
+        // Queue first, then switch: no reference into the pipes lives
+        // across the switch (other tasks use the pipe meanwhile).
+        sched.add_waiter(&mut pipe.readers);
         s.schedule();
     }
 }
@@ -121,19 +127,19 @@ pub fn write(fd: usize, buf: usize, len: usize) -> isize {
     }
     let mut s = lock();
     loop {
-        // SAFETY: as in read.
-        let pipes = unsafe { PIPES.get() };
+        // As in read.
+        let (sched, pipes) = s.with_pipes();
         let pipe = &mut pipes.pipes[i];
         if pipe.ring.free() >= len {
             // SAFETY: a readable user range of the current address space.
             let data = unsafe { core::slice::from_raw_parts(buf as *const u8, len) };
             let n = pipe.ring.push(pipe.buffer(), data);
-            s.wake_one(&mut pipe.readers);
+            sched.wake_one(&mut pipe.readers);
             return n as isize;
         }
-        // Queue first, then switch: no reference into PIPES lives across
-        // the switch (other tasks use the pipe meanwhile).
-        s.add_waiter(&mut pipe.writers);
+        // Queue first, then switch: no reference into the pipes lives
+        // across the switch (other tasks use the pipe meanwhile).
+        sched.add_waiter(&mut pipe.writers);
         s.schedule();
     }
 }

@@ -1,6 +1,6 @@
 //! The PVH `hvm_start_info` handed over in `ebx` (Xen's arch-x86/hvm/start_info.h).
 use crate::arch::layout::phys_to_virt;
-use crate::global::Global;
+use crate::sync::TakeOnce;
 use guest_core::memmap::MemRegion;
 
 const MAGIC: u32 = 0x336e_c578;
@@ -45,7 +45,8 @@ const NO_REGION: MemRegion = MemRegion {
 };
 /// The memory map as read, in .bss: neither zeroed on the stack nor moved
 /// with the `StartInfo` (each emulated instruction counts on kvm_pvm).
-static MEMMAP: Global<[MemRegion; MEMMAP_MAX]> = Global::new([NO_REGION; MEMMAP_MAX]);
+/// Filled once, by kmain's one read of the start info, then only read.
+static MEMMAP: TakeOnce<[MemRegion; MEMMAP_MAX]> = TakeOnce::new([NO_REGION; MEMMAP_MAX]);
 
 #[derive(Debug)]
 pub enum StartInfoError {
@@ -128,9 +129,9 @@ impl StartInfo {
                 core::str::from_utf8(bytes).map_err(|_| StartInfoError::CmdlineNotUtf8)?
             }
         };
-        // SAFETY: boot, one CPU: kmain reads the start info once, before
-        // anything else could look at MEMMAP.
-        let memmap = unsafe { MEMMAP.get() };
+        let Some(memmap) = MEMMAP.take() else {
+            panic!("the hvm_start_info is read once, at boot")
+        };
         let mut memmap_len = 0;
         if raw.version >= 1 && raw.memmap_paddr != 0 && raw.memmap_entries != 0 {
             let n = (raw.memmap_entries as usize).min(MEMMAP_MAX);

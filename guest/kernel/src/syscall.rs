@@ -1,7 +1,7 @@
 //! The system call table. Entry stubs (entry.rs) index `syscall_table` by
 //! rax and call the handler with the C ABI: (rdi, rsi, rdx, r10).
 use crate::arch::x86_shared::io::outl;
-use crate::global::Global;
+use crate::sync::SyncUnsafeCell;
 use crate::task::lock;
 use crate::telemetry::{self, Snapshot};
 use crate::uaccess::user_range_ok;
@@ -136,7 +136,8 @@ extern "C" fn sys_exit(status: usize, _: usize, _: usize, _: usize) -> isize {
     let mut s = lock();
     if !s.exit_current(status as isize as i64) {
         // No parent to reap it: record the status for kmain.
-        // SAFETY: only the root task (one) gets here, under the lock.
+        // SAFETY: only the root task (one) gets here, under the scheduler
+        // lock (see RESULT).
         unsafe { RESULT.get() }.exit_status = Some(status as isize as i64);
     }
     s.schedule();
@@ -179,7 +180,15 @@ pub struct PhaseResult {
     pub exit_status: Option<i64>,
 }
 
-pub static RESULT: Global<PhaseResult> = Global::new(PhaseResult {
+/// Written by the workload's lead task (its phase markers; its exit status
+/// if it has no parent: the root task) and read by kmain once every task
+/// has exited. Not a lock: the markers write it inside the measured window,
+/// where a lock's instructions would be counted. Its accesses never overlap
+/// all the same: the tasks that write it (the phase-marking one and the
+/// root) are pinned to one CPU, which runs one of them at a time and
+/// switches between them under the scheduler lock, and kmain reads it only
+/// after seeing, under that lock, that they have all exited.
+pub static RESULT: SyncUnsafeCell<PhaseResult> = SyncUnsafeCell::new(PhaseResult {
     begin: None,
     end: None,
     cycles: 0,
@@ -201,7 +210,8 @@ extern "C" fn sys_phase_mark(marker: usize, cycles: usize, mismatches: usize, _h
     let Some(m) = u32::try_from(marker).ok().and_then(Marker::decode) else {
         return EINVAL;
     };
-    // SAFETY: one CPU, no task switch in this call.
+    // SAFETY: the one task that marks phases, on its CPU; no task switch
+    // in this call, and the reference ends with it (see RESULT).
     let r = unsafe { RESULT.get() };
     match m.edge {
         Edge::Begin => {

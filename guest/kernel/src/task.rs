@@ -18,8 +18,9 @@ use crate::arch::percpu::ENTRY_FRAME_WORDS;
 use crate::arch::percpu::{self, EntryState};
 use crate::arch::smp;
 use crate::arch::sysentry;
-use crate::global::Global;
 use crate::mm::Frames;
+use crate::pipe::Pipes;
+use crate::sync::{SpinLock, StaticGuard, StaticLock};
 use crate::telemetry;
 use core::ptr::addr_of_mut;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
@@ -163,7 +164,13 @@ pub struct Sched {
     thread_stack_low: u64,
 }
 
-pub static SCHED: Global<Sched> = Global::new(Sched {
+/// The scheduler lock and the scheduler it owns; the pipe table is under
+/// it too ([`crate::pipe`]'s `PIPES`: a pipe's wait queues link tasks of
+/// the table and are woken through the run queues). The syscall fast paths
+/// (getpid, getppid, write(-1)) never take it; blocking calls, exit, wait
+/// and the idle loops do. It is given back across a context switch (see
+/// [`SchedGuard::switch`]).
+pub static SCHED: SpinLock<Sched> = SpinLock::new(Sched {
     tasks: [FREE; MAX_TASKS],
     current: [None; MAX_CPUS],
     idle_rsp: [0; MAX_CPUS],
@@ -183,59 +190,37 @@ extern "C" {
     static mut entry_pcid_on: u64;
 }
 
-/// The scheduler lock: one for the whole task table, run queues, wait
-/// queues and pipes. The syscall fast paths (getpid, getppid, write(-1))
-/// never take it; blocking calls, exit, wait and the idle loops do. It is
-/// released across a context switch (see [`Sched::switch`]).
-static LOCK: AtomicBool = AtomicBool::new(false);
-
-fn acquire() {
-    while LOCK.swap(true, Ordering::Acquire) {
-        while LOCK.load(Relaxed) {
-            core::hint::spin_loop();
-        }
+/// [`SCHED`], named for its zero-sized guard.
+pub struct SchedLock;
+impl StaticLock for SchedLock {
+    type Data = Sched;
+    #[inline(always)]
+    fn get() -> &'static SpinLock<Sched> {
+        &SCHED
     }
 }
 
-fn release() {
-    LOCK.store(false, Ordering::Release);
-}
-
-/// The scheduler, locked; unlocked when dropped.
-pub struct SchedGuard(&'static mut Sched);
+/// The scheduler, locked (derefs to [`Sched`]); unlocked when dropped.
+/// What gives the lock back for a while (a switch to another context, the
+/// idle wait) is a method of the guard, so that no reference into the
+/// scheduler can live across it.
+pub struct SchedGuard(StaticGuard<SchedLock>);
 
 impl core::ops::Deref for SchedGuard {
     type Target = Sched;
     fn deref(&self) -> &Sched {
-        self.0
+        &self.0
     }
 }
 impl core::ops::DerefMut for SchedGuard {
     fn deref_mut(&mut self) -> &mut Sched {
-        self.0
-    }
-}
-impl Drop for SchedGuard {
-    fn drop(&mut self) {
-        release()
+        &mut self.0
     }
 }
 
-/// Locks the scheduler. Interrupts are off in the kernel, so a CPU holding
-/// it is never interrupted by code that wants it too.
+/// Locks the scheduler (and with it the pipes).
 pub fn lock() -> SchedGuard {
-    acquire();
-    // SAFETY: the lock gives this CPU the only live reference (a switch
-    // releases it only after the last use of `self` before switch_to).
-    SchedGuard(unsafe { SCHED.get() })
-}
-
-/// # Safety
-/// No other CPU may be running tasks (boot, or after the run), and the
-/// caller must not hold another reference across a call that switches tasks.
-pub unsafe fn sched() -> &'static mut Sched {
-    // SAFETY: delegated to the caller.
-    unsafe { SCHED.get() }
+    SchedGuard(StaticGuard::lock())
 }
 
 /// What an AP needs from the BSP to join: the kernel page tables, CR4 and
@@ -565,104 +550,6 @@ impl Sched {
         self.current[percpu::cpu()]
     }
 
-    /// Switches from the current context (a task or kmain) to task `next`.
-    /// CR3 is written (a counted context-switch write) unless both run in
-    /// the same address space (threads).
-    ///
-    /// Called with the lock held; the lock is released just before the
-    /// stack switch and taken again when this context resumes. That is
-    /// sound because tasks are pinned: no other CPU ever resumes `prev`
-    /// (or touches its saved RSP), so it may finish saving unlocked.
-    fn switch(&mut self, next: usize) {
-        let cpu = percpu::cpu();
-        let prev = self.current[cpu];
-        if prev == Some(next) {
-            return;
-        }
-        let next_mm = self.tasks[next].mm as usize;
-        let mut same_mm = false;
-        if let Some(p) = prev {
-            // SAFETY: the entry stack's top words are the frame slot.
-            self.tasks[p].entry_frame = unsafe { *Self::entry_frame_slot() };
-            let prev_mm = self.tasks[p].mm as usize;
-            // SAFETY: as in install_entry.
-            self.tasks[prev_mm].user_flush_pending = percpu::user_flush_pending();
-            same_mm = prev_mm == next_mm;
-        }
-        // SAFETY: as above.
-        unsafe { *Self::entry_frame_slot() = self.tasks[next].entry_frame };
-        if !same_mm {
-            let cr3 = self.kernel_cr3(next_mm);
-            write_cr3(cr3, Cr3Reason::ContextSwitch);
-        }
-        self.install_entry(next);
-        telemetry::inc(Counter::ContextSwitches);
-        self.current[cpu] = Some(next);
-        let save: *mut u64 = match prev {
-            Some(p) => &mut self.tasks[p].saved_rsp,
-            None => &mut self.idle_rsp[cpu],
-        };
-        let next_rsp = self.tasks[next].saved_rsp;
-        release();
-        // SAFETY: `next_rsp` is a context saved by switch_to or built by
-        // initial_stack; `save` outlives the switch (static task table).
-        unsafe { switch_to(save, next_rsp) };
-        acquire();
-    }
-
-    /// One round of a CPU's idle context: run the next queued task (until
-    /// this CPU has nothing left to run), or wait for a wake-up IPI.
-    /// Called and returns with the lock held.
-    fn idle_once(&mut self, cpu: usize) {
-        // The other CPUs take nothing from their queues before the "go":
-        // an AP that reaches its idle loop only after the tasks were queued
-        // (or wakes early) would otherwise start them before the phase
-        // begins, and their calls would fall outside it.
-        let may_run = cpu == 0 || GO.load(Ordering::Acquire);
-        if let Some(next) = may_run.then(|| self.dequeue(cpu)).flatten() {
-            self.switch(next);
-            return;
-        }
-        release();
-        smp::idle_wait();
-        acquire();
-    }
-
-    /// CPU 0: runs tasks until every task has exited (on any CPU); returns
-    /// in kmain's context, with the lock released.
-    pub fn run(mut guard: SchedGuard) {
-        while guard.live > 0 {
-            guard.idle_once(0);
-        }
-    }
-
-    /// Gives the CPU to the next queued task (the current one goes to the
-    /// tail if it is still runnable: a yield), or back to kmain when none
-    /// is left. Returns when the current task runs again.
-    pub fn schedule(&mut self) {
-        let cpu = percpu::cpu();
-        let cur = self.current[cpu].expect("schedule() from a task");
-        if self.tasks[cur].state == State::Runnable {
-            self.enqueue(cur);
-        }
-        match self.dequeue(cpu) {
-            Some(next) if next != cur => self.switch(next),
-            Some(_) => {}
-            None => {
-                // Nothing runnable here: back to this CPU's idle context
-                // (on the kernel copy already, which maps all it needs).
-                self.current[cpu] = None;
-                let save: *mut u64 = &mut self.tasks[cur].saved_rsp;
-                let idle = self.idle_rsp[cpu];
-                release();
-                // SAFETY: idle_rsp was saved by the switch that left the
-                // idle context; `cur` is resumed only by this CPU (pinned).
-                unsafe { switch_to(save, idle) };
-                acquire();
-            }
-        }
-    }
-
     pub fn current_task(&mut self) -> &mut Task {
         let c = self.cur().expect("called from a task");
         &mut self.tasks[c]
@@ -703,5 +590,112 @@ impl Sched {
     pub fn nopti(&self) -> bool {
         let c = self.cur().expect("called from a task");
         !self.task_pti(&self.tasks[c])
+    }
+}
+
+impl SchedGuard {
+    /// The scheduler and the pipe table at once: a pipe operation wakes or
+    /// queues tasks on the pipe's wait queues.
+    pub fn with_pipes(&mut self) -> (&mut Sched, &mut Pipes) {
+        crate::pipe::PIPES.with_owner(&mut self.0)
+    }
+
+    /// Switches from the current context (a task or kmain) to task `next`.
+    /// CR3 is written (a counted context-switch write) unless both run in
+    /// the same address space (threads).
+    ///
+    /// The lock is given back just before the stack switch and taken again
+    /// when this context resumes. That is sound because tasks are pinned: no
+    /// other CPU ever resumes `prev` or touches its saved stack pointer, so
+    /// `switch_to` may store it unlocked. (One function, in the order the
+    /// context switch has always had: its instructions are counted.)
+    fn switch(&mut self, next: usize) {
+        let cpu = percpu::cpu();
+        let s: &mut Sched = self;
+        let prev = s.current[cpu];
+        if prev == Some(next) {
+            return;
+        }
+        let next_mm = s.tasks[next].mm as usize;
+        let mut same_mm = false;
+        if let Some(p) = prev {
+            // SAFETY: the entry stack's top words are the frame slot.
+            s.tasks[p].entry_frame = unsafe { *Sched::entry_frame_slot() };
+            let prev_mm = s.tasks[p].mm as usize;
+            // SAFETY: as in install_entry.
+            s.tasks[prev_mm].user_flush_pending = percpu::user_flush_pending();
+            same_mm = prev_mm == next_mm;
+        }
+        // SAFETY: as above.
+        unsafe { *Sched::entry_frame_slot() = s.tasks[next].entry_frame };
+        if !same_mm {
+            let cr3 = s.kernel_cr3(next_mm);
+            write_cr3(cr3, Cr3Reason::ContextSwitch);
+        }
+        s.install_entry(next);
+        telemetry::inc(Counter::ContextSwitches);
+        s.current[cpu] = Some(next);
+        let save: *mut u64 = match prev {
+            Some(p) => &mut s.tasks[p].saved_rsp,
+            None => &mut s.idle_rsp[cpu],
+        };
+        let next_rsp = s.tasks[next].saved_rsp;
+        self.0.unlocked(|| {
+            // SAFETY: `next_rsp` is a context saved by switch_to or built
+            // by initial_stack; `save` outlives the switch (static task
+            // table) and only this CPU uses it (see above).
+            unsafe { switch_to(save, next_rsp) }
+        });
+    }
+
+    /// One round of a CPU's idle context: run the next queued task (until
+    /// this CPU has nothing left to run), or wait for a wake-up IPI.
+    /// Called and returns with the lock held.
+    fn idle_once(&mut self, cpu: usize) {
+        // The other CPUs take nothing from their queues before the "go":
+        // an AP that reaches its idle loop only after the tasks were queued
+        // (or wakes early) would otherwise start them before the phase
+        // begins, and their calls would fall outside it.
+        let may_run = cpu == 0 || GO.load(Ordering::Acquire);
+        if let Some(next) = may_run.then(|| self.dequeue(cpu)).flatten() {
+            self.switch(next);
+            return;
+        }
+        self.0.unlocked(smp::idle_wait);
+    }
+
+    /// CPU 0: runs tasks until every task has exited (on any CPU); returns
+    /// in kmain's context, with the lock released.
+    pub fn run(mut self) {
+        while self.live > 0 {
+            self.idle_once(0);
+        }
+    }
+
+    /// Gives the CPU to the next queued task (the current one goes to the
+    /// tail if it is still runnable: a yield), or back to kmain when none
+    /// is left. Returns when the current task runs again.
+    pub fn schedule(&mut self) {
+        let cpu = percpu::cpu();
+        let cur = self.current[cpu].expect("schedule() from a task");
+        if self.tasks[cur].state == State::Runnable {
+            self.enqueue(cur);
+        }
+        match self.dequeue(cpu) {
+            Some(next) if next != cur => self.switch(next),
+            Some(_) => {}
+            None => {
+                // Nothing runnable here: back to this CPU's idle context
+                // (on the kernel copy already, which maps all it needs).
+                self.current[cpu] = None;
+                let save: *mut u64 = &mut self.tasks[cur].saved_rsp;
+                let idle = self.idle_rsp[cpu];
+                self.0.unlocked(|| {
+                    // SAFETY: idle_rsp was saved by the switch that left the
+                    // idle context; `cur` is resumed only by this CPU (pinned).
+                    unsafe { switch_to(save, idle) }
+                });
+            }
+        }
     }
 }

@@ -22,15 +22,15 @@
 //! word per page of it and then performs the loop's own system call: the
 //! kernel half's TLB refill after each entry's CR3 switch.
 use crate::arch::layout::phys_to_virt;
-use crate::global::Global;
 use crate::mm::Frames;
-use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicUsize, Ordering, Ordering::Relaxed};
 use guest_core::cmdline::{Config, Workload};
 use guest_core::pte::FrameSource;
 use ptiscope_abi::workingset::{self as ws, control};
 
-/// Physical address of the control page, once mapped.
-static CONTROL: Global<Option<u64>> = Global::new(None);
+/// Physical address of the control page once mapped (0: none; frame 0 is
+/// never handed out, it lies below the kernel image).
+static CONTROL: AtomicUsize = AtomicUsize::new(0);
 
 /// Why the working set could not be set up.
 pub enum SetupError {
@@ -76,9 +76,7 @@ pub fn setup(config: &Config, pair: u64) -> Result<bool, SetupError> {
         // map, as every frame) and nothing else uses it yet.
         unsafe { (va as usize as *mut u64).add(i).write_volatile(*w) };
     }
-    // SAFETY: before any task runs; other CPUs (poundsyscall) idle until
-    // the begin marker and never touch CONTROL: no other reference to it.
-    unsafe { *CONTROL.get() = Some(ctrl) };
+    CONTROL.store(ctrl as usize, Ordering::Release);
     Ok(true)
 }
 
@@ -111,8 +109,10 @@ impl Outcome {
 /// Reads the loop's counts from the control page (each thread's record
 /// for poundsyscall); `None` without `wss=`.
 pub fn result(config: &Config) -> Option<Outcome> {
-    // SAFETY: all tasks are done; nothing else touches CONTROL.
-    let ctrl = unsafe { *CONTROL.get() }?;
+    let ctrl = match CONTROL.load(Ordering::Acquire) {
+        0 => return None,
+        c => c as u64,
+    };
     let va = phys_to_virt(ctrl)? as usize as *const u64;
     // SAFETY: the control page is a frame of the direct map owned by the
     // working set; every reader that wrote it has exited. `off` is one of
@@ -159,8 +159,6 @@ static KWSS_PAGES: AtomicUsize = AtomicUsize::new(0);
 /// The loop's own system call, which [`sys_kwss_call`] performs after its
 /// reads (out of range: none, `-ENOSYS`).
 static KWSS_INNER: AtomicUsize = AtomicUsize::new(usize::MAX);
-/// Pages read by [`sys_kwss_call`] since boot.
-static KWSS_READS: Global<u64> = Global::new(0);
 
 /// Allocates and maps the kernel working set (`kwss=`) and makes
 /// [`sys_kwss_call`] perform system call `inner` after reading it;
@@ -186,9 +184,12 @@ pub fn setup_kernel(
 }
 
 /// Pages of the kernel working set read since boot.
+/// Each CPU counts its own (`percpu::add_kwss_reads`); read after every
+/// task has exited.
 pub fn kernel_reads() -> u64 {
-    // SAFETY: one CPU; a plain read of a counter only syscalls update.
-    unsafe { *KWSS_READS.get() }
+    (0..ptiscope_abi::telemetry::MAX_CPUS)
+        .map(crate::arch::percpu::kwss_reads_of)
+        .sum()
 }
 
 /// The kernel working set's read of `KWSS_CALL` (see
@@ -205,7 +206,6 @@ pub fn read_kernel_working_set() -> usize {
             p = p.byte_add(ws::KWSS_STRIDE as usize);
         }
     }
-    // SAFETY: one CPU, no task switch before the caller's handler.
-    unsafe { *KWSS_READS.get() += pages as u64 };
+    crate::arch::percpu::add_kwss_reads(pages);
     KWSS_INNER.load(Relaxed)
 }

@@ -39,6 +39,9 @@ pub mod kernel {
     pub const CPU: usize = 28;
     pub const PID: usize = 32;
     pub const PPID: usize = 36;
+    /// Pages of the kernel working set this CPU's `KWSS_CALL`s read: a u64
+    /// in two words, low first.
+    pub const KWSS_READS: usize = 40;
 }
 
 // CPU 0's fault stack is set statically so that a fault before

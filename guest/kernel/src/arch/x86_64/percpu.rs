@@ -50,6 +50,8 @@ pub mod kernel {
     pub const CPU: usize = 56;
     pub const PID: usize = 64;
     pub const PPID: usize = 72;
+    /// Pages of the kernel working set this CPU's `KWSS_CALL`s read (u64).
+    pub const KWSS_READS: usize = 80;
 }
 /// Offsets in a CPU's `entry_percpu` record.
 pub mod entry {

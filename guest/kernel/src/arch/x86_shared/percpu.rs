@@ -130,6 +130,40 @@ pub fn current_ppid() -> u64 {
     read::<{ kernel::PPID }>() as u64
 }
 
+/// Adds `pages` to this CPU's count of kernel working-set pages read
+/// (`kwss=`): per CPU, so that any CPU's `KWSS_CALL` may count without a
+/// lock, in as many instructions as the absolute add of a one-CPU kernel
+/// (one `add` on x86_64, `add`/`adc` on x86_32): it runs on each call of
+/// the measured loop.
+#[inline(always)]
+pub fn add_kwss_reads(pages: usize) {
+    // SAFETY: as for `write`; only this CPU writes its count.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        asm!("add qword ptr gs:[{base} + {off}], {n}", n = in(reg) pages, base = sym PCPU_KERNEL_SYM, off = const kernel::KWSS_READS, options(nostack))
+    };
+    // SAFETY: as above.
+    #[cfg(target_arch = "x86")]
+    unsafe {
+        asm!("add dword ptr fs:[{base} + {off}], {n}", "adc dword ptr fs:[{base} + {off} + 4], 0", n = in(reg) pages, base = sym PCPU_KERNEL_SYM, off = const kernel::KWSS_READS, options(nostack))
+    };
+}
+
+/// CPU `n`'s count of kernel working-set pages read ([`add_kwss_reads`]).
+/// Read once its CPU has stopped counting (every task has exited).
+pub fn kwss_reads_of(n: usize) -> u64 {
+    // SAFETY: CPU `n`'s record (n < MAX_CPUS, the callers'); a u64 in one
+    // word on x86_64, two on x86_32.
+    unsafe {
+        #[cfg(target_arch = "x86_64")]
+        let v = kernel_word(n, kernel::KWSS_READS).read_volatile() as u64;
+        #[cfg(target_arch = "x86")]
+        let v = kernel_word(n, kernel::KWSS_READS).read_volatile() as u64
+            | (kernel_word(n, kernel::KWSS_READS + 4).read_volatile() as u64) << 32;
+        v
+    }
+}
+
 /// What the entry code of this CPU needs about the task it now runs.
 pub struct EntryState {
     pub kstack_top: u64,
