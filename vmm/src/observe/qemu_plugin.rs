@@ -10,9 +10,14 @@
 //! phase among the snapshots.
 
 /// The format version this parser reads.
-pub const FORMAT_VERSION: u64 = 2;
-/// Largest file accepted.
-pub const MAX_FILE_BYTES: usize = 4 << 20;
+pub const FORMAT_VERSION: u64 = 3;
+/// Largest file accepted (a distribution kernel's text symbols, when the
+/// file carries them, are about 4 MiB).
+pub const MAX_FILE_BYTES: usize = 32 << 20;
+/// Most `pc` lines accepted.
+pub const MAX_CALL_PCS: usize = 1 << 20;
+/// Most symbol lines accepted.
+pub const MAX_SYMBOL_LINES: usize = 1 << 20;
 /// Most vCPUs accepted.
 pub const MAX_VCPUS: usize = 64;
 /// Most snapshots accepted.
@@ -205,6 +210,23 @@ pub struct PluginReport {
     pub dropped_marks: u64,
     /// Every vCPU's counters at QEMU's exit.
     pub totals: VcpuCounts,
+    /// With `pcs=1`: the phase's undisturbed calls' kernel instructions by
+    /// address (summed over vCPUs).
+    pub call_pcs: Option<CallPcs>,
+    /// With `syms=PATH`: the guest's symbol lines as the init sent them
+    /// (unparsed: `crate::linux::symbols` reads them), and how many lines
+    /// the plugin dropped for not being printable ASCII.
+    pub symbols: Option<(Vec<String>, u64)>,
+}
+
+/// Kernel instructions by address (`call_pcs` in the file).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallPcs {
+    /// (address, instructions executed there), ascending addresses.
+    pub pcs: Vec<(u64, u64)>,
+    /// Instructions of calls too long for the plugin's per-call log:
+    /// counted, but at no address.
+    pub unattributed: u64,
 }
 
 /// Why a plugin file was rejected.
@@ -395,10 +417,58 @@ impl PluginReport {
             l.strip_prefix("dropped_marks ")
                 .ok_or_else(|| bad(n, "expected dropped_marks N"))?,
         )?;
-        match lines.next() {
-            Some((_, "end")) => {}
-            Some((n, _)) => return Err(bad(n, "expected end")),
-            None => return Err(PluginParseError::Truncated),
+        let mut call_pcs = None;
+        let mut symbols = None;
+        loop {
+            let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+            if l == "end" {
+                break;
+            }
+            let mut t = l.split(' ');
+            match t.next() {
+                Some("call_pcs") if call_pcs.is_none() && symbols.is_none() => {
+                    let count = num(n, t.next().unwrap_or(""))? as usize;
+                    if t.next() != Some("unattributed") {
+                        return Err(bad(n, "expected call_pcs N unattributed M"));
+                    }
+                    let unattributed = num(n, t.next().unwrap_or(""))?;
+                    if t.next().is_some() || count > MAX_CALL_PCS {
+                        return Err(bad(n, format!("bad call_pcs line (at most {MAX_CALL_PCS})")));
+                    }
+                    let mut pcs: Vec<(u64, u64)> = Vec::with_capacity(count.min(4096));
+                    for _ in 0..count {
+                        let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+                        let mut t = l.split(' ');
+                        if t.next() != Some("pc") {
+                            return Err(bad(n, "expected `pc 0xADDR N`"));
+                        }
+                        let pc = hex(n, t.next().unwrap_or(""))?;
+                        let c = num(n, t.next().unwrap_or(""))?;
+                        if t.next().is_some() || pcs.last().is_some_and(|&(p, _)| p >= pc) {
+                            return Err(bad(n, "bad pc line (extra words, or not in ascending order)"));
+                        }
+                        pcs.push((pc, c));
+                    }
+                    call_pcs = Some(CallPcs { pcs, unattributed });
+                }
+                Some("symbols") if symbols.is_none() => {
+                    let count = num(n, t.next().unwrap_or(""))? as usize;
+                    if t.next() != Some("dropped") {
+                        return Err(bad(n, "expected symbols N dropped M"));
+                    }
+                    let dropped = num(n, t.next().unwrap_or(""))?;
+                    if t.next().is_some() || count > MAX_SYMBOL_LINES {
+                        return Err(bad(n, format!("bad symbols line (at most {MAX_SYMBOL_LINES})")));
+                    }
+                    let mut v = Vec::with_capacity(count.min(4096));
+                    for _ in 0..count {
+                        let (_, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+                        v.push(l.to_string());
+                    }
+                    symbols = Some((v, dropped));
+                }
+                _ => return Err(bad(n, "expected call_pcs, symbols or end")),
+            }
         }
         if let Some((n, _)) = lines.next() {
             return Err(bad(n, "text after end"));
@@ -409,6 +479,8 @@ impl PluginReport {
             marks,
             dropped_marks,
             totals,
+            call_pcs,
+            symbols,
         })
     }
 
@@ -536,7 +608,7 @@ mod tests {
     fn file(marks: &[(u64, [u64; N_COUNTERS])], totals: [u64; N_COUNTERS]) -> String {
         let fields: Vec<&str> = PluginCounter::ALL.iter().map(|c| c.field()).collect();
         let mut s = format!(
-            "ptiscope-tcg-plugin version=2 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
+            "ptiscope-tcg-plugin version=3 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
             fields.join(" ")
         );
         let line = |c: [u64; N_COUNTERS]| {
@@ -633,7 +705,7 @@ mod tests {
             );
         }
         for (from, to) in [
-            ("version=2", "version=1"),
+            ("version=3", "version=2"),
             ("vcpus=1", "vcpus=0"),
             ("vcpus=1", "vcpus=65"),
             ("vcpus=1", "vcpus=2"),
