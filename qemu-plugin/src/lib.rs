@@ -594,7 +594,10 @@ fn new_slot(s: &State, pcs: Vec<u64>) -> u32 {
 fn call_pcs(s: &State) -> CallPcs {
     let mut by_pc = std::collections::BTreeMap::<u64, u64>::new();
     for sl in s.slots.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-        let (runs, skips) = (sl.runs.load(Ordering::Relaxed), sl.skips.load(Ordering::Relaxed));
+        let (runs, skips) = (
+            sl.runs.load(Ordering::Relaxed),
+            sl.skips.load(Ordering::Relaxed),
+        );
         if runs == 0 {
             continue;
         }

@@ -74,7 +74,7 @@ pub fn by_symbol(
     let table = symbols::SymbolTable::parse(lines.iter().map(String::as_str));
     if table.symbols.is_empty() {
         return Err(format!(
-            "the kernel's symbol table is empty ({} lines, {} hidden by kptr_restrict, {}              unreadable, {} dropped by the plugin; the init said: {})",
+            "the kernel's symbol table is empty ({} lines, {} hidden by kptr_restrict, {} unreadable, {} dropped by the plugin; the init said: {})",
             lines.len(),
             table.hidden,
             table.bad_lines,
@@ -87,7 +87,7 @@ pub fn by_symbol(
     let kernel = total.call_kernel_insns();
     if sum != kernel {
         return Err(format!(
-            "the per-address counts sum to {sum} instructions, the phase's kernel_instructions              to {kernel} (a system call on another vCPU ran across a phase marker?): not shown"
+            "the per-address counts sum to {sum} instructions, the phase's kernel_instructions to {kernel} (a system call on another vCPU ran across a phase marker?): not shown"
         ));
     }
     let apart = total.get(crate::observe::qemu_plugin::PluginCounter::CallsOther);
@@ -324,7 +324,11 @@ pub fn summary(
     }
     if !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off) {
         crate::report::plugin_rows::add_linux_plugin_rows(&mut s, outcome);
-        if outcome.cmdline.split_ascii_whitespace().any(|w| w == SYMBOLS_WORD) {
+        if outcome
+            .cmdline
+            .split_ascii_whitespace()
+            .any(|w| w == SYMBOLS_WORD)
+        {
             match by_symbol(outcome, calls) {
                 Ok(b) => s.by_symbol = Some(b),
                 Err(e) => s.notes.push(format!("by symbol: none: {e}")),

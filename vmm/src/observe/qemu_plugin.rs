@@ -433,7 +433,10 @@ impl PluginReport {
                     }
                     let unattributed = num(n, t.next().unwrap_or(""))?;
                     if t.next().is_some() || count > MAX_CALL_PCS {
-                        return Err(bad(n, format!("bad call_pcs line (at most {MAX_CALL_PCS})")));
+                        return Err(bad(
+                            n,
+                            format!("bad call_pcs line (at most {MAX_CALL_PCS})"),
+                        ));
                     }
                     let mut pcs: Vec<(u64, u64)> = Vec::with_capacity(count.min(4096));
                     for _ in 0..count {
@@ -445,7 +448,10 @@ impl PluginReport {
                         let pc = hex(n, t.next().unwrap_or(""))?;
                         let c = num(n, t.next().unwrap_or(""))?;
                         if t.next().is_some() || pcs.last().is_some_and(|&(p, _)| p >= pc) {
-                            return Err(bad(n, "bad pc line (extra words, or not in ascending order)"));
+                            return Err(bad(
+                                n,
+                                "bad pc line (extra words, or not in ascending order)",
+                            ));
                         }
                         pcs.push((pc, c));
                     }
@@ -458,7 +464,10 @@ impl PluginReport {
                     }
                     let dropped = num(n, t.next().unwrap_or(""))?;
                     if t.next().is_some() || count > MAX_SYMBOL_LINES {
-                        return Err(bad(n, format!("bad symbols line (at most {MAX_SYMBOL_LINES})")));
+                        return Err(bad(
+                            n,
+                            format!("bad symbols line (at most {MAX_SYMBOL_LINES})"),
+                        ));
                     }
                     let mut v = Vec::with_capacity(count.min(4096));
                     for _ in 0..count {

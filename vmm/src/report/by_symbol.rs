@@ -78,6 +78,32 @@ pub struct SymbolDiff {
     pub compare_total: f64,
     /// Whether every run of a side gave the same per-call counts.
     pub identical_runs: bool,
+    /// Per baseline run: its calls, its `kernel_instructions` and the sum
+    /// of its symbols' instructions (equal, or the run gave no rows).
+    pub baseline_runs: Vec<RunTotals>,
+    /// As above, compare side.
+    pub compare_runs: Vec<RunTotals>,
+}
+
+/// One run's integer totals, for checking that nothing was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RunTotals {
+    /// The calls the counts are of.
+    pub calls: u64,
+    /// The plugin's `kernel_instructions` of the phase.
+    pub kernel_instructions: u64,
+    /// The sum over the run's symbols.
+    pub symbol_sum: u64,
+}
+
+fn totals(runs: &[&BySymbol]) -> Vec<RunTotals> {
+    runs.iter()
+        .map(|b| RunTotals {
+            calls: b.calls,
+            kernel_instructions: b.kernel_instructions,
+            symbol_sum: b.symbols.iter().map(|s| s.instructions).sum(),
+        })
+        .collect()
 }
 
 /// Per-call instructions by symbol over a side's runs (the mean), and
@@ -88,7 +114,12 @@ fn side_means(runs: &[&BySymbol]) -> (std::collections::BTreeMap<String, f64>, f
     let per_run = |b: &BySymbol| -> Vec<(String, f64)> {
         b.symbols
             .iter()
-            .map(|s| (s.symbol.clone(), s.instructions as f64 / b.calls.max(1) as f64))
+            .map(|s| {
+                (
+                    s.symbol.clone(),
+                    s.instructions as f64 / b.calls.max(1) as f64,
+                )
+            })
             .collect()
     };
     let first = runs.first().map(|b| per_run(b));
@@ -143,6 +174,8 @@ impl SymbolDiff {
             baseline_total: bt,
             compare_total: ct,
             identical_runs: bi && ci,
+            baseline_runs: totals(baseline),
+            compare_runs: totals(compare),
         }
     }
 
@@ -205,7 +238,9 @@ impl SymbolDiff {
         }
         let more = nonzero.len().saturating_sub(limit);
         if more > 0 {
-            s.push_str(&format!("  ... {more} more nonzero differences (--json has every row)\n"));
+            s.push_str(&format!(
+                "  ... {more} more nonzero differences (--json has every row)\n"
+            ));
         }
         s.push_str(&format!(
             "  {} symbols with a zero difference left out\n",
@@ -261,7 +296,9 @@ impl SymbolCondition {
             _ => (lhs, "delta"),
         };
         if symbol.is_empty() || symbol.contains(char::is_whitespace) {
-            return Err(format!("{text:?}: no symbol name (e.g. symbol:entry_SYSCALL_64.delta>8)"));
+            return Err(format!(
+                "{text:?}: no symbol name (e.g. symbol:entry_SYSCALL_64.delta>8)"
+            ));
         }
         Ok(SymbolCondition {
             symbol: symbol.to_string(),
@@ -273,7 +310,14 @@ impl SymbolCondition {
 
     /// The text of the condition.
     pub fn text(&self) -> String {
-        format!("{}{}.{}{}{}", Self::PREFIX, self.symbol, self.field, self.op, self.value)
+        format!(
+            "{}{}.{}{}{}",
+            Self::PREFIX,
+            self.symbol,
+            self.field,
+            self.op,
+            self.value
+        )
     }
 
     /// Whether it holds on `diff`, and the value it looked at (a symbol
@@ -330,8 +374,14 @@ mod tests {
         let sum: f64 = d.rows.iter().map(|r| r.delta).sum();
         assert_eq!(sum, d.compare_total - d.baseline_total);
         let t = d.render_text(2);
-        assert!(t.contains("entry") && t.contains("+8") && t.contains("1 more nonzero"), "{t}");
-        assert!(t.contains("1 symbols with a zero difference left out"), "{t}");
+        assert!(
+            t.contains("entry") && t.contains("+8") && t.contains("1 more nonzero"),
+            "{t}"
+        );
+        assert!(
+            t.contains("1 symbols with a zero difference left out"),
+            "{t}"
+        );
         let same = SymbolDiff::new(&[&b], &[&b]);
         assert!(same.rows.iter().all(|r| r.delta == 0.0));
         assert!(same.render_text(5).contains("no symbol differs"));

@@ -37,8 +37,8 @@ use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT, MIN
 use crate::experiment::{Experiment, Progress, RunCount, RunId};
 use crate::preflight::cmdline::Workload;
 use crate::preflight::{preflight, ResolvedRun};
-use crate::report::environment::Environment;
 use crate::report::by_symbol::SymbolCondition;
+use crate::report::environment::Environment;
 use crate::report::{CompareTable, Condition, RunSummary};
 
 /// Runs the comparison and prints it; returns the process exit code.
@@ -99,6 +99,9 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
             "--fail-if symbol:... needs --by-symbol (the counts by kernel symbol)".into(),
         ));
     }
+    if args.by_symbol {
+        refuse_by_symbol(backend.name(), args.target.on.no_plugin, None)?;
+    }
     let conditions: Vec<Condition> = table_conditions
         .into_iter()
         .map(|c| Condition::parse_list(c))
@@ -146,7 +149,11 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
     };
     let (mut base, mut comp) = (settle(base)?, settle(comp)?);
     if args.by_symbol {
-        refuse_by_symbol(backend.name(), args.target.on.no_plugin, &base, &comp)?;
+        refuse_by_symbol(
+            backend.name(),
+            args.target.on.no_plugin,
+            Some([&base, &comp]),
+        )?;
         // The init sends the kernel's symbols after the phase, and the
         // backend has the plugin count by address, when the command line
         // carries this word (the same on both sides).
@@ -275,18 +282,17 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
 fn refuse_by_symbol(
     backend: &str,
     no_plugin: bool,
-    base: &Side,
-    comp: &Side,
+    sides: Option<[&Side; 2]>,
 ) -> Result<(), CommandError> {
     let why = if backend != "qemu" {
         Some(format!(
-            "--by-symbol counts instructions by address with ptiscope's QEMU TCG plugin: give              --backend qemu (this is --backend {backend})"
+            "--by-symbol counts instructions by address with ptiscope's QEMU TCG plugin: give --backend qemu (this is --backend {backend})"
         ))
     } else if no_plugin {
         Some("--by-symbol needs ptiscope's QEMU plugin: drop --no-plugin".to_string())
-    } else if let Some(side) = [base, comp].into_iter().find(|s| s.run.linux.is_none()) {
+    } else if let Some(side) = sides.into_iter().flatten().find(|s| s.run.linux.is_none()) {
         Some(format!(
-            "--by-symbol is for Linux guests (their init sends the kernel's /proc/kallsyms);              {} boots ptiscope's own guest: give it linux=debian-amd64 (or a bzImage path), or              --linux",
+            "--by-symbol is for Linux guests (their init sends the kernel's /proc/kallsyms); {} boots ptiscope's own guest: give it linux=debian-amd64 (or a bzImage path), or --linux",
             side.label
         ))
     } else {

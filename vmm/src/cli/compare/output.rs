@@ -132,7 +132,10 @@ pub(super) fn print(
             Some(Ok(d)) => {
                 let (holds, v, row) = c.evaluate(d);
                 let sides = row.map_or(" (the symbol ran on neither side)".to_string(), |x| {
-                    format!(" (per call: baseline {}, compare {})", x.baseline, x.compare)
+                    format!(
+                        " (per call: baseline {}, compare {})",
+                        x.baseline, x.compare
+                    )
                 });
                 say!(
                     "ptiscope compare: --fail-if {} {} (value {v}){sides}",
@@ -144,7 +147,10 @@ pub(super) fn print(
                 }
             }
             Some(Err(e)) => {
-                say!("ptiscope compare: --fail-if {} cannot be evaluated: {e}", c.text());
+                say!(
+                    "ptiscope compare: --fail-if {} cannot be evaluated: {e}",
+                    c.text()
+                );
                 code = code.max(exit_code::FAILED);
             }
             None => {}
@@ -207,6 +213,8 @@ fn json_text(
                         "compare_kernel_instructions_per_call": d.compare_total,
                         "zero_rows": d.zero_rows,
                         "identical_runs": d.identical_runs,
+                        "baseline_runs": d.baseline_runs,
+                        "compare_runs": d.compare_runs,
                     }),
                 );
             }
