@@ -74,7 +74,8 @@ pub fn by_symbol(
     let table = symbols::SymbolTable::parse(lines.iter().map(String::as_str));
     if table.symbols.is_empty() {
         return Err(format!(
-            "the kernel's symbol table is empty ({} lines, {} hidden by kptr_restrict, {} unreadable, {} dropped by the plugin; the init said: {})",
+            "the kernel's symbol table is empty ({} lines, {} hidden by kptr_restrict, {} \
+             unreadable, {} dropped by the plugin; the init said: {})",
             lines.len(),
             table.hidden,
             table.bad_lines,
@@ -87,7 +88,8 @@ pub fn by_symbol(
     let kernel = total.call_kernel_insns();
     if sum != kernel {
         return Err(format!(
-            "the per-address counts sum to {sum} instructions, the phase's kernel_instructions to {kernel} (a system call on another vCPU ran across a phase marker?): not shown"
+            "the per-address counts sum to {sum} instructions, the phase's kernel_instructions \
+             to {kernel} (a system call on another vCPU ran across a phase marker?): not shown"
         ));
     }
     let apart = total.get(crate::observe::qemu_plugin::PluginCounter::CallsOther);

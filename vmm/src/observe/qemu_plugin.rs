@@ -757,6 +757,63 @@ mod tests {
     }
 
     #[test]
+    fn per_address_counts_and_symbols() {
+        let good = file(&[(U1, c(1, 1)), (U2, c(2, 2))], c(3, 3)).replacen(
+            "end\n",
+            "call_pcs 2 unattributed 5\npc 0xffffffff81000000 300\npc 0xffffffff81000004 300\n\
+             symbols 2 dropped 1\nffffffff81000000 T entry_SYSCALL_64\nnot a symbol line\nend\n",
+            1,
+        );
+        let r = PluginReport::parse(good.as_bytes()).unwrap();
+        assert_eq!(
+            r.call_pcs,
+            Some(CallPcs {
+                pcs: vec![(0xffff_ffff_8100_0000, 300), (0xffff_ffff_8100_0004, 300)],
+                unattributed: 5
+            })
+        );
+        let (lines, dropped) = r.symbols.unwrap();
+        assert_eq!((lines.len(), dropped), (2, 1));
+        // Without the sections: none.
+        let plain = PluginReport::parse(file(&[], c(1, 1)).as_bytes()).unwrap();
+        assert_eq!((plain.call_pcs, plain.symbols), (None, None));
+        // Hostile sections are refused, never a panic.
+        for (from, to) in [
+            ("call_pcs 2", "call_pcs 3"),
+            ("call_pcs 2", "call_pcs 99999999999"),
+            ("call_pcs 2", "call_pcs x"),
+            ("unattributed 5", "unattributed"),
+            ("unattributed 5", "unattributed 5 6"),
+            ("pc 0xffffffff81000004", "pc 0xffffffff81000000"),
+            ("pc 0xffffffff81000004 300", "pc 0xffffffff81000004 -1"),
+            ("pc 0xffffffff81000004 300", "pc 0xffffffff81000004 300 1"),
+            ("pc 0xffffffff81000004", "pq 0xffffffff81000004"),
+            ("symbols 2", "symbols 3"),
+            ("symbols 2", "symbols 2000000000"),
+            ("dropped 1", "dropped"),
+            ("end\n", "end\nx\n"),
+        ] {
+            let bad = good.replacen(from, to, 1);
+            assert_ne!(bad, good, "{from} not in the file");
+            assert!(
+                PluginReport::parse(bad.as_bytes()).is_err(),
+                "{from} -> {to} accepted"
+            );
+        }
+        // Two call_pcs sections, or call_pcs after symbols: refused.
+        let twice = good.replacen("symbols 2", "call_pcs 0 unattributed 0\nsymbols 2", 1);
+        assert!(PluginReport::parse(twice.as_bytes()).is_err());
+        let after = good.replacen("end\n", "call_pcs 0 unattributed 0\nend\n", 1);
+        assert!(PluginReport::parse(after.as_bytes()).is_err());
+        for cut in 0..good.len() - 1 {
+            assert!(
+                PluginReport::parse(&good.as_bytes()[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
     fn ranges_for_the_companion_and_others() {
         let (k, m) = kernel_ranges(true, true);
         assert_eq!(ranges_arg(&k), "0x0-0x3fffff:0xc0000000-0xffffffff");

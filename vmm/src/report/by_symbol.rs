@@ -394,7 +394,7 @@ mod tests {
         let d = SymbolDiff::new(&[&b], &[&c]);
         let cond = SymbolCondition::parse("symbol:entry_SYSCALL_64>5").unwrap();
         assert_eq!(cond.field, "delta");
-        assert_eq!(cond.evaluate(&d).0, true);
+        assert!(cond.evaluate(&d).0);
         assert_eq!(cond.evaluate(&d).1, 8.0);
         let cond = SymbolCondition::parse("symbol:entry_SYSCALL_64.compare <= 18").unwrap();
         assert!(cond.evaluate(&d).0);

@@ -286,17 +286,24 @@ fn refuse_by_symbol(
 ) -> Result<(), CommandError> {
     let why = if backend != "qemu" {
         Some(format!(
-            "--by-symbol counts instructions by address with ptiscope's QEMU TCG plugin: give --backend qemu (this is --backend {backend})"
+            "--by-symbol counts instructions by address with ptiscope's QEMU TCG plugin: \
+             give --backend qemu (this is --backend {backend})"
         ))
     } else if no_plugin {
         Some("--by-symbol needs ptiscope's QEMU plugin: drop --no-plugin".to_string())
-    } else if let Some(side) = sides.into_iter().flatten().find(|s| s.run.linux.is_none()) {
-        Some(format!(
-            "--by-symbol is for Linux guests (their init sends the kernel's /proc/kallsyms); {} boots ptiscope's own guest: give it linux=debian-amd64 (or a bzImage path), or --linux",
-            side.label
-        ))
     } else {
-        None
+        sides
+            .into_iter()
+            .flatten()
+            .find(|s| s.run.linux.is_none())
+            .map(|side| {
+                format!(
+                    "--by-symbol is for Linux guests (their init sends the kernel's \
+                     /proc/kallsyms); {} boots ptiscope's own guest: give it \
+                     linux=debian-amd64 (or a bzImage path), or --linux",
+                    side.label
+                )
+            })
     };
     why.map_or(Ok(()), |w| Err(CommandError::Usage(w)))
 }
