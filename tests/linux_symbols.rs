@@ -274,4 +274,21 @@ fn by_symbol_refusals_before_boot() {
         assert!(text.contains(why), "{args:?}: {text}");
         assert!(!text.contains("@result"), "{args:?} booted: {text}");
     }
+    // `run --by-symbol` likewise.
+    for (args, why) in [
+        (&["--backend", "qemu"][..], "is for Linux guests"),
+        (
+            &["--backend", "qemu", "--no-plugin"][..],
+            "give --backend qemu",
+        ),
+    ] {
+        let o = ptiscope()
+            .args(["run", "--by-symbol", "--workload", "getppid"])
+            .args(args)
+            .output()
+            .expect("run ptiscope");
+        let text = stdout(&o) + &stderr(&o);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {text}");
+        assert!(text.contains(why), "{args:?}: {text}");
+    }
 }

@@ -51,6 +51,41 @@ impl BySymbol {
     }
 }
 
+impl BySymbol {
+    /// The terminal list: the `limit` symbols with the most instructions
+    /// per call, and how many more there are.
+    pub fn render_text(&self, limit: usize) -> String {
+        let mut rows: Vec<&SymbolCount> = self.symbols.iter().collect();
+        rows.sort_by(|a, b| {
+            b.instructions
+                .cmp(&a.instructions)
+                .then(a.symbol.cmp(&b.symbol))
+        });
+        let per = |n: u64| n as f64 / self.calls.max(1) as f64;
+        let mut s = format!(
+            "\nkernel instructions per call by symbol ({} instructions over {} calls, {:.3} per call; {} symbols in the kernel's table):\n",
+            self.kernel_instructions,
+            self.calls,
+            per(self.kernel_instructions),
+            self.table_symbols
+        );
+        for r in rows.iter().take(limit) {
+            s.push_str(&format!(
+                "  {:<44} {:>12.3}\n",
+                r.symbol,
+                per(r.instructions)
+            ));
+        }
+        if rows.len() > limit {
+            s.push_str(&format!(
+                "  ... {} more symbols (--json has every one)\n",
+                rows.len() - limit
+            ));
+        }
+        s
+    }
+}
+
 /// One symbol on both sides, per call.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SymbolRow {
