@@ -319,6 +319,13 @@ pub struct ProbeArgs {
 /// above both commands, because the table reuses compare's side parsing.
 pub fn compare_command(args: &CompareArgs) -> i32 {
     if pound::wants_sweep(args) {
+        if args.by_symbol {
+            say!(
+                "ptiscope compare: error: --by-symbol compares two sides; poundsyscall's \
+                 thread-count table (threads=) has none: drop --by-symbol or threads="
+            );
+            return exit_code::USAGE;
+        }
         pound::run(args)
     } else {
         compare::run(args)
