@@ -31,6 +31,13 @@ const CMDLINE_CAP: usize = 4096;
 /// Bytes of kernel log read.
 const KLOG_CAP: usize = 1 << 20;
 
+/// The word on the kernel command line that asks the init for the
+/// kernel's text symbols after the phase (`--by-symbol`; a dotted
+/// parameter, which Linux neither passes to the init nor complains about).
+const SYMBOLS_WORD: &str = "ptiscope.syms=1";
+/// Most bytes of /proc/kallsyms read.
+const KALLSYMS_CAP: usize = 64 << 20;
+
 /// The keys of the init's own, besides the companion guest's.
 mod keys {
     /// `ipc=socket|pipe` of sched-messaging (perf bench's default is a
@@ -245,6 +252,9 @@ fn run() -> u32 {
         o.mismatches,
         o.extra,
     );
+    if cmdline.split_ascii_whitespace().any(|w| w == SYMBOLS_WORD) {
+        send_symbols();
+    }
     if c.workload == Workload::Poundsyscall {
         println!(
             "@smp cpus={} threads={} calls_per_thread={}",
@@ -291,4 +301,62 @@ fn read_capped(path: &str, cap: usize) -> std::io::Result<String> {
         .take(cap as u64)
         .read_to_string(&mut s)?;
     Ok(s)
+}
+
+/// Sends the kernel's text symbols (the `t`/`T`/`w`/`W` lines of
+/// /proc/kallsyms: the running kernel's own table, KASLR offset included,
+/// no debug package needed) to the host through the symbol port, after the
+/// phase, and says on an `@symbols` line how many, or why none.
+/// kptr_restrict hides the addresses (all zero) from a reader without
+/// CAP_SYSLOG, and from everyone at 2: PID 1 sets it to 0 first.
+fn send_symbols() {
+    use ptiscope_abi::port::SYMBOLS;
+    if let Err(e) = sys::grant_ports(SYMBOLS, 1) {
+        println!("@symbols none reason=ioperm-failed:{}", e.raw_os_error().unwrap_or(0));
+        return;
+    }
+    let restrict = std::fs::write("/proc/sys/kernel/kptr_restrict", "0\n");
+    let text = match read_capped("/proc/kallsyms", KALLSYMS_CAP) {
+        Ok(t) => t,
+        Err(e) => {
+            // A kernel built without CONFIG_KALLSYMS has no such file.
+            println!("@symbols none reason=no-kallsyms:{}", e.raw_os_error().unwrap_or(0));
+            return;
+        }
+    };
+    let mut out = String::with_capacity(text.len() / 2);
+    let (mut lines, mut hidden) = (0u64, 0u64);
+    for l in text.lines() {
+        let mut w = l.split_ascii_whitespace();
+        let (Some(addr), Some(kind)) = (w.next(), w.next()) else {
+            continue;
+        };
+        if !matches!(kind, "t" | "T" | "w" | "W") {
+            continue;
+        }
+        if addr.bytes().all(|b| b == b'0') {
+            hidden += 1;
+            continue;
+        }
+        out.push_str(l);
+        out.push('\n');
+        lines += 1;
+    }
+    if lines == 0 {
+        println!(
+            "@symbols none reason={} hidden={hidden}",
+            if hidden > 0 {
+                if restrict.is_err() {
+                    "kptr_restrict-hides-addresses-and-cannot-be-set"
+                } else {
+                    "addresses-hidden"
+                }
+            } else {
+                "no-text-symbols"
+            }
+        );
+        return;
+    }
+    sys::out_bytes(SYMBOLS, out.as_bytes());
+    println!("@symbols lines={lines} bytes={} hidden={hidden}", out.len());
 }

@@ -139,6 +139,16 @@ pub fn outl(port: u16, value: u32) {
     unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack)) };
 }
 
+/// Writes `bytes` to `port`, one `out dx, al` each (QEMU's isa-debugcon
+/// takes them; after [`grant_ports`]).
+pub fn out_bytes(port: u16, bytes: &[u8]) {
+    for &b in bytes {
+        // SAFETY: the port was granted by ioperm; the write has no effect
+        // on this process's memory.
+        unsafe { asm!("out dx, al", in("dx") port, in("al") b, options(nomem, nostack)) };
+    }
+}
+
 /// A phase-marker write to port 0x600 (after [`grant_ports`]), as the
 /// QEMU plugin recognises it (its `umark=` rule): `mov edx, 0x600`
 /// (`BA 00 06 00 00`) immediately followed by `out dx, eax`, in one asm

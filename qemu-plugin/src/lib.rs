@@ -61,18 +61,34 @@
 //! directly follows a block ending at that same instruction is the same
 //! instruction's next iteration and does not count it again.
 //!
+//! Per-address counts (`pcs=1`): the undisturbed system calls' kernel
+//! instructions, by address, for the calls that end between the first and
+//! the second snapshot (the measured phase). Each segment with kernel
+//! instructions gets a slot (its addresses and two counters) at translation;
+//! while a call runs, its vCPU appends the slot of every kernel segment it
+//! executes to a per-vCPU log (a `Vec` push: no hash lookup per executed
+//! instruction), and at the call's end an undisturbed call in the phase adds
+//! one to each logged slot (a disturbed call's log is dropped, as its
+//! instructions go to `kernel_insns_other`). At exit the slots are expanded
+//! into per-address counts; a call whose log overflowed is counted whole as
+//! `unattributed`, so the per-address counts and `unattributed` sum to the
+//! phase's undisturbed call instructions, never silently less.
+//! `syms=PATH` (with `pcs=1`): the file QEMU's `isa-debugcon` wrote the
+//! init's copy of `/proc/kallsyms` to; copied, as lines, into the output.
+//!
 //! Licence: GPL-2.0-or-later (QEMU plugins must be).
 
 pub mod decode;
 pub mod ffi;
 pub mod output;
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use decode::Kind;
-use output::{Counts, Mark, Report, FIELDS};
+use output::{CallPcs, Counts, Mark, Report, FIELDS};
 
 /// The API version this build declares to QEMU.
 #[cfg(not(feature = "api-v2"))]
@@ -92,6 +108,43 @@ const MAX_VCPUS: usize = 64;
 const MAX_MARKS: usize = 4096;
 /// Most kernel address ranges.
 const MAX_RANGES: usize = 8;
+/// Most segments one call's log holds; a longer call is counted whole as
+/// `unattributed` (a getppid executes a few dozen segments).
+const MAX_CALL_LOG: usize = 1 << 20;
+/// Most bytes of the symbol file copied into the output.
+const MAX_SYMS_BYTES: u64 = 24 << 20;
+/// A log entry's flag: this execution skipped the segment's first
+/// instruction (the next iteration of a REP string instruction).
+const SKIP_FIRST: u32 = 1 << 31;
+/// No slot (a segment without kernel instructions, or `pcs` off).
+const NO_SLOT: u32 = u32::MAX;
+
+/// The kernel instructions of one segment, for per-address counts.
+struct Slot {
+    /// Their addresses, in order.
+    pcs: Vec<u64>,
+    /// Executions inside undisturbed in-phase calls.
+    runs: AtomicU64,
+    /// Of those, the ones that skipped the first instruction (REP rule).
+    skips: AtomicU64,
+}
+
+/// One vCPU's log of the current call's segments (slot index, maybe with
+/// [`SKIP_FIRST`]). Only that vCPU's callbacks touch it, never two at once
+/// (QEMU runs one vCPU's callbacks on one thread at a time).
+struct CallLog(UnsafeCell<(Vec<u32>, bool)>);
+// SAFETY: see the type's comment: one vCPU's callbacks, never concurrent.
+unsafe impl Sync for CallLog {}
+
+impl CallLog {
+    /// The log and whether it overflowed.
+    #[allow(clippy::mut_from_ref)]
+    fn get(&self) -> &mut (Vec<u32>, bool) {
+        // SAFETY: only the owning vCPU's callbacks call this, one at a time,
+        // and no reference outlives a callback.
+        unsafe { &mut *self.0.get() }
+    }
+}
 
 /// One vCPU's counters: written only by that vCPU's thread.
 struct VcpuCounters([AtomicU64; FIELDS.len()]);
@@ -127,6 +180,8 @@ struct Track {
     call_start_cr3: AtomicU64,
     /// The address of the last instruction of the last block that ran.
     last_pc: AtomicU64,
+    /// The current call's segments (`pcs=1`).
+    log: CallLog,
 }
 
 /// In user mode.
@@ -149,6 +204,7 @@ impl Track {
             call_start: AtomicU64::new(0),
             call_start_cr3: AtomicU64::new(0),
             last_pc: AtomicU64::new(u64::MAX),
+            log: CallLog(UnsafeCell::new((Vec::new(), false))),
         }
     }
 }
@@ -168,6 +224,14 @@ struct State {
     marks: Mutex<(Vec<Mark>, u64)>,
     /// Marker executions so far (the snapshot's sequence number).
     seq: AtomicU64,
+    /// `pcs=1`: per-address counts of the phase's calls.
+    pcs: bool,
+    /// `syms=PATH`.
+    syms: Option<String>,
+    /// Every slot made, by index.
+    slots: Mutex<Vec<&'static Slot>>,
+    /// Kernel instructions of in-phase undisturbed calls whose log overflowed.
+    unattributed: AtomicU64,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -191,6 +255,8 @@ struct Block {
     last_pc: u64,
     /// Whether its first instruction is a REP string instruction.
     rep_first: bool,
+    /// Its first segment's slot ([`NO_SLOT`]: none).
+    slot: u32,
 }
 
 /// The user data of a counted instruction's callback.
@@ -203,6 +269,8 @@ struct Special {
     /// Whether it is at a kernel address.
     kernel_mode: bool,
     seg: Segment,
+    /// Its segment's slot ([`NO_SLOT`]: none).
+    slot: u32,
 }
 
 fn field_of(kind: Kind) -> usize {
@@ -226,8 +294,16 @@ fn counters(vcpu: c_uint) -> Option<(&'static State, &'static VcpuCounters, &'st
     Some((s, s.vcpus.get(vcpu as usize)?, s.tracks.get(vcpu as usize)?))
 }
 
-fn add_segment(c: &VcpuCounters, t: &Track, seg: &Segment) {
+fn add_segment(c: &VcpuCounters, t: &Track, seg: &Segment, slot: u32) {
     use output::field::*;
+    if slot != NO_SLOT && seg.kernel != 0 && t.state.load(Ordering::Relaxed) == IN_CALL {
+        let log = t.log.get();
+        if log.0.len() < MAX_CALL_LOG {
+            log.0.push(slot);
+        } else {
+            log.1 = true;
+        }
+    }
     if seg.kernel != 0 {
         c.add(KERNEL_INSNS, seg.kernel);
         // Outside a call kernel instructions are set apart at once; a
@@ -243,7 +319,7 @@ fn add_segment(c: &VcpuCounters, t: &Track, seg: &Segment) {
 
 /// A block of mode `kernel` starts running: follows the vCPU's mode
 /// switches (module comment).
-fn block_start(c: &VcpuCounters, t: &Track, kernel: bool) {
+fn block_start(s: &State, c: &VcpuCounters, t: &Track, kernel: bool) {
     use output::field::*;
     let prev = t.prev_kernel.swap(kernel, Ordering::Relaxed);
     let entry = t.entry_pending.swap(false, Ordering::Relaxed);
@@ -259,12 +335,41 @@ fn block_start(c: &VcpuCounters, t: &Track, kernel: bool) {
             c.add(CR3_WRITES_OTHER, now(CR3_WRITES).wrapping_sub(start_cr3));
             c.add(CALLS_OTHER, 1);
         }
+        if s.pcs {
+            let log = t.log.get();
+            // Only the calls that end inside the measured phase (after the
+            // first snapshot, before the second) and were not set apart.
+            if state == IN_CALL && s.seq.load(Ordering::Relaxed) == 1 {
+                if log.1 {
+                    let start = t.call_start.load(Ordering::Relaxed);
+                    s.unattributed
+                        .fetch_add(now(KERNEL_INSNS).wrapping_sub(start), Ordering::Relaxed);
+                } else {
+                    let slots = s.slots.lock().unwrap_or_else(|p| p.into_inner());
+                    for &e in &log.0 {
+                        if let Some(sl) = slots.get((e & !SKIP_FIRST) as usize) {
+                            sl.runs.fetch_add(1, Ordering::Relaxed);
+                            if e & SKIP_FIRST != 0 {
+                                sl.skips.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            }
+            log.0.clear();
+            log.1 = false;
+        }
     };
     match (prev, kernel) {
         (false, true) if entry => {
             t.call_start.store(now(KERNEL_INSNS), Ordering::Relaxed);
             t.call_start_cr3.store(now(CR3_WRITES), Ordering::Relaxed);
             t.state.store(IN_CALL, Ordering::Relaxed);
+            if s.pcs {
+                let log = t.log.get();
+                log.0.clear();
+                log.1 = false;
+            }
         }
         // Kernel mode entered without a system-call instruction: an
         // interrupt or exception taken from user mode.
@@ -295,25 +400,29 @@ fn block_start(c: &VcpuCounters, t: &Track, kernel: bool) {
 }
 
 extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
-    let Some((_, c, t)) = counters(vcpu) else {
+    let Some((s, c, t)) = counters(vcpu) else {
         return;
     };
     // SAFETY: `udata` is a leaked `Box<Block>` made at translation; it
     // lives as long as the process.
     let b = unsafe { &*(udata as *const Block) };
-    block_start(c, t, b.kernel_mode);
+    block_start(s, c, t, b.kernel_mode);
     let mut seg = b.seg;
+    let mut slot = b.slot;
     // The next iteration of the REP string instruction the last block
     // ended with: the same instruction, already counted.
     if b.rep_first && t.last_pc.load(Ordering::Relaxed) == b.pc {
         if b.kernel_mode {
             seg.kernel = seg.kernel.saturating_sub(1);
+            if slot != NO_SLOT {
+                slot |= SKIP_FIRST;
+            }
         } else {
             seg.user = seg.user.saturating_sub(1);
         }
     }
     t.last_pc.store(b.last_pc, Ordering::Relaxed);
-    add_segment(c, t, &seg);
+    add_segment(c, t, &seg, slot);
 }
 
 extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
@@ -335,7 +444,7 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
             // Not a marker: a user-mode OUT of the companion guest faults
             // (IOPL 0), and OUTs outside the marker ranges are firmware's
             // (or, with `umark`, Linux's) PCI accesses.
-            add_segment(c, t, &sp.seg);
+            add_segment(c, t, &sp.seg, sp.slot);
             return;
         }
         let seq = s.seq.fetch_add(1, Ordering::Relaxed);
@@ -358,7 +467,7 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
     if sp.kind == Kind::Cr3Write && t.state.load(Ordering::Relaxed) == IN_OTHER {
         c.add(output::field::CR3_WRITES_OTHER, 1);
     }
-    add_segment(c, t, &sp.seg);
+    add_segment(c, t, &sp.seg, sp.slot);
 }
 
 extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
@@ -375,9 +484,12 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
         pc: 0,
         last_pc: 0,
         rep_first: false,
+        slot: NO_SLOT,
     };
-    let mut current: Option<(*mut ffi::Insn, Box<Special>)> = None;
-    let mut pending: Vec<(*mut ffi::Insn, Box<Special>)> = Vec::new();
+    // The kernel addresses of the first segment (`pcs=1`).
+    let mut first_pcs: Vec<u64> = Vec::new();
+    let mut current: Option<(*mut ffi::Insn, Box<Special>, Vec<u64>)> = None;
+    let mut pending: Vec<(*mut ffi::Insn, Box<Special>, Vec<u64>)> = Vec::new();
     let mut buf = [0u8; 16];
     // Whether the previous instruction of this block was `mov edx, PORT`.
     let mut after_port_mov = false;
@@ -419,15 +531,20 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
                     snapshot,
                     kernel_mode,
                     seg: Segment::default(),
+                    slot: NO_SLOT,
                 }),
+                Vec::new(),
             ));
         }
-        let seg = match current.as_mut() {
-            Some((_, sp)) => &mut sp.seg,
-            None => &mut first,
+        let (seg, pcs) = match current.as_mut() {
+            Some((_, sp, pcs)) => (&mut sp.seg, pcs),
+            None => (&mut first, &mut first_pcs),
         };
         if kernel_mode {
             seg.kernel += 1;
+            if s.pcs {
+                pcs.push(pc);
+            }
         } else {
             seg.user += 1;
         }
@@ -440,16 +557,84 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
     // at block starts.
     if n > 0 {
         block.seg = first;
+        block.slot = new_slot(s, first_pcs);
         let udata = Box::into_raw(Box::new(block)) as *mut c_void;
         // SAFETY: `tb` is being translated; `udata` is never freed (a block
         // can run until the process ends).
         unsafe { (api.register_tb_exec)(tb, on_tb_exec, ffi::CB_NO_REGS, udata) };
     }
-    for (insn, sp) in pending {
+    for (insn, mut sp, pcs) in pending {
+        sp.slot = new_slot(s, pcs);
         let udata = Box::into_raw(sp) as *mut c_void;
         // SAFETY: as above, for an instruction of `tb`.
         unsafe { (api.register_insn_exec)(insn, on_special_exec, ffi::CB_NO_REGS, udata) };
     }
+}
+
+/// A slot for a segment's kernel addresses; [`NO_SLOT`] for none (or when
+/// the slot indices would run into [`SKIP_FIRST`]).
+fn new_slot(s: &State, pcs: Vec<u64>) -> u32 {
+    if pcs.is_empty() {
+        return NO_SLOT;
+    }
+    let mut slots = s.slots.lock().unwrap_or_else(|p| p.into_inner());
+    let i = slots.len();
+    if i as u64 >= u64::from(SKIP_FIRST) {
+        return NO_SLOT;
+    }
+    slots.push(Box::leak(Box::new(Slot {
+        pcs,
+        runs: AtomicU64::new(0),
+        skips: AtomicU64::new(0),
+    })));
+    i as u32
+}
+
+/// The per-address counts of the phase's calls, from the slots.
+fn call_pcs(s: &State) -> CallPcs {
+    let mut by_pc = std::collections::BTreeMap::<u64, u64>::new();
+    for sl in s.slots.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let (runs, skips) = (
+            sl.runs.load(Ordering::Relaxed),
+            sl.skips.load(Ordering::Relaxed),
+        );
+        if runs == 0 {
+            continue;
+        }
+        for (k, &pc) in sl.pcs.iter().enumerate() {
+            let n = if k == 0 { runs - skips.min(runs) } else { runs };
+            if n > 0 {
+                *by_pc.entry(pc).or_default() += n;
+            }
+        }
+    }
+    CallPcs {
+        pcs: by_pc.into_iter().collect(),
+        unattributed: s.unattributed.load(Ordering::Relaxed),
+    }
+}
+
+/// The symbol file's lines: printable ASCII only (anything else in a line
+/// drops the line, counted), at most [`MAX_SYMS_BYTES`] read.
+fn symbol_lines(path: &str) -> Result<(Vec<String>, u64), String> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_SYMS_BYTES).read_to_end(&mut buf))
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut lines = Vec::new();
+    let mut dropped = 0;
+    for l in buf.split(|&b| b == b'\n') {
+        if l.is_empty() {
+            continue;
+        }
+        if l.iter().all(|&b| (0x20..0x7f).contains(&b)) {
+            lines.push(String::from_utf8_lossy(l).into_owned());
+        } else {
+            dropped += 1;
+        }
+    }
+    Ok((lines, dropped))
 }
 
 extern "C" fn on_exit(_id: ffi::PluginId, _udata: *mut c_void) {
@@ -464,7 +649,16 @@ extern "C" fn on_exit(_id: ffi::PluginId, _udata: *mut c_void) {
         marks,
         dropped_marks: dropped,
         totals: s.vcpus[..s.smp_vcpus].iter().map(|v| v.read()).collect(),
+        call_pcs: s.pcs.then(|| call_pcs(s)),
+        symbols: None,
     };
+    let mut report = report;
+    if let Some(path) = &s.syms {
+        match symbol_lines(path) {
+            Ok(l) => report.symbols = Some(l),
+            Err(e) => s.api.say(&format!("ptiscope-tcg-plugin: {e}\n")),
+        }
+    }
     if let Err(e) = std::fs::write(&s.out, report.render()) {
         s.api.say(&format!(
             "ptiscope-tcg-plugin: cannot write {}: {e}\n",
@@ -527,11 +721,16 @@ pub unsafe extern "C" fn qemu_plugin_install(
     let mut kernel = None;
     let mut marks_at = None;
     let mut user_mark_port = None;
+    let mut pcs = false;
+    let mut syms = None;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU's contract for `argv`.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
         match arg.split_once('=') {
             Some(("out", v)) if !v.is_empty() => out = Some(v.to_string()),
+            Some(("pcs", "1")) => pcs = true,
+            Some(("pcs", "0")) => pcs = false,
+            Some(("syms", v)) if !v.is_empty() => syms = Some(v.to_string()),
             Some(("umark", v)) => {
                 match u32::from_str_radix(v.trim().trim_start_matches("0x"), 16) {
                     Ok(p) if p <= 0xffff => user_mark_port = Some(p),
@@ -553,7 +752,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
             },
             _ => {
                 api.say(&format!(
-                    "ptiscope-tcg-plugin: unknown argument {arg:?} (takes out=PATH,kernel=LO-HI[:LO-HI...],marks=LO-HI[:...],umark=PORT)\n"
+                    "ptiscope-tcg-plugin: unknown argument {arg:?} (takes out=PATH,kernel=LO-HI[:LO-HI...],marks=LO-HI[:...],umark=PORT,pcs=0|1,syms=PATH)\n"
                 ));
                 return -1;
             }
@@ -580,6 +779,10 @@ pub unsafe extern "C" fn qemu_plugin_install(
         smp_vcpus,
         marks: Mutex::new((Vec::new(), 0)),
         seq: AtomicU64::new(0),
+        pcs,
+        syms,
+        slots: Mutex::new(Vec::new()),
+        unattributed: AtomicU64::new(0),
     };
     if STATE.set(state).is_err() {
         return -1;

@@ -12,11 +12,19 @@
 //! counts 0 ...
 //! counts 1 ...
 //! dropped_marks 0
+//! call_pcs 2 unattributed 0
+//! pc 0xffffffff81e00000 2000
+//! pc 0xffffffff81e00003 2000
+//! symbols 1 dropped 0
+//! ffffffff81e00000 T entry_SYSCALL_64
 //! end
 //! ```
+//!
+//! `call_pcs` (with `pcs=1`) and `symbols` (with `syms=PATH`) are there
+//! only when asked for.
 
 /// Version of this format.
-pub const FORMAT_VERSION: u64 = 2;
+pub const FORMAT_VERSION: u64 = 3;
 
 /// Counter names, in file order.
 pub const FIELDS: [&str; 15] = [
@@ -94,6 +102,15 @@ pub struct Mark {
     pub counts: Vec<Counts>,
 }
 
+/// The phase's undisturbed calls' kernel instructions, by address.
+#[derive(Debug, Clone, Default)]
+pub struct CallPcs {
+    /// (address, executions), ascending addresses, counts > 0.
+    pub pcs: Vec<(u64, u64)>,
+    /// Instructions of calls whose segment log overflowed.
+    pub unattributed: u64,
+}
+
 /// Everything the file holds.
 pub struct Report {
     /// The API version the plugin declared.
@@ -106,6 +123,11 @@ pub struct Report {
     pub dropped_marks: u64,
     /// Every vCPU's counters at exit.
     pub totals: Vec<Counts>,
+    /// `pcs=1`: the per-address counts.
+    pub call_pcs: Option<CallPcs>,
+    /// `syms=PATH`: the symbol file's lines, and how many were dropped
+    /// (not printable ASCII).
+    pub symbols: Option<(Vec<String>, u64)>,
 }
 
 fn counts_lines(out: &mut String, counts: &[Counts]) {
@@ -142,7 +164,25 @@ impl Report {
         }
         s.push_str("totals\n");
         counts_lines(&mut s, &self.totals);
-        s.push_str(&format!("dropped_marks {}\nend\n", self.dropped_marks));
+        s.push_str(&format!("dropped_marks {}\n", self.dropped_marks));
+        if let Some(c) = &self.call_pcs {
+            s.push_str(&format!(
+                "call_pcs {} unattributed {}\n",
+                c.pcs.len(),
+                c.unattributed
+            ));
+            for (pc, n) in &c.pcs {
+                s.push_str(&format!("pc {pc:#x} {n}\n"));
+            }
+        }
+        if let Some((lines, dropped)) = &self.symbols {
+            s.push_str(&format!("symbols {} dropped {dropped}\n", lines.len()));
+            for l in lines {
+                s.push_str(l);
+                s.push('\n');
+            }
+        }
+        s.push_str("end\n");
         s
     }
 }
@@ -164,13 +204,26 @@ mod tests {
             }],
             dropped_marks: 0,
             totals: vec![Counts([2; FIELDS.len()])],
+            call_pcs: None,
+            symbols: None,
         };
         let t = r.render();
-        assert!(t.starts_with("ptiscope-tcg-plugin version=2 api=1 vcpus=1\n"));
+        assert!(t.starts_with("ptiscope-tcg-plugin version=3 api=1 vcpus=1\n"));
         assert!(t.contains("kernel 0x0-0x3fffff:0xc0000000-0xffffffff\n"));
         assert!(t.contains("mark seq=0 vcpu=0 pc=0xc0100000\ncounts 0 1 1 1"));
         assert!(
             t.ends_with("totals\ncounts 0 2 2 2 2 2 2 2 2 2 2 2 2 2 2 2\ndropped_marks 0\nend\n")
         );
+        let r = Report {
+            call_pcs: Some(CallPcs {
+                pcs: vec![(0xffff_ffff_8100_0000, 7)],
+                unattributed: 3,
+            }),
+            symbols: Some((vec!["ffffffff81000000 T f".into()], 0)),
+            ..r
+        };
+        assert!(r.render().ends_with(
+            "dropped_marks 0\ncall_pcs 1 unattributed 3\npc 0xffffffff81000000 7\nsymbols 1 dropped 0\nffffffff81000000 T f\nend\n"
+        ));
     }
 }

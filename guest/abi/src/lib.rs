@@ -30,6 +30,12 @@ pub mod port {
     pub const PHASE: u16 = 0x600;
     /// Width in bytes of the phase-marker port.
     pub const PHASE_LEN: u16 = 4;
+    /// ptiscope's Linux init's symbol channel (`--by-symbol` under QEMU):
+    /// QEMU's `isa-debugcon` there takes the init's copy of the kernel's
+    /// text symbols (`/proc/kallsyms`), one byte per `out dx, al`. Free on
+    /// QEMU's pc machine (whose ACPI PM block SeaBIOS puts at 0x600-0x63f,
+    /// the PM timer at 0x608).
+    pub const SYMBOLS: u16 = 0x6f0;
     /// ptiscope's console-line port (the VMM's own, no PC device): a 32-bit
     /// `in` reads [`CONSOLE_LINE_MAGIC`] where the VMM has it (elsewhere
     /// an unclaimed port reads all ones); a 32-bit `out` of the

@@ -493,6 +493,21 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         None
     };
     let plugin_raw = plugin.as_ref().map(|(_, _, f)| f.0.as_raw_fd());
+    // `--by-symbol` (the init's symbol word on a Linux command line, with
+    // the plugin): QEMU's isa-debugcon takes the init's kernel symbols into
+    // a memfd of its own, which the plugin copies into its file at exit,
+    // and the plugin counts the phase's calls by address.
+    let symbols = if linux.is_some()
+        && plugin.is_some()
+        && cmdline
+            .split_ascii_whitespace()
+            .any(|w| w == crate::linux::SYMBOLS_WORD)
+    {
+        Some(OutFd::new()?)
+    } else {
+        None
+    };
+    let symbols_raw = symbols.as_ref().map(|f| f.0.as_raw_fd());
     // Linux 6.1 under QEMU 7.2's microvm never gets a working timer in TCG
     // (it stops after "tsc: Marking TSC unstable"): Linux guests boot on pc.
     let machine = if loader::is_elf32(image) || linux.is_some() {
@@ -540,11 +555,26 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         };
         // QEMU's option syntax: a comma inside a value is doubled.
         let file = path.display().to_string().replace(',', ",,");
+        let by_pc = match symbols_raw {
+            Some(s) => format!(",pcs=1,syms=/proc/self/fd/{s}"),
+            None => String::new(),
+        };
         cmd.arg("-plugin").arg(format!(
-            "file={file},out=/proc/self/fd/{fd},kernel={},marks={}{umark}",
+            "file={file},out=/proc/self/fd/{fd},kernel={},marks={}{umark}{by_pc}",
             crate::observe::qemu_plugin::ranges_arg(&kernel),
             crate::observe::qemu_plugin::ranges_arg(&marks),
         ));
+    }
+    if let Some(s) = symbols_raw {
+        cmd.args([
+            "-chardev",
+            &format!("file,id=ptiscope-symbols,path=/proc/self/fd/{s}"),
+            "-device",
+            &format!(
+                "isa-debugcon,iobase={:#x},chardev=ptiscope-symbols",
+                ptiscope_abi::port::SYMBOLS
+            ),
+        ]);
     }
     cmd.args(&config.qemu_args)
         .stdin(Stdio::null())
@@ -555,6 +585,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let inherited: Vec<libc::c_int> = std::iter::once(image_raw)
         .chain(initrd_raw)
         .chain(plugin_raw)
+        .chain(symbols_raw)
         .collect();
     die_with_ptiscope_inheriting(&mut cmd, inherited);
     // Sockets a --qemu-arg names that QEMU will make: removed when it ends.
@@ -622,6 +653,8 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     remove_new_sockets(&fresh_sockets);
     drop(image_fd);
     drop(initrd_fd);
+    // The plugin has copied it into its own file.
+    drop(symbols);
     let run_time = run_start.elapsed();
     // QEMU is gone, so its stdout ends: the reader only forwards what is
     // left into the console queue, which never blocks.

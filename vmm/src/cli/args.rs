@@ -105,9 +105,16 @@ pub struct CompareArgs {
     /// The result's files (shared with `sweep`).
     #[command(flatten)]
     pub out: OutputOpts,
-    /// Fail (exit 1) when this condition holds; repeatable.
+    /// Fail (exit 1) when this condition holds; repeatable. With
+    /// --by-symbol also `symbol:NAME[.delta|.baseline|.compare]>N` on a
+    /// kernel symbol's per-call instructions (default: the difference).
     #[arg(long = "fail-if", value_name = "COND")]
     pub fail_if: Vec<String>,
+    /// Per-call kernel instructions by kernel symbol on both sides and
+    /// their difference (--backend qemu, Linux guests: the plugin counts by
+    /// address, the init sends the kernel's /proc/kallsyms).
+    #[arg(long)]
+    pub by_symbol: bool,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,

@@ -235,6 +235,11 @@ pub struct RunArgs {
     /// Write the run summary as JSON (schema ptiscope.run/1) to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Per-call kernel instructions by kernel symbol (--backend qemu with
+    /// --linux: the plugin counts by address, the init sends the kernel's
+    /// /proc/kallsyms); in --json as `by_symbol`.
+    #[arg(long)]
+    pub by_symbol: bool,
     /// Every MS milliseconds, write one JSON line of KVM-stat and guest-counter
     /// changes (schema ptiscope.metrics/1) while the guest runs.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), allow_negative_numbers = true)]
@@ -339,6 +344,13 @@ pub fn warm_host_facts() {
 /// above both commands, because the table reuses compare's side parsing.
 pub fn compare_command(args: &CompareArgs) -> i32 {
     if pound::wants_sweep(args) {
+        if args.by_symbol {
+            say!(
+                "ptiscope compare: error: --by-symbol compares two sides; poundsyscall's \
+                 thread-count table (threads=) has none: drop --by-symbol or threads="
+            );
+            return exit_code::USAGE;
+        }
         pound::run(args)
     } else {
         compare::run(args)

@@ -12,6 +12,9 @@ use crate::output::{open_output, OutputFile, OutputQueue, OutputReport};
 use crate::StopReason;
 use ptiscope_devices::escape_str;
 
+/// Rows of the by-symbol list in the terminal (--json has all).
+const SYMBOL_ROWS: usize = 25;
+
 /// `ptiscope run`: one configuration, the perf-stat-like summary and
 /// `--json`; returns the process exit code.
 pub fn run(args: &RunArgs) -> i32 {
@@ -32,6 +35,22 @@ pub fn run(args: &RunArgs) -> i32 {
             return e.exit_code();
         }
     };
+    if args.by_symbol {
+        let why = if backend.name() != "qemu" || args.on.no_plugin {
+            Some("--by-symbol counts by address with ptiscope's QEMU TCG plugin: give --backend qemu (without --no-plugin)")
+        } else if resolved.linux.is_none() {
+            Some("--by-symbol is for Linux guests (their init sends the kernel's /proc/kallsyms): give --linux debian-amd64 (or a bzImage path)")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            say!("ptiscope: error: {why}");
+            return exit_code::USAGE;
+        }
+        // The init sends the symbols, the backend has the plugin count by
+        // address, when the command line carries this word.
+        resolved.cmdline = format!("{} {}", resolved.cmdline, crate::linux::SYMBOLS_WORD);
+    }
     // Every output is opened (created, checked writable, a FIFO's reader
     // waited for up to --timeout) before the guest boots, so a bad path
     // costs no run and nothing blocks once it runs.
@@ -180,6 +199,9 @@ fn report(
     }
     // One write: stderr is unbuffered, and the summary is many lines.
     eprint!("\n{}", summary.render_text());
+    if let Some(b) = &summary.by_symbol {
+        eprint!("{}", b.render_text(SYMBOL_ROWS));
+    }
     // A failed run writes no document: an earlier result at the path
     // survives it, as it survives a failed compare or sweep (the summary
     // above says what the run got).

@@ -23,6 +23,8 @@
 //! It sits above `report` (its summary is a `RunSummary`) and below
 //! `backend` and `cli`; nothing below `report` imports it.
 
+pub mod symbols;
+
 use ptiscope_abi::options::{PtiMode, Workload};
 
 use crate::machine::RunOutcome;
@@ -32,6 +34,72 @@ pub use crate::preflight::linux::{
 use crate::report::{Metric, RunSummary, Source};
 pub use crate::spec::linux::{GuestKind, LinuxGuest, LinuxRequest};
 pub use image::{ImageError, ImageFormat, KernelImage, LinuxArch};
+
+/// The kernel command-line word that asks the init for the kernel's text
+/// symbols after the phase, and the QEMU backend for the plugin's
+/// per-address counts and the isa-debugcon they come through
+/// (`--by-symbol`; the init has the same word). A dotted parameter: Linux
+/// neither passes it to the init's environment nor complains about it.
+pub const SYMBOLS_WORD: &str = "ptiscope.syms=1";
+
+/// The phase's undisturbed calls' kernel instructions by symbol, from the
+/// plugin's file of a `--by-symbol` run; `Err` says why there are none.
+/// The rows sum to the phase's `kernel_instructions` (checked: a run whose
+/// per-address counts do not add up, e.g. another vCPU in a call across a
+/// phase marker, gives no rows rather than rows that mislead).
+pub fn by_symbol(
+    outcome: &RunOutcome,
+    calls: u64,
+) -> Result<crate::report::by_symbol::BySymbol, String> {
+    use crate::observe::qemu_plugin::PluginReport;
+    let crate::machine::PluginOutput::File(bytes) = &outcome.qemu_plugin else {
+        return Err("the QEMU plugin wrote no file".into());
+    };
+    let report = PluginReport::parse(bytes).map_err(|e| e.to_string())?;
+    let phase = report.linux_phase().map_err(|e| e.to_string())?;
+    let total = phase.delta.total();
+    let Some(pcs) = &report.call_pcs else {
+        return Err("the plugin counted no addresses (it was not asked to)".into());
+    };
+    let symbol_line = outcome
+        .machine_lines
+        .iter()
+        .find(|l| l.starts_with("@symbols "));
+    let Some((lines, dropped)) = &report.symbols else {
+        return Err(format!(
+            "no kernel symbols reached the host (the init said: {})",
+            symbol_line.map_or("nothing", String::as_str)
+        ));
+    };
+    let table = symbols::SymbolTable::parse(lines.iter().map(String::as_str));
+    if table.symbols.is_empty() {
+        return Err(format!(
+            "the kernel's symbol table is empty ({} lines, {} hidden by kptr_restrict, {} \
+             unreadable, {} dropped by the plugin; the init said: {})",
+            lines.len(),
+            table.hidden,
+            table.bad_lines,
+            dropped,
+            symbol_line.map_or("nothing", String::as_str)
+        ));
+    }
+    let rows = table.attribute(pcs);
+    let sum: u64 = rows.iter().map(|r| r.instructions).sum();
+    let kernel = total.call_kernel_insns();
+    if sum != kernel {
+        return Err(format!(
+            "the per-address counts sum to {sum} instructions, the phase's kernel_instructions \
+             to {kernel} (a system call on another vCPU ran across a phase marker?): not shown"
+        ));
+    }
+    let apart = total.get(crate::observe::qemu_plugin::PluginCounter::CallsOther);
+    Ok(crate::report::by_symbol::BySymbol {
+        calls: calls.saturating_sub(apart),
+        kernel_instructions: kernel,
+        symbols: rows,
+        table_symbols: table.symbols.len() as u64,
+    })
+}
 
 /// What the init read from the kernel log: `Some(true)` when it has
 /// "Kernel/User page tables isolation: enabled" (its `@linux` line).
@@ -258,6 +326,16 @@ pub fn summary(
     }
     if !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off) {
         crate::report::plugin_rows::add_linux_plugin_rows(&mut s, outcome);
+        if outcome
+            .cmdline
+            .split_ascii_whitespace()
+            .any(|w| w == SYMBOLS_WORD)
+        {
+            match by_symbol(outcome, calls) {
+                Ok(b) => s.by_symbol = Some(b),
+                Err(e) => s.notes.push(format!("by symbol: none: {e}")),
+            }
+        }
     }
     s
 }

@@ -10,9 +10,14 @@
 //! phase among the snapshots.
 
 /// The format version this parser reads.
-pub const FORMAT_VERSION: u64 = 2;
-/// Largest file accepted.
-pub const MAX_FILE_BYTES: usize = 4 << 20;
+pub const FORMAT_VERSION: u64 = 3;
+/// Largest file accepted (a distribution kernel's text symbols, when the
+/// file carries them, are about 4 MiB).
+pub const MAX_FILE_BYTES: usize = 32 << 20;
+/// Most `pc` lines accepted.
+pub const MAX_CALL_PCS: usize = 1 << 20;
+/// Most symbol lines accepted.
+pub const MAX_SYMBOL_LINES: usize = 1 << 20;
 /// Most vCPUs accepted.
 pub const MAX_VCPUS: usize = 64;
 /// Most snapshots accepted.
@@ -205,6 +210,23 @@ pub struct PluginReport {
     pub dropped_marks: u64,
     /// Every vCPU's counters at QEMU's exit.
     pub totals: VcpuCounts,
+    /// With `pcs=1`: the phase's undisturbed calls' kernel instructions by
+    /// address (summed over vCPUs).
+    pub call_pcs: Option<CallPcs>,
+    /// With `syms=PATH`: the guest's symbol lines as the init sent them
+    /// (unparsed: `crate::linux::symbols` reads them), and how many lines
+    /// the plugin dropped for not being printable ASCII.
+    pub symbols: Option<(Vec<String>, u64)>,
+}
+
+/// Kernel instructions by address (`call_pcs` in the file).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallPcs {
+    /// (address, instructions executed there), ascending addresses.
+    pub pcs: Vec<(u64, u64)>,
+    /// Instructions of calls too long for the plugin's per-call log:
+    /// counted, but at no address.
+    pub unattributed: u64,
 }
 
 /// Why a plugin file was rejected.
@@ -395,10 +417,67 @@ impl PluginReport {
             l.strip_prefix("dropped_marks ")
                 .ok_or_else(|| bad(n, "expected dropped_marks N"))?,
         )?;
-        match lines.next() {
-            Some((_, "end")) => {}
-            Some((n, _)) => return Err(bad(n, "expected end")),
-            None => return Err(PluginParseError::Truncated),
+        let mut call_pcs = None;
+        let mut symbols = None;
+        loop {
+            let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+            if l == "end" {
+                break;
+            }
+            let mut t = l.split(' ');
+            match t.next() {
+                Some("call_pcs") if call_pcs.is_none() && symbols.is_none() => {
+                    let count = num(n, t.next().unwrap_or(""))? as usize;
+                    if t.next() != Some("unattributed") {
+                        return Err(bad(n, "expected call_pcs N unattributed M"));
+                    }
+                    let unattributed = num(n, t.next().unwrap_or(""))?;
+                    if t.next().is_some() || count > MAX_CALL_PCS {
+                        return Err(bad(
+                            n,
+                            format!("bad call_pcs line (at most {MAX_CALL_PCS})"),
+                        ));
+                    }
+                    let mut pcs: Vec<(u64, u64)> = Vec::with_capacity(count.min(4096));
+                    for _ in 0..count {
+                        let (n, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+                        let mut t = l.split(' ');
+                        if t.next() != Some("pc") {
+                            return Err(bad(n, "expected `pc 0xADDR N`"));
+                        }
+                        let pc = hex(n, t.next().unwrap_or(""))?;
+                        let c = num(n, t.next().unwrap_or(""))?;
+                        if t.next().is_some() || pcs.last().is_some_and(|&(p, _)| p >= pc) {
+                            return Err(bad(
+                                n,
+                                "bad pc line (extra words, or not in ascending order)",
+                            ));
+                        }
+                        pcs.push((pc, c));
+                    }
+                    call_pcs = Some(CallPcs { pcs, unattributed });
+                }
+                Some("symbols") if symbols.is_none() => {
+                    let count = num(n, t.next().unwrap_or(""))? as usize;
+                    if t.next() != Some("dropped") {
+                        return Err(bad(n, "expected symbols N dropped M"));
+                    }
+                    let dropped = num(n, t.next().unwrap_or(""))?;
+                    if t.next().is_some() || count > MAX_SYMBOL_LINES {
+                        return Err(bad(
+                            n,
+                            format!("bad symbols line (at most {MAX_SYMBOL_LINES})"),
+                        ));
+                    }
+                    let mut v = Vec::with_capacity(count.min(4096));
+                    for _ in 0..count {
+                        let (_, l) = lines.next().ok_or(PluginParseError::Truncated)?;
+                        v.push(l.to_string());
+                    }
+                    symbols = Some((v, dropped));
+                }
+                _ => return Err(bad(n, "expected call_pcs, symbols or end")),
+            }
         }
         if let Some((n, _)) = lines.next() {
             return Err(bad(n, "text after end"));
@@ -409,6 +488,8 @@ impl PluginReport {
             marks,
             dropped_marks,
             totals,
+            call_pcs,
+            symbols,
         })
     }
 
@@ -536,7 +617,7 @@ mod tests {
     fn file(marks: &[(u64, [u64; N_COUNTERS])], totals: [u64; N_COUNTERS]) -> String {
         let fields: Vec<&str> = PluginCounter::ALL.iter().map(|c| c.field()).collect();
         let mut s = format!(
-            "ptiscope-tcg-plugin version=2 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
+            "ptiscope-tcg-plugin version=3 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
             fields.join(" ")
         );
         let line = |c: [u64; N_COUNTERS]| {
@@ -633,7 +714,7 @@ mod tests {
             );
         }
         for (from, to) in [
-            ("version=2", "version=1"),
+            ("version=3", "version=2"),
             ("vcpus=1", "vcpus=0"),
             ("vcpus=1", "vcpus=65"),
             ("vcpus=1", "vcpus=2"),
@@ -673,6 +754,63 @@ mod tests {
         let fewer = good.replacen(" 0\ndropped_marks", "\ndropped_marks", 1);
         assert_ne!(fewer, good);
         assert!(PluginReport::parse(fewer.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn per_address_counts_and_symbols() {
+        let good = file(&[(U1, c(1, 1)), (U2, c(2, 2))], c(3, 3)).replacen(
+            "end\n",
+            "call_pcs 2 unattributed 5\npc 0xffffffff81000000 300\npc 0xffffffff81000004 300\n\
+             symbols 2 dropped 1\nffffffff81000000 T entry_SYSCALL_64\nnot a symbol line\nend\n",
+            1,
+        );
+        let r = PluginReport::parse(good.as_bytes()).unwrap();
+        assert_eq!(
+            r.call_pcs,
+            Some(CallPcs {
+                pcs: vec![(0xffff_ffff_8100_0000, 300), (0xffff_ffff_8100_0004, 300)],
+                unattributed: 5
+            })
+        );
+        let (lines, dropped) = r.symbols.unwrap();
+        assert_eq!((lines.len(), dropped), (2, 1));
+        // Without the sections: none.
+        let plain = PluginReport::parse(file(&[], c(1, 1)).as_bytes()).unwrap();
+        assert_eq!((plain.call_pcs, plain.symbols), (None, None));
+        // Hostile sections are refused, never a panic.
+        for (from, to) in [
+            ("call_pcs 2", "call_pcs 3"),
+            ("call_pcs 2", "call_pcs 99999999999"),
+            ("call_pcs 2", "call_pcs x"),
+            ("unattributed 5", "unattributed"),
+            ("unattributed 5", "unattributed 5 6"),
+            ("pc 0xffffffff81000004", "pc 0xffffffff81000000"),
+            ("pc 0xffffffff81000004 300", "pc 0xffffffff81000004 -1"),
+            ("pc 0xffffffff81000004 300", "pc 0xffffffff81000004 300 1"),
+            ("pc 0xffffffff81000004", "pq 0xffffffff81000004"),
+            ("symbols 2", "symbols 3"),
+            ("symbols 2", "symbols 2000000000"),
+            ("dropped 1", "dropped"),
+            ("end\n", "end\nx\n"),
+        ] {
+            let bad = good.replacen(from, to, 1);
+            assert_ne!(bad, good, "{from} not in the file");
+            assert!(
+                PluginReport::parse(bad.as_bytes()).is_err(),
+                "{from} -> {to} accepted"
+            );
+        }
+        // Two call_pcs sections, or call_pcs after symbols: refused.
+        let twice = good.replacen("symbols 2", "call_pcs 0 unattributed 0\nsymbols 2", 1);
+        assert!(PluginReport::parse(twice.as_bytes()).is_err());
+        let after = good.replacen("end\n", "call_pcs 0 unattributed 0\nend\n", 1);
+        assert!(PluginReport::parse(after.as_bytes()).is_err());
+        for cut in 0..good.len() - 1 {
+            assert!(
+                PluginReport::parse(&good.as_bytes()[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
     }
 
     #[test]

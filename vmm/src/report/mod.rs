@@ -6,6 +6,7 @@
 //! clock). The JSON schemas are documented in `docs/report-json.md`.
 
 pub mod answer;
+pub mod by_symbol;
 pub mod compare;
 pub mod environment;
 pub mod guest_result;

@@ -178,6 +178,10 @@ pub struct RunSummary {
     /// telemetry to call valid or invalid.
     #[serde(default = "checked_by_default")]
     pub telemetry_initialized: bool,
+    /// `--by-symbol` (a Linux guest under the QEMU plugin): the phase's
+    /// undisturbed calls' kernel instructions by kernel symbol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_symbol: Option<super::by_symbol::BySymbol>,
 }
 
 fn checked_by_default() -> bool {
@@ -201,6 +205,7 @@ impl RunSummary {
             telemetry_checked: true,
             environment: None,
             telemetry_initialized: true,
+            by_symbol: None,
         }
     }
 

@@ -37,6 +37,7 @@ use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT, MIN
 use crate::experiment::{Experiment, Progress, RunCount, RunId};
 use crate::preflight::cmdline::Workload;
 use crate::preflight::{preflight, ResolvedRun};
+use crate::report::by_symbol::SymbolCondition;
 use crate::report::environment::Environment;
 use crate::report::{CompareTable, Condition, RunSummary};
 
@@ -82,9 +83,27 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         ),
         None => None,
     };
-    let conditions: Vec<Condition> = args
+    // `symbol:NAME...` conditions are on the by-symbol difference, the
+    // others on the table.
+    let (symbol_conditions, table_conditions): (Vec<&String>, Vec<&String>) = args
         .fail_if
         .iter()
+        .partition(|c| c.trim_start().starts_with(SymbolCondition::PREFIX));
+    let symbol_conditions: Vec<SymbolCondition> = symbol_conditions
+        .into_iter()
+        .map(|c| SymbolCondition::parse(c))
+        .collect::<Result<_, _>>()
+        .map_err(|e| CommandError::Usage(format!("--fail-if: {e}")))?;
+    if !symbol_conditions.is_empty() && !args.by_symbol {
+        return Err(CommandError::Usage(
+            "--fail-if symbol:... needs --by-symbol (the counts by kernel symbol)".into(),
+        ));
+    }
+    if args.by_symbol {
+        refuse_by_symbol(backend.name(), args.target.on.no_plugin, None)?;
+    }
+    let conditions: Vec<Condition> = table_conditions
+        .into_iter()
         .map(|c| Condition::parse_list(c))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CommandError::Usage(format!("--fail-if: {e}")))?
@@ -128,7 +147,20 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
             run,
         })
     };
-    let (base, comp) = (settle(base)?, settle(comp)?);
+    let (mut base, mut comp) = (settle(base)?, settle(comp)?);
+    if args.by_symbol {
+        refuse_by_symbol(
+            backend.name(),
+            args.target.on.no_plugin,
+            Some([&base, &comp]),
+        )?;
+        // The init sends the kernel's symbols after the phase, and the
+        // backend has the plugin count by address, when the command line
+        // carries this word (the same on both sides).
+        for side in [&mut base, &mut comp] {
+            side.run.cmdline = format!("{} {}", side.run.cmdline, crate::linux::SYMBOLS_WORD);
+        }
+    }
     let count = match args.runs {
         Runs::Fixed(n) => RunCount::Fixed(n),
         Runs::Auto => RunCount::Auto {
@@ -217,7 +249,10 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
             }
         )
     });
+    let by_symbol = args.by_symbol.then(|| side_symbols(&runs[0], &runs[1]));
     let report = output::Report {
+        by_symbol: by_symbol.as_ref(),
+        symbol_conditions: &symbol_conditions,
         table: &table,
         dropped: &dropped,
         runs: &runs_report,
@@ -237,6 +272,66 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         &conditions,
     );
     Ok(code.max(partial.map_or(0, |(c, _)| c)))
+}
+
+/// `--by-symbol` where it cannot work, refused before anything boots.
+fn refuse_by_symbol(
+    backend: &str,
+    no_plugin: bool,
+    sides: Option<[&Side; 2]>,
+) -> Result<(), CommandError> {
+    let why = if backend != "qemu" {
+        Some(format!(
+            "--by-symbol counts instructions by address with ptiscope's QEMU TCG plugin: \
+             give --backend qemu (this is --backend {backend})"
+        ))
+    } else if no_plugin {
+        Some("--by-symbol needs ptiscope's QEMU plugin: drop --no-plugin".to_string())
+    } else {
+        sides
+            .into_iter()
+            .flatten()
+            .find(|s| s.run.linux.is_none())
+            .map(|side| {
+                format!(
+                    "--by-symbol is for Linux guests (their init sends the kernel's \
+                     /proc/kallsyms); {} boots ptiscope's own guest: give it \
+                     linux=debian-amd64 (or a bzImage path), or --linux",
+                    side.label
+                )
+            })
+    };
+    why.map_or(Ok(()), |w| Err(CommandError::Usage(w)))
+}
+
+/// Both sides' by-symbol difference from their runs; `Err` says why a
+/// side has none (the first run's note).
+fn side_symbols(
+    base: &[RunSummary],
+    comp: &[RunSummary],
+) -> Result<crate::report::by_symbol::SymbolDiff, String> {
+    fn side<'a>(
+        runs: &'a [RunSummary],
+        label: &str,
+    ) -> Result<Vec<&'a crate::report::by_symbol::BySymbol>, String> {
+        runs.iter()
+            .map(|r| {
+                r.by_symbol.as_ref().ok_or_else(|| {
+                    let why = r
+                        .notes
+                        .iter()
+                        .find_map(|n| n.strip_prefix("by symbol: none: "))
+                        .unwrap_or("the run gave no counts by symbol");
+                    format!("{label}: {why}")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+    }
+    let (b, c) = (side(base, "baseline")?, side(comp, "compare")?);
+    if b.is_empty() || c.is_empty() {
+        return Err("no complete run on a side".into());
+    }
+    Ok(crate::report::by_symbol::SymbolDiff::new(&b, &c))
 }
 
 /// The header: what is compared, on which host, how many runs; returns the

@@ -8,10 +8,18 @@ use crate::cli::exit_code;
 use crate::cli::CompareArgs;
 use crate::output::OutputFile;
 use crate::preflight::cmdline::Workload;
+use crate::report::by_symbol::{SymbolCondition, SymbolDiff};
 use crate::report::{CompareTable, Condition};
+
+/// Rows of the by-symbol table in the terminal (--json has all).
+const SYMBOL_ROWS: usize = 25;
 
 /// What the runs gave, ready to print and write.
 pub(super) struct Report<'a> {
+    /// `--by-symbol`: the difference, or why there is none.
+    pub by_symbol: Option<&'a Result<SymbolDiff, String>>,
+    /// `--fail-if symbol:...`.
+    pub symbol_conditions: &'a [SymbolCondition],
     pub table: &'a CompareTable,
     pub dropped: &'a [String],
     pub runs: &'a RunsReport,
@@ -64,6 +72,11 @@ pub(super) fn print(
         2 * (r.runs.per_side + args.warmup),
         r.seconds
     );
+    match r.by_symbol {
+        Some(Ok(d)) => print!("{}", d.render_text(SYMBOL_ROWS)),
+        Some(Err(e)) => println!("\n  by symbol: none: {e}"),
+        None => {}
+    }
     for d in r.dropped {
         println!("  note: metric {d}, left out of the table");
     }
@@ -99,7 +112,7 @@ pub(super) fn print(
     let [json_file, csv_file, svg_file] = files;
     let mut code = 0;
     if let Some(f) = json_file {
-        let mut doc = json_text(table, r.durations, r.runs, against.as_ref());
+        let mut doc = json_text(table, r.durations, r.runs, against.as_ref(), r.by_symbol);
         if let Some(b) = r.banner {
             doc = json_with_partial(doc, b);
         }
@@ -113,6 +126,35 @@ pub(super) fn print(
     if let Some(f) = csv_file {
         let doc = crate::cli::partial::csv_with_banner(table.to_csv(), r.banner);
         code = code.max(write_file("compare", f, &doc));
+    }
+    for c in r.symbol_conditions {
+        match r.by_symbol {
+            Some(Ok(d)) => {
+                let (holds, v, row) = c.evaluate(d);
+                let sides = row.map_or(" (the symbol ran on neither side)".to_string(), |x| {
+                    format!(
+                        " (per call: baseline {}, compare {})",
+                        x.baseline, x.compare
+                    )
+                });
+                say!(
+                    "ptiscope compare: --fail-if {} {} (value {v}){sides}",
+                    c.text(),
+                    if holds { "holds" } else { "does not hold" }
+                );
+                if holds {
+                    code = code.max(exit_code::FAILED);
+                }
+            }
+            Some(Err(e)) => {
+                say!(
+                    "ptiscope compare: --fail-if {} cannot be evaluated: {e}",
+                    c.text()
+                );
+                code = code.max(exit_code::FAILED);
+            }
+            None => {}
+        }
     }
     for c in conditions {
         match c.evaluate(table) {
@@ -154,9 +196,33 @@ fn json_text(
     durations: &[Durations; 2],
     runs: &RunsReport,
     against: Option<&Against>,
+    by_symbol: Option<&Result<SymbolDiff, String>>,
 ) -> String {
     let mut v = t.to_json();
     if let Some(o) = v.as_object_mut() {
+        match by_symbol {
+            Some(Ok(d)) => {
+                o.insert(
+                    "by_symbol".into(),
+                    serde_json::to_value(&d.rows).unwrap_or_default(),
+                );
+                o.insert(
+                    "by_symbol_summary".into(),
+                    serde_json::json!({
+                        "baseline_kernel_instructions_per_call": d.baseline_total,
+                        "compare_kernel_instructions_per_call": d.compare_total,
+                        "zero_rows": d.zero_rows,
+                        "identical_runs": d.identical_runs,
+                        "baseline_runs": d.baseline_runs,
+                        "compare_runs": d.compare_runs,
+                    }),
+                );
+            }
+            Some(Err(e)) => {
+                o.insert("by_symbol_error".into(), serde_json::json!(e));
+            }
+            None => {}
+        }
         o.insert("answer".into(), crate::report::answer::to_json(t));
         // What the times are on this backend (the answer's time lines carry it too).
         let basis = crate::report::time_basis::TimeBasis::of(t.environment.as_ref());
