@@ -356,13 +356,12 @@ fn an_old_qemu_or_one_without_plugins_is_said_before_booting() {
 /// the last to find ECX zero).
 #[test]
 fn a_rep_string_instruction_counts_once() {
-    use ptiscope::observe::qemu_plugin::{PluginCounter, PluginReport};
+    use ptiscope::observe::qemu_plugin::PluginCounter;
     for binary in ["qemu-system-i386", "qemu-system-x86_64"] {
         let test = format!("rep counts once ({binary})");
         if !plugin_or_skip(&test, binary) {
             continue;
         }
-        let (plugin, _) = ptiscope::backend::qemu::plugin_for(binary).unwrap();
         let mut code = vec![0xfc, 0xbf, 0x00, 0x00, 0x20, 0x00]; // cld; mov edi, 0x200000
         code.extend(mark_code(Marker::begin(ID_WORKLOAD)));
         code.extend([0xb9, 0xe8, 0x03, 0x00, 0x00, 0xf3, 0xaa]); // mov ecx, 1000; rep stosb
@@ -373,50 +372,103 @@ fn a_rep_string_instruction_counts_once() {
         code.extend([
             0x31, 0xc0, 0xba, 0xf4, 0x00, 0x00, 0x00, 0xef, 0xf4, 0xeb, 0xfd,
         ]);
-        let dir = Scratch::new(&format!("rep-once-{binary}"));
-        let elf = dir.join("guest.elf");
-        write_pvh_elf32(&elf, 0x10_0000, &code);
-        note_align_4(&elf);
-        let out = dir.join("plugin.txt");
-        let mut child = std::process::Command::new(binary)
-            .args(["-M", "pc", "-accel", "tcg", "-m", "64", "-display", "none"])
-            .args(["-nodefaults", "-no-reboot", "-serial", "none"])
-            .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
-            .arg("-kernel")
-            .arg(&elf)
-            .arg("-plugin")
-            .arg(format!(
-                "{},out={},kernel=0x100000-0x1fffff,marks=0x100000-0x1fffff",
-                plugin.display(),
-                out.display()
-            ))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let limit = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if std::time::Instant::now() > limit {
-                let _ = child.kill();
-                panic!("{binary} did not exit within 60 s");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-        // isa-debug-exit: (0 << 1) | 1.
-        assert_eq!(status.code(), Some(1), "{binary}: {err}");
-        let report = PluginReport::parse(&std::fs::read(&out).unwrap()).unwrap();
-        let phase = report.companion_phase().unwrap().delta.total();
+        let phase = phase_of_pvh_code(binary, &format!("rep-once-{binary}"), &code);
         assert_eq!(
             (
                 phase.get(PluginCounter::KernelInsns),
                 phase.get(PluginCounter::UserInsns)
             ),
             (11, 0),
+            "{binary}: {phase:?}"
+        );
+    }
+}
+
+/// Runs `code` (loaded at 1 MiB, entered in 32-bit protected mode) under
+/// QEMU `binary` with the plugin, no ptiscope between them, and returns
+/// the plugin's phase counts (the code brackets its phase with
+/// [`mark_code`] and ends with an isa-debug-exit write of 0).
+fn phase_of_pvh_code(
+    binary: &str,
+    name: &str,
+    code: &[u8],
+) -> ptiscope::observe::qemu_plugin::Counts {
+    use ptiscope::observe::qemu_plugin::PluginReport;
+    let (plugin, _) = ptiscope::backend::qemu::plugin_for(binary).unwrap();
+    let dir = Scratch::new(name);
+    let elf = dir.join("guest.elf");
+    write_pvh_elf32(&elf, 0x10_0000, code);
+    note_align_4(&elf);
+    let out = dir.join("plugin.txt");
+    let mut child = std::process::Command::new(binary)
+        .args(["-M", "pc", "-accel", "tcg", "-m", "64", "-display", "none"])
+        .args(["-nodefaults", "-no-reboot", "-serial", "none"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        .arg("-kernel")
+        .arg(&elf)
+        .arg("-plugin")
+        .arg(format!(
+            "{},out={},kernel=0x100000-0x1fffff,marks=0x100000-0x1fffff",
+            plugin.display(),
+            out.display()
+        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let limit = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > limit {
+            let _ = child.kill();
+            panic!("{binary} did not exit within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    // isa-debug-exit: (0 << 1) | 1.
+    assert_eq!(status.code(), Some(1), "{binary}: {err}");
+    let report = PluginReport::parse(&std::fs::read(&out).unwrap()).unwrap();
+    report.companion_phase().unwrap().delta.total()
+}
+
+/// An instruction that reaches into the next page, not first in its
+/// block, counts once: TCG ends the block before it and translates it as
+/// the next block's first, and QEMU 7.2 still listed it in the first block
+/// (it counted twice). Between the markers: the begin `out`, a `jmp` to
+/// 13 `nop`s ending at 0x100ffd, a 5-byte `mov eax, imm32` from 0x100ffd
+/// to 0x101001, and the end marker's two `mov`s: 18 instructions.
+#[test]
+fn an_instruction_across_a_page_boundary_counts_once() {
+    use ptiscope::observe::qemu_plugin::PluginCounter;
+    for binary in ["qemu-system-i386", "qemu-system-x86_64"] {
+        let test = format!("page-crossing instruction counts once ({binary})");
+        if !plugin_or_skip(&test, binary) {
+            continue;
+        }
+        let mut code = mark_code(Marker::begin(ID_WORKLOAD));
+        let nops_at = 0xff0usize;
+        let jmp_end = code.len() + 5;
+        code.push(0xe9); // jmp rel32
+        code.extend(((nops_at - jmp_end) as u32).to_le_bytes());
+        code.resize(nops_at, 0xf4); // hlt: never reached
+        code.extend([0x90; 13]);
+        assert_eq!(code.len(), 0xffd);
+        code.extend([0xb8, 0x11, 0x22, 0x33, 0x44]); // mov eax, imm32: 0x100ffd..0x101001
+        code.extend(mark_code(Marker::end(ID_WORKLOAD)));
+        code.extend([
+            0x31, 0xc0, 0xba, 0xf4, 0x00, 0x00, 0x00, 0xef, 0xf4, 0xeb, 0xfd,
+        ]);
+        let phase = phase_of_pvh_code(binary, &format!("page-cross-{binary}"), &code);
+        assert_eq!(
+            (
+                phase.get(PluginCounter::KernelInsns),
+                phase.get(PluginCounter::UserInsns)
+            ),
+            (18, 0),
             "{binary}: {phase:?}"
         );
     }

@@ -180,6 +180,9 @@ struct Track {
     call_start_cr3: AtomicU64,
     /// The address of the last instruction of the last block that ran.
     last_pc: AtomicU64,
+    /// Whether that instruction could reach into the next page, not first
+    /// in its block ([`Block::last_cut`]).
+    last_cut: AtomicBool,
     /// The current call's segments (`pcs=1`).
     log: CallLog,
 }
@@ -204,6 +207,7 @@ impl Track {
             call_start: AtomicU64::new(0),
             call_start_cr3: AtomicU64::new(0),
             last_pc: AtomicU64::new(u64::MAX),
+            last_cut: AtomicBool::new(false),
             log: CallLog(UnsafeCell::new((Vec::new(), false))),
         }
     }
@@ -255,6 +259,10 @@ struct Block {
     last_pc: u64,
     /// Whether its first instruction is a REP string instruction.
     rep_first: bool,
+    /// Whether its last instruction is not its first and starts close
+    /// enough to the page end to reach into the next page (one QEMU < 8
+    /// lists although the block stops before it).
+    last_cut: bool,
     /// Its first segment's slot ([`NO_SLOT`]: none).
     slot: u32,
 }
@@ -410,8 +418,11 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     let mut seg = b.seg;
     let mut slot = b.slot;
     // The next iteration of the REP string instruction the last block
-    // ended with: the same instruction, already counted.
-    if b.rep_first && t.last_pc.load(Ordering::Relaxed) == b.pc {
+    // ended with, or the page-crossing instruction QEMU < 8 listed at the
+    // end of the last block although that block stopped before it: the
+    // same instruction, already counted.
+    let again = b.rep_first || t.last_cut.load(Ordering::Relaxed);
+    if again && t.last_pc.load(Ordering::Relaxed) == b.pc {
         if b.kernel_mode {
             seg.kernel = seg.kernel.saturating_sub(1);
             if slot != NO_SLOT {
@@ -422,6 +433,7 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
         }
     }
     t.last_pc.store(b.last_pc, Ordering::Relaxed);
+    t.last_cut.store(b.last_cut, Ordering::Relaxed);
     add_segment(c, t, &seg, slot);
 }
 
@@ -470,6 +482,11 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
     add_segment(c, t, &sp.seg, sp.slot);
 }
 
+/// The offset bits of a 4 KiB page.
+const PAGE_MASK_LOW: u64 = 0xfff;
+/// The longest x86 instruction, in bytes.
+const MAX_INSN_LEN: u64 = 15;
+
 extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
     let Some(s) = STATE.get() else { return };
     let api = &s.api;
@@ -484,6 +501,7 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
         pc: 0,
         last_pc: 0,
         rep_first: false,
+        last_cut: false,
         slot: NO_SLOT,
     };
     // The kernel addresses of the first segment (`pcs=1`).
@@ -504,6 +522,12 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
         let kernel_mode = in_kernel(pc);
         // SAFETY: `insn` belongs to `tb`, in its translation callback.
         let bytes = unsafe { api.insn_bytes(insn, &mut buf) };
+        // The last instruction (not the first) may reach into the next
+        // page: x86 TCG then ends the block before it and translates it
+        // again as the next block's first, but QEMU before 8.0 still lists
+        // it here (with only its first byte). Whether it did shows at run
+        // time: the next block starts at its address (`on_tb_exec`).
+        block.last_cut = i > 0 && (pc & PAGE_MASK_LOW) > PAGE_MASK_LOW - MAX_INSN_LEN;
         if i == 0 {
             block.kernel_mode = kernel_mode;
             block.pc = pc;

@@ -507,8 +507,9 @@ pub fn ameans(m: &serde_json::Value) -> (f64, f64) {
 /// i386) loaded at `paddr`, whose 32-bit entry (the Xen PHYS32_ENTRY note
 /// at file offset 0x180) runs `code` (at file offset 0x200).
 fn write_pvh(path: &Path, elf64: bool, paddr: u64, code: &[u8]) {
-    assert!(code.len() <= 0x100);
-    let mut f = vec![0u8; 0x300];
+    let filesz = code.len().max(0x100);
+    let memsz = filesz.next_multiple_of(0x1000);
+    let mut f = vec![0u8; 0x200 + filesz];
     let mut put = |at: usize, size: usize, v: u64| {
         f[at..at + size].copy_from_slice(&v.to_le_bytes()[..size]);
     };
@@ -541,7 +542,10 @@ fn write_pvh(path: &Path, elf64: bool, paddr: u64, code: &[u8]) {
     if elf64 {
         put(load + 4, 4, 7); // p_flags: RWX
     }
-    for (i, v) in [0x200, paddr, paddr, 0x100, 0x1000].into_iter().enumerate() {
+    for (i, v) in [0x200, paddr, paddr, filesz as u64, memsz as u64]
+        .into_iter()
+        .enumerate()
+    {
         put(word(load, i), w, v);
     }
     let note = phoff + phentsize;
