@@ -442,6 +442,73 @@ fn compare_backend_nested_prints_syscall_pti_off_against_on_and_copies_its_json_
     assert_eq!((off, on), (0.0, 2.0));
 }
 
+/// `reproduce --backend nested --no-linux`: the companion cells (64-bit
+/// and i386 PAE) as an inner `reproduce --backend kvm` in one boot, every
+/// row on `nested`, the JSON copied back. A boot of its own: the CLI path
+/// (argv rewritten, bound from the cells) is what is tested.
+#[test]
+fn reproduce_backend_nested_runs_the_companion_cells_in_one_boot() {
+    let test = "reproduce --backend nested";
+    if !nested_or_skip(test) {
+        return;
+    }
+    let s = Scratch::new("nested-reproduce");
+    let json = s.join("r.json");
+    let start = Instant::now();
+    let o = ptiscope()
+        .args([
+            "reproduce",
+            "roedel-2018",
+            "--backend",
+            "nested",
+            "--no-linux",
+            "--runs",
+            "1",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (out, err) = (stdout(&o), stderr(&o));
+    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
+        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "reproduce --backend nested: {:.1} s\n",
+            start.elapsed().as_secs_f64()
+        )
+        .as_bytes(),
+    );
+    assert!(out.contains("backend: nested"), "{out}");
+    assert!(
+        out.contains("kvm_amd with nested paging, inside QEMU TCG"),
+        "{out}"
+    );
+    let v = read_json(&json);
+    assert_eq!(v["backend"], "nested", "{v}");
+    let rows = v["rows"].as_array().expect("rows");
+    // Two guests x 2 columns x PTI off/on.
+    assert_eq!(rows.len(), 8, "{v}");
+    for r in rows {
+        assert_eq!(r["backend"], "nested", "{r}");
+        assert!(r["error"].is_null(), "{r}");
+        assert!(r["here"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // Each PTI row against its own no-PTI baseline: more CR3 writes per message.
+    for r in rows.iter().filter(|r| !r["baseline_row"].is_null()) {
+        let base = &rows[r["baseline_row"].as_u64().unwrap() as usize];
+        let (on, off) = (
+            r["cr3_writes_per_call"].as_f64().unwrap(),
+            base["cr3_writes_per_call"].as_f64().unwrap(),
+        );
+        assert!(on > off + 1.0, "{r}\n{base}");
+    }
+}
+
 #[test]
 fn nested_faults_end_with_the_cause_named_and_nothing_left_running() {
     let test = "nested faults";

@@ -16,6 +16,7 @@ macro_rules! say {
     };
 }
 use crate::cli::exit_code;
+use crate::cli::reproduce::ReproduceBackend;
 use crate::cli::{Backend, Cli, Command, Runs};
 
 /// Options that name a file the inner command writes.
@@ -194,6 +195,17 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             )
         }
         Some(Command::Probe(a)) => (a.backend, "probe", Duration::from_secs(300), 1, true, false),
+        // reproduce takes `auto` too: only `nested` is intercepted, and
+        // the inner command is `reproduce --backend kvm` over the cells.
+        Some(Command::Reproduce(a)) if a.backend == ReproduceBackend::Nested => {
+            match crate::cli::reproduce::nested_session(a) {
+                Ok((bound, cpus)) => (Backend::Nested, "reproduce", bound, cpus, false, false),
+                Err(e) => {
+                    say!("ptiscope reproduce: {e}");
+                    return Some(exit_code::USAGE);
+                }
+            }
+        }
         Some(Command::Pagetables(a)) => (
             a.backend,
             "pagetables",
@@ -477,6 +489,50 @@ mod tests {
         assert!(e.contains("/nonexistent/k.elf"), "{e}");
         let e = rewrite(&s(&["run", "--linux", "/nonexistent/bzImage"]), false).unwrap_err();
         assert!(e.contains("/nonexistent/bzImage"), "{e}");
+    }
+
+    /// `reproduce --backend nested` is refused before any boot without
+    /// `--no-linux` (exit 64); `auto`/`kvm`/`qemu` run here as usual.
+    #[test]
+    fn reproduce_is_intercepted_only_for_nested_and_refused_with_linux_cells() {
+        use clap::Parser as _;
+        let cli =
+            |w: &[&str]| Cli::try_parse_from(["ptiscope", "reproduce"].iter().chain(w)).unwrap();
+        assert_eq!(
+            intercept(&cli(&["petkov-2015", "--backend", "nested"])),
+            Some(exit_code::USAGE)
+        );
+        for b in ["auto", "kvm", "qemu"] {
+            assert_eq!(
+                intercept(&cli(&["petkov-2015", "--backend", b])),
+                None,
+                "{b}"
+            );
+        }
+        assert_eq!(intercept(&cli(&["petkov-2015"])), None);
+        let i = rewrite(
+            &s(&[
+                "reproduce",
+                "roedel-2018",
+                "--backend",
+                "nested",
+                "--no-linux",
+                "--json",
+                "/x/r.json",
+            ]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            i.argv,
+            s(&[
+                "reproduce",
+                "roedel-2018",
+                "--backend=kvm",
+                "--no-linux",
+                "--json=/tmp/out/0-r.json"
+            ])
+        );
     }
 
     /// `--linux` packs the kernel with the configuration beside it and

@@ -44,6 +44,50 @@ pub enum Seed {
     Gregg2018,
 }
 
+/// Where `reproduce` measures its cells (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ReproduceBackend {
+    /// Per cell: the companion guest on this host's KVM, under QEMU where
+    /// that KVM refuses it before boot (e.g. 32-bit paging on kvm_pvm);
+    /// the Linux kernels under QEMU.
+    #[default]
+    Auto,
+    /// Every cell on this host's KVM, no fallback: a cell it refuses or
+    /// cannot run shows that error in its row.
+    Kvm,
+    /// Every cell under QEMU TCG.
+    Qemu,
+    /// The companion cells on a real kvm_amd inside QEMU TCG, all in one
+    /// nested boot (docs/kvm-hosts.md). Needs --no-linux: Linux on the
+    /// VMM stalls there about half its boots.
+    Nested,
+}
+
+impl ReproduceBackend {
+    /// The name `--backend` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReproduceBackend::Auto => "auto",
+            ReproduceBackend::Kvm => "kvm",
+            ReproduceBackend::Qemu => "qemu",
+            ReproduceBackend::Nested => "nested",
+        }
+    }
+
+    /// The backends a cell is tried on, in order (the next one only where
+    /// the host's KVM refused the guest before boot).
+    fn tries(self, linux: bool) -> &'static [Backend] {
+        match self {
+            ReproduceBackend::Auto => Backend::preference(linux),
+            ReproduceBackend::Kvm => &[Backend::Kvm],
+            ReproduceBackend::Qemu => &[Backend::Qemu],
+            // Runs as `--backend kvm` inside the nested boot
+            // (`nested::cli::intercept`); nothing is measured out here.
+            ReproduceBackend::Nested => &[],
+        }
+    }
+}
+
 /// `ptiscope reproduce`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReproduceArgs {
@@ -65,6 +109,41 @@ pub struct ReproduceArgs {
     /// Also write the table as JSON (`ptiscope.reproduce/1`).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Where the cells run. `kvm` and `qemu` force that backend for every
+    /// cell with no fallback (a cell it cannot run shows its error in its
+    /// row); `nested` needs --no-linux.
+    #[arg(long, value_enum, default_value_t = ReproduceBackend::Auto)]
+    pub backend: ReproduceBackend,
+}
+
+/// What one nested boot for `reproduce --backend nested` needs: the bound
+/// of the whole inner command and the vCPUs of the inner Linux. Refuses
+/// (the message says why and what to do) what that backend cannot run:
+/// the Linux cells, and nothing to measure at all.
+pub fn nested_session(args: &ReproduceArgs) -> Result<(Duration, u32), String> {
+    if !args.no_linux {
+        return Err(
+            "--backend nested measures the companion guest only: Linux on ptiscope's VMM \
+             stalls about half its boots under nested KVM (docs/kvm-hosts.md), so the Linux \
+             cells cannot be measured there reliably. Add --no-linux, and measure the Linux \
+             cells in another run with --backend qemu (or auto)"
+                .to_owned(),
+        );
+    }
+    let guests: &[Guest] = if args.no_companion {
+        &[]
+    } else {
+        &[Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)]
+    };
+    let (_, cells) = cells(args.seed, guests);
+    if cells.is_empty() {
+        return Err("no guest to measure: --no-linux and --no-companion leave nothing".to_owned());
+    }
+    // Every run of every cell is bounded by --timeout (a refused cell
+    // costs nothing); the rest is the inner command's own start and report.
+    let runs = cells.len() as u32 * args.runs;
+    let cpus = cells.iter().map(|c| c.cpus).max().unwrap_or(1);
+    Ok((args.timeout * runs + Duration::from_secs(120), cpus))
 }
 
 /// Which guest a cell boots.
@@ -222,14 +301,17 @@ fn measure_on(
             .into_iter()
             .map(|(m, v)| (m.name, m.source.key().to_string(), v))
             .collect(),
-        backend.name(),
+        // Inside `--backend nested` this KVM is the nested kvm_amd.
+        if crate::spec::nested::inside() && backend.name() == "kvm" {
+            "nested"
+        } else {
+            backend.name()
+        },
     ))
 }
 
-/// Measures a cell `runs` times: the companion on KVM (under QEMU where
-/// this host's KVM refuses it, e.g. 32-bit paging on kvm_pvm), Linux under
-/// QEMU.
-fn measure(cell: &Cell, runs: u32, timeout: Duration) -> Measured {
+/// Measures a cell `runs` times on `choice`'s backends ([`ReproduceBackend::tries`]).
+fn measure(cell: &Cell, runs: u32, timeout: Duration, choice: ReproduceBackend) -> Measured {
     let opts = match &cell.opts {
         Ok(o) => o.clone(),
         Err(why) => {
@@ -242,12 +324,14 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration) -> Measured {
     let mut samples: Vec<Vec<Rate>> = Vec::new();
     let mut backend = "";
     for _ in 0..runs {
-        let tries = Backend::preference(matches!(cell.guest, Guest::Linux(_)));
+        let tries = choice.tries(matches!(cell.guest, Guest::Linux(_)));
+        let mut tried = Backend::Kvm;
         let mut r = Err(CellError::new(
             exit_code::INTERNAL,
             "no backend to measure on".to_owned(),
         ));
         for (i, &b) in tries.iter().enumerate() {
+            tried = b;
             r = measure_on(cell, &opts, b, timeout);
             // The next backend only where this host's KVM refuses the guest.
             match &r {
@@ -262,10 +346,17 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration) -> Measured {
                 backend = b;
             }
             Err(e) => {
+                // The row names the backend that gave the error (e.g.
+                // `--backend kvm` on a KVM that refuses the guest).
                 return Measured {
                     error: Some(e),
+                    backend: if tries.is_empty() {
+                        ""
+                    } else {
+                        backend_name(tried)
+                    },
                     ..Default::default()
-                }
+                };
             }
         }
     }
@@ -323,6 +414,16 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration) -> Measured {
 
 /// Runs the seed and prints its table; returns the process exit code.
 pub fn run(args: &ReproduceArgs) -> i32 {
+    if args.backend == ReproduceBackend::Nested {
+        // `nested::cli::intercept` runs it in the nested boot; reaching
+        // here means its refusal or boot was skipped.
+        if let Err(e) = nested_session(args) {
+            say!("ptiscope reproduce: {e}");
+            return exit_code::USAGE;
+        }
+        say!("ptiscope reproduce: --backend nested runs inside the nested boot, not here");
+        return exit_code::INTERNAL;
+    }
     let mut guests = Vec::new();
     if !args.no_companion {
         guests.extend([Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)]);
@@ -357,6 +458,19 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     }
     println!("ptiscope reproduce {}", seed_name(args.seed));
     println!("  {title}");
+    // The backend asked for: inside the nested boot, `nested` (its `kvm`).
+    let requested = if crate::spec::nested::inside() {
+        ReproduceBackend::Nested.name()
+    } else {
+        args.backend.name()
+    };
+    // `auto` (the default) prints as it always has.
+    if requested != ReproduceBackend::Auto.name() {
+        println!("  backend: {requested}");
+    }
+    if crate::spec::nested::inside() {
+        println!("  KVM: {}", crate::spec::nested::KVM_DESCRIPTION);
+    }
     let started = std::time::Instant::now();
     let mut measured: Vec<Measured> = Vec::with_capacity(cells.len());
     // A termination signal ends the reproduction: the cells measured so far
@@ -376,7 +490,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             c.row,
             c.column
         );
-        let m = measure(c, args.runs, args.timeout);
+        let m = measure(c, args.runs, args.timeout, args.backend);
         if let Some((code, _)) = &m.error {
             if let Some(sig) = exit_code::terminating_signal(*code) {
                 stopped_by = Some((*code, crate::signals::describe(sig)));
@@ -523,6 +637,8 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             "seed": seed_name(args.seed),
             "title": title,
             "runs_per_cell": args.runs,
+            "backend": requested,
+            "kvm": crate::spec::nested::inside().then_some(crate::spec::nested::KVM_DESCRIPTION),
             "partial": stopped_by.as_ref().map(|(_, why)| why.clone()),
             "rows": json_rows,
         });
@@ -533,6 +649,16 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         }
     }
     exit
+}
+
+/// A backend's name in the table, as [`measure_on`] gives it on success.
+fn backend_name(b: Backend) -> &'static str {
+    match b {
+        Backend::Kvm if crate::spec::nested::inside() => "nested",
+        Backend::Kvm => "kvm",
+        Backend::Qemu => "qemu",
+        Backend::Nested => "nested",
+    }
 }
 
 fn seed_name(s: Seed) -> &'static str {
@@ -612,6 +738,93 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn parse(words: &[&str]) -> Result<ReproduceArgs, clap::Error> {
+        use clap::Parser as _;
+        let argv = ["ptiscope", "reproduce"].iter().chain(words);
+        match super::super::Cli::try_parse_from(argv)?.command {
+            Some(super::super::Command::Reproduce(a)) => Ok(a),
+            other => panic!("{words:?} parsed as {other:?}"),
+        }
+    }
+
+    /// `--backend` defaults to `auto` (today's per-cell choice); `kvm` and
+    /// `qemu` are the one backend of every cell, with no fallback.
+    #[test]
+    fn backend_auto_keeps_the_per_cell_choice_and_kvm_or_qemu_force_one() {
+        assert_eq!(
+            parse(&["roedel-2018"]).unwrap().backend,
+            ReproduceBackend::Auto
+        );
+        for (word, want) in [
+            ("auto", ReproduceBackend::Auto),
+            ("kvm", ReproduceBackend::Kvm),
+            ("qemu", ReproduceBackend::Qemu),
+            ("nested", ReproduceBackend::Nested),
+        ] {
+            let a = parse(&["roedel-2018", "--backend", word]).unwrap();
+            assert_eq!(a.backend, want);
+            assert_eq!(a.backend.name(), word);
+        }
+        assert!(parse(&["roedel-2018", "--backend", "tcg"]).is_err());
+        for linux in [false, true] {
+            assert_eq!(
+                ReproduceBackend::Auto.tries(linux),
+                Backend::preference(linux)
+            );
+            assert_eq!(ReproduceBackend::Kvm.tries(linux), &[Backend::Kvm]);
+            assert_eq!(ReproduceBackend::Qemu.tries(linux), &[Backend::Qemu]);
+            // Nothing is measured out here under nested: the cells run in
+            // the nested boot as `--backend kvm`.
+            assert!(ReproduceBackend::Nested.tries(linux).is_empty());
+        }
+    }
+
+    /// `--backend nested` without `--no-linux` is refused, naming both ways
+    /// on; with it, the bound covers every run of every companion cell.
+    #[test]
+    fn backend_nested_refuses_the_linux_cells_and_bounds_the_companions() {
+        let e =
+            nested_session(&parse(&["roedel-2018", "--backend", "nested"]).unwrap()).unwrap_err();
+        assert!(e.contains("--no-linux"), "{e}");
+        assert!(e.contains("--backend qemu"), "{e}");
+        let e = nested_session(
+            &parse(&[
+                "roedel-2018",
+                "--backend=nested",
+                "--no-linux",
+                "--no-companion",
+            ])
+            .unwrap(),
+        )
+        .unwrap_err();
+        assert!(e.contains("--no-companion"), "{e}");
+        // Out here the refusal is the same (intercept makes it first).
+        let a = parse(&["tarreau-2018", "--backend", "nested"]).unwrap();
+        assert_eq!(run(&a), exit_code::USAGE);
+
+        let a = parse(&[
+            "roedel-2018",
+            "--backend",
+            "nested",
+            "--no-linux",
+            "--runs",
+            "3",
+            "--timeout",
+            "10",
+        ])
+        .unwrap();
+        let (bound, cpus) = nested_session(&a).unwrap();
+        let companion = [Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)];
+        let (_, c) = cells(Seed::Roedel2018, &companion);
+        assert_eq!(
+            bound,
+            Duration::from_secs(10 * 3 * c.len() as u64 + 120),
+            "{} cells",
+            c.len()
+        );
+        assert_eq!(cpus, c.iter().map(|c| c.cpus).max().unwrap());
     }
 
     #[test]
