@@ -58,8 +58,8 @@ pub enum ReproduceBackend {
     /// Every cell under QEMU TCG.
     Qemu,
     /// The companion cells on a real kvm_amd inside QEMU TCG, all in one
-    /// nested boot (docs/kvm-hosts.md). Needs --no-linux: Linux on the
-    /// VMM stalls there about half its boots.
+    /// nested boot (docs/kvm-hosts.md). Needs --no-linux: the Linux
+    /// cells' figures come from the QEMU plugin.
     Nested,
 }
 
@@ -123,10 +123,10 @@ pub struct ReproduceArgs {
 pub fn nested_session(args: &ReproduceArgs) -> Result<(Duration, u32), String> {
     if !args.no_linux {
         return Err(
-            "--backend nested measures the companion guest only: Linux on ptiscope's VMM \
-             stalls about half its boots under nested KVM (docs/kvm-hosts.md), so the Linux \
-             cells cannot be measured there reliably. Add --no-linux, and measure the Linux \
-             cells in another run with --backend qemu (or auto)"
+            "--backend nested measures the companion guest only: the seeds' Linux cells are \
+             figures of the QEMU plugin (kernel instructions per call), which Linux on \
+             ptiscope's VMM does not give (docs/kvm-hosts.md). Add --no-linux, and measure the \
+             Linux cells in another run with --backend qemu (or auto)"
                 .to_owned(),
         );
     }
