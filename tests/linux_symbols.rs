@@ -125,10 +125,16 @@ fn pti_on_64_bit_syscall_lies_in_the_entry_and_exit_code() {
         return;
     }
     let dir = scratch("linux-symbols");
+    let csv = dir.join("pti-symbols.csv");
     let (code, text, v) = compare(
         "linux=debian-amd64",
         "linux=debian-amd64,append=pti=on",
-        &["--fail-if", "symbol:entry_SYSCALL_64.delta>2"],
+        &[
+            "--fail-if",
+            "symbol:entry_SYSCALL_64.delta>2",
+            "--by-symbol-csv",
+            csv.to_str().unwrap(),
+        ],
         &dir.join("pti.json"),
     );
     // The condition holds (PTI's CR3 switch on entry is in entry_SYSCALL_64):
@@ -158,6 +164,31 @@ fn pti_on_64_bit_syscall_lies_in_the_entry_and_exit_code() {
         "{text}"
     );
     assert!(text.contains("entry_SYSCALL_64"), "{text}");
+    // --by-symbol-csv: the JSON's rows, one line each, after a header.
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("symbol,baseline_per_call,compare_per_call,delta_per_call"),
+        "{csv}"
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(
+        rows.len(),
+        v["by_symbol"].as_array().unwrap().len(),
+        "{csv}"
+    );
+    let delta_sum: f64 = rows.iter().map(|r| r[3].parse::<f64>().unwrap()).sum();
+    assert_eq!(
+        delta_sum,
+        kernel_per_call(&v, "compare") - kernel_per_call(&v, "baseline"),
+        "{csv}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r[0] == "entry_SYSCALL_64" && r[3] == "4"),
+        "{csv}"
+    );
 
     // A kernel against itself: zero difference in every symbol, the same
     // symbols on both sides.
@@ -257,6 +288,10 @@ fn by_symbol_refusals_before_boot() {
         (
             &["--backend", "qemu", "--by-symbol", "--fail-if", "symbol:>1"][..],
             "no symbol name",
+        ),
+        (
+            &["--backend", "qemu", "--by-symbol-csv", "/dev/null"][..],
+            "add --by-symbol",
         ),
     ] {
         let o = ptiscope()

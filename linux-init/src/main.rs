@@ -312,7 +312,10 @@ fn read_capped(path: &str, cap: usize) -> std::io::Result<String> {
 fn send_symbols() {
     use ptiscope_abi::port::SYMBOLS;
     if let Err(e) = sys::grant_ports(SYMBOLS, 1) {
-        println!("@symbols none reason=ioperm-failed:{}", e.raw_os_error().unwrap_or(0));
+        println!(
+            "@symbols none reason=ioperm-failed:{}",
+            e.raw_os_error().unwrap_or(0)
+        );
         return;
     }
     let restrict = std::fs::write("/proc/sys/kernel/kptr_restrict", "0\n");
@@ -320,7 +323,10 @@ fn send_symbols() {
         Ok(t) => t,
         Err(e) => {
             // A kernel built without CONFIG_KALLSYMS has no such file.
-            println!("@symbols none reason=no-kallsyms:{}", e.raw_os_error().unwrap_or(0));
+            println!(
+                "@symbols none reason=no-kallsyms:{}",
+                e.raw_os_error().unwrap_or(0)
+            );
             return;
         }
     };

@@ -115,6 +115,10 @@ pub struct CompareArgs {
     /// address, the init sends the kernel's /proc/kallsyms).
     #[arg(long)]
     pub by_symbol: bool,
+    /// With --by-symbol: also write that table as CSV (symbol, baseline,
+    /// compare and delta per call; every symbol that ran on either side).
+    #[arg(long, value_name = "FILE.csv")]
+    pub by_symbol_csv: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,

@@ -376,6 +376,25 @@ impl SymbolCondition {
     }
 }
 
+impl SymbolDiff {
+    /// The table as CSV: a header, then one line per symbol (the rows'
+    /// order: largest absolute difference first), zero differences
+    /// included; per-call figures as the JSON has them.
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from("symbol,baseline_per_call,compare_per_call,delta_per_call\n");
+        for r in &self.rows {
+            out.push_str(&format!(
+                "{},{},{},{}\n",
+                crate::report::csv_field(&r.symbol),
+                r.baseline,
+                r.compare,
+                r.delta
+            ));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

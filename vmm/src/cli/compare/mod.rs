@@ -94,6 +94,11 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         .map(|c| SymbolCondition::parse(c))
         .collect::<Result<_, _>>()
         .map_err(|e| CommandError::Usage(format!("--fail-if: {e}")))?;
+    if args.by_symbol_csv.is_some() && !args.by_symbol {
+        return Err(CommandError::Usage(
+            "--by-symbol-csv writes the --by-symbol table: add --by-symbol".into(),
+        ));
+    }
     if !symbol_conditions.is_empty() && !args.by_symbol {
         return Err(CommandError::Usage(
             "--fail-if symbol:... needs --by-symbol (the counts by kernel symbol)".into(),
@@ -137,7 +142,16 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
             )));
         }
     }
-    let files = args.out.open(args.exp.timeout)?;
+    let [json, csv, svg, symbol_csv] = crate::output::open_outputs(
+        [
+            ("--json", args.out.json.as_deref()),
+            ("--csv", args.out.csv.as_deref()),
+            ("--svg", args.out.svg.as_deref()),
+            ("--by-symbol-csv", args.by_symbol_csv.as_deref()),
+        ],
+        args.exp.timeout,
+    )?;
+    let files = [json, csv, svg];
 
     // Settle both sides once (image read, entry resolved, host limits
     // checked): every run of a side then boots the same resolved run.
@@ -252,6 +266,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
     let by_symbol = args.by_symbol.then(|| side_symbols(&runs[0], &runs[1]));
     let report = output::Report {
         by_symbol: by_symbol.as_ref(),
+        symbol_csv: symbol_csv.as_ref(),
         symbol_conditions: &symbol_conditions,
         table: &table,
         dropped: &dropped,

@@ -18,6 +18,8 @@ const SYMBOL_ROWS: usize = 25;
 pub(super) struct Report<'a> {
     /// `--by-symbol`: the difference, or why there is none.
     pub by_symbol: Option<&'a Result<SymbolDiff, String>>,
+    /// `--by-symbol-csv`'s file.
+    pub symbol_csv: Option<&'a OutputFile>,
     /// `--fail-if symbol:...`.
     pub symbol_conditions: &'a [SymbolCondition],
     pub table: &'a CompareTable,
@@ -126,6 +128,17 @@ pub(super) fn print(
     if let Some(f) = csv_file {
         let doc = crate::cli::partial::csv_with_banner(table.to_csv(), r.banner);
         code = code.max(write_file("compare", f, &doc));
+    }
+    if let Some(f) = r.symbol_csv {
+        match r.by_symbol {
+            Some(Ok(d)) => {
+                let doc = crate::cli::partial::csv_with_banner(d.to_csv(), r.banner);
+                code = code.max(write_file("compare", f, &doc));
+            }
+            // Why there is no table was said with the report; the file is
+            // left as it was opened (empty) rather than written half.
+            _ => say!("ptiscope compare: --by-symbol-csv: nothing written (no by-symbol table)"),
+        }
     }
     for c in r.symbol_conditions {
         match r.by_symbol {
