@@ -550,7 +550,6 @@ fn bzimage_the_vmm_cannot_boot() {
     };
     let cut = |len: usize| bz(1, 1)[..len].to_vec();
     for (name, image, what) in [
-        ("i386", bz(0, 1), "has no 64-bit entry"),
         ("setup", bz(1, 100), "setup_sects 100"),
         ("setup-past", bz(1, 10), "truncated"),
         ("cut-header", cut(0x220), "truncated"),

@@ -76,9 +76,14 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
             let initrd = run.linux.as_ref().map(|l| &l.initramfs[..]);
             bzimage::write_boot_params(&mem, &run.layout, k, &run.cmdline, initrd)
                 .map_err(|e| LoadError::BzImage(run.image_name.clone(), e))?;
-            EntryState::Linux64 {
-                cr3: bzimage::PML4_ADDR,
-                boot_params: bzimage::ZERO_PAGE_ADDR,
+            match k.mode {
+                bzimage::BootMode::Long64 => EntryState::Linux64 {
+                    cr3: bzimage::PML4_ADDR,
+                    boot_params: bzimage::ZERO_PAGE_ADDR,
+                },
+                bzimage::BootMode::Protected32 => EntryState::Linux32 {
+                    boot_params: bzimage::ZERO_PAGE_ADDR,
+                },
             }
         }
         None => {
@@ -86,11 +91,14 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
             EntryState::Pvh
         }
     };
-    let cpu = (
-        config.cpu_vuln,
-        CpuidMask::for_kernel(loaded.bzimage.is_some() || run.linux.is_some(), host.kvm),
-        host.supported_cpuid.as_ref(),
-    );
+    let mut mask = CpuidMask::for_kernel(loaded.bzimage.is_some() || run.linux.is_some(), host.kvm);
+    // An i386 kernel under --backend nested: see the field (QEMU's nested
+    // walker marks PDPTEs accessed, which KVM's PDPTE reload refuses).
+    mask.hide_pdpte_reload_bits = crate::spec::nested::inside()
+        && loaded
+            .bzimage
+            .is_some_and(|k| k.mode == bzimage::BootMode::Protected32);
+    let cpu = (config.cpu_vuln, mask, host.supported_cpuid.as_ref());
     let chip = match (
         config.irqchip,
         run.linux.is_some() || loaded.bzimage.is_some(),

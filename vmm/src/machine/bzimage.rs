@@ -1,10 +1,16 @@
-//! Booting a 64-bit Linux bzImage (the Linux/x86 64-bit boot protocol):
-//! linux-loader's `BzImage::load` copies the protected-mode kernel to 1 MiB,
-//! this module writes `boot_params` (the image's setup header, the VMM's
-//! E820 map, the command line, an optional initrd), a flat GDT and identity
-//! page tables for the first GiB, and [`crate::machine::cpu_config`] starts
-//! the vCPU at the 64-bit entry (load address + 0x200) in long mode with
-//! `rsi` = `boot_params`.
+//! Booting a Linux bzImage (the Linux/x86 64-bit and 32-bit boot
+//! protocols, Documentation/arch/x86/boot.rst): linux-loader's
+//! `BzImage::load` copies the protected-mode kernel to 1 MiB, this module
+//! writes `boot_params` (the image's setup header, the VMM's E820 map, the
+//! command line, an optional initrd) and a flat GDT, and
+//! [`crate::machine::cpu_config`] starts the vCPU with `rsi` =
+//! `boot_params`. A 64-bit kernel (xloadflags XLF_KERNEL_64) enters at
+//! load address + 0x200 in long mode on identity page tables for the first
+//! GiB, which this module writes too; an i386 kernel (no 64-bit entry)
+//! enters at `code32_start`, the load address, in 32-bit flat protected
+//! mode with paging off, and turns on PAE paging itself (a KVM that
+//! refuses paging outside long mode, kvm_pvm, cannot run it: preflight
+//! says so from the probe).
 //!
 //! Everything the image says (setup size, protocol version, flags, sizes) is
 //! hostile input: checked against the image and the memory layout before a
@@ -23,7 +29,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::machine::memory::{MemoryLayout, CMDLINE_ADDR, CMDLINE_MAX, HIGH_RAM_START};
 
-/// The flat GDT of the 64-bit boot protocol (null, null, `__BOOT_CS`, `__BOOT_DS`, TSS).
+/// The flat GDT of the boot protocols (null, null, `__BOOT_CS`, `__BOOT_DS`, TSS).
 pub const GDT_ADDR: u64 = 0x500;
 /// `struct boot_params` (the "zero page").
 pub const ZERO_PAGE_ADDR: u64 = 0x8000;
@@ -31,7 +37,7 @@ pub const ZERO_PAGE_ADDR: u64 = 0x8000;
 pub const PML4_ADDR: u64 = 0x9000;
 const PDPT_ADDR: u64 = 0xa000;
 const PD_ADDR: u64 = 0xb000;
-/// The selectors the 64-bit boot protocol requires.
+/// The selectors the 64-bit and 32-bit boot protocols require.
 pub const BOOT_CS: u16 = 0x10;
 /// `__BOOT_DS`.
 pub const BOOT_DS: u16 = 0x18;
@@ -71,12 +77,6 @@ pub enum BzImageError {
     /// A boot protocol before 2.12.
     #[error("bzImage boot protocol {0:#x} is older than 2.12 (Linux 3.8)")]
     OldProtocol(u16),
-    /// Not a bzImage the VMM boots: no 64-bit entry (an i386 kernel).
-    #[error(
-        "the bzImage has no 64-bit entry (xloadflags bit 0 clear: an i386 kernel); the VMM \
-         boots 64-bit bzImages only: use --backend qemu for i386 kernels"
-    )]
-    No64BitEntry,
     /// `loadflags` lacks LOADED_HIGH (a zImage).
     #[error("the image is a zImage (loadflags bit 0 clear), not a bzImage")]
     NotLoadedHigh,
@@ -174,6 +174,16 @@ pub fn is_bzimage(image: &[u8]) -> bool {
     image.get(0x1fe..0x200) == Some(&[0x55, 0xaa]) && image.get(0x202..0x206) == Some(b"HdrS")
 }
 
+/// Which boot protocol a bzImage is entered by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootMode {
+    /// The 64-bit protocol (xloadflags XLF_KERNEL_64): long mode at load + 0x200.
+    Long64,
+    /// The 32-bit protocol (an i386 kernel): flat protected mode, paging
+    /// off, at `code32_start` (the load address).
+    Protected32,
+}
+
 /// A loaded bzImage: what the vCPU and `boot_params` need.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LoadedBzImage {
@@ -181,8 +191,10 @@ pub struct LoadedBzImage {
     pub header: setup_header,
     /// Where the protected-mode kernel was loaded.
     pub load_addr: u64,
-    /// The 64-bit entry (load address + 0x200).
+    /// The entry: load address + 0x200 (64-bit), the load address (32-bit).
     pub entry: u64,
+    /// The protocol `entry` expects.
+    pub mode: BootMode,
     /// First byte past the kernel's decompression area (load + init_size).
     pub end: u64,
 }
@@ -268,9 +280,11 @@ pub fn load(
     if version < MIN_PROTOCOL {
         return Err(BzImageError::OldProtocol(version));
     }
-    if hdr.xloadflags & XLF_KERNEL_64 == 0 {
-        return Err(BzImageError::No64BitEntry);
-    }
+    let mode = if hdr.xloadflags & XLF_KERNEL_64 != 0 {
+        BootMode::Long64
+    } else {
+        BootMode::Protected32
+    };
     if hdr.loadflags & LOADFLAGS_LOADED_HIGH == 0 {
         return Err(BzImageError::NotLoadedHigh);
     }
@@ -304,16 +318,23 @@ pub fn load(
     let result = BzImage::load(mem, Some(GuestAddress(load)), &mut Cursor::new(image), None)
         .map_err(BzImageError::Loader)?;
     let header = result.setup_header.unwrap_or(hdr);
+    // The 32-bit protocol enters at code32_start, which linux-loader set
+    // to the load address.
+    let entry = match mode {
+        BootMode::Long64 => load + ENTRY_64_OFFSET,
+        BootMode::Protected32 => load,
+    };
     Ok(LoadedBzImage {
         header,
         load_addr: load,
-        entry: load + ENTRY_64_OFFSET,
+        entry,
+        mode,
         end: load + need,
     })
 }
 
 /// Writes the command line, the initrd (at the top of usable RAM), the boot
-/// GDT, the identity page tables and `boot_params`.
+/// GDT, `boot_params` and, for the 64-bit protocol, the identity page tables.
 pub fn write_boot_params(
     mem: &GuestMemoryMmap,
     layout: &MemoryLayout,
@@ -339,7 +360,7 @@ pub fn write_boot_params(
     hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
     hdr.loadflags |= LOADFLAGS_CAN_USE_HEAP;
     // The heap ends below the boot GDT's page, as a boot loader's would
-    // (offset from the real-mode code; the 64-bit entry ignores it).
+    // (offset from the real-mode code; the 64-bit and 32-bit entries ignore it).
     hdr.heap_end_ptr = 0xfe00;
     if let Some(rd) = initrd {
         let ram_end = layout.telemetry_addr();
@@ -382,19 +403,32 @@ pub fn write_boot_params(
     mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR))
         .map_err(|e| BzImageError::Write("boot_params", e))?;
 
-    write_gdt(mem)?;
-    write_identity_page_tables(mem)
+    write_gdt(mem, kernel.mode)?;
+    match kernel.mode {
+        BootMode::Long64 => write_identity_page_tables(mem),
+        // Paging is off at the 32-bit entry: the kernel builds its own.
+        BootMode::Protected32 => Ok(()),
+    }
 }
 
-/// The boot GDT: `__BOOT_CS` (64-bit code), `__BOOT_DS` (flat data) and a
-/// 64-bit TSS descriptor, matching [`crate::machine::cpu_config`]'s segments.
-fn write_gdt(mem: &GuestMemoryMmap) -> Result<(), BzImageError> {
+/// The boot GDT: `__BOOT_CS` (64-bit code, or flat 32-bit code for the
+/// 32-bit protocol), `__BOOT_DS` (flat data) and a busy TSS descriptor,
+/// matching [`crate::machine::cpu_config`]'s segments (a reload of any of
+/// them by the kernel's early code changes nothing).
+fn write_gdt(mem: &GuestMemoryMmap, mode: BootMode) -> Result<(), BzImageError> {
+    let code = match mode {
+        BootMode::Long64 => 0x00af_9b00_0000_ffff, // L=1, present, DPL 0
+        BootMode::Protected32 => 0x00cf_9b00_0000_ffff, // D=1, 4 GiB, execute/read
+    };
+    // The same TSS type (0xb) is "busy 64-bit" in long mode and "busy
+    // 32-bit" outside it; the 64-bit descriptor's upper half (base bits
+    // 63:32) is 0, which is also a null descriptor for the 32-bit GDT.
     let gdt: [u64; GDT_ENTRIES] = [
         0,
         0,
-        0x00af_9b00_0000_ffff, // 0x10: code, L=1, present, DPL 0
-        0x00cf_9300_0000_ffff, // 0x18: data, 4 GiB, read/write
-        0x0000_8b00_0000_0067, // 0x20: busy 64-bit TSS at 0, limit 0x67
+        code,                  // 0x10: __BOOT_CS
+        0x00cf_9300_0000_ffff, // 0x18: __BOOT_DS, data, 4 GiB, read/write
+        0x0000_8b00_0000_0067, // 0x20: busy TSS at 0, limit 0x67
         0,
     ];
     for (i, d) in gdt.iter().enumerate() {
@@ -479,16 +513,38 @@ mod tests {
         assert_eq!(pde, 0x20_0083);
     }
 
+    /// An i386 kernel (no XLF_KERNEL_64) is entered by the 32-bit protocol:
+    /// at the load address, on a GDT whose `__BOOT_CS` is 32-bit code, with
+    /// no page tables (paging is off at that entry).
+    #[test]
+    fn an_i386_bzimage_gets_the_32bit_entry_and_gdt() {
+        let layout = MemoryLayout::new(32).unwrap();
+        let mem = layout.create_guest_memory().unwrap();
+        let mut i386 = image(4096);
+        i386[0x236] = 0;
+        let k = load(&mem, &layout, &i386).unwrap();
+        assert_eq!(
+            (k.mode, k.load_addr, k.entry),
+            (BootMode::Protected32, 0x10_0000, 0x10_0000)
+        );
+        write_boot_params(&mem, &layout, &k, "console=ttyS0", None).unwrap();
+        let cs: u64 = mem.read_obj(GuestAddress(GDT_ADDR + 0x10)).unwrap();
+        let ds: u64 = mem.read_obj(GuestAddress(GDT_ADDR + 0x18)).unwrap();
+        assert_eq!((cs, ds), (0x00cf_9b00_0000_ffff, 0x00cf_9300_0000_ffff));
+        let pml4: u64 = mem.read_obj(GuestAddress(PML4_ADDR)).unwrap();
+        assert_eq!(pml4, 0, "no identity page tables for the 32-bit entry");
+        // The 64-bit image's __BOOT_CS is long-mode code.
+        let k = load(&mem, &layout, &image(4096)).unwrap();
+        assert_eq!(k.mode, BootMode::Long64);
+        write_boot_params(&mem, &layout, &k, "", None).unwrap();
+        let cs: u64 = mem.read_obj(GuestAddress(GDT_ADDR + 0x10)).unwrap();
+        assert_eq!(cs, 0x00af_9b00_0000_ffff);
+    }
+
     #[test]
     fn hostile_headers_are_typed_errors() {
         let layout = MemoryLayout::new(32).unwrap();
         let mem = layout.create_guest_memory().unwrap();
-        let mut i386 = image(16);
-        i386[0x236] = 0;
-        assert!(matches!(
-            load(&mem, &layout, &i386),
-            Err(BzImageError::No64BitEntry)
-        ));
         let mut old = image(16);
         old[0x206..0x208].copy_from_slice(&0x0204u16.to_le_bytes());
         assert!(matches!(

@@ -88,6 +88,16 @@ pub struct CpuidMask {
     /// KVM ("tsc: Marking TSC unstable due to could not calculate TSC
     /// khz") and spins on the timer ports.
     pub hypervisor: bool,
+    /// Clear PSE and PGE (CPUID.1:EDX and 0x80000001:EDX bits 3 and 13)
+    /// and SMEP (CPUID.7.0:EBX[7]): the CR4 bits whose change with PAE
+    /// paging on makes KVM reload the PDPTEs (`load_pdptrs`). Under
+    /// `--backend nested` QEMU's nested page walker sets bit 5 (accessed)
+    /// in the guest's PDPTEs, reserved there for KVM, so an i386 Linux
+    /// kernel #GP'd at its first such CR4 write (setting PSE or PGE in
+    /// early boot) and halted. Without the features Linux never writes
+    /// them (no global pages, no large-page PSE bit in CR4; PAE's 2 MiB
+    /// pages need no CR4.PSE).
+    pub hide_pdpte_reload_bits: bool,
 }
 
 impl CpuidMask {
@@ -97,6 +107,7 @@ impl CpuidMask {
         CpuidMask {
             hide_cx16: linux && flavour == crate::machine::kvm::KvmFlavour::Pvm,
             hypervisor: linux,
+            hide_pdpte_reload_bits: false,
         }
     }
 
@@ -107,6 +118,12 @@ impl CpuidMask {
             }
             if self.hypervisor && e.function == 1 {
                 e.ecx |= CPUID_1_ECX_HYPERVISOR;
+            }
+            if self.hide_pdpte_reload_bits && (e.function == 1 || e.function == 0x8000_0001) {
+                e.edx &= !(CPUID_EDX_PSE | CPUID_EDX_PGE);
+            }
+            if self.hide_pdpte_reload_bits && e.function == 7 && e.index == 0 {
+                e.ebx &= !CPUID_7_EBX_SMEP;
             }
         }
         if self.hypervisor {
@@ -163,6 +180,12 @@ fn consistent_xsave_leaf(cpuid: &mut kvm_bindings::CpuId) {
 
 /// CPUID.1:ECX bit 13: CMPXCHG16B.
 const CPUID_1_ECX_CX16: u32 = 1 << 13;
+/// CPUID.1:EDX (and 0x80000001:EDX) bit 3: PSE.
+const CPUID_EDX_PSE: u32 = 1 << 3;
+/// CPUID.1:EDX (and 0x80000001:EDX) bit 13: PGE.
+const CPUID_EDX_PGE: u32 = 1 << 13;
+/// CPUID.(EAX=7,ECX=0):EBX bit 7: SMEP.
+const CPUID_7_EBX_SMEP: u32 = 1 << 7;
 /// CPUID.1:ECX bit 31: running under a hypervisor.
 const CPUID_1_ECX_HYPERVISOR: u32 = 1 << 31;
 
@@ -176,6 +199,12 @@ pub enum EntryState {
     Linux64 {
         /// The PML4's guest-physical address.
         cr3: u64,
+        /// `struct boot_params`.
+        boot_params: u64,
+    },
+    /// The Linux 32-bit boot protocol (an i386 kernel): flat 32-bit
+    /// protected mode on the boot GDT, paging off, `esi` = `boot_params`.
+    Linux32 {
         /// `struct boot_params`.
         boot_params: u64,
     },
@@ -212,6 +241,11 @@ pub fn configure(
         }
         EntryState::Linux64 { cr3, boot_params } => {
             linux64_sregs(&mut sregs, cr3);
+            regs.rsi = boot_params;
+        }
+        // boot.rst: %ebp, %edi and %ebx zero, as `regs` starts.
+        EntryState::Linux32 { boot_params } => {
+            linux32_sregs(&mut sregs);
             regs.rsi = boot_params;
         }
     }
@@ -392,6 +426,29 @@ pub fn linux64_sregs(sregs: &mut kvm_sregs, cr3: u64) {
     sregs.efer = efer::LME | efer::LMA;
 }
 
+/// The Linux 32-bit boot protocol's entry state: `__BOOT_CS`/`__BOOT_DS`
+/// 4 GiB flat segments of the boot GDT (32-bit code), protected mode with
+/// paging off; the kernel enables PAE paging itself.
+pub fn linux32_sregs(sregs: &mut kvm_sregs) {
+    use crate::machine::bzimage::{BOOT_CS, BOOT_DS, BOOT_TSS, GDT_ADDR, GDT_LIMIT};
+    set_flat(
+        sregs,
+        FlatSelectors {
+            code: BOOT_CS,
+            data: BOOT_DS,
+            tss: BOOT_TSS,
+            tss_base: 0,
+        },
+        false,
+    );
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = GDT_LIMIT;
+    sregs.cr0 = cr0::PE | cr0::ET;
+    sregs.cr3 = 0;
+    sregs.cr4 = 0;
+    sregs.efer = 0;
+}
+
 /// Registers at the moment the VM stopped, for crash reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RegsSnapshot {
@@ -505,6 +562,23 @@ mod tests {
     }
 
     #[test]
+    fn linux32_state_is_flat_protected_mode_on_the_boot_gdt() {
+        let mut s = kvm_sregs::default();
+        linux32_sregs(&mut s);
+        assert_eq!((s.cs.selector, s.cs.l, s.cs.db), (0x10, 0, 1));
+        assert_eq!(
+            (s.ds.selector, s.es.selector, s.ss.selector),
+            (0x18, 0x18, 0x18)
+        );
+        assert_eq!(
+            (s.cs.base, s.cs.limit, s.ds.limit),
+            (0, 0xffff_ffff, 0xffff_ffff)
+        );
+        assert_eq!((s.cr0, s.cr3, s.cr4, s.efer), (cr0::PE | cr0::ET, 0, 0, 0));
+        assert_eq!(s.gdt.base, crate::machine::bzimage::GDT_ADDR);
+    }
+
+    #[test]
     fn cx16_mask_clears_only_cpuid_1_ecx_13() {
         let mut c = kvm_bindings::CpuId::new(2).unwrap();
         c.as_mut_slice()[0].function = 1;
@@ -514,6 +588,7 @@ mod tests {
         CpuidMask {
             hide_cx16: true,
             hypervisor: false,
+            hide_pdpte_reload_bits: false,
         }
         .apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
@@ -551,12 +626,32 @@ mod tests {
     }
 
     #[test]
+    fn the_pdpte_reload_mask_hides_pse_pge_and_smep_only() {
+        let mut c = kvm_bindings::CpuId::new(3).unwrap();
+        for (n, f) in [1u32, 0x8000_0001, 7].into_iter().enumerate() {
+            let e = &mut c.as_mut_slice()[n];
+            e.function = f;
+            (e.ebx, e.edx) = (0xffff_ffff, 0xffff_ffff);
+        }
+        CpuidMask {
+            hide_pdpte_reload_bits: true,
+            ..Default::default()
+        }
+        .apply(&mut c);
+        let s = c.as_slice();
+        assert_eq!(s[0].edx, !((1 << 3) | (1 << 13)));
+        assert_eq!(s[1].edx, !((1 << 3) | (1 << 13)));
+        assert_eq!((s[2].ebx, s[2].edx), (!(1 << 7), 0xffff_ffff));
+    }
+
+    #[test]
     fn a_linux_guest_sees_the_hypervisor_bit() {
         let mut c = kvm_bindings::CpuId::new(1).unwrap();
         c.as_mut_slice()[0].function = 1;
         CpuidMask {
             hide_cx16: false,
             hypervisor: true,
+            hide_pdpte_reload_bits: false,
         }
         .apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, 1 << 31);

@@ -174,9 +174,16 @@ pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
 /// Why this host's KVM (through the VMM) cannot run this Linux workload,
 /// from the probe's findings and the image; `None`: it can.
 fn kvm_refusal(facts: &HostFacts, image: &image::KernelImage, cpus: u32) -> Option<String> {
+    // The PAE probe runs only for an i386 kernel (its first use costs a
+    // tiny VM): the 64-bit kernel never pages outside long mode.
+    let pae = match image.arch {
+        LinuxArch::I386 => facts.pae_paging_usable(),
+        LinuxArch::X86_64 => None,
+    };
     let why = kvm_refusal_reasons(
         facts.check_entry(false, Entry::Syscall),
         facts.kvm_flavour(),
+        pae,
         image.arch,
         image.format,
         cpus,
@@ -191,19 +198,22 @@ fn kvm_refusal(facts: &HostFacts, image: &image::KernelImage, cpus: u32) -> Opti
 }
 
 /// The reasons behind [`kvm_refusal`]: what the probe found (`syscall`:
-/// whether user SYSCALL reaches the kernel; the KVM flavour), what the VMM
-/// boots (64-bit bzImages, with the initramfs as their initrd) and what it
-/// describes to the guest (one CPU: it writes no ACPI MADT or MP table).
+/// whether user SYSCALL reaches the kernel; the KVM flavour; `pae`: whether
+/// the vCPU can turn on 32-bit PAE paging, asked for i386 kernels only,
+/// `None` if unknown), what the VMM boots (bzImages, with the initramfs as
+/// their initrd) and what it describes to the guest (one CPU: it writes no
+/// ACPI MADT or MP table).
 fn kvm_refusal_reasons(
     syscall: Result<(), String>,
     flavour: KvmFlavour,
+    pae: Option<(bool, String)>,
     arch: LinuxArch,
     format: image::ImageFormat,
     cpus: u32,
 ) -> Vec<String> {
     let mut why = Vec::new();
-    // An i386 kernel's userspace would enter by int $0x80 or SYSENTER, but
-    // the VMM cannot boot it at all (below).
+    // An i386 kernel's userspace enters by int $0x80 or SYSENTER in
+    // legacy mode, which the long-mode probe does not judge.
     if let (Err(e), LinuxArch::X86_64) = (syscall, arch) {
         why.push(format!(
             "Linux x86_64 userspace enters the kernel by SYSCALL: {e}"
@@ -217,9 +227,17 @@ fn kvm_refusal_reasons(
         );
     }
     match (arch, format) {
-        (LinuxArch::I386, _) => why.push(
-            "the VMM boots 64-bit kernels only (an i386 bzImage has no 64-bit entry)".to_string(),
-        ),
+        // The VMM enters an i386 bzImage by the 32-bit boot protocol
+        // (paging off); the kernel then turns on PAE paging, which some
+        // KVMs (kvm_pvm: long-mode paging only) refuse with a #GP.
+        (LinuxArch::I386, _) => {
+            if let Some((false, detail)) = pae {
+                why.push(format!(
+                    "an i386 kernel turns on 32-bit PAE paging outside long mode, which this \
+                     host's KVM refuses (probe: {detail})"
+                ));
+            }
+        }
         (_, image::ImageFormat::PvhElf) => why.push(
             "a PVH vmlinux gets no initramfs from the VMM's PVH boot; give the bzImage".to_string(),
         ),
@@ -463,25 +481,48 @@ mod tests {
         use image::ImageFormat::{BzImage, PvhElf};
         use KvmFlavour::{Hardware, Pvm};
         // kvm_pvm: no user SYSCALL, CPL0 instructions missing.
-        let w = kvm_refusal_reasons(Err("broken".into()), Pvm, LinuxArch::X86_64, BzImage, 1);
+        let w = kvm_refusal_reasons(
+            Err("broken".into()),
+            Pvm,
+            None,
+            LinuxArch::X86_64,
+            BzImage,
+            1,
+        );
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(
             w[0].contains("SYSCALL: broken") && w[1].contains("CMPXCHG16B"),
             "{w:?}"
         );
         // Hardware KVM with a 64-bit bzImage on one CPU: nothing refused.
-        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::X86_64, BzImage, 1);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, BzImage, 1);
         assert!(w.is_empty(), "{w:?}");
         // What the VMM cannot boot or describe.
-        let w = kvm_refusal_reasons(Err("broken".into()), Pvm, LinuxArch::I386, BzImage, 1);
-        assert!(
-            w[0].contains("CMPXCHG16B"),
-            "no SYSCALL reason for i386: {w:?}"
+        // An i386 kernel: refused where the probe found PAE paging refused
+        // (kvm_pvm), booted by the 32-bit protocol where it works.
+        let refused = Some((false, "#GP at the CR0.PG write".to_string()));
+        let w = kvm_refusal_reasons(
+            Err("broken".into()),
+            Pvm,
+            refused,
+            LinuxArch::I386,
+            BzImage,
+            1,
         );
-        assert!(w[1].contains("64-bit kernels only"), "{w:?}");
-        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::X86_64, PvhElf, 1);
+        assert_eq!(w.len(), 2, "no SYSCALL reason for i386: {w:?}");
+        assert!(w[0].contains("CMPXCHG16B"), "{w:?}");
+        assert!(
+            w[1].contains("PAE paging") && w[1].contains("#GP at the CR0.PG write"),
+            "{w:?}"
+        );
+        let works = Some((true, "ok".to_string()));
+        let w = kvm_refusal_reasons(Ok(()), Hardware, works, LinuxArch::I386, BzImage, 1);
+        assert!(w.is_empty(), "{w:?}");
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 1);
+        assert!(w.is_empty(), "an unknown PAE verdict boots: {w:?}");
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, PvhElf, 1);
         assert!(w[0].contains("PVH vmlinux"), "{w:?}");
-        let w = kvm_refusal_reasons(Ok(()), Hardware, LinuxArch::X86_64, BzImage, 2);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, BzImage, 2);
         assert!(
             w.len() == 1 && w[0].contains("--cpus 2") && w[0].contains("MADT"),
             "{w:?}"
