@@ -31,10 +31,10 @@
 //! [`PhysMem`]/[`FrameSource`] abstractions are shared with x86_64
 //! (`crate::pte`).
 
+use crate::pte::Tables;
 use crate::pte::{flags::*, Translation, ADDR_MASK};
 pub use crate::pte::{FrameSource, MapError, PhysMem, Pte, UserSpec};
 use crate::pti::PagingMode;
-use crate::workingset::Tables;
 
 /// Virtual layout of the PAE flavour.
 pub mod layout {

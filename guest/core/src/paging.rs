@@ -13,8 +13,8 @@
 //! area with 4 KiB global pages, at the same virtual addresses.
 
 use crate::layout::{KERNEL_BASE, TELEMETRY_VA};
+use crate::pte::Tables;
 use crate::pti::PagingMode;
-use crate::workingset::Tables;
 
 pub use crate::pte::{
     flags, FrameSource, MapError, PhysMem, Pte, Translation, UserSpec, ADDR_MASK,

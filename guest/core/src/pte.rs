@@ -178,3 +178,13 @@ impl UserSpec {
         text.chain(stack)
     }
 }
+
+/// The page tables a range goes into.
+#[derive(Clone, Copy, Debug)]
+pub enum Tables {
+    /// The 4-level tree at this root (x86_64). Both copies of a PTI pair
+    /// share the user half below the PML4, so the root may be either.
+    FourLevel(u64),
+    /// This x86_32 PAE PMD, which must cover the whole range (one GiB).
+    PaePmd(u64),
+}

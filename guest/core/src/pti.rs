@@ -19,10 +19,10 @@
 //! modes.
 
 use crate::layout::{USER_STACK_TOP, USER_TEXT_BASE};
+use crate::pte::Tables;
 use crate::pte::{
     flags::*, FrameSource, MapError, PhysMem, Pte, UserSpec, KERNEL_TABLE_FLAGS, TABLE_FLAGS,
 };
-use crate::workingset::Tables;
 
 /// A paging mode's mechanism, as the PTI builders need it. "Half table":
 /// the table one copy's kernel half is built in (4-level: a scratch

@@ -4,6 +4,7 @@
 //! is emulated on some hosts, and a 16 MiB buffer is 4096 pages).
 
 use crate::paging::{self, flags::*, FrameSource, MapError, PhysMem, Pte};
+use crate::pte::Tables;
 
 /// Page sizes the working set can be mapped with.
 const SMALL: u64 = 4096;
@@ -46,16 +47,6 @@ impl Range {
             page,
         }
     }
-}
-
-/// The page tables a range goes into.
-#[derive(Clone, Copy, Debug)]
-pub enum Tables {
-    /// The 4-level tree at this root (x86_64). Both copies of a PTI pair
-    /// share the user half below the PML4, so the root may be either.
-    FourLevel(u64),
-    /// This x86_32 PAE PMD, which must cover the whole range (one GiB).
-    PaePmd(u64),
 }
 
 /// Maps `range` user and writable, NX, into the 4-level tree at `root`

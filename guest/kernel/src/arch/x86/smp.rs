@@ -85,7 +85,7 @@ pub fn init_bsp(cpus: usize, kernel_root: u64) {
         guest_core::workingset::map_range_flags(
             &mut DirectMap,
             &mut Frames,
-            guest_core::workingset::Tables::PaePmd(kernel_pmd),
+            guest_core::pte::Tables::PaePmd(kernel_pmd),
             guest_core::workingset::Range::new(LAPIC_VA, LAPIC_PHYS, 4096, 4096),
             WRITABLE | NO_CACHE | WRITE_THROUGH | nx,
             PRESENT | WRITABLE,
