@@ -9,6 +9,7 @@ mod boot;
 mod compare;
 mod flavours;
 mod linux;
+mod linux_nested;
 mod measure;
 mod nested;
 mod plugin;
@@ -55,6 +56,9 @@ enum Bench {
     /// `--backend nested` cost: the default compare on kvm_amd inside QEMU TCG (boot
     /// included) beside the same compare under `--backend qemu`; target under 60 s.
     Nested(nested::NestedArgs),
+    /// Linux on ptiscope's VMM under `--backend nested` (nested and shadow paging) beside
+    /// the same Linux compare under `--backend qemu`, rotated; wall-time ratios (target <= 1.5x).
+    LinuxNested(linux_nested::LinuxNestedArgs),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
         Bench::Plugin(args) => plugin::run(&ptiscope, &args),
         Bench::Linux(args) => linux::run(&ptiscope, &args),
         Bench::Nested(args) => nested::run(&ptiscope, &args),
+        Bench::LinuxNested(args) => linux_nested::run(&ptiscope, &args),
     };
     match result {
         Ok(report) => {

@@ -226,6 +226,13 @@ pub struct BackendOpts {
     /// `[qemu-plugin]` rows; every figure is then guest-reported).
     #[arg(long)]
     pub no_plugin: bool,
+    /// `--backend nested`: the inner kvm_amd's paging. `npt` (nested
+    /// paging, as modern hosts run KVM) or `shadow` (KVM intercepts the
+    /// guest's CR3 writes, and its `tlb_flush` counts them: the host-side
+    /// CR3 count of a `--linux` guest). Default: `shadow` with `--linux`,
+    /// `npt` for ptiscope's own guest (which counts its CR3 writes itself).
+    #[arg(long, value_enum, value_name = "PAGING")]
+    pub nested_paging: Option<crate::spec::nested::KvmPaging>,
 }
 
 impl BackendOpts {

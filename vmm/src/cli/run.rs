@@ -137,9 +137,13 @@ pub fn run(args: &RunArgs) -> i32 {
             // line, the kernel log's PTI state) with the VMM's host rows.
             let (mut summary, linux_end) = match &resolved.linux {
                 Some(l) => {
-                    let mut s = crate::linux::summary(&outcome, l, None);
-                    crate::linux::add_vmm_rows(&mut s, &vmm_summary);
-                    (s, crate::cli::linux::diagnose(&outcome, l, None))
+                    let (s, host) = crate::linux::summary_on_vmm(
+                        &outcome,
+                        l,
+                        &vmm_summary,
+                        measurer.sees_cr3_writes(),
+                    );
+                    (s, crate::cli::linux::diagnose(&outcome, l, host.as_ref()))
                 }
                 None => (vmm_summary, None),
             };

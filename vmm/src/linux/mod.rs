@@ -160,6 +160,78 @@ pub fn host_observation(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<Host
     })
 }
 
+/// The calls a Linux run's phase made, as the init counts them: its
+/// iterations, all threads' for poundsyscall, messages for sched-messaging.
+fn phase_calls(guest: &LinuxGuest) -> u64 {
+    guest.asked().as_ref().map_or(0, |c| match c.workload {
+        Workload::SchedMessaging => c.messages(),
+        Workload::Poundsyscall => c.threads.saturating_mul(c.iterations),
+        _ => c.iterations,
+    })
+}
+
+/// KVM's view of a Linux run's phase on ptiscope's VMM, where KVM sees the
+/// guest's CR3 writes: under shadow paging KVM intercepts each one, and
+/// without PCID each flushes, so its `tlb_flush` statistic over the phase
+/// counts them (ptiscope's own guest, which counts its writes itself, gives
+/// exactly as many: 4,002 = 4,002 for 2,001 getpid calls with PTI under
+/// `--backend nested --nested-paging shadow`). `vmm` is the host-side
+/// observer's summary of the run. `None` under nested paging (NPT/EPT:
+/// KVM sees no CR3 write), when the init reports PCID on (a write that
+/// keeps the TLB is no flush), without a phase, or for sched-messaging
+/// (as [`host_observation`]). The system calls are the init's count of
+/// its calls: KVM does not see system calls.
+pub fn kvm_observation(
+    outcome: &RunOutcome,
+    guest: &LinuxGuest,
+    vmm: &RunSummary,
+    sees_cr3_writes: bool,
+) -> Option<HostPhaseObservation> {
+    let asked = guest.asked()?;
+    if !sees_cr3_writes || asked.workload == Workload::SchedMessaging {
+        return None;
+    }
+    let result = crate::report::result_fields(outcome);
+    if result.get("pcid").is_none_or(|p| p != "off") {
+        return None;
+    }
+    vmm.phase.as_ref()?;
+    let flushes = vmm.row("tlb_flush")?;
+    if flushes.metric.source != Source::Kvm {
+        return None;
+    }
+    Some(HostPhaseObservation {
+        source: "kvm tlb_flush, shadow paging",
+        syscalls: phase_calls(guest),
+        cr3_writes: flushes.total as u64,
+        kernel_instructions: None,
+    })
+}
+
+/// The summary of a Linux run on ptiscope's VMM (`--backend kvm`, and
+/// inside `--backend nested`): the init's summary ([`summary`]) with the
+/// host observer's rows ([`add_vmm_rows`]), PTI's state checked against
+/// KVM's CR3 count where KVM sees CR3 writes ([`kvm_observation`]), which
+/// is then the `[kvm]` `cr3_writes` row. Also returns that observation,
+/// for [`crate::cli::linux`]'s verdict on the run.
+pub fn summary_on_vmm(
+    outcome: &RunOutcome,
+    guest: &LinuxGuest,
+    vmm: &RunSummary,
+    sees_cr3_writes: bool,
+) -> (RunSummary, Option<HostPhaseObservation>) {
+    let host = kvm_observation(outcome, guest, vmm, sees_cr3_writes);
+    let mut s = summary(outcome, guest, host.as_ref());
+    add_vmm_rows(&mut s, vmm);
+    if let (Some(h), true) = (&host, s.phase.is_some()) {
+        s.push(
+            Metric::new("cr3_writes", "count", Source::Kvm),
+            h.cr3_writes as f64,
+        );
+    }
+    (s, host)
+}
+
 /// Something that can watch a Linux run from the host and report its
 /// measured phase (implemented by the QEMU plugin's parser when it lands).
 pub trait HostObserver {
@@ -252,11 +324,7 @@ pub fn summary(
     let result = crate::report::result_fields(outcome);
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
     let asked = guest.asked();
-    let calls = asked.as_ref().map_or(0, |c| match c.workload {
-        Workload::SchedMessaging => c.messages(),
-        Workload::Poundsyscall => c.threads.saturating_mul(c.iterations),
-        _ => c.iterations,
-    });
+    let calls = phase_calls(guest);
     let mut config: Vec<String> = guest
         .init_words
         .split_whitespace()
@@ -374,7 +442,9 @@ pub fn add_vmm_rows(s: &mut RunSummary, vmm: &RunSummary) {
                 "no host-side check (CR3 writes per system call seen by the QEMU plugin): the \
                  plugin was off or saw no phase (see its note)",
                 "no host-side CR3 count: under nested paging (NPT/EPT) KVM does not intercept \
-                 the guest's CR3 writes, so the kernel log's PTI state is the check",
+                 the guest's CR3 writes (under shadow paging, and without PCID, its tlb_flush \
+                 counts them: `--backend nested --nested-paging shadow`), so the kernel log's \
+                 PTI state is the check",
             );
         }
     }
@@ -449,6 +519,52 @@ pub(crate) mod tests {
             init_words: format!("pti={pti} workload=getppid iterations=10"),
             pti,
         }
+    }
+
+    #[test]
+    fn kvm_counts_cr3_writes_only_where_it_sees_them_and_pcid_is_off() {
+        let lines = |pcid: &str| {
+            [
+                "@linux release=6.1 arch=x86_64 pti=on asked_pti=on".to_string(),
+                format!("@result workload=getppid iterations=10 cycles=1 ns=1 pti=on pcid={pcid}"),
+            ]
+        };
+        let g = guest(PtiMode::On);
+        let run = |pcid: &str| {
+            let l = lines(pcid);
+            let l: Vec<&str> = l.iter().map(String::as_str).collect();
+            outcome(crate::machine::StopReason::GuestExit { status: 0 }, &l, &[])
+        };
+        let mut vmm = RunSummary::new(Vec::new(), Some("workload".into()), 10);
+        vmm.push(Metric::new("tlb_flush", "count", Source::Kvm), 21.0);
+        let o = run("off");
+        let h = kvm_observation(&o, &g, &vmm, true).expect("shadow paging, no PCID");
+        assert_eq!((h.syscalls, h.cr3_writes), (10, 21));
+        let (s, host) = summary_on_vmm(&o, &g, &vmm, true);
+        assert_eq!(host, Some(h));
+        let row = s.row("cr3_writes").expect("a [kvm] cr3_writes row");
+        assert_eq!((row.metric.source, row.total), (Source::Kvm, 21.0));
+        assert!(s
+            .notes
+            .iter()
+            .any(|n| n.contains("agrees: 2.10 CR3 writes")));
+        // Nested paging: KVM sees no CR3 write; PCID: a write need not flush.
+        assert_eq!(kvm_observation(&o, &g, &vmm, false), None);
+        assert_eq!(kvm_observation(&run("on"), &g, &vmm, true), None);
+        let (s, host) = summary_on_vmm(&o, &g, &vmm, false);
+        assert!(host.is_none() && s.row("cr3_writes").is_none());
+        // No phase: nothing to divide.
+        let whole = RunSummary::new(Vec::new(), None, 10);
+        assert_eq!(kvm_observation(&o, &g, &whole, true), None);
+        // KVM's count disagreeing with the log is the run's failure.
+        vmm.rows.clear();
+        vmm.push(Metric::new("tlb_flush", "count", Source::Kvm), 0.0);
+        let (s, _) = summary_on_vmm(&o, &g, &vmm, true);
+        assert!(
+            s.notes.iter().any(|n| n.contains("disagree")),
+            "{:?}",
+            s.notes
+        );
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub enum NestedError {
     /// The inner Linux could not set up KVM.
     #[error("the inner Linux could not set up KVM: {0}")]
     Setup(String),
+    /// `--nested-paging shadow` under a QEMU whose SVM breaks it.
+    #[error("{0}")]
+    ShadowPagingBroken(String),
     /// QEMU ended without a response.
     #[error(
         "QEMU ended ({how}) without a result from the inner ptiscope: {why}{}",
@@ -88,9 +91,10 @@ impl NestedError {
     /// The exit status this error ends the command with.
     pub fn exit_code(&self) -> i32 {
         match self {
-            NestedError::NoKernel(_) | NestedError::NoQemu(_) | NestedError::Setup(_) => {
-                exit_code::KVM_UNAVAILABLE
-            }
+            NestedError::NoKernel(_)
+            | NestedError::NoQemu(_)
+            | NestedError::Setup(_)
+            | NestedError::ShadowPagingBroken(_) => exit_code::KVM_UNAVAILABLE,
             NestedError::Timeout { .. } => exit_code::TIMEOUT,
             NestedError::Interrupted(s) => 128 + s,
             NestedError::NoResponse { .. } | NestedError::Io { .. } => exit_code::INTERNAL,
@@ -133,7 +137,7 @@ pub fn kernel_in(dir: &Path) -> Result<Kernel, NestedError> {
     }
     let modules: Vec<PathBuf> = init::MODULES
         .iter()
-        .map(|(name, _)| dir.join("modules").join(name))
+        .map(|name| dir.join("modules").join(name))
         .collect();
     let missing: Vec<String> = modules
         .iter()
@@ -362,7 +366,7 @@ pub fn initramfs(
         let bytes = std::fs::read(&interp).map_err(io(format!("reading {interp}")))?;
         a.file(&interp, 0o755, &bytes);
     }
-    for (m, (name, _)) in kernel.modules.iter().zip(init::MODULES) {
+    for (m, name) in kernel.modules.iter().zip(init::MODULES) {
         let bytes = std::fs::read(m).map_err(io(format!("reading {}", m.display())))?;
         a.file(&format!("{}/{name}", init::MODULE_DIR), 0o644, &bytes);
     }
@@ -444,6 +448,33 @@ fn qemu_binary() -> String {
     std::env::var("PTISCOPE_NESTED_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
 }
 
+/// The first QEMU release measured to break shadow paging under its SVM.
+const SHADOW_BROKEN_FROM: (u32, u32, u32) = (10, 0, 0);
+
+/// Whether the outer QEMU runs `kvm_amd npt=0` correctly: why not, if it
+/// does not. Measured: QEMU 7.2 does (ptiscope's guest's CR3 writes and
+/// KVM's `tlb_flush` agree exactly; Linux boots and runs); QEMU 10.0.2
+/// does not: a guest's intercepted `mov %cr3, reg` reads back a value that
+/// is not its CR3 (ptiscope's guest triple-faults at the CR3 write that
+/// follows, at its first switch to user mode; Linux never prints a line),
+/// whatever the CPU model or SVM sub-features. Versions between are
+/// unmeasured and allowed.
+pub fn shadow_paging_works() -> Result<(), String> {
+    let binary = qemu_binary();
+    let version = crate::backend::qemu::qemu_support(&binary)
+        .ok()
+        .and_then(|s| s.version);
+    match version {
+        Some(v) if v >= SHADOW_BROKEN_FROM => Err(format!(
+            "--nested-paging shadow: {binary} is QEMU {}.{}.{}, whose SVM breaks KVM's shadow \
+             paging (a guest's intercepted CR3 read returns a value that is not its CR3; \
+             measured with 10.0.2, docs/kvm-hosts.md): use --nested-paging npt, or QEMU 7.2",
+            v.0, v.1, v.2
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Boots the inner Linux with `request` and returns its response: vCPUs
 /// `cpus` (the inner guest's, at least 1), the deadline the boot allowance plus the jobs'
 /// bounds. `progress` hears each stage.
@@ -465,6 +496,9 @@ pub fn run_with(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Response, NestedError> {
     let kernel = find_kernel()?;
+    if request.kvm_paging == super::KvmPaging::Shadow {
+        shadow_paging_works().map_err(NestedError::ShadowPagingBroken)?;
+    }
     if let Some(s) = signals::wait_termination(Duration::ZERO) {
         return Err(NestedError::Interrupted(s));
     }
@@ -535,7 +569,8 @@ pub fn run_with(
     let bounds: f64 = request.jobs.iter().map(|j| j.timeout_secs).sum();
     let deadline = BOOT_ALLOWANCE + Duration::from_secs_f64(bounds);
     progress(&format!(
-        "booting Linux with KVM (kvm_amd, nested paging) under QEMU TCG, {} job(s), deadline {:.0} s",
+        "booting Linux with KVM (kvm_amd, {}) under QEMU TCG, {} job(s), deadline {:.0} s",
+        request.kvm_paging.describe(),
         request.jobs.len(),
         deadline.as_secs_f64()
     ));

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{boot, Job, Request};
+use super::{boot, Job, KvmPaging, Request};
 
 /// `eprintln!` for lines that carry user or file text: escaped line by line.
 macro_rules! say {
@@ -53,6 +53,13 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
         };
         if let Some((_, why)) = REFUSED_OPTS.iter().find(|(o, _)| *o == name) {
             return Err(format!("--backend nested: {why}"));
+        }
+        if name == "--nested-paging" {
+            // The outer ptiscope's: it loads the inner KVM so.
+            if inline.is_none() {
+                it.next();
+            }
+            continue;
         }
         let takes_file = (OUTPUT_OPTS.contains(&name) && !(json_is_flag && name == "--json"))
             || INPUT_OPTS.contains(&name);
@@ -152,24 +159,42 @@ fn pack_batch_linux(request: &mut Request) -> Result<Vec<(String, Vec<u8>)>, Str
     Ok(inputs)
 }
 
+/// The inner KVM's paging: as asked, else shadow paging for a Linux guest
+/// (KVM's `tlb_flush` then counts its CR3 writes, which nothing else on
+/// the VMM can) where the outer QEMU runs it correctly
+/// ([`boot::shadow_paging_works`]), else nested paging.
+fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
+    asked.unwrap_or(if linux && boot::shadow_paging_works().is_ok() {
+        KvmPaging::Shadow
+    } else {
+        KvmPaging::Npt
+    })
+}
+
 /// Runs `cli`'s command under `--backend nested` if it asks for it: the
 /// exit status, or `None` when the command runs here as usual.
 pub fn intercept(cli: &Cli) -> Option<i32> {
+    // (asked with --nested-paging, whether the guest is Linux).
+    let mut paging: (Option<KvmPaging>, bool) = (None, false);
     let (backend, name, bound, cpus, json_is_flag, quiet) = match &cli.command {
-        Some(Command::Run(a)) => (
-            a.on.backend,
-            "run",
-            a.timeout + Duration::from_secs(60),
-            a.cpus,
-            false,
-            false,
-        ),
+        Some(Command::Run(a)) => {
+            paging = (a.on.nested_paging, a.linux.linux.is_some());
+            (
+                a.on.backend,
+                "run",
+                a.timeout + Duration::from_secs(60),
+                a.cpus,
+                false,
+                false,
+            )
+        }
         Some(Command::Compare(a)) => {
             let runs = match a.runs {
                 Runs::Fixed(n) => n,
                 Runs::Auto => a.max_runs.unwrap_or(crate::cli::DEFAULT_MAX_RUNS),
             };
             let sides = 2 * (runs + a.warmup) + 2;
+            paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
             (
                 a.target.on.backend,
                 "compare",
@@ -185,6 +210,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             let count = |list: &str| list.split(',').filter(|w| !w.trim().is_empty()).count();
             let cells = count(&a.wss).max(1) * count(&a.touches).max(1) + 1;
             let runs = cells as u32 * (a.configs.len().max(2) as u32) * a.runs.max(1);
+            paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
             (
                 a.target.on.backend,
                 "sweep",
@@ -225,6 +251,13 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             return Some(exit_code::USAGE);
         }
         (Backend::Nested, _) => {}
+        _ if paging.0.is_some() => {
+            eprintln!(
+                "ptiscope {name}: --nested-paging is for --backend nested (it sets how the inner \
+                 kvm_amd maps guest memory): drop it, or add --backend nested"
+            );
+            return Some(exit_code::USAGE);
+        }
         _ => return None,
     }
     let raw: Vec<String> = std::env::args_os()
@@ -249,6 +282,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         }
     }
     let request = Request {
+        kvm_paging: kvm_paging(paging.0, paging.1),
         jobs: vec![Job {
             argv: inner.argv.clone(),
             collect: inner.outputs.iter().map(|(i, _)| i.clone()).collect(),
@@ -383,7 +417,10 @@ pub fn exec(args: &crate::cli::NestedExecArgs) -> i32 {
         }
         extra.executables.push((inner, bytes));
     }
-    let request = Request { jobs };
+    let request = Request {
+        jobs,
+        ..Default::default()
+    };
     let response = match boot::run_with(&request, &[], &extra, args.cpus, &mut |m| {
         eprintln!("ptiscope nested-exec: {m}")
     }) {
@@ -475,6 +512,44 @@ mod tests {
         let i = rewrite(&s(&["probe", "--backend=nested", "--json"]), true).unwrap();
         assert_eq!(i.argv, s(&["probe", "--backend=kvm", "--json"]));
         assert!(i.outputs.is_empty());
+    }
+
+    #[test]
+    fn nested_paging_is_the_outer_ptiscopes_and_not_passed_in() {
+        for args in [
+            &[
+                "run",
+                "--backend",
+                "nested",
+                "--nested-paging",
+                "shadow",
+                "--pti",
+                "on",
+            ][..],
+            &[
+                "run",
+                "--nested-paging=npt",
+                "--backend=nested",
+                "--pti",
+                "on",
+            ],
+        ] {
+            let i = rewrite(&s(args), false).unwrap();
+            assert!(
+                !i.argv
+                    .iter()
+                    .any(|a| a.contains("paging") || a == "shadow" || a == "npt"),
+                "{:?}",
+                i.argv
+            );
+            assert!(i.argv.contains(&"--pti".to_string()), "{:?}", i.argv);
+        }
+        assert_eq!(kvm_paging(Some(KvmPaging::Npt), true), KvmPaging::Npt);
+        assert_eq!(
+            kvm_paging(Some(KvmPaging::Shadow), false),
+            KvmPaging::Shadow
+        );
+        assert_eq!(kvm_paging(None, false), KvmPaging::Npt);
     }
 
     #[test]

@@ -11,20 +11,15 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{frame, JobResult, Request, Response, INIT_ENV, INNER_ENV};
+use super::{frame, JobResult, KvmPaging, Request, Response, INIT_ENV, INNER_ENV};
 
 /// Where the request lies in the initramfs.
 pub const REQUEST_PATH: &str = "/nested/request.json";
 /// Where the modules lie, loaded in [`MODULES`]' order.
 pub const MODULE_DIR: &str = "/nested/modules";
-/// The modules and their parameters, in load order (kvm-amd's `npt=1`:
-/// with shadow paging, QEMU's SVM hands a guest reading CR3 a value that is
-/// not its own).
-pub const MODULES: [(&str, &str); 3] = [
-    ("irqbypass.ko", ""),
-    ("kvm.ko", ""),
-    ("kvm-amd.ko", "npt=1"),
-];
+/// The modules, in load order (kvm-amd's `npt=` comes from the request's
+/// [`KvmPaging`]).
+pub const MODULES: [&str; 3] = ["irqbypass.ko", "kvm.ko", "kvm-amd.ko"];
 /// The result port.
 const RESULT_TTY: &str = "/dev/ttyS1";
 
@@ -85,15 +80,20 @@ fn kvm_log_lines() -> String {
         .join("; ")
 }
 
-/// Sets up KVM: the setup's steps, or why it failed.
-fn setup(steps: &mut Vec<String>) -> Result<(), String> {
+/// Sets up KVM with `paging`: the setup's steps, or why it failed.
+fn setup(paging: KvmPaging, steps: &mut Vec<String>) -> Result<(), String> {
     mount("devtmpfs", "/dev", "devtmpfs")?;
     mount("proc", "/proc", "proc")?;
     mount("sysfs", "/sys", "sysfs")?;
     mount("tmpfs", "/tmp", "tmpfs")?;
     // Where the jobs' output files are redirected (nested::cli::rewrite).
     std::fs::create_dir_all("/tmp/out").map_err(|e| format!("creating /tmp/out: {e}"))?;
-    for (name, params) in MODULES {
+    for name in MODULES {
+        let params = if name == "kvm-amd.ko" {
+            paging.module_parameter()
+        } else {
+            ""
+        };
         let path = format!("{MODULE_DIR}/{name}");
         load_module(&path, params).map_err(|e| {
             let log = kvm_log_lines();
@@ -123,14 +123,22 @@ fn setup(steps: &mut Vec<String>) -> Result<(), String> {
         }
         steps.push("made /dev/kvm (10:232)".into());
     }
+    // The parameter as KVM took it: kvm_amd turns NPT off by itself on a
+    // CPU without it, and a module loaded before ours keeps its own.
     let npt = std::fs::read_to_string("/sys/module/kvm_amd/parameters/npt").unwrap_or_default();
-    if npt.trim() != "1" && npt.trim() != "Y" {
+    let on = matches!(npt.trim(), "1" | "Y");
+    if on != (paging == KvmPaging::Npt) {
         return Err(format!(
-            "kvm_amd runs without nested paging (npt={}): ptiscope's guests need it under QEMU's SVM",
-            npt.trim()
+            "kvm_amd runs with npt={} where {} was asked: /sys/module/kvm_amd/parameters/npt",
+            npt.trim(),
+            paging.module_parameter()
         ));
     }
-    steps.push("kvm_amd npt=1 (nested paging)".into());
+    steps.push(format!(
+        "kvm_amd {} ({})",
+        paging.module_parameter(),
+        paging.describe()
+    ));
     Ok(())
 }
 
@@ -264,17 +272,16 @@ impl NoCtty for std::fs::OpenOptions {
 /// PID 1's whole life: never returns.
 pub fn main() -> ! {
     let mut response = Response::default();
-    match setup(&mut response.setup) {
-        Err(e) => response.setup_error = Some(e),
-        Ok(()) => {
-            let request: Result<Request, String> = std::fs::read(REQUEST_PATH)
-                .map_err(|e| format!("reading {REQUEST_PATH}: {e}"))
-                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()));
-            match request {
-                Err(e) => response.setup_error = Some(format!("the request: {e}")),
-                Ok(r) => response.jobs = r.jobs.iter().map(run_job).collect(),
-            }
-        }
+    // The request first: it says how KVM is to be loaded.
+    let request: Result<Request, String> = std::fs::read(REQUEST_PATH)
+        .map_err(|e| format!("reading {REQUEST_PATH}: {e}"))
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()));
+    match request {
+        Err(e) => response.setup_error = Some(format!("the request: {e}")),
+        Ok(r) => match setup(r.kvm_paging, &mut response.setup) {
+            Err(e) => response.setup_error = Some(e),
+            Ok(()) => response.jobs = r.jobs.iter().map(run_job).collect(),
+        },
     }
     send(&response);
     // SAFETY: sync(2) and reboot(2): the machine powers off (QEMU exits).

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 /// Set (on the inner kernel's command line, which hands it to init's
 /// environment) in the initramfs's init only: ptiscope then acts as init.
 pub const INIT_ENV: &str = "PTISCOPE_NESTED_INIT";
-pub use crate::spec::nested::{inside, INNER_ENV, KVM_DESCRIPTION};
+pub use crate::spec::nested::{inside, KvmPaging, INNER_ENV};
 
 /// One inner command: its arguments (after `ptiscope`) and the files it
 /// writes that come back.
@@ -55,9 +55,12 @@ pub struct Job {
     pub cwd: Option<String>,
 }
 
-/// What the init is asked to do: the jobs, in order.
+/// What the init is asked to do: how to load KVM, then the jobs, in order.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Request {
+    /// kvm_amd's paging for the whole boot.
+    #[serde(default)]
+    pub kvm_paging: KvmPaging,
     /// The inner commands.
     pub jobs: Vec<Job>,
 }

@@ -130,7 +130,9 @@ impl HostFacts {
             KvmFlavour::Pvm => {
                 "kvm_pvm (software virtualizer, shadow paging: KVM sees guest CR3 writes)"
             }
-            KvmFlavour::Hardware if self.nested => crate::spec::nested::KVM_DESCRIPTION,
+            KvmFlavour::Hardware if self.nested => {
+                crate::spec::nested::KvmPaging::kvm_description(self.two_dimensional_paging)
+            }
             KvmFlavour::Hardware => match self.two_dimensional_paging {
                 Some(true) => "hardware KVM with EPT/NPT (KVM does not see guest CR3 writes)",
                 Some(false) => "hardware KVM with shadow paging (KVM sees guest CR3 writes)",

@@ -235,13 +235,17 @@ pub fn run_measured(
     let ran = backend.run(resolved)?;
     if let Some(l) = &resolved.linux {
         let (o, observer) = ran.into_parts();
-        let host = crate::linux::host_observation(&o, l);
+        let (s, host) = match observer {
+            Some(m) => {
+                crate::linux::summary_on_vmm(&o, l, &m.summary(&o, Vec::new()), m.sees_cr3_writes())
+            }
+            None => {
+                let host = crate::linux::host_observation(&o, l);
+                (crate::linux::summary(&o, l, host.as_ref()), host)
+            }
+        };
         if let Some((code, message)) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
             return Err(MeasuredRunError::Linux { code, message });
-        }
-        let mut s = crate::linux::summary(&o, l, host.as_ref());
-        if let Some(m) = observer {
-            crate::linux::add_vmm_rows(&mut s, &m.summary(&o, Vec::new()));
         }
         return Ok((o, s));
     }

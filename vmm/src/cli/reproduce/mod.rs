@@ -250,6 +250,7 @@ fn cell_options(cell: &Cell, backend: Backend, timeout: Duration) -> (Experiment
             backend,
             qemu_arg: Vec::new(),
             no_plugin: false,
+            nested_paging: None,
         },
     };
     (exp, target)

@@ -101,6 +101,12 @@ impl Default for Measurer {
 }
 
 impl Measurer {
+    /// Whether the KVM it observes sees the guest's CR3 writes (shadow
+    /// paging: its `tlb_flush` follows them).
+    pub fn sees_cr3_writes(&self) -> bool {
+        self.kvm.sees_cr3_writes
+    }
+
     /// Measures the workload phase.
     pub fn new() -> Self {
         Measurer {
