@@ -200,5 +200,10 @@ fn kvm_counts_the_guests_cr3_writes_under_shadow_paging_and_a_linux_compare_is_g
         .unwrap_or_else(|| panic!("no cr3_writes_per_call: {}", c["metrics"]));
     assert_eq!(m["source"], "kvm", "{m}");
     assert_eq!(m["baseline"]["amean"].as_f64(), Some(0.0), "{m}");
-    assert!(m["compare"]["amean"].as_f64().is_some_and(|v| (2.0..2.5).contains(&v)), "{m}");
+    assert!(
+        m["compare"]["amean"]
+            .as_f64()
+            .is_some_and(|v| (2.0..2.5).contains(&v)),
+        "{m}"
+    );
 }
