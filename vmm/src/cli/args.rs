@@ -320,15 +320,12 @@ impl Backend {
         }
     }
 
-    /// The backends `reproduce` measures a guest kind on, in order: Linux
-    /// under QEMU; the companion on KVM, under QEMU where this host's KVM
-    /// refuses it (e.g. 32-bit paging on kvm_pvm).
-    pub fn preference(linux: bool) -> &'static [Backend] {
-        if linux {
-            &[Backend::Qemu]
-        } else {
-            &[Backend::Kvm, Backend::Qemu]
-        }
+    /// The backends `reproduce` measures a guest on, in order: this host's
+    /// KVM (ptiscope's VMM, for a Linux kernel too: hardware time and KVM's
+    /// exits), then QEMU where that KVM refuses the guest before boot
+    /// (32-bit paging, or any Linux guest, on kvm_pvm).
+    pub fn preference() -> &'static [Backend] {
+        &[Backend::Kvm, Backend::Qemu]
     }
 }
 

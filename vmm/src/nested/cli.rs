@@ -127,6 +127,31 @@ fn pack_linux(v: &str, n: usize, inputs: &mut Vec<(String, Vec<u8>)>) -> Result<
     Ok(kernel)
 }
 
+/// Where the inner command finds the kernels [`pack_linux_cache`] packs
+/// (its `PTISCOPE_LINUX_CACHE`).
+const INNER_LINUX_CACHE: &str = "/nested/linux-cache";
+
+/// Packs known kernels (name, cached image) as the inner command's kernel
+/// cache: each image with the `config` beside it, under
+/// [`INNER_LINUX_CACHE`]`/NAME/`.
+fn pack_linux_cache(
+    kernels: &[(&str, PathBuf)],
+    inputs: &mut Vec<(String, Vec<u8>)>,
+) -> Result<(), String> {
+    for (name, image) in kernels {
+        let bytes = std::fs::read(image).map_err(|e| format!("{}: {e}", image.display()))?;
+        let dir = format!("{INNER_LINUX_CACHE}/{name}");
+        if let Some(config) = image
+            .parent()
+            .and_then(|d| std::fs::read(d.join("config")).ok())
+        {
+            inputs.push((format!("{dir}/config"), config));
+        }
+        inputs.push((format!("{dir}/vmlinuz"), bytes));
+    }
+    Ok(())
+}
+
 /// The batch's jobs with each `--linux VALUE` packed (once per value) and
 /// named by its packed path, and the files to pack.
 fn pack_batch_linux(request: &mut Request) -> Result<Vec<(String, Vec<u8>)>, String> {
@@ -176,6 +201,8 @@ fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
 pub fn intercept(cli: &Cli) -> Option<i32> {
     // (asked with --nested-paging, whether the guest is Linux).
     let mut paging: (Option<KvmPaging>, bool) = (None, false);
+    // The Linux kernels `reproduce` measures, packed as the inner cache.
+    let mut linux_cache: Vec<(&str, PathBuf)> = Vec::new();
     let (backend, name, bound, cpus, json_is_flag, quiet) = match &cli.command {
         Some(Command::Run(a)) => {
             paging = (a.on.nested_paging, a.linux.linux.is_some());
@@ -225,7 +252,13 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         // the inner command is `reproduce --backend kvm` over the cells.
         Some(Command::Reproduce(a)) if a.backend == ReproduceBackend::Nested => {
             match crate::cli::reproduce::nested_session(a) {
-                Ok((bound, cpus)) => (Backend::Nested, "reproduce", bound, cpus, false, false),
+                Ok((bound, cpus, kernels)) => {
+                    // Nested paging even with Linux cells: under shadow
+                    // paging the companion's 300,000-call PTI cells take
+                    // over --timeout (each CR3 access exits).
+                    linux_cache = kernels;
+                    (Backend::Nested, "reproduce", bound, cpus, false, false)
+                }
                 Err(e) => {
                     say!("ptiscope reproduce: {e}");
                     return Some(exit_code::USAGE);
@@ -264,7 +297,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let inner = match rewrite(&raw, json_is_flag) {
+    let mut inner = match rewrite(&raw, json_is_flag) {
         Ok(i) => i,
         Err(e) => {
             say!("ptiscope {name}: {e}");
@@ -281,12 +314,24 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             return Some(exit_code::CANT_CREATE);
         }
     }
+    let mut env = Vec::new();
+    if !linux_cache.is_empty() {
+        if let Err(e) = pack_linux_cache(&linux_cache, &mut inner.inputs) {
+            say!("ptiscope {name}: {e}");
+            return Some(exit_code::USAGE);
+        }
+        env.push((
+            "PTISCOPE_LINUX_CACHE".to_string(),
+            INNER_LINUX_CACHE.to_string(),
+        ));
+    }
     let request = Request {
         kvm_paging: kvm_paging(paging.0, paging.1),
         jobs: vec![Job {
             argv: inner.argv.clone(),
             collect: inner.outputs.iter().map(|(i, _)| i.clone()).collect(),
             timeout_secs: bound.as_secs_f64(),
+            env,
             ..Default::default()
         }],
     };
@@ -569,12 +614,18 @@ mod tests {
     /// `reproduce --backend nested` is refused before any boot without
     /// `--no-linux` (exit 64); `auto`/`kvm`/`qemu` run here as usual.
     #[test]
-    fn reproduce_is_intercepted_only_for_nested_and_refused_with_linux_cells() {
+    fn reproduce_is_intercepted_only_for_nested_and_refused_with_nothing_to_measure() {
         use clap::Parser as _;
         let cli =
             |w: &[&str]| Cli::try_parse_from(["ptiscope", "reproduce"].iter().chain(w)).unwrap();
         assert_eq!(
-            intercept(&cli(&["petkov-2015", "--backend", "nested"])),
+            intercept(&cli(&[
+                "petkov-2015",
+                "--backend",
+                "nested",
+                "--no-linux",
+                "--no-companion"
+            ])),
             Some(exit_code::USAGE)
         );
         for b in ["auto", "kvm", "qemu"] {

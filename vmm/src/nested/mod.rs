@@ -55,6 +55,19 @@ pub struct Job {
     pub cwd: Option<String>,
 }
 
+impl Job {
+    /// Whether the job boots a Linux guest on the VMM: `--linux`, or
+    /// packed Linux kernels (`reproduce`'s, its `PTISCOPE_LINUX_CACHE`).
+    pub fn boots_linux(&self) -> bool {
+        self.exe.is_none()
+            && (self
+                .argv
+                .iter()
+                .any(|a| a == "--linux" || a.starts_with("--linux="))
+                || self.env.iter().any(|(k, _)| k == "PTISCOPE_LINUX_CACHE"))
+    }
+}
+
 /// What the init is asked to do: how to load KVM, then the jobs, in order.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Request {

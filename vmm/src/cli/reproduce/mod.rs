@@ -47,9 +47,9 @@ pub enum Seed {
 /// Where `reproduce` measures its cells (`--backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum ReproduceBackend {
-    /// Per cell: the companion guest on this host's KVM, under QEMU where
-    /// that KVM refuses it before boot (e.g. 32-bit paging on kvm_pvm);
-    /// the Linux kernels under QEMU.
+    /// Per cell: this host's KVM (ptiscope's VMM, for the Linux kernels
+    /// too), under QEMU where that KVM refuses the guest before boot (e.g.
+    /// 32-bit paging, or Linux, on kvm_pvm).
     #[default]
     Auto,
     /// Every cell on this host's KVM, no fallback: a cell it refuses or
@@ -57,9 +57,8 @@ pub enum ReproduceBackend {
     Kvm,
     /// Every cell under QEMU TCG.
     Qemu,
-    /// The companion cells on a real kvm_amd inside QEMU TCG, all in one
-    /// nested boot (docs/kvm-hosts.md). Needs --no-linux: the Linux
-    /// cells' figures come from the QEMU plugin.
+    /// Every cell on ptiscope's VMM on a real kvm_amd (nested paging)
+    /// inside QEMU TCG, all in one nested boot (docs/kvm-hosts.md).
     Nested,
 }
 
@@ -76,9 +75,9 @@ impl ReproduceBackend {
 
     /// The backends a cell is tried on, in order (the next one only where
     /// the host's KVM refused the guest before boot).
-    fn tries(self, linux: bool) -> &'static [Backend] {
+    fn tries(self) -> &'static [Backend] {
         match self {
-            ReproduceBackend::Auto => Backend::preference(linux),
+            ReproduceBackend::Auto => Backend::preference(),
             ReproduceBackend::Kvm => &[Backend::Kvm],
             ReproduceBackend::Qemu => &[Backend::Qemu],
             // Runs as `--backend kvm` inside the nested boot
@@ -116,26 +115,42 @@ pub struct ReproduceArgs {
     pub backend: ReproduceBackend,
 }
 
-/// What one nested boot for `reproduce --backend nested` needs: the bound
-/// of the whole inner command and the vCPUs of the inner Linux. Refuses
-/// (the message says why and what to do) what that backend cannot run:
-/// the Linux cells, and nothing to measure at all.
-pub fn nested_session(args: &ReproduceArgs) -> Result<(Duration, u32), String> {
+/// The Linux kernels a reproduction measures (`--no-linux`: none): the
+/// fetched ones, each named with its cached image; the others are said to
+/// be left out.
+pub fn linux_kernels(args: &ReproduceArgs) -> Vec<(&'static str, std::path::PathBuf)> {
+    let mut out = Vec::new();
+    // Every seed was measured on Linux.
     if !args.no_linux {
-        return Err(
-            "--backend nested measures the companion guest only: the seeds' Linux cells are \
-             figures of the QEMU plugin (kernel instructions per call), which Linux on \
-             ptiscope's VMM does not give (docs/kvm-hosts.md). Add --no-linux, and measure the \
-             Linux cells in another run with --backend qemu (or auto)"
-                .to_owned(),
-        );
+        for k in ["debian-amd64", "debian-686-pae"] {
+            match crate::linux::known_path(k) {
+                Some(Ok(p)) if p.is_file() => out.push((k, p)),
+                _ => say!(
+                    "ptiscope reproduce: {k} is not fetched: its rows are left out (run `ptiscope linux fetch`)"
+                ),
+            }
+        }
     }
-    let guests: &[Guest] = if args.no_companion {
-        &[]
+    out
+}
+
+/// What one nested boot for `reproduce --backend nested` needs: the bound
+/// of the whole inner command, the vCPUs of the inner Linux and the Linux
+/// kernels to pack for the inner command ([`linux_kernels`]). Refuses
+/// (the message says why and what to do) a reproduction with nothing to
+/// measure.
+#[allow(clippy::type_complexity)]
+pub fn nested_session(
+    args: &ReproduceArgs,
+) -> Result<(Duration, u32, Vec<(&'static str, std::path::PathBuf)>), String> {
+    let kernels = linux_kernels(args);
+    let mut guests: Vec<Guest> = if args.no_companion {
+        Vec::new()
     } else {
-        &[Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)]
+        vec![Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)]
     };
-    let (_, cells) = cells(args.seed, guests);
+    guests.extend(kernels.iter().map(|(k, _)| Guest::Linux(k)));
+    let (_, cells) = cells(args.seed, &guests);
     if cells.is_empty() {
         return Err("no guest to measure: --no-linux and --no-companion leave nothing".to_owned());
     }
@@ -143,7 +158,11 @@ pub fn nested_session(args: &ReproduceArgs) -> Result<(Duration, u32), String> {
     // costs nothing); the rest is the inner command's own start and report.
     let runs = cells.len() as u32 * args.runs;
     let cpus = cells.iter().map(|c| c.cpus).max().unwrap_or(1);
-    Ok((args.timeout * runs + Duration::from_secs(120), cpus))
+    Ok((
+        args.timeout * runs + Duration::from_secs(120),
+        cpus,
+        kernels,
+    ))
 }
 
 /// Which guest a cell boots.
@@ -325,7 +344,7 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration, choice: ReproduceBackend) 
     let mut samples: Vec<Vec<Rate>> = Vec::new();
     let mut backend = "";
     for _ in 0..runs {
-        let tries = choice.tries(matches!(cell.guest, Guest::Linux(_)));
+        let tries = choice.tries();
         let mut tried = Backend::Kvm;
         let mut r = Err(CellError::new(
             exit_code::INTERNAL,
@@ -396,7 +415,9 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration, choice: ReproduceBackend) 
     let (cr3, src) =
         match mean("insn_mov_cr3_calls_per_call").or_else(|| mean("insn_mov_cr3_per_call")) {
             Some((v, _)) => (Some(v), "qemu-plugin"),
+            // The guest's own count, or KVM's (a Linux guest, shadow paging).
             None => match mean("cr3_writes_per_call") {
+                Some((v, src)) if src == "kvm" => (Some(v), "kvm"),
                 Some((v, _)) => (Some(v), "guest"),
                 None => (None, ""),
             },
@@ -429,17 +450,11 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     if !args.no_companion {
         guests.extend([Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)]);
     }
-    // Every seed was measured on Linux.
-    if !args.no_linux {
-        for k in ["debian-amd64", "debian-686-pae"] {
-            match crate::linux::known_path(k) {
-                Some(Ok(p)) if p.is_file() => guests.push(Guest::Linux(k)),
-                _ => say!(
-                    "ptiscope reproduce: {k} is not fetched: its rows are left out (run `ptiscope linux fetch`)"
-                ),
-            }
-        }
-    }
+    guests.extend(
+        linux_kernels(args)
+            .into_iter()
+            .map(|(k, _)| Guest::Linux(k)),
+    );
     // The output is opened before the first boot: a bad path must not
     // cost the runs.
     let json_file = match &args.json {
@@ -470,7 +485,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         println!("  backend: {requested}");
     }
     if crate::spec::nested::inside() {
-        println!("  KVM: {}", crate::spec::nested::KVM_DESCRIPTION);
+        println!("  KVM: {}", crate::cli::host_facts().describe_kvm());
     }
     let started = std::time::Instant::now();
     let mut measured: Vec<Measured> = Vec::with_capacity(cells.len());
@@ -639,7 +654,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             "title": title,
             "runs_per_cell": args.runs,
             "backend": requested,
-            "kvm": crate::spec::nested::inside().then_some(crate::spec::nested::KVM_DESCRIPTION),
+            "kvm": crate::spec::nested::inside().then(|| crate::cli::host_facts().describe_kvm()),
             "partial": stopped_by.as_ref().map(|(_, why)| why.clone()),
             "rows": json_rows,
         });
@@ -769,27 +784,22 @@ mod tests {
             assert_eq!(a.backend.name(), word);
         }
         assert!(parse(&["roedel-2018", "--backend", "tcg"]).is_err());
-        for linux in [false, true] {
-            assert_eq!(
-                ReproduceBackend::Auto.tries(linux),
-                Backend::preference(linux)
-            );
-            assert_eq!(ReproduceBackend::Kvm.tries(linux), &[Backend::Kvm]);
-            assert_eq!(ReproduceBackend::Qemu.tries(linux), &[Backend::Qemu]);
-            // Nothing is measured out here under nested: the cells run in
-            // the nested boot as `--backend kvm`.
-            assert!(ReproduceBackend::Nested.tries(linux).is_empty());
-        }
+        // Auto: this host's KVM first, for Linux too, then QEMU.
+        assert_eq!(
+            ReproduceBackend::Auto.tries(),
+            &[Backend::Kvm, Backend::Qemu]
+        );
+        assert_eq!(ReproduceBackend::Kvm.tries(), &[Backend::Kvm]);
+        assert_eq!(ReproduceBackend::Qemu.tries(), &[Backend::Qemu]);
+        // Nothing is measured out here under nested: the cells run in
+        // the nested boot as `--backend kvm`.
+        assert!(ReproduceBackend::Nested.tries().is_empty());
     }
 
-    /// `--backend nested` without `--no-linux` is refused, naming both ways
-    /// on; with it, the bound covers every run of every companion cell.
+    /// `--backend nested` with nothing to measure is refused; the bound
+    /// covers every run of every cell.
     #[test]
-    fn backend_nested_refuses_the_linux_cells_and_bounds_the_companions() {
-        let e =
-            nested_session(&parse(&["roedel-2018", "--backend", "nested"]).unwrap()).unwrap_err();
-        assert!(e.contains("--no-linux"), "{e}");
-        assert!(e.contains("--backend qemu"), "{e}");
+    fn backend_nested_bounds_every_cell_and_refuses_nothing_to_measure() {
         let e = nested_session(
             &parse(&[
                 "roedel-2018",
@@ -801,10 +811,6 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("--no-companion"), "{e}");
-        // Out here the refusal is the same (intercept makes it first).
-        let a = parse(&["tarreau-2018", "--backend", "nested"]).unwrap();
-        assert_eq!(run(&a), exit_code::USAGE);
-
         let a = parse(&[
             "roedel-2018",
             "--backend",
@@ -816,7 +822,8 @@ mod tests {
             "10",
         ])
         .unwrap();
-        let (bound, cpus) = nested_session(&a).unwrap();
+        let (bound, cpus, kernels) = nested_session(&a).unwrap();
+        assert!(kernels.is_empty(), "--no-linux packs no kernel");
         let companion = [Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)];
         let (_, c) = cells(Seed::Roedel2018, &companion);
         assert_eq!(
