@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{frame, init, Job, Request, Response, INIT_ENV};
+use super::{frame, init, Request, Response, INIT_ENV};
 use crate::cli::exit_code;
 use crate::signals;
 
@@ -527,9 +527,6 @@ pub fn run_with(
     let kernel = find_kernel()?;
     if request.kvm_paging == super::KvmPaging::Shadow {
         shadow_paging_works().map_err(NestedError::QemuBreaksIt)?;
-    }
-    if request.jobs.iter().any(Job::boots_linux) {
-        linux_on_the_vmm_boots().map_err(NestedError::QemuBreaksIt)?;
     }
     if let Some(s) = signals::wait_termination(Duration::ZERO) {
         return Err(NestedError::Interrupted(s));

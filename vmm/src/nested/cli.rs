@@ -335,6 +335,13 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             ..Default::default()
         }],
     };
+    // A user's command only: the tests' batches decide for themselves.
+    if request.jobs.iter().any(Job::boots_linux) {
+        if let Err(e) = boot::linux_on_the_vmm_boots() {
+            say!("ptiscope {name} --backend nested: {e}");
+            return Some(exit_code::KVM_UNAVAILABLE);
+        }
+    }
     let mut progress = |m: &str| {
         if !quiet {
             eprintln!("ptiscope {name}: {m}");
