@@ -201,8 +201,8 @@ fn kvm_refusal(facts: &HostFacts, image: &image::KernelImage, cpus: u32) -> Opti
 /// whether user SYSCALL reaches the kernel; the KVM flavour; `pae`: whether
 /// the vCPU can turn on 32-bit PAE paging, asked for i386 kernels only,
 /// `None` if unknown), what the VMM boots (bzImages, with the initramfs as
-/// their initrd) and what it describes to the guest (one CPU: it writes no
-/// ACPI MADT or MP table).
+/// their initrd) and what it describes to the guest (its ACPI MADT lists
+/// up to [`crate::machine::acpi::MAX_CPUS`] CPUs).
 fn kvm_refusal_reasons(
     syscall: Result<(), String>,
     flavour: KvmFlavour,
@@ -243,10 +243,14 @@ fn kvm_refusal_reasons(
         ),
         _ => {}
     }
-    if cpus > 1 {
+    // The VMM describes the vCPUs to Linux in an ACPI MADT of xAPIC
+    // entries (machine::acpi); --cpus is capped lower for every guest
+    // (MAX_CPUS, the telemetry's per-CPU slots), so this holds unless that
+    // cap grows past what the MADT can list.
+    if cpus > crate::machine::acpi::MAX_CPUS {
         why.push(format!(
-            "--cpus {cpus}: the VMM describes no CPUs to Linux (no ACPI MADT or MP table; \
-             Debian's kernel has no CONFIG_X86_MPPARSE), so it would boot one; use --cpus 1"
+            "--cpus {cpus}: the VMM's ACPI MADT lists at most {} CPUs (8-bit xAPIC ids)",
+            crate::machine::acpi::MAX_CPUS
         ));
     }
     why
@@ -522,9 +526,14 @@ mod tests {
         assert!(w.is_empty(), "an unknown PAE verdict boots: {w:?}");
         let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, PvhElf, 1);
         assert!(w[0].contains("PVH vmlinux"), "{w:?}");
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, BzImage, 2);
+        // --cpus N: the MADT lists them, up to its 8-bit APIC ids.
+        for cpus in [2, crate::spec::MAX_CPUS, crate::machine::acpi::MAX_CPUS] {
+            let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, BzImage, cpus);
+            assert!(w.is_empty(), "--cpus {cpus}: {w:?}");
+        }
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 256);
         assert!(
-            w.len() == 1 && w[0].contains("--cpus 2") && w[0].contains("MADT"),
+            w.len() == 1 && w[0].contains("--cpus 256") && w[0].contains("at most 255"),
             "{w:?}"
         );
     }
