@@ -551,7 +551,7 @@ mod tests {
             "{map:x?}"
         );
         assert!(a.addr <= t.rsdp && t.end <= a.end());
-        let rd = u64::from({ p.hdr.ramdisk_image });
+        let rd = u64::from(p.hdr.ramdisk_image);
         assert!(rd >= a.end() && k.load_addr >= a.end());
         // Without tables: no RSDP address, the three entries as before.
         write_boot_params(&mem, &layout, &k, "", None, None).unwrap();
