@@ -349,7 +349,7 @@ fn the_hardware_kvm_paths_run_on_nested_kvm_amd_in_one_boot() {
 /// and a kernel that panics (no init it can run) ends with 3. The outer
 /// QEMU gets one vCPU, even under the two-vCPU guest: with two outer vCPUs
 /// about half the boots stalled before the init (issue 29; the two-vCPU
-/// guest too, 2 of 2). Only with `PTISCOPE_SLOW_TESTS=1`: under QEMU 10 a
+/// guest too, 3 of 3). Only with `PTISCOPE_SLOW_TESTS=1`: under QEMU 10 a
 /// boot still timed out.
 #[test]
 fn linux_on_the_vmm_reaches_the_init_under_nested_kvm_amd() {
