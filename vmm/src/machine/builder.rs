@@ -16,6 +16,7 @@ use ptiscope_devices::{
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::machine::acpi;
 use crate::machine::boot_params;
 use crate::machine::bzimage;
 use crate::machine::cpu_config::{self, CpuidMask, EntryState};
@@ -29,8 +30,8 @@ use crate::spec::ResolvedRun;
 /// Where the TSS for real-mode emulation goes (Intel needs three pages KVM
 /// may use, outside guest RAM: just below 4 GiB, as Firecracker does).
 const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
-/// The UART's ISA interrupt line.
-const COM1_IRQ: u32 = 4;
+/// The UART's ISA interrupt line (the DSDT's COM1 says the same).
+const COM1_IRQ: u32 = acpi::COM1_GSI;
 
 /// A VM ready to run: everything [`crate::machine::run`] needs.
 pub struct BuiltVm {
@@ -74,8 +75,14 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
             // boot_params' ramdisk_image/ramdisk_size, below the image's
             // initrd_addr_max, in RAM the E820 map gives the guest.
             let initrd = run.linux.as_ref().map(|l| &l.initramfs[..]);
-            bzimage::write_boot_params(&mem, &run.layout, k, &run.cmdline, initrd)
-                .map_err(|e| LoadError::BzImage(run.image_name.clone(), e))?;
+            // ACPI tables: the MADT is how Linux learns of the vCPUs
+            // (--cpus N); written for one vCPU too, so that a Linux boot
+            // sees the same machine (IOAPIC, no 8259) whatever --cpus says.
+            let bz_err = |e| LoadError::BzImage(run.image_name.clone(), e);
+            let tables = acpi::write_tables(&mem, config.cpus)
+                .map_err(|e| bz_err(bzimage::BzImageError::Acpi(e)))?;
+            bzimage::write_boot_params(&mem, &run.layout, k, &run.cmdline, initrd, Some(&tables))
+                .map_err(bz_err)?;
             match k.mode {
                 bzimage::BootMode::Long64 => EntryState::Linux64 {
                     cr3: bzimage::PML4_ADDR,
@@ -128,7 +135,7 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
     let mut vcpus = vec![vcpu];
     for id in 1..u64::from(config.cpus) {
         let ap = vm.create_vcpu(id).map_err(vm_err("KVM_CREATE_VCPU"))?;
-        cpu_config::configure_ap(&kvm, &vm, &ap, cpu)?;
+        cpu_config::configure_ap(&kvm, &vm, &ap, id as u32, cpu)?;
         vcpus.push(ap);
     }
     Ok(BuiltVm {

@@ -27,6 +27,7 @@ use linux_loader::loader::bzimage::BzImage;
 use linux_loader::loader::KernelLoader;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use crate::machine::acpi::{self, AcpiTables};
 use crate::machine::memory::{MemoryLayout, CMDLINE_ADDR, CMDLINE_MAX, HIGH_RAM_START};
 
 /// The flat GDT of the boot protocols (null, null, `__BOOT_CS`, `__BOOT_DS`, TSS).
@@ -161,6 +162,9 @@ pub enum BzImageError {
         /// The image's limit.
         max: usize,
     },
+    /// The ACPI tables could not be written.
+    #[error("{0}")]
+    Acpi(#[source] acpi::AcpiError),
     /// linux-loader refused the image.
     #[error("{0}")]
     Loader(#[source] linux_loader::loader::Error),
@@ -335,12 +339,15 @@ pub fn load(
 
 /// Writes the command line, the initrd (at the top of usable RAM), the boot
 /// GDT, `boot_params` and, for the 64-bit protocol, the identity page tables.
+/// With `acpi` (tables [`crate::machine::acpi`] wrote), `boot_params` points
+/// at their RSDP and the E820 map reserves their area.
 pub fn write_boot_params(
     mem: &GuestMemoryMmap,
     layout: &MemoryLayout,
     kernel: &LoadedBzImage,
     cmdline: &str,
     initrd: Option<&[u8]>,
+    acpi: Option<&AcpiTables>,
 ) -> Result<(), BzImageError> {
     let mut hdr = kernel.header;
     // cmdline_size excludes the NUL; the VMM's own limit applies too.
@@ -390,7 +397,14 @@ pub fn write_boot_params(
         hdr,
         ..Default::default()
     };
-    let e820 = layout.e820();
+    let mut e820 = layout.e820().to_vec();
+    if let Some(t) = acpi {
+        // Boot protocol 2.14+ reads it here; older kernels find the RSDP
+        // by scanning 0xe0000-0xfffff, where it is too.
+        params.acpi_rsdp_addr = t.rsdp;
+        e820.push(acpi::e820_entry());
+        e820.sort_by_key(|e| e.addr);
+    }
     for (slot, e) in params.e820_table.iter_mut().zip(e820.iter()) {
         *slot = boot_e820_entry {
             addr: e.addr,
@@ -398,7 +412,7 @@ pub fn write_boot_params(
             r#type: e.kind,
         };
     }
-    const _: () = assert!(3 <= E820_MAX_ZEROPAGE);
+    const _: () = assert!(4 <= E820_MAX_ZEROPAGE);
     params.e820_entries = e820.len() as u8;
     mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR))
         .map_err(|e| BzImageError::Write("boot_params", e))?;
@@ -497,7 +511,7 @@ mod tests {
         );
         let first: u8 = mem.read_obj(GuestAddress(0x10_0000)).unwrap();
         assert_eq!(first, 0xf4);
-        write_boot_params(&mem, &layout, &k, "console=ttyS0", Some(&[7u8; 5000])).unwrap();
+        write_boot_params(&mem, &layout, &k, "console=ttyS0", Some(&[7u8; 5000]), None).unwrap();
         let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         assert_eq!({ p.hdr.cmd_line_ptr }, CMDLINE_ADDR as u32);
         assert_eq!(p.hdr.type_of_loader, 0xff);
@@ -511,6 +525,38 @@ mod tests {
         assert_eq!(byte, 7);
         let pde: u64 = mem.read_obj(GuestAddress(PD_ADDR + 8)).unwrap();
         assert_eq!(pde, 0x20_0083);
+    }
+
+    /// With ACPI tables, `boot_params` points at the RSDP and the E820 map
+    /// reserves the tables' area, in order, apart from the RAM the kernel
+    /// and the initrd take.
+    #[test]
+    fn acpi_tables_are_pointed_at_and_reserved() {
+        let layout = MemoryLayout::new(32).unwrap();
+        let mem = layout.create_guest_memory().unwrap();
+        let k = load(&mem, &layout, &image(4096)).unwrap();
+        let t = acpi::write_tables(&mem, 2).unwrap();
+        write_boot_params(&mem, &layout, &k, "", Some(&[7u8; 5000]), Some(&t)).unwrap();
+        let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
+        assert_eq!({ p.acpi_rsdp_addr }, acpi::RSDP_ADDR);
+        assert_eq!(p.e820_entries, 4);
+        let map: Vec<(u64, u64, u32)> = p.e820_table[..4]
+            .iter()
+            .map(|e| ({ e.addr }, { e.size }, { e.r#type }))
+            .collect();
+        let a = acpi::e820_entry();
+        assert_eq!(map[1], (a.addr, a.size, 2), "{map:x?}");
+        assert!(
+            map.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
+            "{map:x?}"
+        );
+        assert!(a.addr <= t.rsdp && t.end <= a.end());
+        let rd = u64::from(p.hdr.ramdisk_image);
+        assert!(rd >= a.end() && k.load_addr >= a.end());
+        // Without tables: no RSDP address, the three entries as before.
+        write_boot_params(&mem, &layout, &k, "", None, None).unwrap();
+        let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
+        assert_eq!(({ p.acpi_rsdp_addr }, p.e820_entries), (0, 3));
     }
 
     /// An i386 kernel (no XLF_KERNEL_64) is entered by the 32-bit protocol:
@@ -527,7 +573,7 @@ mod tests {
             (k.mode, k.load_addr, k.entry),
             (BootMode::Protected32, 0x10_0000, 0x10_0000)
         );
-        write_boot_params(&mem, &layout, &k, "console=ttyS0", None).unwrap();
+        write_boot_params(&mem, &layout, &k, "console=ttyS0", None, None).unwrap();
         let cs: u64 = mem.read_obj(GuestAddress(GDT_ADDR + 0x10)).unwrap();
         let ds: u64 = mem.read_obj(GuestAddress(GDT_ADDR + 0x18)).unwrap();
         assert_eq!((cs, ds), (0x00cf_9b00_0000_ffff, 0x00cf_9300_0000_ffff));
@@ -536,7 +582,7 @@ mod tests {
         // The 64-bit image's __BOOT_CS is long-mode code.
         let k = load(&mem, &layout, &image(4096)).unwrap();
         assert_eq!(k.mode, BootMode::Long64);
-        write_boot_params(&mem, &layout, &k, "", None).unwrap();
+        write_boot_params(&mem, &layout, &k, "", None, None).unwrap();
         let cs: u64 = mem.read_obj(GuestAddress(GDT_ADDR + 0x10)).unwrap();
         assert_eq!(cs, 0x00af_9b00_0000_ffff);
     }
@@ -586,12 +632,12 @@ mod tests {
         let k = load(&mem, &layout, &image(16)).unwrap();
         let long = "x".repeat(2048);
         assert!(matches!(
-            write_boot_params(&mem, &layout, &k, &long, None),
+            write_boot_params(&mem, &layout, &k, &long, None, None),
             Err(BzImageError::CmdlineTooLong { max: 2047, .. })
         ));
         let big = vec![0u8; 30 << 20];
         assert!(matches!(
-            write_boot_params(&mem, &layout, &k, "", Some(&big)),
+            write_boot_params(&mem, &layout, &k, "", Some(&big), None),
             Err(BzImageError::InitrdTooBig { .. })
         ));
     }

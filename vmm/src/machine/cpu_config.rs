@@ -98,6 +98,14 @@ pub struct CpuidMask {
     /// them (no global pages, no large-page PSE bit in CR4; PAE's 2 MiB
     /// pages need no CR4.PSE).
     pub hide_pdpte_reload_bits: bool,
+    /// Give each vCPU its own APIC id in CPUID (leaf 1 EBX[31:24], the
+    /// x2APIC id in leaves 0xB and 0x1F EDX, AMD's extended APIC id in
+    /// 0x8000001E EAX): its vCPU index, which is KVM's LAPIC id and what
+    /// the ACPI MADT lists (`machine::acpi`). KVM_GET_SUPPORTED_CPUID
+    /// gives every vCPU the same ids (the host's, or 0); Linux compares the
+    /// CPUID id with the LAPIC's and the MADT's. Set for a Linux guest; the
+    /// companion guest reads no APIC id from CPUID.
+    pub apic_ids: bool,
 }
 
 impl CpuidMask {
@@ -108,6 +116,7 @@ impl CpuidMask {
             hide_cx16: linux && flavour == crate::machine::kvm::KvmFlavour::Pvm,
             hypervisor: linux,
             hide_pdpte_reload_bits: false,
+            apic_ids: linux,
         }
     }
 
@@ -225,7 +234,7 @@ pub fn configure(
     how: EntryState,
     cpu: CpuSetup<'_>,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
-    let msrs = configure_cpu(kvm, vm, vcpu, cpu)?;
+    let msrs = configure_cpu(kvm, vm, vcpu, 0, cpu)?;
 
     let mut sregs = vcpu.get_sregs().map_err(VcpuSetupError::GetSregs)?;
     let mut regs = kvm_regs {
@@ -257,14 +266,27 @@ pub fn configure(
 /// An application processor: CPUID, ARCH_CAPABILITIES and FPU as the boot
 /// vCPU's, registers left in KVM's reset state. With the in-kernel irqchip
 /// KVM keeps it waiting for INIT/SIPI (mp_state UNINITIALIZED), as a real
-/// AP waits; the guest starts it through its LAPIC.
+/// AP waits; the guest starts it through its LAPIC. `index` is its vCPU id.
 pub fn configure_ap(
     kvm: &Kvm,
     vm: &VmFd,
     vcpu: &VcpuFd,
+    index: u32,
     cpu: CpuSetup<'_>,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
-    configure_cpu(kvm, vm, vcpu, cpu)
+    configure_cpu(kvm, vm, vcpu, index, cpu)
+}
+
+/// CPUID's APIC ids for vCPU `id` (see [`CpuidMask::apic_ids`]).
+fn set_apic_id(cpuid: &mut kvm_bindings::CpuId, id: u32) {
+    for e in cpuid.as_mut_slice() {
+        match e.function {
+            1 => e.ebx = (e.ebx & 0x00ff_ffff) | (id << 24),
+            0xb | 0x1f => e.edx = id,
+            0x8000_001e => e.eax = id,
+            _ => {}
+        }
+    }
 }
 
 /// KVM_GET_SUPPORTED_CPUID. The answer depends on the host CPU and the KVM
@@ -282,6 +304,7 @@ fn configure_cpu(
     kvm: &Kvm,
     vm: &VmFd,
     vcpu: &VcpuFd,
+    index: u32,
     (cpu_vuln, mask, supported): CpuSetup<'_>,
 ) -> Result<VcpuMsrs, VcpuSetupError> {
     // Without CPUID set, the guest's EFER write (long mode) #GPs on some KVMs.
@@ -300,6 +323,9 @@ fn configure_cpu(
         }
     }
     mask.apply(&mut cpuid);
+    if mask.apic_ids {
+        set_apic_id(&mut cpuid, index);
+    }
     vcpu.set_cpuid2(&cpuid).map_err(VcpuSetupError::SetCpuid)?;
 
     // After KVM_SET_CPUID2: KVM recomputes the MSR's default when CPUID changes.
@@ -587,8 +613,7 @@ mod tests {
         c.as_mut_slice()[1].ecx = 0xffff_ffff;
         CpuidMask {
             hide_cx16: true,
-            hypervisor: false,
-            hide_pdpte_reload_bits: false,
+            ..Default::default()
         }
         .apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, !(1 << 13));
@@ -644,14 +669,42 @@ mod tests {
         assert_eq!((s[2].ebx, s[2].edx), (!(1 << 7), 0xffff_ffff));
     }
 
+    /// Each vCPU's CPUID names its own APIC id (the MADT's, KVM's LAPIC
+    /// id), leaving the rest of the registers as KVM gave them.
+    #[test]
+    fn apic_ids_are_the_vcpu_index() {
+        let mut c = kvm_bindings::CpuId::new(5).unwrap();
+        for (n, (f, i)) in [(1u32, 0u32), (0xb, 0), (0xb, 1), (0x8000_001e, 0), (7, 0)]
+            .into_iter()
+            .enumerate()
+        {
+            let e = &mut c.as_mut_slice()[n];
+            (e.function, e.index) = (f, i);
+            (e.eax, e.ebx, e.edx) = (0x11, 0x0008_0800, 0x99);
+        }
+        set_apic_id(&mut c, 3);
+        let s = c.as_slice();
+        assert_eq!((s[0].ebx, s[0].edx), (0x0308_0800, 0x99), "leaf 1");
+        assert_eq!(
+            (s[1].edx, s[2].edx, s[1].ebx),
+            (3, 3, 0x0008_0800),
+            "leaf 0xB"
+        );
+        assert_eq!(s[3].eax, 3, "leaf 0x8000001E");
+        assert_eq!((s[4].eax, s[4].ebx, s[4].edx), (0x11, 0x0008_0800, 0x99));
+        let m = CpuidMask::for_kernel(false, crate::machine::kvm::KvmFlavour::Hardware);
+        assert!(!m.apic_ids, "the companion guest's CPUID is left alone");
+        let m = CpuidMask::for_kernel(true, crate::machine::kvm::KvmFlavour::Hardware);
+        assert!(m.apic_ids);
+    }
+
     #[test]
     fn a_linux_guest_sees_the_hypervisor_bit() {
         let mut c = kvm_bindings::CpuId::new(1).unwrap();
         c.as_mut_slice()[0].function = 1;
         CpuidMask {
-            hide_cx16: false,
             hypervisor: true,
-            hide_pdpte_reload_bits: false,
+            ..Default::default()
         }
         .apply(&mut c);
         assert_eq!(c.as_slice()[0].ecx, 1 << 31);

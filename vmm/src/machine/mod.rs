@@ -9,6 +9,7 @@
 //! input: what the host can do was settled by [`crate::preflight`](mod@crate::preflight),
 //! above this layer, which this layer never calls ([`crate::run_vm`] does both).
 
+pub mod acpi;
 pub mod boot_params;
 mod builder;
 pub mod bzimage;

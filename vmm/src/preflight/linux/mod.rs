@@ -187,6 +187,7 @@ fn kvm_refusal(facts: &HostFacts, image: &image::KernelImage, cpus: u32) -> Opti
         image.arch,
         image.format,
         cpus,
+        crate::spec::nested::inside(),
     );
     (!why.is_empty()).then(|| {
         format!(
@@ -201,8 +202,8 @@ fn kvm_refusal(facts: &HostFacts, image: &image::KernelImage, cpus: u32) -> Opti
 /// whether user SYSCALL reaches the kernel; the KVM flavour; `pae`: whether
 /// the vCPU can turn on 32-bit PAE paging, asked for i386 kernels only,
 /// `None` if unknown), what the VMM boots (bzImages, with the initramfs as
-/// their initrd) and what it describes to the guest (one CPU: it writes no
-/// ACPI MADT or MP table).
+/// their initrd) and what it describes to the guest (its ACPI MADT lists
+/// up to [`crate::machine::acpi::MAX_CPUS`] CPUs).
 fn kvm_refusal_reasons(
     syscall: Result<(), String>,
     flavour: KvmFlavour,
@@ -210,6 +211,7 @@ fn kvm_refusal_reasons(
     arch: LinuxArch,
     format: image::ImageFormat,
     cpus: u32,
+    nested: bool,
 ) -> Vec<String> {
     let mut why = Vec::new();
     // An i386 kernel's userspace enters by int $0x80 or SYSENTER in
@@ -243,10 +245,27 @@ fn kvm_refusal_reasons(
         ),
         _ => {}
     }
-    if cpus > 1 {
+    // Under --backend nested an i386 kernel's second CPU triple-faults at
+    // its CR0.PG write: KVM loads the PDPTEs of the page tables the boot
+    // CPU has walked, where QEMU's nested walker set bit 5 (reserved in a
+    // PDPTE). The companion guest clears the bit before each SIPI; Linux
+    // does not (docs/kvm-hosts.md).
+    if arch == LinuxArch::I386 && nested && cpus > 1 {
         why.push(format!(
-            "--cpus {cpus}: the VMM describes no CPUs to Linux (no ACPI MADT or MP table; \
-             Debian's kernel has no CONFIG_X86_MPPARSE), so it would boot one; use --cpus 1"
+            "--cpus {cpus} with an i386 kernel under --backend nested: the second CPU \
+             triple-faults at its CR0.PG write (QEMU's nested page walker sets bit 5 of the \
+             PDPTEs the boot CPU walked, which KVM's PDPTE load refuses); use --cpus 1, or \
+             the x86_64 kernel"
+        ));
+    }
+    // The VMM describes the vCPUs to Linux in an ACPI MADT of xAPIC
+    // entries (machine::acpi); --cpus is capped lower for every guest
+    // (MAX_CPUS, the telemetry's per-CPU slots), so this holds unless that
+    // cap grows past what the MADT can list.
+    if cpus > crate::machine::acpi::MAX_CPUS {
+        why.push(format!(
+            "--cpus {cpus}: the VMM's ACPI MADT lists at most {} CPUs (8-bit xAPIC ids)",
+            crate::machine::acpi::MAX_CPUS
         ));
     }
     why
@@ -488,6 +507,7 @@ mod tests {
             LinuxArch::X86_64,
             BzImage,
             1,
+            false,
         );
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(
@@ -495,7 +515,7 @@ mod tests {
             "{w:?}"
         );
         // Hardware KVM with a 64-bit bzImage on one CPU: nothing refused.
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, BzImage, 1);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, BzImage, 1, false);
         assert!(w.is_empty(), "{w:?}");
         // What the VMM cannot boot or describe.
         // An i386 kernel: refused where the probe found PAE paging refused
@@ -508,6 +528,7 @@ mod tests {
             LinuxArch::I386,
             BzImage,
             1,
+            false,
         );
         assert_eq!(w.len(), 2, "no SYSCALL reason for i386: {w:?}");
         assert!(w[0].contains("CMPXCHG16B"), "{w:?}");
@@ -516,15 +537,45 @@ mod tests {
             "{w:?}"
         );
         let works = Some((true, "ok".to_string()));
-        let w = kvm_refusal_reasons(Ok(()), Hardware, works, LinuxArch::I386, BzImage, 1);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, works, LinuxArch::I386, BzImage, 1, false);
         assert!(w.is_empty(), "{w:?}");
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 1);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 1, false);
         assert!(w.is_empty(), "an unknown PAE verdict boots: {w:?}");
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, PvhElf, 1);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, PvhElf, 1, false);
         assert!(w[0].contains("PVH vmlinux"), "{w:?}");
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, BzImage, 2);
+        // --cpus N: the MADT lists them, up to its 8-bit APIC ids.
+        for cpus in [2, crate::spec::MAX_CPUS, crate::machine::acpi::MAX_CPUS] {
+            let w = kvm_refusal_reasons(
+                Ok(()),
+                Hardware,
+                None,
+                LinuxArch::X86_64,
+                BzImage,
+                cpus,
+                false,
+            );
+            assert!(w.is_empty(), "--cpus {cpus}: {w:?}");
+        }
+        // An i386 kernel's APs under nested (the PDPTE bit 5), not on hardware.
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 2, true);
         assert!(
-            w.len() == 1 && w[0].contains("--cpus 2") && w[0].contains("MADT"),
+            w.len() == 1 && w[0].contains("CR0.PG") && w[0].contains("--cpus 2"),
+            "{w:?}"
+        );
+        for (arch, cpus, nested) in [
+            (LinuxArch::I386, 2, false),
+            (LinuxArch::I386, 1, true),
+            (LinuxArch::X86_64, 2, true),
+        ] {
+            let w = kvm_refusal_reasons(Ok(()), Hardware, None, arch, BzImage, cpus, nested);
+            assert!(
+                w.is_empty(),
+                "{arch:?} --cpus {cpus} nested={nested}: {w:?}"
+            );
+        }
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 256, false);
+        assert!(
+            w.len() == 1 && w[0].contains("--cpus 256") && w[0].contains("at most 255"),
             "{w:?}"
         );
     }
