@@ -206,8 +206,10 @@ pub struct RunArgs {
     /// Guest memory in MiB (16..=1024).
     #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
     pub mem: u64,
-    /// Stop the guest after this many seconds (fractions allowed).
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout, allow_negative_numbers = true)]
+    /// Stop the guest after this many seconds (fractions allowed; default
+    /// 10, and 60 with `--linux`: a Linux boot under TCG or nested KVM with
+    /// shadow paging takes 10-30 s).
+    #[arg(long, value_name = "SECS", default_value = "10", default_value_if("linux", clap::builder::ArgPredicate::IsPresent, "60"), value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Duration,
     /// Write the guest console to FILE instead of stdout.
     #[arg(long, value_name = "FILE")]

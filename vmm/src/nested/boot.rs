@@ -476,34 +476,6 @@ pub fn shadow_paging_works() -> Result<(), String> {
     }
 }
 
-/// The first QEMU release measured to stall Linux guests on the VMM.
-const LINUX_STALLS_FROM: (u32, u32, u32) = (10, 0, 0);
-
-/// Whether a Linux guest on the VMM boots under the outer QEMU: why not,
-/// if it does not. Measured: under QEMU 7.2 (one outer vCPU) 16 of 16
-/// boots reached the init; under QEMU 10.0.2, 6 of 6 stalled before it,
-/// at different places of the boot (alternatives patching, clocksource,
-/// blkcg_init...), with nested paging, with `-x2apic,-tsc-deadline`, and
-/// with every optional SVM feature off; with shadow paging Linux printed
-/// nothing. ptiscope's own guest, which takes no interrupt, runs there.
-pub fn linux_on_the_vmm_boots() -> Result<(), String> {
-    let binary = qemu_binary();
-    let version = crate::backend::qemu::qemu_support(&binary)
-        .ok()
-        .and_then(|s| s.version);
-    match version {
-        Some(v) if v >= LINUX_STALLS_FROM => Err(format!(
-            "--linux under --backend nested: {binary} is QEMU {}.{}.{}, under whose SVM Linux \
-             guests on ptiscope's VMM stall in boot (6 of 6 measured with 10.0.2, at different \
-             places; docs/linux-guests.md). Use QEMU 7.2 as the outer QEMU, --backend qemu \
-             (Linux under TCG, with the plugin's counts), or a host with a hardware KVM \
-             (--backend kvm); `reproduce --no-linux` measures the companion cells only",
-            v.0, v.1, v.2
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// Boots the inner Linux with `request` and returns its response: vCPUs
 /// `cpus` (the inner guest's, at least 1), the deadline the boot allowance plus the jobs'
 /// bounds. `progress` hears each stage.

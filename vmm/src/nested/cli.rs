@@ -335,12 +335,14 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             ..Default::default()
         }],
     };
-    // A user's command only: the tests' batches decide for themselves.
+    // A user's command only: the tests' batches choose their own.
+    let mut cpus = cpus;
     if request.jobs.iter().any(Job::boots_linux) {
-        if let Err(e) = boot::linux_on_the_vmm_boots() {
-            say!("ptiscope {name} --backend nested: {e}");
-            return Some(exit_code::KVM_UNAVAILABLE);
-        }
+        // One outer vCPU under a Linux guest on the VMM, whatever its
+        // --cpus: with two, 3 of 3 two-vCPU Linux boots stalled (two at
+        // "x86: Booting SMP configuration"), with one 8 of 8 reached the
+        // init (docs/linux-guests.md).
+        cpus = 1;
     }
     let mut progress = |m: &str| {
         if !quiet {
