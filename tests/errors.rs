@@ -337,16 +337,46 @@ fn an_entry_in_cmdline_is_the_entry_not_a_repeated_key() {
     if !kvm_or_skip("cmdline entry") {
         return;
     }
-    // int3 reaches the kernel on every x86 KVM.
-    let (code, err) = run(&[
-        "--cmdline",
-        "entry=int3",
-        "--workload",
-        "getpid",
-        "--iterations",
-        "10",
-    ]);
-    assert_eq!(code, Some(0), "{err}");
+    // int3 reaches the kernel on every x86 KVM; another entry this host
+    // delivers (`probe --json`), where there is one, is not what `auto`
+    // would pick, so the run's config shows whose choice it ran.
+    let probe = probe_json();
+    let auto = probe["environment"]["probe"]["entry_auto"]
+        .as_str()
+        .unwrap();
+    let other = probe["environment"]["probe"]["entries_working"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .find(|e| *e != auto);
+    let dir = Scratch::new("cmdline-entry");
+    for entry in std::iter::once("int3").chain(other) {
+        let cmdline = format!("entry={entry}");
+        let (o, v) = output_and_json(
+            ptiscope().arg("run").args([
+                "--cmdline",
+                &cmdline,
+                "--workload",
+                "getpid",
+                "--iterations",
+                "10",
+            ]),
+            &dir,
+            entry,
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        // The run's configuration has the one entry asked for, once.
+        let entries: Vec<&str> = v["config"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{cmdline}: no config in {v}"))
+            .iter()
+            .filter_map(|w| w.as_str())
+            .filter(|w| w.starts_with("entry="))
+            .collect();
+        assert_eq!(entries, [cmdline.as_str()], "{v}");
+    }
     // SYSCALL runs where the host delivers it, and is refused by name (69)
     // where it does not (kvm_pvm): never "given twice".
     let (code, err) = run(&[
@@ -495,19 +525,28 @@ fn more_vcpus_than_kvm_recommends_is_a_host_limit() {
     if !kvm_or_skip("more_vcpus_than_kvm_recommends_is_a_host_limit") {
         return;
     }
+    // What this KVM recommends, from `probe --json`: the decision to
+    // refuse is the exit status, the message's contract the count to use.
+    let recommended = probe_json()["host"]["recommended_vcpus"]
+        .as_u64()
+        .expect("probe --json: host.recommended_vcpus");
+    if recommended >= 8 {
+        ptiscope::test_support::skip(
+            "more_vcpus_than_kvm_recommends_is_a_host_limit",
+            &format!("this host's KVM recommends {recommended} vCPUs"),
+        );
+        return;
+    }
     let o = ptiscope()
         .args(["run", "--cpus", "8", "--timeout", "5"])
         .output()
         .unwrap();
     let err = stderr(&o);
-    if !err.contains("recommends at most") {
-        ptiscope::test_support::skip(
-            "more_vcpus_than_kvm_recommends_is_a_host_limit",
-            "this host's KVM recommends 8 vCPUs or more",
-        );
-        return;
-    }
     assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains(&format!("use --cpus {recommended} or fewer")),
+        "{err}"
+    );
 }
 
 /// An argument QEMU refuses ends the run with 81 and QEMU's own message.

@@ -111,18 +111,22 @@ fn i386_delivers_every_message_with_the_expected_cr3_writes_as_processes_and_thr
     if !qemu_i386_or_skip("sched-messaging i386 under QEMU") {
         return;
     }
+    let dir = Scratch::new("messaging-i386");
     for mode in ["process", "thread"] {
         for pti in ["on", "off"] {
             let cmdline = format!("groups={GROUPS} loops={LOOPS} mode={mode}");
-            let o = run_i386_qemu(60)
-                .args(["--workload", "sched-messaging", "--pti", pti])
-                .args(["--cmdline", &cmdline])
-                .output()
-                .expect("run ptiscope");
+            let (o, v) = output_and_json(
+                run_i386_qemu(60)
+                    .args(["--workload", "sched-messaging", "--pti", pti])
+                    .args(["--cmdline", &cmdline]),
+                &dir,
+                &format!("{mode}-{pti}"),
+            );
             let out = stdout(&o) + &stderr(&o);
             let what = format!("i386 {mode} pti={pti}");
             assert_eq!(o.status.code(), Some(0), "{what}:\n{out}");
-            assert!(out.contains("ptiscope guest i386"), "{out}");
+            // The VMM booted the i386 image (`--arch i386`).
+            assert_eq!(guest_image(&v), ("embedded i386", true), "{what}: {v}");
             check(&result_line(&out), pti, mode, &what);
         }
     }

@@ -44,30 +44,50 @@ fn pagetables_shows_the_deferred_switch_text_in_its_verdict() {
     if !kvm_or_skip("pagetables_shows_the_deferred_switch_text_in_its_verdict") {
         return;
     }
+    let dir = Scratch::new("pagetables-switch");
+    // The printed verdict line (the feature) and the document's walk.
     let verdict = |switch: &str| {
+        let json = dir.join(format!("{switch}.json"));
         let out = ptiscope()
             .args(["pagetables", "--pti", "on", "--cmdline"])
             .arg(format!("pti_switch={switch}"))
+            .arg("--json")
+            .arg(&json)
             .output()
             .expect("run ptiscope");
         assert!(out.status.success(), "{}", stderr(&out));
         let text = stdout(&out);
-        text.lines()
+        let line = text
+            .lines()
             .find(|l| l.starts_with("verdict:"))
             .unwrap_or_else(|| panic!("no verdict: {text}"))
-            .to_string()
+            .to_string();
+        (line, read_json(&json))
     };
-    let asm = verdict("asm");
+    // Nothing outside the entry area either way; the deferred switch adds
+    // one 4 KiB page of kernel text (executable, read-only), and only it.
+    let deferred_pages = |v: &serde_json::Value| {
+        let i = &v["isolation"];
+        assert_eq!(i["outside_entry_area"], serde_json::json!([]), "{i}");
+        i["deferred_switch"].as_array().unwrap().clone()
+    };
+    let (asm, v) = verdict("asm");
     assert!(
         asm.contains("ISOLATED (only the entry area is mapped)"),
         "{asm}"
     );
-    let deferred = verdict("deferred");
+    assert!(deferred_pages(&v).is_empty(), "{v}");
+    let (deferred, v) = verdict("deferred");
     assert!(
         deferred.contains("apart from the deferred CR3 switch")
             && deferred.contains("4 KiB of kernel text"),
         "{deferred}"
     );
+    let pages = deferred_pages(&v);
+    assert_eq!(pages.len(), 1, "{pages:?}");
+    assert_eq!(pages[0]["size"], 4096, "{pages:?}");
+    assert_eq!(pages[0]["access"]["no_execute"], false, "{pages:?}");
+    assert_eq!(pages[0]["access"]["writable"], false, "{pages:?}");
 }
 
 #[test]

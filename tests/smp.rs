@@ -53,7 +53,10 @@ fn poundsyscall_two_threads_run_on_both_vcpus_with_two_cr3_writes_per_call() {
                 "threads=2",
             ],
         );
-        assert!(console.contains("smp: 2 of 2 CPUs online"), "{console}");
+        // 2 CPUs asked for (the document), 2 online (the guest's count:
+        // the document has none).
+        assert!(config_has(&v, "cpus=2"), "{v}");
+        assert_eq!(num(&machine_line(&console, "@smp"), "cpus"), 2, "{console}");
         let r = result_line(&console);
         check_two_threads(&r, CALLS, pti, &format!("pti={pti}"));
         // Both vCPUs ran guest code: each one's KVM exits (2 per int3 round
@@ -116,8 +119,9 @@ fn two_cpus_boot_under_qemu_smp_with_syscall_entry() {
     if !plugin_or_skip("qemu smp", "qemu-system-x86_64") {
         return;
     }
-    let out = ptiscope()
-        .args([
+    let dir = Scratch::new("qemu-smp");
+    let (out, v) = output_and_json(
+        ptiscope().args([
             "run",
             "--backend",
             "qemu",
@@ -135,13 +139,19 @@ fn two_cpus_boot_under_qemu_smp_with_syscall_entry() {
             "threads=2",
             "--timeout",
             "120",
-        ])
-        .output()
-        .expect("run ptiscope");
+        ]),
+        &dir,
+        "run",
+    );
     let console = stdout(&out);
     assert!(out.status.success(), "{console}\n{}", stderr(&out));
-    assert!(console.contains("smp: 2 of 2 CPUs online"), "{console}");
+    assert!(config_has(&v, "cpus=2"), "{v}");
+    assert_eq!(num(&machine_line(&console, "@smp"), "cpus"), 2, "{console}");
     check_two_threads(&result_line(&console), 100, "on", "qemu smp");
+    // The host saw CPU 1 run thread 1: the plugin's count of vCPU 1's
+    // syscall entries, its 100 calls and its exit.
+    assert_eq!(row_total(&v, "syscall_entries_vcpu1"), 101.0, "{v}");
+    assert_cross_checks_agree(&v, "qemu smp");
 }
 
 #[test]

@@ -165,8 +165,20 @@ fn telemetry_round_trip_through_real_runs() {
             .find(|c| c["guest_metric"] == "syscalls")
             .expect("syscalls cross-check");
         assert_eq!(sys["agrees"], true, "{sys}");
-        assert!(err.contains("guest telemetry: valid"), "{err}");
-        assert!(err.contains("[kvm]") || err.contains("KVM stats fd not available"));
+        // The telemetry verdict, and the KVM stats: rows from the stats
+        // fd, or a note that this KVM has none.
+        assert_eq!(v["telemetry_checked"], true, "{v}");
+        assert_eq!(v["telemetry_valid"], true, "{err}\n{v}");
+        let kvm_rows = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["source"] == "kvm");
+        let no_fd = v["notes"].as_array().unwrap().iter().any(|n| {
+            n.as_str()
+                .is_some_and(|n| n.contains("KVM stats fd not available"))
+        });
+        assert!(kvm_rows || no_fd, "{v}");
         // The JSON is the documented schema: it reads back.
         let back = ptiscope::report::RunSummary::from_json(v.clone()).expect("schema");
         assert_eq!(back.iterations, 301);
@@ -251,6 +263,8 @@ fn hostile_guest_is_reported_invalid_and_stops_cleanly() {
     assert!(has("unknown phase id 7"), "{problems:?}");
     assert!(has("flood"), "{problems:?}");
     assert!(has("not valid markers"), "{problems:?}");
+    // The reader's warning beside the figures (the verdict itself is
+    // `telemetry_valid` above): the text is the feature here.
     assert!(err.contains("guest telemetry: INVALID"), "{err}");
     // Guest-reported rows are withheld; host-observed ones stay.
     assert!(summary_row(&v, "syscalls").is_none() && summary_row(&v, "elapsed").is_some());
@@ -330,21 +344,25 @@ fn cpu_vuln_drives_pti_auto() {
         );
         return;
     }
-    for (vuln, want) in [("none", "pti=off (auto"), ("meltdown", "pti=on (auto")] {
-        let o = ptiscope()
-            .args(["run", "--pti", "auto", "--cpu-vuln", vuln])
-            .args(["--workload", "getpid", "--iterations", "10"])
-            .output()
-            .unwrap();
+    let dir = Scratch::new("cpu-vuln");
+    for (vuln, pti) in [("none", "off"), ("meltdown", "on")] {
+        let (o, v) = output_and_json(
+            ptiscope()
+                .args(["run", "--pti", "auto", "--cpu-vuln", vuln])
+                .args(["--workload", "getpid", "--iterations", "10"]),
+            &dir,
+            vuln,
+        );
         let (out, err) = (stdout(&o), stderr(&o));
         assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
-        let config = out.lines().find(|l| l.starts_with("config:")).unwrap_or("");
-        assert!(config.contains(want), "--cpu-vuln {vuln}: {config}");
-        let cr3 = if vuln == "none" { "0" } else { "22" };
-        assert!(
-            out.contains(&format!("cr3_writes={cr3} ")),
-            "--cpu-vuln {vuln}: {out}"
-        );
+        // The VMM left the choice to the guest (the document's config);
+        // the guest made it (its @result line: the document does not
+        // record what `auto` became), and the CR3 writes follow it.
+        assert!(config_has(&v, "pti=auto"), "--cpu-vuln {vuln}: {v}");
+        let r = result_line(&out);
+        assert_eq!(r["pti"], pti, "--cpu-vuln {vuln}: {r:?}");
+        let cr3 = if pti == "off" { 0.0 } else { 22.0 };
+        assert_eq!(row_total(&v, "cr3_writes"), cr3, "--cpu-vuln {vuln}: {v}");
     }
 }
 

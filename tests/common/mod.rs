@@ -657,10 +657,7 @@ pub fn spawn_writing(cmd: &mut Command, json: &Path, csv: &Path) -> std::process
 
 /// What `ptiscope probe --json` found for 32-bit PAE paging on this host.
 pub fn host_pae_paging_works() -> bool {
-    let o = ptiscope().args(["probe", "--json"]).output().unwrap();
-    assert!(o.status.success(), "probe failed: {}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    v["paging"]["pae"]["outcome"]["result"] == "works"
+    probe_json()["paging"]["pae"]["outcome"]["result"] == "works"
 }
 
 /// `key=value` pairs of the first console line starting with `prefix`
@@ -792,4 +789,65 @@ pub fn render_png(svg: &str, name: &str) {
             .save_png(&path)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
+}
+
+/// Runs `cmd` with `--json FILE` added (FILE `name.json` in `dir`): its
+/// output and the document it wrote (`null` where it wrote none: a failed
+/// run keeps no document). Tests read figures and decisions from the
+/// document, not from the summary's wording.
+pub fn output_and_json(cmd: &mut Command, dir: &Path, name: &str) -> (Output, serde_json::Value) {
+    let json = dir.join(format!("{name}.json"));
+    let _ = std::fs::remove_file(&json);
+    let o = cmd.arg("--json").arg(&json).output().unwrap();
+    (o, json_or_null(&json))
+}
+
+/// True if a run or sweep document's `config` (the options the VMM gave
+/// the guest, `key=value`) holds `word`, e.g. `pti=on` or `cpus=2`.
+pub fn config_has(v: &serde_json::Value, word: &str) -> bool {
+    v["config"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|w| w == word))
+}
+
+/// Panics unless every `cross_checks[]` entry of a run document agrees,
+/// and there is at least one.
+pub fn assert_cross_checks_agree(v: &serde_json::Value, what: &str) {
+    let checks = v["cross_checks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no cross_checks in {v}"));
+    assert!(!checks.is_empty(), "{what}: no cross-check made: {v}");
+    for c in checks {
+        assert_eq!(c["agrees"], true, "{what}: {c}");
+    }
+}
+
+/// The cross-check of a run document whose host side is `host_metric`;
+/// panics naming it if there is none.
+pub fn cross_check<'a>(v: &'a serde_json::Value, host_metric: &str) -> &'a serde_json::Value {
+    v["cross_checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["host_metric"] == host_metric))
+        .unwrap_or_else(|| panic!("no cross-check of {host_metric} in {v}"))
+}
+
+/// The guest image a run document says the VMM booted
+/// (`environment.guest_image`): (name, elf32).
+pub fn guest_image(v: &serde_json::Value) -> (&str, bool) {
+    let g = &v["environment"]["guest_image"];
+    (
+        g["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no guest_image.name in {v}")),
+        g["elf32"]
+            .as_bool()
+            .unwrap_or_else(|| panic!("no guest_image.elf32 in {v}")),
+    )
+}
+
+/// `ptiscope probe --json`: what this host's KVM does, as the VMM found it.
+pub fn probe_json() -> serde_json::Value {
+    let o = ptiscope().args(["probe", "--json"]).output().unwrap();
+    assert!(o.status.success(), "probe failed: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("probe --json prints JSON")
 }
