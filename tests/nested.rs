@@ -357,8 +357,9 @@ fn linux_on_the_vmm_reaches_the_init_under_nested_kvm_amd() {
     if std::env::var_os("PTISCOPE_SLOW_TESTS").is_none() {
         ptiscope::test_support::skip(
             test,
-            "60-200 s, and under QEMU 10 as the outer QEMU a boot of Linux on the VMM still \
-             timed out (issue 29; QEMU 7.2: 16 of 16 reached the init): set PTISCOPE_SLOW_TESTS=1",
+            "150-200 s (tests/nested_linux.rs runs Linux on the VMM in the default suite, with \
+             one and two vCPUs): set PTISCOPE_SLOW_TESTS=1 for the panic, the 686-pae kernel \
+             and pti=off on nested paging",
         );
         return;
     }

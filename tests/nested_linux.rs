@@ -1,0 +1,266 @@
+//! Linux on ptiscope's VMM under `--backend nested` (kvm_amd inside QEMU
+//! TCG), in one boot of the inner Linux:
+//! - where the outer QEMU runs shadow paging correctly (QEMU 7.2), kvm_amd
+//!   runs `npt=0`: KVM intercepts every guest CR3 write, so its
+//!   `tlb_flush` counts them. ptiscope's guest counts its own: the two must
+//!   agree exactly. For Linux KVM's count is the `[kvm] cr3_writes` row and
+//!   the host side of the PTI check, and the Linux compare a CI runs is
+//!   guarded on it (`--fail-if`);
+//! - where it does not (QEMU 10.0.2: an intercepted CR3 read returns a
+//!   wrong value), `--nested-paging shadow` is refused, naming the version,
+//!   and Linux runs on nested paging: its PTI state is the kernel log's.
+//!
+//! Either way Linux boots to ptiscope's init on the VMM with one and with
+//! two vCPUs (the ACPI tables describe them), and its workloads run.
+//! Skipped, with the reason, without a fetched kernel with its KVM modules
+//! or without QEMU.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn nested_or_skip(test: &str) -> bool {
+    if let Err(e) = ptiscope::nested::boot::find_kernel() {
+        ptiscope::test_support::skip(test, &e.to_string());
+        return false;
+    }
+    qemu_or_skip(test, "qemu-system-x86_64")
+}
+
+const CALLS: u64 = 2000;
+
+fn job<S: AsRef<str>>(name: &str, argv: &[S]) -> Value {
+    let mut argv: Vec<String> = argv.iter().map(|s| s.as_ref().to_string()).collect();
+    argv.push(format!("--json=/tmp/out/{name}.json"));
+    json!({"argv": argv, "collect": [format!("/tmp/out/{name}.json")], "timeout_secs": 150.0})
+}
+
+fn summary(job: &Value, what: &str) -> Value {
+    assert_eq!(
+        job["status"].as_i64(),
+        Some(0),
+        "{what}: {}",
+        job["stderr"].as_str().unwrap_or("")
+    );
+    let text = job["files"][0][1]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no JSON came back: {job}"));
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: {e}: {text}"))
+}
+
+/// (total, per call) of the row `name` from `source`, if there is one.
+fn row(s: &Value, name: &str, source: &str) -> Option<(f64, f64)> {
+    let r = s["rows"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name && r["source"] == source)?;
+    Some((r["total"].as_f64()?, r["per_iteration"].as_f64()?))
+}
+
+fn has_config(s: &Value, word: &str) -> bool {
+    s["config"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|w| w == word))
+}
+
+#[test]
+fn linux_runs_on_the_vmm_under_nested_kvm_amd_and_kvm_counts_cr3_writes_where_it_can() {
+    let test = "Linux on the VMM under nested";
+    if !nested_or_skip(test) {
+        return;
+    }
+    let shadow = ptiscope::nested::boot::shadow_paging_works();
+    if let Err(why) = &shadow {
+        // Refused before anything boots, naming the QEMU and what to use.
+        let o = ptiscope()
+            .args(["run", "--backend", "nested", "--nested-paging", "shadow"])
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(69), "{err}");
+        assert!(
+            err.contains("--nested-paging npt") && err.contains("QEMU"),
+            "{err}"
+        );
+        ptiscope::test_support::skip(
+            "nested shadow paging",
+            &format!("its refusal is checked, and Linux runs on nested paging: {why}"),
+        );
+    }
+    let shadow = shadow.is_ok();
+    let s = Scratch::new("nested-linux-vmm");
+    let n = CALLS.to_string();
+    let linux = |workload: &'static str| {
+        [
+            "run",
+            "--linux",
+            "debian-amd64",
+            "--workload",
+            workload,
+            "--iterations",
+            &n,
+            "--timeout",
+            "90",
+            "--pti",
+            "on",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    let getppid = linux("getppid");
+    let mut pound = linux("poundsyscall");
+    pound.extend(["--cpus", "2", "--cmdline", "threads=2"].map(str::to_string));
+    // The Linux compare a CI runs (.github/workflows/ci.yml, on hardware KVM
+    // reloaded with ept=0/npt=0), guarded on KVM's CR3 count.
+    let mut compare: Vec<String> = [
+        "compare",
+        "--linux",
+        "debian-amd64",
+        "--workload",
+        "getppid",
+        "--iterations",
+        &n,
+        "--runs",
+        "1",
+        "--timeout",
+        "90",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    if shadow {
+        compare.extend(
+            [
+                "--fail-if",
+                "cr3_writes_per_call.compare<1.9",
+                "--fail-if",
+                "cr3_writes_per_call.baseline>0.1",
+            ]
+            .map(str::to_string),
+        );
+    }
+    let jobs = vec![
+        job(
+            "on",
+            &[
+                "run",
+                "--pti",
+                "on",
+                "--workload",
+                "getpid",
+                "--iterations",
+                &n,
+            ],
+        ),
+        job("linux-on", &getppid),
+        job("compare", &compare),
+        job("pound", &pound),
+    ];
+    let req = s.join("request.json");
+    let paging = if shadow { "shadow" } else { "npt" };
+    std::fs::write(
+        &req,
+        json!({ "kvm_paging": paging, "jobs": jobs }).to_string(),
+    )
+    .unwrap();
+    // One outer vCPU, as `--backend nested` gives a Linux guest.
+    let o = ptiscope()
+        .args(["nested-batch", "--cpus", "1"])
+        .arg(&req)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
+        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let setup = r["setup"].to_string();
+    let npt = if shadow { "npt=0" } else { "npt=1" };
+    assert!(setup.contains(&format!("kvm-amd.ko {npt}")), "{setup}");
+    let j = r["jobs"].as_array().expect("jobs");
+
+    // ptiscope's guest: under shadow paging KVM's flushes are exactly its
+    // CR3 writes, 2 a call.
+    let on = summary(&j[0], "ptiscope's guest, pti=on");
+    let kvm_env = &on["environment"]["kvm"];
+    assert_eq!(kvm_env["sees_cr3_writes"], shadow, "{kvm_env}");
+    let (guest, per_call) = row(&on, "cr3_writes", "guest").expect("the guest's count");
+    assert!((per_call - 2.0).abs() < 0.01, "{per_call}");
+    if shadow {
+        assert_eq!(kvm_env["paging"], "shadow", "{kvm_env}");
+        let (kvm, _) = row(&on, "tlb_flush", "kvm").expect("KVM's tlb_flush");
+        assert_eq!(kvm, guest, "KVM's tlb_flush vs the guest's CR3 writes");
+        let checks = on["cross_checks"].as_array().unwrap();
+        assert!(
+            checks.iter().any(|c| c["what"]
+                .as_str()
+                .is_some_and(|w| w.contains("shadow paging"))
+                && c["agrees"] == true),
+            "{checks:?}"
+        );
+    }
+
+    // Linux, getppid with PTI: the init's figures, KVM's exits, and PTI's
+    // state from the kernel log, with KVM's count beside it under shadow
+    // paging (about 2 a call: a timer interrupt from user mode adds two).
+    let on = summary(&j[1], "Linux pti=on");
+    assert!(has_config(&on, "linux=x86_64"), "{}", on["config"]);
+    assert!(row(&on, "cycles", "guest").is_some_and(|(t, _)| t > 0.0));
+    assert!(row(&on, "kvm_exits", "kvm").is_some(), "{}", on["rows"]);
+    let notes = on["notes"].to_string();
+    assert!(notes.contains("PTI enabled"), "{notes}");
+    match row(&on, "cr3_writes", "kvm") {
+        Some((_, per_call)) if shadow => {
+            assert!((2.0..2.5).contains(&per_call), "{per_call}");
+            assert!(
+                notes.contains("kvm tlb_flush, shadow paging) agrees"),
+                "{notes}"
+            );
+        }
+        None if !shadow => assert!(notes.contains("no host-side CR3 count"), "{notes}"),
+        r => panic!("[kvm] cr3_writes {r:?} with shadow paging {shadow}: {notes}"),
+    }
+
+    // The compare: exit 0 (with the guards under shadow paging), both sides
+    // measured; KVM's count none without PTI.
+    let c = summary(&j[2], "Linux compare");
+    let m = c["metrics"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == "cr3_writes_per_call"));
+    if shadow {
+        let m = m.unwrap_or_else(|| panic!("no cr3_writes_per_call: {}", c["metrics"]));
+        assert_eq!(m["source"], "kvm", "{m}");
+        assert_eq!(m["baseline"]["amean"].as_f64(), Some(0.0), "{m}");
+        assert!(
+            m["compare"]["amean"]
+                .as_f64()
+                .is_some_and(|v| (2.0..2.5).contains(&v)),
+            "{m}"
+        );
+    } else {
+        assert!(m.is_none(), "a CR3 count under nested paging: {m:?}");
+    }
+    assert!(
+        c["metrics"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["name"] == "kvm_exits_per_call")),
+        "{}",
+        c["metrics"]
+    );
+
+    // Two vCPUs (the MADT's): both brought up, each thread made its calls.
+    let what = "Linux poundsyscall --cpus 2";
+    let p = summary(&j[3], what);
+    let out = j[3]["stdout"].as_str().unwrap_or_default();
+    assert!(out.contains("@smp cpus=2 threads=2"), "{what}: {out}");
+    assert_eq!(p["iterations"], 2 * CALLS, "{what}");
+    for cpu in 0..2 {
+        assert!(
+            row(&p, &format!("kvm_exits_vcpu{cpu}"), "kvm").is_some(),
+            "{what}: no KVM exit row for vCPU {cpu}: {}",
+            p["rows"]
+        );
+    }
+}
