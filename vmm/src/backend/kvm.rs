@@ -74,7 +74,7 @@ impl Backend for Kvm {
         let outcome = crate::machine::run(resolved, &host, &mut m)?;
         Ok(Ran {
             outcome,
-            observed: Observed::Host(m),
+            observed: Observed::Host(Box::new(m)),
         })
     }
 

@@ -102,8 +102,8 @@ pub struct HostWatch {
 /// variant, so that a backend without one carries no empty one.
 pub enum Observed {
     /// The VMM's host-side observer (KVM's exits and statistics, the
-    /// telemetry page).
-    Host(Measurer),
+    /// telemetry page); boxed, as it is large beside the other variants.
+    Host(Box<Measurer>),
     /// Nothing but what the outcome carries (the console and, under QEMU,
     /// the TCG plugin's counts).
     Console,
