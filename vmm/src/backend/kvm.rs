@@ -115,6 +115,7 @@ impl Backend for Kvm {
                 })
             },
             refill_unprobed: None,
+            counts_by_address: false,
         }
     }
 }

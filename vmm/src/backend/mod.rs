@@ -87,6 +87,9 @@ pub struct Profile {
     pub omits_pcid: Box<dyn Fn() -> Option<String>>,
     /// Why the KVM refill probe says nothing here, if it does not.
     pub refill_unprobed: Option<&'static str>,
+    /// Whether the host counts a Linux guest's kernel instructions by
+    /// address (`run --by-symbol`: ptiscope's TCG plugin does).
+    pub counts_by_address: bool,
 }
 
 /// What the caller wants watched from the host while a run runs, in terms

@@ -236,6 +236,7 @@ impl Backend for Qemu {
             refill_unprobed: Some(
                 "not probed under QEMU TCG: its soft TLB is flushed whole on every CR3 write",
             ),
+            counts_by_address: plugin,
         }
     }
 }

@@ -36,7 +36,7 @@ pub fn run(args: &RunArgs) -> i32 {
         }
     };
     if args.by_symbol {
-        let why = if backend.name() != "qemu" || args.on.no_plugin {
+        let why = if !backend.profile().counts_by_address {
             Some("--by-symbol counts by address with ptiscope's QEMU TCG plugin: give --backend qemu (without --no-plugin)")
         } else if resolved.linux.is_none() {
             Some("--by-symbol is for Linux guests (their init sends the kernel's /proc/kallsyms): give --linux debian-amd64 (or a bzImage path)")
