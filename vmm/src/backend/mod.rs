@@ -258,3 +258,79 @@ pub trait Backend {
     /// other backends are [`refusal`]'s.
     fn check(&self, flag: &str, asked: &Requested) -> Option<String>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend that declares no options of its own: what every other
+    /// backend's options look like to a backend added later.
+    struct Other;
+
+    impl Backend for Other {
+        fn name(&self) -> &'static str {
+            "other"
+        }
+        fn target(&self) -> Target {
+            Target::QemuTcg
+        }
+        fn run(&self, _: &ResolvedRun, _: HostWatch) -> Result<Ran, BackendError> {
+            unreachable!("the refusal tests run nothing")
+        }
+        fn profile(&self) -> Profile {
+            unreachable!("the refusal tests read no profile")
+        }
+        fn check(&self, flag: &str, _: &Requested) -> Option<String> {
+            panic!("{flag} is not this backend's to check")
+        }
+    }
+
+    fn asking(flags: &[&'static str]) -> Requested<'static> {
+        Requested {
+            given: flags.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// Each option has one owner, and under any other backend the one
+    /// generic check refuses it naming the option and its backend (or the
+    /// backend that does not take it).
+    #[test]
+    fn every_backend_option_is_refused_elsewhere_naming_it() {
+        let all: Vec<&OwnOption> = OPTIONS.iter().flat_map(|o| o.iter()).collect();
+        for o in &all {
+            assert_eq!(
+                all.iter().filter(|p| p.flag == o.flag).count(),
+                1,
+                "{}",
+                o.flag
+            );
+            let why = refusal(&Other, &asking(&[o.flag])).expect(o.flag);
+            assert!(why.starts_with(o.flag), "{why}");
+            match o.what {
+                Some(_) => assert!(why.ends_with(": not with --backend other"), "{why}"),
+                None => assert_eq!(why, format!("{} needs --backend {}", o.flag, o.owner)),
+            }
+        }
+        assert_eq!(refusal(&Other, &asking(&[])), None);
+    }
+
+    /// The first option refused is the first given: a KVM option before
+    /// the QEMU backend's own check of its `--qemu-arg`s, and that check
+    /// reached when nothing foreign was given.
+    #[test]
+    fn options_are_checked_in_the_order_given() {
+        let qemu = Qemu { plugin: true };
+        let args = ["-enable-kvm".to_string()];
+        let mut asked = asking(&["--no-irqchip", "--qemu-arg"]);
+        asked.qemu_args = &args;
+        assert_eq!(
+            refusal(&qemu, &asked).as_deref(),
+            Some("--no-irqchip is a KVM setting: not with --backend qemu")
+        );
+        asked.given = vec!["--qemu-arg", "--no-plugin"];
+        let why = refusal(&qemu, &asked).unwrap_or_default();
+        assert!(why.contains("turns on KVM acceleration"), "{why}");
+        assert_eq!(refusal(&Qemu { plugin: false }, &asked), None);
+    }
+}
