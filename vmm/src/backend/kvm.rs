@@ -1,13 +1,36 @@
 //! Our VMM on this host's KVM behind the [`Backend`] trait: the run is
-//! `machine::run`, observed from the host by a [`Measurer`].
+//! `machine::run`, observed from the host by a [`Measurer`] this backend
+//! makes (the caller says only what it wants watched: [`HostWatch`]).
 
 use std::sync::Arc;
 
-use super::{Backend, BackendError, Ran, Requested, TimeMetric};
+use super::{
+    Backend, BackendError, HostWatch, Observed, OwnOption, Profile, Ran, Requested, TimeMetric,
+};
 use crate::machine::HostSide;
 use crate::observe::measure::{Measurer, ObservedKvm};
 use crate::probe::host::HostFacts;
 use crate::spec::{ResolvedRun, Target};
+
+/// The options only this backend takes: what they set is KVM's or the
+/// VMM's, which no other backend has.
+pub const OPTIONS: &[OwnOption] = &[
+    OwnOption {
+        flag: "--metrics-interval",
+        owner: "kvm",
+        what: Some("reads KVM's statistics"),
+    },
+    OwnOption {
+        flag: "--cpu-vuln",
+        owner: "kvm",
+        what: Some("sets what the KVM vCPU reports"),
+    },
+    OwnOption {
+        flag: "--no-irqchip",
+        owner: "kvm",
+        what: Some("is a KVM setting"),
+    },
+];
 
 /// Our VMM on this host's KVM, observed from the host (exits, KVM
 /// statistics, the guest's telemetry page). It holds the host facts its
@@ -34,7 +57,11 @@ impl Backend for Kvm {
         Target::Kvm
     }
 
-    fn run_observed(&self, resolved: &ResolvedRun, mut m: Measurer) -> Result<Ran, BackendError> {
+    fn run(&self, resolved: &ResolvedRun, watch: HostWatch) -> Result<Ran, BackendError> {
+        let mut m = Measurer::new();
+        if let Some(live) = watch.live_metrics {
+            m = m.with_live_metrics(live);
+        }
         m.on_kvm(ObservedKvm {
             flavour: self.facts.kvm_flavour(),
             sees_cr3_writes: self.facts.sees_cr3_writes(),
@@ -47,80 +74,70 @@ impl Backend for Kvm {
         let outcome = crate::machine::run(resolved, &host, &mut m)?;
         Ok(Ran {
             outcome,
-            observer: Some(m),
+            observed: Observed::Host(Box::new(m)),
         })
     }
 
-    fn time(&self) -> TimeMetric {
-        TimeMetric {
-            metric: "ns_per_call",
-            unit: "ns",
-            source: "host-clock",
-        }
-    }
-
-    fn refuse(&self, asked: &Requested) -> Option<String> {
-        if asked.no_irqchip && asked.cpus > 1 {
+    fn check(&self, flag: &str, asked: &Requested) -> Option<String> {
+        if flag == "--no-irqchip" && asked.cpus > 1 {
             return Some(
                 "--cpus above 1 needs the in-kernel irqchip (the guest starts its other CPUs \
                  by INIT/SIPI through the LAPIC): drop --no-irqchip"
                     .into(),
             );
         }
-        if !asked.qemu_args.is_empty() {
-            return Some("--qemu-arg needs --backend qemu".into());
-        }
-        if asked.no_plugin {
-            return Some("--no-plugin needs --backend qemu".into());
-        }
         None
     }
 
-    fn describe(&self, run: &ResolvedRun) -> (Option<&'static str>, String) {
-        use crate::preflight::cmdline::EntryChoice;
-        let entry = match (run.config.guest.entry, run.guest.entry) {
-            (_, None) => "none (the workload runs no user code)".to_string(),
-            (EntryChoice::Auto, Some(e)) => {
-                let how = if crate::machine::loader::is_elf32(&run.image) {
-                    // probe::host::choose_auto_entry: not from the long-mode probe.
-                    "the i386 guest's own: SYSENTER works in 32-bit mode on Intel and AMD"
-                } else if run.entry_guessed {
-                    "guessed from the KVM module: the probe could not run"
-                } else {
-                    "from the probe"
-                };
-                format!("{e} (entry=auto, {how})")
-            }
-            (EntryChoice::Fixed(_), Some(e)) => e.to_string(),
-        };
-        (Some(self.facts.describe_kvm()), format!("; entry {entry}"))
-    }
-
-    fn sweep_line(&self) -> (&'static str, String) {
-        ("KVM", self.facts.describe_kvm().to_owned())
-    }
-
-    fn no_cross_checks(&self) -> Option<&'static str> {
-        None
-    }
-
-    fn blind_spot(&self) -> Option<&'static str> {
-        (!self.facts.sees_cr3_writes()).then_some(
-            "with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only",
-        )
-    }
-
-    fn omits_pcid(&self) -> Option<String> {
-        match self.facts.pcid_usable() {
-            Some((true, _)) => None,
-            Some((false, detail)) => Some(format!(
-                "this host's vCPU has no usable PCID (probe: {detail})"
-            )),
-            None => Some("the PCID probe could not run".into()),
+    fn profile(&self) -> Profile {
+        Profile {
+            time: TimeMetric {
+                metric: "ns_per_call",
+                unit: "ns",
+                source: "host-clock",
+            },
+            header_line: Some(self.facts.describe_kvm()),
+            run_note: Box::new(run_note),
+            sweep_line: ("KVM", self.facts.describe_kvm().to_owned()),
+            console: None,
+            no_cross_checks: None,
+            blind_spot: (!self.facts.sees_cr3_writes()).then_some(
+                "with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only",
+            ),
+            omits_pcid: {
+                let facts = self.facts.clone();
+                Box::new(move || match facts.pcid_usable() {
+                    Some((true, _)) => None,
+                    Some((false, detail)) => Some(format!(
+                        "this host's vCPU has no usable PCID (probe: {detail})"
+                    )),
+                    None => Some("the PCID probe could not run".into()),
+                })
+            },
+            refill_unprobed: None,
+            counts_by_address: false,
         }
     }
+}
 
-    fn refill_unprobed(&self) -> Option<&'static str> {
-        None
-    }
+/// `compare`'s run-line note for a run on KVM: how its system-call entry
+/// was chosen.
+fn run_note(run: &ResolvedRun) -> String {
+    use crate::preflight::cmdline::EntryChoice;
+    let entry = match (run.config.guest.entry, run.guest.entry) {
+        (_, None) => "none (the workload runs no user code)".to_string(),
+        (EntryChoice::Auto, Some(e)) => {
+            let how = if crate::machine::loader::is_elf32(&run.image) {
+                // probe::host::choose_auto_entry: not from the long-mode probe.
+                "the i386 guest's own: SYSENTER works in 32-bit mode on Intel and AMD"
+            } else if run.entry_guessed {
+                "guessed from the KVM module: the probe could not run"
+            } else {
+                "from the probe"
+            };
+            format!("{e} (entry=auto, {how})")
+        }
+        (EntryChoice::Fixed(_), Some(e)) => e.to_string(),
+    };
+    format!("; entry {entry}")
 }

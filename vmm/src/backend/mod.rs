@@ -3,13 +3,28 @@
 //! run, with every figure marked guest-reported unless the TCG plugin
 //! observes it.
 //!
-//! What differs per backend lives here and nowhere else: how a run starts
-//! ([`Backend::run`]), what it can observe (its time metric, whether it
-//! cross-checks), what it refuses and why ([`Backend::refuse`]), how the
-//! report header describes it, and which default configurations it leaves
-//! out. The guest kind (the companion image or a Linux kernel with its
+//! The trait is mechanism only, as cloud-hypervisor's `hypervisor` crate
+//! is: a backend starts a run of a resolved guest ([`Backend::run`]) and
+//! returns a backend-neutral [`Ran`] whose observer part is its own
+//! ([`Observed`]). What a backend *is* for the reports (its time metric,
+//! its line in the report header and in `sweep`'s, what it cannot
+//! cross-check or see, which default configurations it leaves out) is data,
+//! one [`Profile`] the `cli` and `report` layers read: they print what a
+//! backend says about itself and never match on which backend it is. The
+//! options only one backend takes are that backend's: each module declares
+//! its own (`kvm::OPTIONS`, `tcg::OPTIONS`), [`refusal`] checks every
+//! backend the same way against them, and [`Backend::check`] looks only at
+//! the backend's own options. Which summary a run gets (companion or Linux
+//! guest, host-observed or console-only) is decided once, by
+//! [`Ran::summary`].
+//!
+//! The guest kind (the companion image or a Linux kernel with its
 //! initramfs) is the run's ([`crate::spec::ResolvedRun::linux`]) and composes
 //! with either backend.
+//!
+//! Adding a backend: a module here with a type implementing [`Backend`],
+//! its `OPTIONS` named in [`OPTIONS`], and its value of the `--backend`
+//! enum turned into it in `cli::Backend::with_plugin`.
 
 mod kvm;
 pub mod qemu;
@@ -18,7 +33,9 @@ mod tcg;
 pub use kvm::Kvm;
 pub use tcg::{enables_kvm, Qemu};
 
+use crate::linux::HostPhaseObservation;
 use crate::machine::{RunError, RunOutcome};
+use crate::observe::live_metrics::LiveMetricsConfig;
 use crate::observe::measure::Measurer;
 use crate::report::RunSummary;
 use crate::spec::{ResolvedRun, Target};
@@ -34,31 +51,123 @@ pub struct TimeMetric {
     pub source: &'static str,
 }
 
+/// How a run the host did not observe introduces its report (`run`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsoleNote {
+    /// After the stop reason: `backend qemu, TCG`.
+    pub label: &'static str,
+    /// Who measured the figures below.
+    pub figures: &'static str,
+}
+
+/// A backend as the reports describe it: data the `cli` and `report`
+/// layers print, so that they need not know which backend ran.
+pub struct Profile {
+    /// The time figure per call (`--runs auto` watches it; sweep reports it).
+    pub time: TimeMetric,
+    /// The line the report header gives this backend (`None`: the
+    /// environment header says it all).
+    pub header_line: Option<&'static str>,
+    /// The run-line note `compare` appends for a run (its entry, or the
+    /// emulator that ran it).
+    pub run_note: Box<dyn Fn(&ResolvedRun) -> String>,
+    /// The backend's line in `sweep`'s header: (label, text).
+    pub sweep_line: (&'static str, String),
+    /// `run`'s introduction of a console-only report (`None` for a backend
+    /// whose runs a host-side observer watches: the VMM's own lines say it).
+    pub console: Option<ConsoleNote>,
+    /// A note for the cross-checks (host-observed vs guest-reported), when
+    /// there is nothing to cross-check.
+    pub no_cross_checks: Option<&'static str>,
+    /// A note about what this backend does not see (printed after the table).
+    pub blind_spot: Option<&'static str>,
+    /// Why the default `pti=on,pcid=on` configuration is left out, if it
+    /// is: asked only when `sweep` picks its default configurations, since
+    /// on KVM the answer may take the PCID probe (probe VMs).
+    pub omits_pcid: Box<dyn Fn() -> Option<String>>,
+    /// Why the KVM refill probe says nothing here, if it does not.
+    pub refill_unprobed: Option<&'static str>,
+    /// Whether the host counts a Linux guest's kernel instructions by
+    /// address (`run --by-symbol`: ptiscope's TCG plugin does).
+    pub counts_by_address: bool,
+}
+
+/// What the caller wants watched from the host while a run runs, in terms
+/// no backend owns (a backend that cannot watch from the host is never
+/// asked: `--metrics-interval` is the KVM backend's option).
+#[derive(Default)]
+pub struct HostWatch {
+    /// `run --metrics-interval`: KVM's statistics sampled while it runs.
+    pub live_metrics: Option<LiveMetricsConfig>,
+}
+
+/// What observed a run besides its guest: each kind of observer its own
+/// variant, so that a backend without one carries no empty one.
+pub enum Observed {
+    /// The VMM's host-side observer (KVM's exits and statistics, the
+    /// telemetry page); boxed, as it is large beside the other variants.
+    Host(Box<Measurer>),
+    /// Nothing but what the outcome carries (the console and, under QEMU,
+    /// the TCG plugin's counts).
+    Console,
+}
+
 /// A run that ran: how it ended, and what observed it.
 pub struct Ran {
     /// How the run ended.
     pub outcome: RunOutcome,
-    /// The host-side observer of a KVM run (none under QEMU, whose figures
-    /// come with the outcome).
-    observer: Option<Measurer>,
+    /// What observed it from the host.
+    pub observed: Observed,
+}
+
+/// A run's summary, and what the host saw of a Linux guest's phase (which
+/// `cli::linux::diagnose` weighs against the kernel log).
+pub struct Summarized {
+    /// The run's summary.
+    pub summary: RunSummary,
+    /// The host's view of a Linux guest's measured phase, if it had one.
+    pub host: Option<HostPhaseObservation>,
 }
 
 impl Ran {
     /// The host-side observer, for a backend that has one.
     pub fn observer(&self) -> Option<&Measurer> {
-        self.observer.as_ref()
+        match &self.observed {
+            Observed::Host(m) => Some(m),
+            Observed::Console => None,
+        }
     }
 
-    /// How the run ended, and the host-side observer if there was one.
-    pub fn into_parts(self) -> (RunOutcome, Option<Measurer>) {
-        (self.outcome, self.observer)
-    }
-
-    /// The run's summary, its configuration words given.
-    pub fn summary(&self, config: Vec<String>) -> RunSummary {
-        match &self.observer {
-            Some(m) => m.summary(&self.outcome, config),
-            None => crate::report::summary_from_result(&self.outcome, config),
+    /// The one place a run's summary is chosen: a Linux guest's is the
+    /// init's (`linux::summary`), with the VMM's host rows when the VMM ran
+    /// it (`linux::summary_on_vmm`) or the TCG plugin's view of the phase
+    /// when QEMU did; the companion's is the host observer's
+    /// (`Measurer::summary`) or, with none, the guest's word alone. `config`
+    /// is the run's configuration words (the companion's summaries carry
+    /// them; a Linux guest's come from its init).
+    pub fn summary(&self, resolved: &ResolvedRun, config: Vec<String>) -> Summarized {
+        let o = &self.outcome;
+        match (&resolved.linux, &self.observed) {
+            (Some(l), Observed::Host(m)) => {
+                let (summary, host) =
+                    crate::linux::summary_on_vmm(o, l, &m.summary(o, config), m.sees_cr3_writes());
+                Summarized { summary, host }
+            }
+            (Some(l), Observed::Console) => {
+                let host = crate::linux::host_observation(o, l);
+                Summarized {
+                    summary: crate::linux::summary(o, l, host.as_ref()),
+                    host,
+                }
+            }
+            (None, Observed::Host(m)) => Summarized {
+                summary: m.summary(o, config),
+                host: None,
+            },
+            (None, Observed::Console) => Summarized {
+                summary: crate::report::summary_from_result(o, config),
+                host: None,
+            },
         }
     }
 }
@@ -77,22 +186,60 @@ pub enum BackendError {
     Sandbox(#[from] crate::sandbox::SandboxError),
 }
 
-/// The options a backend may refuse (what the command line asked for that
-/// only one backend understands).
-#[derive(Debug, Clone, Copy, Default)]
+/// A command-line option that only one backend takes, declared once, by
+/// that backend (its module's `OPTIONS`): [`refusal`] refuses it under
+/// every other backend.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnOption {
+    /// The option (`--qemu-arg`).
+    pub flag: &'static str,
+    /// The backend that takes it (its [`Backend::name`]).
+    pub owner: &'static str,
+    /// What it does that the others cannot (`reads KVM's statistics`),
+    /// for the refusal; `None`: the refusal says only which backend it
+    /// needs.
+    pub what: Option<&'static str>,
+}
+
+/// Every backend's own options: a new backend names its `OPTIONS` here.
+pub const OPTIONS: [&[OwnOption]; 2] = [kvm::OPTIONS, tcg::OPTIONS];
+
+/// What the command line asked of the backends: which backend-specific
+/// options it gave (by flag, in the order they are checked) and the values
+/// the backends' own checks ([`Backend::check`]) read.
+#[derive(Debug, Clone, Default)]
 pub struct Requested<'a> {
-    /// `--qemu-arg`s.
+    /// The backend-specific options given (`--qemu-arg`, `--no-irqchip`).
+    pub given: Vec<&'static str>,
+    /// `--qemu-arg`s (the QEMU backend checks what they would override).
     pub qemu_args: &'a [String],
-    /// `--no-plugin` (`run` only: the others take it as the QEMU backend's setting).
-    pub no_plugin: bool,
-    /// `--no-irqchip`.
-    pub no_irqchip: bool,
-    /// `--cpus`.
+    /// `--cpus` (the KVM backend checks it against `--no-irqchip`).
     pub cpus: u32,
-    /// `--metrics-interval`.
-    pub metrics_interval: bool,
-    /// A `--cpu-vuln` other than `host`.
-    pub cpu_vuln: bool,
+}
+
+/// The first option `asked` gives that `backend` does not take or whose
+/// value it refuses, as a usage error naming the option (and the backend
+/// it needs); `None` if it takes them all. One check for every backend, in
+/// the order the options are given: one another backend declares is
+/// refused here, one of `backend`'s own is `backend`'s to check.
+pub fn refusal(backend: &dyn Backend, asked: &Requested) -> Option<String> {
+    for flag in &asked.given {
+        let owner = OPTIONS
+            .iter()
+            .flat_map(|o| o.iter())
+            .find(|o| o.flag == *flag);
+        let why = match owner.filter(|o| o.owner != backend.name()) {
+            Some(o) => Some(match o.what {
+                Some(what) => format!("{flag} {what}: not with --backend {}", backend.name()),
+                None => format!("{flag} needs --backend {}", o.owner),
+            }),
+            None => backend.check(flag, asked),
+        };
+        if why.is_some() {
+            return why;
+        }
+    }
+    None
 }
 
 /// One way to run a resolved run and observe it.
@@ -101,31 +248,89 @@ pub trait Backend {
     fn name(&self) -> &'static str;
     /// Where preflight settles a run for this backend.
     fn target(&self) -> Target;
-    /// Runs one resolved run, observing it as this backend can.
-    fn run(&self, resolved: &ResolvedRun) -> Result<Ran, BackendError> {
-        self.run_observed(resolved, Measurer::new())
+    /// Runs one resolved run, with what the caller wants watched from the
+    /// host, observing it as this backend can.
+    fn run(&self, resolved: &ResolvedRun, watch: HostWatch) -> Result<Ran, BackendError>;
+    /// This backend as the reports describe it.
+    fn profile(&self) -> Profile;
+    /// Whether this backend refuses the value of `flag`, one of its own
+    /// options that `asked` gives, with why (a usage error); options of
+    /// other backends are [`refusal`]'s.
+    fn check(&self, flag: &str, asked: &Requested) -> Option<String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend that declares no options of its own: what every other
+    /// backend's options look like to a backend added later.
+    struct Other;
+
+    impl Backend for Other {
+        fn name(&self) -> &'static str {
+            "other"
+        }
+        fn target(&self) -> Target {
+            Target::QemuTcg
+        }
+        fn run(&self, _: &ResolvedRun, _: HostWatch) -> Result<Ran, BackendError> {
+            unreachable!("the refusal tests run nothing")
+        }
+        fn profile(&self) -> Profile {
+            unreachable!("the refusal tests read no profile")
+        }
+        fn check(&self, flag: &str, _: &Requested) -> Option<String> {
+            panic!("{flag} is not this backend's to check")
+        }
     }
-    /// [`Backend::run`] with a host-side observer set up by the caller
-    /// (`run --metrics-interval`); a backend that cannot observe from the
-    /// host drops it.
-    fn run_observed(&self, resolved: &ResolvedRun, observer: Measurer)
-        -> Result<Ran, BackendError>;
-    /// The time figure per call (`--runs auto` watches it; sweep reports it).
-    fn time(&self) -> TimeMetric;
-    /// Options this backend does not take, with why (a usage error).
-    fn refuse(&self, asked: &Requested) -> Option<String>;
-    /// The line the report header gives this backend (`None`: the
-    /// environment header says it all) and the run-line note (`compare`).
-    fn describe(&self, run: &ResolvedRun) -> (Option<&'static str>, String);
-    /// The backend's line in `sweep`'s header: (label, text).
-    fn sweep_line(&self) -> (&'static str, String);
-    /// A note for the cross-checks (host-observed vs guest-reported), when
-    /// there is nothing to cross-check.
-    fn no_cross_checks(&self) -> Option<&'static str>;
-    /// A note about what this backend does not see (printed after the table).
-    fn blind_spot(&self) -> Option<&'static str>;
-    /// Why the default `pti=on,pcid=on` configuration is left out, if it is.
-    fn omits_pcid(&self) -> Option<String>;
-    /// Why the KVM refill probe says nothing here, if it does not.
-    fn refill_unprobed(&self) -> Option<&'static str>;
+
+    fn asking(flags: &[&'static str]) -> Requested<'static> {
+        Requested {
+            given: flags.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// Each option has one owner, and under any other backend the one
+    /// generic check refuses it naming the option and its backend (or the
+    /// backend that does not take it).
+    #[test]
+    fn every_backend_option_is_refused_elsewhere_naming_it() {
+        let all: Vec<&OwnOption> = OPTIONS.iter().flat_map(|o| o.iter()).collect();
+        for o in &all {
+            assert_eq!(
+                all.iter().filter(|p| p.flag == o.flag).count(),
+                1,
+                "{}",
+                o.flag
+            );
+            let why = refusal(&Other, &asking(&[o.flag])).expect(o.flag);
+            assert!(why.starts_with(o.flag), "{why}");
+            match o.what {
+                Some(_) => assert!(why.ends_with(": not with --backend other"), "{why}"),
+                None => assert_eq!(why, format!("{} needs --backend {}", o.flag, o.owner)),
+            }
+        }
+        assert_eq!(refusal(&Other, &asking(&[])), None);
+    }
+
+    /// The first option refused is the first given: a KVM option before
+    /// the QEMU backend's own check of its `--qemu-arg`s, and that check
+    /// reached when nothing foreign was given.
+    #[test]
+    fn options_are_checked_in_the_order_given() {
+        let qemu = Qemu { plugin: true };
+        let args = ["-enable-kvm".to_string()];
+        let mut asked = asking(&["--no-irqchip", "--qemu-arg"]);
+        asked.qemu_args = &args;
+        assert_eq!(
+            refusal(&qemu, &asked).as_deref(),
+            Some("--no-irqchip is a KVM setting: not with --backend qemu")
+        );
+        asked.given = vec!["--qemu-arg", "--no-plugin"];
+        let why = refusal(&qemu, &asked).unwrap_or_default();
+        assert!(why.contains("turns on KVM acceleration"), "{why}");
+        assert_eq!(refusal(&Qemu { plugin: false }, &asked), None);
+    }
 }

@@ -2,8 +2,25 @@
 //! ptiscope's TCG plugin (or, with `--no-plugin`, by nothing but the guest).
 
 use super::qemu;
-use super::{Backend, BackendError, Ran, Requested, TimeMetric};
+use super::{
+    Backend, BackendError, ConsoleNote, HostWatch, Observed, OwnOption, Profile, Ran, Requested,
+    TimeMetric,
+};
 use crate::spec::{ResolvedRun, Target};
+
+/// The options only this backend takes: what they set is QEMU's.
+pub const OPTIONS: &[OwnOption] = &[
+    OwnOption {
+        flag: "--qemu-arg",
+        owner: "qemu",
+        what: None,
+    },
+    OwnOption {
+        flag: "--no-plugin",
+        owner: "qemu",
+        what: None,
+    },
+];
 
 /// `--backend qemu`: QEMU's TCG, with ptiscope's TCG plugin (`plugin`) or
 /// without (`--no-plugin`: every figure guest-reported).
@@ -135,38 +152,18 @@ impl Backend for Qemu {
         Target::QemuTcg
     }
 
-    fn run_observed(
-        &self,
-        resolved: &ResolvedRun,
-        _observer: crate::observe::measure::Measurer,
-    ) -> Result<Ran, BackendError> {
+    fn run(&self, resolved: &ResolvedRun, _watch: HostWatch) -> Result<Ran, BackendError> {
+        // Nothing to watch from the host: what could be (KVM's statistics)
+        // is the KVM backend's option, refused here by `refusal`.
         Ok(Ran {
             outcome: qemu::run_resolved(resolved)?,
-            observer: None,
+            observed: Observed::Console,
         })
     }
 
-    fn time(&self) -> TimeMetric {
-        TimeMetric {
-            metric: "cycles_per_call",
-            unit: "cycles",
-            source: "guest",
-        }
-    }
-
-    fn refuse(&self, asked: &Requested) -> Option<String> {
-        if asked.metrics_interval {
-            return Some(
-                "--metrics-interval reads KVM's statistics: not with --backend qemu".into(),
-            );
-        }
-        if asked.cpu_vuln {
-            return Some(
-                "--cpu-vuln sets what the KVM vCPU reports: not with --backend qemu".into(),
-            );
-        }
-        if asked.no_irqchip {
-            return Some("--no-irqchip is a KVM setting: not with --backend qemu".into());
+    fn check(&self, flag: &str, asked: &Requested) -> Option<String> {
+        if flag != "--qemu-arg" {
+            return None;
         }
         // KVM acceleration first: its message says what to do (--no-plugin).
         if self.plugin {
@@ -182,55 +179,65 @@ impl Backend for Qemu {
         overrides(asked.qemu_args)
     }
 
-    fn describe(&self, run: &ResolvedRun) -> (Option<&'static str>, String) {
-        let binary = match run.linux.as_ref().map(|l| l.arch) {
-            Some(crate::linux::LinuxArch::X86_64) => "qemu-system-x86_64",
-            Some(crate::linux::LinuxArch::I386) => "qemu-system-i386",
-            None => qemu::binary_for(&run.image),
-        };
-        (
-            None,
-            format!(
-                "; backend QEMU TCG ({binary}): software emulation, {}",
-                if self.plugin {
-                    "[qemu-plugin] figures host-observed, the others guest-reported"
-                } else {
-                    "every figure guest-reported"
-                }
+    fn profile(&self) -> Profile {
+        let plugin = self.plugin;
+        Profile {
+            time: TimeMetric {
+                metric: "cycles_per_call",
+                unit: "cycles",
+                source: "guest",
+            },
+            header_line: None,
+            run_note: Box::new(move |run: &ResolvedRun| {
+                let binary = match run.linux.as_ref().map(|l| l.arch) {
+                    Some(crate::linux::LinuxArch::X86_64) => "qemu-system-x86_64",
+                    Some(crate::linux::LinuxArch::I386) => "qemu-system-i386",
+                    None => qemu::binary_for(&run.image),
+                };
+                format!(
+                    "; backend QEMU TCG ({binary}): software emulation, {}",
+                    if plugin {
+                        "[qemu-plugin] figures host-observed, the others guest-reported"
+                    } else {
+                        "every figure guest-reported"
+                    }
+                )
+            }),
+            sweep_line: (
+                "backend",
+                format!(
+                    "QEMU TCG: software emulation, guest-reported cycles per call{}",
+                    if plugin {
+                        "; kernel instructions and MOV CR3 host-observed by ptiscope's TCG plugin"
+                    } else {
+                        " (--no-plugin)"
+                    }
+                ),
             ),
-        )
-    }
-
-    fn sweep_line(&self) -> (&'static str, String) {
-        (
-            "backend",
-            format!(
-                "QEMU TCG: software emulation, guest-reported cycles per call{}",
-                if self.plugin {
-                    "; kernel instructions and MOV CR3 host-observed by ptiscope's TCG plugin"
+            console: Some(ConsoleNote {
+                label: "backend qemu, TCG",
+                figures: if plugin {
+                    "[qemu-plugin] figures are host-observed (ptiscope's TCG plugin), the others \
+                     guest-reported"
                 } else {
-                    " (--no-plugin)"
-                }
+                    "every figure below is guest-reported (--no-plugin)"
+                },
+            }),
+            no_cross_checks: (!plugin).then_some(
+                "backend qemu --no-plugin: no host-observed figures, so nothing to cross-check",
             ),
-        )
-    }
-
-    fn no_cross_checks(&self) -> Option<&'static str> {
-        (!self.plugin).then_some(
-            "backend qemu --no-plugin: no host-observed figures, so nothing to cross-check",
-        )
-    }
-
-    fn blind_spot(&self) -> Option<&'static str> {
-        None
-    }
-
-    fn omits_pcid(&self) -> Option<String> {
-        Some("not probed under QEMU (TCG before QEMU 8 has no PCID); add it with --config".into())
-    }
-
-    fn refill_unprobed(&self) -> Option<&'static str> {
-        Some("not probed under QEMU TCG: its soft TLB is flushed whole on every CR3 write")
+            blind_spot: None,
+            omits_pcid: Box::new(|| {
+                Some(
+                    "not probed under QEMU (TCG before QEMU 8 has no PCID); add it with --config"
+                        .into(),
+                )
+            }),
+            refill_unprobed: Some(
+                "not probed under QEMU TCG: its soft TLB is flushed whole on every CR3 write",
+            ),
+            counts_by_address: plugin,
+        }
     }
 }
 

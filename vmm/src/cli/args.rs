@@ -245,10 +245,27 @@ impl BackendOpts {
     /// take `--no-plugin` as the QEMU backend's setting).
     pub fn requested(&self) -> crate::backend::Requested<'_> {
         crate::backend::Requested {
+            given: given(&[("--qemu-arg", !self.qemu_arg.is_empty())]),
             qemu_args: &self.qemu_arg,
             ..Default::default()
         }
     }
+
+    /// The options given that `backend::refusal` refuses for the chosen
+    /// backend, as a usage error.
+    pub fn refusal(&self, asked: &crate::backend::Requested) -> Option<String> {
+        crate::backend::refusal(&*self.backend(), asked)
+    }
+}
+
+/// The flags of `options` that were given (`(flag, given)`), in order: what
+/// `backend::refusal` checks against the backends' own options.
+pub fn given(options: &[(&'static str, bool)]) -> Vec<&'static str> {
+    options
+        .iter()
+        .filter(|(_, g)| *g)
+        .map(|(f, _)| *f)
+        .collect()
 }
 
 /// `--linux` and `--append`: a real Linux kernel as the guest, with

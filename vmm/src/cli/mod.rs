@@ -413,13 +413,17 @@ impl RunArgs {
     /// usage error rather than silently ignored), or that its backend
     /// refuses (KVM acceleration under the TCG plugin).
     pub fn backend_mismatch(&self) -> Option<String> {
-        self.on.backend().refuse(&crate::backend::Requested {
+        // In the order they are checked (the first refused is named).
+        self.on.refusal(&crate::backend::Requested {
+            given: args::given(&[
+                ("--metrics-interval", self.metrics_interval.is_some()),
+                ("--cpu-vuln", self.cpu_vuln != CpuVuln::Host),
+                ("--no-irqchip", self.no_irqchip),
+                ("--qemu-arg", !self.on.qemu_arg.is_empty()),
+                ("--no-plugin", self.on.no_plugin),
+            ]),
             qemu_args: &self.on.qemu_arg,
-            no_plugin: self.on.no_plugin,
-            no_irqchip: self.no_irqchip,
             cpus: self.cpus,
-            metrics_interval: self.metrics_interval.is_some(),
-            cpu_vuln: self.cpu_vuln != CpuVuln::Host,
         })
     }
 

@@ -126,7 +126,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
         ));
     }
     let backend = args.target.on.backend();
-    if let Some(why) = backend.refuse(&args.target.on.requested()) {
+    if let Some(why) = args.target.on.refusal(&args.target.on.requested()) {
         return Err(CommandError::Usage(why));
     }
     // Opened before the first boot, as compare's outputs are.

@@ -3,11 +3,11 @@
 
 use std::os::fd::AsFd;
 
+use crate::backend::{HostWatch, Observed, Profile, Ran, Summarized};
 use crate::cli::exit_code::{self, ExitCode as _};
 use crate::cli::RunArgs;
 use crate::machine::RunOutcome;
 use crate::observe::live_metrics::LiveMetricsConfig;
-use crate::observe::measure::Measurer;
 use crate::output::{open_output, OutputFile, OutputQueue, OutputReport};
 use crate::StopReason;
 use ptiscope_devices::escape_str;
@@ -36,7 +36,7 @@ pub fn run(args: &RunArgs) -> i32 {
         }
     };
     if args.by_symbol {
-        let why = if backend.name() != "qemu" || args.on.no_plugin {
+        let why = if !backend.profile().counts_by_address {
             Some("--by-symbol counts by address with ptiscope's QEMU TCG plugin: give --backend qemu (without --no-plugin)")
         } else if resolved.linux.is_none() {
             Some("--by-symbol is for Linux guests (their init sends the kernel's /proc/kallsyms): give --linux debian-amd64 (or a bzImage path)")
@@ -90,7 +90,7 @@ pub fn run(args: &RunArgs) -> i32 {
     if let Some(f) = serial {
         resolved.config.serial_out = crate::SerialOut::Opened(std::sync::Arc::new(f));
     }
-    let mut measurer = Measurer::new();
+    let mut watch = HostWatch::default();
     if let (Some(ms), Some(file)) = (args.metrics_interval, metrics) {
         let queue = match &file {
             Some(f) => f.try_clone_file().and_then(|c| {
@@ -105,7 +105,7 @@ pub fn run(args: &RunArgs) -> i32 {
                 return exit_code::INTERNAL;
             }
         };
-        measurer = measurer.with_live_metrics(LiveMetricsConfig {
+        watch.live_metrics = Some(LiveMetricsConfig {
             interval: std::time::Duration::from_millis(ms),
             out,
             format: args.metrics_format,
@@ -114,7 +114,7 @@ pub fn run(args: &RunArgs) -> i32 {
     // The report's environment block is collected while the guest runs (the
     // image's SHA-256 is most of it; the main thread only waits meanwhile).
     let environment = Pending::start(facts.clone(), backend.name(), &resolved);
-    let ran = match backend.run_observed(&resolved, measurer) {
+    let ran = match backend.run(&resolved, watch) {
         Ok(ran) => ran,
         Err(e) => {
             say!(
@@ -125,28 +125,35 @@ pub fn run(args: &RunArgs) -> i32 {
         }
     };
     // What a run reports follows what observed it: the host (KVM's exits
-    // and statistics, the telemetry page), or only the guest's console.
-    let (outcome, observer) = ran.into_parts();
-    match observer {
-        None => run_console(&resolved, outcome, environment, json.as_ref()),
-        Some(measurer) => {
+    // and statistics, the telemetry page), or only the guest's console;
+    // which summary it gets is `Ran::summary`'s choice, as for compare's runs.
+    let Summarized {
+        mut summary,
+        host: linux_host,
+    } = ran.summary(&resolved, crate::cli::compare::config_words(&ran.outcome));
+    let Ran { outcome, observed } = ran;
+    // A Linux run's end in words: a panic, a kernel that never reached the
+    // init, an init that did not finish, PTI not as asked.
+    let linux_end = |outcome: &RunOutcome| {
+        resolved
+            .linux
+            .as_ref()
+            .and_then(|l| crate::cli::linux::diagnose(outcome, l, linux_host.as_ref()))
+    };
+    match observed {
+        Observed::Console => {
+            print_console(&backend.profile(), &outcome);
+            summary.environment = Some(environment.finish("run", &summary.config));
+            let mut exit = outcome.exit_code();
+            if let Some((code, msg)) = linux_end(&outcome) {
+                say!("ptiscope: error: {msg}");
+                exit = code;
+            }
+            report(&mut summary, &outcome.outputs, json.as_ref(), exit)
+        }
+        Observed::Host(measurer) => {
             print_summary(&outcome);
-            let vmm_summary =
-                measurer.summary(&outcome, crate::cli::compare::config_words(&outcome));
-            // A Linux guest on the VMM: the init's summary (its @result
-            // line, the kernel log's PTI state) with the VMM's host rows.
-            let (mut summary, linux_end) = match &resolved.linux {
-                Some(l) => {
-                    let (s, host) = crate::linux::summary_on_vmm(
-                        &outcome,
-                        l,
-                        &vmm_summary,
-                        measurer.sees_cr3_writes(),
-                    );
-                    (s, crate::cli::linux::diagnose(&outcome, l, host.as_ref()))
-                }
-                None => (vmm_summary, None),
-            };
+            let linux_end = linux_end(&outcome);
             summary.environment = Some(environment.finish("run", &summary.config));
             if resolved.linux.is_none()
                 && !resolved
@@ -235,20 +242,13 @@ fn report(
     exit
 }
 
-/// A run no host-side observer watched (`--backend qemu`: QEMU TCG),
-/// reported from the guest's console and the TCG plugin's counts.
-fn run_console(
-    resolved: &crate::ResolvedRun,
-    outcome: RunOutcome,
-    environment: Pending,
-    json: Option<&OutputFile>,
-) -> i32 {
-    say!("ptiscope: {} (backend qemu, TCG)", outcome.stop);
-    let who = if resolved.config.qemu_plugin {
-        "[qemu-plugin] figures are host-observed (ptiscope's TCG plugin), the others guest-reported"
-    } else {
-        "every figure below is guest-reported (--no-plugin)"
-    };
+/// The lines that introduce the report of a run no host-side observer
+/// watched (`--backend qemu`: QEMU TCG), as its backend describes it: the
+/// figures come from the guest's console and, with the TCG plugin, the
+/// plugin's counts.
+fn print_console(profile: &Profile, outcome: &RunOutcome) {
+    let (label, who) = profile.console.map_or(("", ""), |c| (c.label, c.figures));
+    say!("ptiscope: {} ({label})", outcome.stop);
     say!(
         "  time: run {:.1} ms; entry={}; {who}",
         outcome.run_time.as_secs_f64() * 1e3,
@@ -257,32 +257,6 @@ fn run_console(
     for f in outcome.faults() {
         say!("  guest reported: {}", escape_str(f));
     }
-    let mut summary = match &resolved.linux {
-        Some(l) => crate::linux::summary(
-            &outcome,
-            l,
-            crate::linux::host_observation(&outcome, l).as_ref(),
-        ),
-        None => crate::report::summary_from_result(
-            &outcome,
-            crate::cli::compare::config_words(&outcome),
-        ),
-    };
-    summary.environment = Some(environment.finish("run", &summary.config));
-    let mut exit = outcome.exit_code();
-    // A Linux run's end in words: a panic, a kernel that never
-    // reached the init, an init that did not finish, PTI not as asked.
-    if let Some((code, msg)) = resolved.linux.as_ref().and_then(|l| {
-        crate::cli::linux::diagnose(
-            &outcome,
-            l,
-            crate::linux::host_observation(&outcome, l).as_ref(),
-        )
-    }) {
-        say!("ptiscope: error: {msg}");
-        exit = code;
-    }
-    report(&mut summary, &outcome.outputs, json, exit)
 }
 
 /// The report's `environment` block for a run (docs/report-json.md), being

@@ -61,7 +61,7 @@ pub(crate) fn parse_sides(args: &CompareArgs) -> Result<(SideSpec, SideSpec), Si
 /// report; the exit code of a comparison that reported.
 fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
     let backend = args.target.on.backend();
-    if let Some(why) = backend.refuse(&args.target.on.requested()) {
+    if let Some(why) = args.target.on.refusal(&args.target.on.requested()) {
         return Err(CommandError::Usage(why));
     }
     if args.runs != Runs::Auto && (args.max_runs.is_some() || args.target_ci.is_some()) {
@@ -182,7 +182,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
             target_ci_pct: args.target_ci.unwrap_or(DEFAULT_TARGET_CI_PCT),
         },
     };
-    let watched = backend.time().metric;
+    let watched = backend.profile().time.metric;
     let mut environment = print_header(args, &*backend, &base, &comp, count, watched);
 
     let bar = progress(
@@ -416,7 +416,8 @@ fn print_header(
         (Some(b), Some(c)) if two_images => Some(format!("{} vs {}", release_of(b), release_of(c))),
         (b, _) => b.as_deref().map(release_of),
     };
-    let (kvm_line, entry_text) = backend.describe(&base.run);
+    let profile = backend.profile();
+    let (kvm_line, entry_text) = (profile.header_line, (profile.run_note)(&base.run));
     print!("{}", environment.render_header(kvm_line));
     let runs_text = match count {
         RunCount::Fixed(n) => format!("{n} runs per side"),

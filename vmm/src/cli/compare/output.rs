@@ -82,7 +82,8 @@ pub(super) fn print(
     for d in r.dropped {
         println!("  note: metric {d}, left out of the table");
     }
-    if let Some(note) = backend.no_cross_checks() {
+    let profile = backend.profile();
+    if let Some(note) = profile.no_cross_checks {
         println!("  {note}");
     } else if r.disagreements.is_empty() {
         println!("  cross-checks (host-observed vs guest-reported): all agree in every run");
@@ -92,7 +93,7 @@ pub(super) fn print(
             println!("    {d}");
         }
     }
-    if let Some(note) = backend.blind_spot() {
+    if let Some(note) = profile.blind_spot {
         println!("  note: {note}");
     }
     let against = earlier.map(|(path, earlier)| {

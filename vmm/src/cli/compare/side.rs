@@ -2,7 +2,7 @@
 //! into a run configuration, settled by preflight, run and measured; and
 //! the compare table built from both sides' runs.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, HostWatch, Summarized};
 use crate::cli::exit_code::ExitCode;
 use crate::cli::{ExperimentOpts, TargetOpts};
 use crate::linux::GuestKind;
@@ -226,31 +226,21 @@ pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
 
 pub use crate::cli::measured_error::MeasuredRunError;
 
-/// One measured run on `backend`, of either guest kind: a Linux guest's
-/// summary is its own (`linux::summary`), the companion's the backend's.
+/// One measured run on `backend`, of either guest kind: its summary is
+/// the one `backend::Ran::summary` chooses for it.
 pub fn run_measured(
     resolved: &ResolvedRun,
     backend: &dyn Backend,
 ) -> Result<(RunOutcome, RunSummary), MeasuredRunError> {
-    let ran = backend.run(resolved)?;
+    let ran = backend.run(resolved, HostWatch::default())?;
+    let Summarized { summary: s, host } = ran.summary(resolved, config_words(&ran.outcome));
+    let o = ran.outcome;
     if let Some(l) = &resolved.linux {
-        let (o, observer) = ran.into_parts();
-        let (s, host) = match observer {
-            Some(m) => {
-                crate::linux::summary_on_vmm(&o, l, &m.summary(&o, Vec::new()), m.sees_cr3_writes())
-            }
-            None => {
-                let host = crate::linux::host_observation(&o, l);
-                (crate::linux::summary(&o, l, host.as_ref()), host)
-            }
-        };
         if let Some((code, message)) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
             return Err(MeasuredRunError::Linux { code, message });
         }
         return Ok((o, s));
     }
-    let s = ran.summary(config_words(&ran.outcome));
-    let o = ran.outcome;
     if o.exit_code() == 0 && s.phase.is_none() {
         return Err(MeasuredRunError::NoPhase {
             workload: resolved.guest.workload.map_or("-", Workload::name),

@@ -15,7 +15,7 @@ use super::plan::CellPlan;
 /// every CR3 write).
 pub(super) fn refill_visibility(backend: &dyn Backend) -> rs::RefillVisibility {
     use crate::probe::RefillVerdict;
-    if let Some(reason) = backend.refill_unprobed() {
+    if let Some(reason) = backend.profile().refill_unprobed {
         return rs::RefillVisibility::Unknown {
             reason: reason.into(),
         };

@@ -139,7 +139,7 @@ fn default_configs(args: &SweepArgs, backend: &dyn Backend) -> (Vec<String>, Vec
             config: pcid,
             reason: "PAE paging has no PCID".into(),
         });
-    } else if let Some(reason) = backend.omits_pcid() {
+    } else if let Some(reason) = (backend.profile().omits_pcid)() {
         omitted.push(Omitted {
             config: pcid,
             reason,
@@ -197,7 +197,7 @@ impl Progress<RunFigures> for Counter<'_> {
 /// round of every cell at a time) and the report.
 fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
     let backend = args.target.on.backend();
-    if let Some(why) = backend.refuse(&args.target.on.requested()) {
+    if let Some(why) = args.target.on.refusal(&args.target.on.requested()) {
         return Err(CommandError::Usage(why));
     }
     if !args.exp.workload.takes_working_set() {
@@ -277,11 +277,12 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
         }
     }
 
-    let time = backend.time();
+    let profile = backend.profile();
+    let time = profile.time;
     let time_metric = time.metric;
     println!("ptiscope sweep: PTI's overhead over working set x syscall rate");
     println!("  host:      {}", host::describe_host());
-    let (what, line) = backend.sweep_line();
+    let (what, line) = &profile.sweep_line;
     println!("  {:<11}{line}", format!("{what}:"));
     let fewest = cells.iter().map(|c| c.iterations).min().unwrap_or(0);
     let fewer = if fewest < args.exp.iterations {
