@@ -80,7 +80,6 @@ const OEM_REVISION: u32 = 1;
 const ALIGN: u64 = 64;
 
 const _: () = assert!(LOW_RAM_END <= ACPI_START && ACPI_END <= HIGH_RAM_START);
-const _: () = assert!(crate::spec::MAX_CPUS <= MAX_CPUS);
 
 /// Errors writing the tables.
 #[derive(Debug, thiserror::Error)]

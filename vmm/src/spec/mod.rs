@@ -22,6 +22,8 @@ pub use request::{RunConfig, SerialOut};
 
 /// The most vCPUs a run can have: the guest telemetry page's CPU blocks.
 pub const MAX_CPUS: u32 = ptiscope_abi::telemetry::MAX_CPUS as u32;
+// The ACPI tables (machine::acpi) describe every vCPU a run may have.
+const _: () = assert!(MAX_CPUS <= crate::machine::acpi::MAX_CPUS);
 
 /// Where a run will execute: the choice changes what `entry=auto` means
 /// and which host limits apply.
