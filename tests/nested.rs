@@ -15,15 +15,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-/// True if a nested session can run here; otherwise prints why `test` is skipped.
-fn nested_or_skip(test: &str) -> bool {
-    if let Err(e) = ptiscope::nested::boot::find_kernel() {
-        ptiscope::test_support::skip(test, &e.to_string());
-        return false;
-    }
-    qemu_or_skip(test, "qemu-system-x86_64")
-}
-
 const CALLS: u64 = 2000;
 
 /// An inner `run` of getpid (poundsyscall for `pound`) with a JSON summary at `/tmp/out/NAME.json`.
@@ -168,30 +159,9 @@ fn the_hardware_kvm_paths_run_on_nested_kvm_amd_in_one_boot() {
         // are the slow test below).
         json!({"argv": ["run", "--linux", "debian-amd64", "--cpus", "9"], "timeout_secs": 60.0}),
     ];
-    let req = s.join("request.json");
-    std::fs::write(&req, json!({ "jobs": jobs }).to_string()).unwrap();
-    let start = Instant::now();
-    let o = ptiscope()
-        .args(["nested-batch", "--cpus", "2"])
-        .arg(&req)
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
-        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+    let Some(r) = nested_batch(test, &s, &json!({ "jobs": jobs }), 2) else {
         return;
-    }
-    assert_eq!(o.status.code(), Some(0), "{err}");
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!(
-            "nested batch: {} jobs in one boot, {:.1} s\n",
-            jobs.len(),
-            start.elapsed().as_secs_f64()
-        )
-        .as_bytes(),
-    );
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    };
     let j = r["jobs"].as_array().expect("jobs");
     assert_eq!(j.len(), jobs.len(), "{r}");
     let setup = r["setup"].to_string();
@@ -399,20 +369,9 @@ fn linux_on_the_vmm_reaches_the_init_under_nested_kvm_amd() {
             "debian-686-pae is not fetched (ptiscope linux fetch debian-686-pae)",
         );
     }
-    let req = s.join("request.json");
-    std::fs::write(&req, json!({ "jobs": jobs }).to_string()).unwrap();
-    let o = ptiscope()
-        .args(["nested-batch", "--cpus", "1"])
-        .arg(&req)
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
-        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+    let Some(r) = nested_batch(test, &s, &json!({ "jobs": jobs }), 1) else {
         return;
-    }
-    assert_eq!(o.status.code(), Some(0), "{err}");
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    };
     let j = r["jobs"].as_array().expect("jobs");
     for (i, pti, enabled) in [(0, "off", "PTI not enabled"), (1, "on", "PTI enabled")] {
         let what = format!("Linux pti={pti}");

@@ -20,14 +20,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-fn nested_or_skip(test: &str) -> bool {
-    if let Err(e) = ptiscope::nested::boot::find_kernel() {
-        ptiscope::test_support::skip(test, &e.to_string());
-        return false;
-    }
-    qemu_or_skip(test, "qemu-system-x86_64")
-}
-
 const CALLS: u64 = 2000;
 
 fn job<S: AsRef<str>>(name: &str, argv: &[S]) -> Value {
@@ -156,26 +148,12 @@ fn linux_runs_on_the_vmm_under_nested_kvm_amd_and_kvm_counts_cr3_writes_where_it
         job("compare", &compare),
         job("pound", &pound),
     ];
-    let req = s.join("request.json");
     let paging = if shadow { "shadow" } else { "npt" };
-    std::fs::write(
-        &req,
-        json!({ "kvm_paging": paging, "jobs": jobs }).to_string(),
-    )
-    .unwrap();
     // One outer vCPU, as `--backend nested` gives a Linux guest.
-    let o = ptiscope()
-        .args(["nested-batch", "--cpus", "1"])
-        .arg(&req)
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
-        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+    let request = json!({ "kvm_paging": paging, "jobs": jobs });
+    let Some(r) = nested_batch(test, &s, &request, 1) else {
         return;
-    }
-    assert_eq!(o.status.code(), Some(0), "{err}");
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    };
     let setup = r["setup"].to_string();
     let npt = if shadow { "npt=0" } else { "npt=1" };
     assert!(setup.contains(&format!("kvm-amd.ko {npt}")), "{setup}");

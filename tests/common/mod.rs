@@ -851,3 +851,49 @@ pub fn probe_json() -> serde_json::Value {
     assert!(o.status.success(), "probe failed: {}", stderr(&o));
     serde_json::from_slice(&o.stdout).expect("probe --json prints JSON")
 }
+
+/// True if a `--backend nested` session can run here (a fetched
+/// `debian-amd64` with its KVM modules, and QEMU); otherwise prints why
+/// `test` is skipped.
+pub fn nested_or_skip(test: &str) -> bool {
+    if let Err(e) = ptiscope::nested::boot::find_kernel() {
+        ptiscope::test_support::skip(test, &e.to_string());
+        return false;
+    }
+    qemu_or_skip(test, "qemu-system-x86_64")
+}
+
+/// Runs `request` (a `nested::Request` as JSON) in one nested boot of
+/// `cpus` outer vCPUs (`ptiscope nested-batch`, the request written into
+/// `scratch`) and returns the response; `None`, having printed why `test`
+/// is skipped, where this QEMU gives no usable SVM. Any other failure of
+/// the session fails the test.
+pub fn nested_batch(
+    test: &str,
+    scratch: &Scratch,
+    request: &serde_json::Value,
+    cpus: u32,
+) -> Option<serde_json::Value> {
+    let req = scratch.join("request.json");
+    std::fs::write(&req, request.to_string()).unwrap();
+    let start = std::time::Instant::now();
+    let o = ptiscope()
+        .args(["nested-batch", "--cpus", &cpus.to_string()])
+        .arg(&req)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
+        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+        return None;
+    }
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let jobs = request["jobs"].as_array().map_or(0, Vec::len);
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: {jobs} jobs in one nested boot, {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    Some(serde_json::from_slice(&o.stdout).unwrap())
+}
