@@ -430,9 +430,9 @@ pub fn pvh_sregs(sregs: &mut kvm_sregs) {
     sregs.efer = 0;
 }
 
-/// The Linux 64-bit boot protocol's entry state: `__BOOT_CS`/`__BOOT_DS`
-/// flat segments of the boot GDT, long mode with paging on `cr3`.
-pub fn linux64_sregs(sregs: &mut kvm_sregs, cr3: u64) {
+/// The flat `__BOOT_CS`/`__BOOT_DS` segments of the Linux boot GDT (64-bit
+/// code when `long`), both boot protocols' start.
+fn linux_boot_segments(sregs: &mut kvm_sregs, long: bool) {
     use crate::machine::bzimage::{BOOT_CS, BOOT_DS, BOOT_TSS, GDT_ADDR, GDT_LIMIT};
     set_flat(
         sregs,
@@ -442,10 +442,16 @@ pub fn linux64_sregs(sregs: &mut kvm_sregs, cr3: u64) {
             tss: BOOT_TSS,
             tss_base: 0,
         },
-        true,
+        long,
     );
     sregs.gdt.base = GDT_ADDR;
     sregs.gdt.limit = GDT_LIMIT;
+}
+
+/// The Linux 64-bit boot protocol's entry state: `__BOOT_CS`/`__BOOT_DS`
+/// flat segments of the boot GDT, long mode with paging on `cr3`.
+pub fn linux64_sregs(sregs: &mut kvm_sregs, cr3: u64) {
+    linux_boot_segments(sregs, true);
     sregs.cr0 = cr0::PE | cr0::ET | cr0::PG;
     sregs.cr3 = cr3;
     sregs.cr4 = cr4::PAE;
@@ -456,19 +462,7 @@ pub fn linux64_sregs(sregs: &mut kvm_sregs, cr3: u64) {
 /// 4 GiB flat segments of the boot GDT (32-bit code), protected mode with
 /// paging off; the kernel enables PAE paging itself.
 pub fn linux32_sregs(sregs: &mut kvm_sregs) {
-    use crate::machine::bzimage::{BOOT_CS, BOOT_DS, BOOT_TSS, GDT_ADDR, GDT_LIMIT};
-    set_flat(
-        sregs,
-        FlatSelectors {
-            code: BOOT_CS,
-            data: BOOT_DS,
-            tss: BOOT_TSS,
-            tss_base: 0,
-        },
-        false,
-    );
-    sregs.gdt.base = GDT_ADDR;
-    sregs.gdt.limit = GDT_LIMIT;
+    linux_boot_segments(sregs, false);
     sregs.cr0 = cr0::PE | cr0::ET;
     sregs.cr3 = 0;
     sregs.cr4 = 0;
