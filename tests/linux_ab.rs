@@ -79,14 +79,14 @@ fn amean(v: &serde_json::Value, metric: &str, side: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {metric} for {side} in {v}"))
 }
 
+/// The A/B's three shapes are three tests, which run side by side.
 #[test]
-fn sides_differ_in_kernel_and_command_line_and_the_header_says_how() {
-    let test = "linux A/B sides";
+fn a_kernel_against_itself_differs_in_nothing_and_its_counts_are_identical() {
+    let test = "a_kernel_against_itself_differs_in_nothing_and_its_counts_are_identical";
     let Some(_) = kernels_or_skip(test) else {
         return;
     };
-    let dir = scratch("linux-ab");
-
+    let dir = scratch("linux-ab-self");
     // A kernel against itself: nothing differs, and the calls' own counts
     // are identical in every run, so their differences are exactly zero.
     let (ok, text, v) = compare(
@@ -120,6 +120,16 @@ fn sides_differ_in_kernel_and_command_line_and_the_header_says_how() {
         );
     }
 
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_command_line_difference_is_named_and_its_pti_increment_is_exact() {
+    let test = "a_command_line_difference_is_named_and_its_pti_increment_is_exact";
+    let Some(_) = kernels_or_skip(test) else {
+        return;
+    };
+    let dir = scratch("linux-ab-append");
     // One kernel, its command line differing by Linux's own `pti=on`:
     // the PTI increment per call is identical in every run.
     let (ok, text, v) = compare(
@@ -166,6 +176,16 @@ fn sides_differ_in_kernel_and_command_line_and_the_header_says_how() {
         "{text}"
     );
 
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn two_kernels_are_named_as_such_with_their_entries() {
+    let test = "two_kernels_are_named_as_such_with_their_entries";
+    let Some(_) = kernels_or_skip(test) else {
+        return;
+    };
+    let dir = scratch("linux-ab-kernels");
     // Two kernels: 64-bit SYSCALL against 32-bit PAE SYSENTER.
     let (ok, text, v) = compare(
         &[
