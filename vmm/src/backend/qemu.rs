@@ -587,8 +587,8 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // The image's descriptor (the initrd's, the plugin's file) are the
-    // only things QEMU inherits.
+    // The descriptors of the image, the initrd, the plugin's file and the
+    // symbols' memfd are the only things QEMU inherits.
     let inherited: Vec<libc::c_int> = std::iter::once(image_raw)
         .chain(initrd_raw)
         .chain(plugin_raw)

@@ -1,6 +1,6 @@
 //! A `--linux` run settled: the one place a Linux guest is made
 //! ([`settle`], which [`preflight`](super::preflight) calls for
-//! [`GuestKind::Linux`](crate::spec::guest::GuestKind::Linux)): the kernel
+//! [`GuestKind::Linux`]): the kernel
 //! named (a known name's cached image, [`fetch`], or a path), read and
 //! recognised ([`image`]), `--arch` checked against it, the entry and the
 //! command line written, the PTI request checked against the kernel's
