@@ -68,8 +68,13 @@ fn bare_command(args: &LinuxArgs) -> Result<(Command, Vec<std::path::PathBuf>), 
     let resolved =
         ptiscope::preflight::preflight(&config, ptiscope::preflight::Target::QemuTcg, &facts)
             .map_err(|e| e.to_string())?;
-    let linux = resolved.linux.as_ref().ok_or("not a Linux run")?;
-    let i386 = linux.arch == ptiscope::linux::LinuxArch::I386;
+    let linux = resolved.guest_kind.linux().ok_or("not a Linux run")?;
+    let initramfs = resolved
+        .boot
+        .initrd
+        .as_ref()
+        .ok_or("a Linux run without its initrd")?;
+    let i386 = linux.arch == ptiscope::spec::linux::LinuxArch::I386;
     let binary = if i386 {
         "qemu-system-i386"
     } else {
@@ -82,7 +87,7 @@ fn bare_command(args: &LinuxArgs) -> Result<(Command, Vec<std::path::PathBuf>), 
         "ptiscope-bench-linux-{}.plugin",
         std::process::id()
     ));
-    std::fs::write(&initrd, &linux.initramfs[..]).map_err(|e| e.to_string())?;
+    std::fs::write(&initrd, &initramfs[..]).map_err(|e| e.to_string())?;
     let (kernel, marks) = ptiscope::observe::qemu_plugin::kernel_ranges(i386, false);
     let mut cmd = Command::new(binary);
     cmd.args(["-M", "pc", "-accel", "tcg", "-cpu", "max"])
@@ -96,7 +101,7 @@ fn bare_command(args: &LinuxArgs) -> Result<(Command, Vec<std::path::PathBuf>), 
         .arg(&linux.path)
         .arg("-initrd")
         .arg(&initrd)
-        .args(["-append", &resolved.cmdline])
+        .args(["-append", &resolved.boot.cmdline])
         .arg("-plugin")
         .arg(format!(
             "file={},out={},kernel={},marks={},umark={:#x}",

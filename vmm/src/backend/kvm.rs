@@ -127,7 +127,7 @@ fn run_note(run: &ResolvedRun) -> String {
     let entry = match (run.config.guest.entry, run.guest.entry) {
         (_, None) => "none (the workload runs no user code)".to_string(),
         (EntryChoice::Auto, Some(e)) => {
-            let how = if crate::machine::loader::is_elf32(&run.image) {
+            let how = if crate::machine::loader::is_elf32(&run.boot.image) {
                 // probe::host::choose_auto_entry: not from the long-mode probe.
                 "the i386 guest's own: SYSENTER works in 32-bit mode on Intel and AMD"
             } else if run.entry_guessed {

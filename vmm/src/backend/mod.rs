@@ -18,9 +18,10 @@
 //! guest, host-observed or console-only) is decided once, by
 //! [`Ran::summary`].
 //!
-//! The guest kind (the companion image or a Linux kernel with its
-//! initramfs) is the run's ([`crate::spec::ResolvedRun::linux`]) and composes
-//! with either backend.
+//! The guest kind (the companion or a Linux kernel,
+//! [`crate::spec::ResolvedRun::guest_kind`]) and what it boots from (image,
+//! initrd and command line, [`crate::spec::ResolvedRun::boot`]) are the
+//! run's, and compose with either backend.
 //!
 //! Adding a backend: a module here with a type implementing [`Backend`],
 //! its `OPTIONS` named in [`OPTIONS`], and its value of the `--backend`
@@ -38,6 +39,7 @@ use crate::machine::{RunError, RunOutcome};
 use crate::observe::live_metrics::LiveMetricsConfig;
 use crate::observe::measure::Measurer;
 use crate::report::RunSummary;
+use crate::spec::guest::GuestKind;
 use crate::spec::{ResolvedRun, Target};
 
 /// The time figure a backend measures per call.
@@ -147,24 +149,24 @@ impl Ran {
     /// them; a Linux guest's come from its init).
     pub fn summary(&self, resolved: &ResolvedRun, config: Vec<String>) -> Summarized {
         let o = &self.outcome;
-        match (&resolved.linux, &self.observed) {
-            (Some(l), Observed::Host(m)) => {
+        match (&resolved.guest_kind, &self.observed) {
+            (GuestKind::Linux(l), Observed::Host(m)) => {
                 let (summary, host) =
                     crate::linux::summary_on_vmm(o, l, &m.summary(o, config), m.sees_cr3_writes());
                 Summarized { summary, host }
             }
-            (Some(l), Observed::Console) => {
+            (GuestKind::Linux(l), Observed::Console) => {
                 let host = crate::linux::host_observation(o, l);
                 Summarized {
                     summary: crate::linux::summary(o, l, host.as_ref()),
                     host,
                 }
             }
-            (None, Observed::Host(m)) => Summarized {
+            (GuestKind::Companion, Observed::Host(m)) => Summarized {
                 summary: m.summary(o, config),
                 host: None,
             },
-            (None, Observed::Console) => Summarized {
+            (GuestKind::Companion, Observed::Console) => Summarized {
                 summary: crate::report::summary_from_result(o, config),
                 host: None,
             },

@@ -33,6 +33,8 @@ use crate::machine::loader;
 use crate::machine::{PluginOutput, RunOutcome, StopReason};
 use crate::output::{OpenError, DRAIN_GRACE};
 use crate::preflight::{PreflightError, ResolvedRun};
+use crate::spec::guest::GuestKind;
+use crate::spec::linux::LinuxArch;
 
 /// Errors of a QEMU-backed run.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +82,18 @@ pub fn binary_for(image: &[u8]) -> &'static str {
         "qemu-system-i386"
     } else {
         "qemu-system-x86_64"
+    }
+}
+
+/// The QEMU system emulator a run boots in: a Linux guest's by the
+/// kernel's architecture, the companion's by its image ([`binary_for`]).
+pub fn binary_of(run: &ResolvedRun) -> &'static str {
+    match &run.guest_kind {
+        GuestKind::Linux(l) => match l.arch {
+            LinuxArch::X86_64 => "qemu-system-x86_64",
+            LinuxArch::I386 => "qemu-system-i386",
+        },
+        GuestKind::Companion => binary_for(&run.boot.image),
     }
 }
 
@@ -463,27 +477,22 @@ fn pending_termination() -> Option<i32> {
 pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let setup_start = Instant::now();
     let config = &run.config;
-    let image = &run.image;
-    let cmdline = run.cmdline.clone();
+    let boot = &run.boot;
+    let image = &boot.image;
+    let cmdline = boot.cmdline.clone();
     let entry = run.guest.entry;
+    let linux = run.guest_kind.is_linux();
 
     // Everything that can fail is done before QEMU starts, so that no
     // error leaves it running.
     let (out, console_queue) = crate::output::console_output(&config.serial_out, config.timeout)?;
     let image_fd = ImageFd::new(image)?;
     let image_raw = image_fd.0.as_raw_fd();
-    // A Linux guest's initramfs, in a memfd of its own.
-    let linux = run.linux.as_deref();
-    let initrd_fd = linux.map(|l| ImageFd::new(&l.initramfs)).transpose()?;
+    // The initrd (a Linux guest's initramfs), in a memfd of its own.
+    let initrd_fd = boot.initrd.as_deref().map(ImageFd::new).transpose()?;
     let initrd_raw = initrd_fd.as_ref().map(|f| f.0.as_raw_fd());
 
-    let binary = match linux {
-        Some(l) => match l.arch {
-            crate::linux::LinuxArch::X86_64 => "qemu-system-x86_64",
-            crate::linux::LinuxArch::I386 => "qemu-system-i386",
-        },
-        None => binary_for(image),
-    };
+    let binary = binary_of(run);
     // The plugin is checked before QEMU starts: a QEMU too old or built
     // without plugins is said so, and nothing boots.
     let plugin = if config.qemu_plugin {
@@ -497,7 +506,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     // the plugin): QEMU's isa-debugcon takes the init's kernel symbols into
     // a memfd of its own, which the plugin copies into its file at exit,
     // and the plugin counts the phase's calls by address.
-    let symbols = if linux.is_some()
+    let symbols = if linux
         && plugin.is_some()
         && cmdline
             .split_ascii_whitespace()
@@ -510,7 +519,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let symbols_raw = symbols.as_ref().map(|f| f.0.as_raw_fd());
     // Linux 6.1 under QEMU 7.2's microvm never gets a working timer in TCG
     // (it stops after "tsc: Marking TSC unstable"): Linux guests boot on pc.
-    let machine = if loader::is_elf32(image) || linux.is_some() {
+    let machine = if loader::is_elf32(image) || linux {
         "pc"
     } else {
         "microvm"
@@ -537,16 +546,14 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         // A Linux guest: kernel = the architecture's kernel half, and the
         // init's user-mode marker pair (`umark=`) instead of kernel-mode
         // markers (Linux's own `out dx, eax` are PCI configuration writes).
-        let (kernel, marks, umark) = match linux {
-            Some(l) => {
-                let (kernel, marks) = crate::observe::qemu_plugin::kernel_ranges(
-                    l.arch == crate::linux::LinuxArch::I386,
-                    false,
-                );
+        let (kernel, marks, umark) = match &run.guest_kind {
+            GuestKind::Linux(l) => {
+                let (kernel, marks) =
+                    crate::observe::qemu_plugin::kernel_ranges(l.arch == LinuxArch::I386, false);
                 let port = crate::observe::qemu_plugin::LINUX_MARK_PORT;
                 (kernel, marks, format!(",umark={port:#x}"))
             }
-            None => {
+            GuestKind::Companion => {
                 let companion = crate::report::requested(&cmdline).is_some();
                 let (kernel, marks) =
                     crate::observe::qemu_plugin::kernel_ranges(loader::is_elf32(image), companion);
@@ -580,8 +587,8 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // The image's descriptor (a Linux guest's initramfs, the plugin's
-    // file) are the only things QEMU inherits.
+    // The descriptors of the image, the initrd, the plugin's file and the
+    // symbols' memfd are the only things QEMU inherits.
     let inherited: Vec<libc::c_int> = std::iter::once(image_raw)
         .chain(initrd_raw)
         .chain(plugin_raw)

@@ -189,11 +189,7 @@ impl Backend for Qemu {
             },
             header_line: None,
             run_note: Box::new(move |run: &ResolvedRun| {
-                let binary = match run.linux.as_ref().map(|l| l.arch) {
-                    Some(crate::linux::LinuxArch::X86_64) => "qemu-system-x86_64",
-                    Some(crate::linux::LinuxArch::I386) => "qemu-system-i386",
-                    None => qemu::binary_for(&run.image),
-                };
+                let binary = qemu::binary_of(run);
                 format!(
                     "; backend QEMU TCG ({binary}): software emulation, {}",
                     if plugin {

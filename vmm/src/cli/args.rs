@@ -11,6 +11,8 @@ use clap::Args;
 use super::{parse_cpus, parse_mem, parse_timeout, RunArgs};
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::preflight::cmdline::Workload;
+use crate::spec::guest::GuestKind;
+use crate::spec::linux::{LinuxArch, LinuxRequest};
 
 /// Default iterations of one compare run: sized so that the default compare
 /// (5 runs per side, interleaved) takes about 10 s under kvm_pvm, where one
@@ -290,10 +292,10 @@ pub struct LinuxArgs {
 
 impl LinuxArgs {
     /// The guest kind these arguments choose; `arch` is `--arch` as given.
-    pub fn guest_kind(&self, arch: Option<Arch>) -> crate::linux::GuestKind {
+    pub fn guest_kind(&self, arch: Option<Arch>) -> GuestKind<LinuxRequest> {
         match &self.linux {
-            None => crate::linux::GuestKind::Companion,
-            Some(k) => crate::linux::GuestKind::Linux(crate::linux::LinuxRequest {
+            None => GuestKind::Companion,
+            Some(k) => GuestKind::Linux(LinuxRequest {
                 kernel: k.clone(),
                 append: self.append.clone().unwrap_or_default(),
                 arch: arch.map(Arch::linux_arch),
@@ -359,10 +361,10 @@ pub enum Arch {
 
 impl Arch {
     /// The Linux architecture a `--linux` image of this flavour must have.
-    pub fn linux_arch(self) -> crate::linux::LinuxArch {
+    pub fn linux_arch(self) -> LinuxArch {
         match self {
-            Arch::X86_64 => crate::linux::LinuxArch::X86_64,
-            Arch::I386 => crate::linux::LinuxArch::I386,
+            Arch::X86_64 => LinuxArch::X86_64,
+            Arch::I386 => LinuxArch::I386,
         }
     }
 }

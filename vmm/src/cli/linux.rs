@@ -2,10 +2,9 @@
 
 use crate::cli::exit_code::{self, ExitCode as _};
 use crate::cli::LinuxCommand;
-use crate::linux::{
-    check_pti, fetch, guest_pti, init_started, kernel_panic, HostPhaseObservation, LinuxGuest,
-};
+use crate::linux::{check_pti, fetch, guest_pti, init_started, kernel_panic, HostPhaseObservation};
 use crate::machine::RunOutcome;
+use crate::spec::linux::LinuxGuest;
 use ptiscope_devices::escape_str;
 
 /// Runs a `ptiscope linux` command; returns the exit code.

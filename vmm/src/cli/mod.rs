@@ -496,8 +496,8 @@ mod tests {
             crate::cli::compare::parse_sides(&a).map_err(|e| e.to_string())
         };
         let linux = |c: &RunConfig| match &c.guest_kind {
-            crate::linux::GuestKind::Linux(r) => (r.kernel.clone(), r.append.clone()),
-            crate::linux::GuestKind::Companion => panic!("not a Linux side"),
+            crate::spec::guest::GuestKind::Linux(r) => (r.kernel.clone(), r.append.clone()),
+            crate::spec::guest::GuestKind::Companion => panic!("not a Linux side"),
         };
         let (b, c) = sides(&[
             "--backend",

@@ -166,7 +166,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
             preflight(&c, backend.target(), &crate::cli::host_facts())
         };
         let resolved = [with_threads(&base)?, with_threads(&comp)?];
-        booted.get_or_insert_with(|| resolved[0].image.clone());
+        booted.get_or_insert_with(|| resolved[0].boot.image.clone());
         let outcome = Experiment::new(vec![base.label.clone(), comp.label.clone()]).run(
             0,
             RunCount::Fixed(runs),

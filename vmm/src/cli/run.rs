@@ -9,6 +9,7 @@ use crate::cli::RunArgs;
 use crate::machine::RunOutcome;
 use crate::observe::live_metrics::LiveMetricsConfig;
 use crate::output::{open_output, OutputFile, OutputQueue, OutputReport};
+use crate::spec::guest::GuestKind;
 use crate::StopReason;
 use ptiscope_devices::escape_str;
 
@@ -38,7 +39,7 @@ pub fn run(args: &RunArgs) -> i32 {
     if args.by_symbol {
         let why = if !backend.profile().counts_by_address {
             Some("--by-symbol counts by address with ptiscope's QEMU TCG plugin: give --backend qemu (without --no-plugin)")
-        } else if resolved.linux.is_none() {
+        } else if resolved.guest_kind.is_companion() {
             Some("--by-symbol is for Linux guests (their init sends the kernel's /proc/kallsyms): give --linux debian-amd64 (or a bzImage path)")
         } else {
             None
@@ -49,7 +50,7 @@ pub fn run(args: &RunArgs) -> i32 {
         }
         // The init sends the symbols, the backend has the plugin count by
         // address, when the command line carries this word.
-        resolved.cmdline = format!("{} {}", resolved.cmdline, crate::linux::SYMBOLS_WORD);
+        resolved.boot.cmdline = format!("{} {}", resolved.boot.cmdline, crate::linux::SYMBOLS_WORD);
     }
     // Every output is opened (created, checked writable, a FIFO's reader
     // waited for up to --timeout) before the guest boots, so a bad path
@@ -134,11 +135,9 @@ pub fn run(args: &RunArgs) -> i32 {
     let Ran { outcome, observed } = ran;
     // A Linux run's end in words: a panic, a kernel that never reached the
     // init, an init that did not finish, PTI not as asked.
-    let linux_end = |outcome: &RunOutcome| {
-        resolved
-            .linux
-            .as_ref()
-            .and_then(|l| crate::cli::linux::diagnose(outcome, l, linux_host.as_ref()))
+    let linux_end = |outcome: &RunOutcome| match &resolved.guest_kind {
+        GuestKind::Linux(l) => crate::cli::linux::diagnose(outcome, l, linux_host.as_ref()),
+        GuestKind::Companion => None,
     };
     match observed {
         Observed::Console => {
@@ -155,7 +154,7 @@ pub fn run(args: &RunArgs) -> i32 {
             print_summary(&outcome);
             let linux_end = linux_end(&outcome);
             summary.environment = Some(environment.finish("run", &summary.config));
-            if resolved.linux.is_none()
+            if resolved.guest_kind.is_companion()
                 && !resolved
                     .guest
                     .workload
@@ -275,12 +274,12 @@ impl Pending {
     ) -> Pending {
         let _ = crate::report::environment::probe_findings(
             &facts,
-            crate::machine::loader::is_elf32(&run.image),
+            crate::machine::loader::is_elf32(&run.boot.image),
         );
         let (backend, kernel, image) = (
             backend.to_owned(),
             run.config.kernel.clone(),
-            run.image.clone(),
+            run.boot.image.clone(),
         );
         Pending(std::thread::spawn(move || {
             crate::report::Environment::collect(

@@ -32,8 +32,8 @@ pub use crate::preflight::linux::{
     fetch, image, initramfs, kernel_path, known_path, LinuxError, BASE_CMDLINE, MAX_CMDLINE,
 };
 use crate::report::{Metric, RunSummary, Source};
-pub use crate::spec::linux::{GuestKind, LinuxGuest, LinuxRequest};
-pub use image::{ImageError, ImageFormat, KernelImage, LinuxArch};
+use crate::spec::linux::LinuxGuest;
+pub use image::{ImageError, KernelImage};
 
 /// The kernel command-line word that asks the init for the kernel's text
 /// symbols after the phase, and the QEMU backend for the plugin's
@@ -453,6 +453,7 @@ pub fn add_vmm_rows(s: &mut RunSummary, vmm: &RunSummary) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::spec::linux::{ImageFormat, LinuxArch};
 
     pub(crate) fn obs(syscalls: u64, cr3: u64) -> HostPhaseObservation {
         HostPhaseObservation {
@@ -515,7 +516,6 @@ pub(crate) mod tests {
             format: ImageFormat::BzImage,
             version: None,
             config_pti: None,
-            initramfs: std::sync::Arc::from(&b""[..]),
             init_words: format!("pti={pti} workload=getppid iterations=10"),
             pti,
         }

@@ -68,20 +68,21 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
     let config = &run.config;
     let kvm = open_kvm()?;
     let mem = run.layout.create_guest_memory()?;
-    let loaded = loader::load_bytes(&mem, &run.layout, &run.image_name, &run.image)?;
+    let boot = &run.boot;
+    let loaded = loader::load_bytes(&mem, &run.layout, &boot.image_name, &boot.image)?;
     let entry_state = match &loaded.bzimage {
         Some(k) => {
-            // A `--linux` run's initramfs (ptiscope's init) is the initrd:
+            // The initrd (a `--linux` run's initramfs with ptiscope's init):
             // boot_params' ramdisk_image/ramdisk_size, below the image's
             // initrd_addr_max, in RAM the E820 map gives the guest.
-            let initrd = run.linux.as_ref().map(|l| &l.initramfs[..]);
+            let initrd = boot.initrd.as_deref();
             // ACPI tables: the MADT is how Linux learns of the vCPUs
             // (--cpus N); written for one vCPU too, so that a Linux boot
             // sees the same machine (IOAPIC, no 8259) whatever --cpus says.
-            let bz_err = |e| LoadError::BzImage(run.image_name.clone(), e);
+            let bz_err = |e| LoadError::BzImage(boot.image_name.clone(), e);
             let tables = acpi::write_tables(&mem, config.cpus)
                 .map_err(|e| bz_err(bzimage::BzImageError::Acpi(e)))?;
-            bzimage::write_boot_params(&mem, &run.layout, k, &run.cmdline, initrd, Some(&tables))
+            bzimage::write_boot_params(&mem, &run.layout, k, &boot.cmdline, initrd, Some(&tables))
                 .map_err(bz_err)?;
             match k.mode {
                 bzimage::BootMode::Long64 => EntryState::Linux64 {
@@ -94,11 +95,14 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
             }
         }
         None => {
-            boot_params::write_boot_params(&mem, &run.layout, &run.cmdline)?;
+            boot_params::write_boot_params(&mem, &run.layout, &boot.cmdline)?;
             EntryState::Pvh
         }
     };
-    let mut mask = CpuidMask::for_kernel(loaded.bzimage.is_some() || run.linux.is_some(), host.kvm);
+    let mut mask = CpuidMask::for_kernel(
+        loaded.bzimage.is_some() || run.guest_kind.is_linux(),
+        host.kvm,
+    );
     // An i386 kernel under --backend nested: see the field (QEMU's nested
     // walker marks PDPTEs accessed, which KVM's PDPTE reload refuses).
     mask.hide_pdpte_reload_bits = crate::spec::nested::inside()
@@ -108,7 +112,7 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
     let cpu = (config.cpu_vuln, mask, host.supported_cpuid.as_ref());
     let chip = match (
         config.irqchip,
-        run.linux.is_some() || loaded.bzimage.is_some(),
+        run.guest_kind.is_linux() || loaded.bzimage.is_some(),
     ) {
         (false, _) => IrqChip::None,
         (true, true) => IrqChip::Full,

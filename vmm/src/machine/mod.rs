@@ -347,7 +347,7 @@ pub fn run(
         phases,
         dropped_phase_events: results.iter().map(|r| r.dropped_phases).sum(),
         unknown_accesses: results.iter().map(|r| r.unknown).sum(),
-        cmdline: run.cmdline.clone(),
+        cmdline: run.boot.cmdline.clone(),
         entry: run.guest.entry,
         arch_capabilities: built.arch_capabilities,
         mem_mib: config.mem_mib,

@@ -18,6 +18,8 @@ use crate::machine::kvm::{self, KvmOpenError};
 use crate::machine::loader::{self, LoadError};
 use crate::machine::memory::{MemoryError, MemoryLayout};
 use crate::probe::host::HostFacts;
+use crate::spec::guest::GuestKind;
+use crate::spec::BootSource;
 pub use crate::spec::{cmdline, request, ResolvedRun, RunConfig, SerialOut, Target, MAX_CPUS};
 use cmdline::{CmdlineError, Entry, EntryChoice, ResolvedOptions, Switch};
 
@@ -151,7 +153,7 @@ pub fn preflight(
 }
 
 /// [`preflight`] with the image already read (`Some`: an earlier
-/// [`ResolvedRun::image`] of the same `config.kernel`, shared instead of
+/// [`BootSource::image`](crate::spec::BootSource::image) of the same `config.kernel`, shared instead of
 /// read and copied again; `sweep` settles every cell of a configuration so).
 pub fn preflight_with_image(
     config: &RunConfig,
@@ -161,7 +163,7 @@ pub fn preflight_with_image(
 ) -> Result<ResolvedRun, PreflightError> {
     let layout = MemoryLayout::new(config.mem_mib)?;
     let asked = config.guest.absorb_extra()?;
-    if let crate::spec::linux::GuestKind::Linux(req) = &config.guest_kind {
+    if let GuestKind::Linux(req) = &config.guest_kind {
         return Ok(linux::settle(config, req, target, facts, layout, asked)?);
     }
     // The guest's own image, page tables and stacks take a few MiB; the
@@ -298,11 +300,14 @@ pub fn preflight_with_image(
     Ok(ResolvedRun {
         config: config.clone(),
         layout,
-        image,
-        image_name,
+        boot: BootSource {
+            image,
+            image_name,
+            initrd: None,
+            cmdline,
+        },
         guest,
-        cmdline,
         entry_guessed,
-        linux: None,
+        guest_kind: GuestKind::Companion,
     })
 }

@@ -1,10 +1,11 @@
-//! A Linux guest as data: which kind of guest a run boots ([`GuestKind`]),
-//! what `--linux`, `--append` and `--arch` asked for ([`LinuxRequest`]),
-//! and the guest once settled ([`LinuxGuest`], made by
-//! `preflight::linux::settle`).
+//! A Linux guest as data: what `--linux`, `--append` and `--arch` asked
+//! for ([`LinuxRequest`], the Linux side of the request's
+//! [`GuestKind`](super::guest::GuestKind)), and the guest once settled
+//! ([`LinuxGuest`], made by `preflight::linux::settle`; its kernel,
+//! initramfs and command line are the run's
+//! [`BootSource`](super::BootSource)).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use ptiscope_abi::options::PtiMode;
 
@@ -36,17 +37,6 @@ pub enum ImageFormat {
     PvhElf,
 }
 
-/// Which guest a run boots: the one place the kind is chosen (preflight
-/// resolves it; the backends look at [`ResolvedRun::linux`](super::ResolvedRun::linux)).
-#[derive(Debug, Clone, Default)]
-pub enum GuestKind {
-    /// ptiscope's own guest kernel (embedded, or `--kernel FILE`).
-    #[default]
-    Companion,
-    /// A Linux kernel with ptiscope's init.
-    Linux(LinuxRequest),
-}
-
 /// What `--linux`, `--append` and `--arch` asked for.
 #[derive(Debug, Clone)]
 pub struct LinuxRequest {
@@ -71,8 +61,6 @@ pub struct LinuxGuest {
     pub version: Option<String>,
     /// `CONFIG_PAGE_TABLE_ISOLATION` from a configuration beside the image.
     pub config_pti: Option<bool>,
-    /// The newc initramfs with the init.
-    pub initramfs: Arc<[u8]>,
     /// The init's words of the command line (its parser's keys).
     pub init_words: String,
     /// What PTI the run asked for.

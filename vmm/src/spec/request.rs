@@ -6,6 +6,8 @@ use crate::machine::loader::KernelSource;
 use crate::machine::memory::DEFAULT_MEM_MIB;
 pub use crate::output::SerialOut;
 use crate::spec::cmdline::{CpuVuln, GuestOptions};
+use crate::spec::guest::GuestKind;
+use crate::spec::linux::LinuxRequest;
 
 /// Default `--timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -51,7 +53,7 @@ pub struct RunConfig {
     pub cpus: u32,
     /// Which guest: ptiscope's own kernel, or a Linux kernel with
     /// ptiscope's init (`--linux`), settled by [`crate::preflight::preflight`].
-    pub guest_kind: crate::spec::linux::GuestKind,
+    pub guest_kind: GuestKind<LinuxRequest>,
 }
 
 impl RunConfig {
@@ -71,7 +73,7 @@ impl RunConfig {
             qemu_plugin: true,
             irqchip: true,
             cpus: 1,
-            guest_kind: crate::spec::linux::GuestKind::Companion,
+            guest_kind: GuestKind::Companion,
         }
     }
 }

@@ -40,6 +40,8 @@ use crate::preflight::{preflight, ResolvedRun};
 use crate::report::by_symbol::SymbolCondition;
 use crate::report::environment::Environment;
 use crate::report::{CompareTable, Condition, RunSummary};
+use crate::spec::guest::GuestKind;
+use crate::spec::linux::LinuxGuest;
 
 /// Runs the comparison and prints it; returns the process exit code.
 /// (`ptiscope compare` with poundsyscall's thread counts is
@@ -172,7 +174,8 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         // backend has the plugin count by address, when the command line
         // carries this word (the same on both sides).
         for side in [&mut base, &mut comp] {
-            side.run.cmdline = format!("{} {}", side.run.cmdline, crate::linux::SYMBOLS_WORD);
+            side.run.boot.cmdline =
+                format!("{} {}", side.run.boot.cmdline, crate::linux::SYMBOLS_WORD);
         }
     }
     let count = match args.runs {
@@ -306,7 +309,7 @@ fn refuse_by_symbol(
         sides
             .into_iter()
             .flatten()
-            .find(|s| s.run.linux.is_none())
+            .find(|s| s.run.guest_kind.is_companion())
             .map(|side| {
                 format!(
                     "--by-symbol is for Linux guests (their init sends the kernel's \
@@ -360,16 +363,16 @@ fn print_header(
     watched: &str,
 ) -> Environment {
     let differences = side_differences(&base.run, &comp.run);
-    let linux_name = |l: &crate::linux::LinuxGuest| {
+    let linux_name = |l: &LinuxGuest| {
         format!(
             "Linux ({}, {})",
             l.arch.name(),
             l.version.as_deref().unwrap_or("version unknown")
         )
     };
-    let two_images = base.run.image != comp.run.image;
-    match (&base.run.linux, &comp.run.linux) {
-        (Some(b), Some(c)) if two_images => println!(
+    let two_images = base.run.boot.image != comp.run.boot.image;
+    match (&base.run.guest_kind, &comp.run.guest_kind) {
+        (GuestKind::Linux(b), GuestKind::Linux(c)) if two_images => println!(
             "{}",
             crate::cli::exit_code::escape_message(&format!(
                 "ptiscope compare: two kernels on this host: {} against {}",
@@ -377,14 +380,14 @@ fn print_header(
                 linux_name(c)
             ))
         ),
-        (Some(l), _) => println!(
+        (GuestKind::Linux(l), _) => println!(
             "{}",
             crate::cli::exit_code::escape_message(&format!(
                 "ptiscope compare: what PTI costs in {} on this host",
                 linux_name(l)
             ))
         ),
-        (None, _) => {
+        (GuestKind::Companion, _) => {
             println!("ptiscope compare: what PTI costs in the ptiscope guest on this host")
         }
     }
@@ -398,12 +401,12 @@ fn print_header(
     let mut environment = Environment::collect(
         &crate::cli::host_facts(),
         backend.name(),
-        side::guest_image_of(&base.run.config.kernel, Some(&base.run.image)),
+        side::guest_image_of(&base.run.config.kernel, Some(&base.run.boot.image)),
         extra,
     );
     // A Linux guest is named by its release (pictures say which kernel's
     // PTI they show, not only the host's); the companion by its image hash.
-    let release_of = |l: &crate::linux::LinuxGuest| {
+    let release_of = |l: &LinuxGuest| {
         let release = l
             .version
             .as_deref()
@@ -411,10 +414,13 @@ fn print_header(
             .unwrap_or("version unknown");
         format!("Linux {release} ({})", l.arch.name())
     };
-    environment.guest_kernel = match (&base.run.linux, &comp.run.linux) {
+    environment.guest_kernel = match (&base.run.guest_kind, &comp.run.guest_kind) {
         // Two kernels: a picture names both.
-        (Some(b), Some(c)) if two_images => Some(format!("{} vs {}", release_of(b), release_of(c))),
-        (b, _) => b.as_deref().map(release_of),
+        (GuestKind::Linux(b), GuestKind::Linux(c)) if two_images => {
+            Some(format!("{} vs {}", release_of(b), release_of(c)))
+        }
+        (GuestKind::Linux(b), _) => Some(release_of(b)),
+        (GuestKind::Companion, _) => None,
     };
     let profile = backend.profile();
     let (kvm_line, entry_text) = (profile.header_line, (profile.run_note)(&base.run));
@@ -469,12 +475,12 @@ pub(crate) fn side_differences(base: &ResolvedRun, comp: &ResolvedRun) -> Vec<St
     let mut out = Vec::new();
     // Compared as bytes (the same shared image is equal at once); hashed
     // for the text only when they differ.
-    if base.image != comp.image {
+    if base.boot.image != comp.boot.image {
         let image = |r: &ResolvedRun| {
-            let g = side::guest_image_of(&r.config.kernel, Some(&r.image));
+            let g = side::guest_image_of(&r.config.kernel, Some(&r.boot.image));
             let release = r
-                .linux
-                .as_ref()
+                .guest_kind
+                .linux()
                 .and_then(|l| l.version.as_deref())
                 .and_then(|v| v.split_whitespace().next())
                 .map(|v| format!(" (Linux {v})"))
@@ -485,7 +491,8 @@ pub(crate) fn side_differences(base: &ResolvedRun, comp: &ResolvedRun) -> Vec<St
         out.push(format!("guest image: {} vs {}", image(base), image(comp)));
     }
     let words = |r: &ResolvedRun| -> Vec<String> {
-        r.cmdline
+        r.boot
+            .cmdline
             .split_whitespace()
             .filter(|w| !w.starts_with("telemetry="))
             .map(str::to_string)

@@ -5,7 +5,6 @@
 use crate::backend::{Backend, HostWatch, Summarized};
 use crate::cli::exit_code::ExitCode;
 use crate::cli::{ExperimentOpts, TargetOpts};
-use crate::linux::GuestKind;
 use crate::machine::loader::KernelSource;
 use crate::machine::RunOutcome;
 use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
@@ -14,6 +13,8 @@ use crate::report::environment::GuestImage;
 use crate::report::rate_name;
 use crate::report::stats::CountRuns;
 use crate::report::{CompareTable, Metric, RunSummary};
+use crate::spec::guest::GuestKind;
+use crate::spec::linux::LinuxRequest;
 use ptiscope_devices::escape_str;
 
 /// One side of the comparison.
@@ -140,7 +141,7 @@ pub fn parse_side(
                     GuestKind::Linux(r) => r.append.clone(),
                     GuestKind::Companion => target.linux.append.clone().unwrap_or_default(),
                 };
-                c.guest_kind = GuestKind::Linux(crate::linux::LinuxRequest {
+                c.guest_kind = GuestKind::Linux(LinuxRequest {
                     kernel: v.trim().to_string(),
                     append,
                     arch: target.arch.map(crate::cli::Arch::linux_arch),
@@ -235,7 +236,7 @@ pub fn run_measured(
     let ran = backend.run(resolved, HostWatch::default())?;
     let Summarized { summary: s, host } = ran.summary(resolved, config_words(&ran.outcome));
     let o = ran.outcome;
-    if let Some(l) = &resolved.linux {
+    if let GuestKind::Linux(l) = &resolved.guest_kind {
         if let Some((code, message)) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
             return Err(MeasuredRunError::Linux { code, message });
         }

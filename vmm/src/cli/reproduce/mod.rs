@@ -23,6 +23,7 @@ use super::exit_code::{self, ExitCode as _};
 use super::{Arch, Backend, BackendOpts, ExperimentOpts, LinuxArgs, TargetOpts};
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::preflight::preflight;
+use crate::spec::guest::GuestKind;
 
 /// The seeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -144,12 +145,12 @@ pub fn nested_session(
     args: &ReproduceArgs,
 ) -> Result<(Duration, u32, Vec<(&'static str, std::path::PathBuf)>), String> {
     let kernels = linux_kernels(args);
-    let mut guests: Vec<Guest> = if args.no_companion {
+    let mut guests: Vec<CellGuest> = if args.no_companion {
         Vec::new()
     } else {
-        vec![Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)]
+        CellGuest::COMPANIONS.to_vec()
     };
-    guests.extend(kernels.iter().map(|(k, _)| Guest::Linux(k)));
+    guests.extend(kernels.iter().map(|(k, _)| CellGuest::linux(k)));
     let (_, cells) = cells(args.seed, &guests);
     if cells.is_empty() {
         return Err("no guest to measure: --no-linux and --no-companion leave nothing".to_owned());
@@ -165,37 +166,60 @@ pub fn nested_session(
     ))
 }
 
-/// Which guest a cell boots.
+/// Which guest a cell boots: the guest kind (a Linux kernel by its known
+/// name) and its architecture, which the companion is built for with
+/// `--arch` and a Linux kernel has by its name (the seeds' 32-bit PAE
+/// rows go with the i386 guests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Guest {
-    Companion(Arch),
-    Linux(&'static str),
+struct CellGuest {
+    kind: GuestKind<&'static str>,
+    arch: Arch,
 }
 
-impl Guest {
+impl CellGuest {
+    /// The companion guest's two flavours, x86_64 first.
+    const COMPANIONS: [CellGuest; 2] = [
+        CellGuest {
+            kind: GuestKind::Companion,
+            arch: Arch::X86_64,
+        },
+        CellGuest {
+            kind: GuestKind::Companion,
+            arch: Arch::I386,
+        },
+    ];
+
+    /// A known Linux kernel (`debian-686-pae` is the i386 one).
+    fn linux(kernel: &'static str) -> Self {
+        CellGuest {
+            kind: GuestKind::Linux(kernel),
+            arch: if kernel == "debian-686-pae" {
+                Arch::I386
+            } else {
+                Arch::X86_64
+            },
+        }
+    }
+
     /// The 64-bit guests (the seeds that were measured on x86_64 only).
     fn is_x86_64(self) -> bool {
-        !matches!(
-            self,
-            Guest::Linux("debian-686-pae") | Guest::Companion(Arch::I386)
-        )
+        self.arch == Arch::X86_64
     }
 
     /// Calls per run: `linux` under a Linux kernel (QEMU TCG, slow), else
     /// `companion`.
     fn calls(self, linux: u64, companion: u64) -> u64 {
-        if matches!(self, Guest::Linux(_)) {
-            linux
-        } else {
-            companion
+        match self.kind {
+            GuestKind::Linux(_) => linux,
+            GuestKind::Companion => companion,
         }
     }
 
     fn name(self) -> String {
-        match self {
-            Guest::Companion(Arch::X86_64) => "ptiscope guest (x86_64)".into(),
-            Guest::Companion(Arch::I386) => "ptiscope guest (i386 PAE)".into(),
-            Guest::Linux(k) => format!("Linux {k}"),
+        match (self.kind, self.arch) {
+            (GuestKind::Companion, Arch::X86_64) => "ptiscope guest (x86_64)".into(),
+            (GuestKind::Companion, Arch::I386) => "ptiscope guest (i386 PAE)".into(),
+            (GuestKind::Linux(k), _) => format!("Linux {k}"),
         }
     }
 }
@@ -203,7 +227,7 @@ impl Guest {
 /// One cell of a seed's table.
 #[derive(Debug, Clone)]
 struct Cell {
-    guest: Guest,
+    guest: CellGuest,
     row: String,
     column: String,
     /// compare's side options (`pti=on,cmdline=...`); `None`: not
@@ -254,10 +278,11 @@ fn cell_options(cell: &Cell, backend: Backend, timeout: Duration) -> (Experiment
         mem: DEFAULT_MEM_MIB,
         timeout,
     };
-    let (arch, linux) = match cell.guest {
-        Guest::Companion(Arch::I386) => (Some(Arch::I386), None),
-        Guest::Companion(Arch::X86_64) => (None, None),
-        Guest::Linux(k) => (None, Some(k.to_owned())),
+    let (arch, linux) = match (cell.guest.kind, cell.guest.arch) {
+        (GuestKind::Companion, Arch::I386) => (Some(Arch::I386), None),
+        (GuestKind::Companion, Arch::X86_64) => (None, None),
+        // A Linux kernel's architecture is its image's: no --arch.
+        (GuestKind::Linux(k), _) => (None, Some(k.to_owned())),
     };
     let target = TargetOpts {
         arch,
@@ -448,12 +473,12 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     }
     let mut guests = Vec::new();
     if !args.no_companion {
-        guests.extend([Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)]);
+        guests.extend(CellGuest::COMPANIONS);
     }
     guests.extend(
         linux_kernels(args)
             .into_iter()
-            .map(|(k, _)| Guest::Linux(k)),
+            .map(|(k, _)| CellGuest::linux(k)),
     );
     // The output is opened before the first boot: a bad path must not
     // cost the runs.
@@ -516,7 +541,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     }
     let mut exit = 0;
     let mut json_rows = Vec::new();
-    let mut current: Option<Guest> = None;
+    let mut current: Option<CellGuest> = None;
     let mut unlike_units = false;
     for (i, (c, m)) in cells.iter().zip(&measured).enumerate() {
         if current != Some(c.guest) {
@@ -698,9 +723,9 @@ mod tests {
     fn a_cells_options_are_what_compares_parser_gives_for_its_words() {
         use clap::Parser as _;
         let guests = [
-            Guest::Companion(Arch::X86_64),
-            Guest::Companion(Arch::I386),
-            Guest::Linux("debian-amd64"),
+            CellGuest::COMPANIONS[0],
+            CellGuest::COMPANIONS[1],
+            CellGuest::linux("debian-amd64"),
         ];
         let every_cell: Vec<Cell> = [
             Seed::Roedel2018,
@@ -736,10 +761,12 @@ mod tests {
                     ]
                     .map(String::from),
                 );
-                match cell.guest {
-                    Guest::Companion(Arch::I386) => argv.extend(["--arch".into(), "i386".into()]),
-                    Guest::Companion(Arch::X86_64) => {}
-                    Guest::Linux(k) => argv.extend(["--linux".into(), k.into()]),
+                match (cell.guest.kind, cell.guest.arch) {
+                    (GuestKind::Companion, Arch::I386) => {
+                        argv.extend(["--arch".into(), "i386".into()])
+                    }
+                    (GuestKind::Companion, Arch::X86_64) => {}
+                    (GuestKind::Linux(k), _) => argv.extend(["--linux".into(), k.into()]),
                 }
                 let Some(super::super::Command::Compare(parsed)) =
                     super::super::Cli::try_parse_from(&argv).unwrap().command
@@ -824,8 +851,7 @@ mod tests {
         .unwrap();
         let (bound, cpus, kernels) = nested_session(&a).unwrap();
         assert!(kernels.is_empty(), "--no-linux packs no kernel");
-        let companion = [Guest::Companion(Arch::X86_64), Guest::Companion(Arch::I386)];
-        let (_, c) = cells(Seed::Roedel2018, &companion);
+        let (_, c) = cells(Seed::Roedel2018, &CellGuest::COMPANIONS);
         assert_eq!(
             bound,
             Duration::from_secs(10 * 3 * c.len() as u64 + 120),
@@ -837,10 +863,7 @@ mod tests {
 
     #[test]
     fn roedels_table_has_its_four_rows_per_column_each_against_its_own_baseline() {
-        let guests = [
-            Guest::Companion(Arch::X86_64),
-            Guest::Linux("debian-686-pae"),
-        ];
+        let guests = [CellGuest::COMPANIONS[0], CellGuest::linux("debian-686-pae")];
         let (_, c) = cells(Seed::Roedel2018, &guests);
         // Per guest: one kernel (64-bit or 32-bit PAE), 2 PTI states x 2 columns.
         assert_eq!(c.len(), 8);
@@ -857,7 +880,7 @@ mod tests {
         // The published 32-bit PAE figures go with the 686-pae kernel.
         let pae: Vec<_> = c
             .iter()
-            .filter(|x| x.guest == Guest::Linux("debian-686-pae"))
+            .filter(|x| x.guest == CellGuest::linux("debian-686-pae"))
             .collect();
         assert!(pae.iter().all(|x| x.row.starts_with("32-bit PAE")));
         assert_eq!(pae[1].published_text, "0.44 s");
@@ -872,7 +895,7 @@ mod tests {
             Seed::Petkov2015,
             Seed::Gregg2018,
         ] {
-            let (_, c) = cells(seed, &[Guest::Linux("debian-amd64")]);
+            let (_, c) = cells(seed, &[CellGuest::linux("debian-amd64")]);
             assert!(!c.is_empty(), "{seed:?}");
             assert!(c.iter().any(|x| x.baseline.is_some()), "{seed:?}");
         }

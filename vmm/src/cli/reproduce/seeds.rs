@@ -2,12 +2,12 @@
 //! columns on every guest asked, with the published figure in the cell's
 //! unit and the row its overhead is against.
 
-use super::{Cell, Guest, Seed, ROEDEL_MESSAGES};
+use super::{Cell, CellGuest, Seed, ROEDEL_MESSAGES};
 use crate::cli::Arch;
 use crate::preflight::cmdline::Workload;
 
 /// The cells of a seed, for the guests asked.
-pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
+pub(super) fn cells(seed: Seed, guests: &[CellGuest]) -> (String, Vec<Cell>) {
     let mut v: Vec<Cell> = Vec::new();
     let mut push = |c: Cell| {
         v.push(c);
@@ -27,11 +27,8 @@ pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
             for &g in guests {
                 for (bits, figures) in published {
                     let matches = matches!(
-                        (g, bits),
-                        (Guest::Companion(Arch::I386), "32-bit PAE")
-                            | (Guest::Linux("debian-686-pae"), "32-bit PAE")
-                            | (Guest::Companion(Arch::X86_64), "64-bit")
-                            | (Guest::Linux("debian-amd64"), "64-bit")
+                        (g.arch, bits),
+                        (Arch::I386, "32-bit PAE") | (Arch::X86_64, "64-bit")
                     );
                     if !matches {
                         continue;
@@ -71,7 +68,7 @@ pub(super) fn cells(seed: Seed, guests: &[Guest]) -> (String, Vec<Cell>) {
                      getppid loops here (300,000 calls on the companion guest, 20,000 under Linux/TCG)"
                 .to_string();
             for g in guests.iter().copied().filter(|g| g.is_x86_64()) {
-                let linux = matches!(g, Guest::Linux(_));
+                let linux = g.kind.is_linux();
                 let iterations = g.calls(20_000, 300_000);
                 let rows: [(&str, Result<&str, &'static str>, Workload, f64); 3] = [
                     ("PTI off at boot", Ok("pti=off"), Workload::Getppid, 215.0),

@@ -108,7 +108,7 @@ impl Preparer {
             self.image.clone(),
         )?;
         if self.image.is_none() {
-            self.image = Some(resolved.image.clone());
+            self.image = Some(resolved.boot.image.clone());
         }
         Ok(resolved)
     }

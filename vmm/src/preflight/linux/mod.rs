@@ -1,10 +1,11 @@
 //! A `--linux` run settled: the one place a Linux guest is made
 //! ([`settle`], which [`preflight`](super::preflight) calls for
-//! [`GuestKind::Linux`](crate::spec::linux::GuestKind::Linux)): the kernel
+//! [`GuestKind::Linux`]): the kernel
 //! named (a known name's cached image, [`fetch`], or a path), read and
 //! recognised ([`image`]), `--arch` checked against it, the entry and the
 //! command line written, the PTI request checked against the kernel's
-//! configuration, the initramfs packed around the init ([`initramfs`]).
+//! configuration, the initramfs packed around the init ([`initramfs`]) as
+//! the run's initrd.
 //! Its refusals are [`LinuxError`], which [`PreflightError`](super::PreflightError)
 //! wraps. What happens to the run later (its checks and summary) is
 //! [`crate::linux`], above the report layer.
@@ -23,8 +24,9 @@ use crate::machine::loader::{self, KernelSource, LoadError};
 use crate::machine::memory::MemoryLayout;
 use crate::probe::host::HostFacts;
 use crate::spec::cmdline::{EntryChoice, GuestOptions, ResolvedOptions};
+use crate::spec::guest::GuestKind;
 use crate::spec::linux::{init_parser_words, LinuxArch, LinuxGuest, LinuxRequest};
-use crate::spec::{ResolvedRun, RunConfig, Target};
+use crate::spec::{BootSource, ResolvedRun, RunConfig, Target};
 use image::ImageError;
 
 /// The kernel command line every Linux run starts with: the console on the
@@ -417,21 +419,23 @@ pub fn settle(
     Ok(ResolvedRun {
         config,
         layout,
-        image_name: name,
         guest,
-        cmdline,
         entry_guessed: false,
-        linux: Some(Arc::new(LinuxGuest {
+        guest_kind: GuestKind::Linux(Arc::new(LinuxGuest {
             path,
             arch: image.arch,
             format: image.format,
             version: image.version,
             config_pti: image.config_pti,
-            initramfs,
             init_words,
             pti,
         })),
-        image: image.bytes.into(),
+        boot: BootSource {
+            image: image.bytes.into(),
+            image_name: name,
+            initrd: Some(initramfs),
+            cmdline,
+        },
     })
 }
 
