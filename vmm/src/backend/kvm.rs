@@ -10,6 +10,7 @@ use super::{
 use crate::machine::HostSide;
 use crate::observe::measure::{Measurer, ObservedKvm};
 use crate::probe::host::HostFacts;
+use crate::report::time_basis::TimeBasis;
 use crate::spec::{ResolvedRun, Target};
 
 /// The options only this backend takes: what they set is KVM's or the
@@ -45,6 +46,20 @@ impl Kvm {
     /// The backend on the KVM `facts` describe.
     pub fn new(facts: Arc<HostFacts>) -> Self {
         Kvm { facts }
+    }
+
+    /// What a time is on this KVM: the hardware's under kvm_intel/kvm_amd,
+    /// an emulated kernel's under kvm_pvm, TCG's inside `--backend nested`.
+    pub fn time_basis(&self) -> TimeBasis {
+        if crate::spec::nested::inside() {
+            TimeBasis::NestedTcg
+        } else {
+            TimeBasis::of_kvm_module(
+                crate::report::environment::kvm(&self.facts)
+                    .module
+                    .as_deref(),
+            )
+        }
     }
 }
 
@@ -96,6 +111,7 @@ impl Backend for Kvm {
                 unit: "ns",
                 source: "host-clock",
             },
+            time_basis: self.time_basis(),
             header_line: Some(self.facts.describe_kvm()),
             run_note: Box::new(run_note),
             sweep_line: ("KVM", self.facts.describe_kvm().to_owned()),

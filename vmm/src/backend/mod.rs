@@ -67,6 +67,9 @@ pub struct ConsoleNote {
 pub struct Profile {
     /// The time figure per call (`--runs auto` watches it; sweep reports it).
     pub time: TimeMetric,
+    /// What that time is here (hardware, emulated kernel, TCG): recorded in
+    /// every report's environment, where the reports read it.
+    pub time_basis: crate::report::time_basis::TimeBasis,
     /// The line the report header gives this backend (`None`: the
     /// environment header says it all).
     pub header_line: Option<&'static str>,

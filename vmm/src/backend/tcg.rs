@@ -187,6 +187,7 @@ impl Backend for Qemu {
                 unit: "cycles",
                 source: "guest",
             },
+            time_basis: crate::report::time_basis::TimeBasis::QemuTcg,
             header_line: None,
             run_note: Box::new(move |run: &ResolvedRun| {
                 let binary = qemu::binary_of(run);

@@ -326,6 +326,13 @@ pub fn host_facts() -> Arc<HostFacts> {
     FACTS.get_or_init(|| Arc::new(HostFacts::read())).clone()
 }
 
+/// How a report of a KVM-only command (`probe`, `pagetables`) names its
+/// backend in its environment: `kvm`, and what a time is on this KVM.
+pub fn kvm_identity() -> (&'static str, crate::report::time_basis::TimeBasis) {
+    let kvm = crate::backend::Kvm::new(host_facts());
+    (crate::backend::Backend::name(&kvm), kvm.time_basis())
+}
+
 /// Reads, on a thread of its own, the host facts a measuring command needs
 /// before and after its first boot: the probe cache's key and file (~40
 /// sysfs files), KVM's supported CPUID table, and the environment block's

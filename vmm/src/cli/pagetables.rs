@@ -93,7 +93,7 @@ pub fn run(args: &PagetablesArgs) -> i32 {
             let options = crate::cli::compare::config_words(&outcome);
             let env = crate::report::Environment::collect(
                 &crate::cli::host_facts(),
-                "kvm",
+                crate::cli::kvm_identity(),
                 crate::cli::compare::guest_image_of(&config.kernel, Some(&image)),
                 [("pagetables".to_owned(), options)].into(),
             );

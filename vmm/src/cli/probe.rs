@@ -67,7 +67,7 @@ pub fn run(args: &ProbeArgs) -> i32 {
                 if let Some(o) = value.as_object_mut() {
                     let env = crate::report::Environment::collect(
                         &crate::cli::host_facts(),
-                        "kvm",
+                        crate::cli::kvm_identity(),
                         crate::report::environment::GuestImage::new(
                             "none (the probe's own tiny guests)",
                             None,

@@ -114,7 +114,7 @@ pub fn run(args: &RunArgs) -> i32 {
     }
     // The report's environment block is collected while the guest runs (the
     // image's SHA-256 is most of it; the main thread only waits meanwhile).
-    let environment = Pending::start(facts.clone(), backend.name(), &resolved);
+    let environment = Pending::start(facts.clone(), backend.as_ref(), &resolved);
     let ran = match backend.run(&resolved, watch) {
         Ok(ran) => ran,
         Err(e) => {
@@ -269,22 +269,23 @@ impl Pending {
     /// probed (probe VMs) beside the measured guest.
     pub fn start(
         facts: std::sync::Arc<crate::probe::host::HostFacts>,
-        backend: &str,
+        backend: &dyn crate::backend::Backend,
         run: &crate::spec::ResolvedRun,
     ) -> Pending {
         let _ = crate::report::environment::probe_findings(
             &facts,
             crate::machine::loader::is_elf32(&run.boot.image),
         );
-        let (backend, kernel, image) = (
-            backend.to_owned(),
+        let (backend, time_basis, kernel, image) = (
+            backend.name(),
+            backend.profile().time_basis,
             run.config.kernel.clone(),
             run.boot.image.clone(),
         );
         Pending(std::thread::spawn(move || {
             crate::report::Environment::collect(
                 &facts,
-                &backend,
+                (backend, time_basis),
                 crate::cli::compare::guest_image_of(&kernel, Some(&image)),
                 Default::default(),
             )

@@ -525,6 +525,10 @@ mod tests {
     fn env(backend: &str, module: &str) -> crate::report::Environment {
         let mut e = crate::report::Environment {
             backend: backend.into(),
+            time_basis: match backend {
+                "qemu" => TimeBasis::QemuTcg,
+                _ => TimeBasis::of_kvm_module(Some(module)),
+            },
             ..Default::default()
         };
         e.kvm.module = Some(module.into());

@@ -108,8 +108,13 @@ pub struct Environment {
     pub host: Host,
     /// The KVM in use.
     pub kvm: Kvm,
-    /// `kvm` (ptiscope's VMM) or `qemu` (QEMU TCG).
+    /// `kvm` (ptiscope's VMM), `qemu` (QEMU TCG) or `nested`.
     pub backend: String,
+    /// What a time figure is on that backend (its `Profile` says it; the
+    /// reports read it here rather than knowing the backends). `unknown`
+    /// in documents written before it was recorded.
+    #[serde(default)]
+    pub time_basis: super::time_basis::TimeBasis,
     /// What `ptiscope probe` found, as far as the run depends on it.
     pub probe: ProbeFindings,
     /// This build of ptiscope.
@@ -347,7 +352,7 @@ impl Environment {
     /// image hash and the given options.
     pub fn collect(
         facts: &HostFacts,
-        backend: &str,
+        (backend, time_basis): (&str, super::time_basis::TimeBasis),
         guest_image: GuestImage,
         options: BTreeMap<String, Vec<String>>,
     ) -> Self {
@@ -360,6 +365,7 @@ impl Environment {
             } else {
                 backend.to_owned()
             },
+            time_basis,
             probe: probe_findings(facts, guest_image.elf32),
             ptiscope: build(),
             guest_image,

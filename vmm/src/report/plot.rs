@@ -120,10 +120,12 @@ fn subtitle(table: &CompareTable) -> (String, String, String) {
         |e| {
             let kernel = e.host.kernel.as_deref().unwrap_or("?");
             let kernel = kernel.split(" #").next().unwrap_or(kernel);
-            let backend = if e.backend == "kvm" {
-                format!("KVM {}", e.kvm.module.as_deref().unwrap_or("?"))
-            } else {
-                format!("backend {} (TCG)", e.backend)
+            let module = e.kvm.module.as_deref().unwrap_or("?");
+            let backend = match e.time_basis {
+                TimeBasis::Hardware | TimeBasis::KvmPvm => format!("KVM {module}"),
+                TimeBasis::NestedTcg => format!("KVM {module} inside QEMU TCG"),
+                TimeBasis::QemuTcg => "QEMU TCG".to_owned(),
+                TimeBasis::Unknown => format!("backend {}", e.backend),
             };
             format!(
                 "host {kernel}, {}, {} CPUs; {backend}",
@@ -470,6 +472,7 @@ mod tests {
         .unwrap();
         let mut e = crate::report::Environment {
             backend: "qemu".into(),
+            time_basis: TimeBasis::QemuTcg,
             ..Default::default()
         };
         e.host.kernel = Some("Linux 6.18.44-fc #1 SMP x86_64".into());

@@ -7,12 +7,12 @@
 //! Such times are real but not PTI's cost on hardware: every report that
 //! prints one says which it is, and puts the counts first.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::environment::Environment;
 
 /// The basis of the times of one report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TimeBasis {
     /// Hardware-assisted KVM (kvm_intel, kvm_amd): guest code runs on the CPU.
@@ -25,22 +25,26 @@ pub enum TimeBasis {
     /// `--backend nested`: a real KVM (kvm_amd, nested paging) inside QEMU
     /// TCG: KVM's exits and semantics are real, its clock is TCG's.
     NestedTcg,
-    /// Not recorded (a document without an environment, or a KVM module
-    /// ptiscope could not name).
+    /// Not recorded (a document without an environment or written before
+    /// the basis was recorded, or a KVM module ptiscope could not name).
+    #[default]
     Unknown,
 }
 
 impl TimeBasis {
-    /// The basis of a report's times, from its environment.
+    /// The basis of a report's times: what the backend that measured it
+    /// recorded in its environment (`Environment::time_basis`, from the
+    /// backend's `Profile`), so no report needs to know the backends.
     pub fn of(env: Option<&Environment>) -> Self {
-        let Some(e) = env else {
-            return TimeBasis::Unknown;
-        };
-        match (e.backend.as_str(), e.kvm.module.as_deref()) {
-            ("qemu", _) => TimeBasis::QemuTcg,
-            ("nested", _) => TimeBasis::NestedTcg,
-            ("kvm", Some("kvm_pvm")) => TimeBasis::KvmPvm,
-            ("kvm", Some("kvm_intel" | "kvm_amd")) => TimeBasis::Hardware,
+        env.map_or(TimeBasis::Unknown, |e| e.time_basis)
+    }
+
+    /// The basis of a VMM run's times on the KVM module `module`
+    /// (`kvm_intel`, `kvm_amd`, `kvm_pvm`; `None`: none could be named).
+    pub fn of_kvm_module(module: Option<&str>) -> Self {
+        match module {
+            Some("kvm_pvm") => TimeBasis::KvmPvm,
+            Some("kvm_intel" | "kvm_amd") => TimeBasis::Hardware,
             _ => TimeBasis::Unknown,
         }
     }
@@ -119,27 +123,27 @@ pub fn guest_kernel(env: Option<&Environment>) -> String {
 mod tests {
     use super::*;
 
-    fn env(backend: &str, module: Option<&str>) -> Environment {
-        let mut e = Environment {
-            backend: backend.into(),
+    #[test]
+    fn the_recorded_basis_is_the_reports_and_the_kvm_module_names_a_vmm_runs() {
+        let recorded = Environment {
+            time_basis: TimeBasis::NestedTcg,
             ..Environment::default()
         };
-        e.kvm.module = module.map(str::to_owned);
-        e
-    }
-
-    #[test]
-    fn the_backend_and_module_name_the_basis() {
-        let of = |b, m| TimeBasis::of(Some(&env(b, m)));
-        assert_eq!(of("kvm", Some("kvm_intel")), TimeBasis::Hardware);
-        assert_eq!(of("kvm", Some("kvm_amd")), TimeBasis::Hardware);
-        assert_eq!(of("kvm", Some("kvm_pvm")), TimeBasis::KvmPvm);
-        assert_eq!(of("qemu", None), TimeBasis::QemuTcg);
-        assert_eq!(of("qemu", Some("kvm_pvm")), TimeBasis::QemuTcg);
-        assert_eq!(of("nested", Some("kvm_amd")), TimeBasis::NestedTcg);
-        assert!(!TimeBasis::NestedTcg.is_hardware());
-        assert_eq!(of("kvm", None), TimeBasis::Unknown);
+        assert_eq!(TimeBasis::of(Some(&recorded)), TimeBasis::NestedTcg);
+        // A document written before the basis was recorded says nothing.
+        let old: Environment = serde_json::from_value(serde_json::json!({
+            "host": {}, "kvm": {}, "backend": "kvm", "probe": {}, "ptiscope": {},
+            "guest_image": {}, "options": {}
+        }))
+        .unwrap_or_default();
+        assert_eq!(TimeBasis::of(Some(&old)), TimeBasis::Unknown);
         assert_eq!(TimeBasis::of(None), TimeBasis::Unknown);
+        let of = TimeBasis::of_kvm_module;
+        assert_eq!(of(Some("kvm_intel")), TimeBasis::Hardware);
+        assert_eq!(of(Some("kvm_amd")), TimeBasis::Hardware);
+        assert_eq!(of(Some("kvm_pvm")), TimeBasis::KvmPvm);
+        assert_eq!(of(None), TimeBasis::Unknown);
+        assert!(!TimeBasis::NestedTcg.is_hardware());
         assert!(TimeBasis::Hardware.is_hardware() && !TimeBasis::KvmPvm.is_hardware());
         assert_eq!(
             TimeBasis::KvmPvm.label(),
@@ -167,7 +171,7 @@ mod tests {
 
     #[test]
     fn the_guest_kernel_is_the_linux_release_or_the_image_hash() {
-        let mut e = env("kvm", Some("kvm_pvm"));
+        let mut e = Environment::default();
         e.guest_image.name = "embedded x86_64".into();
         e.guest_image.sha256 = Some("0123456789abcdef0123".into());
         assert_eq!(

@@ -400,7 +400,7 @@ fn print_header(
     }
     let mut environment = Environment::collect(
         &crate::cli::host_facts(),
-        backend.name(),
+        (backend.name(), backend.profile().time_basis),
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.boot.image)),
         extra,
     );

@@ -111,7 +111,8 @@ pub struct ReproduceArgs {
     pub json: Option<PathBuf>,
     /// Where the cells run. `kvm` and `qemu` force that backend for every
     /// cell with no fallback (a cell it cannot run shows its error in its
-    /// row); `nested` needs --no-linux.
+    /// row); `nested` runs every cell, the Linux kernels' too, on the VMM
+    /// on a real kvm_amd inside QEMU TCG, in one nested boot.
     #[arg(long, value_enum, default_value_t = ReproduceBackend::Auto)]
     pub backend: ReproduceBackend,
 }
