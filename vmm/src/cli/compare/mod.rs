@@ -107,7 +107,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         ));
     }
     if args.by_symbol {
-        refuse_by_symbol(backend.name(), args.target.on.no_plugin, None)?;
+        refuse_by_symbol(backend.as_ref(), args.target.on.no_plugin, None)?;
     }
     let conditions: Vec<Condition> = table_conditions
         .into_iter()
@@ -166,7 +166,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
     let (mut base, mut comp) = (settle(base)?, settle(comp)?);
     if args.by_symbol {
         refuse_by_symbol(
-            backend.name(),
+            backend.as_ref(),
             args.target.on.no_plugin,
             Some([&base, &comp]),
         )?;
@@ -294,17 +294,24 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
 
 /// `--by-symbol` where it cannot work, refused before anything boots.
 fn refuse_by_symbol(
-    backend: &str,
+    backend: &dyn crate::backend::Backend,
     no_plugin: bool,
     sides: Option<[&Side; 2]>,
 ) -> Result<(), CommandError> {
-    let why = if backend != "qemu" {
-        Some(format!(
-            "--by-symbol counts instructions by address with ptiscope's QEMU TCG plugin: \
-             give --backend qemu (this is --backend {backend})"
-        ))
+    // Whether the backend counts by address is its Profile's to say.
+    let why = if backend.profile().counts_by_address {
+        None
     } else if no_plugin {
         Some("--by-symbol needs ptiscope's QEMU plugin: drop --no-plugin".to_string())
+    } else {
+        Some(format!(
+            "--by-symbol counts instructions by address with ptiscope's QEMU TCG plugin: \
+             give --backend qemu (this is --backend {})",
+            backend.name()
+        ))
+    };
+    let why = if why.is_some() {
+        why
     } else {
         sides
             .into_iter()
