@@ -25,6 +25,7 @@ use crate::machine::loader::{self, LoadError};
 use crate::machine::msr::MsrAnswers;
 use crate::machine::HostSide;
 use crate::machine::RunError;
+use crate::spec::guest::GuestKind;
 use crate::spec::ResolvedRun;
 
 /// Where the TSS for real-mode emulation goes (Intel needs three pages KVM
@@ -95,7 +96,21 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
             }
         }
         None => {
-            boot_params::write_boot_params(&mem, &run.layout, &boot.cmdline)?;
+            // A Linux vmlinux booted by PVH: its initramfs as the first
+            // module, and the same ACPI tables a bzImage gets (its CPUs).
+            let linux = match &run.guest_kind {
+                GuestKind::Linux(_) => {
+                    let tables = acpi::write_tables(&mem, config.cpus)
+                        .map_err(boot_params::BootParamsError::Acpi)?;
+                    Some(boot_params::PvhLinux {
+                        initrd: boot.initrd.as_deref(),
+                        kernel_end: loaded.end,
+                        rsdp: tables.rsdp,
+                    })
+                }
+                GuestKind::Companion => None,
+            };
+            boot_params::write_boot_params(&mem, &run.layout, &boot.cmdline, linux.as_ref())?;
             EntryState::Pvh
         }
     };

@@ -5,6 +5,8 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 /// `hvm_start_info`.
 pub const START_INFO_ADDR: u64 = 0x6000;
+/// A Linux guest's PVH module list (`hvm_modlist_entry`: its initramfs).
+pub const MODLIST_ADDR: u64 = 0x6800;
 /// The E820 memory map (`hvm_memmap_table_entry` array).
 pub const MEMMAP_ADDR: u64 = 0x7000;
 /// The guest command line.
@@ -28,9 +30,11 @@ pub const E820_RAM: u32 = 1;
 pub const E820_RESERVED: u32 = 2;
 
 // Boot structures sit in low RAM and do not overlap each other
-// (hvm_start_info is 56 bytes, a memmap entry 24).
-const _: () = assert!(START_INFO_ADDR + 56 <= MEMMAP_ADDR);
-const _: () = assert!(MEMMAP_ADDR + 3 * 24 <= CMDLINE_ADDR);
+// (hvm_start_info is 56 bytes, a module list entry 32, a memmap entry 24;
+// the map has 4 entries with the ACPI tables' reservation).
+const _: () = assert!(START_INFO_ADDR + 56 <= MODLIST_ADDR);
+const _: () = assert!(MODLIST_ADDR + 32 <= MEMMAP_ADDR);
+const _: () = assert!(MEMMAP_ADDR + 4 * 24 <= CMDLINE_ADDR);
 const _: () = assert!(CMDLINE_ADDR + CMDLINE_MAX as u64 <= LOW_RAM_END);
 
 /// One E820 range.

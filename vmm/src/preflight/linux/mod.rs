@@ -187,7 +187,6 @@ fn kvm_refusal(facts: &HostFacts, image: &image::KernelImage, cpus: u32) -> Opti
         facts.kvm_flavour(),
         pae,
         image.arch,
-        image.format,
         cpus,
         crate::spec::nested::inside(),
     );
@@ -211,7 +210,6 @@ fn kvm_refusal_reasons(
     flavour: KvmFlavour,
     pae: Option<(bool, String)>,
     arch: LinuxArch,
-    format: image::ImageFormat,
     cpus: u32,
     nested: bool,
 ) -> Vec<String> {
@@ -230,22 +228,17 @@ fn kvm_refusal_reasons(
                 .to_string(),
         );
     }
-    match (arch, format) {
-        // The VMM enters an i386 bzImage by the 32-bit boot protocol
-        // (paging off); the kernel then turns on PAE paging, which some
-        // KVMs (kvm_pvm: long-mode paging only) refuse with a #GP.
-        (LinuxArch::I386, _) => {
-            if let Some((false, detail)) = pae {
-                why.push(format!(
-                    "an i386 kernel turns on 32-bit PAE paging outside long mode, which this \
-                     host's KVM refuses (probe: {detail})"
-                ));
-            }
+    // The VMM enters an i386 bzImage by the 32-bit boot protocol (paging
+    // off); the kernel then turns on PAE paging, which some KVMs (kvm_pvm:
+    // long-mode paging only) refuse with a #GP. (A PVH vmlinux gets its
+    // initramfs as PVH's first module, and the ACPI tables' RSDP.)
+    if arch == LinuxArch::I386 {
+        if let Some((false, detail)) = pae {
+            why.push(format!(
+                "an i386 kernel turns on 32-bit PAE paging outside long mode, which this \
+                 host's KVM refuses (probe: {detail})"
+            ));
         }
-        (_, image::ImageFormat::PvhElf) => why.push(
-            "a PVH vmlinux gets no initramfs from the VMM's PVH boot; give the bzImage".to_string(),
-        ),
-        _ => {}
     }
     // Under --backend nested an i386 kernel's second CPU triple-faults at
     // its CR0.PG write: KVM loads the PDPTEs of the page tables the boot
@@ -501,25 +494,16 @@ mod tests {
 
     #[test]
     fn the_vmm_refuses_linux_only_for_the_reasons_of_the_host_and_the_image() {
-        use image::ImageFormat::{BzImage, PvhElf};
         use KvmFlavour::{Hardware, Pvm};
         // kvm_pvm: no user SYSCALL, CPL0 instructions missing.
-        let w = kvm_refusal_reasons(
-            Err("broken".into()),
-            Pvm,
-            None,
-            LinuxArch::X86_64,
-            BzImage,
-            1,
-            false,
-        );
+        let w = kvm_refusal_reasons(Err("broken".into()), Pvm, None, LinuxArch::X86_64, 1, false);
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(
             w[0].contains("SYSCALL: broken") && w[1].contains("CMPXCHG16B"),
             "{w:?}"
         );
         // Hardware KVM with a 64-bit bzImage on one CPU: nothing refused.
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, BzImage, 1, false);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, 1, false);
         assert!(w.is_empty(), "{w:?}");
         // What the VMM cannot boot or describe.
         // An i386 kernel: refused where the probe found PAE paging refused
@@ -530,7 +514,6 @@ mod tests {
             Pvm,
             refused,
             LinuxArch::I386,
-            BzImage,
             1,
             false,
         );
@@ -541,27 +524,22 @@ mod tests {
             "{w:?}"
         );
         let works = Some((true, "ok".to_string()));
-        let w = kvm_refusal_reasons(Ok(()), Hardware, works, LinuxArch::I386, BzImage, 1, false);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, works, LinuxArch::I386, 1, false);
         assert!(w.is_empty(), "{w:?}");
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 1, false);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, 1, false);
         assert!(w.is_empty(), "an unknown PAE verdict boots: {w:?}");
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, PvhElf, 1, false);
-        assert!(w[0].contains("PVH vmlinux"), "{w:?}");
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, 1, false);
+        assert!(
+            w.is_empty(),
+            "a 64-bit kernel, bzImage or PVH vmlinux, boots: {w:?}"
+        );
         // --cpus N: the MADT lists them, up to its 8-bit APIC ids.
         for cpus in [2, crate::spec::MAX_CPUS, crate::machine::acpi::MAX_CPUS] {
-            let w = kvm_refusal_reasons(
-                Ok(()),
-                Hardware,
-                None,
-                LinuxArch::X86_64,
-                BzImage,
-                cpus,
-                false,
-            );
+            let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::X86_64, cpus, false);
             assert!(w.is_empty(), "--cpus {cpus}: {w:?}");
         }
         // An i386 kernel's APs under nested (the PDPTE bit 5), not on hardware.
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 2, true);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, 2, true);
         assert!(
             w.len() == 1 && w[0].contains("CR0.PG") && w[0].contains("--cpus 2"),
             "{w:?}"
@@ -571,13 +549,13 @@ mod tests {
             (LinuxArch::I386, 1, true),
             (LinuxArch::X86_64, 2, true),
         ] {
-            let w = kvm_refusal_reasons(Ok(()), Hardware, None, arch, BzImage, cpus, nested);
+            let w = kvm_refusal_reasons(Ok(()), Hardware, None, arch, cpus, nested);
             assert!(
                 w.is_empty(),
                 "{arch:?} --cpus {cpus} nested={nested}: {w:?}"
             );
         }
-        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, BzImage, 256, false);
+        let w = kvm_refusal_reasons(Ok(()), Hardware, None, LinuxArch::I386, 256, false);
         assert!(
             w.len() == 1 && w[0].contains("--cpus 256") && w[0].contains("at most 255"),
             "{w:?}"
