@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::{frame, init, Request, Response, INIT_ENV};
 use crate::cli::exit_code;
+use crate::preflight::linux::initramfs::Archive;
 use crate::signals;
 
 /// How long the inner Linux gets to boot, load the modules and power off
@@ -156,79 +157,6 @@ pub fn kernel_in(dir: &Path) -> Result<Kernel, NestedError> {
     Ok(Kernel { vmlinuz, modules })
 }
 
-const S_IFDIR: u32 = 0o040000;
-const S_IFREG: u32 = 0o100000;
-const S_IFCHR: u32 = 0o020000;
-
-/// A newc cpio archive built in memory, with every parent directory.
-#[derive(Default)]
-struct Cpio {
-    out: Vec<u8>,
-    ino: u32,
-    dirs: std::collections::BTreeSet<String>,
-}
-
-impl Cpio {
-    fn entry(&mut self, name: &str, mode: u32, rdev: (u32, u32), data: &[u8]) {
-        self.ino += 1;
-        let fields: [u32; 13] = [
-            self.ino,
-            mode,
-            0,
-            0,
-            if mode & S_IFDIR != 0 { 2 } else { 1 },
-            0,
-            data.len() as u32,
-            0,
-            0,
-            rdev.0,
-            rdev.1,
-            name.len() as u32 + 1,
-            0,
-        ];
-        self.out.extend_from_slice(b"070701");
-        for f in fields {
-            self.out.extend_from_slice(format!("{f:08X}").as_bytes());
-        }
-        self.out.extend_from_slice(name.as_bytes());
-        self.out.push(0);
-        self.pad();
-        self.out.extend_from_slice(data);
-        self.pad();
-    }
-
-    fn pad(&mut self) {
-        while !self.out.len().is_multiple_of(4) {
-            self.out.push(0);
-        }
-    }
-
-    fn dir(&mut self, path: &str) {
-        let path = path.trim_matches('/');
-        if path.is_empty() || self.dirs.contains(path) {
-            return;
-        }
-        if let Some((parent, _)) = path.rsplit_once('/') {
-            self.dir(parent);
-        }
-        self.dirs.insert(path.to_string());
-        self.entry(path, S_IFDIR | 0o755, (0, 0), &[]);
-    }
-
-    fn file(&mut self, path: &str, mode: u32, data: &[u8]) {
-        let path = path.trim_start_matches('/');
-        if let Some((parent, _)) = path.rsplit_once('/') {
-            self.dir(parent);
-        }
-        self.entry(path, S_IFREG | mode, (0, 0), data);
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        self.entry("TRAILER!!!", 0, (0, 0), &[]);
-        self.out
-    }
-}
-
 /// The shared objects this process maps (from /proc/self/maps).
 fn mapped_libraries() -> Vec<PathBuf> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
@@ -341,11 +269,11 @@ pub fn initramfs(
 ) -> Result<(Vec<u8>, Vec<String>), NestedError> {
     let io = |what: String| move |source| NestedError::Io { what, source };
     let exe = std::fs::read("/proc/self/exe").map_err(io("reading /proc/self/exe".into()))?;
-    let mut a = Cpio::default();
+    let mut a = Archive::default();
     for d in ["dev", "proc", "sys", "tmp", "nested"] {
         a.dir(d);
     }
-    a.entry("dev/console", S_IFCHR | 0o600, (5, 1), &[]);
+    a.char_device("dev/console", 0o600, (5, 1));
     a.file("init", 0o755, &exe);
     let mut lib_dirs = Vec::new();
     let mut libs = mapped_libraries();
@@ -379,7 +307,8 @@ pub fn initramfs(
     for (path, bytes) in &extra.executables {
         a.file(path, 0o755, bytes);
     }
-    Ok((a.finish(), lib_dirs))
+    let archive = a.finish().map_err(io("packing the initramfs".into()))?;
+    Ok((archive, lib_dirs))
 }
 
 /// An anonymous memory file QEMU reads or writes through `/proc/self/fd/N`.
@@ -695,18 +624,5 @@ mod tests {
                 .iter()
                 .any(|l| l.to_string_lossy().contains("libc")));
         }
-    }
-
-    #[test]
-    fn the_archive_has_every_parent_directory_once() {
-        let mut a = Cpio::default();
-        a.file("/usr/lib/x/libc.so.6", 0o755, b"abc");
-        a.file("/usr/lib/x/libm.so.6", 0o755, b"abcd");
-        let out = a.finish();
-        assert_eq!(out.len() % 4, 0);
-        let text = String::from_utf8_lossy(&out);
-        assert_eq!(text.matches("usr/lib/x\0").count(), 1);
-        assert_eq!(text.matches("usr\0").count(), 1);
-        assert!(text.contains("TRAILER!!!"));
     }
 }
