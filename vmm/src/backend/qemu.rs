@@ -32,9 +32,10 @@ use crate::machine::exit::ExitCounts;
 use crate::machine::loader;
 use crate::machine::{PluginOutput, RunOutcome, StopReason};
 use crate::output::{OpenError, DRAIN_GRACE};
-use crate::preflight::{PreflightError, ResolvedRun};
+use crate::preflight::PreflightError;
 use crate::spec::guest::GuestKind;
 use crate::spec::linux::LinuxArch;
+use crate::spec::ResolvedRun;
 
 /// Errors of a QEMU-backed run.
 #[derive(Debug, thiserror::Error)]

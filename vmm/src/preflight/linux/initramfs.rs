@@ -3,7 +3,7 @@
 //! built in memory around ptiscope's static init. It is handed to QEMU in a
 //! memfd like the kernel image, so nothing is written to the file system.
 
-use super::image::LinuxArch;
+use crate::spec::linux::LinuxArch;
 
 /// The static init for x86_64 kernels (`linux-init`, x86_64-unknown-linux-musl).
 pub static INIT_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_LINUX_INIT_X86_64"));

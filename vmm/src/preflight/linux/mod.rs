@@ -25,7 +25,7 @@ use crate::machine::memory::MemoryLayout;
 use crate::probe::host::HostFacts;
 use crate::spec::cmdline::{EntryChoice, GuestOptions, ResolvedOptions};
 use crate::spec::guest::GuestKind;
-use crate::spec::linux::{init_parser_words, LinuxArch, LinuxGuest, LinuxRequest};
+use crate::spec::linux::{init_parser_words, ImageFormat, LinuxArch, LinuxGuest, LinuxRequest};
 use crate::spec::{BootSource, ResolvedRun, RunConfig, Target};
 use image::ImageError;
 
@@ -211,7 +211,7 @@ fn kvm_refusal_reasons(
     flavour: KvmFlavour,
     pae: Option<(bool, String)>,
     arch: LinuxArch,
-    format: image::ImageFormat,
+    format: ImageFormat,
     cpus: u32,
     nested: bool,
 ) -> Vec<String> {
@@ -242,7 +242,7 @@ fn kvm_refusal_reasons(
                 ));
             }
         }
-        (_, image::ImageFormat::PvhElf) => why.push(
+        (_, ImageFormat::PvhElf) => why.push(
             "a PVH vmlinux gets no initramfs from the VMM's PVH boot; give the bzImage".to_string(),
         ),
         _ => {}
@@ -333,7 +333,7 @@ pub fn settle(
     }
     // QEMU must enter a PVH vmlinux where its note says (it reads the
     // notes aligned to the segment's p_align).
-    if image.format == image::ImageFormat::PvhElf {
+    if image.format == ImageFormat::PvhElf {
         loader::check_qemu_pvh_note(&image.bytes, &name).map_err(|e| {
             LinuxError::Image(ImageError::BadElf {
                 path: name.clone(),
@@ -501,7 +501,7 @@ mod tests {
 
     #[test]
     fn the_vmm_refuses_linux_only_for_the_reasons_of_the_host_and_the_image() {
-        use image::ImageFormat::{BzImage, PvhElf};
+        use crate::spec::linux::ImageFormat::{BzImage, PvhElf};
         use KvmFlavour::{Hardware, Pvm};
         // kvm_pvm: no user SYSCALL, CPL0 instructions missing.
         let w = kvm_refusal_reasons(
