@@ -473,7 +473,7 @@ fn pending_termination() -> Option<i32> {
     crate::signals::wait_termination(Duration::ZERO)
 }
 
-/// Boots a run resolved for [`Target::QemuTcg`] under QEMU and waits for it
+/// Boots a run resolved for [`Target::QemuTcg`](crate::spec::Target::QemuTcg) under QEMU and waits for it
 /// (or the timeout, or SIGINT/SIGTERM).
 pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let setup_start = Instant::now();
