@@ -517,7 +517,7 @@ fn a_linux_compare_names_its_guest_kernel_and_tcg_times() {
     if !qemu_or_skip(test, "qemu-system-x86_64") {
         return;
     }
-    let kernel = match ptiscope::linux::known_path("debian-amd64") {
+    let kernel = match ptiscope::preflight::linux::known_path("debian-amd64") {
         Some(Ok(p)) if p.is_file() => p,
         _ => {
             ptiscope::test_support::skip(

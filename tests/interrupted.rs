@@ -198,7 +198,7 @@ fn a_signal_while_the_image_is_read_ends_every_command_with_128_plus_it() {
 #[test]
 fn a_signal_while_a_cell_image_is_read_ends_a_reproduction_partial() {
     let test = "a_signal_while_a_cell_image_is_read_ends_a_reproduction_partial";
-    let fetched = ptiscope::linux::known_path("debian-amd64")
+    let fetched = ptiscope::preflight::linux::known_path("debian-amd64")
         .and_then(Result::ok)
         .is_some_and(|p| p.is_file());
     if !fetched {

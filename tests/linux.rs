@@ -972,7 +972,7 @@ fn reproduce_tarreau_on_debian_amd64() {
 
 /// The cached kernel `name`, without needing QEMU (the VMM's own tests).
 fn cached_kernel_or_skip(test: &str, name: &str) -> Option<PathBuf> {
-    match ptiscope::linux::known_path(name) {
+    match ptiscope::preflight::linux::known_path(name) {
         Some(Ok(p)) if p.is_file() => Some(p),
         Some(Ok(p)) => {
             ptiscope::test_support::skip(

@@ -13,7 +13,7 @@ fn kernels_or_skip(test: &str) -> Option<(PathBuf, PathBuf)> {
     if !plugin_or_skip(test, "qemu-system-x86_64") || !plugin_or_skip(test, "qemu-system-i386") {
         return None;
     }
-    let known = |name: &str| match ptiscope::linux::known_path(name) {
+    let known = |name: &str| match ptiscope::preflight::linux::known_path(name) {
         Some(Ok(p)) if p.is_file() => Some(p),
         _ => {
             ptiscope::test_support::skip(

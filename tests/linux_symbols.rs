@@ -11,7 +11,7 @@ fn kernel_or_skip(test: &str, name: &str, qemu: &str) -> bool {
     if !plugin_or_skip(test, qemu) {
         return false;
     }
-    match ptiscope::linux::known_path(name) {
+    match ptiscope::preflight::linux::known_path(name) {
         Some(Ok(p)) if p.is_file() => true,
         _ => {
             ptiscope::test_support::skip(

@@ -7,9 +7,9 @@ mod common;
 use std::path::Path;
 
 use common::*;
+use ptiscope::machine::kvm_stats::{self, KvmStats, StatsSnapshot};
 use ptiscope::machine::loader::KernelSource;
 use ptiscope::machine::VmContext;
-use ptiscope::observe::kvm_stats::{self, KvmStats, StatsSnapshot};
 use ptiscope::SerialOut;
 use ptiscope::{run_vm, HostFacts, PhaseObserver, RunConfig, StopReason};
 use ptiscope_abi::phase::Marker;
@@ -373,8 +373,8 @@ fn what_the_host_cannot_run_is_refused_before_boot() {
     }
     let probe = ptiscope::probe::run(&ptiscope::probe::ProbeOptions::default()).unwrap();
     let working = probe.working_entries();
-    for &e in ptiscope::probe::Entry::ALL {
-        if e == ptiscope::probe::Entry::Sysenter {
+    for &e in ptiscope_abi::options::Entry::ALL {
+        if e == ptiscope_abi::options::Entry::Sysenter {
             continue; // the 32-bit flavour's entry; the 64-bit guest may not have it
         }
         if working.contains(&e) {

@@ -65,9 +65,8 @@ fn bare_command(args: &LinuxArgs) -> Result<(Command, Vec<std::path::PathBuf>), 
     let config = run.to_config(ptiscope::GUEST_X86_64);
     // Under QEMU preflight reads no host fact: nothing is probed.
     let facts = ptiscope::HostFacts::read();
-    let resolved =
-        ptiscope::preflight::preflight(&config, ptiscope::preflight::Target::QemuTcg, &facts)
-            .map_err(|e| e.to_string())?;
+    let resolved = ptiscope::preflight::preflight(&config, ptiscope::spec::Target::QemuTcg, &facts)
+        .map_err(|e| e.to_string())?;
     let linux = resolved.guest_kind.linux().ok_or("not a Linux run")?;
     let initramfs = resolved
         .boot

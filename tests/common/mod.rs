@@ -738,7 +738,7 @@ pub fn host_is_kvm_pvm(what: &str, why: &str) -> bool {
 /// (scripts/nested-kvm-tests.sh: the KVM is real, its clock is TCG's),
 /// else `kvm`.
 pub fn kvm_backend_name() -> &'static str {
-    if ptiscope::nested::inside() {
+    if ptiscope::spec::nested::inside() {
         "nested"
     } else {
         "kvm"

@@ -26,9 +26,10 @@ pub mod spec;
 pub mod x86;
 
 pub use machine::{run, NoObserver, PhaseObserver, RunError, RunOutcome, StopReason};
+pub use output::SerialOut;
 pub use preflight::{preflight, PreflightError};
 pub use probe::host::HostFacts;
-pub use spec::{ResolvedRun, RunConfig, SerialOut, Target};
+pub use spec::{ResolvedRun, RunConfig, Target};
 
 /// Errors of [`run_vm`]: the request could not be settled, or the VM could
 /// not run.

@@ -139,7 +139,7 @@ impl Backend for Kvm {
 /// `compare`'s run-line note for a run on KVM: how its system-call entry
 /// was chosen.
 fn run_note(run: &ResolvedRun) -> String {
-    use crate::preflight::cmdline::EntryChoice;
+    use crate::spec::cmdline::EntryChoice;
     let entry = match (run.config.guest.entry, run.guest.entry) {
         (_, None) => "none (the workload runs no user code)".to_string(),
         (EntryChoice::Auto, Some(e)) => {

@@ -32,9 +32,10 @@ use crate::machine::exit::ExitCounts;
 use crate::machine::loader;
 use crate::machine::{PluginOutput, RunOutcome, StopReason};
 use crate::output::{OpenError, DRAIN_GRACE};
-use crate::preflight::{PreflightError, ResolvedRun};
+use crate::preflight::PreflightError;
 use crate::spec::guest::GuestKind;
 use crate::spec::linux::LinuxArch;
+use crate::spec::ResolvedRun;
 
 /// Errors of a QEMU-backed run.
 #[derive(Debug, thiserror::Error)]
@@ -472,7 +473,7 @@ fn pending_termination() -> Option<i32> {
     crate::signals::wait_termination(Duration::ZERO)
 }
 
-/// Boots a run resolved for [`Target::QemuTcg`] under QEMU and waits for it
+/// Boots a run resolved for [`Target::QemuTcg`](crate::spec::Target::QemuTcg) under QEMU and waits for it
 /// (or the timeout, or SIGINT/SIGTERM).
 pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
     let setup_start = Instant::now();

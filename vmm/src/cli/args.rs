@@ -10,9 +10,9 @@ use clap::Args;
 
 use super::{parse_cpus, parse_mem, parse_timeout, RunArgs};
 use crate::machine::memory::DEFAULT_MEM_MIB;
-use crate::preflight::cmdline::Workload;
 use crate::spec::guest::GuestKind;
 use crate::spec::linux::{LinuxArch, LinuxRequest};
+use ptiscope_abi::options::Workload;
 
 /// Default iterations of one compare run: sized so that the default compare
 /// (5 runs per side, interleaved) takes about 10 s under kvm_pvm, where one
@@ -20,7 +20,7 @@ use crate::spec::linux::{LinuxArch, LinuxRequest};
 pub const DEFAULT_COMPARE_ITERATIONS: u64 = 20_000;
 /// Default runs per side.
 pub const DEFAULT_COMPARE_RUNS: u32 = 5;
-pub use crate::experiment::MIN_AUTO_RUNS;
+use crate::experiment::MIN_AUTO_RUNS;
 /// `--runs auto`: default `--max-runs`.
 pub const DEFAULT_MAX_RUNS: u32 = 20;
 /// `--runs auto`: default `--target-ci`, in % of the mean.

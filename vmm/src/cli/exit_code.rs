@@ -163,9 +163,10 @@ impl ExitCode for RunError {
     }
 }
 
-impl ExitCode for crate::linux::LinuxError {
+impl ExitCode for crate::preflight::linux::LinuxError {
     fn exit_code(&self) -> i32 {
-        use crate::linux::{ImageError, LinuxError};
+        use crate::preflight::linux::image::ImageError;
+        use crate::preflight::linux::LinuxError;
         // A termination signal while the kernel image was read ends the
         // command as the signal would, as it does for `--kernel`.
         if let Some(signal) = self.signal() {
@@ -298,7 +299,8 @@ mod tests {
     /// command (preflight, a QEMU run, a settled side of compare or sweep).
     #[test]
     fn a_signal_while_an_image_is_read_ends_with_128_plus_it_everywhere() {
-        use crate::linux::{ImageError, LinuxError};
+        use crate::preflight::linux::image::ImageError;
+        use crate::preflight::linux::LinuxError;
         for signal in crate::signals::TERMINATION_SIGNALS {
             let load = || LoadError::Interrupted(signal);
             let linux = || LinuxError::Image(ImageError::Read(load()));

@@ -2,8 +2,9 @@
 
 use crate::cli::exit_code::{self, ExitCode as _};
 use crate::cli::LinuxCommand;
-use crate::linux::{check_pti, fetch, guest_pti, init_started, kernel_panic, HostPhaseObservation};
+use crate::linux::{check_pti, guest_pti, init_started, kernel_panic, HostPhaseObservation};
 use crate::machine::RunOutcome;
+use crate::preflight::linux::fetch;
 use crate::spec::linux::LinuxGuest;
 use ptiscope_devices::escape_str;
 

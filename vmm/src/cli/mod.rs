@@ -37,9 +37,11 @@ pub use args::*;
 
 use crate::machine::loader::KernelSource;
 use crate::machine::memory::{MemoryError, MemoryLayout, DEFAULT_MEM_MIB, MIN_MEM_MIB};
-use crate::preflight::cmdline::{CpuVuln, EntryChoice, GuestOptions, PtiMode, Switch, Workload};
-use crate::preflight::{RunConfig, SerialOut};
+use crate::output::SerialOut;
 use crate::probe::host::HostFacts;
+use crate::spec::cmdline::{CpuVuln, EntryChoice, GuestOptions};
+use crate::spec::RunConfig;
+use ptiscope_abi::options::{PtiMode, Switch, Workload};
 
 const EXIT_CODES_HELP: &str = "\
 Exit status of `ptiscope run`:
@@ -611,7 +613,7 @@ mod tests {
         assert_eq!(c.guest.pti, Some(PtiMode::On));
         assert_eq!(
             c.guest.entry,
-            crate::preflight::cmdline::EntryChoice::Fixed(crate::preflight::cmdline::Entry::Int3)
+            crate::spec::cmdline::EntryChoice::Fixed(ptiscope_abi::options::Entry::Int3)
         );
         assert_eq!(c.guest.extra, "fault=pf");
         assert_eq!(c.cpu_vuln, CpuVuln::Meltdown);

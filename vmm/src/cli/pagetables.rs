@@ -36,20 +36,20 @@ pub fn run(args: &PagetablesArgs) -> i32 {
     } else {
         Paging::FourLevel
     };
-    let mut config = crate::RunConfig::new(kernel);
+    let mut config = crate::spec::RunConfig::new(kernel);
     config.mem_mib = args.mem;
-    config.serial_out = crate::SerialOut::Discard;
+    config.serial_out = crate::output::SerialOut::Discard;
     // SIGINT/SIGTERM/SIGHUP are blocked in main: without this they would
     // wait for the run's timeout.
     config.handle_signals = true;
     config.guest.pti = args.pti;
-    config.guest.workload = Some(crate::preflight::cmdline::Workload::Getpid);
+    config.guest.workload = Some(ptiscope_abi::options::Workload::Getpid);
     config.guest.iterations = Some(1);
     config.guest.extra = args.cmdline.clone();
     let json = match args
         .json
         .as_deref()
-        .map(|p| open_document("--json", p, crate::preflight::request::DEFAULT_TIMEOUT))
+        .map(|p| open_document("--json", p, crate::spec::request::DEFAULT_TIMEOUT))
         .transpose()
     {
         Ok(j) => j,

@@ -14,12 +14,12 @@ use crate::cli::exit_code;
 use crate::cli::{CompareArgs, Runs};
 use crate::experiment::{Experiment, ExperimentError, Failed, Outcome, RunCount, RunId, Silent};
 use crate::output::open_outputs;
-use crate::preflight::cmdline::Workload;
 use crate::preflight::preflight;
 use crate::probe::host;
 use crate::report::environment::Environment;
 use crate::report::RunSummary;
 use ptiscope_abi::cmdline::THREADS;
+use ptiscope_abi::options::Workload;
 
 /// Whether `args` asks for the thread-count sweep: `--workload poundsyscall`
 /// and neither side sets the guest's `threads=` (a word of its parsed

@@ -6,11 +6,10 @@ use std::os::fd::AsFd;
 use crate::backend::{HostWatch, Observed, Profile, Ran, Summarized};
 use crate::cli::exit_code::{self, ExitCode as _};
 use crate::cli::RunArgs;
-use crate::machine::RunOutcome;
+use crate::machine::{RunOutcome, StopReason};
 use crate::observe::live_metrics::LiveMetricsConfig;
 use crate::output::{open_output, OutputFile, OutputQueue, OutputReport};
 use crate::spec::guest::GuestKind;
-use crate::StopReason;
 use ptiscope_devices::escape_str;
 
 /// Rows of the by-symbol list in the terminal (--json has all).
@@ -26,7 +25,7 @@ pub fn run(args: &RunArgs) -> i32 {
     let facts = super::host_facts();
     let backend = args.on.backend();
     let config = args.to_config(args.arch().embedded_image());
-    let mut resolved = match crate::preflight(&config, backend.target(), &facts) {
+    let mut resolved = match crate::preflight::preflight(&config, backend.target(), &facts) {
         Ok(r) => r,
         Err(e) => {
             say!(
@@ -89,7 +88,7 @@ pub fn run(args: &RunArgs) -> i32 {
         }
     };
     if let Some(f) = serial {
-        resolved.config.serial_out = crate::SerialOut::Opened(std::sync::Arc::new(f));
+        resolved.config.serial_out = crate::output::SerialOut::Opened(std::sync::Arc::new(f));
     }
     let mut watch = HostWatch::default();
     if let (Some(ms), Some(file)) = (args.metrics_interval, metrics) {
@@ -158,7 +157,7 @@ pub fn run(args: &RunArgs) -> i32 {
                 && !resolved
                     .guest
                     .workload
-                    .is_some_and(crate::preflight::cmdline::Workload::runs_user_code)
+                    .is_some_and(ptiscope_abi::options::Workload::runs_user_code)
             {
                 summary.notes.insert(
                     0,

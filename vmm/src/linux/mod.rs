@@ -8,8 +8,8 @@
 //! `@result` line. The run is settled below the report layer, in
 //! [`crate::preflight::linux`] (the image read and recognised, `--arch`
 //! checked against it, the entry and the command line written, the PTI
-//! request checked against the kernel's configuration; its items are
-//! re-exported here under their old paths); the QEMU backend then boots it
+//! request checked against the kernel's configuration), and its items are
+//! named from there; the QEMU backend then boots it
 //! ([`crate::backend::qemu`]). This module is what comes after: the PTI
 //! checks, how far the kernel got, and the run's summary.
 //!
@@ -28,12 +28,8 @@ pub mod symbols;
 use ptiscope_abi::options::{PtiMode, Workload};
 
 use crate::machine::RunOutcome;
-pub use crate::preflight::linux::{
-    fetch, image, initramfs, kernel_path, known_path, LinuxError, BASE_CMDLINE, MAX_CMDLINE,
-};
 use crate::report::{Metric, RunSummary, Source};
 use crate::spec::linux::LinuxGuest;
-pub use image::{ImageError, KernelImage};
 
 /// The kernel command-line word that asks the init for the kernel's text
 /// symbols after the phase, and the QEMU backend for the plugin's

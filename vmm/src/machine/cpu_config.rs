@@ -8,8 +8,7 @@ use kvm_bindings::{kvm_fpu, kvm_regs, kvm_sregs, Msrs, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, MsrFilterRangeFlags, VcpuFd, VmFd};
 
 use crate::machine::memory::START_INFO_ADDR;
-use crate::machine::msr::{MsrAnswers, MsrTrapError};
-pub use crate::machine::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
+use crate::machine::msr::{MsrAnswers, MsrTrapError, ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
 use crate::machine::segments::{set_flat, FlatSelectors};
 use crate::spec::cmdline::CpuVuln;
 use crate::x86::{cr0, cr4, efer};

@@ -7,7 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{boot, Job, KvmPaging, Request};
+use super::{boot, Job, Request};
+use crate::spec::nested::KvmPaging;
 
 /// `eprintln!` for lines that carry user or file text: escaped line by line.
 macro_rules! say {

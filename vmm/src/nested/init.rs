@@ -11,7 +11,8 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{frame, JobResult, KvmPaging, Request, Response, INIT_ENV, INNER_ENV};
+use super::{frame, JobResult, Request, Response, INIT_ENV};
+use crate::spec::nested::{KvmPaging, INNER_ENV};
 
 /// Where the request lies in the initramfs.
 pub const REQUEST_PATH: &str = "/nested/request.json";

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 /// Set (on the inner kernel's command line, which hands it to init's
 /// environment) in the initramfs's init only: ptiscope then acts as init.
 pub const INIT_ENV: &str = "PTISCOPE_NESTED_INIT";
-pub use crate::spec::nested::{inside, KvmPaging, INNER_ENV};
+use crate::spec::nested::KvmPaging;
 
 /// One inner command: its arguments (after `ptiscope`) and the files it
 /// writes that come back.

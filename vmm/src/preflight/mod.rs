@@ -18,10 +18,10 @@ use crate::machine::kvm::{self, KvmOpenError};
 use crate::machine::loader::{self, LoadError};
 use crate::machine::memory::{MemoryError, MemoryLayout};
 use crate::probe::host::HostFacts;
+use crate::spec::cmdline::{self, CmdlineError, EntryChoice, ResolvedOptions};
 use crate::spec::guest::GuestKind;
-use crate::spec::BootSource;
-pub use crate::spec::{cmdline, request, ResolvedRun, RunConfig, SerialOut, Target, MAX_CPUS};
-use cmdline::{CmdlineError, Entry, EntryChoice, ResolvedOptions, Switch};
+use crate::spec::{BootSource, ResolvedRun, RunConfig, Target, MAX_CPUS};
+use ptiscope_abi::options::{Entry, Switch};
 
 /// Errors settling a run.
 #[derive(Debug, thiserror::Error)]

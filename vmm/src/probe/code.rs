@@ -32,6 +32,8 @@
 //! build time), one program per probe with the constants they share; about 60
 //! lines are tests.
 
+use crate::x86::pte;
+
 /// Size of a probe VM's RAM, starting at GPA 0.
 pub const MEM_SIZE: usize = 0x10000;
 
@@ -149,9 +151,6 @@ pub mod report {
         }
     }
 }
-
-/// Page-table entry bits.
-pub use crate::x86::pte;
 
 /// An append-only x86 code buffer at a known guest address.
 ///

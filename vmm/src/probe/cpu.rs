@@ -7,13 +7,11 @@ use serde::Serialize;
 use super::code::{self, report, sel, Asm};
 use super::entry::vector_name;
 use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError};
+use crate::machine::msr::{ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES};
 
 const CR4_PCIDE: u32 = crate::x86::cr4::PCIDE as u32;
 const CPUID1_ECX_PCID: u64 = 1 << 17;
 const CPUID7_EDX_ARCH_CAPS: u64 = 1 << 29;
-pub use crate::machine::msr::{
-    ARCH_CAP_RDCL_NO, MSR_IA32_ARCH_CAPABILITIES as MSR_ARCH_CAPABILITIES,
-};
 
 /// What the PCID probe found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -152,7 +150,9 @@ fn arch_caps_kernel() -> Asm {
         .mov_eax_edx()
         .report_eax();
     k.stage(1);
-    k.mov_ecx(MSR_ARCH_CAPABILITIES).rdmsr().report_edx_eax();
+    k.mov_ecx(MSR_IA32_ARCH_CAPABILITIES)
+        .rdmsr()
+        .report_edx_eax();
     k.stage(2);
     k.end(0);
     k
@@ -176,12 +176,12 @@ enum Via {
 
 fn read_arch_caps(kit: &Kit, via: Via) -> Result<ArchRead, VmError> {
     let mut vm = ProbeVm::new(kit)?;
-    let kvm_value = vm.get_msr(MSR_ARCH_CAPABILITIES);
+    let kvm_value = vm.get_msr(MSR_IA32_ARCH_CAPABILITIES);
     let mut p = Program::new(StartMode::Long64, arch_caps_kernel());
     match via {
         Via::Default => {}
-        Via::SetMsrs(v) => p.msrs.push((MSR_ARCH_CAPABILITIES, v)),
-        Via::MsrExit(v) => p.rdmsr_trap = Some((MSR_ARCH_CAPABILITIES, v)),
+        Via::SetMsrs(v) => p.msrs.push((MSR_IA32_ARCH_CAPABILITIES, v)),
+        Via::MsrExit(v) => p.rdmsr_trap = Some((MSR_IA32_ARCH_CAPABILITIES, v)),
     }
     vm.load(&p)?;
     let t = vm.run(kit.timeout)?;
@@ -210,7 +210,7 @@ fn try_override(kit: &Kit, via: Via, wanted: u64) -> (bool, String) {
 pub fn probe_arch_caps(kit: &Kit) -> Result<ArchCapsProbe, VmError> {
     let first = read_arch_caps(kit, Via::Default)?;
     let cpuid_bit = first.edx7.map(|e| e & CPUID7_EDX_ARCH_CAPS != 0);
-    let feature_value = system_msr(kit, MSR_ARCH_CAPABILITIES);
+    let feature_value = system_msr(kit, MSR_IA32_ARCH_CAPABILITIES);
     let guest_value = first.msr.as_ref().ok().copied();
     let base = guest_value.or(feature_value).unwrap_or(0);
     let wanted = base ^ ARCH_CAP_RDCL_NO;

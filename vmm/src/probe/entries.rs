@@ -6,10 +6,11 @@
 use serde::Serialize;
 
 use super::code::{self, report, sel, Asm, HandlerExit};
-use super::entry::{Entry, EntryOutcome};
-use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError, EFER_SCE};
+use super::entry::EntryOutcome;
+use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, Trace, VmError};
+use ptiscope_abi::options::Entry;
 
-use crate::x86::msr;
+use crate::x86::{efer, msr};
 
 const RFLAGS_DF: u64 = 1 << 10;
 /// User RFLAGS: IOPL 3 (so `out` works at CPL3), DF set so that the SYSCALL
@@ -163,7 +164,7 @@ fn program(insn: &[u8], handler_exit: HandlerExit) -> Program {
     p.handler_exit = handler_exit;
     p.extra.push(user_code(insn));
     p.extra.extend(landings());
-    p.efer_extra = EFER_SCE;
+    p.efer_extra = efer::SCE;
     p.msrs = code::syscall_msrs().to_vec();
     p.msrs.extend([
         (msr::SYSENTER_CS, u64::from(sel::KERNEL_CS)),

@@ -5,9 +5,6 @@ use std::fmt;
 
 use serde::Serialize;
 
-/// A user→kernel entry the guest kernel implements (the guest ABI's own type).
-pub use ptiscope_abi::options::Entry;
-
 /// What happened when user code (CPL3, long mode) executed an entry instruction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -99,6 +96,7 @@ impl fmt::Display for EntryOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ptiscope_abi::options::Entry;
 
     #[test]
     fn cmdline_values_round_trip() {

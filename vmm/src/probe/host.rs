@@ -42,12 +42,12 @@ fn two_dimensional_paging() -> Option<bool> {
 pub struct EntryFindings {
     /// Per entry probed: the entry, what happened, whether it reached CPL0;
     /// `Err` says why the probe could not run.
-    pub outcomes: Result<Vec<(probe::Entry, String, bool)>, String>,
+    pub outcomes: Result<Vec<(Entry, String, bool)>, String>,
 }
 
 impl EntryFindings {
     /// The entries that worked, or `None` if the probe could not run.
-    pub fn working(&self) -> Option<Vec<probe::Entry>> {
+    pub fn working(&self) -> Option<Vec<Entry>> {
         self.outcomes.as_ref().ok().map(|v| {
             v.iter()
                 .filter(|(_, _, w)| *w)
@@ -182,7 +182,7 @@ impl HostFacts {
                         })
                         .map_err(|e| e.to_string())
                 },
-                |f, v: &Result<Vec<(probe::Entry, String, bool)>, String>| {
+                |f, v: &Result<Vec<(Entry, String, bool)>, String>| {
                     f.entries = Some(v.clone().map(|v| {
                         v.into_iter()
                             .map(|(e, d, w)| (e.name().to_owned(), d, w))

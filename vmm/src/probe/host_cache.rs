@@ -35,7 +35,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::probe::{self, Entry, RefillProbe, RefillVerdict};
+use crate::probe::{self, RefillProbe, RefillVerdict};
+use ptiscope_abi::options::Entry;
 
 /// The cache file's format; a file of another format is ignored (format 1
 /// held one key).

@@ -27,12 +27,13 @@ mod vm;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use ptiscope_abi::options::Entry;
 use serde::Serialize;
 
 pub use caps::{Cap, HostInfo, StatsFdProbe};
-pub use cpu::{ArchCapsProbe, PcidProbe, RdtscProbe, ARCH_CAP_RDCL_NO, MSR_ARCH_CAPABILITIES};
+pub use cpu::{ArchCapsProbe, PcidProbe, RdtscProbe};
 pub use entries::{EntryProbe, IretqProbe};
-pub use entry::{Entry, EntryOutcome};
+pub use entry::EntryOutcome;
 pub use paging::PagingOutcome;
 pub use refill::{RefillProbe, RefillVerdict};
 pub use vm::VmError;

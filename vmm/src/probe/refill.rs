@@ -30,10 +30,11 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::code::{self, pte, Asm};
+use super::code::{self, Asm};
 use super::entries::kernel_prologue;
-use super::entry::Entry;
-use super::vm::{Kit, ProbeVm, Program, StartMode, Stop, EFER_SCE};
+use super::vm::{Kit, ProbeVm, Program, StartMode, Stop};
+use crate::x86::{efer, pte};
+use ptiscope_abi::options::Entry;
 
 /// Pages in the working set (4 MiB): beyond the first-level data TLB of
 /// every CPU seen, within the second level of most.
@@ -270,7 +271,7 @@ fn prepare(kit: &Kit, entry: Entry, pages: u32, h: Handler) -> Result<Config, St
         };
         p.gate_overrides.push((vector, GATE_HANDLER));
     } else {
-        p.efer_extra = EFER_SCE;
+        p.efer_extra = efer::SCE;
         p.msrs = code::syscall_msrs().to_vec();
     }
     Ok(Config { vm, program: p })

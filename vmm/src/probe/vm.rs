@@ -157,8 +157,6 @@ pub struct ProbeVm {
     pub rdmsr_exits: u32,
 }
 
-pub use crate::x86::efer::SCE as EFER_SCE;
-
 impl ProbeVm {
     /// A VM with RAM at [0, MEM_SIZE) and vCPU 0 with the supported CPUID.
     pub fn new(kit: &Kit) -> Result<Self, VmError> {

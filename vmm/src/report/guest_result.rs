@@ -9,7 +9,7 @@ use ptiscope_abi::telemetry::Counter;
 
 use crate::machine::RunOutcome;
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
-use crate::spec::cmdline::Workload;
+use ptiscope_abi::options::Workload;
 
 /// `key=value` pairs of the guest's first `@result` line.
 pub fn result_fields(outcome: &RunOutcome) -> BTreeMap<String, String> {

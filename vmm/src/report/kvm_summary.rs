@@ -14,7 +14,7 @@ use crate::machine::RunOutcome;
 use crate::observe::measure::{Measurer, Snapshot};
 use crate::observe::telemetry::{self, TelemetryError, TelemetrySnapshot};
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
-use crate::spec::cmdline::Workload;
+use ptiscope_abi::options::Workload;
 
 /// KiB of kernel the user copy maps, from the guest's `@pti` line.
 fn user_copy_kernel_kib(outcome: &RunOutcome) -> Option<f64> {

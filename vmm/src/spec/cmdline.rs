@@ -9,8 +9,7 @@ use ptiscope_abi::cmdline as key;
 
 use crate::machine::memory::CMDLINE_MAX;
 
-pub use ptiscope_abi::options::{Entry, PtiMode, Switch, Workload};
-use ptiscope_abi::options::{Fault, MAX_ITERATIONS};
+use ptiscope_abi::options::{Entry, Fault, PtiMode, Switch, Workload, MAX_ITERATIONS};
 
 /// What the vCPU tells the guest about Meltdown (IA32_ARCH_CAPABILITIES.RDCL_NO).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]

@@ -22,7 +22,7 @@ use crate::machine::loader;
 use crate::machine::memory::MemoryLayout;
 use cmdline::ResolvedOptions;
 use guest::GuestKind;
-pub use request::{RunConfig, SerialOut};
+pub use request::RunConfig;
 
 /// The most vCPUs a run can have: the guest telemetry page's CPU blocks.
 pub const MAX_CPUS: u32 = ptiscope_abi::telemetry::MAX_CPUS as u32;

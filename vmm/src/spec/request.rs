@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::machine::loader::KernelSource;
 use crate::machine::memory::DEFAULT_MEM_MIB;
-pub use crate::output::SerialOut;
+use crate::output::SerialOut;
 use crate::spec::cmdline::{CpuVuln, GuestOptions};
 use crate::spec::guest::GuestKind;
 use crate::spec::linux::LinuxRequest;
@@ -48,7 +48,7 @@ pub struct RunConfig {
     /// the serial port raises no interrupt, and VM teardown is cheaper (on
     /// kvm_pvm (software KVM) about 4 ms of a 16 ms boot-to-exit).
     pub irqchip: bool,
-    /// vCPUs (`--cpus`), 1..=[`crate::preflight::MAX_CPUS`]; the guest
+    /// vCPUs (`--cpus`), 1..=[`crate::spec::MAX_CPUS`]; the guest
     /// learns the count from `cpus=` on its command line.
     pub cpus: u32,
     /// Which guest: ptiscope's own kernel, or a Linux kernel with

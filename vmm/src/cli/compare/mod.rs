@@ -14,10 +14,9 @@ mod runs;
 pub(crate) mod side;
 
 pub use against::Against;
-pub use runs::{RunsReport, RunsStop};
+pub use runs::RunsReport;
 pub use side::{
-    build_table, config_words, guest_image_of, parse_side, rates, run_measured, Side, SideError,
-    SideSpec,
+    build_table, config_words, guest_image_of, parse_side, rates, run_measured, Side, SideSpec,
 };
 
 use std::collections::BTreeMap;
@@ -31,17 +30,19 @@ use runs::ci_pct;
 pub(crate) use runs::progress;
 
 use crate::backend::Backend;
-use crate::cli::command_error::CommandError;
+use crate::cli::command_error::{CommandError, SideError};
 use crate::cli::exit_code::{self, ExitCode};
-use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT, MIN_AUTO_RUNS};
+use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT};
+use crate::experiment::MIN_AUTO_RUNS;
 use crate::experiment::{Experiment, Progress, RunCount, RunId};
-use crate::preflight::cmdline::Workload;
-use crate::preflight::{preflight, ResolvedRun};
+use crate::preflight::preflight;
 use crate::report::by_symbol::SymbolCondition;
 use crate::report::environment::Environment;
 use crate::report::{CompareTable, Condition, RunSummary};
 use crate::spec::guest::GuestKind;
 use crate::spec::linux::LinuxGuest;
+use crate::spec::ResolvedRun;
+use ptiscope_abi::options::Workload;
 
 /// Runs the comparison and prints it; returns the process exit code.
 /// (`ptiscope compare` with poundsyscall's thread counts is

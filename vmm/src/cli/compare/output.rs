@@ -7,9 +7,9 @@ use crate::backend::Backend;
 use crate::cli::exit_code;
 use crate::cli::CompareArgs;
 use crate::output::OutputFile;
-use crate::preflight::cmdline::Workload;
 use crate::report::by_symbol::{SymbolCondition, SymbolDiff};
 use crate::report::{CompareTable, Condition};
+use ptiscope_abi::options::Workload;
 
 /// Rows of the by-symbol table in the terminal (--json has all).
 const SYMBOL_ROWS: usize = 25;

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use crate::cli::compare::side::rates;
 use crate::report::RunSummary;
 
-pub use crate::experiment::RunsStop;
+use crate::experiment::RunsStop;
 
 /// A progress bar over `total` runs, drawn on a terminal unless `quiet`:
 /// at once with `now`, else hidden until the caller shows it (shared with

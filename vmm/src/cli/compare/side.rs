@@ -3,18 +3,22 @@
 //! the compare table built from both sides' runs.
 
 use crate::backend::{Backend, HostWatch, Summarized};
+use crate::cli::command_error::SideError;
 use crate::cli::exit_code::ExitCode;
+use crate::cli::measured_error::MeasuredRunError;
 use crate::cli::{ExperimentOpts, TargetOpts};
 use crate::machine::loader::KernelSource;
 use crate::machine::RunOutcome;
-use crate::preflight::cmdline::{CpuVuln, EntryChoice, PtiMode, Switch, Workload};
-use crate::preflight::{ResolvedRun, RunConfig, SerialOut};
+use crate::output::SerialOut;
 use crate::report::environment::GuestImage;
 use crate::report::rate_name;
 use crate::report::stats::CountRuns;
 use crate::report::{CompareTable, Metric, RunSummary};
+use crate::spec::cmdline::{CpuVuln, EntryChoice};
 use crate::spec::guest::GuestKind;
 use crate::spec::linux::LinuxRequest;
+use crate::spec::{ResolvedRun, RunConfig};
+use ptiscope_abi::options::{PtiMode, Switch, Workload};
 use ptiscope_devices::escape_str;
 
 /// One side of the comparison.
@@ -34,8 +38,6 @@ pub struct Side {
     /// The run every run of this side boots.
     pub run: ResolvedRun,
 }
-
-pub use crate::cli::command_error::SideError;
 
 fn enum_value<T: clap::ValueEnum>(v: &str) -> Result<T, String> {
     T::from_str(v, false).map_err(|_| {
@@ -224,8 +226,6 @@ pub fn config_words(outcome: &RunOutcome) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
-
-pub use crate::cli::measured_error::MeasuredRunError;
 
 /// One measured run on `backend`, of either guest kind: its summary is
 /// the one `backend::Ran::summary` chooses for it.

@@ -125,7 +125,7 @@ pub fn linux_kernels(args: &ReproduceArgs) -> Vec<(&'static str, std::path::Path
     // Every seed was measured on Linux.
     if !args.no_linux {
         for k in ["debian-amd64", "debian-686-pae"] {
-            match crate::linux::known_path(k) {
+            match crate::preflight::linux::known_path(k) {
                 Some(Ok(p)) if p.is_file() => out.push((k, p)),
                 _ => say!(
                     "ptiscope reproduce: {k} is not fetched: its rows are left out (run `ptiscope linux fetch`)"

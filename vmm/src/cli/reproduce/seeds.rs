@@ -4,7 +4,7 @@
 
 use super::{Cell, CellGuest, Seed, ROEDEL_MESSAGES};
 use crate::cli::Arch;
-use crate::preflight::cmdline::Workload;
+use ptiscope_abi::options::Workload;
 
 /// The cells of a seed, for the guests asked.
 pub(super) fn cells(seed: Seed, guests: &[CellGuest]) -> (String, Vec<Cell>) {

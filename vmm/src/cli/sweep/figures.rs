@@ -3,10 +3,11 @@
 
 use crate::backend::Backend;
 use crate::cli::compare::rates;
-use crate::preflight::cmdline::Workload;
-use crate::preflight::{preflight_with_image, PreflightError, ResolvedRun};
+use crate::preflight::{preflight_with_image, PreflightError};
 use crate::report::sweep as rs;
 use crate::report::RunSummary;
+use crate::spec::ResolvedRun;
+use ptiscope_abi::options::Workload;
 
 use super::plan::CellPlan;
 
@@ -76,7 +77,7 @@ pub(super) struct Preparer {
     pub cpus: u32,
     /// `--iterations`: a cell that reads more runs fewer ([`CellPlan::iterations`]).
     pub iterations: u64,
-    pub target: crate::preflight::Target,
+    pub target: crate::spec::Target,
 }
 
 impl Preparer {

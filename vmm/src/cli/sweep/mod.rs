@@ -27,11 +27,11 @@ use crate::cli::partial::{csv_with_banner, svg_with_banner};
 use crate::cli::{abi_option, Arch, ExperimentOpts, OutputOpts, TargetOpts};
 use crate::experiment::{Experiment, ExperimentError, Progress, RunId};
 use crate::output::OutputFile;
-use crate::preflight::cmdline::Workload;
 use crate::preflight::PreflightError;
 use crate::probe::host;
 use crate::report::sweep::{self as rs, Cell, CellConfig, Omitted, SweepReport};
 use crate::signals;
+use ptiscope_abi::options::Workload;
 use ptiscope_abi::options::WssPages;
 
 use figures::{
@@ -408,7 +408,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
                 &match (&args.exp.kernel, &args.target.linux.linux) {
                     (Some(p), _) => crate::machine::loader::KernelSource::Path(p.clone()),
                     (None, Some(k)) => crate::machine::loader::KernelSource::Path(
-                        crate::linux::kernel_path(k).unwrap_or_else(|_| k.into()),
+                        crate::preflight::linux::kernel_path(k).unwrap_or_else(|_| k.into()),
                     ),
                     (None, None) => crate::machine::loader::KernelSource::Embedded(
                         args.target.arch.unwrap_or(Arch::X86_64).embedded_image(),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::machine::bzimage;
 use crate::machine::loader::{self, KernelSource, LoadError};
 
-pub use crate::spec::linux::{ImageFormat, LinuxArch};
+use crate::spec::linux::{ImageFormat, LinuxArch};
 
 /// A kernel image read and recognised.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::io::{self, Write};
 
-use super::image::LinuxArch;
+use crate::spec::linux::LinuxArch;
 
 /// The static init for x86_64 kernels (`linux-init`, x86_64-unknown-linux-musl).
 pub static INIT_X86_64: &[u8] = include_bytes!(env!("PTISCOPE_LINUX_INIT_X86_64"));

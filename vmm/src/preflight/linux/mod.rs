@@ -25,7 +25,7 @@ use crate::machine::memory::MemoryLayout;
 use crate::probe::host::HostFacts;
 use crate::spec::cmdline::{EntryChoice, GuestOptions, ResolvedOptions};
 use crate::spec::guest::GuestKind;
-use crate::spec::linux::{init_parser_words, LinuxArch, LinuxGuest, LinuxRequest};
+use crate::spec::linux::{init_parser_words, ImageFormat, LinuxArch, LinuxGuest, LinuxRequest};
 use crate::spec::{BootSource, ResolvedRun, RunConfig, Target};
 use image::ImageError;
 
@@ -326,7 +326,7 @@ pub fn settle(
     }
     // QEMU must enter a PVH vmlinux where its note says (it reads the
     // notes aligned to the segment's p_align).
-    if image.format == image::ImageFormat::PvhElf {
+    if image.format == ImageFormat::PvhElf {
         loader::check_qemu_pvh_note(&image.bytes, &name).map_err(|e| {
             LinuxError::Image(ImageError::BadElf {
                 path: name.clone(),
