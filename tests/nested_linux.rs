@@ -283,3 +283,60 @@ fn the_linux_compare_on_the_vmm_under_nested_kvm_amd_is_guarded_on_kvms_cr3_coun
         c["metrics"]
     );
 }
+
+/// A PVH vmlinux (Debian's, unpacked from the cached bzImage) on the VMM:
+/// its initramfs is PVH's first module and its CPUs are the ACPI tables',
+/// so it reaches ptiscope's init with two vCPUs and ends on its status,
+/// the kernel log saying PTI is on. Nested paging: the shortest boot.
+#[test]
+fn a_pvh_vmlinux_reaches_the_init_on_the_vmm_under_nested_kvm_amd() {
+    let test = "PVH vmlinux on the VMM under nested";
+    if !nested_or_skip(test) {
+        return;
+    }
+    let Some(Ok(bz)) = ptiscope::preflight::linux::known_path("debian-amd64") else {
+        ptiscope::test_support::skip(test, "debian-amd64 is not fetched (`ptiscope linux fetch`)");
+        return;
+    };
+    let Some(vmlinux) = vmlinux_of(&std::fs::read(&bz).unwrap()) else {
+        ptiscope::test_support::skip(test, "the cached bzImage is not LZ4-compressed");
+        return;
+    };
+    let s = Scratch::new("nested-pvh-vmlinux");
+    let elf = s.join("vmlinux");
+    std::fs::write(&elf, vmlinux).unwrap();
+    let json = s.join("run.json");
+    let o = ptiscope()
+        .args([
+            "run",
+            "--backend",
+            "nested",
+            "--nested-paging",
+            "npt",
+            "--linux",
+        ])
+        .arg(&elf)
+        .args([
+            "--workload",
+            "getppid",
+            "--iterations",
+            "500",
+            "--pti",
+            "on",
+        ])
+        .args(["--cpus", "2", "--timeout", "90", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let v = read_json(&json);
+    assert!(has_config(&v, "linux=x86_64"), "{}", v["config"]);
+    assert_eq!(v["iterations"], 500, "{}", v["config"]);
+    assert!(
+        v["notes"].to_string().contains("PTI enabled"),
+        "{}",
+        v["notes"]
+    );
+    assert!(row(&v, "kvm_exits", "kvm").is_some(), "{}", v["rows"]);
+}

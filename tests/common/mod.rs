@@ -897,3 +897,69 @@ pub fn nested_batch(
     );
     Some(serde_json::from_slice(&o.stdout).unwrap())
 }
+
+/// Decompresses an LZ4 legacy-format stream (what Linux's
+/// `CONFIG_KERNEL_LZ4` bzImage carries): 4-byte magic, then blocks of a
+/// 4-byte compressed size and an LZ4 block, until the sizes run out.
+pub fn lz4_legacy(mut input: &[u8]) -> Option<Vec<u8>> {
+    input = input.strip_prefix(&[0x02, 0x21, 0x4c, 0x18][..])?;
+    let mut out = Vec::new();
+    while input.len() >= 4 {
+        let size = u32::from_le_bytes(input[..4].try_into().ok()?) as usize;
+        if size == 0 || size > input.len() - 4 {
+            break;
+        }
+        let mut b = &input[4..4 + size];
+        input = &input[4 + size..];
+        loop {
+            let token = *b.first()?;
+            b = &b[1..];
+            let mut len = (token >> 4) as usize;
+            if len == 15 {
+                loop {
+                    let x = *b.first()?;
+                    b = &b[1..];
+                    len += x as usize;
+                    if x != 255 {
+                        break;
+                    }
+                }
+            }
+            out.extend_from_slice(b.get(..len)?);
+            b = &b[len..];
+            if b.is_empty() {
+                break;
+            }
+            let offset = u16::from_le_bytes([*b.first()?, *b.get(1)?]) as usize;
+            b = &b[2..];
+            let mut mlen = (token & 15) as usize + 4;
+            if token & 15 == 15 {
+                loop {
+                    let x = *b.first()?;
+                    b = &b[1..];
+                    mlen += x as usize;
+                    if x != 255 {
+                        break;
+                    }
+                }
+            }
+            let start = out.len().checked_sub(offset).filter(|_| offset > 0)?;
+            for i in 0..mlen {
+                out.push(out[start + i]);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The ELF vmlinux inside an LZ4 bzImage (its setup header locates the payload).
+pub fn vmlinux_of(bz: &[u8]) -> Option<Vec<u8>> {
+    let sects = match bz[0x1f1] {
+        0 => 4,
+        n => n as usize,
+    };
+    let u32_at = |o: usize| u32::from_le_bytes(bz[o..o + 4].try_into().unwrap()) as usize;
+    let start = (sects + 1) * 512 + u32_at(0x248);
+    let payload = bz.get(start..start + u32_at(0x24c))?;
+    lz4_legacy(payload).filter(|v| v.starts_with(b"\x7fELF\x02"))
+}
