@@ -69,8 +69,45 @@ fn run_json_has_the_environment_block() {
             "this build has no git revision (not built from a git checkout): its form was not checked",
         ),
     }
+    // The time basis the backend's Profile recorded (a KVM's: never TCG's
+    // outside --backend nested).
+    let basis = env["time_basis"].as_str().unwrap_or_default();
+    assert!(
+        ["hardware", "kvm_pvm", "nested_tcg", "unknown"].contains(&basis),
+        "{env}"
+    );
+    // KVM's exits by reason add up to its exits (`other_exits` is the rest
+    // no per-reason stat names); the VMM's exits by kind hold the two phase
+    // markers and the one exit-port write.
+    let reasons = v["kvm_exits_by_reason"]
+        .as_object()
+        .expect("kvm_exits_by_reason");
+    assert!(
+        reasons.contains_key("io_exits") && reasons.contains_key("other_exits"),
+        "{reasons:?}"
+    );
+    let kvm_exits = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "kvm_exits" && r["source"] == "kvm")
+        .and_then(|r| r["total"].as_f64())
+        .expect("kvm_exits");
+    let summed: u64 = reasons.values().filter_map(|n| n.as_u64()).sum();
+    assert!(
+        summed as f64 >= kvm_exits,
+        "{reasons:?} against {kvm_exits}"
+    );
+    let kinds = &v["vmm_exits_by_kind"];
+    assert_eq!(kinds["io_out"]["phase"], 2, "{kinds}");
+    assert_eq!(kinds["io_out"]["exit"], 1, "{kinds}");
     // The text report's header shows it too.
     assert!(stderr(&o).contains("  kvm:       "), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("KVM exits by reason [kvm]: "),
+        "{}",
+        stderr(&o)
+    );
     // And it reads back.
     let s = ptiscope::report::RunSummary::from_json(v).unwrap();
     assert!(s.environment.is_some());

@@ -411,6 +411,8 @@ pub fn summary(
 /// added here with the Linux run's own divisor. The guest's rows (the
 /// telemetry page) are not taken: a Linux guest has none.
 pub fn add_vmm_rows(s: &mut RunSummary, vmm: &RunSummary) {
+    s.kvm_exits_by_reason = vmm.kvm_exits_by_reason.clone();
+    s.vmm_exits_by_kind = vmm.vmm_exits_by_kind;
     for r in &vmm.rows {
         if matches!(
             r.metric.source,

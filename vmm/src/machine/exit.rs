@@ -35,7 +35,7 @@ impl DeviceKind {
 }
 
 /// Port-I/O exits per device.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PortCounts {
     /// Accesses to the COM1 UART.
     pub serial: u64,
@@ -73,7 +73,7 @@ impl PortCounts {
 
 /// Userspace exits (KVM_RUN returns) by kind, as the VMM saw them. Exits KVM
 /// handles in the kernel are not here; the KVM stats fd has those.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExitCounts {
     /// KVM_EXIT_IO port reads (`in`), per device.
     pub io_in: PortCounts,

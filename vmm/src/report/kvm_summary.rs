@@ -49,6 +49,18 @@ fn kvm_vcpus_delta(a: &Snapshot, b: &Snapshot, name: &str) -> Option<u64> {
         .sum()
 }
 
+/// KVM's per-reason exit stats (x86's `kvm_vcpu_stat`).
+const KVM_EXIT_REASONS: &[&str] = &[
+    "io_exits",
+    "mmio_exits",
+    "halt_exits",
+    "irq_exits",
+    "irq_window_exits",
+    "nmi_window_exits",
+    "request_irq_exits",
+    "signal_exits",
+];
+
 /// One vCPU's change of a cumulative KVM stat.
 fn kvm_vcpu_delta(a: &Snapshot, b: &Snapshot, vcpu: usize, name: &str) -> Option<u64> {
     kvm_delta(
@@ -166,6 +178,22 @@ impl Measurer {
         if let Some(v) = kvm_exits {
             s.push(Metric::new("kvm_exits", "count", Source::Kvm), v as f64);
         }
+        // Exits by reason: the stats x86 KVM keeps per exit kind (each a
+        // subset of `exits`; KVMs that lack one leave it out).
+        for stat in KVM_EXIT_REASONS {
+            if let Some(v) = kvm(stat) {
+                s.kvm_exits_by_reason.insert((*stat).to_owned(), v);
+            }
+        }
+        // What no per-reason stat names: on kvm_pvm the guest kernel's
+        // entries and emulation, on hardware KVM e.g. MSR, CPUID, CR and
+        // nested-paging exits.
+        if let (Some(all), false) = (kvm_exits, s.kvm_exits_by_reason.is_empty()) {
+            let named: u64 = s.kvm_exits_by_reason.values().sum();
+            s.kvm_exits_by_reason
+                .insert("other_exits".to_owned(), all.saturating_sub(named));
+        }
+        s.vmm_exits_by_kind = Some(outcome.exits);
         // insn_emulation is the kernel's instruction count only where KVM
         // emulates guest kernel code (kvm_pvm); a hardware-assisted KVM has
         // the same stat but counts only the odd instruction it emulates (an

@@ -13,6 +13,8 @@
 //! guest-reported count of the same thing, and notes (e.g. "with EPT/NPT KVM
 //! does not see guest CR3 writes"), follow the rows.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::metric::{Metric, Source};
@@ -182,6 +184,19 @@ pub struct RunSummary {
     /// undisturbed calls' kernel instructions by kernel symbol.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_symbol: Option<super::by_symbol::BySymbol>,
+    /// KVM's exits by reason over the same span as the rows (the phase, or
+    /// the whole run), from its stats fds, summed over the vCPUs: the
+    /// stats' own names (`io_exits`, `mmio_exits`, `halt_exits`,
+    /// `irq_exits`, ...), each a subset of `kvm_exits`, and `other_exits`,
+    /// the rest (`kvm_exits` minus them: exits no per-reason stat names).
+    /// Empty where KVM did not observe the run (`--backend qemu`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kvm_exits_by_reason: BTreeMap<String, u64>,
+    /// The VMM's userspace exits by kind over the whole run (port I/O per
+    /// device, MMIO, HLT, shutdown, ...), as its status lines print them;
+    /// `None` where the VMM did not run the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmm_exits_by_kind: Option<crate::machine::exit::ExitCounts>,
 }
 
 fn checked_by_default() -> bool {
@@ -206,6 +221,8 @@ impl RunSummary {
             environment: None,
             telemetry_initialized: true,
             by_symbol: None,
+            kvm_exits_by_reason: BTreeMap::new(),
+            vmm_exits_by_kind: None,
         }
     }
 
@@ -270,6 +287,17 @@ impl RunSummary {
                 r.metric.name,
                 rate,
                 r.metric.source.tag()
+            ));
+        }
+        if !self.kvm_exits_by_reason.is_empty() {
+            let reasons: Vec<String> = self
+                .kvm_exits_by_reason
+                .iter()
+                .map(|(k, v)| format!("{} {}", k.trim_end_matches("_exits"), group(*v as f64)))
+                .collect();
+            out.push_str(&format!(
+                "\n KVM exits by reason [kvm]: {}\n",
+                reasons.join(", ")
             ));
         }
         if !self.cross_checks.is_empty() {
