@@ -113,8 +113,13 @@ pub enum Observed {
     /// telemetry page); boxed, as it is large beside the other variants.
     Host(Box<Measurer>),
     /// Nothing but what the outcome carries (the console and, under QEMU,
-    /// the TCG plugin's counts).
-    Console,
+    /// the TCG plugin's counts); `note` is what the backend says of the
+    /// figures of such a run (who counted them, what its times are), the
+    /// first note of the companion's summary.
+    Console {
+        /// The summary's note on its figures.
+        note: &'static str,
+    },
 }
 
 /// A run that ran: how it ended, and what observed it.
@@ -139,7 +144,7 @@ impl Ran {
     pub fn observer(&self) -> Option<&Measurer> {
         match &self.observed {
             Observed::Host(m) => Some(m),
-            Observed::Console => None,
+            Observed::Console { .. } => None,
         }
     }
 
@@ -158,7 +163,7 @@ impl Ran {
                     crate::linux::summary_on_vmm(o, l, &m.summary(o, config), m.sees_cr3_writes());
                 Summarized { summary, host }
             }
-            (GuestKind::Linux(l), Observed::Console) => {
+            (GuestKind::Linux(l), Observed::Console { .. }) => {
                 let host = crate::linux::host_observation(o, l);
                 Summarized {
                     summary: crate::linux::summary(o, l, host.as_ref()),
@@ -169,8 +174,8 @@ impl Ran {
                 summary: m.summary(o, config),
                 host: None,
             },
-            (GuestKind::Companion, Observed::Console) => Summarized {
-                summary: crate::report::summary_from_result(o, config),
+            (GuestKind::Companion, Observed::Console { note }) => Summarized {
+                summary: crate::report::summary_from_result(o, config, note),
                 host: None,
             },
         }

@@ -157,7 +157,17 @@ impl Backend for Qemu {
         // is the KVM backend's option, refused here by `refusal`.
         Ok(Ran {
             outcome: qemu::run_resolved(resolved)?,
-            observed: Observed::Console,
+            observed: Observed::Console {
+                note: if self.plugin {
+                    "backend qemu (TCG): [guest] figures are the guest's @result line, \
+                     [qemu-plugin] ones are counted by ptiscope's TCG plugin inside QEMU; times \
+                     are those of software emulation"
+                } else {
+                    "backend qemu (TCG): the host observes nothing of the guest; every figure \
+                     is guest-reported (its @result line), and times are those of software \
+                     emulation"
+                },
+            },
         })
     }
 

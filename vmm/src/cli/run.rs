@@ -139,7 +139,7 @@ pub fn run(args: &RunArgs) -> i32 {
         GuestKind::Companion => None,
     };
     match observed {
-        Observed::Console => {
+        Observed::Console { .. } => {
             print_console(&backend.profile(), &outcome);
             summary.environment = Some(environment.finish("run", &summary.config));
             let mut exit = outcome.exit_code();

@@ -73,10 +73,11 @@ pub(super) fn working_set_rows(result: &BTreeMap<String, String>, iterations: u6
 }
 
 /// The summary of a run the host could not observe (`--backend qemu`):
+/// `note`, the backend's word on its figures, first among the notes;
 /// every row comes from the guest's `@result` line, whose counters cover
 /// the measured phase (N iterations plus the end-marker call, as on KVM)
 /// and whose `cycles` cover the loop alone (N calls).
-pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSummary {
+pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>, note: &str) -> RunSummary {
     let result = result_fields(outcome);
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
     let asked = requested(&outcome.cmdline);
@@ -91,16 +92,7 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>) -> RunSumm
     let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
     s.iteration_name = iteration_name.into();
     s.telemetry_checked = false;
-    let plugin_on = !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off);
-    s.notes.push(if plugin_on {
-        "backend qemu (TCG): [guest] figures are the guest's @result line, [qemu-plugin] ones \
-         are counted by ptiscope's TCG plugin inside QEMU; times are those of software emulation"
-            .into()
-    } else {
-        "backend qemu (TCG): the host observes nothing of the guest; every figure is guest-reported \
-         (its @result line), and times are those of software emulation"
-            .into()
-    });
+    s.notes.push(note.to_owned());
     if !phased {
         s.notes
             .push("the guest printed no @result line: nothing was measured".into());
