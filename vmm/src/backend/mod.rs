@@ -234,22 +234,26 @@ pub struct Requested<'a> {
 /// refused here, one of `backend`'s own is `backend`'s to check.
 pub fn refusal(backend: &dyn Backend, asked: &Requested) -> Option<String> {
     for flag in &asked.given {
-        let owner = OPTIONS
-            .iter()
-            .flat_map(|o| o.iter())
-            .find(|o| o.flag == *flag);
-        let why = match owner.filter(|o| o.owner != backend.name()) {
-            Some(o) => Some(match o.what {
-                Some(what) => format!("{flag} {what}: not with --backend {}", backend.name()),
-                None => format!("{flag} needs --backend {}", o.owner),
-            }),
-            None => backend.check(flag, asked),
-        };
+        let why = others_option(backend.name(), flag).or_else(|| backend.check(flag, asked));
         if why.is_some() {
             return why;
         }
     }
     None
+}
+
+/// Why `flag` (a command-line option, or a compare side's `key=`) is not
+/// for `backend` (its [`Backend::name`]): another backend declared it as its
+/// own; `None` when no other backend owns it.
+pub fn others_option(backend: &str, flag: &str) -> Option<String> {
+    let owner = OPTIONS
+        .iter()
+        .flat_map(|o| o.iter())
+        .find(|o| o.flag == flag && o.owner != backend)?;
+    Some(match owner.what {
+        Some(what) => format!("{flag} {what}: not with --backend {backend}"),
+        None => format!("{flag} needs --backend {}", owner.owner),
+    })
 }
 
 /// One way to run a resolved run and observe it.

@@ -20,6 +20,12 @@ pub const OPTIONS: &[OwnOption] = &[
         owner: "qemu",
         what: None,
     },
+    // A compare side's option: QEMU's emulated CPU model (`-cpu`).
+    OwnOption {
+        flag: "cpu=",
+        owner: "qemu",
+        what: None,
+    },
 ];
 
 /// `--backend qemu`: QEMU's TCG, with ptiscope's TCG plugin (`plugin`) or

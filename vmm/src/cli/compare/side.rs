@@ -167,10 +167,9 @@ pub fn parse_side(
             }
             // QEMU's emulated CPU model for this side (`-cpu`).
             "cpu" => {
-                if target.on.backend != crate::cli::Backend::Qemu {
-                    return Err(bad(
-                        "chooses QEMU's emulated CPU model: it needs --backend qemu".into(),
-                    ));
+                let backend = target.on.backend();
+                if let Some(why) = crate::backend::others_option(backend.name(), "cpu=") {
+                    return Err(bad(format!("chooses QEMU's emulated CPU model: {why}")));
                 }
                 let model_ok = !v.is_empty()
                     && v.len() <= 128
