@@ -352,7 +352,7 @@ impl Environment {
     /// image hash and the given options.
     pub fn collect(
         facts: &HostFacts,
-        (backend, time_basis): (&str, super::time_basis::TimeBasis),
+        (backend, time_basis): (&'static str, super::time_basis::TimeBasis),
         guest_image: GuestImage,
         options: BTreeMap<String, Vec<String>>,
     ) -> Self {
@@ -360,11 +360,7 @@ impl Environment {
             host: host(),
             kvm: kvm(facts),
             // Inside `--backend nested` the inner `kvm` is the nested one.
-            backend: if crate::spec::nested::inside() {
-                "nested".to_owned()
-            } else {
-                backend.to_owned()
-            },
+            backend: crate::spec::nested::reported_backend(backend).to_owned(),
             time_basis,
             probe: probe_findings(facts, guest_image.elf32),
             ptiscope: build(),

@@ -21,6 +21,17 @@ pub fn inside() -> bool {
     std::env::var_os(INNER_ENV).is_some()
 }
 
+/// The name reports give the backend `name` (a `Backend::name`): inside
+/// `--backend nested` the VMM's KVM is the nested kvm_amd, so `kvm` reads
+/// `nested` there; every other name is itself.
+pub fn reported_backend(name: &'static str) -> &'static str {
+    if inside() && name == "kvm" {
+        "nested"
+    } else {
+        name
+    }
+}
+
 /// How the inner kvm_amd maps guest memory (its `npt` parameter), for the
 /// whole nested boot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

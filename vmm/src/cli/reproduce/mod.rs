@@ -348,11 +348,7 @@ fn measure_on(
             .map(|(m, v)| (m.name, m.source.key().to_string(), v))
             .collect(),
         // Inside `--backend nested` this KVM is the nested kvm_amd.
-        if crate::spec::nested::inside() && backend.name() == "kvm" {
-            "nested"
-        } else {
-            backend.name()
-        },
+        crate::spec::nested::reported_backend(backend.name()),
     ))
 }
 
@@ -696,10 +692,10 @@ pub fn run(args: &ReproduceArgs) -> i32 {
 /// A backend's name in the table, as [`measure_on`] gives it on success.
 fn backend_name(b: Backend) -> &'static str {
     match b {
-        Backend::Kvm if crate::spec::nested::inside() => "nested",
-        Backend::Kvm => "kvm",
-        Backend::Qemu => "qemu",
+        // No run reaches a backend as `nested` out here (its inner command
+        // runs as `kvm`): the cell names what was asked.
         Backend::Nested => "nested",
+        b => crate::spec::nested::reported_backend(b.with_plugin(true).name()),
     }
 }
 
