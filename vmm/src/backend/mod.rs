@@ -38,6 +38,7 @@ use crate::linux::HostPhaseObservation;
 use crate::machine::{RunError, RunOutcome};
 use crate::observe::live_metrics::LiveMetricsConfig;
 use crate::observe::measure::Measurer;
+use crate::observe::qemu_plugin::PluginOutput;
 use crate::report::RunSummary;
 use crate::spec::guest::GuestKind;
 use crate::spec::{ResolvedRun, Target};
@@ -112,13 +113,14 @@ pub enum Observed {
     /// The VMM's host-side observer (KVM's exits and statistics, the
     /// telemetry page); boxed, as it is large beside the other variants.
     Host(Box<Measurer>),
-    /// Nothing but what the outcome carries (the console and, under QEMU,
-    /// the TCG plugin's counts); `note` is what the backend says of the
-    /// figures of such a run (who counted them, what its times are), the
-    /// first note of the companion's summary.
+    /// The console, and under QEMU the TCG plugin's counts; `note` is what
+    /// the backend says of the figures of such a run (who counted them,
+    /// what its times are), the first note of the companion's summary.
     Console {
         /// The summary's note on its figures.
         note: &'static str,
+        /// What the QEMU backend's TCG plugin wrote (`Off`: none loaded).
+        plugin: PluginOutput,
     },
 }
 
@@ -163,10 +165,10 @@ impl Ran {
                     crate::linux::summary_on_vmm(o, l, &m.summary(o, config), m.sees_cr3_writes());
                 Summarized { summary, host }
             }
-            (GuestKind::Linux(l), Observed::Console { .. }) => {
-                let host = crate::linux::host_observation(o, l);
+            (GuestKind::Linux(l), Observed::Console { plugin, .. }) => {
+                let host = crate::linux::host_observation(plugin, l);
                 Summarized {
-                    summary: crate::linux::summary(o, l, host.as_ref()),
+                    summary: crate::linux::summary(o, plugin, l, host.as_ref()),
                     host,
                 }
             }
@@ -174,8 +176,8 @@ impl Ran {
                 summary: m.summary(o, config),
                 host: None,
             },
-            (GuestKind::Companion, Observed::Console { note }) => Summarized {
-                summary: crate::report::summary_from_result(o, config, note),
+            (GuestKind::Companion, Observed::Console { note, plugin }) => Summarized {
+                summary: crate::report::summary_from_result(o, plugin, config, note),
                 host: None,
             },
         }

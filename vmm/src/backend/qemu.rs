@@ -30,7 +30,8 @@ use ptiscope_devices::{ConsoleRecorder, ConsoleSink};
 
 use crate::machine::exit::ExitCounts;
 use crate::machine::loader;
-use crate::machine::{PluginOutput, RunOutcome, StopReason};
+use crate::machine::{RunOutcome, StopReason};
+use crate::observe::qemu_plugin::PluginOutput;
 use crate::output::{OpenError, DRAIN_GRACE};
 use crate::preflight::PreflightError;
 use crate::spec::guest::GuestKind;
@@ -474,8 +475,9 @@ fn pending_termination() -> Option<i32> {
 }
 
 /// Boots a run resolved for [`Target::QemuTcg`](crate::spec::Target::QemuTcg) under QEMU and waits for it
-/// (or the timeout, or SIGINT/SIGTERM).
-pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
+/// (or the timeout, or SIGINT/SIGTERM): how it ended, and what the TCG
+/// plugin wrote.
+pub fn run_resolved(run: &ResolvedRun) -> Result<(RunOutcome, PluginOutput), QemuError> {
     let setup_start = Instant::now();
     let config = &run.config;
     let boot = &run.boot;
@@ -707,7 +709,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
             }
         },
     };
-    let qemu_plugin = match plugin {
+    let plugin_output = match plugin {
         None => PluginOutput::Off,
         Some((_, _, mut f)) => match f.read() {
             Ok(b) if b.is_empty() => PluginOutput::Missing(
@@ -717,8 +719,7 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
             Err(e) => PluginOutput::Missing(format!("reading the plugin's file: {e}")),
         },
     };
-    Ok(RunOutcome {
-        qemu_plugin,
+    let outcome = RunOutcome {
         stop,
         stopped_by: None,
         vcpus: Vec::new(),
@@ -739,7 +740,8 @@ pub fn run_resolved(run: &ResolvedRun) -> Result<RunOutcome, QemuError> {
         mem_mib: config.mem_mib,
         telemetry_addr: 0,
         outputs,
-    })
+    };
+    Ok((outcome, plugin_output))
 }
 
 #[cfg(test)]

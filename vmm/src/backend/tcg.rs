@@ -161,9 +161,11 @@ impl Backend for Qemu {
     fn run(&self, resolved: &ResolvedRun, _watch: HostWatch) -> Result<Ran, BackendError> {
         // Nothing to watch from the host: what could be (KVM's statistics)
         // is the KVM backend's option, refused here by `refusal`.
+        let (outcome, plugin) = qemu::run_resolved(resolved)?;
         Ok(Ran {
-            outcome: qemu::run_resolved(resolved)?,
+            outcome,
             observed: Observed::Console {
+                plugin,
                 note: if self.plugin {
                     "backend qemu (TCG): [guest] figures are the guest's @result line, \
                      [qemu-plugin] ones are counted by ptiscope's TCG plugin inside QEMU; times \

@@ -28,6 +28,7 @@ pub mod symbols;
 use ptiscope_abi::options::{PtiMode, Workload};
 
 use crate::machine::RunOutcome;
+use crate::observe::qemu_plugin::PluginOutput;
 use crate::report::{Metric, RunSummary, Source};
 use crate::spec::linux::LinuxGuest;
 
@@ -45,10 +46,11 @@ pub const SYMBOLS_WORD: &str = "ptiscope.syms=1";
 /// phase marker, gives no rows rather than rows that mislead).
 pub fn by_symbol(
     outcome: &RunOutcome,
+    plugin: &PluginOutput,
     calls: u64,
 ) -> Result<crate::report::by_symbol::BySymbol, String> {
     use crate::observe::qemu_plugin::PluginReport;
-    let crate::machine::PluginOutput::File(bytes) = &outcome.qemu_plugin else {
+    let PluginOutput::File(bytes) = plugin else {
         return Err("the QEMU plugin wrote no file".into());
     };
     let report = PluginReport::parse(bytes).map_err(|e| e.to_string())?;
@@ -131,7 +133,7 @@ pub struct HostPhaseObservation {
 /// write CR3 too (with or without PTI), so that its CR3 writes per system
 /// call say nothing exact about PTI: only the system-call loops and
 /// poundsyscall (threads of one process) are checked.
-pub fn host_observation(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<HostPhaseObservation> {
+pub fn host_observation(plugin: &PluginOutput, guest: &LinuxGuest) -> Option<HostPhaseObservation> {
     use crate::observe::qemu_plugin::{PluginCounter, PluginReport};
     if guest
         .asked()
@@ -139,7 +141,7 @@ pub fn host_observation(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<Host
     {
         return None;
     }
-    let crate::machine::PluginOutput::File(bytes) = &outcome.qemu_plugin else {
+    let PluginOutput::File(bytes) = plugin else {
         return None;
     };
     let total = PluginReport::parse(bytes)
@@ -217,7 +219,7 @@ pub fn summary_on_vmm(
     sees_cr3_writes: bool,
 ) -> (RunSummary, Option<HostPhaseObservation>) {
     let host = kvm_observation(outcome, guest, vmm, sees_cr3_writes);
-    let mut s = summary(outcome, guest, host.as_ref());
+    let mut s = summary(outcome, &PluginOutput::Off, guest, host.as_ref());
     add_vmm_rows(&mut s, vmm);
     if let (Some(h), true) = (&host, s.phase.is_some()) {
         s.push(
@@ -314,6 +316,7 @@ pub fn init_started(outcome: &RunOutcome) -> bool {
 /// `host` is the host observer's view of the phase, if one ran.
 pub fn summary(
     outcome: &RunOutcome,
+    plugin: &PluginOutput,
     guest: &LinuxGuest,
     host: Option<&HostPhaseObservation>,
 ) -> RunSummary {
@@ -388,14 +391,14 @@ pub fn summary(
     if let Some(c) = num("read_cycles") {
         s.push(Metric::new("read_cycles", "cycles", Source::Guest), c);
     }
-    if !matches!(outcome.qemu_plugin, crate::machine::PluginOutput::Off) {
-        crate::report::plugin_rows::add_linux_plugin_rows(&mut s, outcome);
+    if !matches!(plugin, PluginOutput::Off) {
+        crate::report::plugin_rows::add_linux_plugin_rows(&mut s, plugin);
         if outcome
             .cmdline
             .split_ascii_whitespace()
             .any(|w| w == SYMBOLS_WORD)
         {
-            match by_symbol(outcome, calls) {
+            match by_symbol(outcome, plugin, calls) {
                 Ok(b) => s.by_symbol = Some(b),
                 Err(e) => s.notes.push(format!("by symbol: none: {e}")),
             }
@@ -503,7 +506,6 @@ pub(crate) mod tests {
             mem_mib: 128,
             telemetry_addr: 0,
             outputs: Vec::new(),
-            qemu_plugin: crate::machine::PluginOutput::Off,
         }
     }
 
@@ -577,7 +579,7 @@ pub(crate) mod tests {
             &ok_lines,
             &[],
         );
-        let s = summary(&done, &g, Some(&obs(10, 20)));
+        let s = summary(&done, &PluginOutput::Off, &g, Some(&obs(10, 20)));
         assert!(
             s.notes
                 .iter()

@@ -45,7 +45,7 @@ use crate::machine::exit::ExitCounts;
 use crate::machine::kvm::{KvmFlavour, KvmOpenError};
 use crate::machine::loader::LoadError;
 use crate::machine::memory::{MemoryError, MemoryLayout};
-pub use crate::machine::outcome::{PhaseEvent, PluginOutput, RunOutcome, StopReason, VcpuOutcome};
+pub use crate::machine::outcome::{PhaseEvent, RunOutcome, StopReason, VcpuOutcome};
 use crate::machine::stop::StopState;
 use crate::machine::vcpu::{SharedObserver, Vcpu, VcpuEnv};
 use crate::signals::{SignalError, TerminationSignals};
@@ -332,7 +332,6 @@ pub fn run(
     let rec: &ConsoleRecorder = &rec;
     let stats = rec.stats();
     Ok(RunOutcome {
-        qemu_plugin: PluginOutput::Off,
         stop,
         stopped_by,
         vcpus: vcpu_outcomes,

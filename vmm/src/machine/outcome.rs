@@ -253,23 +253,6 @@ pub struct RunOutcome {
     pub telemetry_addr: u64,
     /// What became of the console output (dropped bytes, write errors).
     pub outputs: Vec<crate::output::OutputReport>,
-    /// `--backend qemu`: what the TCG plugin wrote (parsed for the
-    /// summary's rows by `observe::measure`).
-    #[serde(skip)]
-    pub qemu_plugin: PluginOutput,
-}
-
-/// The QEMU TCG plugin's output file of one run, unparsed (the machine
-/// layer does not read it; `observe::qemu_plugin` does).
-#[derive(Debug, Clone, Default)]
-pub enum PluginOutput {
-    /// Not loaded: the KVM backend, or `--no-plugin`.
-    #[default]
-    Off,
-    /// What the plugin wrote, at most one byte more than the parser takes.
-    File(Vec<u8>),
-    /// Loaded, but there is no file to read (why).
-    Missing(String),
 }
 
 impl RunOutcome {

@@ -23,6 +23,20 @@ pub const MAX_VCPUS: usize = 64;
 /// Most snapshots accepted.
 pub const MAX_MARKS: usize = 4096;
 
+/// The QEMU TCG plugin's output file of one run, unparsed: the QEMU
+/// backend's own part of what a run left ([`crate::backend::Observed`]),
+/// which [`PluginReport::parse`] reads.
+#[derive(Debug, Clone, Default)]
+pub enum PluginOutput {
+    /// Not loaded: `--no-plugin`, or a backend that has no plugin.
+    #[default]
+    Off,
+    /// What the plugin wrote, at most one byte more than the parser takes.
+    File(Vec<u8>),
+    /// Loaded, but there is no file to read (why).
+    Missing(String),
+}
+
 /// A counter of the plugin, per vCPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PluginCounter {

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use ptiscope_abi::telemetry::Counter;
 
 use crate::machine::RunOutcome;
+use crate::observe::qemu_plugin::PluginOutput;
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
 use ptiscope_abi::options::Workload;
 
@@ -77,7 +78,12 @@ pub(super) fn working_set_rows(result: &BTreeMap<String, String>, iterations: u6
 /// every row comes from the guest's `@result` line, whose counters cover
 /// the measured phase (N iterations plus the end-marker call, as on KVM)
 /// and whose `cycles` cover the loop alone (N calls).
-pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>, note: &str) -> RunSummary {
+pub fn summary_from_result(
+    outcome: &RunOutcome,
+    plugin: &PluginOutput,
+    config: Vec<String>,
+    note: &str,
+) -> RunSummary {
     let result = result_fields(outcome);
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
     let asked = requested(&outcome.cmdline);
@@ -96,7 +102,7 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>, note: &str
     if !phased {
         s.notes
             .push("the guest printed no @result line: nothing was measured".into());
-        super::plugin_rows::add_plugin_rows(&mut s, outcome, false, None, None, false);
+        super::plugin_rows::add_plugin_rows(&mut s, plugin, false, None, None, false);
         return s;
     }
     s.notes.push(match asked {
@@ -126,7 +132,7 @@ pub fn summary_from_result(outcome: &RunOutcome, config: Vec<String>, note: &str
         iteration_name == "call" && asked.is_some_and(|(w, _)| w != Workload::Poundsyscall);
     super::plugin_rows::add_plugin_rows(
         &mut s,
-        outcome,
+        plugin,
         true,
         num("cr3_writes"),
         num("syscalls"),

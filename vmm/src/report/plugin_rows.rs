@@ -7,7 +7,7 @@
 //! is the guest's row in the same run, and row names are unique in compare
 //! tables, `--fail-if`, CSV and SVG.
 
-use crate::machine::{PluginOutput, RunOutcome};
+use crate::observe::qemu_plugin::PluginOutput;
 use crate::observe::qemu_plugin::{
     Counts, PhaseError, PluginCounter, PluginPhase, PluginReport, VcpuCounts,
 };
@@ -55,13 +55,13 @@ const PER_VCPU: [&str; 4] = [
 /// checked against the plugin's exactly.
 pub fn add_plugin_rows(
     s: &mut RunSummary,
-    outcome: &RunOutcome,
+    plugin: &PluginOutput,
     guest_phased: bool,
     guest_cr3: Option<f64>,
     guest_syscalls: Option<f64>,
     loop_workload: bool,
 ) {
-    let Some(total) = phase_rows(s, outcome, guest_phased, PluginReport::companion_phase) else {
+    let Some(total) = phase_rows(s, plugin, guest_phased, PluginReport::companion_phase) else {
         return;
     };
     if !guest_phased {
@@ -92,19 +92,19 @@ pub fn add_plugin_rows(
 /// The plugin's rows of a Linux guest's run (the init's user-mode phase
 /// markers, [`PluginReport::linux_phase`]): the in-phase totals over every
 /// vCPU, or `None` (with a note saying why) when there are none.
-pub fn add_linux_plugin_rows(s: &mut RunSummary, outcome: &RunOutcome) -> Option<Counts> {
-    phase_rows(s, outcome, true, PluginReport::linux_phase)
+pub fn add_linux_plugin_rows(s: &mut RunSummary, plugin: &PluginOutput) -> Option<Counts> {
+    phase_rows(s, plugin, true, PluginReport::linux_phase)
 }
 
 /// Adds the rows: over the phase `phase_of` finds when `phased`, else over
 /// the whole run; returns the totals the rows show.
 fn phase_rows(
     s: &mut RunSummary,
-    outcome: &RunOutcome,
+    plugin: &PluginOutput,
     guest_phased: bool,
     phase_of: fn(&PluginReport) -> Result<PluginPhase, PhaseError>,
 ) -> Option<Counts> {
-    let report = match &outcome.qemu_plugin {
+    let report = match plugin {
         PluginOutput::Off => {
             s.notes.push(
                 "QEMU plugin off (--no-plugin): the host observed nothing of the guest".into(),
