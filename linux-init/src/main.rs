@@ -26,6 +26,8 @@ use ptiscope_abi::options::{Entry, PtiMode, Workload};
 
 /// What the kernel log says when PTI is on (arch/x86/mm/pti.c, pti_init()).
 const PTI_ENABLED: &str = "Kernel/User page tables isolation: enabled";
+/// What the kernel log says when `nohz_full=` took (kernel/time/tick-sched.c).
+const FULL_DYNTICKS: &str = "NO_HZ: Full dynticks CPUs:";
 /// Bytes of /proc/cmdline read (Linux's x86 COMMAND_LINE_SIZE is 2048).
 const CMDLINE_CAP: usize = 4096;
 /// Bytes of kernel log read.
@@ -177,13 +179,14 @@ fn run() -> u32 {
 
     // PTI from the kernel log: /sys/.../vulnerabilities/meltdown says "Not
     // affected" on a CPU model without the bug even when pti=on forces it.
-    let pti = match sys::kernel_log(KLOG_CAP) {
-        Ok(log) => log.contains(PTI_ENABLED),
+    let log = match sys::kernel_log(KLOG_CAP) {
+        Ok(log) => log,
         Err(e) => {
             println!("linux-init: cannot read the kernel log: {e}");
             return exit_status::FAILURE;
         }
     };
+    let pti = log.contains(PTI_ENABLED);
     println!(
         "@linux release={release} arch={ARCH} pti={} asked_pti={}",
         on_off(pti),
@@ -215,7 +218,21 @@ fn run() -> u32 {
     let outcome = match c.workload {
         Workload::None => None,
         Workload::Getpid | Workload::Getppid | Workload::WriteBadfd => {
-            Some(work::syscall_loop(c, gate))
+            let cpu = pin_to_tick_free_cpu(&cmdline, log.contains(FULL_DYNTICKS));
+            let before = cpu.and_then(local_timer_interrupts);
+            let outcome = work::syscall_loop(c, gate);
+            // The kernel's own count of the tick on the loop's CPU across
+            // the loop: 0 where the CPU was tick-free throughout.
+            if let (Some(cpu), Some(before)) = (cpu, before) {
+                match local_timer_interrupts(cpu) {
+                    Some(after) => println!(
+                        "@ticks cpu={cpu} local_timer={}",
+                        after.saturating_sub(before)
+                    ),
+                    None => println!("@ticks cpu={cpu} local_timer=unknown"),
+                }
+            }
+            Some(outcome)
         }
         Workload::SchedMessaging => Some(work::messaging(c, opts.ipc_pipe)),
         Workload::Poundsyscall => Some(work::pound(c, gate)),
@@ -272,6 +289,93 @@ fn run() -> u32 {
         return exit_status::FAILURE;
     }
     exit_status::SUCCESS
+}
+
+/// Moves the system-call loop onto the first CPU of the kernel's
+/// `nohz_full=` list, if it was given one: there, with the loop its only
+/// task, the kernel stops the scheduler tick, so that no timer interrupt
+/// from user mode adds its two CR3 writes (with PTI) to the calls' own and
+/// a host that counts every CR3 write (KVM under shadow paging) counts the
+/// calls alone. Says where it ran on an `@cpu` line, and with
+/// `dynticks=no` when the kernel log shows no full-dynticks CPUs (a kernel
+/// without CONFIG_NO_HZ_FULL ignores `nohz_full=`: the tick stays); returns
+/// the CPU it pinned to.
+///
+/// The tick stops only once the CPU has one task (after the migration
+/// that pinning is): the init waits, spinning in user mode, until the
+/// kernel's count of local timer interrupts there stands still for
+/// [`SETTLE_WINDOW`], and says whether it did (`settled=`).
+fn pin_to_tick_free_cpu(cmdline: &str, dynticks: bool) -> Option<usize> {
+    let list = cmdline
+        .split_ascii_whitespace()
+        .find_map(|w| w.strip_prefix("nohz_full="))?;
+    // A cpulist: "1", "1-3", "2,4-5"; the first CPU it names.
+    let first = list
+        .split([',', '-'])
+        .next()
+        .and_then(|n| n.parse::<usize>().ok());
+    match first.map(|cpu| (cpu, sys::pin_to_cpu(cpu))) {
+        Some((cpu, Ok(()))) => {
+            let settled = dynticks && wait_for_tick_to_stop(cpu);
+            println!(
+                "@cpu pinned={cpu} reason=nohz_full dynticks={} settled={}",
+                if dynticks { "yes" } else { "no" },
+                if settled { "yes" } else { "no" }
+            );
+            Some(cpu)
+        }
+        Some((cpu, Err(e))) => {
+            println!(
+                "@cpu pinned=none reason=sched_setaffinity-failed:{} cpu={cpu}",
+                e.raw_os_error().unwrap_or(0)
+            );
+            None
+        }
+        None => {
+            println!("@cpu pinned=none reason=bad-nohz_full-list");
+            None
+        }
+    }
+}
+
+/// How long the local timer count must stand still for the tick to count
+/// as stopped (five ticks at HZ=250, over two at HZ=100).
+const SETTLE_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
+/// The longest wait for it.
+const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Spins in user mode (the clock read through the vDSO) until `cpu`'s
+/// local timer interrupts stand still for [`SETTLE_WINDOW`]; false after
+/// [`SETTLE_LIMIT`], or where /proc/interrupts does not say.
+fn wait_for_tick_to_stop(cpu: usize) -> bool {
+    let start = std::time::Instant::now();
+    let Some(mut last) = local_timer_interrupts(cpu) else {
+        return false;
+    };
+    while start.elapsed() < SETTLE_LIMIT {
+        let window = std::time::Instant::now();
+        while window.elapsed() < SETTLE_WINDOW {
+            std::hint::spin_loop();
+        }
+        let Some(now) = local_timer_interrupts(cpu) else {
+            return false;
+        };
+        if now == last {
+            return true;
+        }
+        last = now;
+    }
+    false
+}
+
+/// The kernel's count of local APIC timer interrupts on `cpu` (the `LOC:`
+/// row of /proc/interrupts, one column per online CPU).
+fn local_timer_interrupts(cpu: usize) -> Option<u64> {
+    let text = read_capped("/proc/interrupts", 1 << 20).ok()?;
+    let row = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("LOC:"))?;
+    row.split_ascii_whitespace().nth(cpu)?.parse().ok()
 }
 
 fn entry_name(gate: sys::Gate) -> &'static str {

@@ -27,6 +27,7 @@ extern "C" {
     fn close(fd: c_int) -> c_int;
     fn tcdrain(fd: c_int) -> c_int;
     fn clock_gettime(clock: c_int, ts: *mut [c_long; 2]) -> c_int;
+    fn sched_setaffinity(pid: c_int, size: usize, mask: *const c_ulong) -> c_int;
     #[cfg(target_arch = "x86")]
     fn getauxval(kind: c_ulong) -> c_ulong;
 }
@@ -219,6 +220,26 @@ pub fn mount_proc() -> std::io::Result<()> {
             core::ptr::null(),
         )
     };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Most CPUs [`pin_to_cpu`] can name (the mask's bits).
+pub const MAX_PIN_CPU: usize = 1024;
+
+/// Pins the calling process to `cpu` alone (sched_setaffinity).
+pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    const BITS: usize = c_ulong::BITS as usize;
+    if cpu >= MAX_PIN_CPU {
+        return Err(std::io::ErrorKind::InvalidInput.into());
+    }
+    let mut mask = [0 as c_ulong; MAX_PIN_CPU / BITS];
+    mask[cpu / BITS] |= 1 << (cpu % BITS);
+    // SAFETY: `mask` is `size_of_val(&mask)` readable bytes; pid 0 is the
+    // calling thread (the init is single-threaded when it pins).
+    let r = unsafe { sched_setaffinity(0, core::mem::size_of_val(&mask), mask.as_ptr()) };
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -11,7 +11,7 @@ use clap::Args;
 use super::{parse_cpus, parse_mem, parse_timeout, RunArgs};
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::spec::guest::GuestKind;
-use crate::spec::linux::{LinuxArch, LinuxRequest};
+use crate::spec::linux::{LinuxArch, LinuxRequest, TickFree};
 use ptiscope_abi::options::Workload;
 
 /// Default iterations of one compare run: sized so that the default compare
@@ -288,6 +288,20 @@ pub struct LinuxArgs {
         allow_hyphen_values = true
     )]
     pub append: Option<String>,
+    /// With `--linux`, a system-call loop (getpid, getppid, write-badfd)
+    /// runs on a CPU without the scheduler tick: ptiscope adds a second
+    /// vCPU if there is one only, boots with `nohz_full=` on the last vCPU
+    /// and the init pins the loop there, so that no timer interrupt from
+    /// user mode adds PTI's two CR3 writes to the calls'. `auto`: where
+    /// the host counts every CR3 write (KVM with shadow paging).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHEN",
+        default_value_t,
+        requires = "linux"
+    )]
+    pub tick_free: TickFree,
 }
 
 impl LinuxArgs {
@@ -299,6 +313,7 @@ impl LinuxArgs {
                 kernel: k.clone(),
                 append: self.append.clone().unwrap_or_default(),
                 arch: arch.map(Arch::linux_arch),
+                tick_free: self.tick_free,
             }),
         }
     }

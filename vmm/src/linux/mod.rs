@@ -194,12 +194,18 @@ pub fn kvm_observation(
         return None;
     }
     vmm.phase.as_ref()?;
-    let flushes = vmm.row("tlb_flush")?;
+    // A loop alone on a tick-free CPU: that vCPU's flushes are its calls'
+    // (the other vCPU's, the kernel's housekeeping, are not the loop's).
+    let (flushes, source) =
+        match tick_free_cpu(outcome).and_then(|cpu| vmm.row(&format!("tlb_flush_vcpu{cpu}"))) {
+            Some(r) => (r, "kvm tlb_flush of the loop's vCPU, shadow paging"),
+            None => (vmm.row("tlb_flush")?, "kvm tlb_flush, shadow paging"),
+        };
     if flushes.metric.source != Source::Kvm {
         return None;
     }
     Some(HostPhaseObservation {
-        source: "kvm tlb_flush, shadow paging",
+        source,
         syscalls: phase_calls(guest),
         cr3_writes: flushes.total as u64,
         kernel_instructions: None,
@@ -330,6 +336,9 @@ pub fn summary(
         .map(String::from)
         .collect();
     config.push(format!("linux={}", guest.arch.name()));
+    if let Some(cpu) = guest.tick_free_cpu {
+        config.push(format!("tick_free=cpu{cpu}"));
+    }
     if let Some(r) = result.get("release") {
         config.push(format!("release={r}"));
     }
@@ -377,6 +386,9 @@ pub fn summary(
         )),
         Err(e) => s.notes.push(format!("PTI check failed: {e}")),
     }
+    if let Some(note) = tick_free_note(outcome, guest) {
+        s.notes.push(note);
+    }
     if !phased {
         s.notes
             .push("the init printed no @result line: nothing was measured".into());
@@ -405,6 +417,77 @@ pub fn summary(
         }
     }
     s
+}
+
+/// The CPU the init's `@cpu` line says the loop ran on alone, without the
+/// scheduler tick (`pinned=N ... dynticks=yes`); `None` otherwise.
+fn tick_free_cpu(outcome: &RunOutcome) -> Option<u32> {
+    let line = cpu_line(outcome)?;
+    (line_value(line, "dynticks") == Some("yes"))
+        .then(|| line_value(line, "pinned")?.parse().ok())
+        .flatten()
+}
+
+/// The local timer interrupts the kernel counted on the loop's CPU across
+/// the loop (the init's `@ticks` line).
+fn loop_ticks(outcome: &RunOutcome) -> Option<u64> {
+    let line = outcome
+        .machine_lines
+        .iter()
+        .find_map(|l| l.strip_prefix("@ticks "))?;
+    line_value(line, "local_timer")?.parse().ok()
+}
+
+/// The init's `@cpu` line (after its tag).
+fn cpu_line(outcome: &RunOutcome) -> Option<&str> {
+    outcome
+        .machine_lines
+        .iter()
+        .find_map(|l| l.strip_prefix("@cpu "))
+}
+
+/// `key=`'s value among a machine line's words.
+fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_ascii_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// What became of a tick-free CPU for the system-call loop (`--tick-free`,
+/// or the user's own `nohz_full=`): where the init's `@cpu` line says the
+/// loop ran. Only its numbers and known words are read (guest text).
+fn tick_free_note(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<String> {
+    let line = cpu_line(outcome);
+    let value = |key: &str| line_value(line?, key);
+    let pinned = value("pinned").and_then(|v| v.parse::<u32>().ok());
+    let who = match guest.tick_free_cpu {
+        Some(_) => "--tick-free",
+        None => "nohz_full= in --append",
+    };
+    match (line, pinned, value("dynticks")) {
+        (None, ..) => guest.tick_free_cpu.map(|cpu| {
+            format!(
+                "tick-free: asked for CPU {cpu} ({who}), but the init did not say where the loop ran: timer interrupts may be in the counts"
+            )
+        }),
+        (Some(_), Some(cpu), Some("yes")) => Some(match loop_ticks(outcome) {
+            Some(0) => format!(
+                "tick-free ({who}): the loop ran alone on CPU {cpu}, which the kernel keeps free of the scheduler tick (nohz_full), and the kernel counted no local timer interrupt there across the loop: none added CR3 writes to the calls'; the kernel's context tracking runs at each of its kernel entries"
+            ),
+            Some(n) => format!(
+                "tick-free ({who}): the loop ran alone on CPU {cpu} (nohz_full), but the kernel counted {n} local timer interrupt(s) there across the loop: with PTI, up to {} of the CR3 writes are theirs",
+                2 * n
+            ),
+            None => format!(
+                "tick-free ({who}): the loop ran alone on CPU {cpu} (nohz_full); the init did not say how many timer interrupts it took there"
+            ),
+        }),
+        (Some(_), Some(cpu), _) => Some(format!(
+            "tick-free ({who}): the loop ran on CPU {cpu}, but the kernel log shows no full dynticks CPU (a kernel without CONFIG_NO_HZ_FULL ignores nohz_full=): timer interrupts may be in the counts"
+        )),
+        (Some(_), None, _) => Some(format!(
+            "tick-free ({who}): the init could not pin the loop (its @cpu line is in the console): timer interrupts may be in the counts"
+        )),
+    }
 }
 
 /// A Linux run on ptiscope's VMM (`--backend kvm`, and inside
@@ -518,7 +601,48 @@ pub(crate) mod tests {
             config_pti: None,
             init_words: format!("pti={pti} workload=getppid iterations=10"),
             pti,
+            tick_free_cpu: None,
         }
+    }
+
+    #[test]
+    fn the_tick_free_note_reads_the_inits_cpu_line() {
+        let mut g = guest(PtiMode::On);
+        let mut o = outcome(
+            crate::machine::StopReason::GuestExit { status: 0 },
+            &[],
+            &[],
+        );
+        assert_eq!(tick_free_note(&o, &g), None, "neither asked nor pinned");
+        g.tick_free_cpu = Some(1);
+        let n = tick_free_note(&o, &g).unwrap();
+        assert!(n.contains("did not say where"), "{n}");
+        o.machine_lines = vec!["@cpu pinned=1 reason=nohz_full dynticks=yes".into()];
+        let n = tick_free_note(&o, &g).unwrap();
+        assert!(
+            n.contains("ran alone on CPU 1") && n.contains("--tick-free"),
+            "{n}"
+        );
+        assert!(n.contains("did not say how many"), "{n}");
+        o.machine_lines.push("@ticks cpu=1 local_timer=0".into());
+        let n = tick_free_note(&o, &g).unwrap();
+        assert!(n.contains("no local timer interrupt"), "{n}");
+        o.machine_lines[1] = "@ticks cpu=1 local_timer=3".into();
+        let n = tick_free_note(&o, &g).unwrap();
+        assert!(n.contains("3 local timer") && n.contains("up to 6"), "{n}");
+        o.machine_lines = vec!["@cpu pinned=1 reason=nohz_full dynticks=no".into()];
+        let n = tick_free_note(&o, &g).unwrap();
+        assert!(n.contains("no full dynticks"), "{n}");
+        o.machine_lines = vec!["@cpu pinned=none reason=\x1b[2J".into()];
+        let n = tick_free_note(&o, &g).unwrap();
+        assert!(n.contains("could not pin") && !n.contains('\x1b'), "{n}");
+        g.tick_free_cpu = None;
+        o.machine_lines = vec!["@cpu pinned=3 reason=nohz_full dynticks=yes".into()];
+        let n = tick_free_note(&o, &g).unwrap();
+        assert!(
+            n.contains("nohz_full= in --append") && n.contains("CPU 3"),
+            "{n}"
+        );
     }
 
     #[test]
@@ -548,6 +672,22 @@ pub(crate) mod tests {
             .notes
             .iter()
             .any(|n| n.contains("agrees: 2.10 CR3 writes")));
+        // The loop alone on a tick-free vCPU: that vCPU's flushes.
+        let mut pinned = o.clone();
+        pinned
+            .machine_lines
+            .push("@cpu pinned=1 reason=nohz_full dynticks=yes".into());
+        let mut two = vmm.clone();
+        two.push(Metric::new("tlb_flush_vcpu0", "count", Source::Kvm), 1.0);
+        two.push(Metric::new("tlb_flush_vcpu1", "count", Source::Kvm), 20.0);
+        let h = kvm_observation(&pinned, &g, &two, true).expect("the loop's vCPU");
+        assert_eq!((h.cr3_writes, h.source.contains("loop's vCPU")), (20, true));
+        // Not tick-free (the kernel ignored nohz_full=): every vCPU's.
+        pinned.machine_lines[2] = "@cpu pinned=1 reason=nohz_full dynticks=no".into();
+        assert_eq!(
+            kvm_observation(&pinned, &g, &two, true).unwrap().cr3_writes,
+            21
+        );
         // Nested paging: KVM sees no CR3 write; PCID: a write need not flush.
         assert_eq!(kvm_observation(&o, &g, &vmm, false), None);
         assert_eq!(kvm_observation(&run("on"), &g, &vmm, true), None);

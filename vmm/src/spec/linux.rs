@@ -37,7 +37,7 @@ pub enum ImageFormat {
     PvhElf,
 }
 
-/// What `--linux`, `--append` and `--arch` asked for.
+/// What `--linux`, `--append`, `--arch` and `--tick-free` asked for.
 #[derive(Debug, Clone)]
 pub struct LinuxRequest {
     /// A known name (`debian-amd64`, `debian-686-pae`) or a path.
@@ -46,6 +46,29 @@ pub struct LinuxRequest {
     pub append: String,
     /// `--arch`, if given: the image must be of it.
     pub arch: Option<LinuxArch>,
+    /// `--tick-free`: whether a system-call loop runs on a CPU without the
+    /// scheduler tick.
+    pub tick_free: TickFree,
+}
+
+/// Whether a Linux system-call loop (getpid, getppid, write-badfd) runs on
+/// a CPU the kernel keeps free of the scheduler tick (`nohz_full=`, the
+/// init pinned there). With PTI each timer interrupt that arrives in user
+/// mode writes CR3 twice, so a host that counts every CR3 write (KVM under
+/// shadow paging) counts the loop's calls exactly only where no tick
+/// lands; the cost is a second vCPU (the kernel's housekeeping CPU) and
+/// the context tracking a `nohz_full` CPU does at each kernel entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TickFree {
+    /// On where the host counts every CR3 write (KVM with shadow paging:
+    /// npt=0/ept=0, `--backend nested`'s default for Linux), off elsewhere
+    /// (under QEMU the TCG plugin sets interrupted calls apart itself).
+    #[default]
+    Auto,
+    /// Always, for the system-call loops.
+    On,
+    /// Never: the loop runs where the kernel puts it, ticks and all.
+    Off,
 }
 
 /// A Linux guest, settled.
@@ -65,6 +88,10 @@ pub struct LinuxGuest {
     pub init_words: String,
     /// What PTI the run asked for.
     pub pti: PtiMode,
+    /// The CPU ptiscope keeps free of the tick for the system-call loop
+    /// (`--tick-free`: it added `nohz_full=` with it, the init pins the
+    /// loop there); `None` when it did not.
+    pub tick_free_cpu: Option<u32>,
 }
 
 impl LinuxGuest {

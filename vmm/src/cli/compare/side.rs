@@ -147,6 +147,7 @@ pub fn parse_side(
                     kernel: v.trim().to_string(),
                     append,
                     arch: target.arch.map(crate::cli::Arch::linux_arch),
+                    tick_free: target.linux.tick_free,
                 });
             }
             // More Linux kernel command line for this side. `pti=` there

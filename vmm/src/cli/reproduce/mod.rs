@@ -290,6 +290,7 @@ fn cell_options(cell: &Cell, backend: Backend, timeout: Duration) -> (Experiment
         linux: LinuxArgs {
             linux,
             append: None,
+            tick_free: Default::default(),
         },
         on: BackendOpts {
             backend,

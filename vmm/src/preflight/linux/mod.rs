@@ -25,7 +25,9 @@ use crate::machine::memory::MemoryLayout;
 use crate::probe::host::HostFacts;
 use crate::spec::cmdline::{EntryChoice, GuestOptions, ResolvedOptions};
 use crate::spec::guest::GuestKind;
-use crate::spec::linux::{init_parser_words, ImageFormat, LinuxArch, LinuxGuest, LinuxRequest};
+use crate::spec::linux::{
+    init_parser_words, ImageFormat, LinuxArch, LinuxGuest, LinuxRequest, TickFree,
+};
 use crate::spec::{BootSource, ResolvedRun, RunConfig, Target};
 use image::ImageError;
 
@@ -266,6 +268,81 @@ fn kvm_refusal_reasons(
     why
 }
 
+/// What [`tick_free_plan`] decides on.
+struct TickFreeAsk<'a> {
+    /// `--tick-free`.
+    asked: TickFree,
+    /// The init's workload.
+    workload: Workload,
+    /// Whether the host counts every guest CR3 write (KVM with shadow
+    /// paging), so that a tick's two make the per-call count inexact.
+    host_counts_cr3: bool,
+    /// `--cpus`.
+    cpus: u32,
+    /// `--append`.
+    append: &'a str,
+    /// An i386 kernel under `--backend nested`, where a second CPU does
+    /// not come up ([`kvm_refusal_reasons`]).
+    i386_nested: bool,
+}
+
+/// A tick-free CPU for the system-call loop: the run's vCPUs and the one
+/// the loop runs on (the last, given to `nohz_full=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TickFreeCpu {
+    /// The run's vCPUs (at least 2: the kernel keeps one for its
+    /// housekeeping, the tick among it).
+    cpus: u32,
+    /// The loop's CPU.
+    cpu: u32,
+}
+
+/// Whether the system-call loop gets a tick-free CPU (`--tick-free`); an
+/// error for `--tick-free on` where it cannot have one. A `nohz_full=` in
+/// `--append` is the user's own choice, left as it is (the init pins the
+/// loop to its first CPU all the same).
+fn tick_free_plan(ask: &TickFreeAsk) -> Result<Option<TickFreeCpu>, String> {
+    let is_loop = matches!(
+        ask.workload,
+        Workload::Getpid | Workload::Getppid | Workload::WriteBadfd
+    );
+    let wanted = match ask.asked {
+        TickFree::Off => false,
+        TickFree::On => true,
+        TickFree::Auto => ask.host_counts_cr3,
+    };
+    let own = ask
+        .append
+        .split_ascii_whitespace()
+        .any(|w| w.starts_with("nohz_full="));
+    if !wanted || own {
+        return Ok(None);
+    }
+    if !is_loop {
+        return match ask.asked {
+            TickFree::On => Err(format!(
+                "--tick-free on: workload {} is not a system-call loop of one thread (getpid, getppid, write-badfd); drop --tick-free",
+                ask.workload
+            )),
+            _ => Ok(None),
+        };
+    }
+    let cpus = ask.cpus.max(2);
+    if ask.i386_nested {
+        return match ask.asked {
+            TickFree::On => Err(
+                "--tick-free on needs a second vCPU, which an i386 kernel does not bring up under --backend nested; use --tick-free off, or the x86_64 kernel"
+                    .to_string(),
+            ),
+            _ => Ok(None),
+        };
+    }
+    Ok(Some(TickFreeCpu {
+        cpus,
+        cpu: cpus - 1,
+    }))
+}
+
 /// The entry the init's measured calls use.
 fn entry_for(arch: LinuxArch, asked: EntryChoice) -> Result<Entry, LinuxError> {
     match (arch, asked) {
@@ -319,8 +396,19 @@ pub fn settle(
             });
         }
     }
+    let workload = asked.workload.unwrap_or(Workload::None);
+    let tick_free = tick_free_plan(&TickFreeAsk {
+        asked: req.tick_free,
+        workload,
+        host_counts_cr3: target == Target::Kvm && facts.sees_cr3_writes(),
+        cpus: config.cpus,
+        append: &req.append,
+        i386_nested: image.arch == LinuxArch::I386 && crate::spec::nested::inside(),
+    })
+    .map_err(LinuxError::Option)?;
+    let cpus = tick_free.map_or(config.cpus, |t| t.cpus);
     if target == Target::Kvm {
-        if let Some(why) = kvm_refusal(facts, &image, config.cpus) {
+        if let Some(why) = kvm_refusal(facts, &image, cpus) {
             return Err(LinuxError::Backend(why));
         }
     }
@@ -344,7 +432,6 @@ pub fn settle(
                 .map_or("-".into(), |p| p.display().to_string()),
         });
     }
-    let workload = asked.workload.unwrap_or(Workload::None);
     if workload == Workload::NoptiGetpid {
         return Err(LinuxError::Option(
             "workload nopti-getpid opts a process out of ptiscope's own PTI (an arch_prctl Linux \
@@ -387,6 +474,9 @@ pub fn settle(
     if target == Target::Kvm {
         cmdline = format!("{cmdline} {VMM_CMDLINE}");
     }
+    if let Some(t) = tick_free {
+        cmdline = format!("{cmdline} nohz_full={}", t.cpu);
+    }
     if !req.append.trim().is_empty() {
         cmdline = format!("{cmdline} {}", req.append.trim());
     }
@@ -409,6 +499,7 @@ pub fn settle(
     };
     let mut config = config.clone();
     config.kernel = KernelSource::Path(path.clone());
+    config.cpus = cpus;
     Ok(ResolvedRun {
         config,
         layout,
@@ -422,6 +513,7 @@ pub fn settle(
             config_pti: image.config_pti,
             init_words,
             pti,
+            tick_free_cpu: tick_free.map(|t| t.cpu),
         })),
         boot: BootSource {
             image: image.bytes.into(),
@@ -435,6 +527,70 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tick_free_cpu_is_added_where_the_host_counts_every_cr3_write() {
+        let ask = |asked, workload, host_counts_cr3, cpus, append, i386_nested| {
+            tick_free_plan(&TickFreeAsk {
+                asked,
+                workload,
+                host_counts_cr3,
+                cpus,
+                append,
+                i386_nested,
+            })
+        };
+        let two = Ok(Some(TickFreeCpu { cpus: 2, cpu: 1 }));
+        // auto: where KVM counts CR3 writes, for the system-call loops.
+        assert_eq!(
+            ask(TickFree::Auto, Workload::Getppid, true, 1, "", false),
+            two
+        );
+        assert_eq!(
+            ask(TickFree::Auto, Workload::Getppid, false, 1, "", false),
+            Ok(None)
+        );
+        assert_eq!(
+            ask(TickFree::Auto, Workload::Poundsyscall, true, 2, "", false),
+            Ok(None)
+        );
+        assert_eq!(
+            ask(TickFree::Auto, Workload::Getpid, true, 4, "", false),
+            Ok(Some(TickFreeCpu { cpus: 4, cpu: 3 }))
+        );
+        // The user's own nohz_full=, and off, are left alone.
+        assert_eq!(
+            ask(
+                TickFree::Auto,
+                Workload::Getpid,
+                true,
+                1,
+                "nohz_full=2 x",
+                false
+            ),
+            Ok(None)
+        );
+        assert_eq!(
+            ask(TickFree::Off, Workload::Getpid, true, 1, "", false),
+            Ok(None)
+        );
+        // on: everywhere, or refused where it cannot be.
+        assert_eq!(
+            ask(TickFree::On, Workload::WriteBadfd, false, 1, "", false),
+            two
+        );
+        let e = ask(TickFree::On, Workload::SchedMessaging, false, 1, "", false).unwrap_err();
+        assert!(
+            e.contains("sched-messaging") && e.contains("--tick-free"),
+            "{e}"
+        );
+        let e = ask(TickFree::On, Workload::Getpid, true, 1, "", true).unwrap_err();
+        assert!(e.contains("i386"), "{e}");
+        assert_eq!(
+            ask(TickFree::Auto, Workload::Getpid, true, 1, "", true),
+            Ok(None)
+        );
+    }
 
     /// The keys refused in `--append` are exactly those the init reads:
     /// taken from its source, so a key added there is refused here too.
