@@ -2,7 +2,8 @@
 //! nested`. The same Linux comparison (`ptiscope compare --linux K
 //! --workload getppid`, pti=off vs pti=on) on the VMM inside QEMU TCG with
 //! the inner KVM on nested paging (`--nested-paging npt`) and on shadow
-//! paging (`shadow`, where KVM counts the CR3 writes), beside it straight
+//! paging (`shadow`, where KVM counts the CR3 writes; with the loop on a
+//! tick-free vCPU, the default, and with `--tick-free off`), beside it straight
 //! under QEMU TCG (`--backend qemu`), interleaved in rotating order, in
 //! one invocation. Each figure is a whole command's wall time (the boots
 //! included: what a user waits), and each Linux run's own time (the
@@ -46,9 +47,22 @@ fn variants(args: &LinuxNestedArgs) -> Vec<(&'static str, Vec<&'static str>)> {
         ),
     ];
     if !args.no_shadow {
+        // With the default --tick-free auto (the loop on a nohz_full vCPU,
+        // for an exact CR3 count), and without it.
         v.push((
             "nested-shadow",
             vec!["--backend", "nested", "--nested-paging", "shadow"],
+        ));
+        v.push((
+            "shadow-ticking",
+            vec![
+                "--backend",
+                "nested",
+                "--nested-paging",
+                "shadow",
+                "--tick-free",
+                "off",
+            ],
         ));
     }
     v
