@@ -143,7 +143,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     };
     println!(
         "  times:     {}",
-        crate::report::time_basis::TimeBasis::of(Some(&env)).label()
+        crate::report::environment::time_basis(Some(&env)).label()
     );
     println!(
         "  workload:  T threads x {} getppid calls each, T = 1..={max_threads} (2 x {} vCPUs), \

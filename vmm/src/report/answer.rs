@@ -133,7 +133,7 @@ fn line(m: &MetricComparison, what: &str, basis: TimeBasis) -> AnswerLine {
 /// metric. Where times are not the hardware's (kvm_pvm, TCG, unknown) the
 /// counts lead and the time comes last.
 pub fn answer(t: &CompareTable) -> Vec<AnswerLine> {
-    let basis = TimeBasis::of(t.environment.as_ref());
+    let basis = crate::report::environment::time_basis(t.environment.as_ref());
     let mut out: Vec<AnswerLine> = Vec::new();
     for (name, what) in HEADLINE {
         if out.iter().any(|l| l.what == what) {
@@ -260,7 +260,7 @@ fn tlb_note(t: &CompareTable) -> Option<String> {
 /// `per` names what a rate is per (`getpid call`, `message`).
 pub fn render_answer(t: &CompareTable, per: &str) -> String {
     let lines = answer(t);
-    let basis = TimeBasis::of(t.environment.as_ref());
+    let basis = crate::report::environment::time_basis(t.environment.as_ref());
     let (b, c) = (&t.baseline.label, &t.compare.label);
     let n = |m: &MetricComparison| (m.baseline.n(), m.compare.n());
     let (nb, nc) = t.metrics.first().map_or((0, 0), n);
@@ -357,7 +357,7 @@ fn left_out(t: &CompareTable, m: &MetricComparison) -> bool {
 /// then one line naming what was left out (all of it is in --json/--csv and
 /// behind --mmtests).
 pub fn render_table(t: &CompareTable) -> String {
-    let basis = TimeBasis::of(t.environment.as_ref());
+    let basis = crate::report::environment::time_basis(t.environment.as_ref());
     let shown: Vec<&MetricComparison> = t.metrics.iter().filter(|m| !left_out(t, m)).collect();
     let label = |m: &MetricComparison| {
         let time = if is_time(&m.metric.unit) {

@@ -25,7 +25,7 @@ use super::csv_field;
 use super::environment::Environment;
 use super::metric::{Metric, Source};
 use super::stats::{self, CountRuns, Significance, Stat, Summary, SummaryError};
-use super::time_basis::{is_time, TimeBasis};
+use super::time_basis::is_time;
 
 /// Schema id written into the JSON; bump on incompatible changes.
 pub const SCHEMA: &str = "ptiscope.compare/1";
@@ -318,7 +318,7 @@ impl CompareTable {
             self.compare.label,
             self.metrics.first().map_or(0, |m| m.compare.n()),
         ));
-        let basis = TimeBasis::of(self.environment.as_ref());
+        let basis = crate::report::environment::time_basis(self.environment.as_ref());
         for m in &self.metrics {
             out.push_str(&format!(
                 "{:<name_w$}  {} ({}; {}{})\n",

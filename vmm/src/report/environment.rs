@@ -519,6 +519,36 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, Strin
     }
 }
 
+/// The basis of a report's times: what the backend that measured it
+/// recorded in its environment (`Environment::time_basis`, from the
+/// backend's `Profile`), so no report needs to know the backends;
+/// `Unknown` without an environment.
+pub fn time_basis(env: Option<&Environment>) -> super::time_basis::TimeBasis {
+    env.map_or(super::time_basis::TimeBasis::Unknown, |e| e.time_basis)
+}
+
+/// The guest kernel a report's runs booted, for titles: the Linux release
+/// when recorded, else the companion guest's image and hash.
+pub fn guest_kernel(env: Option<&Environment>) -> String {
+    let Some(e) = env else {
+        return "guest not recorded".to_owned();
+    };
+    if let Some(k) = &e.guest_kernel {
+        return k.clone();
+    }
+    let image = &e.guest_image;
+    let hash = image
+        .sha256
+        .as_deref()
+        .map_or("?", |s| &s[..s.len().min(12)]);
+    if image.name.starts_with("embedded ") {
+        format!("ptiscope guest ({}, sha256 {hash})", image.name)
+    } else {
+        // A --kernel or --linux path: the file's name says what it is.
+        format!("{} (sha256 {hash})", image.name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -614,5 +644,43 @@ microcode\t: 0x1
             serde_json::from_value(serde_json::to_value(&env).unwrap()).unwrap();
         assert_eq!(back, env);
         assert!(env.render_text().contains("  host:      Linux "));
+    }
+
+    #[test]
+    fn the_recorded_basis_is_the_reports() {
+        use super::super::time_basis::TimeBasis;
+        let recorded = Environment {
+            time_basis: TimeBasis::NestedTcg,
+            ..Environment::default()
+        };
+        assert_eq!(time_basis(Some(&recorded)), TimeBasis::NestedTcg);
+        // A document written before the basis was recorded says nothing.
+        let old: Environment = serde_json::from_value(serde_json::json!({
+            "host": {}, "kvm": {}, "backend": "kvm", "probe": {}, "ptiscope": {},
+            "guest_image": {}, "options": {}
+        }))
+        .unwrap_or_default();
+        assert_eq!(time_basis(Some(&old)), TimeBasis::Unknown);
+        assert_eq!(time_basis(None), TimeBasis::Unknown);
+    }
+
+    #[test]
+    fn the_guest_kernel_is_the_linux_release_or_the_image_hash() {
+        let mut e = Environment::default();
+        e.guest_image.name = "embedded x86_64".into();
+        e.guest_image.sha256 = Some("0123456789abcdef0123".into());
+        assert_eq!(
+            guest_kernel(Some(&e)),
+            "ptiscope guest (embedded x86_64, sha256 0123456789ab)"
+        );
+        e.guest_kernel = Some("Linux 6.1.0-57-cloud-amd64 (amd64)".into());
+        assert_eq!(guest_kernel(Some(&e)), "Linux 6.1.0-57-cloud-amd64 (amd64)");
+        assert_eq!(guest_kernel(None), "guest not recorded");
+        e.guest_kernel = None;
+        e.guest_image.name = "/k/vmlinuz-6.1.0-57-cloud-amd64".into();
+        assert_eq!(
+            guest_kernel(Some(&e)),
+            "/k/vmlinuz-6.1.0-57-cloud-amd64 (sha256 0123456789ab)"
+        );
     }
 }

@@ -18,8 +18,9 @@
 //! with resvg so a picture that does not render fails).
 
 use super::compare::{fig, CompareTable, MetricComparison};
+use super::environment::guest_kernel;
 use super::stats::{near_zero, Verdict};
-use super::time_basis::{guest_kernel, is_time, TimeBasis};
+use super::time_basis::{is_time, TimeBasis};
 
 const ROW_H: f64 = 34.0;
 const LEFT: f64 = 300.0;
@@ -137,7 +138,7 @@ fn subtitle(table: &CompareTable) -> (String, String, String) {
     let guest = format!(
         "guest {}; times: {}",
         guest_kernel(env),
-        TimeBasis::of(env).label()
+        crate::report::environment::time_basis(env).label()
     );
     (
         workload,
@@ -163,7 +164,7 @@ fn near_zero_row(m: &MetricComparison) -> bool {
 /// The SVG of `table`.
 pub fn compare_svg(table: &CompareTable) -> String {
     let (workload, host, guest) = subtitle(table);
-    let basis = TimeBasis::of(table.environment.as_ref());
+    let basis = crate::report::environment::time_basis(table.environment.as_ref());
     let time_views = super::answer::OTHER_TIME_VIEWS;
     let time_shown = time_views.into_iter().find(|n| table.metric(n).is_some());
     let ratio_rows: Vec<&MetricComparison> = table

@@ -150,8 +150,8 @@ pub fn svg(r: &SweepReport) -> String {
         esc(&r.host),
         // The guest kernel and what its times are (a picture pasted
         // elsewhere must not read as the host kernel's PTI on hardware).
-        esc(&crate::report::time_basis::guest_kernel(r.environment.as_ref())),
-        esc(crate::report::time_basis::TimeBasis::of(r.environment.as_ref()).label()),
+        esc(&crate::report::environment::guest_kernel(r.environment.as_ref())),
+        esc(crate::report::environment::time_basis(r.environment.as_ref()).label()),
     ));
     body.push_str(&format!(
         r##"<text x="20" y="58" font-size="12" fill="#333">overhead = (config - {}) / {} time per call ({} [{}]); syscall rate = 1 / {} time per call; colour = working set</text>"##,

@@ -9,8 +9,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::environment::Environment;
-
 /// The basis of the times of one report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -32,13 +30,6 @@ pub enum TimeBasis {
 }
 
 impl TimeBasis {
-    /// The basis of a report's times: what the backend that measured it
-    /// recorded in its environment (`Environment::time_basis`, from the
-    /// backend's `Profile`), so no report needs to know the backends.
-    pub fn of(env: Option<&Environment>) -> Self {
-        env.map_or(TimeBasis::Unknown, |e| e.time_basis)
-    }
-
     /// The basis of a VMM run's times on the KVM module `module`
     /// (`kvm_intel`, `kvm_amd`, `kvm_pvm`; `None`: none could be named).
     pub fn of_kvm_module(module: Option<&str>) -> Self {
@@ -97,47 +88,12 @@ pub fn is_time(unit: &str) -> bool {
     )
 }
 
-/// The guest kernel a report's runs booted, for titles: the Linux release
-/// when recorded, else the companion guest's image and hash.
-pub fn guest_kernel(env: Option<&Environment>) -> String {
-    let Some(e) = env else {
-        return "guest not recorded".to_owned();
-    };
-    if let Some(k) = &e.guest_kernel {
-        return k.clone();
-    }
-    let image = &e.guest_image;
-    let hash = image
-        .sha256
-        .as_deref()
-        .map_or("?", |s| &s[..s.len().min(12)]);
-    if image.name.starts_with("embedded ") {
-        format!("ptiscope guest ({}, sha256 {hash})", image.name)
-    } else {
-        // A --kernel or --linux path: the file's name says what it is.
-        format!("{} (sha256 {hash})", image.name)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_recorded_basis_is_the_reports_and_the_kvm_module_names_a_vmm_runs() {
-        let recorded = Environment {
-            time_basis: TimeBasis::NestedTcg,
-            ..Environment::default()
-        };
-        assert_eq!(TimeBasis::of(Some(&recorded)), TimeBasis::NestedTcg);
-        // A document written before the basis was recorded says nothing.
-        let old: Environment = serde_json::from_value(serde_json::json!({
-            "host": {}, "kvm": {}, "backend": "kvm", "probe": {}, "ptiscope": {},
-            "guest_image": {}, "options": {}
-        }))
-        .unwrap_or_default();
-        assert_eq!(TimeBasis::of(Some(&old)), TimeBasis::Unknown);
-        assert_eq!(TimeBasis::of(None), TimeBasis::Unknown);
+    fn the_kvm_module_names_a_vmm_runs_basis() {
         let of = TimeBasis::of_kvm_module;
         assert_eq!(of(Some("kvm_intel")), TimeBasis::Hardware);
         assert_eq!(of(Some("kvm_amd")), TimeBasis::Hardware);
@@ -167,25 +123,5 @@ mod tests {
         for u in ["count/call", "count", "KiB", "ops/s"] {
             assert!(!is_time(u), "{u}");
         }
-    }
-
-    #[test]
-    fn the_guest_kernel_is_the_linux_release_or_the_image_hash() {
-        let mut e = Environment::default();
-        e.guest_image.name = "embedded x86_64".into();
-        e.guest_image.sha256 = Some("0123456789abcdef0123".into());
-        assert_eq!(
-            guest_kernel(Some(&e)),
-            "ptiscope guest (embedded x86_64, sha256 0123456789ab)"
-        );
-        e.guest_kernel = Some("Linux 6.1.0-57-cloud-amd64 (amd64)".into());
-        assert_eq!(guest_kernel(Some(&e)), "Linux 6.1.0-57-cloud-amd64 (amd64)");
-        assert_eq!(guest_kernel(None), "guest not recorded");
-        e.guest_kernel = None;
-        e.guest_image.name = "/k/vmlinuz-6.1.0-57-cloud-amd64".into();
-        assert_eq!(
-            guest_kernel(Some(&e)),
-            "/k/vmlinuz-6.1.0-57-cloud-amd64 (sha256 0123456789ab)"
-        );
     }
 }

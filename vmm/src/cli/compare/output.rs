@@ -239,7 +239,7 @@ fn json_text(
         }
         o.insert("answer".into(), crate::report::answer::to_json(t));
         // What the times are on this backend (the answer's time lines carry it too).
-        let basis = crate::report::time_basis::TimeBasis::of(t.environment.as_ref());
+        let basis = crate::report::environment::time_basis(t.environment.as_ref());
         o.insert(
             "time_basis".into(),
             serde_json::json!({ "key": basis.key(), "label": basis.label() }),

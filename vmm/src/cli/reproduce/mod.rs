@@ -553,7 +553,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
                     kvm: crate::report::environment::kvm(&crate::cli::host_facts()),
                     ..Default::default()
                 };
-                crate::report::time_basis::TimeBasis::of(Some(&env)).label()
+                crate::report::environment::time_basis(Some(&env)).label()
             });
             println!(
                 "{} ({}{})",
