@@ -914,17 +914,7 @@ pub fn lz4_legacy(mut input: &[u8]) -> Option<Vec<u8>> {
         loop {
             let token = *b.first()?;
             b = &b[1..];
-            let mut len = (token >> 4) as usize;
-            if len == 15 {
-                loop {
-                    let x = *b.first()?;
-                    b = &b[1..];
-                    len += x as usize;
-                    if x != 255 {
-                        break;
-                    }
-                }
-            }
+            let len = lz4_length((token >> 4) as usize, &mut b)?;
             out.extend_from_slice(b.get(..len)?);
             b = &b[len..];
             if b.is_empty() {
@@ -932,17 +922,7 @@ pub fn lz4_legacy(mut input: &[u8]) -> Option<Vec<u8>> {
             }
             let offset = u16::from_le_bytes([*b.first()?, *b.get(1)?]) as usize;
             b = &b[2..];
-            let mut mlen = (token & 15) as usize + 4;
-            if token & 15 == 15 {
-                loop {
-                    let x = *b.first()?;
-                    b = &b[1..];
-                    mlen += x as usize;
-                    if x != 255 {
-                        break;
-                    }
-                }
-            }
+            let mlen = lz4_length((token & 15) as usize, &mut b)? + 4;
             let start = out.len().checked_sub(offset).filter(|_| offset > 0)?;
             for i in 0..mlen {
                 out.push(out[start + i]);
@@ -950,6 +930,23 @@ pub fn lz4_legacy(mut input: &[u8]) -> Option<Vec<u8>> {
         }
     }
     Some(out)
+}
+
+/// An LZ4 sequence's length from its 4-bit token field: 15 means more
+/// bytes follow, each added, until one below 255.
+fn lz4_length(field: usize, b: &mut &[u8]) -> Option<usize> {
+    let mut len = field;
+    if field == 15 {
+        loop {
+            let x = *b.first()?;
+            *b = &b[1..];
+            len += x as usize;
+            if x != 255 {
+                break;
+            }
+        }
+    }
+    Some(len)
 }
 
 /// The ELF vmlinux inside an LZ4 bzImage (its setup header locates the payload).
