@@ -97,10 +97,8 @@ pub fn write_boot_params(
                 kernel_end: l.kernel_end,
                 ram_end,
             };
-            let addr = ram_end
-                .checked_sub(rd.len() as u64)
-                .map(|a| a & !0xfff)
-                .filter(|a| *a >= l.kernel_end)
+            let addr = layout
+                .initrd_address(rd.len() as u64, l.kernel_end, ram_end)
                 .ok_or(too_big)?;
             mem.write_slice(rd, GuestAddress(addr))
                 .map_err(BootParamsError::Initrd)?;

@@ -375,18 +375,13 @@ pub fn write_boot_params(
             0 => ram_end,
             m => ram_end.min(u64::from(m) + 1),
         };
-        let size = rd.len() as u64;
-        let addr = limit.checked_sub(size).map(|a| a & !0xfff);
-        let addr = match addr {
-            Some(a) if a >= kernel.end => a,
-            _ => {
-                return Err(BzImageError::InitrdTooBig {
-                    size: rd.len(),
-                    kernel_end: kernel.end,
-                    limit,
-                })
-            }
-        };
+        let addr = layout
+            .initrd_address(rd.len() as u64, kernel.end, limit)
+            .ok_or(BzImageError::InitrdTooBig {
+                size: rd.len(),
+                kernel_end: kernel.end,
+                limit,
+            })?;
         mem.write_slice(rd, GuestAddress(addr))
             .map_err(|e| BzImageError::Write("the initrd", e))?;
         hdr.ramdisk_image = addr as u32;

@@ -107,6 +107,18 @@ impl MemoryLayout {
         self.mem_bytes - ptiscope_abi::telemetry::REGION_SIZE
     }
 
+    /// Where a Linux initrd of `size` bytes goes (both boot paths): as
+    /// high as it fits below `limit` (the end of usable RAM, or lower where
+    /// the kernel says so), on a page boundary, not below `kernel_end`;
+    /// `None` when it does not fit.
+    pub fn initrd_address(&self, size: u64, kernel_end: u64, limit: u64) -> Option<u64> {
+        limit
+            .min(self.telemetry_addr())
+            .checked_sub(size)
+            .map(|a| a & !0xfff)
+            .filter(|a| *a >= kernel_end)
+    }
+
     /// The E820 map handed to the guest.
     pub fn e820(&self) -> [E820Entry; 3] {
         let tele = self.telemetry_addr();
