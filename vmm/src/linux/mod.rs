@@ -102,12 +102,7 @@ pub fn by_symbol(
 /// What the init read from the kernel log: `Some(true)` when it has
 /// "Kernel/User page tables isolation: enabled" (its `@linux` line).
 pub fn guest_pti(outcome: &RunOutcome) -> Option<bool> {
-    outcome.machine_lines.iter().find_map(|l| {
-        let rest = l.strip_prefix("@linux ")?;
-        rest.split_whitespace()
-            .find_map(|kv| kv.strip_prefix("pti="))
-            .map(|v| v == "on")
-    })
+    line_value(machine_line(outcome, "@linux")?, "pti").map(|v| v == "on")
 }
 
 /// What a host-side observer saw during the measured phase: the seam for
@@ -422,7 +417,7 @@ pub fn summary(
 /// The CPU the init's `@cpu` line says the loop ran on alone, without the
 /// scheduler tick (`pinned=N ... dynticks=yes`); `None` otherwise.
 fn tick_free_cpu(outcome: &RunOutcome) -> Option<u32> {
-    let line = cpu_line(outcome)?;
+    let line = machine_line(outcome, "@cpu")?;
     (line_value(line, "dynticks") == Some("yes"))
         .then(|| line_value(line, "pinned")?.parse().ok())
         .flatten()
@@ -431,19 +426,18 @@ fn tick_free_cpu(outcome: &RunOutcome) -> Option<u32> {
 /// The local timer interrupts the kernel counted on the loop's CPU across
 /// the loop (the init's `@ticks` line).
 fn loop_ticks(outcome: &RunOutcome) -> Option<u64> {
-    let line = outcome
-        .machine_lines
-        .iter()
-        .find_map(|l| l.strip_prefix("@ticks "))?;
-    line_value(line, "local_timer")?.parse().ok()
+    line_value(machine_line(outcome, "@ticks")?, "local_timer")?
+        .parse()
+        .ok()
 }
 
-/// The init's `@cpu` line (after its tag).
-fn cpu_line(outcome: &RunOutcome) -> Option<&str> {
+/// The words after `tag` of the init's first machine line with that tag
+/// (`@linux`, `@cpu`, `@ticks`).
+fn machine_line<'a>(outcome: &'a RunOutcome, tag: &str) -> Option<&'a str> {
     outcome
         .machine_lines
         .iter()
-        .find_map(|l| l.strip_prefix("@cpu "))
+        .find_map(|l| l.strip_prefix(tag)?.strip_prefix(' '))
 }
 
 /// `key=`'s value among a machine line's words.
@@ -456,7 +450,7 @@ fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// or the user's own `nohz_full=`): where the init's `@cpu` line says the
 /// loop ran. Only its numbers and known words are read (guest text).
 fn tick_free_note(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<String> {
-    let line = cpu_line(outcome);
+    let line = machine_line(outcome, "@cpu");
     let value = |key: &str| line_value(line?, key);
     let pinned = value("pinned").and_then(|v| v.parse::<u32>().ok());
     let who = match guest.tick_free_cpu {
