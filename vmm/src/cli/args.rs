@@ -275,8 +275,8 @@ pub fn given(options: &[(&'static str, bool)]) -> Vec<&'static str> {
 #[derive(Debug, Clone, Default, Args)]
 pub struct LinuxArgs {
     /// Boot this Linux kernel with ptiscope's init instead of ptiscope's own
-    /// guest: `debian-amd64` or `debian-686-pae` (fetched by `ptiscope linux
-    /// fetch`), or a path to a bzImage (x86_64 or i386) or a PVH vmlinux.
+    /// guest: `debian-amd64`, `debian-686-pae` (Debian's 6.1) or
+    /// `debian-6.12-amd64` (fetched by `ptiscope linux fetch`), or a path to a bzImage (x86_64 or i386) or a PVH vmlinux.
     /// Needs `--backend qemu` on hosts without hardware KVM.
     #[arg(long, value_name = "KERNEL", conflicts_with = "kernel")]
     pub linux: Option<String>,

@@ -176,6 +176,8 @@ impl ExitCode for crate::preflight::linux::LinuxError {
             LinuxError::NotFetched { .. } => NO_IMAGE,
             LinuxError::NoCache(_) => NO_IMAGE,
             LinuxError::Image(ImageError::Read(LoadError::Read { .. })) => NO_IMAGE,
+            // The configuration beside the kernel cannot be read whole.
+            LinuxError::Image(ImageError::Config { .. }) => NO_IMAGE,
             LinuxError::Image(_) => BAD_IMAGE,
             LinuxError::ArchMismatch { .. } | LinuxError::Option(_) => USAGE,
             LinuxError::Backend(_) => KVM_UNAVAILABLE,

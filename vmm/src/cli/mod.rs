@@ -138,8 +138,9 @@ pub enum LinuxCommand {
 /// Options of `ptiscope linux fetch`.
 #[derive(Debug, Args)]
 pub struct LinuxFetchArgs {
-    /// Fetch only this kernel (default: both).
-    #[arg(long, value_name = "NAME", value_parser = ["debian-amd64", "debian-686-pae"])]
+    /// Fetch only this kernel (default: every one; a failure of one does
+    /// not stop the others, and the exit code is then the first failure's).
+    #[arg(long, value_name = "NAME", value_parser = ["debian-amd64", "debian-686-pae", "debian-6.12-amd64"])]
     pub only: Option<String>,
 }
 

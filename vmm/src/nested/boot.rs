@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::{frame, init, Request, Response, INIT_ENV};
 use crate::cli::exit_code;
+use crate::input::{read_regular, READ_TIME_LIMIT};
 use crate::preflight::linux::initramfs::Archive;
 use crate::signals;
 
@@ -70,6 +71,10 @@ pub enum NestedError {
     /// A termination signal stopped it.
     #[error("{}; QEMU was stopped", signals::describe(*.0))]
     Interrupted(i32),
+    /// A file of the kernel cache (the inner Linux's kernel, a module)
+    /// could not be read (it names the file).
+    #[error("{0}")]
+    Input(#[from] crate::input::InputError),
     /// An I/O step failed.
     #[error("{what}: {source}")]
     Io {
@@ -99,6 +104,7 @@ impl NestedError {
             | NestedError::QemuBreaksIt(_) => exit_code::KVM_UNAVAILABLE,
             NestedError::Timeout { .. } => exit_code::TIMEOUT,
             NestedError::Interrupted(s) => 128 + s,
+            NestedError::Input(e) => e.signal().map_or(exit_code::KVM_UNAVAILABLE, |s| 128 + s),
             NestedError::NoResponse { .. } | NestedError::Io { .. } => exit_code::INTERNAL,
         }
     }
@@ -296,7 +302,7 @@ pub fn initramfs(
         a.file(&interp, 0o755, &bytes);
     }
     for (m, name) in kernel.modules.iter().zip(init::MODULES) {
-        let bytes = std::fs::read(m).map_err(io(format!("reading {}", m.display())))?;
+        let bytes = read_regular("KVM module", m, 64 << 20, READ_TIME_LIMIT)?;
         a.file(&format!("{}/{name}", init::MODULE_DIR), 0o644, &bytes);
     }
     let req = serde_json::to_vec(request).unwrap_or_default();
@@ -433,10 +439,14 @@ pub fn run_with(
         return Err(NestedError::Interrupted(s));
     }
     let (initrd, lib_dirs) = initramfs(&kernel, request, inputs, extra)?;
-    let vmlinuz = std::fs::read(&kernel.vmlinuz).map_err(|source| NestedError::Io {
-        what: format!("reading {}", kernel.vmlinuz.display()),
-        source,
-    })?;
+    // Through the bounded reader, as every input: a FIFO in the cache
+    // must not block the open, a signal ends the read.
+    let vmlinuz = read_regular(
+        "the inner Linux's kernel",
+        &kernel.vmlinuz,
+        crate::machine::loader::MAX_IMAGE_BYTES,
+        READ_TIME_LIMIT,
+    )?;
     let kernel_fd = memfd(c"ptiscope-nested-kernel", &vmlinuz)?;
     let initrd_fd = memfd(c"ptiscope-nested-initrd", &initrd)?;
     drop(initrd);

@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{boot, Job, Request};
+use crate::input::{read_regular, InputError, READ_TIME_LIMIT};
+use crate::machine::loader::MAX_IMAGE_BYTES;
+use crate::preflight::linux::{image, LinuxError};
 use crate::spec::nested::KvmPaging;
 
 /// `eprintln!` for lines that carry user or file text: escaped line by line.
@@ -22,13 +25,50 @@ use crate::cli::{Backend, Cli, Command, Runs};
 
 /// Options that name a file the inner command writes.
 const OUTPUT_OPTS: [&str; 5] = ["--json", "--csv", "--svg", "--serial-out", "--metrics-out"];
-/// Options that name a file the inner command reads.
-const INPUT_OPTS: [&str; 2] = ["--kernel", "--against"];
+/// Options that name a file the inner command reads, with the most bytes
+/// read of it (as the inner command's own reader caps it).
+const INPUT_OPTS: [(&str, u64); 2] = [("--kernel", MAX_IMAGE_BYTES), ("--against", 16 << 20)];
+/// Options whose value is a list of side options (`compare --baseline`,
+/// `--compare`, `sweep --config`), whose `linux=KERNEL` names a kernel the
+/// inner command reads.
+const SIDE_OPTS: [&str; 3] = ["--baseline", "--compare", "--config"];
 /// Options `--backend nested` does not take, with why.
 const REFUSED_OPTS: [(&str, &str); 2] = [
     ("--qemu-arg", "--qemu-arg is for --backend qemu"),
     ("--no-plugin", "--no-plugin is for --backend qemu"),
 ];
+
+/// Why the inner command cannot be made: refused before the boot.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    /// An option `--backend nested` does not take.
+    #[error("--backend nested: {0}")]
+    Refused(String),
+    /// An input file that cannot be read (it names the file).
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// A Linux kernel that cannot be named or read, or the configuration
+    /// beside it.
+    #[error(transparent)]
+    Linux(#[from] LinuxError),
+}
+
+impl PackError {
+    /// The termination signal that ended a read, if one did.
+    pub fn signal(&self) -> Option<i32> {
+        match self {
+            PackError::Input(e) => e.signal(),
+            PackError::Linux(e) => e.signal(),
+            PackError::Refused(_) => None,
+        }
+    }
+
+    /// 64 (docs/running.md, "Under nested"), or 128 + a termination
+    /// signal that ended a read.
+    pub fn exit_code(&self) -> i32 {
+        self.signal().map_or(exit_code::USAGE, |s| 128 + s)
+    }
+}
 
 /// The inner command: its arguments, the files it writes (inner path,
 /// the user's path) and the files it reads (inner path, content).
@@ -40,12 +80,100 @@ pub struct Inner {
     pub outputs: Vec<(String, PathBuf)>,
     /// (inner path, content) of each input file.
     pub inputs: Vec<(String, Vec<u8>)>,
+    /// Whether known kernels were packed as the inner kernel cache (the
+    /// inner command then gets `PTISCOPE_LINUX_CACHE`).
+    pub linux_cache: bool,
+    /// Whether a Linux kernel was packed (`--linux`, a side's `linux=`):
+    /// the inner command boots Linux on the VMM.
+    pub boots_linux: bool,
+}
+
+/// The Linux kernels packed for the inner command, each once: a known
+/// name into the inner kernel cache (the inner command keeps the name, so
+/// its report says `debian-amd64`), a path under `/nested/in/N-linux/`;
+/// each with the configuration the inner preflight would find beside it,
+/// packed as `config` beside the copy.
+#[derive(Debug, Default)]
+struct Packer {
+    /// (the user's value, what the inner command is given).
+    packed: Vec<(String, String)>,
+    /// Files packed so far.
+    inputs: Vec<(String, Vec<u8>)>,
+    /// Whether a known name was packed.
+    cache: bool,
+}
+
+impl Packer {
+    /// Packs the kernel `v` names (once) and returns what the inner
+    /// command's `--linux`/`linux=` is then given.
+    fn linux(&mut self, v: &str) -> Result<String, PackError> {
+        if let Some((_, inner)) = self.packed.iter().find(|(k, _)| k == v) {
+            return Ok(inner.clone());
+        }
+        let known = crate::preflight::linux::known_path(v).is_some();
+        let path = crate::preflight::linux::kernel_path(v)?;
+        let (dir, kernel, given) = if known {
+            let dir = format!("{INNER_LINUX_CACHE}/{v}");
+            let kernel = format!("{dir}/vmlinuz");
+            (dir, kernel, v.to_string())
+        } else {
+            let leaf = path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "vmlinuz".into());
+            let dir = format!("/nested/in/{}-linux", self.packed.len());
+            let kernel = format!("{dir}/{leaf}");
+            (dir, kernel.clone(), kernel)
+        };
+        self.pack_kernel(&path, &dir, &kernel)?;
+        self.cache |= known;
+        self.packed.push((v.to_string(), given.clone()));
+        Ok(given)
+    }
+
+    /// Reads the kernel at `path` and the configuration beside it (as the
+    /// inner preflight will: `config`, or `config-RELEASE` beside
+    /// `vmlinuz-RELEASE`) and packs them as `kernel` and `dir/config`.
+    fn pack_kernel(
+        &mut self,
+        path: &std::path::Path,
+        dir: &str,
+        kernel: &str,
+    ) -> Result<(), PackError> {
+        let bytes = read_regular("--linux", path, MAX_IMAGE_BYTES, READ_TIME_LIMIT)?;
+        let version = image::version_of(&bytes);
+        let config = image::config_beside(path, version.as_deref()).map_err(LinuxError::Image)?;
+        if let Some(config) = config {
+            self.inputs.push((format!("{dir}/config"), config.bytes));
+        }
+        self.inputs.push((kernel.to_string(), bytes));
+        Ok(())
+    }
+
+    /// A side's options with each `linux=KERNEL` packed and named as the
+    /// inner command will find it; the other words as they are.
+    fn side(&mut self, opts: &str) -> Result<String, PackError> {
+        let words = opts
+            .split(',')
+            .map(|w| match w.split_once('=') {
+                Some((k, v)) if k.trim() == "linux" && !v.trim().is_empty() => {
+                    Ok(format!("{k}={}", self.linux(v.trim())?))
+                }
+                _ => Ok(w.to_string()),
+            })
+            .collect::<Result<Vec<_>, PackError>>()?;
+        Ok(words.join(","))
+    }
 }
 
 /// Rewrites the user's arguments for the inner ptiscope. `json_is_flag`:
-/// the command's `--json` takes no file (`probe`).
-pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
+/// the command's `--json` takes no file (`probe`). Every file the inner
+/// command reads is read here, through [`read_regular`] (regular files
+/// only, never a blocked open on a FIFO, capped, a signal ends it), so a
+/// file that cannot be read is refused before the boot, named.
+pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, PackError> {
     let mut inner = Inner::default();
+    let mut packer = Packer::default();
     let mut it = raw.iter().peekable();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -53,7 +181,7 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
             _ => (arg.as_str(), None),
         };
         if let Some((_, why)) = REFUSED_OPTS.iter().find(|(o, _)| *o == name) {
-            return Err(format!("--backend nested: {why}"));
+            return Err(PackError::Refused(why.to_string()));
         }
         if name == "--nested-paging" {
             // The outer ptiscope's: it loads the inner KVM so.
@@ -62,8 +190,9 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
             }
             continue;
         }
+        let input_cap = INPUT_OPTS.iter().find(|(o, _)| *o == name).map(|(_, c)| *c);
         let takes_file = (OUTPUT_OPTS.contains(&name) && !(json_is_flag && name == "--json"))
-            || INPUT_OPTS.contains(&name);
+            || input_cap.is_some();
         if name == "--backend" {
             let v = inline.or_else(|| it.next().cloned()).unwrap_or_default();
             let v = if v == "nested" { "kvm".to_string() } else { v };
@@ -73,9 +202,15 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
                 inner.argv.push(arg.clone());
                 continue;
             };
-            let n = inner.outputs.len() + inner.inputs.len();
-            let kernel = pack_linux(&v, n, &mut inner.inputs)?;
+            let kernel = packer.linux(&v)?;
             inner.argv.push(format!("--linux={kernel}"));
+        } else if SIDE_OPTS.contains(&name) {
+            let Some(v) = inline.or_else(|| it.next().cloned()) else {
+                inner.argv.push(arg.clone());
+                continue;
+            };
+            let side = packer.side(&v)?;
+            inner.argv.push(format!("{name}={side}"));
         } else if takes_file {
             let Some(v) = inline.or_else(|| it.next().cloned()) else {
                 inner.argv.push(arg.clone());
@@ -91,7 +226,12 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
                 inner.outputs.push((path.clone(), PathBuf::from(&v)));
                 inner.argv.push(format!("{name}={path}"));
             } else {
-                let bytes = std::fs::read(&v).map_err(|e| format!("{name} {v}: {e}"))?;
+                let what = INPUT_OPTS
+                    .iter()
+                    .find(|(o, _)| *o == name)
+                    .map_or("input", |(o, _)| *o);
+                let cap = input_cap.unwrap_or(MAX_IMAGE_BYTES);
+                let bytes = read_regular(what, std::path::Path::new(&v), cap, READ_TIME_LIMIT)?;
                 let path = format!("/nested/in/{n}-{leaf}");
                 inner.inputs.push((path.clone(), bytes));
                 inner.argv.push(format!("{name}={path}"));
@@ -100,32 +240,10 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, String> {
             inner.argv.push(arg.clone());
         }
     }
+    inner.inputs.append(&mut packer.inputs);
+    inner.linux_cache = packer.cache;
+    inner.boots_linux = !packer.packed.is_empty();
     Ok(inner)
-}
-
-/// Packs `--linux VALUE`'s kernel (a known name's cached image, or a
-/// path) into `inputs` under `/nested/in/N-linux/`, with the `config`
-/// beside it (the inner preflight reads CONFIG_PAGE_TABLE_ISOLATION
-/// there), and returns the packed kernel's inner path: the inner ptiscope
-/// boots it on its VMM (`--backend kvm`).
-fn pack_linux(v: &str, n: usize, inputs: &mut Vec<(String, Vec<u8>)>) -> Result<String, String> {
-    let path = crate::preflight::linux::kernel_path(v).map_err(|e| e.to_string())?;
-    let bytes = std::fs::read(&path).map_err(|e| format!("--linux {v}: {e}"))?;
-    let dir = format!("/nested/in/{n}-linux");
-    let leaf = path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "vmlinuz".into());
-    if let Some(config) = path
-        .parent()
-        .map(|d| d.join("config"))
-        .and_then(|c| std::fs::read(c).ok())
-    {
-        inputs.push((format!("{dir}/config"), config));
-    }
-    let kernel = format!("{dir}/{leaf}");
-    inputs.push((kernel.clone(), bytes));
-    Ok(kernel)
 }
 
 /// Where the inner command finds the kernels [`pack_linux_cache`] packs
@@ -133,31 +251,26 @@ fn pack_linux(v: &str, n: usize, inputs: &mut Vec<(String, Vec<u8>)>) -> Result<
 const INNER_LINUX_CACHE: &str = "/nested/linux-cache";
 
 /// Packs known kernels (name, cached image) as the inner command's kernel
-/// cache: each image with the `config` beside it, under
+/// cache: each image with the configuration beside it, under
 /// [`INNER_LINUX_CACHE`]`/NAME/`.
 fn pack_linux_cache(
     kernels: &[(&str, PathBuf)],
     inputs: &mut Vec<(String, Vec<u8>)>,
-) -> Result<(), String> {
+) -> Result<(), PackError> {
+    let mut packer = Packer::default();
     for (name, image) in kernels {
-        let bytes = std::fs::read(image).map_err(|e| format!("{}: {e}", image.display()))?;
         let dir = format!("{INNER_LINUX_CACHE}/{name}");
-        if let Some(config) = image
-            .parent()
-            .and_then(|d| std::fs::read(d.join("config")).ok())
-        {
-            inputs.push((format!("{dir}/config"), config));
-        }
-        inputs.push((format!("{dir}/vmlinuz"), bytes));
+        packer.pack_kernel(image, &dir, &format!("{dir}/vmlinuz"))?;
     }
+    inputs.append(&mut packer.inputs);
     Ok(())
 }
 
 /// The batch's jobs with each `--linux VALUE` packed (once per value) and
-/// named by its packed path, and the files to pack.
-fn pack_batch_linux(request: &mut Request) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let mut inputs = Vec::new();
-    let mut packed: Vec<(String, String)> = Vec::new();
+/// named as the inner command finds it, the files to pack, and whether
+/// known kernels were packed as the inner cache.
+fn pack_batch_linux(request: &mut Request) -> Result<(Vec<(String, Vec<u8>)>, bool), PackError> {
+    let mut packer = Packer::default();
     for job in &mut request.jobs {
         let mut argv = Vec::with_capacity(job.argv.len());
         let mut it = std::mem::take(&mut job.argv).into_iter();
@@ -170,19 +283,11 @@ fn pack_batch_linux(request: &mut Request) -> Result<Vec<(String, Vec<u8>)>, Str
                     continue;
                 }
             };
-            let inner = match packed.iter().find(|(k, _)| *k == v) {
-                Some((_, p)) => p.clone(),
-                None => {
-                    let p = pack_linux(&v, packed.len(), &mut inputs)?;
-                    packed.push((v, p.clone()));
-                    p
-                }
-            };
-            argv.push(format!("--linux={inner}"));
+            argv.push(format!("--linux={}", packer.linux(&v)?));
         }
         job.argv = argv;
     }
-    Ok(inputs)
+    Ok((packer.inputs, packer.cache))
 }
 
 /// The inner KVM's paging: as asked, else shadow paging for a Linux guest
@@ -197,6 +302,28 @@ fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
     })
 }
 
+/// The most bytes of a `nested-batch` request read (a JSON list of jobs).
+const MAX_REQUEST_BYTES: u64 = 16 << 20;
+
+/// Why `--by-symbol`, `--by-symbol-csv` or a `symbol:` condition of
+/// `--fail-if` cannot run under `--backend nested` (the inner command runs
+/// on KVM, which has no per-address count; docs/ci-gate.md), if one is
+/// given.
+fn by_symbol_refusal(by_symbol: bool, csv: bool, fail_if: &[String]) -> Option<String> {
+    let why = "counts kernel instructions by address with ptiscope's QEMU TCG plugin, which \
+               --backend nested (KVM inside QEMU) does not have: give --backend qemu";
+    if by_symbol {
+        return Some(format!("--by-symbol {why}"));
+    }
+    if csv {
+        return Some(format!("--by-symbol-csv (with --by-symbol) {why}"));
+    }
+    fail_if
+        .iter()
+        .find(|c| c.contains("symbol:"))
+        .map(|c| format!("--fail-if {c}: a symbol: condition needs --by-symbol, which {why}"))
+}
+
 /// Runs `cli`'s command under `--backend nested` if it asks for it: the
 /// exit status, or `None` when the command runs here as usual.
 pub fn intercept(cli: &Cli) -> Option<i32> {
@@ -204,9 +331,13 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
     let mut paging: (Option<KvmPaging>, bool) = (None, false);
     // The Linux kernels `reproduce` measures, packed as the inner cache.
     let mut linux_cache: Vec<(&str, PathBuf)> = Vec::new();
+    // What the inner command (`--backend kvm`) would refuse after the
+    // boot: refused here, before it.
+    let mut kvm_refuses: Option<String> = None;
     let (backend, name, bound, cpus, json_is_flag, quiet) = match &cli.command {
         Some(Command::Run(a)) => {
             paging = (a.on.nested_paging, a.linux.linux.is_some());
+            kvm_refuses = by_symbol_refusal(a.by_symbol, false, &[]);
             (
                 a.on.backend,
                 "run",
@@ -223,6 +354,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             };
             let sides = 2 * (runs + a.warmup) + 2;
             paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
+            kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if);
             (
                 a.target.on.backend,
                 "compare",
@@ -294,6 +426,10 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         }
         _ => return None,
     }
+    if let Some(why) = kvm_refuses {
+        say!("ptiscope {name}: {why}");
+        return Some(exit_code::USAGE);
+    }
     let raw: Vec<String> = std::env::args_os()
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
@@ -302,9 +438,10 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         Ok(i) => i,
         Err(e) => {
             say!("ptiscope {name}: {e}");
-            return Some(exit_code::USAGE);
+            return Some(e.exit_code());
         }
     };
+    paging.1 |= inner.boots_linux;
     for (_, outer) in &inner.outputs {
         let parent = outer.parent().filter(|p| !p.as_os_str().is_empty());
         if parent.is_some_and(|p| !p.is_dir()) {
@@ -316,10 +453,10 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         }
     }
     let mut env = Vec::new();
-    if !linux_cache.is_empty() {
+    if !linux_cache.is_empty() || inner.linux_cache {
         if let Err(e) = pack_linux_cache(&linux_cache, &mut inner.inputs) {
             say!("ptiscope {name}: {e}");
-            return Some(exit_code::USAGE);
+            return Some(e.exit_code());
         }
         env.push((
             "PTISCOPE_LINUX_CACHE".to_string(),
@@ -338,7 +475,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
     };
     // A user's command only: the tests' batches choose their own.
     let mut cpus = cpus;
-    if request.jobs.iter().any(Job::boots_linux) {
+    if paging.1 || request.jobs.iter().any(Job::boots_linux) {
         // One outer vCPU under a Linux guest on the VMM, whatever its
         // --cpus: with two, 3 of 3 two-vCPU Linux boots stalled (two at
         // "x86: Booting SMP configuration"), with one 8 of 8 reached the
@@ -376,9 +513,14 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
 
 /// Runs `nested-batch` ([`crate::cli::NestedBatchArgs`]).
 pub fn batch(args: &crate::cli::NestedBatchArgs) -> i32 {
-    let mut request: Request = match std::fs::read(&args.request)
-        .map_err(|e| e.to_string())
-        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    let mut request: Request = match read_regular(
+        "nested-batch request",
+        &args.request,
+        MAX_REQUEST_BYTES,
+        READ_TIME_LIMIT,
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
     {
         Ok(r) => r,
         Err(e) => {
@@ -387,10 +529,20 @@ pub fn batch(args: &crate::cli::NestedBatchArgs) -> i32 {
         }
     };
     let inputs = match pack_batch_linux(&mut request) {
-        Ok(i) => i,
+        Ok((inputs, cache)) => {
+            if cache {
+                for job in &mut request.jobs {
+                    job.env.push((
+                        "PTISCOPE_LINUX_CACHE".to_string(),
+                        INNER_LINUX_CACHE.to_string(),
+                    ));
+                }
+            }
+            inputs
+        }
         Err(e) => {
             say!("ptiscope nested-batch: {e}");
-            return exit_code::NO_IMAGE;
+            return e.signal().map_or(exit_code::NO_IMAGE, |s| 128 + s);
         }
     };
     match boot::run(&request, &inputs, args.cpus, &mut |m| {
@@ -439,11 +591,11 @@ pub fn exec(args: &crate::cli::NestedExecArgs) -> i32 {
                 return exit_code::USAGE;
             }
         };
-        let bytes = match std::fs::read(&abs) {
+        let bytes = match read_regular("nested-exec file", &abs, MAX_IMAGE_BYTES, READ_TIME_LIMIT) {
             Ok(b) => b,
             Err(e) => {
-                say!("ptiscope nested-exec: reading {}: {e}", abs.display());
-                return exit_code::NO_IMAGE;
+                say!("ptiscope nested-exec: {e}");
+                return e.signal().map_or(exit_code::NO_IMAGE, |s| 128 + s);
             }
         };
         match boot::needed_libraries(&abs) {
@@ -613,12 +765,172 @@ mod tests {
             &s(&["run", "--backend", "nested", "--qemu-arg=-icount"]),
             false,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--qemu-arg"), "{e}");
-        let e = rewrite(&s(&["run", "--kernel", "/nonexistent/k.elf"]), false).unwrap_err();
+        let e = rewrite(&s(&["run", "--kernel", "/nonexistent/k.elf"]), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/nonexistent/k.elf"), "{e}");
-        let e = rewrite(&s(&["run", "--linux", "/nonexistent/bzImage"]), false).unwrap_err();
+        let e = rewrite(&s(&["run", "--linux", "/nonexistent/bzImage"]), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/nonexistent/bzImage"), "{e}");
+    }
+
+    /// Every file the inner command would read is read here through the
+    /// bounded reader: a FIFO (no writer) as `--kernel`, `--linux`, a
+    /// side's `linux=`, `--against` or the configuration beside a kernel
+    /// is refused at once, named, with exit 64; never a blocked open.
+    #[test]
+    fn fifos_among_the_inputs_are_refused_at_once_naming_them() {
+        let d = std::env::temp_dir().join(format!("ptiscope-nested-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("k")).unwrap();
+        let mkfifo = |p: &std::path::Path| {
+            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        };
+        let fifo = d.join("fifo");
+        mkfifo(&fifo);
+        // A kernel whose configuration is a FIFO.
+        std::fs::write(d.join("k/vmlinuz"), b"kernel").unwrap();
+        mkfifo(&d.join("k/config"));
+        let f = fifo.display().to_string();
+        let k = d.join("k/vmlinuz").display().to_string();
+        let t = std::time::Instant::now();
+        for (args, named) in [
+            (vec!["run", "--kernel", &f], f.clone()),
+            (vec!["run", "--linux", &f], f.clone()),
+            (vec!["compare", "--against", &f], f.clone()),
+            (
+                vec!["compare", "--baseline", &format!("pti=off,linux={f}")],
+                f.clone(),
+            ),
+            (
+                vec!["run", "--linux", &k],
+                d.join("k/config").display().to_string(),
+            ),
+            (
+                vec!["sweep", &format!("--config=linux={k}")],
+                d.join("k/config").display().to_string(),
+            ),
+        ] {
+            let mut argv = s(&args);
+            argv.insert(1, "--backend=nested".into());
+            let e = rewrite(&argv, false).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains(&named) && text.contains("FIFO"),
+                "{args:?}: {text}"
+            );
+            assert_eq!(e.exit_code(), exit_code::USAGE, "{args:?}");
+        }
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A side's `linux=` is packed as `--linux` is (each kernel once),
+    /// the side's other words kept; both sides naming one path share it.
+    #[test]
+    fn side_kernels_are_packed_as_linux_kernels_are() {
+        let d = std::env::temp_dir().join(format!("ptiscope-nested-side-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vmlinuz-6.12.0-x"), b"kernel").unwrap();
+        std::fs::write(
+            d.join("config-6.12.0-x"),
+            b"CONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y\n",
+        )
+        .unwrap();
+        let k = d.join("vmlinuz-6.12.0-x").display().to_string();
+        let i = rewrite(
+            &s(&[
+                "compare",
+                "--backend=nested",
+                "--baseline",
+                &format!("linux={k},append=pti=off"),
+                &format!("--compare=append=pti=on, linux= {k}"),
+            ]),
+            false,
+        )
+        .unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(
+            i.argv,
+            s(&[
+                "compare",
+                "--backend=kvm",
+                "--baseline=linux=/nested/in/0-linux/vmlinuz-6.12.0-x,append=pti=off",
+                "--compare=append=pti=on, linux=/nested/in/0-linux/vmlinuz-6.12.0-x",
+            ])
+        );
+        // Debian's config-RELEASE is packed as `config` beside the copy.
+        assert_eq!(
+            i.inputs,
+            vec![
+                (
+                    "/nested/in/0-linux/config".to_string(),
+                    b"CONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y\n".to_vec()
+                ),
+                (
+                    "/nested/in/0-linux/vmlinuz-6.12.0-x".to_string(),
+                    b"kernel".to_vec()
+                )
+            ]
+        );
+        assert!(i.boots_linux && !i.linux_cache);
+        // Sides without a kernel are left alone.
+        let i = rewrite(
+            &s(&["compare", "--baseline", "pti=off", "--compare", "pti=on"]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            i.argv,
+            s(&["compare", "--baseline=pti=off", "--compare=pti=on"])
+        );
+        assert!(!i.boots_linux && i.inputs.is_empty());
+    }
+
+    /// What the inner `--backend kvm` refuses after the boot is refused
+    /// before it: `--by-symbol`, `--by-symbol-csv`, a `symbol:` condition.
+    #[test]
+    fn by_symbol_and_symbol_conditions_are_refused_before_the_boot() {
+        assert_eq!(by_symbol_refusal(false, false, &[]), None);
+        assert_eq!(
+            by_symbol_refusal(false, false, &s(&["cr3_writes_per_call!=2"])),
+            None
+        );
+        let e = by_symbol_refusal(true, false, &[]).unwrap();
+        assert!(
+            e.contains("--by-symbol") && e.contains("--backend qemu"),
+            "{e}"
+        );
+        let e = by_symbol_refusal(false, true, &[]).unwrap();
+        assert!(e.contains("--by-symbol-csv"), "{e}");
+        let e = by_symbol_refusal(
+            false,
+            false,
+            &s(&["cr3_writes_per_call!=2,symbol:entry_SYSCALL_64>1"]),
+        )
+        .unwrap();
+        assert!(e.contains("symbol:entry_SYSCALL_64>1"), "{e}");
+        use clap::Parser as _;
+        for args in [
+            &["run", "--backend", "nested", "--linux", "x", "--by-symbol"][..],
+            &["compare", "--backend", "nested", "--by-symbol"],
+            &[
+                "compare",
+                "--backend=nested",
+                "--fail-if",
+                "symbol:entry_SYSCALL_64>1",
+            ],
+        ] {
+            let cli = Cli::try_parse_from(std::iter::once(&"ptiscope").chain(args)).unwrap();
+            assert_eq!(intercept(&cli), Some(exit_code::USAGE), "{args:?}");
+        }
     }
 
     /// `reproduce --backend nested` is refused before any boot without

@@ -2,9 +2,9 @@
 //! `apt-get download` and unpacked into the cache.
 //!
 //! For each flavour the metapackage (`linux-image-cloud-amd64`,
-//! `linux-image-686-pae:i386`) is resolved to its versioned image with
+//! `linux-image-686-pae:i386`, `linux-image-6.12-cloud-amd64`) is resolved to its versioned image with
 //! `apt-cache depends`, that package is downloaded into a scratch directory
-//! inside the cache, and only its `boot/` files (and, for the x86_64 kernel,
+//! inside the cache, and only its `boot/` files (and, for `debian-amd64`,
 //! the KVM modules `--backend nested` loads, [`KVM_MODULES`]) are unpacked
 //! (`dpkg-deb --fsys-tarfile | tar -x ./boot ...`): `vmlinuz-RELEASE` becomes
 //! `NAME/vmlinuz`, `config-RELEASE` `NAME/config`, the modules
@@ -33,19 +33,34 @@ pub struct Known {
     pub metapackage: &'static str,
     /// The package architecture (`:i386` is appended to foreign ones).
     pub debian_arch: &'static str,
+    /// Whether the KVM modules ([`KVM_MODULES`]) are unpacked beside it:
+    /// only for the kernel `--backend nested` boots as its inner Linux
+    /// (`debian-amd64`); 6.12's are xz-compressed (`kvm.ko.xz`), which the
+    /// nested init's `finit_module` does not take.
+    pub kvm_modules: bool,
 }
 
-/// The kernels `--linux NAME` takes.
-pub const KNOWN: [Known; 2] = [
+/// The kernels `--linux NAME` takes: Debian 12's 6.1 (amd64 cloud and
+/// 686-pae) and the 6.12 cloud kernel bookworm-security carries, whose
+/// mitigation options have their `CONFIG_MITIGATION_*` names (6.9+).
+pub const KNOWN: [Known; 3] = [
     Known {
         name: "debian-amd64",
         metapackage: "linux-image-cloud-amd64",
         debian_arch: "amd64",
+        kvm_modules: true,
     },
     Known {
         name: "debian-686-pae",
         metapackage: "linux-image-686-pae",
         debian_arch: "i386",
+        kvm_modules: false,
+    },
+    Known {
+        name: "debian-6.12-amd64",
+        metapackage: "linux-image-6.12-cloud-amd64",
+        debian_arch: "amd64",
+        kvm_modules: false,
     },
 ];
 
@@ -372,23 +387,21 @@ pub fn fetch(
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .ok_or_else(|| FetchError::NoKernel(package.clone()))?;
     // Only boot/ and the few modules `--backend nested` loads (KVM_MODULES,
-    // x86_64 only): the other modules are most of the package.
+    // for the kernel that has them): the other modules are most of the
+    // package (tar fails on a pattern that matches nothing, so they are
+    // asked for only where they are).
     let x = scratch.0.join("x");
-    let wildcards = if foreign {
-        ""
-    } else {
-        " --wildcards ./boot './lib/modules/*/kernel/arch/x86/kvm/kvm.ko' \
+    let script = if known.kvm_modules {
+        "dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\" --wildcards ./boot \
+         './lib/modules/*/kernel/arch/x86/kvm/kvm.ko' \
          './lib/modules/*/kernel/arch/x86/kvm/kvm-amd.ko' \
          './lib/modules/*/kernel/virt/lib/irqbypass.ko'"
-    };
-    let script = if foreign {
-        "dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\" ./boot".to_string()
     } else {
-        format!("dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\"{wildcards}")
+        "dpkg-deb --fsys-tarfile \"$1\" | tar -xf - -C \"$2\" ./boot"
     };
     tool(
         Command::new("sh")
-            .args(["-c", &script, "sh"])
+            .args(["-c", script, "sh"])
             .arg(&deb)
             .arg(&x),
     )?;

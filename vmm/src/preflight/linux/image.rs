@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::input::{read_regular, InputError, READ_TIME_LIMIT};
 use crate::machine::bzimage;
 use crate::machine::loader::{self, KernelSource, LoadError};
 
@@ -20,11 +21,19 @@ pub struct KernelImage {
     pub arch: LinuxArch,
     /// The setup header's version string (`6.1.0-57-cloud-amd64 (debian-kernel@...) #1 ...`).
     pub version: Option<String>,
-    /// The kernel configuration's `CONFIG_PAGE_TABLE_ISOLATION`, where a
+    /// Whether the kernel configuration enables page table isolation
+    /// ([`PAGE_TABLE_ISOLATION`], under either of its names), where a
     /// config file was found beside the image.
     pub config_pti: Option<bool>,
+    /// The configuration beside the image, if one was found.
+    pub config: Option<KernelConfig>,
+}
+
+impl KernelImage {
     /// The configuration file read, if any.
-    pub config_path: Option<PathBuf>,
+    pub fn config_path(&self) -> Option<&Path> {
+        self.config.as_ref().map(|c| c.path.as_path())
+    }
 }
 
 /// Errors recognising a kernel image.
@@ -66,6 +75,22 @@ pub enum ImageError {
         #[source]
         source: bzimage::BzImageError,
     },
+    /// A configuration file beside the kernel exists but cannot be read
+    /// whole (not a regular file, unreadable, larger than
+    /// [`MAX_CONFIG_BYTES`], too slow, or a signal came): refused rather
+    /// than taken as "no configuration" or as one without the options
+    /// past the cap.
+    #[error(
+        "{source} (it is beside the kernel {kernel}, which ptiscope reads for its page table \
+         isolation option: make it a readable regular file, or move it away)"
+    )]
+    Config {
+        /// The kernel beside it.
+        kernel: String,
+        /// Why it could not be read (it names the file).
+        #[source]
+        source: InputError,
+    },
     /// A bzImage whose boot protocol is too old to say its architecture.
     #[error("{path}: bzImage boot protocol {version:#x} is older than 2.12 (Linux 3.8): too old")]
     OldProtocol {
@@ -76,8 +101,10 @@ pub enum ImageError {
     },
 }
 
-/// Largest kernel configuration read.
-const MAX_CONFIG_BYTES: u64 = 4 << 20;
+/// Largest kernel configuration read: an allyesconfig is about 0.4 MiB, a
+/// distribution's 0.3 MiB; one over this is refused naming the cap
+/// (never read in part: an option past the cut would read as absent).
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 
 /// Recognises `bytes` (read from `path`).
 pub fn recognise(path: &Path, bytes: Vec<u8>) -> Result<KernelImage, ImageError> {
@@ -111,21 +138,15 @@ pub fn recognise(path: &Path, bytes: Vec<u8>) -> Result<KernelImage, ImageError>
         } else {
             LinuxArch::I386
         };
-        let kv = Some(h.kernel_version).filter(|&p| p != 0).and_then(|p| {
-            let start = p as usize + 0x200;
-            let rest = bytes.get(start..(start + 256).min(bytes.len()))?;
-            let end = rest.iter().position(|&c| c == 0)?;
-            let s = std::str::from_utf8(&rest[..end]).ok()?;
-            s.chars().all(|c| !c.is_control()).then(|| s.to_string())
-        });
-        let (config_pti, config_path) = config_beside(path, kv.as_deref());
+        let kv = version_of(&bytes);
+        let config = config_beside(path, kv.as_deref())?;
         return Ok(KernelImage {
             bytes,
             format: ImageFormat::BzImage,
             arch,
             version: kv,
-            config_pti,
-            config_path,
+            config_pti: config.as_ref().map(|c| c.enabled(&PAGE_TABLE_ISOLATION)),
+            config,
         });
     }
     if bytes.starts_with(b"\x7fELF") {
@@ -146,14 +167,14 @@ pub fn recognise(path: &Path, bytes: Vec<u8>) -> Result<KernelImage, ImageError>
             path: name.clone(),
             why: e.to_string(),
         })?;
-        let (config_pti, config_path) = config_beside(path, None);
+        let config = config_beside(path, None)?;
         return Ok(KernelImage {
             bytes,
             format: ImageFormat::PvhElf,
             arch: LinuxArch::X86_64,
             version: None,
-            config_pti,
-            config_path,
+            config_pti: config.as_ref().map(|c| c.enabled(&PAGE_TABLE_ISOLATION)),
+            config,
         });
     }
     let head: String = bytes
@@ -178,11 +199,191 @@ pub fn read(path: &Path) -> Result<KernelImage, ImageError> {
     recognise(path, bytes)
 }
 
-/// `CONFIG_PAGE_TABLE_ISOLATION` of a configuration beside the image: `config`
-/// in the same directory (ptiscope's cache), or Debian's
-/// `/boot/config-RELEASE` beside `/boot/vmlinuz-RELEASE`.
-fn config_beside(path: &Path, version: Option<&str>) -> (Option<bool>, Option<PathBuf>) {
+/// A bzImage's version string (`6.1.0-57-cloud-amd64 (debian-kernel@...) #1
+/// ...`), from its setup header's `kernel_version` pointer, if it has one
+/// that is printable text.
+pub fn version_of(bytes: &[u8]) -> Option<String> {
+    let h = bzimage::setup_header_of(bytes)?;
+    let p = Some(h.kernel_version).filter(|&p| p != 0)?;
+    let start = p as usize + 0x200;
+    let rest = bytes.get(start..(start + 256).min(bytes.len()))?;
+    let end = rest.iter().position(|&c| c == 0)?;
+    let s = std::str::from_utf8(&rest[..end]).ok()?;
+    s.chars().all(|c| !c.is_control()).then(|| s.to_string())
+}
+
+/// A kernel configuration option under every name it has had: Linux 6.9
+/// renamed the x86 mitigation options to `CONFIG_MITIGATION_*` (commit
+/// "x86/bugs: Rename CONFIG_* mitigation options"), so a configuration
+/// says one or the other depending on the kernel's age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigOption {
+    /// What it is, in words.
+    pub concept: &'static str,
+    /// Its name before Linux 6.9, if it had one.
+    pub old: Option<&'static str>,
+    /// Its name since (or its only name).
+    pub new: &'static str,
+}
+
+impl ConfigOption {
+    /// Its names, newest first.
+    pub fn names(&self) -> impl Iterator<Item = &'static str> {
+        std::iter::once(self.new).chain(self.old)
+    }
+
+    /// `NEW=y (Linux 6.9+) or OLD=y (before)`, for messages.
+    pub fn either_y(&self) -> String {
+        match self.old {
+            Some(old) => format!(
+                "{}=y (Linux 6.9 and later) or {old}=y (before 6.9)",
+                self.new
+            ),
+            None => format!("{}=y", self.new),
+        }
+    }
+}
+
+/// Page table isolation (x86's Meltdown mitigation).
+pub const PAGE_TABLE_ISOLATION: ConfigOption = ConfigOption {
+    concept: "page table isolation",
+    old: Some("CONFIG_PAGE_TABLE_ISOLATION"),
+    new: "CONFIG_MITIGATION_PAGE_TABLE_ISOLATION",
+};
+
+/// 32-bit PAE paging: an i386 kernel without it has no PTI (the option
+/// depends on it), which the refusal says.
+pub const X86_PAE: ConfigOption = ConfigOption {
+    concept: "32-bit PAE paging",
+    old: None,
+    new: "CONFIG_X86_PAE",
+};
+
+/// The x86 mitigation options ptiscope knows by both names (page table
+/// isolation, and the others renamed with it, read the same way where a
+/// report needs them).
+pub const MITIGATION_OPTIONS: [ConfigOption; 9] = [
+    PAGE_TABLE_ISOLATION,
+    ConfigOption {
+        concept: "retpolines",
+        old: Some("CONFIG_RETPOLINE"),
+        new: "CONFIG_MITIGATION_RETPOLINE",
+    },
+    ConfigOption {
+        concept: "return thunks",
+        old: Some("CONFIG_RETHUNK"),
+        new: "CONFIG_MITIGATION_RETHUNK",
+    },
+    ConfigOption {
+        concept: "untrained return entry",
+        old: Some("CONFIG_CPU_UNRET_ENTRY"),
+        new: "CONFIG_MITIGATION_UNRET_ENTRY",
+    },
+    ConfigOption {
+        concept: "IBPB on entry",
+        old: Some("CONFIG_CPU_IBPB_ENTRY"),
+        new: "CONFIG_MITIGATION_IBPB_ENTRY",
+    },
+    ConfigOption {
+        concept: "IBRS on entry",
+        old: Some("CONFIG_CPU_IBRS_ENTRY"),
+        new: "CONFIG_MITIGATION_IBRS_ENTRY",
+    },
+    ConfigOption {
+        concept: "speculative return stack overflow",
+        old: Some("CONFIG_CPU_SRSO"),
+        new: "CONFIG_MITIGATION_SRSO",
+    },
+    ConfigOption {
+        concept: "call depth tracking",
+        old: Some("CONFIG_CALL_DEPTH_TRACKING"),
+        new: "CONFIG_MITIGATION_CALL_DEPTH_TRACKING",
+    },
+    // Named so from the start in mainline and in the stable backports
+    // Debian's 6.1 carries.
+    ConfigOption {
+        concept: "branch history injection",
+        old: None,
+        new: "CONFIG_MITIGATION_SPECTRE_BHI",
+    },
+];
+
+/// An option's setting in a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigValue {
+    /// `NAME=VALUE` (`y`, `m`, a number or a quoted string), as bytes.
+    Set(Vec<u8>),
+    /// `# NAME is not set`.
+    NotSet,
+}
+
+/// A kernel configuration file (`.config`, Debian's `/boot/config-*`),
+/// read whole as bytes: a configuration is ASCII by convention only (a
+/// comment or a string option may hold any byte), and one that is not
+/// UTF-8 is still this kernel's configuration, not an absent one.
+#[derive(Debug, Clone)]
+pub struct KernelConfig {
+    /// Where it was read.
+    pub path: PathBuf,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl KernelConfig {
+    /// `option` under whichever of its names the configuration has (the
+    /// new name first): the name found and its setting; `None` when it
+    /// mentions neither.
+    pub fn value(&self, option: &ConfigOption) -> Option<(&'static str, ConfigValue)> {
+        option
+            .names()
+            .find_map(|name| config_value(&self.bytes, name).map(|v| (name, v)))
+    }
+
+    /// Whether `option` is `=y` under one of its names.
+    pub fn enabled(&self, option: &ConfigOption) -> bool {
+        matches!(self.value(option), Some((_, ConfigValue::Set(v))) if v == b"y")
+    }
+}
+
+/// The setting of the option `name` in configuration text: the last line
+/// that sets it or says it is not set (Kconfig writes one; a later line
+/// wins as it does for `make olddefconfig`).
+fn config_value(config: &[u8], name: &str) -> Option<ConfigValue> {
+    let name = name.as_bytes();
+    config
+        .split(|&b| b == b'\n')
+        .map(<[u8]>::trim_ascii)
+        .filter_map(|l| {
+            if let Some(v) = l.strip_prefix(name).and_then(|r| r.strip_prefix(b"=")) {
+                return Some(ConfigValue::Set(v.trim_ascii().to_vec()));
+            }
+            let rest = l
+                .strip_prefix(b"#")?
+                .trim_ascii_start()
+                .strip_prefix(name)?;
+            (rest.trim_ascii() == b"is not set").then_some(ConfigValue::NotSet)
+        })
+        .last()
+}
+
+/// The configuration beside the image at `path`: `config` in the same
+/// directory (ptiscope's cache), or Debian's `/boot/config-RELEASE`
+/// beside `/boot/vmlinuz-RELEASE` (the release from the file name or from
+/// the image's `version`). A candidate that does not exist is passed
+/// over; one that exists but cannot be read whole (a FIFO, a device, over
+/// [`MAX_CONFIG_BYTES`], unreadable) is an error naming it, never taken as
+/// "no configuration". Read through [`read_regular`]: a FIFO never blocks
+/// the open, a signal ends the read.
+pub fn config_beside(
+    path: &Path,
+    version: Option<&str>,
+) -> Result<Option<KernelConfig>, ImageError> {
     let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
     let mut candidates = vec![dir.join("config")];
     if let Some(release) = path
         .file_name()
@@ -195,32 +396,24 @@ fn config_beside(path: &Path, version: Option<&str>) -> (Option<bool>, Option<Pa
         candidates.push(dir.join(format!("config-{release}")));
     }
     for c in candidates {
-        if let Ok(bytes) = read_config(&c) {
-            return (Some(config_has_pti(&bytes)), Some(c));
+        match read_regular(
+            "kernel configuration",
+            &c,
+            MAX_CONFIG_BYTES,
+            READ_TIME_LIMIT,
+        ) {
+            Ok(bytes) => return Ok(Some(KernelConfig { path: c, bytes })),
+            Err(InputError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            }
+            Err(source) => {
+                return Err(ImageError::Config {
+                    kernel: path.display().to_string(),
+                    source,
+                })
+            }
         }
     }
-    (None, None)
-}
-
-/// Whether a kernel configuration sets `CONFIG_PAGE_TABLE_ISOLATION=y`,
-/// read as bytes: a configuration is ASCII by convention only (a comment
-/// or a string option may hold any byte), and one that is not UTF-8 is
-/// still this kernel's configuration, not an absent one.
-fn config_has_pti(config: &[u8]) -> bool {
-    config
-        .split(|&b| b == b'\n')
-        .any(|l| l.trim_ascii() == b"CONFIG_PAGE_TABLE_ISOLATION=y")
-}
-
-fn read_config(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let f = std::fs::File::open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut bytes = Vec::new();
-    f.take(MAX_CONFIG_BYTES).read_to_end(&mut bytes)?;
-    Ok(bytes)
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -301,10 +494,122 @@ mod tests {
             (&b"\x80\x81\x82"[..], false),
         ] {
             std::fs::write(d.join("config"), text).unwrap();
-            let (got, path) = config_beside(&k, None);
-            assert_eq!(got, Some(pti), "{text:?}");
-            assert_eq!(path, Some(d.join("config")));
+            let c = config_beside(&k, None).unwrap().unwrap();
+            assert_eq!(c.enabled(&PAGE_TABLE_ISOLATION), pti, "{text:?}");
+            assert_eq!(c.path, d.join("config"));
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Each option is read under its name before Linux 6.9 and its
+    /// `CONFIG_MITIGATION_*` name since; `is not set`, `=m`, a longer
+    /// name sharing the prefix and an absent option are told apart.
+    #[test]
+    fn options_are_read_under_every_name_they_have_had() {
+        let config = |text: &str| KernelConfig {
+            path: PathBuf::from("config"),
+            bytes: text.as_bytes().to_vec(),
+        };
+        let pti = &PAGE_TABLE_ISOLATION;
+        // 6.1 and 6.12 as Debian ships them.
+        assert!(config("CONFIG_PAGE_TABLE_ISOLATION=y\n").enabled(pti));
+        assert!(config("CONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y\n").enabled(pti));
+        assert_eq!(
+            config("  CONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y \r\n").value(pti),
+            Some((
+                "CONFIG_MITIGATION_PAGE_TABLE_ISOLATION",
+                ConfigValue::Set(b"y".to_vec())
+            ))
+        );
+        for text in [
+            "",
+            "# CONFIG_MITIGATION_PAGE_TABLE_ISOLATION is not set\n",
+            "# CONFIG_PAGE_TABLE_ISOLATION is not set\n",
+            "CONFIG_PAGE_TABLE_ISOLATION=m\n",
+            "CONFIG_PAGE_TABLE_ISOLATION_X=y\n# CONFIG_PAGE_TABLE_ISOLATION_Y is not set\n",
+            "#CONFIG_PAGE_TABLE_ISOLATION=y\n",
+        ] {
+            assert!(!config(text).enabled(pti), "{text:?}");
+        }
+        assert_eq!(
+            config("# CONFIG_PAGE_TABLE_ISOLATION is not set\n").value(pti),
+            Some(("CONFIG_PAGE_TABLE_ISOLATION", ConfigValue::NotSet))
+        );
+        assert_eq!(config("CONFIG_PAGE_TABLE_ISOLATION_X=y\n").value(pti), None);
+        // Every renamed option reads both ways, and its message names both.
+        for o in MITIGATION_OPTIONS {
+            for name in o.names() {
+                assert!(config(&format!("{name}=y\n")).enabled(&o), "{name}");
+                assert!(o.either_y().contains(&format!("{name}=y")), "{name}");
+            }
+        }
+        assert!(MITIGATION_OPTIONS
+            .iter()
+            .all(|o| o.new.starts_with("CONFIG_MITIGATION_")));
+        // A non-PAE 686 kernel: no PTI under either name.
+        let c = config("CONFIG_X86_32=y\n# CONFIG_X86_PAE is not set\n");
+        assert!(!c.enabled(pti) && !c.enabled(&X86_PAE));
+        assert_eq!(
+            c.value(&X86_PAE),
+            Some(("CONFIG_X86_PAE", ConfigValue::NotSet))
+        );
+    }
+
+    /// A configuration is read whole: an option past 4 MiB (the old cap)
+    /// is found; one over [`MAX_CONFIG_BYTES`] is an error naming it and
+    /// the cap, never "no PTI"; a FIFO or a directory named `config` is an
+    /// error at once (never a blocked open); a missing one is no config.
+    #[test]
+    fn a_configuration_is_read_whole_or_refused_naming_it() {
+        let d = std::env::temp_dir().join(format!("ptiscope-config-big-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let k = d.join("vmlinuz");
+        assert!(config_beside(&k, None).unwrap().is_none());
+        let mut big = "# padding\n".repeat((5 << 20) / 10).into_bytes();
+        big.extend_from_slice(b"CONFIG_PAGE_TABLE_ISOLATION=y\n");
+        assert!(big.len() > 5 << 20);
+        std::fs::write(d.join("config"), &big).unwrap();
+        let c = config_beside(&k, None).unwrap().unwrap();
+        assert!(c.enabled(&PAGE_TABLE_ISOLATION));
+        // Over the cap (sparse: no disk used).
+        let f = std::fs::File::create(d.join("config")).unwrap();
+        f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        let e = config_beside(&k, None).unwrap_err().to_string();
+        assert!(
+            e.contains(&d.join("config").display().to_string())
+                && e.contains(&MAX_CONFIG_BYTES.to_string())
+                && e.contains(&k.display().to_string()),
+            "{e}"
+        );
+        std::fs::remove_file(d.join("config")).unwrap();
+        // Debian's /boot/config-RELEASE beside /boot/vmlinuz-RELEASE.
+        let boot = d.join("vmlinuz-6.12.0-test");
+        std::fs::write(
+            d.join("config-6.12.0-test"),
+            "CONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y\n",
+        )
+        .unwrap();
+        let c = config_beside(&boot, None).unwrap().unwrap();
+        assert_eq!(c.path, d.join("config-6.12.0-test"));
+        assert!(c.enabled(&PAGE_TABLE_ISOLATION));
+        // The release from the image's version string.
+        let c = config_beside(&k, Some("6.12.0-test (x@y) #1"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.path, d.join("config-6.12.0-test"));
+        // A FIFO, then a directory.
+        let fifo = std::ffi::CString::new(d.join("config").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let t = std::time::Instant::now();
+        let e = config_beside(&k, None).unwrap_err().to_string();
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        assert!(e.contains("FIFO") && e.contains("/config"), "{e}");
+        std::fs::remove_file(d.join("config")).unwrap();
+        std::fs::create_dir(d.join("config")).unwrap();
+        let e = config_beside(&k, None).unwrap_err().to_string();
+        assert!(e.contains("is a directory"), "{e}");
         let _ = std::fs::remove_dir_all(&d);
     }
 

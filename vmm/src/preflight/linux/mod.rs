@@ -130,24 +130,27 @@ pub enum LinuxError {
     Option(String),
     /// pti=on for a kernel built without PTI.
     #[error(
-        "{path}: pti=on was asked, but its configuration ({config}) has no \
-         CONFIG_PAGE_TABLE_ISOLATION=y: this kernel cannot isolate page tables, so there is no \
-         PTI cost to measure"
+        "{path}: pti=on was asked, but its configuration ({config}) has no {}: this kernel \
+         cannot isolate page tables, so there is no PTI cost to measure{hint}",
+        image::PAGE_TABLE_ISOLATION.either_y()
     )]
     NoPti {
         /// The kernel.
         path: String,
         /// The configuration file.
         config: String,
+        /// More on why (a 32-bit kernel without PAE), or empty.
+        hint: String,
     },
 }
 
 impl LinuxError {
-    /// The termination signal that stopped the kernel image's read, if one
-    /// did (the command then ends with 128 + it, as a signal during a run).
+    /// The termination signal that stopped the read of the kernel image
+    /// (or of the configuration beside it), if one did (the command then ends with 128 + it, as a signal during a run).
     pub fn signal(&self) -> Option<i32> {
         match self {
             LinuxError::Image(ImageError::Read(LoadError::Interrupted(signal))) => Some(*signal),
+            LinuxError::Image(ImageError::Config { source, .. }) => source.signal(),
             _ => None,
         }
     }
@@ -423,14 +426,23 @@ pub fn settle(
         })?;
     }
     let pti = asked.pti.unwrap_or(PtiMode::Auto);
-    if pti == PtiMode::On && image.config_pti == Some(false) {
-        return Err(LinuxError::NoPti {
-            path: name,
-            config: image
-                .config_path
-                .as_ref()
-                .map_or("-".into(), |p| p.display().to_string()),
-        });
+    if let (PtiMode::On, Some(config)) = (pti, &image.config) {
+        if !config.enabled(&image::PAGE_TABLE_ISOLATION) {
+            // 32-bit PTI needs PAE paging: say so where that is why.
+            let no_pae = image.arch == LinuxArch::I386 && !config.enabled(&image::X86_PAE);
+            return Err(LinuxError::NoPti {
+                path: name,
+                config: config.path.display().to_string(),
+                hint: if no_pae {
+                    format!(
+                        " (it is a 32-bit kernel without {}=y, which 32-bit PTI needs)",
+                        image::X86_PAE.new
+                    )
+                } else {
+                    String::new()
+                },
+            });
+        }
     }
     if workload == Workload::NoptiGetpid {
         return Err(LinuxError::Option(
