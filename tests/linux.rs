@@ -29,6 +29,9 @@ fn kernel_or_skip(test: &str, name: &str, qemu: &str) -> Option<PathBuf> {
 
 const AMD64: (&str, &str) = ("debian-amd64", "qemu-system-x86_64");
 const I686: (&str, &str) = ("debian-686-pae", "qemu-system-i386");
+/// Debian's 6.12 cloud kernel: its configuration (beside it in the cache)
+/// names PTI `CONFIG_MITIGATION_PAGE_TABLE_ISOLATION` (Linux 6.9+).
+const AMD64_612: (&str, &str) = ("debian-6.12-amd64", "qemu-system-x86_64");
 
 fn linux_run(kernel: &str, args: &[&str]) -> std::process::Output {
     ptiscope()
@@ -132,6 +135,27 @@ fn compare_getppid_pti_off_on_debian_amd64() {
 #[test]
 fn compare_getppid_pti_off_on_debian_686_pae() {
     compare_getppid("compare_getppid_pti_off_on_debian_686_pae", I686);
+}
+
+/// The same on Linux 6.12 with its configuration beside it: `pti=on` used
+/// to be refused before boot ("has no CONFIG_PAGE_TABLE_ISOLATION=y")
+/// because 6.9 renamed the option; now 2 MOV CR3 per getppid with pti=on,
+/// 0 with pti=off, one boot per side.
+#[test]
+fn compare_getppid_pti_off_on_debian_6_12_amd64() {
+    let test = "compare_getppid_pti_off_on_debian_6_12_amd64";
+    if let Some(Ok(k)) = ptiscope::preflight::linux::known_path(AMD64_612.0)
+        .filter(|k| k.as_ref().is_ok_and(|k| k.is_file()))
+    {
+        let config = std::fs::read_to_string(k.with_file_name("config")).unwrap_or_default();
+        assert!(
+            config
+                .lines()
+                .any(|l| l == "CONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y"),
+            "the 6.12 kernel's configuration (the case this test is for) is not beside it"
+        );
+    }
+    compare_getppid(test, AMD64_612);
 }
 
 /// The plugin's kernel instructions per getppid are one system call's,
