@@ -267,9 +267,9 @@ fn pack_linux_cache(
 }
 
 /// The batch's jobs with each `--linux VALUE` packed (once per value) and
-/// named as the inner command finds it, the files to pack, and whether
-/// known kernels were packed as the inner cache.
-fn pack_batch_linux(request: &mut Request) -> Result<(Vec<(String, Vec<u8>)>, bool), PackError> {
+/// named as the inner command finds it: the packer holds the files to
+/// pack and whether known kernels went into the inner cache.
+fn pack_batch_linux(request: &mut Request) -> Result<Packer, PackError> {
     let mut packer = Packer::default();
     for job in &mut request.jobs {
         let mut argv = Vec::with_capacity(job.argv.len());
@@ -287,7 +287,7 @@ fn pack_batch_linux(request: &mut Request) -> Result<(Vec<(String, Vec<u8>)>, bo
         }
         job.argv = argv;
     }
-    Ok((packer.inputs, packer.cache))
+    Ok(packer)
 }
 
 /// The inner KVM's paging: as asked, else shadow paging for a Linux guest
@@ -529,7 +529,7 @@ pub fn batch(args: &crate::cli::NestedBatchArgs) -> i32 {
         }
     };
     let inputs = match pack_batch_linux(&mut request) {
-        Ok((inputs, cache)) => {
+        Ok(Packer { inputs, cache, .. }) => {
             if cache {
                 for job in &mut request.jobs {
                     job.env.push((

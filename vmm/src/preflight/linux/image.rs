@@ -351,9 +351,9 @@ impl KernelConfig {
 fn config_value(config: &[u8], name: &str) -> Option<ConfigValue> {
     let name = name.as_bytes();
     config
-        .split(|&b| b == b'\n')
+        .rsplit(|&b| b == b'\n')
         .map(<[u8]>::trim_ascii)
-        .filter_map(|l| {
+        .find_map(|l| {
             if let Some(v) = l.strip_prefix(name).and_then(|r| r.strip_prefix(b"=")) {
                 return Some(ConfigValue::Set(v.trim_ascii().to_vec()));
             }
@@ -363,7 +363,6 @@ fn config_value(config: &[u8], name: &str) -> Option<ConfigValue> {
                 .strip_prefix(name)?;
             (rest.trim_ascii() == b"is not set").then_some(ConfigValue::NotSet)
         })
-        .last()
 }
 
 /// The configuration beside the image at `path`: `config` in the same
