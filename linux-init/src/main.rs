@@ -196,8 +196,8 @@ fn run() -> u32 {
         (PtiMode::On, false) => {
             println!(
                 "@pti-mismatch asked=on log=off: the kernel was asked for pti=on but its log has no \
-                 \"{PTI_ENABLED}\" line (a kernel built without CONFIG_PAGE_TABLE_ISOLATION, or a \
-                 32-bit kernel without PAE); nothing is measured"
+                 \"{PTI_ENABLED}\" line (a kernel built without CONFIG_MITIGATION_PAGE_TABLE_ISOLATION, \
+                 CONFIG_PAGE_TABLE_ISOLATION before Linux 6.9, or a 32-bit kernel without PAE); nothing is measured"
             );
             return exit_status::UNSUPPORTED;
         }

@@ -261,7 +261,7 @@ pub fn check_pti(
     };
     match (asked, enabled) {
         (PtiMode::On, false) => {
-            return Err("pti=on was asked, but the kernel log has no \"Kernel/User page tables isolation: enabled\": this kernel did not enable PTI (built without CONFIG_PAGE_TABLE_ISOLATION?)".into())
+            return Err("pti=on was asked, but the kernel log has no \"Kernel/User page tables isolation: enabled\": this kernel did not enable PTI (built without CONFIG_MITIGATION_PAGE_TABLE_ISOLATION, or CONFIG_PAGE_TABLE_ISOLATION before Linux 6.9?)".into())
         }
         (PtiMode::Off, true) => {
             return Err("pti=off was asked, but the kernel log says PTI is enabled".into())

@@ -82,7 +82,9 @@ pub struct LinuxGuest {
     pub format: ImageFormat,
     /// The setup header's version string.
     pub version: Option<String>,
-    /// `CONFIG_PAGE_TABLE_ISOLATION` from a configuration beside the image.
+    /// Whether a configuration beside the image enables PTI
+    /// (`CONFIG_MITIGATION_PAGE_TABLE_ISOLATION`, or
+    /// `CONFIG_PAGE_TABLE_ISOLATION` before Linux 6.9); `None` without one.
     pub config_pti: Option<bool>,
     /// The init's words of the command line (its parser's keys).
     pub init_words: String,
