@@ -90,7 +90,7 @@ pub struct Inner {
 
 /// The Linux kernels packed for the inner command, each once: a known
 /// name into the inner kernel cache (the inner command keeps the name, so
-/// its report says `debian-amd64`), a path under `/nested/in/N-linux/`;
+/// its report says `debian-amd64`), a path under `/nested/in/kernel-N/`;
 /// each with the configuration the inner preflight would find beside it,
 /// packed as `config` beside the copy.
 #[derive(Debug, Default)]
@@ -104,9 +104,10 @@ struct Packer {
 }
 
 impl Packer {
-    /// Packs the kernel `v` names (once) and returns what the inner
-    /// command's `--linux`/`linux=` is then given.
-    fn linux(&mut self, v: &str) -> Result<String, PackError> {
+    /// Packs the kernel `v` names (once; `what` is the option, for
+    /// messages) and returns what the inner command's `--linux`/`linux=`
+    /// is then given.
+    fn linux(&mut self, what: &'static str, v: &str) -> Result<String, PackError> {
         if let Some((_, inner)) = self.packed.iter().find(|(k, _)| k == v) {
             return Ok(inner.clone());
         }
@@ -121,11 +122,14 @@ impl Packer {
                 .file_name()
                 .map(|f| f.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "vmlinuz".into());
-            let dir = format!("/nested/in/{}-linux", self.packed.len());
+            // Its own directory (not `/nested/in/N-NAME`, where the
+            // `--kernel`/`--against` files go: a file named `linux` there
+            // must not be this directory).
+            let dir = format!("/nested/in/kernel-{}", self.packed.len());
             let kernel = format!("{dir}/{leaf}");
             (dir, kernel.clone(), kernel)
         };
-        self.pack_kernel(&path, &dir, &kernel)?;
+        self.pack_kernel(what, &path, &dir, &kernel)?;
         self.cache |= known;
         self.packed.push((v.to_string(), given.clone()));
         Ok(given)
@@ -136,11 +140,12 @@ impl Packer {
     /// `vmlinuz-RELEASE`) and packs them as `kernel` and `dir/config`.
     fn pack_kernel(
         &mut self,
+        what: &'static str,
         path: &std::path::Path,
         dir: &str,
         kernel: &str,
     ) -> Result<(), PackError> {
-        let bytes = read_regular("--linux", path, MAX_IMAGE_BYTES, READ_TIME_LIMIT)?;
+        let bytes = read_regular(what, path, MAX_IMAGE_BYTES, READ_TIME_LIMIT)?;
         let version = image::version_of(&bytes);
         let config = image::config_beside(path, version.as_deref()).map_err(LinuxError::Image)?;
         if let Some(config) = config {
@@ -157,7 +162,7 @@ impl Packer {
             .split(',')
             .map(|w| match w.split_once('=') {
                 Some((k, v)) if k.trim() == "linux" && !v.trim().is_empty() => {
-                    Ok(format!("{k}={}", self.linux(v.trim())?))
+                    Ok(format!("{k}={}", self.linux("linux=", v.trim())?))
                 }
                 _ => Ok(w.to_string()),
             })
@@ -202,7 +207,7 @@ pub fn rewrite(raw: &[String], json_is_flag: bool) -> Result<Inner, PackError> {
                 inner.argv.push(arg.clone());
                 continue;
             };
-            let kernel = packer.linux(&v)?;
+            let kernel = packer.linux("--linux", &v)?;
             inner.argv.push(format!("--linux={kernel}"));
         } else if SIDE_OPTS.contains(&name) {
             let Some(v) = inline.or_else(|| it.next().cloned()) else {
@@ -260,7 +265,7 @@ fn pack_linux_cache(
     let mut packer = Packer::default();
     for (name, image) in kernels {
         let dir = format!("{INNER_LINUX_CACHE}/{name}");
-        packer.pack_kernel(image, &dir, &format!("{dir}/vmlinuz"))?;
+        packer.pack_kernel("kernel", image, &dir, &format!("{dir}/vmlinuz"))?;
     }
     inputs.append(&mut packer.inputs);
     Ok(())
@@ -283,7 +288,7 @@ fn pack_batch_linux(request: &mut Request) -> Result<Packer, PackError> {
                     continue;
                 }
             };
-            argv.push(format!("--linux={}", packer.linux(&v)?));
+            argv.push(format!("--linux={}", packer.linux("--linux", &v)?));
         }
         job.argv = argv;
     }
@@ -862,8 +867,8 @@ mod tests {
             s(&[
                 "compare",
                 "--backend=kvm",
-                "--baseline=linux=/nested/in/0-linux/vmlinuz-6.12.0-x,append=pti=off",
-                "--compare=append=pti=on, linux=/nested/in/0-linux/vmlinuz-6.12.0-x",
+                "--baseline=linux=/nested/in/kernel-0/vmlinuz-6.12.0-x,append=pti=off",
+                "--compare=append=pti=on, linux=/nested/in/kernel-0/vmlinuz-6.12.0-x",
             ])
         );
         // Debian's config-RELEASE is packed as `config` beside the copy.
@@ -871,11 +876,11 @@ mod tests {
             i.inputs,
             vec![
                 (
-                    "/nested/in/0-linux/config".to_string(),
+                    "/nested/in/kernel-0/config".to_string(),
                     b"CONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y\n".to_vec()
                 ),
                 (
-                    "/nested/in/0-linux/vmlinuz-6.12.0-x".to_string(),
+                    "/nested/in/kernel-0/vmlinuz-6.12.0-x".to_string(),
                     b"kernel".to_vec()
                 )
             ]
@@ -1009,7 +1014,7 @@ mod tests {
             s(&[
                 "run",
                 "--backend=kvm",
-                "--linux=/nested/in/0-linux/vmlinuz",
+                "--linux=/nested/in/kernel-0/vmlinuz",
                 "--workload=getppid"
             ])
         );
@@ -1017,10 +1022,13 @@ mod tests {
             i.inputs,
             vec![
                 (
-                    "/nested/in/0-linux/config".to_string(),
+                    "/nested/in/kernel-0/config".to_string(),
                     b"CONFIG_PAGE_TABLE_ISOLATION=y\n".to_vec()
                 ),
-                ("/nested/in/0-linux/vmlinuz".to_string(), b"kernel".to_vec())
+                (
+                    "/nested/in/kernel-0/vmlinuz".to_string(),
+                    b"kernel".to_vec()
+                )
             ]
         );
     }
