@@ -189,10 +189,11 @@ fn linux_runs_on_the_vmm_under_nested_kvm_amd_and_kvm_counts_cr3_writes_where_it
     match row(&on, "cr3_writes", "kvm") {
         Some((total, per_call)) if shadow => {
             // 2 a call, and now and then a CR3 write of the kernel's own
-            // on that CPU (a TLB shootdown's full flush reloads CR3).
+            // on that CPU (a TLB shootdown's full flush reloads CR3: up to
+            // 6 in 2,000 calls seen on a loaded host; 10 allowed).
             let calls = CALLS as f64;
             assert!(
-                (2.0 * calls..=2.0 * calls + 4.0).contains(&total),
+                (2.0 * calls..=2.0 * calls + 10.0).contains(&total),
                 "{per_call} a call: {notes}"
             );
             assert!(
@@ -276,10 +277,13 @@ fn the_linux_compare_on_the_vmm_under_nested_kvm_amd_is_guarded_on_kvms_cr3_coun
         let m = m.unwrap_or_else(|| panic!("no cr3_writes_per_call: {}", c["metrics"]));
         assert_eq!(m["source"], "kvm", "{m}");
         // 0 and 2 a call, the loop on a tick-free vCPU (no timer
-        // interrupt's two), give or take a TLB shootdown's CR3 reload.
+        // interrupt's two: without it 2.11), give or take the kernel's own
+        // full TLB flushes (a CR3 reload each; up to 6 in 2,000 calls seen
+        // on a loaded 2-core host, so 10 are allowed).
         let mean = |side: &str| m[side]["amean"].as_f64().unwrap_or(f64::NAN);
-        assert!((0.0..0.002).contains(&mean("baseline")), "{m}");
-        assert!((2.0..2.002).contains(&mean("compare")), "{m}");
+        let slack = 10.0 / CALLS as f64;
+        assert!((0.0..slack).contains(&mean("baseline")), "{m}");
+        assert!((2.0..2.0 + slack).contains(&mean("compare")), "{m}");
     } else {
         assert!(m.is_none(), "a CR3 count under nested paging: {m:?}");
     }
