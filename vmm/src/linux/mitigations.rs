@@ -129,6 +129,34 @@ mod tests {
     }
 
     #[test]
+    fn both_backends_summaries_carry_the_state() {
+        use crate::linux::tests::{guest, outcome};
+        use crate::observe::qemu_plugin::PluginOutput;
+        use ptiscope_abi::options::PtiMode;
+        let o = outcome(
+            crate::machine::StopReason::GuestExit { status: 0 },
+            SKYLAKE,
+            &[],
+        );
+        let g = guest(PtiMode::Auto);
+        let want = parse(SKYLAKE.iter().copied());
+        assert!(want.is_some());
+        // QEMU's console.
+        let s = crate::linux::summary(&o, &PluginOutput::Off, &g, None);
+        assert_eq!(s.guest_mitigations, want);
+        // The VMM's.
+        let vmm = crate::report::RunSummary::new(Vec::new(), Some("workload".into()), 10);
+        let (s, _) = crate::linux::summary_on_vmm(&o, &g, &vmm, false);
+        assert_eq!(s.guest_mitigations, want);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["guest_mitigations"]["vulnerabilities"]["meltdown"]["mitigation"],
+            "PTI"
+        );
+        assert!(s.render_text().contains("mitigated: itlb_multihit (VMX unsupported)"));
+    }
+
+    #[test]
     fn a_kernel_without_the_directory_says_why() {
         let m = parse([
             "@linux release=4.9 arch=x86_64 pti=off asked_pti=off",
