@@ -153,7 +153,9 @@ mod tests {
             json["guest_mitigations"]["vulnerabilities"]["meltdown"]["mitigation"],
             "PTI"
         );
-        assert!(s.render_text().contains("mitigated: itlb_multihit (VMX unsupported)"));
+        assert!(s
+            .render_text()
+            .contains("mitigated: itlb_multihit (VMX unsupported)"));
     }
 
     #[test]
