@@ -34,7 +34,7 @@ extern "C" {
 /// Where the kernel says what it does about each CPU bug
 /// (drivers/base/cpu.c, `cpu_root_vulnerabilities_attrs`).
 const DIR: &str = "/sys/devices/system/cpu/vulnerabilities";
-/// Most files printed (6.12 has 25; the rest are counted).
+/// Most files printed (Debian's 6.1 and 6.12 have 17; the rest are counted).
 const MAX_FILES: usize = 64;
 /// Most directory entries looked at.
 const MAX_ENTRIES: usize = 256;
