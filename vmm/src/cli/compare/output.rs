@@ -379,3 +379,73 @@ pub(crate) fn write_file(command: &str, f: &OutputFile, text: &str) -> i32 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lines: &[&str]) -> RunSummary {
+        let mut s = RunSummary::new(Vec::new(), Some("workload".into()), 10);
+        s.guest_mitigations = crate::linux::mitigations::parse(lines.iter().copied());
+        s
+    }
+
+    const MAX: &[&str] = &[
+        "@linux release=6.1 arch=x86_64 pti=off asked_pti=auto",
+        "@vuln meltdown Not affected",
+        "@vulns files=1 shown=1",
+    ];
+    const SKYLAKE: &[&str] = &[
+        "@linux release=6.1 arch=x86_64 pti=on asked_pti=auto",
+        "@vuln meltdown Mitigation: PTI",
+        "@vulns files=1 shown=1",
+    ];
+
+    #[test]
+    fn each_side_is_shown_with_what_differs() {
+        let m = SideMitigations::of(&[run(MAX), run(MAX)], &[run(SKYLAKE)]);
+        assert_eq!(
+            m.differences,
+            [
+                "PTI (kernel log): off vs on",
+                "meltdown: Not affected vs Mitigation: PTI"
+            ]
+        );
+        let text = m.render_text();
+        assert!(
+            text.contains(
+                "    baseline: PTI off (pti= not set: the kernel's choice); not affected: 1 of 1\n"
+            ) && text.contains(
+                "    compare:  PTI on (pti= not set: the kernel's choice); not affected: 0 of 1\n"
+            ) && text.contains("              mitigated: meltdown (PTI)\n")
+                && text.contains("  differs:   meltdown: Not affected vs Mitigation: PTI\n"),
+            "{text}"
+        );
+        let v = m.to_json().unwrap();
+        assert_eq!(
+            v["compare"]["vulnerabilities"]["meltdown"]["mitigation"],
+            "PTI"
+        );
+        assert_eq!(
+            v["differences"][1],
+            "meltdown: Not affected vs Mitigation: PTI"
+        );
+
+        // The same on both sides: once, nothing differs.
+        let same = SideMitigations::of(&[run(MAX)], &[run(MAX)]);
+        assert!(same.differences.is_empty());
+        assert!(same.render_text().contains("    both:     PTI off"));
+        assert!(!same.render_text().contains("differs:"));
+
+        // A side whose runs disagree says so; the first run's is shown.
+        let varied = SideMitigations::of(&[run(MAX), run(SKYLAKE)], &[run(MAX)]);
+        assert_eq!(varied.varied, [true, false]);
+        assert!(varied.render_text().contains("reported different states"));
+        assert!(varied.differences.is_empty());
+
+        // No Linux side: nothing printed, no JSON key.
+        let none = SideMitigations::of(&[run(&[])], &[run(&[])]);
+        assert_eq!(none.render_text(), "");
+        assert!(none.to_json().is_none());
+    }
+}
