@@ -108,6 +108,13 @@ fn a_kernel_against_itself_differs_in_nothing_and_its_counts_are_identical() {
         v["environment"]["options"]
     );
     assert!(!text.contains("differs:"), "{text}");
+    // One kernel, one CPU model: one mitigation state, shown once.
+    assert!(text.contains("    both:     PTI off"), "{text}");
+    assert_eq!(
+        v["guest_mitigations"]["baseline"], v["guest_mitigations"]["compare"],
+        "{}",
+        v["guest_mitigations"]
+    );
     for metric in [
         "kernel_instructions_per_call",
         "user_instructions_per_call",
@@ -169,10 +176,15 @@ fn a_command_line_difference_is_named_and_its_pti_increment_is_exact() {
         (1.99..2.1).contains(&on),
         "about 2 CR3 writes per call with pti=on: {on}\n{text}"
     );
-    // Only the command line differs, the image does not.
+    // Only the command line differs, the image does not; and with it PTI's
+    // state as each kernel's log says (under `-cpu max` the meltdown file
+    // says "Not affected" either way).
     assert_eq!(
         v["environment"]["options"]["sides_differ"],
-        serde_json::json!(["command line: compare only: pti=on"]),
+        serde_json::json!([
+            "command line: compare only: pti=on",
+            "PTI (kernel log): off vs on"
+        ]),
         "{text}"
     );
 
@@ -222,6 +234,75 @@ fn two_kernels_are_named_as_such_with_their_entries() {
         amean(&v, "insn_sysenter_per_call", "compare"),
         1.0,
         "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Each side's kernel says which mitigations it runs: under `-cpu max`
+/// Linux finds itself not affected by Meltdown (PTI off), under
+/// Skylake-Client-v1 it turns on PTI by itself; the header, `differs:` and
+/// the JSON say so per side.
+#[test]
+fn each_sides_kernel_mitigations_are_reported_and_meltdown_differs() {
+    let test = "each_sides_kernel_mitigations_are_reported_and_meltdown_differs";
+    if !plugin_or_skip(test, "qemu-system-x86_64") {
+        return;
+    }
+    if !matches!(ptiscope::preflight::linux::known_path("debian-amd64"), Some(Ok(p)) if p.is_file())
+    {
+        ptiscope::test_support::skip(
+            test,
+            "debian-amd64 is not fetched: run `ptiscope linux fetch`",
+        );
+        return;
+    }
+    let dir = scratch("linux-ab-mitigations");
+    let (ok, text, v) = compare(
+        &[
+            "--runs",
+            "1",
+            "--baseline",
+            "linux=debian-amd64",
+            "--compare",
+            "linux=debian-amd64,cpu=Skylake-Client-v1",
+        ],
+        &dir.join("mitigations.json"),
+    );
+    assert!(ok, "{text}");
+    let m = &v["guest_mitigations"];
+    let meltdown = |side: &str| &m[side]["vulnerabilities"]["meltdown"];
+    assert_eq!(meltdown("baseline")["state"], "Not affected", "{m}");
+    assert_eq!(meltdown("baseline")["class"], "not_affected", "{m}");
+    assert_eq!(meltdown("compare")["state"], "Mitigation: PTI", "{m}");
+    assert_eq!(meltdown("compare")["class"], "mitigated", "{m}");
+    assert_eq!(meltdown("compare")["mitigation"], "PTI", "{m}");
+    // Neither side set pti=: each says which PTI state its kernel chose.
+    for (side, pti) in [("baseline", "off"), ("compare", "on")] {
+        assert_eq!(m[side]["pti"], pti, "{side}: {m}");
+        assert_eq!(m[side]["asked_pti"], "auto", "{side}: {m}");
+    }
+    assert!(
+        text.contains("baseline: PTI off (pti= not set: the kernel's choice)")
+            && text.contains("compare:  PTI on (pti= not set: the kernel's choice)"),
+        "{text}"
+    );
+    // MDS: affected on Skylake (its buffer clearing), not under max.
+    assert_eq!(
+        m["baseline"]["vulnerabilities"]["mds"]["class"], "not_affected",
+        "{m}"
+    );
+    assert_ne!(
+        m["compare"]["vulnerabilities"]["mds"]["class"], "not_affected",
+        "{m}"
+    );
+    let line = "meltdown: Not affected vs Mitigation: PTI";
+    assert!(text.contains(&format!("differs:   {line}")), "{text}");
+    let has = |a: &serde_json::Value| a.as_array().is_some_and(|a| a.iter().any(|d| d == line));
+    assert!(has(&m["differences"]), "{m}");
+    assert!(
+        has(&v["environment"]["options"]["sides_differ"]),
+        "{}",
+        v["environment"]["options"]
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -15,6 +15,7 @@
 //! SYSENTER through its own stub) and its `.user.text` section, so they
 //! cannot run under Linux unchanged.
 
+mod mitigations;
 mod sys;
 mod work;
 
@@ -192,6 +193,8 @@ fn run() -> u32 {
         on_off(pti),
         c.pti
     );
+    // The kernel's own word on its mitigations, before anything is measured.
+    mitigations::report(&cmdline);
     match (c.pti, pti) {
         (PtiMode::On, false) => {
             println!(

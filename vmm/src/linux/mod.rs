@@ -23,6 +23,7 @@
 //! It sits above `report` (its summary is a `RunSummary`) and below
 //! `backend` and `cli`; nothing below `report` imports it.
 
+pub mod mitigations;
 pub mod symbols;
 
 use ptiscope_abi::options::{PtiMode, Workload};
@@ -349,6 +350,7 @@ pub fn summary(
     };
     s.telemetry_checked = false;
     s.telemetry_initialized = false;
+    s.guest_mitigations = mitigations::guest_mitigations(outcome);
     s.notes.push(format!(
         "Linux guest ({}, {}) under QEMU TCG with ptiscope's init: [guest] figures are the \
          init's @result line, [qemu-plugin] ones counted by ptiscope's TCG plugin; per-call \

@@ -12,6 +12,7 @@ pub mod environment;
 pub mod guest_result;
 mod kvm_summary;
 pub mod metric;
+pub mod mitigations;
 pub mod plot;
 pub mod plugin_rows;
 pub mod run_summary;

@@ -197,6 +197,11 @@ pub struct RunSummary {
     /// `None` where the VMM did not run the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmm_exits_by_kind: Option<crate::machine::exit::ExitCounts>,
+    /// A Linux guest's CPU-bug mitigations as its kernel reported them
+    /// (its vulnerabilities files, PTI's state, its command line); `None`
+    /// for ptiscope's own guest, or an init that said nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_mitigations: Option<super::mitigations::GuestMitigations>,
 }
 
 fn checked_by_default() -> bool {
@@ -223,6 +228,7 @@ impl RunSummary {
             by_symbol: None,
             kvm_exits_by_reason: BTreeMap::new(),
             vmm_exits_by_kind: None,
+            guest_mitigations: None,
         }
     }
 
@@ -287,6 +293,12 @@ impl RunSummary {
                 r.metric.name,
                 rate,
                 r.metric.source.tag()
+            ));
+        }
+        if let Some(m) = &self.guest_mitigations {
+            out.push_str(&format!(
+                "\n guest mitigations (its kernel's vulnerabilities files): {}\n",
+                m.compact()
             ));
         }
         if !self.kvm_exits_by_reason.is_empty() {

@@ -250,6 +250,16 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         final_ci_pct: target_ci.map(|_| [ci_pct(&runs[0], watched), ci_pct(&runs[1], watched)]),
         stopped: outcome.stopped,
     };
+    // What each side's kernel says of its mitigations, known once it ran:
+    // what differs is a `differs:` line like the header's.
+    let mitigations = output::SideMitigations::of(&runs[0], &runs[1]);
+    if !mitigations.differences.is_empty() {
+        environment
+            .options
+            .entry("sides_differ".into())
+            .or_default()
+            .extend(mitigations.differences.iter().cloned());
+    }
     environment
         .options
         .insert("baseline".into(), table.baseline.config.clone());
@@ -269,6 +279,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
     });
     let by_symbol = args.by_symbol.then(|| side_symbols(&runs[0], &runs[1]));
     let report = output::Report {
+        mitigations: &mitigations,
         by_symbol: by_symbol.as_ref(),
         symbol_csv: symbol_csv.as_ref(),
         symbol_conditions: &symbol_conditions,

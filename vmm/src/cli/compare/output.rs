@@ -8,14 +8,105 @@ use crate::cli::exit_code;
 use crate::cli::CompareArgs;
 use crate::output::OutputFile;
 use crate::report::by_symbol::{SymbolCondition, SymbolDiff};
+use crate::report::mitigations::{side_differences, GuestMitigations};
+use crate::report::RunSummary;
 use crate::report::{CompareTable, Condition};
 use ptiscope_abi::options::Workload;
 
 /// Rows of the by-symbol table in the terminal (--json has all).
 const SYMBOL_ROWS: usize = 25;
 
+/// Each side's guest mitigation state (a Linux side's kernel's
+/// vulnerabilities files and PTI state, from its first run that reported
+/// them) and what differs between the sides.
+pub(super) struct SideMitigations {
+    /// Baseline's and compare's; `None` for a side that is not Linux (or
+    /// whose init said nothing).
+    pub sides: [Option<GuestMitigations>; 2],
+    /// Whether a side's runs reported different states (a kernel whose
+    /// choice changed between boots: the first run's is shown).
+    pub varied: [bool; 2],
+    /// `meltdown: Not affected vs Mitigation: PTI`, ... (the header's
+    /// `differs:` lines, and `sides_differ` in the JSON's environment).
+    pub differences: Vec<String>,
+}
+
+impl SideMitigations {
+    /// From both sides' runs.
+    pub fn of(base: &[RunSummary], comp: &[RunSummary]) -> Self {
+        let side = |runs: &[RunSummary]| {
+            let mut states = runs.iter().filter_map(|r| r.guest_mitigations.as_ref());
+            let first = states.next().cloned();
+            let varied = states.any(|m| Some(m) != first.as_ref());
+            (first, varied)
+        };
+        let ((b, bv), (c, cv)) = (side(base), side(comp));
+        let differences = side_differences(b.as_ref(), c.as_ref());
+        SideMitigations {
+            sides: [b, c],
+            varied: [bv, cv],
+            differences,
+        }
+    }
+
+    /// The header's lines: each side's state (once when both are the
+    /// same), and the `differs:` lines; nothing without a Linux side.
+    pub fn render_text(&self) -> String {
+        let [b, c] = &self.sides;
+        if b.is_none() && c.is_none() {
+            return String::new();
+        }
+        let mut out = String::from(
+            "  guest mitigations (each side's kernel: its /sys/devices/system/cpu/vulnerabilities, \
+             PTI from its log):\n",
+        );
+        let side = |out: &mut String, label: &str, m: &Option<GuestMitigations>, varied: bool| {
+            let mut lines = m.as_ref().map_or_else(
+                || vec!["not reported (not a Linux guest, or its init said nothing)".to_string()],
+                GuestMitigations::compact_lines,
+            );
+            if varied {
+                lines[0] += " [its runs reported different states: the first run's]";
+            }
+            for (i, l) in lines.iter().enumerate() {
+                let label = if i == 0 { label } else { "" };
+                *out += &format!("    {label:<10}{l}\n");
+            }
+        };
+        if b == c && self.varied == [false, false] {
+            side(&mut out, "both:", b, false);
+        } else {
+            side(&mut out, "baseline:", b, self.varied[0]);
+            side(&mut out, "compare:", c, self.varied[1]);
+        }
+        for d in &self.differences {
+            out += &format!("  differs:   {d}\n");
+        }
+        // Guest text: the console made it terminal-safe; escaped again.
+        out.lines()
+            .map(|l| crate::cli::exit_code::escape_message(l) + "\n")
+            .collect()
+    }
+
+    /// The JSON: `{"baseline": {...}|null, "compare": ..., "differences":
+    /// [...], "varied": [b, c]}`; `None` without a Linux side.
+    pub fn to_json(&self) -> Option<serde_json::Value> {
+        let [b, c] = &self.sides;
+        (b.is_some() || c.is_some()).then(|| {
+            serde_json::json!({
+                "baseline": b,
+                "compare": c,
+                "differences": self.differences,
+                "varied_between_runs": { "baseline": self.varied[0], "compare": self.varied[1] },
+            })
+        })
+    }
+}
+
 /// What the runs gave, ready to print and write.
 pub(super) struct Report<'a> {
+    /// Each side's guest mitigation state.
+    pub mitigations: &'a SideMitigations,
     /// `--by-symbol`: the difference, or why there is none.
     pub by_symbol: Option<&'a Result<SymbolDiff, String>>,
     /// `--by-symbol-csv`'s file.
@@ -48,6 +139,13 @@ pub(super) fn print(
     let table = r.table;
     if let Some(b) = r.banner {
         println!("{b}");
+    }
+    // The sides' mitigation state, known only once they ran: the header's
+    // last lines.
+    let m = r.mitigations.render_text();
+    if !m.is_empty() {
+        print!("{m}");
+        println!();
     }
     // The answer first, then the compact table; the mmtests table (the
     // metrics non-zero somewhere) and the durations behind --mmtests.
@@ -115,7 +213,14 @@ pub(super) fn print(
     let [json_file, csv_file, svg_file] = files;
     let mut code = 0;
     if let Some(f) = json_file {
-        let mut doc = json_text(table, r.durations, r.runs, against.as_ref(), r.by_symbol);
+        let mut doc = json_text(
+            table,
+            r.durations,
+            r.runs,
+            against.as_ref(),
+            r.by_symbol,
+            r.mitigations,
+        );
         if let Some(b) = r.banner {
             doc = json_with_partial(doc, b);
         }
@@ -211,9 +316,13 @@ fn json_text(
     runs: &RunsReport,
     against: Option<&Against>,
     by_symbol: Option<&Result<SymbolDiff, String>>,
+    mitigations: &SideMitigations,
 ) -> String {
     let mut v = t.to_json();
     if let Some(o) = v.as_object_mut() {
+        if let Some(m) = mitigations.to_json() {
+            o.insert("guest_mitigations".into(), m);
+        }
         match by_symbol {
             Some(Ok(d)) => {
                 o.insert(
@@ -268,5 +377,75 @@ pub(crate) fn write_file(command: &str, f: &OutputFile, text: &str) -> i32 {
             say!("ptiscope {command}: {e}");
             exit_code::CANT_CREATE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lines: &[&str]) -> RunSummary {
+        let mut s = RunSummary::new(Vec::new(), Some("workload".into()), 10);
+        s.guest_mitigations = crate::linux::mitigations::parse(lines.iter().copied());
+        s
+    }
+
+    const MAX: &[&str] = &[
+        "@linux release=6.1 arch=x86_64 pti=off asked_pti=auto",
+        "@vuln meltdown Not affected",
+        "@vulns files=1 shown=1",
+    ];
+    const SKYLAKE: &[&str] = &[
+        "@linux release=6.1 arch=x86_64 pti=on asked_pti=auto",
+        "@vuln meltdown Mitigation: PTI",
+        "@vulns files=1 shown=1",
+    ];
+
+    #[test]
+    fn each_side_is_shown_with_what_differs() {
+        let m = SideMitigations::of(&[run(MAX), run(MAX)], &[run(SKYLAKE)]);
+        assert_eq!(
+            m.differences,
+            [
+                "PTI (kernel log): off vs on",
+                "meltdown: Not affected vs Mitigation: PTI"
+            ]
+        );
+        let text = m.render_text();
+        assert!(
+            text.contains(
+                "    baseline: PTI off (pti= not set: the kernel's choice); not affected: 1 of 1\n"
+            ) && text.contains(
+                "    compare:  PTI on (pti= not set: the kernel's choice); not affected: 0 of 1\n"
+            ) && text.contains("              mitigated: meltdown (PTI)\n")
+                && text.contains("  differs:   meltdown: Not affected vs Mitigation: PTI\n"),
+            "{text}"
+        );
+        let v = m.to_json().unwrap();
+        assert_eq!(
+            v["compare"]["vulnerabilities"]["meltdown"]["mitigation"],
+            "PTI"
+        );
+        assert_eq!(
+            v["differences"][1],
+            "meltdown: Not affected vs Mitigation: PTI"
+        );
+
+        // The same on both sides: once, nothing differs.
+        let same = SideMitigations::of(&[run(MAX)], &[run(MAX)]);
+        assert!(same.differences.is_empty());
+        assert!(same.render_text().contains("    both:     PTI off"));
+        assert!(!same.render_text().contains("differs:"));
+
+        // A side whose runs disagree says so; the first run's is shown.
+        let varied = SideMitigations::of(&[run(MAX), run(SKYLAKE)], &[run(MAX)]);
+        assert_eq!(varied.varied, [true, false]);
+        assert!(varied.render_text().contains("reported different states"));
+        assert!(varied.differences.is_empty());
+
+        // No Linux side: nothing printed, no JSON key.
+        let none = SideMitigations::of(&[run(&[])], &[run(&[])]);
+        assert_eq!(none.render_text(), "");
+        assert!(none.to_json().is_none());
     }
 }
