@@ -155,13 +155,6 @@ fn gate(entry: Entry) -> Result<sys::Gate, String> {
 }
 
 fn run() -> u32 {
-    let marks = match marker::setup() {
-        Ok(c) => c,
-        Err(e) => {
-            println!("linux-init: {e}");
-            return exit_status::FAILURE;
-        }
-    };
     if let Err(e) = sys::mount_proc() {
         println!("linux-init: cannot mount /proc: {e}");
         return exit_status::FAILURE;
@@ -174,7 +167,6 @@ fn run() -> u32 {
         ptiscope_abi::BANNER_PREFIX,
         env!("CARGO_PKG_VERSION")
     );
-    println!("{}", marks.machine_line());
     let cmdline = match read_capped("/proc/cmdline", CMDLINE_CAP) {
         Ok(s) => s,
         Err(e) => {
@@ -182,6 +174,14 @@ fn run() -> u32 {
             return exit_status::FAILURE;
         }
     };
+    let marks = match marker::setup(&cmdline) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("linux-init: {e}");
+            return exit_status::FAILURE;
+        }
+    };
+    println!("{}", marks.machine_line());
     let opts = match options(&cmdline) {
         Ok(o) => o,
         Err(e) => {

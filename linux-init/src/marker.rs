@@ -22,9 +22,10 @@
 //! the task, nothing on its exit path.
 //!
 //! Where the kernel refuses that mapping (no CONFIG_DEVMEM, a lockdown, a
-//! STRICT_DEVMEM that claims the page) the init falls back to the port
-//! marker with `ioperm`, and says so on its `@marker` line: the host's note
-//! then says the counts include the I/O-bitmap update.
+//! STRICT_DEVMEM that claims the page), or when asked to ([`PORT_WORD`]),
+//! the init falls back to the port marker with `ioperm`, and says so on its
+//! `@marker` line: the host's note then says the counts include the
+//! I/O-bitmap update.
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -57,10 +58,23 @@ impl Channel {
     }
 }
 
-/// Maps the marker page, or else takes the phase port with `ioperm`; an
-/// error when neither works (no phase can be marked).
-pub fn setup() -> Result<Channel, String> {
-    let why = match sys::map_device_page(MMIO_MARKER) {
+/// The kernel command-line word that asks for the port marker with
+/// `ioperm` (`--append ptiscope.marker=port`): what the markers cost the
+/// measured calls when they are written that way, measured against the
+/// default. A dotted parameter, as `ptiscope.syms=1`.
+pub const PORT_WORD: &str = "ptiscope.marker=port";
+
+/// Maps the marker page, or else (or when `cmdline` has [`PORT_WORD`])
+/// takes the phase port with `ioperm`; an error when neither works (no
+/// phase can be marked).
+pub fn setup(cmdline: &str) -> Result<Channel, String> {
+    let asked_port = cmdline.split_ascii_whitespace().any(|w| w == PORT_WORD);
+    let mapped = if asked_port {
+        Err(format!("asked:{PORT_WORD}"))
+    } else {
+        sys::map_device_page(MMIO_MARKER)
+    };
+    let why = match mapped {
         Ok(page) => {
             PAGE.store(page, Ordering::Relaxed);
             return Ok(Channel::Mmio);

@@ -454,7 +454,8 @@ fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// `/dev/mem` mapping of the marker page): then every return to user mode
 /// of the measured tasks ran the kernel's TSS I/O-bitmap update, which an
 /// unmodified process does not, and the note says so with the init's
-/// reason. `None` for the marker page (`channel=mmio`, no cost) or no line.
+/// reason (or that it was asked to, `--append ptiscope.marker=port`).
+/// `None` for the marker page (`channel=mmio`, no cost) or no line.
 fn marker_note(outcome: &RunOutcome) -> Option<String> {
     let line = machine_line(outcome, "@marker")?;
     if line_value(line, "channel")? != "port" {
@@ -464,12 +465,18 @@ fn marker_note(outcome: &RunOutcome) -> Option<String> {
     let reason: String = line_value(line, "reason")
         .unwrap_or("unknown")
         .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | ':' | '_'))
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | ':' | '_' | '.' | '='))
         .take(48)
         .collect();
+    let why = if reason.starts_with("asked:") {
+        "as asked (--append ptiscope.marker=port), the init".to_string()
+    } else {
+        format!(
+            "the kernel refused the init's /dev/mem mapping of the marker page ({reason}), so it"
+        )
+    };
     Some(format!(
-        "markers: the kernel refused the init's /dev/mem mapping of the marker page ({reason}), \
-         so it marked the phase through port {:#x} with ioperm: every return to user mode of \
+        "markers: {why} marked the phase through port {:#x} with ioperm: every return to user mode of \
          the measured tasks ran the kernel's I/O-bitmap update (tss_update_io_bitmap), which \
          is in the per-call counts and which a process without ioperm does not pay",
         ptiscope_abi::port::PHASE
@@ -689,6 +696,15 @@ pub(crate) mod tests {
         );
         let s = summary(&o, &PluginOutput::Off, &guest(PtiMode::On), None);
         assert!(s.notes.contains(&n), "{:?}", s.notes);
+        o.machine_lines = vec![
+            "@marker channel=port port=0x600 io_bitmap=yes reason=asked:ptiscope.marker=port"
+                .into(),
+        ];
+        let n = marker_note(&o).unwrap();
+        assert!(
+            n.contains("as asked (--append ptiscope.marker=port)"),
+            "{n}"
+        );
     }
 
     #[test]
