@@ -22,7 +22,8 @@
 //! the task, nothing on its exit path.
 //!
 //! Where the kernel refuses that mapping (no CONFIG_DEVMEM, a lockdown, a
-//! STRICT_DEVMEM that claims the page), or when asked to ([`PORT_WORD`]),
+//! STRICT_DEVMEM that claims the page), for a 32-bit kernel on KVM
+//! ([`KVM_I386`]), or when asked to ([`PORT_WORD`]),
 //! the init falls back to the port marker with `ioperm`, and says so on its
 //! `@marker` line: the host's note then says the counts include the
 //! I/O-bitmap update.
@@ -41,8 +42,8 @@ static PAGE: AtomicPtr<u32> = AtomicPtr::new(core::ptr::null_mut());
 pub enum Channel {
     /// A store to the mapped marker page.
     Mmio,
-    /// `out` to the phase port after `ioperm`; why the page could not be
-    /// mapped.
+    /// `out` to the phase port after `ioperm`; why not the page (the
+    /// `@marker` line's `reason=`).
     Port(String),
 }
 
@@ -64,6 +65,23 @@ impl Channel {
 /// default. A dotted parameter, as `ptiscope.syms=1`.
 pub const PORT_WORD: &str = "ptiscope.marker=port";
 
+/// What Linux logs when it finds KVM's CPUID signature
+/// (arch/x86/kernel/cpu/hypervisor.c, `init_hypervisor_platform`).
+const KVM_DETECTED: &str = "Hypervisor detected: KVM";
+
+/// Whether the kernel says it runs on KVM. From its log, not from CPUID:
+/// a CPUID in user mode makes KVM skip the instruction, which without
+/// SVM's next-RIP assist means fetching it through the guest's page
+/// tables, the very walk that fails for a PAE guest under `--backend
+/// nested` (KVM_EXIT_INTERNAL_ERROR, emulation, at the init's CPUID).
+fn on_kvm() -> bool {
+    sys::kernel_log(1 << 20).is_ok_and(|log| log.contains(KVM_DETECTED))
+}
+
+/// The `@marker` reason of a 32-bit kernel on KVM, which keeps the port
+/// marker ([`setup`]).
+pub const KVM_I386: &str = "kvm-i386:mmio-store-emulation";
+
 /// Maps the marker page, or else (or when `cmdline` has [`PORT_WORD`])
 /// takes the phase port with `ioperm`; an error when neither works (no
 /// phase can be marked).
@@ -71,6 +89,15 @@ pub fn setup(cmdline: &str) -> Result<Channel, String> {
     let asked_port = cmdline.split_ascii_whitespace().any(|w| w == PORT_WORD);
     let mapped = if asked_port {
         Err(format!("asked:{PORT_WORD}"))
+    } else if cfg!(target_arch = "x86") && on_kvm() {
+        // KVM completes an MMIO store by emulating it, which means walking
+        // the guest's page tables to fetch it; under `--backend nested`
+        // (QEMU's SVM model) a 32-bit PAE guest's walk fails and the store
+        // never completed (the run hung at its begin marker). The init
+        // cannot tell that KVM from a hardware one, so a 32-bit kernel on
+        // any KVM keeps the port: there the I/O-bitmap update costs time,
+        // not an event KVM counts (an exit, a TLB flush, a page fault).
+        Err(KVM_I386.to_string())
     } else {
         sys::map_device_page(MMIO_MARKER)
     };

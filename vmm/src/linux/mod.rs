@@ -454,7 +454,8 @@ fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// `/dev/mem` mapping of the marker page): then every return to user mode
 /// of the measured tasks ran the kernel's TSS I/O-bitmap update, which an
 /// unmodified process does not, and the note says so with the init's
-/// reason (or that it was asked to, `--append ptiscope.marker=port`).
+/// reason (or that it was asked to, `--append ptiscope.marker=port`, or
+/// that a 32-bit kernel on KVM keeps the port: linux-init's `marker`).
 /// `None` for the marker page (`channel=mmio`, no cost) or no line.
 fn marker_note(outcome: &RunOutcome) -> Option<String> {
     let line = machine_line(outcome, "@marker")?;
@@ -470,15 +471,20 @@ fn marker_note(outcome: &RunOutcome) -> Option<String> {
         .collect();
     let why = if reason.starts_with("asked:") {
         "as asked (--append ptiscope.marker=port), the init".to_string()
+    } else if reason.starts_with("kvm-i386") {
+        "a 32-bit kernel on KVM: KVM completes an MMIO store by emulating it, and under \
+         --backend nested a PAE guest's marker store never completed, so the init"
+            .to_string()
     } else {
         format!(
             "the kernel refused the init's /dev/mem mapping of the marker page ({reason}), so it"
         )
     };
     Some(format!(
-        "markers: {why} marked the phase through port {:#x} with ioperm: every return to user mode of \
-         the measured tasks ran the kernel's I/O-bitmap update (tss_update_io_bitmap), which \
-         is in the per-call counts and which a process without ioperm does not pay",
+        "markers: {why} marked the phase through port {:#x} with ioperm: every return to user \
+         mode of the measured tasks ran the kernel's I/O-bitmap update (tss_update_io_bitmap), \
+         which a process without ioperm does not: it is in every call's kernel instructions \
+         and time (not in KVM's exit, TLB-flush or page-fault counts)",
         ptiscope_abi::port::PHASE
     ))
 }
@@ -705,6 +711,12 @@ pub(crate) mod tests {
             n.contains("as asked (--append ptiscope.marker=port)"),
             "{n}"
         );
+        o.machine_lines = vec![
+            "@marker channel=port port=0x600 io_bitmap=yes reason=kvm-i386:mmio-store-emulation"
+                .into(),
+        ];
+        let n = marker_note(&o).unwrap();
+        assert!(n.contains("a 32-bit kernel on KVM"), "{n}");
     }
 
     #[test]
