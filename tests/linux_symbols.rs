@@ -100,6 +100,27 @@ fn check_sums(v: &serde_json::Value, text: &str) {
     );
 }
 
+/// No row is the kernel's TSS I/O-bitmap update (`tss_update_io_bitmap`,
+/// `native_tss_update_io_bitmap`, anything `io_bitmap`): the init's phase
+/// markers leave the measured task without I/O permission, so its calls
+/// are an unmodified process's (with `ioperm` Linux runs the update on
+/// every return to user mode: 54 instructions per getppid on 6.1).
+fn assert_no_io_bitmap(v: &serde_json::Value, text: &str) {
+    let rows = v["by_symbol"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no by_symbol: {text}"));
+    let bitmap: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r["symbol"].as_str())
+        .filter(|s| s.contains("io_bitmap"))
+        .collect();
+    assert!(bitmap.is_empty(), "{bitmap:?} in the calls:\n{text}");
+    assert!(
+        text.contains("@marker channel=mmio") || !text.contains("@marker"),
+        "{text}"
+    );
+}
+
 /// The symbols with a nonzero difference.
 fn nonzero(v: &serde_json::Value) -> Vec<(String, f64)> {
     v["by_symbol"]
@@ -145,6 +166,7 @@ fn pti_on_64_bit_syscall_lies_in_the_entry_and_exit_code() {
         "{text}"
     );
     check_sums(&v, &text);
+    assert_no_io_bitmap(&v, &text);
     let moved = nonzero(&v);
     let names: Vec<&str> = moved.iter().map(|(s, _)| s.as_str()).collect();
     // SWITCH_TO_KERNEL_CR3 on entry, SWITCH_TO_USER_CR3_STACK on the
@@ -230,6 +252,7 @@ fn pti_on_32_bit_sysenter_lies_in_entry_sysenter_32() {
     );
     assert_eq!(code, 0, "{text}");
     check_sums(&v, &text);
+    assert_no_io_bitmap(&v, &text);
     let moved = nonzero(&v);
     // i386 switches CR3 on entry and on the SYSEXIT path inside
     // entry_SYSENTER_32 itself.
@@ -240,6 +263,45 @@ fn pti_on_32_bit_sysenter_lies_in_entry_sysenter_32() {
         "{moved:?}\n{text}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The port marker (`--append ptiscope.marker=port`: the init writes its
+/// markers with `out` after `ioperm`, as it does where the kernel refuses
+/// the `/dev/mem` mapping): the calls then run the kernel's I/O-bitmap
+/// update on their return to user mode, and the run says how it marked.
+#[test]
+fn the_port_marker_costs_each_call_the_io_bitmap_update() {
+    let test = "port marker, debian-amd64";
+    if !kernel_or_skip(test, "debian-amd64", "qemu-system-x86_64") {
+        return;
+    }
+    let o = ptiscope()
+        .args(["run", "--backend", "qemu", "--linux", "debian-amd64"])
+        .args([
+            "--workload",
+            "getppid",
+            "--iterations",
+            "300",
+            "--by-symbol",
+        ])
+        .args(["--append", "ptiscope.marker=port", "--timeout", "180"])
+        .output()
+        .expect("run ptiscope");
+    let text = stdout(&o) + &stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("@marker channel=port port=0x600 io_bitmap=yes reason=asked:"),
+        "{text}"
+    );
+    let table = text
+        .split("kernel instructions per call by symbol")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no by-symbol table:\n{text}"));
+    assert!(table.contains("native_tss_update_io_bitmap"), "{text}");
+    assert!(
+        text.contains("as asked (--append ptiscope.marker=port), the init marked the phase through port 0x600 with ioperm"),
+        "the note that says how the phase was marked:\n{text}"
+    );
 }
 
 /// `--by-symbol` where it cannot work, and bad `--fail-if symbol:`

@@ -4,10 +4,10 @@
 //! a Linux kernel with it. It reads the experiment from the kernel command
 //! line (`/proc/cmdline`) with the companion guest's option names and parser
 //! (guest-core), checks from the kernel log whether page table isolation is
-//! on, runs the workload between the companion guest's phase-marker port
-//! writes, prints the same `@result` line, and ends with the companion
-//! guest's exit-status port write (then `reboot(RB_POWER_OFF)` where there is
-//! no exit device).
+//! on, runs the workload between the companion guest's phase markers
+//! (written without I/O permission: `marker`), prints the same `@result`
+//! line, and ends with the companion guest's exit-status port write (then
+//! `reboot(RB_POWER_OFF)` where there is no exit device).
 //!
 //! The measured loops are Rust around one inline-assembly system call (see
 //! `sys::syscall3`): the companion guest's GAS user programs use its own
@@ -15,6 +15,7 @@
 //! SYSENTER through its own stub) and its `.user.text` section, so they
 //! cannot run under Linux unchanged.
 
+mod marker;
 mod mitigations;
 mod sys;
 mod work;
@@ -61,9 +62,21 @@ fn main() {
 /// Ends the run: flushes the console, writes the exit-status port (QEMU's
 /// isa-debug-exit, the VMM's exit device) and powers off.
 fn stop(status: u32) -> ! {
+    use ptiscope_abi::port::{EXIT, EXIT_LEN};
+    // The exit port is taken only now, after the workload: with I/O
+    // permission a task pays the kernel's I/O-bitmap update on every
+    // return to user mode (`marker`), and its children inherit it.
+    let granted = sys::grant_ports(EXIT, EXIT_LEN);
+    if let Err(e) = &granted {
+        println!(
+            "linux-init: ioperm for the exit port failed ({e}): powering off without a status"
+        );
+    }
     let _ = std::io::stdout().flush();
     sys::drain_console();
-    sys::outl(ptiscope_abi::port::EXIT, status);
+    if granted.is_ok() {
+        sys::outl(EXIT, status);
+    }
     sys::power_off();
     // Not reached: PID 1 must not return.
     loop {
@@ -143,12 +156,6 @@ fn gate(entry: Entry) -> Result<sys::Gate, String> {
 }
 
 fn run() -> u32 {
-    if let Err(e) = sys::grant_ports(ptiscope_abi::port::EXIT, ptiscope_abi::port::EXIT_LEN)
-        .and_then(|()| sys::grant_ports(ptiscope_abi::port::PHASE, ptiscope_abi::port::PHASE_LEN))
-    {
-        println!("linux-init: ioperm failed ({e}): cannot mark phases or report a status");
-        return exit_status::FAILURE;
-    }
     if let Err(e) = sys::mount_proc() {
         println!("linux-init: cannot mount /proc: {e}");
         return exit_status::FAILURE;
@@ -168,6 +175,14 @@ fn run() -> u32 {
             return exit_status::FAILURE;
         }
     };
+    let marks = match marker::setup(&cmdline) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("linux-init: {e}");
+            return exit_status::FAILURE;
+        }
+    };
+    println!("{}", marks.machine_line());
     let opts = match options(&cmdline) {
         Ok(o) => o,
         Err(e) => {

@@ -1,10 +1,11 @@
 //! The few system interfaces the init needs beyond `std`: raw system calls
 //! for the measured loops (inline assembly, so the loop body is exactly one
-//! entry instruction and a compare), musl's C entry points for the rest, and
-//! port I/O for the phase-marker and exit ports.
+//! entry instruction and a compare), musl's C entry points for the rest,
+//! the phase-marker stores (to a `/dev/mem` page) and port I/O for the exit
+//! port (and the fallback phase-marker port).
 
 use core::arch::asm;
-use std::ffi::{c_char, c_int, c_long, c_ulong, c_void};
+use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void};
 
 extern "C" {
     fn ioperm(from: c_ulong, num: c_ulong, turn_on: c_int) -> c_int;
@@ -28,6 +29,16 @@ extern "C" {
     fn tcdrain(fd: c_int) -> c_int;
     fn clock_gettime(clock: c_int, ts: *mut [c_long; 2]) -> c_int;
     fn sched_setaffinity(pid: c_int, size: usize, mask: *const c_ulong) -> c_int;
+    fn mknod(path: *const c_char, mode: c_uint, dev: u64) -> c_int;
+    // musl's off_t is 64 bits on every target (mmap2 underneath on i386).
+    fn mmap(
+        addr: *mut c_void,
+        len: usize,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        off: i64,
+    ) -> *mut c_void;
     #[cfg(target_arch = "x86")]
     fn getauxval(kind: c_ulong) -> c_ulong;
 }
@@ -173,6 +184,93 @@ pub fn phase_mark(value: u32) {
             options(nomem, nostack)
         )
     };
+}
+
+/// The same marker as [`phase_mark`], as a 32-bit store to `page` (the
+/// mapped MMIO marker page, [`map_device_page`]), which needs no I/O
+/// permission: `mov edx, 0x600` (`BA 00 06 00 00`) immediately followed by
+/// `mov dword ptr [edi], eax` (`89 07`; `[rdi]` in 64-bit code), the pair
+/// the plugin's `umark=` rule recognises, in one 16-byte-aligned asm block
+/// (7 bytes: never across a page, never split between two translation
+/// blocks). EDX carries nothing to the host here; it names the pair.
+#[inline(always)]
+pub fn phase_mark_mmio(page: *mut u32, value: u32) {
+    // SAFETY: `page` is a writable shared mapping of a page no RAM backs
+    // (made by `map_device_page`, never unmapped): the store reaches the
+    // host's MMIO handler or nothing, never this process's memory.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        asm!(
+            ".p2align 4",
+            "mov edx, 0x600",
+            "mov dword ptr [rdi], eax",
+            in("rdi") page,
+            in("eax") value,
+            out("edx") _,
+            options(nostack)
+        )
+    };
+    // SAFETY: as above.
+    #[cfg(target_arch = "x86")]
+    unsafe {
+        asm!(
+            ".p2align 4",
+            "mov edx, 0x600",
+            "mov dword ptr [edi], eax",
+            in("edi") page,
+            in("eax") value,
+            out("edx") _,
+            options(nostack)
+        )
+    };
+}
+
+/// Maps the 4 KiB page at guest-physical `phys` from `/dev/mem` (made
+/// first: the initramfs has no devtmpfs), writable, shared, uncached
+/// (O_SYNC); `Err` is a short reason (`step:errno`) for the `@marker` line.
+pub fn map_device_page(phys: u64) -> Result<*mut u32, String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    const S_IFCHR: c_uint = 0o020000;
+    // makedev(1, 1): the memory driver's /dev/mem.
+    const DEV_MEM: u64 = 0x101;
+    const O_SYNC: c_int = 0o4010000;
+    const PROT_READ_WRITE: c_int = 3;
+    const MAP_SHARED: c_int = 1;
+    let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(0);
+    // SAFETY: a NUL-terminated path; mknod creates a node, nothing more.
+    if unsafe { mknod(c"/dev/mem".as_ptr(), S_IFCHR | 0o600, DEV_MEM) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(format!("mknod-dev-mem:{}", errno(e)));
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(O_SYNC)
+        .open("/dev/mem")
+        .map_err(|e| format!("open-dev-mem:{}", errno(e)))?;
+    let offset = i64::try_from(phys).map_err(|_| "address-too-high:0".to_string())?;
+    // SAFETY: a new mapping chosen by the kernel; the file is open.
+    let p = unsafe {
+        mmap(
+            core::ptr::null_mut(),
+            4096,
+            PROT_READ_WRITE,
+            MAP_SHARED,
+            file.as_raw_fd(),
+            offset,
+        )
+    };
+    // MAP_FAILED is (void *)-1. The mapping outlives the descriptor.
+    if p as isize == -1 {
+        return Err(format!(
+            "mmap-dev-mem:{}",
+            errno(std::io::Error::last_os_error())
+        ));
+    }
+    Ok(p.cast())
 }
 
 /// Waits until the console (fd 1, the serial port's tty) has sent what

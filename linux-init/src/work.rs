@@ -1,7 +1,9 @@
 //! The workloads: the syscall loops (getpid, getppid, write-badfd, with an
 //! optional user working set), sched-messaging with perf bench's semantics,
-//! and poundsyscall. Each brackets its measured part with the phase-marker
-//! port writes.
+//! and poundsyscall. Each brackets its measured part with the phase markers
+//! (`marker`): a store to a mapped page, so that no measured task holds
+//! I/O permission (the port after `ioperm` only where the kernel refuses
+//! the mapping).
 
 use std::fmt::Write as _;
 
@@ -10,6 +12,7 @@ use ptiscope_abi::options::{TaskMode, Workload, GROUP_SIZE};
 use ptiscope_abi::phase::{Marker, ID_WORKLOAD};
 use ptiscope_abi::workingset as ws;
 
+use crate::marker;
 use crate::sys::{self, nr, Gate};
 
 /// What a workload measured.
@@ -30,12 +33,12 @@ pub struct Outcome {
 
 #[inline(never)]
 fn phase_begin() {
-    sys::phase_mark(Marker::begin(ID_WORKLOAD).encode());
+    marker::mark(Marker::begin(ID_WORKLOAD).encode());
 }
 
 #[inline(never)]
 fn phase_end() {
-    sys::phase_mark(Marker::end(ID_WORKLOAD).encode());
+    marker::mark(Marker::end(ID_WORKLOAD).encode());
 }
 
 /// The measured call of a syscall loop and what it must return.

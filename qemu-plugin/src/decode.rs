@@ -28,6 +28,12 @@ pub enum Kind {
     Iret,
     /// OUT DX, EAX (`EF` without the 0x66 prefix): the phase-marker write.
     Out32,
+    /// `mov dword ptr [edi], eax` (`89 07`; `[rdi]` in 64-bit code) right
+    /// after `mov edx, PORT` in user mode, with `umark=PORT`: the Linux
+    /// init's phase-marker store to its MMIO marker page. Never returned by
+    /// [`classify`] (an ordinary store elsewhere is not counted); the
+    /// plugin makes it one from the pair ([`is_mark_store`]).
+    MarkStore,
 }
 
 /// Legacy prefixes (lock/rep, segment overrides, operand and address size).
@@ -42,6 +48,13 @@ fn is_legacy_prefix(b: u8) -> bool {
 /// (`BA` + little-endian imm32, no prefix: the same in 32- and 64-bit code).
 pub fn is_mov_edx_imm(bytes: &[u8], port: u32) -> bool {
     matches!(bytes, [0xba, a, b, c, d] if u32::from_le_bytes([*a, *b, *c, *d]) == port)
+}
+
+/// Whether `bytes` is exactly `mov dword ptr [edi], eax` (`89 07`, the
+/// same bytes for `[rdi]` in 64-bit code): the store of the Linux init's
+/// MMIO phase marker, which follows its `mov edx, PORT`.
+pub fn is_mark_store(bytes: &[u8]) -> bool {
+    bytes == [0x89, 0x07]
 }
 
 /// Whether `bytes` is a string instruction with a REP/REPE/REPNE prefix
@@ -121,6 +134,18 @@ mod tests {
             &[0x41, 0xba, 0x00, 0x06, 0x00, 0x00],
             0x600
         ));
+    }
+
+    #[test]
+    fn the_user_marker_store() {
+        assert!(is_mark_store(&[0x89, 0x07]));
+        // mov [rdi], rax (REX.W), mov [rdi+0], eax, mov [rsi], eax, mov eax, [rdi]
+        assert!(!is_mark_store(&[0x48, 0x89, 0x07]));
+        assert!(!is_mark_store(&[0x89, 0x47, 0x00]));
+        assert!(!is_mark_store(&[0x89, 0x06]));
+        assert!(!is_mark_store(&[0x8b, 0x07]));
+        // an ordinary store is nothing to classify
+        assert_eq!(classify(&[0x89, 0x07]), None);
     }
 
     #[test]

@@ -30,13 +30,18 @@
 //! takes a snapshot (the companion guest's marker writes are in its kernel
 //! text; the firmware's PCI configuration writes are not).
 //! `umark=PORT` (hex; a Linux guest's init) replaces that rule: a snapshot
-//! is taken at exactly the user-mode (outside `kernel`) `out dx, eax` whose
+//! is taken at exactly the user-mode (outside `kernel`) `out dx, eax` or
+//! `mov dword ptr [edi], eax` (`89 07`; `[rdi]` in 64-bit code) whose
 //! immediately preceding instruction in the same translation block is
 //! `mov edx, PORT` (bytes `BA` + PORT as a little-endian imm32), and at no
 //! kernel-mode `out` (Linux's own PCI configuration writes). ptiscope's
-//! Linux init writes its phase markers with exactly that pair, after
-//! `ioperm`; API version 1 cannot read registers, so the port is read from
-//! the instruction bytes.
+//! Linux init writes its phase markers with exactly one of those pairs:
+//! the store to its MMIO marker page (mapped from `/dev/mem`, no I/O
+//! permission held), or, where the kernel refuses that mapping, the `out`
+//! after `ioperm`; API version 1 cannot read registers, so the port is
+//! read from the instruction bytes. The snapshot is taken before the
+//! store or `out` runs, so what it does (nothing, under TCG) is no part of
+//! the counts.
 //!
 //! System calls apart from everything else: per vCPU the plugin follows
 //! the mode of each block it sees run (kernel or user, by address). A
@@ -272,7 +277,8 @@ struct Special {
     kind: Kind,
     pc: u64,
     /// A marker: without `umark`, a kernel-mode `out dx, eax` inside the
-    /// marker ranges; with it, a user-mode `mov edx, PORT; out dx, eax`.
+    /// marker ranges; with it, a user-mode `mov edx, PORT; out dx, eax` or
+    /// `mov edx, PORT; mov [edi], eax`.
     snapshot: bool,
     /// Whether it is at a kernel address.
     kernel_mode: bool,
@@ -293,7 +299,7 @@ fn field_of(kind: Kind) -> usize {
         Kind::Sysret => SYSRET,
         Kind::Sysexit => SYSEXIT,
         Kind::Iret => IRET,
-        Kind::Out32 => MARKERS,
+        Kind::Out32 | Kind::MarkStore => MARKERS,
     }
 }
 
@@ -451,7 +457,7 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
         Kind::Sysret | Kind::Sysexit => t.sysret_pending.store(true, Ordering::Relaxed),
         _ => {}
     }
-    if sp.kind == Kind::Out32 {
+    if matches!(sp.kind, Kind::Out32 | Kind::MarkStore) {
         if !sp.snapshot {
             // Not a marker: a user-mode OUT of the companion guest faults
             // (IOPL 0), and OUTs outside the marker ranges are firmware's
@@ -538,12 +544,19 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
         after_port_mov = s
             .user_mark_port
             .is_some_and(|p| decode::is_mov_edx_imm(bytes, p));
-        if let Some(kind) = decode::classify(bytes) {
-            let snapshot = kind == Kind::Out32
-                && match s.user_mark_port {
+        // `port_mov` is only ever true with `umark`.
+        let kind = decode::classify(bytes).or_else(|| {
+            (port_mov && !kernel_mode && decode::is_mark_store(bytes)).then_some(Kind::MarkStore)
+        });
+        if let Some(kind) = kind {
+            let snapshot = match kind {
+                Kind::MarkStore => true,
+                Kind::Out32 => match s.user_mark_port {
                     Some(_) => !kernel_mode && port_mov,
                     None => kernel_mode && s.marks_at.iter().any(|&(lo, hi)| pc >= lo && pc <= hi),
-                };
+                },
+                _ => false,
+            };
             if let Some(prev) = current.take() {
                 pending.push(prev);
             }

@@ -69,7 +69,8 @@ pub mod field {
     pub const SYSEXIT: usize = 9;
     /// IRET.
     pub const IRET: usize = 10;
-    /// Kernel-mode OUT DX, EAX (marker candidates).
+    /// Marker writes that took a snapshot (kernel-mode OUT DX, EAX in the
+    /// marker ranges; with `umark=`, the Linux init's marker store or OUT).
     pub const MARKERS: usize = 11;
     /// The subset of `KERNEL_INSNS` set apart from system calls: kernel
     /// instructions entered without a system-call instruction (interrupts

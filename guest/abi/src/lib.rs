@@ -94,6 +94,18 @@ pub mod phase {
     /// Bits that carry the phase id.
     pub const ID_MASK: u32 = 0xffff;
 
+    /// The guest-physical address where a 32-bit write of
+    /// [`Marker::encode`] is a phase marker too, as a write to
+    /// [`crate::port::PHASE`] is: ptiscope's Linux init writes its markers
+    /// here, through a `/dev/mem` mapping of this page, so that the measured
+    /// process holds no I/O permission (with `ioperm`, Linux updates the
+    /// TSS I/O bitmap on every return to user mode of the task, which would
+    /// be in every measured call). A hole on both of ptiscope's machines:
+    /// above the VMM's RAM (at most 1 GiB), and at the bottom of QEMU pc's
+    /// PCI hole (its RAM below 4 GiB ends at 3.5 GiB at most; SeaBIOS
+    /// places PCI BARs from the top of the hole, 0xfec00000, down).
+    pub const MMIO_MARKER: u64 = 0xe000_0000;
+
     /// The main measured loop of a workload.
     pub const ID_WORKLOAD: u16 = 1;
     /// Warm-up before the measured loop (not reported as the result).

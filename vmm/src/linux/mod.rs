@@ -354,7 +354,7 @@ pub fn summary(
     s.notes.push(format!(
         "Linux guest ({}, {}) under QEMU TCG with ptiscope's init: [guest] figures are the \
          init's @result line, [qemu-plugin] ones counted by ptiscope's TCG plugin; per-call \
-         rates divide by the {calls} {}s of the phase, which port writes bracket",
+         rates divide by the {calls} {}s of the phase, which the init's marker writes bracket",
         guest.arch.name(),
         guest.version.as_deref().unwrap_or("version unknown"),
         s.iteration_name
@@ -384,6 +384,9 @@ pub fn summary(
         Err(e) => s.notes.push(format!("PTI check failed: {e}")),
     }
     if let Some(note) = tick_free_note(outcome, guest) {
+        s.notes.push(note);
+    }
+    if let Some(note) = marker_note(outcome) {
         s.notes.push(note);
     }
     if !phased {
@@ -446,6 +449,46 @@ fn machine_line<'a>(outcome: &'a RunOutcome, tag: &str) -> Option<&'a str> {
 fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line.split_ascii_whitespace()
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// Whether the init had to mark its phase through the phase port with
+/// `ioperm` (its `@marker channel=port` line: the kernel refused the
+/// `/dev/mem` mapping of the marker page): then every return to user mode
+/// of the measured tasks ran the kernel's TSS I/O-bitmap update, which an
+/// unmodified process does not, and the note says so with the init's
+/// reason (or that it was asked to, `--append ptiscope.marker=port`, or
+/// that a 32-bit kernel on KVM keeps the port: linux-init's `marker`).
+/// `None` for the marker page (`channel=mmio`, no cost) or no line.
+fn marker_note(outcome: &RunOutcome) -> Option<String> {
+    let line = machine_line(outcome, "@marker")?;
+    if line_value(line, "channel")? != "port" {
+        return None;
+    }
+    // Guest text: only a short reason of the init's own characters.
+    let reason: String = line_value(line, "reason")
+        .unwrap_or("unknown")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | ':' | '_' | '.' | '='))
+        .take(48)
+        .collect();
+    let why = if reason.starts_with("asked:") {
+        "as asked (--append ptiscope.marker=port), the init".to_string()
+    } else if reason.starts_with("kvm-i386") {
+        "a 32-bit kernel on KVM: KVM completes an MMIO store by emulating it, and under \
+         --backend nested a PAE guest's marker store never completed, so the init"
+            .to_string()
+    } else {
+        format!(
+            "the kernel refused the init's /dev/mem mapping of the marker page ({reason}), so it"
+        )
+    };
+    Some(format!(
+        "markers: {why} marked the phase through port {:#x} with ioperm: every return to user \
+         mode of the measured tasks ran the kernel's I/O-bitmap update (tss_update_io_bitmap), \
+         which a process without ioperm does not: it is in every call's kernel instructions \
+         and time (not in KVM's exit, TLB-flush or page-fault counts)",
+        ptiscope_abi::port::PHASE
+    ))
 }
 
 /// What became of a tick-free CPU for the system-call loop (`--tick-free`,
@@ -639,6 +682,43 @@ pub(crate) mod tests {
             n.contains("nohz_full= in --append") && n.contains("CPU 3"),
             "{n}"
         );
+    }
+
+    #[test]
+    fn the_marker_note_names_the_port_fallback_only() {
+        let mut o = outcome(
+            crate::machine::StopReason::GuestExit { status: 0 },
+            &[],
+            &[],
+        );
+        assert_eq!(marker_note(&o), None, "no @marker line");
+        o.machine_lines = vec!["@marker channel=mmio addr=0xe0000000".into()];
+        assert_eq!(marker_note(&o), None, "the marker page costs nothing");
+        o.machine_lines = vec![
+            "@marker channel=port port=0x600 io_bitmap=yes reason=mmap-dev-mem:1\x1b[2J".into(),
+        ];
+        let n = marker_note(&o).unwrap();
+        assert!(
+            n.contains("(mmap-dev-mem:12J)") && n.contains("tss_update_io_bitmap"),
+            "{n}"
+        );
+        let s = summary(&o, &PluginOutput::Off, &guest(PtiMode::On), None);
+        assert!(s.notes.contains(&n), "{:?}", s.notes);
+        o.machine_lines = vec![
+            "@marker channel=port port=0x600 io_bitmap=yes reason=asked:ptiscope.marker=port"
+                .into(),
+        ];
+        let n = marker_note(&o).unwrap();
+        assert!(
+            n.contains("as asked (--append ptiscope.marker=port)"),
+            "{n}"
+        );
+        o.machine_lines = vec![
+            "@marker channel=port port=0x600 io_bitmap=yes reason=kvm-i386:mmio-store-emulation"
+                .into(),
+        ];
+        let n = marker_note(&o).unwrap();
+        assert!(n.contains("a 32-bit kernel on KVM"), "{n}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! function, and is counted by kind in [`ExitCounts`].
 
 use kvm_ioctls::VcpuExit;
-use ptiscope_abi::phase::Marker;
+use ptiscope_abi::phase::{self, Marker};
 use ptiscope_abi::port;
 use ptiscope_devices::{DeviceEvent, PioBus, UnknownAccesses};
 
@@ -81,7 +81,8 @@ pub struct ExitCounts {
     pub io_out: PortCounts,
     /// KVM_EXIT_MMIO reads (no MMIO device exists: all unknown).
     pub mmio_read: u64,
-    /// KVM_EXIT_MMIO writes (all unknown, ignored).
+    /// KVM_EXIT_MMIO writes (phase markers at [`phase::MMIO_MARKER`];
+    /// all others unknown, ignored).
     pub mmio_write: u64,
     /// KVM_EXIT_HLT (only without an in-kernel irqchip; ends the run).
     pub hlt: u64,
@@ -101,8 +102,9 @@ pub struct ExitCounts {
     /// Every other exit: system events, IRQ-window and EOI exits, and the
     /// unexpected ones.
     pub other: u64,
-    /// Phase-port writes that did not decode as a marker (a subset of
-    /// `io_out.phase`, so not added again by [`ExitCounts::total`]).
+    /// Phase-marker writes that did not decode as a marker (a subset of
+    /// `io_out.phase` and of `mmio_write`, the writes to
+    /// [`phase::MMIO_MARKER`], so not added again by [`ExitCounts::total`]).
     pub invalid_phase_markers: u64,
 }
 
@@ -279,6 +281,24 @@ pub fn dispatch(exit: VcpuExit<'_>, ctx: &mut DispatchCtx<'_>) -> ExitAction {
             data.fill(0xff);
             ExitAction::Continue
         }
+        VcpuExit::MmioWrite(phase::MMIO_MARKER, data) => {
+            // ptiscope's Linux init's phase markers (no I/O permission
+            // needed): the same 32-bit value as at the phase port.
+            ctx.counts.mmio_write += 1;
+            let value = <[u8; 4]>::try_from(data).ok().map(u32::from_le_bytes);
+            match value.map(|v| (v, Marker::decode(v))) {
+                Some((_, Some(m))) => ExitAction::Phase(m),
+                other => {
+                    ctx.counts.invalid_phase_markers += 1;
+                    log::debug!(
+                        "invalid MMIO phase marker {:?} ({} bytes)",
+                        other.map(|(v, _)| v),
+                        data.len()
+                    );
+                    ExitAction::Continue
+                }
+            }
+        }
         VcpuExit::MmioWrite(addr, data) => {
             ctx.counts.mmio_write += 1;
             ctx.unknown.record("MMIO write", addr, data.len());
@@ -409,6 +429,33 @@ mod tests {
             ExitAction::Continue
         );
         assert_eq!(d, [0xff, 0xff]);
+        // The MMIO marker page: the same markers, nothing else.
+        let m = Marker::end(1);
+        assert_eq!(
+            dispatch(
+                VcpuExit::MmioWrite(phase::MMIO_MARKER, &m.encode().to_le_bytes()),
+                &mut ctx
+            ),
+            ExitAction::Phase(m)
+        );
+        assert_eq!(
+            dispatch(VcpuExit::MmioWrite(phase::MMIO_MARKER, &[0; 4]), &mut ctx),
+            ExitAction::Continue
+        );
+        assert_eq!(
+            dispatch(
+                VcpuExit::MmioWrite(phase::MMIO_MARKER, &m.encode().to_le_bytes()[..2]),
+                &mut ctx
+            ),
+            ExitAction::Continue
+        );
+        assert_eq!(
+            dispatch(
+                VcpuExit::MmioWrite(phase::MMIO_MARKER + 4, &m.encode().to_le_bytes()),
+                &mut ctx
+            ),
+            ExitAction::Continue
+        );
         let mut d = [0u8; 4];
         dispatch(VcpuExit::MmioRead(0xfee0_0000, &mut d), &mut ctx);
         assert_eq!(d, [0xff; 4]);
@@ -427,10 +474,11 @@ mod tests {
         ));
         assert_eq!(t.counts.io_out.exit, 1);
         assert_eq!(t.counts.io_out.phase, 2);
-        assert_eq!(t.counts.invalid_phase_markers, 1);
+        assert_eq!(t.counts.mmio_write, 4);
+        assert_eq!(t.counts.invalid_phase_markers, 3);
         assert_eq!(t.counts.io_in.unknown, 1);
-        assert_eq!(t.counts.total(), 9);
-        assert_eq!(t.unknown.distinct(), 2);
+        assert_eq!(t.counts.total(), 13);
+        assert_eq!(t.unknown.distinct(), 3);
     }
 
     /// A console-line record reaches COM1 as the same bytes written to THR;

@@ -5,9 +5,10 @@
 //! panic or allocate without bound.
 //!
 //! The typed result ([`PluginReport`]) holds every vCPU's counters at each
-//! snapshot (a kernel-mode `out dx, eax` in the marker ranges) and at exit;
+//! snapshot (a kernel-mode `out dx, eax` in the marker ranges; with
+//! `umark=`, the Linux init's user-mode marker pair) and at exit;
 //! [`PluginReport::companion_phase`] finds the ptiscope guest's measured
-//! phase among the snapshots.
+//! phase among the snapshots, [`PluginReport::linux_phase`] the init's.
 
 /// The format version this parser reads.
 pub const FORMAT_VERSION: u64 = 3;
@@ -62,7 +63,9 @@ pub enum PluginCounter {
     Sysexit,
     /// IRET.
     Iret,
-    /// Kernel-mode `out dx, eax` in the marker ranges.
+    /// Marker writes that took a snapshot: kernel-mode `out dx, eax` in
+    /// the marker ranges; with `umark=`, the Linux init's user-mode marker
+    /// store or `out`.
     Markers,
     /// The subset of [`PluginCounter::KernelInsns`] set apart from system
     /// calls: kernel instructions outside any call (interrupts and
@@ -557,11 +560,13 @@ impl PluginReport {
 
     /// ptiscope's Linux init's measured phase, from a plugin run with
     /// `umark=0x600` ([`LINUX_MARK_PORT`]): snapshots are taken only at a
-    /// user-mode `mov edx, 0x600; out dx, eax` pair, which the init executes
-    /// exactly twice (its phase begin and end, two distinct inlined copies
-    /// of that pair; its exit-status write goes to another port). So the
-    /// snapshots must be exactly `[begin, end]` at two addresses; anything
-    /// else is refused rather than guessed at.
+    /// user-mode `mov edx, 0x600; mov [edi], eax` pair (the store to the
+    /// init's MMIO marker page, which needs no I/O permission) or
+    /// `mov edx, 0x600; out dx, eax` pair (its fallback after `ioperm`),
+    /// which the init executes exactly twice (its phase begin and end, two
+    /// distinct inlined copies of the pair; its exit-status write goes to
+    /// another port). So the snapshots must be exactly `[begin, end]` at
+    /// two addresses; anything else is refused rather than guessed at.
     pub fn linux_phase(&self) -> Result<PluginPhase, PhaseError> {
         self.complete()?;
         let [begin, end] = self.marks.as_slice() else {
@@ -574,7 +579,8 @@ impl PluginReport {
     }
 }
 
-/// The port of the Linux init's phase markers, as the plugin's `umark=`.
+/// The port of the Linux init's phase markers, as the plugin's `umark=`:
+/// the `mov edx, PORT` that names its marker store (or `out`).
 pub const LINUX_MARK_PORT: u16 = ptiscope_abi::port::PHASE;
 
 /// The kernel address ranges to pass as `kernel=`, and the marker ranges

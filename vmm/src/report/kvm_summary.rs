@@ -155,7 +155,7 @@ impl Measurer {
         s.telemetry_problems = self.problems.clone();
         if outcome.exits.invalid_phase_markers > 0 {
             s.telemetry_problems.push(format!(
-                "{} phase-port writes were not valid markers",
+                "{} phase-marker writes (port or MMIO page) were not valid markers",
                 outcome.exits.invalid_phase_markers
             ));
         }
