@@ -164,12 +164,16 @@ an earlier `--json` result and warns when the environments differ.
 
 --fail-if COND (repeatable, or comma-separated): fails the command when COND holds.
   COND := metric[.stat][.field] OP number
+        | symbol:NAME[.delta|.baseline|.compare] OP number (with --by-symbol: a kernel
+          symbol's per-call instructions; default the difference; 0 where it never ran)
   stat  := min|amean|stddev|coeffvar|max|bamean50|bamean95|bamean99 (default amean)
   field := compare|baseline|delta|delta_pct|diff_pct (default compare)
            | welch_p | significant (about the means: no stat; significant is 1 or 0)
   OP    := > >= < <= == !=
+  number:= a finite decimal number (2, -0.5, 1e3), one an f64 holds as written
   e.g. 'cr3_writes_per_call!=2'  'ns_per_call.delta_pct>50'  'cycles_per_call.coeffvar.baseline>2'
        'kernel_instructions_per_call.significant==1'  'ns_per_call.welch_p<0.01'
+       'symbol:entry_SYSCALL_64>1,symbol:syscall_return_via_sysret>2' (both kinds mix in a list)
 
 Exit status: 0 done and no --fail-if held; 1 a --fail-if condition held or could
 not be evaluated; 64 bad usage (also a workload that measures nothing, and a
