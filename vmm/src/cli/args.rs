@@ -189,7 +189,8 @@ pub struct ExperimentOpts {
     /// Guest memory in MiB (16..=1024).
     #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
     pub mem: u64,
-    /// Stop a run after this many seconds.
+    /// Stop a run after this many seconds (default 60; for Linux sides at
+    /// least 60 and one that fits the run, as `run --linux`'s).
     #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Duration,
 }

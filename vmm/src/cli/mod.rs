@@ -26,6 +26,7 @@ pub mod probe;
 pub mod reproduce;
 pub mod run;
 pub mod sweep;
+pub mod timeout;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -213,9 +214,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
     pub mem: u64,
     /// Stop the guest after this many seconds (fractions allowed; default
-    /// 10, and 60 with `--linux`: a Linux boot under TCG or nested KVM with
-    /// shadow paging takes 10-30 s).
-    #[arg(long, value_name = "SECS", default_value = "10", default_value_if("linux", clap::builder::ArgPredicate::IsPresent, "60"), value_parser = parse_timeout, allow_negative_numbers = true)]
+    /// 10, and with `--linux` one that fits the run: the backend's boot
+    /// (KVM 30 s, QEMU 60 s, nested 120 s) plus the calls (0.1, 0.25, 2 ms
+    /// each; x4 and 60 s more with --by-symbol), at least 60 s).
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Duration,
     /// Write the guest console to FILE instead of stdout.
     #[arg(long, value_name = "FILE")]

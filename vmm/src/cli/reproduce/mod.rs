@@ -23,8 +23,8 @@ use super::exit_code::{self, ExitCode as _};
 use super::{Arch, Backend, BackendOpts, ExperimentOpts, LinuxArgs, TargetOpts};
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::preflight::preflight;
-use crate::spec::guest::GuestKind;
 use crate::report::time_basis::TimeBasis;
+use crate::spec::guest::GuestKind;
 
 /// The seeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
