@@ -42,7 +42,7 @@ fn kvm_acceleration_is_refused_before_anything_runs() {
                 // `q35,accel=kvm` is refused for its machine type first.
                 assert!(
                     (err.contains("KVM acceleration") && err.contains("--backend kvm"))
-                        || err.contains("-machine type="),
+                        || err.contains("-machine's type="),
                     "{args:?}: {err}"
                 );
                 // Refused before the header: nothing was measured.

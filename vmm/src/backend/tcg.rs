@@ -65,10 +65,10 @@ const SET_KEYS: [(&str, &str, &str); 3] = [
     (
         "machine",
         "type",
-        "the machine type (microvm for the 64-bit companion guest, pc otherwise)",
+        "microvm for the 64-bit companion guest, pc otherwise",
     ),
-    ("machine", "accel", "the accelerator (-accel tcg)"),
-    ("m", "size", "the guest memory (--mem)"),
+    ("machine", "accel", "-accel tcg"),
+    ("m", "size", "the guest memory: --mem"),
 ];
 
 /// Options whose value is a character device: `stdio` there would share
@@ -165,8 +165,8 @@ pub fn overrides(args: &[String]) -> Option<String> {
                 return Some(accel_refusal(&whole, given));
             }
             return Some(format!(
-                "--qemu-arg {whole}: ptiscope sets -{option} {key}= itself ({what}); give only \
-                 the other keys (-{option} KEY=VALUE without {key}=)"
+                "--qemu-arg {whole}: ptiscope sets -{option}'s {key}= itself ({what}); give \
+                 only the other keys (-{option} KEY=VALUE without {key}=)"
             ));
         }
         if CHARDEV_OPTIONS.contains(&o.name) && value.split([',', ':']).any(|p| p == "stdio") {
@@ -294,22 +294,22 @@ mod tests {
             (&["-kernel", "/boot/vmlinuz"][..], "-kernel"),
             (&["--append", "init=/bin/sh"], "-append"),
             (&["-initrd", "/tmp/x"], "-initrd"),
-            (&["-m", "2G"], "-m size="),
-            (&["-m", "size=2G,maxmem=4G"], "-m size="),
+            (&["-m", "2G"], "-m's size="),
+            (&["-m", "size=2G,maxmem=4G"], "-m's size="),
             (&["-smp", "4"], "-smp"),
             (&["-smp", "cores=2"], "-smp"),
             (&["-cpu", "qemu64"], "-cpu"),
             (&["-daemonize"], "-daemonize"),
-            (&["-M", "q35"], "-machine type="),
-            (&["-machine", "q35"], "-machine type="),
-            (&["--machine", "q35"], "-machine type="),
-            (&["-machine", "type=q35"], "-machine type="),
-            (&["-machine", "usb=off,type=q35"], "-machine type="),
-            (&["-machine", "type=pc,accel=tcg"], "-machine type="),
+            (&["-M", "q35"], "-machine's type="),
+            (&["-machine", "q35"], "-machine's type="),
+            (&["--machine", "q35"], "-machine's type="),
+            (&["-machine", "type=q35"], "-machine's type="),
+            (&["-machine", "usb=off,type=q35"], "-machine's type="),
+            (&["-machine", "type=pc,accel=tcg"], "-machine's type="),
             (&["-machine", "accel=tcg,type=q35"], "accelerator"),
             (&["-machine", "accel=tcg"], "accelerator"),
             (&["-M", "accel=tcg:kvm"], "KVM acceleration"),
-            (&["-machine", "q35,accel=kvm"], "-machine type="),
+            (&["-machine", "q35,accel=kvm"], "-machine's type="),
             (&["-machine", "usb=off,accel=kvm"], "KVM acceleration"),
             (&["-accel", "kvm"], "KVM acceleration"),
             (&["-accel", "tcg,tb-size=64"], "accelerator"),
