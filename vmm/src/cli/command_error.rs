@@ -27,7 +27,7 @@ pub enum SideError {
         opts: String,
     },
     /// A key that sets one value, given twice.
-    #[error("{opts:?}: {key} given twice; give it once (only cmdline= and append= add up)")]
+    #[error("{opts:?}: {key} given twice with different values; give it once (only cmdline= and append= add up)")]
     Repeated {
         /// The side's options as given.
         opts: String,

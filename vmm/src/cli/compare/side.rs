@@ -179,17 +179,25 @@ pub fn parse_side(
     if words.is_empty() {
         return Err(SideError::Empty { opts: opts.into() });
     }
-    // The single-valued keys given so far (`pti` also by `append=pti=`).
-    let mut given: Vec<SideKey> = Vec::new();
-    let mut once = |key: SideKey, shown: &str| {
-        if !key.accumulates() && given.contains(&key) {
-            return Err(SideError::Repeated {
+    // The single-valued keys given so far with their values (`pti` also
+    // by `append=pti=`): the same value again is harmless, another one is
+    // a contradiction (which would win was the order's silent choice).
+    let mut given: Vec<(SideKey, String)> = Vec::new();
+    let mut once = |key: SideKey, shown: &str, value: &str| {
+        if key.accumulates() {
+            return Ok(());
+        }
+        match given.iter().find(|(k, _)| *k == key) {
+            Some((_, earlier)) if earlier != value => Err(SideError::Repeated {
                 opts: opts.into(),
                 key: shown.into(),
-            });
+            }),
+            Some(_) => Ok(()),
+            None => {
+                given.push((key, value.to_string()));
+                Ok(())
+            }
         }
-        given.push(key);
-        Ok(())
     };
     for word in words {
         let Some((k, v)) = word.split_once('=') else {
@@ -210,7 +218,7 @@ pub fn parse_side(
                 key: k.into(),
             });
         };
-        once(key, k)?;
+        once(key, k, v)?;
         match key {
             SideKey::Pti => {
                 c.guest.pti =
@@ -271,7 +279,7 @@ pub fn parse_side(
                 for w in v.split_whitespace() {
                     match w.split_once('=') {
                         Some(("pti", p)) => {
-                            once(SideKey::Pti, "pti (append=pti=)")?;
+                            once(SideKey::Pti, "pti (append=pti=)", p.trim())?;
                             c.guest.pti = Some(
                                 abi_value::<PtiMode>(p, PtiMode::NAMES.iter().copied())
                                     .map_err(bad)?,
@@ -546,20 +554,30 @@ mod tests {
         assert_eq!(side("pti=on,,").unwrap().label, "pti=on,,");
     }
 
-    /// A key that sets one value is given once (`pti=` also counts through
-    /// `append=pti=`); values and keys are read trimmed.
+    /// A key that sets one value is given one value (`pti=` also counts
+    /// through `append=pti=`); the same value again passes; values and keys
+    /// are read trimmed.
     #[test]
-    fn a_single_valued_key_given_twice_is_refused() {
+    fn a_single_valued_key_given_two_values_is_refused() {
         for opts in [
             "pti=on,pti=off",
             "linux=debian-amd64,pti=on,append=pti=off",
-            "mem=64,mem=64",
-            "cpu=max,cpu=max",
+            "linux=debian-amd64,append=pti=on quiet,append=pti=auto",
+            "mem=64,mem=128",
+            "cpu=max,cpu=qemu64",
             "cpu_vuln=none,cpu-vuln=host",
+            "linux=debian-amd64,linux=/k/bzImage",
         ] {
             let e = side(opts).unwrap_err();
             assert!(matches!(e, SideError::Repeated { .. }), "{opts}: {e:?}");
             assert!(e.to_string().contains("given twice"), "{e}");
+        }
+        for opts in [
+            "pti=on,pti=on",
+            "linux=debian-amd64,pti=on,append=pti=on",
+            "mem=64, mem=64",
+        ] {
+            assert!(side(opts).is_ok(), "{opts}");
         }
         let s = side("cmdline=a=1,cmdline=b=2").unwrap();
         assert_eq!(s.config.guest.extra, "a=1 b=2");
