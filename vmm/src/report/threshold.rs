@@ -344,12 +344,12 @@ pub fn parse_symbol(text: &str) -> Result<SymbolCondition, ConditionError> {
     let (lhs, op, rhs) =
         split_operator(rest).map_err(|_| ConditionError::NoOperator(cond.to_owned()))?;
     let value = threshold(cond, rhs)?;
-    let (symbol, field) = match lhs.rsplit_once('.') {
-        Some((s, f @ ("delta" | "baseline" | "compare"))) => (s.trim(), f),
-        Some((_, part)) if table_qualifier(part.trim()) => {
+    let (symbol, field) = match lhs.rsplit_once('.').map(|(s, f)| (s.trim(), f.trim())) {
+        Some((s, f @ ("delta" | "baseline" | "compare"))) => (s, f),
+        Some((_, part)) if table_qualifier(part) => {
             return Err(ConditionError::SymbolQualifier {
                 cond: cond.to_owned(),
-                part: part.trim().to_owned(),
+                part: part.to_owned(),
             })
         }
         _ => (lhs, "delta"),
@@ -676,7 +676,7 @@ mod tests {
             ]
         );
         // A table condition after a symbol one is a table condition.
-        let f = FailIf::parse(&["symbol:a.compare==3,cycles_per_call>1"]).unwrap();
+        let f = FailIf::parse(&["symbol:a . compare==3,cycles_per_call>1"]).unwrap();
         assert_eq!((f.symbol.len(), f.table.len()), (1, 1));
         assert_eq!(f.symbol[0].field, "compare");
         assert!(FailIf::parse::<&str>(&[]).unwrap().is_empty());
