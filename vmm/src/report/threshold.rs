@@ -764,6 +764,28 @@ mod tests {
         );
     }
 
+    /// What parses prints back to what parses the same way (the fuzz
+    /// target's property, on the corner cases).
+    #[test]
+    fn conditions_print_back_to_themselves() {
+        for list in [
+            "symbol:foo.delta.delta>1",
+            "symbol:foo.isra.0<=-0",
+            "symbol:[unknown].compare!=2.3e-308",
+            "symbol:x>1e300",
+            "a.max.delta_pct>=0.5,b.welch_p<0.01",
+        ] {
+            let f = FailIf::parse(&[list]).unwrap();
+            for c in &f.symbol {
+                let again = FailIf::parse(&[c.text()]).unwrap().symbol;
+                assert_eq!(again, vec![c.clone()], "{list}");
+            }
+            for c in &f.table {
+                assert_eq!(Condition::parse(&c.to_string()).as_ref(), Ok(c), "{list}");
+            }
+        }
+    }
+
     #[test]
     fn evaluation() {
         // Amean compare = 2 exactly.
