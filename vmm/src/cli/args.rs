@@ -222,7 +222,10 @@ pub struct BackendOpts {
     pub backend: Backend,
     /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
     /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
-    /// TSC count instructions, so cycles per call become instructions per call.
+    /// TSC count instructions, so cycles per call become instructions per call;
+    /// `--qemu-arg=-plugin --qemu-arg=FILE.so` loads another TCG plugin. What
+    /// ptiscope sets itself (the image, command line, memory size, vCPUs, CPU
+    /// model, machine type, accelerator, console) is refused, naming it.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
     /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed

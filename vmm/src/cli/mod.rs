@@ -426,7 +426,7 @@ pub fn parse_cpus(s: &str) -> Result<u32, String> {
 impl RunArgs {
     /// Options that only one backend understands, given to the other (a
     /// usage error rather than silently ignored), or that its backend
-    /// refuses (KVM acceleration under the TCG plugin).
+    /// refuses (a `--qemu-arg` setting what ptiscope sets).
     pub fn backend_mismatch(&self) -> Option<String> {
         // In the order they are checked (the first refused is named).
         self.on.refusal(&crate::backend::Requested {
