@@ -144,7 +144,7 @@ pub struct LinuxFetchArgs {
     pub only: Option<String>,
 }
 
-const COMPARE_HELP: &str = "\
+pub(crate) const COMPARE_HELP: &str = "\
 Options for --baseline/--compare (comma-separated key=value):
   pti=on|off|auto  pcid=on|off  entry=auto|syscall|sysenter|int80|int3|int4
   workload=NAME  iterations=N  cpu_vuln=meltdown|none|host  mem=MiB  cmdline=TEXT

@@ -539,6 +539,14 @@ mod tests {
             "{e}"
         );
         assert_eq!(SideKey::from_name("cpu-vuln"), Some(SideKey::CpuVuln));
+        // `compare --help` describes every key too.
+        for key in SideKey::ALL {
+            assert!(
+                crate::cli::COMPARE_HELP.contains(&format!(" {}=", key.name())),
+                "compare --help lacks {}=",
+                key.name()
+            );
+        }
     }
 
     /// A side that sets nothing is refused with a reason, as `sweep
