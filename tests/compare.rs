@@ -239,6 +239,22 @@ fn bad_compare_usage_is_refused_before_any_run() {
         (&["--baseline", "pti=maybe"][..], "possible values"),
         (&["--compare", "colour=blue"][..], "unknown key"),
         (&["--compare", "pti"][..], "not key=value"),
+        (&["--baseline", ""][..], "sets nothing"),
+        (&["--baseline", ",,,"][..], "sets nothing"),
+        (&["--compare", "pti=on,pti=off"][..], "given twice"),
+        (&["--compare", "colour=blue"][..], "linux append cpu"),
+        (
+            &["--fail-if", "symbol:entry_SYSCALL_64>1,symbol:x>2"][..],
+            "needs --by-symbol",
+        ),
+        (
+            &["--fail-if", "cr3_writes_per_call>1,symbol:x>1e-400"][..],
+            "below the smallest normal f64",
+        ),
+        (
+            &["--fail-if", "cr3_writes_per_call>1,"][..],
+            "empty condition",
+        ),
         (&["--runs", "0"][..], "1..=1000, or `auto`"),
         (&["--runs", "sometimes"][..], "1..=1000, or `auto`"),
         (&["--target-ci", "1"][..], "go with --runs auto"),
@@ -570,4 +586,32 @@ fn a_linux_compare_names_its_guest_kernel_and_tcg_times() {
         "{picture}"
     );
     assert!(picture.contains(">host Linux "), "the host named too");
+}
+
+/// An output path that exists but whose directory takes no new files
+/// (/proc) is refused naming what failed, before any run: not "No such
+/// file or directory" of a file that exists.
+#[test]
+fn an_output_beside_which_no_file_can_be_made_says_so() {
+    for args in [
+        &["--json", "/proc/version"][..],
+        &[
+            "--backend",
+            "qemu",
+            "--linux",
+            "debian-amd64",
+            "--by-symbol",
+            "--by-symbol-csv",
+            "/proc/version",
+        ],
+    ] {
+        let o = ptiscope().arg("compare").args(args).output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(73), "{args:?}: {err}");
+        assert!(
+            err.contains("/proc/version") && err.contains("takes no new files"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("No such file"), "{args:?}: {err}");
+    }
 }

@@ -161,8 +161,9 @@ fn options_of_the_other_backend_are_refused() {
 }
 
 /// A `--qemu-arg` that would replace what ptiscope gives QEMU (the image,
-/// the command line, the initrd, memory, vCPUs, CPU, plugin, console,
-/// machine type) or put a device on the console's stdio is refused before
+/// the command line, the initrd, memory, vCPUs, CPU, machine type or
+/// accelerator, in any place of `-machine`'s list) or put a device on the
+/// console's stdio, or that QEMU cannot read (`--machine=q35`), is refused before
 /// QEMU starts, on every command that takes it, naming it; its text is
 /// escaped in the message.
 #[test]
@@ -173,7 +174,11 @@ fn qemu_args_that_override_ptiscope_are_refused_before_boot() {
         &["-initrd", "/tmp/x"],
         &["-m", "4G"],
         &["--smp", "2"],
-        &["-serial", "unix:/tmp/ptiscope-test.sock,server=on,wait=off"],
+        &["-serial", "mon:stdio"],
+        &["-machine", "usb=off,type=q35"],
+        &["-machine", "accel=tcg,type=q35"],
+        &["-accel", "tcg,tb-size=64"],
+        &["--machine=q35"],
         &["-monitor", "stdio"],
         &["-chardev", "stdio,id=x"],
         &["-nographic"],

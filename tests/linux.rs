@@ -546,6 +546,79 @@ fn an_init_that_never_finishes_times_out() {
     }
 }
 
+/// A run whose teardown hangs after the init printed its `@result` line
+/// keeps what it measured: `--timeout` stops it, and it reports its figures
+/// (exit 0, `--json` written) with a note, rather than failing as if
+/// nothing was measured. The hang: a second TCG plugin (a copy of
+/// ptiscope's, `--no-plugin` leaving ptiscope's out) whose output file is a
+/// FIFO nobody reads, which it opens when QEMU exits, after the guest has
+/// ended.
+#[test]
+fn a_timeout_after_the_result_line_keeps_the_figures() {
+    let test = "a_timeout_after_the_result_line_keeps_the_figures";
+    let Some(_) = kernel_or_skip(test, AMD64.0, AMD64.1) else {
+        return;
+    };
+    if !plugin_or_skip(test, AMD64.1) {
+        return;
+    }
+    let (plugin, _) = ptiscope::backend::qemu::plugin_for(AMD64.1).unwrap();
+    let dir = Scratch::new("timeout-after-result");
+    let copy = dir.join("slow-exit.so");
+    std::fs::copy(&plugin, &copy).unwrap();
+    let fifo = dir.join("nobody-reads");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let json = dir.join("run.json");
+    let o = ptiscope()
+        .args([
+            "run",
+            "--backend",
+            "qemu",
+            "--no-plugin",
+            "--linux",
+            AMD64.0,
+        ])
+        .args([
+            "--workload",
+            "getppid",
+            "--iterations",
+            "2000",
+            "--pti",
+            "on",
+        ])
+        // Linux reaches the init in about 10 s of TCG here.
+        .args(["--timeout", "40", "--json"])
+        .arg(&json)
+        .arg("--qemu-arg=-plugin")
+        .arg(format!(
+            "--qemu-arg=file={},out={},kernel=0-1",
+            copy.display(),
+            fifo.display()
+        ))
+        .output()
+        .unwrap();
+    let (out, err) = (stdout(&o), stderr(&o));
+    if !out.contains("@result ") {
+        assert_eq!(o.status.code(), Some(124), "{err}");
+        ptiscope::test_support::skip(
+            test,
+            "the init printed no @result within 40 s here (a loaded machine): the \
+             after-@result timeout was not checked",
+        );
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let v = read_json(&json);
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("stopped the guest after the init's @result line"),
+        "{notes}"
+    );
+    assert!(row_per_call(&v, "cycles") > 0.0, "{v}");
+}
+
 /// A minimal bzImage setup header: 64-bit entry or not, and a version string.
 fn fake_bzimage(path: &Path, x86_64: bool) {
     let mut b = vec![0u8; 0x1000];

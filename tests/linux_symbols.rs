@@ -345,11 +345,21 @@ fn by_symbol_refusals_before_boot() {
                 "--fail-if",
                 "symbol:entry_SYSCALL_64=>1",
             ][..],
-            "unknown operator",
+            "is not a kernel symbol name",
         ),
         (
             &["--backend", "qemu", "--by-symbol", "--fail-if", "symbol:>1"][..],
-            "no symbol name",
+            "is not a kernel symbol name",
+        ),
+        (
+            &[
+                "--backend",
+                "qemu",
+                "--by-symbol",
+                "--fail-if",
+                "symbol:entry_SYSCALL_64.delta_pct>1",
+            ][..],
+            "takes .delta (the default), .baseline or .compare",
         ),
         (
             &["--backend", "qemu", "--by-symbol-csv", "/dev/null"][..],

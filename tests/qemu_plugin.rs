@@ -491,3 +491,55 @@ fn note_align_4(elf: &std::path::Path) {
     }
     std::fs::write(elf, f).unwrap();
 }
+
+/// QEMU loads several plugins side by side, so a user's own `-plugin`
+/// (`--qemu-arg=-plugin --qemu-arg=...`) runs beside ptiscope's, whose
+/// counts stay exact, and alone with `--no-plugin`. The other plugin is a
+/// second copy of ptiscope's own under another name, with its own output
+/// file: that it wrote the file shows QEMU loaded and ran it.
+#[test]
+fn a_users_own_plugin_runs_beside_ptiscopes_and_alone() {
+    let qemu = binary("x86_64");
+    if !plugin_or_skip("a user's own plugin", qemu) {
+        return;
+    }
+    let (ours, _) = ptiscope::backend::qemu::plugin_for(qemu).unwrap();
+    let dir = Scratch::new("user-plugin");
+    let other = dir.join("another plugin.so");
+    std::fs::copy(&ours, &other).unwrap();
+    for with_ours in [true, false] {
+        let out = dir.join(format!("another-{with_ours}.out"));
+        // QEMU's option syntax: a comma in a value is doubled (none here).
+        let arg = format!(
+            "--qemu-arg=file={},out={},kernel=0-ffffffffffffffff",
+            other.display(),
+            out.display()
+        );
+        let mut args = vec![
+            "--workload",
+            "getpid",
+            "--iterations",
+            "300",
+            "--pti",
+            "on",
+            "--qemu-arg=-plugin",
+            &arg,
+        ];
+        if !with_ours {
+            args.push("--no-plugin");
+        }
+        let (v, err) = run_json("user-plugin", &args);
+        let written = std::fs::metadata(&out).map_or(0, |m| m.len());
+        assert!(
+            written > 0,
+            "with_ours={with_ours}: {out:?} not written: {err}"
+        );
+        match with_ours {
+            true => {
+                assert_eq!(row_total(&v, "insn_mov_cr3"), 602.0, "{err}");
+                assert_eq!(check(&v, "insn_mov_cr3")["agrees"], true, "{v}");
+            }
+            false => assert!(summary_row(&v, "insn_mov_cr3").is_none(), "{v}"),
+        }
+    }
+}

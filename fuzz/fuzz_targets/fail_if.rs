@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ptiscope::report::threshold::Condition;
+use ptiscope::report::threshold::{Condition, FailIf};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
@@ -11,5 +11,11 @@ fuzz_target!(|data: &[u8]| {
         let again = Condition::parse(&c.to_string());
         assert!(again.is_ok(), "{text:?} parsed, its rendering {c} does not");
     }
-    let _ = Condition::parse_list(&text);
+    if let Ok(f) = FailIf::parse(&[&*text]) {
+        // Symbol conditions print back to what parses the same way too.
+        for s in &f.symbol {
+            let again = FailIf::parse(&[s.text()]).map(|g| g.symbol);
+            assert_eq!(again, Ok(vec![s.clone()]), "{text:?}");
+        }
+    }
 });

@@ -26,7 +26,8 @@ fn main() -> ExitCode {
         .name("host-facts".into())
         .spawn(ptiscope::cli::warm_host_facts);
 
-    let cli = match Cli::try_parse() {
+    // `--timeout`'s defaults for Linux runs settle with the other options.
+    let cli = match ptiscope::cli::timeout::parse() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();

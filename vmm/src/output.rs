@@ -79,6 +79,22 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
+    /// The new file a document is written to, beside its path, cannot be
+    /// created (`--json /proc/version`: the file exists, but its file
+    /// system takes no new files).
+    #[error(
+        "cannot write {what} {path}: {why}; ptiscope writes a result to a new file beside \
+         its path and renames it into place (so an earlier file survives a failed run), \
+         so give a path in a directory where files can be created"
+    )]
+    NoNewFile {
+        /// The option it belongs to.
+        what: &'static str,
+        /// The path given.
+        path: PathBuf,
+        /// What failed, in words ([`new_file_failure`]).
+        why: String,
+    },
     /// A FIFO that no reader opened in time.
     #[error(
         "{what} {path} is a FIFO and no reader opened it within {waited_s:.1} s; \
@@ -227,13 +243,40 @@ pub fn open_document(
         .write(true)
         .create_new(true)
         .open(&temp)
-        .map_err(open_err)?;
+        .map_err(|source| OpenError::NoNewFile {
+            what,
+            path: path.to_path_buf(),
+            why: new_file_failure(&dir, &temp, &source),
+        })?;
     Ok(OutputFile {
         file,
         path: path.to_path_buf(),
         what,
         temp: Mutex::new(Some(temp)),
     })
+}
+
+/// Why `temp` could not be created in `dir`, in words: the bare error
+/// would say "No such file or directory" of a path that exists (its
+/// directory's file system, such as /proc, creates no files) or name the
+/// temporary file, which the user never gave.
+fn new_file_failure(dir: &Path, temp: &Path, source: &io::Error) -> String {
+    let shown = dir.display();
+    match std::fs::metadata(dir) {
+        Err(_) => format!("its directory {shown} does not exist"),
+        Ok(m) if !m.is_dir() => format!("{shown} is not a directory"),
+        Ok(_) => match source.raw_os_error() {
+            Some(libc::ENOENT) => format!(
+                "its directory {shown} takes no new files (its file system refused to create {})",
+                temp.display()
+            ),
+            Some(libc::EACCES | libc::EPERM) => {
+                format!("creating a file in {shown} is not permitted ({source})")
+            }
+            Some(libc::EROFS) => format!("{shown} is on a read-only file system"),
+            _ => format!("creating {} failed: {source}", temp.display()),
+        },
+    }
 }
 
 /// Opens `path` for writing (created or truncated) as the output `what`
@@ -411,6 +454,31 @@ mod tests {
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         // SAFETY: both descriptors are fresh and owned by us from here on.
         unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+    }
+
+    /// A document whose new file cannot be created beside it says why:
+    /// not "No such file or directory" of /proc/version, which exists.
+    #[test]
+    fn a_document_that_cannot_be_placed_says_what_failed() {
+        let wait = Duration::from_millis(10);
+        let e = open_document("--by-symbol-csv", Path::new("/proc/version"), wait).unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, OpenError::NoNewFile { .. }), "{e:?}");
+        assert!(
+            m.contains("/proc takes no new files") && !m.contains("No such file"),
+            "{m}"
+        );
+        let e = open_document("--json", Path::new("/nonexistent-ptiscope/r.json"), wait)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("its directory /nonexistent-ptiscope does not exist"),
+            "{e}"
+        );
+        let e = open_document("--json", Path::new("/proc/version/r.json"), wait)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/proc/version is not a directory"), "{e}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! ptiscope's TCG plugin (or, with `--no-plugin`, by nothing but the guest).
 
 use super::qemu;
+use super::qemu_options;
 use super::{
     Backend, BackendError, ConsoleNote, HostWatch, Observed, OwnOption, Profile, Ran, Requested,
     TimeMetric,
@@ -36,60 +37,20 @@ pub struct Qemu {
     pub plugin: bool,
 }
 
-/// The `--qemu-arg` words that turn KVM acceleration on (`-enable-kvm`,
-/// `-accel kvm`, `accel=kvm` in `-machine`'s options, a `tcg:kvm` list),
-/// joined as given; `None` if none does.
-pub fn enables_kvm(args: &[String]) -> Option<String> {
-    let names_kvm = |list: &str| list.split([':', ',']).any(|a| a.trim() == "kvm");
-    for (i, arg) in args.iter().enumerate() {
-        let name = arg.trim_start_matches('-');
-        let option = arg.starts_with('-');
-        if option && name == "enable-kvm" {
-            return Some(arg.clone());
-        }
-        if option && name == "accel" {
-            if let Some(next) = args.get(i + 1) {
-                let value = next.strip_prefix("accel=").unwrap_or(next);
-                if value.split(',').next().is_some_and(names_kvm) {
-                    return Some(format!("{arg} {next}"));
-                }
-            }
-        }
-        if option {
-            if let Some(value) = name.strip_prefix("accel=") {
-                if names_kvm(value.split(',').next().unwrap_or("")) {
-                    return Some(arg.clone());
-                }
-            }
-        }
-        for part in arg.split(',') {
-            if let Some(value) = part.trim().strip_prefix("accel=") {
-                if names_kvm(value) {
-                    return Some(arg.clone());
-                }
-            }
-        }
-    }
-    None
-}
-
-/// The QEMU options ptiscope sets itself (`backend::qemu::run_resolved`),
-/// which a `--qemu-arg` would silently replace or contradict, each with
-/// what ptiscope gives it and the ptiscope option to use instead.
-const SET_BY_PTISCOPE: [(&str, &str); 9] = [
+/// The QEMU options ptiscope gives whole (`qemu::run_resolved`), which a
+/// `--qemu-arg` would replace or contradict, each with what ptiscope gives
+/// it and the ptiscope option to use instead. Options it gives only some
+/// keys of (`-machine`'s `type`, `-m`'s `size`) are [`SET_KEYS`]; options
+/// that may be given beside ptiscope's (`-plugin`: QEMU loads every plugin;
+/// `-serial`: a second port) are not here.
+const SET_BY_PTISCOPE: [(&str, &str); 6] = [
     ("kernel", "the guest image (--kernel, --linux)"),
     ("append", "the command line (--cmdline, --append)"),
     ("initrd", "ptiscope's init for --linux"),
-    ("m", "the guest memory (--mem)"),
-    ("smp", "the vCPUs (--cpus)"),
-    ("cpu", "-cpu max, which the guest's checks assume"),
+    ("smp", "the vCPUs and their topology (--cpus)"),
     (
-        "plugin",
-        "ptiscope's TCG plugin (--no-plugin leaves it out)",
-    ),
-    (
-        "serial",
-        "-serial stdio, the guest's console (--serial-out)",
+        "cpu",
+        "-cpu max, which the guest's checks assume; a compare side takes cpu=MODEL",
     ),
     (
         "daemonize",
@@ -97,52 +58,121 @@ const SET_BY_PTISCOPE: [(&str, &str); 9] = [
     ),
 ];
 
+/// The keys of QEMU's `-machine`/`-M` and `-m` lists that ptiscope sets
+/// (`-M pc`/`microvm`, `-m NM`): `(option, key, what ptiscope gives it)`.
+/// The other keys of those options are properties a `--qemu-arg` may set.
+const SET_KEYS: [(&str, &str, &str); 3] = [
+    (
+        "machine",
+        "type",
+        "microvm for the 64-bit companion guest, pc otherwise",
+    ),
+    ("machine", "accel", "-accel tcg"),
+    ("m", "size", "the guest memory: --mem"),
+];
+
 /// Options whose value is a character device: `stdio` there would share
 /// the guest's console (QEMU's stdout) and read ptiscope's closed stdin.
-const CHARDEV_OPTIONS: [&str; 6] = ["monitor", "qmp", "qmp-pretty", "chardev", "mon", "parallel"];
+const CHARDEV_OPTIONS: [&str; 9] = [
+    "monitor",
+    "qmp",
+    "qmp-pretty",
+    "chardev",
+    "mon",
+    "parallel",
+    "serial",
+    "debugcon",
+    "gdb",
+];
+
+/// Why an accelerator a `--qemu-arg` chooses (`accel`: its value, `kvm`,
+/// `tcg`, `tcg:kvm`) cannot be: ptiscope gives QEMU `-accel tcg` itself.
+fn accel_refusal(shown: &str, accel: &str) -> String {
+    let kvm = accel.split([':', ',']).any(|a| a.trim() == "kvm");
+    format!(
+        "--qemu-arg {shown}: {}ptiscope sets QEMU's accelerator itself (-accel tcg: --backend qemu \
+         measures QEMU's TCG, which ptiscope's TCG plugin observes; QEMU refuses -enable-kvm and \
+         -machine accel= beside -accel, and uses the first -accel that starts, so another is \
+         ignored); drop that --qemu-arg{}",
+        if kvm {
+            "it turns on KVM acceleration, but "
+        } else {
+            ""
+        },
+        if kvm {
+            " (--backend kvm runs on KVM)"
+        } else {
+            ""
+        }
+    )
+}
 
 /// The first `--qemu-arg` that would replace or contradict what ptiscope
-/// gives QEMU (an option from [`SET_BY_PTISCOPE`], `-M`/`-machine` with a
-/// machine type, `-nographic`, a character device on `stdio`), as a
-/// refusal naming it; `None` if none does.
+/// gives QEMU, read on QEMU's own grammar ([`qemu_options`]): an option of
+/// [`SET_BY_PTISCOPE`], a key of [`SET_KEYS`] (`-M q35`, `-machine
+/// usb=off,type=q35`), an accelerator (`-accel`, `-enable-kvm`, `-machine
+/// accel=`), `-nographic`, a character device on `stdio`, and the
+/// `-NAME=VALUE` QEMU does not read; as a refusal naming the option and
+/// the key. `None` if none does.
 pub fn overrides(args: &[String]) -> Option<String> {
-    for (i, arg) in args.iter().enumerate() {
-        let Some(name) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
-            continue;
+    let shown = |a: &str| ptiscope_devices::escape_str(a);
+    for o in qemu_options::options(args) {
+        let whole = match o.value {
+            Some(v) => format!("{} {}", shown(o.word), shown(v)),
+            None => shown(o.word),
         };
-        let next = args.get(i + 1).map(String::as_str).unwrap_or("");
-        let shown = |a: &str| ptiscope_devices::escape_str(a);
-        if let Some((_, what)) = SET_BY_PTISCOPE.iter().find(|(o, _)| *o == name) {
+        if let Some((name, _)) = o.name.split_once('=') {
             return Some(format!(
-                "--qemu-arg {}: ptiscope sets -{name} itself ({what}); drop that --qemu-arg",
-                shown(arg)
+                "--qemu-arg {}: QEMU reads no -OPTION=VALUE (it would say \"invalid option\"): \
+                 give the value as the next --qemu-arg (--qemu-arg=-{name} --qemu-arg=VALUE)",
+                shown(o.word)
             ));
         }
-        if name == "M" || name == "machine" {
-            let first = next.split(',').next().unwrap_or("");
-            if !first.is_empty() && (!first.contains('=') || first.starts_with("type=")) {
-                return Some(format!(
-                    "--qemu-arg {} {}: ptiscope chooses the machine type (microvm for the \
-                     64-bit companion guest, pc otherwise); give only properties \
-                     (-machine KEY=VALUE)",
-                    shown(arg),
-                    shown(next)
-                ));
+        if let Some((name, what)) = SET_BY_PTISCOPE.iter().find(|(n, _)| *n == o.name) {
+            return Some(format!(
+                "--qemu-arg {whole}: ptiscope sets -{name} itself ({what}); drop that --qemu-arg"
+            ));
+        }
+        match o.name {
+            "enable-kvm" => return Some(accel_refusal(&whole, "kvm")),
+            "accel" => {
+                let keys = qemu_options::key_values(o.value.unwrap_or(""), "accel");
+                let accel = keys
+                    .iter()
+                    .find(|(k, _)| k == "accel")
+                    .map_or("", |(_, v)| v);
+                return Some(accel_refusal(&whole, accel));
             }
+            "nographic" => {
+                return Some(format!(
+                    "--qemu-arg {whole}: it puts QEMU's monitor on stdio, which is the guest's \
+                     console here; drop it (ptiscope already runs QEMU without a display)"
+                ))
+            }
+            _ => {}
         }
-        if name == "nographic" {
+        let option = if o.name == "M" { "machine" } else { o.name };
+        let value = o.value.unwrap_or("");
+        let keys = qemu_options::key_values(value, qemu_options::implied_key(o.name));
+        for (key, given) in &keys {
+            let Some((_, _, what)) = SET_KEYS
+                .iter()
+                .find(|(opt, k, _)| *opt == option && k == key)
+            else {
+                continue;
+            };
+            if option == "machine" && key == "accel" {
+                return Some(accel_refusal(&whole, given));
+            }
             return Some(format!(
-                "--qemu-arg {}: it puts QEMU's monitor on stdio, which is the guest's console \
-                 here; drop it (ptiscope already runs QEMU without a display)",
-                shown(arg)
+                "--qemu-arg {whole}: ptiscope sets -{option}'s {key}= itself ({what}); give \
+                 only the other keys (-{option} KEY=VALUE without {key}=)"
             ));
         }
-        if CHARDEV_OPTIONS.contains(&name) && next.split([',', ':']).any(|p| p == "stdio") {
+        if CHARDEV_OPTIONS.contains(&o.name) && value.split([',', ':']).any(|p| p == "stdio") {
             return Some(format!(
-                "--qemu-arg {} {}: QEMU's stdio is the guest's console here (and its stdin is \
-                 closed); use another character device, e.g. unix:PATH,server=on,wait=off",
-                shown(arg),
-                shown(next)
+                "--qemu-arg {whole}: QEMU's stdio is the guest's console here (and its stdin is \
+                 closed); use another character device, e.g. unix:PATH,server=on,wait=off"
             ));
         }
     }
@@ -182,17 +212,6 @@ impl Backend for Qemu {
     fn check(&self, flag: &str, asked: &Requested) -> Option<String> {
         if flag != "--qemu-arg" {
             return None;
-        }
-        // KVM acceleration first: its message says what to do (--no-plugin).
-        if self.plugin {
-            if let Some(arg) = enables_kvm(asked.qemu_args) {
-                return Some(format!(
-                    "--qemu-arg {} turns on KVM acceleration, under which ptiscope's TCG \
-                     plugin counts nothing (TCG plugins see only TCG-translated code): \
-                     add --no-plugin, or drop that --qemu-arg",
-                    ptiscope_devices::escape_str(&arg)
-                ));
-            }
         }
         overrides(asked.qemu_args)
     }
@@ -258,43 +277,78 @@ impl Backend for Qemu {
 
 #[cfg(test)]
 mod tests {
-    use super::{enables_kvm, overrides};
+    use super::overrides;
+
+    fn words(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
 
     /// Every option ptiscope sets, in either spelling, is refused naming
-    /// it; stdio character devices and machine types too; properties and
-    /// options ptiscope leaves alone pass.
+    /// it; the keys it sets in `-machine`/`-M`/`-m` in any place of their
+    /// lists, accelerators, stdio character devices too (with what the
+    /// refusal must name); properties, other plugins and options ptiscope
+    /// leaves alone pass.
     #[test]
     fn qemu_args_that_replace_what_ptiscope_sets_are_refused() {
-        for v in [
-            &["-kernel", "/boot/vmlinuz"][..],
-            &["--append", "init=/bin/sh"],
-            &["-initrd", "/tmp/x"],
-            &["-m", "2G"],
-            &["-smp", "4"],
-            &["-cpu", "qemu64"],
-            &["-plugin", "file=x.so"],
-            &["-serial", "unix:/tmp/s,server=on,wait=off"],
-            &["-daemonize"],
-            &["-M", "q35"],
-            &["-machine", "type=pc,accel=tcg"],
-            &["-nographic"],
-            &["-monitor", "stdio"],
-            &["-qmp", "stdio"],
-            &["-chardev", "stdio,id=c0"],
-            &["-icount", "shift=0", "-kernel", "x"],
+        for (v, names) in [
+            (&["-kernel", "/boot/vmlinuz"][..], "-kernel"),
+            (&["--append", "init=/bin/sh"], "-append"),
+            (&["-initrd", "/tmp/x"], "-initrd"),
+            (&["-m", "2G"], "-m's size="),
+            (&["-m", "size=2G,maxmem=4G"], "-m's size="),
+            (&["-smp", "4"], "-smp"),
+            (&["-smp", "cores=2"], "-smp"),
+            (&["-cpu", "qemu64"], "-cpu"),
+            (&["-daemonize"], "-daemonize"),
+            (&["-M", "q35"], "-machine's type="),
+            (&["-machine", "q35"], "-machine's type="),
+            (&["--machine", "q35"], "-machine's type="),
+            (&["-machine", "type=q35"], "-machine's type="),
+            (&["-machine", "usb=off,type=q35"], "-machine's type="),
+            (&["-machine", "type=pc,accel=tcg"], "-machine's type="),
+            (&["-machine", "accel=tcg,type=q35"], "accelerator"),
+            (&["-machine", "accel=tcg"], "accelerator"),
+            (&["-M", "accel=tcg:kvm"], "KVM acceleration"),
+            (&["-machine", "q35,accel=kvm"], "-machine's type="),
+            (&["-machine", "usb=off,accel=kvm"], "KVM acceleration"),
+            (&["-accel", "kvm"], "KVM acceleration"),
+            (&["-accel", "tcg,tb-size=64"], "accelerator"),
+            (&["--accel", "accel=kvm"], "KVM acceleration"),
+            (&["-enable-kvm"], "KVM acceleration"),
+            (&["--enable-kvm"], "KVM acceleration"),
+            (&["-icount", "shift=0", "-machine", "accel=kvm"], "KVM"),
+            (&["-nographic"], "-nographic"),
+            (&["-monitor", "stdio"], "stdio"),
+            (&["-qmp", "stdio"], "stdio"),
+            (&["-chardev", "stdio,id=c0"], "stdio"),
+            (&["-serial", "mon:stdio"], "stdio"),
+            (&["-gdb", "stdio"], "stdio"),
+            (&["-icount", "shift=0", "-kernel", "x"], "-kernel"),
+            (&["-machine=q35"], "no -OPTION=VALUE"),
+            (&["--plugin=x.so"], "no -OPTION=VALUE"),
         ] {
             let why = overrides(&words(v)).unwrap_or_else(|| panic!("{v:?} accepted"));
             assert!(why.starts_with("--qemu-arg "), "{why}");
+            assert!(why.contains(names), "{v:?}: {why}");
         }
         for v in [
             &[][..],
             &["-icount", "shift=0,align=off"],
-            &["-machine", "accel=tcg"],
-            &["-M", "accel=tcg:kvm"],
+            &["-machine", "usb=off"],
+            &["-M", "usb=off,dump-guest-core=off"],
+            &["-m", "slots=2,maxmem=4G"],
             &["-monitor", "unix:/tmp/m,server=on,wait=off"],
+            &["-serial", "unix:/tmp/s,server=on,wait=off"],
             &["-d", "int"],
             &["-name", "kernel"],
-            &["-accel", "kvm"],
+            // A value that looks like an option is the option's argument.
+            &["-name", "-kernel"],
+            &["-D", "-M"],
+            // QEMU loads several plugins side by side.
+            &["-plugin", "libexeclog.so"],
+            &["-plugin", "file=/x/libinsn.so,inline=on", "-d", "plugin"],
+            &["--plugin", "/x/a.so", "-plugin", "/x/b.so"],
+            &["-chardev", "socket,id=stdio,path=/tmp/s"],
         ] {
             assert_eq!(overrides(&words(v)), None, "{v:?}");
         }
@@ -303,35 +357,5 @@ mod tests {
         assert_eq!(why, "");
         let why = overrides(&words(&["-M", "q35\x1b[2J"])).unwrap();
         assert!(!why.contains('\x1b') && why.contains("\\x1b"), "{why}");
-    }
-
-    fn words(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn kvm_acceleration_is_recognised_in_every_spelling() {
-        for v in [
-            &["-enable-kvm"][..],
-            &["--enable-kvm"],
-            &["-accel", "kvm"],
-            &["-accel", "kvm,kernel-irqchip=on"],
-            &["-accel", "accel=kvm"],
-            &["-machine", "q35,accel=kvm"],
-            &["-M", "accel=tcg:kvm"],
-            &["-icount", "shift=0", "-machine", "accel=kvm"],
-        ] {
-            assert!(enables_kvm(&words(v)).is_some(), "{v:?}");
-        }
-        for v in [
-            &[][..],
-            &["-accel", "tcg"],
-            &["-machine", "accel=tcg"],
-            &["-icount", "shift=0,align=off"],
-            &["-append", "kvm"],
-            &["-name", "kvm"],
-        ] {
-            assert_eq!(enables_kvm(&words(v)), None, "{v:?}");
-        }
     }
 }

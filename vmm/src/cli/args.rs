@@ -189,7 +189,8 @@ pub struct ExperimentOpts {
     /// Guest memory in MiB (16..=1024).
     #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
     pub mem: u64,
-    /// Stop a run after this many seconds.
+    /// Stop a run after this many seconds (default 60; for Linux sides at
+    /// least 60 and one that fits the run, as `run --linux`'s).
     #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Duration,
 }
@@ -221,7 +222,10 @@ pub struct BackendOpts {
     pub backend: Backend,
     /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
     /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
-    /// TSC count instructions, so cycles per call become instructions per call.
+    /// TSC count instructions, so cycles per call become instructions per call;
+    /// `--qemu-arg=-plugin --qemu-arg=FILE.so` loads another TCG plugin. What
+    /// ptiscope sets itself (the image, command line, memory size, vCPUs, CPU
+    /// model, machine type, accelerator, console) is refused, naming it.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub qemu_arg: Vec<String>,
     /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed

@@ -20,8 +20,22 @@ pub enum SideError {
         /// The offending word.
         word: String,
     },
+    /// Options that set nothing (empty, or only commas).
+    #[error("{opts:?} sets nothing: a side needs at least one key=value (keys: {keys}), e.g. pti=off", keys = crate::cli::compare::side::SideKey::list())]
+    Empty {
+        /// The side's options as given.
+        opts: String,
+    },
+    /// A key that sets one value, given twice.
+    #[error("{opts:?}: {key} given twice with different values; give it once (only cmdline= and append= add up)")]
+    Repeated {
+        /// The side's options as given.
+        opts: String,
+        /// The key.
+        key: String,
+    },
     /// A key compare does not know.
-    #[error("{opts:?}: unknown key {key:?} (keys: pti pcid entry workload iterations cpu_vuln mem cmdline pti_switch)")]
+    #[error("{opts:?}: unknown key {key:?} (keys: {keys})", keys = crate::cli::compare::side::SideKey::list())]
     UnknownKey {
         /// The side's options as given.
         opts: String,

@@ -137,6 +137,17 @@ pub fn diagnose(
                 ),
             ))
         }
+        // Stopped after the init had measured (its @result line, every
+        // result right): its teardown ran out, not the measurement, whose
+        // figures stand with a note (`linux::measured_before_timeout`).
+        StopReason::Timeout { .. }
+            if crate::linux::measured_before_timeout(outcome, guest).is_some() =>
+        {
+            match check_pti(guest.pti, guest_pti(outcome), host) {
+                Ok(_) => None,
+                Err(e) => Some((exit_code::VM_ERROR, e)),
+            }
+        }
         StopReason::Timeout { after_ms } => Some((
             exit_code::TIMEOUT,
             if init_started(outcome) {
@@ -204,5 +215,52 @@ mod tests {
         let (code, msg) = diagnose(&panic, &g, None).unwrap();
         assert_eq!(code, exit_code::LINUX_PANIC);
         assert!(msg.contains("Unable to mount root fs"), "{msg}");
+    }
+
+    /// A timeout after the init's @result line keeps what was measured
+    /// (a note, no error); before it, or with wrong results, it is the
+    /// timeout it was.
+    #[test]
+    fn a_timeout_after_the_result_line_keeps_the_figures() {
+        use crate::machine::StopReason;
+        let g = guest(PtiMode::On);
+        let timeout = StopReason::Timeout { after_ms: 1500 };
+        let lines = [
+            "@linux release=6.1 arch=x86_64 pti=on asked_pti=on",
+            "@result workload=getppid iterations=10 cycles=1 ns=1 pti=on mismatches=0",
+        ];
+        let late = outcome(timeout.clone(), &lines, &[]);
+        assert_eq!(diagnose(&late, &g, None), None);
+        let note = crate::linux::measured_before_timeout(&late, &g).unwrap();
+        assert!(
+            note.contains("after the init's @result line") && note.contains("1.5 s"),
+            "{note}"
+        );
+        // PTI is still checked.
+        let off = outcome(
+            timeout.clone(),
+            &[
+                "@linux release=6.1 arch=x86_64 pti=off asked_pti=on",
+                lines[1],
+            ],
+            &[],
+        );
+        assert_eq!(diagnose(&off, &g, None).unwrap().0, exit_code::VM_ERROR);
+        // No @result yet, or wrong results: the timeout.
+        let early = outcome(timeout.clone(), &lines[..1], &[]);
+        assert_eq!(diagnose(&early, &g, None).unwrap().0, exit_code::TIMEOUT);
+        assert_eq!(crate::linux::measured_before_timeout(&early, &g), None);
+        let wrong = outcome(
+            timeout,
+            &[
+                lines[0],
+                "@result workload=getppid iterations=10 cycles=1 mismatches=3",
+            ],
+            &[],
+        );
+        assert_eq!(diagnose(&wrong, &g, None).unwrap().0, exit_code::TIMEOUT);
+        // A run that ended on its own gets no note.
+        let done = outcome(StopReason::GuestExit { status: 0 }, &lines, &[]);
+        assert_eq!(crate::linux::measured_before_timeout(&done, &g), None);
     }
 }

@@ -26,6 +26,7 @@ pub mod probe;
 pub mod reproduce;
 pub mod run;
 pub mod sweep;
+pub mod timeout;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -144,7 +145,7 @@ pub struct LinuxFetchArgs {
     pub only: Option<String>,
 }
 
-const COMPARE_HELP: &str = "\
+pub(crate) const COMPARE_HELP: &str = "\
 Options for --baseline/--compare (comma-separated key=value):
   pti=on|off|auto  pcid=on|off  entry=auto|syscall|sysenter|int80|int3|int4
   workload=NAME  iterations=N  cpu_vuln=meltdown|none|host  mem=MiB  cmdline=TEXT
@@ -165,12 +166,16 @@ an earlier `--json` result and warns when the environments differ.
 
 --fail-if COND (repeatable, or comma-separated): fails the command when COND holds.
   COND := metric[.stat][.field] OP number
+        | symbol:NAME[.delta|.baseline|.compare] OP number (with --by-symbol: a kernel
+          symbol's per-call instructions; default the difference; 0 where it never ran)
   stat  := min|amean|stddev|coeffvar|max|bamean50|bamean95|bamean99 (default amean)
   field := compare|baseline|delta|delta_pct|diff_pct (default compare)
            | welch_p | significant (about the means: no stat; significant is 1 or 0)
   OP    := > >= < <= == !=
+  number:= a finite decimal number (2, -0.5, 1e3), one an f64 holds as written
   e.g. 'cr3_writes_per_call!=2'  'ns_per_call.delta_pct>50'  'cycles_per_call.coeffvar.baseline>2'
        'kernel_instructions_per_call.significant==1'  'ns_per_call.welch_p<0.01'
+       'symbol:entry_SYSCALL_64>1,symbol:syscall_return_via_sysret>2' (both kinds mix in a list)
 
 Exit status: 0 done and no --fail-if held; 1 a --fail-if condition held or could
 not be evaluated; 64 bad usage (also a workload that measures nothing, and a
@@ -210,9 +215,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "MiB", default_value_t = DEFAULT_MEM_MIB, value_parser = parse_mem, allow_negative_numbers = true)]
     pub mem: u64,
     /// Stop the guest after this many seconds (fractions allowed; default
-    /// 10, and 60 with `--linux`: a Linux boot under TCG or nested KVM with
-    /// shadow paging takes 10-30 s).
-    #[arg(long, value_name = "SECS", default_value = "10", default_value_if("linux", clap::builder::ArgPredicate::IsPresent, "60"), value_parser = parse_timeout, allow_negative_numbers = true)]
+    /// 10, and with `--linux` one that fits the run: the backend's boot
+    /// (KVM 30 s, QEMU 60 s, nested 120 s) plus the calls (0.1, 0.25, 2 ms
+    /// each; x4 and 60 s more with --by-symbol), at least 60 s).
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_timeout, allow_negative_numbers = true)]
     pub timeout: Duration,
     /// Write the guest console to FILE instead of stdout.
     #[arg(long, value_name = "FILE")]
@@ -421,7 +427,7 @@ pub fn parse_cpus(s: &str) -> Result<u32, String> {
 impl RunArgs {
     /// Options that only one backend understands, given to the other (a
     /// usage error rather than silently ignored), or that its backend
-    /// refuses (KVM acceleration under the TCG plugin).
+    /// refuses (a `--qemu-arg` setting what ptiscope sets).
     pub fn backend_mismatch(&self) -> Option<String> {
         // In the order they are checked (the first refused is named).
         self.on.refusal(&crate::backend::Requested {

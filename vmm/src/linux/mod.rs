@@ -389,6 +389,9 @@ pub fn summary(
     if let Some(note) = marker_note(outcome) {
         s.notes.push(note);
     }
+    if let Some(note) = measured_before_timeout(outcome, guest) {
+        s.notes.push(note);
+    }
     if !phased {
         s.notes
             .push("the init printed no @result line: nothing was measured".into());
@@ -417,6 +420,38 @@ pub fn summary(
         }
     }
     s
+}
+
+/// Whether a run that `--timeout` stopped had measured already: the init
+/// printed its `@result` line, every result right (`mismatches=0`), before
+/// the deadline, so what ran out was what comes after it (the kernel
+/// symbols for `--by-symbol`, the exit). Its figures stand: the note says
+/// so; `None` for any other run.
+pub fn measured_before_timeout(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<String> {
+    let crate::machine::StopReason::Timeout { after_ms } = outcome.stop else {
+        return None;
+    };
+    if guest.init_words.contains("workload=none") {
+        return None;
+    }
+    let result = machine_line(outcome, ptiscope_abi::RESULT_PREFIX.trim_end())?;
+    if line_value(result, "mismatches").is_some_and(|m| m != "0") {
+        return None;
+    }
+    let symbols = outcome
+        .cmdline
+        .split_ascii_whitespace()
+        .any(|w| w == SYMBOLS_WORD);
+    Some(format!(
+        "--timeout ({} s) stopped the guest after the init's @result line: the figures are \
+         what it measured; its teardown{} did not finish (raise --timeout to let it)",
+        after_ms as f64 / 1e3,
+        if symbols {
+            " (sending the kernel's symbols for --by-symbol, whose table may be missing)"
+        } else {
+            ""
+        }
+    ))
 }
 
 /// The CPU the init's `@cpu` line says the loop ran on alone, without the

@@ -303,44 +303,10 @@ impl SymbolCondition {
     /// The prefix that makes a `--fail-if` a symbol condition.
     pub const PREFIX: &'static str = "symbol:";
 
-    /// Parses one condition (after [`Self::PREFIX`]).
-    pub fn parse(text: &str) -> Result<SymbolCondition, String> {
-        let rest = text
-            .trim()
-            .strip_prefix(Self::PREFIX)
-            .ok_or_else(|| format!("{text:?} does not start with {}", Self::PREFIX))?;
-        let at = rest.find(['<', '>', '=', '!']).ok_or_else(|| {
-            format!("{text:?} has no operator (symbol:NAME[.delta|.baseline|.compare] OP NUMBER, OP one of > >= < <= == !=)")
-        })?;
-        let (lhs, rhs) = rest.split_at(at);
-        let op = ["<=", ">=", "==", "!=", "<", ">"]
-            .into_iter()
-            .find(|o| rhs.starts_with(o))
-            .ok_or_else(|| format!("{text:?}: unknown operator (> >= < <= == !=)"))?;
-        let value: f64 = rhs[op.len()..]
-            .trim()
-            .parse()
-            .ok()
-            .filter(|v: &f64| v.is_finite())
-            .ok_or_else(|| format!("{text:?}: {:?} is not a number", rhs[op.len()..].trim()))?;
-        let lhs = lhs.trim();
-        let (symbol, field) = match lhs.rsplit_once('.') {
-            Some((s, "delta")) => (s, "delta"),
-            Some((s, "baseline")) => (s, "baseline"),
-            Some((s, "compare")) => (s, "compare"),
-            _ => (lhs, "delta"),
-        };
-        if symbol.is_empty() || symbol.contains(char::is_whitespace) {
-            return Err(format!(
-                "{text:?}: no symbol name (e.g. symbol:entry_SYSCALL_64.delta>8)"
-            ));
-        }
-        Ok(SymbolCondition {
-            symbol: symbol.to_string(),
-            field,
-            op,
-            value,
-        })
+    /// Parses one condition (starting with [`Self::PREFIX`]): the
+    /// `--fail-if` grammar's, [`crate::report::threshold::parse_symbol`].
+    pub fn parse(text: &str) -> Result<SymbolCondition, crate::report::ConditionError> {
+        crate::report::threshold::parse_symbol(text)
     }
 
     /// The text of the condition.

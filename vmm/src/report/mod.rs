@@ -28,7 +28,7 @@ pub use guest_result::{rate_name, requested, result_fields, summary_from_result}
 pub use metric::{Metric, Source};
 pub use run_summary::{CrossCheck, RunRow, RunSummary};
 pub use stats::{Stat, Summary};
-pub use threshold::{Condition, ConditionError, EvalError, Evaluation};
+pub use threshold::{Condition, ConditionError, EvalError, Evaluation, FailIf};
 
 /// RFC 4180 quoting: a field with a comma, quote or line break is quoted.
 pub(crate) fn csv_field(s: &str) -> String {

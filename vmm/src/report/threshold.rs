@@ -24,12 +24,31 @@
 //! - `cycles_per_call.coeffvar.baseline>2` — the baseline is too noisy;
 //! - `kernel_instructions_per_call.significant==1` — the path length changed.
 //!
-//! Size: the `--fail-if` grammar, its evaluation and messages; about 140 lines are tests.
+//! A `--fail-if` is a comma-separated list of conditions ([`FailIf::parse`],
+//! the one parser of the option): each either such a table condition or a
+//! kernel symbol's (`symbol:NAME[.delta|.baseline|.compare] OP NUMBER`,
+//! [`SymbolCondition`], evaluated on the `--by-symbol` table), in any order
+//! and mixed. Both kinds share the operators and the number grammar
+//! ([`split_operator`], [`threshold`]): a finite decimal number, and one
+//! written non-zero that an f64 cannot hold (`1e-400`) is refused.
+//!
+//! Size: the `--fail-if` grammar, its evaluation and messages; about half is tests.
 
 use std::fmt;
 
+use super::by_symbol::SymbolCondition;
 use super::compare::CompareTable;
 use super::stats::Stat;
+
+/// The two forms of a condition, for the messages that refuse one.
+const FORMS: &str =
+    "a condition is METRIC[.STAT][.FIELD] OP NUMBER (e.g. cycles_per_call.delta_pct>50) \
+     or symbol:NAME[.delta|.baseline|.compare] OP NUMBER (e.g. symbol:entry_SYSCALL_64>4), \
+     OP one of > >= < <= == !=";
+
+/// The qualifiers a table condition takes, for the messages.
+const QUALIFIERS: &str = "statistics: min amean stddev coeffvar max bamean50 bamean95 bamean99; \
+     fields: compare baseline delta delta_pct diff_pct welch_p significant";
 
 /// Which number of a metric's comparison a condition looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,14 +159,15 @@ pub struct Condition {
 /// Why a condition does not parse.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConditionError {
-    /// Nothing but whitespace.
-    #[error("empty condition")]
-    Empty,
+    /// Nothing but whitespace where a condition should be (an empty
+    /// `--fail-if`, or an empty item of a comma-separated list).
+    #[error("{0:?} has an empty condition (conditions are separated by single commas; {FORMS})")]
+    Empty(String),
     /// No comparison operator (the condition).
-    #[error("condition {0:?} has no comparison operator (one of > >= < <= == !=)")]
+    #[error("condition {0:?} has no comparison operator ({FORMS})")]
     NoOperator(String),
     /// The metric name is not snake_case.
-    #[error("condition {cond:?}: metric name {name:?} is not snake_case ([a-z0-9_], non-empty)")]
+    #[error("condition {cond:?}: metric name {name:?} is not snake_case ([a-z0-9_], non-empty); {FORMS}")]
     BadMetric {
         /// The condition.
         cond: String,
@@ -155,7 +175,7 @@ pub enum ConditionError {
         name: String,
     },
     /// The right-hand side is not a number.
-    #[error("condition {cond:?}: {text:?} is not a number")]
+    #[error("condition {cond:?}: {text:?} is not a finite decimal number (e.g. 2, -0.5, 1e3)")]
     BadNumber {
         /// The condition.
         cond: String,
@@ -172,7 +192,7 @@ pub enum ConditionError {
         text: String,
     },
     /// A qualifier that is neither a statistic nor a field.
-    #[error("condition {cond:?}: unknown qualifier {part:?} (statistics: min amean stddev coeffvar max bamean50 bamean95 bamean99; fields: compare baseline delta delta_pct diff_pct welch_p significant)")]
+    #[error("condition {cond:?}: unknown qualifier {part:?} ({QUALIFIERS})")]
     UnknownQualifier {
         /// The condition.
         cond: String,
@@ -180,7 +200,7 @@ pub enum ConditionError {
         part: String,
     },
     /// Two statistics or two fields.
-    #[error("condition {cond:?}: more than one {what} given")]
+    #[error("condition {cond:?}: more than one {what} given ({QUALIFIERS}; one of each at most)")]
     Repeated {
         /// The condition.
         cond: String,
@@ -199,6 +219,162 @@ pub enum ConditionError {
         /// The statistic given.
         stat: &'static str,
     },
+    /// A symbol condition without a usable symbol name.
+    #[error("condition {cond:?}: {name:?} is not a kernel symbol name (non-empty; no whitespace, commas or < > = !), e.g. symbol:entry_SYSCALL_64.delta>4")]
+    BadSymbol {
+        /// The condition.
+        cond: String,
+        /// The name given.
+        name: String,
+    },
+    /// A symbol condition with a table condition's qualifier (it would
+    /// otherwise be read as part of the name, of a symbol that never runs).
+    #[error("condition {cond:?}: a symbol condition takes .delta (the default), .baseline or .compare, not .{part}")]
+    SymbolQualifier {
+        /// The condition.
+        cond: String,
+        /// The qualifier given.
+        part: String,
+    },
+}
+
+/// The operators, two-character ones first so that `>=` is not read as
+/// `>` then `=2`.
+const OPERATORS: [(&str, Op); 6] = [
+    (">=", Op::Ge),
+    ("<=", Op::Le),
+    ("==", Op::Eq),
+    ("!=", Op::Ne),
+    (">", Op::Gt),
+    ("<", Op::Lt),
+];
+
+/// `cond` split at its comparison operator (the leftmost; at equal
+/// positions the longer): the text before it, the operator, the text after
+/// it, both trimmed. One reading for both kinds of condition.
+pub fn split_operator(cond: &str) -> Result<(&str, Op, &str), ConditionError> {
+    let (pos, len, op) = OPERATORS
+        .iter()
+        .filter_map(|(sym, op)| cond.find(sym).map(|p| (p, sym.len(), *op)))
+        .min_by_key(|&(p, len, _)| (p, std::cmp::Reverse(len)))
+        .ok_or_else(|| ConditionError::NoOperator(cond.to_owned()))?;
+    Ok((cond[..pos].trim(), op, cond[pos + len..].trim()))
+}
+
+/// The number a condition compares against: a finite decimal number; one
+/// written non-zero that parses to 0 or a subnormal (`1e-400`, `1e-310`)
+/// is refused, since it is not the number compared. One grammar for both
+/// kinds of condition.
+pub fn threshold(cond: &str, rhs: &str) -> Result<f64, ConditionError> {
+    let value = rhs
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| ConditionError::BadNumber {
+            cond: cond.to_owned(),
+            text: rhs.to_owned(),
+        })?;
+    let mantissa = rhs.split(['e', 'E']).next().unwrap_or("");
+    let written_nonzero = mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
+    if written_nonzero && value.abs() < f64::MIN_POSITIVE {
+        return Err(ConditionError::Underflow {
+            cond: cond.to_owned(),
+            text: rhs.to_owned(),
+        });
+    }
+    Ok(value)
+}
+
+/// Every `--fail-if` of a command, parsed: the table's conditions and the
+/// kernel symbols', each in the order given.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FailIf {
+    /// Conditions on the compare table.
+    pub table: Vec<Condition>,
+    /// Conditions on the `--by-symbol` table.
+    pub symbol: Vec<SymbolCondition>,
+}
+
+impl FailIf {
+    /// Parses every `--fail-if` given: each a comma-separated list of
+    /// conditions of either kind, in any order (a kernel symbol's name and
+    /// a number hold no comma, so the comma always separates conditions).
+    pub fn parse<S: AsRef<str>>(given: &[S]) -> Result<FailIf, ConditionError> {
+        let mut out = FailIf::default();
+        for list in given {
+            let list = list.as_ref();
+            for item in list.split(',') {
+                let item = item.trim();
+                if item.is_empty() {
+                    return Err(ConditionError::Empty(list.to_owned()));
+                }
+                if item.starts_with(SymbolCondition::PREFIX) {
+                    out.symbol.push(parse_symbol(item)?);
+                } else {
+                    out.table.push(Condition::parse(item)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether nothing was given.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty() && self.symbol.is_empty()
+    }
+}
+
+/// A table condition's qualifier that a symbol condition does not take.
+fn table_qualifier(part: &str) -> bool {
+    Stat::from_key(part).is_some() || Field::ALL.iter().any(|f| f.key() == part)
+}
+
+/// One `symbol:NAME[.delta|.baseline|.compare] OP NUMBER`. A name may hold
+/// dots (`foo.cold`, `foo.isra.0`): only a last part that is a field is
+/// taken as one, and a table condition's qualifier there is refused rather
+/// than read as part of the name.
+pub fn parse_symbol(text: &str) -> Result<SymbolCondition, ConditionError> {
+    let cond = text.trim();
+    let Some(rest) = cond.strip_prefix(SymbolCondition::PREFIX) else {
+        return Err(ConditionError::BadSymbol {
+            cond: cond.to_owned(),
+            name: cond.to_owned(),
+        });
+    };
+    let (lhs, op, rhs) =
+        split_operator(rest).map_err(|_| ConditionError::NoOperator(cond.to_owned()))?;
+    let value = threshold(cond, rhs)?;
+    let (symbol, field) = match lhs.rsplit_once('.').map(|(s, f)| (s.trim(), f.trim())) {
+        Some((s, f @ ("delta" | "baseline" | "compare"))) => (s, f),
+        Some((_, part)) if table_qualifier(part) => {
+            return Err(ConditionError::SymbolQualifier {
+                cond: cond.to_owned(),
+                part: part.to_owned(),
+            })
+        }
+        _ => (lhs, "delta"),
+    };
+    let field: &'static str = match field {
+        "baseline" => "baseline",
+        "compare" => "compare",
+        _ => "delta",
+    };
+    let name_ok = !symbol.is_empty()
+        && !symbol
+            .chars()
+            .any(|c| c.is_whitespace() || "<>=!,".contains(c));
+    if !name_ok {
+        return Err(ConditionError::BadSymbol {
+            cond: cond.to_owned(),
+            name: symbol.to_owned(),
+        });
+    }
+    Ok(SymbolCondition {
+        symbol: symbol.to_owned(),
+        field,
+        op: op.symbol(),
+        value,
+    })
 }
 
 /// Why a condition cannot be evaluated against a table.
@@ -260,46 +436,14 @@ impl fmt::Display for Condition {
 }
 
 impl Condition {
-    /// Parses one condition.
+    /// Parses one table condition (a `--fail-if` list is [`FailIf::parse`]'s).
     pub fn parse(text: &str) -> Result<Self, ConditionError> {
         let cond = text.trim();
         if cond.is_empty() {
-            return Err(ConditionError::Empty);
+            return Err(ConditionError::Empty(text.to_owned()));
         }
-        // Two-character operators first so ">=" is not read as ">" then "=2".
-        let (pos, op) = [
-            (">=", Op::Ge),
-            ("<=", Op::Le),
-            ("==", Op::Eq),
-            ("!=", Op::Ne),
-            (">", Op::Gt),
-            ("<", Op::Lt),
-        ]
-        .iter()
-        .filter_map(|(sym, op)| cond.find(sym).map(|p| (p, sym.len(), *op)))
-        // Leftmost operator wins; at equal positions the longer one (listed first).
-        .min_by_key(|&(p, len, _)| (p, std::cmp::Reverse(len)))
-        .map(|(p, len, op)| ((p, len), op))
-        .ok_or_else(|| ConditionError::NoOperator(cond.to_owned()))?;
-        let (lhs, rhs) = (cond[..pos.0].trim(), cond[pos.0 + pos.1..].trim());
-        let threshold = rhs
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite())
-            .ok_or_else(|| ConditionError::BadNumber {
-                cond: cond.to_owned(),
-                text: rhs.to_owned(),
-            })?;
-        // `1e-400` parses to 0 (and `1e-310` to a subnormal): refuse a
-        // written non-zero value that is not the number compared.
-        let mantissa = rhs.split(['e', 'E']).next().unwrap_or("");
-        let written_nonzero = mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
-        if written_nonzero && threshold.abs() < f64::MIN_POSITIVE {
-            return Err(ConditionError::Underflow {
-                cond: cond.to_owned(),
-                text: rhs.to_owned(),
-            });
-        }
+        let (lhs, op, rhs) = split_operator(cond)?;
+        let threshold = threshold(cond, rhs)?;
         let mut parts = lhs.split('.');
         let metric = parts.next().unwrap_or("").trim();
         let snake = |s: &str| {
@@ -353,11 +497,6 @@ impl Condition {
             op,
             threshold,
         })
-    }
-
-    /// Parses a comma-separated list of conditions.
-    pub fn parse_list(text: &str) -> Result<Vec<Self>, ConditionError> {
-        text.split(',').map(Condition::parse).collect()
     }
 
     /// Evaluates against a table. An undefined value (e.g. `delta_pct` with a
@@ -445,7 +584,7 @@ mod tests {
             (Stat::CoeffVar, Field::Baseline, Op::Lt, -0.001)
         );
         assert_eq!(c.to_string(), "cycles_per_call.coeffvar.baseline<-0.001");
-        assert_eq!(Condition::parse_list("a>1,b.max!=2").unwrap().len(), 2);
+        assert_eq!(FailIf::parse(&["a>1,b.max!=2"]).unwrap().table.len(), 2);
     }
 
     #[test]
@@ -464,7 +603,10 @@ mod tests {
 
     #[test]
     fn parse_errors_name_the_problem() {
-        assert_eq!(Condition::parse("  "), Err(ConditionError::Empty));
+        assert_eq!(
+            Condition::parse("  "),
+            Err(ConditionError::Empty("  ".into()))
+        );
         assert!(matches!(
             Condition::parse("cycles 50"),
             Err(ConditionError::NoOperator(_))
@@ -505,6 +647,143 @@ mod tests {
             Condition::parse("x.delta.compare>1"),
             Err(ConditionError::Repeated { what: "field", .. })
         ));
+    }
+
+    /// Both kinds of condition in one comma-separated list, in any order
+    /// and over several `--fail-if`s, each kept in the order given.
+    #[test]
+    fn lists_mix_table_and_symbol_conditions() {
+        let f = FailIf::parse(&[
+            "symbol:entry_SYSCALL_64>1,symbol:syscall_return_via_sysret>2",
+            "cr3_writes_per_call.compare<1.9, symbol:x.delta>4 ,ns_per_call.max.delta_pct>=5",
+        ])
+        .unwrap();
+        let symbols: Vec<String> = f.symbol.iter().map(SymbolCondition::text).collect();
+        assert_eq!(
+            symbols,
+            [
+                "symbol:entry_SYSCALL_64.delta>1",
+                "symbol:syscall_return_via_sysret.delta>2",
+                "symbol:x.delta>4"
+            ]
+        );
+        let table: Vec<String> = f.table.iter().map(Condition::to_string).collect();
+        assert_eq!(
+            table,
+            [
+                "cr3_writes_per_call.amean.compare<1.9",
+                "ns_per_call.max.delta_pct>=5"
+            ]
+        );
+        // A table condition after a symbol one is a table condition.
+        let f = FailIf::parse(&["symbol:a . compare==3,cycles_per_call>1"]).unwrap();
+        assert_eq!((f.symbol.len(), f.table.len()), (1, 1));
+        assert_eq!(f.symbol[0].field, "compare");
+        assert!(FailIf::parse::<&str>(&[]).unwrap().is_empty());
+    }
+
+    /// The same number grammar for both kinds: finite, and refused where an
+    /// f64 cannot hold what was written.
+    #[test]
+    fn symbol_conditions_take_the_table_number_grammar() {
+        for t in ["1e-400", "0.5e-320", "-3e-310"] {
+            for cond in [format!("symbol:x>{t}"), format!("ns_per_call>{t}")] {
+                let e = FailIf::parse(&[&cond]).unwrap_err();
+                assert!(
+                    matches!(e, ConditionError::Underflow { .. }),
+                    "{cond}: {e:?}"
+                );
+            }
+        }
+        for t in ["inf", "NaN", "1e400", "fifty", "", "0x10"] {
+            for cond in [format!("symbol:x>{t}"), format!("ns_per_call>{t}")] {
+                let e = FailIf::parse(&[&cond]).unwrap_err();
+                assert!(
+                    matches!(e, ConditionError::BadNumber { .. }),
+                    "{cond}: {e:?}"
+                );
+                assert!(e.to_string().contains("finite decimal number"), "{e}");
+            }
+        }
+        for t in ["0", "-0.5", "1e3", "+2", "2.3e-308"] {
+            assert!(FailIf::parse(&[format!("symbol:x<={t}")]).is_ok(), "{t}");
+        }
+    }
+
+    /// What a list refuses, naming the item and what is valid.
+    #[test]
+    fn list_refusals_say_what_is_valid() {
+        for list in ["", "a>1,", ",a>1", "a>1,,b<2", " , "] {
+            let e = FailIf::parse(&[list]).unwrap_err();
+            assert_eq!(e, ConditionError::Empty(list.into()), "{list:?}");
+            assert!(e.to_string().contains("symbol:NAME"), "{e}");
+        }
+        let e = FailIf::parse(&["entry_SYSCALL_64>1"]).unwrap_err();
+        assert!(matches!(e, ConditionError::BadMetric { .. }), "{e:?}");
+        assert!(e.to_string().contains("symbol:NAME"), "{e}");
+        let e = FailIf::parse(&["a>1,symbol:x"]).unwrap_err();
+        assert_eq!(e, ConditionError::NoOperator("symbol:x".into()));
+        for bad in [
+            "symbol:>5",
+            "symbol:x y>1",
+            "symbol:x=>5",
+            "symbol:!x>1",
+            "symbol: >1",
+        ] {
+            let e = FailIf::parse(&[bad]).unwrap_err();
+            assert!(
+                matches!(e, ConditionError::BadSymbol { .. }),
+                "{bad}: {e:?}"
+            );
+        }
+        // A table qualifier is refused, not read as a symbol named x.delta_pct.
+        for q in ["delta_pct", "amean", "max", "significant"] {
+            let e = FailIf::parse(&[format!("symbol:x.{q}>1")]).unwrap_err();
+            assert_eq!(
+                e,
+                ConditionError::SymbolQualifier {
+                    cond: format!("symbol:x.{q}>1"),
+                    part: q.into()
+                }
+            );
+        }
+        // Compiler suffixes are part of a kernel symbol's name.
+        let f = FailIf::parse(&["symbol:foo.isra.0.baseline>1,symbol:bar.cold!=0"]).unwrap();
+        assert_eq!(
+            (f.symbol[0].symbol.as_str(), f.symbol[0].field),
+            ("foo.isra.0", "baseline")
+        );
+        assert_eq!(
+            (f.symbol[1].symbol.as_str(), f.symbol[1].field),
+            ("bar.cold", "delta")
+        );
+        let e = FailIf::parse(&["x.median>1"]).unwrap_err();
+        assert!(
+            e.to_string().contains("bamean99") && e.to_string().contains("welch_p"),
+            "{e}"
+        );
+    }
+
+    /// What parses prints back to what parses the same way (the fuzz
+    /// target's property, on the corner cases).
+    #[test]
+    fn conditions_print_back_to_themselves() {
+        for list in [
+            "symbol:foo.delta.delta>1",
+            "symbol:foo.isra.0<=-0",
+            "symbol:[unknown].compare!=2.3e-308",
+            "symbol:x>1e300",
+            "a.max.delta_pct>=0.5,b.welch_p<0.01",
+        ] {
+            let f = FailIf::parse(&[list]).unwrap();
+            for c in &f.symbol {
+                let again = FailIf::parse(&[c.text()]).unwrap().symbol;
+                assert_eq!(again, vec![c.clone()], "{list}");
+            }
+            for c in &f.table {
+                assert_eq!(Condition::parse(&c.to_string()).as_ref(), Ok(c), "{list}");
+            }
+        }
     }
 
     #[test]

@@ -36,9 +36,8 @@ use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT};
 use crate::experiment::MIN_AUTO_RUNS;
 use crate::experiment::{Experiment, Progress, RunCount, RunId};
 use crate::preflight::preflight;
-use crate::report::by_symbol::SymbolCondition;
 use crate::report::environment::Environment;
-use crate::report::{CompareTable, Condition, RunSummary};
+use crate::report::{CompareTable, Condition, FailIf, RunSummary};
 use crate::spec::guest::GuestKind;
 use crate::spec::linux::LinuxGuest;
 use crate::spec::ResolvedRun;
@@ -86,17 +85,12 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         ),
         None => None,
     };
-    // `symbol:NAME...` conditions are on the by-symbol difference, the
-    // others on the table.
-    let (symbol_conditions, table_conditions): (Vec<&String>, Vec<&String>) = args
-        .fail_if
-        .iter()
-        .partition(|c| c.trim_start().starts_with(SymbolCondition::PREFIX));
-    let symbol_conditions: Vec<SymbolCondition> = symbol_conditions
-        .into_iter()
-        .map(|c| SymbolCondition::parse(c))
-        .collect::<Result<_, _>>()
-        .map_err(|e| CommandError::Usage(format!("--fail-if: {e}")))?;
+    // One parser for every `--fail-if`: `symbol:NAME...` conditions are on
+    // the by-symbol difference, the others on the table.
+    let FailIf {
+        table: conditions,
+        symbol: symbol_conditions,
+    } = FailIf::parse(&args.fail_if).map_err(|e| CommandError::Usage(format!("--fail-if: {e}")))?;
     if args.by_symbol_csv.is_some() && !args.by_symbol {
         return Err(CommandError::Usage(
             "--by-symbol-csv writes the --by-symbol table: add --by-symbol".into(),
@@ -110,14 +104,6 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
     if args.by_symbol {
         refuse_by_symbol(backend.as_ref(), args.target.on.no_plugin, None)?;
     }
-    let conditions: Vec<Condition> = table_conditions
-        .into_iter()
-        .map(|c| Condition::parse_list(c))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CommandError::Usage(format!("--fail-if: {e}")))?
-        .into_iter()
-        .flatten()
-        .collect();
     let (base, comp) = parse_sides(args)?;
     // A workload that marks no phase has nothing to compare: a usage error
     // before any guest boots, not a failed run after the first one.

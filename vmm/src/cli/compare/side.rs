@@ -60,6 +60,90 @@ fn abi_value<T: std::str::FromStr>(
     })
 }
 
+/// The keys of a side's options (`--baseline`, `--compare`, `sweep
+/// --config`, reproduce's sides): the one table of them, which the parser
+/// matches exhaustively and the refusals list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideKey {
+    /// `pti=`: the guest's PTI mode.
+    Pti,
+    /// `pcid=`.
+    Pcid,
+    /// `entry=`: the system-call entry.
+    Entry,
+    /// `workload=`.
+    Workload,
+    /// `iterations=`.
+    Iterations,
+    /// `cpu_vuln=` (also spelled `cpu-vuln=`).
+    CpuVuln,
+    /// `mem=` in MiB.
+    Mem,
+    /// `cmdline=`: more of the companion guest's command line (repeatable).
+    Cmdline,
+    /// `pti_switch=`: the 2020 RFC's strategy.
+    PtiSwitch,
+    /// `linux=`: a Linux kernel for this side.
+    Linux,
+    /// `append=`: more Linux kernel command line (repeatable).
+    Append,
+    /// `cpu=`: QEMU's emulated CPU model.
+    Cpu,
+}
+
+impl SideKey {
+    /// Every key, in the order the messages list them.
+    pub const ALL: [SideKey; 12] = [
+        SideKey::Pti,
+        SideKey::Pcid,
+        SideKey::Entry,
+        SideKey::Workload,
+        SideKey::Iterations,
+        SideKey::CpuVuln,
+        SideKey::Mem,
+        SideKey::Cmdline,
+        SideKey::PtiSwitch,
+        SideKey::Linux,
+        SideKey::Append,
+        SideKey::Cpu,
+    ];
+
+    /// The key as written.
+    pub fn name(self) -> &'static str {
+        match self {
+            SideKey::Pti => "pti",
+            SideKey::Pcid => "pcid",
+            SideKey::Entry => "entry",
+            SideKey::Workload => "workload",
+            SideKey::Iterations => "iterations",
+            SideKey::CpuVuln => "cpu_vuln",
+            SideKey::Mem => "mem",
+            SideKey::Cmdline => "cmdline",
+            SideKey::PtiSwitch => "pti_switch",
+            SideKey::Linux => "linux",
+            SideKey::Append => "append",
+            SideKey::Cpu => "cpu",
+        }
+    }
+
+    /// The key written `name` (`cpu-vuln` is `cpu_vuln`'s other spelling).
+    pub fn from_name(name: &str) -> Option<SideKey> {
+        let name = if name == "cpu-vuln" { "cpu_vuln" } else { name };
+        SideKey::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether the key adds to what it sets each time it is given
+    /// (command-line words); every other key sets one value, once.
+    fn accumulates(self) -> bool {
+        matches!(self, SideKey::Cmdline | SideKey::Append)
+    }
+
+    /// Every key, space-separated, for the messages.
+    pub fn list() -> String {
+        SideKey::ALL.map(SideKey::name).join(" ")
+    }
+}
+
 /// Builds one side's run configuration from the common arguments and its options.
 pub fn parse_side(
     opts: &str,
@@ -85,45 +169,83 @@ pub fn parse_side(
     // `append=` words, applied once the side's guest is known (a `linux=`
     // may come after them).
     let mut append: Vec<String> = Vec::new();
-    for word in opts.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+    let words: Vec<&str> = opts
+        .split(',')
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+        .collect();
+    // A side that sets nothing has no label and means every default:
+    // refused, as `sweep --config ''` is.
+    if words.is_empty() {
+        return Err(SideError::Empty { opts: opts.into() });
+    }
+    // The single-valued keys given so far with their values (`pti` also
+    // by `append=pti=`): the same value again is harmless, another one is
+    // a contradiction (which would win was the order's silent choice).
+    let mut given: Vec<(SideKey, String)> = Vec::new();
+    let mut once = |key: SideKey, shown: &str, value: &str| {
+        if key.accumulates() {
+            return Ok(());
+        }
+        match given.iter().find(|(k, _)| *k == key) {
+            Some((_, earlier)) if earlier != value => Err(SideError::Repeated {
+                opts: opts.into(),
+                key: shown.into(),
+            }),
+            Some(_) => Ok(()),
+            None => {
+                given.push((key, value.to_string()));
+                Ok(())
+            }
+        }
+    };
+    for word in words {
         let Some((k, v)) = word.split_once('=') else {
             return Err(SideError::NotKeyValue {
                 opts: opts.into(),
                 word: word.into(),
             });
         };
+        let (k, v) = (k.trim(), v.trim());
         let bad = |why: String| SideError::BadValue {
             opts: opts.into(),
             key: k.into(),
             why,
         };
-        match k.trim() {
-            "pti" => {
+        let Some(key) = SideKey::from_name(k) else {
+            return Err(SideError::UnknownKey {
+                opts: opts.into(),
+                key: k.into(),
+            });
+        };
+        once(key, k, v)?;
+        match key {
+            SideKey::Pti => {
                 c.guest.pti =
                     Some(abi_value::<PtiMode>(v, PtiMode::NAMES.iter().copied()).map_err(bad)?)
             }
-            "pcid" => {
+            SideKey::Pcid => {
                 c.guest.pcid =
                     Some(abi_value::<Switch>(v, Switch::NAMES.iter().copied()).map_err(bad)?)
             }
-            "entry" => {
+            SideKey::Entry => {
                 c.guest.entry = abi_value::<EntryChoice>(v, EntryChoice::names()).map_err(bad)?
             }
-            "cpu_vuln" | "cpu-vuln" => c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?,
-            "workload" => {
+            SideKey::CpuVuln => c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?,
+            SideKey::Workload => {
                 c.guest.workload =
                     Some(abi_value::<Workload>(v, Workload::NAMES.iter().copied()).map_err(bad)?)
             }
-            "iterations" => {
+            SideKey::Iterations => {
                 c.guest.iterations = Some(
                     v.parse()
                         .map_err(|_| bad(format!("{v:?} is not a count")))?,
                 )
             }
-            "mem" => c.mem_mib = crate::cli::parse_mem(v).map_err(bad)?,
-            "cmdline" => c.guest.extra = format!("{} {v}", c.guest.extra).trim().to_string(),
+            SideKey::Mem => c.mem_mib = crate::cli::parse_mem(v).map_err(bad)?,
+            SideKey::Cmdline => c.guest.extra = format!("{} {v}", c.guest.extra).trim().to_string(),
             // The 2020 RFC's strategy; a guest option, passed on its command line.
-            "pti_switch" => {
+            SideKey::PtiSwitch => {
                 let s: ptiscope_abi::options::PtiSwitch =
                     abi_value(v, ptiscope_abi::options::PtiSwitch::NAMES.iter().copied())
                         .map_err(bad)?;
@@ -133,7 +255,7 @@ pub fn parse_side(
             }
             // A Linux kernel for this side (a known name or a path), as
             // `--linux` gives one to both.
-            "linux" => {
+            SideKey::Linux => {
                 if v.trim().is_empty() {
                     return Err(bad(
                         "names no kernel (debian-amd64, debian-686-pae or a path)".into(),
@@ -153,10 +275,11 @@ pub fn parse_side(
             // More Linux kernel command line for this side. `pti=` there
             // is Linux's own parameter, which is what this side's `pti=`
             // sets: taken as that.
-            "append" => {
+            SideKey::Append => {
                 for w in v.split_whitespace() {
                     match w.split_once('=') {
                         Some(("pti", p)) => {
+                            once(SideKey::Pti, "pti (append=pti=)", p.trim())?;
                             c.guest.pti = Some(
                                 abi_value::<PtiMode>(p, PtiMode::NAMES.iter().copied())
                                     .map_err(bad)?,
@@ -167,7 +290,7 @@ pub fn parse_side(
                 }
             }
             // QEMU's emulated CPU model for this side (`-cpu`).
-            "cpu" => {
+            SideKey::Cpu => {
                 let backend = target.on.backend();
                 if let Some(why) = crate::backend::others_option(backend.name(), "cpu=") {
                     return Err(bad(format!("chooses QEMU's emulated CPU model: {why}")));
@@ -183,12 +306,6 @@ pub fn parse_side(
                     )));
                 }
                 c.qemu_cpu = Some(v.to_string());
-            }
-            other => {
-                return Err(SideError::UnknownKey {
-                    opts: opts.into(),
-                    key: other.into(),
-                })
             }
         }
     }
@@ -363,4 +480,117 @@ pub fn guest_image_of(kernel: &KernelSource, bytes: Option<&[u8]>) -> GuestImage
         KernelSource::Path(p) => p.display().to_string(),
     };
     GuestImage::new(name, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    /// One side's options parsed as `compare --backend qemu` parses them.
+    fn side(opts: &str) -> Result<SideSpec, SideError> {
+        let cli = Cli::try_parse_from(["ptiscope", "compare", "--backend", "qemu"]).unwrap();
+        let Some(Command::Compare(a)) = cli.command else {
+            panic!("not compare")
+        };
+        parse_side(opts, &a.exp, &a.target, crate::GUEST_I386)
+    }
+
+    /// Every key of the table parses (so none is listed that the parser
+    /// does not take), and an unknown key's refusal lists them all.
+    #[test]
+    fn every_key_parses_and_an_unknown_one_lists_them_all() {
+        for key in SideKey::ALL {
+            let value = match key {
+                SideKey::Pti | SideKey::Pcid => "on",
+                SideKey::Entry => "auto",
+                SideKey::Workload => "getpid",
+                SideKey::Iterations => "10",
+                SideKey::CpuVuln => "none",
+                SideKey::Mem => "64",
+                SideKey::Cmdline => "x=1",
+                SideKey::PtiSwitch => "asm",
+                SideKey::Linux => "debian-amd64",
+                SideKey::Append => "quiet",
+                SideKey::Cpu => "max",
+            };
+            let opts = match key {
+                SideKey::Append => "linux=debian-amd64,append=quiet".to_string(),
+                _ => format!("{}={value}", key.name()),
+            };
+            let r = side(&opts);
+            assert!(
+                !matches!(r, Err(SideError::UnknownKey { .. })),
+                "{opts}: {r:?}"
+            );
+            assert_eq!(SideKey::from_name(key.name()), Some(key));
+        }
+        let e = side("pti=on,colour=blue").unwrap_err().to_string();
+        for key in SideKey::ALL {
+            assert!(
+                e.split(['(', ' ', ')']).any(|w| w == key.name()),
+                "{} missing: {e}",
+                key.name()
+            );
+        }
+        assert!(
+            e.contains("linux") && e.contains("append") && e.contains("cpu"),
+            "{e}"
+        );
+        assert_eq!(SideKey::from_name("cpu-vuln"), Some(SideKey::CpuVuln));
+        // `compare --help` describes every key too.
+        for key in SideKey::ALL {
+            assert!(
+                crate::cli::COMPARE_HELP.contains(&format!(" {}=", key.name())),
+                "compare --help lacks {}=",
+                key.name()
+            );
+        }
+    }
+
+    /// A side that sets nothing is refused with a reason, as `sweep
+    /// --config ''` is; empty words between commas are skipped.
+    #[test]
+    fn an_empty_side_is_refused() {
+        for opts in ["", ",,,", " , ", "   "] {
+            let e = side(opts).unwrap_err();
+            assert!(matches!(e, SideError::Empty { .. }), "{opts:?}: {e:?}");
+            let m = e.to_string();
+            assert!(m.contains("sets nothing") && m.contains("pti=off"), "{m}");
+        }
+        assert_eq!(side("pti=on,,").unwrap().label, "pti=on,,");
+    }
+
+    /// A key that sets one value is given one value (`pti=` also counts
+    /// through `append=pti=`); the same value again passes; values and keys
+    /// are read trimmed.
+    #[test]
+    fn a_single_valued_key_given_two_values_is_refused() {
+        for opts in [
+            "pti=on,pti=off",
+            "linux=debian-amd64,pti=on,append=pti=off",
+            "linux=debian-amd64,append=pti=on quiet,append=pti=auto",
+            "mem=64,mem=128",
+            "cpu=max,cpu=qemu64",
+            "cpu_vuln=none,cpu-vuln=host",
+            "linux=debian-amd64,linux=/k/bzImage",
+        ] {
+            let e = side(opts).unwrap_err();
+            assert!(matches!(e, SideError::Repeated { .. }), "{opts}: {e:?}");
+            assert!(e.to_string().contains("given twice"), "{e}");
+        }
+        for opts in [
+            "pti=on,pti=on",
+            "linux=debian-amd64,pti=on,append=pti=on",
+            "mem=64, mem=64",
+        ] {
+            assert!(side(opts).is_ok(), "{opts}");
+        }
+        let s = side("cmdline=a=1,cmdline=b=2").unwrap();
+        assert_eq!(s.config.guest.extra, "a=1 b=2");
+        let s = side(" pti = on , pcid= off").unwrap();
+        assert_eq!(s.config.guest.pti, Some(PtiMode::On));
+        assert_eq!(s.config.guest.pcid, Some(Switch::Off));
+    }
 }

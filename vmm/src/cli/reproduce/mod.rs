@@ -23,6 +23,7 @@ use super::exit_code::{self, ExitCode as _};
 use super::{Arch, Backend, BackendOpts, ExperimentOpts, LinuxArgs, TargetOpts};
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::preflight::preflight;
+use crate::report::time_basis::TimeBasis;
 use crate::spec::guest::GuestKind;
 
 /// The seeds.
@@ -259,6 +260,9 @@ struct Measured {
     /// kvm_pvm's emulated instructions), where the backend counts them.
     kernel_insns_per_call: Option<f64>,
     backend: &'static str,
+    /// What its times are on that backend (the backend's own word,
+    /// [`backend_basis`]); `None` where no backend was tried.
+    time_basis: Option<TimeBasis>,
     error: Option<(i32, String)>,
 }
 
@@ -366,6 +370,7 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration, choice: ReproduceBackend) 
     };
     let mut samples: Vec<Vec<Rate>> = Vec::new();
     let mut backend = "";
+    let mut time_basis = None;
     for _ in 0..runs {
         let tries = choice.tries();
         let mut tried = Backend::Kvm;
@@ -387,6 +392,7 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration, choice: ReproduceBackend) 
             Ok((rates, b)) => {
                 samples.push(rates);
                 backend = b;
+                time_basis = Some(backend_basis(tried));
             }
             Err(e) => {
                 // The row names the backend that gave the error (e.g.
@@ -398,6 +404,7 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration, choice: ReproduceBackend) 
                     } else {
                         backend_name(tried)
                     },
+                    time_basis: (!tries.is_empty()).then(|| backend_basis(tried)),
                     ..Default::default()
                 };
             }
@@ -453,6 +460,7 @@ fn measure(cell: &Cell, runs: u32, timeout: Duration, choice: ReproduceBackend) 
         cr3_source: src,
         kernel_insns_per_call,
         backend,
+        time_basis,
         error: None,
     }
 }
@@ -546,15 +554,9 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             current = Some(c.guest);
             println!();
             // What its times are on the backend it ran on (kvm_pvm's
-            // emulated kernel, TCG), beside the guest's name.
-            let basis = (!m.backend.is_empty()).then(|| {
-                let env = crate::report::Environment {
-                    backend: m.backend.to_owned(),
-                    kvm: crate::report::environment::kvm(&crate::cli::host_facts()),
-                    ..Default::default()
-                };
-                crate::report::environment::time_basis(Some(&env)).label()
-            });
+            // emulated kernel, the hardware, TCG), beside the guest's name:
+            // the backend's own word, as every other report takes it.
+            let basis = m.time_basis.map(TimeBasis::label);
             println!(
                 "{} ({}{})",
                 c.guest.name(),
@@ -633,6 +635,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
         json_rows.push(serde_json::json!({
             "guest": c.guest.name(),
             "backend": m.backend,
+            "time_basis": m.time_basis.map(TimeBasis::key),
             "row": c.row,
             "column": c.column,
             "published": c.published_text,
@@ -690,6 +693,17 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     exit
 }
 
+/// What a time measured on `b` is: the backend's profile's word (kvm_pvm's
+/// emulated kernel, the hardware's under kvm_intel/kvm_amd, QEMU TCG's),
+/// as `compare` and `run` record it; `--backend nested` runs its inner
+/// command on a KVM inside QEMU TCG.
+fn backend_basis(b: Backend) -> TimeBasis {
+    match b {
+        Backend::Nested => TimeBasis::NestedTcg,
+        b => b.with_plugin(true).profile().time_basis,
+    }
+}
+
 /// A backend's name in the table, as [`measure_on`] gives it on success.
 fn backend_name(b: Backend) -> &'static str {
     match b {
@@ -713,6 +727,23 @@ fn seed_name(s: Seed) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every backend a block can run on states its times' basis (the
+    /// backend's own): none is "unknown" because the table built an
+    /// environment without it, as every block's header once did.
+    #[test]
+    fn each_backend_names_its_time_basis() {
+        assert_eq!(backend_basis(Backend::Qemu), TimeBasis::QemuTcg);
+        assert_eq!(backend_basis(Backend::Nested), TimeBasis::NestedTcg);
+        assert_eq!(backend_basis(Backend::Kvm), crate::cli::kvm_identity().1);
+        // On a host whose KVM module is known (this one: kvm_pvm), KVM's is too.
+        if crate::report::environment::kvm(&crate::cli::host_facts())
+            .module
+            .is_some_and(|m| m.starts_with("kvm_"))
+        {
+            assert_ne!(backend_basis(Backend::Kvm), TimeBasis::Unknown);
+        }
+    }
 
     /// A cell's options are what compare's own parser makes of the same
     /// words (its defaults where the cell says nothing), for every cell of

@@ -314,13 +314,9 @@ fn tick_free_plan(ask: &TickFreeAsk) -> Result<Option<TickFreeCpu>, String> {
         TickFree::On => true,
         TickFree::Auto => ask.host_counts_cr3,
     };
-    let own = ask
-        .append
-        .split_ascii_whitespace()
-        .any(|w| w.starts_with("nohz_full="));
-    if !wanted || own {
-        return Ok(None);
-    }
+    // `--tick-free on` is about the measured loop: a workload that is not
+    // one is refused whatever the command line holds (a `nohz_full=` of the
+    // user's own does not make sched-messaging a loop of one thread).
     if !is_loop {
         return match ask.asked {
             TickFree::On => Err(format!(
@@ -329,6 +325,13 @@ fn tick_free_plan(ask: &TickFreeAsk) -> Result<Option<TickFreeCpu>, String> {
             )),
             _ => Ok(None),
         };
+    }
+    let own = ask
+        .append
+        .split_ascii_whitespace()
+        .any(|w| w.starts_with("nohz_full="));
+    if !wanted || own {
+        return Ok(None);
     }
     let cpus = ask.cpus.max(2);
     if ask.i386_nested {
@@ -591,10 +594,33 @@ mod tests {
             ask(TickFree::On, Workload::WriteBadfd, false, 1, "", false),
             two
         );
-        let e = ask(TickFree::On, Workload::SchedMessaging, false, 1, "", false).unwrap_err();
-        assert!(
-            e.contains("sched-messaging") && e.contains("--tick-free"),
-            "{e}"
+        // A workload that is no loop is refused with or without the
+        // user's own nohz_full= (it once passed with one).
+        for append in ["", "nohz_full=1", "x nohz_full=1-3 y"] {
+            let e = ask(
+                TickFree::On,
+                Workload::SchedMessaging,
+                false,
+                1,
+                append,
+                false,
+            )
+            .unwrap_err();
+            assert!(
+                e.contains("sched-messaging") && e.contains("--tick-free"),
+                "{append}: {e}"
+            );
+        }
+        assert_eq!(
+            ask(
+                TickFree::Off,
+                Workload::SchedMessaging,
+                true,
+                1,
+                "nohz_full=1",
+                false
+            ),
+            Ok(None)
         );
         let e = ask(TickFree::On, Workload::Getpid, true, 1, "", true).unwrap_err();
         assert!(e.contains("i386"), "{e}");
