@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The Linux-guest steps of CI, one script for both places CI runs:
 # - GitHub's hardware-KVM runners (.github/workflows/ci.yml): `--vmm kvm`;
-# - this project's own CI (.ci/run), whose machines have no hardware KVM:
-#   `--vmm nested`, ptiscope's VMM on a real kvm_amd inside QEMU TCG,
-#   stands in for it, so the workflow's logic runs on every landing.
+# - this project's tests (tests/nested_linux.rs, run by .ci/run), whose
+#   machines have no hardware KVM: `--vmm nested`, ptiscope's VMM on a real
+#   kvm_amd inside QEMU TCG, stands in for it, so the workflow's logic runs
+#   on every landing (the test reads the JSON files this script keeps).
 #
 #   scripts/ci-linux.sh [--vmm kvm|nested] [--kernel K] [--out DIR] [--shadow-paging]
 #

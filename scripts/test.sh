@@ -19,6 +19,11 @@ if grep -q '^SKIP ' "$log"; then
     echo "skipped checks (this host cannot run them):"
     grep '^SKIP ' "$log" | sed 's/^/  /'
 fi
+# Each test binary's wall time, slowest first, so that a slower suite shows
+# where (the suite's length is a benchmark: docs/results.md).
+echo "test binaries by wall time (s):"
+awk '/^ *Running / { name = ($2 == "unittests") ? "unit tests " $NF : $2 } /^test result:/ { t = $NF; sub(/s$/, "", t); printf "  %8.1f  %s\n", t, name }' "$log" \
+    | sort -rn | head -12
 # A test that skips prints "SKIP <test>: <reason>" and then passes as far
 # as cargo counts: the skipped (distinct tests that printed SKIP) are taken
 # out of the passed, so the totals say how many tests really ran.

@@ -262,9 +262,31 @@ fn per_call_is_one_single_stepped_call(
     );
 }
 
+/// The pti=off single-step checks are the slow tier's (two boots each, one
+/// of them single-stepped); the pti=on ones, which step through PTI's CR3
+/// switches too, run in every tier.
+fn slow_tier_or_skip(test: &str) -> bool {
+    if ptiscope::test_support::slow_tier() {
+        return true;
+    }
+    ptiscope::test_support::skip(
+        test,
+        "the pti=off single-step check is in the slow tier (the pti=on one ran); \
+         set PTISCOPE_SLOW_TESTS=1 to run it",
+    );
+    false
+}
+
 #[test]
 fn per_call_is_one_single_stepped_call_amd64_syscall_pti_off() {
-    per_call_is_one_single_stepped_call("per_call_amd64_syscall_pti_off", AMD64, "syscall", "off");
+    if slow_tier_or_skip("per_call_amd64_syscall_pti_off") {
+        per_call_is_one_single_stepped_call(
+            "per_call_amd64_syscall_pti_off",
+            AMD64,
+            "syscall",
+            "off",
+        );
+    }
 }
 
 #[test]
@@ -274,7 +296,14 @@ fn per_call_is_one_single_stepped_call_amd64_syscall_pti_on() {
 
 #[test]
 fn per_call_is_one_single_stepped_call_686_pae_sysenter_pti_off() {
-    per_call_is_one_single_stepped_call("per_call_686_sysenter_pti_off", I686, "sysenter", "off");
+    if slow_tier_or_skip("per_call_686_sysenter_pti_off") {
+        per_call_is_one_single_stepped_call(
+            "per_call_686_sysenter_pti_off",
+            I686,
+            "sysenter",
+            "off",
+        );
+    }
 }
 
 #[test]
@@ -284,7 +313,9 @@ fn per_call_is_one_single_stepped_call_686_pae_sysenter_pti_on() {
 
 #[test]
 fn per_call_is_one_single_stepped_call_686_pae_int80_pti_off() {
-    per_call_is_one_single_stepped_call("per_call_686_int80_pti_off", I686, "int80", "off");
+    if slow_tier_or_skip("per_call_686_int80_pti_off") {
+        per_call_is_one_single_stepped_call("per_call_686_int80_pti_off", I686, "int80", "off");
+    }
 }
 
 #[test]
@@ -1037,7 +1068,7 @@ fn the_vmm_boots_the_debian_bzimage_to_its_banner() {
     // kvm_pvm emulates the bzImage's decompressor instruction by instruction:
     // 3.5-5 minutes to the banner here, too long for every test run (the
     // PVH vmlinux test above reaches the banner in ~30 s). Opt in.
-    if std::env::var_os("PTISCOPE_SLOW_TESTS").is_none() {
+    if !ptiscope::test_support::slow_tier() {
         ptiscope::test_support::skip(
             test,
             "booting a bzImage under kvm_pvm takes 3.5-5 minutes (its decompressor is emulated); \

@@ -324,7 +324,7 @@ fn the_hardware_kvm_paths_run_on_nested_kvm_amd_in_one_boot() {
 #[test]
 fn linux_on_the_vmm_reaches_the_init_under_nested_kvm_amd() {
     let test = "Linux on the VMM under nested";
-    if std::env::var_os("PTISCOPE_SLOW_TESTS").is_none() {
+    if !ptiscope::test_support::slow_tier() {
         ptiscope::test_support::skip(
             test,
             "150-200 s (tests/nested_linux.rs runs Linux on the VMM in the default suite, with \

@@ -82,4 +82,10 @@ pub mod test_support {
     pub fn skip(test: &str, reason: &str) {
         let _ = writeln!(std::io::stderr(), "SKIP {test}: {reason}");
     }
+
+    /// Whether the slow tier runs: `PTISCOPE_SLOW_TESTS` set to anything
+    /// but empty or `0` (a CI that passes an empty value means "no").
+    pub fn slow_tier() -> bool {
+        std::env::var_os("PTISCOPE_SLOW_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
+    }
 }
