@@ -32,7 +32,8 @@
 # held; otherwise the first failing step's ptiscope status (1: a guard
 # held; docs/running.md), or 64 for bad usage.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# Relative --out and --kernel paths are the caller's: no cd.
+root=$(cd "$(dirname "$0")/.." && pwd)
 
 vmm=kvm kernel= out=ci-linux shadow=0
 usage() { echo "usage: $0 [--vmm kvm|nested] [--kernel K] [--out DIR] [--shadow-paging]" >&2; exit 64; }
@@ -53,8 +54,8 @@ mkdir -p "$out"
 if [ -n "${PTISCOPE:-}" ]; then
     ptiscope=$PTISCOPE
 else
-    cargo build -q --locked -p ptiscope
-    ptiscope=target/debug/ptiscope
+    cargo build -q --locked -p ptiscope --manifest-path "$root/Cargo.toml"
+    ptiscope=${CARGO_TARGET_DIR:-$root/target}/debug/ptiscope
 fi
 
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/ptiscope/linux
