@@ -107,6 +107,44 @@ fn accel_refusal(shown: &str, accel: &str) -> String {
     )
 }
 
+/// Why the option `o` would keep QEMU from running the guest ptiscope
+/// gives it, `None` if it does not: a request for QEMU's help or version
+/// (`-h`, `-version`, a value of `help` or `?`, e.g. `-device help`), which
+/// QEMU prints and exits as if the guest had ended; an option that makes
+/// QEMU wait for a monitor command ptiscope never sends (`-S`,
+/// `-incoming`, `--preconfig`); `-readconfig`, whose file may set any
+/// option (the machine type, the accelerator) where this check cannot see.
+fn no_guest_run(o: &qemu_options::QemuOption<'_>) -> Option<String> {
+    let asks_help = match o.name {
+        "h" | "help" | "version" | "audio-help" => true,
+        _ => o.value.is_some_and(|v| {
+            qemu_options::key_values(v, qemu_options::implied_key(o.name))
+                .iter()
+                .any(|(k, v)| k == "help" || k == "?" || v == "help" || v == "?")
+        }),
+    };
+    if asks_help {
+        return Some(
+            "it asks QEMU for its help or version, which QEMU prints and then exits without \
+             running the guest; run qemu-system-x86_64 with it yourself"
+                .into(),
+        );
+    }
+    match o.name {
+        "S" | "incoming" | "preconfig" => Some(
+            "QEMU would wait for a monitor command (cont, migrate-incoming, x-exit-preconfig) \
+             that ptiscope never sends, until --timeout; drop it"
+                .into(),
+        ),
+        "readconfig" => Some(
+            "its file may set any QEMU option (the machine type, the accelerator, the CPU) \
+             where ptiscope cannot check it against its own; give the options as --qemu-args"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
 /// The first `--qemu-arg` that would replace or contradict what ptiscope
 /// gives QEMU, read on QEMU's own grammar ([`qemu_options`]): an option of
 /// [`SET_BY_PTISCOPE`], a key of [`SET_KEYS`] (`-M q35`, `-machine
@@ -127,6 +165,21 @@ pub fn overrides(args: &[String]) -> Option<String> {
                  give the value as the next --qemu-arg (--qemu-arg=-{name} --qemu-arg=VALUE)",
                 shown(o.word)
             ));
+        }
+        // Only for the options read here: one QEMU does not know is QEMU's
+        // to refuse ("invalid option").
+        let inspected = ["machine", "M", "m", "accel", "plugin", "readconfig"].contains(&o.name)
+            || CHARDEV_OPTIONS.contains(&o.name)
+            || SET_BY_PTISCOPE.iter().any(|(n, _)| *n == o.name);
+        if o.value.is_none() && inspected && qemu_options::takes_argument(o.name) {
+            return Some(format!(
+                "--qemu-arg {whole}: -{} takes a value, and none follows (QEMU would say \
+                 \"requires an argument\"): give it as the next --qemu-arg",
+                o.name
+            ));
+        }
+        if let Some(why) = no_guest_run(&o) {
+            return Some(format!("--qemu-arg {whole}: {why}"));
         }
         if let Some((name, what)) = SET_BY_PTISCOPE.iter().find(|(n, _)| *n == o.name) {
             return Some(format!(
@@ -326,6 +379,25 @@ mod tests {
             (&["-icount", "shift=0", "-kernel", "x"], "-kernel"),
             (&["-machine=q35"], "no -OPTION=VALUE"),
             (&["--plugin=x.so"], "no -OPTION=VALUE"),
+            // Options the check reads, with no value after them.
+            (&["-machine"], "takes a value"),
+            (&["-m"], "takes a value"),
+            (&["-icount", "shift=0", "-serial"], "takes a value"),
+            // QEMU prints and exits without running the guest.
+            (&["-version"], "help or version"),
+            (&["--version"], "help or version"),
+            (&["-h"], "help or version"),
+            (&["-M", "help"], "help or version"),
+            (&["-machine", "?"], "help or version"),
+            (&["-device", "help"], "help or version"),
+            (&["-device", "isa-serial,help"], "help or version"),
+            (&["-accel", "help"], "help or version"),
+            // QEMU waits for a monitor command nobody sends.
+            (&["-S"], "monitor command"),
+            (&["-incoming", "tcp:0:4444"], "monitor command"),
+            (&["--preconfig"], "monitor command"),
+            // A file of options the check cannot see.
+            (&["-readconfig", "/tmp/q.cfg"], "-readconfig"),
         ] {
             let why = overrides(&words(v)).unwrap_or_else(|| panic!("{v:?} accepted"));
             assert!(why.starts_with("--qemu-arg "), "{why}");
