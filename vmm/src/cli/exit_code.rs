@@ -226,6 +226,7 @@ impl ExitCode for QemuError {
         match self {
             QemuError::Preflight(e) => e.exit_code(),
             QemuError::Spawn { .. } | QemuError::Plugin(_) => KVM_UNAVAILABLE,
+            QemuError::CpuModel(_) => USAGE,
             QemuError::Output(e) => e.exit_code(),
             QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
         }

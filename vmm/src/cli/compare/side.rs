@@ -305,6 +305,13 @@ pub fn parse_side(
                          `qemu-system-x86_64 -cpu help` lists them)"
                     )));
                 }
+                // Checked against QEMU's own list now, not when the
+                // side's first run starts QEMU (after the other side's).
+                // x86_64's and i386's emulators list the same models.
+                if let Some(why) = crate::backend::qemu::cpu_model_refusal("qemu-system-x86_64", v)
+                {
+                    return Err(bad(why));
+                }
                 c.qemu_cpu = Some(v.to_string());
             }
         }
