@@ -173,7 +173,7 @@ impl ExitCode for crate::preflight::linux::LinuxError {
             return 128 + signal;
         }
         match self {
-            LinuxError::NotFetched { .. } => NO_IMAGE,
+            LinuxError::NotFetched { .. } | LinuxError::Unknown { .. } => NO_IMAGE,
             LinuxError::NoCache(_) => NO_IMAGE,
             LinuxError::Image(ImageError::Read(LoadError::Read { .. })) => NO_IMAGE,
             // The configuration beside the kernel cannot be read whole.

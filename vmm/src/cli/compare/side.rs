@@ -257,9 +257,12 @@ pub fn parse_side(
             // `--linux` gives one to both.
             SideKey::Linux => {
                 if v.trim().is_empty() {
-                    return Err(bad(
-                        "names no kernel (debian-amd64, debian-686-pae or a path)".into(),
-                    ));
+                    return Err(bad(format!(
+                        "names no kernel ({} or a path)",
+                        crate::preflight::linux::fetch::KNOWN
+                            .map(|k| k.name)
+                            .join(", ")
+                    )));
                 }
                 let append = match &c.guest_kind {
                     GuestKind::Linux(r) => r.append.clone(),

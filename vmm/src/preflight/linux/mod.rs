@@ -103,6 +103,19 @@ pub enum LinuxError {
         /// Where it would be.
         path: PathBuf,
     },
+    /// Neither a known name nor an existing file: a misspelt name is said
+    /// so, not reported as a missing kernel image of that name.
+    #[error(
+        "--linux/linux= {name:?}: neither a kernel ptiscope knows ({known}; `ptiscope linux fetch \
+         --only NAME` fetches one) nor a file here: give one of those names, or a kernel \
+         image's path"
+    )]
+    Unknown {
+        /// The value given.
+        name: String,
+        /// The known names, comma-separated.
+        known: String,
+    },
     /// No cache directory for a known name.
     #[error("--linux {0}: no cache directory (set PTISCOPE_LINUX_CACHE)")]
     NoCache(String),
@@ -174,6 +187,14 @@ pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
             path: p,
         }),
         Some(r) => r,
+        // A value with no `/` that names no file is taken for a name (a
+        // path given as a path keeps the image reader's "cannot read").
+        None if !spec.contains('/') && std::fs::symlink_metadata(spec).is_err() => {
+            Err(LinuxError::Unknown {
+                name: spec.into(),
+                known: fetch::KNOWN.map(|k| k.name).join(", "),
+            })
+        }
         None => Ok(PathBuf::from(spec)),
     }
 }
@@ -542,6 +563,22 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value that is neither a known name nor a file is said to be so,
+    /// with the known names; a path keeps the reader's own message.
+    #[test]
+    fn unknown_kernel_names_are_named_with_the_known_ones() {
+        for name in ["debian-6.12-i386", "debian-amd65", "", "DEBIAN-AMD64"] {
+            let e = kernel_path(name).unwrap_err();
+            assert!(matches!(e, LinuxError::Unknown { .. }), "{name}: {e:?}");
+            let m = e.to_string();
+            assert!(m.contains("debian-amd64, debian-686-pae"), "{m}");
+        }
+        assert_eq!(
+            kernel_path("/nonexistent/vmlinuz").unwrap(),
+            PathBuf::from("/nonexistent/vmlinuz")
+        );
+    }
 
     #[test]
     fn a_tick_free_cpu_is_added_where_the_host_counts_every_cr3_write() {
