@@ -253,3 +253,140 @@ fn a_large_configuration_is_read_whole_or_refused_naming_the_cap() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What the inner command of `--backend nested` would refuse is refused
+/// before the boot (at once, not after a nested session of seconds): a
+/// `--fail-if` the one parser refuses, a side's unknown key, an empty side,
+/// a side key for another backend (`cpu=`); a symbol condition anywhere in
+/// a list.
+#[test]
+fn nested_refuses_what_its_inner_command_would_before_the_boot() {
+    for (args, needle) in [
+        (
+            &["--fail-if", "cycles_per_call=>1"][..],
+            "\"=>\" is not a comparison operator",
+        ),
+        (
+            &["--fail-if", "cycles_per_call>1, symbol:x>1"],
+            "a symbol: condition needs --by-symbol",
+        ),
+        (
+            &["--baseline", "bogus=1", "--compare", "pti=off"],
+            "unknown key \"bogus\"",
+        ),
+        (
+            &["--baseline", ",,", "--compare", "pti=off"],
+            "sets nothing",
+        ),
+        (
+            &["--baseline", "cpu=max", "--compare", "pti=off"],
+            "cpu= needs --backend qemu",
+        ),
+    ] {
+        let mut all = vec!["compare", "--backend", "nested"];
+        all.extend_from_slice(args);
+        let (code, err) = run_within(&all, Duration::from_secs(5));
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains(needle) && !err.contains("nested session took"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// `--qemu-arg`s that would keep QEMU from running the guest are refused
+/// before QEMU starts (64, naming them): a help or version request, which
+/// QEMU answered and exited as if the guest had been reset (80); a wait for
+/// a monitor command (`-S`, which ran into --timeout); `-readconfig`.
+#[test]
+fn qemu_args_that_keep_qemu_from_running_the_guest_are_refused() {
+    for (args, needle) in [
+        (&["--qemu-arg=-version"][..], "help or version"),
+        (
+            &["--qemu-arg=-device", "--qemu-arg=help"],
+            "help or version",
+        ),
+        (&["--qemu-arg=-S"], "monitor command"),
+        (
+            &["--qemu-arg=-readconfig", "--qemu-arg=/dev/null"],
+            "-readconfig",
+        ),
+        (&["--qemu-arg=-machine"], "takes a value"),
+    ] {
+        let mut all = vec!["run", "--backend", "qemu", "--timeout", "5"];
+        all.extend_from_slice(args);
+        let (code, err) = run_within(&all, Duration::from_secs(5));
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains("--qemu-arg ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A compare side's `cpu=` is checked against QEMU's own list before
+/// anything boots (64, with models close to the one given), not by the
+/// side's first run after the other side's (81; `help` printed the list and
+/// ended as a reset, 80).
+#[test]
+fn compare_side_cpu_models_are_checked_against_qemus_list() {
+    if !qemu_or_skip(
+        "compare_side_cpu_models_are_checked_against_qemus_list",
+        "qemu-system-x86_64",
+    ) {
+        return;
+    }
+    for (model, needle) in [
+        ("bogus", "has no CPU model \"bogus\""),
+        ("help", "has no CPU model \"help\""),
+        ("skylake-client-v1", "Skylake-Client-v1"),
+        ("host", "needs KVM"),
+    ] {
+        let side = format!("cpu={model}");
+        let (code, err) = run_within(
+            &[
+                "compare",
+                "--backend",
+                "qemu",
+                "--runs",
+                "1",
+                "--baseline",
+                &side,
+                "--compare",
+                "pti=off",
+            ],
+            Duration::from_secs(10),
+        );
+        assert_eq!(code, Some(64), "{model}: {err}");
+        assert!(
+            err.contains(needle) && err.contains("-cpu help"),
+            "{model}: {err}"
+        );
+    }
+}
+
+/// A `--linux` value that is neither a known name nor a file is said to be
+/// so, with the known names (66), not "cannot read kernel image NAME".
+#[test]
+fn unknown_linux_names_list_the_known_ones() {
+    for args in [
+        &["run", "--backend", "qemu", "--linux", "debian-6.12-i386"][..],
+        &[
+            "compare",
+            "--backend",
+            "qemu",
+            "--baseline",
+            "linux=debian-amd65",
+            "--compare",
+            "pti=off",
+        ],
+    ] {
+        let (code, err) = run_within(args, Duration::from_secs(5));
+        assert_eq!(code, Some(66), "{args:?}: {err}");
+        assert!(
+            err.contains("neither a kernel ptiscope knows")
+                && err.contains("debian-amd64, debian-686-pae, debian-6.12-amd64"),
+            "{args:?}: {err}"
+        );
+    }
+}

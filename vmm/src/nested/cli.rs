@@ -11,6 +11,7 @@ use super::{boot, Job, Request};
 use crate::input::{read_regular, InputError, READ_TIME_LIMIT};
 use crate::machine::loader::MAX_IMAGE_BYTES;
 use crate::preflight::linux::{image, LinuxError};
+use crate::report::FailIf;
 use crate::spec::nested::KvmPaging;
 
 /// `eprintln!` for lines that carry user or file text: escaped line by line.
@@ -323,10 +324,29 @@ fn by_symbol_refusal(by_symbol: bool, csv: bool, fail_if: &[String]) -> Option<S
     if csv {
         return Some(format!("--by-symbol-csv (with --by-symbol) {why}"));
     }
-    fail_if
-        .iter()
-        .find(|c| c.contains("symbol:"))
-        .map(|c| format!("--fail-if {c}: a symbol: condition needs --by-symbol, which {why}"))
+    // Read by the one --fail-if parser, as the inner command will: a list
+    // it refuses is refused here, before the boot, and a symbol condition
+    // is one it reads as such.
+    fail_if.iter().find_map(|c| match FailIf::parse(&[c]) {
+        Err(e) => Some(format!("--fail-if: {e}")),
+        Ok(f) if !f.symbol.is_empty() => Some(format!(
+            "--fail-if {c}: a symbol: condition needs --by-symbol, which {why}"
+        )),
+        Ok(_) => None,
+    })
+}
+
+/// What the inner `compare --backend kvm` would refuse in a side's options
+/// (an unknown key, a bad value, a key for another backend such as `cpu=`),
+/// read by the inner command's own parser before the boot.
+fn side_refusal(a: &crate::cli::CompareArgs) -> Option<String> {
+    let mut target = a.target.clone();
+    target.on.backend = Backend::Kvm;
+    [&a.baseline, &a.compare].into_iter().find_map(|opts| {
+        crate::cli::compare::side::parse_side(opts, &a.exp, &target, &[])
+            .err()
+            .map(|e| e.to_string())
+    })
 }
 
 /// Runs `cli`'s command under `--backend nested` if it asks for it: the
@@ -359,7 +379,8 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             };
             let sides = 2 * (runs + a.warmup) + 2;
             paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
-            kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if);
+            kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if)
+                .or_else(|| side_refusal(a));
             (
                 a.target.on.backend,
                 "compare",
