@@ -390,3 +390,25 @@ fn unknown_linux_names_list_the_known_ones() {
         );
     }
 }
+
+/// A kernel cache where no file can be created (/proc) is said so before
+/// apt is asked anything (73), not after it as "creating
+/// /proc/.fetch-...: No such file or directory".
+#[test]
+fn a_kernel_cache_that_takes_no_files_is_refused_before_apt() {
+    let start = std::time::Instant::now();
+    let out = ptiscope()
+        .args(["linux", "fetch", "--only", "debian-amd64"])
+        .env("PTISCOPE_LINUX_CACHE", "/proc")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(73), "{err}");
+    assert!(
+        err.contains("the kernel cache /proc takes no new files")
+            && err.contains("PTISCOPE_LINUX_CACHE")
+            && !err.contains("->"),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(5), "{err}");
+}
