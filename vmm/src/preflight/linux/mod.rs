@@ -459,11 +459,13 @@ pub fn settle(
                 config: config.path.display().to_string(),
                 hint: if no_pae {
                     format!(
-                        " (it is a 32-bit kernel without {}=y, which 32-bit PTI needs)",
+                        " ({}; it is a 32-bit kernel without {}=y, which 32-bit PTI \
+                         needs)",
+                        config.describe(&image::PAGE_TABLE_ISOLATION),
                         image::X86_PAE.new
                     )
                 } else {
-                    String::new()
+                    format!(" ({})", config.describe(&image::PAGE_TABLE_ISOLATION))
                 },
             });
         }
