@@ -233,9 +233,9 @@ pub fn cpu_model_refusal(binary: &str, model: &str) -> Option<String> {
             .collect();
     }
     Some(format!(
-        "{binary} has no CPU model {} (its models include {}, ...; \
+        "{binary} has no CPU model {:?} (its models include {}, ...; \
          `{binary} -cpu help` lists all {}); give one of them",
-        format!("{:?}", ptiscope_devices::escape_str(model)),
+        ptiscope_devices::escape_str(model),
         close.join(", "),
         models.len()
     ))

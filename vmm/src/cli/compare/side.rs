@@ -280,7 +280,8 @@ pub fn parse_side(
             // sets: taken as that.
             SideKey::Append => {
                 for w in v.split_whitespace() {
-                    match w.split_once('=') {
+                    // As Linux reads the word: `"pti=on"` is `pti=on`.
+                    match crate::preflight::linux::param_key_value(w) {
                         Some(("pti", p)) => {
                             once(SideKey::Pti, "pti (append=pti=)", p.trim())?;
                             c.guest.pti = Some(

@@ -71,11 +71,20 @@ pub const INIT_KEYS: [(&str, &str); 13] = {
     ]
 };
 
+/// A kernel command-line word's key and value as Linux reads them
+/// (`kernel/params.c`'s `next_arg`): a leading `"` and the `"`s around the
+/// value are not part of them, so `"pti=on"` and `pti="on"` are `pti=on`;
+/// `None` for a word without `=`.
+pub fn param_key_value(word: &str) -> Option<(&str, &str)> {
+    let (key, value) = word.strip_prefix('"').unwrap_or(word).split_once('=')?;
+    Some((key, value.trim_matches('"')))
+}
+
 /// The first `--append` word whose key the init owns, refused with the
 /// option to use instead.
 fn append_refusal(append: &str) -> Option<String> {
     append.split_whitespace().find_map(|w| {
-        let key = w.split_once('=')?.0;
+        let key = param_key_value(w)?.0;
         let (_, option) = INIT_KEYS.iter().find(|(k, _)| *k == key)?;
         Some(format!(
             "--append {}: `{key}=` is read by ptiscope's init, which gets its own from ptiscope's \
@@ -350,7 +359,7 @@ fn tick_free_plan(ask: &TickFreeAsk) -> Result<Option<TickFreeCpu>, String> {
     let own = ask
         .append
         .split_ascii_whitespace()
-        .any(|w| w.starts_with("nohz_full="));
+        .any(|w| param_key_value(w).is_some_and(|(k, _)| k == "nohz_full"));
     if !wanted || own {
         return Ok(None);
     }
@@ -565,6 +574,24 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A quoted word is the parameter Linux reads: `"pti=on"` is refused
+    /// as `pti=on` is, not passed by for its quote.
+    #[test]
+    fn quoted_append_words_are_read_as_linux_reads_them() {
+        for w in [
+            "\"pti=on\"",
+            "pti=\"on\"",
+            "\"iterations=5\"",
+            "\"workload=getpid",
+        ] {
+            let why = append_refusal(&format!("quiet {w}")).unwrap_or_else(|| panic!("{w}"));
+            assert!(why.contains("is read by ptiscope's init"), "{why}");
+        }
+        assert_eq!(append_refusal("nopti \"mitigations=off\" quiet"), None);
+        assert_eq!(param_key_value("\"pti=on\""), Some(("pti", "on")));
+        assert_eq!(param_key_value("nopti"), None);
+    }
 
     /// A value that is neither a known name nor a file is said to be so,
     /// with the known names; a path keeps the reader's own message.
