@@ -292,6 +292,24 @@ fn nested_refuses_what_its_inner_command_would_before_the_boot() {
             "{args:?}: {err}"
         );
     }
+    // sweep's configurations go through the same side parser.
+    let (code, err) = run_within(
+        &[
+            "sweep",
+            "--backend",
+            "nested",
+            "--config",
+            "bogus=1",
+            "--config",
+            "pti=on",
+        ],
+        Duration::from_secs(5),
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("--config \"bogus=1\": unknown key") && !err.contains("nested session took"),
+        "{err}"
+    );
 }
 
 /// `--qemu-arg`s that would keep QEMU from running the guest are refused

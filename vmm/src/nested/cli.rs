@@ -336,16 +336,22 @@ fn by_symbol_refusal(by_symbol: bool, csv: bool, fail_if: &[String]) -> Option<S
     })
 }
 
-/// What the inner `compare --backend kvm` would refuse in a side's options
-/// (an unknown key, a bad value, a key for another backend such as `cpu=`),
-/// read by the inner command's own parser before the boot.
-fn side_refusal(a: &crate::cli::CompareArgs) -> Option<String> {
-    let mut target = a.target.clone();
+/// What the inner `compare`/`sweep --backend kvm` would refuse in a
+/// side's options (an unknown key, an empty side, a bad value, a key for
+/// another backend such as `cpu=`), read by the inner command's own parser
+/// before the boot; `prefix` as the inner command says it (`--config `).
+fn side_refusal<'a>(
+    sides: impl IntoIterator<Item = &'a String>,
+    prefix: &str,
+    exp: &crate::cli::ExperimentOpts,
+    target: &crate::cli::TargetOpts,
+) -> Option<String> {
+    let mut target = target.clone();
     target.on.backend = Backend::Kvm;
-    [&a.baseline, &a.compare].into_iter().find_map(|opts| {
-        crate::cli::compare::side::parse_side(opts, &a.exp, &target, &[])
+    sides.into_iter().find_map(|opts| {
+        crate::cli::compare::side::parse_side(opts, exp, &target, &[])
             .err()
-            .map(|e| e.to_string())
+            .map(|e| format!("{prefix}{e}"))
     })
 }
 
@@ -380,7 +386,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             let sides = 2 * (runs + a.warmup) + 2;
             paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
             kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if)
-                .or_else(|| side_refusal(a));
+                .or_else(|| side_refusal([&a.baseline, &a.compare], "", &a.exp, &a.target));
             (
                 a.target.on.backend,
                 "compare",
@@ -397,6 +403,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             let cells = count(&a.wss).max(1) * count(&a.touches).max(1) + 1;
             let runs = cells as u32 * (a.configs.len().max(2) as u32) * a.runs.max(1);
             paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
+            kvm_refuses = side_refusal(&a.configs, "--config ", &a.exp, &a.target);
             (
                 a.target.on.backend,
                 "sweep",
