@@ -218,6 +218,13 @@ pub fn parse_side(
                 key: k.into(),
             });
         };
+        // A word that adds nothing (`append=`, `cmdline=`) is a slip, as an
+        // empty side is: every other key's own parser refuses "" already.
+        if key.accumulates() && v.is_empty() {
+            return Err(bad(
+                "is empty: give the words to add (or drop the key)".into()
+            ));
+        }
         once(key, k, v)?;
         match key {
             SideKey::Pti => {
