@@ -85,6 +85,25 @@ const CHARDEV_OPTIONS: [&str; 9] = [
     "gdb",
 ];
 
+/// Whether a part of a character device's value is QEMU's stdio under
+/// any name: `stdio`, or a path (bare, `file:PATH`, `path=PATH`) that is
+/// the process's own stdin, stdout or stderr, where the monitor's banner
+/// and prompt landed in the guest's console (`(qemu) ptiscope guest ...`).
+fn names_stdio(part: &str) -> bool {
+    let path = part.strip_prefix("path=").unwrap_or(part);
+    part == "stdio"
+        || matches!(
+            path,
+            "/dev/stdin" | "/dev/stdout" | "/dev/stderr" | "/dev/tty" | "/dev/console"
+        )
+        || ["/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"]
+            .iter()
+            .any(|dir| {
+                path.strip_prefix(dir)
+                    .is_some_and(|fd| ["0", "1", "2"].contains(&fd))
+            })
+}
+
 /// Why an accelerator a `--qemu-arg` chooses (`accel`: its value, `kvm`,
 /// `tcg`, `tcg:kvm`) cannot be: ptiscope gives QEMU `-accel tcg` itself.
 fn accel_refusal(shown: &str, accel: &str) -> String {
@@ -222,7 +241,7 @@ pub fn overrides(args: &[String]) -> Option<String> {
                  only the other keys (-{option} KEY=VALUE without {key}=)"
             ));
         }
-        if CHARDEV_OPTIONS.contains(&o.name) && value.split([',', ':']).any(|p| p == "stdio") {
+        if CHARDEV_OPTIONS.contains(&o.name) && value.split([',', ':']).any(names_stdio) {
             return Some(format!(
                 "--qemu-arg {whole}: QEMU's stdio is the guest's console here (and its stdin is \
                  closed); use another character device, e.g. unix:PATH,server=on,wait=off"
@@ -376,6 +395,11 @@ mod tests {
             (&["-chardev", "stdio,id=c0"], "stdio"),
             (&["-serial", "mon:stdio"], "stdio"),
             (&["-gdb", "stdio"], "stdio"),
+            // stdio by another name: the monitor's banner joined the console.
+            (&["-monitor", "/dev/stdout"], "stdio"),
+            (&["-monitor", "file:/proc/self/fd/1"], "stdio"),
+            (&["-serial", "file:/dev/fd/2"], "stdio"),
+            (&["-chardev", "file,id=c,path=/dev/stderr"], "stdio"),
             (&["-icount", "shift=0", "-kernel", "x"], "-kernel"),
             (&["-machine=q35"], "no -OPTION=VALUE"),
             (&["--plugin=x.so"], "no -OPTION=VALUE"),
@@ -421,6 +445,8 @@ mod tests {
             &["-plugin", "file=/x/libinsn.so,inline=on", "-d", "plugin"],
             &["--plugin", "/x/a.so", "-plugin", "/x/b.so"],
             &["-chardev", "socket,id=stdio,path=/tmp/s"],
+            &["-serial", "file:/tmp/serial.log"],
+            &["-monitor", "file:/proc/self/fd/10"],
         ] {
             assert_eq!(overrides(&words(v)), None, "{v:?}");
         }
