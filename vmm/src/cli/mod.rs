@@ -565,6 +565,10 @@ mod tests {
                 "names no kernel",
             ),
             (&["--compare", "append="], "is empty"),
+            (
+                &["--backend", "qemu", "--compare", "cpu_vuln=meltdown"],
+                "cpu_vuln= sets what the KVM vCPU reports: not with --backend qemu",
+            ),
             (&["--compare", "pti=on,cmdline= "], "is empty"),
             (
                 &[

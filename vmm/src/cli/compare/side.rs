@@ -238,7 +238,18 @@ pub fn parse_side(
             SideKey::Entry => {
                 c.guest.entry = abi_value::<EntryChoice>(v, EntryChoice::names()).map_err(bad)?
             }
-            SideKey::CpuVuln => c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?,
+            SideKey::CpuVuln => {
+                // As --cpu-vuln is: under QEMU a value other than the
+                // default would set nothing, and the side's label would
+                // claim what was not measured.
+                c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?;
+                let backend = target.on.backend();
+                if c.cpu_vuln != CpuVuln::Host {
+                    if let Some(why) = crate::backend::others_option(backend.name(), "cpu_vuln=") {
+                        return Err(bad(why));
+                    }
+                }
+            }
             SideKey::Workload => {
                 c.guest.workload =
                     Some(abi_value::<Workload>(v, Workload::NAMES.iter().copied()).map_err(bad)?)
