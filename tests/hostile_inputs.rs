@@ -430,3 +430,59 @@ fn a_kernel_cache_that_takes_no_files_is_refused_before_apt() {
     );
     assert!(start.elapsed() < Duration::from_secs(5), "{err}");
 }
+
+/// Side keys and guest options that would set nothing where the run goes
+/// are refused before it boots, so no label claims what was not measured:
+/// `pti_switch=` (ptiscope's own guest's CR3 switch) with a Linux kernel,
+/// and a side's `cpu_vuln=` under `--backend qemu` (as `--cpu-vuln` is).
+#[test]
+fn options_that_would_set_nothing_are_refused_not_ignored() {
+    let dir = scratch("set-nothing");
+    let k = dir.join("vmlinuz");
+    fake_bzimage(&k);
+    let k = k.to_str().unwrap();
+    let linux_side = format!("linux={k},pti_switch=deferred");
+    for (args, needle) in [
+        (
+            vec![
+                "run",
+                "--backend",
+                "qemu",
+                "--linux",
+                k,
+                "--cmdline",
+                "pti_switch=deferred",
+            ],
+            "pti_switch= chooses where ptiscope's own guest switches CR3",
+        ),
+        (
+            vec![
+                "compare",
+                "--backend",
+                "qemu",
+                "--baseline",
+                &linux_side,
+                "--compare",
+                "pti=on",
+            ],
+            "pti_switch= chooses where ptiscope's own guest switches CR3",
+        ),
+        (
+            vec![
+                "compare",
+                "--backend",
+                "qemu",
+                "--baseline",
+                "cpu_vuln=meltdown",
+                "--compare",
+                "pti=on",
+            ],
+            "cpu_vuln= sets what the KVM vCPU reports: not with --backend qemu",
+        ),
+    ] {
+        let (code, err) = run_within(&args, Duration::from_secs(5));
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

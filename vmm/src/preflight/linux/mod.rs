@@ -506,6 +506,20 @@ pub fn settle(
         init.push(extra.to_string());
     }
     let init_words = init.join(" ");
+    // The companion guest's own CR3-switch strategy (the 2020 RFC), which
+    // the init's shared parser reads but nothing in a Linux run acts on:
+    // a side labelled pti_switch=deferred would measure Linux's own switch.
+    if init_words
+        .split_whitespace()
+        .any(|w| w.starts_with("pti_switch="))
+    {
+        return Err(LinuxError::Option(
+            "pti_switch= chooses where ptiscope's own guest switches CR3 on the way out (the \
+             2020 RFC); a Linux kernel switches where its entry code does, so it would change \
+             nothing: drop it (or compare ptiscope's guest without --linux/linux=)"
+                .into(),
+        ));
+    }
     // The init's parser, here: bad words stop the run before anything boots.
     if let Err(e) = guest_core::cmdline::parse(&init_parser_words(&init_words)) {
         return Err(LinuxError::Option(format!("the init's command line: {e}")));
