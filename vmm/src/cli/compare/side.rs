@@ -602,7 +602,8 @@ mod tests {
             "linux=debian-amd64,append=pti=on quiet,append=pti=auto",
             "mem=64,mem=128",
             "cpu=max,cpu=qemu64",
-            "cpu_vuln=none,cpu-vuln=host",
+            // (cpu_vuln= is --backend kvm's: this helper's sides are QEMU's.)
+            "workload=getpid,workload=getppid",
             "linux=debian-amd64,linux=/k/bzImage",
         ] {
             let e = side(opts).unwrap_err();
@@ -616,6 +617,13 @@ mod tests {
         ] {
             assert!(side(opts).is_ok(), "{opts}");
         }
+        // cpu_vuln= under both spellings, on the backend that takes it.
+        let cli = Cli::try_parse_from(["ptiscope", "compare"]).unwrap();
+        let Some(Command::Compare(a)) = cli.command else {
+            panic!("not compare")
+        };
+        let e = parse_side("cpu_vuln=none,cpu-vuln=host", &a.exp, &a.target, &[]).unwrap_err();
+        assert!(matches!(e, SideError::Repeated { .. }), "{e:?}");
         let s = side("cmdline=a=1,cmdline=b=2").unwrap();
         assert_eq!(s.config.guest.extra, "a=1 b=2");
         let s = side(" pti = on , pcid= off").unwrap();
