@@ -486,3 +486,26 @@ fn options_that_would_set_nothing_are_refused_not_ignored() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A known kernel under a PTISCOPE_LINUX_CACHE that is a file: "not
+/// fetched yet" says the cache cannot hold it (a fetch would fail on it),
+/// not only "run `ptiscope linux fetch`".
+#[test]
+fn a_kernel_cache_that_is_a_file_is_named_when_a_kernel_is_missing() {
+    let dir = scratch("cache-file");
+    let file = dir.join("cache");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let out = ptiscope()
+        .args(["run", "--backend", "qemu", "--linux", "debian-amd64"])
+        .env("PTISCOPE_LINUX_CACHE", &file)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(66), "{err}");
+    assert!(
+        err.contains(&format!("{} exists and is not a directory", file.display()))
+            && err.contains("PTISCOPE_LINUX_CACHE"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -259,7 +259,7 @@ fn tool(cmd: &mut Command) -> Result<String, FetchError> {
 /// The first path from `cache` upwards that exists and is not a directory
 /// (a file given as the cache, or a file where one of its parents should
 /// be), if there is one.
-fn not_a_directory(cache: &Path) -> Option<PathBuf> {
+pub fn not_a_directory(cache: &Path) -> Option<PathBuf> {
     cache
         .ancestors()
         .find_map(|p| match std::fs::metadata(p) {

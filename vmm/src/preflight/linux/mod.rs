@@ -103,14 +103,26 @@ pub const MAX_CMDLINE: usize = 2047;
 pub enum LinuxError {
     /// A known name whose kernel is not in the cache.
     #[error(
-        "--linux {name}: not fetched yet ({path} is missing); run `ptiscope linux fetch` \
-         (it uses apt-get download; see docs/linux-guests.md)"
+        "--linux {name}: not fetched yet ({path} is missing); {}",
+        match blocker {
+            Some(b) => format!(
+                "the kernel cache cannot hold it: {} exists and is not a directory (set \
+                 PTISCOPE_LINUX_CACHE to a directory, then `ptiscope linux fetch`)",
+                b.display()
+            ),
+            None => "run `ptiscope linux fetch` (it uses apt-get download; see \
+                     docs/linux-guests.md)"
+                .to_string(),
+        }
     )]
     NotFetched {
         /// The name.
         name: String,
         /// Where it would be.
         path: PathBuf,
+        /// A file where the cache, or a directory above it, should be (a
+        /// fetch would fail on it: said now, not after it).
+        blocker: Option<PathBuf>,
     },
     /// Neither a known name nor an existing file: a misspelt name is said
     /// so, not reported as a missing kernel image of that name.
@@ -193,6 +205,10 @@ pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
     match known_path(spec) {
         Some(Ok(p)) if !p.exists() => Err(LinuxError::NotFetched {
             name: spec.into(),
+            blocker: p
+                .parent()
+                .and_then(std::path::Path::parent)
+                .and_then(fetch::not_a_directory),
             path: p,
         }),
         Some(r) => r,
