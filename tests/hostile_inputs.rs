@@ -253,3 +253,259 @@ fn a_large_configuration_is_read_whole_or_refused_naming_the_cap() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What the inner command of `--backend nested` would refuse is refused
+/// before the boot (at once, not after a nested session of seconds): a
+/// `--fail-if` the one parser refuses, a side's unknown key, an empty side,
+/// a side key for another backend (`cpu=`); a symbol condition anywhere in
+/// a list.
+#[test]
+fn nested_refuses_what_its_inner_command_would_before_the_boot() {
+    for (args, needle) in [
+        (
+            &["--fail-if", "cycles_per_call=>1"][..],
+            "\"=>\" is not a comparison operator",
+        ),
+        (
+            &["--fail-if", "cycles_per_call>1, symbol:x>1"],
+            "a symbol: condition needs --by-symbol",
+        ),
+        (
+            &["--baseline", "bogus=1", "--compare", "pti=off"],
+            "unknown key \"bogus\"",
+        ),
+        (
+            &["--baseline", ",,", "--compare", "pti=off"],
+            "sets nothing",
+        ),
+        (
+            &["--baseline", "cpu=max", "--compare", "pti=off"],
+            "cpu= needs --backend qemu",
+        ),
+    ] {
+        let mut all = vec!["compare", "--backend", "nested"];
+        all.extend_from_slice(args);
+        let (code, err) = run_within(&all, Duration::from_secs(5));
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains(needle) && !err.contains("nested session took"),
+            "{args:?}: {err}"
+        );
+    }
+    // sweep's configurations go through the same side parser.
+    let (code, err) = run_within(
+        &[
+            "sweep",
+            "--backend",
+            "nested",
+            "--config",
+            "bogus=1",
+            "--config",
+            "pti=on",
+        ],
+        Duration::from_secs(5),
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("--config \"bogus=1\": unknown key") && !err.contains("nested session took"),
+        "{err}"
+    );
+}
+
+/// `--qemu-arg`s that would keep QEMU from running the guest are refused
+/// before QEMU starts (64, naming them): a help or version request, which
+/// QEMU answered and exited as if the guest had been reset (80); a wait for
+/// a monitor command (`-S`, which ran into --timeout); `-readconfig`.
+#[test]
+fn qemu_args_that_keep_qemu_from_running_the_guest_are_refused() {
+    for (args, needle) in [
+        (&["--qemu-arg=-version"][..], "help or version"),
+        (
+            &["--qemu-arg=-device", "--qemu-arg=help"],
+            "help or version",
+        ),
+        (&["--qemu-arg=-S"], "monitor command"),
+        (
+            &["--qemu-arg=-readconfig", "--qemu-arg=/dev/null"],
+            "-readconfig",
+        ),
+        (&["--qemu-arg=-machine"], "takes a value"),
+    ] {
+        let mut all = vec!["run", "--backend", "qemu", "--timeout", "5"];
+        all.extend_from_slice(args);
+        let (code, err) = run_within(&all, Duration::from_secs(5));
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains("--qemu-arg ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A compare side's `cpu=` is checked against QEMU's own list before
+/// anything boots (64, with models close to the one given), not by the
+/// side's first run after the other side's (81; `help` printed the list and
+/// ended as a reset, 80).
+#[test]
+fn compare_side_cpu_models_are_checked_against_qemus_list() {
+    if !qemu_or_skip(
+        "compare_side_cpu_models_are_checked_against_qemus_list",
+        "qemu-system-x86_64",
+    ) {
+        return;
+    }
+    for (model, needle) in [
+        ("bogus", "has no CPU model \"bogus\""),
+        ("help", "has no CPU model \"help\""),
+        ("skylake-client-v1", "Skylake-Client-v1"),
+        ("host", "needs KVM"),
+    ] {
+        let side = format!("cpu={model}");
+        let (code, err) = run_within(
+            &[
+                "compare",
+                "--backend",
+                "qemu",
+                "--runs",
+                "1",
+                "--baseline",
+                &side,
+                "--compare",
+                "pti=off",
+            ],
+            Duration::from_secs(10),
+        );
+        assert_eq!(code, Some(64), "{model}: {err}");
+        assert!(
+            err.contains(needle) && err.contains("-cpu help"),
+            "{model}: {err}"
+        );
+    }
+}
+
+/// A `--linux` value that is neither a known name nor a file is said to be
+/// so, with the known names (66), not "cannot read kernel image NAME".
+#[test]
+fn unknown_linux_names_list_the_known_ones() {
+    for args in [
+        &["run", "--backend", "qemu", "--linux", "debian-6.12-i386"][..],
+        &[
+            "compare",
+            "--backend",
+            "qemu",
+            "--baseline",
+            "linux=debian-amd65",
+            "--compare",
+            "pti=off",
+        ],
+    ] {
+        let (code, err) = run_within(args, Duration::from_secs(5));
+        assert_eq!(code, Some(66), "{args:?}: {err}");
+        assert!(
+            err.contains("neither a kernel ptiscope knows")
+                && err.contains("debian-amd64, debian-686-pae, debian-6.12-amd64"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A kernel cache where no file can be created (/proc) is said so before
+/// apt is asked anything (73), not after it as "creating
+/// /proc/.fetch-...: No such file or directory".
+#[test]
+fn a_kernel_cache_that_takes_no_files_is_refused_before_apt() {
+    let start = std::time::Instant::now();
+    let out = ptiscope()
+        .args(["linux", "fetch", "--only", "debian-amd64"])
+        .env("PTISCOPE_LINUX_CACHE", "/proc")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(73), "{err}");
+    assert!(
+        err.contains("the kernel cache /proc takes no new files")
+            && err.contains("PTISCOPE_LINUX_CACHE")
+            && !err.contains("->"),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(5), "{err}");
+}
+
+/// Side keys and guest options that would set nothing where the run goes
+/// are refused before it boots, so no label claims what was not measured:
+/// `pti_switch=` (ptiscope's own guest's CR3 switch) with a Linux kernel,
+/// and a side's `cpu_vuln=` under `--backend qemu` (as `--cpu-vuln` is).
+#[test]
+fn options_that_would_set_nothing_are_refused_not_ignored() {
+    let dir = scratch("set-nothing");
+    let k = dir.join("vmlinuz");
+    fake_bzimage(&k);
+    let k = k.to_str().unwrap();
+    let linux_side = format!("linux={k},pti_switch=deferred");
+    for (args, needle) in [
+        (
+            vec![
+                "run",
+                "--backend",
+                "qemu",
+                "--linux",
+                k,
+                "--cmdline",
+                "pti_switch=deferred",
+            ],
+            "pti_switch= chooses where ptiscope's own guest switches CR3",
+        ),
+        (
+            vec![
+                "compare",
+                "--backend",
+                "qemu",
+                "--baseline",
+                &linux_side,
+                "--compare",
+                "pti=on",
+            ],
+            "pti_switch= chooses where ptiscope's own guest switches CR3",
+        ),
+        (
+            vec![
+                "compare",
+                "--backend",
+                "qemu",
+                "--baseline",
+                "cpu_vuln=meltdown",
+                "--compare",
+                "pti=on",
+            ],
+            "cpu_vuln= sets what the KVM vCPU reports: not with --backend qemu",
+        ),
+    ] {
+        let (code, err) = run_within(&args, Duration::from_secs(5));
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A known kernel under a PTISCOPE_LINUX_CACHE that is a file: "not
+/// fetched yet" says the cache cannot hold it (a fetch would fail on it),
+/// not only "run `ptiscope linux fetch`".
+#[test]
+fn a_kernel_cache_that_is_a_file_is_named_when_a_kernel_is_missing() {
+    let dir = scratch("cache-file");
+    let file = dir.join("cache");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let out = ptiscope()
+        .args(["run", "--backend", "qemu", "--linux", "debian-amd64"])
+        .env("PTISCOPE_LINUX_CACHE", &file)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(66), "{err}");
+    assert!(
+        err.contains(&format!("{} exists and is not a directory", file.display()))
+            && err.contains("PTISCOPE_LINUX_CACHE"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -26,6 +26,13 @@ pub const OPTIONS: &[OwnOption] = &[
         owner: "kvm",
         what: Some("sets what the KVM vCPU reports"),
     },
+    // A compare side's key for the same setting (checked by the side
+    // parser as `cpu=` is for QEMU).
+    OwnOption {
+        flag: "cpu_vuln=",
+        owner: "kvm",
+        what: Some("sets what the KVM vCPU reports"),
+    },
     OwnOption {
         flag: "--no-irqchip",
         owner: "kvm",

@@ -64,6 +64,11 @@ const NO_ARGUMENT: &[&str] = &[
     "enable-fips",
 ];
 
+/// Whether QEMU's option `name` (without dashes) takes an argument.
+pub fn takes_argument(name: &str) -> bool {
+    !NO_ARGUMENT.contains(&name)
+}
+
 /// One option of a QEMU command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QemuOption<'a> {

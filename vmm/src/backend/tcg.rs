@@ -85,6 +85,25 @@ const CHARDEV_OPTIONS: [&str; 9] = [
     "gdb",
 ];
 
+/// Whether a part of a character device's value is QEMU's stdio under
+/// any name: `stdio`, or a path (bare, `file:PATH`, `path=PATH`) that is
+/// the process's own stdin, stdout or stderr, where the monitor's banner
+/// and prompt landed in the guest's console (`(qemu) ptiscope guest ...`).
+fn names_stdio(part: &str) -> bool {
+    let path = part.strip_prefix("path=").unwrap_or(part);
+    part == "stdio"
+        || matches!(
+            path,
+            "/dev/stdin" | "/dev/stdout" | "/dev/stderr" | "/dev/tty" | "/dev/console"
+        )
+        || ["/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"]
+            .iter()
+            .any(|dir| {
+                path.strip_prefix(dir)
+                    .is_some_and(|fd| ["0", "1", "2"].contains(&fd))
+            })
+}
+
 /// Why an accelerator a `--qemu-arg` chooses (`accel`: its value, `kvm`,
 /// `tcg`, `tcg:kvm`) cannot be: ptiscope gives QEMU `-accel tcg` itself.
 fn accel_refusal(shown: &str, accel: &str) -> String {
@@ -107,6 +126,44 @@ fn accel_refusal(shown: &str, accel: &str) -> String {
     )
 }
 
+/// Why the option `o` would keep QEMU from running the guest ptiscope
+/// gives it, `None` if it does not: a request for QEMU's help or version
+/// (`-h`, `-version`, a value of `help` or `?`, e.g. `-device help`), which
+/// QEMU prints and exits as if the guest had ended; an option that makes
+/// QEMU wait for a monitor command ptiscope never sends (`-S`,
+/// `-incoming`, `--preconfig`); `-readconfig`, whose file may set any
+/// option (the machine type, the accelerator) where this check cannot see.
+fn no_guest_run(o: &qemu_options::QemuOption<'_>) -> Option<String> {
+    let asks_help = match o.name {
+        "h" | "help" | "version" | "audio-help" => true,
+        _ => o.value.is_some_and(|v| {
+            qemu_options::key_values(v, qemu_options::implied_key(o.name))
+                .iter()
+                .any(|(k, v)| k == "help" || k == "?" || v == "help" || v == "?")
+        }),
+    };
+    if asks_help {
+        return Some(
+            "it asks QEMU for its help or version, which QEMU prints and then exits without \
+             running the guest; run qemu-system-x86_64 with it yourself"
+                .into(),
+        );
+    }
+    match o.name {
+        "S" | "incoming" | "preconfig" => Some(
+            "QEMU would wait for a monitor command (cont, migrate-incoming, x-exit-preconfig) \
+             that ptiscope never sends, until --timeout; drop it"
+                .into(),
+        ),
+        "readconfig" => Some(
+            "its file may set any QEMU option (the machine type, the accelerator, the CPU) \
+             where ptiscope cannot check it against its own; give the options as --qemu-args"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
 /// The first `--qemu-arg` that would replace or contradict what ptiscope
 /// gives QEMU, read on QEMU's own grammar ([`qemu_options`]): an option of
 /// [`SET_BY_PTISCOPE`], a key of [`SET_KEYS`] (`-M q35`, `-machine
@@ -127,6 +184,21 @@ pub fn overrides(args: &[String]) -> Option<String> {
                  give the value as the next --qemu-arg (--qemu-arg=-{name} --qemu-arg=VALUE)",
                 shown(o.word)
             ));
+        }
+        // Only for the options read here: one QEMU does not know is QEMU's
+        // to refuse ("invalid option").
+        let inspected = ["machine", "M", "m", "accel", "plugin", "readconfig"].contains(&o.name)
+            || CHARDEV_OPTIONS.contains(&o.name)
+            || SET_BY_PTISCOPE.iter().any(|(n, _)| *n == o.name);
+        if o.value.is_none() && inspected && qemu_options::takes_argument(o.name) {
+            return Some(format!(
+                "--qemu-arg {whole}: -{} takes a value, and none follows (QEMU would say \
+                 \"requires an argument\"): give it as the next --qemu-arg",
+                o.name
+            ));
+        }
+        if let Some(why) = no_guest_run(&o) {
+            return Some(format!("--qemu-arg {whole}: {why}"));
         }
         if let Some((name, what)) = SET_BY_PTISCOPE.iter().find(|(n, _)| *n == o.name) {
             return Some(format!(
@@ -169,7 +241,7 @@ pub fn overrides(args: &[String]) -> Option<String> {
                  only the other keys (-{option} KEY=VALUE without {key}=)"
             ));
         }
-        if CHARDEV_OPTIONS.contains(&o.name) && value.split([',', ':']).any(|p| p == "stdio") {
+        if CHARDEV_OPTIONS.contains(&o.name) && value.split([',', ':']).any(names_stdio) {
             return Some(format!(
                 "--qemu-arg {whole}: QEMU's stdio is the guest's console here (and its stdin is \
                  closed); use another character device, e.g. unix:PATH,server=on,wait=off"
@@ -323,9 +395,33 @@ mod tests {
             (&["-chardev", "stdio,id=c0"], "stdio"),
             (&["-serial", "mon:stdio"], "stdio"),
             (&["-gdb", "stdio"], "stdio"),
+            // stdio by another name: the monitor's banner joined the console.
+            (&["-monitor", "/dev/stdout"], "stdio"),
+            (&["-monitor", "file:/proc/self/fd/1"], "stdio"),
+            (&["-serial", "file:/dev/fd/2"], "stdio"),
+            (&["-chardev", "file,id=c,path=/dev/stderr"], "stdio"),
             (&["-icount", "shift=0", "-kernel", "x"], "-kernel"),
             (&["-machine=q35"], "no -OPTION=VALUE"),
             (&["--plugin=x.so"], "no -OPTION=VALUE"),
+            // Options the check reads, with no value after them.
+            (&["-machine"], "takes a value"),
+            (&["-m"], "takes a value"),
+            (&["-icount", "shift=0", "-serial"], "takes a value"),
+            // QEMU prints and exits without running the guest.
+            (&["-version"], "help or version"),
+            (&["--version"], "help or version"),
+            (&["-h"], "help or version"),
+            (&["-M", "help"], "help or version"),
+            (&["-machine", "?"], "help or version"),
+            (&["-device", "help"], "help or version"),
+            (&["-device", "isa-serial,help"], "help or version"),
+            (&["-accel", "help"], "help or version"),
+            // QEMU waits for a monitor command nobody sends.
+            (&["-S"], "monitor command"),
+            (&["-incoming", "tcp:0:4444"], "monitor command"),
+            (&["--preconfig"], "monitor command"),
+            // A file of options the check cannot see.
+            (&["-readconfig", "/tmp/q.cfg"], "-readconfig"),
         ] {
             let why = overrides(&words(v)).unwrap_or_else(|| panic!("{v:?} accepted"));
             assert!(why.starts_with("--qemu-arg "), "{why}");
@@ -349,6 +445,8 @@ mod tests {
             &["-plugin", "file=/x/libinsn.so,inline=on", "-d", "plugin"],
             &["--plugin", "/x/a.so", "-plugin", "/x/b.so"],
             &["-chardev", "socket,id=stdio,path=/tmp/s"],
+            &["-serial", "file:/tmp/serial.log"],
+            &["-monitor", "file:/proc/self/fd/10"],
         ] {
             assert_eq!(overrides(&words(v)), None, "{v:?}");
         }

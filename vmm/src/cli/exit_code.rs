@@ -173,7 +173,7 @@ impl ExitCode for crate::preflight::linux::LinuxError {
             return 128 + signal;
         }
         match self {
-            LinuxError::NotFetched { .. } => NO_IMAGE,
+            LinuxError::NotFetched { .. } | LinuxError::Unknown { .. } => NO_IMAGE,
             LinuxError::NoCache(_) => NO_IMAGE,
             LinuxError::Image(ImageError::Read(LoadError::Read { .. })) => NO_IMAGE,
             // The configuration beside the kernel cannot be read whole.
@@ -226,6 +226,7 @@ impl ExitCode for QemuError {
         match self {
             QemuError::Preflight(e) => e.exit_code(),
             QemuError::Spawn { .. } | QemuError::Plugin(_) => KVM_UNAVAILABLE,
+            QemuError::CpuModel(_) => USAGE,
             QemuError::Output(e) => e.exit_code(),
             QemuError::Io { .. } | QemuError::Qemu { .. } => VM_ERROR,
         }

@@ -54,7 +54,9 @@ pub fn fetch_exit_code(e: &fetch::FetchError) -> i32 {
     match e {
         FetchError::Interrupted(signal) => 128 + signal,
         FetchError::NoCache => exit_code::USAGE,
-        FetchError::CacheNotDirectory { .. } | FetchError::Io { .. } => exit_code::CANT_CREATE,
+        FetchError::CacheNotDirectory { .. }
+        | FetchError::CacheNotWritable { .. }
+        | FetchError::Io { .. } => exit_code::CANT_CREATE,
         FetchError::Tool { .. }
         | FetchError::NoImagePackage(_)
         | FetchError::NoI386

@@ -564,6 +564,21 @@ mod tests {
                 &["--backend", "qemu", "--compare", "linux="],
                 "names no kernel",
             ),
+            (&["--compare", "append="], "is empty"),
+            (
+                &["--backend", "qemu", "--compare", "cpu_vuln=meltdown"],
+                "cpu_vuln= sets what the KVM vCPU reports: not with --backend qemu",
+            ),
+            (&["--compare", "pti=on,cmdline= "], "is empty"),
+            (
+                &[
+                    "--linux",
+                    "debian-amd64",
+                    "--compare",
+                    "pti=off,append=\"pti=on\"",
+                ],
+                "given twice with different values",
+            ),
         ] {
             let e = sides(args).unwrap_err();
             assert!(e.contains(why), "{args:?}: {e}");

@@ -11,6 +11,7 @@ use super::{boot, Job, Request};
 use crate::input::{read_regular, InputError, READ_TIME_LIMIT};
 use crate::machine::loader::MAX_IMAGE_BYTES;
 use crate::preflight::linux::{image, LinuxError};
+use crate::report::FailIf;
 use crate::spec::nested::KvmPaging;
 
 /// `eprintln!` for lines that carry user or file text: escaped line by line.
@@ -323,10 +324,35 @@ fn by_symbol_refusal(by_symbol: bool, csv: bool, fail_if: &[String]) -> Option<S
     if csv {
         return Some(format!("--by-symbol-csv (with --by-symbol) {why}"));
     }
-    fail_if
-        .iter()
-        .find(|c| c.contains("symbol:"))
-        .map(|c| format!("--fail-if {c}: a symbol: condition needs --by-symbol, which {why}"))
+    // Read by the one --fail-if parser, as the inner command will: a list
+    // it refuses is refused here, before the boot, and a symbol condition
+    // is one it reads as such.
+    fail_if.iter().find_map(|c| match FailIf::parse(&[c]) {
+        Err(e) => Some(format!("--fail-if: {e}")),
+        Ok(f) if !f.symbol.is_empty() => Some(format!(
+            "--fail-if {c}: a symbol: condition needs --by-symbol, which {why}"
+        )),
+        Ok(_) => None,
+    })
+}
+
+/// What the inner `compare`/`sweep --backend kvm` would refuse in a
+/// side's options (an unknown key, an empty side, a bad value, a key for
+/// another backend such as `cpu=`), read by the inner command's own parser
+/// before the boot; `prefix` as the inner command says it (`--config `).
+fn side_refusal<'a>(
+    sides: impl IntoIterator<Item = &'a String>,
+    prefix: &str,
+    exp: &crate::cli::ExperimentOpts,
+    target: &crate::cli::TargetOpts,
+) -> Option<String> {
+    let mut target = target.clone();
+    target.on.backend = Backend::Kvm;
+    sides.into_iter().find_map(|opts| {
+        crate::cli::compare::side::parse_side(opts, exp, &target, &[])
+            .err()
+            .map(|e| format!("{prefix}{e}"))
+    })
 }
 
 /// Runs `cli`'s command under `--backend nested` if it asks for it: the
@@ -359,7 +385,8 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             };
             let sides = 2 * (runs + a.warmup) + 2;
             paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
-            kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if);
+            kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if)
+                .or_else(|| side_refusal([&a.baseline, &a.compare], "", &a.exp, &a.target));
             (
                 a.target.on.backend,
                 "compare",
@@ -376,6 +403,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             let cells = count(&a.wss).max(1) * count(&a.touches).max(1) + 1;
             let runs = cells as u32 * (a.configs.len().max(2) as u32) * a.runs.max(1);
             paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
+            kvm_refuses = side_refusal(&a.configs, "--config ", &a.exp, &a.target);
             (
                 a.target.on.backend,
                 "sweep",

@@ -317,7 +317,7 @@ impl SymbolCondition {
             self.symbol,
             self.field,
             self.op,
-            self.value
+            crate::report::threshold::number_text(self.value)
         )
     }
 

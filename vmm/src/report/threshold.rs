@@ -166,6 +166,14 @@ pub enum ConditionError {
     /// No comparison operator (the condition).
     #[error("condition {0:?} has no comparison operator ({FORMS})")]
     NoOperator(String),
+    /// Operator characters that are no operator (`=>`, `<>`, `=`).
+    #[error("condition {cond:?}: {op:?} is not a comparison operator (OP is one of > >= < <= == !=; equality is ==)")]
+    BadOperator {
+        /// The condition.
+        cond: String,
+        /// The operator characters as written.
+        op: String,
+    },
     /// The metric name is not snake_case.
     #[error("condition {cond:?}: metric name {name:?} is not snake_case ([a-z0-9_], non-empty); {FORMS}")]
     BadMetric {
@@ -220,7 +228,7 @@ pub enum ConditionError {
         stat: &'static str,
     },
     /// A symbol condition without a usable symbol name.
-    #[error("condition {cond:?}: {name:?} is not a kernel symbol name (non-empty; no whitespace, commas or < > = !), e.g. symbol:entry_SYSCALL_64.delta>4")]
+    #[error("condition {cond:?}: {name:?} is not a kernel symbol name (ASCII letters, digits, _ and $, with dots between parts as in foo.cold; or [unknown], [unattributed]), e.g. symbol:entry_SYSCALL_64.delta>4")]
     BadSymbol {
         /// The condition.
         cond: String,
@@ -249,16 +257,43 @@ const OPERATORS: [(&str, Op); 6] = [
     ("<", Op::Lt),
 ];
 
-/// `cond` split at its comparison operator (the leftmost; at equal
-/// positions the longer): the text before it, the operator, the text after
-/// it, both trimmed. One reading for both kinds of condition.
+/// The characters operators are made of: neither a metric nor a symbol
+/// name nor a number holds one.
+const OPERATOR_CHARS: &str = "<>=!";
+
+/// `cond` split at its comparison operator: the whole run of operator
+/// characters at the first of them, which must be one of [`OPERATORS`]
+/// (so `=>`, `<>`, `>>` or a lone `=` are refused as operators, not read
+/// as `>` beside a stray character that a later message would blame on
+/// the name or the number): the text before it, the operator, the text
+/// after it, both trimmed. One reading for both kinds of condition.
 pub fn split_operator(cond: &str) -> Result<(&str, Op, &str), ConditionError> {
-    let (pos, len, op) = OPERATORS
-        .iter()
-        .filter_map(|(sym, op)| cond.find(sym).map(|p| (p, sym.len(), *op)))
-        .min_by_key(|&(p, len, _)| (p, std::cmp::Reverse(len)))
+    let pos = cond
+        .find(|c| OPERATOR_CHARS.contains(c))
         .ok_or_else(|| ConditionError::NoOperator(cond.to_owned()))?;
+    let len = cond[pos..]
+        .find(|c| !OPERATOR_CHARS.contains(c))
+        .unwrap_or(cond.len() - pos);
+    let written = &cond[pos..pos + len];
+    let op = OPERATORS
+        .iter()
+        .find(|(sym, _)| *sym == written)
+        .map(|(_, op)| *op)
+        .ok_or_else(|| ConditionError::BadOperator {
+            cond: cond.to_owned(),
+            op: written.to_owned(),
+        })?;
     Ok((cond[..pos].trim(), op, cond[pos + len..].trim()))
+}
+
+/// A threshold as conditions print it: as written for ordinary
+/// magnitudes, in exponent form beyond them (`1e308`, not 309 digits).
+pub fn number_text(v: f64) -> String {
+    if v != 0.0 && !(1e-4..1e15).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
 }
 
 /// The number a condition compares against: a finite decimal number; one
@@ -341,8 +376,13 @@ pub fn parse_symbol(text: &str) -> Result<SymbolCondition, ConditionError> {
             name: cond.to_owned(),
         });
     };
-    let (lhs, op, rhs) =
-        split_operator(rest).map_err(|_| ConditionError::NoOperator(cond.to_owned()))?;
+    let (lhs, op, rhs) = split_operator(rest).map_err(|e| match e {
+        ConditionError::BadOperator { op, .. } => ConditionError::BadOperator {
+            cond: cond.to_owned(),
+            op,
+        },
+        _ => ConditionError::NoOperator(cond.to_owned()),
+    })?;
     let value = threshold(cond, rhs)?;
     let (symbol, field) = match lhs.rsplit_once('.').map(|(s, f)| (s.trim(), f.trim())) {
         Some((s, f @ ("delta" | "baseline" | "compare"))) => (s, f),
@@ -359,10 +399,16 @@ pub fn parse_symbol(text: &str) -> Result<SymbolCondition, ConditionError> {
         "compare" => "compare",
         _ => "delta",
     };
-    let name_ok = !symbol.is_empty()
-        && !symbol
-            .chars()
-            .any(|c| c.is_whitespace() || "<>=!,".contains(c));
+    // What /proc/kallsyms names hold: ASCII letters, digits, `_`, `$` and
+    // the dots of compiler suffixes (`foo.cold`, `foo.isra.0`), never
+    // leading, trailing or doubled (an empty part is a typo, e.g. `foo.`);
+    // and the table's own rows for addresses outside every symbol.
+    let name_ok = [super::by_symbol::UNKNOWN, super::by_symbol::UNATTRIBUTED].contains(&symbol)
+        || !symbol.is_empty()
+            && symbol
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_$.".contains(&b))
+            && symbol.split('.').all(|part| !part.is_empty());
     if !name_ok {
         return Err(ConditionError::BadSymbol {
             cond: cond.to_owned(),
@@ -420,7 +466,7 @@ impl fmt::Display for Condition {
                 self.metric,
                 self.field.key(),
                 self.op.symbol(),
-                self.threshold
+                number_text(self.threshold)
             );
         }
         write!(
@@ -430,7 +476,7 @@ impl fmt::Display for Condition {
             self.stat.key(),
             self.field.key(),
             self.op.symbol(),
-            self.threshold
+            number_text(self.threshold)
         )
     }
 }
@@ -632,7 +678,7 @@ mod tests {
         ));
         assert!(matches!(
             Condition::parse("x=>1"),
-            Err(ConditionError::BadMetric { .. })
+            Err(ConditionError::BadOperator { .. })
         ));
         let e = Condition::parse("x.median>1").unwrap_err();
         assert!(e.to_string().contains("\"median\""), "{e}");
@@ -710,6 +756,66 @@ mod tests {
         }
     }
 
+    /// Operator characters are read as one token: one that is not an
+    /// operator is named as such, in both kinds of condition, instead of
+    /// a stray `=` or `>` being blamed on the name or the number.
+    #[test]
+    fn operator_tokens_that_are_no_operator_are_named() {
+        for (cond, op) in [
+            ("cycles_per_call=>1", "=>"),
+            ("cycles_per_call<>1", "<>"),
+            ("cycles_per_call>>1", ">>"),
+            ("cycles_per_call=1", "="),
+            ("cycles_per_call===1", "==="),
+            ("cycles_per_call =< 1", "=<"),
+            ("symbol:x=>5", "=>"),
+            ("symbol:!x>1", "!"),
+            ("symbol:x!1", "!"),
+        ] {
+            let e = FailIf::parse(&[cond]).unwrap_err();
+            assert_eq!(
+                e,
+                ConditionError::BadOperator {
+                    cond: cond.into(),
+                    op: op.into()
+                },
+                "{cond}"
+            );
+            assert!(e.to_string().contains("one of > >= < <= == !="), "{e}");
+        }
+        for (cond, op) in [
+            ("a>=-1", Op::Ge),
+            ("a>-1", Op::Gt),
+            ("a != 2", Op::Ne),
+            ("a<=1e3", Op::Le),
+        ] {
+            assert_eq!(split_operator(cond).unwrap().1, op, "{cond}");
+        }
+        assert_eq!(
+            FailIf::parse(&["a\u{2265}1"]).unwrap_err(),
+            ConditionError::NoOperator("a\u{2265}1".into())
+        );
+    }
+
+    /// Thresholds print in exponent form beyond ordinary magnitudes, and
+    /// print back to the same number.
+    #[test]
+    fn large_and_small_thresholds_print_short() {
+        for (cond, shown) in [
+            ("a>1e308", "a.amean.compare>1e308"),
+            ("a>-1.5e20", "a.amean.compare>-1.5e20"),
+            ("a>2.5e-7", "a.amean.compare>2.5e-7"),
+            ("a>1234.5", "a.amean.compare>1234.5"),
+            ("a>-0", "a.amean.compare>-0"),
+        ] {
+            let c = Condition::parse(cond).unwrap();
+            assert_eq!(c.to_string(), shown);
+            assert_eq!(Condition::parse(shown).unwrap(), c);
+        }
+        let f = FailIf::parse(&["symbol:x>1e300"]).unwrap();
+        assert_eq!(f.symbol[0].text(), "symbol:x.delta>1e300");
+    }
+
     /// What a list refuses, naming the item and what is valid.
     #[test]
     fn list_refusals_say_what_is_valid() {
@@ -726,9 +832,13 @@ mod tests {
         for bad in [
             "symbol:>5",
             "symbol:x y>1",
-            "symbol:x=>5",
-            "symbol:!x>1",
             "symbol: >1",
+            "symbol:f\u{f6}\u{f6}>1",
+            "symbol:foo.>1",
+            "symbol:.foo>1",
+            "symbol:a..b>1",
+            "symbol:symbol:foo>1",
+            "symbol:a/b>1",
         ] {
             let e = FailIf::parse(&[bad]).unwrap_err();
             assert!(

@@ -218,6 +218,13 @@ pub fn parse_side(
                 key: k.into(),
             });
         };
+        // A word that adds nothing (`append=`, `cmdline=`) is a slip, as an
+        // empty side is: every other key's own parser refuses "" already.
+        if key.accumulates() && v.is_empty() {
+            return Err(bad(
+                "is empty: give the words to add (or drop the key)".into()
+            ));
+        }
         once(key, k, v)?;
         match key {
             SideKey::Pti => {
@@ -231,7 +238,18 @@ pub fn parse_side(
             SideKey::Entry => {
                 c.guest.entry = abi_value::<EntryChoice>(v, EntryChoice::names()).map_err(bad)?
             }
-            SideKey::CpuVuln => c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?,
+            SideKey::CpuVuln => {
+                // As --cpu-vuln is: under QEMU a value other than the
+                // default would set nothing, and the side's label would
+                // claim what was not measured.
+                c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?;
+                let backend = target.on.backend();
+                if c.cpu_vuln != CpuVuln::Host {
+                    if let Some(why) = crate::backend::others_option(backend.name(), "cpu_vuln=") {
+                        return Err(bad(why));
+                    }
+                }
+            }
             SideKey::Workload => {
                 c.guest.workload =
                     Some(abi_value::<Workload>(v, Workload::NAMES.iter().copied()).map_err(bad)?)
@@ -257,9 +275,12 @@ pub fn parse_side(
             // `--linux` gives one to both.
             SideKey::Linux => {
                 if v.trim().is_empty() {
-                    return Err(bad(
-                        "names no kernel (debian-amd64, debian-686-pae or a path)".into(),
-                    ));
+                    return Err(bad(format!(
+                        "names no kernel ({} or a path)",
+                        crate::preflight::linux::fetch::KNOWN
+                            .map(|k| k.name)
+                            .join(", ")
+                    )));
                 }
                 let append = match &c.guest_kind {
                     GuestKind::Linux(r) => r.append.clone(),
@@ -277,7 +298,8 @@ pub fn parse_side(
             // sets: taken as that.
             SideKey::Append => {
                 for w in v.split_whitespace() {
-                    match w.split_once('=') {
+                    // As Linux reads the word: `"pti=on"` is `pti=on`.
+                    match crate::preflight::linux::param_key_value(w) {
                         Some(("pti", p)) => {
                             once(SideKey::Pti, "pti (append=pti=)", p.trim())?;
                             c.guest.pti = Some(
@@ -304,6 +326,13 @@ pub fn parse_side(
                         "{v:?} is not a CPU model name (letters, digits and -_.+= only; \
                          `qemu-system-x86_64 -cpu help` lists them)"
                     )));
+                }
+                // Checked against QEMU's own list now, not when the
+                // side's first run starts QEMU (after the other side's).
+                // x86_64's and i386's emulators list the same models.
+                if let Some(why) = crate::backend::qemu::cpu_model_refusal("qemu-system-x86_64", v)
+                {
+                    return Err(bad(why));
                 }
                 c.qemu_cpu = Some(v.to_string());
             }
@@ -573,7 +602,8 @@ mod tests {
             "linux=debian-amd64,append=pti=on quiet,append=pti=auto",
             "mem=64,mem=128",
             "cpu=max,cpu=qemu64",
-            "cpu_vuln=none,cpu-vuln=host",
+            // (cpu_vuln= is --backend kvm's: this helper's sides are QEMU's.)
+            "workload=getpid,workload=getppid",
             "linux=debian-amd64,linux=/k/bzImage",
         ] {
             let e = side(opts).unwrap_err();
@@ -587,6 +617,13 @@ mod tests {
         ] {
             assert!(side(opts).is_ok(), "{opts}");
         }
+        // cpu_vuln= under both spellings, on the backend that takes it.
+        let cli = Cli::try_parse_from(["ptiscope", "compare"]).unwrap();
+        let Some(Command::Compare(a)) = cli.command else {
+            panic!("not compare")
+        };
+        let e = parse_side("cpu_vuln=none,cpu-vuln=host", &a.exp, &a.target, &[]).unwrap_err();
+        assert!(matches!(e, SideError::Repeated { .. }), "{e:?}");
         let s = side("cmdline=a=1,cmdline=b=2").unwrap();
         assert_eq!(s.config.guest.extra, "a=1 b=2");
         let s = side(" pti = on , pcid= off").unwrap();

@@ -125,6 +125,18 @@ pub enum FetchError {
         /// The path in the way.
         blocker: PathBuf,
     },
+    /// The cache directory cannot be made, or takes no new files.
+    #[error(
+        "the kernel cache {cache} takes no new files ({source}); set PTISCOPE_LINUX_CACHE to a \
+         directory where files can be created"
+    )]
+    CacheNotWritable {
+        /// The cache directory asked for.
+        cache: PathBuf,
+        /// Why a directory could not be created in it.
+        #[source]
+        source: std::io::Error,
+    },
     /// A termination signal stopped the fetch (its number); the tools were
     /// stopped and the scratch directory removed.
     #[error("{}; the fetch was stopped and its scratch directory removed", signals::describe(*.0))]
@@ -247,7 +259,7 @@ fn tool(cmd: &mut Command) -> Result<String, FetchError> {
 /// The first path from `cache` upwards that exists and is not a directory
 /// (a file given as the cache, or a file where one of its parents should
 /// be), if there is one.
-fn not_a_directory(cache: &Path) -> Option<PathBuf> {
+pub fn not_a_directory(cache: &Path) -> Option<PathBuf> {
     cache
         .ancestors()
         .find_map(|p| match std::fs::metadata(p) {
@@ -361,12 +373,14 @@ pub fn fetch(
             blocker,
         });
     }
-    let package = resolve_metapackage(&qualify(known.metapackage))?;
-    say(&format!(
-        "{}: {} -> {package}",
-        known.name, known.metapackage
-    ));
-    std::fs::create_dir_all(cache).map_err(io("creating", cache))?;
+    // The cache is made and written to (its scratch directory) before
+    // apt is asked anything: a cache where no file can be created (/proc,
+    // a read-only mount) is said so at once, not after the download.
+    let unwritable = |source| FetchError::CacheNotWritable {
+        cache: cache.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(cache).map_err(unwritable)?;
     for stale in remove_stale_scratch(cache) {
         say(&format!(
             "removed {}, left by a fetch that was killed",
@@ -375,7 +389,12 @@ pub fn fetch(
     }
     let scratch = Scratch(cache.join(format!(".fetch-{}-{}", known.name, std::process::id())));
     let _ = std::fs::remove_dir_all(&scratch.0);
-    std::fs::create_dir_all(scratch.0.join("x")).map_err(io("creating", &scratch.0))?;
+    std::fs::create_dir_all(scratch.0.join("x")).map_err(unwritable)?;
+    let package = resolve_metapackage(&qualify(known.metapackage))?;
+    say(&format!(
+        "{}: {} -> {package}",
+        known.name, known.metapackage
+    ));
     tool(Command::new("apt-get").current_dir(&scratch.0).args([
         "download",
         "-qq",

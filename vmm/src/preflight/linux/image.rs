@@ -327,16 +327,51 @@ pub struct KernelConfig {
     pub path: PathBuf,
     /// Its bytes.
     pub bytes: Vec<u8>,
+    /// The kernel's version (major, minor), where its image says it: which
+    /// of an option's names that kernel reads.
+    pub kernel: Option<(u32, u32)>,
+}
+
+/// `6.1.0-57-cloud-amd64 (...)` as (6, 1).
+pub fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut it = version.split(['.', '-', ' ']);
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
 impl KernelConfig {
-    /// `option` under whichever of its names the configuration has (the
-    /// new name first): the name found and its setting; `None` when it
-    /// mentions neither.
+    /// `option` under whichever of its names the configuration has: the
+    /// name the kernel reads first (before 6.9 the old one, which a stray
+    /// `CONFIG_MITIGATION_*` line beside it must not outvote; since, or
+    /// with the version unknown, the new one): the name found and its
+    /// setting; `None` when it mentions neither.
     pub fn value(&self, option: &ConfigOption) -> Option<(&'static str, ConfigValue)> {
-        option
-            .names()
+        let before_rename = self.kernel.is_some_and(|v| v < (6, 9));
+        let mut names: Vec<&'static str> = option.names().collect();
+        if before_rename {
+            names.reverse();
+        }
+        names
+            .into_iter()
             .find_map(|name| config_value(&self.bytes, name).map(|v| (name, v)))
+    }
+
+    /// How the configuration sets `option`, for a message: `it says
+    /// NAME=VALUE`, `it says # NAME is not set`, or that it has no line
+    /// for it under any of its names.
+    pub fn describe(&self, option: &ConfigOption) -> String {
+        match self.value(option) {
+            Some((name, ConfigValue::Set(v))) => {
+                format!(
+                    "it says {name}={}",
+                    String::from_utf8_lossy(&v).escape_debug()
+                )
+            }
+            Some((name, ConfigValue::NotSet)) => format!("it says # {name} is not set"),
+            None => format!(
+                "it has no line for {}",
+                option.names().collect::<Vec<_>>().join(" or ")
+            ),
+        }
     }
 
     /// Whether `option` is `=y` under one of its names.
@@ -401,7 +436,13 @@ pub fn config_beside(
             MAX_CONFIG_BYTES,
             READ_TIME_LIMIT,
         ) {
-            Ok(bytes) => return Ok(Some(KernelConfig { path: c, bytes })),
+            Ok(bytes) => {
+                return Ok(Some(KernelConfig {
+                    path: c,
+                    bytes,
+                    kernel: version.and_then(major_minor),
+                }))
+            }
             Err(InputError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             }
             Err(source) => {
@@ -500,6 +541,49 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// A configuration naming an option under both names is read under
+    /// the one its kernel reads: the old name before 6.9, the new one
+    /// since (or with the version unknown); the message says what it has.
+    #[test]
+    fn both_names_are_read_as_the_kernel_reads_them() {
+        let config = |text: &str, kernel| KernelConfig {
+            path: PathBuf::from("config"),
+            bytes: text.as_bytes().to_vec(),
+            kernel,
+        };
+        let pti = &PAGE_TABLE_ISOLATION;
+        let old_n = "CONFIG_PAGE_TABLE_ISOLATION=n\nCONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y\n";
+        let old_y = "CONFIG_PAGE_TABLE_ISOLATION=y\nCONFIG_MITIGATION_PAGE_TABLE_ISOLATION=n\n";
+        assert!(!config(old_n, Some((6, 1))).enabled(pti));
+        assert!(config(old_y, Some((6, 1))).enabled(pti));
+        assert!(config(old_n, Some((6, 12))).enabled(pti));
+        assert!(!config(old_y, Some((6, 9))).enabled(pti));
+        assert!(config(old_n, None).enabled(pti));
+        // Only one name: read whatever the version.
+        assert!(config("CONFIG_MITIGATION_PAGE_TABLE_ISOLATION=y\n", Some((6, 1))).enabled(pti));
+        assert!(config("CONFIG_PAGE_TABLE_ISOLATION=y\n", Some((6, 12))).enabled(pti));
+        assert_eq!(
+            major_minor("6.1.0-57-cloud-amd64 (debian@x) #1"),
+            Some((6, 1))
+        );
+        assert_eq!(major_minor("6.12.3"), Some((6, 12)));
+        assert_eq!(major_minor("junk"), None);
+        for (text, says) in [
+            (
+                "CONFIG_PAGE_TABLE_ISOLATION=m\n",
+                "it says CONFIG_PAGE_TABLE_ISOLATION=m",
+            ),
+            (
+                "# CONFIG_PAGE_TABLE_ISOLATION is not set\n",
+                "it says # CONFIG_PAGE_TABLE_ISOLATION is not set",
+            ),
+            ("#CONFIG_PAGE_TABLE_ISOLATION=y\n", "it has no line for"),
+        ] {
+            let d = config(text, None).describe(pti);
+            assert!(d.starts_with(says), "{text:?}: {d}");
+        }
+    }
+
     /// Each option is read under its name before Linux 6.9 and its
     /// `CONFIG_MITIGATION_*` name since; `is not set`, `=m`, a longer
     /// name sharing the prefix and an absent option are told apart.
@@ -508,6 +592,7 @@ mod tests {
         let config = |text: &str| KernelConfig {
             path: PathBuf::from("config"),
             bytes: text.as_bytes().to_vec(),
+            kernel: None,
         };
         let pti = &PAGE_TABLE_ISOLATION;
         // 6.1 and 6.12 as Debian ships them.

@@ -71,11 +71,20 @@ pub const INIT_KEYS: [(&str, &str); 13] = {
     ]
 };
 
+/// A kernel command-line word's key and value as Linux reads them
+/// (`kernel/params.c`'s `next_arg`): a leading `"` and the `"`s around the
+/// value are not part of them, so `"pti=on"` and `pti="on"` are `pti=on`;
+/// `None` for a word without `=`.
+pub fn param_key_value(word: &str) -> Option<(&str, &str)> {
+    let (key, value) = word.strip_prefix('"').unwrap_or(word).split_once('=')?;
+    Some((key, value.trim_matches('"')))
+}
+
 /// The first `--append` word whose key the init owns, refused with the
 /// option to use instead.
 fn append_refusal(append: &str) -> Option<String> {
     append.split_whitespace().find_map(|w| {
-        let key = w.split_once('=')?.0;
+        let key = param_key_value(w)?.0;
         let (_, option) = INIT_KEYS.iter().find(|(k, _)| *k == key)?;
         Some(format!(
             "--append {}: `{key}=` is read by ptiscope's init, which gets its own from ptiscope's \
@@ -94,14 +103,39 @@ pub const MAX_CMDLINE: usize = 2047;
 pub enum LinuxError {
     /// A known name whose kernel is not in the cache.
     #[error(
-        "--linux {name}: not fetched yet ({path} is missing); run `ptiscope linux fetch` \
-         (it uses apt-get download; see docs/linux-guests.md)"
+        "--linux {name}: not fetched yet ({path} is missing); {}",
+        match blocker {
+            Some(b) => format!(
+                "the kernel cache cannot hold it: {} exists and is not a directory (set \
+                 PTISCOPE_LINUX_CACHE to a directory, then `ptiscope linux fetch`)",
+                b.display()
+            ),
+            None => "run `ptiscope linux fetch` (it uses apt-get download; see \
+                     docs/linux-guests.md)"
+                .to_string(),
+        }
     )]
     NotFetched {
         /// The name.
         name: String,
         /// Where it would be.
         path: PathBuf,
+        /// A file where the cache, or a directory above it, should be (a
+        /// fetch would fail on it: said now, not after it).
+        blocker: Option<PathBuf>,
+    },
+    /// Neither a known name nor an existing file: a misspelt name is said
+    /// so, not reported as a missing kernel image of that name.
+    #[error(
+        "--linux/linux= {name:?}: neither a kernel ptiscope knows ({known}; `ptiscope linux fetch \
+         --only NAME` fetches one) nor a file here: give one of those names, or a kernel \
+         image's path"
+    )]
+    Unknown {
+        /// The value given.
+        name: String,
+        /// The known names, comma-separated.
+        known: String,
     },
     /// No cache directory for a known name.
     #[error("--linux {0}: no cache directory (set PTISCOPE_LINUX_CACHE)")]
@@ -171,9 +205,21 @@ pub fn kernel_path(spec: &str) -> Result<PathBuf, LinuxError> {
     match known_path(spec) {
         Some(Ok(p)) if !p.exists() => Err(LinuxError::NotFetched {
             name: spec.into(),
+            blocker: p
+                .parent()
+                .and_then(std::path::Path::parent)
+                .and_then(fetch::not_a_directory),
             path: p,
         }),
         Some(r) => r,
+        // A value with no `/` that names no file is taken for a name (a
+        // path given as a path keeps the image reader's "cannot read").
+        None if !spec.contains('/') && std::fs::symlink_metadata(spec).is_err() => {
+            Err(LinuxError::Unknown {
+                name: spec.into(),
+                known: fetch::KNOWN.map(|k| k.name).join(", "),
+            })
+        }
         None => Ok(PathBuf::from(spec)),
     }
 }
@@ -329,7 +375,7 @@ fn tick_free_plan(ask: &TickFreeAsk) -> Result<Option<TickFreeCpu>, String> {
     let own = ask
         .append
         .split_ascii_whitespace()
-        .any(|w| w.starts_with("nohz_full="));
+        .any(|w| param_key_value(w).is_some_and(|(k, _)| k == "nohz_full"));
     if !wanted || own {
         return Ok(None);
     }
@@ -438,11 +484,13 @@ pub fn settle(
                 config: config.path.display().to_string(),
                 hint: if no_pae {
                     format!(
-                        " (it is a 32-bit kernel without {}=y, which 32-bit PTI needs)",
+                        " ({}; it is a 32-bit kernel without {}=y, which 32-bit PTI \
+                         needs)",
+                        config.describe(&image::PAGE_TABLE_ISOLATION),
                         image::X86_PAE.new
                     )
                 } else {
-                    String::new()
+                    format!(" ({})", config.describe(&image::PAGE_TABLE_ISOLATION))
                 },
             });
         }
@@ -474,6 +522,20 @@ pub fn settle(
         init.push(extra.to_string());
     }
     let init_words = init.join(" ");
+    // The companion guest's own CR3-switch strategy (the 2020 RFC), which
+    // the init's shared parser reads but nothing in a Linux run acts on:
+    // a side labelled pti_switch=deferred would measure Linux's own switch.
+    if init_words
+        .split_whitespace()
+        .any(|w| w.starts_with("pti_switch="))
+    {
+        return Err(LinuxError::Option(
+            "pti_switch= chooses where ptiscope's own guest switches CR3 on the way out (the \
+             2020 RFC); a Linux kernel switches where its entry code does, so it would change \
+             nothing: drop it (or compare ptiscope's guest without --linux/linux=)"
+                .into(),
+        ));
+    }
     // The init's parser, here: bad words stop the run before anything boots.
     if let Err(e) = guest_core::cmdline::parse(&init_parser_words(&init_words)) {
         return Err(LinuxError::Option(format!("the init's command line: {e}")));
@@ -542,6 +604,40 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A quoted word is the parameter Linux reads: `"pti=on"` is refused
+    /// as `pti=on` is, not passed by for its quote.
+    #[test]
+    fn quoted_append_words_are_read_as_linux_reads_them() {
+        for w in [
+            "\"pti=on\"",
+            "pti=\"on\"",
+            "\"iterations=5\"",
+            "\"workload=getpid",
+        ] {
+            let why = append_refusal(&format!("quiet {w}")).unwrap_or_else(|| panic!("{w}"));
+            assert!(why.contains("is read by ptiscope's init"), "{why}");
+        }
+        assert_eq!(append_refusal("nopti \"mitigations=off\" quiet"), None);
+        assert_eq!(param_key_value("\"pti=on\""), Some(("pti", "on")));
+        assert_eq!(param_key_value("nopti"), None);
+    }
+
+    /// A value that is neither a known name nor a file is said to be so,
+    /// with the known names; a path keeps the reader's own message.
+    #[test]
+    fn unknown_kernel_names_are_named_with_the_known_ones() {
+        for name in ["debian-6.12-i386", "debian-amd65", "", "DEBIAN-AMD64"] {
+            let e = kernel_path(name).unwrap_err();
+            assert!(matches!(e, LinuxError::Unknown { .. }), "{name}: {e:?}");
+            let m = e.to_string();
+            assert!(m.contains("debian-amd64, debian-686-pae"), "{m}");
+        }
+        assert_eq!(
+            kernel_path("/nonexistent/vmlinuz").unwrap(),
+            PathBuf::from("/nonexistent/vmlinuz")
+        );
+    }
 
     #[test]
     fn a_tick_free_cpu_is_added_where_the_host_counts_every_cr3_write() {
