@@ -40,8 +40,8 @@ usage() { echo "usage: $0 [--vmm kvm|nested] [--kernel K] [--out DIR] [--shadow-
 while [ $# -gt 0 ]; do
     case $1 in
         --vmm) [ $# -ge 2 ] || usage; vmm=$2; shift 2 ;;
-        --kernel) [ $# -ge 2 ] || usage; kernel=$2; shift 2 ;;
-        --out) [ $# -ge 2 ] || usage; out=$2; shift 2 ;;
+        --kernel) [ $# -ge 2 ] && [ -n "$2" ] || usage; kernel=$2; shift 2 ;;
+        --out) [ $# -ge 2 ] && [ -n "$2" ] || usage; out=$2; shift 2 ;;
         --shadow-paging) shadow=1; shift ;;
         *) usage ;;
     esac
