@@ -61,7 +61,8 @@ impl UnknownAccesses {
 
 /// Ports a PC operating system probes whether or not a device is there: the
 /// PCI configuration mechanism (0xcf8..=0xcff), the CMOS/RTC index and data
-/// (0x70, 0x71), the POST/delay port (0x80), the second to fourth serial
+/// (0x70, 0x71), the DMA page registers (0x81..=0x8f; not the POST
+/// port 0x80, which ptiscope's own tests use as the unknown port), the second to fourth serial
 /// ports (0x2f8, 0x3e8, 0x2e8, eight each), the i8042 keyboard controller
 /// (0x60, 0x64) and the legacy IDE/floppy/parallel/DMA ranges Linux's
 /// drivers look at. An access to one that no device claims is logged at
@@ -72,7 +73,7 @@ pub fn is_legacy_probe_port(port: u64) -> bool {
         0x00..=0x1f        // DMA controller 1
             | 0x60 | 0x64  // i8042
             | 0x70 | 0x71  // CMOS/RTC
-            | 0x80..=0x8f  // POST, DMA page registers
+            | 0x81..=0x8f  // DMA page registers (0x80, the POST port, stays a warning)
             | 0xc0..=0xdf  // DMA controller 2
             | 0x1f0..=0x1f7 | 0x3f6 | 0x170..=0x177 | 0x376 // IDE
             | 0x278..=0x27f | 0x378..=0x37f | 0x3bc..=0x3bf // parallel ports
@@ -100,11 +101,11 @@ mod tests {
 
     #[test]
     fn legacy_probe_ports_are_the_pc_ones() {
-        for p in [0xcf8, 0xcfc, 0xcff, 0x70, 0x71, 0x2f9, 0x3e9, 0x2e9, 0x80] {
+        for p in [0xcf8, 0xcfc, 0xcff, 0x70, 0x71, 0x2f9, 0x3e9, 0x2e9, 0x81] {
             assert!(is_legacy_probe_port(p), "{p:#x}");
         }
         // ptiscope's own ports and ones nothing probes stay warnings.
-        for p in [0x600, 0x6e0, 0xf4, 0x3f8 + 8, 0x1000, 0xcf7, 0xd00] {
+        for p in [0x80, 0x600, 0x6e0, 0xf4, 0x3f8 + 8, 0x1000, 0xcf7, 0xd00] {
             assert!(!is_legacy_probe_port(p), "{p:#x}");
         }
     }
