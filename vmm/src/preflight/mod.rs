@@ -282,10 +282,11 @@ pub fn preflight_with_image(
                     return Err(PreflightError::PcidUnusable { detail });
                 }
             }
-            // The report's environment block carries the refill verdict:
-            // probe it now (once per process, a few hundred ms), before any
-            // VM of the run exists, never beside or after the run's threads.
-            let _ = facts.cr3_write_refill();
+            // The facts only the report's environment block carries (the
+            // refill verdict among them) are not asked here: the command
+            // settles them where no guest of its runs
+            // (`HostFacts::settle_report_facts`), so that a boot waits for
+            // no probe (nor the cache file) it does not need.
         }
     }
     let mut cmdline = cmdline::build(&guest, layout.telemetry_addr())?;
