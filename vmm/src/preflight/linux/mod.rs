@@ -535,6 +535,7 @@ pub fn settle(
             image_name: name,
             initrd: Some(initramfs),
             cmdline,
+            preloaded: Default::default(),
         },
     })
 }
