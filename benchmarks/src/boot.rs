@@ -52,8 +52,9 @@ pub struct BootArgs {
     before: Option<PathBuf>,
 }
 
-/// Ratio the issue sets as the target: ptiscope's median at most a fifth of QEMU's.
-const TARGET_RATIO: f64 = 0.20;
+/// Ratio the issue sets as the target: ptiscope's median at most a tenth
+/// of QEMU's (issue 41; issue 17 had a fifth).
+const TARGET_RATIO: f64 = 0.10;
 
 pub fn run(ptiscope: &Path, args: &BootArgs) -> Result<Report, String> {
     if args.runs == 0 {
@@ -156,55 +157,96 @@ pub fn run(ptiscope: &Path, args: &BootArgs) -> Result<Report, String> {
         "per-round ratio ptiscope/qemu: median {round_median:.3}, 95% CI of the median {}: {reliably}",
         round_ci.map_or("-".to_owned(), |(lo, hi)| format!("[{lo:.3}, {hi:.3}]"))
     );
-    let (cold_ms, cold_rss) = (median(&ms(&cold)), median(&rss(&cold)));
-    let verdict = |r: f64| if r <= TARGET_RATIO { "met" } else { "NOT met" };
-    let mut extra_rows = format!(
-        "{:<34} {:>10.1} {:>15.0} {:>14.3}\n",
-        "ptiscope run, host cache off",
-        cold_ms,
-        cold_rss,
-        cold_ms / qemu_ms
+    // CPU time (user + system, the child's own threads) is what a loaded
+    // machine charges: with both cores busy, wall time follows it.
+    let cpu = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.cpu.as_secs_f64() * 1e3).collect() };
+    let (ours_cpu, lean_cpu, qemu_cpu) = (
+        median(&cpu(&ours)),
+        median(&cpu(&lean)),
+        median(&cpu(&qemu)),
     );
-    let before_json = (!before.is_empty()).then(|| {
-        let (b_ms, b_rss) = (median(&ms(&before)), median(&rss(&before)));
-        extra_rows.push_str(&format!(
-            "{:<34} {:>10.1} {:>15.0} {:>14.3}\n",
-            "--before ptiscope run",
-            b_ms,
-            b_rss,
-            b_ms / qemu_ms
-        ));
-        json!({"wall_ms": ms(&before), "median_wall_ms": b_ms, "median_max_rss_kib": b_rss,
-               "ratio_wall": b_ms / qemu_ms})
-    });
-    let text = format!(
-        "boot-to-exit, {runs} interleaved runs each, {mem} MiB, guest {kernel}\n\
-         {:<34} {:>10} {:>15} {:>14}\n\
-         {:<34} {:>10.1} {:>15.0} {:>14.3}\n\
-         {:<34} {:>10.1} {:>15.0} {:>14.3}\n\
-         {extra_rows}\
-         {:<34} {:>10.1} {:>15.0} {:>14}\n\
-         target: ptiscope at most {TARGET_RATIO} of QEMU's median wall time: default {}, --no-irqchip {}\n\
-         {round_line}\n\
-         ratio of median peak RSS ptiscope/qemu: {:.3}",
-        "contender",
-        "median ms",
-        "median RSS KiB",
-        "ratio to qemu",
+    let (cold_ms, cold_rss, cold_cpu) =
+        (median(&ms(&cold)), median(&rss(&cold)), median(&cpu(&cold)));
+    let verdict = |r: f64| if r <= TARGET_RATIO { "met" } else { "NOT met" };
+    let row = |name: &str, wall: f64, rss: f64, cpu: f64, ratio: String| {
+        format!("{name:<34} {wall:>10.1} {cpu:>10.1} {rss:>15.0} {ratio:>14}\n")
+    };
+    let mut rows = String::new();
+    let mut before_line = String::new();
+    rows += &row(
         "ptiscope run",
         ours_ms,
         ours_rss,
-        ratio,
+        ours_cpu,
+        format!("{ratio:.3}"),
+    );
+    rows += &row(
         "ptiscope run --no-irqchip",
         lean_ms,
         lean_rss,
-        lean_ratio,
+        lean_cpu,
+        format!("{lean_ratio:.3}"),
+    );
+    rows += &row(
+        "ptiscope run, host cache off",
+        cold_ms,
+        cold_rss,
+        cold_cpu,
+        format!("{:.3}", cold_ms / qemu_ms),
+    );
+    let before_json = (!before.is_empty()).then(|| {
+        let (b_ms, b_rss, b_cpu) = (
+            median(&ms(&before)),
+            median(&rss(&before)),
+            median(&cpu(&before)),
+        );
+        // The earlier build's own per-round ratios, read as ptiscope's are.
+        let b_rounds: Vec<f64> = ms(&before)
+            .iter()
+            .zip(ms(&qemu))
+            .map(|(b, q)| b / q)
+            .collect();
+        let b_ci = median_ci95(&b_rounds);
+        before_line = format!(
+            "\nper-round ratio --before/qemu: median {:.3}, 95% CI of the median {}",
+            median(&b_rounds),
+            b_ci.map_or("-".to_owned(), |(lo, hi)| format!("[{lo:.3}, {hi:.3}]"))
+        );
+        rows += &row(
+            "--before ptiscope run",
+            b_ms,
+            b_rss,
+            b_cpu,
+            format!("{:.3}", b_ms / qemu_ms),
+        );
+        json!({"wall_ms": ms(&before), "median_wall_ms": b_ms, "median_max_rss_kib": b_rss,
+               "median_cpu_ms": b_cpu, "ratio_wall": b_ms / qemu_ms,
+               "ratio_per_round_median": median(&b_rounds),
+               "ratio_per_round_median_ci95": b_ci.map(|(lo, hi)| [lo, hi])})
+    });
+    rows += &row(
         "qemu microvm (kvm, qboot)",
         qemu_ms,
         qemu_rss,
-        "1",
+        qemu_cpu,
+        "1".to_owned(),
+    );
+    let text = format!(
+        "boot-to-exit, {runs} interleaved runs each, {mem} MiB, guest {kernel}\n\
+         {:<34} {:>10} {:>10} {:>15} {:>14}\n\
+         {rows}\
+         target: ptiscope at most {TARGET_RATIO} of QEMU's median wall time: default {}, --no-irqchip {}\n\
+         {round_line}{before_line}\n\
+         ratio of median CPU time (user + system) ptiscope/qemu: {:.3}\n\
+         ratio of median peak RSS ptiscope/qemu: {:.3}",
+        "contender",
+        "median ms",
+        "CPU ms",
+        "median RSS KiB",
+        "ratio to qemu",
         verdict(ratio),
         verdict(lean_ratio),
+        ours_cpu / qemu_cpu,
         ours_rss / qemu_rss,
         runs = args.runs,
         mem = args.mem,
@@ -214,13 +256,17 @@ pub fn run(ptiscope: &Path, args: &BootArgs) -> Result<Report, String> {
         "benchmark": "boot",
         "runs": args.runs,
         "mem_mib": args.mem,
-        "ptiscope": {"wall_ms": ms(&ours), "median_wall_ms": ours_ms, "median_max_rss_kib": ours_rss},
-        "ptiscope_no_irqchip": {"wall_ms": ms(&lean), "median_wall_ms": lean_ms, "median_max_rss_kib": lean_rss},
+        "ptiscope": {"wall_ms": ms(&ours), "median_wall_ms": ours_ms, "median_max_rss_kib": ours_rss,
+                     "median_cpu_ms": ours_cpu},
+        "ptiscope_no_irqchip": {"wall_ms": ms(&lean), "median_wall_ms": lean_ms, "median_max_rss_kib": lean_rss,
+                                "median_cpu_ms": lean_cpu},
         "ptiscope_host_cache_off": {"wall_ms": ms(&cold), "median_wall_ms": cold_ms, "median_max_rss_kib": cold_rss,
-                                    "ratio_wall": cold_ms / qemu_ms},
+                                    "median_cpu_ms": cold_cpu, "ratio_wall": cold_ms / qemu_ms},
         "before": before_json,
-        "qemu_microvm": {"wall_ms": ms(&qemu), "median_wall_ms": qemu_ms, "median_max_rss_kib": qemu_rss},
+        "qemu_microvm": {"wall_ms": ms(&qemu), "median_wall_ms": qemu_ms, "median_max_rss_kib": qemu_rss,
+                         "median_cpu_ms": qemu_cpu},
         "ratio_wall": ratio,
+        "ratio_cpu": ours_cpu / qemu_cpu,
         "ratio_wall_no_irqchip": lean_ratio,
         "target_ratio_wall": TARGET_RATIO,
         "target_met": ratio <= TARGET_RATIO,

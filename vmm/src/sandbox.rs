@@ -302,7 +302,10 @@ fn settle_c_library() {
     ONCE.call_once(|| {
         #[cfg(target_env = "gnu")]
         {
-            let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+            // The CPUs this process may run on: one sched_getaffinity, where
+            // `available_parallelism` also reads the cgroup's quota files
+            // (~0.2 ms on the main thread, before every first boot).
+            let cpus = online_cpus().unwrap_or(2);
             let arenas = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
             // SAFETY: mallopt takes two ints and changes allocator
             // parameters only; it is thread-safe (it takes the arena lock).
@@ -312,6 +315,23 @@ fn settle_c_library() {
             }
         }
     });
+}
+
+/// The number of CPUs in this thread's affinity mask; `None` if the kernel
+/// does not say.
+#[cfg(target_env = "gnu")]
+fn online_cpus() -> Option<usize> {
+    // SAFETY: an all-zero cpu_set_t is an empty set; sched_getaffinity
+    // writes at most `size_of::<cpu_set_t>()` bytes into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        usize::try_from(libc::CPU_COUNT(&set))
+            .ok()
+            .filter(|&n| n > 0)
+    }
 }
 
 /// Installs (once per process) the SIGSYS handler that reports a refused

@@ -343,17 +343,19 @@ pub fn kvm_identity() -> (&'static str, crate::report::time_basis::TimeBasis) {
 }
 
 /// Reads, on a thread of its own, the host facts a measuring command needs
-/// before and after its first boot: the probe cache's key and file (~40
-/// sysfs files), KVM's supported CPUID table, and the environment block's
-/// CPU and vulnerability facts. `main` starts it before parsing the
-/// arguments, so the reads overlap the parsing, the image read and the VM's
-/// set-up instead of adding ~1 ms to a 14 ms run; whoever needs a fact
-/// first waits for it (each is behind a lock or a `OnceLock`). It runs
-/// unconfined by seccomp and ends once they are read.
+/// before and after its first boot: KVM's supported CPUID table (the first
+/// boot's vCPU needs it), the probe cache's key and file (~40 sysfs files;
+/// a default `run` needs them only for its report, after its guest), and
+/// the environment block's CPU and vulnerability facts. `main` starts it
+/// before parsing the arguments, so the reads overlap the parsing, the
+/// image read, the VM's set-up and the guest instead of adding ~1 ms to a
+/// 14 ms run; whoever needs a fact first waits for it (each is behind a
+/// lock or a `OnceLock`). It runs unconfined by seccomp and ends once they
+/// are read.
 pub fn warm_host_facts() {
     let facts = host_facts();
-    facts.warm();
     let _ = facts.supported_cpuid();
+    facts.warm();
     crate::report::environment::warm_host();
 }
 

@@ -267,46 +267,55 @@ fn print_console(profile: &Profile, outcome: &RunOutcome) {
 }
 
 /// The report's `environment` block for a run (docs/report-json.md), being
-/// collected on a thread of its own: the image named and hashed is the one
-/// the run booted (read once, at preflight), not the file read again.
-pub struct Pending(std::thread::JoinHandle<crate::report::Environment>);
+/// collected on a thread of its own while the guest runs: the image named
+/// and hashed is the one the run booted (read once, at preflight), not the
+/// file read again. What the probe found is added by [`Pending::finish`],
+/// once the guest has stopped: a fact not known yet is probed then (probe
+/// VMs), never beside the measured guest, and a boot does not wait for the
+/// facts only the report needs.
+pub struct Pending {
+    thread: std::thread::JoinHandle<crate::report::Environment>,
+    facts: std::sync::Arc<crate::probe::host::HostFacts>,
+}
 
 impl Pending {
-    /// Starts collecting `run`'s environment under `backend`. What the probe
-    /// found is settled first, here: a fact not yet known would otherwise be
-    /// probed (probe VMs) beside the measured guest.
+    /// Starts collecting `run`'s environment under `backend`, the probe's
+    /// findings aside.
     pub fn start(
         facts: std::sync::Arc<crate::probe::host::HostFacts>,
         backend: &dyn crate::backend::Backend,
         run: &crate::spec::ResolvedRun,
     ) -> Pending {
-        let _ = crate::report::environment::probe_findings(
-            &facts,
-            crate::machine::loader::is_elf32(&run.boot.image),
-        );
         let (backend, time_basis, kernel, image) = (
             backend.name(),
             backend.profile().time_basis,
             run.config.kernel.clone(),
             run.boot.image.clone(),
         );
-        Pending(std::thread::spawn(move || {
-            crate::report::Environment::collect(
-                &facts,
-                (backend, time_basis),
-                crate::cli::compare::guest_image_of(&kernel, Some(&image)),
-                Default::default(),
-            )
-        }))
+        let thread_facts = facts.clone();
+        Pending {
+            thread: std::thread::spawn(move || {
+                crate::report::Environment::collect_unprobed(
+                    &thread_facts,
+                    (backend, time_basis),
+                    crate::cli::compare::guest_image_of(&kernel, Some(&image)),
+                    Default::default(),
+                )
+            }),
+            facts,
+        }
     }
 
-    /// The environment, with the run's options under `key` (a panic while
+    /// The environment, with the probe's findings (probed now if this
+    /// process and the host facts cache do not know them: call it once the
+    /// guest has stopped) and the run's options under `key` (a panic while
     /// collecting it goes on here, where it would have happened before).
     pub fn finish(self, key: &str, options: &[String]) -> crate::report::Environment {
         let mut env = self
-            .0
+            .thread
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        env.probe = crate::report::environment::probe_findings(&self.facts, env.guest_image.elf32);
         env.options = [(key.to_owned(), options.to_vec())].into();
         env
     }

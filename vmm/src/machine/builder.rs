@@ -68,9 +68,17 @@ fn vm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> RunError {
 pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
     let config = &run.config;
     let kvm = open_kvm()?;
-    let mem = run.layout.create_guest_memory()?;
     let boot = &run.boot;
-    let loaded = loader::load_bytes(&mem, &run.layout, &boot.image_name, &boot.image)?;
+    // The memory preflight's check loaded the image into, if this is the
+    // run's first boot (the same steps as below, done once instead of twice).
+    let (mem, loaded) = match boot.preloaded.take() {
+        Some(preloaded) => preloaded,
+        None => {
+            let mem = run.layout.create_guest_memory()?;
+            let loaded = loader::load_bytes(&mem, &run.layout, &boot.image_name, &boot.image)?;
+            (mem, loaded)
+        }
+    };
     let entry_state = match &loaded.bzimage {
         Some(k) => {
             // The initrd (a `--linux` run's initramfs with ptiscope's init):

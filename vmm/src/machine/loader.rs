@@ -556,11 +556,51 @@ pub fn load_kernel(
 /// own checks included (found by fuzzing: a check that only mirrored them
 /// let through images the load then refused).
 pub fn check_image(image: &[u8], name: &str, layout: &MemoryLayout) -> Result<(), LoadError> {
+    check_and_keep(image, name, layout).map(|_| ())
+}
+
+/// [`check_image`], keeping what the dry run made: guest memory of the
+/// layout's size with the image loaded, exactly what a boot's first step
+/// makes (`builder::build`: fresh memory, then [`load_bytes`]), so that the
+/// first boot can take it ([`Preloaded`]) instead of loading the image a
+/// second time (a copy and a page fault per page of the image).
+pub fn check_and_keep(
+    image: &[u8],
+    name: &str,
+    layout: &MemoryLayout,
+) -> Result<(GuestMemoryMmap, LoadedKernel), LoadError> {
     // Anonymous memory: only the pages the segments touch are ever allocated.
     let scratch = layout
         .create_guest_memory()
         .map_err(|e| LoadError::Scratch(name.to_string(), e.to_string()))?;
-    load_bytes(&scratch, layout, name, image).map(|_| ())
+    let loaded = load_bytes(&scratch, layout, name, image)?;
+    Ok((scratch, loaded))
+}
+
+/// Guest memory with a run's image already loaded ([`check_and_keep`]),
+/// for that run's first boot on KVM; the boots after it (compare's, the
+/// clones of a resolved run share it) find it taken and load their own.
+/// Empty for runs that did not keep their check's memory.
+#[derive(Clone, Default)]
+pub struct Preloaded(std::sync::Arc<std::sync::Mutex<Option<(GuestMemoryMmap, LoadedKernel)>>>);
+
+impl Preloaded {
+    /// Holds `loaded` (memory and what was loaded into it) for the first taker.
+    pub fn new(loaded: (GuestMemoryMmap, LoadedKernel)) -> Self {
+        Preloaded(std::sync::Arc::new(std::sync::Mutex::new(Some(loaded))))
+    }
+
+    /// The memory and its load, once; `None` afterwards or if empty.
+    pub fn take(&self) -> Option<(GuestMemoryMmap, LoadedKernel)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl std::fmt::Debug for Preloaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.0.lock().map(|g| g.is_some()).unwrap_or_default();
+        f.debug_tuple("Preloaded").field(&held).finish()
+    }
 }
 
 /// Loads an image already in memory; `name` is for messages.

@@ -226,12 +226,22 @@ pub fn preflight_with_image(
     }
     cmdline::build(&guest, layout.telemetry_addr())?;
 
+    // Whether this run keeps its check's loaded memory for its first boot:
+    // on KVM, and not when the image is shared (`sweep` settles every cell
+    // of a configuration up front; each would hold its own copy until its
+    // turn).
+    let keep = target == Target::Kvm && image.is_none();
     let image: Arc<[u8]> = match image {
         Some(shared) => shared,
         None => loader::read_image(&config.kernel)?.into(),
     };
     let image_name = config.kernel.describe();
-    loader::check_image(&image, &image_name, &layout)?;
+    let preloaded = if keep {
+        loader::Preloaded::new(loader::check_and_keep(&image, &image_name, &layout)?)
+    } else {
+        loader::check_image(&image, &image_name, &layout)?;
+        loader::Preloaded::default()
+    };
     let elf32 = loader::is_elf32(&image);
 
     let auto = asked.entry == EntryChoice::Auto && user_code;
@@ -282,10 +292,11 @@ pub fn preflight_with_image(
                     return Err(PreflightError::PcidUnusable { detail });
                 }
             }
-            // The report's environment block carries the refill verdict:
-            // probe it now (once per process, a few hundred ms), before any
-            // VM of the run exists, never beside or after the run's threads.
-            let _ = facts.cr3_write_refill();
+            // The facts only the report's environment block carries (the
+            // refill verdict among them) are not asked here: the command
+            // settles them where no guest of its runs
+            // (`HostFacts::settle_report_facts`), so that a boot waits for
+            // no probe (nor the cache file) it does not need.
         }
     }
     let mut cmdline = cmdline::build(&guest, layout.telemetry_addr())?;
@@ -305,6 +316,7 @@ pub fn preflight_with_image(
             image_name,
             initrd: None,
             cmdline,
+            preloaded,
         },
         guest,
         entry_guessed,

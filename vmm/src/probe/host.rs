@@ -14,7 +14,8 @@
 //! ([`crate::probe::host_cache`]): a process whose host state matches the
 //! file's key runs no probe VM for them.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use crate::machine::kvm::KvmFlavour;
 use crate::probe::host_cache::{self, CachedRefill};
@@ -73,7 +74,13 @@ pub struct HostFacts {
     pcid: OnceLock<Option<(bool, String)>>,
     pae: OnceLock<Option<(bool, String)>>,
     refill: OnceLock<probe::RefillProbe>,
-    cpuid: OnceLock<kvm_bindings::CpuId>,
+    /// KVM's supported CPUID table, behind a lock rather than a `OnceLock`:
+    /// a failure is not kept, and a second caller waits for the answer
+    /// being asked instead of asking KVM again.
+    cpuid: Mutex<Option<kvm_bindings::CpuId>>,
+    /// Set while [`HostFacts::settle_report_facts`] probes: it has said
+    /// in one line what it probes, so the probes it runs say nothing more.
+    announced: AtomicBool,
 }
 
 impl HostFacts {
@@ -89,7 +96,8 @@ impl HostFacts {
             pcid: OnceLock::new(),
             pae: OnceLock::new(),
             refill: OnceLock::new(),
-            cpuid: OnceLock::new(),
+            cpuid: Mutex::new(None),
+            announced: AtomicBool::new(false),
         }
     }
 
@@ -100,17 +108,100 @@ impl HostFacts {
         self.cache.warm();
     }
 
+    /// Settles every probed fact the report's environment block carries
+    /// (the entries, PCID, 32-bit PAE paging, the CR3-refill verdict),
+    /// probing those that neither this process nor the cache file knows.
+    /// Its callers call it where no guest of theirs runs (`run` once its
+    /// guest has stopped, `compare` before its first boot): a probe VM
+    /// beside a measured guest would disturb its times, and a run needs
+    /// none of these facts to boot unless it asked for what they decide
+    /// (`entry=auto` with user code, `pcid=on`, the i386 guest), which
+    /// preflight settles itself. It says in one line on stderr what it
+    /// probes; the entry, PCID and PAE probes (a few VMs each) run side by
+    /// side, the refill probe (some hundreds of ms of timed trips) after
+    /// them, alone, so that nothing else of ours runs beside its timing.
+    pub fn settle_report_facts(&self) {
+        let missing = self.missing_report_facts();
+        if missing.is_empty() {
+            return;
+        }
+        let slow = self.refill.get().is_none() && !self.cache.known().refill;
+        self.say_probing(
+            &missing.join(", "),
+            if slow {
+                "some hundreds of ms"
+            } else {
+                "a few ms"
+            },
+        );
+        self.announced.store(true, Ordering::Relaxed);
+        std::thread::scope(|s| {
+            let side = std::thread::Builder::new()
+                .name("probe".into())
+                .spawn_scoped(s, || {
+                    let _ = self.pcid_usable();
+                    let _ = self.pae_paging_usable();
+                });
+            let _ = self.entry_findings();
+            if side.is_err() {
+                // No second thread: the same probes, one after the other.
+                let _ = self.pcid_usable();
+                let _ = self.pae_paging_usable();
+            }
+        });
+        let _ = self.cr3_write_refill();
+        self.announced.store(false, Ordering::Relaxed);
+    }
+
+    /// The report's probed facts that this process has not settled and the
+    /// cache file does not hold (reading the file if nobody has yet), in
+    /// words.
+    fn missing_report_facts(&self) -> Vec<&'static str> {
+        let known = self.cache.known();
+        let mut missing = Vec::new();
+        if self.entries.get().is_none() && !known.entries {
+            missing.push("system-call entries");
+        }
+        if self.pcid.get().is_none() && !known.pcid {
+            missing.push("PCID");
+        }
+        if self.pae.get().is_none() && !known.pae {
+            missing.push("32-bit PAE paging");
+        }
+        if self.refill.get().is_none() && !known.refill {
+            missing.push("the TLB refill after a guest CR3 write");
+        }
+        missing
+    }
+
+    /// Says on stderr, in one line, that this process is about to probe
+    /// this host's KVM for `what` (taking about `how_long`) and where the
+    /// findings are kept: the probes' VMs take from milliseconds to about a
+    /// second, and a command that waits for them says why. Silent while
+    /// [`HostFacts::settle_report_facts`] probes (it has said it).
+    fn say_probing(&self, what: &str, how_long: &str) {
+        if !self.announced.load(Ordering::Relaxed) {
+            eprintln!(
+                "ptiscope: probing this host's KVM for {what} ({how_long}; {})",
+                self.cache.describe()
+            );
+        }
+    }
+
     /// KVM's supported CPUID table (KVM_GET_SUPPORTED_CPUID), asked once
     /// and handed to every run (`machine::HostSide`); `None` while KVM
     /// cannot be opened or refuses (a failure is not kept: the next caller
-    /// asks again, and the run's vCPUs ask KVM themselves).
+    /// asks again, and the run's vCPUs ask KVM themselves). One caller asks
+    /// at a time: the main thread reaching the VM's build while the
+    /// `host-facts` thread asks waits for its answer (~0.3 ms here, KVM
+    /// executes CPUID for every leaf) instead of asking a second time.
     pub fn supported_cpuid(&self) -> Option<kvm_bindings::CpuId> {
-        if let Some(table) = self.cpuid.get() {
-            return Some(table.clone());
+        let mut table = self.cpuid.lock().unwrap_or_else(|p| p.into_inner());
+        if table.is_none() {
+            let kvm = crate::machine::kvm::open_kvm().ok()?;
+            *table = crate::machine::cpu_config::supported_cpuid(&kvm).ok();
         }
-        let kvm = crate::machine::kvm::open_kvm().ok()?;
-        let table = crate::machine::cpu_config::supported_cpuid(&kvm).ok()?;
-        Some(self.cpuid.get_or_init(|| table).clone())
+        table.clone()
     }
 
     /// Which KVM implementation backs /dev/kvm.
@@ -171,6 +262,7 @@ impl HostFacts {
                     }))
                 },
                 || {
+                    self.say_probing("the system-call entries that reach its kernel", "a few ms");
                     probe::probe_entries(&ProbeOptions::default())
                         .map(|v| {
                             v.into_iter()
@@ -232,6 +324,7 @@ impl HostFacts {
                 self.cache.cached(
                     |f| f.pcid.clone(),
                     || {
+                        self.say_probing("PCID", "a few ms");
                         probe::probe_pcid(&ProbeOptions::default())
                             .ok()
                             .map(|p| (p.usable(), p.detail))
@@ -251,12 +344,20 @@ impl HostFacts {
             self.cache.cached(
                 |f| f.refill.as_ref().and_then(CachedRefill::to_probe),
                 || {
-                    probe::probe_cr3_write_refill(&ProbeOptions::default()).unwrap_or_else(|e| {
-                        probe::RefillProbe::unmeasured(
-                            None,
-                            format!("the probe could not run: {e}"),
-                        )
-                    })
+                    self.say_probing(
+                        "whether a guest CR3 write costs user code a TLB refill",
+                        "some hundreds of ms",
+                    );
+                    // The entry probe's findings choose the refill probe's
+                    // entry (probed again inside it only if they are unknown).
+                    let working = self.entry_findings().working();
+                    probe::probe_cr3_write_refill_with(&ProbeOptions::default(), working.as_deref())
+                        .unwrap_or_else(|e| {
+                            probe::RefillProbe::unmeasured(
+                                None,
+                                format!("the probe could not run: {e}"),
+                            )
+                        })
                 },
                 |f, v| f.refill = Some(CachedRefill::from(v)),
             )
@@ -297,7 +398,10 @@ impl HostFacts {
             .get_or_init(|| {
                 self.cache.cached(
                     |f| f.pae.clone(),
-                    || probe::probe_pae_paging(&ProbeOptions::default()).ok(),
+                    || {
+                        self.say_probing("32-bit PAE paging", "a few ms");
+                        probe::probe_pae_paging(&ProbeOptions::default()).ok()
+                    },
                     |f, v| f.pae = Some(v.clone()),
                 )
             })

@@ -68,6 +68,19 @@ pub struct Facts {
     pub refill: Option<CachedRefill>,
 }
 
+/// Which facts a [`Cache`] holds ([`Cache::known`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Known {
+    /// The entry probe's findings.
+    pub entries: bool,
+    /// The PCID probe's.
+    pub pcid: bool,
+    /// The 32-bit PAE paging probe's.
+    pub pae: bool,
+    /// A usable CR3-refill verdict.
+    pub refill: bool,
+}
+
 /// A [`RefillProbe`] as the file holds it (the entry by name).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -491,6 +504,37 @@ impl Cache {
     /// until they are read).
     pub fn warm(&self) {
         self.with_state(|_| ());
+    }
+
+    /// Which facts the cache holds for this process (reading the key and
+    /// the file now if nobody has yet).
+    pub fn known(&self) -> Known {
+        self.with_state(|s| Known {
+            entries: s.facts.entries.is_some(),
+            pcid: s.facts.pcid.is_some(),
+            pae: s.facts.pae.is_some(),
+            refill: s
+                .facts
+                .refill
+                .as_ref()
+                .is_some_and(|r| r.to_probe().is_some()),
+        })
+    }
+
+    /// Where what this process probes is kept, in words, for the line
+    /// that says a probe runs.
+    pub fn describe(&self) -> String {
+        match (mode(), self.with_state(|s| s.path.clone())) {
+            (Mode::Off, _) => "PTISCOPE_HOST_CACHE=off: not kept".into(),
+            (_, None) => "not kept: neither XDG_CACHE_HOME nor HOME is set".into(),
+            (Mode::Refresh, Some(p)) => {
+                format!("PTISCOPE_HOST_CACHE=refresh: kept in {}", p.display())
+            }
+            (Mode::Use, Some(p)) => format!(
+                "once per host boot and ptiscope build: kept in {}",
+                p.display()
+            ),
+        }
     }
 
     /// The cached value `get` picks out of the facts, or, if there is none,

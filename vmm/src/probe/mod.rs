@@ -232,12 +232,25 @@ pub fn probe_pae_paging(opts: &ProbeOptions) -> Result<(bool, String), ProbeErro
 /// entry): whether a guest CR3 write costs user code a TLB refill on this
 /// host. Some hundreds of milliseconds.
 pub fn probe_cr3_write_refill(opts: &ProbeOptions) -> Result<RefillProbe, ProbeError> {
+    probe_cr3_write_refill_with(opts, None)
+}
+
+/// [`probe_cr3_write_refill`] with the entries that work here already
+/// known (`Some`: the entry probe's findings, this process's or the host
+/// facts cache's), so that the entry probe's VMs do not run a second time.
+pub fn probe_cr3_write_refill_with(
+    opts: &ProbeOptions,
+    working: Option<&[Entry]>,
+) -> Result<RefillProbe, ProbeError> {
     let kit = vm::Kit::new(opts.timeout)?;
-    let working: Vec<Entry> = entries::probe_entries(&kit)?
-        .into_iter()
-        .filter(|(_, o)| o.works())
-        .map(|(e, _)| e)
-        .collect();
+    let working: Vec<Entry> = match working {
+        Some(w) => w.to_vec(),
+        None => entries::probe_entries(&kit)?
+            .into_iter()
+            .filter(|(_, o)| o.works())
+            .map(|(e, _)| e)
+            .collect(),
+    };
     let rdtsc = cpu::probe_rdtsc(&kit)?.works;
     Ok(refill_on(&kit, preferred_entry(&working), rdtsc))
 }

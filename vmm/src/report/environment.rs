@@ -281,10 +281,11 @@ pub fn kvm(facts: &HostFacts) -> Kvm {
     }
 }
 
-/// The probe's findings in `facts` (the probe guests run there at the first
-/// use of each; a caller that must not have one run beside its guest asks
-/// before the boot).
+/// The probe's findings in `facts` (those not known yet are probed here,
+/// [`HostFacts::settle_report_facts`]: a caller asks where no guest of its
+/// own runs beside the probe VMs).
 pub fn probe_findings(facts: &HostFacts, elf32: bool) -> ProbeFindings {
+    facts.settle_report_facts();
     let entries = facts.entry_findings();
     ProbeFindings {
         entries_working: entries
@@ -352,6 +353,23 @@ impl Environment {
     /// image hash and the given options.
     pub fn collect(
         facts: &HostFacts,
+        identity: (&'static str, super::time_basis::TimeBasis),
+        guest_image: GuestImage,
+        options: BTreeMap<String, Vec<String>>,
+    ) -> Self {
+        let probe = probe_findings(facts, guest_image.elf32);
+        Environment {
+            probe,
+            ..Self::collect_unprobed(facts, identity, guest_image, options)
+        }
+    }
+
+    /// [`Environment::collect`] without the probe's findings (left
+    /// empty): what can be collected while a guest runs, since it starts
+    /// no probe VM; the caller fills `probe` with [`probe_findings`] once
+    /// its guest has stopped.
+    pub fn collect_unprobed(
+        facts: &HostFacts,
         (backend, time_basis): (&'static str, super::time_basis::TimeBasis),
         guest_image: GuestImage,
         options: BTreeMap<String, Vec<String>>,
@@ -362,7 +380,7 @@ impl Environment {
             // Inside `--backend nested` the inner `kvm` is the nested one.
             backend: crate::spec::nested::reported_backend(backend).to_owned(),
             time_basis,
-            probe: probe_findings(facts, guest_image.elf32),
+            probe: ProbeFindings::default(),
             ptiscope: build(),
             guest_image,
             options,

@@ -56,6 +56,10 @@ pub struct BootSource {
     /// The kernel command line (with `telemetry=` for the companion on
     /// the KVM target).
     pub cmdline: String,
+    /// Guest memory with `image` loaded by preflight's check, for the
+    /// first KVM boot (empty otherwise; it holds the image as loaded, never
+    /// the command line or boot parameters, which each boot writes).
+    pub preloaded: loader::Preloaded,
 }
 
 /// A run with everything settled.

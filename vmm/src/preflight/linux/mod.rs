@@ -597,6 +597,7 @@ pub fn settle(
             image_name: name,
             initrd: Some(initramfs),
             cmdline,
+            preloaded: Default::default(),
         },
     })
 }
