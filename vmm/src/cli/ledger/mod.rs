@@ -48,6 +48,12 @@ pub struct LedgerArgs {
     /// write-badfd). Default: getppid.
     #[arg(long, value_name = "NAME")]
     pub workload: Vec<String>,
+    /// Measure only this mitigation's row (repeatable; its key: meltdown,
+    /// verw, spectre_v1, spectre_v2, spectre_bhi, retbleed,
+    /// indirect_target_selection, spec_rstack_overflow, spec_store_bypass,
+    /// l1tf, srbds, gather_data_sampling, tsa). Default: every enabled one.
+    #[arg(long, value_name = "KEY")]
+    pub mitigation: Vec<String>,
     /// Calls per boot (the counts are exact: a thousand is plenty).
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
     pub iterations: u64,

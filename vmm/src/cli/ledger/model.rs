@@ -175,6 +175,8 @@ pub enum RowOutcome {
     NotEnabled,
     /// The kernel has no vulnerabilities file for it.
     NoFile,
+    /// Enabled, but not measured: `--mitigation` named others.
+    NotMeasured,
     /// Its boot failed (why).
     Failed {
         /// The error.
@@ -211,9 +213,7 @@ impl Row {
         let outcome = match (&planned.plan, off) {
             (RowPlan::NotEnabled, _) => RowOutcome::NotEnabled,
             (RowPlan::NoFile, _) => RowOutcome::NoFile,
-            (RowPlan::Measure, None) => RowOutcome::Failed {
-                error: "not run".into(),
-            },
+            (RowPlan::Measure, None) => RowOutcome::NotMeasured,
             (RowPlan::Measure, Some(Err(error))) => RowOutcome::Failed { error },
             (RowPlan::Measure, Some(Ok(off))) => {
                 let delta = Delta::between(default, &off);
@@ -284,9 +284,12 @@ impl Sum {
             rows: sum,
             total,
             interaction: total - sum,
-            incomplete: rows
-                .iter()
-                .any(|r| matches!(r.outcome, RowOutcome::Failed { .. })),
+            incomplete: rows.iter().any(|r| {
+                matches!(
+                    r.outcome,
+                    RowOutcome::Failed { .. } | RowOutcome::NotMeasured
+                )
+            }),
         }
     }
 

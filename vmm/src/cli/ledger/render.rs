@@ -129,6 +129,13 @@ fn row_line(r: &Row) -> (String, String, String, String, String) {
             String::new(),
             String::new(),
         ),
+        RowOutcome::NotMeasured => (
+            label,
+            state,
+            "enabled".into(),
+            "not measured (--mitigation)".into(),
+            String::new(),
+        ),
         RowOutcome::NoFile => (
             label,
             "(no vulnerabilities file)".into(),
@@ -199,7 +206,7 @@ fn block_text(b: &Block, out: &mut String) {
     }
     if let Some(s) = &b.sum {
         let incomplete = if s.incomplete {
-            " (a row failed: the sum is incomplete)"
+            " (a row failed or was not measured: the sum is incomplete)"
         } else {
             ""
         };
@@ -378,6 +385,15 @@ pub fn csv(l: &Ledger) -> String {
                     r.off,
                     &says,
                     Some(off),
+                    None,
+                    String::new(),
+                ),
+                RowOutcome::NotMeasured => line(
+                    r.key,
+                    "not_measured",
+                    r.off,
+                    &says,
+                    None,
                     None,
                     String::new(),
                 ),
