@@ -86,10 +86,10 @@ fn unknown_cpu_models_and_rows_are_refused_before_any_boot() {
             "--linux",
             "debian-amd64",
             "--workload",
-            "sched-messaging",
+            "poundsyscall",
         ],
         64,
-        &["getppid", "context-switching"],
+        &["getppid", "sched-messaging"],
     );
 }
 

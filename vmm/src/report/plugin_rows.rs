@@ -19,7 +19,7 @@ use crate::report::{CrossCheck, Metric, RunSummary, Source};
 /// everything else the kernel executed is `kernel_instructions_other`, and
 /// the calls set apart are `syscalls_set_apart` (docs/telemetry-abi.md,
 /// "System calls apart from everything else").
-fn rows(c: &Counts) -> [(&'static str, u64); 26] {
+fn rows(c: &Counts) -> [(&'static str, u64); 28] {
     use PluginCounter::*;
     [
         ("kernel_instructions", c.call_kernel_insns()),
@@ -47,9 +47,11 @@ fn rows(c: &Counts) -> [(&'static str, u64); 26] {
         ("insn_lfence_calls", c.in_calls(Lfence)),
         ("insn_wrmsr", c.get(Wrmsr)),
         ("insn_wrmsr_calls", c.in_calls(Wrmsr)),
+        ("insn_wrmsr_spec_ctrl", c.get(WrmsrSpecCtrl)),
         ("insn_wrmsr_spec_ctrl_calls", c.in_calls(WrmsrSpecCtrl)),
         ("insn_wrmsr_pred_cmd", c.get(WrmsrPredCmd)),
         ("insn_wrmsr_pred_cmd_calls", c.in_calls(WrmsrPredCmd)),
+        ("insn_wrmsr_flush_cmd", c.get(WrmsrFlushCmd)),
         ("insn_wrmsr_flush_cmd_calls", c.in_calls(WrmsrFlushCmd)),
     ]
 }

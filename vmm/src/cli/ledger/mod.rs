@@ -51,7 +51,7 @@ pub struct LedgerArgs {
     /// Measure only this mitigation's row (repeatable; its key: meltdown,
     /// verw, spectre_v1, spectre_v2, spectre_bhi, retbleed,
     /// indirect_target_selection, spec_rstack_overflow, spec_store_bypass,
-    /// l1tf, srbds, gather_data_sampling, tsa). Default: every enabled one.
+    /// l1tf, srbds, gather_data_sampling, vmscape, tsa). Default: every enabled one.
     #[arg(long, value_name = "KEY")]
     pub mitigation: Vec<String>,
     /// Calls per boot (the counts are exact: a thousand is plenty).

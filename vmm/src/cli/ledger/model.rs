@@ -11,22 +11,36 @@ use crate::report::mitigations::GuestMitigations;
 use crate::report::RunSummary;
 
 /// The special instructions the ledger shows, as (column, the run's row
-/// of their executions in the undisturbed calls).
-pub const SPECIALS: [(&str, &str); 6] = [
-    ("mov_cr3", "insn_mov_cr3_calls"),
-    ("verw", "insn_verw_calls"),
-    ("lfence", "insn_lfence_calls"),
-    ("wrmsr", "insn_wrmsr_calls"),
-    ("wrmsr_spec_ctrl", "insn_wrmsr_spec_ctrl_calls"),
-    ("wrmsr_pred_cmd", "insn_wrmsr_pred_cmd_calls"),
+/// of their executions in the undisturbed calls, the row of all of them
+/// in the phase).
+pub const SPECIALS: [(&str, &str, &str); 6] = [
+    ("mov_cr3", "insn_mov_cr3_calls", "insn_mov_cr3"),
+    ("verw", "insn_verw_calls", "insn_verw"),
+    ("lfence", "insn_lfence_calls", "insn_lfence"),
+    ("wrmsr", "insn_wrmsr_calls", "insn_wrmsr"),
+    (
+        "wrmsr_spec_ctrl",
+        "insn_wrmsr_spec_ctrl_calls",
+        "insn_wrmsr_spec_ctrl",
+    ),
+    (
+        "wrmsr_pred_cmd",
+        "insn_wrmsr_pred_cmd_calls",
+        "insn_wrmsr_pred_cmd",
+    ),
 ];
 
 /// One boot's figures, per undisturbed system call (exact: the plugin's
 /// counts over the calls of the phase during which no interrupt came).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Measure {
-    /// The calls the counts are over.
+    /// The calls the counts are over (messages, for a messaging workload).
     pub calls: u64,
+    /// Whether the figures are exact: a system-call loop's undisturbed
+    /// calls. A messaging workload's are every kernel instruction of the
+    /// phase over its messages (interrupts, idle and the scheduler
+    /// included), which differ a little from run to run.
+    pub exact: bool,
     /// Their kernel instructions, all together.
     pub kernel_instructions: u64,
     /// The special instructions in them, all together (by [`SPECIALS`]).
@@ -39,8 +53,10 @@ pub struct Measure {
 }
 
 impl Measure {
-    /// The figures of a run, or why there are none.
-    pub fn of(s: &RunSummary) -> Result<Measure, String> {
+    /// The figures of a run, or why there are none: per undisturbed call
+    /// (`per_message` false), or every kernel instruction of the phase per
+    /// message.
+    pub fn of(s: &RunSummary, per_message: bool) -> Result<Measure, String> {
         let total = |name: &str| {
             s.rows
                 .iter()
@@ -57,7 +73,14 @@ impl Measure {
             format!("no exact counts: {why}")
         })?;
         let apart = total("syscalls_set_apart").unwrap_or(0.0) as u64;
-        let calls = s.iterations.saturating_sub(apart);
+        let (calls, kernel) = if per_message {
+            (
+                s.iterations,
+                kernel + total("kernel_instructions_other").unwrap_or(0.0),
+            )
+        } else {
+            (s.iterations.saturating_sub(apart), kernel)
+        };
         if calls == 0 {
             return Err(format!(
                 "no undisturbed call among the run's {} (every one was interrupted)",
@@ -66,7 +89,10 @@ impl Measure {
         }
         let specials = SPECIALS
             .iter()
-            .map(|(col, row)| ((*col).to_owned(), total(row).unwrap_or(0.0) as u64))
+            .map(|(col, calls_row, all_row)| {
+                let row = if per_message { all_row } else { calls_row };
+                ((*col).to_owned(), total(row).unwrap_or(0.0) as u64)
+            })
             .collect();
         let symbols = s
             .by_symbol
@@ -80,6 +106,7 @@ impl Measure {
             .unwrap_or_default();
         Ok(Measure {
             calls,
+            exact: !per_message,
             kernel_instructions: kernel as u64,
             specials,
             symbols,
@@ -120,7 +147,7 @@ impl Delta {
     pub fn between(with: &Measure, without: &Measure) -> Delta {
         let specials = SPECIALS
             .iter()
-            .map(|(c, _)| {
+            .map(|(c, _, _)| {
                 (
                     (*c).to_owned(),
                     with.special_per_call(c) - without.special_per_call(c),
@@ -268,7 +295,12 @@ impl Sum {
         let sum: f64 = rows.iter().filter_map(Row::cost).sum();
         let mut by_symbol: BTreeMap<&str, Vec<&'static str>> = BTreeMap::new();
         for r in rows {
-            if let RowOutcome::Measured { delta, .. } = &r.outcome {
+            // Only exact rows: a messaging workload's symbols all differ a
+            // little from boot to boot, which is no sharing.
+            if let RowOutcome::Measured { delta, off } = &r.outcome {
+                if !off.exact {
+                    continue;
+                }
                 for (s, _) in &delta.symbols {
                     by_symbol.entry(s.as_str()).or_default().push(r.key);
                 }
@@ -349,6 +381,7 @@ mod tests {
         let calls = 1000;
         Measure {
             calls,
+            exact: true,
             kernel_instructions: insns_per_call * calls,
             specials: [("mov_cr3", cr3), ("verw", verw)]
                 .iter()

@@ -135,6 +135,14 @@ pub const MITIGATIONS: &[Mitigation] = &[
         part: None,
     },
     Mitigation {
+        key: "vmscape",
+        label: "VMSCAPE (IBPB before exit to a VMM)",
+        files: &["vmscape"],
+        off: "vmscape=off",
+        group_note: None,
+        part: None,
+    },
+    Mitigation {
         key: "tsa",
         label: "TSA (transient scheduler attacks)",
         files: &["tsa"],

@@ -53,8 +53,8 @@ fn clip(s: &str, n: usize) -> String {
 fn specials(m: &Measure) -> String {
     let v: Vec<String> = SPECIALS
         .iter()
-        .filter(|(c, _)| m.special_per_call(c) != 0.0)
-        .map(|(c, _)| format!("{c} {}", num(m.special_per_call(c))))
+        .filter(|(c, _, _)| m.special_per_call(c) != 0.0)
+        .map(|(c, _, _)| format!("{c} {}", num(m.special_per_call(c))))
         .collect();
     if v.is_empty() {
         "none".into()
@@ -156,8 +156,14 @@ fn row_line(r: &Row) -> (String, String, String, String, String) {
 /// One block's text.
 fn block_text(b: &Block, out: &mut String) {
     let release = b.release.as_deref().unwrap_or("release unknown");
+    let what = if b.default.exact {
+        "kernel instructions per call, exact"
+    } else {
+        "kernel instructions per message, every one of the phase (interrupts, idle and the \
+         scheduler included: not exact, a little different run to run)"
+    };
     out.push_str(&format!(
-        "Linux {release} ({}) on QEMU TCG -cpu {}, {}: kernel instructions per call, exact\n",
+        "Linux {release} ({}) on QEMU TCG -cpu {}, {}: {what}\n",
         b.kernel, b.cpu, b.workload
     ));
     let total = match &b.all_off {
@@ -225,6 +231,12 @@ fn block_text(b: &Block, out: &mut String) {
                 signed(s.total),
                 signed(s.interaction)
             ));
+            if !b.default.exact {
+                out.push_str(
+                    "    (per message, not exact: every figure moves by a few % from boot to boot; \
+                     read the special instructions and the context-switch symbols)\n",
+                );
+            }
             for (sym, keys) in &s.shared {
                 out.push_str(&format!(
                     "    {sym} is removed by each of: {} (counted once in the total)\n",
@@ -265,9 +277,10 @@ pub fn text(l: &Ledger) -> String {
         ));
     }
     out.push_str(&format!(
-        "Counts are exact (QEMU TCG plugin, the undisturbed calls of {} per boot); \
-         `insns/call` is the default boot minus the boot with that mitigation off; \
-         no time is shown (TCG's times are not a CPU's). {:.0} s wall.\n",
+        "A system-call loop's counts are exact (QEMU TCG plugin: the undisturbed calls of {} \
+         per boot; sched-messaging's are per message, not exact); `insns/call` is the default \
+         boot minus the boot with that mitigation off; no time is shown (TCG's times are not a \
+         CPU's). {:.0} s wall.\n",
         l.iterations, l.wall_seconds
     ));
     crate::cli::exit_code::escape_message(&out)
@@ -292,7 +305,7 @@ pub fn csv(l: &Ledger) -> String {
     let mut out = String::from(
         "kernel,release,cpu,workload,row,status,off_params,kernel_says,calls,kernel_instructions_per_call,delta_per_call",
     );
-    for (c, _) in SPECIALS {
+    for (c, _, _) in SPECIALS {
         out.push_str(&format!(",{c}_per_call,{c}_delta"));
     }
     out.push_str(",top_symbols\n");
@@ -318,7 +331,7 @@ pub fn csv(l: &Ledger) -> String {
             f.push(m.map_or(String::new(), |m| m.calls.to_string()));
             f.push(m.map_or(String::new(), |m| m.per_call().to_string()));
             f.push(delta.map_or(String::new(), |d| d.kernel_instructions.to_string()));
-            for (c, _) in SPECIALS {
+            for (c, _, _) in SPECIALS {
                 f.push(m.map_or(String::new(), |m| m.special_per_call(c).to_string()));
                 f.push(delta.map_or(String::new(), |d| {
                     d.specials.get(c).copied().unwrap_or(0.0).to_string()

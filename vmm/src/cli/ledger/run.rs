@@ -164,14 +164,10 @@ fn workloads(args: &LedgerArgs) -> Result<Vec<Workload>, LedgerError> {
                 .collect::<Vec<_>>()
                 .join(", ");
             match w.parse::<Workload>() {
-                Ok(x) if x.is_syscall_loop() => Ok(x),
-                Ok(x) => Err(LedgerError::Usage(format!(
-                    "--workload {}: the ledger counts per system call of a loop ({loops}); \
-                     a context-switching workload is not in this version",
-                    x.name()
-                ))),
-                Err(_) => Err(LedgerError::Usage(format!(
-                    "--workload {w:?}: not a workload (system-call loops: {loops})"
+                Ok(x) if x.is_syscall_loop() || x == Workload::SchedMessaging => Ok(x),
+                _ => Err(LedgerError::Usage(format!(
+                    "--workload {w:?}: the ledger measures a system-call loop ({loops}) \
+                     or the context-switching sched-messaging"
                 ))),
             }
         })
@@ -232,7 +228,11 @@ fn pool(
                     let started = Instant::now();
                     let r = crate::cli::compare::run_measured(&job.run, &*backend)
                         .map_err(|e| e.to_string())
-                        .and_then(|(_, s)| Measure::of(&s));
+                        .and_then(|(_, s)| {
+                            let per_message =
+                                job.run.guest.workload == Some(Workload::SchedMessaging);
+                            Measure::of(&s, per_message)
+                        });
                     let took = started.elapsed();
                     on_done(job, &r, took);
                     if let Ok(mut v) = results.lock() {
