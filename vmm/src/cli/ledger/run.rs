@@ -209,15 +209,16 @@ fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, S
     Ok(run)
 }
 
+/// One boot's figures (or why none), and how long it took.
+type Outcome = (Result<Measure, String>, Duration);
+
+/// What the pool calls as each boot ends (progress).
+type OnDone<'a> = &'a (dyn Fn(&Job, &Result<Measure, String>, Duration) + Sync);
+
 /// Runs `jobs` `workers` at a time; each result in the job's place.
-fn pool(
-    jobs: &[Job],
-    workers: usize,
-    on_done: &(dyn Fn(&Job, &Result<Measure, String>, Duration) + Sync),
-) -> Vec<(Result<Measure, String>, Duration)> {
+fn pool(jobs: &[Job], workers: usize, on_done: OnDone<'_>) -> Vec<Outcome> {
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<(Result<Measure, String>, Duration)>>> =
-        Mutex::new(jobs.iter().map(|_| None).collect());
+    let results: Mutex<Vec<Option<Outcome>>> = Mutex::new(jobs.iter().map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..workers.min(jobs.len()) {
             scope.spawn(|| {
