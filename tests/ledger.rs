@@ -112,8 +112,17 @@ fn pti_and_verw_on_skylake_client() {
             "meltdown",
             "--mitigation",
             "verw",
+            "--svg",
+            dir.join("ledger.svg")
+                .to_str()
+                .expect("a UTF-8 scratch path"),
         ],
         &dir.join("ledger.json"),
+    );
+    let svg = std::fs::read_to_string(dir.join("ledger.svg")).expect("the --svg file");
+    assert!(
+        svg.starts_with("<svg") && svg.contains(">meltdown<") && svg.contains(">verw<"),
+        "{svg}"
     );
     assert_eq!(code, 0, "{text}");
     let block = &v["blocks"][0];

@@ -14,6 +14,7 @@ mod model;
 mod plan;
 mod render;
 mod run;
+mod svg;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -69,6 +70,10 @@ pub struct LedgerArgs {
     /// Write the ledger as CSV (one line per block and row).
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// Write the ledger as an SVG picture (a stacked bar per block, one
+    /// segment per mitigation, a mark at the mitigations=off total).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
     /// No progress lines.
     #[arg(long)]
     pub quiet: bool,

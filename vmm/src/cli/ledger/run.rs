@@ -281,10 +281,11 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             offered: offered.join(" "),
         });
     }
-    let [json, csv] = crate::output::open_outputs(
+    let [json, csv, svg] = crate::output::open_outputs(
         [
             ("--json", args.json.as_deref()),
             ("--csv", args.csv.as_deref()),
+            ("--svg", args.svg.as_deref()),
         ],
         args.timeout,
     )?;
@@ -474,6 +475,7 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
     for (file, body) in [
         (json.as_ref(), render::json(&ledger)),
         (csv.as_ref(), render::csv(&ledger)),
+        (svg.as_ref(), super::svg::svg(&ledger)),
     ] {
         if let Some(f) = file {
             f.write_document(&body).map_err(|e| {
