@@ -345,7 +345,8 @@ pub struct Block {
     pub workload: String,
     /// The default boot.
     pub default: Measure,
-    /// The `mitigations=off` boot (why not, when it failed).
+    /// The `mitigations=off` boot (why not, when it failed: `{"error": ...}`).
+    #[serde(serialize_with = "measure_or_error")]
     pub all_off: Result<Measure, String>,
     /// The rows.
     pub rows: Vec<Row>,
@@ -356,6 +357,21 @@ pub struct Block {
     pub uncovered: Vec<String>,
     /// Wall seconds of the block's boots, summed.
     pub boot_seconds: f64,
+}
+
+/// A boot's figures, or `{"error": why}`.
+fn measure_or_error<S: serde::Serializer>(
+    r: &Result<Measure, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Failed<'a> {
+        error: &'a str,
+    }
+    match r {
+        Ok(m) => m.serialize(s),
+        Err(e) => Failed { error: e }.serialize(s),
+    }
 }
 
 /// A block that could not be measured at all (its default boot failed).

@@ -155,13 +155,24 @@ pub const MITIGATIONS: &[Mitigation] = &[
 /// The kernel parameter of the all-off boot (the total).
 pub const ALL_OFF: &str = "mitigations=off";
 
-/// Whether a file's text says the kernel runs the mitigation: `Mitigation:
-/// ...`, or a `Vulnerable` that says it still tries (`Vulnerable: Clear
-/// CPU buffers attempted, no microcode`: the kernel runs VERW all the same).
+/// Whether a file's text says the kernel may run the mitigation:
+/// `Mitigation: ...`, or a `Vulnerable: WHAT` that names what it still
+/// does (`Vulnerable: Clear CPU buffers attempted, no microcode`: the
+/// kernel runs VERW all the same; 6.12's `Vulnerable: Safe RET, no
+/// microcode`: it runs the safe RET thunk). A bare `Vulnerable` or
+/// `Vulnerable, no microcode` names nothing. Measuring one that turns out
+/// to do nothing costs a boot and says `changes nothing`; missing one
+/// would hide its cost in the interaction.
 pub fn runs_mitigation(state: &str, class: MitigationClass) -> bool {
     match class {
         MitigationClass::Mitigated => true,
-        MitigationClass::Vulnerable => state.contains("attempted"),
+        MitigationClass::Vulnerable => state
+            .trim()
+            .strip_prefix("Vulnerable:")
+            .map(str::trim)
+            .is_some_and(|what| {
+                !what.is_empty() && !what.to_ascii_lowercase().starts_with("no microcode")
+            }),
         MitigationClass::NotAffected | MitigationClass::Unknown => false,
     }
 }
@@ -321,6 +332,31 @@ mod tests {
         assert_eq!(measured(&plan(&g)), ["spectre_v2", "spectre_bhi"]);
         let g = guest(&[("spectre_v2", "Vulnerable; BHI: Vulnerable")]);
         assert!(measured(&plan(&g)).is_empty());
+    }
+
+    #[test]
+    fn a_vulnerable_that_names_what_it_still_does_is_measured() {
+        for (state, measured) in [
+            ("Vulnerable: Safe RET, no microcode", true),
+            (
+                "Vulnerable: Clear CPU buffers attempted, no microcode; SMT Host state unknown",
+                true,
+            ),
+            ("Vulnerable, no microcode", false),
+            ("Vulnerable: No microcode", false),
+            ("Vulnerable", false),
+        ] {
+            let g = guest(&[("spec_rstack_overflow", state)]);
+            assert_eq!(!measured_keys(&g).is_empty(), measured, "{state}");
+        }
+    }
+
+    fn measured_keys(g: &GuestMitigations) -> Vec<&'static str> {
+        plan(g)
+            .into_iter()
+            .filter(|r| r.plan == RowPlan::Measure)
+            .map(|r| r.mitigation.key)
+            .collect()
     }
 
     #[test]
