@@ -218,7 +218,9 @@ pub struct Row {
     pub key: &'static str,
     /// Its label.
     pub label: &'static str,
-    /// The parameters its boot added.
+    /// The parameters its boot added (`off_params`: `off` is the boot's
+    /// figures, in the outcome).
+    #[serde(rename = "off_params")]
     pub off: &'static str,
     /// Why it is a group, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
