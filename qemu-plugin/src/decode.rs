@@ -34,6 +34,13 @@ pub enum Kind {
     /// [`classify`] (an ordinary store elsewhere is not counted); the
     /// plugin makes it one from the pair ([`is_mark_store`]).
     MarkStore,
+    /// VERW m16/r16 (`0F 00 /5`): Linux's CPU-buffer clearing (MDS, TAA,
+    /// MMIO stale data, RFDS).
+    Verw,
+    /// LFENCE (`0F AE /5`, register form `E8`..`EF`): speculation barriers.
+    Lfence,
+    /// WRMSR (`0F 30`): SPEC_CTRL (IBRS), PRED_CMD (IBPB), FLUSH_CMD (L1D).
+    Wrmsr,
 }
 
 /// Legacy prefixes (lock/rep, segment overrides, operand and address size).
@@ -48,6 +55,61 @@ fn is_legacy_prefix(b: u8) -> bool {
 /// (`BA` + little-endian imm32, no prefix: the same in 32- and 64-bit code).
 pub fn is_mov_edx_imm(bytes: &[u8], port: u32) -> bool {
     matches!(bytes, [0xba, a, b, c, d] if u32::from_le_bytes([*a, *b, *c, *d]) == port)
+}
+
+/// The immediate of `mov ecx, imm32` (`B9` + little-endian imm32, no
+/// prefix): the MSR number Linux loads before a WRMSR (API version 1
+/// cannot read registers, so a WRMSR's MSR is read from the instruction
+/// bytes before it).
+pub fn mov_ecx_imm(bytes: &[u8]) -> Option<u32> {
+    match bytes {
+        [0xb9, a, b, c, d] => Some(u32::from_le_bytes([*a, *b, *c, *d])),
+        _ => None,
+    }
+}
+
+/// Whether `bytes` (not `mov ecx, imm32`) may write ECX, so that a WRMSR
+/// after it no longer uses the MSR number an earlier `mov ecx, imm32`
+/// loaded. Conservative: any instruction whose ModRM names ECX as a
+/// destination register is not decoded here, so only instructions that
+/// are known to leave ECX alone keep the number (see [`keeps_ecx`]).
+pub fn keeps_ecx(bytes: &[u8]) -> bool {
+    // Skip prefixes (legacy and REX); a REX.B/REX.R makes a register
+    // operand r9, not ecx, but is kept conservative: decided by opcode.
+    let mut i = 0;
+    let mut rex = 0u8;
+    while i < bytes.len() && i < 15 {
+        let b = bytes[i];
+        if is_legacy_prefix(b) {
+            i += 1;
+        } else if (0x40..=0x4f).contains(&b) && i + 1 < bytes.len() {
+            rex = b;
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    let op = &bytes[i.min(bytes.len())..];
+    // The destination register of a ModRM form with mod == 3: rm field,
+    // extended by REX.B; of `op r, r/m`: reg field, extended by REX.R.
+    let rm_is_ecx = |m: u8| m >> 6 == 3 && m & 7 == 1 && rex & 0x01 == 0;
+    let reg_is_ecx = |m: u8| (m >> 3) & 7 == 1 && rex & 0x04 == 0;
+    match op {
+        // mov r32, imm32 into another register (B8+r), except B9 (ecx).
+        [0xb8 | 0xba..=0xbf, ..] => true,
+        // mov r/m, r (89) and ALU r/m, r (01/09/21/29/31...): writes rm.
+        [0x89 | 0x01 | 0x09 | 0x21 | 0x29 | 0x31 | 0x11 | 0x19, m, ..] => !rm_is_ecx(*m),
+        // mov r, r/m (8B) and ALU r, r/m: writes reg.
+        [0x8b | 0x03 | 0x0b | 0x23 | 0x2b | 0x33 | 0x13 | 0x1b, m, ..] => !reg_is_ecx(*m),
+        // shr/shl r/m, imm8 (C1 /x): writes rm.
+        [0xc1, m, ..] => !rm_is_ecx(*m),
+        // movq/mov from memory with a segment (65 48 8B ...) is covered
+        // above; push/pop/nop/lea into other registers are common too.
+        [0x50..=0x57 | 0x90, ..] => true,
+        [0x58..=0x5f, ..] => op[0] != 0x59 || rex & 0x01 != 0,
+        [0x8d, m, ..] => !reg_is_ecx(*m),
+        _ => false,
+    }
 }
 
 /// Whether `bytes` is exactly `mov dword ptr [edi], eax` (`89 07`, the
@@ -116,6 +178,12 @@ pub fn classify(bytes: &[u8]) -> Option<Kind> {
         [0x0f, 0x34, ..] => Some(Kind::Sysenter),
         [0x0f, 0x07, ..] => Some(Kind::Sysret),
         [0x0f, 0x35, ..] => Some(Kind::Sysexit),
+        // 0F 00 /5: VERW (register or memory operand).
+        [0x0f, 0x00, m, ..] if modrm_reg(*m) == 5 => Some(Kind::Verw),
+        // 0F AE /5 with mod == 3 (E8..EF): LFENCE; with a memory operand it
+        // is XRSTOR.
+        [0x0f, 0xae, 0xe8..=0xef, ..] => Some(Kind::Lfence),
+        [0x0f, 0x30, ..] => Some(Kind::Wrmsr),
         _ => None,
     }
 }
@@ -188,6 +256,43 @@ mod tests {
         assert_eq!(classify(&[0xef]), Some(Kind::Out32));
         assert_eq!(classify(&[0x66, 0xef]), None);
         assert_eq!(classify(&[0xee]), None);
+    }
+
+    #[test]
+    fn the_mitigation_instructions() {
+        // verw [rip+x] (Linux's mds_clear_cpu_buffers), verw ax
+        assert_eq!(
+            classify(&[0x0f, 0x00, 0x2d, 0x10, 0x20, 0x30, 0x40]),
+            Some(Kind::Verw)
+        );
+        assert_eq!(classify(&[0x0f, 0x00, 0xe8]), Some(Kind::Verw));
+        // verr (0F 00 /4), ltr (0F 00 /3): not VERW
+        assert_eq!(classify(&[0x0f, 0x00, 0xe0]), None);
+        assert_eq!(classify(&[0x0f, 0x00, 0xd8]), None);
+        assert_eq!(classify(&[0x0f, 0xae, 0xe8]), Some(Kind::Lfence));
+        // mfence (F0), sfence (F8), xrstor [rax] (0F AE /5 memory)
+        assert_eq!(classify(&[0x0f, 0xae, 0xf0]), None);
+        assert_eq!(classify(&[0x0f, 0xae, 0xf8]), None);
+        assert_eq!(classify(&[0x0f, 0xae, 0x28]), None);
+        assert_eq!(classify(&[0x0f, 0x30]), Some(Kind::Wrmsr));
+        // rdmsr
+        assert_eq!(classify(&[0x0f, 0x32]), None);
+    }
+
+    #[test]
+    fn the_msr_number_before_a_wrmsr() {
+        assert_eq!(mov_ecx_imm(&[0xb9, 0x48, 0, 0, 0]), Some(0x48));
+        assert_eq!(mov_ecx_imm(&[0xba, 0x48, 0, 0, 0]), None);
+        assert_eq!(mov_ecx_imm(&[0x41, 0xb9, 0x48, 0, 0, 0]), None);
+        // IBRS_ENTER: mov rdx, gs:[x]; mov eax, edx; shr rdx, 32: ecx kept
+        assert!(keeps_ecx(&[0x65, 0x48, 0x8b, 0x14, 0x25, 0, 0, 0, 0]));
+        assert!(keeps_ecx(&[0x89, 0xd0]));
+        assert!(keeps_ecx(&[0x48, 0xc1, 0xea, 0x20]));
+        // mov ecx, eax (89 C1), xor ecx, ecx (31 C9), pop rcx, an unknown op
+        assert!(!keeps_ecx(&[0x89, 0xc1]));
+        assert!(!keeps_ecx(&[0x31, 0xc9]));
+        assert!(!keeps_ecx(&[0x59]));
+        assert!(!keeps_ecx(&[0xe8, 0, 0, 0, 0]));
     }
 
     #[test]

@@ -93,7 +93,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use decode::Kind;
-use output::{CallPcs, Counts, Mark, Report, FIELDS};
+use output::{CallPcs, Counts, Mark, Report, CALL_SPLIT, FIELDS};
 
 /// The API version this build declares to QEMU.
 #[cfg(not(feature = "api-v2"))]
@@ -181,8 +181,8 @@ struct Track {
     sysret_pending: AtomicBool,
     /// `kernel_insns` when the current call began.
     call_start: AtomicU64,
-    /// `cr3_writes` when the current call began.
-    call_start_cr3: AtomicU64,
+    /// The [`output::CALL_SPLIT`] counters when the current call began.
+    call_start_split: [AtomicU64; CALL_SPLIT.len()],
     /// The address of the last instruction of the last block that ran.
     last_pc: AtomicU64,
     /// Whether that instruction could reach into the next page, not first
@@ -210,7 +210,7 @@ impl Track {
             iret_pending: AtomicBool::new(false),
             sysret_pending: AtomicBool::new(false),
             call_start: AtomicU64::new(0),
-            call_start_cr3: AtomicU64::new(0),
+            call_start_split: std::array::from_fn(|_| AtomicU64::new(0)),
             last_pc: AtomicU64::new(u64::MAX),
             last_cut: AtomicBool::new(false),
             log: CallLog(UnsafeCell::new((Vec::new(), false))),
@@ -285,6 +285,21 @@ struct Special {
     seg: Segment,
     /// Its segment's slot ([`NO_SLOT`]: none).
     slot: u32,
+    /// A WRMSR's counter by MSR number (`mov ecx, imm32` earlier in its
+    /// block, ECX not written since): the `wrmsr_<msr>` field, if one.
+    msr_field: Option<usize>,
+}
+
+/// The `wrmsr_<msr>` counter of an MSR number, for the MSRs Linux's
+/// mitigations write.
+fn msr_field(msr: u32) -> Option<usize> {
+    use output::field::*;
+    match msr {
+        0x48 => Some(WRMSR_SPEC_CTRL),
+        0x49 => Some(WRMSR_PRED_CMD),
+        0x10b => Some(WRMSR_FLUSH_CMD),
+        _ => None,
+    }
 }
 
 fn field_of(kind: Kind) -> usize {
@@ -300,6 +315,9 @@ fn field_of(kind: Kind) -> usize {
         Kind::Sysexit => SYSEXIT,
         Kind::Iret => IRET,
         Kind::Out32 | Kind::MarkStore => MARKERS,
+        Kind::Verw => VERW,
+        Kind::Lfence => LFENCE,
+        Kind::Wrmsr => WRMSR,
     }
 }
 
@@ -345,8 +363,10 @@ fn block_start(s: &State, c: &VcpuCounters, t: &Track, kernel: bool) {
         if state == IN_DISTURBED_CALL {
             let start = t.call_start.load(Ordering::Relaxed);
             c.add(KERNEL_INSNS_OTHER, now(KERNEL_INSNS).wrapping_sub(start));
-            let start_cr3 = t.call_start_cr3.load(Ordering::Relaxed);
-            c.add(CR3_WRITES_OTHER, now(CR3_WRITES).wrapping_sub(start_cr3));
+            for (k, &(f, other)) in CALL_SPLIT.iter().enumerate() {
+                let start = t.call_start_split[k].load(Ordering::Relaxed);
+                c.add(other, now(f).wrapping_sub(start));
+            }
             c.add(CALLS_OTHER, 1);
         }
         if s.pcs {
@@ -377,7 +397,9 @@ fn block_start(s: &State, c: &VcpuCounters, t: &Track, kernel: bool) {
     match (prev, kernel) {
         (false, true) if entry => {
             t.call_start.store(now(KERNEL_INSNS), Ordering::Relaxed);
-            t.call_start_cr3.store(now(CR3_WRITES), Ordering::Relaxed);
+            for (k, &(f, _)) in CALL_SPLIT.iter().enumerate() {
+                t.call_start_split[k].store(now(f), Ordering::Relaxed);
+            }
             t.state.store(IN_CALL, Ordering::Relaxed);
             if s.pcs {
                 let log = t.log.get();
@@ -479,11 +501,15 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
             m.1 += 1;
         }
     }
-    c.add(field_of(sp.kind), 1);
-    // A CR3 write outside any call is set apart at once, as its
-    // instructions are; a call's are set apart (or not) when it ends.
-    if sp.kind == Kind::Cr3Write && t.state.load(Ordering::Relaxed) == IN_OTHER {
-        c.add(output::field::CR3_WRITES_OTHER, 1);
+    // A CR3 write (VERW, WRMSR ...) outside any call is set apart at
+    // once, as its instructions are; a call's are set apart (or not) when
+    // it ends.
+    let outside = t.state.load(Ordering::Relaxed) == IN_OTHER;
+    for f in std::iter::once(field_of(sp.kind)).chain(sp.msr_field) {
+        c.add(f, 1);
+        if let (true, Some(&(_, other))) = (outside, CALL_SPLIT.iter().find(|(x, _)| *x == f)) {
+            c.add(other, 1);
+        }
     }
     add_segment(c, t, &sp.seg, sp.slot);
 }
@@ -517,6 +543,8 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
     let mut buf = [0u8; 16];
     // Whether the previous instruction of this block was `mov edx, PORT`.
     let mut after_port_mov = false;
+    // The MSR number in ECX, as this block's instructions so far set it.
+    let mut ecx_msr: Option<u32> = None;
     for i in 0..n {
         // SAFETY: `i < n`, the block's instruction count.
         let insn = unsafe { (api.tb_get_insn)(tb, i) };
@@ -545,6 +573,12 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
             .user_mark_port
             .is_some_and(|p| decode::is_mov_edx_imm(bytes, p));
         // `port_mov` is only ever true with `umark`.
+        let msr_here = ecx_msr;
+        ecx_msr = match decode::mov_ecx_imm(bytes) {
+            Some(m) => Some(m),
+            None if decode::keeps_ecx(bytes) => ecx_msr,
+            None => None,
+        };
         let kind = decode::classify(bytes).or_else(|| {
             (port_mov && !kernel_mode && decode::is_mark_store(bytes)).then_some(Kind::MarkStore)
         });
@@ -569,6 +603,9 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
                     kernel_mode,
                     seg: Segment::default(),
                     slot: NO_SLOT,
+                    msr_field: (kind == Kind::Wrmsr)
+                        .then(|| msr_here.and_then(msr_field))
+                        .flatten(),
                 }),
                 Vec::new(),
             ));

@@ -69,6 +69,7 @@ fn command(cli: Cli) -> ExitCode {
         Some(Command::Pagetables(args)) => code(ptiscope::cli::pagetables::run(&args)),
         Some(Command::Linux(cmd)) => code(ptiscope::cli::linux::run(&cmd)),
         Some(Command::Reproduce(args)) => code(ptiscope::cli::reproduce::run(&args)),
+        Some(Command::Ledger(args)) => code(ptiscope::cli::ledger::run(&args)),
         Some(Command::NestedBatch(args)) => code(ptiscope::nested::cli::batch(&args)),
         Some(Command::NestedExec(args)) => code(ptiscope::nested::cli::exec(&args)),
         // No command: the README's main job, the default comparison.

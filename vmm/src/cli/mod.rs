@@ -17,6 +17,7 @@ mod args;
 mod command_error;
 pub mod compare;
 pub mod exit_code;
+pub mod ledger;
 pub mod linux;
 pub mod measured_error;
 pub mod pagetables;
@@ -116,6 +117,9 @@ pub enum Command {
     /// One published PTI table (docs/seeds.md) measured here, beside the
     /// published figures, on the companion guest and the Linux kernels.
     Reproduce(reproduce::ReproduceArgs),
+    /// What each of a Linux kernel's CPU-bug mitigations costs per system
+    /// call, per CPU model, exactly (QEMU TCG; docs/ledger.md).
+    Ledger(ledger::LedgerArgs),
     /// `--backend nested`'s batch: many inner commands in one boot (tests).
     #[command(hide = true)]
     NestedBatch(NestedBatchArgs),

@@ -11,7 +11,7 @@
 //! phase among the snapshots, [`PluginReport::linux_phase`] the init's.
 
 /// The format version this parser reads.
-pub const FORMAT_VERSION: u64 = 3;
+pub const FORMAT_VERSION: u64 = 4;
 /// Largest file accepted (a distribution kernel's text symbols, when the
 /// file carries them, are about 4 MiB).
 pub const MAX_FILE_BYTES: usize = 32 << 20;
@@ -79,11 +79,36 @@ pub enum PluginCounter {
     /// The subset of [`PluginCounter::Cr3Writes`] set apart from system
     /// calls by the same rule as [`PluginCounter::KernelInsnsOther`].
     Cr3WritesOther,
+    /// VERW (Linux's CPU-buffer clearing).
+    Verw,
+    /// The subset of [`PluginCounter::Verw`] set apart from system calls.
+    VerwOther,
+    /// LFENCE.
+    Lfence,
+    /// The subset of [`PluginCounter::Lfence`] set apart.
+    LfenceOther,
+    /// WRMSR, any MSR.
+    Wrmsr,
+    /// The subset of [`PluginCounter::Wrmsr`] set apart.
+    WrmsrOther,
+    /// WRMSR of IA32_SPEC_CTRL (0x48, IBRS), known by the `mov ecx, 0x48`
+    /// before it in its translation block.
+    WrmsrSpecCtrl,
+    /// The subset of [`PluginCounter::WrmsrSpecCtrl`] set apart.
+    WrmsrSpecCtrlOther,
+    /// WRMSR of IA32_PRED_CMD (0x49, IBPB).
+    WrmsrPredCmd,
+    /// The subset of [`PluginCounter::WrmsrPredCmd`] set apart.
+    WrmsrPredCmdOther,
+    /// WRMSR of IA32_FLUSH_CMD (0x10b, L1D flush).
+    WrmsrFlushCmd,
+    /// The subset of [`PluginCounter::WrmsrFlushCmd`] set apart.
+    WrmsrFlushCmdOther,
 }
 
 impl PluginCounter {
     /// Every counter, in the file's `fields` order.
-    pub const ALL: [PluginCounter; 15] = [
+    pub const ALL: [PluginCounter; 27] = [
         PluginCounter::KernelInsns,
         PluginCounter::UserInsns,
         PluginCounter::Cr3Writes,
@@ -99,6 +124,18 @@ impl PluginCounter {
         PluginCounter::KernelInsnsOther,
         PluginCounter::CallsOther,
         PluginCounter::Cr3WritesOther,
+        PluginCounter::Verw,
+        PluginCounter::VerwOther,
+        PluginCounter::Lfence,
+        PluginCounter::LfenceOther,
+        PluginCounter::Wrmsr,
+        PluginCounter::WrmsrOther,
+        PluginCounter::WrmsrSpecCtrl,
+        PluginCounter::WrmsrSpecCtrlOther,
+        PluginCounter::WrmsrPredCmd,
+        PluginCounter::WrmsrPredCmdOther,
+        PluginCounter::WrmsrFlushCmd,
+        PluginCounter::WrmsrFlushCmdOther,
     ];
 
     /// The field name in the file.
@@ -119,6 +156,18 @@ impl PluginCounter {
             PluginCounter::KernelInsnsOther => "kernel_insns_other",
             PluginCounter::CallsOther => "calls_other",
             PluginCounter::Cr3WritesOther => "cr3_writes_other",
+            PluginCounter::Verw => "verw",
+            PluginCounter::VerwOther => "verw_other",
+            PluginCounter::Lfence => "lfence",
+            PluginCounter::LfenceOther => "lfence_other",
+            PluginCounter::Wrmsr => "wrmsr",
+            PluginCounter::WrmsrOther => "wrmsr_other",
+            PluginCounter::WrmsrSpecCtrl => "wrmsr_spec_ctrl",
+            PluginCounter::WrmsrSpecCtrlOther => "wrmsr_spec_ctrl_other",
+            PluginCounter::WrmsrPredCmd => "wrmsr_pred_cmd",
+            PluginCounter::WrmsrPredCmdOther => "wrmsr_pred_cmd_other",
+            PluginCounter::WrmsrFlushCmd => "wrmsr_flush_cmd",
+            PluginCounter::WrmsrFlushCmdOther => "wrmsr_flush_cmd_other",
         }
     }
 }
@@ -159,6 +208,22 @@ impl Counts {
     pub fn call_cr3_writes(&self) -> u64 {
         self.get(PluginCounter::Cr3Writes)
             .saturating_sub(self.get(PluginCounter::Cr3WritesOther))
+    }
+    /// Executions of `c` (one of the counters split like CR3 writes:
+    /// VERW, LFENCE, the WRMSRs) inside the system calls not set apart.
+    pub fn in_calls(&self, c: PluginCounter) -> u64 {
+        use PluginCounter::*;
+        let other = match c {
+            Cr3Writes => Cr3WritesOther,
+            Verw => VerwOther,
+            Lfence => LfenceOther,
+            Wrmsr => WrmsrOther,
+            WrmsrSpecCtrl => WrmsrSpecCtrlOther,
+            WrmsrPredCmd => WrmsrPredCmdOther,
+            WrmsrFlushCmd => WrmsrFlushCmdOther,
+            _ => return 0,
+        };
+        self.get(c).saturating_sub(self.get(other))
     }
     /// Returns: SYSRET + SYSEXIT + IRET.
     pub fn syscall_returns(&self) -> u64 {
@@ -637,7 +702,7 @@ mod tests {
     fn file(marks: &[(u64, [u64; N_COUNTERS])], totals: [u64; N_COUNTERS]) -> String {
         let fields: Vec<&str> = PluginCounter::ALL.iter().map(|c| c.field()).collect();
         let mut s = format!(
-            "ptiscope-tcg-plugin version=3 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
+            "ptiscope-tcg-plugin version=4 api=1 vcpus=1\nkernel 0x0-0x3fffff:0xc0000000-0xffffffff\nfields {}\n",
             fields.join(" ")
         );
         let line = |c: [u64; N_COUNTERS]| {
@@ -734,7 +799,7 @@ mod tests {
             );
         }
         for (from, to) in [
-            ("version=3", "version=2"),
+            ("version=4", "version=3"),
             ("vcpus=1", "vcpus=0"),
             ("vcpus=1", "vcpus=65"),
             ("vcpus=1", "vcpus=2"),

@@ -19,7 +19,7 @@ use crate::report::{CrossCheck, Metric, RunSummary, Source};
 /// everything else the kernel executed is `kernel_instructions_other`, and
 /// the calls set apart are `syscalls_set_apart` (docs/telemetry-abi.md,
 /// "System calls apart from everything else").
-fn rows(c: &Counts) -> [(&'static str, u64); 16] {
+fn rows(c: &Counts) -> [(&'static str, u64); 28] {
     use PluginCounter::*;
     [
         ("kernel_instructions", c.call_kernel_insns()),
@@ -38,6 +38,21 @@ fn rows(c: &Counts) -> [(&'static str, u64); 16] {
         ("insn_iret", c.get(Iret)),
         ("syscall_entries", c.syscall_entries()),
         ("syscall_returns", c.syscall_returns()),
+        // The mitigations' instructions (the ledger's special
+        // instructions): every execution in the phase, and (`_calls`)
+        // those of the undisturbed calls, as `insn_mov_cr3_calls`.
+        ("insn_verw", c.get(Verw)),
+        ("insn_verw_calls", c.in_calls(Verw)),
+        ("insn_lfence", c.get(Lfence)),
+        ("insn_lfence_calls", c.in_calls(Lfence)),
+        ("insn_wrmsr", c.get(Wrmsr)),
+        ("insn_wrmsr_calls", c.in_calls(Wrmsr)),
+        ("insn_wrmsr_spec_ctrl", c.get(WrmsrSpecCtrl)),
+        ("insn_wrmsr_spec_ctrl_calls", c.in_calls(WrmsrSpecCtrl)),
+        ("insn_wrmsr_pred_cmd", c.get(WrmsrPredCmd)),
+        ("insn_wrmsr_pred_cmd_calls", c.in_calls(WrmsrPredCmd)),
+        ("insn_wrmsr_flush_cmd", c.get(WrmsrFlushCmd)),
+        ("insn_wrmsr_flush_cmd_calls", c.in_calls(WrmsrFlushCmd)),
     ]
 }
 
@@ -162,10 +177,9 @@ fn phase_rows(
     let apart = total.get(PluginCounter::CallsOther);
     let calls = s.iterations;
     for r in s.rows.iter_mut().filter(|r| {
-        matches!(
-            r.metric.name.as_str(),
-            "kernel_instructions" | "insn_mov_cr3_calls"
-        ) && guest_phased
+        (r.metric.name == "kernel_instructions"
+            || (r.metric.name.starts_with("insn_") && r.metric.name.ends_with("_calls")))
+            && guest_phased
             && apart > 0
     }) {
         r.per_iteration = (calls > apart).then(|| r.total / (calls - apart) as f64);

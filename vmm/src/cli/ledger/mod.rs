@@ -1,0 +1,80 @@
+//! `ptiscope ledger`: what each of a Linux kernel's CPU-bug mitigations
+//! costs per system call, per CPU model, exactly (docs/ledger.md).
+//!
+//! Per kernel, CPU model and workload (a block): one default boot reads
+//! which mitigations the kernel enabled (its vulnerabilities files) and
+//! measures the default path; one boot per enabled mitigation turned off by
+//! its documented parameter (`plan`); one `mitigations=off` boot for the
+//! total. Every boot runs under QEMU TCG with ptiscope's plugin, which
+//! counts the undisturbed calls' kernel instructions exactly, by symbol and
+//! by special instruction (`model`). `run` boots them two at a time,
+//! `render` prints and writes the result.
+
+mod model;
+mod plan;
+mod render;
+mod run;
+mod svg;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+pub use run::run;
+
+/// CPU models measured when none is given: an older Intel client part
+/// (PTI, VERW, retpolines), a newer Intel server part, an AMD EPYC part,
+/// and QEMU's `max` (TCG's own, which claims no bug).
+pub const DEFAULT_CPUS: [&str; 4] = [
+    "Skylake-Client-v1",
+    "Cascadelake-Server-v4",
+    "EPYC-Rome",
+    "max",
+];
+
+/// Options of `ptiscope ledger`.
+#[derive(Debug, Args)]
+pub struct LedgerArgs {
+    /// A Linux kernel (repeatable): `debian-amd64`, `debian-6.12-amd64`,
+    /// `debian-686-pae`, or a bzImage path. Default: every one of those
+    /// `ptiscope linux fetch` has put in the cache.
+    #[arg(long, value_name = "KERNEL")]
+    pub linux: Vec<String>,
+    /// QEMU's CPU model (repeatable; `qemu-system-x86_64 -cpu help` lists
+    /// them). Default: Skylake-Client-v1, Cascadelake-Server-v4, EPYC-Rome, max.
+    #[arg(long, value_name = "MODEL")]
+    pub cpu: Vec<String>,
+    /// Workload (repeatable): a system-call loop (getppid, getpid,
+    /// write-badfd). Default: getppid.
+    #[arg(long, value_name = "NAME")]
+    pub workload: Vec<String>,
+    /// Measure only this mitigation's row (repeatable; its key: meltdown,
+    /// verw, spectre_v1, spectre_v2, spectre_bhi, retbleed,
+    /// indirect_target_selection, spec_rstack_overflow, spec_store_bypass,
+    /// l1tf, srbds, gather_data_sampling, vmscape, tsa). Default: every enabled one.
+    #[arg(long, value_name = "KEY")]
+    pub mitigation: Vec<String>,
+    /// Calls per boot (the counts are exact: a thousand is plenty).
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    pub iterations: u64,
+    /// Boots run at once (each is one QEMU TCG process, one host CPU).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub jobs: u32,
+    /// Stop a boot after this many seconds.
+    #[arg(long, value_name = "SECS", default_value = "240", value_parser = crate::cli::parse_timeout)]
+    pub timeout: Duration,
+    /// Write the ledger as JSON (schema ptiscope.ledger/1, every figure).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the ledger as CSV (one line per block and row).
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write the ledger as an SVG picture (a stacked bar per block, one
+    /// segment per mitigation, a mark at the mitigations=off total).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}

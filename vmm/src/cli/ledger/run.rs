@@ -1,0 +1,508 @@
+//! The ledger's boots: the refusals before any boot (unknown CPU models,
+//! kernels not fetched, workloads that are no system-call loop), the jobs
+//! of every block, run `--jobs` at a time, and the blocks assembled.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::model::{Block, FailedBlock, Measure, Row, Sum};
+use super::plan::{self, RowPlan, ALL_OFF};
+use super::render::{self, Ledger};
+use super::{LedgerArgs, DEFAULT_CPUS};
+use crate::cli::exit_code;
+use crate::cli::{ExperimentOpts, LinuxArgs, TargetOpts};
+use crate::spec::ResolvedRun;
+use ptiscope_abi::options::Workload;
+
+/// Why the ledger could not run (before or after its boots).
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// A bad option value.
+    #[error("{0}")]
+    Usage(String),
+    /// A CPU model QEMU does not offer.
+    #[error(
+        "--cpu {model}: QEMU offers no such CPU model; `qemu-system-x86_64 -cpu help` offers: {offered}"
+    )]
+    UnknownCpu {
+        /// The model given.
+        model: String,
+        /// The models QEMU lists.
+        offered: String,
+    },
+    /// QEMU's model list could not be read.
+    #[error("cannot list QEMU's CPU models (`qemu-system-x86_64 -cpu help`): {0}; install QEMU (qemu-system-x86)")]
+    NoQemu(String),
+    /// An output file cannot be created.
+    #[error(transparent)]
+    Output(#[from] crate::output::OpenError),
+    /// A boot could not be set up (a kernel not fetched, an unreadable image).
+    #[error("{what}: {why}")]
+    Setup {
+        /// Which block.
+        what: String,
+        /// Why.
+        why: String,
+    },
+    /// An output file could not be written.
+    #[error("{0}")]
+    Write(String),
+}
+
+impl LedgerError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            LedgerError::Usage(_) | LedgerError::UnknownCpu { .. } => exit_code::USAGE,
+            LedgerError::NoQemu(_) => exit_code::KVM_UNAVAILABLE,
+            LedgerError::Output(_) | LedgerError::Write(_) => exit_code::CANT_CREATE,
+            LedgerError::Setup { .. } => exit_code::NO_IMAGE,
+        }
+    }
+}
+
+/// `ptiscope ledger`; returns the exit code: 0 every block and row
+/// measured, 1 some boot failed (the rest reported), else the error's.
+pub fn run(args: &LedgerArgs) -> i32 {
+    match ledger(args) {
+        Ok(code) => code,
+        Err(e) => {
+            say!("ptiscope ledger: error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// The models `qemu-system-x86_64 -cpu help` lists (`x86 NAME  ...` lines).
+fn qemu_cpu_models() -> Result<Vec<String>, LedgerError> {
+    let out = std::process::Command::new("qemu-system-x86_64")
+        .args(["-cpu", "help"])
+        .output()
+        .map_err(|e| LedgerError::NoQemu(e.to_string()))?;
+    if !out.status.success() {
+        return Err(LedgerError::NoQemu(format!(
+            "it exited with {}",
+            out.status
+        )));
+    }
+    Ok(parse_cpu_models(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The model names of `-cpu help`'s text.
+pub(super) fn parse_cpu_models(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("x86")).then(|| w.next()).flatten()
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// One boot of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Default,
+    AllOff,
+    Row(usize),
+}
+
+struct Job {
+    block: usize,
+    kind: Kind,
+    /// The parameters it adds (for the progress line).
+    append: String,
+    run: ResolvedRun,
+}
+
+/// One block's setting.
+struct Setting {
+    kernel: String,
+    cpu: String,
+    workload: Workload,
+}
+
+impl Setting {
+    fn name(&self) -> String {
+        format!("{} {} {}", self.kernel, self.cpu, self.workload.name())
+    }
+}
+
+/// The kernels `--linux` names, else every known one in the cache.
+fn kernels(args: &LedgerArgs) -> Result<Vec<String>, LedgerError> {
+    if !args.linux.is_empty() {
+        return Ok(args.linux.clone());
+    }
+    let fetched: Vec<String> = crate::preflight::linux::fetch::KNOWN
+        .iter()
+        .filter(|k| {
+            crate::preflight::linux::known_path(k.name)
+                .and_then(Result::ok)
+                .is_some_and(|p| p.exists())
+        })
+        .map(|k| k.name.to_owned())
+        .collect();
+    if fetched.is_empty() {
+        return Err(LedgerError::Usage(
+            "no kernel: give --linux KERNEL, or fetch Debian's with `ptiscope linux fetch`".into(),
+        ));
+    }
+    Ok(fetched)
+}
+
+fn workloads(args: &LedgerArgs) -> Result<Vec<Workload>, LedgerError> {
+    if args.workload.is_empty() {
+        return Ok(vec![Workload::Getppid]);
+    }
+    args.workload
+        .iter()
+        .map(|w| {
+            let loops = Workload::NAMES
+                .iter()
+                .filter(|n| n.parse::<Workload>().is_ok_and(Workload::is_syscall_loop))
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ");
+            match w.parse::<Workload>() {
+                Ok(x) if x.is_syscall_loop() || x == Workload::SchedMessaging => Ok(x),
+                _ => Err(LedgerError::Usage(format!(
+                    "--workload {w:?}: the ledger measures a system-call loop ({loops}) \
+                     or the context-switching sched-messaging"
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// The settled run of one boot: `append` to the kernel command line.
+fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, String> {
+    let exp = ExperimentOpts {
+        workload: s.workload,
+        iterations: args.iterations,
+        cpus: 1,
+        kernel: None,
+        mem: crate::machine::memory::DEFAULT_MEM_MIB,
+        timeout: args.timeout,
+    };
+    let target = TargetOpts {
+        arch: None,
+        linux: LinuxArgs::default(),
+        on: crate::cli::BackendOpts {
+            backend: crate::cli::Backend::Qemu,
+            qemu_arg: Vec::new(),
+            no_plugin: false,
+            nested_paging: None,
+        },
+    };
+    let mut opts = format!("linux={},cpu={}", s.kernel, s.cpu);
+    if !append.is_empty() {
+        opts.push_str(&format!(",append={append}"));
+    }
+    let spec = crate::cli::compare::parse_side(&opts, &exp, &target, crate::GUEST_X86_64)
+        .map_err(|e| e.to_string())?;
+    let backend = target.on.backend();
+    let mut run =
+        crate::preflight::preflight(&spec.config, backend.target(), &crate::cli::host_facts())
+            .map_err(|e| e.to_string())?;
+    // The init sends the kernel's symbols, the plugin counts by address.
+    run.boot.cmdline = format!("{} {}", run.boot.cmdline, crate::linux::SYMBOLS_WORD);
+    Ok(run)
+}
+
+/// One boot's figures (or why none), and how long it took.
+type Outcome = (Result<Measure, String>, Duration);
+
+/// What the pool calls as each boot ends (progress).
+type OnDone<'a> = &'a (dyn Fn(&Job, &Result<Measure, String>, Duration) + Sync);
+
+/// Runs `jobs` `workers` at a time; each result in the job's place.
+fn pool(jobs: &[Job], workers: usize, on_done: OnDone<'_>) -> Vec<Outcome> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Outcome>>> = Mutex::new(jobs.iter().map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..workers.min(jobs.len()) {
+            scope.spawn(|| {
+                let backend = crate::cli::Backend::Qemu.with_plugin(true);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get(i) else { break };
+                    let started = Instant::now();
+                    let r = crate::cli::compare::run_measured(&job.run, &*backend)
+                        .map_err(|e| e.to_string())
+                        .and_then(|(_, s)| {
+                            let per_message =
+                                job.run.guest.workload == Some(Workload::SchedMessaging);
+                            Measure::of(&s, per_message)
+                        });
+                    let took = started.elapsed();
+                    on_done(job, &r, took);
+                    if let Ok(mut v) = results.lock() {
+                        v[i] = Some((r, took));
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| (Err("not run".into()), Duration::ZERO)))
+        .collect()
+}
+
+fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
+    let kernels = kernels(args)?;
+    if let Some(bad) = args
+        .mitigation
+        .iter()
+        .find(|k| !plan::MITIGATIONS.iter().any(|m| m.key == k.as_str()))
+    {
+        return Err(LedgerError::Usage(format!(
+            "--mitigation {bad:?}: not a row of the ledger (rows: {})",
+            plan::MITIGATIONS
+                .iter()
+                .map(|m| m.key)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let workloads = workloads(args)?;
+    let cpus: Vec<String> = if args.cpu.is_empty() {
+        DEFAULT_CPUS.iter().map(|c| (*c).to_owned()).collect()
+    } else {
+        args.cpu.clone()
+    };
+    // Every model checked before anything boots.
+    let offered = qemu_cpu_models()?;
+    if let Some(bad) = cpus.iter().find(|c| !offered.contains(c)) {
+        return Err(LedgerError::UnknownCpu {
+            model: bad.clone(),
+            offered: offered.join(" "),
+        });
+    }
+    let [json, csv, svg] = crate::output::open_outputs(
+        [
+            ("--json", args.json.as_deref()),
+            ("--csv", args.csv.as_deref()),
+            ("--svg", args.svg.as_deref()),
+        ],
+        args.timeout,
+    )?;
+    let mut settings = Vec::new();
+    for k in &kernels {
+        for c in &cpus {
+            for w in &workloads {
+                settings.push(Setting {
+                    kernel: k.clone(),
+                    cpu: c.clone(),
+                    workload: *w,
+                });
+            }
+        }
+    }
+    let started = Instant::now();
+    let boots_done = AtomicUsize::new(0);
+    let quiet = args.quiet;
+    let progress = |job: &Job, r: &Result<Measure, String>, took: Duration, s: &[Setting]| {
+        let n = boots_done.fetch_add(1, Ordering::Relaxed) + 1;
+        if quiet {
+            return;
+        }
+        let what = match job.kind {
+            Kind::Default => "default".to_owned(),
+            _ => job.append.clone(),
+        };
+        let result = match r {
+            Ok(m) => format!("{:.2} kernel instructions/call", m.per_call()),
+            Err(e) => format!("FAILED: {}", e.lines().next().unwrap_or("")),
+        };
+        say!(
+            "ledger: boot {n} [{:>5.0} s] {}: {what}: {result} ({:.1} s)",
+            started.elapsed().as_secs_f64(),
+            s[job.block].name(),
+            took.as_secs_f64()
+        );
+    };
+    // Stage 1: every block's default and all-off boots.
+    let mut first = Vec::new();
+    for (b, s) in settings.iter().enumerate() {
+        for (kind, append) in [(Kind::Default, ""), (Kind::AllOff, ALL_OFF)] {
+            let run = settle(s, append, args).map_err(|why| LedgerError::Setup {
+                what: s.name(),
+                why,
+            })?;
+            first.push(Job {
+                block: b,
+                kind,
+                append: append.to_owned(),
+                run,
+            });
+        }
+    }
+    if !quiet {
+        say!(
+            "ptiscope ledger: {} block(s) (kernel x CPU model x workload), {} calls per boot, {} boots at a time; \
+             first the default and {ALL_OFF} boots ({}), then one per enabled mitigation",
+            settings.len(),
+            args.iterations,
+            args.jobs,
+            first.len()
+        );
+    }
+    let workers = args.jobs as usize;
+    let stage1 = pool(&first, workers, &|j, r, t| progress(j, r, t, &settings));
+    // Stage 2: one boot per enabled mitigation of every block whose
+    // default boot ran.
+    let mut defaults: Vec<Option<Result<Measure, String>>> =
+        settings.iter().map(|_| None).collect();
+    let mut all_off: Vec<Option<Result<Measure, String>>> = settings.iter().map(|_| None).collect();
+    let mut seconds = vec![0.0f64; settings.len()];
+    for (job, (r, took)) in first.iter().zip(stage1) {
+        seconds[job.block] += took.as_secs_f64();
+        match job.kind {
+            Kind::Default => defaults[job.block] = Some(r),
+            _ => all_off[job.block] = Some(r),
+        }
+    }
+    let mut plans = Vec::new();
+    let mut second = Vec::new();
+    for (b, s) in settings.iter().enumerate() {
+        let p = match &defaults[b] {
+            Some(Ok(m)) => match &m.mitigations {
+                Some(g) => plan::plan(g),
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        for (i, row) in p.iter().enumerate() {
+            let asked = args.mitigation.is_empty()
+                || args.mitigation.iter().any(|k| k == row.mitigation.key);
+            if row.plan == RowPlan::Measure && asked {
+                let run =
+                    settle(s, row.mitigation.off, args).map_err(|why| LedgerError::Setup {
+                        what: s.name(),
+                        why,
+                    })?;
+                second.push(Job {
+                    block: b,
+                    kind: Kind::Row(i),
+                    append: row.mitigation.off.to_owned(),
+                    run,
+                });
+            }
+        }
+        plans.push(p);
+    }
+    if !quiet {
+        say!(
+            "ptiscope ledger: {} boot(s) with one mitigation off",
+            second.len()
+        );
+    }
+    let stage2 = pool(&second, workers, &|j, r, t| progress(j, r, t, &settings));
+    let mut offs: Vec<Vec<Option<Result<Measure, String>>>> = plans
+        .iter()
+        .map(|p| p.iter().map(|_| None).collect())
+        .collect();
+    for (job, (r, took)) in second.iter().zip(stage2) {
+        seconds[job.block] += took.as_secs_f64();
+        if let Kind::Row(i) = job.kind {
+            offs[job.block][i] = Some(r);
+        }
+    }
+    let mut blocks = Vec::new();
+    let mut failed = Vec::new();
+    for (b, s) in settings.iter().enumerate() {
+        let default = match defaults[b].take() {
+            Some(Ok(m)) => m,
+            other => {
+                failed.push(FailedBlock {
+                    kernel: s.kernel.clone(),
+                    cpu: s.cpu.clone(),
+                    workload: s.workload.name().to_owned(),
+                    error: match other {
+                        Some(Err(e)) => e,
+                        _ => "not run".into(),
+                    },
+                });
+                continue;
+            }
+        };
+        let rows: Vec<Row> = plans[b]
+            .iter()
+            .zip(offs[b].drain(..))
+            .map(|(p, off)| Row::new(p, &default, off))
+            .collect();
+        let all_off = all_off[b].take().unwrap_or_else(|| Err("not run".into()));
+        let sum = all_off
+            .as_ref()
+            .ok()
+            .map(|off| Sum::of(&rows, default.per_call() - off.per_call()));
+        let uncovered = default
+            .mitigations
+            .as_ref()
+            .map(plan::uncovered)
+            .unwrap_or_default();
+        let release = first
+            .iter()
+            .find(|j| j.block == b)
+            .and_then(|j| j.run.guest_kind.linux())
+            .and_then(|l| l.version.as_deref())
+            .and_then(|v| v.split_whitespace().next())
+            .map(str::to_owned);
+        blocks.push(Block {
+            kernel: s.kernel.clone(),
+            release,
+            cpu: s.cpu.clone(),
+            workload: s.workload.name().to_owned(),
+            default,
+            all_off,
+            rows,
+            sum,
+            uncovered,
+            boot_seconds: seconds[b],
+        });
+    }
+    let ledger = Ledger {
+        schema: "ptiscope.ledger/1",
+        iterations: args.iterations,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        blocks,
+        failed,
+    };
+    print!("{}", render::text(&ledger));
+    for (file, body) in [
+        (json.as_ref(), render::json(&ledger)),
+        (csv.as_ref(), render::csv(&ledger)),
+        (svg.as_ref(), super::svg::svg(&ledger)),
+    ] {
+        if let Some(f) = file {
+            f.write_document(&body).map_err(|e| {
+                LedgerError::Write(format!("{} {}: {e}", f.what(), f.path().display()))
+            })?;
+        }
+    }
+    // A row not measured because --mitigation named others is no failure.
+    let any_failed = !ledger.failed.is_empty()
+        || ledger.blocks.iter().any(|b| {
+            b.all_off.is_err()
+                || b.rows
+                    .iter()
+                    .any(|r| matches!(r.outcome, super::model::RowOutcome::Failed { .. }))
+        });
+    Ok(if any_failed { exit_code::FAILED } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_models_from_its_help_text() {
+        let text = "Available CPUs:\nx86 486                   (alias configured by machine type)\n\
+                    x86 Skylake-Client-v1     Intel Core Processor (Skylake)\nx86 max                   Enables all features\n\
+                    \nRecognized CPUID flags:\n  3dnow 3dnowext\n";
+        assert_eq!(parse_cpu_models(text), ["486", "Skylake-Client-v1", "max"]);
+    }
+}
