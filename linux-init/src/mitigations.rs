@@ -19,18 +19,6 @@
 //! Read before the measured phase: the reads and the mount are the init's,
 //! not the measured loop's.
 
-use std::ffi::{c_char, c_int, c_ulong, c_void};
-
-extern "C" {
-    fn mount(
-        src: *const c_char,
-        target: *const c_char,
-        fstype: *const c_char,
-        flags: c_ulong,
-        data: *const c_void,
-    ) -> c_int;
-}
-
 /// Where the kernel says what it does about each CPU bug
 /// (drivers/base/cpu.c, `cpu_root_vulnerabilities_attrs`).
 const DIR: &str = "/sys/devices/system/cpu/vulnerabilities";
@@ -100,25 +88,11 @@ pub fn report(cmdline: &str) {
 
 /// Mounts sysfs at /sys (creating the directory); one already there is fine.
 fn mount_sysfs() -> std::io::Result<()> {
-    let _ = std::fs::create_dir("/sys");
-    // SAFETY: NUL-terminated strings; no data argument.
-    let r = unsafe {
-        mount(
-            c"sysfs".as_ptr(),
-            c"/sys".as_ptr(),
-            c"sysfs".as_ptr(),
-            0,
-            core::ptr::null(),
-        )
-    };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
+    match crate::sys::mount_pseudo(c"sysfs", c"/sys") {
         // EBUSY: something (another part of the init) mounted it first.
-        if e.raw_os_error() != Some(16) {
-            return Err(e);
-        }
+        Err(e) if e.raw_os_error() == Some(16) => Ok(()),
+        r => r,
     }
-    Ok(())
 }
 
 /// A file's text, at most [`FILE_CAP`] bytes, lossily UTF-8.

@@ -307,17 +307,17 @@ pub fn kernel_log(cap: usize) -> std::io::Result<String> {
 
 /// Mounts procfs at /proc (creating the directory).
 pub fn mount_proc() -> std::io::Result<()> {
-    let _ = std::fs::create_dir("/proc");
-    // SAFETY: NUL-terminated strings; no data argument.
-    let r = unsafe {
-        mount(
-            c"proc".as_ptr(),
-            c"/proc".as_ptr(),
-            c"proc".as_ptr(),
-            0,
-            core::ptr::null(),
-        )
-    };
+    mount_pseudo(c"proc", c"/proc")
+}
+
+/// Mounts the kernel's pseudo file system `fs` (procfs, sysfs) at `dir`,
+/// creating the directory first.
+pub fn mount_pseudo(fs: &std::ffi::CStr, dir: &std::ffi::CStr) -> std::io::Result<()> {
+    if let Ok(path) = dir.to_str() {
+        let _ = std::fs::create_dir(path);
+    }
+    // SAFETY: NUL-terminated strings that outlive the call; no data argument.
+    let r = unsafe { mount(fs.as_ptr(), dir.as_ptr(), fs.as_ptr(), 0, core::ptr::null()) };
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
