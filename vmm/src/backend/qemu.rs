@@ -134,19 +134,8 @@ pub fn qemu_support(binary: &str) -> Result<QemuSupport, QemuError> {
     if let Some(s) = cache.as_ref().and_then(|c| c.get(binary)) {
         return Ok(s.clone());
     }
-    let out = |arg: &str| {
-        Command::new(binary)
-            .arg(arg)
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .map_err(|source| QemuError::Spawn {
-                binary: binary.to_string(),
-                source,
-            })
-    };
-    let version = out("--version")?;
-    let help = out("-help")?;
+    let version = qemu_output(binary, &["--version"])?;
+    let help = qemu_output(binary, &["-help"])?;
     let s = QemuSupport {
         version: parse_qemu_version(&String::from_utf8_lossy(&version.stdout)),
         plugins: String::from_utf8_lossy(&help.stdout)
@@ -159,6 +148,19 @@ pub fn qemu_support(binary: &str) -> Result<QemuSupport, QemuError> {
     Ok(s)
 }
 
+/// What `binary ARGS` prints on stdout (a query that starts no machine).
+fn qemu_output(binary: &str, args: &[&str]) -> Result<std::process::Output, QemuError> {
+    Command::new(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|source| QemuError::Spawn {
+            binary: binary.to_string(),
+            source,
+        })
+}
+
 /// The CPU models `binary -cpu help` lists (`x86 NAME  description`
 /// lines), once per binary and process.
 pub fn cpu_models(binary: &str) -> Result<Vec<String>, QemuError> {
@@ -168,15 +170,7 @@ pub fn cpu_models(binary: &str) -> Result<Vec<String>, QemuError> {
     if let Some(m) = cache.as_ref().and_then(|c| c.get(binary)) {
         return Ok(m.clone());
     }
-    let out = Command::new(binary)
-        .args(["-cpu", "help"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .map_err(|source| QemuError::Spawn {
-            binary: binary.to_string(),
-            source,
-        })?;
+    let out = qemu_output(binary, &["-cpu", "help"])?;
     let models = parse_cpu_models(&String::from_utf8_lossy(&out.stdout));
     cache
         .get_or_insert_with(HashMap::new)
