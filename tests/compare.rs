@@ -234,7 +234,7 @@ fn bad_compare_usage_is_refused_before_any_run() {
     for (args, needle) in [
         (
             &["--fail-if", "cr3_writes_per_call=2"][..],
-            "no comparison operator",
+            "\"=\" is not a comparison operator",
         ),
         (&["--baseline", "pti=maybe"][..], "possible values"),
         (&["--compare", "colour=blue"][..], "unknown key"),

@@ -345,7 +345,7 @@ fn by_symbol_refusals_before_boot() {
                 "--fail-if",
                 "symbol:entry_SYSCALL_64=>1",
             ][..],
-            "is not a kernel symbol name",
+            "\"=>\" is not a comparison operator",
         ),
         (
             &["--backend", "qemu", "--by-symbol", "--fail-if", "symbol:>1"][..],
