@@ -21,7 +21,7 @@ pub enum SideError {
         word: String,
     },
     /// Options that set nothing (empty, or only commas).
-    #[error("{opts:?} sets nothing: a side needs at least one key=value (keys: {keys}), e.g. pti=off", keys = crate::cli::compare::side::SideKey::list())]
+    #[error("{opts:?} sets nothing: a side needs at least one key=value (keys: {keys}), e.g. pti=off", keys = crate::cli::compare::side_key::SideKey::list())]
     Empty {
         /// The side's options as given.
         opts: String,
@@ -35,7 +35,7 @@ pub enum SideError {
         key: String,
     },
     /// A key compare does not know.
-    #[error("{opts:?}: unknown key {key:?} (keys: {keys})", keys = crate::cli::compare::side::SideKey::list())]
+    #[error("{opts:?}: unknown key {key:?} (keys: {keys})", keys = crate::cli::compare::side_key::SideKey::list())]
     UnknownKey {
         /// The side's options as given.
         opts: String,

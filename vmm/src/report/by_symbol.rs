@@ -1,7 +1,8 @@
 //! Per-call kernel instructions by kernel symbol (`--by-symbol`): one run's
 //! counts ([`BySymbol`], carried in its [`super::RunSummary`]), the two
 //! sides of a comparison and their difference ([`SymbolDiff`]), and
-//! `--fail-if symbol:NAME...` ([`SymbolCondition`]).
+//! `--fail-if symbol:NAME...` (`report::threshold::SymbolCondition`, which
+//! this table answers).
 
 use serde::{Deserialize, Serialize};
 
@@ -285,63 +286,6 @@ impl SymbolDiff {
     }
 }
 
-/// `--fail-if symbol:NAME[.FIELD] OP NUMBER`: FIELD is `delta` (the
-/// default: compare - baseline, per call), `baseline` or `compare`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SymbolCondition {
-    /// The symbol.
-    pub symbol: String,
-    /// `delta`, `baseline` or `compare`.
-    pub field: &'static str,
-    /// The operator.
-    pub op: &'static str,
-    /// The threshold.
-    pub value: f64,
-}
-
-impl SymbolCondition {
-    /// The prefix that makes a `--fail-if` a symbol condition.
-    pub const PREFIX: &'static str = "symbol:";
-
-    /// Parses one condition (starting with [`Self::PREFIX`]): the
-    /// `--fail-if` grammar's, [`crate::report::threshold::parse_symbol`].
-    pub fn parse(text: &str) -> Result<SymbolCondition, crate::report::ConditionError> {
-        crate::report::threshold::parse_symbol(text)
-    }
-
-    /// The text of the condition.
-    pub fn text(&self) -> String {
-        format!(
-            "{}{}.{}{}{}",
-            Self::PREFIX,
-            self.symbol,
-            self.field,
-            self.op,
-            crate::report::threshold::number_text(self.value)
-        )
-    }
-
-    /// Whether it holds on `diff`, and the value it looked at (a symbol
-    /// that ran on neither side is 0 there).
-    pub fn evaluate<'a>(&self, diff: &'a SymbolDiff) -> (bool, f64, Option<&'a SymbolRow>) {
-        let row = diff.row(&self.symbol);
-        let v = row.map_or(0.0, |r| match self.field {
-            "baseline" => r.baseline,
-            "compare" => r.compare,
-            _ => r.delta,
-        });
-        let holds = match self.op {
-            ">" => v > self.value,
-            ">=" => v >= self.value,
-            "<" => v < self.value,
-            "<=" => v <= self.value,
-            "==" => v == self.value,
-            _ => v != self.value,
-        };
-        (holds, v, row)
-    }
-}
-
 impl SymbolDiff {
     /// The table as CSV: a header, then one line per symbol (the rows'
     /// order: largest absolute difference first), zero differences
@@ -405,31 +349,5 @@ mod tests {
         let same = SymbolDiff::new(&[&b], &[&b]);
         assert!(same.rows.iter().all(|r| r.delta == 0.0));
         assert!(same.render_text(5).contains("no symbol differs"));
-    }
-
-    #[test]
-    fn symbol_conditions() {
-        let b = side(10, &[("entry_SYSCALL_64", 100)]);
-        let c = side(10, &[("entry_SYSCALL_64", 180)]);
-        let d = SymbolDiff::new(&[&b], &[&c]);
-        let cond = SymbolCondition::parse("symbol:entry_SYSCALL_64>5").unwrap();
-        assert_eq!(cond.field, "delta");
-        assert!(cond.evaluate(&d).0);
-        assert_eq!(cond.evaluate(&d).1, 8.0);
-        let cond = SymbolCondition::parse("symbol:entry_SYSCALL_64.compare <= 18").unwrap();
-        assert!(cond.evaluate(&d).0);
-        let absent = SymbolCondition::parse("symbol:nothing.delta!=0").unwrap();
-        assert_eq!(absent.evaluate(&d), (false, 0.0, None));
-        for bad in [
-            "symbol:>5",
-            "symbol:x",
-            "symbol:x>",
-            "symbol:x>abc",
-            "symbol:x=>5",
-            "symbol:x>inf",
-            "entry>5",
-        ] {
-            assert!(SymbolCondition::parse(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -36,7 +36,7 @@
 
 use std::fmt;
 
-use super::by_symbol::SymbolCondition;
+use super::by_symbol::{SymbolDiff, SymbolRow};
 use super::compare::CompareTable;
 use super::stats::Stat;
 
@@ -603,6 +603,63 @@ impl Condition {
     }
 }
 
+/// `--fail-if symbol:NAME[.FIELD] OP NUMBER`: FIELD is `delta` (the
+/// default: compare - baseline, per call), `baseline` or `compare`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SymbolCondition {
+    /// The symbol.
+    pub symbol: String,
+    /// `delta`, `baseline` or `compare`.
+    pub field: &'static str,
+    /// The operator.
+    pub op: &'static str,
+    /// The threshold.
+    pub value: f64,
+}
+
+impl SymbolCondition {
+    /// The prefix that makes a `--fail-if` a symbol condition.
+    pub const PREFIX: &'static str = "symbol:";
+
+    /// Parses one condition (starting with [`Self::PREFIX`]): the
+    /// `--fail-if` grammar's, [`parse_symbol`].
+    pub fn parse(text: &str) -> Result<SymbolCondition, ConditionError> {
+        parse_symbol(text)
+    }
+
+    /// The text of the condition.
+    pub fn text(&self) -> String {
+        format!(
+            "{}{}.{}{}{}",
+            Self::PREFIX,
+            self.symbol,
+            self.field,
+            self.op,
+            number_text(self.value)
+        )
+    }
+
+    /// Whether it holds on `diff`, and the value it looked at (a symbol
+    /// that ran on neither side is 0 there).
+    pub fn evaluate<'a>(&self, diff: &'a SymbolDiff) -> (bool, f64, Option<&'a SymbolRow>) {
+        let row = diff.row(&self.symbol);
+        let v = row.map_or(0.0, |r| match self.field {
+            "baseline" => r.baseline,
+            "compare" => r.compare,
+            _ => r.delta,
+        });
+        let holds = match self.op {
+            ">" => v > self.value,
+            ">=" => v >= self.value,
+            "<" => v < self.value,
+            "<=" => v <= self.value,
+            "==" => v == self.value,
+            _ => v != self.value,
+        };
+        (holds, v, row)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -941,5 +998,39 @@ mod tests {
                 .contains("cycles_per_call, cr3_writes_per_call"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn symbol_conditions() {
+        let side = |n: u64| crate::report::by_symbol::BySymbol {
+            calls: 10,
+            kernel_instructions: n,
+            symbols: vec![crate::report::by_symbol::SymbolCount {
+                symbol: "entry_SYSCALL_64".into(),
+                instructions: n,
+            }],
+            table_symbols: 10,
+        };
+        let (b, c) = (side(100), side(180));
+        let d = SymbolDiff::new(&[&b], &[&c]);
+        let cond = SymbolCondition::parse("symbol:entry_SYSCALL_64>5").unwrap();
+        assert_eq!(cond.field, "delta");
+        assert!(cond.evaluate(&d).0);
+        assert_eq!(cond.evaluate(&d).1, 8.0);
+        let cond = SymbolCondition::parse("symbol:entry_SYSCALL_64.compare <= 18").unwrap();
+        assert!(cond.evaluate(&d).0);
+        let absent = SymbolCondition::parse("symbol:nothing.delta!=0").unwrap();
+        assert_eq!(absent.evaluate(&d), (false, 0.0, None));
+        for bad in [
+            "symbol:>5",
+            "symbol:x",
+            "symbol:x>",
+            "symbol:x>abc",
+            "symbol:x=>5",
+            "symbol:x>inf",
+            "entry>5",
+        ] {
+            assert!(SymbolCondition::parse(bad).is_err(), "{bad}");
+        }
     }
 }

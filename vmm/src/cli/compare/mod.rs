@@ -12,6 +12,7 @@ mod durations;
 mod output;
 mod runs;
 pub(crate) mod side;
+pub(crate) mod side_key;
 
 pub use against::Against;
 pub use runs::RunsReport;
