@@ -74,22 +74,10 @@ pub fn mov_ecx_imm(bytes: &[u8]) -> Option<u32> {
 /// destination register is not decoded here, so only instructions that
 /// are known to leave ECX alone keep the number (see [`keeps_ecx`]).
 pub fn keeps_ecx(bytes: &[u8]) -> bool {
-    // Skip prefixes (legacy and REX); a REX.B/REX.R makes a register
-    // operand r9, not ecx, but is kept conservative: decided by opcode.
-    let mut i = 0;
-    let mut rex = 0u8;
-    while i < bytes.len() && i < 15 {
-        let b = bytes[i];
-        if is_legacy_prefix(b) {
-            i += 1;
-        } else if (0x40..=0x4f).contains(&b) && i + 1 < bytes.len() {
-            rex = b;
-            i += 1;
-        } else {
-            break;
-        }
-    }
-    let op = &bytes[i.min(bytes.len())..];
+    // A REX.B/REX.R makes a register operand r9, not ecx, but is kept
+    // conservative: decided by opcode.
+    let Prefixes { len, rex, .. } = prefixes(bytes);
+    let op = &bytes[len..];
     // The destination register of a ModRM form with mod == 3: rm field,
     // extended by REX.B; of `op r, r/m`: reg field, extended by REX.R.
     let rm_is_ecx = |m: u8| m >> 6 == 3 && m & 7 == 1 && rex & 0x01 == 0;
@@ -139,30 +127,46 @@ pub fn is_rep_string(bytes: &[u8]) -> bool {
     rep && matches!(bytes.get(i), Some(0xa4..=0xa7 | 0xaa..=0xaf | 0x6c..=0x6f))
 }
 
-/// The kind of one instruction (`bytes` is exactly that instruction), or
-/// `None` if the plugin does not look at it.
-pub fn classify(bytes: &[u8]) -> Option<Kind> {
-    let mut i = 0;
-    let mut opsize = false;
-    let mut rex = 0u8;
+/// An instruction's prefixes: how many bytes they take, the REX byte in
+/// force (0 if none) and whether the operand-size prefix 0x66 is there.
+struct Prefixes {
+    len: usize,
+    rex: u8,
+    opsize: bool,
+}
+
+/// Reads the legacy and REX prefixes at the start of `bytes`.
+fn prefixes(bytes: &[u8]) -> Prefixes {
+    let mut p = Prefixes {
+        len: 0,
+        rex: 0,
+        opsize: false,
+    };
     // At most 15 bytes make an instruction; prefixes can repeat.
-    while i < bytes.len() && i < 15 {
-        let b = bytes[i];
+    while p.len < bytes.len() && p.len < 15 {
+        let b = bytes[p.len];
         if is_legacy_prefix(b) {
-            opsize |= b == 0x66;
+            p.opsize |= b == 0x66;
             // A legacy prefix after a REX cancels it.
-            rex = 0;
-            i += 1;
-        } else if (0x40..=0x4f).contains(&b) && i + 1 < bytes.len() {
+            p.rex = 0;
+            p.len += 1;
+        } else if (0x40..=0x4f).contains(&b) && p.len + 1 < bytes.len() {
             // A REX prefix only when something follows it: a lone 0x4X is
             // INC/DEC in 32-bit code.
-            rex = b;
-            i += 1;
+            p.rex = b;
+            p.len += 1;
         } else {
             break;
         }
     }
-    let op = &bytes[i.min(bytes.len())..];
+    p
+}
+
+/// The kind of one instruction (`bytes` is exactly that instruction), or
+/// `None` if the plugin does not look at it.
+pub fn classify(bytes: &[u8]) -> Option<Kind> {
+    let Prefixes { len, rex, opsize } = prefixes(bytes);
+    let op = &bytes[len..];
     let modrm_reg = |m: u8| (m >> 3) & 7;
     match op {
         [0xcd, _, ..] | [0xcc, ..] | [0xce, ..] => Some(Kind::IntN),
