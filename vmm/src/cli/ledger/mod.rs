@@ -16,10 +16,11 @@ mod render;
 mod run;
 mod svg;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+
+use crate::cli::OutputOpts;
 
 pub use run::run;
 
@@ -35,6 +36,12 @@ pub const DEFAULT_CPUS: [&str; 4] = [
 
 /// Options of `ptiscope ledger`.
 #[derive(Debug, Args)]
+#[command(
+    mut_arg("json", |a| a.help("Write the ledger as JSON (schema ptiscope.ledger/1, every figure)")),
+    mut_arg("csv", |a| a.help("Write the ledger as CSV (one line per block and row)")),
+    mut_arg("svg", |a| a.help("Write the ledger as an SVG picture (a stacked bar per block, one \
+        segment per mitigation, a mark at the mitigations=off total)")),
+)]
 pub struct LedgerArgs {
     /// A Linux kernel (repeatable): `debian-amd64`, `debian-6.12-amd64`,
     /// `debian-686-pae`, or a bzImage path. Default: every one of those
@@ -64,16 +71,10 @@ pub struct LedgerArgs {
     /// Stop a boot after this many seconds.
     #[arg(long, value_name = "SECS", default_value = "240", value_parser = crate::cli::parse_timeout)]
     pub timeout: Duration,
-    /// Write the ledger as JSON (schema ptiscope.ledger/1, every figure).
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write the ledger as CSV (one line per block and row).
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Write the ledger as an SVG picture (a stacked bar per block, one
-    /// segment per mitigation, a mark at the mitigations=off total).
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
+    /// `--json`, `--csv`, `--svg`: compare's and sweep's output options,
+    /// with the ledger's help texts (above).
+    #[command(flatten)]
+    pub out: OutputOpts,
     /// No progress lines.
     #[arg(long)]
     pub quiet: bool,

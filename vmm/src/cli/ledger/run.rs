@@ -281,14 +281,7 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             offered: offered.join(" "),
         });
     }
-    let [json, csv, svg] = crate::output::open_outputs(
-        [
-            ("--json", args.json.as_deref()),
-            ("--csv", args.csv.as_deref()),
-            ("--svg", args.svg.as_deref()),
-        ],
-        args.timeout,
-    )?;
+    let [json, csv, svg] = args.out.open(args.timeout)?;
     let mut settings = Vec::new();
     for k in &kernels {
         for c in &cpus {
