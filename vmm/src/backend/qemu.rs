@@ -182,11 +182,26 @@ pub fn cpu_models(binary: &str) -> Result<Vec<String>, QemuError> {
 /// that starts with the architecture (`x86 Skylake-Client-v1 ...`); the
 /// feature flags listed after them are indented and left out.
 pub fn parse_cpu_models(help: &str) -> Vec<String> {
-    help.lines()
-        .filter_map(|l| l.strip_prefix("x86 "))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .map(str::to_string)
-        .collect()
+    // QEMU up to 8.x writes `x86 NAME  description` lines; 9.0 and later an
+    // `Available CPUs:` header, then `  NAME  description` lines up to a
+    // blank line (then `Recognized CPUID flags:`, indented too, not models).
+    let mut in_list = false;
+    let mut models = Vec::new();
+    for line in help.lines() {
+        let name = if let Some(rest) = line.strip_prefix("x86 ") {
+            rest.split_whitespace().next()
+        } else if line.trim_end() == "Available CPUs:" {
+            in_list = true;
+            None
+        } else if in_list && line.starts_with("  ") {
+            line.split_whitespace().next()
+        } else {
+            in_list = false;
+            None
+        };
+        models.extend(name.map(str::to_string));
+    }
+    models
 }
 
 /// Why `model` cannot be `binary`'s `-cpu` under TCG, `None` if it can:
@@ -853,6 +868,20 @@ mod tests {
         assert_eq!(
             parse_cpu_models(help),
             ["486", "Skylake-Client-v1", "host", "max"]
+        );
+    }
+
+    /// QEMU 9.0 and later: no `x86 ` prefix, the list indented under its
+    /// header, and the CPUID flags after a blank line are no models.
+    #[test]
+    fn cpu_models_from_qemu_10_help() {
+        let help = "Available CPUs:\n  486                   (alias configured by machine type)\n  \
+                    486-v1                \n  Skylake-Client-v1     Intel Core Processor (Skylake)\n  \
+                    max                   Enables all features supported by the accelerator\n\
+                    \nRecognized CPUID flags:\n  3dnow 3dnowext 3dnowprefetch\n  xsave xtpr\n";
+        assert_eq!(
+            parse_cpu_models(help),
+            ["486", "486-v1", "Skylake-Client-v1", "max"]
         );
     }
 

@@ -73,30 +73,11 @@ pub fn run(args: &LedgerArgs) -> i32 {
     }
 }
 
-/// The models `qemu-system-x86_64 -cpu help` lists (`x86 NAME  ...` lines).
+/// The models `qemu-system-x86_64 -cpu help` lists (the QEMU backend's
+/// reader, for every QEMU version's format).
 fn qemu_cpu_models() -> Result<Vec<String>, LedgerError> {
-    let out = std::process::Command::new("qemu-system-x86_64")
-        .args(["-cpu", "help"])
-        .output()
-        .map_err(|e| LedgerError::NoQemu(e.to_string()))?;
-    if !out.status.success() {
-        return Err(LedgerError::NoQemu(format!(
-            "it exited with {}",
-            out.status
-        )));
-    }
-    Ok(parse_cpu_models(&String::from_utf8_lossy(&out.stdout)))
-}
-
-/// The model names of `-cpu help`'s text.
-pub(super) fn parse_cpu_models(text: &str) -> Vec<String> {
-    text.lines()
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next() == Some("x86")).then(|| w.next()).flatten()
-        })
-        .map(str::to_owned)
-        .collect()
+    crate::backend::qemu::cpu_models("qemu-system-x86_64")
+        .map_err(|e| LedgerError::NoQemu(e.to_string()))
 }
 
 /// One boot of a block.
@@ -485,17 +466,4 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
                     .any(|r| matches!(r.outcome, super::model::RowOutcome::Failed { .. }))
         });
     Ok(if any_failed { exit_code::FAILED } else { 0 })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn qemu_models_from_its_help_text() {
-        let text = "Available CPUs:\nx86 486                   (alias configured by machine type)\n\
-                    x86 Skylake-Client-v1     Intel Core Processor (Skylake)\nx86 max                   Enables all features\n\
-                    \nRecognized CPUID flags:\n  3dnow 3dnowext\n";
-        assert_eq!(parse_cpu_models(text), ["486", "Skylake-Client-v1", "max"]);
-    }
 }
