@@ -159,6 +159,13 @@ impl Ran {
     /// is the run's configuration words (the companion's summaries carry
     /// them; a Linux guest's come from its init).
     pub fn summary(&self, resolved: &ResolvedRun, config: Vec<String>) -> Summarized {
+        let mut s = self.summary_of_kind(resolved, config);
+        s.summary.stop = Some(crate::report::end::RunEnd::of(&self.outcome));
+        s
+    }
+
+    /// [`Ran::summary`]'s choice of summary, before the stop is set.
+    fn summary_of_kind(&self, resolved: &ResolvedRun, config: Vec<String>) -> Summarized {
         let o = &self.outcome;
         match (&resolved.guest_kind, &self.observed) {
             (GuestKind::Linux(l), Observed::Host(m)) => {

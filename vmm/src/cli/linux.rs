@@ -5,6 +5,7 @@ use crate::cli::LinuxCommand;
 use crate::linux::{check_pti, guest_pti, init_started, kernel_panic, HostPhaseObservation};
 use crate::machine::RunOutcome;
 use crate::preflight::linux::fetch;
+use crate::report::end::Failure;
 use crate::spec::linux::LinuxGuest;
 use ptiscope_devices::escape_str;
 
@@ -64,7 +65,26 @@ pub fn fetch_exit_code(e: &fetch::FetchError) -> i32 {
     }
 }
 
-/// Why a Linux run that did not end well ended, in words, with the exit
+/// How a Linux run that did not end well ended: the failure as data, its
+/// exit code, and the console's last lines (for stderr, not the document).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinuxEnd {
+    /// The documented exit code of that end.
+    pub code: i32,
+    /// What failed (its words are its `Display`).
+    pub failure: Failure,
+    /// The console's last lines, escaped, each on a line of its own after
+    /// `last console lines:` (empty: none).
+    pub tail: String,
+}
+
+impl std::fmt::Display for LinuxEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.failure, self.tail)
+    }
+}
+
+/// Why a Linux run that did not end well ended, as data, with the exit
 /// code it maps to. `None` for a run that ended with the init's success.
 ///
 /// `host` is what a host observer saw in the measured phase (the QEMU TCG
@@ -74,32 +94,36 @@ pub fn diagnose(
     outcome: &RunOutcome,
     guest: &LinuxGuest,
     host: Option<&HostPhaseObservation>,
-) -> Option<(i32, String)> {
+) -> Option<LinuxEnd> {
     use crate::machine::StopReason;
-    let tail = || {
-        let mut s = String::new();
-        if !outcome.console_tail.is_empty() {
-            s.push_str("\n  last console lines:");
-            for l in &outcome.console_tail {
-                s.push_str(&format!("\n    | {}", ptiscope_devices::escape_str(l)));
-            }
+    let mut tail = String::new();
+    if !outcome.console_tail.is_empty() {
+        tail.push_str("\n  last console lines:");
+        for l in &outcome.console_tail {
+            tail.push_str(&format!("\n    | {}", ptiscope_devices::escape_str(l)));
         }
-        s
+    }
+    let end = |code, failure| Some(LinuxEnd {
+        code,
+        failure,
+        tail: tail.clone(),
+    });
+    let pti = || match check_pti(guest.pti, guest_pti(outcome), host) {
+        Ok(_) => None,
+        Err(found) => Some(LinuxEnd {
+            code: exit_code::VM_ERROR,
+            failure: Failure::PtiCheck { found },
+            tail: String::new(),
+        }),
     };
     if let Some(p) = kernel_panic(outcome) {
-        return Some((
+        return end(
             exit_code::LINUX_PANIC,
-            format!(
-                "the Linux kernel panicked{}: {}{}",
-                if init_started(outcome) {
-                    ""
-                } else {
-                    " before ptiscope's init ran"
-                },
-                ptiscope_devices::escape_str(p.trim()),
-                tail()
-            ),
-        ));
+            Failure::LinuxPanic {
+                panic: ptiscope_devices::escape_str(p.trim()),
+                init_started: init_started(outcome),
+            },
+        );
     }
     match &outcome.stop {
         StopReason::GuestExit { status: 0 } => {
@@ -109,19 +133,9 @@ pub fn diagnose(
                 .iter()
                 .any(|l| l.starts_with(ptiscope_abi::RESULT_PREFIX));
             if measures && !result {
-                return Some((
-                    exit_code::VM_ERROR,
-                    format!(
-                        "the Linux guest ended with status 0 but ptiscope's init printed no \
-                         @result line (QEMU itself may have failed){}",
-                        tail()
-                    ),
-                ));
+                return end(exit_code::VM_ERROR, Failure::NoResult);
             }
-            match check_pti(guest.pti, guest_pti(outcome), host) {
-                Ok(_) => None,
-                Err(e) => Some((exit_code::VM_ERROR, e)),
-            }
+            pti()
         }
         StopReason::GuestExit { status } => {
             let why = outcome
@@ -130,14 +144,13 @@ pub fn diagnose(
                 .find(|l| l.starts_with("@pti-mismatch") || l.starts_with("@badcmdline"))
                 .cloned()
                 .unwrap_or_else(|| ptiscope_abi::exit_status::name(*status).to_string());
-            Some((
+            end(
                 outcome.exit_code(),
-                format!(
-                    "ptiscope's init ended with status {status}: {}{}",
-                    ptiscope_devices::escape_str(&why),
-                    tail()
-                ),
-            ))
+                Failure::InitStatus {
+                    status: *status,
+                    why: ptiscope_devices::escape_str(&why),
+                },
+            )
         }
         // Stopped after the init had measured (its @result line, every
         // result right): its teardown ran out, not the measurement, whose
@@ -145,42 +158,32 @@ pub fn diagnose(
         StopReason::Timeout { .. }
             if crate::linux::measured_before_timeout(outcome, guest).is_some() =>
         {
-            match check_pti(guest.pti, guest_pti(outcome), host) {
-                Ok(_) => None,
-                Err(e) => Some((exit_code::VM_ERROR, e)),
-            }
+            pti()
         }
-        StopReason::Timeout { after_ms } => Some((
+        StopReason::Timeout { after_ms } => end(
             exit_code::TIMEOUT,
             if init_started(outcome) {
-                format!(
-                    "ptiscope's init started but did not finish within --timeout ({} s): raise \
-                     --timeout or lower iterations (TCG runs Linux slowly){}",
-                    *after_ms as f64 / 1e3,
-                    tail()
-                )
+                Failure::InitTimeout {
+                    after_ms: *after_ms,
+                }
             } else {
-                format!(
-                    "the Linux kernel did not reach ptiscope's init within --timeout ({} s): it \
-                     hangs in boot, or the timeout is too short for this kernel under TCG{}",
-                    *after_ms as f64 / 1e3,
-                    tail()
-                )
+                Failure::BootTimeout {
+                    after_ms: *after_ms,
+                }
             },
-        )),
-        StopReason::Shutdown { .. } | StopReason::Reset => Some((
+        ),
+        StopReason::Shutdown { .. } | StopReason::Reset => end(
             exit_code::TRIPLE_FAULT,
-            format!(
-                "the Linux guest reset or powered off without the init's exit status ({}){}",
-                if init_started(outcome) {
-                    "the init started"
-                } else {
-                    "before ptiscope's init ran"
-                },
-                tail()
-            ),
-        )),
-        other => Some((other.exit_code(), format!("{other}{}", tail()))),
+            Failure::Reset {
+                init_started: init_started(outcome),
+            },
+        ),
+        other => end(
+            other.exit_code(),
+            Failure::VmStopped {
+                stop: other.to_string(),
+            },
+        ),
     }
 }
 
@@ -203,20 +206,28 @@ mod tests {
         assert_eq!(diagnose(&done, &g, None), None);
         assert_eq!(diagnose(&done, &g, Some(&obs(10, 20))), None);
         // The host saw no CR3 writes although the log says PTI is on.
-        let (code, msg) = diagnose(&done, &g, Some(&obs(10, 0))).unwrap();
-        assert_eq!(code, exit_code::VM_ERROR);
-        assert!(msg.contains("disagree"), "{msg}");
+        let end = diagnose(&done, &g, Some(&obs(10, 0))).unwrap();
+        assert_eq!(end.code, exit_code::VM_ERROR);
+        assert!(
+            matches!(&end.failure, Failure::PtiCheck { found } if found.contains("disagree")),
+            "{end:?}"
+        );
         // Status 0 without a result line is not a success.
         let bare = outcome(StopReason::GuestExit { status: 0 }, &ok_lines[..1], &[]);
-        assert!(diagnose(&bare, &g, None).unwrap().1.contains("no @result"));
+        assert_eq!(diagnose(&bare, &g, None).unwrap().failure, Failure::NoResult);
         let panic = outcome(
             StopReason::Reset,
             &[],
             &["[ 0.03] Kernel panic - not syncing: VFS: Unable to mount root fs"],
         );
-        let (code, msg) = diagnose(&panic, &g, None).unwrap();
-        assert_eq!(code, exit_code::LINUX_PANIC);
-        assert!(msg.contains("Unable to mount root fs"), "{msg}");
+        let end = diagnose(&panic, &g, None).unwrap();
+        assert_eq!(end.code, exit_code::LINUX_PANIC);
+        assert!(
+            matches!(&end.failure, Failure::LinuxPanic { panic, .. }
+                if panic.contains("Unable to mount root fs")),
+            "{end:?}"
+        );
+        assert!(end.to_string().contains("Unable to mount root fs"), "{end}");
     }
 
     /// A timeout after the init's @result line keeps what was measured
@@ -247,10 +258,10 @@ mod tests {
             ],
             &[],
         );
-        assert_eq!(diagnose(&off, &g, None).unwrap().0, exit_code::VM_ERROR);
+        assert_eq!(diagnose(&off, &g, None).unwrap().code, exit_code::VM_ERROR);
         // No @result yet, or wrong results: the timeout.
         let early = outcome(timeout.clone(), &lines[..1], &[]);
-        assert_eq!(diagnose(&early, &g, None).unwrap().0, exit_code::TIMEOUT);
+        assert_eq!(diagnose(&early, &g, None).unwrap().code, exit_code::TIMEOUT);
         assert_eq!(crate::linux::measured_before_timeout(&early, &g), None);
         let wrong = outcome(
             timeout,
@@ -260,7 +271,7 @@ mod tests {
             ],
             &[],
         );
-        assert_eq!(diagnose(&wrong, &g, None).unwrap().0, exit_code::TIMEOUT);
+        assert_eq!(diagnose(&wrong, &g, None).unwrap().code, exit_code::TIMEOUT);
         // A run that ended on its own gets no note.
         let done = outcome(StopReason::GuestExit { status: 0 }, &lines, &[]);
         assert_eq!(crate::linux::measured_before_timeout(&done, &g), None);

@@ -142,17 +142,10 @@ pub fn run(args: &RunArgs) -> i32 {
         Observed::Console { .. } => {
             print_console(&backend.profile(), &outcome);
             summary.environment = Some(environment.finish("run", &summary.config));
-            let exit = match linux_end(&outcome) {
-                Some((code, msg)) => {
-                    say!("ptiscope: error: {msg}");
-                    code
-                }
-                // A Linux run diagnosed well measured, even where
-                // --timeout cut its teardown after the @result line
-                // (its summary's note says so).
-                None if resolved.guest_kind.is_linux() => 0,
-                None => outcome.exit_code(),
-            };
+            // A Linux run diagnosed well measured, even where --timeout
+            // cut its teardown after the @result line (its summary's note
+            // says so).
+            let exit = end_of(&mut summary, linux_end(&outcome), &resolved, &outcome);
             report(&mut summary, &outcome.outputs, json.as_ref(), exit)
         }
         Observed::Host(measurer) => {
@@ -182,19 +175,35 @@ pub fn run(args: &RunArgs) -> i32 {
             // measurer's stats fds), ~0.5 ms here: on another thread, while
             // the report is written.
             let teardown = std::thread::spawn(move || drop(measurer));
-            let exit = match linux_end {
-                Some((code, msg)) => {
-                    say!("ptiscope: error: {msg}");
-                    code
-                }
-                None if resolved.guest_kind.is_linux() => 0,
-                None => outcome.exit_code(),
-            };
+            let exit = end_of(&mut summary, linux_end, &resolved, &outcome);
             let code = report(&mut summary, &outputs, json.as_ref(), exit);
             let _ = teardown.join();
             code
         }
     }
+}
+
+/// The exit code of a run that ran: a Linux guest's end as diagnosed
+/// (said on stderr, recorded as the summary's `failure`), else the stop's;
+/// recorded as the summary's `exit_code` (an output that then fails to be
+/// written turns a 0 into 73 after the document is written).
+fn end_of(
+    summary: &mut crate::report::RunSummary,
+    linux_end: Option<crate::cli::linux::LinuxEnd>,
+    resolved: &crate::spec::ResolvedRun,
+    outcome: &RunOutcome,
+) -> i32 {
+    let exit = match linux_end {
+        Some(end) => {
+            say!("ptiscope: error: {end}");
+            summary.failure = Some((&end.failure).into());
+            end.code
+        }
+        None if resolved.guest_kind.is_linux() => 0,
+        None => outcome.exit_code(),
+    };
+    summary.exit_code = Some(exit);
+    exit
 }
 
 /// Prints a run's summary (stderr, after the console) with what became of
@@ -220,23 +229,16 @@ fn report(
     if let Some(b) = &summary.by_symbol {
         eprint!("{}", b.render_text(SYMBOL_ROWS));
     }
-    // A failed run writes no document: an earlier result at the path
-    // survives it, as it survives a failed compare or sweep (the summary
-    // above says what the run got).
-    match json {
-        Some(f) if exit != 0 => say!(
-            "ptiscope: --json {} not written: the run failed (exit {exit}); an earlier file \
-             there is kept",
-            escape_str(&f.path().display().to_string())
-        ),
-        Some(f) => {
-            let text =
-                serde_json::to_string_pretty(&summary.to_json()).unwrap_or_else(|_| "null".into());
-            if let Err(e) = f.write_document(&text) {
-                failed.push(e);
-            }
+    // A run that ran writes its document however it stopped (a timeout, a
+    // fault, a signal): its `stop`, `failure` and `exit_code` say how, so
+    // that no reader has to parse stderr for it. Only a run refused or
+    // failed before it ran writes none (docs/report-json.md).
+    if let Some(f) = json {
+        let text =
+            serde_json::to_string_pretty(&summary.to_json()).unwrap_or_else(|_| "null".into());
+        if let Err(e) = f.write_document(&text) {
+            failed.push(e);
         }
-        None => {}
     }
     for f in &failed {
         say!("ptiscope: error: {}", exit_code::escape_message(f));

@@ -469,7 +469,7 @@ pub fn linux32_sregs(sregs: &mut kvm_sregs) {
 }
 
 /// Registers at the moment the VM stopped, for crash reports.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RegsSnapshot {
     /// Instruction pointer (guest-virtual).
     pub rip: u64,

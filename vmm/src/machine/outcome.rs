@@ -22,9 +22,11 @@ pub struct PhaseEvent {
     pub vcpu: u32,
 }
 
-/// Why the VM stopped.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+/// Why the VM stopped. As data (the run document's `stop`,
+/// docs/report-json.md) it is `{"code": "<variant>", <its fields>}`; its
+/// words are its `Display`, the one place they are written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
 pub enum StopReason {
     /// The guest wrote this status to the exit device.
     GuestExit {

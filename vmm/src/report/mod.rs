@@ -8,6 +8,7 @@
 pub mod answer;
 pub mod by_symbol;
 pub mod compare;
+pub mod end;
 pub mod environment;
 pub mod guest_result;
 mod kvm_summary;

@@ -202,6 +202,19 @@ pub struct RunSummary {
     /// for ptiscope's own guest, or an init that said nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_mitigations: Option<super::mitigations::GuestMitigations>,
+    /// How the run ended: the VM's stop reason as data (`code` and its
+    /// parameters), the vCPU that stopped it and the words; `None` in a
+    /// summary that is not of one run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<super::end::RunEnd>,
+    /// Why the run failed although its VM stopped as it did, where it did
+    /// (a Linux guest's end: `cli::linux::diagnose`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<super::end::FailureData>,
+    /// The exit code `ptiscope run` ends with (0: success); set by the
+    /// command, `None` elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
 }
 
 fn checked_by_default() -> bool {
@@ -229,6 +242,9 @@ impl RunSummary {
             kvm_exits_by_reason: BTreeMap::new(),
             vmm_exits_by_kind: None,
             guest_mitigations: None,
+            stop: None,
+            failure: None,
+            exit_code: None,
         }
     }
 

@@ -300,8 +300,11 @@ pub fn run_measured(
     let Summarized { summary: s, host } = ran.summary(resolved, config_words(&ran.outcome));
     let o = ran.outcome;
     if let GuestKind::Linux(l) = &resolved.guest_kind {
-        if let Some((code, message)) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
-            return Err(MeasuredRunError::Linux { code, message });
+        if let Some(end) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
+            return Err(MeasuredRunError::Linux {
+                code: end.code,
+                message: end.to_string(),
+            });
         }
         return Ok((o, s));
     }
