@@ -27,7 +27,7 @@ fn run_json_has_the_environment_block() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = read_json(&json);
-    assert_eq!(v["schema"], "ptiscope.run/1");
+    assert_eq!(v["schema"], "ptiscope.run/2");
     let env = &v["environment"];
     assert_eq!(env["backend"], kvm_backend_name());
     assert!(env["host"]["cpus"].as_u64().unwrap() >= 1, "{env}");

@@ -7,7 +7,7 @@
 //!   identical runs. Target: below 2 %.
 //!
 //! Each run is one `ptiscope run --json` child; figures come from the run
-//! JSON (schema ptiscope.run/1), so the benchmark also exercises the CLI.
+//! JSON (schema ptiscope.run/2), so the benchmark also exercises the CLI.
 use crate::measure::median;
 use crate::Report;
 use clap::Args;

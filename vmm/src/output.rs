@@ -527,7 +527,6 @@ mod tests {
         );
         assert!(rep.dropped_chunks > 0 && rep.error.is_none(), "{rep:?}");
         assert_eq!(rep.written_bytes + rep.dropped_bytes, 3_000_000, "{rep:?}");
-        assert!(rep.describe().unwrap().contains("did not keep up"));
     }
 
     /// A stalled pipe reader gets whole records only, and `written` is

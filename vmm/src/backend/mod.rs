@@ -118,8 +118,8 @@ pub enum Observed {
     /// the backend says of the figures of such a run (who counted them,
     /// what its times are), the first note of the companion's summary.
     Console {
-        /// The summary's note on its figures.
-        note: &'static str,
+        /// The summary's note on its figures (the backend's own words).
+        note: crate::report::note::Note,
         /// What the QEMU backend's TCG plugin wrote (`Off`: none loaded).
         plugin: PluginOutput,
     },
@@ -185,7 +185,7 @@ impl Ran {
                 host: None,
             },
             (GuestKind::Companion, Observed::Console { note, plugin }) => Summarized {
-                summary: crate::report::summary_from_result(o, plugin, config, note),
+                summary: crate::report::summary_from_result(o, plugin, config, note.clone()),
                 host: None,
             },
         }

@@ -268,14 +268,18 @@ impl Backend for Qemu {
             outcome,
             observed: Observed::Console {
                 plugin,
-                note: if self.plugin {
-                    "backend qemu (TCG): [guest] figures are the guest's @result line, \
+                note: crate::report::note::Note::Backend {
+                    backend: self.name().into(),
+                    says: if self.plugin {
+                        "backend qemu (TCG): [guest] figures are the guest's @result line, \
                      [qemu-plugin] ones are counted by ptiscope's TCG plugin inside QEMU; times \
                      are those of software emulation"
-                } else {
-                    "backend qemu (TCG): the host observes nothing of the guest; every figure \
+                    } else {
+                        "backend qemu (TCG): the host observes nothing of the guest; every figure \
                      is guest-reported (its @result line), and times are those of software \
                      emulation"
+                    }
+                    .into(),
                 },
             },
         })

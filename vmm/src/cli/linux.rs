@@ -103,11 +103,13 @@ pub fn diagnose(
             tail.push_str(&format!("\n    | {}", ptiscope_devices::escape_str(l)));
         }
     }
-    let end = |code, failure| Some(LinuxEnd {
-        code,
-        failure,
-        tail: tail.clone(),
-    });
+    let end = |code, failure| {
+        Some(LinuxEnd {
+            code,
+            failure,
+            tail: tail.clone(),
+        })
+    };
     let pti = || match check_pti(guest.pti, guest_pti(outcome), host) {
         Ok(_) => None,
         Err(found) => Some(LinuxEnd {
@@ -214,7 +216,10 @@ mod tests {
         );
         // Status 0 without a result line is not a success.
         let bare = outcome(StopReason::GuestExit { status: 0 }, &ok_lines[..1], &[]);
-        assert_eq!(diagnose(&bare, &g, None).unwrap().failure, Failure::NoResult);
+        assert_eq!(
+            diagnose(&bare, &g, None).unwrap().failure,
+            Failure::NoResult
+        );
         let panic = outcome(
             StopReason::Reset,
             &[],
@@ -244,7 +249,9 @@ mod tests {
         ];
         let late = outcome(timeout.clone(), &lines, &[]);
         assert_eq!(diagnose(&late, &g, None), None);
-        let note = crate::linux::measured_before_timeout(&late, &g).unwrap();
+        let note = crate::linux::measured_before_timeout(&late, &g)
+            .unwrap()
+            .to_string();
         assert!(
             note.contains("after the init's @result line") && note.contains("1.5 s"),
             "{note}"

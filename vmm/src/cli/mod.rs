@@ -247,7 +247,7 @@ pub struct RunArgs {
     /// `none` sets it, `host` leaves KVM's value.
     #[arg(long, value_enum, default_value = "host")]
     pub cpu_vuln: CpuVuln,
-    /// Write the run summary as JSON (schema ptiscope.run/1) to FILE.
+    /// Write the run summary as JSON (schema ptiscope.run/2) to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Per-call kernel instructions by kernel symbol (--backend qemu with

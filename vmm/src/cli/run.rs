@@ -158,12 +158,9 @@ pub fn run(args: &RunArgs) -> i32 {
                     .workload
                     .is_some_and(ptiscope_abi::options::Workload::runs_user_code)
             {
-                summary.notes.insert(
-                    0,
-                    "nothing measured per call: no workload ran, the guest only booted \
-                     (--workload NAME runs one; --iterations N alone runs getpid)"
-                        .into(),
-                );
+                summary
+                    .notes
+                    .insert(0, crate::report::note::Note::OnlyBooted);
             }
             let outputs: Vec<_> = outcome
                 .outputs
@@ -217,11 +214,11 @@ fn report(
 ) -> i32 {
     let mut failed = Vec::new();
     for o in outputs {
-        if let Some(line) = o.describe() {
-            summary.notes.push(line.clone());
+        if let Some(note) = crate::report::note::Note::of_output(o) {
             if o.failed() {
-                failed.push(line);
+                failed.push(note.to_string());
             }
+            summary.notes.push(note);
         }
     }
     // One write: stderr is unbuffered, and the summary is many lines.

@@ -30,6 +30,7 @@ use ptiscope_abi::options::{PtiMode, Workload};
 
 use crate::machine::RunOutcome;
 use crate::observe::qemu_plugin::PluginOutput;
+use crate::report::note::{LinuxHost, Note, PortMarkerReason, PtiHostCheck};
 use crate::report::{Metric, RunSummary, Source};
 use crate::spec::linux::LinuxGuest;
 
@@ -351,37 +352,31 @@ pub fn summary(
     s.telemetry_checked = false;
     s.telemetry_initialized = false;
     s.guest_mitigations = mitigations::guest_mitigations(outcome);
-    s.notes.push(format!(
-        "Linux guest ({}, {}) under QEMU TCG with ptiscope's init: [guest] figures are the \
-         init's @result line, [qemu-plugin] ones counted by ptiscope's TCG plugin; per-call \
-         rates divide by the {calls} {}s of the phase, which the init's marker writes bracket",
-        guest.arch.name(),
-        guest.version.as_deref().unwrap_or("version unknown"),
-        s.iteration_name
-    ));
+    s.notes.push(Note::LinuxGuest {
+        arch: guest.arch.name().into(),
+        version: guest.version.clone(),
+        host: LinuxHost::QemuTcg,
+        calls,
+        iteration_name: s.iteration_name.clone(),
+    });
     match check_pti(guest.pti, guest_pti(outcome), host) {
-        Ok(v) => s.notes.push(format!(
-            "PTI {} (the kernel log, read by the init); {}",
-            if v.enabled { "enabled" } else { "not enabled" },
-            match (host, v.host_cr3_per_syscall) {
-                (Some(h), Some(p)) => format!(
-                    "the host ({}) agrees: {p:.2} CR3 writes per system call",
-                    h.source
-                ),
+        Ok(v) => s.notes.push(Note::Pti {
+            enabled: v.enabled,
+            host_check: match (host, v.host_cr3_per_syscall) {
+                (Some(h), Some(p)) => PtiHostCheck::Agrees {
+                    source: h.source.into(),
+                    cr3_per_syscall: p,
+                },
                 _ if asked
                     .as_ref()
                     .is_some_and(|c| c.workload == Workload::SchedMessaging) =>
                 {
-                    "no host-side check for sched-messaging: its context switches between \
-                     processes write CR3 with or without PTI"
-                        .to_string()
+                    PtiHostCheck::NoneForSchedMessaging
                 }
-                _ => "no host-side check (CR3 writes per system call seen by the QEMU \
-                      plugin): the plugin was off or saw no phase (see its note)"
-                    .to_string(),
-            }
-        )),
-        Err(e) => s.notes.push(format!("PTI check failed: {e}")),
+                _ => PtiHostCheck::NoPluginCount,
+            },
+        }),
+        Err(error) => s.notes.push(Note::PtiCheckFailed { error }),
     }
     if let Some(note) = tick_free_note(outcome, guest) {
         s.notes.push(note);
@@ -393,8 +388,7 @@ pub fn summary(
         s.notes.push(note);
     }
     if !phased {
-        s.notes
-            .push("the init printed no @result line: nothing was measured".into());
+        s.notes.push(Note::InitNoResult);
         return s;
     }
     if let Some(c) = num("cycles") {
@@ -415,7 +409,9 @@ pub fn summary(
         {
             match by_symbol(outcome, plugin, calls) {
                 Ok(b) => s.by_symbol = Some(b),
-                Err(e) => s.notes.push(format!("by symbol: none: {e}")),
+                Err(e) => s.notes.push(Note::BySymbolNone {
+                    error: e.to_string(),
+                }),
             }
         }
     }
@@ -427,7 +423,7 @@ pub fn summary(
 /// the deadline, so what ran out was what comes after it (the kernel
 /// symbols for `--by-symbol`, the exit). Its figures stand: the note says
 /// so; `None` for any other run.
-pub fn measured_before_timeout(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<String> {
+pub fn measured_before_timeout(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<Note> {
     let crate::machine::StopReason::Timeout { after_ms } = outcome.stop else {
         return None;
     };
@@ -438,20 +434,14 @@ pub fn measured_before_timeout(outcome: &RunOutcome, guest: &LinuxGuest) -> Opti
     if line_value(result, "mismatches").is_some_and(|m| m != "0") {
         return None;
     }
-    let symbols = outcome
+    let by_symbol = outcome
         .cmdline
         .split_ascii_whitespace()
         .any(|w| w == SYMBOLS_WORD);
-    Some(format!(
-        "--timeout ({} s) stopped the guest after the init's @result line: the figures are \
-         what it measured; its teardown{} did not finish (raise --timeout to let it)",
-        after_ms as f64 / 1e3,
-        if symbols {
-            " (sending the kernel's symbols for --by-symbol, whose table may be missing)"
-        } else {
-            ""
-        }
-    ))
+    Some(Note::MeasuredBeforeTimeout {
+        after_ms,
+        by_symbol,
+    })
 }
 
 /// The CPU the init's `@cpu` line says the loop ran on alone, without the
@@ -494,7 +484,7 @@ fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// reason (or that it was asked to, `--append ptiscope.marker=port`, or
 /// that a 32-bit kernel on KVM keeps the port: linux-init's `marker`).
 /// `None` for the marker page (`channel=mmio`, no cost) or no line.
-fn marker_note(outcome: &RunOutcome) -> Option<String> {
+fn marker_note(outcome: &RunOutcome) -> Option<Note> {
     let line = machine_line(outcome, "@marker")?;
     if line_value(line, "channel")? != "port" {
         return None;
@@ -507,29 +497,22 @@ fn marker_note(outcome: &RunOutcome) -> Option<String> {
         .take(48)
         .collect();
     let why = if reason.starts_with("asked:") {
-        "as asked (--append ptiscope.marker=port), the init".to_string()
+        PortMarkerReason::Asked
     } else if reason.starts_with("kvm-i386") {
-        "a 32-bit kernel on KVM: KVM completes an MMIO store by emulating it, and under \
-         --backend nested a PAE guest's marker store never completed, so the init"
-            .to_string()
+        PortMarkerReason::KvmI386
     } else {
-        format!(
-            "the kernel refused the init's /dev/mem mapping of the marker page ({reason}), so it"
-        )
+        PortMarkerReason::MappingRefused { reason }
     };
-    Some(format!(
-        "markers: {why} marked the phase through port {:#x} with ioperm: every return to user \
-         mode of the measured tasks ran the kernel's I/O-bitmap update (tss_update_io_bitmap), \
-         which a process without ioperm does not: it is in every call's kernel instructions \
-         and time (not in KVM's exit, TLB-flush or page-fault counts)",
-        ptiscope_abi::port::PHASE
-    ))
+    Some(Note::PortMarkers {
+        why,
+        port: ptiscope_abi::port::PHASE,
+    })
 }
 
 /// What became of a tick-free CPU for the system-call loop (`--tick-free`,
 /// or the user's own `nohz_full=`): where the init's `@cpu` line says the
 /// loop ran. Only its numbers and known words are read (guest text).
-fn tick_free_note(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<String> {
+fn tick_free_note(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<Note> {
     let line = machine_line(outcome, "@cpu");
     let value = |key: &str| line_value(line?, key);
     let pinned = value("pinned").and_then(|v| v.parse::<u32>().ok());
@@ -537,31 +520,17 @@ fn tick_free_note(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<String> {
         Some(_) => "--tick-free",
         None => "nohz_full= in --append",
     };
-    match (line, pinned, value("dynticks")) {
-        (None, ..) => guest.tick_free_cpu.map(|cpu| {
-            format!(
-                "tick-free: asked for CPU {cpu} ({who}), but the init did not say where the loop ran: timer interrupts may be in the counts"
-            )
-        }),
-        (Some(_), Some(cpu), Some("yes")) => Some(match loop_ticks(outcome) {
-            Some(0) => format!(
-                "tick-free ({who}): the loop ran alone on CPU {cpu}, which the kernel keeps free of the scheduler tick (nohz_full), and the kernel counted no local timer interrupt there across the loop: none added CR3 writes to the calls'; the kernel's context tracking runs at each of its kernel entries"
-            ),
-            Some(n) => format!(
-                "tick-free ({who}): the loop ran alone on CPU {cpu} (nohz_full), but the kernel counted {n} local timer interrupt(s) there across the loop: with PTI, up to {} of the CR3 writes are theirs",
-                2 * n
-            ),
-            None => format!(
-                "tick-free ({who}): the loop ran alone on CPU {cpu} (nohz_full); the init did not say how many timer interrupts it took there"
-            ),
-        }),
-        (Some(_), Some(cpu), _) => Some(format!(
-            "tick-free ({who}): the loop ran on CPU {cpu}, but the kernel log shows no full dynticks CPU (a kernel without CONFIG_NO_HZ_FULL ignores nohz_full=): timer interrupts may be in the counts"
-        )),
-        (Some(_), None, _) => Some(format!(
-            "tick-free ({who}): the init could not pin the loop (its @cpu line is in the console): timer interrupts may be in the counts"
-        )),
+    if line.is_none() && guest.tick_free_cpu.is_none() {
+        return None;
     }
+    Some(Note::TickFree {
+        asked_by: who.into(),
+        asked_cpu: guest.tick_free_cpu,
+        cpu: pinned,
+        reported: line.is_some(),
+        dynticks: value("dynticks") == Some("yes"),
+        ticks: loop_ticks(outcome),
+    })
 }
 
 /// A Linux run on ptiscope's VMM (`--backend kvm`, and inside
@@ -581,29 +550,15 @@ pub fn add_vmm_rows(s: &mut RunSummary, vmm: &RunSummary) {
             s.push(r.metric.clone(), r.total);
         }
     }
-    if let Some(n) = s.notes.iter_mut().find(|n| n.starts_with("Linux guest (")) {
-        *n = n
-            .replace(
-                "under QEMU TCG with ptiscope's init",
-                "on ptiscope's VMM (KVM) with ptiscope's init",
-            )
-            .replace(
-                "[qemu-plugin] ones counted by ptiscope's TCG plugin",
-                "[kvm] ones KVM's stats fds, [vmm] the VMM's exits to user space, [host-clock] \
-                 the host's clock (hardware time on a hardware KVM host; under --backend nested \
-                 the KVM is emulated by QEMU TCG, so every time is emulated time)",
-            );
-    }
+    // The figures are the VMM's, not the QEMU plugin's: the notes that
+    // said whose they are, and what checked PTI, say so.
     for n in &mut s.notes {
-        if n.contains("no host-side check (CR3 writes per system call seen by the QEMU plugin)") {
-            *n = n.replace(
-                "no host-side check (CR3 writes per system call seen by the QEMU plugin): the \
-                 plugin was off or saw no phase (see its note)",
-                "no host-side CR3 count: under nested paging (NPT/EPT) KVM does not intercept \
-                 the guest's CR3 writes (under shadow paging, and without PCID, its tlb_flush \
-                 counts them: `--backend nested --nested-paging shadow`), so the kernel log's \
-                 PTI state is the check",
-            );
+        match n {
+            Note::LinuxGuest { host, .. } => *host = LinuxHost::Vmm,
+            Note::Pti { host_check, .. } if *host_check == PtiHostCheck::NoPluginCount => {
+                *host_check = PtiHostCheck::NoNestedPagingCount
+            }
+            _ => {}
         }
     }
 }
@@ -689,30 +644,30 @@ pub(crate) mod tests {
         );
         assert_eq!(tick_free_note(&o, &g), None, "neither asked nor pinned");
         g.tick_free_cpu = Some(1);
-        let n = tick_free_note(&o, &g).unwrap();
+        let n = tick_free_note(&o, &g).unwrap().to_string();
         assert!(n.contains("did not say where"), "{n}");
         o.machine_lines = vec!["@cpu pinned=1 reason=nohz_full dynticks=yes".into()];
-        let n = tick_free_note(&o, &g).unwrap();
+        let n = tick_free_note(&o, &g).unwrap().to_string();
         assert!(
             n.contains("ran alone on CPU 1") && n.contains("--tick-free"),
             "{n}"
         );
         assert!(n.contains("did not say how many"), "{n}");
         o.machine_lines.push("@ticks cpu=1 local_timer=0".into());
-        let n = tick_free_note(&o, &g).unwrap();
+        let n = tick_free_note(&o, &g).unwrap().to_string();
         assert!(n.contains("no local timer interrupt"), "{n}");
         o.machine_lines[1] = "@ticks cpu=1 local_timer=3".into();
-        let n = tick_free_note(&o, &g).unwrap();
+        let n = tick_free_note(&o, &g).unwrap().to_string();
         assert!(n.contains("3 local timer") && n.contains("up to 6"), "{n}");
         o.machine_lines = vec!["@cpu pinned=1 reason=nohz_full dynticks=no".into()];
-        let n = tick_free_note(&o, &g).unwrap();
+        let n = tick_free_note(&o, &g).unwrap().to_string();
         assert!(n.contains("no full dynticks"), "{n}");
         o.machine_lines = vec!["@cpu pinned=none reason=\x1b[2J".into()];
-        let n = tick_free_note(&o, &g).unwrap();
+        let n = tick_free_note(&o, &g).unwrap().to_string();
         assert!(n.contains("could not pin") && !n.contains('\x1b'), "{n}");
         g.tick_free_cpu = None;
         o.machine_lines = vec!["@cpu pinned=3 reason=nohz_full dynticks=yes".into()];
-        let n = tick_free_note(&o, &g).unwrap();
+        let n = tick_free_note(&o, &g).unwrap().to_string();
         assert!(
             n.contains("nohz_full= in --append") && n.contains("CPU 3"),
             "{n}"
@@ -732,18 +687,18 @@ pub(crate) mod tests {
         o.machine_lines = vec![
             "@marker channel=port port=0x600 io_bitmap=yes reason=mmap-dev-mem:1\x1b[2J".into(),
         ];
-        let n = marker_note(&o).unwrap();
+        let n = marker_note(&o).unwrap().to_string();
         assert!(
             n.contains("(mmap-dev-mem:12J)") && n.contains("tss_update_io_bitmap"),
             "{n}"
         );
         let s = summary(&o, &PluginOutput::Off, &guest(PtiMode::On), None);
-        assert!(s.notes.contains(&n), "{:?}", s.notes);
+        assert!(s.notes.iter().any(|m| m.to_string() == n), "{:?}", s.notes);
         o.machine_lines = vec![
             "@marker channel=port port=0x600 io_bitmap=yes reason=asked:ptiscope.marker=port"
                 .into(),
         ];
-        let n = marker_note(&o).unwrap();
+        let n = marker_note(&o).unwrap().to_string();
         assert!(
             n.contains("as asked (--append ptiscope.marker=port)"),
             "{n}"
@@ -752,7 +707,7 @@ pub(crate) mod tests {
             "@marker channel=port port=0x600 io_bitmap=yes reason=kvm-i386:mmio-store-emulation"
                 .into(),
         ];
-        let n = marker_note(&o).unwrap();
+        let n = marker_note(&o).unwrap().to_string();
         assert!(n.contains("a 32-bit kernel on KVM"), "{n}");
     }
 
@@ -782,7 +737,7 @@ pub(crate) mod tests {
         assert!(s
             .notes
             .iter()
-            .any(|n| n.contains("agrees: 2.10 CR3 writes")));
+            .any(|n| n.to_string().contains("agrees: 2.10 CR3 writes")));
         // The loop alone on a tick-free vCPU: that vCPU's flushes.
         let mut pinned = o.clone();
         pinned
@@ -812,7 +767,7 @@ pub(crate) mod tests {
         vmm.push(Metric::new("tlb_flush", "count", Source::Kvm), 0.0);
         let (s, _) = summary_on_vmm(&o, &g, &vmm, true);
         assert!(
-            s.notes.iter().any(|n| n.contains("disagree")),
+            s.notes.iter().any(|n| n.to_string().contains("disagree")),
             "{:?}",
             s.notes
         );
@@ -834,7 +789,7 @@ pub(crate) mod tests {
         assert!(
             s.notes
                 .iter()
-                .any(|n| n.contains("agrees: 2.00 CR3 writes")),
+                .any(|n| n.to_string().contains("agrees: 2.00 CR3 writes")),
             "{:?}",
             s.notes
         );

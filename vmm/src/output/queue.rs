@@ -126,29 +126,6 @@ impl OutputReport {
     pub fn failed(&self) -> bool {
         self.error.is_some() && !self.best_effort
     }
-
-    /// One line for the run's summary, if there is anything to say.
-    pub fn describe(&self) -> Option<String> {
-        if let Some(e) = &self.error {
-            return Some(format!(
-                "{} {}: write failed: {e} ({} bytes written, {} dropped)",
-                self.what, self.target, self.written_bytes, self.dropped_bytes
-            ));
-        }
-        (self.dropped_bytes > 0).then(|| {
-            format!(
-                "{} {}: its reader did not keep up: {} bytes in {} writes dropped \
-                 ({} written; queue {} KiB, {:.1} s to drain after the run)",
-                self.what,
-                self.target,
-                self.dropped_bytes,
-                self.dropped_chunks,
-                self.written_bytes,
-                QUEUE_BYTES >> 10,
-                DRAIN_GRACE.as_secs_f64()
-            )
-        })
-    }
 }
 
 #[derive(Default)]

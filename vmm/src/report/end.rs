@@ -219,7 +219,10 @@ mod tests {
             assert_eq!(serde_json::from_value::<RunEnd>(v).unwrap(), e);
         }
         let v = serde_json::to_value(end(StopReason::Shutdown { regs: Some(regs) }, None)).unwrap();
-        assert_eq!((v["code"].as_str(), &v["regs"]["cr0"]), (Some("shutdown"), &json!(0x11)));
+        assert_eq!(
+            (v["code"].as_str(), &v["regs"]["cr0"]),
+            (Some("shutdown"), &json!(0x11))
+        );
     }
 
     /// A failure is its code and parameters with the same words stderr says.
@@ -227,8 +230,17 @@ mod tests {
     fn a_failure_is_its_code_and_parameters_with_its_words() {
         let f = Failure::BootTimeout { after_ms: 1500 };
         let v = serde_json::to_value(FailureData::from(&f)).unwrap();
-        assert_eq!((v["code"].as_str(), &v["after_ms"]), (Some("boot_timeout"), &json!(1500)));
-        assert!(v["text"].as_str().unwrap().contains("within --timeout (1.5 s)"), "{v}");
+        assert_eq!(
+            (v["code"].as_str(), &v["after_ms"]),
+            (Some("boot_timeout"), &json!(1500))
+        );
+        assert!(
+            v["text"]
+                .as_str()
+                .unwrap()
+                .contains("within --timeout (1.5 s)"),
+            "{v}"
+        );
         assert_eq!(serde_json::from_value::<FailureData>(v).unwrap().failure, f);
     }
 }

@@ -9,6 +9,7 @@ use ptiscope_abi::telemetry::Counter;
 
 use crate::machine::RunOutcome;
 use crate::observe::qemu_plugin::PluginOutput;
+use crate::report::note::{Divisor, Note};
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
 use ptiscope_abi::options::Workload;
 
@@ -82,7 +83,7 @@ pub fn summary_from_result(
     outcome: &RunOutcome,
     plugin: &PluginOutput,
     config: Vec<String>,
-    note: &str,
+    note: Note,
 ) -> RunSummary {
     let result = result_fields(outcome);
     let num = |k: &str| result.get(k).and_then(|v| v.parse::<f64>().ok());
@@ -98,16 +99,15 @@ pub fn summary_from_result(
     let mut s = RunSummary::new(config, phased.then(|| "workload".to_string()), calls);
     s.iteration_name = iteration_name.into();
     s.telemetry_checked = false;
-    s.notes.push(note.to_owned());
+    s.notes.push(note);
     if !phased {
-        s.notes
-            .push("the guest printed no @result line: nothing was measured".into());
+        s.notes.push(Note::NoResultLine);
         super::plugin_rows::add_plugin_rows(&mut s, plugin, false, None, None, false);
         return s;
     }
     s.notes.push(match asked {
         Some(_) => divisor_note,
-        None => NO_REQUESTED_COUNT.into(),
+        None => Note::UnknownRequestedCount,
     });
     if let Some(c) = iterations_check(&result, asked) {
         s.cross_checks.push(c);
@@ -148,41 +148,22 @@ pub fn summary_from_result(
 /// sched-messaging an iteration is a message, and the phase (from before
 /// the first sender runs until every worker is reaped) holds many other
 /// syscalls and context switches besides: rates are per message.
-pub(super) fn phase_divisor(workload: Workload, iterations: u64) -> (u64, &'static str, String) {
-    match workload {
-        Workload::Poundsyscall => (
+pub(super) fn phase_divisor(workload: Workload, iterations: u64) -> (u64, &'static str, Note) {
+    let (calls, name, divisor) = match workload {
+        Workload::Poundsyscall => (iterations, "call", Divisor::PoundsyscallCalls),
+        Workload::SchedMessaging => (iterations, "message", Divisor::Messages),
+        _ => (iterations.saturating_add(1), "call", Divisor::Calls),
+    };
+    (
+        calls,
+        name,
+        Note::RateDivisor {
+            divisor,
             iterations,
-            "call",
-            format!(
-                "per-call rates divide by the {iterations} getppid calls of all threads \
-                 (poundsyscall: the phase also holds each thread's exit, the parent's waits \
-                 and the end marker, 2 x threads + 2 syscalls)"
-            ),
-        ),
-        Workload::SchedMessaging => (
-            iterations,
-            "message",
-            format!(
-                "per-message rates divide by the {iterations} messages sent (sched-messaging: \
-                 each message is a write and a read, plus the workers' own start and exit)"
-            ),
-        ),
-        _ => (
-            iterations.saturating_add(1),
-            "call",
-            format!(
-                "per-call rates divide by {} calls: the {iterations} workload iterations plus the \
-                 phase-marker syscall whose return and entry bracket the phase",
-                iterations.saturating_add(1)
-            ),
-        ),
-    }
+            calls,
+        },
+    )
 }
-
-/// Why a run has no per-call rates although it marked a phase.
-pub(super) const NO_REQUESTED_COUNT: &str =
-    "the command line has words the ptiscope guest's parser does not \
-     know, so the VMM cannot tell how many calls it asked for: totals only, no per-call rates";
 
 /// What the VMM asked the guest to run, read back from the command line it
 /// wrote, with the guest's own parser and defaults (guest-core): the

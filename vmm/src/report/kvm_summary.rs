@@ -6,13 +6,14 @@
 use ptiscope_abi::telemetry::Counter;
 
 use super::guest_result::{
-    iterations_check, phase_divisor, requested, result_fields, working_set_rows, NO_REQUESTED_COUNT,
+    iterations_check, phase_divisor, requested, result_fields, working_set_rows,
 };
 use crate::machine::kvm::KvmFlavour;
 use crate::machine::kvm_stats::{self, StatsSnapshot};
 use crate::machine::RunOutcome;
 use crate::observe::measure::{Measurer, Snapshot};
 use crate::observe::telemetry::{self, TelemetryError, TelemetrySnapshot};
+use crate::report::note::Note;
 use crate::report::{CrossCheck, Metric, RunRow, RunSummary, Source};
 use ptiscope_abi::options::Workload;
 
@@ -146,7 +147,7 @@ impl Measurer {
             s.iteration_name = iteration_name.into();
             match asked {
                 Some(_) => s.notes.push(divisor_note),
-                None => s.notes.push(NO_REQUESTED_COUNT.into()),
+                None => s.notes.push(Note::UnknownRequestedCount),
             }
         }
         if let Some(c) = iterations_check(&result, asked) {
@@ -160,14 +161,10 @@ impl Measurer {
             ));
         }
         if phased.is_none() {
-            s.notes.push(
-                "the guest marked no complete workload phase: figures cover the whole run, boot included"
-                    .into(),
-            );
+            s.notes.push(Note::NoPhase);
         }
         let (Some(a), Some(b)) = (a, b) else {
-            s.notes
-                .push("no snapshots were taken (the VM did not start)".into());
+            s.notes.push(Note::NoSnapshots);
             return s;
         };
 
@@ -254,9 +251,7 @@ impl Measurer {
             (Err(TelemetryError::NotInitialized), Ok(y)) if phased.is_none() => Some(y.clone()),
             (_, Err(TelemetryError::NotInitialized)) if phased.is_none() => {
                 s.telemetry_initialized = false;
-                s.notes.push(
-                    "the guest never initialised its telemetry page: no guest counters".into(),
-                );
+                s.notes.push(Note::TelemetryNotInitialized);
                 None
             }
             (Err(e), _) | (_, Err(e)) => {
@@ -327,14 +322,8 @@ impl Measurer {
                         CR3_TOLERANCE_PCT,
                     ));
                 }
-                (_, false) => s.notes.push(
-                    "with EPT/NPT KVM does not intercept guest CR3 writes: cr3_writes are the guest's word only, \
-                     and KVM tlb_flush counts KVM's own flushes"
-                        .into(),
-                ),
-                (None, true) => s.notes.push(
-                    "this KVM has no tlb_flush stat: guest CR3 writes cannot be cross-checked".into(),
-                ),
+                (_, false) => s.notes.push(Note::Cr3NotIntercepted),
+                (None, true) => s.notes.push(Note::NoTlbFlushStat),
             }
             // One syscall per requested iteration plus the end marker's own:
             // the VMM's side is what it asked for, not what the guest says.
@@ -363,28 +352,22 @@ impl Measurer {
             );
         }
         if let Some(e) = &self.stats_error {
-            s.notes.push(format!("KVM stats fd not available: {e}"));
+            s.notes.push(Note::KvmStatsUnavailable {
+                error: e.to_string(),
+            });
         } else if insn.is_none() {
-            s.notes.push(
-                "kernel_instructions: not counted by this KVM (hardware-assisted: guest kernel code \
-                 runs natively, and KVM's insn_emulation counts only what it emulates)"
-                    .into(),
-            );
+            s.notes.push(Note::KernelInstructionsNotCounted);
         }
         if flavour == KvmFlavour::Pvm {
-            s.notes.push(
-                "kvm_pvm: guest kernel code is emulated, so kernel_instructions is the exact \
-                 kernel path length and time is dominated by emulation"
-                    .into(),
-            );
+            s.notes.push(Note::KvmPvmEmulatesKernel);
         }
         if let Some(e) = &self.live_error {
-            s.notes.push(format!("live metrics stopped: {e}"));
+            s.notes.push(Note::LiveMetricsStopped {
+                error: e.to_string(),
+            });
         }
         if !valid {
-            s.notes.push(
-                "guest telemetry INVALID: guest-reported rows are omitted; host-observed rows stand".into(),
-            );
+            s.notes.push(Note::TelemetryInvalid);
         }
         s
     }

@@ -14,6 +14,7 @@ pub mod guest_result;
 mod kvm_summary;
 pub mod metric;
 pub mod mitigations;
+pub mod note;
 pub mod plot;
 pub mod plugin_rows;
 pub mod run_summary;

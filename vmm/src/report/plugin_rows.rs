@@ -11,6 +11,7 @@ use crate::observe::qemu_plugin::PluginOutput;
 use crate::observe::qemu_plugin::{
     Counts, PhaseError, PluginCounter, PluginPhase, PluginReport, VcpuCounts,
 };
+use crate::report::note::Note;
 use crate::report::{CrossCheck, Metric, RunSummary, Source};
 
 /// Row names of the plugin's counts, with what they add up.
@@ -121,22 +122,21 @@ fn phase_rows(
 ) -> Option<Counts> {
     let report = match plugin {
         PluginOutput::Off => {
-            s.notes.push(
-                "QEMU plugin off (--no-plugin): the host observed nothing of the guest".into(),
-            );
+            s.notes.push(Note::PluginOff);
             return None;
         }
         PluginOutput::Missing(e) => {
-            s.notes
-                .push(format!("QEMU plugin: no host-observed counts: {e}"));
+            s.notes.push(Note::PluginMissing {
+                error: e.to_string(),
+            });
             return None;
         }
         PluginOutput::File(bytes) => match PluginReport::parse(bytes) {
             Ok(r) => r,
             Err(e) => {
-                s.notes.push(format!(
-                    "QEMU plugin: its file was refused, no host-observed counts: {e}"
-                ));
+                s.notes.push(Note::PluginRefused {
+                    error: e.to_string(),
+                });
                 return None;
             }
         },
@@ -145,27 +145,20 @@ fn phase_rows(
         match phase_of(&report) {
             Ok(p) => p.delta,
             Err(e) => {
-                s.notes.push(format!(
-                    "QEMU plugin: no in-phase counts ({e}); its whole-run totals are not shown as \
-                     phase figures"
-                ));
+                s.notes.push(Note::PluginNoPhase {
+                    error: e.to_string(),
+                });
                 return None;
             }
         }
     } else {
         report.totals.clone()
     };
-    s.notes.push(format!(
-        "[qemu-plugin] rows: counted inside QEMU by ptiscope's TCG plugin (API {}), {} between the \
-         guest's phase-marker writes; kernel = instructions at {}",
-        report.api,
-        if guest_phased {
-            "exactly"
-        } else {
-            "whole run, firmware and boot included, not"
-        },
-        crate::observe::qemu_plugin::ranges_arg(&report.kernel),
-    ));
+    s.notes.push(Note::PluginRows {
+        api: report.api,
+        phased: guest_phased,
+        kernel: crate::observe::qemu_plugin::ranges_arg(&report.kernel),
+    });
     let total = counts.total();
     for (name, v) in rows(&total) {
         s.push(Metric::new(name, "count", Source::QemuPlugin), v as f64);

@@ -1,5 +1,5 @@
 //! The summary of one run: a perf-stat-like text block and a JSON document
-//! (schema `ptiscope.run/1`, docs/report-json.md).
+//! (schema `ptiscope.run/2`, docs/report-json.md).
 //!
 //! ```text
 //!  ptiscope run: pti=on workload=getpid iterations=1000
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::metric::{Metric, Source};
 
 /// Schema id written into the JSON; bump on incompatible changes.
-pub const SCHEMA: &str = "ptiscope.run/1";
+pub const SCHEMA: &str = "ptiscope.run/2";
 
 /// One figure of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -160,9 +160,11 @@ pub struct RunSummary {
     pub rows: Vec<RunRow>,
     /// Host counts set against guest counts of the same thing.
     pub cross_checks: Vec<CrossCheck>,
-    /// Free-text caveats the reader must see (unavailable sources, invalid
-    /// telemetry, what the host cannot observe).
-    pub notes: Vec<String>,
+    /// Caveats the reader must see (unavailable sources, invalid
+    /// telemetry, what the host cannot observe), as data; written each
+    /// with its words (`text`).
+    #[serde(serialize_with = "super::note::serialize_with_text")]
+    pub notes: Vec<super::note::Note>,
     /// Why the guest's telemetry is invalid (bad magic, counters going
     /// backwards, unknown phase ids, a marker flood, ...); empty = valid.
     #[serde(default)]
@@ -471,7 +473,10 @@ mod tests {
             ("cr3_writes", 2000.0),
             1.0,
         ));
-        s.notes.push("KVM stats fd not available".into());
+        s.notes
+            .push(crate::report::note::Note::KvmStatsUnavailable {
+                error: "EACCES".into(),
+            });
         s
     }
 
@@ -495,7 +500,7 @@ mod tests {
         assert!(
             text.contains("CR3 switches: tlb_flush [kvm] 2,004 vs cr3_writes [guest] 2,000: agree")
         );
-        assert!(text.contains("   - KVM stats fd not available\n"));
+        assert!(text.contains("   - KVM stats fd not available: EACCES\n"));
         assert!(text.contains("host-clock host-observed, host monotonic clock"));
     }
 
@@ -532,6 +537,8 @@ mod tests {
         assert_eq!(v["rows"][2]["source"], "host_clock");
         assert_eq!(v["rows"][0]["per_iteration"], 2.0);
         assert_eq!(v["cross_checks"][0]["agrees"], true);
+        assert_eq!(v["notes"][0]["code"], "kvm_stats_unavailable");
+        assert_eq!(v["notes"][0]["text"], "KVM stats fd not available: EACCES");
         let text = serde_json::to_string_pretty(&v).unwrap();
         let back = RunSummary::from_json(serde_json::from_str(&text).unwrap()).unwrap();
         assert!(crate::report::json_approx_eq(&back.to_json(), &v));

@@ -344,7 +344,12 @@ fn side_symbols(
                     let why = r
                         .notes
                         .iter()
-                        .find_map(|n| n.strip_prefix("by symbol: none: "))
+                        .find_map(|n| match n {
+                            crate::report::note::Note::BySymbolNone { error } => {
+                                Some(error.as_str())
+                            }
+                            _ => None,
+                        })
                         .unwrap_or("the run gave no counts by symbol");
                     format!("{label}: {why}")
                 })

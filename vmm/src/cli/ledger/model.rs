@@ -64,12 +64,10 @@ impl Measure {
                 .map(|r| r.total)
         };
         let kernel = total("kernel_instructions").ok_or_else(|| {
-            let why = s
-                .notes
-                .iter()
-                .find(|n| n.starts_with("QEMU plugin"))
-                .cloned()
-                .unwrap_or_else(|| "the run has no kernel_instructions row".into());
+            let why = s.notes.iter().find(|n| n.is_plugin_gap()).map_or_else(
+                || "the run has no kernel_instructions row".into(),
+                |n| n.to_string(),
+            );
             format!("no exact counts: {why}")
         })?;
         let apart = total("syscalls_set_apart").unwrap_or(0.0) as u64;
