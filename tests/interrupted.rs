@@ -1,6 +1,7 @@
 //! Nothing lost: an interrupted `compare` prints and writes its complete
 //! pairs marked partial; a document is renamed into place only when
-//! complete, so an earlier result survives a run that never writes it; two
+//! complete, so an earlier result survives a run that never writes it (a run
+//! whose guest ran writes how it ended, however it ended); two
 //! outputs given one file are refused.
 
 mod common;
@@ -49,7 +50,16 @@ fn sigint_stops_a_compare_and_keeps_its_complete_pairs() {
     assert_eq!(v["runs"]["stopped"], "partial", "{}", v["runs"]);
     let per_side = v["runs"]["per_side"].as_u64().unwrap();
     assert!((1..1000).contains(&per_side), "{}", v["runs"]);
-    assert!(v["partial"]["reason"].as_str().unwrap().contains("SIGINT"));
+    // The run the signal stopped, as data: SIGINT's exit code, and its
+    // VM's stop (none when the signal came before the guest ran).
+    let run = &v["partial"]["run"];
+    assert_eq!(run["exit_code"], 130, "{}", v["partial"]);
+    let stop = &run["stop"];
+    assert!(
+        stop.is_null() || (stop["code"] == "signal" && stop["signal"] == libc::SIGINT),
+        "{}",
+        v["partial"]
+    );
     assert!(std::fs::read_to_string(&csv)
         .unwrap()
         .starts_with("# PARTIAL: "));
@@ -81,15 +91,17 @@ fn an_earlier_json_survives_a_run_that_never_writes_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A run that fails (the guest faults) writes no `--json`: an earlier
-/// result survives, as it survives a failed compare; nothing is left.
+/// A run that fails (the guest faults) writes its `--json` all the same,
+/// replacing an earlier one: its `stop` and `exit_code` say how it ended
+/// (the guest's own status 2, its `@fault` line's fields); nothing else is
+/// left beside it.
 #[test]
-fn an_earlier_json_survives_a_run_that_fails() {
-    let test = "an_earlier_json_survives_a_run_that_fails";
+fn a_run_that_fails_writes_how_it_ended() {
+    let test = "a_run_that_fails_writes_how_it_ended";
     if !qemu_or_skip(test, "qemu-system-x86_64") {
         return;
     }
-    let dir = scratch("json-survives-failure");
+    let dir = scratch("json-failure");
     let json = dir.join("r.json");
     std::fs::write(&json, "{\"earlier\": true}\n").unwrap();
     let out = ptiscope()
@@ -100,11 +112,15 @@ fn an_earlier_json_survives_a_run_that_fails() {
         .unwrap();
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("not written: the run failed"), "{err}");
+    let v = read_json(&json);
+    assert_eq!(v["exit_code"], 2, "{v}");
+    let stop = &v["stop"];
     assert_eq!(
-        std::fs::read_to_string(&json).unwrap(),
-        "{\"earlier\": true}\n"
+        (&stop["code"], &stop["status"]),
+        (&"guest_exit".into(), &2.into()),
+        "{stop}"
     );
+    assert_eq!(stop["guest_faults"][0]["name"], "#UD", "{stop}");
     let names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()

@@ -203,7 +203,7 @@ impl ExitCode for MeasuredRunError {
             MeasuredRunError::Qemu(e) => e.exit_code(),
             MeasuredRunError::Sandbox(_) => INTERNAL,
             MeasuredRunError::NoPhase { .. } => VM_ERROR,
-            MeasuredRunError::GuestFailed { stop, .. } => stop.exit_code(),
+            MeasuredRunError::GuestFailed { end, .. } => end.reason.exit_code(),
             MeasuredRunError::Linux { code, .. } => *code,
         }
     }

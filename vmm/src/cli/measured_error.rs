@@ -3,7 +3,8 @@
 //! it without importing the compare command.
 
 use crate::backend::qemu::QemuError;
-use crate::machine::{RunError, StopReason};
+use crate::machine::RunError;
+use crate::report::end::{FailedRun, Failure, RunEnd};
 
 /// Why a measured run gave nothing to compare (its exit code is
 /// `cli::exit_code`'s).
@@ -31,7 +32,7 @@ pub enum MeasuredRunError {
     #[error("{report}")]
     GuestFailed {
         /// How it stopped (boxed: a crash's registers are large).
-        stop: Box<StopReason>,
+        end: Box<RunEnd>,
         /// The stop, what the guest reported and its last console lines
         /// (guest text escaped).
         report: String,
@@ -42,9 +43,39 @@ pub enum MeasuredRunError {
     Linux {
         /// The documented exit code of that end.
         code: i32,
-        /// The cause, named.
+        /// The cause, as data.
+        failure: Failure,
+        /// How its VM stopped (boxed: a crash's registers are large).
+        end: Box<RunEnd>,
+        /// The cause, named, with the console's last lines.
         message: String,
     },
+}
+
+impl MeasuredRunError {
+    /// `run`'s failure as a compare or sweep document records it, with
+    /// `exit_code` (this error's, mapped by `cli::exit_code`).
+    pub fn failed_run(&self, run: String, exit_code: i32) -> FailedRun {
+        let (stop, failure) = match self {
+            MeasuredRunError::GuestFailed { end, .. } => (Some((**end).clone()), None),
+            MeasuredRunError::Linux { failure, end, .. } => {
+                (Some((**end).clone()), Some(failure.into()))
+            }
+            _ => (None, None),
+        };
+        FailedRun {
+            run,
+            exit_code,
+            stop,
+            failure,
+            text: self
+                .to_string()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+        }
+    }
 }
 
 impl From<crate::backend::BackendError> for MeasuredRunError {

@@ -169,6 +169,23 @@ impl From<&Failure> for FailureData {
     }
 }
 
+/// The run that stopped a `compare` or `sweep` early, as its document's
+/// `partial.run` has it: which run, its exit code, and, where its guest
+/// ran, how it ended (a run that could not start has only its words).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailedRun {
+    /// Which run (`compare run 3 of 5`, `pti=on at wss=4K touches=1 run 2`).
+    pub run: String,
+    /// The exit code it maps to (the command's, unless a later one is higher).
+    pub exit_code: i32,
+    /// How its VM stopped, where it ran.
+    pub stop: Option<RunEnd>,
+    /// Why it failed although its VM stopped as it did (a Linux guest's end).
+    pub failure: Option<FailureData>,
+    /// The error in words (its first line: the console's tail is stderr's).
+    pub text: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

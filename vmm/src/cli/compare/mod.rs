@@ -220,7 +220,10 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
             Some(sig) => format!("{} during {}", crate::signals::describe(sig), f.run.what()),
             None => format!("{} failed", f.run.what()),
         };
-        (code, reason)
+        let failed = f
+            .error
+            .failed_run(format!("{}{}", f.run.what(), of(&f.run)), code);
+        (code, reason, failed)
     });
     let runs = outcome.runs;
     let (mut table, dropped) = build_table((&base.label, &runs[0]), (&comp.label, &runs[1]));
@@ -254,7 +257,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         .options
         .insert("compare".into(), table.compare.config.clone());
     table.environment = Some(environment);
-    let banner = partial.as_ref().map(|(_, why)| {
+    let banner = partial.as_ref().map(|(_, why, _)| {
         format!(
             "PARTIAL: {why}; {} complete run pairs of {} reported",
             runs[0].len(),
@@ -276,6 +279,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         durations: &watcher.durations,
         disagreements: &watcher.disagreements,
         banner: banner.as_deref(),
+        failed_run: partial.as_ref().map(|(_, _, run)| run),
         seconds: started.elapsed().as_secs_f64(),
     };
     let code = output::print(
@@ -288,7 +292,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         &files,
         &conditions,
     );
-    Ok(code.max(partial.map_or(0, |(c, _)| c)))
+    Ok(code.max(partial.map_or(0, |(c, _, _)| c)))
 }
 
 /// `--by-symbol` where it cannot work, refused before anything boots.

@@ -120,6 +120,8 @@ pub(super) struct Report<'a> {
     pub durations: &'a [Durations; 2],
     pub disagreements: &'a [String],
     pub banner: Option<&'a str>,
+    /// The failed run that made the result partial, if one did.
+    pub failed_run: Option<&'a crate::report::end::FailedRun>,
     pub seconds: f64,
 }
 
@@ -223,7 +225,7 @@ pub(super) fn print(
             r.mitigations,
         );
         if let Some(b) = r.banner {
-            doc = json_with_partial(doc, b);
+            doc = json_with_partial(doc, b, r.failed_run);
         }
         code = code.max(write_file("compare", f, &doc));
     }
@@ -300,11 +302,20 @@ pub(super) fn print(
     code
 }
 
-/// A compare document with `"partial": {"reason": banner}`.
-fn json_with_partial(doc: String, banner: &str) -> String {
+/// A compare document with `"partial": {"reason": banner}`, and the run
+/// that failed, if one did (`run`: how it ended, as data).
+fn json_with_partial(
+    doc: String,
+    banner: &str,
+    failed_run: Option<&crate::report::end::FailedRun>,
+) -> String {
     match serde_json::from_str::<serde_json::Value>(&doc) {
         Ok(serde_json::Value::Object(mut m)) => {
-            m.insert("partial".into(), serde_json::json!({ "reason": banner }));
+            let mut partial = serde_json::json!({ "reason": banner });
+            if let Some(run) = failed_run {
+                partial["run"] = serde_json::json!(run);
+            }
+            m.insert("partial".into(), partial);
             serde_json::to_string_pretty(&m).unwrap_or(doc)
         }
         _ => doc,

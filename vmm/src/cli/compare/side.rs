@@ -302,8 +302,10 @@ pub fn run_measured(
     if let GuestKind::Linux(l) = &resolved.guest_kind {
         if let Some(end) = crate::cli::linux::diagnose(&o, l, host.as_ref()) {
             return Err(MeasuredRunError::Linux {
-                code: end.code,
                 message: end.to_string(),
+                code: end.code,
+                failure: end.failure,
+                end: Box::new(crate::report::end::RunEnd::of(&o)),
             });
         }
         return Ok((o, s));
@@ -326,7 +328,7 @@ pub fn run_measured(
             }
         }
         return Err(MeasuredRunError::GuestFailed {
-            stop: Box::new(o.stop),
+            end: Box::new(crate::report::end::RunEnd::of(&o)),
             report: msg,
         });
     }

@@ -168,6 +168,10 @@ pub(super) fn half_range(runs: &[RunFigures], i: usize) -> Option<f64> {
 #[derive(Debug, Clone, serde::Serialize)]
 pub(super) struct Partial {
     pub reason: String,
+    /// The run that failed, where one did (not a signal between runs, nor
+    /// a configuration refused), with how it ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run: Option<crate::report::end::FailedRun>,
     pub runs_done: u64,
     pub runs_planned: u64,
     pub cells_reported: usize,

@@ -331,6 +331,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
         .collect();
     let mut counter = Counter { bar: &bar, done: 0 };
     let mut stopped: Option<(i32, String)> = None;
+    let mut failed_run = None;
     'runs: for r in 0..args.runs as usize {
         for (ci, cell) in cells.iter().enumerate() {
             let at = |id: &RunId| {
@@ -362,7 +363,11 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
                         (_, Some(sig)) => format!("{} during {}", signals::describe(sig), at(&run)),
                         (_, None) => format!("{} failed: {source}", at(&run)),
                     };
-                    stopped = Some((exit_code::failed_run(source.exit_code()), why));
+                    let code = exit_code::failed_run(source.exit_code());
+                    if let CellRunError::Run(e) = &source {
+                        failed_run = Some(e.failed_run(at(&run), code));
+                    }
+                    stopped = Some((code, why));
                     break 'runs;
                 }
                 Err(ExperimentError::Refused(why)) => {
@@ -473,6 +478,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
     report.derive();
     let partial = stopped.as_ref().map(|(_, why)| Partial {
         reason: why.clone(),
+        run: failed_run,
         runs_done: done,
         runs_planned: total,
         cells_reported: report.cells.len(),
