@@ -627,6 +627,53 @@ pub fn kvm_run_code_or_skip(test: &str, elf32: bool, code: &[u8], secs: &str) ->
     Some(o)
 }
 
+/// `ptiscope run ARGS --json FILE` under KVM: its output and the run
+/// document (`null` where none was written: a run refused before its
+/// guest ran), or `None` after printing why `test` is skipped. A run
+/// writes its document however it stopped: how it ended (`stop`,
+/// `exit_code`) and its figures are read there, not from the summary's
+/// words.
+pub fn kvm_run_json_or_skip(test: &str, args: &[&str]) -> Option<(Output, serde_json::Value)> {
+    let dir = kvm_scratch_or_skip(test, &format!("{}-json", test.replace(' ', "-")))?;
+    Some(output_and_json(
+        ptiscope().arg("run").args(args),
+        &dir,
+        "run",
+    ))
+}
+
+/// [`kvm_run_code_or_skip`] with `--json`: the output and the run
+/// document (as [`kvm_run_json_or_skip`]).
+pub fn kvm_run_code_json_or_skip(
+    test: &str,
+    elf32: bool,
+    code: &[u8],
+    secs: &str,
+) -> Option<(Output, serde_json::Value)> {
+    let dir = kvm_scratch_or_skip(test, &format!("{}-code", test.replace(' ', "-")))?;
+    let elf = dir.join("guest.elf");
+    if elf32 {
+        write_pvh_elf32(&elf, 0x10_0000, code);
+    } else {
+        write_pvh_elf(&elf, 0x10_0000, code);
+    }
+    Some(output_and_json(
+        ptiscope()
+            .args(["run", "--timeout", secs, "--kernel"])
+            .arg(&elf),
+        &dir,
+        "run",
+    ))
+}
+
+/// The `stop` of a run document, checked to be there (a document of a run
+/// whose guest ran always has one).
+pub fn stop_of(v: &serde_json::Value) -> &serde_json::Value {
+    let stop = &v["stop"];
+    assert!(stop["code"].is_string(), "no stop in the run document: {v}");
+    stop
+}
+
 /// `ptiscope ARGS` is refused: it ends with `code` (not a panic) and
 /// its stderr has every one of `wants`. Returns the stderr.
 pub fn assert_refused(args: &[&str], code: i32, wants: &[&str]) -> String {
@@ -792,8 +839,8 @@ pub fn render_png(svg: &str, name: &str) {
 }
 
 /// Runs `cmd` with `--json FILE` added (FILE `name.json` in `dir`): its
-/// output and the document it wrote (`null` where it wrote none: a failed
-/// run keeps no document). Tests read figures and decisions from the
+/// output and the document it wrote (`null` where it wrote none: a run
+/// refused or failed before its guest ran). Tests read figures and decisions from the
 /// document, not from the summary's wording.
 pub fn output_and_json(cmd: &mut Command, dir: &Path, name: &str) -> (Output, serde_json::Value) {
     let json = dir.join(format!("{name}.json"));
