@@ -191,29 +191,31 @@ fn poundsyscall_on_one_cpu_runs_its_threads_in_turn() {
 
 #[test]
 fn a_fault_on_the_second_vcpu_stops_the_vm_and_is_named() {
-    if !kvm_or_skip("a_fault_on_the_second_vcpu_stops_the_vm_and_is_named") {
+    let test = "a_fault_on_the_second_vcpu_stops_the_vm_and_is_named";
+    let Some(dir) = kvm_scratch_or_skip(test, "second-vcpu-fault") else {
         return;
-    }
-    let out = ptiscope()
-        .args(["run", "--cpus", "2", "--cmdline", "fault=ud fault_cpu=1"])
-        .output()
-        .expect("run ptiscope");
+    };
+    let (out, v) = output_and_json(
+        ptiscope().args(["run", "--cpus", "2", "--cmdline", "fault=ud fault_cpu=1"]),
+        &dir,
+        "fault",
+    );
     let err = stderr(&out);
-    // Guest status 2: a CPU exception, reported by the faulting CPU.
+    // Guest status 2: a CPU exception, reported by the faulting CPU,
+    // whose own stop stopped the VM.
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("ptiscope: vCPU 1: guest exited with status 2"),
-        "{err}"
+    let stop = stop_of(&v);
+    assert_eq!(
+        (&stop["code"], &stop["status"], &stop["vcpu"]),
+        (&"guest_exit".into(), &2.into(), &1.into()),
+        "{stop}"
     );
-    assert!(
-        err.contains("vCPU 1: ") && err.contains("stopped the VM"),
-        "{err}"
-    );
-    assert!(stdout(&out).contains("@fault vector=6"), "{}", stdout(&out));
+    assert_eq!(stop["guest_faults"][0]["vector"], "6", "{stop}");
 
-    // A hang on the second vCPU: the watchdog stops both.
-    let out = ptiscope()
-        .args([
+    // A hang on the second vCPU: the watchdog stops both (no vCPU's own
+    // stop: the timeout's).
+    let (out, v) = output_and_json(
+        ptiscope().args([
             "run",
             "--cpus",
             "2",
@@ -221,10 +223,17 @@ fn a_fault_on_the_second_vcpu_stops_the_vm_and_is_named() {
             "1",
             "--cmdline",
             "fault=hang fault_cpu=1",
-        ])
-        .output()
-        .expect("run ptiscope");
+        ]),
+        &dir,
+        "hang",
+    );
     assert_eq!(out.status.code(), Some(124), "{}", stderr(&out));
+    let stop = stop_of(&v);
+    assert_eq!(
+        (&stop["code"], &stop["vcpu"]),
+        (&"timeout".into(), &Value::Null),
+        "{stop}"
+    );
 
     // fault_cpu must name a CPU that exists.
     let out = ptiscope()
