@@ -130,6 +130,62 @@ fn a_run_that_fails_writes_how_it_ended() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A Linux run that `--timeout` stops before the kernel reaches
+/// ptiscope's init writes its document too: the VM's stop (the timeout)
+/// and the Linux guest's end (`failure`, `boot_timeout`) as data, with the
+/// words stderr says.
+#[test]
+fn a_linux_run_that_times_out_writes_its_failure() {
+    let test = "a_linux_run_that_times_out_writes_its_failure";
+    if !plugin_or_skip(test, "qemu-system-x86_64") {
+        return;
+    }
+    match ptiscope::preflight::linux::known_path("debian-amd64") {
+        Some(Ok(p)) if p.is_file() => {}
+        _ => {
+            ptiscope::test_support::skip(
+                test,
+                "debian-amd64 is not fetched (ptiscope linux fetch)",
+            );
+            return;
+        }
+    }
+    let dir = Scratch::new("linux-timeout");
+    let (o, v) = output_and_json(
+        ptiscope().args([
+            "run",
+            "--backend",
+            "qemu",
+            "--linux",
+            "debian-amd64",
+            "--workload",
+            "getppid",
+            "--timeout",
+            "0.5",
+        ]),
+        &dir,
+        "run",
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(124), "{err}");
+    assert_eq!(v["exit_code"], 124, "{v}");
+    let stop = stop_of(&v);
+    assert_eq!(
+        (&stop["code"], &stop["after_ms"]),
+        (&"timeout".into(), &500.into()),
+        "{stop}"
+    );
+    let failure = &v["failure"];
+    assert_eq!(
+        (&failure["code"], &failure["after_ms"]),
+        (&"boot_timeout".into(), &500.into()),
+        "{v}"
+    );
+    // The words are the ones stderr gave.
+    let text = failure["text"].as_str().unwrap_or_default();
+    assert!(!text.is_empty() && err.contains(text), "{text}\n{err}");
+}
+
 /// `cmd`, started with `signal` already pending (blocked across exec):
 /// the first place the command looks at signals takes it.
 fn with_pending(cmd: &mut std::process::Command, signal: i32) -> &mut std::process::Command {
