@@ -441,6 +441,7 @@ fn print_header(
     let (kvm_line, entry_text) = (profile.header_line, (profile.run_note)(&base.run));
     print!("{}", environment.render_header(kvm_line));
     let runs_text = match count {
+        RunCount::Fixed(1) => "1 run per side".to_string(),
         RunCount::Fixed(n) => format!("{n} runs per side"),
         RunCount::Auto {
             max_runs,

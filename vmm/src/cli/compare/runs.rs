@@ -67,7 +67,11 @@ impl RunsReport {
         let metric = self.metric.as_deref().unwrap_or("-");
         let target = self.target_ci_pct.unwrap_or(0.0);
         match self.stopped {
-            RunsStop::Fixed => format!("{} runs per side{warm}", self.per_side),
+            RunsStop::Fixed => format!(
+                "{} run{} per side{warm}",
+                self.per_side,
+                if self.per_side == 1 { "" } else { "s" }
+            ),
             RunsStop::TargetReached => format!(
                 "--runs auto: stopped after {} runs per side{warm}: the 95 % CI of {metric}'s \
                  mean is within {target} % of it on both sides ({ci})",
