@@ -349,7 +349,7 @@ fn run_messaging(config: &Config, pti: bool, pcid: bool, half: KernelHalf) -> ! 
         let mut first = None;
         for _ in 0..GROUP_SIZE {
             let p = s
-                .with_pipes()
+                .with_guarded(&pipe::PIPES)
                 .1
                 .create()
                 .unwrap_or_else(|| panic!("cannot create a pipe"));

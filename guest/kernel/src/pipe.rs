@@ -3,7 +3,10 @@
 //! queues of blocked readers and writers. A read blocks while the pipe is
 //! empty and returns what is there (up to `len`); a write of at most
 //! `PIPE_BUF` bytes blocks until all of it fits (atomic, as Linux). Tasks
-//! reach pipes through their descriptor range (`task::PipeFds`).
+//! reach pipes through their descriptor range (`task::PipeFds`). The pipes
+//! stand on the scheduler (its lock, wait queues and wake-ups); the
+//! scheduler knows nothing of them: the table is reached with the lock's
+//! guard through `task::SchedGuard::with_guarded`.
 use crate::arch::layout::phys_to_virt;
 use crate::mm::Frames;
 use crate::sync::LockedBy;
@@ -55,7 +58,7 @@ impl Pipes {
     }
 }
 
-/// The pipes, under the scheduler lock (`task::SchedGuard::with_pipes`).
+/// The pipes, under the scheduler lock (`task::SchedGuard::with_guarded`).
 pub static PIPES: LockedBy<SchedLock, Pipes> = LockedBy::new(Pipes::EMPTY);
 
 impl Pipe {
@@ -88,7 +91,7 @@ pub fn read(fd: usize, buf: usize, len: usize) -> isize {
         // Under the scheduler lock, which owns the pipes (held here and
         // taken again after every block); the references end before
         // `schedule`, which gives the lock back while other tasks run.
-        let (sched, pipes) = s.with_pipes();
+        let (sched, pipes) = s.with_guarded(&PIPES);
         let pipe = &mut pipes.pipes[i];
         if !pipe.ring.is_empty() {
             // SAFETY: a writable user range of the current address space
@@ -128,7 +131,7 @@ pub fn write(fd: usize, buf: usize, len: usize) -> isize {
     let mut s = lock();
     loop {
         // As in read.
-        let (sched, pipes) = s.with_pipes();
+        let (sched, pipes) = s.with_guarded(&PIPES);
         let pipe = &mut pipes.pipes[i];
         if pipe.ring.free() >= len {
             // SAFETY: a readable user range of the current address space.

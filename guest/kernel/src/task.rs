@@ -19,8 +19,7 @@ use crate::arch::percpu::{self, EntryState};
 use crate::arch::smp;
 use crate::arch::sysentry;
 use crate::mm::Frames;
-use crate::pipe::Pipes;
-use crate::sync::{SpinLock, StaticGuard, StaticLock};
+use crate::sync::{LockedBy, SpinLock, StaticGuard, StaticLock};
 use crate::telemetry;
 use core::ptr::addr_of_mut;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
@@ -165,8 +164,10 @@ pub struct Sched {
 }
 
 /// The scheduler lock and the scheduler it owns; the pipe table is under
-/// it too ([`crate::pipe`]'s `PIPES`: a pipe's wait queues link tasks of
-/// the table and are woken through the run queues). The syscall fast paths
+/// it too (pipe.rs's `PIPES`, a [`LockedBy`] this lock: a pipe's wait
+/// queues link tasks of the table and are woken through the run queues;
+/// the pipes reach it through [`SchedGuard::with_guarded`], so the
+/// scheduler knows nothing of pipes). The syscall fast paths
 /// (getpid, getppid, write(-1)) never take it; blocking calls, exit, wait
 /// and the idle loops do. It is given back across a context switch (see
 /// [`SchedGuard::switch`]).
@@ -594,10 +595,14 @@ impl Sched {
 }
 
 impl SchedGuard {
-    /// The scheduler and the pipe table at once: a pipe operation wakes or
-    /// queues tasks on the pipe's wait queues.
-    pub fn with_pipes(&mut self) -> (&mut Sched, &mut Pipes) {
-        crate::pipe::PIPES.with_owner(&mut self.0)
+    /// The scheduler and `data`, which this lock guards, at once (the pipe
+    /// table: a pipe operation wakes or queues tasks on the pipe's wait
+    /// queues).
+    pub fn with_guarded<'a, T>(
+        &'a mut self,
+        data: &'a LockedBy<SchedLock, T>,
+    ) -> (&'a mut Sched, &'a mut T) {
+        data.with_owner(&mut self.0)
     }
 
     /// Switches from the current context (a task or kmain) to task `next`.

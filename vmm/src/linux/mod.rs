@@ -23,23 +23,28 @@
 //! It sits above `report` (its summary is a `RunSummary`) and below
 //! `backend` and `cli`; nothing below `report` imports it.
 
+mod console;
 pub mod mitigations;
+mod notes;
+mod observation;
+mod pti;
 pub mod symbols;
 
-use ptiscope_abi::options::{PtiMode, Workload};
+use ptiscope_abi::options::Workload;
 
+use self::console::line_value;
+use self::notes::{marker_note, tick_free_note};
+use self::observation::phase_calls;
 use crate::machine::RunOutcome;
 use crate::observe::qemu_plugin::PluginOutput;
-use crate::report::note::{LinuxHost, Note, PortMarkerReason, PtiHostCheck};
+use crate::report::note::{LinuxHost, Note, PtiHostCheck};
 use crate::report::{Metric, RunSummary, Source};
 use crate::spec::linux::LinuxGuest;
 
-/// The kernel command-line word that asks the init for the kernel's text
-/// symbols after the phase, and the QEMU backend for the plugin's
-/// per-address counts and the isa-debugcon they come through
-/// (`--by-symbol`; the init has the same word). A dotted parameter: Linux
-/// neither passes it to the init's environment nor complains about it.
-pub const SYMBOLS_WORD: &str = "ptiscope.syms=1";
+pub use console::{init_started, kernel_panic, SYMBOLS_WORD};
+pub use notes::measured_before_timeout;
+pub use observation::{host_observation, kvm_observation, HostObserver, HostPhaseObservation};
+pub use pti::{check_pti, guest_pti, PtiVerdict};
 
 /// The phase's undisturbed calls' kernel instructions by symbol, from the
 /// plugin's file of a `--by-symbol` run; `Err` says why there are none.
@@ -101,114 +106,6 @@ pub fn by_symbol(
     })
 }
 
-/// What the init read from the kernel log: `Some(true)` when it has
-/// "Kernel/User page tables isolation: enabled" (its `@linux` line).
-pub fn guest_pti(outcome: &RunOutcome) -> Option<bool> {
-    line_value(machine_line(outcome, "@linux")?, "pti").map(|v| v == "on")
-}
-
-/// What a host-side observer saw during the measured phase: the seam for
-/// the QEMU TCG plugin (host-observed CR3 writes and system calls) or
-/// KVM's statistics.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HostPhaseObservation {
-    /// Who observed (`qemu-plugin`, `kvm`).
-    pub source: &'static str,
-    /// System calls entered in the phase.
-    pub syscalls: u64,
-    /// MOV-to-CR3 in the phase.
-    pub cr3_writes: u64,
-    /// Kernel-mode instructions in the phase, if counted.
-    pub kernel_instructions: Option<u64>,
-}
-
-/// The QEMU plugin's view of a Linux run's phase (between the init's two
-/// user-mode marker writes, `observe::qemu_plugin::PluginReport::linux_phase`),
-/// for the host-side PTI check; `None` without the plugin (`--no-plugin`,
-/// the KVM backend), when its file gave no phase (the summary's notes say
-/// why), or for sched-messaging, whose context switches between processes
-/// write CR3 too (with or without PTI), so that its CR3 writes per system
-/// call say nothing exact about PTI: only the system-call loops and
-/// poundsyscall (threads of one process) are checked.
-pub fn host_observation(plugin: &PluginOutput, guest: &LinuxGuest) -> Option<HostPhaseObservation> {
-    use crate::observe::qemu_plugin::{PluginCounter, PluginReport};
-    if guest
-        .asked()
-        .is_none_or(|c| c.workload == Workload::SchedMessaging)
-    {
-        return None;
-    }
-    let PluginOutput::File(bytes) = plugin else {
-        return None;
-    };
-    let total = PluginReport::parse(bytes)
-        .ok()?
-        .linux_phase()
-        .ok()?
-        .delta
-        .total();
-    Some(HostPhaseObservation {
-        source: "qemu-plugin",
-        syscalls: total.syscall_entries(),
-        cr3_writes: total.get(PluginCounter::Cr3Writes),
-        kernel_instructions: Some(total.get(PluginCounter::KernelInsns)),
-    })
-}
-
-/// The calls a Linux run's phase made, as the init counts them: its
-/// iterations, all threads' for poundsyscall, messages for sched-messaging.
-fn phase_calls(guest: &LinuxGuest) -> u64 {
-    guest.asked().as_ref().map_or(0, |c| match c.workload {
-        Workload::SchedMessaging => c.messages(),
-        Workload::Poundsyscall => c.threads.saturating_mul(c.iterations),
-        _ => c.iterations,
-    })
-}
-
-/// KVM's view of a Linux run's phase on ptiscope's VMM, where KVM sees the
-/// guest's CR3 writes: under shadow paging KVM intercepts each one, and
-/// without PCID each flushes, so its `tlb_flush` statistic over the phase
-/// counts them (ptiscope's own guest, which counts its writes itself, gives
-/// exactly as many: 4,002 = 4,002 for 2,001 getpid calls with PTI under
-/// `--backend nested --nested-paging shadow`). `vmm` is the host-side
-/// observer's summary of the run. `None` under nested paging (NPT/EPT:
-/// KVM sees no CR3 write), when the init reports PCID on (a write that
-/// keeps the TLB is no flush), without a phase, or for sched-messaging
-/// (as [`host_observation`]). The system calls are the init's count of
-/// its calls: KVM does not see system calls.
-pub fn kvm_observation(
-    outcome: &RunOutcome,
-    guest: &LinuxGuest,
-    vmm: &RunSummary,
-    sees_cr3_writes: bool,
-) -> Option<HostPhaseObservation> {
-    let asked = guest.asked()?;
-    if !sees_cr3_writes || asked.workload == Workload::SchedMessaging {
-        return None;
-    }
-    let result = crate::report::result_fields(outcome);
-    if result.get("pcid").is_none_or(|p| p != "off") {
-        return None;
-    }
-    vmm.phase.as_ref()?;
-    // A loop alone on a tick-free CPU: that vCPU's flushes are its calls'
-    // (the other vCPU's, the kernel's housekeeping, are not the loop's).
-    let (flushes, source) =
-        match tick_free_cpu(outcome).and_then(|cpu| vmm.row(&format!("tlb_flush_vcpu{cpu}"))) {
-            Some(r) => (r, "kvm tlb_flush of the loop's vCPU, shadow paging"),
-            None => (vmm.row("tlb_flush")?, "kvm tlb_flush, shadow paging"),
-        };
-    if flushes.metric.source != Source::Kvm {
-        return None;
-    }
-    Some(HostPhaseObservation {
-        source,
-        syscalls: phase_calls(guest),
-        cr3_writes: flushes.total as u64,
-        kernel_instructions: None,
-    })
-}
-
 /// The summary of a Linux run on ptiscope's VMM (`--backend kvm`, and
 /// inside `--backend nested`): the init's summary ([`summary`]) with the
 /// host observer's rows ([`add_vmm_rows`]), PTI's state checked against
@@ -231,85 +128,6 @@ pub fn summary_on_vmm(
         );
     }
     (s, host)
-}
-
-/// Something that can watch a Linux run from the host and report its
-/// measured phase (implemented by the QEMU plugin's parser when it lands).
-pub trait HostObserver {
-    /// The phase's observation, if the observer saw one.
-    fn phase(&self, outcome: &RunOutcome) -> Option<HostPhaseObservation>;
-}
-
-/// The verdict of the PTI checks.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PtiVerdict {
-    /// PTI as the kernel log says.
-    pub enabled: bool,
-    /// The host's CR3 writes per system call, if a host observer ran.
-    pub host_cr3_per_syscall: Option<f64>,
-}
-
-/// Checks PTI's state: what was asked, what the kernel log says, and (if a
-/// host observer ran) what the host saw. A kernel asked for pti=on without
-/// PTI, or a host count that disagrees with the log, is an error: never a
-/// PTI result of 0.
-pub fn check_pti(
-    asked: PtiMode,
-    guest_log: Option<bool>,
-    host: Option<&HostPhaseObservation>,
-) -> Result<PtiVerdict, String> {
-    let Some(enabled) = guest_log else {
-        return Err("the init did not report PTI's state (no @linux line): the run is not a ptiscope Linux run, or it stopped before the init read the kernel log".into());
-    };
-    match (asked, enabled) {
-        (PtiMode::On, false) => {
-            return Err("pti=on was asked, but the kernel log has no \"Kernel/User page tables isolation: enabled\": this kernel did not enable PTI (built without CONFIG_MITIGATION_PAGE_TABLE_ISOLATION, or CONFIG_PAGE_TABLE_ISOLATION before Linux 6.9?)".into())
-        }
-        (PtiMode::Off, true) => {
-            return Err("pti=off was asked, but the kernel log says PTI is enabled".into())
-        }
-        _ => {}
-    }
-    let per = host.and_then(|h| (h.syscalls > 0).then(|| h.cr3_writes as f64 / h.syscalls as f64));
-    if let (Some(h), Some(p)) = (host, per) {
-        // With PTI each system call writes CR3 twice (entry and exit);
-        // without it, never. Context switches add a few; the middle is
-        // neither.
-        let host_on = p >= 1.5;
-        let host_off = p < 0.5;
-        if (enabled && !host_on) || (!enabled && !host_off) {
-            return Err(format!(
-                "the kernel log says PTI is {}, but the host ({}) saw {p:.2} CR3 writes per system call ({} / {}): the two checks disagree",
-                if enabled { "on" } else { "off" },
-                h.source,
-                h.cr3_writes,
-                h.syscalls
-            ));
-        }
-    }
-    Ok(PtiVerdict {
-        enabled,
-        host_cr3_per_syscall: per,
-    })
-}
-
-/// The first console line that says the kernel panicked, if one does (the
-/// QEMU backend keeps it at the head of the tail when the console went on
-/// after it: a panic is found wherever it was).
-pub fn kernel_panic(outcome: &RunOutcome) -> Option<&str> {
-    outcome
-        .console_tail
-        .iter()
-        .find(|l| l.contains("Kernel panic - not syncing"))
-        .map(String::as_str)
-}
-
-/// Whether the init started (its banner).
-pub fn init_started(outcome: &RunOutcome) -> bool {
-    outcome
-        .banner
-        .as_deref()
-        .is_some_and(|b| b.contains("linux-init"))
 }
 
 /// The summary of a Linux run, from the init's `@result` line: per-call
@@ -418,121 +236,6 @@ pub fn summary(
     s
 }
 
-/// Whether a run that `--timeout` stopped had measured already: the init
-/// printed its `@result` line, every result right (`mismatches=0`), before
-/// the deadline, so what ran out was what comes after it (the kernel
-/// symbols for `--by-symbol`, the exit). Its figures stand: the note says
-/// so; `None` for any other run.
-pub fn measured_before_timeout(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<Note> {
-    let crate::machine::StopReason::Timeout { after_ms } = outcome.stop else {
-        return None;
-    };
-    if guest.init_words.contains("workload=none") {
-        return None;
-    }
-    let result = machine_line(outcome, ptiscope_abi::RESULT_PREFIX.trim_end())?;
-    if line_value(result, "mismatches").is_some_and(|m| m != "0") {
-        return None;
-    }
-    let by_symbol = outcome
-        .cmdline
-        .split_ascii_whitespace()
-        .any(|w| w == SYMBOLS_WORD);
-    Some(Note::MeasuredBeforeTimeout {
-        after_ms,
-        by_symbol,
-    })
-}
-
-/// The CPU the init's `@cpu` line says the loop ran on alone, without the
-/// scheduler tick (`pinned=N ... dynticks=yes`); `None` otherwise.
-fn tick_free_cpu(outcome: &RunOutcome) -> Option<u32> {
-    let line = machine_line(outcome, "@cpu")?;
-    (line_value(line, "dynticks") == Some("yes"))
-        .then(|| line_value(line, "pinned")?.parse().ok())
-        .flatten()
-}
-
-/// The local timer interrupts the kernel counted on the loop's CPU across
-/// the loop (the init's `@ticks` line).
-fn loop_ticks(outcome: &RunOutcome) -> Option<u64> {
-    line_value(machine_line(outcome, "@ticks")?, "local_timer")?
-        .parse()
-        .ok()
-}
-
-/// The words after `tag` of the init's first machine line with that tag
-/// (`@linux`, `@cpu`, `@ticks`).
-fn machine_line<'a>(outcome: &'a RunOutcome, tag: &str) -> Option<&'a str> {
-    outcome
-        .machine_lines
-        .iter()
-        .find_map(|l| l.strip_prefix(tag)?.strip_prefix(' '))
-}
-
-/// `key=`'s value among a machine line's words.
-fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_ascii_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-}
-
-/// Whether the init had to mark its phase through the phase port with
-/// `ioperm` (its `@marker channel=port` line: the kernel refused the
-/// `/dev/mem` mapping of the marker page): then every return to user mode
-/// of the measured tasks ran the kernel's TSS I/O-bitmap update, which an
-/// unmodified process does not, and the note says so with the init's
-/// reason (or that it was asked to, `--append ptiscope.marker=port`, or
-/// that a 32-bit kernel on KVM keeps the port: linux-init's `marker`).
-/// `None` for the marker page (`channel=mmio`, no cost) or no line.
-fn marker_note(outcome: &RunOutcome) -> Option<Note> {
-    let line = machine_line(outcome, "@marker")?;
-    if line_value(line, "channel")? != "port" {
-        return None;
-    }
-    // Guest text: only a short reason of the init's own characters.
-    let reason: String = line_value(line, "reason")
-        .unwrap_or("unknown")
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | ':' | '_' | '.' | '='))
-        .take(48)
-        .collect();
-    let why = if reason.starts_with("asked:") {
-        PortMarkerReason::Asked
-    } else if reason.starts_with("kvm-i386") {
-        PortMarkerReason::KvmI386
-    } else {
-        PortMarkerReason::MappingRefused { reason }
-    };
-    Some(Note::PortMarkers {
-        why,
-        port: ptiscope_abi::port::PHASE,
-    })
-}
-
-/// What became of a tick-free CPU for the system-call loop (`--tick-free`,
-/// or the user's own `nohz_full=`): where the init's `@cpu` line says the
-/// loop ran. Only its numbers and known words are read (guest text).
-fn tick_free_note(outcome: &RunOutcome, guest: &LinuxGuest) -> Option<Note> {
-    let line = machine_line(outcome, "@cpu");
-    let value = |key: &str| line_value(line?, key);
-    let pinned = value("pinned").and_then(|v| v.parse::<u32>().ok());
-    let who = match guest.tick_free_cpu {
-        Some(_) => "--tick-free",
-        None => "nohz_full= in --append",
-    };
-    if line.is_none() && guest.tick_free_cpu.is_none() {
-        return None;
-    }
-    Some(Note::TickFree {
-        asked_by: who.into(),
-        asked_cpu: guest.tick_free_cpu,
-        cpu: pinned,
-        reported: line.is_some(),
-        dynticks: value("dynticks") == Some("yes"),
-        ticks: loop_ticks(outcome),
-    })
-}
-
 /// A Linux run on ptiscope's VMM (`--backend kvm`, and inside
 /// `--backend nested`): `s` is the run's own summary ([`summary`]) and
 /// `vmm` the host-side observer's (the KVM stats fds, the VMM's exits and
@@ -566,6 +269,8 @@ pub fn add_vmm_rows(s: &mut RunSummary, vmm: &RunSummary) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use ptiscope_abi::options::PtiMode;
+
     use crate::spec::linux::{ImageFormat, LinuxArch};
 
     pub(crate) fn obs(syscalls: u64, cr3: u64) -> HostPhaseObservation {
@@ -575,21 +280,6 @@ pub(crate) mod tests {
             cr3_writes: cr3,
             kernel_instructions: None,
         }
-    }
-
-    #[test]
-    fn pti_checks_fail_on_every_disagreement() {
-        assert!(check_pti(PtiMode::On, Some(false), None).is_err());
-        assert!(check_pti(PtiMode::Off, Some(true), None).is_err());
-        assert!(check_pti(PtiMode::On, None, None).is_err());
-        let v = check_pti(PtiMode::On, Some(true), Some(&obs(1000, 2002))).unwrap();
-        assert!(v.enabled);
-        assert!((v.host_cr3_per_syscall.unwrap() - 2.002).abs() < 1e-9);
-        // The log says on, the host saw no CR3 writes: an error, not a 0.
-        let e = check_pti(PtiMode::On, Some(true), Some(&obs(1000, 0))).unwrap_err();
-        assert!(e.contains("disagree"), "{e}");
-        assert!(check_pti(PtiMode::Auto, Some(false), Some(&obs(1000, 2000))).is_err());
-        assert!(check_pti(PtiMode::Auto, Some(false), Some(&obs(1000, 3))).is_ok());
     }
 
     pub(crate) fn outcome(
@@ -632,83 +322,6 @@ pub(crate) mod tests {
             pti,
             tick_free_cpu: None,
         }
-    }
-
-    #[test]
-    fn the_tick_free_note_reads_the_inits_cpu_line() {
-        let mut g = guest(PtiMode::On);
-        let mut o = outcome(
-            crate::machine::StopReason::GuestExit { status: 0 },
-            &[],
-            &[],
-        );
-        assert_eq!(tick_free_note(&o, &g), None, "neither asked nor pinned");
-        g.tick_free_cpu = Some(1);
-        let n = tick_free_note(&o, &g).unwrap().to_string();
-        assert!(n.contains("did not say where"), "{n}");
-        o.machine_lines = vec!["@cpu pinned=1 reason=nohz_full dynticks=yes".into()];
-        let n = tick_free_note(&o, &g).unwrap().to_string();
-        assert!(
-            n.contains("ran alone on CPU 1") && n.contains("--tick-free"),
-            "{n}"
-        );
-        assert!(n.contains("did not say how many"), "{n}");
-        o.machine_lines.push("@ticks cpu=1 local_timer=0".into());
-        let n = tick_free_note(&o, &g).unwrap().to_string();
-        assert!(n.contains("no local timer interrupt"), "{n}");
-        o.machine_lines[1] = "@ticks cpu=1 local_timer=3".into();
-        let n = tick_free_note(&o, &g).unwrap().to_string();
-        assert!(n.contains("3 local timer") && n.contains("up to 6"), "{n}");
-        o.machine_lines = vec!["@cpu pinned=1 reason=nohz_full dynticks=no".into()];
-        let n = tick_free_note(&o, &g).unwrap().to_string();
-        assert!(n.contains("no full dynticks"), "{n}");
-        o.machine_lines = vec!["@cpu pinned=none reason=\x1b[2J".into()];
-        let n = tick_free_note(&o, &g).unwrap().to_string();
-        assert!(n.contains("could not pin") && !n.contains('\x1b'), "{n}");
-        g.tick_free_cpu = None;
-        o.machine_lines = vec!["@cpu pinned=3 reason=nohz_full dynticks=yes".into()];
-        let n = tick_free_note(&o, &g).unwrap().to_string();
-        assert!(
-            n.contains("nohz_full= in --append") && n.contains("CPU 3"),
-            "{n}"
-        );
-    }
-
-    #[test]
-    fn the_marker_note_names_the_port_fallback_only() {
-        let mut o = outcome(
-            crate::machine::StopReason::GuestExit { status: 0 },
-            &[],
-            &[],
-        );
-        assert_eq!(marker_note(&o), None, "no @marker line");
-        o.machine_lines = vec!["@marker channel=mmio addr=0xe0000000".into()];
-        assert_eq!(marker_note(&o), None, "the marker page costs nothing");
-        o.machine_lines = vec![
-            "@marker channel=port port=0x600 io_bitmap=yes reason=mmap-dev-mem:1\x1b[2J".into(),
-        ];
-        let n = marker_note(&o).unwrap().to_string();
-        assert!(
-            n.contains("(mmap-dev-mem:12J)") && n.contains("tss_update_io_bitmap"),
-            "{n}"
-        );
-        let s = summary(&o, &PluginOutput::Off, &guest(PtiMode::On), None);
-        assert!(s.notes.iter().any(|m| m.to_string() == n), "{:?}", s.notes);
-        o.machine_lines = vec![
-            "@marker channel=port port=0x600 io_bitmap=yes reason=asked:ptiscope.marker=port"
-                .into(),
-        ];
-        let n = marker_note(&o).unwrap().to_string();
-        assert!(
-            n.contains("as asked (--append ptiscope.marker=port)"),
-            "{n}"
-        );
-        o.machine_lines = vec![
-            "@marker channel=port port=0x600 io_bitmap=yes reason=kvm-i386:mmio-store-emulation"
-                .into(),
-        ];
-        let n = marker_note(&o).unwrap().to_string();
-        assert!(n.contains("a 32-bit kernel on KVM"), "{n}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! columns on every guest asked, with the published figure in the cell's
 //! unit and the row its overhead is against.
 
-use super::{Cell, CellGuest, Seed, ROEDEL_MESSAGES};
+use super::cell::{Cell, CellGuest};
 use crate::cli::Arch;
 use ptiscope_abi::options::Workload;
 
@@ -203,4 +203,81 @@ pub(super) fn cells(seed: Seed, guests: &[CellGuest]) -> (String, Vec<Cell>) {
         }
     }
     (title, v)
+}
+
+/// The seeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Seed {
+    /// Roedel 2018: sched-messaging, 32-bit PAE against 64-bit, PTI off/on.
+    #[value(name = "roedel-2018")]
+    Roedel2018,
+    /// Tarreau 2018: getppid round trip, PTI on, off per process, off at boot.
+    #[value(name = "tarreau-2018")]
+    Tarreau2018,
+    /// Chartre 2020: poundsyscall by thread count, PTI off/on.
+    #[value(name = "chartre-2020")]
+    Chartre2020,
+    /// Petkov 2015: cycles per getpid.
+    #[value(name = "petkov-2015")]
+    Petkov2015,
+    /// Gregg 2018: overhead against working set.
+    #[value(name = "gregg-2018")]
+    Gregg2018,
+}
+
+const ROEDEL_MESSAGES: f64 = 20.0 * 400.0 * 100.0;
+
+pub(super) fn seed_name(s: Seed) -> &'static str {
+    match s {
+        Seed::Roedel2018 => "roedel-2018",
+        Seed::Tarreau2018 => "tarreau-2018",
+        Seed::Chartre2020 => "chartre-2020",
+        Seed::Petkov2015 => "petkov-2015",
+        Seed::Gregg2018 => "gregg-2018",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roedels_table_has_its_four_rows_per_column_each_against_its_own_baseline() {
+        let guests = [CellGuest::COMPANIONS[0], CellGuest::linux("debian-686-pae")];
+        let (_, c) = cells(Seed::Roedel2018, &guests);
+        // Per guest: one kernel (64-bit or 32-bit PAE), 2 PTI states x 2 columns.
+        assert_eq!(c.len(), 8);
+        for (i, cell) in c.iter().enumerate() {
+            match cell.baseline {
+                Some(b) => {
+                    assert_eq!(i, b + 1);
+                    assert_eq!(c[b].column, cell.column);
+                    assert!(cell.opts.as_ref().unwrap().starts_with("pti=on"));
+                }
+                None => assert!(cell.opts.as_ref().unwrap().starts_with("pti=off")),
+            }
+        }
+        // The published 32-bit PAE figures go with the 686-pae kernel.
+        let pae: Vec<_> = c
+            .iter()
+            .filter(|x| x.guest == CellGuest::linux("debian-686-pae"))
+            .collect();
+        assert!(pae.iter().all(|x| x.row.starts_with("32-bit PAE")));
+        assert_eq!(pae[1].published_text, "0.44 s");
+    }
+
+    #[test]
+    fn every_seed_has_cells_for_the_64_bit_kernels() {
+        for seed in [
+            Seed::Roedel2018,
+            Seed::Tarreau2018,
+            Seed::Chartre2020,
+            Seed::Petkov2015,
+            Seed::Gregg2018,
+        ] {
+            let (_, c) = cells(seed, &[CellGuest::linux("debian-amd64")]);
+            assert!(!c.is_empty(), "{seed:?}");
+            assert!(c.iter().any(|x| x.baseline.is_some()), "{seed:?}");
+        }
+    }
 }
