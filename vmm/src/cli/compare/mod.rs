@@ -9,10 +9,12 @@
 
 mod against;
 mod durations;
+mod header;
 mod output;
 mod runs;
 pub(crate) mod side;
 pub(crate) mod side_key;
+mod watcher;
 
 pub use against::Against;
 pub use runs::RunsReport;
@@ -20,28 +22,22 @@ pub use side::{
     build_table, config_words, guest_image_of, parse_side, rates, run_measured, Side, SideSpec,
 };
 
-use std::collections::BTreeMap;
-use std::io::IsTerminal;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use against::read_earlier;
-use durations::{CpuTimes, Durations};
+use durations::Durations;
+use header::print_header;
 pub(crate) use output::write_file;
 use runs::ci_pct;
 pub(crate) use runs::progress;
+use watcher::Watcher;
 
-use crate::backend::Backend;
 use crate::cli::command_error::{CommandError, SideError};
 use crate::cli::exit_code::{self, ExitCode};
 use crate::cli::{CompareArgs, Runs, DEFAULT_MAX_RUNS, DEFAULT_TARGET_CI_PCT};
-use crate::experiment::MIN_AUTO_RUNS;
-use crate::experiment::{Experiment, Progress, RunCount, RunId};
+use crate::experiment::{Experiment, RunCount, RunId};
 use crate::preflight::preflight;
-use crate::report::environment::Environment;
-use crate::report::{CompareTable, Condition, FailIf, RunSummary};
-use crate::spec::guest::GuestKind;
-use crate::spec::linux::LinuxGuest;
-use crate::spec::ResolvedRun;
+use crate::report::{CompareTable, FailIf, RunSummary};
 use ptiscope_abi::options::Workload;
 
 /// Runs the comparison and prints it; returns the process exit code.
@@ -365,257 +361,6 @@ fn side_symbols(
         return Err("no complete run on a side".into());
     }
     Ok(crate::report::by_symbol::SymbolDiff::new(&b, &c))
-}
-
-/// The header: what is compared, on which host, how many runs; returns the
-/// environment (probed once per process) for the report.
-fn print_header(
-    args: &CompareArgs,
-    backend: &dyn Backend,
-    base: &Side,
-    comp: &Side,
-    count: RunCount,
-    watched: &str,
-) -> Environment {
-    let differences = side_differences(&base.run, &comp.run);
-    let linux_name = |l: &LinuxGuest| {
-        format!(
-            "Linux ({}, {})",
-            l.arch.name(),
-            l.version.as_deref().unwrap_or("version unknown")
-        )
-    };
-    let two_images = base.run.boot.image != comp.run.boot.image;
-    match (&base.run.guest_kind, &comp.run.guest_kind) {
-        (GuestKind::Linux(b), GuestKind::Linux(c)) if two_images => println!(
-            "{}",
-            crate::cli::exit_code::escape_message(&format!(
-                "ptiscope compare: two kernels on this host: {} against {}",
-                linux_name(b),
-                linux_name(c)
-            ))
-        ),
-        (GuestKind::Linux(l), _) => println!(
-            "{}",
-            crate::cli::exit_code::escape_message(&format!(
-                "ptiscope compare: what PTI costs in {} on this host",
-                linux_name(l)
-            ))
-        ),
-        (GuestKind::Companion, _) => {
-            println!("ptiscope compare: what PTI costs in the ptiscope guest on this host")
-        }
-    }
-    // Probed once per process (the entry probe also resolves entry=auto).
-    // What differs between the sides goes into the environment too, so
-    // that `--against` and readers of the JSON see it.
-    let mut extra = BTreeMap::new();
-    if !differences.is_empty() {
-        extra.insert("sides_differ".to_owned(), differences.clone());
-    }
-    let mut environment = Environment::collect(
-        &crate::cli::host_facts(),
-        (backend.name(), backend.profile().time_basis),
-        side::guest_image_of(&base.run.config.kernel, Some(&base.run.boot.image)),
-        extra,
-    );
-    // A Linux guest is named by its release (pictures say which kernel's
-    // PTI they show, not only the host's); the companion by its image hash.
-    let release_of = |l: &LinuxGuest| {
-        let release = l
-            .version
-            .as_deref()
-            .and_then(|v| v.split_whitespace().next())
-            .unwrap_or("version unknown");
-        format!("Linux {release} ({})", l.arch.name())
-    };
-    environment.guest_kernel = match (&base.run.guest_kind, &comp.run.guest_kind) {
-        // Two kernels: a picture names both.
-        (GuestKind::Linux(b), GuestKind::Linux(c)) if two_images => {
-            Some(format!("{} vs {}", release_of(b), release_of(c)))
-        }
-        (GuestKind::Linux(b), _) => Some(release_of(b)),
-        (GuestKind::Companion, _) => None,
-    };
-    let profile = backend.profile();
-    let (kvm_line, entry_text) = (profile.header_line, (profile.run_note)(&base.run));
-    print!("{}", environment.render_header(kvm_line));
-    let runs_text = match count {
-        RunCount::Fixed(1) => "1 run per side".to_string(),
-        RunCount::Fixed(n) => format!("{n} runs per side"),
-        RunCount::Auto {
-            max_runs,
-            target_ci_pct,
-        } => format!(
-            "runs per side: auto, until the 95 % CI of {watched} is within {target_ci_pct} % of its mean \
-             (at least {MIN_AUTO_RUNS}, at most {max_runs})"
-        ),
-    };
-    let warmup_text = if args.warmup > 0 {
-        format!(", after {} discarded warm-up pair(s)", args.warmup)
-    } else {
-        String::new()
-    };
-    let workload = base.run.guest.workload.map_or("-", Workload::name);
-    if base.run.guest.workload == Some(Workload::SchedMessaging) {
-        // Its size comes from groups=/loops= (cmdline=...), not --iterations.
-        println!(
-            "  runs:      sched-messaging (perf bench sched messaging, pipes), {runs_text}, \
-             interleaved{warmup_text}; rates are per message{entry_text}"
-        );
-    } else {
-        println!(
-            "  runs:      {workload} x {} iterations per run, {runs_text}, interleaved{warmup_text}{entry_text}",
-            base.run.guest.iterations.unwrap_or(0),
-        );
-    }
-    println!(
-        "  sides:     baseline {}, compare {}",
-        base.label, comp.label
-    );
-    for d in &differences {
-        // Paths and command-line words from the user: escaped.
-        println!(
-            "{}",
-            crate::cli::exit_code::escape_message(&format!("  differs:   {d}"))
-        );
-    }
-    println!();
-    environment
-}
-
-/// What differs between the two sides' settled runs, one line per kind:
-/// the guest image, the command line the guest boots with, QEMU's CPU
-/// model, vCPUs and memory. Empty when the sides boot the same thing.
-pub(crate) fn side_differences(base: &ResolvedRun, comp: &ResolvedRun) -> Vec<String> {
-    let mut out = Vec::new();
-    // Compared as bytes (the same shared image is equal at once); hashed
-    // for the text only when they differ.
-    if base.boot.image != comp.boot.image {
-        let image = |r: &ResolvedRun| {
-            let g = side::guest_image_of(&r.config.kernel, Some(&r.boot.image));
-            let release = r
-                .guest_kind
-                .linux()
-                .and_then(|l| l.version.as_deref())
-                .and_then(|v| v.split_whitespace().next())
-                .map(|v| format!(" (Linux {v})"))
-                .unwrap_or_default();
-            let sha = g.sha256.unwrap_or_default();
-            format!("{}{release} sha256 {sha:.16}", g.name)
-        };
-        out.push(format!("guest image: {} vs {}", image(base), image(comp)));
-    }
-    let words = |r: &ResolvedRun| -> Vec<String> {
-        r.boot
-            .cmdline
-            .split_whitespace()
-            .filter(|w| !w.starts_with("telemetry="))
-            .map(str::to_string)
-            .collect()
-    };
-    let (bw, cw) = (words(base), words(comp));
-    let only = |a: &[String], b: &[String]| -> Vec<String> {
-        a.iter().filter(|w| !b.contains(w)).cloned().collect()
-    };
-    let (gone, added) = (only(&bw, &cw), only(&cw, &bw));
-    if !gone.is_empty() || !added.is_empty() {
-        let mut parts = Vec::new();
-        if !gone.is_empty() {
-            parts.push(format!("baseline only: {}", gone.join(" ")));
-        }
-        if !added.is_empty() {
-            parts.push(format!("compare only: {}", added.join(" ")));
-        }
-        out.push(format!("command line: {}", parts.join("; ")));
-    }
-    let cpu = |r: &ResolvedRun| r.config.qemu_cpu.clone().unwrap_or_else(|| "max".into());
-    if base.config.qemu_cpu != comp.config.qemu_cpu {
-        out.push(format!("QEMU CPU model: {} vs {}", cpu(base), cpu(comp)));
-    }
-    if base.config.cpus != comp.config.cpus {
-        out.push(format!(
-            "vCPUs: {} vs {}",
-            base.config.cpus, comp.config.cpus
-        ));
-    }
-    if base.config.mem_mib != comp.config.mem_mib {
-        out.push(format!(
-            "memory: {} vs {} MiB",
-            base.config.mem_mib, comp.config.mem_mib
-        ));
-    }
-    out
-}
-
-/// What compare does while the runs run: the progress bar, each side's CPU
-/// times, telemetry warnings, the cross-checks that disagree, and a
-/// `--fail-if` naming a metric the runs do not produce (a typo: said after
-/// the first run, not the last).
-struct Watcher<'a> {
-    bar: &'a indicatif::ProgressBar,
-    quiet: bool,
-    started: Instant,
-    before: Option<CpuTimes>,
-    durations: [Durations; 2],
-    disagreements: Vec<String>,
-    conditions: &'a [Condition],
-    checked: bool,
-}
-
-impl Progress<RunSummary> for Watcher<'_> {
-    fn starting(&mut self, run: &RunId) {
-        // Only on a terminal, and only once the compare has taken a while:
-        // a short compare stays silent.
-        if self.bar.is_hidden()
-            && !self.quiet
-            && std::io::stderr().is_terminal()
-            && self.started.elapsed() > Duration::from_secs(2)
-        {
-            self.bar
-                .set_draw_target(indicatif::ProgressDrawTarget::stderr());
-        }
-        self.bar.set_message(run.label.clone());
-        self.before = Some(CpuTimes::now());
-    }
-
-    fn ran(&mut self, run: &RunId) {
-        if let (false, Some(before)) = (run.warming, &self.before) {
-            self.durations[run.side].add(before, &CpuTimes::now());
-        }
-    }
-
-    fn finished(&mut self, run: &RunId, s: &RunSummary) -> Result<(), String> {
-        let what = run.what();
-        if !s.telemetry_valid() {
-            self.bar.suspend(|| {
-                say!(
-                    "ptiscope compare: warning: {what}: guest telemetry invalid: {}",
-                    s.telemetry_problems.join("; ")
-                )
-            });
-        }
-        if !run.warming {
-            for c in s.cross_checks.iter().filter(|c| !c.agrees) {
-                self.disagreements.push(format!(
-                    "{what}: {}: {} {} vs {} {}",
-                    c.what, c.host_metric, c.host_value, c.guest_metric, c.guest_value
-                ));
-            }
-            if !std::mem::replace(&mut self.checked, true) {
-                let names: Vec<String> = rates(s).into_iter().map(|(m, _)| m.name).collect();
-                if let Some(c) = self.conditions.iter().find(|c| !names.contains(&c.metric)) {
-                    return Err(format!(
-                        "--fail-if: no metric {:?} in these runs (metrics: {})",
-                        c.metric,
-                        names.join(" ")
-                    ));
-                }
-            }
-        }
-        self.bar.inc(1);
-        Ok(())
-    }
 }
 
 /// The metrics non-zero in some run (what the text tables show; the JSON
