@@ -38,43 +38,66 @@ fn run_bounded(args: &[&str], what: &str) -> (Option<i32>, String, String) {
     (o.status.code(), out, err)
 }
 
+/// How many of a test's runs go at once. The runs are independent VMs,
+/// and a third of them (hang, halt) wait out their --timeout: side by side
+/// those waits overlap instead of adding up, and the bound each run is held
+/// to (--timeout + the hang slack) leaves room for sharing the cores.
+const AT_ONCE: usize = 4;
+
 fn check_every_fault_on_every_vcpu(backend: &[&str], name_the_vcpu: bool) {
     let timeout = TIMEOUT_S.to_string();
-    let mut failures = Vec::new();
-    for fault in ["pf", "gp", "ud", "de", "kread", "hang", "halt"] {
-        for cpu in ["0", "1"] {
-            let cmdline = format!("fault={fault} fault_cpu={cpu}");
-            let what = format!("{backend:?} {cmdline}");
-            let mut args = vec![
-                "run",
-                "--cpus",
-                "2",
-                "--timeout",
-                &timeout,
-                "--cmdline",
-                &cmdline,
-            ];
-            args.extend_from_slice(backend);
-            let (code, out, err) = run_bounded(&args, &what);
-            let hangs = matches!(fault, "hang" | "halt");
-            let expected = if hangs { 124 } else { 2 };
-            if code != Some(expected) {
-                failures.push(format!(
-                    "{what}: exit {code:?}, expected {expected}\n{out}\n{err}"
-                ));
-                continue;
+    let cases: Vec<(&str, &str)> = ["pf", "gp", "ud", "de", "kread", "hang", "halt"]
+        .into_iter()
+        .flat_map(|fault| ["0", "1"].map(|cpu| (fault, cpu)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    let one = |(fault, cpu): (&str, &str)| -> Option<String> {
+        let cmdline = format!("fault={fault} fault_cpu={cpu}");
+        let what = format!("{backend:?} {cmdline}");
+        let mut args = vec![
+            "run",
+            "--cpus",
+            "2",
+            "--timeout",
+            &timeout,
+            "--cmdline",
+            &cmdline,
+        ];
+        args.extend_from_slice(backend);
+        let (code, out, err) = run_bounded(&args, &what);
+        let hangs = matches!(fault, "hang" | "halt");
+        let expected = if hangs { 124 } else { 2 };
+        if code != Some(expected) {
+            return Some(format!(
+                "{what}: exit {code:?}, expected {expected}\n{out}\n{err}"
+            ));
+        }
+        if !hangs {
+            if !out.contains("@fault vector=") {
+                return Some(format!("{what}: no @fault line\n{out}"));
             }
-            if !hangs {
-                if !out.contains("@fault vector=") {
-                    failures.push(format!("{what}: no @fault line\n{out}"));
-                }
-                let named = format!("ptiscope: vCPU {cpu}: guest exited with status 2");
-                if name_the_vcpu && !err.contains(&named) {
-                    failures.push(format!("{what}: vCPU {cpu} not named\n{err}"));
-                }
+            let named = format!("ptiscope: vCPU {cpu}: guest exited with status 2");
+            if name_the_vcpu && !err.contains(&named) {
+                return Some(format!("{what}: vCPU {cpu} not named\n{err}"));
             }
         }
-    }
+        None
+    };
+    std::thread::scope(|s| {
+        for _ in 0..AT_ONCE {
+            s.spawn(|| {
+                while let Some(&case) =
+                    cases.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                {
+                    if let Some(f) = one(case) {
+                        failures.lock().unwrap_or_else(|p| p.into_inner()).push(f);
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
     assert!(failures.is_empty(), "{}", failures.join("\n-----\n"));
 }
 
