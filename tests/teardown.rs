@@ -118,7 +118,7 @@ fn check_result_kept(what: &str, doc: &str, err: &str) {
     );
     let v: serde_json::Value = serde_json::from_str(doc)
         .unwrap_or_else(|e| panic!("{what}: --json is not a document ({e}): {doc:?}\n{err}"));
-    assert_eq!(v["schema"], "ptiscope.run/1", "{what}");
+    assert_eq!(v["schema"], "ptiscope.run/2", "{what}");
     // The measured phase: the 20000 calls and the one that ends the loop.
     assert_eq!(v["iterations"], 20001, "{what}: {doc}");
     assert_eq!(v["phase"], "workload", "{what}: {doc}");
@@ -174,9 +174,10 @@ fn every_metrics_output_kind_keeps_the_result_under_seccomp() {
         }
         check_result_kept(&what, &doc, &err);
         if expected == 73 {
+            let v: serde_json::Value = serde_json::from_str(&doc).unwrap_or_default();
             assert!(
-                err.contains("--metrics-out") && err.contains("write failed"),
-                "{what}: {err}"
+                output_note(&v, "output_failed").is_some(),
+                "{what}: no output_failed note for --metrics-out in the JSON: {doc}"
             );
         }
         None
@@ -213,14 +214,14 @@ fn a_timeout_with_a_stalled_metrics_reader_is_a_timeout() {
     );
     assert_eq!(code, 124, "{err}");
     assert!(!err.contains("seccomp filter does not allow"), "{err}");
-    // A run that failed writes no `--json` (an earlier result there is
-    // kept, as compare and sweep keep theirs) and says so; its summary is
-    // on stderr all the same.
-    assert!(doc.is_empty(), "a timed-out run wrote --json: {doc}");
-    assert!(
-        err.contains("not written: the run failed (exit 124)"),
-        "the run does not say why --json is missing:\n{err}"
-    );
+    // A run whose guest ran writes its `--json` however it stopped: the
+    // document says how (docs/report-json.md, "How the run ended").
+    let v: serde_json::Value = serde_json::from_str(&doc).unwrap_or_else(|e| {
+        panic!("a timed-out run's --json is not a document ({e}): {doc:?}\n{err}")
+    });
+    assert_eq!(v["stop"]["code"], "timeout", "{doc}");
+    assert_eq!(v["stop"]["after_ms"], 3000, "{doc}");
+    assert_eq!(v["exit_code"], 124, "{doc}");
 }
 
 /// An OpenMetrics stream to a slow reader ends on a complete block (its
@@ -233,6 +234,7 @@ fn a_slow_reader_gets_whole_blocks_and_the_exact_count() {
     }
     let dir = scratch("teardown-slow-reader");
     let fifo = dir.join("metrics.fifo");
+    let json = dir.join("run.json");
     mkfifo(&fifo);
     let reader_path = fifo.clone();
     let reader = std::thread::spawn(move || {
@@ -263,12 +265,15 @@ fn a_slow_reader_gets_whole_blocks_and_the_exact_count() {
         .args(["--metrics-interval", "1", "--metrics-format", "openmetrics"])
         .arg("--metrics-out")
         .arg(&fifo)
+        .arg("--json")
+        .arg(&json)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let got = reader.join().unwrap();
+    let doc = std::fs::read_to_string(&json).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(out.status.code(), Some(0), "{err}");
     let text = String::from_utf8(got).expect("UTF-8 stream");
@@ -284,18 +289,20 @@ fn a_slow_reader_gets_whole_blocks_and_the_exact_count() {
             &block[..block.len().min(200)]
         );
     }
-    // The summary names what was written when lines were dropped; if none
-    // were, everything was written.
-    let line = err
-        .lines()
-        .find(|l| l.contains("--metrics-out") && l.contains("written"));
-    if let Some(line) = line {
-        let written: u64 = line
-            .split('(')
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no written count in {line:?}"));
-        assert_eq!(written, text.len() as u64, "{line}");
+    // The run's JSON names what was written when lines were dropped (or
+    // the write failed); if neither, everything was written.
+    let v: serde_json::Value = serde_json::from_str(&doc)
+        .unwrap_or_else(|e| panic!("--json is not a document ({e}): {doc:?}\n{err}"));
+    let note = output_note(&v, "output_dropped").or_else(|| output_note(&v, "output_failed"));
+    if let Some(note) = note {
+        assert_eq!(note["written_bytes"], text.len() as u64, "{note}");
     }
+}
+
+/// The run JSON's note of `code` about `--metrics-out`, if it has one.
+fn output_note<'a>(v: &'a serde_json::Value, code: &str) -> Option<&'a serde_json::Value> {
+    v["notes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["code"] == code && n["output"] == "--metrics-out")
 }
