@@ -55,6 +55,9 @@ fn check_every_fault_on_every_vcpu(backend: &[&str], name_the_vcpu: bool) {
     let one = |(fault, cpu): (&str, &str)| -> Option<String> {
         let cmdline = format!("fault={fault} fault_cpu={cpu}");
         let what = format!("{backend:?} {cmdline}");
+        let dir = scratch(&format!("smp-fault-{}-{fault}-{cpu}", backend.len()));
+        let json = dir.join("run.json");
+        let json_arg = json.to_string_lossy().into_owned();
         let mut args = vec![
             "run",
             "--cpus",
@@ -63,9 +66,13 @@ fn check_every_fault_on_every_vcpu(backend: &[&str], name_the_vcpu: bool) {
             &timeout,
             "--cmdline",
             &cmdline,
+            "--json",
+            &json_arg,
         ];
         args.extend_from_slice(backend);
         let (code, out, err) = run_bounded(&args, &what);
+        let doc = std::fs::read_to_string(&json).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
         let hangs = matches!(fault, "hang" | "halt");
         let expected = if hangs { 124 } else { 2 };
         if code != Some(expected) {
@@ -73,13 +80,28 @@ fn check_every_fault_on_every_vcpu(backend: &[&str], name_the_vcpu: bool) {
                 "{what}: exit {code:?}, expected {expected}\n{out}\n{err}"
             ));
         }
-        if !hangs {
-            if !out.contains("@fault vector=") {
-                return Some(format!("{what}: no @fault line\n{out}"));
+        // How the run ended, from its JSON: a guest whose run ended
+        // writes it however it stopped (docs/report-json.md).
+        let v: serde_json::Value = match serde_json::from_str(&doc) {
+            Ok(v) => v,
+            Err(e) => return Some(format!("{what}: --json is not a document ({e})\n{err}")),
+        };
+        let stop = &v["stop"];
+        if hangs {
+            if stop["code"] != "timeout" {
+                return Some(format!("{what}: stop {stop}, expected a timeout"));
             }
-            let named = format!("ptiscope: vCPU {cpu}: guest exited with status 2");
-            if name_the_vcpu && !err.contains(&named) {
-                return Some(format!("{what}: vCPU {cpu} not named\n{err}"));
+        } else {
+            if stop["code"] != "guest_exit" || stop["status"] != 2 {
+                return Some(format!("{what}: stop {stop}, expected guest_exit status 2"));
+            }
+            if !stop["guest_faults"][0]["vector"].is_string() {
+                return Some(format!(
+                    "{what}: no @fault vector in the stop: {stop}\n{out}"
+                ));
+            }
+            if name_the_vcpu && stop["vcpu"] != cpu.parse::<u32>().unwrap() {
+                return Some(format!("{what}: vCPU {cpu} not named: {stop}"));
             }
         }
         None
