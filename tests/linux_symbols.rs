@@ -275,6 +275,8 @@ fn the_port_marker_costs_each_call_the_io_bitmap_update() {
     if !kernel_or_skip(test, "debian-amd64", "qemu-system-x86_64") {
         return;
     }
+    let dir = scratch("port-marker");
+    let json = dir.join("run.json");
     let o = ptiscope()
         .args(["run", "--backend", "qemu", "--linux", "debian-amd64"])
         .args([
@@ -285,23 +287,36 @@ fn the_port_marker_costs_each_call_the_io_bitmap_update() {
             "--by-symbol",
         ])
         .args(["--append", "ptiscope.marker=port", "--timeout", "180"])
+        .arg("--json")
+        .arg(&json)
         .output()
         .expect("run ptiscope");
     let text = stdout(&o) + &stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{text}");
-    assert!(
-        text.contains("@marker channel=port port=0x600 io_bitmap=yes reason=asked:"),
-        "{text}"
-    );
-    let table = text
-        .split("kernel instructions per call by symbol")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no by-symbol table:\n{text}"));
-    assert!(table.contains("native_tss_update_io_bitmap"), "{text}");
-    assert!(
-        text.contains("as asked (--append ptiscope.marker=port), the init marked the phase through port 0x600 with ioperm"),
-        "the note that says how the phase was marked:\n{text}"
-    );
+    let v = read_json(&json);
+    let _ = std::fs::remove_dir_all(dir);
+    let symbols = v["by_symbol"]["symbols"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let io_bitmap = symbols
+        .iter()
+        .find(|s| s["symbol"] == "native_tss_update_io_bitmap")
+        .unwrap_or_else(|| {
+            panic!(
+                "no native_tss_update_io_bitmap by symbol: {}",
+                v["by_symbol"]
+            )
+        });
+    assert!(io_bitmap["instructions"].as_u64() > Some(0), "{io_bitmap}");
+    // How the phase was marked, as data: the note's code and why.
+    let notes = v["notes"].as_array().cloned().unwrap_or_default();
+    let marker = notes
+        .iter()
+        .find(|n| n["code"] == "port_markers")
+        .unwrap_or_else(|| panic!("no port_markers note: {notes:?}"));
+    assert_eq!(marker["why"]["kind"], "asked", "{marker}");
+    assert_eq!(marker["port"], 0x600, "{marker}");
 }
 
 /// `--by-symbol` where it cannot work, and bad `--fail-if symbol:`
