@@ -274,9 +274,7 @@ fn block_text(b: &Block, out: &mut String) {
                 signed(s.interaction)
             ));
             if !b.default.exact {
-                out.push_str(
-                    "    (per message, not exact: read it against the boot-to-boot line above)\n",
-                );
+                out.push_str("    (not exact: read it against the boot-to-boot line above)\n");
             }
             for (sym, keys) in &s.shared {
                 out.push_str(&format!(
