@@ -83,7 +83,7 @@ pub struct LedgerArgs {
     /// exits and CR3 writes per call, on the host's CPU; refused where that
     /// KVM cannot run Linux, as kvm_pvm cannot); `nested` (the same ledger
     /// inside a QEMU TCG Linux with a real kvm_amd: exits and CR3 writes,
-    /// emulated time; slow, give --linux).
+    /// emulated time; give --linux: the kernels are packed into it).
     #[arg(long, value_enum, default_value = "qemu")]
     pub backend: crate::cli::Backend,
     /// Calls per boot (the counts are exact: a thousand is plenty).
