@@ -295,6 +295,25 @@ fn kvm_backend_refused_with_the_reason_where_it_cannot_run_linux() {
         64,
         &["--cpu", "KVM's CPU"],
     );
+    // --backend nested is refused as early, before the nested session.
+    assert_refused(
+        &["ledger", "--backend", "nested", "--workload", "getppid"],
+        64,
+        &["--linux"],
+    );
+    assert_refused(
+        &[
+            "ledger",
+            "--backend",
+            "nested",
+            "--linux",
+            "debian-amd64",
+            "--cpu",
+            "max",
+        ],
+        64,
+        &["--cpu"],
+    );
     if !kernel_or_skip(test, "debian-amd64")
         || !kvm_or_skip(test)
         || !host_is_kvm_pvm(test, "only kvm_pvm refuses Linux before the boot")

@@ -420,6 +420,10 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
                 say!("ptiscope ledger --backend nested: give the kernels (--linux NAME), which are packed into the inner Linux");
                 return Some(exit_code::USAGE);
             }
+            if !a.cpu.is_empty() {
+                say!("ptiscope ledger --backend nested: --cpu is QEMU TCG's CPU model; the inner Linux runs on the nested KVM's CPU: drop --cpu");
+                return Some(exit_code::USAGE);
+            }
             let workloads = a
                 .workload
                 .len()
