@@ -106,6 +106,8 @@ fn pti_and_verw_on_skylake_client() {
             "debian-amd64",
             "--cpu",
             "Skylake-Client-v1",
+            "--workload",
+            "getppid",
             "--iterations",
             "300",
             "--mitigation",
@@ -176,7 +178,7 @@ fn pti_and_verw_on_skylake_client() {
 #[test]
 fn counts_repeat_exactly_and_other_kernels() {
     let test = "counts_repeat_exactly_and_other_kernels";
-    if std::env::var_os("PTISCOPE_SLOW_TESTS").is_none() {
+    if !ptiscope::test_support::slow_tier() {
         ptiscope::test_support::skip(
             test,
             "slow (several minutes of TCG boots): set PTISCOPE_SLOW_TESTS=1 to run it",
@@ -194,6 +196,8 @@ fn counts_repeat_exactly_and_other_kernels() {
         "Skylake-Client-v1",
         "--cpu",
         "EPYC-Rome",
+        "--workload",
+        "getppid",
         "--iterations",
         "200",
     ];
@@ -252,6 +256,8 @@ fn counts_repeat_exactly_and_other_kernels() {
                 k,
                 "--cpu",
                 "Skylake-Client-v1",
+                "--workload",
+                "getppid",
                 "--iterations",
                 "200",
             ],
@@ -266,4 +272,117 @@ fn counts_repeat_exactly_and_other_kernels() {
             "{t}"
         );
     }
+}
+
+/// `--backend kvm` on kvm_pvm (which cannot run Linux: no user SYSCALL,
+/// CPL0 instructions it lacks) is refused before any boot, with the
+/// reason and the way out (`--backend nested`); `--cpu` there is QEMU's
+/// and refused too. On a KVM that runs Linux the ledger would boot
+/// (minutes): skipped.
+#[test]
+fn kvm_backend_refused_with_the_reason_where_it_cannot_run_linux() {
+    let test = "kvm_backend_refused_with_the_reason_where_it_cannot_run_linux";
+    assert_refused(
+        &[
+            "ledger",
+            "--backend",
+            "kvm",
+            "--linux",
+            "debian-amd64",
+            "--cpu",
+            "max",
+        ],
+        64,
+        &["--cpu", "KVM's CPU"],
+    );
+    // --backend nested is refused as early, before the nested session.
+    assert_refused(
+        &["ledger", "--backend", "nested", "--workload", "getppid"],
+        64,
+        &["--linux"],
+    );
+    assert_refused(
+        &[
+            "ledger",
+            "--backend",
+            "nested",
+            "--linux",
+            "debian-amd64",
+            "--cpu",
+            "max",
+        ],
+        64,
+        &["--cpu"],
+    );
+    if !kernel_or_skip(test, "debian-amd64")
+        || !kvm_or_skip(test)
+        || !host_is_kvm_pvm(test, "only kvm_pvm refuses Linux before the boot")
+    {
+        return;
+    }
+    let err = assert_refused(
+        &[
+            "ledger",
+            "--backend",
+            "kvm",
+            "--linux",
+            "debian-amd64",
+            "--workload",
+            "getppid",
+        ],
+        69,
+        &["--backend kvm", "kvm_pvm", "--backend nested"],
+    );
+    assert!(!err.contains("boot 1"), "{err}");
+}
+
+/// The ledger on a real kvm_amd (`--backend nested`): host-clock time,
+/// KVM exits per call, labelled not exact. Slow tier (a nested session
+/// of several Linux boots).
+#[test]
+fn nested_ledger_shows_exits_and_host_clock() {
+    let test = "nested_ledger_shows_exits_and_host_clock";
+    if !ptiscope::test_support::slow_tier() {
+        ptiscope::test_support::skip(
+            test,
+            "slow (a nested session, minutes): set PTISCOPE_SLOW_TESTS=1 to run it",
+        );
+        return;
+    }
+    if !kernel_or_skip(test, "debian-amd64") || !kvm_or_skip(test) {
+        return;
+    }
+    let dir = scratch(test);
+    let (code, text, v) = ledger(
+        &[
+            "--backend",
+            "nested",
+            "--linux",
+            "debian-amd64",
+            "--workload",
+            "getppid",
+            "--mitigation",
+            "spectre_v2",
+        ],
+        &dir.join("nested.json"),
+    );
+    assert_eq!(code, 0, "{text}");
+    let block = &v["blocks"][0];
+    assert_eq!(block["cpu"], "host", "{text}");
+    assert_eq!(block["default"]["figure"], "host_ns", "{text}");
+    assert_eq!(block["default"]["exact"], false, "{text}");
+    assert!(
+        block["default"]["host_ns"].as_f64().unwrap_or(0.0) > 0.0,
+        "{text}"
+    );
+    assert!(
+        !block["default"]["specials"]["kvm_exits"].is_null(),
+        "{text}"
+    );
+    // Not exact: a second default boot says how far apart two boots are.
+    assert!(block["noise"].as_f64().is_some(), "{text}");
+    assert!(
+        text.contains("ns/call") && text.contains("NOT exact"),
+        "{text}"
+    );
 }

@@ -8,6 +8,7 @@
 mod boot;
 mod compare;
 mod flavours;
+mod ledger;
 mod linux;
 mod linux_nested;
 mod measure;
@@ -59,6 +60,9 @@ enum Bench {
     /// Linux on ptiscope's VMM under `--backend nested` (nested and shadow paging) beside
     /// the same Linux compare under `--backend qemu`, rotated; wall-time ratios (target <= 1.5x).
     LinuxNested(linux_nested::LinuxNestedArgs),
+    /// `ptiscope ledger`'s wall time (the default ledger unless `--ledger-arg`s say
+    /// otherwise) beside its boots one after another; target under 15 minutes.
+    Ledger(ledger::LedgerArgs),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
         Bench::Linux(args) => linux::run(&ptiscope, &args),
         Bench::Nested(args) => nested::run(&ptiscope, &args),
         Bench::LinuxNested(args) => linux_nested::run(&ptiscope, &args),
+        Bench::Ledger(args) => ledger::run(&ptiscope, &args),
     };
     match result {
         Ok(report) => {

@@ -118,7 +118,8 @@ pub enum Command {
     /// published figures, on the companion guest and the Linux kernels.
     Reproduce(reproduce::ReproduceArgs),
     /// What each of a Linux kernel's CPU-bug mitigations costs per system
-    /// call, per CPU model, exactly (QEMU TCG; docs/ledger.md).
+    /// call, per CPU model, exactly (QEMU TCG; on a KVM in time and exits;
+    /// docs/ledger.md).
     Ledger(ledger::LedgerArgs),
     /// `--backend nested`'s batch: many inner commands in one boot (tests).
     #[command(hide = true)]

@@ -413,6 +413,32 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
                 a.quiet,
             )
         }
+        // The ledger's boots run inside the inner Linux as `ledger
+        // --backend kvm`; bound: every row of every block booted.
+        Some(Command::Ledger(a)) if a.backend == Backend::Nested => {
+            if a.linux.is_empty() {
+                say!("ptiscope ledger --backend nested: give the kernels (--linux NAME), which are packed into the inner Linux");
+                return Some(exit_code::USAGE);
+            }
+            if !a.cpu.is_empty() {
+                say!("ptiscope ledger --backend nested: --cpu is QEMU TCG's CPU model; the inner Linux runs on the nested KVM's CPU: drop --cpu");
+                return Some(exit_code::USAGE);
+            }
+            let workloads = a
+                .workload
+                .len()
+                .max(crate::cli::ledger::DEFAULT_WORKLOADS.len());
+            let boots = a.linux.len() * workloads * (3 + crate::cli::ledger::ROWS);
+            paging = (None, true);
+            (
+                a.backend,
+                "ledger",
+                a.timeout * boots as u32 + Duration::from_secs(120),
+                1,
+                false,
+                a.quiet,
+            )
+        }
         Some(Command::Probe(a)) => (a.backend, "probe", Duration::from_secs(300), 1, true, false),
         // reproduce takes `auto` too: only `nested` is intercepted, and
         // the inner command is `reproduce --backend kvm` over the cells.

@@ -30,6 +30,36 @@ pub const SPECIALS: [(&str, &str, &str); 6] = [
     ),
 ];
 
+/// The special figures of a boot on ptiscope's VMM (`--backend kvm`,
+/// and `nested` inside its inner Linux), as (column, the run's row):
+/// KVM's exits, the guest's CR3 writes KVM saw (shadow paging only; a
+/// run under nested paging has no such row), the VMM's own exits.
+pub const KVM_SPECIALS: [(&str, &str); 3] = [
+    ("kvm_exits", "kvm_exits"),
+    ("cr3_writes", "cr3_writes"),
+    ("vmm_exits", "vmm_exits"),
+];
+
+/// Every special column, TCG's then KVM's (the CSV has them all).
+pub fn special_columns() -> impl Iterator<Item = &'static str> {
+    SPECIALS
+        .iter()
+        .map(|(c, _, _)| *c)
+        .chain(KVM_SPECIALS.iter().map(|(c, _)| *c))
+}
+
+/// What a boot's main figure is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Figure {
+    /// Kernel instructions (QEMU TCG and the plugin).
+    KernelInstructions,
+    /// Host-clock nanoseconds over the phase (ptiscope's VMM on a KVM:
+    /// hardware time on a hardware KVM, QEMU's emulated time under
+    /// `--backend nested`, the emulator's on kvm_pvm).
+    HostNs,
+}
+
 /// One boot's figures, per undisturbed system call (exact: the plugin's
 /// counts over the calls of the phase during which no interrupt came).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -37,12 +67,19 @@ pub struct Measure {
     /// The calls the counts are over (messages, for a messaging workload).
     pub calls: u64,
     /// Whether the figures are exact: a system-call loop's undisturbed
-    /// calls. A messaging workload's are every kernel instruction of the
-    /// phase over its messages (interrupts, idle and the scheduler
-    /// included), which differ a little from run to run.
+    /// calls. A messaging workload's are its undisturbed system calls'
+    /// kernel instructions (the reads and writes with the context switches
+    /// inside them) over its messages: how often a reader blocks, so how
+    /// many switches there are, depends on when the timer ticks, so they
+    /// differ from boot to boot (the block's `noise` says by how much).
     pub exact: bool,
-    /// Their kernel instructions, all together.
+    /// What `kernel_instructions` or `host_ns` is the main figure.
+    pub figure: Figure,
+    /// Their kernel instructions, all together (0 on a KVM: not counted).
     pub kernel_instructions: u64,
+    /// The phase's host-clock nanoseconds (a KVM backend only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_ns: Option<u64>,
     /// The special instructions in them, all together (by [`SPECIALS`]).
     pub specials: BTreeMap<String, u64>,
     /// Kernel instructions by symbol, all together.
@@ -54,8 +91,10 @@ pub struct Measure {
 
 impl Measure {
     /// The figures of a run, or why there are none: per undisturbed call
-    /// (`per_message` false), or every kernel instruction of the phase per
-    /// message.
+    /// (`per_message` false), or the undisturbed calls' kernel
+    /// instructions per message (interrupts, idle, kernel threads and the
+    /// calls an interrupt disturbed left out: they depend on the host's
+    /// speed, not on the workload).
     pub fn of(s: &RunSummary, per_message: bool) -> Result<Measure, String> {
         let total = |name: &str| {
             s.rows
@@ -71,13 +110,10 @@ impl Measure {
             format!("no exact counts: {why}")
         })?;
         let apart = total("syscalls_set_apart").unwrap_or(0.0) as u64;
-        let (calls, kernel) = if per_message {
-            (
-                s.iterations,
-                kernel + total("kernel_instructions_other").unwrap_or(0.0),
-            )
+        let calls = if per_message {
+            s.iterations
         } else {
-            (s.iterations.saturating_sub(apart), kernel)
+            s.iterations.saturating_sub(apart)
         };
         if calls == 0 {
             return Err(format!(
@@ -87,10 +123,7 @@ impl Measure {
         }
         let specials = SPECIALS
             .iter()
-            .map(|(col, calls_row, all_row)| {
-                let row = if per_message { all_row } else { calls_row };
-                ((*col).to_owned(), total(row).unwrap_or(0.0) as u64)
-            })
+            .map(|(col, calls_row, _)| ((*col).to_owned(), total(calls_row).unwrap_or(0.0) as u64))
             .collect();
         let symbols = s
             .by_symbol
@@ -105,6 +138,8 @@ impl Measure {
         Ok(Measure {
             calls,
             exact: !per_message,
+            figure: Figure::KernelInstructions,
+            host_ns: None,
             kernel_instructions: kernel as u64,
             specials,
             symbols,
@@ -112,9 +147,50 @@ impl Measure {
         })
     }
 
-    /// Kernel instructions per call.
+    /// The figures of a run on ptiscope's VMM: host-clock nanoseconds and
+    /// KVM's exits over the phase, per call (or message). Never exact: the
+    /// clock, and the exits of interrupts that came during the phase.
+    pub fn of_kvm(s: &RunSummary) -> Result<Measure, String> {
+        let total = |name: &str| {
+            s.rows
+                .iter()
+                .find(|r| r.metric.name == name)
+                .map(|r| r.total)
+        };
+        let ns = total("elapsed").ok_or("the run has no host-clock (elapsed) row")?;
+        if s.iterations == 0 {
+            return Err("the run made no calls".into());
+        }
+        let specials = KVM_SPECIALS
+            .iter()
+            .filter_map(|(col, row)| total(row).map(|v| ((*col).to_owned(), v as u64)))
+            .collect();
+        Ok(Measure {
+            calls: s.iterations,
+            exact: false,
+            figure: Figure::HostNs,
+            kernel_instructions: 0,
+            host_ns: Some(ns as u64),
+            specials,
+            symbols: BTreeMap::new(),
+            mitigations: s.guest_mitigations.clone(),
+        })
+    }
+
+    /// The main figure per call: kernel instructions, or host-clock ns.
     pub fn per_call(&self) -> f64 {
-        self.kernel_instructions as f64 / self.calls as f64
+        let v = match self.figure {
+            Figure::KernelInstructions => self.kernel_instructions,
+            Figure::HostNs => self.host_ns.unwrap_or(0),
+        };
+        v as f64 / self.calls as f64
+    }
+
+    /// The special columns this measure has, in column order.
+    pub fn special_names(&self) -> Vec<&'static str> {
+        special_columns()
+            .filter(|c| self.specials.contains_key(*c))
+            .collect()
     }
 
     /// Special instruction `col` per call.
@@ -143,11 +219,11 @@ pub struct Delta {
 impl Delta {
     /// `with - without`.
     pub fn between(with: &Measure, without: &Measure) -> Delta {
-        let specials = SPECIALS
-            .iter()
-            .map(|(c, _, _)| {
+        let specials = special_columns()
+            .filter(|c| with.specials.contains_key(*c) || without.specials.contains_key(*c))
+            .map(|c| {
                 (
-                    (*c).to_owned(),
+                    c.to_owned(),
                     with.special_per_call(c) - without.special_per_call(c),
                 )
             })
@@ -355,8 +431,44 @@ pub struct Block {
     pub sum: Option<Sum>,
     /// Files the kernel mitigates that no row covers.
     pub uncovered: Vec<String>,
+    /// A workload whose counts are not exact: how far a second default
+    /// boot's kernel instructions per call were from the first's (the
+    /// boot-to-boot spread; a row no larger than this is noise), or why
+    /// there is no figure. `None` for an exact workload (no second boot).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "noise_or_error"
+    )]
+    pub noise: Option<Result<f64, String>>,
+    /// The KVM the block ran on (`--backend kvm`), as the host describes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kvm: Option<String>,
     /// Wall seconds of the block's boots, summed.
     pub boot_seconds: f64,
+}
+
+/// The spread, or `{"error": why}`.
+fn noise_or_error<S: serde::Serializer>(
+    r: &Option<Result<f64, String>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Failed<'a> {
+        error: &'a str,
+    }
+    match r {
+        Some(Ok(v)) => s.serialize_f64(*v),
+        Some(Err(e)) => Failed { error: e }.serialize(s),
+        None => s.serialize_none(),
+    }
+}
+
+impl Block {
+    /// Whether a row's cost is within the block's boot-to-boot spread (a
+    /// workload that is not exact; never for an exact one).
+    pub fn within_noise(&self, cost: f64) -> bool {
+        matches!(&self.noise, Some(Ok(n)) if cost.abs() <= *n)
+    }
 }
 
 /// A boot's figures, or `{"error": why}`.
@@ -398,6 +510,8 @@ mod tests {
         Measure {
             calls,
             exact: true,
+            figure: Figure::KernelInstructions,
+            host_ns: None,
             kernel_instructions: insns_per_call * calls,
             specials: [("mov_cr3", cr3), ("verw", verw)]
                 .iter()
@@ -519,6 +633,32 @@ mod tests {
                 vec!["spectre_v2", "indirect_target_selection"]
             )]
         );
+    }
+
+    #[test]
+    fn a_kvm_row_is_host_time_and_exits_per_call() {
+        let kvm = |ns: u64, exits: u64, cr3: u64| Measure {
+            calls: 1000,
+            exact: false,
+            figure: Figure::HostNs,
+            kernel_instructions: 0,
+            host_ns: Some(ns * 1000),
+            specials: [("kvm_exits", exits), ("cr3_writes", cr3)]
+                .iter()
+                .map(|(c, v)| ((*c).to_owned(), v * 1000))
+                .collect(),
+            symbols: BTreeMap::new(),
+            mitigations: None,
+        };
+        let (default, off) = (kvm(2500, 3, 2), kvm(2000, 1, 0));
+        assert_eq!(default.per_call(), 2500.0);
+        assert_eq!(default.special_names(), ["kvm_exits", "cr3_writes"]);
+        let d = Delta::between(&default, &off);
+        assert_eq!(d.kernel_instructions, 500.0);
+        assert_eq!(d.specials.get("kvm_exits"), Some(&2.0));
+        assert_eq!(d.specials.get("cr3_writes"), Some(&2.0));
+        // TCG's columns are not the KVM's: none appears as a zero.
+        assert!(!d.specials.contains_key("mov_cr3"));
     }
 
     #[test]

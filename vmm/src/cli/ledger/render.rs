@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::model::{Block, FailedBlock, Measure, Row, RowOutcome, SPECIALS};
+use super::model::{special_columns, Block, FailedBlock, Figure, Measure, Row, RowOutcome};
 
 /// Everything one `ptiscope ledger` measured.
 #[derive(Debug, Serialize)]
@@ -51,10 +51,11 @@ fn clip(s: &str, n: usize) -> String {
 
 /// The special instructions of a measure, per call, non-zero only.
 fn specials(m: &Measure) -> String {
-    let v: Vec<String> = SPECIALS
-        .iter()
-        .filter(|(c, _, _)| m.special_per_call(c) != 0.0)
-        .map(|(c, _, _)| format!("{c} {}", num(m.special_per_call(c))))
+    let v: Vec<String> = m
+        .special_names()
+        .into_iter()
+        .filter(|c| m.special_per_call(c) != 0.0)
+        .map(|c| format!("{c} {}", num(m.special_per_call(c))))
         .collect();
     if v.is_empty() {
         "none".into()
@@ -156,15 +157,25 @@ fn row_line(r: &Row) -> (String, String, String, String, String) {
 /// One block's text.
 fn block_text(b: &Block, out: &mut String) {
     let release = b.release.as_deref().unwrap_or("release unknown");
-    let what = if b.default.exact {
-        "kernel instructions per call, exact"
-    } else {
-        "kernel instructions per message, every one of the phase (interrupts, idle and the \
-         scheduler included: not exact, a little different run to run)"
+    let what = match (b.default.figure, b.default.exact) {
+        (Figure::HostNs, _) => {
+            "host-clock ns per call (or message) over the phase, with KVM's exits and the CR3 \
+             writes it saw per call: NOT exact (the time is that KVM's: hardware time on a \
+             hardware KVM, QEMU TCG's emulated time under --backend nested)"
+        }
+        (_, true) => "kernel instructions per call, exact",
+        (_, false) => {
+            "kernel instructions of the undisturbed system calls (context switches inside) per \
+             message: NOT exact, they differ from boot to boot"
+        }
+    };
+    let on = match b.default.figure {
+        Figure::HostNs => format!("ptiscope's VMM on {}", b.kvm.as_deref().unwrap_or("KVM")),
+        Figure::KernelInstructions => format!("QEMU TCG -cpu {}", b.cpu),
     };
     out.push_str(&format!(
-        "Linux {release} ({}) on QEMU TCG -cpu {}, {}: {what}\n",
-        b.kernel, b.cpu, b.workload
+        "Linux {release} ({}) on {on}, {}: {what}\n",
+        b.kernel, b.workload
     ));
     let total = match &b.all_off {
         Ok(off) => format!(
@@ -181,7 +192,31 @@ fn block_text(b: &Block, out: &mut String) {
         b.default.calls,
         specials(&b.default),
     ));
-    let lines: Vec<_> = b.rows.iter().map(row_line).collect();
+    match &b.noise {
+        Some(Ok(n)) => out.push_str(&format!(
+            "  boot to boot: a second default boot differed by {} per call (the spread is at \
+             least that); a row no larger (marked ~) is noise: read its special figures instead\n",
+            num(*n)
+        )),
+        Some(Err(e)) => out.push_str(&format!(
+            "  boot to boot: unknown (the second default boot failed: {}): read no row as exact\n",
+            clip(e, 80)
+        )),
+        None => {}
+    }
+    let lines: Vec<_> = b
+        .rows
+        .iter()
+        .map(|r| {
+            let mut l = row_line(r);
+            if let Some(c) = r.cost() {
+                if c != 0.0 && b.within_noise(c) {
+                    l.2 = format!("~{}", l.2);
+                }
+            }
+            l
+        })
+        .collect();
     let w = |f: fn(&(String, String, String, String, String)) -> &String, min: usize| {
         lines
             .iter()
@@ -198,7 +233,14 @@ fn block_text(b: &Block, out: &mut String) {
     );
     out.push_str(&format!(
         "  {:<w0$}  {:<w1$}  {:>w2$}  {:<w3$}  {}\n",
-        "mitigation", "kernel says", "insns/call", "top symbols", "special/call"
+        "mitigation",
+        "kernel says",
+        match b.default.figure {
+            Figure::HostNs => "ns/call",
+            Figure::KernelInstructions => "insns/call",
+        },
+        "top symbols",
+        "special/call"
     ));
     for l in &lines {
         out.push_str(
@@ -232,10 +274,7 @@ fn block_text(b: &Block, out: &mut String) {
                 signed(s.interaction)
             ));
             if !b.default.exact {
-                out.push_str(
-                    "    (per message, not exact: every figure moves by a few % from boot to boot; \
-                     read the special instructions and the context-switch symbols)\n",
-                );
+                out.push_str("    (not exact: read it against the boot-to-boot line above)\n");
             }
             for (sym, keys) in &s.shared {
                 out.push_str(&format!(
@@ -276,11 +315,22 @@ pub fn text(l: &Ledger) -> String {
             clip(&f.error, 200)
         ));
     }
+    if l.blocks.iter().all(|b| b.default.figure == Figure::HostNs) && !l.blocks.is_empty() {
+        out.push_str(&format!(
+            "On a KVM nothing is exact: the host clock over the phase, and KVM's exits and the \
+             CR3 writes it saw (shadow paging only) per call, interrupts included; `ns/call` is \
+             the default boot minus the boot with that mitigation off, read against the \
+             boot-to-boot line. {:.0} s wall.\n",
+            l.wall_seconds
+        ));
+        return crate::cli::exit_code::escape_message(&out);
+    }
     out.push_str(&format!(
         "A system-call loop's counts are exact (QEMU TCG plugin: the undisturbed calls of {} \
-         per boot; sched-messaging's are per message, not exact); `insns/call` is the default \
-         boot minus the boot with that mitigation off; no time is shown (TCG's times are not a \
-         CPU's). {:.0} s wall.\n",
+         per boot); sched-messaging's are per message and NOT exact (how many context switches \
+         a message takes varies with the timer); `insns/call` is the default boot minus the \
+         boot with that mitigation off; no time is shown (TCG's times are not a CPU's). \
+         {:.0} s wall.\n",
         l.iterations, l.wall_seconds
     ));
     crate::cli::exit_code::escape_message(&out)
@@ -305,16 +355,26 @@ pub fn csv(l: &Ledger) -> String {
     let mut out = String::from(
         "kernel,release,cpu,workload,row,status,off_params,kernel_says,calls,kernel_instructions_per_call,delta_per_call",
     );
-    for (c, _, _) in SPECIALS {
+    for c in special_columns() {
         out.push_str(&format!(",{c}_per_call,{c}_delta"));
     }
-    out.push_str(",top_symbols\n");
+    out.push_str(",top_symbols,exact,noise_per_call\n");
     for b in &l.blocks {
         let head = [
             b.kernel.clone(),
             b.release.clone().unwrap_or_default(),
             b.cpu.clone(),
             b.workload.clone(),
+        ];
+        // Whether the block's figures are exact, and its boot-to-boot
+        // spread where they are not (empty when unknown).
+        let tail = [
+            b.default.exact.to_string(),
+            match &b.noise {
+                Some(Ok(n)) => n.to_string(),
+                _ if b.default.exact => "0".into(),
+                _ => String::new(),
+            },
         ];
         let mut line = |row: &str,
                         status: &str,
@@ -331,13 +391,14 @@ pub fn csv(l: &Ledger) -> String {
             f.push(m.map_or(String::new(), |m| m.calls.to_string()));
             f.push(m.map_or(String::new(), |m| m.per_call().to_string()));
             f.push(delta.map_or(String::new(), |d| d.kernel_instructions.to_string()));
-            for (c, _, _) in SPECIALS {
+            for c in special_columns() {
                 f.push(m.map_or(String::new(), |m| m.special_per_call(c).to_string()));
                 f.push(delta.map_or(String::new(), |d| {
                     d.specials.get(c).copied().unwrap_or(0.0).to_string()
                 }));
             }
             f.push(syms);
+            f.extend(tail.iter().cloned());
             out.push_str(&f.iter().map(|x| csv_field(x)).collect::<Vec<_>>().join(","));
             out.push('\n');
         };

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::model::{Block, FailedBlock, Measure, Row, Sum};
 use super::plan::{self, RowPlan, ALL_OFF};
 use super::render::{self, Ledger};
-use super::{LedgerArgs, DEFAULT_CPUS};
+use super::{LedgerArgs, DEFAULT_CPUS, KVM_CPU};
 use crate::cli::exit_code;
 use crate::cli::{ExperimentOpts, LinuxArgs, TargetOpts};
 use crate::spec::ResolvedRun;
@@ -48,13 +48,16 @@ pub enum LedgerError {
     /// An output file could not be written.
     #[error("{0}")]
     Write(String),
+    /// The KVM backend cannot run these kernels on this host.
+    #[error("--backend kvm: {0} (or `ptiscope ledger --backend nested`: the ledger on a real kvm_amd inside QEMU TCG)")]
+    KvmRefuses(String),
 }
 
 impl LedgerError {
     fn exit_code(&self) -> i32 {
         match self {
             LedgerError::Usage(_) | LedgerError::UnknownCpu { .. } => exit_code::USAGE,
-            LedgerError::NoQemu(_) => exit_code::KVM_UNAVAILABLE,
+            LedgerError::NoQemu(_) | LedgerError::KvmRefuses(_) => exit_code::KVM_UNAVAILABLE,
             LedgerError::Output(_) | LedgerError::Write(_) => exit_code::CANT_CREATE,
             LedgerError::Setup { .. } => exit_code::NO_IMAGE,
         }
@@ -84,6 +87,9 @@ fn qemu_cpu_models() -> Result<Vec<String>, LedgerError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Default,
+    /// A second default boot, for a workload that is not exact: the
+    /// boot-to-boot spread its rows are read against.
+    Repeat,
     AllOff,
     Row(usize),
 }
@@ -133,7 +139,7 @@ fn kernels(args: &LedgerArgs) -> Result<Vec<String>, LedgerError> {
 
 fn workloads(args: &LedgerArgs) -> Result<Vec<Workload>, LedgerError> {
     if args.workload.is_empty() {
-        return Ok(vec![Workload::Getppid]);
+        return Ok(super::DEFAULT_WORKLOADS.to_vec());
     }
     args.workload
         .iter()
@@ -155,8 +161,29 @@ fn workloads(args: &LedgerArgs) -> Result<Vec<Workload>, LedgerError> {
         .collect()
 }
 
+/// Why a boot could not be set up.
+enum SettleError {
+    /// The host's KVM refuses this Linux run (kvm_pvm: no user SYSCALL,
+    /// CPL0 instructions it lacks): a backend to change, not bad input.
+    KvmRefuses(String),
+    Other(String),
+}
+
+impl SettleError {
+    fn into_ledger(self, s: &Setting) -> LedgerError {
+        match self {
+            SettleError::KvmRefuses(why) => LedgerError::KvmRefuses(why),
+            SettleError::Other(why) => LedgerError::Setup {
+                what: s.name(),
+                why,
+            },
+        }
+    }
+}
+
 /// The settled run of one boot: `append` to the kernel command line.
-fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, String> {
+fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, SettleError> {
+    let on_kvm = args.backend != crate::cli::Backend::Qemu;
     let exp = ExperimentOpts {
         workload: s.workload,
         iterations: args.iterations,
@@ -169,24 +196,48 @@ fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, S
         arch: None,
         linux: LinuxArgs::default(),
         on: crate::cli::BackendOpts {
-            backend: crate::cli::Backend::Qemu,
+            // `nested` reaches here only inside its inner Linux, as `kvm`.
+            backend: if on_kvm {
+                crate::cli::Backend::Kvm
+            } else {
+                crate::cli::Backend::Qemu
+            },
             qemu_arg: Vec::new(),
             no_plugin: false,
             nested_paging: None,
         },
     };
-    let mut opts = format!("linux={},cpu={}", s.kernel, s.cpu);
+    let mut opts = format!("linux={}", s.kernel);
+    if !on_kvm {
+        opts.push_str(&format!(",cpu={}", s.cpu));
+    }
     if !append.is_empty() {
         opts.push_str(&format!(",append={append}"));
     }
+    // perf bench's `-p`: the messages over pipes, the classic
+    // context-switch benchmark (a socket pair adds the socket layer).
+    if s.workload == Workload::SchedMessaging {
+        opts.push_str(",cmdline=ipc=pipe");
+    }
     let spec = crate::cli::compare::parse_side(&opts, &exp, &target, crate::GUEST_X86_64)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| SettleError::Other(e.to_string()))?;
     let backend = target.on.backend();
     let mut run =
         crate::preflight::preflight(&spec.config, backend.target(), &crate::cli::host_facts())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                if on_kvm && e.host_kvm_refuses() {
+                    SettleError::KvmRefuses(e.to_string())
+                } else {
+                    SettleError::Other(e.to_string())
+                }
+            })?;
     // The init sends the kernel's symbols, the plugin counts by address.
-    run.boot.cmdline = format!("{} {}", run.boot.cmdline, crate::linux::SYMBOLS_WORD);
+    // Not on a KVM: nothing counts by address there, and the init's 2 MB
+    // of symbols through a port would be 2 million exits (minutes under
+    // --backend nested).
+    if !on_kvm {
+        run.boot.cmdline = format!("{} {}", run.boot.cmdline, crate::linux::SYMBOLS_WORD);
+    }
     Ok(run)
 }
 
@@ -197,13 +248,18 @@ type Outcome = (Result<Measure, String>, Duration);
 type OnDone<'a> = &'a (dyn Fn(&Job, &Result<Measure, String>, Duration) + Sync);
 
 /// Runs `jobs` `workers` at a time; each result in the job's place.
-fn pool(jobs: &[Job], workers: usize, on_done: OnDone<'_>) -> Vec<Outcome> {
+fn pool(
+    jobs: &[Job],
+    workers: usize,
+    on: crate::cli::Backend,
+    on_done: OnDone<'_>,
+) -> Vec<Outcome> {
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Outcome>>> = Mutex::new(jobs.iter().map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..workers.min(jobs.len()) {
             scope.spawn(|| {
-                let backend = crate::cli::Backend::Qemu.with_plugin(true);
+                let backend = on.with_plugin(true);
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(job) = jobs.get(i) else { break };
@@ -211,6 +267,9 @@ fn pool(jobs: &[Job], workers: usize, on_done: OnDone<'_>) -> Vec<Outcome> {
                     let r = crate::cli::compare::run_measured(&job.run, &*backend)
                         .map_err(|e| e.to_string())
                         .and_then(|(_, s)| {
+                            if on != crate::cli::Backend::Qemu {
+                                return Measure::of_kvm(&s);
+                            }
                             let per_message =
                                 job.run.guest.workload == Some(Workload::SchedMessaging);
                             Measure::of(&s, per_message)
@@ -249,18 +308,30 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
         )));
     }
     let workloads = workloads(args)?;
-    let cpus: Vec<String> = if args.cpu.is_empty() {
+    let on_kvm = args.backend != crate::cli::Backend::Qemu;
+    if on_kvm && !args.cpu.is_empty() {
+        return Err(LedgerError::Usage(
+            "--cpu is QEMU TCG's CPU model: on --backend kvm (and nested) the guest runs on \
+             the KVM's CPU; drop --cpu, or use --backend qemu"
+                .into(),
+        ));
+    }
+    let cpus: Vec<String> = if on_kvm {
+        vec![KVM_CPU.to_owned()]
+    } else if args.cpu.is_empty() {
         DEFAULT_CPUS.iter().map(|c| (*c).to_owned()).collect()
     } else {
         args.cpu.clone()
     };
     // Every model checked before anything boots.
-    let offered = qemu_cpu_models()?;
-    if let Some(bad) = cpus.iter().find(|c| !offered.contains(c)) {
-        return Err(LedgerError::UnknownCpu {
-            model: bad.clone(),
-            offered: offered.join(" "),
-        });
+    if !on_kvm {
+        let offered = qemu_cpu_models()?;
+        if let Some(bad) = cpus.iter().find(|c| !offered.contains(c)) {
+            return Err(LedgerError::UnknownCpu {
+                model: bad.clone(),
+                offered: offered.join(" "),
+            });
+        }
     }
     let [json, csv, svg] = args.out.open(args.timeout)?;
     let mut settings = Vec::new();
@@ -275,6 +346,21 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             }
         }
     }
+    // One QEMU per host CPU: TCG runs a single-vCPU guest on one thread.
+    // On a KVM a Linux boot takes two vCPUs (the loop's tick-free one and
+    // the rest): one boot at a time.
+    let jobs = args.jobs.unwrap_or_else(|| {
+        if on_kvm {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(2, |n| n.get().min(16) as u32)
+        }
+    });
+    let on = if on_kvm {
+        crate::cli::Backend::Kvm
+    } else {
+        crate::cli::Backend::Qemu
+    };
     let started = Instant::now();
     let boots_done = AtomicUsize::new(0);
     let quiet = args.quiet;
@@ -285,10 +371,18 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
         }
         let what = match job.kind {
             Kind::Default => "default".to_owned(),
+            Kind::Repeat => "default again (boot-to-boot spread)".to_owned(),
             _ => job.append.clone(),
         };
         let result = match r {
-            Ok(m) => format!("{:.2} kernel instructions/call", m.per_call()),
+            Ok(m) => format!(
+                "{:.2} {}/call",
+                m.per_call(),
+                match m.figure {
+                    super::model::Figure::KernelInstructions => "kernel instructions",
+                    super::model::Figure::HostNs => "host-clock ns",
+                }
+            ),
             Err(e) => format!("FAILED: {}", e.lines().next().unwrap_or("")),
         };
         say!(
@@ -298,14 +392,16 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             took.as_secs_f64()
         );
     };
-    // Stage 1: every block's default and all-off boots.
+    // Stage 1: every block's default and all-off boots (and a second
+    // default boot where the counts are not exact).
     let mut first = Vec::new();
     for (b, s) in settings.iter().enumerate() {
-        for (kind, append) in [(Kind::Default, ""), (Kind::AllOff, ALL_OFF)] {
-            let run = settle(s, append, args).map_err(|why| LedgerError::Setup {
-                what: s.name(),
-                why,
-            })?;
+        let repeat = (on_kvm || !s.workload.is_syscall_loop()).then_some((Kind::Repeat, ""));
+        for (kind, append) in [(Kind::Default, ""), (Kind::AllOff, ALL_OFF)]
+            .into_iter()
+            .chain(repeat)
+        {
+            let run = settle(s, append, args).map_err(|e| e.into_ledger(s))?;
             first.push(Job {
                 block: b,
                 kind,
@@ -320,22 +416,24 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
              first the default and {ALL_OFF} boots ({}), then one per enabled mitigation",
             settings.len(),
             args.iterations,
-            args.jobs,
+            jobs,
             first.len()
         );
     }
-    let workers = args.jobs as usize;
-    let stage1 = pool(&first, workers, &|j, r, t| progress(j, r, t, &settings));
+    let workers = jobs as usize;
+    let stage1 = pool(&first, workers, on, &|j, r, t| progress(j, r, t, &settings));
     // Stage 2: one boot per enabled mitigation of every block whose
     // default boot ran.
     let mut defaults: Vec<Option<Result<Measure, String>>> =
         settings.iter().map(|_| None).collect();
     let mut all_off: Vec<Option<Result<Measure, String>>> = settings.iter().map(|_| None).collect();
+    let mut repeats: Vec<Option<Result<Measure, String>>> = settings.iter().map(|_| None).collect();
     let mut seconds = vec![0.0f64; settings.len()];
     for (job, (r, took)) in first.iter().zip(stage1) {
         seconds[job.block] += took.as_secs_f64();
         match job.kind {
             Kind::Default => defaults[job.block] = Some(r),
+            Kind::Repeat => repeats[job.block] = Some(r),
             _ => all_off[job.block] = Some(r),
         }
     }
@@ -353,11 +451,7 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             let asked = args.mitigation.is_empty()
                 || args.mitigation.iter().any(|k| k == row.mitigation.key);
             if row.plan == RowPlan::Measure && asked {
-                let run =
-                    settle(s, row.mitigation.off, args).map_err(|why| LedgerError::Setup {
-                        what: s.name(),
-                        why,
-                    })?;
+                let run = settle(s, row.mitigation.off, args).map_err(|e| e.into_ledger(s))?;
                 second.push(Job {
                     block: b,
                     kind: Kind::Row(i),
@@ -374,7 +468,9 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             second.len()
         );
     }
-    let stage2 = pool(&second, workers, &|j, r, t| progress(j, r, t, &settings));
+    let stage2 = pool(&second, workers, on, &|j, r, t| {
+        progress(j, r, t, &settings)
+    });
     let mut offs: Vec<Vec<Option<Result<Measure, String>>>> = plans
         .iter()
         .map(|p| p.iter().map(|_| None).collect())
@@ -425,6 +521,9 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             .and_then(|l| l.version.as_deref())
             .and_then(|v| v.split_whitespace().next())
             .map(str::to_owned);
+        let noise = repeats[b]
+            .take()
+            .map(|r| r.map(|again| (default.per_call() - again.per_call()).abs()));
         blocks.push(Block {
             kernel: s.kernel.clone(),
             release,
@@ -435,6 +534,8 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             rows,
             sum,
             uncovered,
+            noise,
+            kvm: on_kvm.then(|| crate::cli::host_facts().describe_kvm().to_owned()),
             boot_seconds: seconds[b],
         });
     }
