@@ -93,7 +93,15 @@ impl Backend for Kvm {
             vcpu_filter: crate::sandbox::vcpu_filter()?,
             supported_cpuid: self.facts.supported_cpuid(),
         };
+        // Under `--backend nested` a Linux guest's CR3 writes are counted
+        // by the outer QEMU's plugin (observe::outer_plugin).
+        let outer = matches!(resolved.guest_kind, crate::spec::guest::GuestKind::Linux(_))
+            .then(crate::observe::outer_plugin::Watch::start)
+            .flatten();
         let outcome = crate::machine::run(resolved, &host, &mut m)?;
+        if let Some(w) = outer {
+            m.outer_plugin = w.finish();
+        }
         Ok(Ran {
             outcome,
             observed: Observed::Host(Box::new(m)),

@@ -496,8 +496,10 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             INNER_LINUX_CACHE.to_string(),
         ));
     }
+    let kvm_paging = kvm_paging(paging.0, paging.1);
     let request = Request {
-        kvm_paging: kvm_paging(paging.0, paging.1),
+        kvm_paging,
+        outer_plugin: Some(paging.1 && kvm_paging == KvmPaging::Npt),
         jobs: vec![Job {
             argv: inner.argv.clone(),
             collect: inner.outputs.iter().map(|(i, _)| i.clone()).collect(),

@@ -76,6 +76,13 @@ pub struct Request {
     pub kvm_paging: KvmPaging,
     /// The inner commands.
     pub jobs: Vec<Job>,
+    /// Whether the outer QEMU runs ptiscope's TCG plugin on the inner
+    /// guests (`svm=1`, its live file an ivshmem device the init names to
+    /// the jobs: `observe::outer_plugin`). `None`: where KVM sees no CR3
+    /// write (nested paging) and a job boots Linux ([`boot::run_with`]
+    /// decides, and the init reads its decision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outer_plugin: Option<bool>,
 }
 
 /// How one inner command ended.
