@@ -133,7 +133,14 @@ impl Backend for Kvm {
             console: None,
             no_cross_checks: None,
             blind_spot: (!self.facts.sees_cr3_writes()).then_some(
-                "with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only",
+                if std::env::var_os(crate::observe::outer_plugin::ENV).is_some() {
+                    // Under --backend nested the outer QEMU's plugin counts
+                    // a Linux guest's (observe::outer_plugin).
+                    "with EPT/NPT KVM does not see guest CR3 writes; under --backend nested the \
+                     outer QEMU's TCG plugin counts a Linux guest's ([qemu-plugin] insn_mov_cr3_*)"
+                } else {
+                    "with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only"
+                },
             ),
             omits_pcid: {
                 let facts = self.facts.clone();
