@@ -19,6 +19,13 @@
 //!
 //! What is real there: KVM's exits, its checks of guest state, its
 //! statistics. What is not: time (QEMU's TCG clock, not a CPU's).
+//!
+//! A Linux guest's CR3 writes, which the inner KVM sees only under shadow
+//! paging, are counted under nested paging by the outer QEMU: the session
+//! loads ptiscope's TCG plugin there, counting only what QEMU's SVM runs in
+//! guest mode (`svm=1`), with its live counts on an ivshmem device that
+//! the init names to the jobs and the inner VMM reads around each run
+//! (`crate::observe::outer_plugin`).
 
 pub mod boot;
 pub mod cli;
