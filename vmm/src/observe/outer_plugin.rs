@@ -86,11 +86,23 @@ impl LiveFile {
     /// The report the plugin last wrote; `Ok(None)` before its first
     /// snapshot (the file is still zeros).
     pub fn read(&self) -> Result<Option<PluginReport>, String> {
-        let mut bytes = vec![0u8; self.len];
-        // SAFETY: `map` is a live mapping of `len` bytes; the copy is
-        // volatile-free but bounded, and whatever it holds is parsed.
-        unsafe { std::ptr::copy_nonoverlapping(self.map, bytes.as_mut_ptr(), self.len) };
-        parse_live(&bytes)
+        // The header first, then only as much as it says (within the
+        // mapping): copying all of it each time costs emulated time.
+        let copy = |n: usize| {
+            let n = n.min(self.len);
+            let mut bytes = vec![0u8; n];
+            // SAFETY: `map` is a live mapping of `len` bytes and `n <= len`;
+            // whatever the bytes hold is parsed as hostile input.
+            unsafe { std::ptr::copy_nonoverlapping(self.map, bytes.as_mut_ptr(), n) };
+            bytes
+        };
+        let head = copy(HEADER.len() + 24);
+        let len = head
+            .strip_prefix(HEADER)
+            .and_then(|r| r.iter().position(|&b| b == b'\n').map(|nl| (r, nl)))
+            .and_then(|(r, nl)| std::str::from_utf8(&r[..nl]).ok()?.parse::<usize>().ok())
+            .map_or(self.len, |len| HEADER.len() + 25 + len);
+        parse_live(&copy(len))
     }
 }
 
