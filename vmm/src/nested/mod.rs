@@ -7,7 +7,7 @@
 //! normal KVM) would otherwise never run. Here it does: the outer ptiscope
 //! ([`boot`]) boots the kernel `ptiscope linux fetch` keeps
 //! (`debian-amd64`, with its `kvm.ko`, `kvm-amd.ko` and `irqbypass.ko`)
-//! under `qemu-system-x86_64 -accel tcg -cpu max` with an initramfs built
+//! under `qemu-system-x86_64 -accel tcg -cpu max,la57=off` with an initramfs built
 //! in memory around ptiscope itself (the running binary, the shared
 //! libraries it maps and their loader); ptiscope is that Linux's init
 //! ([`init`]): it loads the modules (`kvm-amd npt=1`: shadow paging breaks
