@@ -9,7 +9,10 @@
 //!   guarded on it (`--fail-if`);
 //! - where it does not (QEMU 10.0.2: an intercepted CR3 read returns a
 //!   wrong value), `--nested-paging shadow` is refused, naming the version,
-//!   and Linux runs on nested paging: its PTI state is the kernel log's.
+//!   and Linux runs on nested paging, where the outer QEMU's TCG plugin
+//!   counts its CR3 writes (`svm=1`: only what QEMU's SVM runs in guest
+//!   mode): exactly 2 per undisturbed getppid, the `[qemu-plugin]` rows and
+//!   the host side of the PTI check.
 //!
 //! Either way Linux boots to ptiscope's init on the VMM with one and with
 //! two vCPUs (the ACPI tables describe them), and its workloads run.
@@ -120,6 +123,41 @@ fn linux_run(workload: &str, n: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// Whether this QEMU loads ptiscope's plugin (the nested session then
+/// loads it into the outer QEMU under nested paging).
+fn outer_plugin_loads() -> bool {
+    ptiscope::backend::qemu::plugin_for("qemu-system-x86_64").is_ok()
+}
+
+/// Under nested paging: the outer QEMU's plugin's CR3 count of a Linux
+/// `pti=on` getppid run (summary `on`, its notes `notes`): exactly 2 per
+/// undisturbed call, and the PTI check's host side; without a plugin, the
+/// note that there is no host count.
+fn outer_plugin_counts(on: &Value, notes: &str) {
+    if !outer_plugin_loads() {
+        assert!(notes.contains("no host-side CR3 count"), "{notes}");
+        return;
+    }
+    let (_, per_call) = row(on, "insn_mov_cr3_calls", "qemu_plugin")
+        .unwrap_or_else(|| panic!("no [qemu-plugin] CR3 count: {notes}"));
+    assert_eq!(per_call, 2.0, "{notes}");
+    // All of them (interrupts from user mode add two each): 2 a call and a few.
+    let (total, _) = row(on, "insn_mov_cr3", "qemu_plugin").expect("insn_mov_cr3");
+    let calls = CALLS as f64;
+    assert!(
+        (2.0 * calls..2.1 * calls).contains(&total),
+        "{total}: {notes}"
+    );
+    assert!(
+        notes.contains("the host (qemu-plugin) agrees"),
+        "the PTI check's host side: {notes}"
+    );
+    // The inner Linux's and the VMM's own instructions are not the guest's:
+    // a getppid is a few hundred kernel instructions, as under --backend qemu.
+    let (_, kernel) = row(on, "kernel_instructions", "qemu_plugin").expect("kernel_instructions");
+    assert!((100.0..2000.0).contains(&kernel), "{kernel} a call");
+}
+
 /// ptiscope's guest and Linux (getppid, and poundsyscall on two vCPUs) on
 /// the VMM, in one nested boot.
 #[test]
@@ -204,7 +242,7 @@ fn linux_runs_on_the_vmm_under_nested_kvm_amd_and_kvm_counts_cr3_writes_where_it
             assert!(notes.contains("no local timer interrupt"), "{notes}");
             assert!(has_config(&on, "tick_free=cpu1"), "{}", on["config"]);
         }
-        None if !shadow => assert!(notes.contains("no host-side CR3 count"), "{notes}"),
+        None if !shadow => outer_plugin_counts(&on, &notes),
         r => panic!("[kvm] cr3_writes {r:?} with shadow paging {shadow}: {notes}"),
     }
 
@@ -392,9 +430,16 @@ fn compare_sides_with_their_own_linux_kernels_run_under_nested() {
         "{out}"
     );
     let v = read_json(&json);
-    // Shadow paging (KVM counts the CR3 writes) where this QEMU runs it.
+    // Shadow paging (KVM counts the CR3 writes) where this QEMU runs it,
+    // else the outer QEMU's plugin counts them: exactly 0 -> 2 per
+    // undisturbed call.
     if ptiscope::nested::boot::shadow_paging_works().is_ok() {
         let (off, on) = ameans(compare_metric(&v, "cr3_writes_per_call"));
         assert!(off < 0.1 && (on - 2.0).abs() < 0.1, "{off} -> {on}");
+    } else if outer_plugin_loads() {
+        let m = compare_metric(&v, "insn_mov_cr3_calls_per_call");
+        assert_eq!(m["source"], "qemu_plugin", "{m}");
+        assert_eq!(ameans(m), (0.0, 2.0), "{m}");
+        assert!(out.contains("[qemu-plugin] MOV CR3 executed"), "{out}");
     }
 }

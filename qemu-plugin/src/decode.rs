@@ -41,6 +41,17 @@ pub enum Kind {
     Lfence,
     /// WRMSR (`0F 30`): SPEC_CTRL (IBRS), PRED_CMD (IBPB), FLUSH_CMD (L1D).
     Wrmsr,
+    /// VMRUN (`0F 01 D8`), with `svm=1`: the host (a KVM under QEMU's
+    /// SVM) enters its guest. Never returned by [`classify`] and never
+    /// counted: the plugin follows guest mode with it ([`is_vmrun`]).
+    Vmrun,
+}
+
+/// Whether `bytes` is VMRUN (`0F 01 D8`; an address-size prefix makes it
+/// `vmrun eax`).
+pub fn is_vmrun(bytes: &[u8]) -> bool {
+    let Prefixes { len, .. } = prefixes(bytes);
+    bytes[len..] == [0x0f, 0x01, 0xd8]
 }
 
 /// Legacy prefixes (lock/rep, segment overrides, operand and address size).
@@ -195,6 +206,17 @@ pub fn classify(bytes: &[u8]) -> Option<Kind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vmrun_is_known_by_its_bytes() {
+        assert!(is_vmrun(&[0x0f, 0x01, 0xd8]));
+        assert!(is_vmrun(&[0x67, 0x0f, 0x01, 0xd8]));
+        // VMLOAD, VMSAVE, and INVLPG with a memory operand are not it.
+        assert!(!is_vmrun(&[0x0f, 0x01, 0xda]));
+        assert!(!is_vmrun(&[0x0f, 0x01, 0xdb]));
+        assert!(!is_vmrun(&[0x0f, 0x01, 0x38]));
+        assert_eq!(classify(&[0x0f, 0x01, 0xd8]), None);
+    }
 
     #[test]
     fn the_user_marker_port_load() {

@@ -81,6 +81,29 @@
 //! `syms=PATH` (with `pcs=1`): the file QEMU's `isa-debugcon` wrote the
 //! init's copy of `/proc/kallsyms` to; copied, as lines, into the output.
 //!
+//! Guest mode only (`svm=1`): the machine QEMU runs is itself a KVM host
+//! (`--backend nested`: kvm_amd on QEMU's emulated SVM), and what is
+//! measured is *its* guest, whose instructions QEMU executes too, between
+//! the host's (its Linux, its VMM) on the same vCPU. Then only guest-mode
+//! instructions count, and only guest-mode markers snapshot: a vCPU enters
+//! guest mode at the VMRUN it executes (`0F 01 D8`, the host's KVM entering
+//! its guest) and leaves it at the first block that starts right after
+//! that VMRUN, where QEMU resumes the host at every #VMEXIT. Everything in
+//! between is the guest's; everything else (the host kernel's exit
+//! handling, its interrupts and context switches, the VMM in user mode) is
+//! invisible, as if the guest ran alone. `kernel=` is then the guest's
+//! kernel half. The host and its guest being the same kernel at the same
+//! addresses does not matter: mode, not address, tells them apart.
+//!
+//! Live snapshots (`live=PATH`): after each snapshot the plugin also
+//! writes the whole file as it would be at exit so far (its marks, and
+//! every vCPU's counters at that moment as `totals`) into the file at
+//! PATH from offset 0, after a header line `ptiscope-live len=N` (N: the
+//! bytes of the report that follow), or only the header when the report
+//! does not fit the file's size. `--backend nested` maps that file into
+//! the machine QEMU runs (an ivshmem device), so that the VMM there reads
+//! its guest's counts at its own phase markers while QEMU still runs.
+//!
 //! Licence: GPL-2.0-or-later (QEMU plugins must be).
 
 pub mod decode;
@@ -190,6 +213,11 @@ struct Track {
     last_cut: AtomicBool,
     /// The current call's segments (`pcs=1`).
     log: CallLog,
+    /// `svm=1`: the vCPU runs its guest (a VMRUN ran, no #VMEXIT since).
+    in_guest: AtomicBool,
+    /// `svm=1`: where the host resumes at a #VMEXIT (the address after
+    /// the last VMRUN).
+    resume_pc: AtomicU64,
 }
 
 /// In user mode.
@@ -214,6 +242,8 @@ impl Track {
             last_pc: AtomicU64::new(u64::MAX),
             last_cut: AtomicBool::new(false),
             log: CallLog(UnsafeCell::new((Vec::new(), false))),
+            in_guest: AtomicBool::new(false),
+            resume_pc: AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -241,6 +271,10 @@ struct State {
     slots: Mutex<Vec<&'static Slot>>,
     /// Kernel instructions of in-phase undisturbed calls whose log overflowed.
     unattributed: AtomicU64,
+    /// `svm=1`: count the guest of the machine's SVM only.
+    svm: bool,
+    /// `live=PATH`: the file each snapshot rewrites, and its size.
+    live: Option<(std::fs::File, u64)>,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -276,6 +310,8 @@ struct Block {
 struct Special {
     kind: Kind,
     pc: u64,
+    /// Its length in bytes.
+    len: u64,
     /// A marker: without `umark`, a kernel-mode `out dx, eax` inside the
     /// marker ranges; with it, a user-mode `mov edx, PORT; out dx, eax` or
     /// `mov edx, PORT; mov [edi], eax`.
@@ -302,9 +338,10 @@ fn msr_field(msr: u32) -> Option<usize> {
     }
 }
 
-fn field_of(kind: Kind) -> usize {
+/// The counter of a counted instruction (`None`: VMRUN, which is not one).
+fn field_of(kind: Kind) -> Option<usize> {
     use output::field::*;
-    match kind {
+    Some(match kind {
         Kind::Cr3Write => CR3_WRITES,
         Kind::Invlpg => INVLPG,
         Kind::Invpcid => INVPCID,
@@ -318,7 +355,8 @@ fn field_of(kind: Kind) -> usize {
         Kind::Verw => VERW,
         Kind::Lfence => LFENCE,
         Kind::Wrmsr => WRMSR,
-    }
+        Kind::Vmrun => return None,
+    })
 }
 
 fn counters(vcpu: c_uint) -> Option<(&'static State, &'static VcpuCounters, &'static Track)> {
@@ -353,7 +391,8 @@ fn add_segment(c: &VcpuCounters, t: &Track, seg: &Segment, slot: u32) {
 /// an atomic swap. Only the vCPU's own thread writes its [`Track`], so
 /// the two are the swap; `swap` compiles to a locked `xchg`, and four of
 /// them in every block's callback were most of a Linux boot's time under
-/// the plugin (perf: 60 % of QEMU's, for the boot the ledger repeats).
+/// the plugin (perf: 60 % of QEMU's for the boot the ledger repeats, over a third
+/// of a nested session's CPU time under QEMU 10).
 fn replace(flag: &AtomicBool, value: bool) -> bool {
     let old = flag.load(Ordering::Relaxed);
     if old != value {
@@ -455,6 +494,9 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     // SAFETY: `udata` is a leaked `Box<Block>` made at translation; it
     // lives as long as the process.
     let b = unsafe { &*(udata as *const Block) };
+    if s.svm && !still_in_guest(t, b.pc) {
+        return;
+    }
     block_start(s, c, t, b.kernel_mode);
     let mut seg = b.seg;
     let mut slot = b.slot;
@@ -478,12 +520,40 @@ extern "C" fn on_tb_exec(vcpu: c_uint, udata: *mut c_void) {
     add_segment(c, t, &seg, slot);
 }
 
+/// `svm=1`, at a block's start: whether the vCPU runs its guest. A block
+/// that starts where the host resumes after its last VMRUN is the host's
+/// (QEMU ends guest mode there at every #VMEXIT), and so is every block
+/// until the next VMRUN.
+fn still_in_guest(t: &Track, pc: u64) -> bool {
+    if !t.in_guest.load(Ordering::Relaxed) {
+        return false;
+    }
+    if pc == t.resume_pc.load(Ordering::Relaxed) {
+        t.in_guest.store(false, Ordering::Relaxed);
+        return false;
+    }
+    true
+}
+
 extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
     let Some((s, c, t)) = counters(vcpu) else {
         return;
     };
     // SAFETY: `udata` is a leaked `Box<Special>` made at translation.
     let sp = unsafe { &*(udata as *const Special) };
+    if s.svm {
+        if sp.kind == Kind::Vmrun {
+            // The host's own instruction (not counted): its guest runs
+            // from the next block on, until a block starts after it.
+            t.resume_pc
+                .store(sp.pc.wrapping_add(sp.len), Ordering::Relaxed);
+            t.in_guest.store(true, Ordering::Relaxed);
+            return;
+        }
+        if !t.in_guest.load(Ordering::Relaxed) {
+            return;
+        }
+    }
     match sp.kind {
         Kind::Syscall | Kind::Sysenter | Kind::IntN if !sp.kernel_mode => {
             t.entry_pending.store(true, Ordering::Relaxed)
@@ -508,23 +578,63 @@ extern "C" fn on_special_exec(vcpu: c_uint, udata: *mut c_void) {
                 seq,
                 vcpu: vcpu as u64,
                 pc: sp.pc,
-                counts,
+                counts: counts.clone(),
             });
         } else {
             m.1 += 1;
+        }
+        if let Some((file, size)) = &s.live {
+            write_live(s, file, *size, &m.0, m.1, counts);
         }
     }
     // A CR3 write (VERW, WRMSR ...) outside any call is set apart at
     // once, as its instructions are; a call's are set apart (or not) when
     // it ends.
     let outside = t.state.load(Ordering::Relaxed) == IN_OTHER;
-    for f in std::iter::once(field_of(sp.kind)).chain(sp.msr_field) {
+    for f in field_of(sp.kind).into_iter().chain(sp.msr_field) {
         c.add(f, 1);
         if let (true, Some(&(_, other))) = (outside, CALL_SPLIT.iter().find(|(x, _)| *x == f)) {
             c.add(other, 1);
         }
     }
     add_segment(c, t, &sp.seg, sp.slot);
+}
+
+/// Rewrites the live file (`live=PATH`, module comment): a header line,
+/// then the report so far, `totals` being `now`; only the header when the
+/// report does not fit. A write that fails is said once.
+fn write_live(
+    s: &State,
+    file: &std::fs::File,
+    size: u64,
+    marks: &[Mark],
+    dropped: u64,
+    now: Vec<Counts>,
+) {
+    use std::os::unix::fs::FileExt;
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let text = Report {
+        api: API_VERSION as u64,
+        kernel: s.kernel.clone(),
+        marks: marks.to_vec(),
+        dropped_marks: dropped,
+        totals: now,
+        call_pcs: None,
+        symbols: None,
+    }
+    .render();
+    let header = format!("ptiscope-live len={}\n", text.len());
+    let mut buf = header.into_bytes();
+    if (buf.len() + text.len()) as u64 <= size {
+        buf.extend_from_slice(text.as_bytes());
+    }
+    if let Err(e) = file.write_all_at(&buf, 0) {
+        if !SAID.swap(true, Ordering::Relaxed) {
+            s.api.say(&format!(
+                "ptiscope-tcg-plugin: cannot write the live file: {e}\n"
+            ));
+        }
+    }
 }
 
 /// The offset bits of a 4 KiB page.
@@ -592,9 +702,12 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
             None if decode::keeps_ecx(bytes) => ecx_msr,
             None => None,
         };
-        let kind = decode::classify(bytes).or_else(|| {
-            (port_mov && !kernel_mode && decode::is_mark_store(bytes)).then_some(Kind::MarkStore)
-        });
+        let kind = decode::classify(bytes)
+            .or_else(|| {
+                (port_mov && !kernel_mode && decode::is_mark_store(bytes))
+                    .then_some(Kind::MarkStore)
+            })
+            .or_else(|| (s.svm && decode::is_vmrun(bytes)).then_some(Kind::Vmrun));
         if let Some(kind) = kind {
             let snapshot = match kind {
                 Kind::MarkStore => true,
@@ -612,6 +725,7 @@ extern "C" fn on_tb_trans(_id: ffi::PluginId, tb: *mut ffi::Tb) {
                 Box::new(Special {
                     kind,
                     pc,
+                    len: bytes.len() as u64,
                     snapshot,
                     kernel_mode,
                     seg: Segment::default(),
@@ -810,6 +924,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
     let mut user_mark_port = None;
     let mut pcs = false;
     let mut syms = None;
+    let mut svm = false;
+    let mut live = None;
     for i in 0..argc.max(0) as usize {
         // SAFETY: QEMU's contract for `argv`.
         let arg = unsafe { CStr::from_ptr(*argv.add(i)) }.to_string_lossy();
@@ -818,6 +934,21 @@ pub unsafe extern "C" fn qemu_plugin_install(
             Some(("pcs", "1")) => pcs = true,
             Some(("pcs", "0")) => pcs = false,
             Some(("syms", v)) if !v.is_empty() => syms = Some(v.to_string()),
+            Some(("svm", "1")) => svm = true,
+            Some(("svm", "0")) => svm = false,
+            Some(("live", v)) if !v.is_empty() => {
+                let opened = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(v)
+                    .and_then(|f| Ok((f.metadata()?.len(), f)));
+                match opened {
+                    Ok((size, f)) => live = Some((f, size)),
+                    Err(e) => {
+                        api.say(&format!("ptiscope-tcg-plugin: live={v}: {e}\n"));
+                        return -1;
+                    }
+                }
+            }
             Some(("umark", v)) => {
                 match u32::from_str_radix(v.trim().trim_start_matches("0x"), 16) {
                     Ok(p) if p <= 0xffff => user_mark_port = Some(p),
@@ -839,7 +970,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
             },
             _ => {
                 api.say(&format!(
-                    "ptiscope-tcg-plugin: unknown argument {arg:?} (takes out=PATH,kernel=LO-HI[:LO-HI...],marks=LO-HI[:...],umark=PORT,pcs=0|1,syms=PATH)\n"
+                    "ptiscope-tcg-plugin: unknown argument {arg:?} (takes out=PATH,kernel=LO-HI[:LO-HI...],marks=LO-HI[:...],umark=PORT,pcs=0|1,syms=PATH,svm=0|1,live=PATH)\n"
                 ));
                 return -1;
             }
@@ -870,6 +1001,8 @@ pub unsafe extern "C" fn qemu_plugin_install(
         syms,
         slots: Mutex::new(Vec::new()),
         unattributed: AtomicU64::new(0),
+        svm,
+        live,
     };
     if STATE.set(state).is_err() {
         return -1;

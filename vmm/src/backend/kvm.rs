@@ -93,7 +93,15 @@ impl Backend for Kvm {
             vcpu_filter: crate::sandbox::vcpu_filter()?,
             supported_cpuid: self.facts.supported_cpuid(),
         };
+        // Under `--backend nested` a Linux guest's CR3 writes are counted
+        // by the outer QEMU's plugin (observe::outer_plugin).
+        let outer = matches!(resolved.guest_kind, crate::spec::guest::GuestKind::Linux(_))
+            .then(crate::observe::outer_plugin::Watch::start)
+            .flatten();
         let outcome = crate::machine::run(resolved, &host, &mut m)?;
+        if let Some(w) = outer {
+            m.outer_plugin = w.finish();
+        }
         Ok(Ran {
             outcome,
             observed: Observed::Host(Box::new(m)),
@@ -125,7 +133,14 @@ impl Backend for Kvm {
             console: None,
             no_cross_checks: None,
             blind_spot: (!self.facts.sees_cr3_writes()).then_some(
-                "with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only",
+                if std::env::var_os(crate::observe::outer_plugin::ENV).is_some() {
+                    // Under --backend nested the outer QEMU's plugin counts
+                    // a Linux guest's (observe::outer_plugin).
+                    "with EPT/NPT KVM does not see guest CR3 writes; under --backend nested the \
+                     outer QEMU's TCG plugin counts a Linux guest's ([qemu-plugin] insn_mov_cr3_*)"
+                } else {
+                    "with EPT/NPT KVM does not see guest CR3 writes; cr3_writes_* are guest-reported only"
+                },
             ),
             omits_pcid: {
                 let facts = self.facts.clone();

@@ -169,8 +169,13 @@ impl Ran {
         let o = &self.outcome;
         match (&resolved.guest_kind, &self.observed) {
             (GuestKind::Linux(l), Observed::Host(m)) => {
-                let (summary, host) =
-                    crate::linux::summary_on_vmm(o, l, &m.summary(o, config), m.sees_cr3_writes());
+                let (summary, host) = crate::linux::summary_on_vmm(
+                    o,
+                    l,
+                    &m.summary(o, config),
+                    m.sees_cr3_writes(),
+                    &m.outer_plugin,
+                );
                 Summarized { summary, host }
             }
             (GuestKind::Linux(l), Observed::Console { plugin, .. }) => {

@@ -146,7 +146,7 @@ mod tests {
         assert_eq!(s.guest_mitigations, want);
         // The VMM's.
         let vmm = crate::report::RunSummary::new(Vec::new(), Some("workload".into()), 10);
-        let (s, _) = crate::linux::summary_on_vmm(&o, &g, &vmm, false);
+        let (s, _) = crate::linux::summary_on_vmm(&o, &g, &vmm, false, &PluginOutput::Off);
         assert_eq!(s.guest_mitigations, want);
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(

@@ -110,18 +110,27 @@ pub fn by_symbol(
 /// inside `--backend nested`): the init's summary ([`summary`]) with the
 /// host observer's rows ([`add_vmm_rows`]), PTI's state checked against
 /// KVM's CR3 count where KVM sees CR3 writes ([`kvm_observation`]), which
-/// is then the `[kvm]` `cr3_writes` row. Also returns that observation,
-/// for [`crate::cli::linux`]'s verdict on the run.
+/// is then the `[kvm]` `cr3_writes` row. Where KVM does not see them,
+/// under `--backend nested` the outer QEMU's plugin does (`outer`, its
+/// counts of this run's guest: `observe::outer_plugin`): its rows are
+/// added as under `--backend qemu` and it is the host side of the PTI
+/// check. Also returns the observation, for [`crate::cli::linux`]'s
+/// verdict on the run.
 pub fn summary_on_vmm(
     outcome: &RunOutcome,
     guest: &LinuxGuest,
     vmm: &RunSummary,
     sees_cr3_writes: bool,
+    outer: &PluginOutput,
 ) -> (RunSummary, Option<HostPhaseObservation>) {
-    let host = kvm_observation(outcome, guest, vmm, sees_cr3_writes);
-    let mut s = summary(outcome, &PluginOutput::Off, guest, host.as_ref());
+    let kvm = kvm_observation(outcome, guest, vmm, sees_cr3_writes);
+    let host = kvm.or_else(|| host_observation(outer, guest));
+    let mut s = summary(outcome, outer, guest, host.as_ref());
+    if !matches!(outer, PluginOutput::Off) {
+        s.notes.push(Note::OuterPluginRows);
+    }
     add_vmm_rows(&mut s, vmm);
-    if let (Some(h), true) = (&host, s.phase.is_some()) {
+    if let (Some(h), true) = (&kvm, s.phase.is_some()) {
         s.push(
             Metric::new("cr3_writes", "count", Source::Kvm),
             h.cr3_writes as f64,
@@ -343,7 +352,7 @@ pub(crate) mod tests {
         let o = run("off");
         let h = kvm_observation(&o, &g, &vmm, true).expect("shadow paging, no PCID");
         assert_eq!((h.syscalls, h.cr3_writes), (10, 21));
-        let (s, host) = summary_on_vmm(&o, &g, &vmm, true);
+        let (s, host) = summary_on_vmm(&o, &g, &vmm, true, &PluginOutput::Off);
         assert_eq!(host, Some(h));
         let row = s.row("cr3_writes").expect("a [kvm] cr3_writes row");
         assert_eq!((row.metric.source, row.total), (Source::Kvm, 21.0));
@@ -370,7 +379,7 @@ pub(crate) mod tests {
         // Nested paging: KVM sees no CR3 write; PCID: a write need not flush.
         assert_eq!(kvm_observation(&o, &g, &vmm, false), None);
         assert_eq!(kvm_observation(&run("on"), &g, &vmm, true), None);
-        let (s, host) = summary_on_vmm(&o, &g, &vmm, false);
+        let (s, host) = summary_on_vmm(&o, &g, &vmm, false, &PluginOutput::Off);
         assert!(host.is_none() && s.row("cr3_writes").is_none());
         // No phase: nothing to divide.
         let whole = RunSummary::new(Vec::new(), None, 10);
@@ -378,7 +387,7 @@ pub(crate) mod tests {
         // KVM's count disagreeing with the log is the run's failure.
         vmm.rows.clear();
         vmm.push(Metric::new("tlb_flush", "count", Source::Kvm), 0.0);
-        let (s, _) = summary_on_vmm(&o, &g, &vmm, true);
+        let (s, _) = summary_on_vmm(&o, &g, &vmm, true, &PluginOutput::Off);
         assert!(
             s.notes.iter().any(|n| n.to_string().contains("disagree")),
             "{:?}",

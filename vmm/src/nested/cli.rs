@@ -522,15 +522,22 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             INNER_LINUX_CACHE.to_string(),
         ));
     }
+    let kvm_paging = kvm_paging(paging.0, paging.1);
+    let job = Job {
+        argv: inner.argv.clone(),
+        collect: inner.outputs.iter().map(|(i, _)| i.clone()).collect(),
+        timeout_secs: bound.as_secs_f64(),
+        env,
+        ..Default::default()
+    };
+    // The outer QEMU's plugin counts a Linux guest's CR3 writes where the
+    // inner KVM cannot (nested paging): `--linux`, a side's `linux=`, or
+    // `reproduce`'s Linux cells (its packed kernel cache).
+    let linux = paging.1 || job.boots_linux();
     let request = Request {
-        kvm_paging: kvm_paging(paging.0, paging.1),
-        jobs: vec![Job {
-            argv: inner.argv.clone(),
-            collect: inner.outputs.iter().map(|(i, _)| i.clone()).collect(),
-            timeout_secs: bound.as_secs_f64(),
-            env,
-            ..Default::default()
-        }],
+        kvm_paging,
+        outer_plugin: Some(linux && kvm_paging == KvmPaging::Npt),
+        jobs: vec![job],
     };
     // A user's command only: the tests' batches choose their own.
     let mut cpus = cpus;

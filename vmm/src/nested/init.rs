@@ -143,9 +143,28 @@ fn setup(paging: KvmPaging, steps: &mut Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
+/// The ivshmem device's memory (PCI 1af4:1110, its BAR 2 as sysfs's
+/// `resource2`) that shows the outer QEMU's plugin's live file
+/// (`observe::outer_plugin`): its path, or why there is none.
+fn outer_plugin_file() -> Result<String, String> {
+    let dir = "/sys/bus/pci/devices";
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{dir}: {e}"))?;
+    for e in entries.flatten() {
+        let p = e.path();
+        let id = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        if id("vendor").trim() == "0x1af4" && id("device").trim() == "0x1110" {
+            // The BAR is mapped through sysfs, which needs memory decoding on.
+            let _ = std::fs::write(p.join("enable"), "1");
+            return Ok(p.join("resource2").display().to_string());
+        }
+    }
+    Err("no ivshmem device (1af4:1110) on the PCI bus".into())
+}
+
 /// Runs one job: `/init ARGS` (ptiscope itself) or the job's own
-/// executable, stdin from /dev/null, stopped at its bound.
-fn run_job(job: &super::Job) -> JobResult {
+/// executable, stdin from /dev/null, stopped at its bound; `env` is set
+/// for it before its own.
+fn run_job(job: &super::Job, env: &[(String, String)]) -> JobResult {
     let start = Instant::now();
     let exe = job.exe.as_deref().unwrap_or("/init");
     let mut cmd = Command::new(exe);
@@ -153,6 +172,7 @@ fn run_job(job: &super::Job) -> JobResult {
         .env_remove(INIT_ENV)
         .env(INNER_ENV, "1")
         .env("HOME", "/tmp")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .envs(job.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -281,7 +301,24 @@ pub fn main() -> ! {
         Err(e) => response.setup_error = Some(format!("the request: {e}")),
         Ok(r) => match setup(r.kvm_paging, &mut response.setup) {
             Err(e) => response.setup_error = Some(e),
-            Ok(()) => response.jobs = r.jobs.iter().map(run_job).collect(),
+            Ok(()) => {
+                let mut env = Vec::new();
+                if r.outer_plugin == Some(true) {
+                    // Not fatal: the runs then say they have no CR3 count.
+                    match outer_plugin_file() {
+                        Ok(path) => {
+                            response
+                                .setup
+                                .push(format!("the outer QEMU's plugin counts at {path}"));
+                            env.push((crate::observe::outer_plugin::ENV.to_string(), path));
+                        }
+                        Err(e) => response
+                            .setup
+                            .push(format!("no counts from the outer QEMU's plugin: {e}")),
+                    }
+                }
+                response.jobs = r.jobs.iter().map(|j| run_job(j, &env)).collect();
+            }
         },
     }
     send(&response);

@@ -7,7 +7,7 @@
 //! normal KVM) would otherwise never run. Here it does: the outer ptiscope
 //! ([`boot`]) boots the kernel `ptiscope linux fetch` keeps
 //! (`debian-amd64`, with its `kvm.ko`, `kvm-amd.ko` and `irqbypass.ko`)
-//! under `qemu-system-x86_64 -accel tcg -cpu max` with an initramfs built
+//! under `qemu-system-x86_64 -accel tcg -cpu max,la57=off` with an initramfs built
 //! in memory around ptiscope itself (the running binary, the shared
 //! libraries it maps and their loader); ptiscope is that Linux's init
 //! ([`init`]): it loads the modules (`kvm-amd npt=1`: shadow paging breaks
@@ -19,6 +19,13 @@
 //!
 //! What is real there: KVM's exits, its checks of guest state, its
 //! statistics. What is not: time (QEMU's TCG clock, not a CPU's).
+//!
+//! A Linux guest's CR3 writes, which the inner KVM sees only under shadow
+//! paging, are counted under nested paging by the outer QEMU: the session
+//! loads ptiscope's TCG plugin there, counting only what QEMU's SVM runs in
+//! guest mode (`svm=1`), with its live counts on an ivshmem device that
+//! the init names to the jobs and the inner VMM reads around each run
+//! (`crate::observe::outer_plugin`).
 
 pub mod boot;
 pub mod cli;
@@ -76,6 +83,13 @@ pub struct Request {
     pub kvm_paging: KvmPaging,
     /// The inner commands.
     pub jobs: Vec<Job>,
+    /// Whether the outer QEMU runs ptiscope's TCG plugin on the inner
+    /// guests (`svm=1`, its live file an ivshmem device the init names to
+    /// the jobs: `observe::outer_plugin`). `None`: where KVM sees no CR3
+    /// write (nested paging) and a job boots Linux ([`boot::run_with`]
+    /// decides, and the init reads its decision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outer_plugin: Option<bool>,
 }
 
 /// How one inner command ended.

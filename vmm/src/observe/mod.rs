@@ -6,6 +6,7 @@
 
 pub mod live_metrics;
 pub mod measure;
+pub mod outer_plugin;
 pub mod pagetables;
 pub mod qemu_plugin;
 pub mod telemetry;

@@ -180,6 +180,10 @@ pub struct Counts([u64; N_COUNTERS]);
 pub const N_COUNTERS: usize = PluginCounter::ALL.len();
 
 impl Counts {
+    /// Counters in the file's `fields` order.
+    pub fn from_array(v: [u64; N_COUNTERS]) -> Counts {
+        Counts(v)
+    }
     /// One counter.
     pub fn get(&self, c: PluginCounter) -> u64 {
         self.0[c as usize]
@@ -602,6 +606,55 @@ impl PluginReport {
 }
 
 impl PluginReport {
+    /// The report as the plugin writes it (what [`PluginReport::parse`]
+    /// reads back): `--backend nested` cuts one run's marks out of the
+    /// outer plugin's live file and hands them on as that run's file.
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = format!(
+            "ptiscope-tcg-plugin version={FORMAT_VERSION} api={} vcpus={}\nkernel {}\nfields {}\n",
+            self.api,
+            self.totals.0.len(),
+            ranges_arg(&self.kernel),
+            PluginCounter::ALL.map(PluginCounter::field).join(" ")
+        );
+        let counts = |s: &mut String, v: &VcpuCounts| {
+            for (i, c) in v.0.iter().enumerate() {
+                let _ = write!(s, "counts {i}");
+                for n in c.0 {
+                    let _ = write!(s, " {n}");
+                }
+                s.push('\n');
+            }
+        };
+        for m in &self.marks {
+            let _ = writeln!(s, "mark seq={} vcpu={} pc={:#x}", m.seq, m.vcpu, m.pc);
+            counts(&mut s, &m.counts);
+        }
+        s.push_str("totals\n");
+        counts(&mut s, &self.totals);
+        let _ = writeln!(s, "dropped_marks {}", self.dropped_marks);
+        if let Some(c) = &self.call_pcs {
+            let _ = writeln!(
+                s,
+                "call_pcs {} unattributed {}",
+                c.pcs.len(),
+                c.unattributed
+            );
+            for (pc, n) in &c.pcs {
+                let _ = writeln!(s, "pc {pc:#x} {n}");
+            }
+        }
+        if let Some((lines, dropped)) = &self.symbols {
+            let _ = writeln!(s, "symbols {} dropped {dropped}", lines.len());
+            for l in lines {
+                let _ = writeln!(s, "{l}");
+            }
+        }
+        s.push_str("end\n");
+        s
+    }
+
     /// Refuses a file whose marks were dropped (a phase could be missing).
     fn complete(&self) -> Result<(), PhaseError> {
         match self.dropped_marks {

@@ -183,6 +183,9 @@ pub enum Note {
     },
     /// The init printed no `@result` line.
     InitNoResult,
+    /// Under `--backend nested`, the `[qemu-plugin]` rows are the outer
+    /// QEMU's plugin's, which counts only what its SVM runs in guest mode.
+    OuterPluginRows,
     /// `--by-symbol` gave no table.
     BySymbolNone {
         /// Why.
@@ -534,6 +537,12 @@ impl std::fmt::Display for Note {
             Note::InitNoResult => {
                 write!(f, "the init printed no @result line: nothing was measured")
             }
+            Note::OuterPluginRows => write!(
+                f,
+                "[qemu-plugin] rows under --backend nested: the outer QEMU's plugin counted only \
+                 what its SVM ran in guest mode (this Linux), none of the inner Linux's or the \
+                 VMM's instructions"
+            ),
             Note::BySymbolNone { error } => write!(f, "by symbol: none: {error}"),
             Note::OutputDropped {
                 output,

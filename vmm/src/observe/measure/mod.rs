@@ -92,6 +92,9 @@ pub struct Measurer {
     pub(crate) live_error: Option<String>,
     /// What became of the live-metrics output.
     live_output: Option<OutputReport>,
+    /// Under `--backend nested`, a Linux run's counts from the outer
+    /// QEMU's TCG plugin (`observe::outer_plugin`); `Off` elsewhere.
+    pub outer_plugin: crate::observe::qemu_plugin::PluginOutput,
 }
 
 impl Default for Measurer {
@@ -127,6 +130,7 @@ impl Measurer {
             live: None,
             live_error: None,
             live_output: None,
+            outer_plugin: Default::default(),
         }
     }
 
