@@ -134,8 +134,9 @@ fn outer_plugin_loads() -> bool {
 /// undisturbed call, and the PTI check's host side; without a plugin, the
 /// note that there is no host count.
 fn outer_plugin_counts(on: &Value, notes: &str) {
+    let check = &note(on, "pti")["host_check"];
     if !outer_plugin_loads() {
-        assert!(notes.contains("no host-side CR3 count"), "{notes}");
+        assert_eq!(check["kind"], "no_nested_paging_count", "{notes}");
         return;
     }
     let (_, per_call) = row(on, "insn_mov_cr3_calls", "qemu_plugin")
@@ -148,8 +149,9 @@ fn outer_plugin_counts(on: &Value, notes: &str) {
         (2.0 * calls..2.1 * calls).contains(&total),
         "{total}: {notes}"
     );
-    assert!(
-        notes.contains("the host (qemu-plugin) agrees"),
+    assert_eq!(
+        (check["kind"].as_str(), check["source"].as_str()),
+        (Some("agrees"), Some("qemu-plugin")),
         "the PTI check's host side: {notes}"
     );
     // The inner Linux's and the VMM's own instructions are not the guest's:
@@ -223,7 +225,7 @@ fn linux_runs_on_the_vmm_under_nested_kvm_amd_and_kvm_counts_cr3_writes_where_it
     assert!(row(&on, "cycles", "guest").is_some_and(|(t, _)| t > 0.0));
     assert!(row(&on, "kvm_exits", "kvm").is_some(), "{}", on["rows"]);
     let notes = on["notes"].to_string();
-    assert!(notes.contains("PTI enabled"), "{notes}");
+    assert_eq!(note(&on, "pti")["enabled"], true, "{notes}");
     match row(&on, "cr3_writes", "kvm") {
         Some((total, per_call)) if shadow => {
             // 2 a call, and now and then a CR3 write of the kernel's own
@@ -234,12 +236,17 @@ fn linux_runs_on_the_vmm_under_nested_kvm_amd_and_kvm_counts_cr3_writes_where_it
                 (2.0 * calls..=2.0 * calls + 10.0).contains(&total),
                 "{per_call} a call: {notes}"
             );
-            assert!(
-                notes.contains("kvm tlb_flush of the loop's vCPU, shadow paging) agrees"),
+            let check = &note(&on, "pti")["host_check"];
+            assert_eq!(check["kind"], "agrees", "{notes}");
+            assert_eq!(
+                check["source"], "kvm tlb_flush of the loop's vCPU, shadow paging",
                 "{notes}"
             );
-            assert!(notes.contains("ran alone on CPU 1"), "{notes}");
-            assert!(notes.contains("no local timer interrupt"), "{notes}");
+            // The loop alone on tick-free CPU 1, where no timer interrupt came.
+            let tick_free = note(&on, "tick_free");
+            assert_eq!(tick_free["cpu"], 1, "{notes}");
+            assert_eq!(tick_free["dynticks"], true, "{notes}");
+            assert_eq!(tick_free["ticks"], 0, "{notes}");
             assert!(has_config(&on, "tick_free=cpu1"), "{}", on["config"]);
         }
         None if !shadow => outer_plugin_counts(&on, &notes),
@@ -382,11 +389,7 @@ fn a_pvh_vmlinux_reaches_the_init_on_the_vmm_under_nested_kvm_amd() {
     let v = read_json(&json);
     assert!(has_config(&v, "linux=x86_64"), "{}", v["config"]);
     assert_eq!(v["iterations"], 500, "{}", v["config"]);
-    assert!(
-        v["notes"].to_string().contains("PTI enabled"),
-        "{}",
-        v["notes"]
-    );
+    assert_eq!(note(&v, "pti")["enabled"], true, "{}", v["notes"]);
     assert!(row(&v, "kvm_exits", "kvm").is_some(), "{}", v["rows"]);
 }
 
@@ -442,4 +445,12 @@ fn compare_sides_with_their_own_linux_kernels_run_under_nested() {
         assert_eq!(ameans(m), (0.0, 2.0), "{m}");
         assert!(out.contains("[qemu-plugin] MOV CR3 executed"), "{out}");
     }
+}
+
+/// The run document's note of `code` (null when it has none).
+fn note<'a>(v: &'a Value, code: &str) -> &'a Value {
+    v["notes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["code"] == code))
+        .unwrap_or(&Value::Null)
 }
