@@ -596,7 +596,7 @@ fn nested_faults_end_with_the_cause_named_and_nothing_left_running() {
         stderr(&o)
     );
     // A module that fails to load: the inner Linux says which, and why.
-    let real = ptiscope::nested::boot::find_kernel().unwrap();
+    let real = ptiscope::nested::payload::find_kernel().unwrap();
     let k = s.join("cache/debian-amd64");
     std::fs::create_dir_all(k.join("modules")).unwrap();
     std::os::unix::fs::symlink(&real.vmlinuz, k.join("vmlinuz")).unwrap();

@@ -903,7 +903,7 @@ pub fn probe_json() -> serde_json::Value {
 /// `debian-amd64` with its KVM modules, and QEMU); otherwise prints why
 /// `test` is skipped.
 pub fn nested_or_skip(test: &str) -> bool {
-    if let Err(e) = ptiscope::nested::boot::find_kernel() {
+    if let Err(e) = ptiscope::nested::payload::find_kernel() {
         ptiscope::test_support::skip(test, &e.to_string());
         return false;
     }

@@ -29,7 +29,10 @@
 
 pub mod boot;
 pub mod cli;
+pub mod error;
 pub mod init;
+pub mod pack;
+pub mod payload;
 
 use serde::{Deserialize, Serialize};
 
