@@ -16,6 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+if ! command -v jq >/dev/null; then
+    echo "scripts/test.sh needs jq to read cargo's list of test binaries: install it (apt-get install jq;" >&2
+    echo ".ci/run does), or run the tests one binary at a time with: cargo test --workspace --no-fail-fast" >&2
+    exit 2
+fi
 cargo fmt --all -- --check
 (cd guest/kernel && cargo fmt --all -- --check)
 (cd linux-init && cargo fmt --all -- --check)
