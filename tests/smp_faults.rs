@@ -50,8 +50,6 @@ fn check_every_fault_on_every_vcpu(backend: &[&str], name_the_vcpu: bool) {
         .into_iter()
         .flat_map(|fault| ["0", "1"].map(|cpu| (fault, cpu)))
         .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let failures = std::sync::Mutex::new(Vec::new());
     let one = |(fault, cpu): (&str, &str)| -> Option<String> {
         let cmdline = format!("fault={fault} fault_cpu={cpu}");
         let what = format!("{backend:?} {cmdline}");
@@ -106,20 +104,7 @@ fn check_every_fault_on_every_vcpu(backend: &[&str], name_the_vcpu: bool) {
         }
         None
     };
-    std::thread::scope(|s| {
-        for _ in 0..AT_ONCE {
-            s.spawn(|| {
-                while let Some(&case) =
-                    cases.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-                {
-                    if let Some(f) = one(case) {
-                        failures.lock().unwrap_or_else(|p| p.into_inner()).push(f);
-                    }
-                }
-            });
-        }
-    });
-    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    let failures = run_at_once(&cases, AT_ONCE, one);
     assert!(failures.is_empty(), "{}", failures.join("\n-----\n"));
 }
 

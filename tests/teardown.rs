@@ -149,8 +149,6 @@ fn every_metrics_output_kind_keeps_the_result_under_seccomp() {
     // The 16 runs are independent (each its own scratch directory, FIFO
     // and reader) and spend most of their time starting and stopping a
     // VM, not computing: AT_ONCE of them at a time.
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let failures = std::sync::Mutex::new(Vec::new());
     let one = |(i, sink, format, cpus): (usize, Sink, &str, &str)| -> Option<String> {
         let what = format!("{sink:?} {format} --cpus {cpus}");
         let (code, err, doc) = run_with(
@@ -182,20 +180,7 @@ fn every_metrics_output_kind_keeps_the_result_under_seccomp() {
         }
         None
     };
-    std::thread::scope(|s| {
-        for _ in 0..AT_ONCE {
-            s.spawn(|| {
-                while let Some(&case) =
-                    cases.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-                {
-                    if let Some(f) = one(case) {
-                        failures.lock().unwrap_or_else(|p| p.into_inner()).push(f);
-                    }
-                }
-            });
-        }
-    });
-    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    let failures = run_at_once(&cases, AT_ONCE, one);
     assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
 }
 

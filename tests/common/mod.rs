@@ -1007,3 +1007,30 @@ pub fn vmlinux_of(bz: &[u8]) -> Option<Vec<u8>> {
     let payload = bz.get(start..start + u32_at(0x24c))?;
     lz4_legacy(payload).filter(|v| v.starts_with(b"\x7fELF\x02"))
 }
+
+/// Runs `one` on every case, `at_once` at a time on scoped threads (for
+/// independent VMs that mostly wait: their timeouts, their start and
+/// stop), and returns what `one` said of the cases that failed. A panic in
+/// `one` fails the test as it would on the test's own thread.
+pub fn run_at_once<T: Copy + Send + Sync>(
+    cases: &[T],
+    at_once: usize,
+    one: impl Fn(T) -> Option<String> + Sync,
+) -> Vec<String> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..at_once {
+            s.spawn(|| {
+                while let Some(&case) =
+                    cases.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                {
+                    if let Some(f) = one(case) {
+                        failures.lock().unwrap_or_else(|p| p.into_inner()).push(f);
+                    }
+                }
+            });
+        }
+    });
+    failures.into_inner().unwrap_or_else(|p| p.into_inner())
+}
