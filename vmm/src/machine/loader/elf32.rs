@@ -8,7 +8,7 @@ use crate::machine::memory::MemoryLayout;
 
 use crate::machine::loader::elf_fields::{u16_at, EM_386, XEN_ELFNOTE_PHYS32_ENTRY};
 use crate::machine::loader::error::{LoadError, ELF32_MAX_MEM_MIB};
-use crate::machine::loader::segments::{check_entry, LoadedKernel, Segment};
+use crate::machine::loader::segments::{check_entry, check_in_memory, LoadedKernel, Segment};
 
 /// Whether `image` is a little-endian i386 ELF32 (the PAE guest flavour).
 pub fn is_elf32(image: &[u8]) -> bool {
@@ -83,17 +83,7 @@ pub(super) fn elf32_segments<'a>(
         let bytes = ph
             .data(endian, image)
             .map_err(|()| bad("segment data past the end of the file".into()))?;
-        if !layout.kernel_range_ok(seg.paddr, seg.memsz) {
-            let ram = layout.e820()[1];
-            return Err(LoadError::SegmentOutsideMemory {
-                image: name.to_string(),
-                paddr: seg.paddr,
-                end: seg.paddr.saturating_add(seg.memsz),
-                ram_start: ram.addr,
-                ram_end: ram.end(),
-                mem_mib: layout.mem_bytes() >> 20,
-            });
-        }
+        check_in_memory(layout, name, seg.paddr, seg.memsz)?;
         segs.push((seg, bytes));
     }
     if segs.is_empty() {

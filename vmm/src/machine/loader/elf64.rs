@@ -15,7 +15,7 @@ use crate::machine::loader::elf_fields::{
 };
 use crate::machine::loader::error::LoadError;
 use crate::machine::loader::pvh_note::pvh_note_entry;
-use crate::machine::loader::segments::{check_entry, LoadedKernel, Segment};
+use crate::machine::loader::segments::{check_entry, check_in_memory, LoadedKernel, Segment};
 
 /// Checks the ELF header and the load segments against the memory layout;
 /// returns the segments and the PVH entry (checked to be inside one).
@@ -119,17 +119,7 @@ pub(super) fn check_elf(
         if seg.memsz == 0 {
             continue;
         }
-        if !layout.kernel_range_ok(seg.paddr, seg.memsz) {
-            let ram = layout.e820()[1];
-            return Err(LoadError::SegmentOutsideMemory {
-                image: name.to_string(),
-                paddr: seg.paddr,
-                end: seg.paddr.saturating_add(seg.memsz),
-                ram_start: ram.addr,
-                ram_end: ram.end(),
-                mem_mib: layout.mem_bytes() >> 20,
-            });
-        }
+        check_in_memory(layout, name, seg.paddr, seg.memsz)?;
         segs.push(seg);
     }
     if segs.is_empty() {

@@ -2,6 +2,7 @@
 //! in one, and the loaded kernel it yields.
 
 use crate::machine::bzimage::LoadedBzImage;
+use crate::machine::memory::MemoryLayout;
 
 use crate::machine::loader::error::LoadError;
 
@@ -38,4 +39,26 @@ pub(super) fn check_entry(segs: &[Segment], entry: u64, name: &str) -> Result<()
             entry,
         })
     }
+}
+
+/// Whether a segment of `memsz` bytes at `paddr` lies in the guest's RAM
+/// where a kernel may be loaded (both ELF kinds check every segment so).
+pub(super) fn check_in_memory(
+    layout: &MemoryLayout,
+    name: &str,
+    paddr: u64,
+    memsz: u64,
+) -> Result<(), LoadError> {
+    if layout.kernel_range_ok(paddr, memsz) {
+        return Ok(());
+    }
+    let ram = layout.e820()[1];
+    Err(LoadError::SegmentOutsideMemory {
+        image: name.to_string(),
+        paddr,
+        end: paddr.saturating_add(memsz),
+        ram_start: ram.addr,
+        ram_end: ram.end(),
+        mem_mib: layout.mem_bytes() >> 20,
+    })
 }
