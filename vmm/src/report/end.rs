@@ -38,12 +38,7 @@ impl RunEnd {
             text: outcome.stop_description(),
             guest_faults: outcome
                 .faults()
-                .map(|l| {
-                    l.split_ascii_whitespace()
-                        .filter_map(|kv| kv.split_once('='))
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .collect()
-                })
+                .map(crate::report::guest_result::line_fields)
                 .collect(),
         }
     }

@@ -19,13 +19,17 @@ pub fn result_fields(outcome: &RunOutcome) -> BTreeMap<String, String> {
         .machine_lines
         .iter()
         .find_map(|l| l.strip_prefix(ptiscope_abi::RESULT_PREFIX))
-        .map(|rest| {
-            rest.split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
+        .map(line_fields)
         .unwrap_or_default()
+}
+
+/// The `key=value` words of one of the guest's machine lines (`@result`,
+/// `@fault`); other words are left out.
+pub fn line_fields(line: &str) -> BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// `@result` keys of the guest's phase counters and the report rows (the

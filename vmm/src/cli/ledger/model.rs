@@ -452,13 +452,8 @@ fn noise_or_error<S: serde::Serializer>(
     r: &Option<Result<f64, String>>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
-    #[derive(Serialize)]
-    struct Failed<'a> {
-        error: &'a str,
-    }
     match r {
-        Some(Ok(v)) => s.serialize_f64(*v),
-        Some(Err(e)) => Failed { error: e }.serialize(s),
+        Some(r) => value_or_error(r, s),
         None => s.serialize_none(),
     }
 }
@@ -476,12 +471,21 @@ fn measure_or_error<S: serde::Serializer>(
     r: &Result<Measure, String>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
+    value_or_error(r, s)
+}
+
+/// The value, or `{"error": why}`: one shape for every figure that may
+/// have failed.
+fn value_or_error<T: Serialize, S: serde::Serializer>(
+    r: &Result<T, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     #[derive(Serialize)]
     struct Failed<'a> {
         error: &'a str,
     }
     match r {
-        Ok(m) => m.serialize(s),
+        Ok(v) => v.serialize(s),
         Err(e) => Failed { error: e }.serialize(s),
     }
 }
