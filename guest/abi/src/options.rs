@@ -37,7 +37,7 @@ macro_rules! option_enum {
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
         pub enum $name {
             $( $(#[$vmeta])* #[cfg_attr(feature = "serde", serde(rename = $text))] $variant ),+
         }

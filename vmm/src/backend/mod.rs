@@ -29,6 +29,7 @@
 
 mod kvm;
 pub mod qemu;
+pub mod record;
 pub mod qemu_options;
 mod tcg;
 
@@ -123,6 +124,9 @@ pub enum Observed {
         /// What the QEMU backend's TCG plugin wrote (`Off`: none loaded).
         plugin: PluginOutput,
     },
+    /// A run that ran elsewhere or earlier, as its record says: its
+    /// summary is the one chosen where it ran.
+    Recorded(Box<record::Recorded>),
 }
 
 /// A run that ran: how it ended, and what observed it.
@@ -147,7 +151,7 @@ impl Ran {
     pub fn observer(&self) -> Option<&Measurer> {
         match &self.observed {
             Observed::Host(m) => Some(m),
-            Observed::Console { .. } => None,
+            Observed::Console { .. } | Observed::Recorded(_) => None,
         }
     }
 
@@ -188,6 +192,10 @@ impl Ran {
             (GuestKind::Companion, Observed::Host(m)) => Summarized {
                 summary: m.summary(o, config),
                 host: None,
+            },
+            (_, Observed::Recorded(r)) => Summarized {
+                summary: r.summary.clone(),
+                host: r.host,
             },
             (GuestKind::Companion, Observed::Console { note, plugin }) => Summarized {
                 summary: crate::report::summary_from_result(o, plugin, config, note.clone()),

@@ -251,6 +251,11 @@ pub struct RunArgs {
     /// Write the run summary as JSON (schema ptiscope.run/2) to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also write the run's record (schema ptiscope.record/1): how it ended
+    /// and its summary as its backend gave them, which `--backend replay`
+    /// runs again (docs/backends.md).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
     /// Per-call kernel instructions by kernel symbol (--backend qemu with
     /// --linux: the plugin counts by address, the init sends the kernel's
     /// /proc/kallsyms); in --json as `by_symbol`.

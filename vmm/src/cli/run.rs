@@ -59,6 +59,7 @@ pub fn run(args: &RunArgs) -> i32 {
             ("--serial-out", args.serial_out.as_deref()),
             ("--metrics-out", args.metrics_out.as_deref()),
             ("--json", args.json.as_deref()),
+            ("--record", args.record.as_deref()),
         ])?;
         let serial = args
             .serial_out
@@ -75,9 +76,14 @@ pub fn run(args: &RunArgs) -> i32 {
             .as_deref()
             .map(|p| crate::output::open_document("--json", p, args.timeout))
             .transpose()?;
-        Ok((serial, metrics, json))
+        let record = args
+            .record
+            .as_deref()
+            .map(|p| crate::output::open_document("--record", p, args.timeout))
+            .transpose()?;
+        Ok((serial, metrics, json, record))
     })();
-    let (serial, metrics, json) = match opened {
+    let (serial, metrics, json, record) = match opened {
         Ok(o) => o,
         Err(e) => {
             say!(
@@ -124,6 +130,14 @@ pub fn run(args: &RunArgs) -> i32 {
             return e.exit_code();
         }
     };
+    // The run's record, as its backend gave it (before this command adds
+    // its environment and notes), for a backend that replays it.
+    let mut failed_record = None;
+    if let Some(f) = &record {
+        let config = crate::cli::compare::config_words(&ran.outcome);
+        let text = ran.record(backend.name(), &resolved, config).to_json();
+        failed_record = f.write_document(&text).err();
+    }
     // What a run reports follows what observed it: the host (KVM's exits
     // and statistics, the telemetry page), or only the guest's console;
     // which summary it gets is `Ran::summary`'s choice, as for compare's runs.
@@ -131,53 +145,51 @@ pub fn run(args: &RunArgs) -> i32 {
         mut summary,
         host: linux_host,
     } = ran.summary(&resolved, crate::cli::compare::config_words(&ran.outcome));
+    let host_observed = ran.host_observed();
     let Ran { outcome, observed } = ran;
     // A Linux run's end in words: a panic, a kernel that never reached the
     // init, an init that did not finish, PTI not as asked.
-    let linux_end = |outcome: &RunOutcome| match &resolved.guest_kind {
-        GuestKind::Linux(l) => crate::cli::linux::diagnose(outcome, l, linux_host.as_ref()),
+    let linux_end = match &resolved.guest_kind {
+        GuestKind::Linux(l) => crate::cli::linux::diagnose(&outcome, l, linux_host.as_ref()),
         GuestKind::Companion => None,
     };
-    match observed {
-        Observed::Console { .. } => {
-            print_console(&backend.profile(), &outcome);
-            summary.environment = Some(environment.finish("run", &summary.config));
-            // A Linux run diagnosed well measured, even where --timeout
-            // cut its teardown after the @result line (its summary's note
-            // says so).
-            let exit = end_of(&mut summary, linux_end(&outcome), &resolved, &outcome);
-            report(&mut summary, &outcome.outputs, json.as_ref(), exit)
-        }
-        Observed::Host(measurer) => {
-            print_summary(&outcome);
-            let linux_end = linux_end(&outcome);
-            summary.environment = Some(environment.finish("run", &summary.config));
-            if resolved.guest_kind.is_companion()
-                && !resolved
-                    .guest
-                    .workload
-                    .is_some_and(ptiscope_abi::options::Workload::runs_user_code)
-            {
-                summary
-                    .notes
-                    .insert(0, crate::report::note::Note::OnlyBooted);
-            }
-            let outputs: Vec<_> = outcome
-                .outputs
-                .iter()
-                .chain(measurer.live_output())
-                .cloned()
-                .collect();
-            // KVM destroys the VM when its last descriptor closes (the
-            // measurer's stats fds), ~0.5 ms here: on another thread, while
-            // the report is written.
-            let teardown = std::thread::spawn(move || drop(measurer));
-            let exit = end_of(&mut summary, linux_end, &resolved, &outcome);
-            let code = report(&mut summary, &outputs, json.as_ref(), exit);
-            let _ = teardown.join();
-            code
-        }
+    if host_observed {
+        print_summary(&outcome);
+    } else {
+        print_console(&backend.profile(), &outcome);
     }
+    summary.environment = Some(environment.finish("run", &summary.config));
+    if host_observed
+        && resolved.guest_kind.is_companion()
+        && !resolved
+            .guest
+            .workload
+            .is_some_and(ptiscope_abi::options::Workload::runs_user_code)
+    {
+        summary
+            .notes
+            .insert(0, crate::report::note::Note::OnlyBooted);
+    }
+    let measurer = match observed {
+        Observed::Host(m) => Some(m),
+        Observed::Console { .. } | Observed::Recorded(_) => None,
+    };
+    let outputs: Vec<_> = outcome
+        .outputs
+        .iter()
+        .chain(measurer.iter().flat_map(|m| m.live_output()))
+        .cloned()
+        .collect();
+    // KVM destroys the VM when its last descriptor closes (the measurer's
+    // stats fds), ~0.5 ms here: on another thread, while the report is
+    // written.
+    let teardown = std::thread::spawn(move || drop(measurer));
+    // A Linux run diagnosed well measured, even where --timeout cut its
+    // teardown after the @result line (its summary's note says so).
+    let exit = end_of(&mut summary, linux_end, &resolved, &outcome);
+    let code = report(&mut summary, &outputs, json.as_ref(), exit, failed_record);
+    let _ = teardown.join();
+    code
 }
 
 /// The exit code of a run that ran: a Linux guest's end as diagnosed
@@ -211,8 +223,9 @@ fn report(
     outputs: &[OutputReport],
     json: Option<&OutputFile>,
     exit: i32,
+    failed_record: Option<String>,
 ) -> i32 {
-    let mut failed = Vec::new();
+    let mut failed: Vec<String> = failed_record.into_iter().collect();
     for o in outputs {
         if let Some(note) = crate::report::note::Note::of_output(o) {
             if o.failed() {

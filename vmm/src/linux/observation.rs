@@ -12,9 +12,9 @@ use crate::spec::linux::LinuxGuest;
 /// What a host-side observer saw during the measured phase: the seam for
 /// the QEMU TCG plugin (host-observed CR3 writes and system calls) or
 /// KVM's statistics.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct HostPhaseObservation {
-    /// Who observed (`qemu-plugin`, `kvm`).
+    /// Who observed (`qemu-plugin`, `kvm`): one of [`SOURCES`].
     pub source: &'static str,
     /// System calls entered in the phase.
     pub syscalls: u64,
@@ -22,6 +22,42 @@ pub struct HostPhaseObservation {
     pub cr3_writes: u64,
     /// Kernel-mode instructions in the phase, if counted.
     pub kernel_instructions: Option<u64>,
+}
+
+/// Every observer a [`HostPhaseObservation`] names: what a recorded one
+/// (`backend::record`) may say, read back as the same words.
+pub const SOURCES: [&str; 4] = [
+    "qemu-plugin",
+    "kvm tlb_flush of the loop's vCPU, shadow paging",
+    "kvm tlb_flush, shadow paging",
+    "test",
+];
+
+/// A [`HostPhaseObservation`] as a record holds it, its `source` one of
+/// [`SOURCES`] by name.
+#[derive(serde::Deserialize)]
+struct Recorded {
+    source: String,
+    syscalls: u64,
+    cr3_writes: u64,
+    kernel_instructions: Option<u64>,
+}
+
+// By hand, not derived: a derived one would borrow `source` from its input.
+impl<'de> serde::Deserialize<'de> for HostPhaseObservation {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let r = Recorded::deserialize(d)?;
+        let source = SOURCES
+            .into_iter()
+            .find(|k| *k == r.source)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown observer {:?}", r.source)))?;
+        Ok(HostPhaseObservation {
+            source,
+            syscalls: r.syscalls,
+            cr3_writes: r.cr3_writes,
+            kernel_instructions: r.kernel_instructions,
+        })
+    }
 }
 
 /// The QEMU plugin's view of a Linux run's phase (between the init's two
@@ -50,7 +86,7 @@ pub fn host_observation(plugin: &PluginOutput, guest: &LinuxGuest) -> Option<Hos
         .delta
         .total();
     Some(HostPhaseObservation {
-        source: "qemu-plugin",
+        source: SOURCES[0],
         syscalls: total.syscall_entries(),
         cr3_writes: total.get(PluginCounter::Cr3Writes),
         kernel_instructions: Some(total.get(PluginCounter::KernelInsns)),
@@ -97,8 +133,8 @@ pub fn kvm_observation(
     // (the other vCPU's, the kernel's housekeeping, are not the loop's).
     let (flushes, source) =
         match tick_free_cpu(outcome).and_then(|cpu| vmm.row(&format!("tlb_flush_vcpu{cpu}"))) {
-            Some(r) => (r, "kvm tlb_flush of the loop's vCPU, shadow paging"),
-            None => (vmm.row("tlb_flush")?, "kvm tlb_flush, shadow paging"),
+            Some(r) => (r, SOURCES[1]),
+            None => (vmm.row("tlb_flush")?, SOURCES[2]),
         };
     if flushes.metric.source != Source::Kvm {
         return None;

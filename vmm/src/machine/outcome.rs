@@ -8,7 +8,7 @@ use crate::machine::exit::ExitCounts;
 use ptiscope_abi::options::Entry;
 
 /// A phase marker as the VMM saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PhaseEvent {
     /// The phase id ([`ptiscope_abi::phase`]).
     pub id: u16,
@@ -194,7 +194,7 @@ impl std::fmt::Display for StopReason {
 }
 
 /// How one vCPU of the run ended.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct VcpuOutcome {
     /// The vCPU's 0-based index (0: the boot CPU).
     pub index: u32,
@@ -208,7 +208,7 @@ pub struct VcpuOutcome {
 }
 
 /// The result of one run, for summaries and reports.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RunOutcome {
     /// Why the run stopped: the reason of the vCPU that stopped it, else
     /// the watchdog's.

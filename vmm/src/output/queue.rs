@@ -100,7 +100,7 @@ fn write_record(
     (written, r)
 }
 /// What became of a queued output.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OutputReport {
     /// The option (`console`, `--serial-out`, `--metrics-out`, ...).
     pub what: String,
