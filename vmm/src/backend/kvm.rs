@@ -40,6 +40,16 @@ pub const OPTIONS: &[OwnOption] = &[
     },
 ];
 
+/// `--backend kvm` in the registry: its own options are `run`'s
+/// ([`OPTIONS`]), as they set what only a run's VMM has.
+pub const REGISTRATION: super::registry::Registration = super::registry::Registration {
+    name: "kvm",
+    about: "ptiscope's own VMM on /dev/kvm (host-observed and guest-reported figures)",
+    options: |c| c,
+    build: |c| Ok(Box::new(Kvm::new((c.host_facts)()))),
+    reproduce_auto: true,
+};
+
 /// Our VMM on this host's KVM, observed from the host (exits, KVM
 /// statistics, the guest's telemetry page). It holds the host facts its
 /// caller gathered: what it hands `machine::run` and what it says about

@@ -23,18 +23,21 @@
 //! initrd and command line, [`crate::spec::ResolvedRun::boot`]) are the
 //! run's, and compose with either backend.
 //!
-//! Adding a backend: a module here with a type implementing [`Backend`],
-//! its `OPTIONS` named in [`OPTIONS`], and its value of the `--backend`
-//! enum turned into it in `cli::Backend::with_plugin`.
+//! Adding a backend: a module here with a type implementing [`Backend`]
+//! and its [`registry::Registration`] (its name, help, own options and how
+//! it is built), named in [`registry::BACKENDS`]. Nothing in `cli`,
+//! `report` or `preflight` names a backend: they go through the registry
+//! and this trait (docs/backends.md).
 
 mod kvm;
 pub mod qemu;
-pub mod record;
 pub mod qemu_options;
+pub mod record;
+pub mod registry;
 mod tcg;
 
 pub use kvm::Kvm;
-pub use tcg::Qemu;
+pub use tcg::{Qemu, QemuOptions};
 
 use crate::linux::HostPhaseObservation;
 use crate::machine::{RunError, RunOutcome};
@@ -217,6 +220,16 @@ pub enum BackendError {
     /// The vCPU threads' seccomp filter could not be made ready.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    /// Any other backend's error: its words, and the process exit code it
+    /// chose (one of `cli::exit_code`'s, e.g. 66 for an input it cannot
+    /// read), so that a backend added later needs no variant here.
+    #[error("{message}")]
+    Other {
+        /// What went wrong and what to do.
+        message: String,
+        /// The exit code.
+        code: i32,
+    },
 }
 
 /// A command-line option that only one backend takes, declared once, by
@@ -234,18 +247,28 @@ pub struct OwnOption {
     pub what: Option<&'static str>,
 }
 
-/// Every backend's own options: a new backend names its `OPTIONS` here.
-pub const OPTIONS: [&[OwnOption]; 2] = [kvm::OPTIONS, tcg::OPTIONS];
+/// The options of one backend that are not declared with its registration
+/// (`run`'s KVM options, compare sides' keys); those declared there
+/// ([`registry::declared_options`]) join them in [`own_options`].
+const OPTIONS: [&[OwnOption]; 2] = [kvm::OPTIONS, tcg::OPTIONS];
+
+/// Every backend's own options, each with its owner.
+pub fn own_options() -> impl Iterator<Item = &'static OwnOption> {
+    OPTIONS
+        .iter()
+        .flat_map(|o| o.iter())
+        .chain(registry::declared_options())
+}
 
 /// What the command line asked of the backends: which backend-specific
 /// options it gave (by flag, in the order they are checked) and the values
 /// the backends' own checks ([`Backend::check`]) read.
 #[derive(Debug, Clone, Default)]
-pub struct Requested<'a> {
+pub struct Requested {
     /// The backend-specific options given (`--qemu-arg`, `--no-irqchip`).
     pub given: Vec<&'static str>,
     /// `--qemu-arg`s (the QEMU backend checks what they would override).
-    pub qemu_args: &'a [String],
+    pub qemu_args: Vec<String>,
     /// `--cpus` (the KVM backend checks it against `--no-irqchip`).
     pub cpus: u32,
 }
@@ -269,10 +292,7 @@ pub fn refusal(backend: &dyn Backend, asked: &Requested) -> Option<String> {
 /// for `backend` (its [`Backend::name`]): another backend declared it as its
 /// own; `None` when no other backend owns it.
 pub fn others_option(backend: &str, flag: &str) -> Option<String> {
-    let owner = OPTIONS
-        .iter()
-        .flat_map(|o| o.iter())
-        .find(|o| o.flag == flag && o.owner != backend)?;
+    let owner = own_options().find(|o| o.flag == flag && o.owner != backend)?;
     Some(match owner.what {
         Some(what) => format!("{flag} {what}: not with --backend {backend}"),
         None => format!("{flag} needs --backend {}", owner.owner),
@@ -322,7 +342,7 @@ mod tests {
         }
     }
 
-    fn asking(flags: &[&'static str]) -> Requested<'static> {
+    fn asking(flags: &[&'static str]) -> Requested {
         Requested {
             given: flags.to_vec(),
             ..Default::default()
@@ -334,7 +354,7 @@ mod tests {
     /// backend that does not take it).
     #[test]
     fn every_backend_option_is_refused_elsewhere_naming_it() {
-        let all: Vec<&OwnOption> = OPTIONS.iter().flat_map(|o| o.iter()).collect();
+        let all: Vec<&OwnOption> = own_options().collect();
         for o in &all {
             assert_eq!(
                 all.iter().filter(|p| p.flag == o.flag).count(),
@@ -358,9 +378,8 @@ mod tests {
     #[test]
     fn options_are_checked_in_the_order_given() {
         let qemu = Qemu { plugin: true };
-        let args = ["-enable-kvm".to_string()];
         let mut asked = asking(&["--no-irqchip", "--qemu-arg"]);
-        asked.qemu_args = &args;
+        asked.qemu_args = vec!["-enable-kvm".to_string()];
         assert_eq!(
             refusal(&qemu, &asked).as_deref(),
             Some("--no-irqchip is a KVM setting: not with --backend qemu")

@@ -9,18 +9,41 @@ use super::{
 };
 use crate::spec::{ResolvedRun, Target};
 
-/// The options only this backend takes: what they set is QEMU's.
+/// `--backend qemu`'s own command-line options, merged into every
+/// command that takes `--backend` (`registry::BackendOptions`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct QemuOptions {
+    /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
+    /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
+    /// TSC count instructions, so cycles per call become instructions per call;
+    /// `--qemu-arg=-plugin --qemu-arg=FILE.so` loads another TCG plugin. What
+    /// ptiscope sets itself (the image, command line, memory size, vCPUs, CPU
+    /// model, machine type, accelerator, console) is refused, naming it.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    pub qemu_arg: Vec<String>,
+    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
+    /// `[qemu-plugin]` rows; every figure is then guest-reported).
+    #[arg(long)]
+    pub no_plugin: bool,
+}
+
+/// `--backend qemu` in the registry.
+pub const REGISTRATION: super::registry::Registration = super::registry::Registration {
+    name: "qemu",
+    about: "QEMU TCG (qemu-system-x86_64 / qemu-system-i386; software emulation: slower): \
+            ptiscope's TCG plugin's [qemu-plugin] rows host-observed, the rest guest-reported",
+    options: <QemuOptions as clap::Args>::augment_args,
+    build: |c| {
+        Ok(Box::new(Qemu {
+            plugin: !c.options.of::<QemuOptions>().no_plugin,
+        }))
+    },
+    reproduce_auto: true,
+};
+
+/// The options only this backend takes besides [`QemuOptions`]: what they
+/// set is QEMU's.
 pub const OPTIONS: &[OwnOption] = &[
-    OwnOption {
-        flag: "--qemu-arg",
-        owner: "qemu",
-        what: None,
-    },
-    OwnOption {
-        flag: "--no-plugin",
-        owner: "qemu",
-        what: None,
-    },
     // A compare side's option: QEMU's emulated CPU model (`-cpu`).
     OwnOption {
         flag: "cpu=",
@@ -289,7 +312,7 @@ impl Backend for Qemu {
         if flag != "--qemu-arg" {
             return None;
         }
-        overrides(asked.qemu_args)
+        overrides(&asked.qemu_args)
     }
 
     fn profile(&self) -> Profile {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{parse_cpus, parse_mem, parse_timeout, RunArgs};
+use crate::backend::registry::BackendName;
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::spec::guest::GuestKind;
 use crate::spec::linux::{LinuxArch, LinuxRequest, TickFree};
@@ -211,27 +212,17 @@ pub struct TargetOpts {
     pub on: BackendOpts,
 }
 
-/// `--backend` and the QEMU backend's options (shared by every command that
-/// boots a guest, with `compare`'s help text; `run` sets its own).
-#[derive(Debug, Clone, Args)]
+/// `--backend` and every backend's own options (shared by every command
+/// that boots a guest, with `compare`'s help text; `run` sets its own).
+#[derive(Debug, Clone, Default, Args)]
 pub struct BackendOpts {
-    /// Where to run the guests: our VMM on KVM, or QEMU TCG (software emulation:
-    /// ptiscope's TCG plugin's `[qemu-plugin]` rows are host-observed, the
-    /// rest guest-reported; `--no-plugin`: all guest-reported).
-    #[arg(long, value_enum, default_value = "kvm")]
-    pub backend: Backend,
-    /// An extra argument for QEMU (`--backend qemu`), repeatable. E.g.
-    /// `--qemu-arg=-icount --qemu-arg=shift=0,align=off` makes the guest's
-    /// TSC count instructions, so cycles per call become instructions per call;
-    /// `--qemu-arg=-plugin --qemu-arg=FILE.so` loads another TCG plugin. What
-    /// ptiscope sets itself (the image, command line, memory size, vCPUs, CPU
-    /// model, machine type, accelerator, console) is refused, naming it.
-    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
-    pub qemu_arg: Vec<String>,
-    /// `--backend qemu`: do not load ptiscope's TCG plugin (no host-observed
-    /// `[qemu-plugin]` rows; every figure is then guest-reported).
-    #[arg(long)]
-    pub no_plugin: bool,
+    /// Where to run the guests (ptiscope's VMM on KVM, QEMU's TCG, ...): one
+    /// of these (each backend registers itself: docs/backends.md).
+    #[arg(long, default_value = "kvm", value_parser = BackendName::parser())]
+    pub backend: BackendName,
+    /// The registered backends' own options (`--qemu-arg`, `--no-plugin`, ...).
+    #[command(flatten)]
+    pub options: crate::backend::registry::BackendOptions,
     /// `--backend nested`: the inner kvm_amd's paging. `npt` (nested
     /// paging, as modern hosts run KVM) or `shadow` (KVM intercepts the
     /// guest's CR3 writes, and its `tlb_flush` counts them: the host-side
@@ -242,25 +233,44 @@ pub struct BackendOpts {
 }
 
 impl BackendOpts {
-    /// `--backend` (with `--no-plugin`), the backend the runs run on.
-    pub fn backend(&self) -> Box<dyn crate::backend::Backend> {
-        self.backend.with_plugin(!self.no_plugin)
+    /// The backend named by `--backend`, with a named backend's options.
+    pub fn on(name: &str) -> BackendOpts {
+        BackendOpts {
+            backend: BackendName::of(name).unwrap_or_default(),
+            ..Default::default()
+        }
     }
 
-    /// What the experiment commands ask of the backend (`--qemu-arg`; they
-    /// take `--no-plugin` as the QEMU backend's setting).
-    pub fn requested(&self) -> crate::backend::Requested<'_> {
+    /// `--backend`'s backend, built from its options.
+    pub fn backend(
+        &self,
+    ) -> Result<Box<dyn crate::backend::Backend>, crate::backend::BackendError> {
+        self.backend.build(&self.options, &super::host_facts)
+    }
+
+    /// The QEMU backend's options (`--qemu-arg`, `--no-plugin`): what a
+    /// run's request carries for it.
+    pub fn qemu(&self) -> crate::backend::QemuOptions {
+        self.options.of()
+    }
+
+    /// What the experiment commands ask of the backend: the registered
+    /// backends' options given (`--qemu-arg`, ...).
+    pub fn requested(&self) -> crate::backend::Requested {
         crate::backend::Requested {
-            given: given(&[("--qemu-arg", !self.qemu_arg.is_empty())]),
-            qemu_args: &self.qemu_arg,
+            given: self.options.given(),
+            qemu_args: self.qemu().qemu_arg,
             ..Default::default()
         }
     }
 
     /// The options given that `backend::refusal` refuses for the chosen
-    /// backend, as a usage error.
+    /// backend, as a usage error (or why the backend cannot be built).
     pub fn refusal(&self, asked: &crate::backend::Requested) -> Option<String> {
-        crate::backend::refusal(&*self.backend(), asked)
+        match self.backend() {
+            Ok(b) => crate::backend::refusal(&*b, asked),
+            Err(e) => Some(e.to_string()),
+        }
     }
 }
 
@@ -344,29 +354,6 @@ impl TargetOpts {
     }
 }
 
-impl Backend {
-    /// The one place the `--backend` value becomes a backend: every other
-    /// difference between them is behind [`crate::backend::Backend`].
-    pub fn with_plugin(self, plugin: bool) -> Box<dyn crate::backend::Backend> {
-        match self {
-            Backend::Kvm => Box::new(crate::backend::Kvm::new(super::host_facts())),
-            Backend::Qemu => Box::new(crate::backend::Qemu { plugin }),
-            // The nested backend runs the whole command inside its inner
-            // Linux (crate::nested::cli::intercept, before any command
-            // starts), where it is `--backend kvm`: no run reaches here with it.
-            Backend::Nested => Box::new(crate::backend::Kvm::new(super::host_facts())),
-        }
-    }
-
-    /// The backends `reproduce` measures a guest on, in order: this host's
-    /// KVM (ptiscope's VMM, for a Linux kernel too: hardware time and KVM's
-    /// exits), then QEMU where that KVM refuses the guest before boot
-    /// (32-bit paging, or any Linux guest, on kvm_pvm).
-    pub fn preference() -> &'static [Backend] {
-        &[Backend::Kvm, Backend::Qemu]
-    }
-}
-
 /// Guest flavour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Arch {
@@ -398,7 +385,8 @@ impl Arch {
     }
 }
 
-/// Where a guest runs.
+/// `--backend` of the commands that take only `kvm` or `nested` (`probe`,
+/// `pagetables`, `ledger` with `qemu` too): which of the VMM's hosts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
     /// ptiscope's own VMM on /dev/kvm (host-observed and guest-reported figures).
@@ -409,6 +397,17 @@ pub enum Backend {
     /// ptiscope's VMM on a real KVM (kvm_amd, nested paging) inside QEMU TCG
     /// (docs/kvm-hosts.md): real KVM exits and semantics, emulated time.
     Nested,
+}
+
+impl Backend {
+    /// Its registered name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Kvm => "kvm",
+            Backend::Qemu => "qemu",
+            Backend::Nested => "nested",
+        }
+    }
 }
 
 /// `ptiscope nested-batch [--cpus N] REQUEST.json`: runs a request's jobs

@@ -60,6 +60,9 @@ pub enum CommandError {
     /// Options that do not go together, or a value the command refuses.
     #[error("{0}")]
     Usage(String),
+    /// The backend could not be built from its options.
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
     /// `--baseline`/`--compare`/`--config` options that do not parse.
     #[error("{prefix}{source}")]
     Side {

@@ -199,9 +199,7 @@ impl ExitCode for RunVmError {
 impl ExitCode for MeasuredRunError {
     fn exit_code(&self) -> i32 {
         match self {
-            MeasuredRunError::Kvm(e) => e.exit_code(),
-            MeasuredRunError::Qemu(e) => e.exit_code(),
-            MeasuredRunError::Sandbox(_) => INTERNAL,
+            MeasuredRunError::Backend(e) => e.exit_code(),
             MeasuredRunError::NoPhase { .. } => VM_ERROR,
             MeasuredRunError::GuestFailed { end, .. } => end.reason.exit_code(),
             MeasuredRunError::Linux { code, .. } => *code,
@@ -250,6 +248,7 @@ impl ExitCode for crate::backend::BackendError {
             crate::backend::BackendError::Kvm(e) => e.exit_code(),
             crate::backend::BackendError::Qemu(e) => e.exit_code(),
             crate::backend::BackendError::Sandbox(_) => INTERNAL,
+            crate::backend::BackendError::Other { code, .. } => *code,
         }
     }
 }
@@ -258,6 +257,7 @@ impl ExitCode for CommandError {
     fn exit_code(&self) -> i32 {
         match self {
             CommandError::Usage(_) | CommandError::Side { .. } => USAGE,
+            CommandError::Backend(e) => e.exit_code(),
             CommandError::Against { code, .. } => *code,
             CommandError::Output(e) => e.exit_code(),
             CommandError::Settle { source, .. } => source.exit_code(),
@@ -319,7 +319,7 @@ mod tests {
             }
             let qemu = QemuError::Preflight(PreflightError::Linux(linux()));
             assert_eq!(qemu.exit_code(), 128 + signal, "{qemu}");
-            let measured = MeasuredRunError::Qemu(qemu);
+            let measured = MeasuredRunError::Backend(qemu.into());
             assert_eq!(measured.exit_code(), 128 + signal, "{measured}");
             assert_eq!(RunError::Load(load()).exit_code(), 128 + signal);
             assert_eq!(linux().signal(), Some(signal));

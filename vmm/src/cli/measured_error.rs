@@ -2,23 +2,16 @@
 //! `compare::side::run_measured`, a leaf of `cli` so that `exit_code` can map
 //! it without importing the compare command.
 
-use crate::backend::qemu::QemuError;
-use crate::machine::RunError;
 use crate::report::end::{FailedRun, Failure, RunEnd};
 
 /// Why a measured run gave nothing to compare (its exit code is
 /// `cli::exit_code`'s).
 #[derive(Debug, thiserror::Error)]
 pub enum MeasuredRunError {
-    /// The VM could not be built or run.
+    /// The backend could not run it (the VM could not be built, QEMU
+    /// failed, ...).
     #[error(transparent)]
-    Kvm(#[from] RunError),
-    /// QEMU could not be started or failed.
-    #[error(transparent)]
-    Qemu(#[from] QemuError),
-    /// The vCPU threads' seccomp filter could not be made ready.
-    #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::SandboxError),
+    Backend(#[from] crate::backend::BackendError),
     /// The guest ran to a clean exit without marking a workload phase.
     #[error(
         "the guest marked no workload phase, so there is nothing to compare \
@@ -74,16 +67,6 @@ impl MeasuredRunError {
                 .next()
                 .unwrap_or_default()
                 .to_owned(),
-        }
-    }
-}
-
-impl From<crate::backend::BackendError> for MeasuredRunError {
-    fn from(e: crate::backend::BackendError) -> Self {
-        match e {
-            crate::backend::BackendError::Kvm(e) => MeasuredRunError::Kvm(e),
-            crate::backend::BackendError::Qemu(e) => MeasuredRunError::Qemu(e),
-            crate::backend::BackendError::Sandbox(e) => MeasuredRunError::Sandbox(e),
         }
     }
 }

@@ -441,16 +441,17 @@ impl RunArgs {
     /// usage error rather than silently ignored), or that its backend
     /// refuses (a `--qemu-arg` setting what ptiscope sets).
     pub fn backend_mismatch(&self) -> Option<String> {
-        // In the order they are checked (the first refused is named).
+        // In the order they are checked (the first refused is named): this
+        // command's KVM options, then the registered backends' own.
+        let mut given = args::given(&[
+            ("--metrics-interval", self.metrics_interval.is_some()),
+            ("--cpu-vuln", self.cpu_vuln != CpuVuln::Host),
+            ("--no-irqchip", self.no_irqchip),
+        ]);
+        given.extend(self.on.options.given());
         self.on.refusal(&crate::backend::Requested {
-            given: args::given(&[
-                ("--metrics-interval", self.metrics_interval.is_some()),
-                ("--cpu-vuln", self.cpu_vuln != CpuVuln::Host),
-                ("--no-irqchip", self.no_irqchip),
-                ("--qemu-arg", !self.on.qemu_arg.is_empty()),
-                ("--no-plugin", self.on.no_plugin),
-            ]),
-            qemu_args: &self.on.qemu_arg,
+            given,
+            qemu_args: self.on.qemu().qemu_arg,
             cpus: self.cpus,
         })
     }
@@ -494,9 +495,9 @@ impl RunArgs {
             cpu_vuln: self.cpu_vuln,
             console_input: true,
             handle_signals: true,
-            qemu_args: self.on.qemu_arg.clone(),
+            qemu_args: self.on.qemu().qemu_arg,
             qemu_cpu: None,
-            qemu_plugin: !self.on.no_plugin,
+            qemu_plugin: !self.on.qemu().no_plugin,
             irqchip: !self.no_irqchip,
             cpus: self.cpus,
             guest_kind: self.linux.guest_kind(self.arch),

@@ -125,7 +125,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
                 .into(),
         ));
     }
-    let backend = args.target.on.backend();
+    let backend = args.target.on.backend()?;
     if let Some(why) = args.target.on.refusal(&args.target.on.requested()) {
         return Err(CommandError::Usage(why));
     }

@@ -23,7 +23,16 @@ pub fn run(args: &RunArgs) -> i32 {
         return exit_code::USAGE;
     }
     let facts = super::host_facts();
-    let backend = args.on.backend();
+    let backend = match args.on.backend() {
+        Ok(b) => b,
+        Err(e) => {
+            say!(
+                "ptiscope: error: {}",
+                exit_code::escape_message(&e.to_string())
+            );
+            return e.exit_code();
+        }
+    };
     let config = args.to_config(args.arch().embedded_image());
     let mut resolved = match crate::preflight::preflight(&config, backend.target(), &facts) {
         Ok(r) => r,

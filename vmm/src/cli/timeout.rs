@@ -19,7 +19,7 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
-use super::{Backend, Cli, Command};
+use super::{Cli, Command};
 
 /// The shortest default for a Linux run: the fixed default it replaces, so
 /// that no default became shorter.
@@ -37,15 +37,16 @@ pub enum Where {
 }
 
 impl Where {
-    /// The backend asked for; the inner command of `--backend nested` (a
-    /// `kvm` run inside it) gets the nested allowances, as the outer
-    /// command that bounds its session does.
-    pub fn of(backend: Backend) -> Where {
+    /// The backend asked for (by name); the inner command of `--backend
+    /// nested` (a `kvm` run inside it) gets the nested allowances, as the
+    /// outer command that bounds its session does. A backend this list
+    /// does not know gets the most generous allowances.
+    pub fn of(backend: &str) -> Where {
         match backend {
-            Backend::Kvm if crate::spec::nested::inside() => Where::Nested,
-            Backend::Kvm => Where::Kvm,
-            Backend::Qemu => Where::Qemu,
-            Backend::Nested => Where::Nested,
+            "kvm" if crate::spec::nested::inside() => Where::Nested,
+            "kvm" => Where::Kvm,
+            "qemu" => Where::Qemu,
+            _ => Where::Nested,
         }
     }
 
@@ -132,7 +133,7 @@ fn settle(cli: &mut Cli, matches: &ArgMatches) {
             let iterations = a
                 .iterations
                 .unwrap_or(ptiscope_abi::options::DEFAULT_ITERATIONS);
-            a.timeout = linux_default(Where::of(a.on.backend), iterations, a.by_symbol);
+            a.timeout = linux_default(Where::of(a.on.backend.as_str()), iterations, a.by_symbol);
         }
         Some(Command::Compare(a))
             if defaulted("compare")
@@ -141,14 +142,14 @@ fn settle(cli: &mut Cli, matches: &ArgMatches) {
                     || side_boots_linux(&a.compare)) =>
         {
             a.exp.timeout = a.exp.timeout.max(linux_default(
-                Where::of(a.target.on.backend),
+                Where::of(a.target.on.backend.as_str()),
                 a.exp.iterations,
                 a.by_symbol,
             ));
         }
         Some(Command::Sweep(a)) if defaulted("sweep") && a.target.linux.linux.is_some() => {
             a.exp.timeout = a.exp.timeout.max(linux_default(
-                Where::of(a.target.on.backend),
+                Where::of(a.target.on.backend.as_str()),
                 a.exp.iterations,
                 false,
             ));

@@ -21,7 +21,6 @@ macro_rules! say {
     };
 }
 use crate::cli::exit_code;
-use crate::cli::reproduce::ReproduceBackend;
 use crate::cli::{Backend, Cli, Command, Runs};
 
 /// The inner KVM's paging: as asked, else shadow paging for a Linux guest
@@ -75,7 +74,7 @@ fn side_refusal<'a>(
     target: &crate::cli::TargetOpts,
 ) -> Option<String> {
     let mut target = target.clone();
-    target.on.backend = Backend::Kvm;
+    target.on.backend = crate::cli::BackendOpts::on("kvm").backend;
     sides.into_iter().find_map(|opts| {
         crate::cli::compare::side::parse_side(opts, exp, &target, &[])
             .err()
@@ -98,7 +97,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             paging = (a.on.nested_paging, a.linux.linux.is_some());
             kvm_refuses = by_symbol_refusal(a.by_symbol, false, &[]);
             (
-                a.on.backend,
+                a.on.backend.as_str(),
                 "run",
                 a.timeout + Duration::from_secs(60),
                 a.cpus,
@@ -116,7 +115,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if)
                 .or_else(|| side_refusal([&a.baseline, &a.compare], "", &a.exp, &a.target));
             (
-                a.target.on.backend,
+                a.target.on.backend.as_str(),
                 "compare",
                 a.exp.timeout * sides + Duration::from_secs(120),
                 a.exp.cpus,
@@ -133,7 +132,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
             kvm_refuses = side_refusal(&a.configs, "--config ", &a.exp, &a.target);
             (
-                a.target.on.backend,
+                a.target.on.backend.as_str(),
                 "sweep",
                 a.exp.timeout * runs + Duration::from_secs(120),
                 a.exp.cpus,
@@ -159,7 +158,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             let boots = a.linux.len() * workloads * (3 + crate::cli::ledger::ROWS);
             paging = (None, true);
             (
-                a.backend,
+                a.backend.name(),
                 "ledger",
                 a.timeout * boots as u32 + Duration::from_secs(120),
                 1,
@@ -167,17 +166,24 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
                 a.quiet,
             )
         }
-        Some(Command::Probe(a)) => (a.backend, "probe", Duration::from_secs(300), 1, true, false),
+        Some(Command::Probe(a)) => (
+            a.backend.name(),
+            "probe",
+            Duration::from_secs(300),
+            1,
+            true,
+            false,
+        ),
         // reproduce takes `auto` too: only `nested` is intercepted, and
         // the inner command is `reproduce --backend kvm` over the cells.
-        Some(Command::Reproduce(a)) if a.backend == ReproduceBackend::Nested => {
+        Some(Command::Reproduce(a)) if a.backend.is_nested() => {
             match crate::cli::reproduce::nested_session(a) {
                 Ok((bound, cpus, kernels)) => {
                     // Nested paging even with Linux cells: under shadow
                     // paging the companion's 300,000-call PTI cells take
                     // over --timeout (each CR3 access exits).
                     linux_cache = kernels;
-                    (Backend::Nested, "reproduce", bound, cpus, false, false)
+                    ("nested", "reproduce", bound, cpus, false, false)
                 }
                 Err(e) => {
                     say!("ptiscope reproduce: {e}");
@@ -186,7 +192,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             }
         }
         Some(Command::Pagetables(a)) => (
-            a.backend,
+            a.backend.name(),
             "pagetables",
             Duration::from_secs(120),
             1,
@@ -196,14 +202,14 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         _ => return None,
     };
     match (backend, name) {
-        (Backend::Qemu, "probe" | "pagetables") => {
+        ("qemu", "probe" | "pagetables") => {
             eprintln!(
                 "ptiscope {name}: --backend qemu has no KVM to {name}: use --backend kvm (this host's) \
                  or --backend nested (kvm_amd inside QEMU TCG)"
             );
             return Some(exit_code::USAGE);
         }
-        (Backend::Nested, _) => {}
+        ("nested", _) => {}
         _ if paging.0.is_some() => {
             eprintln!(
                 "ptiscope {name}: --nested-paging is for --backend nested (it sets how the inner \

@@ -59,7 +59,7 @@ pub(crate) fn parse_sides(args: &CompareArgs) -> Result<(SideSpec, SideSpec), Si
 /// The refusals before anything runs, the sides settled, the runs and the
 /// report; the exit code of a comparison that reported.
 fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
-    let backend = args.target.on.backend();
+    let backend = args.target.on.backend()?;
     if let Some(why) = args.target.on.refusal(&args.target.on.requested()) {
         return Err(CommandError::Usage(why));
     }
@@ -99,7 +99,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         ));
     }
     if args.by_symbol {
-        refuse_by_symbol(backend.as_ref(), args.target.on.no_plugin, None)?;
+        refuse_by_symbol(backend.as_ref(), args.target.on.qemu().no_plugin, None)?;
     }
     let (base, comp) = parse_sides(args)?;
     // A workload that marks no phase has nothing to compare: a usage error
@@ -151,7 +151,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
     if args.by_symbol {
         refuse_by_symbol(
             backend.as_ref(),
-            args.target.on.no_plugin,
+            args.target.on.qemu().no_plugin,
             Some([&base, &comp]),
         )?;
         // The init sends the kernel's symbols after the phase, and the

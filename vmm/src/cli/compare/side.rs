@@ -80,9 +80,10 @@ pub fn parse_side(
     c.handle_signals = true;
     c.guest.workload = Some(exp.workload);
     c.guest.iterations = Some(exp.iterations);
-    c.qemu_args = target.on.qemu_arg.clone();
+    let qemu = target.on.qemu();
+    c.qemu_args = qemu.qemu_arg;
     c.guest_kind = target.linux.guest_kind(target.arch);
-    c.qemu_plugin = !target.on.no_plugin;
+    c.qemu_plugin = !qemu.no_plugin;
     // `append=` words, applied once the side's guest is known (a `linux=`
     // may come after them).
     let mut append: Vec<String> = Vec::new();
@@ -160,9 +161,10 @@ pub fn parse_side(
                 // default would set nothing, and the side's label would
                 // claim what was not measured.
                 c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?;
-                let backend = target.on.backend();
                 if c.cpu_vuln != CpuVuln::Host {
-                    if let Some(why) = crate::backend::others_option(backend.name(), "cpu_vuln=") {
+                    if let Some(why) =
+                        crate::backend::others_option(target.on.backend.as_str(), "cpu_vuln=")
+                    {
                         return Err(bad(why));
                     }
                 }
@@ -230,8 +232,8 @@ pub fn parse_side(
             }
             // QEMU's emulated CPU model for this side (`-cpu`).
             SideKey::Cpu => {
-                let backend = target.on.backend();
-                if let Some(why) = crate::backend::others_option(backend.name(), "cpu=") {
+                if let Some(why) = crate::backend::others_option(target.on.backend.as_str(), "cpu=")
+                {
                     return Err(bad(format!("chooses QEMU's emulated CPU model: {why}")));
                 }
                 let model_ok = !v.is_empty()

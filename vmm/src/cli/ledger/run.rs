@@ -195,17 +195,8 @@ fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, S
     let target = TargetOpts {
         arch: None,
         linux: LinuxArgs::default(),
-        on: crate::cli::BackendOpts {
-            // `nested` reaches here only inside its inner Linux, as `kvm`.
-            backend: if on_kvm {
-                crate::cli::Backend::Kvm
-            } else {
-                crate::cli::Backend::Qemu
-            },
-            qemu_arg: Vec::new(),
-            no_plugin: false,
-            nested_paging: None,
-        },
+        // `nested` reaches here only inside its inner Linux, as `kvm`.
+        on: crate::cli::BackendOpts::on(if on_kvm { "kvm" } else { "qemu" }),
     };
     let mut opts = format!("linux={}", s.kernel);
     if !on_kvm {
@@ -221,7 +212,10 @@ fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, S
     }
     let spec = crate::cli::compare::parse_side(&opts, &exp, &target, crate::GUEST_X86_64)
         .map_err(|e| SettleError::Other(e.to_string()))?;
-    let backend = target.on.backend();
+    let backend = target
+        .on
+        .backend()
+        .map_err(|e| SettleError::Other(e.to_string()))?;
     let mut run =
         crate::preflight::preflight(&spec.config, backend.target(), &crate::cli::host_facts())
             .map_err(|e| {
@@ -259,21 +253,23 @@ fn pool(
     std::thread::scope(|scope| {
         for _ in 0..workers.min(jobs.len()) {
             scope.spawn(|| {
-                let backend = on.with_plugin(true);
+                let backend = crate::cli::BackendOpts::on(on.name()).backend();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(job) = jobs.get(i) else { break };
                     let started = Instant::now();
-                    let r = crate::cli::compare::run_measured(&job.run, &*backend)
-                        .map_err(|e| e.to_string())
-                        .and_then(|(_, s)| {
-                            if on != crate::cli::Backend::Qemu {
-                                return Measure::of_kvm(&s);
-                            }
-                            let per_message =
-                                job.run.guest.workload == Some(Workload::SchedMessaging);
-                            Measure::of(&s, per_message)
-                        });
+                    let r = match &backend {
+                        Ok(b) => crate::cli::compare::run_measured(&job.run, &**b)
+                            .map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    }
+                    .and_then(|(_, s)| {
+                        if on != crate::cli::Backend::Qemu {
+                            return Measure::of_kvm(&s);
+                        }
+                        let per_message = job.run.guest.workload == Some(Workload::SchedMessaging);
+                        Measure::of(&s, per_message)
+                    });
                     let took = started.elapsed();
                     on_done(job, &r, took);
                     if let Ok(mut v) = results.lock() {

@@ -1,25 +1,23 @@
 //! Where `reproduce` measures its cells (`--backend`): the backends a cell
 //! tries in turn, and how each names itself and its times in the table.
 
-use crate::cli::Backend;
+use crate::backend::registry::{BackendName, BACKENDS};
 use crate::report::time_basis::TimeBasis;
 
-/// Where `reproduce` measures its cells (`--backend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// Where `reproduce` measures its cells (`--backend`): `auto`, or one
+/// registered backend for every cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReproduceBackend {
     /// Per cell: this host's KVM (ptiscope's VMM, for the Linux kernels
     /// too), under QEMU where that KVM refuses the guest before boot (e.g.
-    /// 32-bit paging, or Linux, on kvm_pvm).
+    /// 32-bit paging, or Linux, on kvm_pvm): the registered backends that
+    /// `reproduce --backend auto` tries, in order.
     #[default]
     Auto,
-    /// Every cell on this host's KVM, no fallback: a cell it refuses or
-    /// cannot run shows that error in its row.
-    Kvm,
-    /// Every cell under QEMU TCG.
-    Qemu,
-    /// Every cell on ptiscope's VMM on a real kvm_amd (nested paging)
-    /// inside QEMU TCG, all in one nested boot (docs/kvm-hosts.md).
-    Nested,
+    /// Every cell on this backend, no fallback: a cell it refuses or
+    /// cannot run shows that error in its row. `nested` runs every cell in
+    /// one nested boot (docs/kvm-hosts.md).
+    On(BackendName),
 }
 
 impl ReproduceBackend {
@@ -27,22 +25,46 @@ impl ReproduceBackend {
     pub fn name(self) -> &'static str {
         match self {
             ReproduceBackend::Auto => "auto",
-            ReproduceBackend::Kvm => "kvm",
-            ReproduceBackend::Qemu => "qemu",
-            ReproduceBackend::Nested => "nested",
+            ReproduceBackend::On(b) => b.as_str(),
         }
+    }
+
+    /// Whether it is `nested`, which runs the whole reproduction inside
+    /// its VM (`nested::cli::intercept`).
+    pub fn is_nested(self) -> bool {
+        self.name() == "nested"
+    }
+
+    /// `--backend`'s value parser: `auto` or a registered backend.
+    pub fn parser() -> impl clap::builder::TypedValueParser<Value = ReproduceBackend> {
+        use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+        let auto = PossibleValue::new("auto").help(
+            "per cell, the backends `auto` tries in turn: this host's KVM, then QEMU where \
+             that KVM refuses the guest before boot",
+        );
+        PossibleValuesParser::new(
+            std::iter::once(auto).chain(
+                BACKENDS
+                    .iter()
+                    .map(|r| PossibleValue::new(r.name).help(r.about)),
+            ),
+        )
+        .map(|s| BackendName::of(&s).map_or(ReproduceBackend::Auto, ReproduceBackend::On))
     }
 
     /// The backends a cell is tried on, in order (the next one only where
     /// the host's KVM refused the guest before boot).
-    pub(super) fn tries(self) -> &'static [Backend] {
+    pub(super) fn tries(self) -> Vec<BackendName> {
         match self {
-            ReproduceBackend::Auto => Backend::preference(),
-            ReproduceBackend::Kvm => &[Backend::Kvm],
-            ReproduceBackend::Qemu => &[Backend::Qemu],
+            ReproduceBackend::Auto => BACKENDS
+                .iter()
+                .filter(|r| r.reproduce_auto)
+                .filter_map(|r| BackendName::of(r.name))
+                .collect(),
             // Runs as `--backend kvm` inside the nested boot
             // (`nested::cli::intercept`); nothing is measured out here.
-            ReproduceBackend::Nested => &[],
+            b if b.is_nested() => Vec::new(),
+            ReproduceBackend::On(b) => vec![b],
         }
     }
 }
@@ -51,41 +73,44 @@ impl ReproduceBackend {
 /// emulated kernel, the hardware's under kvm_intel/kvm_amd, QEMU TCG's),
 /// as `compare` and `run` record it; `--backend nested` runs its inner
 /// command on a KVM inside QEMU TCG.
-pub(super) fn backend_basis(b: Backend) -> TimeBasis {
-    match b {
-        Backend::Nested => TimeBasis::NestedTcg,
-        b => b.with_plugin(true).profile().time_basis,
+pub(super) fn backend_basis(b: BackendName) -> TimeBasis {
+    if ReproduceBackend::On(b).is_nested() {
+        return TimeBasis::NestedTcg;
     }
+    crate::cli::BackendOpts::on(b.as_str())
+        .backend()
+        .map_or(TimeBasis::Unknown, |b| b.profile().time_basis)
 }
 
 /// A backend's name in the table, as [`measure_on`] gives it on success.
-pub(super) fn backend_name(b: Backend) -> &'static str {
-    match b {
-        // No run reaches a backend as `nested` out here (its inner command
-        // runs as `kvm`): the cell names what was asked.
-        Backend::Nested => "nested",
-        b => crate::spec::nested::reported_backend(b.with_plugin(true).name()),
-    }
+pub(super) fn backend_name(b: BackendName) -> &'static str {
+    // No run reaches a backend as `nested` out here (its inner command
+    // runs as `kvm`): the cell names what was asked.
+    crate::spec::nested::reported_backend(b.as_str())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn on(name: &str) -> BackendName {
+        BackendName::of(name).unwrap()
+    }
+
     /// Every backend a block can run on states its times' basis (the
     /// backend's own): none is "unknown" because the table built an
     /// environment without it, as every block's header once did.
     #[test]
     fn each_backend_names_its_time_basis() {
-        assert_eq!(backend_basis(Backend::Qemu), TimeBasis::QemuTcg);
-        assert_eq!(backend_basis(Backend::Nested), TimeBasis::NestedTcg);
-        assert_eq!(backend_basis(Backend::Kvm), crate::cli::kvm_identity().1);
+        assert_eq!(backend_basis(on("qemu")), TimeBasis::QemuTcg);
+        assert_eq!(backend_basis(on("nested")), TimeBasis::NestedTcg);
+        assert_eq!(backend_basis(on("kvm")), crate::cli::kvm_identity().1);
         // On a host whose KVM module is known (this one: kvm_pvm), KVM's is too.
         if crate::report::environment::kvm(&crate::cli::host_facts())
             .module
             .is_some_and(|m| m.starts_with("kvm_"))
         {
-            assert_ne!(backend_basis(Backend::Kvm), TimeBasis::Unknown);
+            assert_ne!(backend_basis(on("kvm")), TimeBasis::Unknown);
         }
     }
 }

@@ -4,9 +4,10 @@
 
 use super::backend_choice::{backend_basis, backend_name, ReproduceBackend};
 use super::cell::Cell;
+use crate::backend::registry::BackendName;
 use crate::cli::compare::{parse_side, rates, run_measured};
 use crate::cli::exit_code::{self, ExitCode as _};
-use crate::cli::{Arch, Backend, BackendOpts, ExperimentOpts, LinuxArgs, TargetOpts};
+use crate::cli::{Arch, BackendOpts, ExperimentOpts, LinuxArgs, TargetOpts};
 use crate::machine::memory::DEFAULT_MEM_MIB;
 use crate::preflight::preflight;
 use crate::report::time_basis::TimeBasis;
@@ -39,7 +40,7 @@ pub(super) type Rate = (String, String, f64);
 /// QEMU plugin on); `parse_side` and `preflight` make the checks.
 pub(super) fn cell_options(
     cell: &Cell,
-    backend: Backend,
+    backend: BackendName,
     timeout: Duration,
 ) -> (ExperimentOpts, TargetOpts) {
     let exp = ExperimentOpts {
@@ -63,12 +64,7 @@ pub(super) fn cell_options(
             append: None,
             tick_free: Default::default(),
         },
-        on: BackendOpts {
-            backend,
-            qemu_arg: Vec::new(),
-            no_plugin: false,
-            nested_paging: None,
-        },
+        on: BackendOpts::on(backend.as_str()),
     };
     (exp, target)
 }
@@ -96,14 +92,17 @@ impl CellError {
 pub(super) fn measure_on(
     cell: &Cell,
     opts: &str,
-    backend: Backend,
+    backend: BackendName,
     timeout: Duration,
 ) -> Result<(Vec<Rate>, &'static str), CellError> {
     let (exp, target) = cell_options(cell, backend, timeout);
     let embedded = target.arch.unwrap_or(Arch::X86_64).embedded_image();
     let spec = parse_side(opts, &exp, &target, embedded)
         .map_err(|e| CellError::new(exit_code::USAGE, e.to_string()))?;
-    let backend = target.on.backend();
+    let backend = target
+        .on
+        .backend()
+        .map_err(|e| CellError::new(e.exit_code(), e.to_string()))?;
     let resolved =
         preflight(&spec.config, backend.target(), &crate::cli::host_facts()).map_err(|e| {
             CellError {
@@ -145,7 +144,7 @@ pub(super) fn measure(
     let mut time_basis = None;
     for _ in 0..runs {
         let tries = choice.tries();
-        let mut tried = Backend::Kvm;
+        let mut tried = BackendName::default();
         let mut r = Err(CellError::new(
             exit_code::INTERNAL,
             "no backend to measure on".to_owned(),
@@ -265,18 +264,14 @@ mod tests {
         .flat_map(|seed| cells(seed, &guests).1)
         .collect();
         for cell in &every_cell {
-            for backend in [Backend::Kvm, Backend::Qemu] {
+            for backend in ["kvm", "qemu"].map(|b| BackendName::of(b).unwrap()) {
                 let timeout = Duration::from_secs(7);
                 let (exp, target) = cell_options(cell, backend, timeout);
                 let mut argv: Vec<String> = vec!["ptiscope".into(), "compare".into()];
                 argv.extend(
                     [
                         "--backend",
-                        if backend == Backend::Kvm {
-                            "kvm"
-                        } else {
-                            "qemu"
-                        },
+                        backend.as_str(),
                         "--workload",
                         &cell.workload.to_string(),
                         "--iterations",

@@ -56,7 +56,7 @@ pub struct ReproduceArgs {
     /// cell with no fallback (a cell it cannot run shows its error in its
     /// row); `nested` runs every cell, the Linux kernels' too, on the VMM
     /// on a real kvm_amd inside QEMU TCG, in one nested boot.
-    #[arg(long, value_enum, default_value_t = ReproduceBackend::Auto)]
+    #[arg(long, default_value = "auto", value_parser = ReproduceBackend::parser())]
     pub backend: ReproduceBackend,
 }
 
@@ -112,7 +112,7 @@ pub fn nested_session(
 
 /// Runs the seed and prints its table; returns the process exit code.
 pub fn run(args: &ReproduceArgs) -> i32 {
-    if args.backend == ReproduceBackend::Nested {
+    if args.backend.is_nested() {
         // `nested::cli::intercept` runs it in the nested boot; reaching
         // here means its refusal or boot was skipped.
         if let Err(e) = nested_session(args) {
@@ -152,7 +152,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     println!("  {title}");
     // The backend asked for: inside the nested boot, `nested` (its `kvm`).
     let requested = if crate::spec::nested::inside() {
-        ReproduceBackend::Nested.name()
+        "nested"
     } else {
         args.backend.name()
     };
@@ -341,7 +341,11 @@ pub fn run(args: &ReproduceArgs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Backend;
+    use crate::backend::registry::BackendName;
+
+    fn on(name: &str) -> ReproduceBackend {
+        ReproduceBackend::On(BackendName::of(name).unwrap())
+    }
 
     fn parse(words: &[&str]) -> Result<ReproduceArgs, clap::Error> {
         use clap::Parser as _;
@@ -362,9 +366,9 @@ mod tests {
         );
         for (word, want) in [
             ("auto", ReproduceBackend::Auto),
-            ("kvm", ReproduceBackend::Kvm),
-            ("qemu", ReproduceBackend::Qemu),
-            ("nested", ReproduceBackend::Nested),
+            ("kvm", on("kvm")),
+            ("qemu", on("qemu")),
+            ("nested", on("nested")),
         ] {
             let a = parse(&["roedel-2018", "--backend", word]).unwrap();
             assert_eq!(a.backend, want);
@@ -372,15 +376,18 @@ mod tests {
         }
         assert!(parse(&["roedel-2018", "--backend", "tcg"]).is_err());
         // Auto: this host's KVM first, for Linux too, then QEMU.
-        assert_eq!(
-            ReproduceBackend::Auto.tries(),
-            &[Backend::Kvm, Backend::Qemu]
-        );
-        assert_eq!(ReproduceBackend::Kvm.tries(), &[Backend::Kvm]);
-        assert_eq!(ReproduceBackend::Qemu.tries(), &[Backend::Qemu]);
+        let names = |b: ReproduceBackend| {
+            b.tries()
+                .into_iter()
+                .map(BackendName::as_str)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(ReproduceBackend::Auto), ["kvm", "qemu"]);
+        assert_eq!(names(on("kvm")), ["kvm"]);
+        assert_eq!(names(on("qemu")), ["qemu"]);
         // Nothing is measured out here under nested: the cells run in
         // the nested boot as `--backend kvm`.
-        assert!(ReproduceBackend::Nested.tries().is_empty());
+        assert!(on("nested").tries().is_empty());
     }
 
     /// `--backend nested` with nothing to measure is refused; the bound

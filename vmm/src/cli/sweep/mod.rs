@@ -66,10 +66,6 @@ pub use plan::{
     mut_arg("timeout", |a| a.allow_negative_numbers(false)),
     mut_arg("arch", |a| a.help("Which embedded guest (default x86_64; with `--kernel` the image \
         decides; with `--linux` it must match the image)")),
-    mut_arg("backend", |a| a.help("Our VMM on KVM, or QEMU TCG (guest-reported cycles per call; \
-        the plugin's counts)")),
-    mut_arg("qemu_arg", |a| a.help("An extra argument for QEMU (`--backend qemu`), repeatable")),
-    mut_arg("no_plugin", |a| a.help("`--backend qemu`: do not load ptiscope's TCG plugin")),
     mut_arg("json", |a| a.help("Write the sweep as JSON (schema ptiscope.sweep/1)")),
     mut_arg("csv", |a| a.help("Write the sweep as CSV (one line per cell and configuration)")),
     mut_arg("svg", |a| a.help("Write the sweep as SVG: overhead against syscall rate (log x), one \
@@ -196,7 +192,7 @@ impl Progress<RunFigures> for Counter<'_> {
 /// The refusals, the grid checked, the runs (one experiment per cell, a
 /// round of every cell at a time) and the report.
 fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
-    let backend = args.target.on.backend();
+    let backend = args.target.on.backend()?;
     if let Some(why) = args.target.on.refusal(&args.target.on.requested()) {
         return Err(CommandError::Usage(why));
     }
