@@ -34,6 +34,24 @@ pub struct RunRecord {
     pub summary: RunSummary,
     /// What the host saw of a Linux guest's measured phase.
     pub host: Option<HostPhaseObservation>,
+    /// The recording backend's time figure per call and what a time was
+    /// there (its [`super::Profile`]'s), for whoever reads the record
+    /// elsewhere; `None` where the recorder did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<RecordedTime>,
+}
+
+/// A recording backend's time figure ([`super::TimeMetric`]) and its basis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedTime {
+    /// The rate's name (`ns_per_call`).
+    pub metric: String,
+    /// Its unit (`ns`).
+    pub unit: String,
+    /// Who measured it (`host-clock`, `guest`).
+    pub source: String,
+    /// What a time was there (hardware, an emulated kernel, TCG).
+    pub basis: crate::report::time_basis::TimeBasis,
 }
 
 /// Why a record could not be read.
@@ -59,6 +77,17 @@ impl RunRecord {
             Some(s) if s != SCHEMA => Err(RecordError::Schema { found: s.into() }),
             _ => Ok(serde_json::from_value(v)?),
         }
+    }
+
+    /// The record, with what a time was on the backend that ran it.
+    pub fn timed(mut self, profile: &super::Profile) -> RunRecord {
+        self.time = Some(RecordedTime {
+            metric: profile.time.metric.into(),
+            unit: profile.time.unit.into(),
+            source: profile.time.source.into(),
+            basis: profile.time_basis,
+        });
+        self
     }
 
     /// The record as JSON text.
@@ -94,6 +123,7 @@ impl Ran {
             outcome: self.outcome.clone(),
             summary,
             host,
+            time: None,
         }
     }
 

@@ -265,12 +265,11 @@ impl BackendOpts {
     }
 
     /// The options given that `backend::refusal` refuses for the chosen
-    /// backend, as a usage error (or why the backend cannot be built).
+    /// backend, as a usage error. A backend that cannot be built refuses
+    /// nothing here: building it says why, with its own exit code.
     pub fn refusal(&self, asked: &crate::backend::Requested) -> Option<String> {
-        match self.backend() {
-            Ok(b) => crate::backend::refusal(&*b, asked),
-            Err(e) => Some(e.to_string()),
-        }
+        let backend = self.backend().ok()?;
+        crate::backend::refusal(&*backend, asked)
     }
 }
 

@@ -144,7 +144,10 @@ pub fn run(args: &RunArgs) -> i32 {
     let mut failed_record = None;
     if let Some(f) = &record {
         let config = crate::cli::compare::config_words(&ran.outcome);
-        let text = ran.record(backend.name(), &resolved, config).to_json();
+        let text = ran
+            .record(backend.name(), &resolved, config)
+            .timed(&backend.profile())
+            .to_json();
         failed_record = f.write_document(&text).err();
     }
     // What a run reports follows what observed it: the host (KVM's exits
