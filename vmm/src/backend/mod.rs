@@ -34,6 +34,7 @@ pub mod qemu;
 pub mod qemu_options;
 pub mod record;
 pub mod registry;
+mod replay;
 mod tcg;
 
 pub use kvm::Kvm;

@@ -43,8 +43,12 @@ pub struct Chosen<'a> {
 }
 
 /// Every backend, in `reproduce --backend auto`'s order of preference.
-pub static BACKENDS: &[Registration] =
-    &[super::kvm::REGISTRATION, super::tcg::REGISTRATION, NESTED];
+pub static BACKENDS: &[Registration] = &[
+    super::kvm::REGISTRATION,
+    super::tcg::REGISTRATION,
+    NESTED,
+    super::replay::REGISTRATION,
+];
 
 /// `--backend nested`: ptiscope's VMM on a real kvm_amd inside QEMU TCG.
 /// `nested::cli::intercept` runs the whole command inside its VM, where it
@@ -281,6 +285,9 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(e.contains("possible values: kvm, qemu, nested"), "{e}");
+        assert!(
+            e.contains("possible values: kvm, qemu, nested, replay"),
+            "{e}"
+        );
     }
 }
