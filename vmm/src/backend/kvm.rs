@@ -42,12 +42,16 @@ pub const OPTIONS: &[OwnOption] = &[
 
 /// `--backend kvm` in the registry: its own options are `run`'s
 /// ([`OPTIONS`]), as they set what only a run's VMM has.
-pub const REGISTRATION: super::registry::Registration = super::registry::Registration {
+pub const REGISTRATION: super::registration::Registration = super::registration::Registration {
     name: "kvm",
     about: "ptiscope's own VMM on /dev/kvm (host-observed and guest-reported figures)",
     options: |c| c,
     build: |c| Ok(Box::new(Kvm::new((c.host_facts)()))),
     reproduce_auto: true,
+    linux_pace: super::registration::LinuxPace {
+        boot: std::time::Duration::from_secs(30),
+        per_call: std::time::Duration::from_micros(100),
+    },
 };
 
 /// Our VMM on this host's KVM, observed from the host (exits, KVM

@@ -33,6 +33,7 @@ mod kvm;
 pub mod qemu;
 pub mod qemu_options;
 pub mod record;
+pub mod registration;
 pub mod registry;
 mod replay;
 mod tcg;

@@ -13,34 +13,9 @@
 
 use std::sync::{Arc, OnceLock};
 
+pub use super::registration::{Chosen, LinuxPace, Registration};
 use super::{Backend, BackendError, OwnOption};
 use crate::probe::host::HostFacts;
-
-/// A backend as the command line knows it.
-pub struct Registration {
-    /// `--backend`'s value, and the reports' `backend` (its
-    /// [`Backend::name`]).
-    pub name: &'static str,
-    /// Its line in `--backend`'s help.
-    pub about: &'static str,
-    /// Adds the options only this backend takes to a command (a clap
-    /// `Args` type's `augment_args`); `|c| c` for none.
-    pub options: fn(clap::Command) -> clap::Command,
-    /// Builds the backend from the command line's values of its options.
-    pub build: fn(&Chosen) -> Result<Box<dyn Backend>, BackendError>,
-    /// Whether `reproduce --backend auto` tries it, in this list's order,
-    /// the next one where the one before refused the guest before boot.
-    pub reproduce_auto: bool,
-}
-
-/// What a backend is built from: its options' values, and the host facts
-/// (gathered once per process by the caller, only when a backend asks).
-pub struct Chosen<'a> {
-    /// The values of every backend's options.
-    pub options: &'a BackendOptions,
-    /// This host's facts (KVM's module, its probe's findings).
-    pub host_facts: &'a dyn Fn() -> Arc<HostFacts>,
-}
 
 /// Every backend, in `reproduce --backend auto`'s order of preference.
 pub static BACKENDS: &[Registration] = &[
@@ -60,6 +35,13 @@ const NESTED: Registration = Registration {
     options: |c| c,
     build: |c| Ok(Box::new(super::Kvm::new((c.host_facts)()))),
     reproduce_auto: false,
+    linux_pace: NESTED_PACE,
+};
+
+/// A Linux guest on the VMM inside QEMU TCG: the inner boot is TCG's.
+pub const NESTED_PACE: LinuxPace = LinuxPace {
+    boot: std::time::Duration::from_secs(120),
+    per_call: std::time::Duration::from_millis(2),
 };
 
 /// A backend's name on the command line: one of [`BACKENDS`].
@@ -95,7 +77,7 @@ impl BackendName {
         host_facts: &dyn Fn() -> Arc<HostFacts>,
     ) -> Result<Box<dyn Backend>, BackendError> {
         (self.registration().build)(&Chosen {
-            options,
+            matches: options.matches.as_ref(),
             host_facts,
         })
     }
@@ -178,10 +160,7 @@ impl BackendOptions {
     /// A backend's options, typed by its own `Args` type (its defaults
     /// where the options were not parsed from a command line).
     pub fn of<T: clap::FromArgMatches + Default>(&self) -> T {
-        self.matches
-            .as_ref()
-            .and_then(|m| T::from_arg_matches(m).ok())
-            .unwrap_or_default()
+        super::registration::typed(self.matches.as_ref())
     }
 
     /// The registered backends' options given on the command line, by

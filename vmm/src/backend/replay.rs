@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::record::{RecordedTime, RunRecord};
-use super::registry::Registration;
+use super::registration::Registration;
 use super::{Backend, BackendError, ConsoleNote, HostWatch, Profile, Ran, Requested, TimeMetric};
 use crate::report::time_basis::TimeBasis;
 use crate::spec::{ResolvedRun, Target};
@@ -49,10 +49,15 @@ pub const REGISTRATION: Registration = Registration {
     options: <ReplayOptions as clap::Args>::augment_args,
     build: |c| {
         Ok(Box::new(Replay::open(
-            &c.options.of::<ReplayOptions>().replay,
+            &c.options::<ReplayOptions>().replay,
         )?))
     },
     reproduce_auto: false,
+    // Nothing runs: the floor of the default applies.
+    linux_pace: super::registration::LinuxPace {
+        boot: std::time::Duration::ZERO,
+        per_call: std::time::Duration::ZERO,
+    },
 };
 
 /// The records, and which configuration each went to.

@@ -28,17 +28,21 @@ pub struct QemuOptions {
 }
 
 /// `--backend qemu` in the registry.
-pub const REGISTRATION: super::registry::Registration = super::registry::Registration {
+pub const REGISTRATION: super::registration::Registration = super::registration::Registration {
     name: "qemu",
     about: "QEMU TCG (qemu-system-x86_64 / qemu-system-i386; software emulation: slower): \
             ptiscope's TCG plugin's [qemu-plugin] rows host-observed, the rest guest-reported",
     options: <QemuOptions as clap::Args>::augment_args,
     build: |c| {
         Ok(Box::new(Qemu {
-            plugin: !c.options.of::<QemuOptions>().no_plugin,
+            plugin: !c.options::<QemuOptions>().no_plugin,
         }))
     },
     reproduce_auto: true,
+    linux_pace: super::registration::LinuxPace {
+        boot: std::time::Duration::from_secs(60),
+        per_call: std::time::Duration::from_micros(250),
+    },
 };
 
 /// The options only this backend takes besides [`QemuOptions`]: what they

@@ -20,52 +20,21 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
 use super::{Cli, Command};
+use crate::backend::registry::{BackendName, LinuxPace, NESTED_PACE};
 
 /// The shortest default for a Linux run: the fixed default it replaces, so
 /// that no default became shorter.
 pub const LINUX_FLOOR: Duration = Duration::from_secs(60);
 
-/// Where a Linux guest really runs, for its allowances.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Where {
-    /// ptiscope's VMM on this host's KVM.
-    Kvm,
-    /// QEMU TCG.
-    Qemu,
-    /// A KVM inside QEMU TCG (`--backend nested`, or its inner command).
-    Nested,
-}
-
-impl Where {
-    /// The backend asked for (by name); the inner command of `--backend
-    /// nested` (a `kvm` run inside it) gets the nested allowances, as the
-    /// outer command that bounds its session does. A backend this list
-    /// does not know gets the most generous allowances.
-    pub fn of(backend: &str) -> Where {
-        match backend {
-            "kvm" if crate::spec::nested::inside() => Where::Nested,
-            "kvm" => Where::Kvm,
-            "qemu" => Where::Qemu,
-            _ => Where::Nested,
-        }
-    }
-
-    /// The boot to the init, with the power-off after it.
-    fn boot(self) -> Duration {
-        Duration::from_secs(match self {
-            Where::Kvm => 30,
-            Where::Qemu => 60,
-            Where::Nested => 120,
-        })
-    }
-
-    /// One call of the measured loop.
-    fn per_call(self) -> Duration {
-        match self {
-            Where::Kvm => Duration::from_micros(100),
-            Where::Qemu => Duration::from_micros(250),
-            Where::Nested => Duration::from_millis(2),
-        }
+/// How long a Linux guest takes on the backend asked for (by name): its
+/// registration's pace; the inner command of `--backend nested` (a `kvm`
+/// run inside it) gets the nested pace, as the outer command that bounds
+/// its session does.
+pub fn pace(backend: &str) -> LinuxPace {
+    match BackendName::of(backend) {
+        Some(b) if b.as_str() == "kvm" && crate::spec::nested::inside() => NESTED_PACE,
+        Some(b) => b.registration().linux_pace,
+        None => NESTED_PACE,
     }
 }
 
@@ -78,10 +47,10 @@ const BY_SYMBOL_SYMBOLS: Duration = Duration::from_secs(60);
 /// The default `--timeout` of one Linux run of `iterations` calls on
 /// `at`: its boot, plus the calls (times [`BY_SYMBOL_FACTOR`] and plus the
 /// symbols with `--by-symbol`), at least [`LINUX_FLOOR`], at most a day.
-pub fn linux_default(at: Where, iterations: u64, by_symbol: bool) -> Duration {
+pub fn linux_default(at: LinuxPace, iterations: u64, by_symbol: bool) -> Duration {
     let factor = if by_symbol { BY_SYMBOL_FACTOR } else { 1 };
     let calls = at
-        .per_call()
+        .per_call
         .checked_mul(u32::try_from(iterations).unwrap_or(u32::MAX))
         .and_then(|d| d.checked_mul(factor))
         .unwrap_or(super::MAX_TIMEOUT);
@@ -90,7 +59,7 @@ pub fn linux_default(at: Where, iterations: u64, by_symbol: bool) -> Duration {
     } else {
         Duration::ZERO
     };
-    (at.boot() + symbols)
+    (at.boot + symbols)
         .saturating_add(calls)
         .clamp(LINUX_FLOOR, super::MAX_TIMEOUT)
 }
@@ -133,7 +102,7 @@ fn settle(cli: &mut Cli, matches: &ArgMatches) {
             let iterations = a
                 .iterations
                 .unwrap_or(ptiscope_abi::options::DEFAULT_ITERATIONS);
-            a.timeout = linux_default(Where::of(a.on.backend.as_str()), iterations, a.by_symbol);
+            a.timeout = linux_default(pace(a.on.backend.as_str()), iterations, a.by_symbol);
         }
         Some(Command::Compare(a))
             if defaulted("compare")
@@ -142,14 +111,14 @@ fn settle(cli: &mut Cli, matches: &ArgMatches) {
                     || side_boots_linux(&a.compare)) =>
         {
             a.exp.timeout = a.exp.timeout.max(linux_default(
-                Where::of(a.target.on.backend.as_str()),
+                pace(a.target.on.backend.as_str()),
                 a.exp.iterations,
                 a.by_symbol,
             ));
         }
         Some(Command::Sweep(a)) if defaulted("sweep") && a.target.linux.linux.is_some() => {
             a.exp.timeout = a.exp.timeout.max(linux_default(
-                Where::of(a.target.on.backend.as_str()),
+                pace(a.target.on.backend.as_str()),
                 a.exp.iterations,
                 false,
             ));
@@ -168,23 +137,24 @@ mod tests {
     fn the_linux_default_is_boot_plus_calls_at_least_the_old_60_s() {
         let s = |d: Duration| d.as_secs_f64();
         // Few calls: the floor.
-        assert_eq!(s(linux_default(Where::Kvm, 10_000, false)), 60.0);
-        assert_eq!(s(linux_default(Where::Qemu, 0, false)), 60.0);
+        assert_eq!(s(linux_default(pace("kvm"), 10_000, false)), 60.0);
+        assert_eq!(s(linux_default(pace("qemu"), 0, false)), 60.0);
         // TCG: 60 s + 20000 x 0.25 ms; with --by-symbol x4 and + 60 s.
-        assert_eq!(s(linux_default(Where::Qemu, 20_000, false)), 65.0);
-        assert_eq!(s(linux_default(Where::Qemu, 20_000, true)), 140.0);
+        assert_eq!(s(linux_default(pace("qemu"), 20_000, false)), 65.0);
+        assert_eq!(s(linux_default(pace("qemu"), 20_000, true)), 140.0);
         // Nested: 120 s + 20000 x 2 ms.
-        assert_eq!(s(linux_default(Where::Nested, 20_000, false)), 160.0);
+        assert_eq!(s(linux_default(pace("nested"), 20_000, false)), 160.0);
         // Absurd counts end at a day, not in an overflow.
         assert_eq!(
-            linux_default(Where::Qemu, u64::MAX, true),
+            linux_default(pace("qemu"), u64::MAX, true),
             super::super::MAX_TIMEOUT
         );
         // It grows with every input.
         assert!(
-            linux_default(Where::Qemu, 400_000, false) > linux_default(Where::Qemu, 200_000, false)
+            linux_default(pace("qemu"), 400_000, false)
+                > linux_default(pace("qemu"), 200_000, false)
         );
-        assert!(linux_default(Where::Nested, 1, false) > linux_default(Where::Qemu, 1, false));
+        assert!(linux_default(pace("nested"), 1, false) > linux_default(pace("qemu"), 1, false));
     }
 
     fn timeout(argv: &[&str]) -> f64 {
