@@ -1,7 +1,12 @@
 //! Where a run runs, behind one trait: our VMM on this host's KVM
-//! ([`Kvm`]), or QEMU's TCG ([`Qemu`]) for what the host's KVM cannot
-//! run, with every figure marked guest-reported unless the TCG plugin
-//! observes it.
+//! ([`Kvm`]), QEMU's TCG ([`Qemu`]) for what the host's KVM cannot run
+//! (every figure guest-reported unless the TCG plugin observes it), a KVM
+//! inside QEMU TCG (`nested`), or runs recorded earlier (`replay`). Every
+//! backend is named once, in [`registry::BACKENDS`]: the command line's
+//! `--backend`, its own options and `reproduce`'s order come from there
+//! (docs/backends.md). A run that ran elsewhere or earlier comes back as
+//! a typed record ([`record::RunRecord`]), which the reports read as
+//! they read a run of their own ([`Observed::Recorded`]).
 //!
 //! The trait is mechanism only, as cloud-hypervisor's `hypervisor` crate
 //! is: a backend starts a run of a resolved guest ([`Backend::run`]) and
@@ -11,9 +16,11 @@
 //! cross-check or see, which default configurations it leaves out) is data,
 //! one [`Profile`] the `cli` and `report` layers read: they print what a
 //! backend says about itself and never match on which backend it is. The
-//! options only one backend takes are that backend's: each module declares
-//! its own (`kvm::OPTIONS`, `tcg::OPTIONS`), [`refusal`] checks every
-//! backend the same way against them, and [`Backend::check`] looks only at
+//! options only one backend takes are that backend's: each declares its
+//! own (a clap `Args` type in its registration, merged into every command
+//! that takes `--backend`; `kvm::OPTIONS` for `run`'s KVM options and
+//! compare sides' keys), [`refusal`] checks every backend the same way
+//! against them, and [`Backend::check`] looks only at
 //! the backend's own options. Which summary a run gets (companion or Linux
 //! guest, host-observed or console-only) is decided once, by
 //! [`Ran::summary`].

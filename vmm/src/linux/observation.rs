@@ -14,7 +14,7 @@ use crate::spec::linux::LinuxGuest;
 /// KVM's statistics.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct HostPhaseObservation {
-    /// Who observed (`qemu-plugin`, `kvm`): one of [`SOURCES`].
+    /// Who observed (`qemu-plugin`, `kvm`): one of `SOURCES`.
     pub source: &'static str,
     /// System calls entered in the phase.
     pub syscalls: u64,
