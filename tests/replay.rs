@@ -65,6 +65,15 @@ fn a_replayed_run_reports_the_recorded_figures_stop_and_exit_code() {
     assert_eq!(replayed["stop"], original["stop"]);
     assert_eq!(replayed["exit_code"], original["exit_code"]);
     assert_eq!(replayed["environment"]["backend"], "replay");
+    // What observed the recorded run (KVM's host-side observer), not what
+    // observes here: nothing streams live metrics from a record.
+    let caps = &replayed["environment"]["capabilities"];
+    assert_eq!(caps["host_observer"], true, "{caps}");
+    assert_eq!(caps["live_metrics"], false, "{caps}");
+    assert_eq!(
+        original["environment"]["capabilities"]["live_metrics"], true,
+        "{original}"
+    );
     // PTI's two CR3 writes per call, as recorded.
     let cr3 = rows(&replayed)
         .into_iter()

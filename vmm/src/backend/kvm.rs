@@ -167,7 +167,12 @@ impl Backend for Kvm {
                 })
             },
             refill_unprobed: None,
-            counts_by_address: false,
+            capabilities: super::Capabilities {
+                host_observer: true,
+                host_counts_cr3_writes: self.facts.sees_cr3_writes(),
+                counts_kernel_by_address: false,
+                live_metrics: true,
+            },
         }
     }
 }

@@ -107,9 +107,22 @@ pub struct Profile {
     pub omits_pcid: Box<dyn Fn() -> Option<String>>,
     /// Why the KVM refill probe says nothing here, if it does not.
     pub refill_unprobed: Option<&'static str>,
-    /// Whether the host counts a Linux guest's kernel instructions by
-    /// address (`run --by-symbol`: ptiscope's TCG plugin does).
-    pub counts_by_address: bool,
+    /// What it can observe, as data: the environment block records it,
+    /// and the commands ask it (`--by-symbol` needs `counts_kernel_by_address`).
+    pub capabilities: Capabilities,
+}
+
+pub use crate::report::environment::{BackendIdentity, Capabilities};
+
+/// How a report's environment names `backend`: its name, what a time is
+/// there and what it can observe.
+pub fn identity(backend: &dyn Backend) -> BackendIdentity {
+    let p = backend.profile();
+    BackendIdentity {
+        name: backend.name(),
+        time_basis: p.time_basis,
+        capabilities: p.capabilities,
+    }
 }
 
 /// What the caller wants watched from the host while a run runs, in terms

@@ -39,6 +39,9 @@ pub struct RunRecord {
     /// elsewhere; `None` where the recorder did not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<RecordedTime>,
+    /// What the recording backend could observe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<super::Capabilities>,
 }
 
 /// A recording backend's time figure ([`super::TimeMetric`]) and its basis.
@@ -79,8 +82,10 @@ impl RunRecord {
         }
     }
 
-    /// The record, with what a time was on the backend that ran it.
-    pub fn timed(mut self, profile: &super::Profile) -> RunRecord {
+    /// The record, with what a time was on the backend that ran it and
+    /// what that backend could observe.
+    pub fn described(mut self, profile: &super::Profile) -> RunRecord {
+        self.capabilities = Some(profile.capabilities);
         self.time = Some(RecordedTime {
             metric: profile.time.metric.into(),
             unit: profile.time.unit.into(),
@@ -124,6 +129,7 @@ impl Ran {
             summary,
             host,
             time: None,
+            capabilities: None,
         }
     }
 

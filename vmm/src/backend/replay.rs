@@ -231,7 +231,16 @@ impl Backend for Replay {
             blind_spot: None,
             omits_pcid: Box::new(|| None),
             refill_unprobed: Some("replayed runs: nothing was probed here"),
-            counts_by_address: false,
+            // What observed the recorded runs; nothing observes here.
+            capabilities: self
+                .records
+                .first()
+                .and_then(|(_, r)| r.capabilities)
+                .map(|c| super::Capabilities {
+                    live_metrics: false,
+                    ..c
+                })
+                .unwrap_or_default(),
         }
     }
 

@@ -373,7 +373,12 @@ impl Backend for Qemu {
             refill_unprobed: Some(
                 "not probed under QEMU TCG: its soft TLB is flushed whole on every CR3 write",
             ),
-            counts_by_address: plugin,
+            capabilities: super::Capabilities {
+                host_observer: false,
+                host_counts_cr3_writes: plugin,
+                counts_kernel_by_address: plugin,
+                live_metrics: false,
+            },
         }
     }
 }

@@ -347,9 +347,8 @@ pub fn host_facts() -> Arc<HostFacts> {
 
 /// How a report of a KVM-only command (`probe`, `pagetables`) names its
 /// backend in its environment: `kvm`, and what a time is on this KVM.
-pub fn kvm_identity() -> (&'static str, crate::report::time_basis::TimeBasis) {
-    let kvm = crate::backend::Kvm::new(host_facts());
-    (crate::backend::Backend::name(&kvm), kvm.time_basis())
+pub fn kvm_identity() -> crate::backend::BackendIdentity {
+    crate::backend::identity(&crate::backend::Kvm::new(host_facts()))
 }
 
 /// Reads, on a thread of its own, the host facts a measuring command needs

@@ -198,7 +198,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     if let Some(f) = &json_file {
         let environment = Environment::collect(
             &crate::cli::host_facts(),
-            (backend.name(), backend.profile().time_basis),
+            crate::backend::identity(&*backend),
             guest_image_of(&base.config.kernel, booted.as_deref()),
             [
                 ("baseline".to_owned(), vec![base.label.clone()]),

@@ -45,7 +45,7 @@ pub fn run(args: &RunArgs) -> i32 {
         }
     };
     if args.by_symbol {
-        let why = if !backend.profile().counts_by_address {
+        let why = if !backend.profile().capabilities.counts_kernel_by_address {
             Some("--by-symbol counts by address with ptiscope's QEMU TCG plugin: give --backend qemu (without --no-plugin)")
         } else if resolved.guest_kind.is_companion() {
             Some("--by-symbol is for Linux guests (their init sends the kernel's /proc/kallsyms): give --linux debian-amd64 (or a bzImage path)")
@@ -146,7 +146,7 @@ pub fn run(args: &RunArgs) -> i32 {
         let config = crate::cli::compare::config_words(&ran.outcome);
         let text = ran
             .record(backend.name(), &resolved, config)
-            .timed(&backend.profile())
+            .described(&backend.profile())
             .to_json();
         failed_record = f.write_document(&text).err();
     }
@@ -310,9 +310,8 @@ impl Pending {
         backend: &dyn crate::backend::Backend,
         run: &crate::spec::ResolvedRun,
     ) -> Pending {
-        let (backend, time_basis, kernel, image) = (
-            backend.name(),
-            backend.profile().time_basis,
+        let (identity, kernel, image) = (
+            crate::backend::identity(backend),
             run.config.kernel.clone(),
             run.boot.image.clone(),
         );
@@ -321,7 +320,7 @@ impl Pending {
             thread: std::thread::spawn(move || {
                 crate::report::Environment::collect_unprobed(
                     &thread_facts,
-                    (backend, time_basis),
+                    identity,
                     crate::cli::compare::guest_image_of(&kernel, Some(&image)),
                     Default::default(),
                 )

@@ -101,6 +101,35 @@ pub struct GuestImage {
     pub elf32: bool,
 }
 
+/// What a backend can observe of a run, as data (its `Profile` says it,
+/// every report's environment records it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// ptiscope's host-side observer watched the runs: KVM's exits and
+    /// statistics, the VMM's own exits, the guest's telemetry page.
+    pub host_observer: bool,
+    /// The host counts the guest's CR3 writes (KVM under shadow paging, a
+    /// TCG plugin), so `cr3_writes` need not be the guest's word alone.
+    pub host_counts_cr3_writes: bool,
+    /// The host counts a Linux guest's kernel instructions by address
+    /// (`--by-symbol`).
+    pub counts_kernel_by_address: bool,
+    /// The host can stream its statistics while a run runs
+    /// (`run --metrics-interval`).
+    pub live_metrics: bool,
+}
+
+/// Which backend a report's runs ran on, as the environment names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendIdentity {
+    /// Its name (`kvm`, `qemu`, ...).
+    pub name: &'static str,
+    /// What a time figure is there.
+    pub time_basis: super::time_basis::TimeBasis,
+    /// What it can observe.
+    pub capabilities: Capabilities,
+}
+
 /// Everything a report records about where it came from.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Environment {
@@ -115,6 +144,10 @@ pub struct Environment {
     /// in documents written before it was recorded.
     #[serde(default)]
     pub time_basis: super::time_basis::TimeBasis,
+    /// What that backend can observe (all `false` in documents written
+    /// before it was recorded).
+    #[serde(default)]
+    pub capabilities: Capabilities,
     /// What `ptiscope probe` found, as far as the run depends on it.
     pub probe: ProbeFindings,
     /// This build of ptiscope.
@@ -353,7 +386,7 @@ impl Environment {
     /// image hash and the given options.
     pub fn collect(
         facts: &HostFacts,
-        identity: (&'static str, super::time_basis::TimeBasis),
+        identity: BackendIdentity,
         guest_image: GuestImage,
         options: BTreeMap<String, Vec<String>>,
     ) -> Self {
@@ -370,7 +403,7 @@ impl Environment {
     /// its guest has stopped.
     pub fn collect_unprobed(
         facts: &HostFacts,
-        (backend, time_basis): (&'static str, super::time_basis::TimeBasis),
+        identity: BackendIdentity,
         guest_image: GuestImage,
         options: BTreeMap<String, Vec<String>>,
     ) -> Self {
@@ -378,8 +411,9 @@ impl Environment {
             host: host(),
             kvm: kvm(facts),
             // Inside `--backend nested` the inner `kvm` is the nested one.
-            backend: crate::spec::nested::reported_backend(backend).to_owned(),
-            time_basis,
+            backend: crate::spec::nested::reported_backend(identity.name).to_owned(),
+            time_basis: identity.time_basis,
+            capabilities: identity.capabilities,
             probe: ProbeFindings::default(),
             ptiscope: build(),
             guest_image,

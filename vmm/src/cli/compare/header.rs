@@ -61,7 +61,7 @@ pub(super) fn print_header(
     }
     let mut environment = Environment::collect(
         &crate::cli::host_facts(),
-        (backend.name(), backend.profile().time_basis),
+        crate::backend::identity(backend),
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.boot.image)),
         extra,
     );

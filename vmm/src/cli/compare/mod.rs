@@ -298,7 +298,7 @@ fn refuse_by_symbol(
     sides: Option<[&Side; 2]>,
 ) -> Result<(), CommandError> {
     // Whether the backend counts by address is its Profile's to say.
-    let why = if backend.profile().counts_by_address {
+    let why = if backend.profile().capabilities.counts_kernel_by_address {
         None
     } else if no_plugin {
         Some("--by-symbol needs ptiscope's QEMU plugin: drop --no-plugin".to_string())

@@ -104,7 +104,10 @@ mod tests {
     fn each_backend_names_its_time_basis() {
         assert_eq!(backend_basis(on("qemu")), TimeBasis::QemuTcg);
         assert_eq!(backend_basis(on("nested")), TimeBasis::NestedTcg);
-        assert_eq!(backend_basis(on("kvm")), crate::cli::kvm_identity().1);
+        assert_eq!(
+            backend_basis(on("kvm")),
+            crate::cli::kvm_identity().time_basis
+        );
         // On a host whose KVM module is known (this one: kvm_pvm), KVM's is too.
         if crate::report::environment::kvm(&crate::cli::host_facts())
             .module

@@ -404,7 +404,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
             &crate::cli::host_facts(),
-            (backend.name(), backend.profile().time_basis),
+            crate::backend::identity(&*backend),
             crate::cli::compare::guest_image_of(
                 &match (&args.exp.kernel, &args.target.linux.linux) {
                     (Some(p), _) => crate::machine::loader::KernelSource::Path(p.clone()),
