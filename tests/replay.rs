@@ -147,6 +147,21 @@ fn replay_without_records_with_a_bad_record_or_under_another_backend_is_refused(
         .unwrap();
     assert_eq!(o.status.code(), Some(66), "{}", stderr(&o));
 
+    // A FIFO with no writer would block a plain read forever.
+    let fifo = dir.join("record.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let o = run_getpid("on", 10)
+        .args(["--backend", "replay", "--replay"])
+        .arg(&fifo)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a FIFO"), "{}", stderr(&o));
+
     let not_a_record = dir.join("run.json");
     std::fs::write(&not_a_record, "{\"schema\": \"ptiscope.run/2\"}").unwrap();
     let o = run_getpid("on", 10)

@@ -136,18 +136,28 @@ fn error(code: i32, message: String) -> BackendError {
     BackendError::Other { message, code }
 }
 
-/// Reads one record.
+/// The most bytes one `--replay` file may have: a record is a few KiB
+/// (a Linux run's with its kernel symbols a few MiB); parsing is about 20
+/// times its size in memory.
+const MAX_RECORD_BYTES: u64 = 64 << 20;
+
+/// Reads one record: a regular file (a FIFO or a device would block or
+/// never end) of at most [`MAX_RECORD_BYTES`], read within
+/// `input::READ_TIME_LIMIT`, a termination signal ending the read.
 fn read(path: &Path) -> Result<RunRecord, BackendError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    use crate::input::{read_regular, InputError, READ_TIME_LIMIT};
+    let bytes = read_regular("--replay", path, MAX_RECORD_BYTES, READ_TIME_LIMIT).map_err(|e| {
+        let code = match &e {
+            InputError::Interrupted { signal, .. } => 128 + signal,
+            InputError::Io { .. } => EX_NOINPUT,
+            _ => EX_USAGE,
+        };
         error(
-            EX_NOINPUT,
-            format!(
-                "--replay {}: cannot read it: {e} (give a file written by `ptiscope run \
-                 --record FILE`)",
-                path.display()
-            ),
+            code,
+            format!("{e} (give a file written by `ptiscope run --record FILE`)"),
         )
     })?;
+    let text = String::from_utf8_lossy(&bytes);
     RunRecord::parse(&text)
         .map_err(|e| error(EX_DATAERR, format!("--replay {}: {e}", path.display())))
 }
