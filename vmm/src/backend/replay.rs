@@ -276,7 +276,7 @@ mod tests {
         let (c, m) = code(Replay::open(&["/nonexistent/r.json".into()]));
         assert_eq!(c, EX_NOINPUT);
         assert!(
-            m.starts_with("--replay /nonexistent/r.json: cannot read it"),
+            m.starts_with("cannot read --replay /nonexistent/r.json"),
             "{m}"
         );
         let dir = std::env::temp_dir().join(format!("ptiscope-replay-{}", std::process::id()));
