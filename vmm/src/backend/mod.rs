@@ -28,12 +28,14 @@
 //! enum turned into it in `cli::Backend::with_plugin`.
 
 mod kvm;
+pub mod nested;
 pub mod qemu;
-pub mod record;
 pub mod qemu_options;
+pub mod record;
 mod tcg;
 
 pub use kvm::Kvm;
+pub use nested::Nested;
 pub use tcg::Qemu;
 
 use crate::linux::HostPhaseObservation;
@@ -217,6 +219,9 @@ pub enum BackendError {
     /// The vCPU threads' seccomp filter could not be made ready.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    /// `--backend nested`'s session could not run the run.
+    #[error(transparent)]
+    Nested(#[from] nested::NestedRunError),
 }
 
 /// A command-line option that only one backend takes, declared once, by
@@ -257,7 +262,7 @@ pub struct Requested<'a> {
 /// refused here, one of `backend`'s own is `backend`'s to check.
 pub fn refusal(backend: &dyn Backend, asked: &Requested) -> Option<String> {
     for flag in &asked.given {
-        let why = others_option(backend.name(), flag).or_else(|| backend.check(flag, asked));
+        let why = others_option(backend.options_of(), flag).or_else(|| backend.check(flag, asked));
         if why.is_some() {
             return why;
         }
@@ -294,6 +299,22 @@ pub trait Backend {
     /// options that `asked` gives, with why (a usage error); options of
     /// other backends are [`refusal`]'s.
     fn check(&self, flag: &str, asked: &Requested) -> Option<String>;
+    /// Whose declared options ([`OwnOption::owner`]) this backend takes:
+    /// its own name, or the backend it runs its runs with (`nested` runs
+    /// KVM's, and checks their values itself).
+    fn options_of(&self) -> &'static str {
+        self.name()
+    }
+    /// The facts of the KVM this backend runs its runs on, when they are
+    /// not this host's (`None`: the caller's host facts): preflight settles
+    /// `config` with them and the reports describe them. `nested`'s are
+    /// its inner kvm_amd's, which starts its session.
+    fn facts(
+        &self,
+        _config: &crate::spec::RunConfig,
+    ) -> Option<Result<std::sync::Arc<crate::probe::host::HostFacts>, BackendError>> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -128,7 +128,10 @@ mod tests {
     #[test]
     fn a_record_of_another_schema_or_no_record_is_refused_naming_what_it_is() {
         let e = RunRecord::parse("{}").unwrap_err().to_string();
-        assert!(e.starts_with("not a ptiscope run record (ptiscope.record/1)"), "{e}");
+        assert!(
+            e.starts_with("not a ptiscope run record (ptiscope.record/1)"),
+            "{e}"
+        );
         let e = RunRecord::parse("[1, 2]").unwrap_err().to_string();
         assert!(e.starts_with("not a ptiscope run record"), "{e}");
         let e = RunRecord::parse(r#"{"schema": "ptiscope.record/0"}"#).unwrap_err();

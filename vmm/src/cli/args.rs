@@ -244,7 +244,10 @@ pub struct BackendOpts {
 impl BackendOpts {
     /// `--backend` (with `--no-plugin`), the backend the runs run on.
     pub fn backend(&self) -> Box<dyn crate::backend::Backend> {
-        self.backend.with_plugin(!self.no_plugin)
+        match self.backend {
+            Backend::Nested => Box::new(crate::backend::Nested::new(self.nested_paging)),
+            b => b.with_plugin(!self.no_plugin),
+        }
     }
 
     /// What the experiment commands ask of the backend (`--qemu-arg`; they
@@ -351,10 +354,8 @@ impl Backend {
         match self {
             Backend::Kvm => Box::new(crate::backend::Kvm::new(super::host_facts())),
             Backend::Qemu => Box::new(crate::backend::Qemu { plugin }),
-            // The nested backend runs the whole command inside its inner
-            // Linux (crate::nested::cli::intercept, before any command
-            // starts), where it is `--backend kvm`: no run reaches here with it.
-            Backend::Nested => Box::new(crate::backend::Kvm::new(super::host_facts())),
+            // Its own options (`--nested-paging`): BackendOpts::backend.
+            Backend::Nested => Box::new(crate::backend::Nested::new(None)),
         }
     }
 
@@ -409,6 +410,21 @@ pub enum Backend {
     /// ptiscope's VMM on a real KVM (kvm_amd, nested paging) inside QEMU TCG
     /// (docs/kvm-hosts.md): real KVM exits and semantics, emulated time.
     Nested,
+}
+
+/// `nested-serve` (hidden): the inner ptiscope of a `--backend nested`
+/// session, started by the nested init; `nested::serve::serve` runs it.
+#[derive(Debug, Clone, Args)]
+pub struct NestedServeArgs {
+    /// The port the session's messages come and go on.
+    #[arg(long, default_value = "/dev/ttyS1")]
+    pub tty: PathBuf,
+    /// The outer QEMU's plugin's live file (an ivshmem device's memory).
+    #[arg(long)]
+    pub outer_plugin: Option<PathBuf>,
+    /// The blob window the boot sources come through (an ivshmem device's memory).
+    #[arg(long)]
+    pub blob_window: Option<PathBuf>,
 }
 
 /// `ptiscope nested-batch [--cpus N] REQUEST.json`: runs a request's jobs

@@ -82,6 +82,10 @@ pub enum CommandError {
     /// An output file cannot be opened.
     #[error(transparent)]
     Output(#[from] OpenError),
+    /// The backend could not say what it runs on (`nested`: its session
+    /// did not start).
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
     /// A side cannot be settled (image, entry, host limits).
     #[error("{at}{source}")]
     Settle {

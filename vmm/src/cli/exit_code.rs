@@ -202,6 +202,7 @@ impl ExitCode for MeasuredRunError {
             MeasuredRunError::Kvm(e) => e.exit_code(),
             MeasuredRunError::Qemu(e) => e.exit_code(),
             MeasuredRunError::Sandbox(_) => INTERNAL,
+            MeasuredRunError::Nested(e) => e.exit_code(),
             MeasuredRunError::NoPhase { .. } => VM_ERROR,
             MeasuredRunError::GuestFailed { end, .. } => end.reason.exit_code(),
             MeasuredRunError::Linux { code, .. } => *code,
@@ -244,12 +245,23 @@ impl<E: ExitCode + std::error::Error> ExitCode for ExperimentError<E> {
     }
 }
 
+impl ExitCode for crate::backend::nested::NestedRunError {
+    fn exit_code(&self) -> i32 {
+        use crate::backend::nested::NestedRunError as E;
+        match self {
+            E::NoStarter | E::Inner(_) => INTERNAL,
+            E::Session { exit_code, .. } => *exit_code,
+        }
+    }
+}
+
 impl ExitCode for crate::backend::BackendError {
     fn exit_code(&self) -> i32 {
         match self {
             crate::backend::BackendError::Kvm(e) => e.exit_code(),
             crate::backend::BackendError::Qemu(e) => e.exit_code(),
             crate::backend::BackendError::Sandbox(_) => INTERNAL,
+            crate::backend::BackendError::Nested(e) => e.exit_code(),
         }
     }
 }
@@ -260,6 +272,7 @@ impl ExitCode for CommandError {
             CommandError::Usage(_) | CommandError::Side { .. } => USAGE,
             CommandError::Against { code, .. } => *code,
             CommandError::Output(e) => e.exit_code(),
+            CommandError::Backend(e) => e.exit_code(),
             CommandError::Settle { source, .. } => source.exit_code(),
             CommandError::Interrupted { signal, .. } => 128 + signal,
             CommandError::Experiment { source, .. } => source.exit_code(),

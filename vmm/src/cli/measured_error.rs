@@ -19,6 +19,9 @@ pub enum MeasuredRunError {
     /// The vCPU threads' seccomp filter could not be made ready.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    /// `--backend nested`'s session could not run it.
+    #[error(transparent)]
+    Nested(#[from] crate::backend::nested::NestedRunError),
     /// The guest ran to a clean exit without marking a workload phase.
     #[error(
         "the guest marked no workload phase, so there is nothing to compare \
@@ -84,6 +87,7 @@ impl From<crate::backend::BackendError> for MeasuredRunError {
             crate::backend::BackendError::Kvm(e) => MeasuredRunError::Kvm(e),
             crate::backend::BackendError::Qemu(e) => MeasuredRunError::Qemu(e),
             crate::backend::BackendError::Sandbox(e) => MeasuredRunError::Sandbox(e),
+            crate::backend::BackendError::Nested(e) => MeasuredRunError::Nested(e),
         }
     }
 }

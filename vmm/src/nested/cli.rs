@@ -11,7 +11,6 @@ use super::pack::{pack_batch_linux, pack_linux_cache, rewrite, Packer, INNER_LIN
 use super::{boot, payload, Job, Request};
 use crate::input::{read_regular, READ_TIME_LIMIT};
 use crate::machine::loader::MAX_IMAGE_BYTES;
-use crate::report::FailIf;
 use crate::spec::nested::KvmPaging;
 
 /// `eprintln!` for lines that carry user or file text: escaped line by line.
@@ -22,13 +21,13 @@ macro_rules! say {
 }
 use crate::cli::exit_code;
 use crate::cli::reproduce::ReproduceBackend;
-use crate::cli::{Backend, Cli, Command, Runs};
+use crate::cli::{Backend, Cli, Command};
 
 /// The inner KVM's paging: as asked, else shadow paging for a Linux guest
 /// (KVM's `tlb_flush` then counts its CR3 writes, which nothing else on
 /// the VMM can) where the outer QEMU runs it correctly
 /// ([`boot::shadow_paging_works`]), else nested paging.
-fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
+pub(super) fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
     asked.unwrap_or(if linux && boot::shadow_paging_works().is_ok() {
         KvmPaging::Shadow
     } else {
@@ -39,29 +38,17 @@ fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
 /// The most bytes of a `nested-batch` request read (a JSON list of jobs).
 const MAX_REQUEST_BYTES: u64 = 16 << 20;
 
-/// Why `--by-symbol`, `--by-symbol-csv` or a `symbol:` condition of
-/// `--fail-if` cannot run under `--backend nested` (the inner command runs
-/// on KVM, which has no per-address count; docs/ci-gate.md), if one is
-/// given.
-fn by_symbol_refusal(by_symbol: bool, csv: bool, fail_if: &[String]) -> Option<String> {
-    let why = "counts kernel instructions by address with ptiscope's QEMU TCG plugin, which \
-               --backend nested (KVM inside QEMU) does not have: give --backend qemu";
-    if by_symbol {
-        return Some(format!("--by-symbol {why}"));
+/// The usage error of `--nested-paging` without `--backend nested`
+/// (`name`: the command), if it is one.
+fn paging_refusal(name: &str, backend: Backend, paging: Option<KvmPaging>) -> Option<i32> {
+    if backend == Backend::Nested || paging.is_none() {
+        return None;
     }
-    if csv {
-        return Some(format!("--by-symbol-csv (with --by-symbol) {why}"));
-    }
-    // Read by the one --fail-if parser, as the inner command will: a list
-    // it refuses is refused here, before the boot, and a symbol condition
-    // is one it reads as such.
-    fail_if.iter().find_map(|c| match FailIf::parse(&[c]) {
-        Err(e) => Some(format!("--fail-if: {e}")),
-        Ok(f) if !f.symbol.is_empty() => Some(format!(
-            "--fail-if {c}: a symbol: condition needs --by-symbol, which {why}"
-        )),
-        Ok(_) => None,
-    })
+    eprintln!(
+        "ptiscope {name}: --nested-paging is for --backend nested (it sets how the inner \
+         kvm_amd maps guest memory): drop it, or add --backend nested"
+    );
+    Some(exit_code::USAGE)
 }
 
 /// What the inner `compare`/`sweep --backend kvm` would refuse in a
@@ -94,35 +81,11 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
     // boot: refused here, before it.
     let mut kvm_refuses: Option<String> = None;
     let (backend, name, bound, cpus, json_is_flag, quiet) = match &cli.command {
-        Some(Command::Run(a)) => {
-            paging = (a.on.nested_paging, a.linux.linux.is_some());
-            kvm_refuses = by_symbol_refusal(a.by_symbol, false, &[]);
-            (
-                a.on.backend,
-                "run",
-                a.timeout + Duration::from_secs(60),
-                a.cpus,
-                false,
-                false,
-            )
-        }
+        // `run` and `compare` go through the backend trait
+        // (`backend::Nested`): only a misplaced --nested-paging is theirs here.
+        Some(Command::Run(a)) => return paging_refusal("run", a.on.backend, a.on.nested_paging),
         Some(Command::Compare(a)) => {
-            let runs = match a.runs {
-                Runs::Fixed(n) => n,
-                Runs::Auto => a.max_runs.unwrap_or(crate::cli::DEFAULT_MAX_RUNS),
-            };
-            let sides = 2 * (runs + a.warmup) + 2;
-            paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
-            kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if)
-                .or_else(|| side_refusal([&a.baseline, &a.compare], "", &a.exp, &a.target));
-            (
-                a.target.on.backend,
-                "compare",
-                a.exp.timeout * sides + Duration::from_secs(120),
-                a.exp.cpus,
-                false,
-                a.quiet,
-            )
+            return paging_refusal("compare", a.target.on.backend, a.target.on.nested_paging)
         }
         Some(Command::Sweep(a)) => {
             // Every run of the grid is bounded by --timeout: the session's
@@ -266,6 +229,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         kvm_paging,
         outer_plugin: Some(linux && kvm_paging == KvmPaging::Npt),
         jobs: vec![job],
+        serve: false,
     };
     // A user's command only: the tests' batches choose their own.
     let mut cpus = cpus;
@@ -688,39 +652,22 @@ mod tests {
         assert!(!i.boots_linux && i.inputs.is_empty());
     }
 
-    /// What the inner `--backend kvm` refuses after the boot is refused
-    /// before it: `--by-symbol`, `--by-symbol-csv`, a `symbol:` condition.
+    /// `run` and `compare` are not re-run inside: they go through the
+    /// backend trait; only a misplaced `--nested-paging` stops them here.
     #[test]
-    fn by_symbol_and_symbol_conditions_are_refused_before_the_boot() {
-        assert_eq!(by_symbol_refusal(false, false, &[]), None);
-        assert_eq!(
-            by_symbol_refusal(false, false, &s(&["cr3_writes_per_call!=2"])),
-            None
-        );
-        let e = by_symbol_refusal(true, false, &[]).unwrap();
-        assert!(
-            e.contains("--by-symbol") && e.contains("--backend qemu"),
-            "{e}"
-        );
-        let e = by_symbol_refusal(false, true, &[]).unwrap();
-        assert!(e.contains("--by-symbol-csv"), "{e}");
-        let e = by_symbol_refusal(
-            false,
-            false,
-            &s(&["cr3_writes_per_call!=2,symbol:entry_SYSCALL_64>1"]),
-        )
-        .unwrap();
-        assert!(e.contains("symbol:entry_SYSCALL_64>1"), "{e}");
+    fn run_and_compare_are_not_intercepted() {
         use clap::Parser as _;
         for args in [
             &["run", "--backend", "nested", "--linux", "x", "--by-symbol"][..],
             &["compare", "--backend", "nested", "--by-symbol"],
-            &[
-                "compare",
-                "--backend=nested",
-                "--fail-if",
-                "symbol:entry_SYSCALL_64>1",
-            ],
+            &["compare", "--backend=nested", "--nested-paging", "shadow"],
+        ] {
+            let cli = Cli::try_parse_from(std::iter::once(&"ptiscope").chain(args)).unwrap();
+            assert_eq!(intercept(&cli), None, "{args:?}");
+        }
+        for args in [
+            &["run", "--nested-paging", "npt"][..],
+            &["compare", "--backend=qemu", "--nested-paging=shadow"],
         ] {
             let cli = Cli::try_parse_from(std::iter::once(&"ptiscope").chain(args)).unwrap();
             assert_eq!(intercept(&cli), Some(exit_code::USAGE), "{args:?}");

@@ -484,6 +484,24 @@ impl std::fmt::Debug for Cache {
 }
 
 impl Cache {
+    /// A cache that holds `facts` and keeps nothing: the facts of a KVM
+    /// this process cannot probe itself (`--backend nested`'s inner
+    /// kvm_amd, as its inner ptiscope probed them).
+    pub fn seeded(facts: Facts) -> Cache {
+        Cache {
+            state: Mutex::new(Some(State {
+                key: String::new(),
+                path: None,
+                facts,
+            })),
+        }
+    }
+
+    /// The facts this process holds (read from the file or probed).
+    pub fn facts(&self) -> Facts {
+        self.with_state(|s| s.facts.clone())
+    }
+
     fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let state = guard.get_or_insert_with(|| {

@@ -162,7 +162,9 @@ pub fn parse_side(
                 c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?;
                 let backend = target.on.backend();
                 if c.cpu_vuln != CpuVuln::Host {
-                    if let Some(why) = crate::backend::others_option(backend.name(), "cpu_vuln=") {
+                    if let Some(why) =
+                        crate::backend::others_option(backend.options_of(), "cpu_vuln=")
+                    {
                         return Err(bad(why));
                     }
                 }
@@ -231,7 +233,7 @@ pub fn parse_side(
             // QEMU's emulated CPU model for this side (`-cpu`).
             SideKey::Cpu => {
                 let backend = target.on.backend();
-                if let Some(why) = crate::backend::others_option(backend.name(), "cpu=") {
+                if let Some(why) = crate::backend::others_option(backend.options_of(), "cpu=") {
                     return Err(bad(format!("chooses QEMU's emulated CPU model: {why}")));
                 }
                 let model_ok = !v.is_empty()
