@@ -59,7 +59,10 @@ fn main() -> ExitCode {
 fn command(cli: Cli) -> ExitCode {
     // `--backend nested`'s runs go through the backend trait: its sessions
     // are booted by the `nested` module, above the backends.
-    ptiscope::backend::nested::provide_sessions(ptiscope::nested::session::start);
+    ptiscope::backend::nested::provide_sessions(ptiscope::backend::nested::Sessions {
+        paging: ptiscope::nested::cli::kvm_paging,
+        start: ptiscope::nested::session::start,
+    });
     // `--backend nested`: the whole command runs inside QEMU TCG's KVM.
     if let Some(status) = ptiscope::nested::cli::intercept(&cli) {
         return code(status);

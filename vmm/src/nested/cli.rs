@@ -27,7 +27,7 @@ use crate::cli::{Backend, Cli, Command};
 /// (KVM's `tlb_flush` then counts its CR3 writes, which nothing else on
 /// the VMM can) where the outer QEMU runs it correctly
 /// ([`boot::shadow_paging_works`]), else nested paging.
-pub(super) fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
+pub fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
     asked.unwrap_or(if linux && boot::shadow_paging_works().is_ok() {
         KvmPaging::Shadow
     } else {

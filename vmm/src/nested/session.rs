@@ -16,7 +16,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::process::Stdio;
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::boot::{self, Qemu};
@@ -26,7 +25,7 @@ use super::{frame, Request};
 use crate::backend::nested::wire::{BlobAt, FromInner, ToInner, WireRun};
 use crate::backend::nested::{NestedRunError, Session, SessionSpec};
 use crate::backend::record::RunRecord;
-use crate::probe::host::HostFacts;
+use crate::probe::host_cache;
 use crate::signals;
 use crate::spec::nested::KvmPaging;
 use crate::spec::ResolvedRun;
@@ -61,7 +60,8 @@ struct Live {
     console: std::fs::File,
     window: std::fs::File,
     held: HashSet<String>,
-    facts: Arc<HostFacts>,
+    facts: host_cache::Facts,
+    outer_plugin: Option<std::path::PathBuf>,
     // Kept open for QEMU, which maps them by /proc/self/fd.
     _fds: Vec<std::fs::File>,
 }
@@ -76,7 +76,7 @@ pub fn start(
 
 impl Live {
     fn start(spec: &SessionSpec, progress: &mut dyn FnMut(&str)) -> Result<Live, NestedError> {
-        let paging = super::cli::kvm_paging(spec.paging, spec.linux);
+        let paging = spec.paging;
         if paging == KvmPaging::Shadow {
             boot::shadow_paging_works().map_err(NestedError::QemuBreaksIt)?;
         }
@@ -203,7 +203,8 @@ impl Live {
             console,
             window,
             held: HashSet::new(),
-            facts: Arc::new(HostFacts::read_as(false, None)),
+            facts: host_cache::Facts::default(),
+            outer_plugin: None,
             _fds: keep,
         };
         let deadline = start + boot::BOOT_ALLOWANCE + PROBE_ALLOWANCE;
@@ -212,11 +213,8 @@ impl Live {
                 facts,
                 outer_plugin,
             } => {
-                session.facts = Arc::new(HostFacts::of_inner_kvm(
-                    paging == KvmPaging::Npt,
-                    outer_plugin.map(Into::into),
-                    facts,
-                ));
+                session.facts = facts;
+                session.outer_plugin = outer_plugin.map(Into::into);
             }
             FromInner::Unready(why) => return Err(NestedError::Setup(why)),
             FromInner::Ran { .. } => {
@@ -334,8 +332,8 @@ impl Live {
 }
 
 impl Session for Live {
-    fn facts(&self) -> Arc<HostFacts> {
-        self.facts.clone()
+    fn facts(&self) -> (host_cache::Facts, Option<std::path::PathBuf>) {
+        (self.facts.clone(), self.outer_plugin.clone())
     }
 
     fn run(&mut self, run: &ResolvedRun) -> Result<(RunRecord, Option<String>), NestedRunError> {

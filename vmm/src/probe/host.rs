@@ -120,31 +120,36 @@ impl HostFacts {
     }
 
     /// The facts of `--backend nested`'s inner kvm_amd as its inner
-    /// ptiscope probed them (`known`), for the outer process, which
-    /// settles runs for that KVM and describes it in its reports but
-    /// cannot probe it: nothing is probed or kept here.
-    /// `outer_plugin`: the live file of the outer QEMU's plugin as the
-    /// inner side named it (whether one counts a Linux guest's CR3 writes).
-    /// A fact it did not send reads as one whose probe could not run: this
-    /// process never probes its own KVM for that one.
+    /// ptiscope probed them (`known`, asked at the first use of a probed
+    /// fact: it boots the nested VM), for the outer process, which settles
+    /// runs for that KVM and describes it in its reports but cannot probe
+    /// it: nothing is probed or kept here. `nested_paging`: kvm_amd's
+    /// paging; `outer_plugin`: the live file of the outer QEMU's plugin as
+    /// the inner side names it (whether one counts a Linux guest's CR3
+    /// writes). A fact `known` lacks reads as one whose probe could not
+    /// run: this process never probes its own KVM for it.
     pub fn of_inner_kvm(
         nested_paging: bool,
         outer_plugin: Option<std::path::PathBuf>,
-        mut known: host_cache::Facts,
+        known: impl FnOnce() -> host_cache::Facts + Send + 'static,
     ) -> HostFacts {
-        let why = "not probed inside --backend nested's VM";
-        known.entries.get_or_insert_with(|| Err(why.to_string()));
-        known.pcid.get_or_insert(None);
-        known.pae.get_or_insert(None);
-        known.refill.get_or_insert_with(|| {
-            host_cache::CachedRefill::from(&probe::RefillProbe::unmeasured(None, why.into()))
-        });
+        let known = move || {
+            let mut known = known();
+            let why = "not probed inside --backend nested's VM";
+            known.entries.get_or_insert_with(|| Err(why.to_string()));
+            known.pcid.get_or_insert(None);
+            known.pae.get_or_insert(None);
+            known.refill.get_or_insert_with(|| {
+                host_cache::CachedRefill::from(&probe::RefillProbe::unmeasured(None, why.into()))
+            });
+            known
+        };
         HostFacts {
             kvm: KvmFlavour::Hardware,
             two_dimensional_paging: Some(nested_paging),
             nested: true,
             outer_plugin,
-            cache: host_cache::Cache::seeded(known),
+            cache: host_cache::Cache::from_source(known),
             entries: OnceLock::new(),
             pcid: OnceLock::new(),
             pae: OnceLock::new(),

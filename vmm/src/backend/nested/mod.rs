@@ -15,22 +15,24 @@
 
 pub mod wire;
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::kvm::Kvm;
 use super::record::RunRecord;
 use super::{Backend, BackendError, HostWatch, Profile, Ran, Requested};
 use crate::probe::host::HostFacts;
+use crate::probe::host_cache;
 use crate::spec::nested::KvmPaging;
 use crate::spec::{ResolvedRun, RunConfig, Target};
 
 /// What a session is started for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionSpec {
-    /// `--nested-paging`, if given.
-    pub paging: Option<KvmPaging>,
-    /// Whether the runs boot a Linux guest (the default paging, the outer
-    /// plugin and the outer vCPUs follow).
+    /// The inner kvm_amd's paging.
+    pub paging: KvmPaging,
+    /// Whether the runs boot a Linux guest (the outer plugin and the
+    /// outer vCPUs follow).
     pub linux: bool,
     /// The runs' vCPUs.
     pub cpus: u32,
@@ -38,30 +40,38 @@ pub struct SessionSpec {
 
 /// One booted VM serving runs.
 pub trait Session: Send {
-    /// Its KVM's facts (seeded with what the inner ptiscope probed).
-    fn facts(&self) -> Arc<HostFacts>;
+    /// What its inner ptiscope probed of its KVM, and the outer plugin's
+    /// live file there, if one counts a Linux guest's CR3 writes.
+    fn facts(&self) -> (host_cache::Facts, Option<PathBuf>);
     /// Runs `run` inside: its record, and its console when the run's goes
     /// somewhere (`None` otherwise).
     fn run(&mut self, run: &ResolvedRun) -> Result<(RunRecord, Option<String>), NestedRunError>;
 }
 
-/// Starts a session (`progress` hears its stages), or says why it could not.
-pub type Starter =
-    fn(&SessionSpec, &mut dyn FnMut(&str)) -> Result<Box<dyn Session>, NestedRunError>;
+/// How this process boots sessions: the `nested` module's, handed to
+/// [`provide_sessions`] by `main`.
+#[derive(Clone, Copy)]
+pub struct Sessions {
+    /// The inner kvm_amd's paging for `--nested-paging` (`None`: the
+    /// default) and whether the runs boot Linux.
+    pub paging: fn(Option<KvmPaging>, bool) -> KvmPaging,
+    /// Starts a session (`progress` hears its stages), or says why not.
+    pub start: fn(&SessionSpec, &mut dyn FnMut(&str)) -> Result<Box<dyn Session>, NestedRunError>,
+}
 
-static STARTER: OnceLock<Starter> = OnceLock::new();
+static SESSIONS: OnceLock<Sessions> = OnceLock::new();
 
-/// Hands this process's way to start sessions to the backend (`main` does,
-/// with `nested::session::start`); the first one given stays.
-pub fn provide_sessions(start: Starter) {
-    let _ = STARTER.set(start);
+/// Hands this process's way to boot sessions to the backend (`main` does,
+/// with the `nested` module's); the first one given stays.
+pub fn provide_sessions(sessions: Sessions) {
+    let _ = SESSIONS.set(sessions);
 }
 
 /// Why a nested run could not run.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum NestedRunError {
-    /// No session starter in this process (a library caller that did not
-    /// provide one).
+    /// No way to boot sessions in this process (a library caller that did
+    /// not provide one).
     #[error("--backend nested is not available here: nothing starts its QEMU session")]
     NoStarter,
     /// The session could not be started or broke.
@@ -77,11 +87,44 @@ pub enum NestedRunError {
     Inner(String),
 }
 
+/// The backend's session: none yet, the booted one, or why it could not
+/// boot (not tried again: a compare's later runs fail as its first did).
+#[derive(Default)]
+struct State {
+    session: Option<Box<dyn Session>>,
+    /// What the session was started for.
+    spec: Option<SessionSpec>,
+    failed: Option<NestedRunError>,
+}
+
+/// Starts the session in `state` for `spec` if there is none.
+fn ensure(state: &Mutex<State>, spec: SessionSpec) -> Result<(), NestedRunError> {
+    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+    if s.session.is_some() {
+        return Ok(());
+    }
+    if let Some(e) = &s.failed {
+        return Err(e.clone());
+    }
+    let sessions = SESSIONS.get().ok_or(NestedRunError::NoStarter)?;
+    match (sessions.start)(&spec, &mut |m| eprintln!("ptiscope: {m}")) {
+        Ok(session) => {
+            s.session = Some(session);
+            s.spec = Some(spec);
+            Ok(())
+        }
+        Err(e) => {
+            s.failed = Some(e.clone());
+            Err(e)
+        }
+    }
+}
+
 /// `--backend nested`: the settled run goes into a QEMU-TCG Linux with a
 /// real kvm_amd, and comes back as a record.
 pub struct Nested {
     paging: Option<KvmPaging>,
-    session: Mutex<Option<Box<dyn Session>>>,
+    state: Arc<Mutex<State>>,
 }
 
 impl Nested {
@@ -91,41 +134,42 @@ impl Nested {
     pub fn new(paging: Option<KvmPaging>) -> Self {
         Nested {
             paging,
-            session: Mutex::new(None),
+            state: Arc::default(),
         }
     }
 
-    /// The session's facts, starting it for `spec` if there is none.
-    fn session_facts(&self, spec: SessionSpec) -> Result<Arc<HostFacts>, NestedRunError> {
-        let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        if s.is_none() {
-            let start = STARTER.get().ok_or(NestedRunError::NoStarter)?;
-            *s = Some(start(&spec, &mut |m| eprintln!("ptiscope: {m}"))?);
-        }
-        Ok(s.as_ref().map(|s| s.facts()).expect("started above"))
-    }
-
+    /// The session for runs of this kind (Linux or not, `cpus`).
     fn spec(&self, linux: bool, cpus: u32) -> SessionSpec {
+        let paging = match SESSIONS.get() {
+            Some(s) => (s.paging)(self.paging, linux),
+            None => self.paging.unwrap_or_default(),
+        };
         SessionSpec {
-            paging: self.paging,
+            paging,
             linux,
             cpus,
         }
     }
 
-    /// The KVM backend on the session's facts (or, before one, facts that
-    /// say only what the inner KVM is): what a nested run's profile is.
-    fn inner(&self) -> Kvm {
-        let s = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        let facts = match s.as_ref() {
-            Some(s) => s.facts(),
-            None => Arc::new(HostFacts::of_inner_kvm(
-                self.paging != Some(KvmPaging::Shadow),
-                None,
-                Default::default(),
-            )),
+    /// The inner KVM's facts for runs of `spec`: probed inside, asked at
+    /// their first use (which boots the session), so that a run refused
+    /// before it needs one (a bad image, an option) boots nothing.
+    fn facts_for(&self, spec: SessionSpec) -> HostFacts {
+        let state = self.state.clone();
+        let plugin = {
+            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.session.as_ref().and_then(|s| s.facts().1)
         };
-        Kvm::new(facts)
+        HostFacts::of_inner_kvm(spec.paging == KvmPaging::Npt, plugin, move || {
+            match ensure(&state, spec) {
+                Ok(()) => {
+                    let s = state.lock().unwrap_or_else(|p| p.into_inner());
+                    s.session.as_ref().map(|s| s.facts().0).unwrap_or_default()
+                }
+                // The run that follows says why (the same error again).
+                Err(_) => host_cache::Facts::default(),
+            }
+        })
     }
 }
 
@@ -140,15 +184,16 @@ impl Backend for Nested {
 
     fn facts(&self, config: &RunConfig) -> Option<Result<Arc<HostFacts>, BackendError>> {
         let spec = self.spec(config.guest_kind.is_linux(), config.cpus);
-        Some(self.session_facts(spec).map_err(BackendError::from))
+        Some(Ok(Arc::new(self.facts_for(spec))))
     }
 
     fn run(&self, resolved: &ResolvedRun, _watch: HostWatch) -> Result<Ran, BackendError> {
         let spec = self.spec(resolved.guest_kind.is_linux(), resolved.config.cpus);
-        self.session_facts(spec)?;
-        let mut s = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        let session = s.as_mut().ok_or(NestedRunError::NoStarter)?;
+        ensure(&self.state, spec)?;
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let session = s.session.as_mut().ok_or(NestedRunError::NoStarter)?;
         let (record, console) = session.run(resolved)?;
+        drop(s);
         if let Some(text) = console {
             // The inner console goes where the run's would have gone.
             if let Ok((Some(mut w), queue)) =
@@ -165,7 +210,18 @@ impl Backend for Nested {
     }
 
     fn profile(&self) -> Profile {
-        self.inner().profile()
+        // The session's facts when it runs (a profile is asked after the
+        // runs), else what the inner KVM is without them.
+        let started = self.state.lock().unwrap_or_else(|p| p.into_inner()).spec;
+        let facts = match started {
+            Some(spec) => self.facts_for(spec),
+            None => HostFacts::of_inner_kvm(
+                self.spec(false, 1).paging == KvmPaging::Npt,
+                None,
+                Default::default,
+            ),
+        };
+        Kvm::new(Arc::new(facts)).profile()
     }
 
     fn options_of(&self) -> &'static str {
@@ -175,10 +231,12 @@ impl Backend for Nested {
     fn check(&self, flag: &str, asked: &Requested) -> Option<String> {
         if flag == "--metrics-interval" {
             return Some(
-                "--metrics-interval samples KVM's statistics from the host while the guest runs;                  --backend nested's KVM runs inside its VM: not with --backend nested"
+                "--metrics-interval samples KVM's statistics from the host while the guest runs; \
+                 --backend nested's KVM runs inside its VM: not with --backend nested"
                     .into(),
             );
         }
-        self.inner().check(flag, asked)
+        let facts = HostFacts::of_inner_kvm(true, None, Default::default);
+        Kvm::new(Arc::new(facts)).check(flag, asked)
     }
 }
