@@ -42,7 +42,7 @@ impl Where {
     /// command that bounds its session does.
     pub fn of(backend: Backend) -> Where {
         match backend {
-            Backend::Kvm if crate::spec::nested::inside() => Where::Nested,
+            Backend::Kvm if crate::cli::host_facts().nested() => Where::Nested,
             Backend::Kvm => Where::Kvm,
             Backend::Qemu => Where::Qemu,
             Backend::Nested => Where::Nested,

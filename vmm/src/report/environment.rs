@@ -373,7 +373,7 @@ impl Environment {
             host: host(),
             kvm: kvm(facts),
             // Inside `--backend nested` the inner `kvm` is the nested one.
-            backend: crate::spec::nested::reported_backend(backend).to_owned(),
+            backend: crate::spec::nested::reported_backend(facts.nested(), backend).to_owned(),
             time_basis,
             probe: ProbeFindings::default(),
             ptiscope: build(),

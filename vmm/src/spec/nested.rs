@@ -28,11 +28,12 @@ pub fn inside() -> bool {
     std::env::var_os(INNER_ENV).is_some()
 }
 
-/// The name reports give the backend `name` (a `Backend::name`): inside
-/// `--backend nested` the VMM's KVM is the nested kvm_amd, so `kvm` reads
-/// `nested` there; every other name is itself.
-pub fn reported_backend(name: &'static str) -> &'static str {
-    if inside() && name == "kvm" {
+/// The name reports give the backend `name` (a `Backend::name`): on
+/// `--backend nested`'s inner KVM (`nested`, from the host facts) the
+/// VMM's KVM is the nested kvm_amd, so `kvm` reads `nested` there; every
+/// other name is itself.
+pub fn reported_backend(nested: bool, name: &'static str) -> &'static str {
+    if nested && name == "kvm" {
         "nested"
     } else {
         name

@@ -64,7 +64,10 @@ pub(super) fn backend_name(b: Backend) -> &'static str {
         // No run reaches a backend as `nested` out here (its inner command
         // runs as `kvm`): the cell names what was asked.
         Backend::Nested => "nested",
-        b => crate::spec::nested::reported_backend(b.with_plugin(true).name()),
+        b => crate::spec::nested::reported_backend(
+            crate::cli::host_facts().nested(),
+            b.with_plugin(true).name(),
+        ),
     }
 }
 
