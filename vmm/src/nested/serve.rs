@@ -87,7 +87,7 @@ pub fn serve(args: &crate::cli::NestedServeArgs) -> i32 {
     send(
         &mut tty,
         &FromInner::Ready {
-            facts: facts.known_facts(),
+            facts: Box::new(facts.known_facts()),
             outer_plugin: args.outer_plugin.as_ref().map(|p| p.display().to_string()),
         },
     );
@@ -149,7 +149,7 @@ pub fn serve(args: &crate::cli::NestedServeArgs) -> i32 {
                                 .run(&resolved, HostWatch::default())
                                 .map_err(|e| e.to_string())?;
                             let words = crate::cli::compare::config_words(&ran.outcome);
-                            Ok(ran.record("nested", &resolved, words))
+                            Ok(Box::new(ran.record("nested", &resolved, words)))
                         }),
                 };
                 FromInner::Ran {

@@ -213,7 +213,7 @@ impl Live {
                 facts,
                 outer_plugin,
             } => {
-                session.facts = facts;
+                session.facts = *facts;
                 session.outer_plugin = outer_plugin.map(Into::into);
             }
             FromInner::Unready(why) => return Err(NestedError::Setup(why)),
@@ -324,7 +324,7 @@ impl Live {
         match self.receive(deadline)? {
             FromInner::Ran { record, console } => {
                 self.held.extend(sent);
-                record.map(|r| (r, console)).map_err(NestedRunError::Inner)
+                record.map(|r| (*r, console)).map_err(NestedRunError::Inner)
             }
             _ => Err(self.broken("a message that is not a run's result").into()),
         }

@@ -55,9 +55,13 @@ pub struct Sessions {
     /// The inner kvm_amd's paging for `--nested-paging` (`None`: the
     /// default) and whether the runs boot Linux.
     pub paging: fn(Option<KvmPaging>, bool) -> KvmPaging,
-    /// Starts a session (`progress` hears its stages), or says why not.
-    pub start: fn(&SessionSpec, &mut dyn FnMut(&str)) -> Result<Box<dyn Session>, NestedRunError>,
+    /// Starts a session, or says why not.
+    pub start: Starter,
 }
+
+/// Starts a session for a [`SessionSpec`] (the `FnMut` hears its stages).
+pub type Starter =
+    fn(&SessionSpec, &mut dyn FnMut(&str)) -> Result<Box<dyn Session>, NestedRunError>;
 
 static SESSIONS: OnceLock<Sessions> = OnceLock::new();
 

@@ -202,8 +202,8 @@ pub enum FromInner {
     /// Ready for runs: its KVM's probed facts (entries, PCID, PAE, refill),
     /// which the outer side settles runs with and reports.
     Ready {
-        /// The facts.
-        facts: host_cache::Facts,
+        /// The facts (boxed: they are large beside the other messages).
+        facts: Box<host_cache::Facts>,
         /// The outer QEMU's plugin's live file inside, if one counts a
         /// Linux guest's CR3 writes.
         outer_plugin: Option<String>,
@@ -212,8 +212,9 @@ pub enum FromInner {
     Unready(String),
     /// A run's result: its record, or why it could not run.
     Ran {
-        /// The record, or the error's words.
-        record: Result<RunRecord, String>,
+        /// The record (boxed: it is large beside the other messages), or
+        /// the error's words.
+        record: Result<Box<RunRecord>, String>,
         /// The guest's console, when the run asked for it back (lossy UTF-8).
         console: Option<String>,
     },
