@@ -340,3 +340,80 @@ impl Session for Live {
         self.run_one(run)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The session's messages cross the port as frames, each way: a
+    /// stream holding the ready message and a run's result (after console
+    /// noise) gives them back in order and whole, without a boot.
+    #[test]
+    fn session_messages_cross_the_port_framed() {
+        let ready = FromInner::Ready {
+            facts: Box::new(host_cache::Facts {
+                pcid: Some(Some((false, "no PCID".into()))),
+                ..Default::default()
+            }),
+            outer_plugin: Some("/sys/bus/pci/devices/x/resource2".into()),
+        };
+        let failed = FromInner::Ran {
+            record: Err("the boot source abc is not in this session".into()),
+            console: Some("@result workload=getpid\n".into()),
+        };
+        let mut port = b"[    0.000000] Linux version 6.1\n".to_vec();
+        for m in [&ready, &failed] {
+            port.extend(frame::encode(&serde_json::to_vec(m).unwrap()));
+        }
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        for piece in port.chunks(16) {
+            buf.extend_from_slice(piece);
+            while let Some(p) = frame::take(&mut buf) {
+                got.push(serde_json::from_slice::<FromInner>(&p.unwrap()).unwrap());
+            }
+        }
+        assert_eq!(got.len(), 2);
+        match &got[0] {
+            FromInner::Ready {
+                facts,
+                outer_plugin,
+            } => {
+                assert_eq!(facts.pcid, Some(Some((false, "no PCID".into()))));
+                assert!(outer_plugin.as_deref().unwrap().ends_with("resource2"));
+            }
+            other => panic!("{other:?}"),
+        }
+        match &got[1] {
+            FromInner::Ran { record, console } => {
+                assert!(record.as_ref().unwrap_err().contains("not in this session"));
+                assert_eq!(console.as_deref(), Some("@result workload=getpid\n"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // And inwards: a run request, blobs placed in the window.
+        let run = ToInner::Run {
+            run: serde_json::from_value(serde_json::json!({
+                "mem_mib": 128, "asked": {"pti": null, "pcid": null, "entry": "auto",
+                "workload": null, "iterations": null, "extra": ""},
+                "timeout": {"secs": 10, "nanos": 0}, "cpu_vuln": "host", "irqchip": true,
+                "cpus": 1, "console": false, "image": {"sha256": "ab", "len": 2},
+                "image_name": "embedded", "initrd": null, "cmdline": "pti=on",
+                "guest": {"pti": null, "pcid": null, "entry": null, "workload": null,
+                "iterations": null, "extra": ""}, "entry_guessed": false, "linux": null
+            }))
+            .unwrap(),
+            blobs: vec![BlobAt {
+                blob: crate::backend::nested::wire::BlobRef {
+                    sha256: "ab".into(),
+                    len: 2,
+                },
+                offset: 0,
+            }],
+        };
+        let mut buf = frame::encode(&serde_json::to_vec(&run).unwrap());
+        let back: ToInner =
+            serde_json::from_slice(&frame::take(&mut buf).unwrap().unwrap()).unwrap();
+        assert_eq!(back, run);
+    }
+}
