@@ -170,8 +170,12 @@ impl Nested {
                     let s = state.lock().unwrap_or_else(|p| p.into_inner());
                     s.session.as_ref().map(|s| s.facts().0).unwrap_or_default()
                 }
-                // The run that follows says why (the same error again).
-                Err(_) => host_cache::Facts::default(),
+                // The run that follows fails with the same error; until
+                // then the facts say why they are unknown.
+                Err(e) => host_cache::Facts {
+                    entries: Some(Err(format!("the nested session did not start ({e})"))),
+                    ..Default::default()
+                },
             }
         })
     }
