@@ -255,8 +255,8 @@ fn a_large_configuration_is_read_whole_or_refused_naming_the_cap() {
 }
 
 /// What a nested run would refuse is refused before the boot (at once,
-/// not after a nested session of seconds; `compare` refuses it as on any
-/// backend, `sweep` before re-running itself inside): a
+/// not after a nested session of seconds: `compare` and `sweep` refuse it
+/// as on any backend): a
 /// `--fail-if` the one parser refuses, a side's unknown key, an empty side,
 /// a side key for another backend (`cpu=`); a symbol condition anywhere in
 /// a list.

@@ -51,25 +51,6 @@ fn paging_refusal(name: &str, backend: Backend, paging: Option<KvmPaging>) -> Op
     Some(exit_code::USAGE)
 }
 
-/// What the inner `compare`/`sweep --backend kvm` would refuse in a
-/// side's options (an unknown key, an empty side, a bad value, a key for
-/// another backend such as `cpu=`), read by the inner command's own parser
-/// before the boot; `prefix` as the inner command says it (`--config `).
-fn side_refusal<'a>(
-    sides: impl IntoIterator<Item = &'a String>,
-    prefix: &str,
-    exp: &crate::cli::ExperimentOpts,
-    target: &crate::cli::TargetOpts,
-) -> Option<String> {
-    let mut target = target.clone();
-    target.on.backend = Backend::Kvm;
-    sides.into_iter().find_map(|opts| {
-        crate::cli::compare::side::parse_side(opts, exp, &target, &[])
-            .err()
-            .map(|e| format!("{prefix}{e}"))
-    })
-}
-
 /// Runs `cli`'s command under `--backend nested` if it asks for it: the
 /// exit status, or `None` when the command runs here as usual.
 pub fn intercept(cli: &Cli) -> Option<i32> {
@@ -77,32 +58,15 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
     let mut paging: (Option<KvmPaging>, bool) = (None, false);
     // The Linux kernels `reproduce` measures, packed as the inner cache.
     let mut linux_cache: Vec<(&str, PathBuf)> = Vec::new();
-    // What the inner command (`--backend kvm`) would refuse after the
-    // boot: refused here, before it.
-    let mut kvm_refuses: Option<String> = None;
     let (backend, name, bound, cpus, json_is_flag, quiet) = match &cli.command {
-        // `run` and `compare` go through the backend trait
+        // `run`, `compare` and `sweep` go through the backend trait
         // (`backend::Nested`): only a misplaced --nested-paging is theirs here.
         Some(Command::Run(a)) => return paging_refusal("run", a.on.backend, a.on.nested_paging),
         Some(Command::Compare(a)) => {
             return paging_refusal("compare", a.target.on.backend, a.target.on.nested_paging)
         }
         Some(Command::Sweep(a)) => {
-            // Every run of the grid is bounded by --timeout: the session's
-            // bound is that many runs (an upper bound: wss=0 is one cell).
-            let count = |list: &str| list.split(',').filter(|w| !w.trim().is_empty()).count();
-            let cells = count(&a.wss).max(1) * count(&a.touches).max(1) + 1;
-            let runs = cells as u32 * (a.configs.len().max(2) as u32) * a.runs.max(1);
-            paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
-            kvm_refuses = side_refusal(&a.configs, "--config ", &a.exp, &a.target);
-            (
-                a.target.on.backend,
-                "sweep",
-                a.exp.timeout * runs + Duration::from_secs(120),
-                a.exp.cpus,
-                false,
-                a.quiet,
-            )
+            return paging_refusal("sweep", a.target.on.backend, a.target.on.nested_paging)
         }
         // The ledger's boots run inside the inner Linux as `ledger
         // --backend kvm`; bound: every row of every block booted.
@@ -175,10 +139,6 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             return Some(exit_code::USAGE);
         }
         _ => return None,
-    }
-    if let Some(why) = kvm_refuses {
-        say!("ptiscope {name}: {why}");
-        return Some(exit_code::USAGE);
     }
     let raw: Vec<String> = std::env::args_os()
         .skip(1)
@@ -652,8 +612,8 @@ mod tests {
         assert!(!i.boots_linux && i.inputs.is_empty());
     }
 
-    /// `run` and `compare` are not re-run inside: they go through the
-    /// backend trait; only a misplaced `--nested-paging` stops them here.
+    /// `run`, `compare` and `sweep` are not re-run inside: they go through
+    /// the backend trait; only a misplaced `--nested-paging` stops them here.
     #[test]
     fn run_and_compare_are_not_intercepted() {
         use clap::Parser as _;
@@ -661,6 +621,7 @@ mod tests {
             &["run", "--backend", "nested", "--linux", "x", "--by-symbol"][..],
             &["compare", "--backend", "nested", "--by-symbol"],
             &["compare", "--backend=nested", "--nested-paging", "shadow"],
+            &["sweep", "--backend", "nested", "--config", "bogus=1"],
         ] {
             let cli = Cli::try_parse_from(std::iter::once(&"ptiscope").chain(args)).unwrap();
             assert_eq!(intercept(&cli), None, "{args:?}");
@@ -668,6 +629,7 @@ mod tests {
         for args in [
             &["run", "--nested-paging", "npt"][..],
             &["compare", "--backend=qemu", "--nested-paging=shadow"],
+            &["sweep", "--nested-paging", "npt"],
         ] {
             let cli = Cli::try_parse_from(std::iter::once(&"ptiscope").chain(args)).unwrap();
             assert_eq!(intercept(&cli), Some(exit_code::USAGE), "{args:?}");

@@ -96,7 +96,8 @@ pub enum NestedRunError {
 #[derive(Default)]
 struct State {
     session: Option<Box<dyn Session>>,
-    /// What the session was started for.
+    /// What the session was started for, or (before it starts) what the
+    /// last facts were asked for: the session the profile's questions boot.
     spec: Option<SessionSpec>,
     failed: Option<NestedRunError>,
 }
@@ -192,6 +193,12 @@ impl Backend for Nested {
 
     fn facts(&self, config: &RunConfig) -> Option<Result<Arc<HostFacts>, BackendError>> {
         let spec = self.spec(config.guest_kind.is_linux(), config.cpus);
+        {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if s.session.is_none() {
+                s.spec = Some(spec);
+            }
+        }
         Some(Ok(Arc::new(self.facts_for(spec))))
     }
 
@@ -218,8 +225,9 @@ impl Backend for Nested {
     }
 
     fn profile(&self) -> Profile {
-        // The session's facts when it runs (a profile is asked after the
-        // runs), else what the inner KVM is without them.
+        // The session's facts (booting it for a question that needs one,
+        // e.g. sweep's whether PCID works) once a session is started or
+        // planned, else what the inner KVM is without them.
         let started = self.state.lock().unwrap_or_else(|p| p.into_inner()).spec;
         let facts = match started {
             Some(spec) => self.facts_for(spec),
