@@ -3,9 +3,9 @@
 //! KVM, SMP, page-table isolation, the 32-bit PAE guest) on kvm_amd with
 //! nested paging inside QEMU TCG. The checks share ONE boot
 //! (`ptiscope nested-batch`): a boot and its jobs take 20-60 s of TCG here.
-//! The CLI path (`compare --backend nested`: arguments rewritten, the
-//! `--json` copied back) has a boot of its own; the faults (no kernel, no
-//! QEMU, SIGINT) cost no boot or a short one. Skipped, with the reason,
+//! The backend path (`compare` and `run --backend nested`: each settled
+//! run sent into one session, its record sent back) has a boot per test;
+//! the faults (no kernel, no QEMU, SIGINT) cost no boot or a short one. Skipped, with the reason,
 //! without a fetched kernel that kept its KVM modules or without QEMU.
 
 mod common;

@@ -10,12 +10,15 @@
 //! under `qemu-system-x86_64 -accel tcg -cpu max,la57=off` with an initramfs built
 //! in memory around ptiscope itself (the running binary, the shared
 //! libraries it maps and their loader); ptiscope is that Linux's init
-//! ([`init`]): it loads the modules (`kvm-amd npt=1`: shadow paging breaks
-//! every guest that reads CR3 under QEMU's SVM), runs the inner command(s)
-//! on the real `/dev/kvm`, and sends their results back over the second
-//! serial port (ttyS1), framed with their length and SHA-256 ([`frame`]),
-//! never scraped from the console. One boot serves every job of a batch
-//! (all the runs of a compare; the tests' many checks).
+//! ([`init`]): it loads the modules (`kvm-amd npt=1` by default), then
+//! either serves runs ([`session`] outside, [`serve`] inside: the
+//! `backend::Nested` of `run`, `compare` and `sweep`, each settled run sent
+//! in and its `RunRecord` sent back) or runs the inner command(s) of the
+//! commands [`cli::intercept`] re-runs inside (probe, pagetables,
+//! reproduce, ledger, the tests' batches) on the real `/dev/kvm`; either
+//! way over the second serial port (ttyS1), framed with length and SHA-256
+//! ([`frame`]), never scraped from the console. One boot serves every run
+//! of a command (all the runs of a compare; the tests' many checks).
 //!
 //! What is real there: KVM's exits, its checks of guest state, its
 //! statistics. What is not: time (QEMU's TCG clock, not a CPU's).
