@@ -2,8 +2,9 @@
 //! started by the init ([`super::init`]) once KVM is loaded. It probes its
 //! KVM (the facts the outer side settles runs with), says it is ready, then
 //! serves runs until the machine is stopped: each [`ToInner::Run`] is made
-//! a run again ([`crate::backend::nested::wire::WireRun::resolve`], its boot sources copied out of the
-//! blob window and checked by SHA-256, kept for later runs), run with the
+//! a run again ([`crate::backend::nested::wire::WireRun::resolve`], its
+//! boot sources copied out of the blob window and checked by SHA-256, kept
+//! for later runs), run with the
 //! KVM backend ([`Kvm`], built with this KVM's facts: nested, and the
 //! outer plugin's live file), and its record sent back.
 
