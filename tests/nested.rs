@@ -3,9 +3,9 @@
 //! KVM, SMP, page-table isolation, the 32-bit PAE guest) on kvm_amd with
 //! nested paging inside QEMU TCG. The checks share ONE boot
 //! (`ptiscope nested-batch`): a boot and its jobs take 20-60 s of TCG here.
-//! The CLI path (`compare --backend nested`: arguments rewritten, the
-//! `--json` copied back) has a boot of its own; the faults (no kernel, no
-//! QEMU, SIGINT) cost no boot or a short one. Skipped, with the reason,
+//! The backend path (`compare` and `run --backend nested`: each settled
+//! run sent into one session, its record sent back) has a boot per test;
+//! the faults (no kernel, no QEMU, SIGINT) cost no boot or a short one. Skipped, with the reason,
 //! without a fetched kernel that kept its KVM modules or without QEMU.
 
 mod common;
@@ -495,6 +495,65 @@ fn compare_backend_nested_prints_syscall_pti_off_against_on_and_copies_its_json_
     assert_eq!(v["environment"]["kvm"]["module"], "kvm_amd");
     let (off, on) = ameans(compare_metric(&v, "cr3_writes_per_call"));
     assert_eq!((off, on), (0.0, 2.0));
+    // Every run of the comparison (2 + 2) went through the backend trait
+    // into ONE outer boot: the session says it boots once.
+    assert_eq!(err.matches("booting Linux with KVM").count(), 1, "{err}");
+    assert!(err.contains("one session for this command's runs"), "{err}");
+}
+
+/// `run --backend nested` goes through the backend trait: the settled run
+/// goes in, its record comes back, and the run's JSON says backend nested,
+/// its stop and its exit code as a run on any backend does.
+#[test]
+fn run_backend_nested_returns_the_inner_record_with_its_stop() {
+    let test = "run --backend nested";
+    if !nested_or_skip(test) {
+        return;
+    }
+    let s = Scratch::new("nested-run");
+    let json = s.join("r.json");
+    let o = ptiscope()
+        .args([
+            "run",
+            "--backend",
+            "nested",
+            "--workload",
+            "getpid",
+            "--iterations",
+            "100",
+            "--pti",
+            "on",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let (out, err) = (stdout(&o), stderr(&o));
+    if o.status.code() == Some(69) && err.contains("could not set up KVM") {
+        ptiscope::test_support::skip(test, &format!("this QEMU gives no usable SVM: {err}"));
+        return;
+    }
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert_eq!(err.matches("booting Linux with KVM").count(), 1, "{err}");
+    let v = read_json(&json);
+    assert_eq!(v["environment"]["backend"], "nested", "{v}");
+    assert_eq!(v["environment"]["kvm"]["module"], "kvm_amd", "{v}");
+    assert_eq!(v["stop"]["code"], "guest_exit", "{v}");
+    assert_eq!(v["stop"]["status"], 0, "{v}");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    // The inner VMM's host-side rows came back with the record.
+    let row = |name: &str| {
+        v["rows"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["name"] == name))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(row("syscalls")["total"], 101.0, "{v}");
+    assert_eq!(row("cr3_writes")["total"], 202.0, "{v}");
+    assert_eq!(row("vmm_exits")["source"], "vmm", "{v}");
+    // The guest's console came back and was printed here.
+    assert!(out.contains("@result workload=getpid"), "{out}");
 }
 
 /// `reproduce --backend nested --no-linux`: the companion cells (64-bit

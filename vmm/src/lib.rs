@@ -61,6 +61,7 @@ pub fn run_vm(
         kvm: facts.kvm_flavour(),
         vcpu_filter: sandbox::vcpu_filter()?,
         supported_cpuid: facts.supported_cpuid(),
+        nested: facts.nested(),
     };
     Ok(run(&resolved, &host, observer)?)
 }

@@ -57,6 +57,12 @@ fn main() -> ExitCode {
 }
 
 fn command(cli: Cli) -> ExitCode {
+    // `--backend nested`'s runs go through the backend trait: its sessions
+    // are booted by the `nested` module, above the backends.
+    ptiscope::backend::nested::provide_sessions(ptiscope::backend::nested::Sessions {
+        paging: ptiscope::nested::cli::kvm_paging,
+        start: ptiscope::nested::session::start,
+    });
     // `--backend nested`: the whole command runs inside QEMU TCG's KVM.
     if let Some(status) = ptiscope::nested::cli::intercept(&cli) {
         return code(status);
@@ -72,6 +78,7 @@ fn command(cli: Cli) -> ExitCode {
         Some(Command::Ledger(args)) => code(ptiscope::cli::ledger::run(&args)),
         Some(Command::NestedBatch(args)) => code(ptiscope::nested::cli::batch(&args)),
         Some(Command::NestedExec(args)) => code(ptiscope::nested::cli::exec(&args)),
+        Some(Command::NestedServe(args)) => code(ptiscope::nested::serve::serve(&args)),
         // No command: the README's main job, the default comparison.
         None => match Cli::try_parse_from(["ptiscope", "compare"]) {
             Ok(Cli {

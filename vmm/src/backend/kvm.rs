@@ -2,6 +2,7 @@
 //! `machine::run`, observed from the host by a [`Measurer`] this backend
 //! makes (the caller says only what it wants watched: [`HostWatch`]).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{
@@ -61,18 +62,26 @@ pub const REGISTRATION: super::registration::Registration = super::registration:
 #[derive(Debug, Clone)]
 pub struct Kvm {
     facts: Arc<HostFacts>,
+    /// Inside `--backend nested`: the outer QEMU's plugin's live file
+    /// (`observe::outer_plugin`), which counts a Linux guest's CR3 writes
+    /// where this KVM cannot (nested paging).
+    outer_plugin: Option<PathBuf>,
 }
 
 impl Kvm {
-    /// The backend on the KVM `facts` describe.
+    /// The backend on the KVM `facts` describe (whether it is
+    /// `--backend nested`'s inner kvm_amd is one of them).
     pub fn new(facts: Arc<HostFacts>) -> Self {
-        Kvm { facts }
+        Kvm {
+            outer_plugin: facts.outer_plugin().map(Into::into),
+            facts,
+        }
     }
 
     /// What a time is on this KVM: the hardware's under kvm_intel/kvm_amd,
     /// an emulated kernel's under kvm_pvm, TCG's inside `--backend nested`.
     pub fn time_basis(&self) -> TimeBasis {
-        if crate::spec::nested::inside() {
+        if self.facts.nested() {
             TimeBasis::NestedTcg
         } else {
             TimeBasis::of_kvm_module(
@@ -106,12 +115,16 @@ impl Backend for Kvm {
             kvm: self.facts.kvm_flavour(),
             vcpu_filter: crate::sandbox::vcpu_filter()?,
             supported_cpuid: self.facts.supported_cpuid(),
+            nested: self.facts.nested(),
         };
         // Under `--backend nested` a Linux guest's CR3 writes are counted
         // by the outer QEMU's plugin (observe::outer_plugin).
-        let outer = matches!(resolved.guest_kind, crate::spec::guest::GuestKind::Linux(_))
-            .then(crate::observe::outer_plugin::Watch::start)
-            .flatten();
+        let outer = match (&resolved.guest_kind, &self.outer_plugin) {
+            (crate::spec::guest::GuestKind::Linux(_), Some(path)) => {
+                Some(crate::observe::outer_plugin::Watch::start(path))
+            }
+            _ => None,
+        };
         let outcome = crate::machine::run(resolved, &host, &mut m)?;
         if let Some(w) = outer {
             m.outer_plugin = w.finish();
@@ -147,7 +160,7 @@ impl Backend for Kvm {
             console: None,
             no_cross_checks: None,
             blind_spot: (!self.facts.sees_cr3_writes()).then_some(
-                if std::env::var_os(crate::observe::outer_plugin::ENV).is_some() {
+                if self.outer_plugin.is_some() {
                     // Under --backend nested the outer QEMU's plugin counts
                     // a Linux guest's (observe::outer_plugin).
                     "with EPT/NPT KVM does not see guest CR3 writes; under --backend nested the \
@@ -169,7 +182,9 @@ impl Backend for Kvm {
             refill_unprobed: None,
             capabilities: super::Capabilities {
                 host_observer: true,
-                host_counts_cr3_writes: self.facts.sees_cr3_writes(),
+                // Under --backend nested with nested paging, the outer
+                // QEMU's plugin counts a Linux guest's.
+                host_counts_cr3_writes: self.facts.sees_cr3_writes() || self.outer_plugin.is_some(),
                 counts_kernel_by_address: false,
                 live_metrics: true,
             },

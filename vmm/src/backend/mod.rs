@@ -37,6 +37,7 @@
 //! and this trait (docs/backends.md).
 
 mod kvm;
+pub mod nested;
 pub mod qemu;
 pub mod qemu_options;
 pub mod record;
@@ -46,6 +47,7 @@ mod replay;
 mod tcg;
 
 pub use kvm::Kvm;
+pub use nested::Nested;
 pub use tcg::{Qemu, QemuOptions};
 
 use crate::linux::HostPhaseObservation;
@@ -242,6 +244,9 @@ pub enum BackendError {
     /// The vCPU threads' seccomp filter could not be made ready.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    /// `--backend nested`'s session could not run the run.
+    #[error(transparent)]
+    Nested(#[from] nested::NestedRunError),
     /// Any other backend's error: its words, and the process exit code it
     /// chose (one of `cli::exit_code`'s, e.g. 66 for an input it cannot
     /// read), so that a backend added later needs no variant here.
@@ -302,7 +307,13 @@ pub struct Requested {
 /// refused here, one of `backend`'s own is `backend`'s to check.
 pub fn refusal(backend: &dyn Backend, asked: &Requested) -> Option<String> {
     for flag in &asked.given {
-        let why = others_option(backend.name(), flag).or_else(|| backend.check(flag, asked));
+        // A backend takes its own options and those of the backend it
+        // runs its runs with (`nested`: KVM's).
+        let own = own_options().any(|o| o.flag == *flag && o.owner == backend.name());
+        let why = (!own)
+            .then(|| others_option(backend.options_of(), flag))
+            .flatten()
+            .or_else(|| backend.check(flag, asked));
         if why.is_some() {
             return why;
         }
@@ -336,6 +347,22 @@ pub trait Backend {
     /// options that `asked` gives, with why (a usage error); options of
     /// other backends are [`refusal`]'s.
     fn check(&self, flag: &str, asked: &Requested) -> Option<String>;
+    /// Whose declared options ([`OwnOption::owner`]) this backend takes:
+    /// its own name, or the backend it runs its runs with (`nested` runs
+    /// KVM's, and checks their values itself).
+    fn options_of(&self) -> &'static str {
+        self.name()
+    }
+    /// The facts of the KVM this backend runs its runs on, when they are
+    /// not this host's (`None`: the caller's host facts): preflight settles
+    /// `config` with them and the reports describe them. `nested`'s are
+    /// its inner kvm_amd's, which starts its session.
+    fn facts(
+        &self,
+        _config: &crate::spec::RunConfig,
+    ) -> Option<Result<std::sync::Arc<crate::probe::host::HostFacts>, BackendError>> {
+        None
+    }
 }
 
 #[cfg(test)]

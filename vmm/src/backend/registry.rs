@@ -21,28 +21,13 @@ use crate::probe::host::HostFacts;
 pub static BACKENDS: &[Registration] = &[
     super::kvm::REGISTRATION,
     super::tcg::REGISTRATION,
-    NESTED,
+    super::nested::REGISTRATION,
     super::replay::REGISTRATION,
 ];
 
-/// `--backend nested`: ptiscope's VMM on a real kvm_amd inside QEMU TCG.
-/// `nested::cli::intercept` runs the whole command inside its VM, where it
-/// is `--backend kvm`; no run reaches a backend built here as `nested`.
-const NESTED: Registration = Registration {
-    name: "nested",
-    about: "ptiscope's VMM on a real KVM (kvm_amd) inside QEMU TCG (docs/kvm-hosts.md): \
-            real KVM exits and semantics, emulated time",
-    options: |c| c,
-    build: |c| Ok(Box::new(super::Kvm::new((c.host_facts)()))),
-    reproduce_auto: false,
-    linux_pace: NESTED_PACE,
-};
-
-/// A Linux guest on the VMM inside QEMU TCG: the inner boot is TCG's.
-pub const NESTED_PACE: LinuxPace = LinuxPace {
-    boot: std::time::Duration::from_secs(120),
-    per_call: std::time::Duration::from_millis(2),
-};
+/// A Linux guest's pace inside `--backend nested` (its inner `kvm` runs'
+/// too).
+pub const NESTED_PACE: LinuxPace = super::nested::LINUX_PACE;
 
 /// A backend's name on the command line: one of [`BACKENDS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -220,16 +220,10 @@ pub struct BackendOpts {
     /// of these (each backend registers itself: docs/backends.md).
     #[arg(long, default_value = "kvm", value_parser = BackendName::parser())]
     pub backend: BackendName,
-    /// The registered backends' own options (`--qemu-arg`, `--no-plugin`, ...).
+    /// The registered backends' own options (`--qemu-arg`, `--no-plugin`,
+    /// `--nested-paging`, `--replay`).
     #[command(flatten)]
     pub options: crate::backend::registry::BackendOptions,
-    /// `--backend nested`: the inner kvm_amd's paging. `npt` (nested
-    /// paging, as modern hosts run KVM) or `shadow` (KVM intercepts the
-    /// guest's CR3 writes, and its `tlb_flush` counts them: the host-side
-    /// CR3 count of a `--linux` guest). Default: `shadow` with `--linux`,
-    /// `npt` for ptiscope's own guest (which counts its CR3 writes itself).
-    #[arg(long, value_enum, value_name = "PAGING")]
-    pub nested_paging: Option<crate::spec::nested::KvmPaging>,
 }
 
 impl BackendOpts {
@@ -252,6 +246,14 @@ impl BackendOpts {
     /// run's request carries for it.
     pub fn qemu(&self) -> crate::backend::QemuOptions {
         self.options.of()
+    }
+
+    /// The backend whose options `--backend`'s takes (its own name, or
+    /// `kvm` for `nested`, which runs its runs on a KVM): what a compare
+    /// side's backend keys (`cpu=`, `cpu_vuln=`) are checked against.
+    pub fn options_owner(&self) -> &'static str {
+        self.backend()
+            .map_or(self.backend.as_str(), |b| b.options_of())
     }
 
     /// What the experiment commands ask of the backend: the registered
@@ -407,6 +409,21 @@ impl Backend {
             Backend::Nested => "nested",
         }
     }
+}
+
+/// `nested-serve` (hidden): the inner ptiscope of a `--backend nested`
+/// session, started by the nested init; `nested::serve::serve` runs it.
+#[derive(Debug, Clone, Args)]
+pub struct NestedServeArgs {
+    /// The port the session's messages come and go on.
+    #[arg(long, default_value = "/dev/ttyS1")]
+    pub tty: PathBuf,
+    /// The outer QEMU's plugin's live file (an ivshmem device's memory).
+    #[arg(long)]
+    pub outer_plugin: Option<PathBuf>,
+    /// The blob window the boot sources come through (an ivshmem device's memory).
+    #[arg(long)]
+    pub blob_window: Option<PathBuf>,
 }
 
 /// `ptiscope nested-batch [--cpus N] REQUEST.json`: runs a request's jobs

@@ -242,6 +242,16 @@ impl<E: ExitCode + std::error::Error> ExitCode for ExperimentError<E> {
     }
 }
 
+impl ExitCode for crate::backend::nested::NestedRunError {
+    fn exit_code(&self) -> i32 {
+        use crate::backend::nested::NestedRunError as E;
+        match self {
+            E::NoStarter | E::Inner(_) => INTERNAL,
+            E::Session { exit_code, .. } => *exit_code,
+        }
+    }
+}
+
 impl ExitCode for crate::backend::BackendError {
     fn exit_code(&self) -> i32 {
         match self {
@@ -249,6 +259,7 @@ impl ExitCode for crate::backend::BackendError {
             crate::backend::BackendError::Qemu(e) => e.exit_code(),
             crate::backend::BackendError::Sandbox(_) => INTERNAL,
             crate::backend::BackendError::Other { code, .. } => *code,
+            crate::backend::BackendError::Nested(e) => e.exit_code(),
         }
     }
 }

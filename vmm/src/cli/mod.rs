@@ -128,6 +128,10 @@ pub enum Command {
     /// (scripts/nested-kvm-tests.sh).
     #[command(hide = true)]
     NestedExec(NestedExecArgs),
+    /// The inner ptiscope of a `--backend nested` session (started by the
+    /// nested init).
+    #[command(hide = true)]
+    NestedServe(NestedServeArgs),
 }
 
 /// `ptiscope linux ...`.
@@ -343,6 +347,16 @@ pub struct ProbeArgs {
 pub fn host_facts() -> Arc<HostFacts> {
     static FACTS: OnceLock<Arc<HostFacts>> = OnceLock::new();
     FACTS.get_or_init(|| Arc::new(HostFacts::read())).clone()
+}
+
+/// The facts of the KVM `backend` runs `config` on, for preflight and the
+/// reports: the backend's own (`nested`'s inner kvm_amd, which starts its
+/// session), else this host's.
+pub fn facts_for(
+    backend: &dyn crate::backend::Backend,
+    config: &crate::spec::RunConfig,
+) -> Result<Arc<HostFacts>, crate::backend::BackendError> {
+    backend.facts(config).unwrap_or_else(|| Ok(host_facts()))
 }
 
 /// How a report of a KVM-only command (`probe`, `pagetables`) names its

@@ -132,13 +132,15 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     // Opened before the first boot, as compare's outputs are.
     let [json_file] = open_outputs([("--json", args.out.json.as_deref())], args.exp.timeout)?;
     let (base, comp) = parse_sides(args)?;
+    // The KVM the runs run on: this host's, or the backend's own.
+    let facts = crate::cli::facts_for(&*backend, &base.config)?;
     let max_threads = 2 * args.exp.cpus;
     println!("ptiscope compare: poundsyscall (mmtests) per thread count on this host");
     println!("  host:      {}", host::describe_host());
     // What the elapsed seconds below are on this backend.
     let env = crate::report::Environment {
         backend: backend.name().to_owned(),
-        kvm: crate::report::environment::kvm(&crate::cli::host_facts()),
+        kvm: crate::report::environment::kvm(&facts),
         ..Default::default()
     };
     println!(
@@ -163,7 +165,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
             c.guest.extra = format!("{} threads={threads}", c.guest.extra)
                 .trim()
                 .to_string();
-            preflight(&c, backend.target(), &crate::cli::host_facts())
+            preflight(&c, backend.target(), &facts)
         };
         let resolved = [with_threads(&base)?, with_threads(&comp)?];
         booted.get_or_insert_with(|| resolved[0].boot.image.clone());
@@ -197,7 +199,7 @@ fn pound(args: &CompareArgs) -> Result<i32, CommandError> {
     print!("{}", render(&base.label, &comp.label, &counts));
     if let Some(f) = &json_file {
         let environment = Environment::collect(
-            &crate::cli::host_facts(),
+            &facts,
             crate::backend::identity(&*backend),
             guest_image_of(&base.config.kernel, booted.as_deref()),
             [

@@ -22,7 +22,6 @@ pub fn run(args: &RunArgs) -> i32 {
         say!("ptiscope: error: {}", exit_code::escape_message(&why));
         return exit_code::USAGE;
     }
-    let facts = super::host_facts();
     let backend = match args.on.backend() {
         Ok(b) => b,
         Err(e) => {
@@ -34,6 +33,16 @@ pub fn run(args: &RunArgs) -> i32 {
         }
     };
     let config = args.to_config(args.arch().embedded_image());
+    let facts = match super::facts_for(backend.as_ref(), &config) {
+        Ok(f) => f,
+        Err(e) => {
+            say!(
+                "ptiscope: error: {}",
+                exit_code::escape_message(&e.to_string())
+            );
+            return e.exit_code();
+        }
+    };
     let mut resolved = match crate::preflight::preflight(&config, backend.target(), &facts) {
         Ok(r) => r,
         Err(e) => {

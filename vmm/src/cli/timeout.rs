@@ -32,7 +32,7 @@ pub const LINUX_FLOOR: Duration = Duration::from_secs(60);
 /// its session does.
 pub fn pace(backend: &str) -> LinuxPace {
     match BackendName::of(backend) {
-        Some(b) if b.as_str() == "kvm" && crate::spec::nested::inside() => NESTED_PACE,
+        Some(b) if b.as_str() == "kvm" && crate::cli::host_facts().nested() => NESTED_PACE,
         Some(b) => b.registration().linux_pace,
         None => NESTED_PACE,
     }

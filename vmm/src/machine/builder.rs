@@ -128,7 +128,7 @@ pub fn build(run: &ResolvedRun, host: &HostSide) -> Result<BuiltVm, RunError> {
     );
     // An i386 kernel under --backend nested: see the field (QEMU's nested
     // walker marks PDPTEs accessed, which KVM's PDPTE reload refuses).
-    mask.hide_pdpte_reload_bits = crate::spec::nested::inside()
+    mask.hide_pdpte_reload_bits = host.nested
         && loaded
             .bzimage
             .is_some_and(|k| k.mode == bzimage::BootMode::Protected32);

@@ -178,6 +178,9 @@ pub struct HostSide {
     /// KVM's supported CPUID table, which every vCPU starts from
     /// ([`cpu_config::supported_cpuid`]; `None`: each vCPU asks KVM).
     pub supported_cpuid: Option<kvm_bindings::CpuId>,
+    /// Whether this KVM is `--backend nested`'s inner kvm_amd (an i386
+    /// Linux guest's CPUID then hides what QEMU's nested walker breaks).
+    pub nested: bool,
 }
 
 /// Boots the resolved run and runs it until it stops. See the module docs.

@@ -28,7 +28,7 @@ use crate::signals;
 pub const BOOT_ALLOWANCE: Duration = Duration::from_secs(120);
 
 /// An anonymous memory file QEMU reads or writes through `/proc/self/fd/N`.
-fn memfd(name: &std::ffi::CStr, content: &[u8]) -> Result<std::fs::File, NestedError> {
+pub(super) fn memfd(name: &std::ffi::CStr, content: &[u8]) -> Result<std::fs::File, NestedError> {
     use std::os::fd::FromRawFd;
     // SAFETY: a valid NUL-terminated name and flags; the result is checked.
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
@@ -47,7 +47,7 @@ fn memfd(name: &std::ffi::CStr, content: &[u8]) -> Result<std::fs::File, NestedE
     Ok(f)
 }
 
-fn read_back(f: &mut std::fs::File, limit: u64) -> Vec<u8> {
+pub(super) fn read_back(f: &mut std::fs::File, limit: u64) -> Vec<u8> {
     let mut buf = Vec::new();
     if f.seek(std::io::SeekFrom::Start(0)).is_ok() {
         let _ = f.take(limit).read_to_end(&mut buf);
@@ -56,7 +56,7 @@ fn read_back(f: &mut std::fs::File, limit: u64) -> Vec<u8> {
 }
 
 /// The last `n` lines of a console, escaped for the terminal.
-fn console_tail(bytes: &[u8], n: usize) -> Vec<String> {
+pub(super) fn console_tail(bytes: &[u8], n: usize) -> Vec<String> {
     let mut safe = Vec::new();
     ptiscope_devices::console::escape_for_terminal(bytes, &mut safe);
     let text = String::from_utf8_lossy(&safe).replace('\r', "");
@@ -69,7 +69,7 @@ fn console_tail(bytes: &[u8], n: usize) -> Vec<String> {
 
 /// Stops QEMU (SIGTERM, SIGKILL after half a second) and reaps it, unless
 /// it already ended.
-struct Qemu(std::process::Child);
+pub(super) struct Qemu(pub(super) std::process::Child);
 
 impl Drop for Qemu {
     fn drop(&mut self) {
@@ -92,7 +92,7 @@ impl Drop for Qemu {
 /// The size of the outer plugin's live file (and of the ivshmem device's
 /// memory that shows it to the inner Linux): a power of two, as a PCI
 /// BAR's, room for thousands of phase markers.
-const LIVE_BYTES: u64 = 4 << 20;
+pub(super) const LIVE_BYTES: u64 = 4 << 20;
 
 /// The outer QEMU's arguments for its plugin (`observe::outer_plugin`):
 /// the plugin counting the SVM guest only (`svm=1`), its markers the Linux
@@ -100,7 +100,7 @@ const LIVE_BYTES: u64 = 4 << 20;
 /// gigabyte, x86_64's upper half: the inner guest may be either, and
 /// neither runs code in the other's), rewriting `live` at each marker;
 /// `live` shared with the outer machine as an ivshmem device's memory.
-fn outer_plugin_args(plugin: &Path, live: &str) -> Vec<String> {
+pub(super) fn outer_plugin_args(plugin: &Path, live: &str) -> Vec<String> {
     use crate::observe::qemu_plugin::{kernel_ranges, ranges_arg, LINUX_MARK_PORT};
     let (mut kernel, _) = kernel_ranges(true, false);
     kernel.extend(kernel_ranges(false, false).0);
@@ -120,7 +120,7 @@ fn outer_plugin_args(plugin: &Path, live: &str) -> Vec<String> {
 }
 
 /// The QEMU binary (`$PTISCOPE_NESTED_QEMU` for a test that names a missing one).
-fn qemu_binary() -> String {
+pub(super) fn qemu_binary() -> String {
     std::env::var("PTISCOPE_NESTED_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
 }
 
@@ -233,57 +233,14 @@ pub fn run_with(
         result_fd.as_raw_fd(),
     ];
     fds.extend(live_fd.as_ref().map(|f| f.as_raw_fd()));
-    let cmdline = format!(
-        "console=ttyS0 quiet loglevel=4 panic=-1 {INIT_ENV}=1 LD_LIBRARY_PATH={}",
-        lib_dirs.join(":")
+    let cmdline = inner_cmdline(&lib_dirs);
+    let mut cmd = machine_command(
+        cpus,
+        extra.memory_mib.into(),
+        [fds[0], fds[1], fds[2]],
+        &format!("file:/proc/self/fd/{}", fds[3]),
+        &cmdline,
     );
-    // As many vCPUs as the inner guest has, not more: with two under a
-    // one-vCPU Linux guest on the VMM, about half of the boots stalled
-    // (in alternatives patching, in clocksource_done_booting, in
-    // blkcg_init...); with one, 6 of 6 reached the init, in half the time
-    // (docs/linux-guests.md).
-    let cpus = cpus.max(1);
-    let mut cmd = Command::new(qemu_binary());
-    // thread=single: MTTCG (`thread=multi`) stalled one two-vCPU boot in
-    // seven here; round-robin never did.
-    // la57=off: QEMU's `max` has 5-level paging, which Linux then uses
-    // inside and out (and KVM's nested page tables with it): every TLB
-    // fill of the inner guest walks deeper. Without it an inner Linux run
-    // took 16 % less CPU (QEMU 10.0.2, 2 x 2 sessions); most hardware has
-    // 4 levels too.
-    cmd.args([
-        "-accel",
-        "tcg,thread=single",
-        "-M",
-        "q35",
-        "-cpu",
-        "max,la57=off",
-    ])
-    .args(["-smp", &cpus.to_string(), "-m"])
-    .arg(format!(
-        "{}M",
-        if extra.memory_mib == 0 {
-            2048
-        } else {
-            extra.memory_mib
-        }
-    ))
-    .args([
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
-    ])
-    .arg("-kernel")
-    .arg(format!("/proc/self/fd/{}", fds[0]))
-    .arg("-initrd")
-    .arg(format!("/proc/self/fd/{}", fds[1]))
-    .arg("-serial")
-    .arg(format!("file:/proc/self/fd/{}", fds[2]))
-    .arg("-serial")
-    .arg(format!("file:/proc/self/fd/{}", fds[3]))
-    .args(["-append", &cmdline]);
     if let (Some(path), Some(live)) = (&plugin, &live_fd) {
         let live = format!("/proc/self/fd/{}", live.as_raw_fd());
         cmd.args(outer_plugin_args(path, &live));
@@ -379,4 +336,71 @@ pub fn run_with(
             })
         }
     }
+}
+
+/// The outer QEMU's command line: `cpus` vCPUs, `memory_mib` of RAM (0:
+/// 2048), the kernel, initrd and console memfds (`fds`), the result port
+/// (the second serial port: a memfd for a batch, stdio for a session)
+/// and the inner kernel's command line. One command for batches and
+/// sessions.
+pub(super) fn machine_command(
+    cpus: u32,
+    memory_mib: u64,
+    fds: [std::os::fd::RawFd; 3],
+    result_port: &str,
+    cmdline: &str,
+) -> Command {
+    // As many vCPUs as the inner guest has, not more: with two under a
+    // one-vCPU Linux guest on the VMM, about half of the boots stalled
+    // (in alternatives patching, in clocksource_done_booting, in
+    // blkcg_init...); with one, 6 of 6 reached the init, in half the time
+    // (docs/linux-guests.md).
+    let cpus = cpus.max(1);
+    let mut cmd = Command::new(qemu_binary());
+    // thread=single: MTTCG (`thread=multi`) stalled one two-vCPU boot in
+    // seven here; round-robin never did.
+    // la57=off: QEMU's `max` has 5-level paging, which Linux then uses
+    // inside and out (and KVM's nested page tables with it): every TLB
+    // fill of the inner guest walks deeper. Without it an inner Linux run
+    // took 16 % less CPU (QEMU 10.0.2, 2 x 2 sessions); most hardware has
+    // 4 levels too.
+    cmd.args([
+        "-accel",
+        "tcg,thread=single",
+        "-M",
+        "q35",
+        "-cpu",
+        "max,la57=off",
+    ])
+    .args(["-smp", &cpus.to_string(), "-m"])
+    .arg(format!(
+        "{}M",
+        if memory_mib == 0 { 2048 } else { memory_mib }
+    ))
+    .args([
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ])
+    .arg("-kernel")
+    .arg(format!("/proc/self/fd/{}", fds[0]))
+    .arg("-initrd")
+    .arg(format!("/proc/self/fd/{}", fds[1]))
+    .arg("-serial")
+    .arg(format!("file:/proc/self/fd/{}", fds[2]))
+    .arg("-serial")
+    .arg(result_port)
+    .args(["-append", cmdline]);
+    cmd
+}
+
+/// The inner kernel's command line: ptiscope is its init, finding its
+/// libraries in `lib_dirs`.
+pub(super) fn inner_cmdline(lib_dirs: &[String]) -> String {
+    format!(
+        "console=ttyS0 quiet loglevel=4 panic=-1 {INIT_ENV}=1 LD_LIBRARY_PATH={}",
+        lib_dirs.join(":")
+    )
 }

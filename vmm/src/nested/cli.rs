@@ -11,7 +11,6 @@ use super::pack::{pack_batch_linux, pack_linux_cache, rewrite, Packer, INNER_LIN
 use super::{boot, payload, Job, Request};
 use crate::input::{read_regular, READ_TIME_LIMIT};
 use crate::machine::loader::MAX_IMAGE_BYTES;
-use crate::report::FailIf;
 use crate::spec::nested::KvmPaging;
 
 /// `eprintln!` for lines that carry user or file text: escaped line by line.
@@ -21,13 +20,13 @@ macro_rules! say {
     };
 }
 use crate::cli::exit_code;
-use crate::cli::{Backend, Cli, Command, Runs};
+use crate::cli::{Backend, Cli, Command};
 
 /// The inner KVM's paging: as asked, else shadow paging for a Linux guest
 /// (KVM's `tlb_flush` then counts its CR3 writes, which nothing else on
 /// the VMM can) where the outer QEMU runs it correctly
 /// ([`boot::shadow_paging_works`]), else nested paging.
-fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
+pub fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
     asked.unwrap_or(if linux && boot::shadow_paging_works().is_ok() {
         KvmPaging::Shadow
     } else {
@@ -38,50 +37,6 @@ fn kvm_paging(asked: Option<KvmPaging>, linux: bool) -> KvmPaging {
 /// The most bytes of a `nested-batch` request read (a JSON list of jobs).
 const MAX_REQUEST_BYTES: u64 = 16 << 20;
 
-/// Why `--by-symbol`, `--by-symbol-csv` or a `symbol:` condition of
-/// `--fail-if` cannot run under `--backend nested` (the inner command runs
-/// on KVM, which has no per-address count; docs/ci-gate.md), if one is
-/// given.
-fn by_symbol_refusal(by_symbol: bool, csv: bool, fail_if: &[String]) -> Option<String> {
-    let why = "counts kernel instructions by address with ptiscope's QEMU TCG plugin, which \
-               --backend nested (KVM inside QEMU) does not have: give --backend qemu";
-    if by_symbol {
-        return Some(format!("--by-symbol {why}"));
-    }
-    if csv {
-        return Some(format!("--by-symbol-csv (with --by-symbol) {why}"));
-    }
-    // Read by the one --fail-if parser, as the inner command will: a list
-    // it refuses is refused here, before the boot, and a symbol condition
-    // is one it reads as such.
-    fail_if.iter().find_map(|c| match FailIf::parse(&[c]) {
-        Err(e) => Some(format!("--fail-if: {e}")),
-        Ok(f) if !f.symbol.is_empty() => Some(format!(
-            "--fail-if {c}: a symbol: condition needs --by-symbol, which {why}"
-        )),
-        Ok(_) => None,
-    })
-}
-
-/// What the inner `compare`/`sweep --backend kvm` would refuse in a
-/// side's options (an unknown key, an empty side, a bad value, a key for
-/// another backend such as `cpu=`), read by the inner command's own parser
-/// before the boot; `prefix` as the inner command says it (`--config `).
-fn side_refusal<'a>(
-    sides: impl IntoIterator<Item = &'a String>,
-    prefix: &str,
-    exp: &crate::cli::ExperimentOpts,
-    target: &crate::cli::TargetOpts,
-) -> Option<String> {
-    let mut target = target.clone();
-    target.on.backend = crate::cli::BackendOpts::on("kvm").backend;
-    sides.into_iter().find_map(|opts| {
-        crate::cli::compare::side::parse_side(opts, exp, &target, &[])
-            .err()
-            .map(|e| format!("{prefix}{e}"))
-    })
-}
-
 /// Runs `cli`'s command under `--backend nested` if it asks for it: the
 /// exit status, or `None` when the command runs here as usual.
 pub fn intercept(cli: &Cli) -> Option<i32> {
@@ -89,57 +44,10 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
     let mut paging: (Option<KvmPaging>, bool) = (None, false);
     // The Linux kernels `reproduce` measures, packed as the inner cache.
     let mut linux_cache: Vec<(&str, PathBuf)> = Vec::new();
-    // What the inner command (`--backend kvm`) would refuse after the
-    // boot: refused here, before it.
-    let mut kvm_refuses: Option<String> = None;
     let (backend, name, bound, cpus, json_is_flag, quiet) = match &cli.command {
-        Some(Command::Run(a)) => {
-            paging = (a.on.nested_paging, a.linux.linux.is_some());
-            kvm_refuses = by_symbol_refusal(a.by_symbol, false, &[]);
-            (
-                a.on.backend.as_str(),
-                "run",
-                a.timeout + Duration::from_secs(60),
-                a.cpus,
-                false,
-                false,
-            )
-        }
-        Some(Command::Compare(a)) => {
-            let runs = match a.runs {
-                Runs::Fixed(n) => n,
-                Runs::Auto => a.max_runs.unwrap_or(crate::cli::DEFAULT_MAX_RUNS),
-            };
-            let sides = 2 * (runs + a.warmup) + 2;
-            paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
-            kvm_refuses = by_symbol_refusal(a.by_symbol, a.by_symbol_csv.is_some(), &a.fail_if)
-                .or_else(|| side_refusal([&a.baseline, &a.compare], "", &a.exp, &a.target));
-            (
-                a.target.on.backend.as_str(),
-                "compare",
-                a.exp.timeout * sides + Duration::from_secs(120),
-                a.exp.cpus,
-                false,
-                a.quiet,
-            )
-        }
-        Some(Command::Sweep(a)) => {
-            // Every run of the grid is bounded by --timeout: the session's
-            // bound is that many runs (an upper bound: wss=0 is one cell).
-            let count = |list: &str| list.split(',').filter(|w| !w.trim().is_empty()).count();
-            let cells = count(&a.wss).max(1) * count(&a.touches).max(1) + 1;
-            let runs = cells as u32 * (a.configs.len().max(2) as u32) * a.runs.max(1);
-            paging = (a.target.on.nested_paging, a.target.linux.linux.is_some());
-            kvm_refuses = side_refusal(&a.configs, "--config ", &a.exp, &a.target);
-            (
-                a.target.on.backend.as_str(),
-                "sweep",
-                a.exp.timeout * runs + Duration::from_secs(120),
-                a.exp.cpus,
-                false,
-                a.quiet,
-            )
-        }
+        // `run`, `compare` and `sweep` go through the backend trait
+        // (`backend::Nested`, its `--nested-paging` its own option).
+        Some(Command::Run(_) | Command::Compare(_) | Command::Sweep(_)) => return None,
         // The ledger's boots run inside the inner Linux as `ledger
         // --backend kvm`; bound: every row of every block booted.
         Some(Command::Ledger(a)) if a.backend == Backend::Nested => {
@@ -158,7 +66,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             let boots = a.linux.len() * workloads * (3 + crate::cli::ledger::ROWS);
             paging = (None, true);
             (
-                a.backend.name(),
+                a.backend,
                 "ledger",
                 a.timeout * boots as u32 + Duration::from_secs(120),
                 1,
@@ -166,14 +74,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
                 a.quiet,
             )
         }
-        Some(Command::Probe(a)) => (
-            a.backend.name(),
-            "probe",
-            Duration::from_secs(300),
-            1,
-            true,
-            false,
-        ),
+        Some(Command::Probe(a)) => (a.backend, "probe", Duration::from_secs(300), 1, true, false),
         // reproduce takes `auto` too: only `nested` is intercepted, and
         // the inner command is `reproduce --backend kvm` over the cells.
         Some(Command::Reproduce(a)) if a.backend.is_nested() => {
@@ -183,7 +84,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
                     // paging the companion's 300,000-call PTI cells take
                     // over --timeout (each CR3 access exits).
                     linux_cache = kernels;
-                    ("nested", "reproduce", bound, cpus, false, false)
+                    (Backend::Nested, "reproduce", bound, cpus, false, false)
                 }
                 Err(e) => {
                     say!("ptiscope reproduce: {e}");
@@ -192,7 +93,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             }
         }
         Some(Command::Pagetables(a)) => (
-            a.backend.name(),
+            a.backend,
             "pagetables",
             Duration::from_secs(120),
             1,
@@ -202,14 +103,14 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         _ => return None,
     };
     match (backend, name) {
-        ("qemu", "probe" | "pagetables") => {
+        (Backend::Qemu, "probe" | "pagetables") => {
             eprintln!(
                 "ptiscope {name}: --backend qemu has no KVM to {name}: use --backend kvm (this host's) \
                  or --backend nested (kvm_amd inside QEMU TCG)"
             );
             return Some(exit_code::USAGE);
         }
-        ("nested", _) => {}
+        (Backend::Nested, _) => {}
         _ if paging.0.is_some() => {
             eprintln!(
                 "ptiscope {name}: --nested-paging is for --backend nested (it sets how the inner \
@@ -218,10 +119,6 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
             return Some(exit_code::USAGE);
         }
         _ => return None,
-    }
-    if let Some(why) = kvm_refuses {
-        say!("ptiscope {name}: {why}");
-        return Some(exit_code::USAGE);
     }
     let raw: Vec<String> = std::env::args_os()
         .skip(1)
@@ -272,6 +169,7 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         kvm_paging,
         outer_plugin: Some(linux && kvm_paging == KvmPaging::Npt),
         jobs: vec![job],
+        serve: false,
     };
     // A user's command only: the tests' batches choose their own.
     let mut cpus = cpus;
@@ -694,42 +592,39 @@ mod tests {
         assert!(!i.boots_linux && i.inputs.is_empty());
     }
 
-    /// What the inner `--backend kvm` refuses after the boot is refused
-    /// before it: `--by-symbol`, `--by-symbol-csv`, a `symbol:` condition.
+    /// `run`, `compare` and `sweep` are not re-run inside: they go through
+    /// the backend trait; a misplaced `--nested-paging` (the nested
+    /// backend's own option) is refused by the commands' one refusal.
     #[test]
-    fn by_symbol_and_symbol_conditions_are_refused_before_the_boot() {
-        assert_eq!(by_symbol_refusal(false, false, &[]), None);
-        assert_eq!(
-            by_symbol_refusal(false, false, &s(&["cr3_writes_per_call!=2"])),
-            None
-        );
-        let e = by_symbol_refusal(true, false, &[]).unwrap();
-        assert!(
-            e.contains("--by-symbol") && e.contains("--backend qemu"),
-            "{e}"
-        );
-        let e = by_symbol_refusal(false, true, &[]).unwrap();
-        assert!(e.contains("--by-symbol-csv"), "{e}");
-        let e = by_symbol_refusal(
-            false,
-            false,
-            &s(&["cr3_writes_per_call!=2,symbol:entry_SYSCALL_64>1"]),
-        )
-        .unwrap();
-        assert!(e.contains("symbol:entry_SYSCALL_64>1"), "{e}");
+    fn run_and_compare_are_not_intercepted() {
         use clap::Parser as _;
         for args in [
             &["run", "--backend", "nested", "--linux", "x", "--by-symbol"][..],
             &["compare", "--backend", "nested", "--by-symbol"],
-            &[
-                "compare",
-                "--backend=nested",
-                "--fail-if",
-                "symbol:entry_SYSCALL_64>1",
-            ],
+            &["compare", "--backend=nested", "--nested-paging", "shadow"],
+            &["sweep", "--backend", "nested", "--config", "bogus=1"],
         ] {
             let cli = Cli::try_parse_from(std::iter::once(&"ptiscope").chain(args)).unwrap();
-            assert_eq!(intercept(&cli), Some(exit_code::USAGE), "{args:?}");
+            assert_eq!(intercept(&cli), None, "{args:?}");
+        }
+        for args in [
+            &["run", "--nested-paging", "npt"][..],
+            &["compare", "--backend=qemu", "--nested-paging=shadow"],
+            &["sweep", "--nested-paging", "npt"],
+        ] {
+            let cli = Cli::try_parse_from(std::iter::once(&"ptiscope").chain(args)).unwrap();
+            assert_eq!(intercept(&cli), None, "{args:?}");
+            let why = match &cli.command {
+                Some(Command::Run(a)) => a.backend_mismatch(),
+                Some(Command::Compare(a)) => a.target.on.refusal(&a.target.on.requested()),
+                Some(Command::Sweep(a)) => a.target.on.refusal(&a.target.on.requested()),
+                _ => unreachable!(),
+            };
+            assert_eq!(
+                why.as_deref(),
+                Some("--nested-paging needs --backend nested"),
+                "{args:?}"
+            );
         }
     }
 

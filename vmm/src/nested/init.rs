@@ -147,18 +147,29 @@ fn setup(paging: KvmPaging, steps: &mut Vec<String>) -> Result<(), String> {
 /// `resource2`) that shows the outer QEMU's plugin's live file
 /// (`observe::outer_plugin`): its path, or why there is none.
 fn outer_plugin_file() -> Result<String, String> {
+    ivshmem_memory(super::boot::LIVE_BYTES)
+}
+
+/// The memory (`resource2`) of the ivshmem device of `bytes` bytes: a
+/// session's machine has two, the plugin's live file and the blob window
+/// (`nested::session`), told apart by size.
+fn ivshmem_memory(bytes: u64) -> Result<String, String> {
     let dir = "/sys/bus/pci/devices";
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{dir}: {e}"))?;
     for e in entries.flatten() {
         let p = e.path();
         let id = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
-        if id("vendor").trim() == "0x1af4" && id("device").trim() == "0x1110" {
+        let size = std::fs::metadata(p.join("resource2")).map_or(0, |m| m.len());
+        if id("vendor").trim() == "0x1af4" && id("device").trim() == "0x1110" && size == bytes {
             // The BAR is mapped through sysfs, which needs memory decoding on.
             let _ = std::fs::write(p.join("enable"), "1");
             return Ok(p.join("resource2").display().to_string());
         }
     }
-    Err("no ivshmem device (1af4:1110) on the PCI bus".into())
+    Err(format!(
+        "no ivshmem device (1af4:1110) of {} MiB on the PCI bus",
+        bytes >> 20
+    ))
 }
 
 /// Runs one job: `/init ARGS` (ptiscope itself) or the job's own
@@ -252,11 +263,42 @@ fn run_job(job: &super::Job, env: &[(String, String)]) -> JobResult {
     }
 }
 
+/// Serves a session ([`Request::serve`]): `ptiscope nested-serve` on the
+/// result port, told where the plugin's live file and the blob window
+/// are; its end ends the machine. Why it could not start, if it could not.
+fn serve(outer_plugin: Option<&str>) -> Result<(), String> {
+    let window = ivshmem_memory(super::session::BLOB_WINDOW_BYTES)?;
+    let mut cmd = Command::new("/init");
+    cmd.args([
+        "nested-serve",
+        "--tty",
+        RESULT_TTY,
+        "--blob-window",
+        &window,
+    ])
+    .env_remove(INIT_ENV)
+    .env("HOME", "/tmp")
+    .stdin(Stdio::null());
+    if let Some(p) = outer_plugin {
+        cmd.args(["--outer-plugin", p]);
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start nested-serve: {e}"))?;
+    let _ = child.wait();
+    Ok(())
+}
+
 /// Writes the framed response to ttyS1 (raw mode: no newline translation)
 /// and waits until the port has sent it.
 fn send(response: &Response) {
     let payload = serde_json::to_vec(response).unwrap_or_default();
-    let framed = frame::encode(&payload);
+    send_payload(&payload);
+}
+
+/// Writes a framed payload to ttyS1 (raw mode) and waits until it is sent.
+fn send_payload(payload: &[u8]) {
+    let framed = frame::encode(payload);
     let Ok(mut tty) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -303,6 +345,7 @@ pub fn main() -> ! {
             Err(e) => response.setup_error = Some(e),
             Ok(()) => {
                 let mut env = Vec::new();
+                let mut plugin = None;
                 if r.outer_plugin == Some(true) {
                     // Not fatal: the runs then say they have no CR3 count.
                     match outer_plugin_file() {
@@ -310,18 +353,48 @@ pub fn main() -> ! {
                             response
                                 .setup
                                 .push(format!("the outer QEMU's plugin counts at {path}"));
-                            env.push((crate::observe::outer_plugin::ENV.to_string(), path));
+                            plugin = Some(path.clone());
+                            env.push((crate::spec::nested::OUTER_PLUGIN_ENV.to_string(), path));
                         }
                         Err(e) => response
                             .setup
                             .push(format!("no counts from the outer QEMU's plugin: {e}")),
                     }
                 }
+                if r.serve {
+                    // The session's messages are nested-serve's; the init
+                    // says only why it could not start it.
+                    if let Err(e) = serve(plugin.as_deref()) {
+                        let m = crate::backend::nested::wire::FromInner::Unready(e);
+                        send_payload(&serde_json::to_vec(&m).unwrap_or_default());
+                    }
+                    power_off();
+                }
                 response.jobs = r.jobs.iter().map(|j| run_job(j, &env)).collect();
             }
         },
     }
-    send(&response);
+    if request_serves() && response.setup_error.is_some() {
+        let m = crate::backend::nested::wire::FromInner::Unready(
+            response.setup_error.clone().unwrap_or_default(),
+        );
+        send_payload(&serde_json::to_vec(&m).unwrap_or_default());
+    } else {
+        send(&response);
+    }
+    power_off()
+}
+
+/// Whether the request asks for a session (read again: the set-up failed).
+fn request_serves() -> bool {
+    std::fs::read(REQUEST_PATH)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Request>(&b).ok())
+        .is_some_and(|r| r.serve)
+}
+
+/// Powers the machine off (QEMU exits); never returns.
+fn power_off() -> ! {
     // SAFETY: sync(2) and reboot(2): the machine powers off (QEMU exits).
     unsafe {
         libc::sync();

@@ -10,12 +10,15 @@
 //! under `qemu-system-x86_64 -accel tcg -cpu max,la57=off` with an initramfs built
 //! in memory around ptiscope itself (the running binary, the shared
 //! libraries it maps and their loader); ptiscope is that Linux's init
-//! ([`init`]): it loads the modules (`kvm-amd npt=1`: shadow paging breaks
-//! every guest that reads CR3 under QEMU's SVM), runs the inner command(s)
-//! on the real `/dev/kvm`, and sends their results back over the second
-//! serial port (ttyS1), framed with their length and SHA-256 ([`frame`]),
-//! never scraped from the console. One boot serves every job of a batch
-//! (all the runs of a compare; the tests' many checks).
+//! ([`init`]): it loads the modules (`kvm-amd npt=1` by default), then
+//! either serves runs ([`session`] outside, [`serve`] inside: the
+//! `backend::Nested` of `run`, `compare` and `sweep`, each settled run sent
+//! in and its `RunRecord` sent back) or runs the inner command(s) of the
+//! commands [`cli::intercept`] re-runs inside (probe, pagetables,
+//! reproduce, ledger, the tests' batches) on the real `/dev/kvm`; either
+//! way over the second serial port (ttyS1), framed with length and SHA-256
+//! ([`frame`]), never scraped from the console. One boot serves every run
+//! of a command (all the runs of a compare; the tests' many checks).
 //!
 //! What is real there: KVM's exits, its checks of guest state, its
 //! statistics. What is not: time (QEMU's TCG clock, not a CPU's).
@@ -33,6 +36,8 @@ pub mod error;
 pub mod init;
 pub mod pack;
 pub mod payload;
+pub mod serve;
+pub mod session;
 
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +98,11 @@ pub struct Request {
     /// decides, and the init reads its decision).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outer_plugin: Option<bool>,
+    /// A session (`--backend nested` behind the backend trait): no jobs;
+    /// the init starts `nested-serve`, which serves runs over ttyS1 until
+    /// the outer ptiscope stops the machine.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub serve: bool,
 }
 
 /// How one inner command ended.
@@ -187,9 +197,72 @@ pub mod frame {
         Ok(payload.to_vec())
     }
 
+    /// The first whole frame in a stream's bytes `buf`, taken out of it
+    /// (with what came before it: console noise); `None` while the frame
+    /// is not yet whole, `Some(Err)` for one whose checksum differs (taken
+    /// out too). A session's messages each way are read this way.
+    pub fn take(buf: &mut Vec<u8>) -> Option<Result<Vec<u8>, String>> {
+        let magic = format!("\n{MAGIC} len=").into_bytes();
+        let at = buf
+            .windows(magic.len())
+            .position(|w| w == magic.as_slice())?;
+        let rest = &buf[at + magic.len()..];
+        let nl = rest.iter().position(|&b| b == b'\n')?;
+        let header = String::from_utf8_lossy(&rest[..nl]).into_owned();
+        let parsed = header
+            .split_once(" sha256=")
+            .and_then(|(len, sum)| Some((len.parse::<usize>().ok()?, sum.to_string())));
+        let Some((len, sum)) = parsed else {
+            buf.drain(..at + magic.len());
+            return Some(Err(format!("a malformed frame header: {header:?}")));
+        };
+        let body = at + magic.len() + nl + 1;
+        if buf.len() < body + len + END.len() {
+            return None;
+        }
+        let payload = buf[body..body + len].to_vec();
+        buf.drain(..body + len + END.len());
+        let got = hex(&Sha256::digest(&payload));
+        Some(if got == sum {
+            Ok(payload)
+        } else {
+            Err(format!(
+                "a frame's checksum differs (sent {sum}, got {got}): the port garbled it"
+            ))
+        })
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// A stream's frames come out one at a time, in order, whatever
+        /// the pieces they arrive in, with the noise between them dropped.
+        #[test]
+        fn frames_are_taken_from_a_stream_in_order() {
+            let mut stream = b"boot noise".to_vec();
+            stream.extend(encode(b"first"));
+            stream.extend(b"more noise");
+            stream.extend(encode(b"second \n\x00"));
+            let mut buf = Vec::new();
+            let mut got = Vec::new();
+            for piece in stream.chunks(7) {
+                buf.extend_from_slice(piece);
+                while let Some(p) = take(&mut buf) {
+                    got.push(p.unwrap());
+                }
+            }
+            assert_eq!(got, vec![b"first".to_vec(), b"second \n\x00".to_vec()]);
+            assert!(buf.is_empty(), "{buf:?}");
+            // A damaged frame is named and taken out; the next one still comes.
+            let mut bad = encode(b"payload");
+            let n = bad.len() - END.len() - 1;
+            bad[n] ^= 1;
+            bad.extend(encode(b"next"));
+            assert!(take(&mut bad).unwrap().unwrap_err().contains("checksum"));
+            assert_eq!(take(&mut bad).unwrap().unwrap(), b"next");
+            assert!(take(&mut bad).is_none());
+        }
 
         #[test]
         fn a_frame_round_trips_and_damage_is_named() {

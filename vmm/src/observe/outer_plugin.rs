@@ -7,7 +7,10 @@
 //! instructions) and `live=FILE`, rewriting its report so far into FILE at
 //! each of the guest's phase markers. FILE is the memory of an ivshmem PCI
 //! device of the outer machine, which the nested init finds and names to
-//! the inner commands in [`ENV`] (its `resource2`). The KVM backend reads
+//! the inner ptiscope (its `resource2`: the serving process gets it on its
+//! command line, a batch job in `spec::nested::OUTER_PLUGIN_ENV`, read once
+//! at the top of the process into the host facts, which the KVM backend is
+//! built with). The KVM backend reads
 //! it before and after a Linux run ([`LiveFile::read`]) and hands the
 //! run's own marks on as that run's plugin file ([`run_output`]), which the
 //! Linux summary reads as it reads `--backend qemu`'s.
@@ -17,10 +20,6 @@
 //! own checked parser.
 
 use super::qemu_plugin::{PluginOutput, PluginReport, MAX_FILE_BYTES};
-
-/// The inner commands' environment variable naming the live file (the
-/// ivshmem device's `resource2` in sysfs), set by the nested init.
-pub const ENV: &str = "PTISCOPE_NESTED_PLUGIN";
 
 /// The header line before the report in the live file.
 const HEADER: &[u8] = b"ptiscope-live len=";
@@ -39,15 +38,14 @@ impl Drop for LiveFile {
 }
 
 impl LiveFile {
-    /// The file [`ENV`] names, if it names one: `Err` says why it cannot
-    /// be mapped.
-    pub fn from_env() -> Option<Result<LiveFile, String>> {
-        let path = std::env::var_os(ENV)?;
-        Some(LiveFile::open(std::path::Path::new(&path)))
-    }
-
     /// Maps `path` (a sysfs PCI resource: it can be mapped, not read).
     pub fn open(path: &std::path::Path) -> Result<LiveFile, String> {
+        Self::open_bounded(path, MAX_FILE_BYTES + 64)
+    }
+
+    /// Maps `path`, of at most `max` bytes (`--backend nested`'s blob
+    /// window is larger than a live file).
+    pub fn open_bounded(path: &std::path::Path, max: usize) -> Result<LiveFile, String> {
         use std::os::fd::AsRawFd;
         let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let len = f
@@ -56,7 +54,7 @@ impl LiveFile {
             .len();
         let len = usize::try_from(len)
             .ok()
-            .filter(|&l| l > 0 && l <= MAX_FILE_BYTES + 64)
+            .filter(|&l| l > 0 && l <= max)
             .ok_or_else(|| format!("{}: an unexpected size of {len} bytes", path.display()))?;
         // SAFETY: a fresh read-only shared mapping of an open file; the
         // result is checked.
@@ -81,6 +79,24 @@ impl LiveFile {
             map: map as *const u8,
             len,
         })
+    }
+
+    /// A copy of `len` bytes at `offset`, if the mapping holds them.
+    pub fn copy(&self, offset: u64, len: u64) -> Result<Vec<u8>, String> {
+        let (Ok(offset), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
+            return Err("a range beyond the mapping".into());
+        };
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(format!(
+                "{len} bytes at {offset} lie beyond the mapping's {} bytes",
+                self.len
+            ));
+        }
+        let mut bytes = vec![0u8; len];
+        // SAFETY: `map` is a live mapping of `len` bytes holding the range,
+        // checked above.
+        unsafe { std::ptr::copy_nonoverlapping(self.map.add(offset), bytes.as_mut_ptr(), len) };
+        Ok(bytes)
     }
 
     /// The report the plugin last wrote; `Ok(None)` before its first
@@ -166,21 +182,21 @@ pub fn run_output(before: Option<&PluginReport>, after: &PluginReport) -> Plugin
 }
 
 /// What a Linux run on the VMM reads of the outer plugin: the live file
-/// (if [`ENV`] names one) and its report before the run.
+/// and its report before the run.
 pub struct Watch {
     file: Result<LiveFile, String>,
     before: Result<Option<PluginReport>, String>,
 }
 
 impl Watch {
-    /// Starts watching, if the nested init named a live file.
-    pub fn start() -> Option<Watch> {
-        let file = LiveFile::from_env()?;
+    /// Starts watching the live file at `path`.
+    pub fn start(path: &std::path::Path) -> Watch {
+        let file = LiveFile::open(path);
         let before = match &file {
             Ok(f) => f.read(),
             Err(e) => Err(e.clone()),
         };
-        Some(Watch { file, before })
+        Watch { file, before }
     }
 
     /// The run's plugin file, after the run.

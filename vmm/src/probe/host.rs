@@ -69,6 +69,9 @@ pub struct HostFacts {
     two_dimensional_paging: Option<bool>,
     /// Inside `--backend nested`: the KVM is the nested kvm_amd.
     nested: bool,
+    /// Inside `--backend nested`: the outer QEMU's plugin's live file
+    /// (`observe::outer_plugin`), for the KVM backend.
+    outer_plugin: Option<std::path::PathBuf>,
     cache: host_cache::Cache,
     entries: OnceLock<EntryFindings>,
     pcid: OnceLock<Option<(bool, String)>>,
@@ -87,10 +90,25 @@ impl HostFacts {
     /// Reads the cheap facts (the KVM modules loaded and their paging);
     /// the probed ones wait for their first use.
     pub fn read() -> HostFacts {
+        // An inner job of `--backend nested` (`nested-batch`) is told so by
+        // its environment, read here, once, at the top of the process.
+        let inside = crate::spec::nested::inside();
+        let plugin = inside
+            .then(|| std::env::var_os(crate::spec::nested::OUTER_PLUGIN_ENV))
+            .flatten()
+            .map(std::path::PathBuf::from);
+        Self::read_as(inside, plugin)
+    }
+
+    /// [`HostFacts::read`], told whether this KVM is `--backend nested`'s
+    /// inner kvm_amd and where the outer QEMU's plugin's live file is (the
+    /// inner ptiscope knows both from its command).
+    pub fn read_as(nested: bool, outer_plugin: Option<std::path::PathBuf>) -> HostFacts {
         HostFacts {
             kvm: KvmFlavour::detect(),
             two_dimensional_paging: two_dimensional_paging(),
-            nested: crate::spec::nested::inside(),
+            nested,
+            outer_plugin,
             cache: host_cache::Cache::default(),
             entries: OnceLock::new(),
             pcid: OnceLock::new(),
@@ -99,6 +117,74 @@ impl HostFacts {
             cpuid: Mutex::new(None),
             announced: AtomicBool::new(false),
         }
+    }
+
+    /// The facts of `--backend nested`'s inner kvm_amd as its inner
+    /// ptiscope probed them (`known`, asked at the first use of a probed
+    /// fact: it boots the nested VM), for the outer process, which settles
+    /// runs for that KVM and describes it in its reports but cannot probe
+    /// it: nothing is probed or kept here. `nested_paging`: kvm_amd's
+    /// paging; `outer_plugin`: the live file of the outer QEMU's plugin as
+    /// the inner side names it (whether one counts a Linux guest's CR3
+    /// writes). A fact `known` lacks reads as one whose probe could not
+    /// run: this process never probes its own KVM for it.
+    pub fn of_inner_kvm(
+        nested_paging: bool,
+        outer_plugin: Option<std::path::PathBuf>,
+        known: impl FnOnce() -> host_cache::Facts + Send + 'static,
+    ) -> HostFacts {
+        let known = move || {
+            let mut known = known();
+            let why = "not probed inside --backend nested's VM";
+            known.entries.get_or_insert_with(|| Err(why.to_string()));
+            known.pcid.get_or_insert(None);
+            known.pae.get_or_insert(None);
+            known.refill.get_or_insert_with(|| {
+                host_cache::CachedRefill::from(&probe::RefillProbe::unmeasured(None, why.into()))
+            });
+            known
+        };
+        HostFacts {
+            kvm: KvmFlavour::Hardware,
+            two_dimensional_paging: Some(nested_paging),
+            nested: true,
+            outer_plugin,
+            cache: host_cache::Cache::from_source(known),
+            entries: OnceLock::new(),
+            pcid: OnceLock::new(),
+            pae: OnceLock::new(),
+            refill: OnceLock::new(),
+            cpuid: Mutex::new(None),
+            announced: AtomicBool::new(false),
+        }
+    }
+
+    /// The probed facts this value holds, as the cache file keeps them
+    /// (what the inner ptiscope of `--backend nested` sends out).
+    pub fn known_facts(&self) -> host_cache::Facts {
+        self.cache.facts()
+    }
+
+    /// The KVM module (`kvm_pvm`, `kvm_intel`, `kvm_amd`; `--backend
+    /// nested`'s is kvm_amd, inside), `None` if none is loaded.
+    pub fn kvm_module(&self) -> Option<&'static str> {
+        match self.kvm {
+            KvmFlavour::Pvm => Some("kvm_pvm"),
+            KvmFlavour::Hardware if self.nested => Some("kvm_amd"),
+            KvmFlavour::Hardware => ["kvm_intel", "kvm_amd"]
+                .into_iter()
+                .find(|m| std::path::Path::new("/sys/module").join(m).exists()),
+        }
+    }
+
+    /// Whether this KVM is `--backend nested`'s inner kvm_amd.
+    pub fn nested(&self) -> bool {
+        self.nested
+    }
+
+    /// The outer QEMU's plugin's live file, inside `--backend nested`.
+    pub fn outer_plugin(&self) -> Option<&std::path::Path> {
+        self.outer_plugin.as_deref()
     }
 
     /// Reads the cache file's key and the file now (`main` does it on a

@@ -475,6 +475,11 @@ struct State {
 #[derive(Default)]
 pub struct Cache {
     state: Mutex<Option<State>>,
+    /// For a KVM this process cannot probe (`--backend nested`'s inner
+    /// kvm_amd): where its facts come from, asked at their first use
+    /// instead of the file.
+    #[allow(clippy::type_complexity)]
+    source: Mutex<Option<Box<dyn FnOnce() -> Facts + Send>>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -484,8 +489,35 @@ impl std::fmt::Debug for Cache {
 }
 
 impl Cache {
+    /// A cache whose facts `source` gives at their first use, keeping
+    /// nothing: the facts of a KVM this process cannot probe itself
+    /// (`--backend nested`'s inner kvm_amd, as its inner ptiscope probed
+    /// them: asking boots its VM, so a command refused before it needs a
+    /// fact boots nothing).
+    pub fn from_source(source: impl FnOnce() -> Facts + Send + 'static) -> Cache {
+        Cache {
+            state: Mutex::new(None),
+            source: Mutex::new(Some(Box::new(source))),
+        }
+    }
+
+    /// The facts this process holds (read from the file or probed).
+    pub fn facts(&self) -> Facts {
+        self.with_state(|s| s.facts.clone())
+    }
+
     fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            let source = self.source.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(source) = source {
+                *guard = Some(State {
+                    key: String::new(),
+                    path: None,
+                    facts: source(),
+                });
+            }
+        }
         let state = guard.get_or_insert_with(|| {
             let mode = mode();
             let path = if mode == Mode::Off { None } else { path() };

@@ -295,12 +295,7 @@ fn read_host() -> Host {
 /// The KVM module and its paging mode, as `facts` have them.
 pub fn kvm(facts: &HostFacts) -> Kvm {
     let flavour = facts.kvm_flavour();
-    let module = match flavour {
-        KvmFlavour::Pvm => Some("kvm_pvm"),
-        KvmFlavour::Hardware => ["kvm_intel", "kvm_amd"]
-            .into_iter()
-            .find(|m| std::path::Path::new("/sys/module").join(m).exists()),
-    };
+    let module = facts.kvm_module();
     let paging = match (flavour, facts.two_dimensional_paging(), module) {
         (KvmFlavour::Pvm, _, _) | (_, Some(false), _) => Some("shadow"),
         (_, Some(true), Some("kvm_amd")) => Some("npt"),
@@ -411,7 +406,8 @@ impl Environment {
             host: host(),
             kvm: kvm(facts),
             // Inside `--backend nested` the inner `kvm` is the nested one.
-            backend: crate::spec::nested::reported_backend(identity.name).to_owned(),
+            backend: crate::spec::nested::reported_backend(facts.nested(), identity.name)
+                .to_owned(),
             time_basis: identity.time_basis,
             capabilities: identity.capabilities,
             probe: ProbeFindings::default(),

@@ -12,7 +12,17 @@ use crate::machine::memory::CMDLINE_MAX;
 use ptiscope_abi::options::{Entry, Fault, PtiMode, Switch, Workload, MAX_ITERATIONS};
 
 /// What the vCPU tells the guest about Meltdown (IA32_ARCH_CAPABILITIES.RDCL_NO).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CpuVuln {
     /// Report RDCL_NO clear: the CPU is Meltdown-vulnerable, `pti=auto` means on.
@@ -26,7 +36,9 @@ pub enum CpuVuln {
 
 /// `--entry`: a guest entry, or `auto` for the one the host delivers
 /// (settled by [`crate::preflight::preflight`], never sent to the guest).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+// On the wire (`--backend nested`) as its command-line word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub enum EntryChoice {
     /// Let the host decide: the entry the probe found working.
     #[default]
@@ -39,6 +51,19 @@ impl EntryChoice {
     /// Every `--entry` value, `auto` first.
     pub fn names() -> impl Iterator<Item = &'static str> {
         std::iter::once("auto").chain(Entry::NAMES.iter().copied())
+    }
+}
+
+impl From<EntryChoice> for String {
+    fn from(e: EntryChoice) -> String {
+        e.to_string()
+    }
+}
+
+impl TryFrom<String> for EntryChoice {
+    type Error = ptiscope_abi::options::UnknownValue;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
     }
 }
 
@@ -63,7 +88,7 @@ impl std::str::FromStr for EntryChoice {
 
 /// The experiment's options as the user asked for them; `None` leaves the
 /// guest's default.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GuestOptions {
     /// `--pti`.
     pub pti: Option<PtiMode>,
@@ -82,7 +107,7 @@ pub struct GuestOptions {
 
 /// The options the guest gets: entry settled (`None`: the guest runs no user
 /// code, so no entry is needed), extra words that have no typed field.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResolvedOptions {
     /// `pti=`, if set.
     pub pti: Option<PtiMode>,

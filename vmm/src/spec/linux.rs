@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use ptiscope_abi::options::PtiMode;
 
 /// A Linux kernel's architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum LinuxArch {
     /// x86_64 (64-bit entry).
     X86_64,
@@ -29,7 +29,7 @@ impl LinuxArch {
 }
 
 /// The kind of image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ImageFormat {
     /// A bzImage (Linux/x86 boot protocol; the setup header's "HdrS").
     BzImage,
@@ -71,8 +71,9 @@ pub enum TickFree {
     Off,
 }
 
-/// A Linux guest, settled.
-#[derive(Debug, Clone)]
+/// A Linux guest, settled (serialisable: `--backend nested` sends it to
+/// the inner VMM with the rest of the settled run).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LinuxGuest {
     /// The kernel file.
     pub path: PathBuf,

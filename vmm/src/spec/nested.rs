@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 /// Set for the inner commands: their reports say what this KVM is.
 pub const INNER_ENV: &str = "PTISCOPE_NESTED_INNER";
 
+/// The environment variable naming the outer QEMU's plugin's live file
+/// (the ivshmem device's `resource2` in sysfs), which the nested init sets
+/// for the jobs it runs (`nested-batch`): read once, into the host facts.
+pub const OUTER_PLUGIN_ENV: &str = "PTISCOPE_NESTED_PLUGIN";
+
 /// What the environment of an inner report says this KVM is (nested paging).
 pub const KVM_DESCRIPTION: &str = "kvm_amd with nested paging, inside QEMU TCG: real KVM exits \
      and semantics, emulated time (KVM does not see guest CR3 writes)";
@@ -16,16 +21,19 @@ pub const KVM_DESCRIPTION: &str = "kvm_amd with nested paging, inside QEMU TCG: 
 pub const KVM_SHADOW_DESCRIPTION: &str = "kvm_amd with shadow paging, inside QEMU TCG: real KVM \
      exits and semantics, emulated time (KVM intercepts guest CR3 writes: its tlb_flush counts them)";
 
-/// Whether this process is an inner command of `--backend nested`.
+/// Whether this process is an inner command of `--backend nested`: read
+/// once, at the top of the process (into the host facts, `timeout`'s
+/// defaults); everything below is handed what it needs.
 pub fn inside() -> bool {
     std::env::var_os(INNER_ENV).is_some()
 }
 
-/// The name reports give the backend `name` (a `Backend::name`): inside
-/// `--backend nested` the VMM's KVM is the nested kvm_amd, so `kvm` reads
-/// `nested` there; every other name is itself.
-pub fn reported_backend(name: &'static str) -> &'static str {
-    if inside() && name == "kvm" {
+/// The name reports give the backend `name` (a `Backend::name`): on
+/// `--backend nested`'s inner KVM (`nested`, from the host facts) the
+/// VMM's KVM is the nested kvm_amd, so `kvm` reads `nested` there; every
+/// other name is itself.
+pub fn reported_backend(nested: bool, name: &'static str) -> &'static str {
+    if nested && name == "kvm" {
         "nested"
     } else {
         name

@@ -18,6 +18,7 @@ use ptiscope_abi::options::Workload;
 pub(super) fn print_header(
     args: &CompareArgs,
     backend: &dyn Backend,
+    facts: &crate::probe::host::HostFacts,
     base: &Side,
     comp: &Side,
     count: RunCount,
@@ -60,7 +61,7 @@ pub(super) fn print_header(
         extra.insert("sides_differ".to_owned(), differences.clone());
     }
     let mut environment = Environment::collect(
-        &crate::cli::host_facts(),
+        facts,
         crate::backend::identity(backend),
         side::guest_image_of(&base.run.config.kernel, Some(&base.run.boot.image)),
         extra,

@@ -141,8 +141,9 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
 
     // Settle both sides once (image read, entry resolved, host limits
     // checked): every run of a side then boots the same resolved run.
+    let facts = crate::cli::facts_for(backend.as_ref(), &base.config)?;
     let settle = |spec: SideSpec| {
-        preflight(&spec.config, backend.target(), &crate::cli::host_facts()).map(|run| Side {
+        preflight(&spec.config, backend.target(), &facts).map(|run| Side {
             label: spec.label,
             run,
         })
@@ -170,7 +171,7 @@ fn compare(args: &CompareArgs) -> Result<i32, CommandError> {
         },
     };
     let watched = backend.profile().time.metric;
-    let mut environment = print_header(args, &*backend, &base, &comp, count, watched);
+    let mut environment = print_header(args, &*backend, &facts, &base, &comp, count, watched);
 
     let bar = progress(
         2 * u64::from(count.max_runs() + args.warmup),

@@ -163,7 +163,7 @@ pub fn parse_side(
                 c.cpu_vuln = enum_value::<CpuVuln>(v).map_err(bad)?;
                 if c.cpu_vuln != CpuVuln::Host {
                     if let Some(why) =
-                        crate::backend::others_option(target.on.backend.as_str(), "cpu_vuln=")
+                        crate::backend::others_option(target.on.options_owner(), "cpu_vuln=")
                     {
                         return Err(bad(why));
                     }
@@ -232,7 +232,7 @@ pub fn parse_side(
             }
             // QEMU's emulated CPU model for this side (`-cpu`).
             SideKey::Cpu => {
-                if let Some(why) = crate::backend::others_option(target.on.backend.as_str(), "cpu=")
+                if let Some(why) = crate::backend::others_option(target.on.options_owner(), "cpu=")
                 {
                     return Err(bad(format!("chooses QEMU's emulated CPU model: {why}")));
                 }

@@ -86,7 +86,7 @@ pub(super) fn backend_basis(b: BackendName) -> TimeBasis {
 pub(super) fn backend_name(b: BackendName) -> &'static str {
     // No run reaches a backend as `nested` out here (its inner command
     // runs as `kvm`): the cell names what was asked.
-    crate::spec::nested::reported_backend(b.as_str())
+    crate::spec::nested::reported_backend(crate::cli::host_facts().nested(), b.as_str())
 }
 
 #[cfg(test)]

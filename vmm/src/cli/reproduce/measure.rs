@@ -119,7 +119,7 @@ pub(super) fn measure_on(
             .map(|(m, v)| (m.name, m.source.key().to_string(), v))
             .collect(),
         // Inside `--backend nested` this KVM is the nested kvm_amd.
-        crate::spec::nested::reported_backend(backend.name()),
+        crate::spec::nested::reported_backend(crate::cli::host_facts().nested(), backend.name()),
     ))
 }
 

@@ -151,7 +151,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     println!("ptiscope reproduce {}", seed_name(args.seed));
     println!("  {title}");
     // The backend asked for: inside the nested boot, `nested` (its `kvm`).
-    let requested = if crate::spec::nested::inside() {
+    let requested = if crate::cli::host_facts().nested() {
         "nested"
     } else {
         args.backend.name()
@@ -160,7 +160,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     if requested != ReproduceBackend::Auto.name() {
         println!("  backend: {requested}");
     }
-    if crate::spec::nested::inside() {
+    if crate::cli::host_facts().nested() {
         println!("  KVM: {}", crate::cli::host_facts().describe_kvm());
     }
     let started = std::time::Instant::now();
@@ -325,7 +325,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             "title": title,
             "runs_per_cell": args.runs,
             "backend": requested,
-            "kvm": crate::spec::nested::inside().then(|| crate::cli::host_facts().describe_kvm()),
+            "kvm": crate::cli::host_facts().nested().then(|| crate::cli::host_facts().describe_kvm()),
             "partial": stopped_by.as_ref().map(|(_, why)| why.clone()),
             "rows": json_rows,
         });

@@ -14,14 +14,17 @@ use super::plan::CellPlan;
 /// The probe's refill verdict, as the sweep report carries it. Under QEMU
 /// the KVM probe says nothing about TCG (whose soft TLB is flushed whole on
 /// every CR3 write).
-pub(super) fn refill_visibility(backend: &dyn Backend) -> rs::RefillVisibility {
+pub(super) fn refill_visibility(
+    backend: &dyn Backend,
+    facts: &crate::probe::host::HostFacts,
+) -> rs::RefillVisibility {
     use crate::probe::RefillVerdict;
     if let Some(reason) = backend.profile().refill_unprobed {
         return rs::RefillVisibility::Unknown {
             reason: reason.into(),
         };
     }
-    let p = crate::cli::host_facts().cr3_write_refill().clone();
+    let p = facts.cr3_write_refill().clone();
     match p.verdict {
         RefillVerdict::Visible => rs::RefillVisibility::Visible {
             probe_ns_per_page: p.ns_per_page,
@@ -78,6 +81,8 @@ pub(super) struct Preparer {
     /// `--iterations`: a cell that reads more runs fewer ([`CellPlan::iterations`]).
     pub iterations: u64,
     pub target: crate::spec::Target,
+    /// The facts of the KVM the runs run on (the backend's own, or this host's).
+    pub facts: std::sync::Arc<crate::probe::host::HostFacts>,
 }
 
 impl Preparer {
@@ -102,12 +107,7 @@ impl Preparer {
                 .trim()
                 .to_string();
         }
-        let resolved = preflight_with_image(
-            &config,
-            self.target,
-            &crate::cli::host_facts(),
-            self.image.clone(),
-        )?;
+        let resolved = preflight_with_image(&config, self.target, &self.facts, self.image.clone())?;
         if self.image.is_none() {
             self.image = Some(resolved.boot.image.clone());
         }

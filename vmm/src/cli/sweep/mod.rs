@@ -203,6 +203,36 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
         )));
     }
     let (cells, stride) = plan(args).map_err(CommandError::Usage)?;
+    // The KVM the runs run on: this host's, or the backend's own (nested's
+    // inner kvm_amd), settled for the grid's guest (a Linux one if the
+    // command or a configuration names a kernel) before the
+    // configurations, whose defaults ask it about PCID.
+    let embedded = args.target.arch.unwrap_or(Arch::X86_64).embedded_image();
+    let facts = {
+        let mut probe = parse_side("pti=off", &args.exp, &args.target, embedded)
+            .map_err(|source| CommandError::Side {
+                prefix: "--config ",
+                source,
+            })?
+            .config;
+        if probe.guest_kind.is_companion() {
+            if let Some(kernel) = args
+                .configs
+                .iter()
+                .flat_map(|c| c.split(','))
+                .find_map(|w| w.trim().strip_prefix("linux="))
+            {
+                probe.guest_kind =
+                    crate::spec::guest::GuestKind::Linux(crate::spec::linux::LinuxRequest {
+                        kernel: kernel.trim().into(),
+                        append: String::new(),
+                        arch: None,
+                        tick_free: Default::default(),
+                    });
+            }
+        }
+        crate::cli::facts_for(&*backend, &probe)?
+    };
     let (labels, omitted) = if args.configs.is_empty() {
         default_configs(args, &*backend)
     } else {
@@ -233,7 +263,6 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
         )));
     }
     let [json_file, csv_file, svg_file] = args.out.open(args.exp.timeout)?;
-    let embedded = args.target.arch.unwrap_or(Arch::X86_64).embedded_image();
     let mut sides = Vec::new();
     for label in &labels {
         sides.push(
@@ -252,6 +281,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
         cpus: args.exp.cpus,
         iterations: args.exp.iterations,
         target: backend.target(),
+        facts: facts.clone(),
     };
     // Settle every (cell, configuration) before the first boot, so that a
     // bad cell does not cost the runs before it; nothing is kept (each run
@@ -288,7 +318,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
     };
     // Probed before the timed runs (a few hundred ms), cached for the
     // environment block.
-    let cr3_write_refill = refill_visibility(&*backend);
+    let cr3_write_refill = refill_visibility(&*backend, &facts);
     println!("  refill:    {}", describe_refill(&cr3_write_refill));
     println!(
         "  workload:  {} x {} iterations per run{fewer}, {} runs per cell and configuration, interleaved; stride {stride}, {} pages",
@@ -403,7 +433,7 @@ fn sweep(args: &SweepArgs) -> Result<i32, CommandError> {
         cr3_write_refill,
         seconds: started.elapsed().as_secs_f64(),
         environment: Some(crate::report::environment::Environment::collect(
-            &crate::cli::host_facts(),
+            &facts,
             crate::backend::identity(&*backend),
             crate::cli::compare::guest_image_of(
                 &match (&args.exp.kernel, &args.target.linux.linux) {

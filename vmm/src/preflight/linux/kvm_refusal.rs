@@ -27,7 +27,7 @@ pub(super) fn kvm_refusal(
         pae,
         image.arch,
         cpus,
-        crate::spec::nested::inside(),
+        facts.nested(),
     );
     (!why.is_empty()).then(|| {
         format!(

@@ -99,7 +99,7 @@ pub fn settle(
         host_counts_cr3: target == Target::Kvm && facts.sees_cr3_writes(),
         cpus: config.cpus,
         append: &req.append,
-        i386_nested: image.arch == LinuxArch::I386 && crate::spec::nested::inside(),
+        i386_nested: image.arch == LinuxArch::I386 && facts.nested(),
     })
     .map_err(LinuxError::Option)?;
     let cpus = tick_free.map_or(config.cpus, |t| t.cpus);
