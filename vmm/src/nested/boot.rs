@@ -67,6 +67,39 @@ pub(super) fn console_tail(bytes: &[u8], n: usize) -> Vec<String> {
         .collect()
 }
 
+/// The user and system CPU seconds of this process's reaped children (QEMU
+/// is the only child of a nested session).
+fn children_cpu_secs() -> f64 {
+    // SAFETY: getrusage(2) into a struct we own.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_CHILDREN is a valid `who`.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
+/// Logs (debug level) where a session's time went: QEMU's wall and CPU
+/// time, and the init's trace lines from the console (when each set-up
+/// step ended, in seconds after the inner kernel started).
+fn log_session(wall: Duration, cpu: f64, console: &[u8]) {
+    log::debug!(
+        "nested: QEMU ran {:.2} s, {cpu:.2} s of CPU (user + system)",
+        wall.as_secs_f64()
+    );
+    let mut safe = Vec::new();
+    ptiscope_devices::console::escape_for_terminal(console, &mut safe);
+    for line in String::from_utf8_lossy(&safe).lines() {
+        if let Some(step) = line
+            .trim_end_matches('\r')
+            .strip_prefix(super::init::TRACE_PREFIX)
+        {
+            log::debug!("nested: init: {step}");
+        }
+    }
+}
+
 /// Stops QEMU (SIGTERM, SIGKILL after half a second) and reaps it, unless
 /// it already ended.
 pub(super) struct Qemu(pub(super) std::process::Child);
@@ -118,6 +151,15 @@ pub(super) fn outer_plugin_args(plugin: &Path, live: &str) -> Vec<String> {
         ),
     ]
 }
+
+/// What the outer kernel skips that a nested session does not need, each
+/// paid under TCG at every session: the crypto API's self-tests of every
+/// algorithm it registers (about 0.2 s of the boot), the audit subsystem,
+/// and zeroing every page it allocates (the initramfs's page cache, its own
+/// tables; user memory, the inner guests' included, is zeroed anyway).
+/// Together 0.5 s of QEMU's CPU time of a session that boots, loads the
+/// modules and powers off (3.8 s before; docs/results.md).
+const OUTER_BOOT_ARGS: &str = "cryptomgr.notests audit=0 init_on_alloc=0";
 
 /// The QEMU binary (`$PTISCOPE_NESTED_QEMU` for a test that names a missing one).
 pub(super) fn qemu_binary() -> String {
@@ -201,7 +243,13 @@ pub fn run_with(
     if let Some(s) = signals::wait_termination(Duration::ZERO) {
         return Err(NestedError::Interrupted(s));
     }
+    let packing = Instant::now();
     let (initrd, lib_dirs) = initramfs(&kernel, request, inputs, extra)?;
+    log::debug!(
+        "nested: packed the initramfs ({:.1} MiB) in {:.2} s",
+        initrd.len() as f64 / (1 << 20) as f64,
+        packing.elapsed().as_secs_f64()
+    );
     // Through the bounded reader, as every input: a FIFO in the cache
     // must not block the open, a signal ends the read.
     let vmlinuz = read_regular(
@@ -263,6 +311,7 @@ pub fn run_with(
         deadline.as_secs_f64()
     ));
     let start = Instant::now();
+    let cpu_before = children_cpu_secs();
     let mut qemu = Qemu(cmd.spawn().map_err(NestedError::NoQemu)?);
     let stderr = qemu.0.stderr.take();
     let stderr = std::thread::spawn(move || {
@@ -301,6 +350,13 @@ pub fn run_with(
         return Err(NestedError::Interrupted(s));
     }
     let qemu_stderr = stderr.join().unwrap_or_default();
+    if log::log_enabled!(log::Level::Debug) {
+        log_session(
+            start.elapsed(),
+            children_cpu_secs() - cpu_before,
+            &read_back(&mut console_fd, 1 << 20),
+        );
+    }
     let port = read_back(&mut result_fd, 256 << 20);
     let decoded = frame::decode(&port).and_then(|p| {
         serde_json::from_slice::<Response>(&p)
@@ -308,6 +364,14 @@ pub fn run_with(
     });
     match decoded {
         Ok(r) => {
+            for (i, j) in r.jobs.iter().enumerate() {
+                log::debug!(
+                    "nested: job {} took {:.2} s inside (status {})",
+                    i + 1,
+                    j.secs,
+                    j.status
+                );
+            }
             progress(&format!(
                 "the nested session took {:.1} s",
                 start.elapsed().as_secs_f64()
@@ -399,8 +463,22 @@ pub(super) fn machine_command(
 /// The inner kernel's command line: ptiscope is its init, finding its
 /// libraries in `lib_dirs`.
 pub(super) fn inner_cmdline(lib_dirs: &[String]) -> String {
-    format!(
-        "console=ttyS0 quiet loglevel=4 panic=-1 {INIT_ENV}=1 LD_LIBRARY_PATH={}",
+    let mut cmdline = format!(
+        "console=ttyS0 quiet loglevel=4 panic=-1 {OUTER_BOOT_ARGS} {INIT_ENV}=1 LD_LIBRARY_PATH={}",
         lib_dirs.join(":")
-    )
+    );
+    // At debug level the init says on the console when each set-up step
+    // ended (logged with each job's time).
+    if log::log_enabled!(log::Level::Debug) {
+        cmdline.push_str(&format!(" {}=1", super::init::TRACE_ENV));
+        // And the inner commands log as the outer does (the kernel hands
+        // an unknown `NAME=VALUE` to the init's environment; a value with
+        // a space or quote would not survive the command line).
+        if let Ok(v) = std::env::var("RUST_LOG") {
+            if !v.is_empty() && v.chars().all(|c| c.is_ascii_graphic() && c != '"') {
+                cmdline.push_str(&format!(" RUST_LOG={v}"));
+            }
+        }
+    }
+    cmdline
 }

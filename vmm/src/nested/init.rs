@@ -81,14 +81,42 @@ fn kvm_log_lines() -> String {
         .join("; ")
 }
 
+/// Set on the inner kernel's command line (so in the init's environment)
+/// when the outer ptiscope logs at debug level (`RUST_LOG=debug`): the
+/// init then prints when each set-up step ended on the console, which the
+/// outer logs ([`trace`]).
+pub const TRACE_ENV: &str = "PTISCOPE_NESTED_TRACE";
+/// What the init's trace lines start with on the console.
+pub const TRACE_PREFIX: &str = "ptiscope nested init: ";
+
+/// Prints `step` with the seconds since the inner kernel started (its
+/// boot clock) on the console, if the outer asked for a trace.
+fn trace(step: &str) {
+    if std::env::var_os(TRACE_ENV).is_none() {
+        return;
+    }
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) into a timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut t) };
+    eprintln!(
+        "{TRACE_PREFIX}{:.3} s after boot: {step}",
+        t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+    );
+}
+
 /// Sets up KVM with `paging`: the setup's steps, or why it failed.
 fn setup(paging: KvmPaging, steps: &mut Vec<String>) -> Result<(), String> {
+    trace("init started");
     mount("devtmpfs", "/dev", "devtmpfs")?;
     mount("proc", "/proc", "proc")?;
     mount("sysfs", "/sys", "sysfs")?;
     mount("tmpfs", "/tmp", "tmpfs")?;
     // Where the jobs' output files are redirected (nested::cli::rewrite).
     std::fs::create_dir_all("/tmp/out").map_err(|e| format!("creating /tmp/out: {e}"))?;
+    trace("mounted /dev, /proc, /sys, /tmp");
     for name in MODULES {
         let params = if name == "kvm-amd.ko" {
             paging.module_parameter()
@@ -105,6 +133,7 @@ fn setup(paging: KvmPaging, steps: &mut Vec<String>) -> Result<(), String> {
             }
         })?;
         steps.push(format!("loaded {name} {params}").trim_end().to_string());
+        trace(&format!("loaded {name}"));
     }
     if !std::path::Path::new("/dev/kvm").exists() {
         // devtmpfs makes it; a kernel without devtmpfs gets the node made here.
@@ -140,6 +169,7 @@ fn setup(paging: KvmPaging, steps: &mut Vec<String>) -> Result<(), String> {
         paging.module_parameter(),
         paging.describe()
     ));
+    trace("KVM ready");
     Ok(())
 }
 
