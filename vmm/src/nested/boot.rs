@@ -17,6 +17,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::contract::LIVE_BYTES;
 use super::error::NestedError;
 use super::payload::{find_kernel, initramfs, Extra};
 use super::{frame, Request, Response, INIT_ENV};
@@ -93,7 +94,7 @@ fn log_session(wall: Duration, cpu: f64, console: &[u8]) {
     for line in String::from_utf8_lossy(&safe).lines() {
         if let Some(step) = line
             .trim_end_matches('\r')
-            .strip_prefix(super::init::TRACE_PREFIX)
+            .strip_prefix(super::contract::TRACE_PREFIX)
         {
             log::debug!("nested: init: {step}");
         }
@@ -121,11 +122,6 @@ impl Drop for Qemu {
         }
     }
 }
-
-/// The size of the outer plugin's live file (and of the ivshmem device's
-/// memory that shows it to the inner Linux): a power of two, as a PCI
-/// BAR's, room for thousands of phase markers.
-pub(super) const LIVE_BYTES: u64 = 4 << 20;
 
 /// The outer QEMU's arguments for its plugin (`observe::outer_plugin`):
 /// the plugin counting the SVM guest only (`svm=1`), its markers the Linux
@@ -470,7 +466,7 @@ pub(super) fn inner_cmdline(lib_dirs: &[String]) -> String {
     // At debug level the init says on the console when each set-up step
     // ended (logged with each job's time).
     if log::log_enabled!(log::Level::Debug) {
-        cmdline.push_str(&format!(" {}=1", super::init::TRACE_ENV));
+        cmdline.push_str(&format!(" {}=1", super::contract::TRACE_ENV));
         // And the inner commands log as the outer does (the kernel hands
         // an unknown `NAME=VALUE` to the init's environment; a value with
         // a space or quote would not survive the command line).

@@ -11,16 +11,10 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::contract::{self, MODULES, MODULE_DIR, REQUEST_PATH, TRACE_ENV, TRACE_PREFIX};
 use super::{frame, JobResult, Request, Response, INIT_ENV};
 use crate::spec::nested::{KvmPaging, INNER_ENV};
 
-/// Where the request lies in the initramfs.
-pub const REQUEST_PATH: &str = "/nested/request.json";
-/// Where the modules lie, loaded in [`MODULES`]' order.
-pub const MODULE_DIR: &str = "/nested/modules";
-/// The modules, in load order (kvm-amd's `npt=` comes from the request's
-/// [`KvmPaging`]).
-pub const MODULES: [&str; 3] = ["irqbypass.ko", "kvm.ko", "kvm-amd.ko"];
 /// The result port.
 const RESULT_TTY: &str = "/dev/ttyS1";
 
@@ -80,14 +74,6 @@ fn kvm_log_lines() -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
-
-/// Set on the inner kernel's command line (so in the init's environment)
-/// when the outer ptiscope logs at debug level (`RUST_LOG=debug`): the
-/// init then prints when each set-up step ended on the console, which the
-/// outer logs ([`trace`]).
-pub const TRACE_ENV: &str = "PTISCOPE_NESTED_TRACE";
-/// What the init's trace lines start with on the console.
-pub const TRACE_PREFIX: &str = "ptiscope nested init: ";
 
 /// Prints `step` with the seconds since the inner kernel started (its
 /// boot clock) on the console, if the outer asked for a trace.
@@ -177,7 +163,7 @@ fn setup(paging: KvmPaging, steps: &mut Vec<String>) -> Result<(), String> {
 /// `resource2`) that shows the outer QEMU's plugin's live file
 /// (`observe::outer_plugin`): its path, or why there is none.
 fn outer_plugin_file() -> Result<String, String> {
-    ivshmem_memory(super::boot::LIVE_BYTES)
+    ivshmem_memory(contract::LIVE_BYTES)
 }
 
 /// The memory (`resource2`) of the ivshmem device of `bytes` bytes: a
@@ -297,7 +283,7 @@ fn run_job(job: &super::Job, env: &[(String, String)]) -> JobResult {
 /// result port, told where the plugin's live file and the blob window
 /// are; its end ends the machine. Why it could not start, if it could not.
 fn serve(outer_plugin: Option<&str>) -> Result<(), String> {
-    let window = ivshmem_memory(super::session::BLOB_WINDOW_BYTES)?;
+    let window = ivshmem_memory(contract::BLOB_WINDOW_BYTES)?;
     let mut cmd = Command::new("/init");
     cmd.args([
         "nested-serve",

@@ -32,6 +32,7 @@
 
 pub mod boot;
 pub mod cli;
+pub mod contract;
 pub mod error;
 pub mod init;
 pub mod pack;

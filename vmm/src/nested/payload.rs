@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::error::NestedError;
-use super::{init, Request};
+use super::{contract, Request};
 use crate::input::{read_regular, READ_TIME_LIMIT};
 use crate::preflight::linux::initramfs::Archive;
 
@@ -21,7 +21,7 @@ pub struct Kernel {
 }
 
 /// The `debian-amd64` kernel of the cache, with the modules
-/// [`init::MODULES`] names; an error saying how to get them.
+/// [`contract::MODULES`] names; an error saying how to get them.
 pub fn find_kernel() -> Result<Kernel, NestedError> {
     let dir = crate::preflight::linux::fetch::cache_dir()
         .map(|d| d.join("debian-amd64"))
@@ -44,7 +44,7 @@ pub fn kernel_in(dir: &Path) -> Result<Kernel, NestedError> {
             vmlinuz.display()
         )));
     }
-    let modules: Vec<PathBuf> = init::MODULES
+    let modules: Vec<PathBuf> = contract::MODULES
         .iter()
         .map(|name| dir.join("modules").join(name))
         .collect();
@@ -202,12 +202,12 @@ pub fn initramfs(
         let bytes = std::fs::read(&interp).map_err(io(format!("reading {interp}")))?;
         a.file(&interp, 0o755, &bytes);
     }
-    for (m, name) in kernel.modules.iter().zip(init::MODULES) {
+    for (m, name) in kernel.modules.iter().zip(contract::MODULES) {
         let bytes = read_regular("KVM module", m, 64 << 20, READ_TIME_LIMIT)?;
-        a.file(&format!("{}/{name}", init::MODULE_DIR), 0o644, &bytes);
+        a.file(&format!("{}/{name}", contract::MODULE_DIR), 0o644, &bytes);
     }
     let req = serde_json::to_vec(request).unwrap_or_default();
-    a.file(init::REQUEST_PATH, 0o644, &req);
+    a.file(contract::REQUEST_PATH, 0o644, &req);
     for (path, bytes) in inputs {
         a.file(path, 0o644, bytes);
     }

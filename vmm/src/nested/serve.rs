@@ -80,7 +80,7 @@ pub fn serve(args: &crate::cli::NestedServeArgs) -> i32 {
     let window = args
         .blob_window
         .as_deref()
-        .map(|p| LiveFile::open_bounded(p, super::session::BLOB_WINDOW_BYTES as usize));
+        .map(|p| LiveFile::open_bounded(p, super::contract::BLOB_WINDOW_BYTES as usize));
     let facts = Arc::new(HostFacts::read_as(true, args.outer_plugin.clone()));
     // What the reports carry, probed here once: the outer side settles and
     // reports with these.

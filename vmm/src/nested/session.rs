@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::boot::{self, Qemu};
+use super::contract::{self, BLOB_WINDOW_BYTES};
 use super::error::NestedError;
 use super::payload::{find_kernel, initramfs, Extra};
 use super::{frame, Request};
@@ -29,10 +30,6 @@ use crate::probe::host_cache;
 use crate::signals;
 use crate::spec::nested::KvmPaging;
 use crate::spec::ResolvedRun;
-
-/// The blob window's size (a power of two, as a PCI BAR's): room for the
-/// kernels and initrds of a session's runs (a Debian kernel is ~8 MB).
-pub const BLOB_WINDOW_BYTES: u64 = 64 << 20;
 
 /// How long the inner ptiscope gets, after the boot, to probe its KVM
 /// (the entry, PCID, PAE and refill probes, in TCG time).
@@ -123,7 +120,7 @@ impl Live {
         };
         let window = sized(c"ptiscope-nested-blobs", BLOB_WINDOW_BYTES)?;
         let live = match plugin {
-            Some(_) => Some(sized(c"ptiscope-nested-live", boot::LIVE_BYTES)?),
+            Some(_) => Some(sized(c"ptiscope-nested-live", contract::LIVE_BYTES)?),
             None => None,
         };
         let mut fds = vec![
