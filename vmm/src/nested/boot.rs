@@ -221,19 +221,7 @@ pub fn run_with(
         request.kvm_paging == super::KvmPaging::Npt
             && request.jobs.iter().any(super::Job::boots_linux)
     });
-    let plugin = if wanted {
-        match crate::backend::qemu::plugin_for(&qemu_binary()) {
-            Ok((path, _)) => Some(path),
-            Err(e) => {
-                progress(&format!(
-                    "no CR3 count from the outer QEMU for the Linux guests: {e}"
-                ));
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let plugin = outer_plugin(wanted, progress);
     request.outer_plugin = Some(plugin.is_some());
     let request = &request;
     if let Some(s) = signals::wait_termination(Duration::ZERO) {
@@ -394,6 +382,28 @@ pub fn run_with(
                 why,
                 console: console_tail(&read_back(&mut console_fd, 1 << 20), 12),
             })
+        }
+    }
+}
+
+/// ptiscope's TCG plugin for the outer QEMU, if `wanted` (a Linux guest
+/// under nested paging, whose CR3 writes the inner KVM cannot see) and
+/// this QEMU loads plugins; without it the runs go on and say they have
+/// no count (`progress` hears why).
+pub(super) fn outer_plugin(
+    wanted: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Option<std::path::PathBuf> {
+    if !wanted {
+        return None;
+    }
+    match crate::backend::qemu::plugin_for(&qemu_binary()) {
+        Ok((path, _)) => Some(path),
+        Err(e) => {
+            progress(&format!(
+                "no CR3 count from the outer QEMU for the Linux guests: {e}"
+            ));
+            None
         }
     }
 }

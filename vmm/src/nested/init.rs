@@ -325,14 +325,7 @@ fn send_payload(payload: &[u8]) {
         return;
     };
     let fd = tty.as_raw_fd();
-    // SAFETY: termios calls on an open tty descriptor with a struct we own.
-    unsafe {
-        let mut t: libc::termios = std::mem::zeroed();
-        if libc::tcgetattr(fd, &mut t) == 0 {
-            libc::cfmakeraw(&mut t);
-            libc::tcsetattr(fd, libc::TCSANOW, &t);
-        }
-    }
+    super::make_raw(fd);
     let _ = std::io::Write::write_all(&mut tty, &framed);
     // SAFETY: waits until the tty has transmitted what was written.
     unsafe { libc::tcdrain(fd) };

@@ -134,6 +134,19 @@ pub struct Response {
     pub jobs: Vec<JobResult>,
 }
 
+/// Puts the serial port `fd` in raw mode (no echo, no line discipline,
+/// every byte as it is): the framed messages cross it as bytes.
+pub(crate) fn make_raw(fd: std::os::fd::RawFd) {
+    // SAFETY: termios calls on an open descriptor with a struct we own.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        if libc::tcgetattr(fd, &mut t) == 0 {
+            libc::cfmakeraw(&mut t);
+            libc::tcsetattr(fd, libc::TCSANOW, &t);
+        }
+    }
+}
+
 /// The frame around a response on ttyS1: a header line with the payload's
 /// length and SHA-256, the payload, an end line.
 pub mod frame {

@@ -36,14 +36,7 @@ fn open_raw(path: &Path) -> Result<std::fs::File, String> {
         .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let fd = tty.as_raw_fd();
-    // SAFETY: termios calls on an open descriptor with a struct we own.
-    unsafe {
-        let mut t: libc::termios = std::mem::zeroed();
-        if libc::tcgetattr(fd, &mut t) == 0 {
-            libc::cfmakeraw(&mut t);
-            libc::tcsetattr(fd, libc::TCSANOW, &t);
-        }
-    }
+    super::make_raw(fd);
     Ok(tty)
 }
 

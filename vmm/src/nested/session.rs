@@ -80,19 +80,7 @@ impl Live {
         let kernel = find_kernel()?;
         // As a batch decides (boot::run_with): the outer plugin counts a
         // Linux guest's CR3 writes where the inner KVM cannot.
-        let plugin = if spec.linux && paging == KvmPaging::Npt {
-            match crate::backend::qemu::plugin_for(&boot::qemu_binary()) {
-                Ok((path, _)) => Some(path),
-                Err(e) => {
-                    progress(&format!(
-                        "no CR3 count from the outer QEMU for the Linux guests: {e}"
-                    ));
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let plugin = boot::outer_plugin(spec.linux && paging == KvmPaging::Npt, progress);
         let request = Request {
             kvm_paging: paging,
             jobs: Vec::new(),

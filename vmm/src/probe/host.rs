@@ -104,12 +104,30 @@ impl HostFacts {
     /// inner kvm_amd and where the outer QEMU's plugin's live file is (the
     /// inner ptiscope knows both from its command).
     pub fn read_as(nested: bool, outer_plugin: Option<std::path::PathBuf>) -> HostFacts {
-        HostFacts {
-            kvm: KvmFlavour::detect(),
-            two_dimensional_paging: two_dimensional_paging(),
+        Self::unprobed(
+            KvmFlavour::detect(),
+            two_dimensional_paging(),
             nested,
             outer_plugin,
-            cache: host_cache::Cache::default(),
+            host_cache::Cache::default(),
+        )
+    }
+
+    /// Facts of which nothing is probed yet: the probed ones come from
+    /// `cache` at their first use.
+    fn unprobed(
+        kvm: KvmFlavour,
+        two_dimensional_paging: Option<bool>,
+        nested: bool,
+        outer_plugin: Option<std::path::PathBuf>,
+        cache: host_cache::Cache,
+    ) -> HostFacts {
+        HostFacts {
+            kvm,
+            two_dimensional_paging,
+            nested,
+            outer_plugin,
+            cache,
             entries: OnceLock::new(),
             pcid: OnceLock::new(),
             pae: OnceLock::new(),
@@ -144,19 +162,13 @@ impl HostFacts {
             });
             known
         };
-        HostFacts {
-            kvm: KvmFlavour::Hardware,
-            two_dimensional_paging: Some(nested_paging),
-            nested: true,
+        Self::unprobed(
+            KvmFlavour::Hardware,
+            Some(nested_paging),
+            true,
             outer_plugin,
-            cache: host_cache::Cache::from_source(known),
-            entries: OnceLock::new(),
-            pcid: OnceLock::new(),
-            pae: OnceLock::new(),
-            refill: OnceLock::new(),
-            cpuid: Mutex::new(None),
-            announced: AtomicBool::new(false),
-        }
+            host_cache::Cache::from_source(known),
+        )
     }
 
     /// The probed facts this value holds, as the cache file keeps them
