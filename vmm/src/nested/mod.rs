@@ -211,24 +211,51 @@ pub mod frame {
         Ok(payload.to_vec())
     }
 
+    /// The largest payload a frame may declare: a session's messages are a
+    /// run's record or request (KiB to a few MiB); a header that declares
+    /// more is refused rather than waited for.
+    pub const MAX_PAYLOAD: usize = 256 << 20;
+
+    /// The longest header line (`len=... sha256=...`) read before it is
+    /// refused as malformed.
+    const MAX_HEADER: usize = 128;
+
     /// The first whole frame in a stream's bytes `buf`, taken out of it
-    /// (with what came before it: console noise); `None` while the frame
-    /// is not yet whole, `Some(Err)` for one whose checksum differs (taken
-    /// out too). A session's messages each way are read this way.
+    /// (with what came before it: console noise, dropped); `None` while the
+    /// frame is not yet whole, `Some(Err)` for one whose header is
+    /// malformed or declares more than [`MAX_PAYLOAD`], or whose checksum
+    /// differs (taken out too). A session's messages each way are read
+    /// this way. The stream is the other side's, so `buf` never holds more
+    /// than one frame's worth: noise without a frame is dropped as it
+    /// comes, and no length it declares is trusted.
     pub fn take(buf: &mut Vec<u8>) -> Option<Result<Vec<u8>, String>> {
         let magic = format!("\n{MAGIC} len=").into_bytes();
-        let at = buf
-            .windows(magic.len())
-            .position(|w| w == magic.as_slice())?;
+        let Some(at) = buf.windows(magic.len()).position(|w| w == magic.as_slice()) else {
+            // Keep only what may be the start of a frame's first line.
+            let keep = magic.len() - 1;
+            if buf.len() > keep {
+                buf.drain(..buf.len() - keep);
+            }
+            return None;
+        };
         let rest = &buf[at + magic.len()..];
-        let nl = rest.iter().position(|&b| b == b'\n')?;
+        let Some(nl) = rest.iter().take(MAX_HEADER + 1).position(|&b| b == b'\n') else {
+            if rest.len() > MAX_HEADER {
+                buf.drain(..at + magic.len());
+                return Some(Err("a frame header without its end of line".into()));
+            }
+            return None;
+        };
         let header = String::from_utf8_lossy(&rest[..nl]).into_owned();
         let parsed = header
             .split_once(" sha256=")
-            .and_then(|(len, sum)| Some((len.parse::<usize>().ok()?, sum.to_string())));
+            .and_then(|(len, sum)| Some((len.parse::<usize>().ok()?, sum.to_string())))
+            .filter(|(len, _)| *len <= MAX_PAYLOAD);
         let Some((len, sum)) = parsed else {
             buf.drain(..at + magic.len());
-            return Some(Err(format!("a malformed frame header: {header:?}")));
+            return Some(Err(format!(
+                "a malformed frame header (or a payload over {MAX_PAYLOAD} bytes): {header:?}"
+            )));
         };
         let body = at + magic.len() + nl + 1;
         if buf.len() < body + len + END.len() {
@@ -249,6 +276,32 @@ pub mod frame {
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// A hostile stream cannot make the reader hold what it declares:
+        /// a length beyond the cap, an endless header line, and endless
+        /// noise are each refused or dropped as they come.
+        #[test]
+        fn a_hostile_stream_is_bounded() {
+            let mut huge = format!("\n{MAGIC} len={} sha256=00\n", usize::MAX).into_bytes();
+            assert!(take(&mut huge).unwrap().unwrap_err().contains("malformed"));
+            let mut over = format!("\n{MAGIC} len={} sha256=00\n", MAX_PAYLOAD + 1).into_bytes();
+            assert!(take(&mut over).is_some_and(|r| r.is_err()));
+            let mut endless = format!("\n{MAGIC} len=").into_bytes();
+            endless.extend(std::iter::repeat_n(b'7', 4096));
+            assert!(take(&mut endless)
+                .unwrap()
+                .unwrap_err()
+                .contains("end of line"));
+            let mut noise = vec![b'x'; 1 << 20];
+            assert!(take(&mut noise).is_none());
+            assert!(noise.len() < 64, "{}", noise.len());
+            // A frame split across the dropped noise's edge still arrives.
+            let framed = encode(b"after noise");
+            noise.extend(&framed[..5]);
+            assert!(take(&mut noise).is_none());
+            noise.extend(&framed[5..]);
+            assert_eq!(take(&mut noise).unwrap().unwrap(), b"after noise");
+        }
 
         /// A stream's frames come out one at a time, in order, whatever
         /// the pieces they arrive in, with the noise between them dropped.
