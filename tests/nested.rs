@@ -557,9 +557,8 @@ fn run_backend_nested_returns_the_inner_record_with_its_stop() {
 }
 
 /// `reproduce --backend nested --no-linux`: the companion cells (64-bit
-/// and i386 PAE) as an inner `reproduce --backend kvm` in one boot, every
-/// row on `nested`, the JSON copied back. A boot of its own: the CLI path
-/// (argv rewritten, bound from the cells) is what is tested.
+/// and i386 PAE) measured through the backend trait on one nested
+/// session, every row on `nested`, the JSON written here.
 #[test]
 fn reproduce_backend_nested_runs_the_companion_cells_in_one_boot() {
     let test = "reproduce --backend nested";

@@ -4,7 +4,6 @@
 //! packed into the initramfs), its bound, and the hidden `nested-batch`
 //! command the tests use to run many checks in one boot.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use super::pack::{pack_batch_linux, pack_linux_cache, rewrite, Packer, INNER_LINUX_CACHE};
@@ -42,56 +41,18 @@ const MAX_REQUEST_BYTES: u64 = 16 << 20;
 pub fn intercept(cli: &Cli) -> Option<i32> {
     // (asked with --nested-paging, whether the guest is Linux).
     let mut paging: (Option<KvmPaging>, bool) = (None, false);
-    // The Linux kernels `reproduce` measures, packed as the inner cache.
-    let mut linux_cache: Vec<(&str, PathBuf)> = Vec::new();
     let (backend, name, bound, cpus, json_is_flag, quiet) = match &cli.command {
-        // `run`, `compare` and `sweep` go through the backend trait
-        // (`backend::Nested`, its `--nested-paging` its own option).
-        Some(Command::Run(_) | Command::Compare(_) | Command::Sweep(_)) => return None,
-        // The ledger's boots run inside the inner Linux as `ledger
-        // --backend kvm`; bound: every row of every block booted.
-        Some(Command::Ledger(a)) if a.backend == Backend::Nested => {
-            if a.linux.is_empty() {
-                say!("ptiscope ledger --backend nested: give the kernels (--linux NAME), which are packed into the inner Linux");
-                return Some(exit_code::USAGE);
-            }
-            if !a.cpu.is_empty() {
-                say!("ptiscope ledger --backend nested: --cpu is QEMU TCG's CPU model; the inner Linux runs on the nested KVM's CPU: drop --cpu");
-                return Some(exit_code::USAGE);
-            }
-            let workloads = a
-                .workload
-                .len()
-                .max(crate::cli::ledger::DEFAULT_WORKLOADS.len());
-            let boots = a.linux.len() * workloads * (3 + crate::cli::ledger::ROWS);
-            paging = (None, true);
-            (
-                a.backend,
-                "ledger",
-                a.timeout * boots as u32 + Duration::from_secs(120),
-                1,
-                false,
-                a.quiet,
-            )
-        }
+        // `run`, `compare`, `sweep`, `reproduce` and `ledger` go through
+        // the backend trait (`backend::Nested`, its `--nested-paging` its
+        // own option).
+        Some(
+            Command::Run(_)
+            | Command::Compare(_)
+            | Command::Sweep(_)
+            | Command::Reproduce(_)
+            | Command::Ledger(_),
+        ) => return None,
         Some(Command::Probe(a)) => (a.backend, "probe", Duration::from_secs(300), 1, true, false),
-        // reproduce takes `auto` too: only `nested` is intercepted, and
-        // the inner command is `reproduce --backend kvm` over the cells.
-        Some(Command::Reproduce(a)) if a.backend.is_nested() => {
-            match crate::cli::reproduce::nested_session(a) {
-                Ok((bound, cpus, kernels)) => {
-                    // Nested paging even with Linux cells: under shadow
-                    // paging the companion's 300,000-call PTI cells take
-                    // over --timeout (each CR3 access exits).
-                    linux_cache = kernels;
-                    (Backend::Nested, "reproduce", bound, cpus, false, false)
-                }
-                Err(e) => {
-                    say!("ptiscope reproduce: {e}");
-                    return Some(exit_code::USAGE);
-                }
-            }
-        }
         Some(Command::Pagetables(a)) => (
             a.backend,
             "pagetables",
@@ -143,8 +104,8 @@ pub fn intercept(cli: &Cli) -> Option<i32> {
         }
     }
     let mut env = Vec::new();
-    if !linux_cache.is_empty() || inner.linux_cache {
-        if let Err(e) = pack_linux_cache(&linux_cache, &mut inner.inputs) {
+    if inner.linux_cache {
+        if let Err(e) = pack_linux_cache(&[], &mut inner.inputs) {
             say!("ptiscope {name}: {e}");
             return Some(e.exit_code());
         }
@@ -374,6 +335,7 @@ pub fn exec(args: &crate::cli::NestedExecArgs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
@@ -628,54 +590,21 @@ mod tests {
         }
     }
 
-    /// `reproduce --backend nested` is refused before any boot without
-    /// `--no-linux` (exit 64); `auto`/`kvm`/`qemu` run here as usual.
+    /// `reproduce` is never re-run inside: every backend, `nested` too,
+    /// measures its cells through the backend trait.
     #[test]
-    fn reproduce_is_intercepted_only_for_nested_and_refused_with_nothing_to_measure() {
+    fn reproduce_is_not_intercepted() {
         use clap::Parser as _;
         let cli =
             |w: &[&str]| Cli::try_parse_from(["ptiscope", "reproduce"].iter().chain(w)).unwrap();
-        assert_eq!(
-            intercept(&cli(&[
-                "petkov-2015",
-                "--backend",
-                "nested",
-                "--no-linux",
-                "--no-companion"
-            ])),
-            Some(exit_code::USAGE)
-        );
-        for b in ["auto", "kvm", "qemu"] {
+        for b in ["auto", "kvm", "qemu", "nested"] {
             assert_eq!(
-                intercept(&cli(&["petkov-2015", "--backend", b])),
+                intercept(&cli(&["petkov-2015", "--backend", b, "--no-linux"])),
                 None,
                 "{b}"
             );
         }
         assert_eq!(intercept(&cli(&["petkov-2015"])), None);
-        let i = rewrite(
-            &s(&[
-                "reproduce",
-                "roedel-2018",
-                "--backend",
-                "nested",
-                "--no-linux",
-                "--json",
-                "/x/r.json",
-            ]),
-            false,
-        )
-        .unwrap();
-        assert_eq!(
-            i.argv,
-            s(&[
-                "reproduce",
-                "roedel-2018",
-                "--backend=kvm",
-                "--no-linux",
-                "--json=/tmp/out/0-r.json"
-            ])
-        );
     }
 
     /// `--linux` packs the kernel with the configuration beside it and

@@ -6,9 +6,11 @@
 //! and sends its [`RunRecord`] back, which [`Ran::from_record`] turns into
 //! this run.
 //!
-//! The VM is one [`Session`] per backend value: booted at the first question
-//! (the facts, or the first run), kept for every run after it (compare's 10+
-//! runs, sweep's grid), stopped when the backend is dropped. How a session
+//! The VM is one [`Session`] per backend value and kind of run (the inner
+//! paging, a Linux guest or not, the vCPUs: a [`SessionSpec`]): booted at
+//! the first question (the facts, or the first run), kept for every run of
+//! its kind after it (compare's 10+ runs, sweep's grid, reproduce's cells),
+//! stopped when the backend is dropped. How a session
 //! boots and talks (QEMU, the initramfs, the serial channel, the blob
 //! window) is the `nested` module's, above the CLI: it hands its
 //! [`Starter`] to [`provide_sessions`] when the process starts (`main`).
@@ -92,35 +94,53 @@ pub enum NestedRunError {
     Inner(String),
 }
 
-/// The backend's session: none yet, the booted one, or why it could not
-/// boot (not tried again: a compare's later runs fail as its first did).
+/// The backend's sessions: one per kind of run it was asked to run (a
+/// [`SessionSpec`]: the inner paging, a Linux guest or not, the vCPUs),
+/// booted at the first run of that kind and kept for the next ones; and
+/// why a kind's session could not boot (not tried again: a compare's later
+/// runs fail as its first did).
 #[derive(Default)]
 struct State {
-    session: Option<Box<dyn Session>>,
-    /// What the session was started for, or (before it starts) what the
-    /// last facts were asked for: the session the profile's questions boot.
-    spec: Option<SessionSpec>,
-    failed: Option<NestedRunError>,
+    sessions: Vec<(SessionSpec, Box<dyn Session>)>,
+    /// What the last facts were asked for before any session booted: the
+    /// session the profile's questions boot.
+    planned: Option<SessionSpec>,
+    failed: Vec<(SessionSpec, NestedRunError)>,
 }
 
-/// Starts the session in `state` for `spec` if there is none.
+impl State {
+    /// The session of `spec`'s kind, if it has booted.
+    fn session(&mut self, spec: SessionSpec) -> Option<&mut Box<dyn Session>> {
+        self.sessions
+            .iter_mut()
+            .find(|(s, _)| *s == spec)
+            .map(|(_, session)| session)
+    }
+
+    /// The kind of run the profile describes: the first booted, else the
+    /// one planned.
+    fn described(&self) -> Option<SessionSpec> {
+        self.sessions.first().map(|(s, _)| *s).or(self.planned)
+    }
+}
+
+/// Starts the session of `spec`'s kind in `state` if there is none.
 fn ensure(state: &Mutex<State>, spec: SessionSpec) -> Result<(), NestedRunError> {
     let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-    if s.session.is_some() {
+    if s.session(spec).is_some() {
         return Ok(());
     }
-    if let Some(e) = &s.failed {
+    if let Some((_, e)) = s.failed.iter().find(|(f, _)| *f == spec) {
         return Err(e.clone());
     }
     let sessions = SESSIONS.get().ok_or(NestedRunError::NoStarter)?;
     match (sessions.start)(&spec, &mut |m| eprintln!("ptiscope: {m}")) {
         Ok(session) => {
-            s.session = Some(session);
-            s.spec = Some(spec);
+            s.sessions.push((spec, session));
             Ok(())
         }
         Err(e) => {
-            s.failed = Some(e.clone());
+            s.failed.push((spec, e.clone()));
             Err(e)
         }
     }
@@ -196,14 +216,14 @@ impl Nested {
     fn facts_for(&self, spec: SessionSpec) -> HostFacts {
         let state = self.state.clone();
         let plugin = {
-            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            s.session.as_ref().and_then(|s| s.facts().1)
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.session(spec).and_then(|s| s.facts().1)
         };
         HostFacts::of_inner_kvm(spec.paging == KvmPaging::Npt, plugin, move || {
             match ensure(&state, spec) {
                 Ok(()) => {
-                    let s = state.lock().unwrap_or_else(|p| p.into_inner());
-                    s.session.as_ref().map(|s| s.facts().0).unwrap_or_default()
+                    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+                    s.session(spec).map(|s| s.facts().0).unwrap_or_default()
                 }
                 // The run that follows fails with the same error; until
                 // then the facts say why they are unknown.
@@ -229,8 +249,8 @@ impl Backend for Nested {
         let spec = self.spec(config.guest_kind.is_linux(), config.cpus);
         {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            if s.session.is_none() {
-                s.spec = Some(spec);
+            if s.sessions.is_empty() {
+                s.planned = Some(spec);
             }
         }
         Some(Ok(Arc::new(self.facts_for(spec))))
@@ -240,7 +260,7 @@ impl Backend for Nested {
         let spec = self.spec(resolved.guest_kind.is_linux(), resolved.config.cpus);
         ensure(&self.state, spec)?;
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let session = s.session.as_mut().ok_or(NestedRunError::NoStarter)?;
+        let session = s.session(spec).ok_or(NestedRunError::NoStarter)?;
         let (record, console) = session.run(resolved)?;
         drop(s);
         if let Some(text) = console {
@@ -262,7 +282,11 @@ impl Backend for Nested {
         // The session's facts (booting it for a question that needs one,
         // e.g. sweep's whether PCID works) once a session is started or
         // planned, else what the inner KVM is without them.
-        let started = self.state.lock().unwrap_or_else(|p| p.into_inner()).spec;
+        let started = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .described();
         let facts = match started {
             Some(spec) => self.facts_for(spec),
             None => HostFacts::of_inner_kvm(

@@ -48,6 +48,9 @@ pub enum LedgerError {
     /// An output file could not be written.
     #[error("{0}")]
     Write(String),
+    /// The backend could not be built.
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
     /// The KVM backend cannot run these kernels on this host.
     #[error("--backend kvm: {0} (or `ptiscope ledger --backend nested`: the ledger on a real kvm_amd inside QEMU TCG)")]
     KvmRefuses(String),
@@ -60,6 +63,7 @@ impl LedgerError {
             LedgerError::NoQemu(_) | LedgerError::KvmRefuses(_) => exit_code::KVM_UNAVAILABLE,
             LedgerError::Output(_) | LedgerError::Write(_) => exit_code::CANT_CREATE,
             LedgerError::Setup { .. } => exit_code::NO_IMAGE,
+            LedgerError::Backend(e) => exit_code::ExitCode::exit_code(e),
         }
     }
 }
@@ -182,7 +186,12 @@ impl SettleError {
 }
 
 /// The settled run of one boot: `append` to the kernel command line.
-fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, SettleError> {
+fn settle(
+    s: &Setting,
+    append: &str,
+    args: &LedgerArgs,
+    backend: &dyn crate::backend::Backend,
+) -> Result<ResolvedRun, SettleError> {
     let on_kvm = args.backend != crate::cli::Backend::Qemu;
     let exp = ExperimentOpts {
         workload: s.workload,
@@ -195,8 +204,7 @@ fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, S
     let target = TargetOpts {
         arch: None,
         linux: LinuxArgs::default(),
-        // `nested` reaches here only inside its inner Linux, as `kvm`.
-        on: crate::cli::BackendOpts::on(if on_kvm { "kvm" } else { "qemu" }),
+        on: crate::cli::BackendOpts::on(args.backend.name()),
     };
     let mut opts = format!("linux={}", s.kernel);
     if !on_kvm {
@@ -212,19 +220,17 @@ fn settle(s: &Setting, append: &str, args: &LedgerArgs) -> Result<ResolvedRun, S
     }
     let spec = crate::cli::compare::parse_side(&opts, &exp, &target, crate::GUEST_X86_64)
         .map_err(|e| SettleError::Other(e.to_string()))?;
-    let backend = target
-        .on
-        .backend()
+    // The facts of the KVM the backend runs on (nested: its inner one).
+    let facts = crate::cli::facts_for(backend, &spec.config)
         .map_err(|e| SettleError::Other(e.to_string()))?;
     let mut run =
-        crate::preflight::preflight(&spec.config, backend.target(), &crate::cli::host_facts())
-            .map_err(|e| {
-                if on_kvm && e.host_kvm_refuses() {
-                    SettleError::KvmRefuses(e.to_string())
-                } else {
-                    SettleError::Other(e.to_string())
-                }
-            })?;
+        crate::preflight::preflight(&spec.config, backend.target(), &facts).map_err(|e| {
+            if on_kvm && e.host_kvm_refuses() {
+                SettleError::KvmRefuses(e.to_string())
+            } else {
+                SettleError::Other(e.to_string())
+            }
+        })?;
     // The init sends the kernel's symbols, the plugin counts by address.
     // Not on a KVM: nothing counts by address there, and the init's 2 MB
     // of symbols through a port would be 2 million exits (minutes under
@@ -241,13 +247,46 @@ type Outcome = (Result<Measure, String>, Duration);
 /// What the pool calls as each boot ends (progress).
 type OnDone<'a> = &'a (dyn Fn(&Job, &Result<Measure, String>, Duration) + Sync);
 
-/// Runs `jobs` `workers` at a time; each result in the job's place.
+/// One boot's figures on `backend`.
+fn measure_job(
+    backend: &dyn crate::backend::Backend,
+    job: &Job,
+    on: crate::cli::Backend,
+) -> Result<Measure, String> {
+    crate::cli::compare::run_measured(&job.run, backend)
+        .map_err(|e| e.to_string())
+        .and_then(|(_, s)| {
+            if on != crate::cli::Backend::Qemu {
+                return Measure::of_kvm(&s);
+            }
+            let per_message = job.run.guest.workload == Some(Workload::SchedMessaging);
+            Measure::of(&s, per_message)
+        })
+}
+
+/// Runs `jobs` `workers` at a time; each result in the job's place. One
+/// worker runs them here on `shared` (the backend the runs were settled
+/// with: a KVM's, whose state, e.g. a nested session, serves them all);
+/// more each build their own backend (QEMU's, which holds none).
 fn pool(
     jobs: &[Job],
     workers: usize,
     on: crate::cli::Backend,
+    shared: &dyn crate::backend::Backend,
     on_done: OnDone<'_>,
 ) -> Vec<Outcome> {
+    if workers <= 1 {
+        return jobs
+            .iter()
+            .map(|job| {
+                let started = Instant::now();
+                let r = measure_job(shared, job, on);
+                let took = started.elapsed();
+                on_done(job, &r, took);
+                (r, took)
+            })
+            .collect();
+    }
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Outcome>>> = Mutex::new(jobs.iter().map(|_| None).collect());
     std::thread::scope(|scope| {
@@ -259,17 +298,9 @@ fn pool(
                     let Some(job) = jobs.get(i) else { break };
                     let started = Instant::now();
                     let r = match &backend {
-                        Ok(b) => crate::cli::compare::run_measured(&job.run, &**b)
-                            .map_err(|e| e.to_string()),
+                        Ok(b) => measure_job(&**b, job, on),
                         Err(e) => Err(e.to_string()),
-                    }
-                    .and_then(|(_, s)| {
-                        if on != crate::cli::Backend::Qemu {
-                            return Measure::of_kvm(&s);
-                        }
-                        let per_message = job.run.guest.workload == Some(Workload::SchedMessaging);
-                        Measure::of(&s, per_message)
-                    });
+                    };
                     let took = started.elapsed();
                     on_done(job, &r, took);
                     if let Ok(mut v) = results.lock() {
@@ -352,11 +383,10 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             std::thread::available_parallelism().map_or(2, |n| n.get().min(16) as u32)
         }
     });
-    let on = if on_kvm {
-        crate::cli::Backend::Kvm
-    } else {
-        crate::cli::Backend::Qemu
-    };
+    let on = args.backend;
+    // The backend the runs are settled with, and (one boot at a time on a
+    // KVM) run on: built once, so that a nested one boots one session.
+    let shared = crate::cli::BackendOpts::on(on.name()).backend()?;
     let started = Instant::now();
     let boots_done = AtomicUsize::new(0);
     let quiet = args.quiet;
@@ -397,7 +427,7 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             .into_iter()
             .chain(repeat)
         {
-            let run = settle(s, append, args).map_err(|e| e.into_ledger(s))?;
+            let run = settle(s, append, args, &*shared).map_err(|e| e.into_ledger(s))?;
             first.push(Job {
                 block: b,
                 kind,
@@ -417,7 +447,9 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
         );
     }
     let workers = jobs as usize;
-    let stage1 = pool(&first, workers, on, &|j, r, t| progress(j, r, t, &settings));
+    let stage1 = pool(&first, workers, on, &*shared, &|j, r, t| {
+        progress(j, r, t, &settings)
+    });
     // Stage 2: one boot per enabled mitigation of every block whose
     // default boot ran.
     let mut defaults: Vec<Option<Result<Measure, String>>> =
@@ -447,7 +479,8 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             let asked = args.mitigation.is_empty()
                 || args.mitigation.iter().any(|k| k == row.mitigation.key);
             if row.plan == RowPlan::Measure && asked {
-                let run = settle(s, row.mitigation.off, args).map_err(|e| e.into_ledger(s))?;
+                let run =
+                    settle(s, row.mitigation.off, args, &*shared).map_err(|e| e.into_ledger(s))?;
                 second.push(Job {
                     block: b,
                     kind: Kind::Row(i),
@@ -464,7 +497,7 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             second.len()
         );
     }
-    let stage2 = pool(&second, workers, on, &|j, r, t| {
+    let stage2 = pool(&second, workers, on, &*shared, &|j, r, t| {
         progress(j, r, t, &settings)
     });
     let mut offs: Vec<Vec<Option<Result<Measure, String>>>> = plans
@@ -531,7 +564,9 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             sum,
             uncovered,
             noise,
-            kvm: on_kvm.then(|| crate::cli::host_facts().describe_kvm().to_owned()),
+            kvm: on_kvm
+                .then(|| shared.profile().header_line.map(str::to_owned))
+                .flatten(),
             boot_seconds: seconds[b],
         });
     }

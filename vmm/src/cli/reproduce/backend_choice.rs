@@ -61,11 +61,32 @@ impl ReproduceBackend {
                 .filter(|r| r.reproduce_auto)
                 .filter_map(|r| BackendName::of(r.name))
                 .collect(),
-            // Runs as `--backend kvm` inside the nested boot
-            // (`nested::cli::intercept`); nothing is measured out here.
-            b if b.is_nested() => Vec::new(),
             ReproduceBackend::On(b) => vec![b],
         }
+    }
+}
+
+/// The backends a reproduction measures on, each built once, at its
+/// first cell, and kept for the next ones (a backend may hold a costly
+/// state: the nested backend's booted sessions).
+#[derive(Default)]
+pub(super) struct Backends(
+    std::cell::RefCell<Vec<(BackendName, std::rc::Rc<dyn crate::backend::Backend>)>>,
+);
+
+impl Backends {
+    /// The backend `b`, built at its first use.
+    pub(super) fn get(
+        &self,
+        b: BackendName,
+    ) -> Result<std::rc::Rc<dyn crate::backend::Backend>, crate::backend::BackendError> {
+        if let Some((_, built)) = self.0.borrow().iter().find(|(n, _)| *n == b) {
+            return Ok(built.clone());
+        }
+        let built: std::rc::Rc<dyn crate::backend::Backend> =
+            crate::cli::BackendOpts::on(b.as_str()).backend()?.into();
+        self.0.borrow_mut().push((b, built.clone()));
+        Ok(built)
     }
 }
 

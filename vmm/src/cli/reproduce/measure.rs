@@ -2,7 +2,7 @@
 //! the choice tries (the next only where this host's KVM refuses the
 //! guest), and the figures kept from them.
 
-use super::backend_choice::{backend_basis, backend_name, ReproduceBackend};
+use super::backend_choice::{backend_basis, backend_name, Backends, ReproduceBackend};
 use super::cell::Cell;
 use crate::backend::registry::BackendName;
 use crate::cli::compare::{parse_side, rates, run_measured};
@@ -94,23 +94,23 @@ pub(super) fn measure_on(
     opts: &str,
     backend: BackendName,
     timeout: Duration,
+    backends: &Backends,
 ) -> Result<(Vec<Rate>, &'static str), CellError> {
     let (exp, target) = cell_options(cell, backend, timeout);
     let embedded = target.arch.unwrap_or(Arch::X86_64).embedded_image();
     let spec = parse_side(opts, &exp, &target, embedded)
         .map_err(|e| CellError::new(exit_code::USAGE, e.to_string()))?;
-    let backend = target
-        .on
-        .backend()
+    let backend = backends
+        .get(target.on.backend)
         .map_err(|e| CellError::new(e.exit_code(), e.to_string()))?;
-    let resolved =
-        preflight(&spec.config, backend.target(), &crate::cli::host_facts()).map_err(|e| {
-            CellError {
-                code: e.exit_code(),
-                message: e.to_string(),
-                host_kvm_refuses: e.host_kvm_refuses(),
-            }
-        })?;
+    // The facts of the KVM the backend runs on (nested: its inner one).
+    let facts = crate::cli::facts_for(&*backend, &spec.config)
+        .map_err(|e| CellError::new(e.exit_code(), e.to_string()))?;
+    let resolved = preflight(&spec.config, backend.target(), &facts).map_err(|e| CellError {
+        code: e.exit_code(),
+        message: e.to_string(),
+        host_kvm_refuses: e.host_kvm_refuses(),
+    })?;
     let (_, summary) = run_measured(&resolved, &*backend)
         .map_err(|e| CellError::new(e.exit_code(), e.to_string()))?;
     Ok((
@@ -129,6 +129,7 @@ pub(super) fn measure(
     runs: u32,
     timeout: Duration,
     choice: ReproduceBackend,
+    backends: &Backends,
 ) -> Measured {
     let opts = match &cell.opts {
         Ok(o) => o.clone(),
@@ -151,7 +152,7 @@ pub(super) fn measure(
         ));
         for (i, &b) in tries.iter().enumerate() {
             tried = b;
-            r = measure_on(cell, &opts, b, timeout);
+            r = measure_on(cell, &opts, b, timeout, backends);
             // The next backend only where this host's KVM refuses the guest.
             match &r {
                 Err(e) if i + 1 < tries.len() && e.host_kvm_refuses => {}

@@ -22,6 +22,7 @@ mod seeds;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use self::backend_choice::Backends;
 use self::cell::CellGuest;
 use self::measure::{measure, Measured};
 use self::seeds::{cells, seed_name};
@@ -79,49 +80,8 @@ pub fn linux_kernels(args: &ReproduceArgs) -> Vec<(&'static str, std::path::Path
     out
 }
 
-/// What one nested boot for `reproduce --backend nested` needs: the bound
-/// of the whole inner command, the vCPUs of the inner Linux and the Linux
-/// kernels to pack for the inner command ([`linux_kernels`]). Refuses
-/// (the message says why and what to do) a reproduction with nothing to
-/// measure.
-#[allow(clippy::type_complexity)]
-pub fn nested_session(
-    args: &ReproduceArgs,
-) -> Result<(Duration, u32, Vec<(&'static str, std::path::PathBuf)>), String> {
-    let kernels = linux_kernels(args);
-    let mut guests: Vec<CellGuest> = if args.no_companion {
-        Vec::new()
-    } else {
-        CellGuest::COMPANIONS.to_vec()
-    };
-    guests.extend(kernels.iter().map(|(k, _)| CellGuest::linux(k)));
-    let (_, cells) = cells(args.seed, &guests);
-    if cells.is_empty() {
-        return Err("no guest to measure: --no-linux and --no-companion leave nothing".to_owned());
-    }
-    // Every run of every cell is bounded by --timeout (a refused cell
-    // costs nothing); the rest is the inner command's own start and report.
-    let runs = cells.len() as u32 * args.runs;
-    let cpus = cells.iter().map(|c| c.cpus).max().unwrap_or(1);
-    Ok((
-        args.timeout * runs + Duration::from_secs(120),
-        cpus,
-        kernels,
-    ))
-}
-
 /// Runs the seed and prints its table; returns the process exit code.
 pub fn run(args: &ReproduceArgs) -> i32 {
-    if args.backend.is_nested() {
-        // `nested::cli::intercept` runs it in the nested boot; reaching
-        // here means its refusal or boot was skipped.
-        if let Err(e) = nested_session(args) {
-            say!("ptiscope reproduce: {e}");
-            return exit_code::USAGE;
-        }
-        say!("ptiscope reproduce: --backend nested runs inside the nested boot, not here");
-        return exit_code::INTERNAL;
-    }
     let mut guests = Vec::new();
     if !args.no_companion {
         guests.extend(CellGuest::COMPANIONS);
@@ -145,7 +105,13 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     };
     let (title, cells) = cells(args.seed, &guests);
     if cells.is_empty() {
-        say!("ptiscope reproduce: no guest to measure (every kernel left out)");
+        let why = if args.no_linux {
+            "--no-linux and --no-companion leave nothing: drop one"
+        } else {
+            "--no-companion, and every kernel left out: run `ptiscope linux fetch`, or drop \
+             --no-companion"
+        };
+        say!("ptiscope reproduce: no guest to measure: {why}");
         return exit_code::USAGE;
     }
     println!("ptiscope reproduce {}", seed_name(args.seed));
@@ -160,8 +126,13 @@ pub fn run(args: &ReproduceArgs) -> i32 {
     if requested != ReproduceBackend::Auto.name() {
         println!("  backend: {requested}");
     }
-    if crate::cli::host_facts().nested() {
-        println!("  KVM: {}", crate::cli::host_facts().describe_kvm());
+    // Each backend is built once and serves every cell it measures (the
+    // nested backend's sessions with it).
+    let backends = Backends::default();
+    if let ReproduceBackend::On(b) = args.backend {
+        if let Some(line) = backends.get(b).ok().and_then(|b| b.profile().header_line) {
+            println!("  KVM: {line}");
+        }
     }
     let started = std::time::Instant::now();
     let mut measured: Vec<Measured> = Vec::with_capacity(cells.len());
@@ -182,7 +153,7 @@ pub fn run(args: &ReproduceArgs) -> i32 {
             c.row,
             c.column
         );
-        let m = measure(c, args.runs, args.timeout, args.backend);
+        let m = measure(c, args.runs, args.timeout, args.backend, &backends);
         if let Some((code, _)) = &m.error {
             if let Some(sig) = exit_code::terminating_signal(*code) {
                 stopped_by = Some((*code, crate::signals::describe(sig)));
@@ -385,46 +356,7 @@ mod tests {
         assert_eq!(names(ReproduceBackend::Auto), ["kvm", "qemu"]);
         assert_eq!(names(on("kvm")), ["kvm"]);
         assert_eq!(names(on("qemu")), ["qemu"]);
-        // Nothing is measured out here under nested: the cells run in
-        // the nested boot as `--backend kvm`.
-        assert!(on("nested").tries().is_empty());
-    }
-
-    /// `--backend nested` with nothing to measure is refused; the bound
-    /// covers every run of every cell.
-    #[test]
-    fn backend_nested_bounds_every_cell_and_refuses_nothing_to_measure() {
-        let e = nested_session(
-            &parse(&[
-                "roedel-2018",
-                "--backend=nested",
-                "--no-linux",
-                "--no-companion",
-            ])
-            .unwrap(),
-        )
-        .unwrap_err();
-        assert!(e.contains("--no-companion"), "{e}");
-        let a = parse(&[
-            "roedel-2018",
-            "--backend",
-            "nested",
-            "--no-linux",
-            "--runs",
-            "3",
-            "--timeout",
-            "10",
-        ])
-        .unwrap();
-        let (bound, cpus, kernels) = nested_session(&a).unwrap();
-        assert!(kernels.is_empty(), "--no-linux packs no kernel");
-        let (_, c) = cells(Seed::Roedel2018, &CellGuest::COMPANIONS);
-        assert_eq!(
-            bound,
-            Duration::from_secs(10 * 3 * c.len() as u64 + 120),
-            "{} cells",
-            c.len()
-        );
-        assert_eq!(cpus, c.iter().map(|c| c.cpus).max().unwrap());
+        // Nested, through the backend trait like the others.
+        assert_eq!(names(on("nested")), ["nested"]);
     }
 }
