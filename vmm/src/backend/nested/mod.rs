@@ -109,11 +109,16 @@ struct State {
 }
 
 impl State {
-    /// The session of `spec`'s kind, if it has booted.
+    /// A booted session that can serve runs of `spec`'s kind: the same
+    /// inner paging and Linux or not, and no more outer vCPUs than the
+    /// runs' guest has (more stalled Linux boots on the VMM; fewer only
+    /// share them), so that the session the settling's facts booted (one
+    /// vCPU) serves a Linux guest that preflight gave a second, tick-free
+    /// vCPU.
     fn session(&mut self, spec: SessionSpec) -> Option<&mut Box<dyn Session>> {
         self.sessions
             .iter_mut()
-            .find(|(s, _)| *s == spec)
+            .find(|(s, _)| s.paging == spec.paging && s.linux == spec.linux && s.cpus <= spec.cpus)
             .map(|(_, session)| session)
     }
 
