@@ -12,6 +12,7 @@
 
 mod model;
 mod plan;
+mod pool;
 mod render;
 mod run;
 mod svg;

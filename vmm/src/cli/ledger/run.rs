@@ -3,11 +3,11 @@
 //! of every block, run `--jobs` at a time, and the blocks assembled.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::model::{Block, FailedBlock, Measure, Row, Sum};
 use super::plan::{self, RowPlan, ALL_OFF};
+use super::pool::pool;
 use super::render::{self, Ledger};
 use super::{LedgerArgs, DEFAULT_CPUS, KVM_CPU};
 use crate::cli::exit_code;
@@ -241,12 +241,6 @@ fn settle(
     Ok(run)
 }
 
-/// One boot's figures (or why none), and how long it took.
-type Outcome = (Result<Measure, String>, Duration);
-
-/// What the pool calls as each boot ends (progress).
-type OnDone<'a> = &'a (dyn Fn(&Job, &Result<Measure, String>, Duration) + Sync);
-
 /// One boot's figures on `backend`.
 fn measure_job(
     backend: &dyn crate::backend::Backend,
@@ -262,60 +256,6 @@ fn measure_job(
             let per_message = job.run.guest.workload == Some(Workload::SchedMessaging);
             Measure::of(&s, per_message)
         })
-}
-
-/// Runs `jobs` `workers` at a time; each result in the job's place. One
-/// worker runs them here on `shared` (the backend the runs were settled
-/// with: a KVM's, whose state, e.g. a nested session, serves them all);
-/// more each build their own backend (QEMU's, which holds none).
-fn pool(
-    jobs: &[Job],
-    workers: usize,
-    on: crate::cli::Backend,
-    shared: &dyn crate::backend::Backend,
-    on_done: OnDone<'_>,
-) -> Vec<Outcome> {
-    if workers <= 1 {
-        return jobs
-            .iter()
-            .map(|job| {
-                let started = Instant::now();
-                let r = measure_job(shared, job, on);
-                let took = started.elapsed();
-                on_done(job, &r, took);
-                (r, took)
-            })
-            .collect();
-    }
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Outcome>>> = Mutex::new(jobs.iter().map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..workers.min(jobs.len()) {
-            scope.spawn(|| {
-                let backend = crate::cli::BackendOpts::on(on.name()).backend();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(job) = jobs.get(i) else { break };
-                    let started = Instant::now();
-                    let r = match &backend {
-                        Ok(b) => measure_job(&**b, job, on),
-                        Err(e) => Err(e.to_string()),
-                    };
-                    let took = started.elapsed();
-                    on_done(job, &r, took);
-                    if let Ok(mut v) = results.lock() {
-                        v[i] = Some((r, took));
-                    }
-                }
-            });
-        }
-    });
-    results
-        .into_inner()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| (Err("not run".into()), Duration::ZERO)))
-        .collect()
 }
 
 fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
@@ -447,7 +387,8 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
         );
     }
     let workers = jobs as usize;
-    let stage1 = pool(&first, workers, on, &*shared, &|j, r, t| {
+    let measure = |b: &dyn crate::backend::Backend, j: &Job| measure_job(b, j, on);
+    let stage1 = pool(&first, workers, on, &*shared, &measure, &|j, r, t| {
         progress(j, r, t, &settings)
     });
     // Stage 2: one boot per enabled mitigation of every block whose
@@ -497,7 +438,7 @@ fn ledger(args: &LedgerArgs) -> Result<i32, LedgerError> {
             second.len()
         );
     }
-    let stage2 = pool(&second, workers, on, &*shared, &|j, r, t| {
+    let stage2 = pool(&second, workers, on, &*shared, &measure, &|j, r, t| {
         progress(j, r, t, &settings)
     });
     let mut offs: Vec<Vec<Option<Result<Measure, String>>>> = plans

@@ -29,12 +29,6 @@ impl ReproduceBackend {
         }
     }
 
-    /// Whether it is `nested`, which runs the whole reproduction inside
-    /// its VM (`nested::cli::intercept`).
-    pub fn is_nested(self) -> bool {
-        self.name() == "nested"
-    }
-
     /// `--backend`'s value parser: `auto` or a registered backend.
     pub fn parser() -> impl clap::builder::TypedValueParser<Value = ReproduceBackend> {
         use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
@@ -91,15 +85,12 @@ impl Backends {
 }
 
 /// What a time measured on `b` is: the backend's profile's word (kvm_pvm's
-/// emulated kernel, the hardware's under kvm_intel/kvm_amd, QEMU TCG's),
-/// as `compare` and `run` record it; `--backend nested` runs its inner
-/// command on a KVM inside QEMU TCG.
-pub(super) fn backend_basis(b: BackendName) -> TimeBasis {
-    if ReproduceBackend::On(b).is_nested() {
-        return TimeBasis::NestedTcg;
-    }
-    crate::cli::BackendOpts::on(b.as_str())
-        .backend()
+/// emulated kernel, the hardware's under kvm_intel/kvm_amd, QEMU TCG's, a
+/// KVM inside QEMU TCG's under `nested`), as `compare` and `run` record
+/// it; `b` as `backends` built it for the cells.
+pub(super) fn backend_basis(b: BackendName, backends: &Backends) -> TimeBasis {
+    backends
+        .get(b)
         .map_or(TimeBasis::Unknown, |b| b.profile().time_basis)
 }
 
@@ -123,10 +114,16 @@ mod tests {
     /// environment without it, as every block's header once did.
     #[test]
     fn each_backend_names_its_time_basis() {
-        assert_eq!(backend_basis(on("qemu")), TimeBasis::QemuTcg);
-        assert_eq!(backend_basis(on("nested")), TimeBasis::NestedTcg);
         assert_eq!(
-            backend_basis(on("kvm")),
+            backend_basis(on("qemu"), &Backends::default()),
+            TimeBasis::QemuTcg
+        );
+        assert_eq!(
+            backend_basis(on("nested"), &Backends::default()),
+            TimeBasis::NestedTcg
+        );
+        assert_eq!(
+            backend_basis(on("kvm"), &Backends::default()),
             crate::cli::kvm_identity().time_basis
         );
         // On a host whose KVM module is known (this one: kvm_pvm), KVM's is too.
@@ -134,7 +131,10 @@ mod tests {
             .module
             .is_some_and(|m| m.starts_with("kvm_"))
         {
-            assert_ne!(backend_basis(on("kvm")), TimeBasis::Unknown);
+            assert_ne!(
+                backend_basis(on("kvm"), &Backends::default()),
+                TimeBasis::Unknown
+            );
         }
     }
 }

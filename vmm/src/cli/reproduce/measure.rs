@@ -164,7 +164,7 @@ pub(super) fn measure(
             Ok((rates, b)) => {
                 samples.push(rates);
                 backend = b;
-                time_basis = Some(backend_basis(tried));
+                time_basis = Some(backend_basis(tried, backends));
             }
             Err(e) => {
                 // The row names the backend that gave the error (e.g.
@@ -176,7 +176,7 @@ pub(super) fn measure(
                     } else {
                         backend_name(tried)
                     },
-                    time_basis: (!tries.is_empty()).then(|| backend_basis(tried)),
+                    time_basis: (!tries.is_empty()).then(|| backend_basis(tried, backends)),
                     ..Default::default()
                 };
             }

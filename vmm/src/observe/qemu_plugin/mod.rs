@@ -83,6 +83,17 @@ mod tests {
     const U1: u64 = 0x40_1000;
     const U2: u64 = 0x40_1040;
 
+    /// `good` with `from` replaced by `to` (which must change it) is
+    /// refused by the parser, never accepted nor a panic.
+    fn assert_refused(good: &str, from: &str, to: &str) {
+        let bad = good.replacen(from, to, 1);
+        assert_ne!(bad, good, "{from} not in the file");
+        assert!(
+            PluginReport::parse(bad.as_bytes()).is_err(),
+            "{from} -> {to} accepted"
+        );
+    }
+
     #[test]
     fn parses_a_phase() {
         let marks = [
@@ -160,12 +171,7 @@ mod tests {
             ("end\n", "end\nmore\n"),
             ("totals\n", ""),
         ] {
-            let bad = good.replacen(from, to, 1);
-            assert_ne!(bad, good, "{from} not in the file");
-            assert!(
-                PluginReport::parse(bad.as_bytes()).is_err(),
-                "{from} -> {to} accepted"
-            );
+            assert_refused(&good, from, to);
         }
         assert_eq!(
             PluginReport::parse("é".as_bytes()),
@@ -222,12 +228,7 @@ mod tests {
             ("dropped 1", "dropped"),
             ("end\n", "end\nx\n"),
         ] {
-            let bad = good.replacen(from, to, 1);
-            assert_ne!(bad, good, "{from} not in the file");
-            assert!(
-                PluginReport::parse(bad.as_bytes()).is_err(),
-                "{from} -> {to} accepted"
-            );
+            assert_refused(&good, from, to);
         }
         // Two call_pcs sections, or call_pcs after symbols: refused.
         let twice = good.replacen("symbols 2", "call_pcs 0 unattributed 0\nsymbols 2", 1);
